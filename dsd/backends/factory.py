@@ -1,0 +1,70 @@
+"""Build a (draft, target) pair from a backend config: the one place that knows every backend."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
+from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig
+
+BACKEND_KINDS = ("synthetic", "hf")
+DEFAULT_PAIR = Path(__file__).resolve().parents[2] / "models" / "default-pair"
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    kind: str = "synthetic"
+    # hf: a folder with target/ and draft/ (Hugging Face model folders) and a manifest.json, or
+    # two explicit model paths that share a tokenizer.
+    pair_path: str = str(DEFAULT_PAIR)
+    target_path: str = ""
+    draft_path: str = ""
+    dtype: str = "float32"
+    device: str = "cpu"
+    # synthetic
+    alpha: float = 0.8
+    vocab_size: int = 512
+    seed: int = 0
+    eos_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in BACKEND_KINDS:
+            raise ValueError(f"backend kind must be one of {BACKEND_KINDS}, got {self.kind!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if bool(self.target_path) != bool(self.draft_path):
+            raise ValueError("target_path and draft_path go together: give both or neither")
+        if self.kind == "synthetic":
+            self.synthetic()          # validates alpha, vocab_size, eos_prob
+
+    def synthetic(self) -> SyntheticConfig:
+        return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
+                               eos_prob=self.eos_prob)
+
+
+def load_pair(config: BackendConfig):
+    """Returns (draft, target), both LanguageModels."""
+    if config.kind == "synthetic":
+        synthetic = config.synthetic()
+        return SyntheticLM(synthetic, "draft"), SyntheticLM(synthetic, "target")
+    if config.target_path:
+        target_path, draft_path = config.target_path, config.draft_path
+    else:
+        pair = Path(config.pair_path)
+        if not (pair / "manifest.json").is_file():
+            raise FileNotFoundError(
+                f"no model pair at {pair} (manifest.json missing); build it with "
+                f"`dsdbed build-pair --out {pair}`")
+        _verify_pair(pair)
+        target_path, draft_path = str(pair / "target"), str(pair / "draft")
+    target = TorchLM.load(TorchLMConfig(target_path, config.dtype, config.device))
+    draft = TorchLM.load(TorchLMConfig(draft_path, config.dtype, config.device))
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
+                         "the pair must share a tokenizer")
+    return draft, target
+
+
+def _verify_pair(pair: Path) -> dict:
+    from dsd.pair_build import verify_pair     # imported late: it pulls in the training stack
+    return verify_pair(pair)

@@ -1,0 +1,133 @@
+"""A weightless language model pair for controlled sweeps.
+
+The target is a deterministic function of the context: the token at a position is a hash of
+(seed, position, the previous ``context_tokens`` tokens), never the end-of-sequence id unless an
+EOS draw (probability ``eos_prob`` per position) says so. The draft copies the target's token
+with probability ``alpha``, decided by an independent hash of the same inputs, and proposes a
+wrong token otherwise; so acceptance is i.i.d. per position with probability alpha, as the
+latency model assumes, and a greedy run is reproducible bit for bit.
+
+Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
+time is not spent here: ``dsd.compute`` emulates it from a hardware profile.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsd.backends.protocol import ForwardStats
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_TWO64 = float(1 << 64)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _hash(*values: int) -> int:
+    h = 0
+    for v in values:
+        h = _splitmix64(h ^ (v & _MASK64))
+    return h
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    alpha: float = 0.8          # probability that a draft token is the target's token
+    vocab_size: int = 512
+    seed: int = 0
+    eos_token_id: int = 0
+    eos_prob: float = 0.0       # per generated position
+    context_tokens: int = 4     # how much of the context decides the next token
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha!r}")
+        if self.vocab_size < 3:
+            raise ValueError(f"vocab_size must be >= 3, got {self.vocab_size!r}")
+        if not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError(f"eos_token_id must be in [0, vocab_size), got {self.eos_token_id!r}")
+        if not 0.0 <= self.eos_prob < 1.0:
+            raise ValueError(f"eos_prob must be in [0, 1), got {self.eos_prob!r}")
+        if self.context_tokens < 1:
+            raise ValueError(f"context_tokens must be >= 1, got {self.context_tokens!r}")
+
+
+def target_token(config: SyntheticConfig, context: Sequence[int]) -> int:
+    """The target's next token after ``context`` (at position len(context))."""
+    return _target_at(config, len(context), context[-config.context_tokens:])
+
+
+def draft_token(config: SyntheticConfig, context: Sequence[int]) -> int:
+    return _draft_at(config, len(context), context[-config.context_tokens:])
+
+
+def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) -> int:
+    h = _hash(config.seed, position, *window)
+    if config.eos_prob and _hash(h, 1) / _TWO64 < config.eos_prob:
+        return config.eos_token_id
+    # Any token but EOS, uniformly.
+    token = h % (config.vocab_size - 1)
+    return token + 1 if token >= config.eos_token_id else token
+
+
+def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int]) -> int:
+    right = _target_at(config, position, window)
+    h = _hash(config.seed, 0xD4AF7, position, *window)
+    if h / _TWO64 < config.alpha:
+        return right
+    # A wrong token (never the right one, so a rejection is a rejection).
+    return (right + 1 + _hash(h) % (config.vocab_size - 1)) % config.vocab_size
+
+
+class SyntheticLM:
+    """A LanguageModel whose logits are one-hot rows of target_token or draft_token."""
+
+    def __init__(self, config: SyntheticConfig, role: str) -> None:
+        if role not in ("target", "draft"):
+            raise ValueError(f"role must be 'target' or 'draft', got {role!r}")
+        self.config = config
+        self.role = role
+        self.name = f"synthetic-{role}"
+        self.vocab_size = config.vocab_size
+        self.eos_token_id = config.eos_token_id
+        self.stats = ForwardStats()
+        self._next_at = _target_at if role == "target" else _draft_at
+        self._cached: dict[str, list[int]] = {}
+
+    def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
+        if not 1 <= n_last <= len(tokens):
+            raise ValueError(f"n_last must be in [1, {len(tokens)}], got {n_last}")
+        tokens = list(tokens)
+        cached = self._cached.setdefault(seq_id, [])
+        keep = 0
+        limit = min(len(cached), len(tokens) - n_last)
+        while keep < limit and cached[keep] == tokens[keep]:
+            keep += 1
+        fed = len(tokens) - keep
+        self._cached[seq_id] = tokens
+        self.stats.passes += 1
+        self.stats.positions_fed += fed
+        out = torch.zeros(n_last, self.vocab_size)                        # [n_last, vocab]
+        k = self.config.context_tokens
+        first = len(tokens) - n_last + 1
+        for row in range(n_last):
+            position = first + row
+            out[row, self._next_at(self.config, position, tokens[max(0, position - k):position])] = 1.0
+        return out
+
+    def cached_length(self, seq_id: str) -> int:
+        return len(self._cached.get(seq_id, ()))
+
+    def crop(self, seq_id: str, length: int) -> None:
+        if seq_id in self._cached:
+            del self._cached[seq_id][length:]
+
+    def release(self, seq_id: str) -> None:
+        self._cached.pop(seq_id, None)

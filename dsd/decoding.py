@@ -1,0 +1,86 @@
+"""In-process decoding loops: cloud AR and co-located SD (both run on the server).
+
+The edge side of DSD is ``dsd.edge.EdgeDecoder``; ``dsd.simulate`` drives it in process.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
+from dsd.drafting import draft_block
+from dsd.stopping import StopRule
+from dsd.verifier_session import VerifierSession
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round_index: int
+    proposed: int
+    accepted: int
+    emitted: int
+    stale: bool = False
+
+    @classmethod
+    def from_verdict(cls, round_index: int, verdict: Verdict, emitted: int) -> "RoundRecord":
+        return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]                     # generated tokens, prompt excluded
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        live = [r for r in self.rounds if not r.stale]
+        proposed = sum(r.proposed for r in live)
+        return sum(r.accepted for r in live) / proposed if proposed else float("nan")
+
+    @property
+    def alpha_hat(self) -> float:
+        """Maximum-likelihood alpha under i.i.d. acceptance: each round shows accepted successes
+        and, unless all were accepted, one failure."""
+        live = [r for r in self.rounds if not r.stale]
+        accepted = sum(r.accepted for r in live)
+        rejections = sum(r.accepted < r.proposed for r in live)
+        return accepted / (accepted + rejections) if accepted + rejections else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        live = [r for r in self.rounds if not r.stale]
+        return sum(r.emitted for r in live) / len(live) if live else float("nan")
+
+
+def generate_ar(target: LanguageModel, prompt: Sequence[int], stop: StopRule,
+                sampling: SamplingParams = SamplingParams(), seq_id: str = "ar") -> Generation:
+    session = VerifierSession(target, seq_id, prompt, sampling, stop)
+    session.prefill()
+    while not session.finished:
+        session.ar_step()
+    tokens = session.generated
+    session.close()
+    return Generation(tokens)
+
+
+def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int],
+                       gamma: int, stop: StopRule, sampling: SamplingParams = SamplingParams(),
+                       seq_id: str = "co") -> Generation:
+    """Co-located SD: each round drafts gamma tokens and verifies them in one target pass."""
+    session = VerifierSession(target, seq_id, prompt, sampling, stop)
+    session.prefill()
+    draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
+    generation = Generation([])
+    while not session.finished:
+        drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling,
+                                 draft_generator)
+        before = len(session.committed)
+        verdict = session.verify(session.proposal_for(drafted, q))
+        generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict,
+                                                          len(session.committed) - before))
+    generation.tokens = session.generated
+    session.close()
+    draft.release(seq_id)
+    return generation

@@ -1,0 +1,140 @@
+"""The closed-form latency model of speculative decoding at a distance (REFERENCE.md).
+
+Pure functions, seconds everywhere. Per-output-token times are steady state: a request's one-off
+costs (first round trip, prefill) are added by ``request_time_s``.
+
+Pipelined DSD here is the protocol of ``dsd.edge.PipelinedEdge`` with one block in flight:
+the edge sends a block after drafting its gamma tokens, then at once drafts a guess g of the
+bonus token and the next block on the assumption that the whole block and g will be accepted.
+The speculation survives a verdict with probability pi = alpha^(gamma+1) (gamma accepted and
+the bonus equal to g). Cycles start at sends, so with W = rtt + t_verify:
+
+    survives: next send after max((gamma+1)*t_draft, W)      (the round trip is hidden if W is shorter)
+    fails:    next send after R + gamma*t_draft              (redraft from the corrected prefix)
+
+where R is when the edge notices the verdict: W itself if the edge was idle by then
+(W >= (gamma+1)*t_draft), otherwise the end of the draft step in progress, ceil(W/t_draft)*t_draft
+(a forward pass is not interrupted). Every verdict emits accepted+1 tokens, E(alpha, gamma) on
+average, so
+
+    T_pipe = (pi*max((gamma+1)*t_draft, W) + (1-pi)*(R + gamma*t_draft)) / E
+
+This is exact for constant times and one block in flight; ``dsd.pipeline_sim`` runs the real
+protocol code on virtual time for everything else (several blocks in flight, real models) and the
+tests check the two against each other.
+"""
+from __future__ import annotations
+
+import math
+
+
+def _check_alpha_gamma(alpha: float, gamma: int) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    if int(gamma) != gamma or gamma < 1:
+        raise ValueError(f"gamma must be a whole number >= 1, got {gamma!r}")
+
+
+def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+    """E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha): accepted + 1, on average."""
+    _check_alpha_gamma(alpha, gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_accepted_per_round(alpha: float, gamma: int) -> float:
+    return expected_tokens_per_round(alpha, gamma) - 1.0
+
+
+def survival_probability(alpha: float, gamma: int) -> float:
+    """Pipelined DSD: all gamma drafts accepted and the bonus guess right."""
+    _check_alpha_gamma(alpha, gamma)
+    return alpha ** (gamma + 1)
+
+
+def per_token_ar_s(t_ar_s: float) -> float:
+    return t_ar_s
+
+
+def per_token_colocated_s(alpha: float, gamma: int, t_draft_server_s: float, t_verify_s: float) -> float:
+    return (gamma * t_draft_server_s + t_verify_s) / expected_tokens_per_round(alpha, gamma)
+
+
+def per_token_sync_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
+                         rtt_s: float) -> float:
+    return (gamma * t_draft_edge_s + rtt_s + t_verify_s) / expected_tokens_per_round(alpha, gamma)
+
+
+def per_token_pipelined_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
+                              rtt_s: float) -> float:
+    pi = survival_probability(alpha, gamma)
+    wait_s = rtt_s + t_verify_s
+    drafting_s = (gamma + 1) * t_draft_edge_s
+    survive_cycle_s = max(drafting_s, wait_s)
+    if wait_s >= drafting_s or t_draft_edge_s <= 0:
+        notice_s = wait_s
+    else:
+        notice_s = math.ceil(wait_s / t_draft_edge_s - 1e-9) * t_draft_edge_s
+    fail_cycle_s = notice_s + gamma * t_draft_edge_s
+    cycle_s = pi * survive_cycle_s + (1.0 - pi) * fail_cycle_s
+    return cycle_s / expected_tokens_per_round(alpha, gamma)
+
+
+def colocated_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan et al. theorem 3.8: speedup of co-located SD over AR, c = t_draft / t_verify."""
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1.0)
+
+
+def sync_dsd_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
+                            t_ar_s: float) -> float:
+    """The RTT below which synchronous DSD is faster per token than cloud AR.
+
+    From T_sync = t_ar: rtt* = t_ar*E - gamma*t_draft - t_verify; with t_verify = t_ar this is
+    REFERENCE.md's t_ar*(E-1) - gamma*t_draft. Negative means DSD never wins.
+    """
+    e = expected_tokens_per_round(alpha, gamma)
+    return t_ar_s * e - gamma * t_draft_edge_s - t_verify_s
+
+
+def pipelined_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float,
+                                    t_draft_server_s: float, t_verify_s: float) -> float:
+    """The RTT below which pipelined DSD is at least as fast as co-located SD.
+
+    T_pipe is non-decreasing in the RTT (with steps where R rounds up to a draft step), so the
+    crossing is found by bisection. Returns -inf if even rtt = 0 loses.
+    """
+    target_s = per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
+
+    def t_pipe(rtt_s: float) -> float:
+        return per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
+
+    if t_pipe(0.0) > target_s:
+        return -math.inf
+    # T_pipe >= W / E, so at rtt = target * E it has certainly lost.
+    return bisect_increasing(t_pipe, target_s, 0.0, target_s * expected_tokens_per_round(alpha, gamma))
+
+
+def bisect_increasing(f, level: float, lo: float, hi: float, tol: float = 1e-9) -> float:
+    """The largest x in [lo, hi] with f(x) <= level, for a non-decreasing f with f(lo) <= level."""
+    for _ in range(200):
+        if hi - lo <= tol:
+            break
+        mid = (lo + hi) / 2
+        if f(mid) <= level:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float) -> float:
+    """N_dsd / N_co = 1 + gamma*t_draft/t_verify: clients a saturated server sustains, DSD over co-located."""
+    if t_verify_s <= 0:
+        raise ValueError(f"t_verify_s must be > 0, got {t_verify_s!r}")
+    return 1.0 + gamma * t_draft_s / t_verify_s
+
+
+def request_time_s(per_token_s: float, n_tokens: int, rtt_s: float, t_prefill_s: float) -> float:
+    """A whole request: one round trip and the prefill, then n_tokens at the steady-state rate."""
+    return rtt_s + t_prefill_s + n_tokens * per_token_s

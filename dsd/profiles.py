@@ -1,0 +1,76 @@
+"""Hardware profiles: the compute times the synthetic backend emulates.
+
+Profiles live in ``profiles.toml`` beside this file; every number there names its source.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    t_draft_edge_s: float            # one draft step on the edge device
+    t_draft_server_s: float          # one draft step on the server (co-located SD)
+    t_ar_s: float                    # one autoregressive target step, batch 1
+    t_verify_base_s: float           # target pass, fixed part
+    t_verify_per_position_s: float   # target pass, per position (gamma + 1 of them)
+    t_prefill_per_token_s: float     # prompt processing, per token
+    batch_slope: float               # extra cost per extra sequence in a batched pass, as a fraction
+    sources: tuple[tuple[str, str], ...] = ()   # (field, where the number comes from)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name.startswith("t_") or f.name == "batch_slope":
+                value = getattr(self, f.name)
+                if not (isinstance(value, (int, float)) and value >= 0):
+                    raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
+        if self.t_ar_s <= 0:
+            raise ValueError(f"profile {self.name!r}: t_ar_s must be > 0, got {self.t_ar_s!r}")
+
+    def t_verify_s(self, gamma: int, batch_size: int = 1) -> float:
+        single_s = self.t_verify_base_s + self.t_verify_per_position_s * (gamma + 1)
+        return single_s * self._batch_factor(batch_size)
+
+    def t_ar_batch_s(self, batch_size: int = 1) -> float:
+        return self.t_ar_s * self._batch_factor(batch_size)
+
+    def t_prefill_s(self, n_tokens: int) -> float:
+        return self.t_prefill_per_token_s * n_tokens
+
+    def _batch_factor(self, batch_size: int) -> float:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        return 1.0 + self.batch_slope * (batch_size - 1)
+
+
+def load_profiles(path: Path | None = None) -> dict[str, HardwareProfile]:
+    text = (path.read_text() if path else
+            resources.files("dsd").joinpath("profiles.toml").read_text())
+    data = tomllib.loads(text)
+    known = {f.name for f in fields(HardwareProfile)} - {"name", "sources"}
+    profiles = {}
+    for name, table in data.items():
+        values = {k: v for k, v in table.items() if not k.endswith("_source")}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"profile {name!r}: unknown keys {sorted(unknown)}")
+        missing = known - set(values)
+        if missing:
+            raise ValueError(f"profile {name!r}: missing keys {sorted(missing)}")
+        sources = tuple((k[:-len('_source')], v) for k, v in table.items() if k.endswith("_source"))
+        unsourced = known - {k for k, _ in sources}
+        if unsourced:
+            raise ValueError(f"profile {name!r}: no source given for {sorted(unsourced)}")
+        profiles[name] = HardwareProfile(name=name, sources=sources, **values)
+    return profiles
+
+
+def get_profile(name: str, path: Path | None = None) -> HardwareProfile:
+    profiles = load_profiles(path)
+    if name not in profiles:
+        raise ValueError(f"unknown hardware profile {name!r}; known: {sorted(profiles)}")
+    return profiles[name]

@@ -1,0 +1,63 @@
+"""Measure a model pair's compute times on this machine (wall clock, median of repeats).
+
+What the latency model calls t_draft_s, t_verify_s (gamma+1 positions), t_ar_s and the prefill
+cost, measured with a warm KV cache at a realistic context length.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dsd.backends.protocol import LanguageModel
+
+
+@dataclass(frozen=True)
+class MeasuredTimes:
+    t_draft_s: float
+    t_ar_s: float
+    t_verify_s: dict[int, float]       # gamma -> one target pass over gamma+1 positions
+    t_prefill_per_token_s: float
+    context_tokens: int
+    repeats: int
+
+
+def _median_s(fn: Callable[[], None], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _step_time_s(model: LanguageModel, context: list[int], n_positions: int, repeats: int) -> float:
+    """Time of one pass over n_positions new positions after a cached ``context``."""
+    seq_id = f"timing-{n_positions}"
+    extra = [(t * 7 + 3) % model.vocab_size for t in range(n_positions)]
+    model.logits(seq_id, context, 1)                  # warm the cache with the context
+
+    def one_pass() -> None:
+        model.logits(seq_id, context + extra, n_positions)   # crops back to the context each time
+
+    one_pass()
+    result = _median_s(one_pass, repeats)
+    model.release(seq_id)
+    return result
+
+
+def measure_times(draft: LanguageModel, target: LanguageModel, gammas: tuple[int, ...] = (1, 2, 4, 8),
+                  context_tokens: int = 128, repeats: int = 30) -> MeasuredTimes:
+    vocab = min(draft.vocab_size, target.vocab_size)
+    context = [(i * 31 + 11) % vocab for i in range(context_tokens)]
+    prefill_s = _median_s(lambda: (target.logits("timing-prefill", context, 1),
+                                   target.release("timing-prefill")), max(3, repeats // 5))
+    return MeasuredTimes(
+        t_draft_s=_step_time_s(draft, context, 1, repeats),
+        t_ar_s=_step_time_s(target, context, 1, repeats),
+        t_verify_s={g: _step_time_s(target, context, g + 1, repeats) for g in gammas},
+        t_prefill_per_token_s=prefill_s / context_tokens,
+        context_tokens=context_tokens,
+        repeats=repeats,
+    )

@@ -1,0 +1,65 @@
+"""Verifying a draft block against the target: greedy exact match and speculative sampling.
+
+Leviathan et al. 2023, Algorithm 1 (and Chen et al. 2023), with p the target's distribution and
+q the draft's: accept draft token x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+rejection sample the corrected token from norm(max(0, p_i - q_i)); if all gamma are accepted,
+sample the bonus token from p_gamma. Greedy decoding is the special case where acceptance is
+exact match with argmax p_i, and the corrected/bonus token is argmax p.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    accepted: int      # draft tokens accepted, 0..gamma
+    next_token: int    # corrected (accepted < gamma) or bonus (accepted == gamma)
+
+
+def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> BlockOutcome:
+    """target_logits: [gamma+1, vocab], row i predicts position i of the block; draft_tokens: [gamma]."""
+    target_tokens = target_logits.argmax(dim=-1)                     # [gamma+1]
+    gamma = draft_tokens.shape[0]
+    mismatch = (target_tokens[:gamma] != draft_tokens).nonzero()
+    accepted = int(mismatch[0, 0]) if mismatch.numel() else gamma
+    return BlockOutcome(accepted, int(target_tokens[accepted]))
+
+
+def speculative_sample(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
+                       generator: torch.Generator) -> BlockOutcome:
+    """p: [gamma+1, vocab] target probabilities; q: [gamma, vocab] draft probabilities the draft
+    tokens were sampled from; draft_tokens: [gamma]. Returns the accepted count and next token.
+    """
+    gamma = draft_tokens.shape[0]
+    rows = torch.arange(gamma)
+    p_x = p[rows, draft_tokens]                                      # [gamma]
+    q_x = q[rows, draft_tokens]                                      # [gamma]
+    r = torch.rand(gamma, generator=generator, dtype=p.dtype)        # [gamma]
+    # Accept if r < p/q, written as r*q < p so that q_x = 0 (impossible draft) never divides.
+    rejected = (r * q_x >= p_x).nonzero()
+    if not rejected.numel():
+        return BlockOutcome(gamma, _sample(p[gamma], generator))
+    accepted = int(rejected[0, 0])
+    residual = torch.clamp(p[accepted] - q[accepted], min=0.0)      # [vocab]
+    if float(residual.sum()) <= 0.0:
+        # Deviation from the paper: p == q at this row makes the residual empty, and then a
+        # rejection has probability 0; floating-point noise can still get here, so fall back to p.
+        residual = p[accepted]
+    return BlockOutcome(accepted, _sample(residual, generator))
+
+
+def _sample(weights: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one index from non-negative weights (need not sum to one)."""
+    return int(torch.multinomial(weights, 1, generator=generator))
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
+    """Sampling distribution over the vocabulary for each row of logits [n, vocab]."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(logits, dim=-1)

@@ -1,0 +1,98 @@
+"""The target's side of one request: committed tokens, prefill, AR steps and block verification.
+
+KV invariant: after every operation the target's cache holds exactly ``committed[:-1]``; the
+last committed token is fed as the first position of the next pass (the gpt-fast layout), so a
+verification is one pass over gamma+1 positions and nothing committed is computed twice.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
+from dsd.sequence import TokenSequence
+from dsd.stopping import StopRule, round_tokens
+from dsd.verification import greedy_verify, probs_from_logits, speculative_sample
+
+
+class VerifierSession:
+    def __init__(self, target: LanguageModel, seq_id: str, prompt: Sequence[int],
+                 sampling: SamplingParams, stop: StopRule) -> None:
+        if len(prompt) < 1:
+            raise ValueError("prompt must hold at least one token")
+        self.target = target
+        self.seq_id = seq_id
+        self.sampling = sampling
+        self.stop = stop
+        self.committed = TokenSequence(prompt)
+        self.prompt_length = len(prompt)
+        self.generator = torch.Generator().manual_seed(sampling.seed)
+        self.prefilled = False
+
+    @property
+    def generated(self) -> list[int]:
+        return self.committed.tokens[self.prompt_length:]
+
+    @property
+    def finished(self) -> bool:
+        return self.stop.finished(self.generated)
+
+    def prefill(self) -> int:
+        """Feed prompt[:-1]; returns the number of positions computed."""
+        n_positions = self.prompt_length - 1
+        if n_positions > 0:
+            self.target.logits(self.seq_id, self.committed.tokens[:-1], 1)
+        self.prefilled = True
+        return n_positions
+
+    def ar_step(self) -> list[int]:
+        """One autoregressive target step; returns the emitted token (empty once finished)."""
+        if self.finished:
+            return []
+        logits = self.target.logits(self.seq_id, self.committed.tokens, 1)   # [1, vocab]
+        token = self._pick(logits)[0]
+        return self._commit(round_tokens((), 0, token))
+
+    def verify(self, proposal: Proposal) -> Verdict:
+        """One target pass over [last committed token] + the block; stale blocks cost nothing."""
+        gamma = proposal.gamma
+        if self.finished or not self._proposal_matches(proposal):
+            return Verdict(proposal.start_pos, gamma, 0, -1, stale=True)
+        block = list(proposal.draft_tokens)
+        logits = self.target.logits(self.seq_id, self.committed.tokens + block, gamma + 1)  # [gamma+1, vocab]
+        draft = torch.tensor(block, dtype=torch.long)                                       # [gamma]
+        if self.sampling.greedy:
+            outcome = greedy_verify(logits, draft)
+        else:
+            if proposal.draft_probs is None:
+                raise ValueError("sampling verification needs the draft's probabilities q")
+            p = probs_from_logits(logits, self.sampling.temperature, self.sampling.top_k)
+            outcome = speculative_sample(p, proposal.draft_probs.float(), draft, self.generator)
+        self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
+        return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token)
+
+    def proposal_for(self, draft_tokens: Sequence[int], draft_probs: torch.Tensor | None) -> Proposal:
+        """A block drafted on the committed prefix (co-located SD, synchronous rounds)."""
+        n = len(self.committed)
+        return Proposal(n, self.committed.digest_at(n), tuple(draft_tokens), draft_probs)
+
+    def _proposal_matches(self, proposal: Proposal) -> bool:
+        return (proposal.start_pos == len(self.committed)
+                and self.committed.matches(proposal.start_pos, proposal.base_digest))
+
+    def _pick(self, logits: torch.Tensor) -> list[int]:
+        if self.sampling.greedy:
+            return logits.argmax(dim=-1).tolist()
+        p = probs_from_logits(logits, self.sampling.temperature, self.sampling.top_k)
+        return torch.multinomial(p, 1, generator=self.generator)[:, 0].tolist()
+
+    def _commit(self, new_tokens: list[int]) -> list[int]:
+        emitted = self.stop.clip(new_tokens, len(self.generated))
+        self.committed.extend(emitted)
+        # Rejected drafts (and anything past the stop) leave the cache now, not at the next pass.
+        self.target.crop(self.seq_id, len(self.committed) - 1)
+        return emitted
+
+    def close(self) -> None:
+        self.target.release(self.seq_id)

@@ -1,0 +1,1 @@
+"""The orchestrator: experiment files, sweeps over the testbed, analysis, plots, the CLI."""

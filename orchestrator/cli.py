@@ -1,0 +1,87 @@
+"""dsdbed: the command line of the testbed."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from orchestrator.experiment import load_experiment
+from orchestrator.sweep import SweepExists, plan_points
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dsdbed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sweep = sub.add_parser("sweep", help="run an experiment file's grid")
+    sweep.add_argument("experiment", type=Path)
+    _sweep_options(sweep)
+
+    crossover = sub.add_parser("crossover", help="the main job: experiments/crossover.toml")
+    _sweep_options(crossover)
+
+    analyze = sub.add_parser("analyze", help="fit, crossovers and plots from a sweep folder")
+    analyze.add_argument("out", type=Path)
+
+    build = sub.add_parser("build-pair", help="build the default offline model pair")
+    build.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "crossover":
+            args.experiment = REPO / "experiments" / "crossover.toml"
+            return _run_sweep(args)
+        if args.command == "sweep":
+            return _run_sweep(args)
+        if args.command == "analyze":
+            return _analyze(args.out)
+        if args.command == "build-pair":
+            from dsd import pair_build
+            return pair_build.main(args.rest)
+    except (ValueError, FileNotFoundError, SweepExists) as error:
+        print(f"dsdbed: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _sweep_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=False, help="result folder (default results/NAME)")
+    parser.add_argument("--resume", action="store_true", help="continue a sweep in --out")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+
+
+def _run_sweep(args) -> int:
+    from orchestrator.run import run_experiment
+
+    experiment = load_experiment(args.experiment)
+    out = args.out or REPO / "results" / experiment.name
+    plan = plan_points(experiment)
+    if args.dry_run:
+        print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
+        for point in plan:
+            print(f"  {point.key}")
+        return 0
+    run_experiment(experiment, out, resume=args.resume)
+    return _analyze(out)
+
+
+def _analyze(out: Path) -> int:
+    from orchestrator.run import analyze_sweep
+
+    summary = analyze_sweep(out)
+    for name, values in summary["crossovers"].items():
+        measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
+        print(f"{name}: measured {measured:.1f} ms, predicted {predicted:.1f} ms"
+              if math.isfinite(measured) and math.isfinite(predicted) else
+              f"{name}: measured {measured} ms, predicted {predicted} ms")
+    print(f"results: {out}/points.csv, {out}/summary.json, {out}/latency_vs_rtt.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""Sweeps: a plan of points, a deterministic folder per point, resume from what is on disk.
+
+    OUT/sweep.json               the experiment, versions, git commit, host, launcher
+    OUT/points/<key>/rounds.csv  one row per round      (written whole, then renamed)
+    OUT/points/<key>/requests.csv one row per request
+    OUT/points/<key>/done.json   status ok|error, error text, timings; its presence = finished
+    OUT/rounds.csv, requests.csv, points.csv   merged when the sweep ends
+
+A failed point records its error and the sweep goes on. An existing sweep folder is never
+overwritten: pass resume=True to continue it, which skips finished points.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from orchestrator.experiment import Experiment
+
+
+@dataclass(frozen=True)
+class Point:
+    mode: str
+    rtt_ms: float
+    gamma: int
+    clients: int
+    repeat: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}_r{self.repeat}"
+
+
+def plan_points(experiment: Experiment) -> list[Point]:
+    points = []
+    for rtt_ms, gamma, clients, repeat, mode in itertools.product(
+            experiment.rtt_ms, experiment.gamma, experiment.clients, range(experiment.repeats),
+            experiment.modes):
+        if mode == "ar" and gamma != experiment.gamma[0]:
+            continue                       # AR does not depend on gamma: run it once
+        points.append(Point(mode, float(rtt_ms), gamma, clients, repeat))
+    return points
+
+
+class SweepExists(Exception):
+    pass
+
+
+def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: dict) -> None:
+    sidecar = out_dir / "sweep.json"
+    if sidecar.exists():
+        if not resume:
+            raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
+                              "or choose another --out")
+        recorded = json.loads(sidecar.read_text())["experiment"]
+        if recorded != _jsonable(asdict(experiment)):
+            raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
+                              "resume needs the same experiment file")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomic(sidecar, json.dumps({"experiment": _jsonable(asdict(experiment)), **facts}, indent=2))
+
+
+def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
+              progress=None) -> pd.DataFrame:
+    """run_point(point) -> (rounds rows, request rows); returns the done.json table."""
+    out_dir = Path(out_dir)
+    prepare_out_dir(out_dir, experiment, resume, facts)
+    plan = plan_points(experiment)
+    for index, point in enumerate(plan):
+        folder = out_dir / "points" / point.key
+        if (folder / "done.json").exists():
+            if progress:
+                progress(index + 1, len(plan), point, "skipped (done)")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        try:
+            round_rows, request_rows = run_point(point)
+            status, error = "ok", ""
+        except Exception as exc:          # a failed point is data; the sweep goes on
+            round_rows, request_rows = [], []
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        _write_csv(folder / "rounds.csv", round_rows, point)
+        _write_csv(folder / "requests.csv", request_rows, point)
+        done = {**asdict(point), "key": point.key, "status": status, "error": error,
+                "wall_s": time.time() - started}
+        _write_atomic(folder / "done.json", json.dumps(done))
+        if progress:
+            progress(index + 1, len(plan), point, status if not error else f"error: {error}")
+    return merge(out_dir)
+
+
+def merge(out_dir: Path) -> pd.DataFrame:
+    """Concatenate every finished point's CSVs into OUT/rounds.csv and OUT/requests.csv."""
+    done_rows, tables = [], {"rounds": [], "requests": []}
+    for done_path in sorted((out_dir / "points").glob("*/done.json")):
+        done_rows.append(json.loads(done_path.read_text()))
+        for name in tables:
+            path = done_path.parent / f"{name}.csv"
+            if path.stat().st_size > 0:
+                tables[name].append(pd.read_csv(path))
+    for name, frames in tables.items():
+        merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        _write_atomic(out_dir / f"{name}.csv", merged.to_csv(index=False))
+    return pd.DataFrame(done_rows)
+
+
+def _write_csv(path: Path, rows: list[dict], point: Point) -> None:
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        for column, value in reversed(list(asdict(point).items())):
+            if column not in frame:
+                frame.insert(0, column, value)
+        frame.insert(0, "point", point.key)
+    _write_atomic(path, frame.to_csv(index=False) if not frame.empty else "")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write then rename, so a crash never leaves a half-written file under the real name."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def host_facts() -> dict:
+    """What a reader needs to trust the numbers: versions, commit, machine."""
+    import torch
+    import transformers
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent, timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", False
+    return {
+        "git_commit": commit, "git_dirty": dirty,
+        "python": sys.version.split()[0], "torch": torch.__version__,
+        "transformers": transformers.__version__, "platform": platform.platform(),
+        "cpus": os.cpu_count(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

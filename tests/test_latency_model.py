@@ -1,0 +1,73 @@
+import math
+
+import pytest
+
+from dsd import latency_model as lm
+
+
+def test_expected_tokens_matches_hand_computed_values():
+    # (1 - 0.8^5) / 0.2 = (1 - 0.32768) / 0.2
+    assert lm.expected_tokens_per_round(0.8, 4) == pytest.approx(3.3616)
+    assert lm.expected_tokens_per_round(0.5, 1) == pytest.approx(1.5)
+    assert lm.expected_tokens_per_round(0.0, 8) == pytest.approx(1.0)
+    assert lm.expected_tokens_per_round(1.0, 8) == 9.0
+
+
+def test_per_token_times_match_hand_computed_values():
+    e = 3.3616
+    assert lm.per_token_colocated_s(0.8, 4, 0.002, 0.030) == pytest.approx((4 * 0.002 + 0.030) / e)
+    assert lm.per_token_sync_dsd_s(0.8, 4, 0.010, 0.030, 0.050) == pytest.approx((0.040 + 0.080) / e)
+    assert lm.per_token_ar_s(0.03) == 0.03
+
+
+def test_pipelined_hides_the_round_trip_when_it_fits_in_the_drafting_window():
+    # W = rtt + t_v = 0.03 <= (gamma+1)*t_d = 0.05: survivors pay only the drafting window.
+    alpha, gamma, t_d, t_v, rtt = 0.9, 4, 0.010, 0.010, 0.020
+    pi = 0.9 ** 5
+    fail = math.ceil(0.03 / 0.01 - 1e-9) * 0.01 + gamma * t_d
+    expected = (pi * 0.05 + (1 - pi) * fail) / lm.expected_tokens_per_round(alpha, gamma)
+    assert lm.per_token_pipelined_dsd_s(alpha, gamma, t_d, t_v, rtt) == pytest.approx(expected)
+
+
+def test_pipelined_equals_sync_plus_nothing_when_nothing_survives():
+    # alpha = 0: every verdict refutes the speculation; a cycle is W + gamma*t_d as in sync DSD.
+    for rtt in (0.06, 0.2):
+        assert lm.per_token_pipelined_dsd_s(0.0, 4, 0.01, 0.01, rtt) == pytest.approx(
+            lm.per_token_sync_dsd_s(0.0, 4, 0.01, 0.01, rtt))
+
+
+def test_sync_dsd_crossover_is_reference_formula_when_t_verify_equals_t_ar():
+    alpha, gamma, t_d, t_ar = 0.8, 4, 0.004, 0.030
+    rtt = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, t_d, t_ar, t_ar)
+    assert rtt == pytest.approx(t_ar * (3.3616 - 1) - gamma * t_d)
+    # At the crossover the two per-token times are equal.
+    assert lm.per_token_sync_dsd_s(alpha, gamma, t_d, t_ar, rtt) == pytest.approx(t_ar)
+
+
+def test_pipelined_crossover_is_where_pipelined_meets_colocated():
+    alpha, gamma, t_d_edge, t_d_server, t_v = 0.9, 4, 0.002, 0.002, 0.010
+    rtt = lm.pipelined_beats_colocated_rtt_s(alpha, gamma, t_d_edge, t_d_server, t_v)
+    co = lm.per_token_colocated_s(alpha, gamma, t_d_server, t_v)
+    assert 0 < rtt < gamma * t_d_edge + t_d_edge
+    assert lm.per_token_pipelined_dsd_s(alpha, gamma, t_d_edge, t_v, rtt) <= co + 1e-12
+    assert lm.per_token_pipelined_dsd_s(alpha, gamma, t_d_edge, t_v, rtt + 1e-6) > co
+
+
+def test_pipelined_crossover_is_minus_infinity_when_it_never_wins():
+    assert lm.pipelined_beats_colocated_rtt_s(0.5, 4, 0.010, 0.001, 0.01) == -math.inf
+
+
+def test_capacity_factor():
+    assert lm.capacity_factor(4, 0.005, 0.020) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="t_verify_s"):
+        lm.capacity_factor(4, 0.005, 0.0)
+
+
+def test_colocated_speedup_is_leviathan_theorem():
+    assert lm.colocated_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2)
+
+
+@pytest.mark.parametrize("alpha,gamma", [(1.5, 4), (-0.1, 4), (0.5, 0), (0.5, 2.5)])
+def test_bad_alpha_or_gamma_is_named(alpha, gamma):
+    with pytest.raises(ValueError, match="alpha|gamma"):
+        lm.expected_tokens_per_round(alpha, gamma)

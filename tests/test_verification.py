@@ -1,0 +1,82 @@
+import itertools
+
+import pytest
+import torch
+from scipy import stats
+
+from dsd.backends.protocol import SamplingParams
+from dsd.decoding import generate_colocated
+from dsd.stopping import StopRule
+from dsd.verification import greedy_verify, probs_from_logits, speculative_sample
+from tests.toy_models import BigramLM, random_bigram
+
+
+def _one_hot_logits(tokens, vocab=6):
+    logits = torch.zeros(len(tokens), vocab)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+    return logits
+
+
+def test_greedy_accepts_the_matching_prefix_and_corrects_the_first_mismatch():
+    outcome = greedy_verify(_one_hot_logits([1, 2, 3, 4]), torch.tensor([1, 2, 5]))
+    assert (outcome.accepted, outcome.next_token) == (2, 3)
+
+
+def test_greedy_full_acceptance_returns_the_bonus_token():
+    outcome = greedy_verify(_one_hot_logits([1, 2, 3, 4]), torch.tensor([1, 2, 3]))
+    assert (outcome.accepted, outcome.next_token) == (3, 4)
+
+
+def test_greedy_rejects_the_first_token():
+    outcome = greedy_verify(_one_hot_logits([0, 2]), torch.tensor([1]))
+    assert (outcome.accepted, outcome.next_token) == (0, 0)
+
+
+def test_speculative_sampling_first_token_has_the_target_distribution():
+    """The first emitted token of a round must follow p[0], whatever q is (chi-square, 40k draws)."""
+    vocab, gamma, n = 5, 3, 40_000
+    g = torch.Generator().manual_seed(7)
+    p = torch.softmax(torch.randn(gamma + 1, vocab, generator=g), dim=-1)
+    q = torch.softmax(2 * torch.randn(gamma, vocab, generator=g), dim=-1)
+    counts = torch.zeros(vocab)
+    for _ in range(n):
+        draft = torch.multinomial(q, 1, generator=g)[:, 0]
+        outcome = speculative_sample(p, q, draft, g)
+        first = int(draft[0]) if outcome.accepted > 0 else outcome.next_token
+        counts[first] += 1
+    _, p_value = stats.chisquare(counts.numpy(), (p[0] * n).numpy())
+    assert p_value > 1e-3, (counts / n, p[0])
+
+
+def test_speculative_sampling_reproduces_the_target_sequence_distribution():
+    """Co-located SD with sampling vs the exact distribution of the bigram target's 3-token
+    continuations (vocab 4: 64 outcomes), 12k runs, chi-square at p > 1e-3 (fixed seeds)."""
+    vocab, n_runs, length = 4, 12_000, 3
+    target_table = random_bigram(vocab, seed=1, sharpness=1.5)
+    draft_table = random_bigram(vocab, seed=2, sharpness=1.5)
+    target, draft = BigramLM(target_table, "t"), BigramLM(draft_table, "d")
+    prompt = [0]
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, prompt[-1]
+        for token in seq:
+            prob *= float(target_table[previous, token])
+            previous = token
+        exact[seq] = prob
+    counts = dict.fromkeys(exact, 0)
+    for run in range(n_runs):
+        sampling = SamplingParams(temperature=1.0, seed=run)
+        out = generate_colocated(draft, target, prompt, 2, StopRule(length), sampling, seq_id=str(run))
+        counts[tuple(out.tokens)] += 1
+    observed = [counts[s] for s in exact]
+    total = sum(exact.values())                  # 1 up to float32 rounding of the table
+    expected = [exact[s] * n_runs / total for s in exact]
+    _, p_value = stats.chisquare(observed, expected)
+    assert p_value > 1e-3
+
+
+def test_temperature_and_top_k_shape_the_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    top2 = probs_from_logits(logits, 1.0, 2)
+    assert top2[0, 2:].sum() == 0 and top2.sum() == pytest.approx(1.0)
+    assert probs_from_logits(logits, 0.5, None)[0, 0] > probs_from_logits(logits, 1.0, None)[0, 0]
