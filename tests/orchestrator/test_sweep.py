@@ -1,0 +1,94 @@
+"""Sweep mechanics: a folder per point, resume by what is on disk, no overwrite, errors as rows."""
+import json
+
+import pandas as pd
+import pytest
+
+from orchestrator.experiment import experiment_from_dict
+from orchestrator.run import analyze_sweep, run_experiment
+from orchestrator.sweep import SweepExists, plan_points, run_sweep
+
+EXPERIMENT = experiment_from_dict({
+    "name": "small", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 40], "gamma": [2, 4],
+    "requests": 3, "max_new_tokens": 40, "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.8},
+})
+
+
+def test_plan_runs_ar_once_per_rtt_and_every_other_mode_per_gamma():
+    plan = plan_points(EXPERIMENT)
+    assert len(plan) == 3 * (1 + 3 * 2)
+    assert len({p.key for p in plan}) == len(plan)
+
+
+def test_sweep_writes_pandas_readable_traces_and_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "sweep"
+    run_experiment(EXPERIMENT, out, resume=False)
+    points = pd.read_csv(out / "requests.csv")
+    assert len(points) == len(plan_points(EXPERIMENT)) * 3
+    rounds = pd.read_csv(out / "rounds.csv")
+    assert {"mode", "rtt_ms", "gamma", "proposed", "accepted", "emitted", "stale"} <= set(rounds.columns)
+    sidecar = json.loads((out / "sweep.json").read_text())
+    assert sidecar["launcher"] == "sim" and sidecar["experiment"]["name"] == "small"
+    with pytest.raises(SweepExists, match="--resume"):
+        run_experiment(EXPERIMENT, out, resume=False)
+
+
+def test_resume_after_a_crash_gives_the_same_points(tmp_path):
+    """Kill the sweep mid-way (an exception out of a point runner), resume, compare."""
+    full, broken = tmp_path / "full", tmp_path / "broken"
+    run_experiment(EXPERIMENT, full, resume=False)
+    plan = plan_points(EXPERIMENT)
+    calls = []
+
+    class Killed(BaseException):
+        pass
+
+    def dies_after_five(point):
+        calls.append(point)
+        if len(calls) > 5:
+            raise Killed()
+        return [], [{"request_index": 0, "rtt_measured_ms": point.rtt_ms, "tokens": 1,
+                     "wall_s": 1.0, "ttft_s": 1.0, "steady_per_token_s": 1.0}]
+
+    with pytest.raises(Killed):
+        run_sweep(EXPERIMENT, broken, dies_after_five, facts={"launcher": "sim"}, resume=False)
+    assert len(list((broken / "points").glob("*/done.json"))) == 5
+    # A partial point folder without done.json is redone, not trusted.
+    run_experiment(EXPERIMENT, broken, resume=True)
+    done = sorted(p.parent.name for p in (broken / "points").glob("*/done.json"))
+    assert done == sorted(p.key for p in plan)
+    # Points finished before the crash are kept as they were (not rerun).
+    first_five = {p.key for p in plan[:5]}
+    kept = pd.read_csv(broken / "requests.csv")
+    assert set(kept[kept.wall_s == 1.0]["point"]) == first_five
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
+    def fails_on_sync(point):
+        if point.mode == "sync":
+            raise RuntimeError("verifier unreachable")
+        return [], [{"request_index": 0, "rtt_measured_ms": point.rtt_ms, "tokens": 1,
+                     "wall_s": 1.0, "ttft_s": 1.0, "steady_per_token_s": 1.0}]
+
+    done = run_sweep(EXPERIMENT, tmp_path / "s", fails_on_sync, facts={"launcher": "sim"})
+    errors = done[done.status == "error"]
+    assert set(errors["mode"]) == {"sync"} and errors["error"].str.contains("verifier unreachable").all()
+    assert (done.status == "ok").sum() == len(plan_points(EXPERIMENT)) - len(errors)
+
+
+def test_analysis_recovers_the_synthetic_truth(tmp_path):
+    """Known answers: alpha as configured, and on the sim launcher the latency and crossover
+    equal the closed form at the fitted alpha."""
+    out = tmp_path / "a"
+    experiment = experiment_from_dict({
+        "name": "truth", "profile": "toy-edge-cloud", "rtt_ms": [0, 5, 10, 20], "gamma": [4],
+        "requests": 6, "max_new_tokens": 200, "prompt_tokens": 8,
+        "backend": {"kind": "synthetic", "alpha": 0.8}})
+    run_experiment(experiment, out, resume=False)
+    summary = analyze_sweep(out)
+    assert summary["alpha_fitted"] == pytest.approx(0.8, abs=0.04)
+    points = pd.read_csv(out / "points.csv")
+    assert points["latency_err_pct"].abs().max() < 5.0
+    sync = summary["crossovers"]["sync_vs_ar"]
+    assert sync["measured_rtt_ms"] == pytest.approx(sync["predicted_rtt_ms"], rel=0.10)
+    assert (out / "latency_vs_rtt.png").stat().st_size > 10_000
