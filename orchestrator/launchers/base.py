@@ -1,0 +1,41 @@
+"""What every network launcher provides to the sweep."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class EdgeHandle:
+    client_id: int
+    control_url: str          # the edge's HTTP control API, as the orchestrator reaches it
+    name: str                 # netns or container name; for link records
+
+
+@dataclass
+class LinkState:
+    """The link of one edge as configured and as measured, a row of links.csv."""
+    edge: str
+    shaper: str               # "kernel-netem", "nfqueue", or "app-delay" (loopback)
+    rtt_configured_ms: float
+    rtt_measured_p50_ms: float = float("nan")
+    rtt_measured_p99_ms: float = float("nan")
+    rtt_measured_stdev_ms: float = float("nan")
+    loss_measured_pct: float = float("nan")
+    extra: dict = field(default_factory=dict)
+
+
+class Testbed(Protocol):
+    verifier_url: str         # the verifier's WebSocket URL as the edges reach it
+    edges: list[EdgeHandle]
+    shaper: str               # which backend shapes the links (recorded in every trace)
+
+    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+        """Set each edge's link to its RTT (replacing any earlier shaping), measure, return the
+        records. Loopback returns app-delay records and the edges add the delay themselves."""
+
+    def app_delay_ms(self, client_id: int) -> float:
+        """One-way delay the edge must add in the application (0 where the link is shaped)."""
+
+    def close(self) -> None:
+        """Stop everything this launcher started; idempotent."""
