@@ -27,6 +27,38 @@ def fit_alpha(rounds: pd.DataFrame) -> float:
     return float(accepted / (accepted + failures)) if accepted + failures else math.nan
 
 
+def fit_params(rounds: pd.DataFrame, fallback: dict) -> tuple[dict, dict]:
+    """t_draft_edge_s, t_draft_server_s, t_verify_s[gamma] and t_ar_s from the round timings
+    of a network run (medians); where a column or mode is missing, the fallback's value.
+    Returns (params, where each value came from)."""
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fallback.items()}
+    source = {k: "assumed (profile or in-process measurement)" for k in params}
+    if rounds.empty or "server_compute_s" not in rounds:
+        return params, source
+    live = rounds[~rounds["stale"].astype(bool)]
+    edge = live[live["mode"].isin(["sync", "pipelined"]) & live["t_draft_end_s"].notna()]
+    sync = edge[edge["mode"] == "sync"]
+    if len(sync):
+        params["t_draft_edge_s"] = float(((sync.t_draft_end_s - sync.t_draft_start_s) / sync.proposed).median())
+        source["t_draft_edge_s"] = f"fitted: median draft time per token over {len(sync)} sync rounds"
+    verify = edge[edge["server_compute_s"].notna()]
+    for gamma, group in verify.groupby("gamma"):
+        params["t_verify_s"][int(gamma)] = float(group["server_compute_s"].median())
+    if len(verify):
+        source["t_verify_s"] = f"fitted: median server compute over {len(verify)} DSD rounds"
+    ar = live[(live["mode"] == "ar") & live["server_compute_s"].notna()]
+    if len(ar):
+        params["t_ar_s"] = float(ar["server_compute_s"].median())
+        source["t_ar_s"] = f"fitted: median server compute over {len(ar)} AR steps"
+    co = live[(live["mode"] == "colocated") & live["server_compute_s"].notna()]
+    if len(co):
+        per_round = co.groupby("gamma")["server_compute_s"].median()
+        estimates = [(per_round[g] - params["t_verify_s"].get(int(g), 0.0)) / g for g in per_round.index]
+        params["t_draft_server_s"] = float(max(np.median(estimates), 0.0))
+        source["t_draft_server_s"] = "fitted: (co-located round compute - t_verify) / gamma, median"
+    return params, source
+
+
 def point_table(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
     """One row per point: latency statistics over its requests, measured alpha and throughput."""
     rows = []

@@ -31,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build-pair", help="build the default offline model pair")
     build.add_argument("rest", nargs=argparse.REMAINDER)
 
+    profile = sub.add_parser("measure-profile",
+                             help="measure a model pair's compute times here; prints a profiles.toml entry")
+    profile.add_argument("--pair", default=str(REPO / "models" / "default-pair"))
+    profile.add_argument("--name", default="cpu-default-pair")
+    profile.add_argument("--threads", type=int, default=1)
+
+    sub.add_parser("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons)")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "crossover":
@@ -43,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build-pair":
             from dsd import pair_build
             return pair_build.main(args.rest)
+        if args.command == "measure-profile":
+            from orchestrator.profile_cmd import measure_profile_toml
+            print(measure_profile_toml(args.pair, args.name, args.threads))
+            return 0
+        if args.command == "cleanup":
+            from netem import cleanup_leftovers
+            removed = cleanup_leftovers()
+            print("\n".join(removed) if removed else "nothing to clean up")
+            return 0
     except (ValueError, FileNotFoundError, SweepExists) as error:
         print(f"dsdbed: error: {error}", file=sys.stderr)
         return 2

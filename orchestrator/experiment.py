@@ -8,7 +8,7 @@ from pathlib import Path
 from dsd.backends.factory import BackendConfig
 
 MODES = ("ar", "colocated", "sync", "pipelined")
-LAUNCHERS = ("sim",)
+LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,9 @@ class Experiment:
     max_new_tokens: int = 64
     prompt_tokens: int = 32
     max_in_flight: int = 1
+    edges: int = 4                     # edge processes/containers; clients share them round-robin
+    max_batch: int = 1                 # verifier: sequences per verification pass (1 = serial)
+    batch_window_ms: float = 0.0       # verifier: how long a pass waits to fill its batch
     repeats: int = 1
     seed: int = 0
     profile: str = ""                  # synthetic backend: hardware profile name (dsd/profiles.toml)
@@ -40,9 +43,12 @@ class Experiment:
         _check(len(self.clients) > 0 and all(isinstance(c, int) and 1 <= c <= 256 for c in self.clients),
                "clients", self.clients, "a non-empty list of whole numbers in 1..256")
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),
-                          ("prompt_tokens", 1), ("max_in_flight", 1), ("repeats", 1)):
+                          ("prompt_tokens", 1), ("max_in_flight", 1), ("repeats", 1), ("edges", 1),
+                          ("max_batch", 1)):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= low, name, value, f"a whole number >= {low}")
+        _check(isinstance(self.batch_window_ms, (int, float)) and self.batch_window_ms >= 0,
+               "batch_window_ms", self.batch_window_ms, "a number >= 0")
         if self.backend.kind == "synthetic":
             _check(bool(self.profile), "profile", self.profile,
                    "a hardware profile name (the synthetic backend emulates its compute)")

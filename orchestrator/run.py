@@ -4,7 +4,11 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import shutil
+import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,6 +20,8 @@ from dsd.profiles import get_profile
 from dsd.timing import measure_times
 from orchestrator import analysis, plots
 from orchestrator.experiment import Experiment
+from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.net_point import run_net_point
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
 from orchestrator.sweep import host_facts, plan_points, run_sweep
@@ -43,27 +49,72 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
 
 def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
     out = Path(out)
+    launcher = choose_launcher(experiment.launcher)
     draft, target = load_pair(experiment.backend)
     costs = costs_for(experiment, draft, target, out)
     n_prompts = experiment.warmup_requests + experiment.requests
     prompts = make_prompts(experiment.backend, n_prompts, experiment.prompt_tokens, experiment.seed)
-    facts = {**host_facts(), "launcher": experiment.launcher, "shaper_backend": "none (virtual link)",
-             "costs": asdict(costs), "costs_source": "profile " + experiment.profile
-             if experiment.backend.kind == "synthetic" else "measured here (dsd.timing)"}
     bar = tqdm(total=len(plan_points(experiment)), desc=experiment.name, unit="point", file=sys.stderr)
 
     def progress(done: int, total: int, point, status: str) -> None:
         bar.update(1)
         bar.set_postfix_str(f"{point.key}: {status}"[:60])
 
-    run_point = functools.partial(run_sim_point, draft=draft, target=target, prompts=prompts,
-                                  warmup=experiment.warmup_requests,
-                                  max_new_tokens=experiment.max_new_tokens,
-                                  max_in_flight=experiment.max_in_flight, costs=costs)
+    common = {"costs": asdict(costs), "launcher": launcher,
+              "costs_source": "profile " + experiment.profile if experiment.backend.kind == "synthetic"
+              else "measured here (dsd.timing)"}
     try:
-        return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
+        if launcher == "sim":
+            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
+            run_point = functools.partial(run_sim_point, draft=draft, target=target, prompts=prompts,
+                                          warmup=experiment.warmup_requests,
+                                          max_new_tokens=experiment.max_new_tokens,
+                                          max_in_flight=experiment.max_in_flight, costs=costs)
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
+        del draft, target          # the services load their own copies
+        with open_testbed(launcher, experiment) as testbed:
+            facts = {**host_facts(), **common, "shaper_backend": testbed.shaper}
+            run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
+                                          warmup=experiment.warmup_requests,
+                                          max_new_tokens=experiment.max_new_tokens,
+                                          max_in_flight=experiment.max_in_flight, seed=experiment.seed,
+                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"))
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
     finally:
         bar.close()
+
+
+def choose_launcher(requested: str) -> str:
+    """auto: compose where Docker and root are, else network namespaces as root, else loopback."""
+    if requested != "auto":
+        return requested
+    if os.geteuid() == 0 and shutil.which("docker") and _docker_engine_up():
+        return "compose"
+    if os.geteuid() == 0 and shutil.which("ip"):
+        return "netns"
+    return "loopback"
+
+
+def _docker_engine_up() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def open_testbed(launcher: str, experiment: Experiment):
+    profile = get_profile(experiment.profile) if experiment.profile else None
+    config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
+                            max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms)
+    if launcher == "loopback":
+        return LoopbackTestbed(config)
+    if launcher == "netns":
+        from orchestrator.launchers.netns import NetnsTestbed
+        return NetnsTestbed(config)
+    if launcher == "compose":
+        from orchestrator.launchers.compose import ComposeTestbed
+        return ComposeTestbed(config)
+    raise ValueError(f"unknown launcher {launcher!r}")
 
 
 def analyze_sweep(out: Path) -> dict:
@@ -74,8 +125,9 @@ def analyze_sweep(out: Path) -> dict:
     if requests.empty:
         raise ValueError(f"{out}: no finished requests to analyze")
     costs = sweep["costs"]
-    params = {"t_draft_edge_s": costs["t_draft_edge_s"], "t_draft_server_s": costs["t_draft_server_s"],
-              "t_ar_s": costs["t_ar_s"], "t_verify_s": {int(k): v for k, v in costs["t_verify_s"].items()}}
+    assumed = {"t_draft_edge_s": costs["t_draft_edge_s"], "t_draft_server_s": costs["t_draft_server_s"],
+               "t_ar_s": costs["t_ar_s"], "t_verify_s": {int(k): v for k, v in costs["t_verify_s"].items()}}
+    params, params_source = analysis.fit_params(rounds, assumed)
     spec_rounds = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
     points = analysis.add_predictions(analysis.point_table(requests, rounds), alpha, params)
@@ -88,7 +140,8 @@ def analyze_sweep(out: Path) -> dict:
                          "measured_rtt_ms_max": measured.get(name, {}).get("rtt_ms_max", math.nan),
                          "predicted_rtt_ms": predicted[name]["rtt_ms"]}
                   for name in analysis.CROSSOVERS}
-    summary = {"alpha_fitted": alpha, "params": params, "gamma": gamma,
+    summary = {"alpha_fitted": alpha, "params": params, "params_source": params_source,
+               "params_assumed": assumed, "gamma": gamma,
                "capacity_factor_predicted": 1 + gamma * params["t_draft_edge_s"] / params["t_verify_s"][gamma],
                "crossovers": crossovers, "launcher": sweep["launcher"],
                "shaper_backend": sweep["shaper_backend"]}

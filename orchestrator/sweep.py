@@ -3,8 +3,9 @@
     OUT/sweep.json               the experiment, versions, git commit, host, launcher
     OUT/points/<key>/rounds.csv  one row per round      (written whole, then renamed)
     OUT/points/<key>/requests.csv one row per request
+    OUT/points/<key>/links.csv   each edge's link, configured vs measured (network launchers)
     OUT/points/<key>/done.json   status ok|error, error text, timings; its presence = finished
-    OUT/rounds.csv, requests.csv, points.csv   merged when the sweep ends
+    OUT/rounds.csv, requests.csv, links.csv, points.csv   merged when the sweep ends
 
 A failed point records its error and the sweep goes on. An existing sweep folder is never
 overwritten: pass resume=True to continue it, which skips finished points.
@@ -71,7 +72,7 @@ def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: 
 
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
               progress=None) -> pd.DataFrame:
-    """run_point(point) -> (rounds rows, request rows); returns the done.json table."""
+    """run_point(point) -> (rounds rows, request rows[, link rows]); returns the done.json table."""
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, experiment, resume, facts)
     plan = plan_points(experiment)
@@ -84,13 +85,15 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
         folder.mkdir(parents=True, exist_ok=True)
         started = time.time()
         try:
-            round_rows, request_rows = run_point(point)
+            round_rows, request_rows, *rest = run_point(point)
+            link_rows = [asdict(link) if not isinstance(link, dict) else link for link in (rest[0] if rest else [])]
             status, error = "ok", ""
         except Exception as exc:          # a failed point is data; the sweep goes on
-            round_rows, request_rows = [], []
+            round_rows, request_rows, link_rows = [], [], []
             status, error = "error", f"{type(exc).__name__}: {exc}"
         _write_csv(folder / "rounds.csv", round_rows, point)
         _write_csv(folder / "requests.csv", request_rows, point)
+        _write_csv(folder / "links.csv", link_rows, point)
         done = {**asdict(point), "key": point.key, "status": status, "error": error,
                 "wall_s": time.time() - started}
         _write_atomic(folder / "done.json", json.dumps(done))
@@ -101,12 +104,12 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
 
 def merge(out_dir: Path) -> pd.DataFrame:
     """Concatenate every finished point's CSVs into OUT/rounds.csv and OUT/requests.csv."""
-    done_rows, tables = [], {"rounds": [], "requests": []}
+    done_rows, tables = [], {"rounds": [], "requests": [], "links": []}
     for done_path in sorted((out_dir / "points").glob("*/done.json")):
         done_rows.append(json.loads(done_path.read_text()))
         for name in tables:
             path = done_path.parent / f"{name}.csv"
-            if path.stat().st_size > 0:
+            if path.exists() and path.stat().st_size > 0:
                 tables[name].append(pd.read_csv(path))
     for name, frames in tables.items():
         merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

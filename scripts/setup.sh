@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(iproute2 iptables iputils-ping libnetfilter-queue-dev gcc python3-dev python3-venv)
+APT_PACKAGES=(iproute2 iptables iputils-ping util-linux libnetfilter-queue-dev gcc python3-dev python3-venv)
 
 missing_apt() {
   local missing=()

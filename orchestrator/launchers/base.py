@@ -1,7 +1,7 @@
 """What every network launcher provides to the sweep."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -18,11 +18,13 @@ class LinkState:
     edge: str
     shaper: str               # "kernel-netem", "nfqueue", or "app-delay" (loopback)
     rtt_configured_ms: float
+    jitter_configured_ms: float = 0.0
+    loss_configured_pct: float = 0.0
+    rate_configured_mbit: float = 0.0      # 0 = not limited
     rtt_measured_p50_ms: float = float("nan")
     rtt_measured_p99_ms: float = float("nan")
     rtt_measured_stdev_ms: float = float("nan")
     loss_measured_pct: float = float("nan")
-    extra: dict = field(default_factory=dict)
 
 
 class Testbed(Protocol):

@@ -1,0 +1,169 @@
+"""What one edge<->verifier link should look like: `LinkSpec`, and its two `DirectionSpec`s.
+
+Directions: "up" is edge -> verifier, "down" is verifier -> edge.
+
+How a round trip is split: ``rtt_ms`` puts half of it on each direction (``delay_up_ms`` and
+``delay_down_ms`` set the two directly instead). ``jitter_ms``, ``loss_pct``, ``rate_mbit`` and
+``correlation_pct`` apply to EACH direction on its own, as a netem qdisc on each side would:
+
+- jitter_ms is netem's jitter: the half-width of a uniform spread (stdev jitter/sqrt(3)) for
+  ``distribution="uniform"`` (netem's default), the standard deviation for ``"normal"``. The two
+  directions draw independently, so the round-trip stdev is sqrt(2) x the one-way stdev.
+- loss_pct is per direction, so a request/reply pair is lost with 1 - (1 - loss)^2.
+- rate_mbit caps each direction (IP bytes in the userspace backend, L2 bytes in htb).
+- correlation_pct correlates successive delays and successive losses (lag 1).
+
+Delays are never negative: a draw below zero is clipped, so jitter_ms may not exceed the one-way
+delay (a uniform draw is then never clipped; a normal one is, in its tail).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+DISTRIBUTIONS = ("uniform", "normal")
+MAX_RATE_MBIT = 100_000.0
+
+
+def _check_number(field: str, value, *, lo: float, hi: float = math.inf, hi_open: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < lo or value > hi or (hi_open and value == hi):
+        if hi == math.inf:
+            raise ValueError(f"{field} must be a finite number >= {lo}, got {value!r}")
+        upper = f"< {hi}" if hi_open else f"<= {hi}"
+        raise ValueError(f"{field} must be >= {lo} and {upper}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class DirectionSpec:
+    """One direction of a link: what one netem qdisc, or one NFQUEUE queue, applies."""
+
+    delay_ms: float
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    rate_mbit: float | None = None
+    correlation_pct: float = 0.0
+    distribution: str = "uniform"
+
+    def __post_init__(self):
+        _check_number("delay_ms", self.delay_ms, lo=0.0)
+        _check_number("jitter_ms", self.jitter_ms, lo=0.0)
+        _check_number("loss_pct", self.loss_pct, lo=0.0, hi=100.0, hi_open=True)
+        _check_number("correlation_pct", self.correlation_pct, lo=0.0, hi=100.0, hi_open=True)
+        if self.rate_mbit is not None:
+            _check_number("rate_mbit", self.rate_mbit, lo=0.0, hi=MAX_RATE_MBIT)
+            if self.rate_mbit == 0:
+                raise ValueError("rate_mbit must be > 0 or None (no cap), got 0")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {self.distribution!r}")
+        if self.jitter_ms > self.delay_ms:
+            raise ValueError(
+                f"jitter_ms must not exceed the one-way delay ({self.delay_ms} ms), got {self.jitter_ms!r}"
+            )
+
+    @property
+    def delay_stdev_ms(self) -> float:
+        if self.distribution == "uniform":
+            return self.jitter_ms / math.sqrt(3.0)
+        return self.jitter_ms
+
+    @property
+    def rate_bytes_s(self) -> float | None:
+        return None if self.rate_mbit is None else self.rate_mbit * 1e6 / 8.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One edge<->verifier link. Give ``rtt_ms``, or both ``delay_up_ms`` and ``delay_down_ms``."""
+
+    rtt_ms: float | None = None
+    delay_up_ms: float | None = None
+    delay_down_ms: float | None = None
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    rate_mbit: float | None = None
+    correlation_pct: float = 0.0
+    distribution: str = "uniform"
+
+    def __post_init__(self):
+        per_direction = (self.delay_up_ms, self.delay_down_ms)
+        if self.rtt_ms is None and None in per_direction:
+            raise ValueError(
+                "give rtt_ms, or both delay_up_ms and delay_down_ms; got "
+                f"rtt_ms={self.rtt_ms!r}, delay_up_ms={self.delay_up_ms!r}, delay_down_ms={self.delay_down_ms!r}"
+            )
+        if self.rtt_ms is not None and per_direction != (None, None):
+            raise ValueError(
+                f"give rtt_ms or delay_up_ms/delay_down_ms, not both; got rtt_ms={self.rtt_ms!r}, "
+                f"delay_up_ms={self.delay_up_ms!r}, delay_down_ms={self.delay_down_ms!r}"
+            )
+        if self.rtt_ms is not None:
+            _check_number("rtt_ms", self.rtt_ms, lo=0.0)
+        # Building both directions runs every other check, with the field names the user wrote.
+        self.up, self.down
+
+    @property
+    def up(self) -> DirectionSpec:
+        return self._direction("delay_up_ms", self.delay_up_ms)
+
+    @property
+    def down(self) -> DirectionSpec:
+        return self._direction("delay_down_ms", self.delay_down_ms)
+
+    def _direction(self, name: str, delay_ms: float | None) -> DirectionSpec:
+        if self.rtt_ms is not None:
+            name, delay_ms = "half of rtt_ms", self.rtt_ms / 2.0
+        else:
+            _check_number(name, delay_ms, lo=0.0)
+        if _is_number(self.jitter_ms) and self.jitter_ms > delay_ms:
+            raise ValueError(
+                f"jitter_ms must not exceed the one-way delay ({name} = {delay_ms} ms), got {self.jitter_ms!r}"
+            )
+        return DirectionSpec(
+            delay_ms=float(delay_ms),
+            jitter_ms=self.jitter_ms,
+            loss_pct=self.loss_pct,
+            rate_mbit=self.rate_mbit,
+            correlation_pct=self.correlation_pct,
+            distribution=self.distribution,
+        )
+
+    def expected_rtt_ms(self, probe_bytes: int = 0) -> float:
+        """Base round trip plus the serialisation of a probe of `probe_bytes` IP bytes each way."""
+        up, down = self.up, self.down
+        rtt_ms = up.delay_ms + down.delay_ms
+        for d in (up, down):
+            if d.rate_bytes_s:
+                rtt_ms += 1000.0 * probe_bytes / d.rate_bytes_s
+        return rtt_ms
+
+    @property
+    def expected_rtt_stdev_ms(self) -> float:
+        return math.hypot(self.up.delay_stdev_ms, self.down.delay_stdev_ms)
+
+    @property
+    def expected_rtt_loss_pct(self) -> float:
+        keep = (1.0 - self.up.loss_pct / 100.0) * (1.0 - self.down.loss_pct / 100.0)
+        return 100.0 * (1.0 - keep)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LinkSpec":
+        """From a config mapping; a misspelt key is an error, never silently ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown LinkSpec field(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

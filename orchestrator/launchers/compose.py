@@ -1,0 +1,395 @@
+"""The ``compose`` launcher: the verifier and N edges as the containers of compose.yaml, each
+edge's link shaped by netem/ on the container's host-side veth (Docker, root).
+
+    config = ComposeConfig(n_edges=4, profile=get_profile("toy-edge-cloud"))   # synthetic backend
+    with ComposeTestbed.start(config) as testbed:      # compose up -d --scale edge=4 --wait
+        states = testbed.shape([5, 10, 20, 40])        # one measured LinkState per edge
+        ... POST testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url}
+    # compose down; shaping rules and daemon gone
+
+Declared, realised, read back: the config becomes the environment of `docker compose` (the
+variables compose.yaml reads); `compose up --wait` starts the project; the containers are then
+found by their compose labels through the Docker SDK, edges in container-number order (edge i
+is client i), and each edge's control API is asked for /health at its IP on the testbed network
+(the host reaches it through the bridge; no port is published). The edges reach the verifier by
+its service name.
+
+A project that already has containers is used only with ``adopt=True``, and is then left up on
+close. Otherwise close() runs `compose down`, which removes the containers and the network.
+
+Shaping: a netem ``Shaper`` applies once, so each `shape` call closes the previous one and
+applies a new one over endpoints resolved again (a restarted container has a new host-side veth).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+
+import docker
+
+from dsd.backends.factory import BackendConfig
+from dsd.profiles import HardwareProfile
+from netem import Link, LinkRecord, LinkSpec, Shaper, ShaperConfig, endpoint_from_container
+from netem.probe import BACKENDS, choose_backend
+from orchestrator.launchers.base import EdgeHandle, LinkState
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "compose.yaml"
+BUILD_SCRIPT = REPO / "scripts" / "build_images.sh"
+MODELS_DIR = REPO / "models"
+CONTAINER_MODELS_DIR = PurePosixPath("/app/models")   # where compose.yaml mounts ./models
+
+VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"
+VERIFIER_PORT, EDGE_PORT = 8700, 8701
+NETWORK_KEY = "testbed"                                # compose.yaml's network; docker: PROJECT_testbed
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
+NUMBER_LABEL = "com.docker.compose.container-number"
+ROLE_LABEL = "dsdbed.role"
+
+BUILD_POLICIES = ("missing", "always", "never")
+MAX_EDGES = 250
+_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_HEALTH_TIMEOUT_S = 5.0
+
+
+class ComposeError(RuntimeError):
+    """docker compose failed, or the project is not what was asked for."""
+
+
+@dataclass(frozen=True)
+class ComposeConfig:
+    n_edges: int
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    profile: HardwareProfile | None = None   # synthetic: the compute times to emulate
+    threads: int = 1                  # torch intra-op threads per container
+    max_batch: int = 1                # verifier batching
+    batch_window_ms: float = 0.0
+    project: str = "dsdbed"
+    image: str = "dsdbed-app:latest"
+    subnet: str = "172.31.250.0/24"
+    build: str = "missing"            # build the image when it is missing, always, or never
+    adopt: bool = False               # use a project that is already up, and leave it up
+    shaper_backend: str = "auto"      # netem: "auto", "kernel-netem" or "nfqueue"
+    verify_count: int = 100           # echo probes per link after shaping; 0 = do not measure
+    up_timeout_s: float = 600.0
+    down_timeout_s: float = 120.0
+    build_timeout_s: float = 1800.0
+    compose_file: str = str(COMPOSE_FILE)
+
+    def __post_init__(self) -> None:
+        _check_int("n_edges", self.n_edges, 1, MAX_EDGES)
+        _check_int("threads", self.threads, 1, 256)
+        _check_int("max_batch", self.max_batch, 1, 4096)
+        _check_int("verify_count", self.verify_count, 0, 100_000)
+        for name in ("batch_window_ms", "up_timeout_s", "down_timeout_s", "build_timeout_s"):
+            value = getattr(self, name)
+            low_ok = value >= 0 if name == "batch_window_ms" else value > 0
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low_ok:
+                raise ValueError(f"{name} must be a finite number {'>= 0' if name == 'batch_window_ms' else '> 0'}, "
+                                 f"got {value!r}")
+        if not isinstance(self.backend, BackendConfig):
+            raise ValueError(f"backend must be a BackendConfig, got {self.backend!r}")
+        if self.backend.device != "cpu":
+            raise ValueError(f"backend.device must be 'cpu' in containers, got {self.backend.device!r}")
+        if self.profile is not None and not isinstance(self.profile, HardwareProfile):
+            raise ValueError(f"profile must be a HardwareProfile or None, got {self.profile!r}")
+        if self.backend.kind == "synthetic" and self.profile is None:
+            raise ValueError("profile: the synthetic backend emulates its compute and needs a HardwareProfile, "
+                             "got None (e.g. dsd.profiles.get_profile('toy-edge-cloud'))")
+        if not isinstance(self.project, str) or not _PROJECT_RE.match(self.project):
+            raise ValueError(f"project must be lowercase letters, digits, '-' or '_', got {self.project!r}")
+        if self.build not in BUILD_POLICIES:
+            raise ValueError(f"build must be one of {BUILD_POLICIES}, got {self.build!r}")
+        if self.shaper_backend not in ("auto", *BACKENDS):
+            raise ValueError(f"shaper_backend must be 'auto' or one of {BACKENDS}, got {self.shaper_backend!r}")
+        if not isinstance(self.adopt, bool):
+            raise ValueError(f"adopt must be true or false, got {self.adopt!r}")
+        if not Path(self.compose_file).is_file():
+            raise ValueError(f"compose_file {self.compose_file!r} does not exist")
+        self.container_pair_path  # validates the pair's location
+
+    @property
+    def container_pair_path(self) -> str:
+        """The pair as the containers see it: ./models is mounted at /app/models."""
+        if self.backend.kind != "hf":
+            return str(CONTAINER_MODELS_DIR / "default-pair")
+        if self.backend.target_path:
+            raise ValueError("backend.target_path/draft_path: the compose launcher serves a pair folder under "
+                             f"{MODELS_DIR} (backend.pair_path), got target_path={self.backend.target_path!r}")
+        pair = Path(self.backend.pair_path).resolve()
+        if not pair.is_relative_to(MODELS_DIR.resolve()):
+            raise ValueError(f"backend.pair_path must lie under {MODELS_DIR} (mounted into the containers), "
+                             f"got {self.backend.pair_path!r}")
+        if not (pair / "manifest.json").is_file():
+            raise ValueError(f"backend.pair_path {self.backend.pair_path!r} holds no manifest.json; "
+                             "build it with `dsdbed build-pair`")
+        return str(CONTAINER_MODELS_DIR / pair.relative_to(MODELS_DIR.resolve()).as_posix())
+
+    @property
+    def profile_json(self) -> str:
+        if self.profile is None:
+            return ""
+        return json.dumps({k: v for k, v in asdict(self.profile).items() if k != "sources"})
+
+    def compose_env(self) -> dict[str, str]:
+        """The variables compose.yaml reads (its header lists them)."""
+        b = self.backend
+        return {
+            "DSD_BACKEND": b.kind, "DSD_PAIR_PATH": self.container_pair_path,
+            "DSD_PROFILE": "", "DSD_PROFILE_JSON": self.profile_json,
+            "DSD_ALPHA": repr(float(b.alpha)), "DSD_SYNTHETIC_SEED": str(b.seed),
+            "DSD_VOCAB_SIZE": str(b.vocab_size), "DSD_EOS_PROB": repr(float(b.eos_prob)), "DSD_DTYPE": b.dtype,
+            "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
+            "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
+            "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
+        }
+
+
+def _check_int(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
+
+
+class ComposeTestbed:
+    """A `Testbed` (orchestrator/launchers/base.py) made of compose.yaml's containers."""
+
+    def __init__(self, config: ComposeConfig) -> None:
+        self.config = config
+        self.verifier_url = f"ws://{VERIFIER_SERVICE}:{VERIFIER_PORT}/ws"
+        self.edges: list[EdgeHandle] = []
+        self.shaper = "none"                 # the netem backend; set by start() and shape()
+        self.shaper_reason = ""
+        self.link_records: list[LinkRecord] = []
+        self.verifier_container = None
+        self.edge_containers: list = []
+        self.owned = False                   # we ran `compose up`, so close() runs `compose down`
+        self._shaper: Shaper | None = None
+        self._client = docker.from_env(timeout=60)
+
+    # ---- bring up --------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, config: ComposeConfig) -> "ComposeTestbed":
+        testbed = cls(config)
+        try:
+            testbed._bring_up()
+        except BaseException:
+            testbed.close()
+            raise
+        return testbed
+
+    def __enter__(self) -> "ComposeTestbed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _bring_up(self) -> None:
+        c = self.config
+        self.shaper, self.shaper_reason = choose_backend(c.shaper_backend)
+        existing = self.project_containers()
+        if existing and not c.adopt:
+            raise ComposeError(
+                f"project {c.project!r} already has containers {sorted(x.name for x in existing)}: pass "
+                f"adopt=True to use them, or remove them with `docker compose -p {c.project} down`")
+        if existing:
+            log.info("adopting the running project %s", c.project)
+        else:
+            self._ensure_image()
+            self.owned = True               # from here on, close() takes down whatever came up
+            try:
+                self.compose("up", "--detach", "--no-build", "--pull", "never", "--remove-orphans",
+                             "--scale", f"{EDGE_SERVICE}={c.n_edges}", "--wait",
+                             "--wait-timeout", str(int(c.up_timeout_s)), timeout_s=c.up_timeout_s + 60)
+            except ComposeError as exc:
+                raise ComposeError(f"{exc}\n--- the services' last log lines ---\n{self.logs_tail()}") from None
+        self._discover()
+        self._check_health()
+
+    def _ensure_image(self) -> None:
+        c = self.config
+        present = bool(self._client.images.list(name=c.image))
+        if c.build == "never" and not present:
+            raise ComposeError(f"image {c.image} is missing and build='never': run scripts/build_images.sh")
+        if c.build == "always" or not present:
+            log.info("building %s with %s", c.image, BUILD_SCRIPT)
+            _run(["bash", str(BUILD_SCRIPT)], env={**os.environ, "DSD_IMAGE": c.image},
+                 timeout_s=c.build_timeout_s, what="scripts/build_images.sh")
+
+    def _discover(self) -> None:
+        c = self.config
+        running = [x for x in self.project_containers() if x.status == "running"]
+        verifiers = [x for x in running if x.labels.get(SERVICE_LABEL) == VERIFIER_SERVICE]
+        edges = sorted((x for x in running if x.labels.get(SERVICE_LABEL) == EDGE_SERVICE),
+                       key=lambda x: int(x.labels.get(NUMBER_LABEL, "0")))
+        if len(verifiers) != 1 or len(edges) != c.n_edges:
+            raise ComposeError(f"project {c.project!r} runs {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
+                               f"expected 1 and {c.n_edges}")
+        self.verifier_container, self.edge_containers = verifiers[0], edges
+        self.edges = [EdgeHandle(client_id=i, control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}", name=x.name)
+                      for i, x in enumerate(edges)]
+
+    def _check_health(self) -> None:
+        """Read back: every edge answers /health from the host, and says it is an edge."""
+        for handle in self.edges:
+            try:
+                with urllib.request.urlopen(handle.control_url + "/health", timeout=_HEALTH_TIMEOUT_S) as response:
+                    body = json.loads(response.read())
+            except OSError as exc:
+                raise ComposeError(f"{handle.name}: {handle.control_url}/health unreachable from the host: {exc}") from None
+            if body.get("status") != "ok" or body.get("role") != "edge":
+                raise ComposeError(f"{handle.name}: unexpected /health answer {body!r}")
+
+    # ---- what is running -------------------------------------------------------------------------
+
+    def project_containers(self) -> list:
+        return self._client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={self.config.project}"})
+
+    def container_ip(self, container) -> str:
+        networks = container.attrs["NetworkSettings"]["Networks"]
+        name = f"{self.config.project}_{NETWORK_KEY}"
+        if name not in networks or not networks[name]["IPAddress"]:
+            raise ComposeError(f"{container.name} has no address on network {name} (it has {sorted(networks)})")
+        return networks[name]["IPAddress"]
+
+    def logs_tail(self, lines: int = 20) -> str:
+        try:
+            return self.compose("logs", "--no-color", "--tail", str(lines), timeout_s=30)
+        except ComposeError as exc:
+            return f"(no logs: {exc})"
+
+    def facts(self) -> dict:
+        """For a sweep's sidecar: what ran, on which engine, shaped how."""
+        version = self._client.version()
+        image = self._client.images.get(self.config.image)
+        return {"launcher": "compose", "project": self.config.project, "image": self.config.image,
+                "image_id": image.id, "engine_version": version.get("Version"),
+                "engine_api_version": version.get("ApiVersion"), "subnet": self.config.subnet,
+                "adopted": not self.owned, "shaper": self.shaper, "shaper_reason": self.shaper_reason,
+                "verifier": self.verifier_container.name if self.verifier_container else None,
+                "edges": [h.name for h in self.edges]}
+
+    # ---- links -----------------------------------------------------------------------------------
+
+    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+        if len(rtt_ms_per_edge) != len(self.edges):
+            raise ValueError(f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), "
+                             f"got {len(rtt_ms_per_edge)}")
+        specs = [LinkSpec(rtt_ms=rtt_ms) for rtt_ms in rtt_ms_per_edge]      # validates each value
+        self._close_shaper()
+        verifier = endpoint_from_container(self.verifier_container)
+        links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
+                 for h, x, spec in zip(self.edges, self.edge_containers, specs)]
+        shaper = Shaper(ShaperConfig(backend=self.config.shaper_backend, verify_count=self.config.verify_count))
+        self.link_records = shaper.apply(links)    # on failure it has removed what it made
+        self._shaper = shaper
+        self.shaper = self.link_records[0].backend
+        self.shaper_reason = self.link_records[0].backend_reason
+        return [_link_state(r) for r in self.link_records]
+
+    def check(self) -> None:
+        """Raise if shaping stopped working (a dead NFQUEUE daemon drops every packet of its links)."""
+        if self._shaper is not None:
+            self._shaper.check()
+
+    def app_delay_ms(self, client_id: int) -> float:
+        if not 0 <= client_id < len(self.edges):
+            raise ValueError(f"client_id must be in [0, {len(self.edges)}), got {client_id!r}")
+        return 0.0      # the link itself is shaped
+
+    # ---- teardown --------------------------------------------------------------------------------
+
+    def _close_shaper(self) -> None:
+        shaper, self._shaper = self._shaper, None
+        if shaper is not None:
+            shaper.close()
+
+    def close(self) -> None:
+        """Shaping first (rules, daemon), then `compose down` if we brought the project up."""
+        errors = []
+        try:
+            self._close_shaper()
+        except Exception as exc:  # noqa: BLE001 - the containers must still go
+            errors.append(f"shaper: {exc}")
+        if self.owned:
+            try:
+                self.compose("down", "--remove-orphans", "--timeout", "10", timeout_s=self.config.down_timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"compose down: {exc}")
+            left = cleanup_project(self.config.project, self._client)
+            if left:
+                errors.append(f"compose down left {left}; removed them by label")
+            self.owned = False
+        self.edges, self.edge_containers, self.verifier_container = [], [], None
+        self._client.close()
+        if errors:
+            raise ComposeError("teardown incomplete: " + "; ".join(errors))
+
+    # ---- docker compose --------------------------------------------------------------------------
+
+    def compose(self, *args: str, timeout_s: float) -> str:
+        c = self.config
+        env = {**os.environ, **c.compose_env(), "COMPOSE_BAKE": "false"}
+        return _run(["docker", "compose", "--project-name", c.project, "--file", c.compose_file, *args],
+                    env=env, timeout_s=timeout_s, what=f"docker compose {args[0]}")
+
+
+def _link_state(record: LinkRecord) -> LinkState:
+    spec, m = record.spec, record.measured
+    nan = float("nan")
+    return LinkState(edge=record.edge, shaper=record.backend, rtt_configured_ms=spec.expected_rtt_ms(),
+                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+                     rate_configured_mbit=spec.rate_mbit or 0.0,
+                     rtt_measured_p50_ms=m.rtt_p50_ms if m else nan, rtt_measured_p99_ms=m.rtt_p99_ms if m else nan,
+                     rtt_measured_stdev_ms=m.rtt_stdev_ms if m else nan, loss_measured_pct=m.loss_pct if m else nan)
+
+
+def cleanup_project(project: str = "dsdbed", client=None) -> list[str]:
+    """Remove a project's containers and networks by their compose label (after a crash, or what
+    `compose down` left); returns what it removed. Shaping leftovers: `netem.cleanup_leftovers`."""
+    own_client = client is None
+    client = client or docker.from_env(timeout=60)
+    removed = []
+    try:
+        label = {"label": f"{PROJECT_LABEL}={project}"}
+        for container in client.containers.list(all=True, filters=label):
+            container.remove(force=True)
+            removed.append(f"container {container.name}")
+        for network in client.networks.list(filters=label):
+            network.remove()
+            removed.append(f"network {network.name}")
+    finally:
+        if own_client:
+            client.close()
+    return removed
+
+
+def _run(argv: list[str], env: dict[str, str], timeout_s: float, what: str) -> str:
+    """Run a command in its own process group; kill the group at the timeout. Returns its output."""
+    log.info("running %s", " ".join(argv))
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise ComposeError(f"{what} did not finish within {timeout_s} s: {out[-3000:]}") from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise ComposeError(f"{what} exited {proc.returncode}: {out[-3000:]}")
+    return out

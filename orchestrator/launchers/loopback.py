@@ -1,0 +1,80 @@
+"""The loopback launcher: verifier and edges as processes on 127.0.0.1, for machines without
+root. The kernel cannot delay loopback traffic for us here, so each edge delays its messages in
+the application (half the RTT each way) and every trace says shaper=app-delay."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsd.backends.factory import BackendConfig
+from dsd.profiles import HardwareProfile
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.processes import ServiceProcess, backend_args, free_port
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    backend: BackendConfig
+    profile: HardwareProfile | None = None
+    n_edges: int = 1
+    max_batch: int = 1
+    batch_window_ms: float = 0.0
+    ready_timeout_s: float = 120.0
+    extra_verifier_args: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_edges <= 256:
+            raise ValueError(f"n_edges must be in 1..256, got {self.n_edges!r}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch!r}")
+
+    def verifier_argv(self, host: str, port: int) -> list[str]:
+        return ["services.verifier", "--host", host, "--port", str(port), "--max-batch", str(self.max_batch),
+                "--batch-window-ms", str(self.batch_window_ms), *backend_args(self.backend, self.profile),
+                *self.extra_verifier_args]
+
+    def edge_argv(self, host: str, port: int) -> list[str]:
+        return ["services.edge", "--host", host, "--port", str(port), *backend_args(self.backend, self.profile)]
+
+
+class LoopbackTestbed:
+    shaper = "app-delay"
+
+    def __init__(self, config: ServicesConfig) -> None:
+        self.config = config
+        self._processes: list[ServiceProcess] = []
+        self._delay_ms: dict[int, float] = {}
+        try:
+            port = free_port()
+            verifier = ServiceProcess("verifier", config.verifier_argv("127.0.0.1", port),
+                                      f"http://127.0.0.1:{port}/health")
+            self._processes.append(verifier)
+            self.verifier_url = f"ws://127.0.0.1:{port}/ws"
+            self.edges = []
+            for i in range(config.n_edges):
+                edge_port = free_port()
+                self._processes.append(ServiceProcess(f"edge{i}", config.edge_argv("127.0.0.1", edge_port),
+                                                      f"http://127.0.0.1:{edge_port}/health"))
+                self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}"))
+            for process in self._processes:
+                process.wait_ready(config.ready_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+        self._delay_ms = {i: rtt / 2 for i, rtt in enumerate(rtt_ms_per_edge)}
+        return [LinkState(edge.name, self.shaper, rtt) for edge, rtt in zip(self.edges, rtt_ms_per_edge)]
+
+    def app_delay_ms(self, client_id: int) -> float:
+        return self._delay_ms.get(client_id % len(self.edges), 0.0)
+
+    def close(self) -> None:
+        for process in reversed(self._processes):
+            process.stop()
+        self._processes.clear()
+
+    def __enter__(self) -> "LoopbackTestbed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""Run one sweep point on a network testbed through the edges' control API; return trace rows.
+
+Each client is one run on an edge (client c on edge c mod N). Warm-up requests run first in
+every run and are dropped here, so that cold caches and first connections stay out of the
+results.
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pandas as pd
+
+from orchestrator.launchers.base import LinkState, Testbed
+from orchestrator.sweep import Point
+
+
+def _http(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read()
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"{method} {url}: HTTP {error.code}: {error.read().decode(errors='replace')[:500]}") from None
+
+
+def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
+                  max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
+                  timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState]]:
+    links = testbed.shape([point.rtt_ms] * len(testbed.edges))
+    runs = []
+    for client in range(point.clients):
+        edge = testbed.edges[client % len(testbed.edges)]
+        run_id = f"{run_prefix}-{point.key}-c{client}"
+        _http("POST", f"{edge.control_url}/runs", {
+            "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
+            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
+            "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
+            "probe_count": 5, "probe_interval_ms": 200.0,
+        })
+        runs.append((edge, run_id))
+    deadline = time.monotonic() + timeout_s
+    pending = list(runs)
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)} run(s) of {point.key} unfinished after {timeout_s:.0f} s")
+        time.sleep(0.2)
+        for edge, run_id in list(pending):
+            status = json.loads(_http("GET", f"{edge.control_url}/runs/{run_id}"))
+            if status["status"] == "failed":
+                raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
+            if status["status"] == "done":
+                pending.remove((edge, run_id))
+    round_frames, request_frames = [], []
+    for edge, run_id in runs:
+        rounds = _read_csv(_http("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv"))
+        requests = _read_csv(_http("GET", f"{edge.control_url}/runs/{run_id}/requests.csv"))
+        round_frames.append(rounds)
+        request_frames.append(requests)
+    rounds = pd.concat(round_frames, ignore_index=True)
+    requests = pd.concat(request_frames, ignore_index=True)
+    if "error" in requests and requests["error"].fillna("").astype(str).str.len().gt(0).any():
+        first = requests.loc[requests["error"].fillna("").astype(str).str.len() > 0, "error"].iloc[0]
+        raise RuntimeError(f"a request of {point.key} failed: {first}")
+    rounds = rounds[rounds.request_index >= warmup].copy()
+    requests = requests[requests.request_index >= warmup].copy()
+    rounds["request_index"] -= warmup
+    requests["request_index"] -= warmup
+    requests = add_steady_state(requests, rounds)
+    requests["shaper"] = testbed.shaper
+    return rounds.to_dict("records"), requests.to_dict("records"), links
+
+
+def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """steady_per_token_s: time after the first tokens arrived, per token after them; and the
+    measured RTT column the analysis reads."""
+    first_emitted = (rounds[rounds.emitted > 0].sort_values("round_index")
+                     .groupby(["client_id", "request_index"])["emitted"].first())
+    requests = requests.copy()
+    keys = list(zip(requests.client_id, requests.request_index))
+    firsts = [first_emitted.get(k, 1) for k in keys]
+    steady_tokens = requests["tokens"] - pd.Series(firsts, index=requests.index)
+    requests["steady_per_token_s"] = (requests["wall_s"] - requests["ttft_s"]) / steady_tokens.where(steady_tokens > 0)
+    requests["rtt_measured_ms"] = requests["rtt_probe_ms"]
+    return requests
+
+
+def _read_csv(data: bytes) -> pd.DataFrame:
+    return pd.read_csv(io.BytesIO(data)) if data.strip() else pd.DataFrame()

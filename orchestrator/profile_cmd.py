@@ -1,0 +1,54 @@
+"""`dsdbed measure-profile`: a profiles.toml entry measured on this machine, sources included."""
+from __future__ import annotations
+
+import json
+import platform
+import time
+
+import torch
+
+from dsd.backends.factory import BackendConfig, load_pair
+from dsd.timing import measure_times
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
+    torch.set_num_threads(threads)
+    draft, target = load_pair(BackendConfig(kind="hf", pair_path=pair_path))
+    gammas = (1, 2, 4, 8)
+    times = measure_times(draft, target, gammas=gammas)
+    # t_verify(gamma) = base + per_position * (gamma + 1): least squares over the gammas measured.
+    xs = [g + 1 for g in gammas]
+    ys = [times.t_verify_s[g] for g in gammas]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    slope = max(slope, 0.0)
+    base = max(mean_y - slope * mean_x, 0.0)
+    source = (f"measured on {_cpu_name()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
+              f"`dsdbed measure-profile --pair {pair_path} --threads {threads}`, median of "
+              f"{times.repeats}, context {times.context_tokens} tokens")
+    values = {
+        "t_draft_edge_s": (times.t_draft_s, source),
+        "t_draft_server_s": (times.t_draft_s, source + " (edge and server are the same machine here)"),
+        "t_ar_s": (times.t_ar_s, source),
+        "t_verify_base_s": (base, source + f"; least-squares fit over gamma {list(gammas)}: "
+                            + ", ".join(f"{g}: {1e3 * times.t_verify_s[g]:.3f} ms" for g in gammas)),
+        "t_verify_per_position_s": (slope, source + "; same fit"),
+        "t_prefill_per_token_s": (times.t_prefill_per_token_s, source),
+        "batch_slope": (1.0, "not measured: the hf backend runs a batch's sequences one after another "
+                        "(cost grows linearly with the batch)"),
+    }
+    lines = [f"[{name}]"]
+    for key, (value, why) in values.items():
+        lines.append(f"{key} = {value:.6g}")
+        lines.append(f"{key}_source = {json.dumps(why)}")   # a JSON string is a TOML basic string
+    return "\n".join(lines)
