@@ -3,7 +3,7 @@
 Pure functions, seconds everywhere. Per-output-token times are steady state: a request's one-off
 costs (first round trip, prefill) are added by ``request_time_s``.
 
-Pipelined DSD here is the protocol of ``dsd.edge.PipelinedEdge`` with one block in flight:
+Pipelined DSD here is the protocol of ``dsd.edge.EdgeDecoder`` with one block in flight:
 the edge sends a block after drafting its gamma tokens, then at once drafts a guess g of the
 bonus token and the next block on the assumption that the whole block and g will be accepted.
 The speculation survives a verdict with probability pi = alpha^(gamma+1) (gamma accepted and
@@ -19,7 +19,7 @@ average, so
 
     T_pipe = (pi*max((gamma+1)*t_draft, W) + (1-pi)*(R + gamma*t_draft)) / E
 
-This is exact for constant times and one block in flight; ``dsd.pipeline_sim`` runs the real
+This is exact for constant times and one block in flight; ``dsd.simulate`` runs the real
 protocol code on virtual time for everything else (several blocks in flight, real models) and the
 tests check the two against each other.
 """

@@ -54,3 +54,19 @@ class TokenSequence:
     def matches(self, length: int, digest: int) -> bool:
         """True if this sequence has at least ``length`` tokens and that prefix has ``digest``."""
         return 0 <= length <= len(self.tokens) and self.digests[length] == digest
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix; one C-level comparison in the usual case where the
+    shorter list is a prefix of the longer."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n     # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -9,24 +9,12 @@ from __future__ import annotations
 import io
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pandas as pd
 
+from orchestrator.http_client import call
 from orchestrator.launchers.base import LinkState, Testbed
 from orchestrator.sweep import Point
-
-
-def _http(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.read()
-    except urllib.error.HTTPError as error:
-        raise RuntimeError(f"{method} {url}: HTTP {error.code}: {error.read().decode(errors='replace')[:500]}") from None
 
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
@@ -37,7 +25,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     for client in range(point.clients):
         edge = testbed.edges[client % len(testbed.edges)]
         run_id = f"{run_prefix}-{point.key}-c{client}"
-        _http("POST", f"{edge.control_url}/runs", {
+        call("POST", f"{edge.control_url}/runs", {
             "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
             "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
             "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
@@ -51,22 +39,22 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
             raise TimeoutError(f"{len(pending)} run(s) of {point.key} unfinished after {timeout_s:.0f} s")
         time.sleep(0.2)
         for edge, run_id in list(pending):
-            status = json.loads(_http("GET", f"{edge.control_url}/runs/{run_id}"))
+            status = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}"))
             if status["status"] == "failed":
                 raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
             if status["status"] == "done":
                 pending.remove((edge, run_id))
     round_frames, request_frames = [], []
     for edge, run_id in runs:
-        rounds = _read_csv(_http("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv"))
-        requests = _read_csv(_http("GET", f"{edge.control_url}/runs/{run_id}/requests.csv"))
+        rounds = _read_csv(call("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv"))
+        requests = _read_csv(call("GET", f"{edge.control_url}/runs/{run_id}/requests.csv"))
         round_frames.append(rounds)
         request_frames.append(requests)
     rounds = pd.concat(round_frames, ignore_index=True)
     requests = pd.concat(request_frames, ignore_index=True)
-    if "error" in requests and requests["error"].fillna("").astype(str).str.len().gt(0).any():
-        first = requests.loc[requests["error"].fillna("").astype(str).str.len() > 0, "error"].iloc[0]
-        raise RuntimeError(f"a request of {point.key} failed: {first}")
+    failed = requests["error"].notna() & (requests["error"].astype(str) != "") if "error" in requests else None
+    if failed is not None and failed.any():
+        raise RuntimeError(f"a request of {point.key} failed: {requests.loc[failed, 'error'].iloc[0]}")
     rounds = rounds[rounds.request_index >= warmup].copy()
     requests = requests[requests.request_index >= warmup].copy()
     rounds["request_index"] -= warmup

@@ -72,7 +72,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                                           max_in_flight=experiment.max_in_flight, costs=costs)
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
         del draft, target          # the services load their own copies
-        with open_testbed(launcher, experiment) as testbed:
+        with open_testbed(launcher, experiment, out / "services") as testbed:
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper}
             run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
                                           warmup=experiment.warmup_requests,
@@ -102,10 +102,11 @@ def _docker_engine_up() -> bool:
         return False
 
 
-def open_testbed(launcher: str, experiment: Experiment):
+def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     profile = get_profile(experiment.profile) if experiment.profile else None
     config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
-                            max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms)
+                            max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
+                            work_dir=str(work_dir))
     if launcher == "loopback":
         return LoopbackTestbed(config)
     if launcher == "netns":

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig
 
 BACKEND_KINDS = ("synthetic", "hf")
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
 DEFAULT_PAIR = Path(__file__).resolve().parents[2] / "models" / "default-pair"
 
 
@@ -30,8 +30,8 @@ class BackendConfig:
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
             raise ValueError(f"backend kind must be one of {BACKEND_KINDS}, got {self.kind!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
         if self.kind == "synthetic":
@@ -47,6 +47,9 @@ def load_pair(config: BackendConfig):
     if config.kind == "synthetic":
         synthetic = config.synthetic()
         return SyntheticLM(synthetic, "draft"), SyntheticLM(synthetic, "target")
+    # transformers is imported only here: a synthetic-only service starts in a second, not five.
+    from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+
     if config.target_path:
         target_path, draft_path = config.target_path, config.draft_path
     else:

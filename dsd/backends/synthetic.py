@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.protocol import ForwardStats
+from dsd.sequence import common_prefix_length
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 _TWO64 = float(1 << 64)
@@ -106,10 +107,7 @@ class SyntheticLM:
             raise ValueError(f"n_last must be in [1, {len(tokens)}], got {n_last}")
         tokens = list(tokens)
         cached = self._cached.setdefault(seq_id, [])
-        keep = 0
-        limit = min(len(cached), len(tokens) - n_last)
-        while keep < limit and cached[keep] == tokens[keep]:
-            keep += 1
+        keep = min(common_prefix_length(cached, tokens), len(tokens) - n_last)
         fed = len(tokens) - keep
         self._cached[seq_id] = tokens
         self.stats.passes += 1

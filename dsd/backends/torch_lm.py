@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from dsd.backends.protocol import ForwardStats
+from dsd.sequence import common_prefix_length
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -31,20 +32,6 @@ class _SeqCache:
     def __init__(self, config) -> None:
         self.tokens: list[int] = []
         self.kv = DynamicCache(config=config)
-
-
-def _common_prefix_length(a: list[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == list(b[:n]):
-        return n
-    lo, hi = 0, n     # a[:lo] == b[:lo] holds; a[:hi] == b[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == list(b[:mid]):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class TorchLM:
@@ -87,7 +74,7 @@ class TorchLM:
         if cache is None:
             cache = self._caches[seq_id] = _SeqCache(self.model.config)
         # Reuse the longest common prefix, but feed at least n_last positions.
-        keep = min(_common_prefix_length(cache.tokens, tokens), len(tokens) - n_last)
+        keep = min(common_prefix_length(cache.tokens, tokens), len(tokens) - n_last)
         self.crop(seq_id, keep)
         new_tokens = list(tokens[keep:])
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)

@@ -2,17 +2,17 @@
 edge's link shaped by netem/ on the container's host-side veth (Docker, root).
 
     config = ComposeConfig(n_edges=4, profile=get_profile("toy-edge-cloud"))   # synthetic backend
-    with ComposeTestbed.start(config) as testbed:      # compose up -d --scale edge=4 --wait
+    with ComposeTestbed.start(config) as testbed:      # compose up -d --scale edge=4, all healthy
         states = testbed.shape([5, 10, 20, 40])        # one measured LinkState per edge
         ... POST testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url}
     # compose down; shaping rules and daemon gone
 
 Declared, realised, read back: the config becomes the environment of `docker compose` (the
-variables compose.yaml reads); `compose up --wait` starts the project; the containers are then
-found by their compose labels through the Docker SDK, edges in container-number order (edge i
-is client i), and each edge's control API is asked for /health at its IP on the testbed network
-(the host reaches it through the bridge; no port is published). The edges reach the verifier by
-its service name.
+variables compose.yaml reads); `compose up -d` starts the project; the containers are found by
+their compose labels through the Docker SDK, edges in container-number order (edge i is client
+i); then every service is polled for /health at its IP on the testbed network until all answer
+(the host reaches them through the bridge; no port is published), while a container that stops
+is noticed. The edges reach the verifier by its service name.
 
 A project that already has containers is used only with ``adopt=True``, and is then left up on
 close. Otherwise close() runs `compose down`, which removes the containers and the network.
@@ -29,6 +29,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -61,6 +62,7 @@ BUILD_POLICIES = ("missing", "always", "never")
 MAX_EDGES = 250
 _PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HEALTH_TIMEOUT_S = 5.0
+_POLL_INTERVAL_S = 0.25
 
 
 class ComposeError(RuntimeError):
@@ -174,6 +176,7 @@ class ComposeTestbed:
         self.verifier_container = None
         self.edge_containers: list = []
         self.owned = False                   # we ran `compose up`, so close() runs `compose down`
+        self.up_s = float("nan")             # `compose up --wait`: until every container is healthy
         self._shaper: Shaper | None = None
         self._client = docker.from_env(timeout=60)
 
@@ -208,14 +211,18 @@ class ComposeTestbed:
         else:
             self._ensure_image()
             self.owned = True               # from here on, close() takes down whatever came up
+            t0_s = time.monotonic()
             try:
                 self.compose("up", "--detach", "--no-build", "--pull", "never", "--remove-orphans",
-                             "--scale", f"{EDGE_SERVICE}={c.n_edges}", "--wait",
-                             "--wait-timeout", str(int(c.up_timeout_s)), timeout_s=c.up_timeout_s + 60)
+                             "--scale", f"{EDGE_SERVICE}={c.n_edges}", timeout_s=c.up_timeout_s)
+                self._discover()
+                self._wait_ready(deadline_s=t0_s + c.up_timeout_s)
             except ComposeError as exc:
                 raise ComposeError(f"{exc}\n--- the services' last log lines ---\n{self.logs_tail()}") from None
+            self.up_s = time.monotonic() - t0_s
+            return
         self._discover()
-        self._check_health()
+        self._wait_ready(deadline_s=time.monotonic() + _HEALTH_TIMEOUT_S)
 
     def _ensure_image(self) -> None:
         c = self.config
@@ -240,16 +247,30 @@ class ComposeTestbed:
         self.edges = [EdgeHandle(client_id=i, control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}", name=x.name)
                       for i, x in enumerate(edges)]
 
-    def _check_health(self) -> None:
-        """Read back: every edge answers /health from the host, and says it is an edge."""
-        for handle in self.edges:
-            try:
-                with urllib.request.urlopen(handle.control_url + "/health", timeout=_HEALTH_TIMEOUT_S) as response:
-                    body = json.loads(response.read())
-            except OSError as exc:
-                raise ComposeError(f"{handle.name}: {handle.control_url}/health unreachable from the host: {exc}") from None
-            if body.get("status") != "ok" or body.get("role") != "edge":
-                raise ComposeError(f"{handle.name}: unexpected /health answer {body!r}")
+    def _wait_ready(self, deadline_s: float) -> None:
+        """Poll every service's /health from the host until each answers with its role; notice a
+        container that stopped. Docker's own healthchecks are too dear for this: each is an exec
+        costing ~0.1 s of CPU, and 17 containers checked every 2 s took more than half of a
+        2-core host (compose.yaml checks every 30 s instead)."""
+        pending = {self.verifier_container.name: (f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
+                                                  "verifier")}
+        pending.update({h.name: (h.control_url, "edge") for h in self.edges})
+        next_crash_check_s = 0.0
+        while True:
+            for name, (url, role) in list(pending.items()):
+                if _answers_health(url, role):
+                    del pending[name]
+            if not pending:
+                return
+            now_s = time.monotonic()
+            if now_s >= next_crash_check_s:
+                stopped = sorted(x.name for x in self.project_containers() if x.status != "running")
+                if stopped:
+                    raise ComposeError(f"containers stopped while starting: {stopped}")
+                next_crash_check_s = now_s + 2.0
+            if now_s > deadline_s:
+                raise ComposeError(f"not healthy within {self.config.up_timeout_s} s: {sorted(pending)}")
+            time.sleep(_POLL_INTERVAL_S)
 
     # ---- what is running -------------------------------------------------------------------------
 
@@ -276,7 +297,7 @@ class ComposeTestbed:
         return {"launcher": "compose", "project": self.config.project, "image": self.config.image,
                 "image_id": image.id, "engine_version": version.get("Version"),
                 "engine_api_version": version.get("ApiVersion"), "subnet": self.config.subnet,
-                "adopted": not self.owned, "shaper": self.shaper, "shaper_reason": self.shaper_reason,
+                "adopted": not self.owned, "up_s": self.up_s, "shaper": self.shaper, "shaper_reason": self.shaper_reason,
                 "verifier": self.verifier_container.name if self.verifier_container else None,
                 "edges": [h.name for h in self.edges]}
 
@@ -296,6 +317,13 @@ class ComposeTestbed:
         self._shaper = shaper
         self.shaper = self.link_records[0].backend
         self.shaper_reason = self.link_records[0].backend_reason
+        return [_link_state(r) for r in self.link_records]
+
+    def measure(self) -> list[LinkState]:
+        """Measure the shaped links again now (echo probes from each edge), e.g. after a run."""
+        if self._shaper is None:
+            raise RuntimeError("no links are shaped: call shape() first")
+        self.link_records = self._shaper.verify()
         return [_link_state(r) for r in self.link_records]
 
     def check(self) -> None:
@@ -353,6 +381,15 @@ def _link_state(record: LinkRecord) -> LinkState:
                      rate_configured_mbit=spec.rate_mbit or 0.0,
                      rtt_measured_p50_ms=m.rtt_p50_ms if m else nan, rtt_measured_p99_ms=m.rtt_p99_ms if m else nan,
                      rtt_measured_stdev_ms=m.rtt_stdev_ms if m else nan, loss_measured_pct=m.loss_pct if m else nan)
+
+
+def _answers_health(url: str, role: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=_HEALTH_TIMEOUT_S) as response:
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return False
+    return body.get("status") == "ok" and body.get("role") == role
 
 
 def cleanup_project(project: str = "dsdbed", client=None) -> list[str]:

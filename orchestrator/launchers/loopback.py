@@ -3,7 +3,9 @@ root. The kernel cannot delay loopback traffic for us here, so each edge delays 
 the application (half the RTT each way) and every trace says shaper=app-delay."""
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
@@ -19,6 +21,7 @@ class ServicesConfig:
     max_batch: int = 1
     batch_window_ms: float = 0.0
     ready_timeout_s: float = 120.0
+    work_dir: str = ""          # service logs and the edges' run folders (default: a temp folder)
     extra_verifier_args: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -32,8 +35,14 @@ class ServicesConfig:
                 "--batch-window-ms", str(self.batch_window_ms), *backend_args(self.backend, self.profile),
                 *self.extra_verifier_args]
 
-    def edge_argv(self, host: str, port: int) -> list[str]:
-        return ["services.edge", "--host", host, "--port", str(port), *backend_args(self.backend, self.profile)]
+    def edge_argv(self, host: str, port: int, out_dir: Path) -> list[str]:
+        return ["services.edge", "--host", host, "--port", str(port), "--out-dir", str(out_dir),
+                *backend_args(self.backend, self.profile)]
+
+    def make_work_dir(self) -> Path:
+        path = Path(self.work_dir) if self.work_dir else Path(tempfile.mkdtemp(prefix="dsdbed-work-"))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
 
 class LoopbackTestbed:
@@ -43,17 +52,19 @@ class LoopbackTestbed:
         self.config = config
         self._processes: list[ServiceProcess] = []
         self._delay_ms: dict[int, float] = {}
+        work = config.make_work_dir()
         try:
             port = free_port()
             verifier = ServiceProcess("verifier", config.verifier_argv("127.0.0.1", port),
-                                      f"http://127.0.0.1:{port}/health")
+                                      f"http://127.0.0.1:{port}/health", log_dir=work)
             self._processes.append(verifier)
             self.verifier_url = f"ws://127.0.0.1:{port}/ws"
             self.edges = []
             for i in range(config.n_edges):
                 edge_port = free_port()
-                self._processes.append(ServiceProcess(f"edge{i}", config.edge_argv("127.0.0.1", edge_port),
-                                                      f"http://127.0.0.1:{edge_port}/health"))
+                self._processes.append(ServiceProcess(
+                    f"edge{i}", config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}"),
+                    f"http://127.0.0.1:{edge_port}/health", log_dir=work))
                 self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}"))
             for process in self._processes:
                 process.wait_ready(config.ready_timeout_s)

@@ -10,13 +10,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
+from orchestrator import http_client
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +49,7 @@ class ServiceProcess:
                  log_dir: Path | None = None) -> None:
         self.name = name
         self.health_url = health_url
-        prefix = ["ip", "netns", "exec", netns] if netns else []
+        prefix = ["nsenter", f"--net={netns}", "--"] if netns else []
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="dsdbed-logs-"))
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
@@ -66,10 +65,9 @@ class ServiceProcess:
                 raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
                                    f"log: {self.log_path}\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.health_url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
+                if http_client.request("GET", self.health_url, timeout_s=1.0)[0] == 200:
+                    return
+            except OSError:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f} s; log: {self.log_path}\n{self.log_tail()}")

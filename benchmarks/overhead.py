@@ -1,0 +1,98 @@
+"""Harness overhead per round: what the services add to a round beyond the modelled compute.
+
+    python benchmarks/overhead.py [--clients 1 16 64] [--rounds 150]
+
+Synthetic backend, no added delay, synchronous DSD over loopback, one request of about
+``--rounds`` rounds per client. A round is measured from its first draft step to the next
+round's (so handling the verdict and writing the trace row count too); from rounds.csv, for
+every round but a request's first (which also waits for the prefill) and last:
+
+    overhead = round - gamma * t_draft_edge_s - server_queue_s - server_compute_s
+
+i.e. the measured round less the modelled edge drafting and what the verifier reports for its
+own device (its queue wait is modelled contention between clients, not overhead; the verifier
+batches up to as many sessions as there are clients, no wait window). What is left is the event
+loops, msgpack, the WebSocket and TCP on both sides, the trace writes, and the lateness of the
+emulated waits, which grows with the machine's load (reported). All clients share one edge
+process. Progress goes to stderr; the last stdout line is key=value pairs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsd.latency_model import expected_tokens_per_round  # noqa: E402
+from services.launch import post_runs, read_csv, running, wait_for_runs  # noqa: E402
+
+GAMMA, ALPHA = 4, 0.8
+PROFILE = {"name": "overhead", "t_draft_edge_s": 0.001, "t_draft_server_s": 0.001, "t_ar_s": 0.003,
+           "t_verify_base_s": 0.002, "t_verify_per_position_s": 0.0002, "t_prefill_per_token_s": 0.00001,
+           "batch_slope": 0.05}
+
+
+def backend_args() -> list[str]:
+    return ["--backend", "synthetic", "--alpha", str(ALPHA), "--profile-json", json.dumps(PROFILE)]
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+def measure(n_clients: int, rounds_per_client: int, work: Path) -> list[float]:
+    """Overheads (seconds) of every steady round of n_clients concurrent sync-DSD clients."""
+    tokens = max(8, round(rounds_per_client * expected_tokens_per_round(ALPHA, GAMMA)))
+    verifier_args = backend_args() + ["--max-batch", str(n_clients), "--max-sessions", str(2 * n_clients + 8)]
+    edge_args = backend_args() + ["--out-dir", str(work / f"edge-{n_clients}")]
+    with running(("services.verifier", verifier_args), ("services.edge", edge_args), log_dir=work) as (verifier, edge):
+        runs = [{"run_id": f"c{n_clients}-{i}", "client_id": f"client-{i}", "mode": "sync", "gamma": GAMMA,
+                 "prompts": [[i % 400 + 1, 7, 11]], "max_new_tokens": tokens, "verifier_url": verifier.url,
+                 "probe_count": 3, "probe_interval_ms": 1000} for i in range(n_clients)]
+        started = time.monotonic()
+        summaries = wait_for_runs(edge, post_runs(edge, runs), timeout_s=600)
+        failed = [s for s in summaries.values() if s["status"] != "done"]
+        if failed:
+            raise RuntimeError(f"runs failed: {failed[:3]}")
+        overheads = []
+        for run_id in summaries:
+            rows = read_csv(edge, run_id, "rounds.csv")
+            for row, after in zip(rows[1:], rows[2:]):      # not the first (prefill) nor the last
+                round_s = float(after["t_draft_start_s"]) - float(row["t_draft_start_s"])
+                modelled_s = GAMMA * PROFILE["t_draft_edge_s"] + float(row["server_compute_s"])
+                overheads.append(round_s - modelled_s - float(row["server_queue_s"]))
+        print(f"{n_clients} clients: {len(overheads)} rounds in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return overheads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--rounds", type=int, default=150, help="rounds per client (1 client; fewer for more)")
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="dsd-overhead-") as tmp:
+        for n in args.clients:
+            overheads_ms = [1000 * o for o in measure(n, max(20, args.rounds // max(1, n // 8)), Path(tmp))]
+            suffix = "" if n == 1 else f"_{n}"
+            results[f"overhead_p50_ms{suffix}"] = statistics.median(overheads_ms)
+            results[f"overhead_p99_ms{suffix}"] = percentile(overheads_ms, 99)
+            results[f"rounds{suffix}"] = len(overheads_ms)
+            print(f"{n} clients: p50 {results[f'overhead_p50_ms{suffix}']:.3f} ms, "
+                  f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms", file=sys.stderr)
+    results["gamma"], results["t_draft_edge_ms"] = GAMMA, 1000 * PROFILE["t_draft_edge_s"]
+    # Emulated waits are only as punctual as the CPU is free: say how busy the machine was.
+    results["load_avg_1m"] = os.getloadavg()[0]
+    results["cpus"] = os.cpu_count()
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Small blocking HTTP calls to the services, over TCP or a Unix socket.
+
+A service inside a network namespace is out of the host's reach over IP (the namespaces have no
+route to the host), but a Unix socket lives in the file system and crosses namespaces; so the
+control API of a service in a namespace is addressed as ``unix:/path/to.sock`` + the HTTP path.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.parse
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def split_url(url: str) -> tuple[http.client.HTTPConnection, str]:
+    """(connection, path) for http://host:port/path or unix:/socket/path.sock/http/path."""
+    if url.startswith("unix:"):
+        rest = url[len("unix:"):]
+        socket_path, _, path = rest.partition(".sock")
+        return _UnixConnection(socket_path + ".sock", 10.0), path or "/"
+    parsed = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10.0)
+    return connection, (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
+
+
+def request(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> tuple[int, bytes]:
+    connection, path = split_url(url)
+    connection.timeout = timeout_s
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        connection.request(method, path, body=data, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def call(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:
+    """A request that must succeed (2xx); otherwise a RuntimeError with the service's answer."""
+    status, data = request(method, url, body, timeout_s)
+    if not 200 <= status < 300:
+        raise RuntimeError(f"{method} {url}: HTTP {status}: {data.decode(errors='replace')[:500]}")
+    return data

@@ -1,0 +1,105 @@
+"""The netns launcher (root): the verifier and each edge in a network namespace of their own,
+joined by a bridge, every edge's link shaped by netem/ (kernel netem or the NFQUEUE fallback).
+
+Data traffic (the WebSocket between edge and verifier) crosses the shaped bridge; the
+orchestrator reaches the services' HTTP APIs through Unix sockets, which are not bound to a
+network namespace, so control traffic never touches the shaped links.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.launchers.processes import ServiceProcess
+
+VERIFIER_PORT = 8700
+EDGE_PORT = 8701
+
+
+def link_state(record) -> LinkState:
+    spec, measured = record.spec, record.measured
+    return LinkState(
+        edge=record.edge, shaper=record.backend, rtt_configured_ms=measured.configured_rtt_ms if measured else spec.rtt_ms,
+        jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+        rate_configured_mbit=spec.rate_mbit or 0.0,
+        rtt_measured_p50_ms=measured.rtt_p50_ms if measured else float("nan"),
+        rtt_measured_p99_ms=measured.rtt_p99_ms if measured else float("nan"),
+        rtt_measured_stdev_ms=measured.rtt_stdev_ms if measured else float("nan"),
+        loss_measured_pct=measured.loss_pct if measured else float("nan"))
+
+
+class NetnsTestbed:
+    def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None) -> None:
+        self.config = config
+        self.shaper_config = shaper_config or ShaperConfig()
+        self.shaper = "not shaped yet"
+        self._processes: list[ServiceProcess] = []
+        self._shaper: Shaper | None = None
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="dsdbed-sock-"))
+        self._topology = Topology(TopologyConfig(n_edges=config.n_edges))
+        try:
+            self._topology.__enter__()
+            self._start_services()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_services(self) -> None:
+        topology = self._topology
+        work = self.config.make_work_dir()
+        verifier_socket = self._socket_dir / "verifier.sock"
+        verifier = ServiceProcess(
+            "verifier", self.config.verifier_argv(topology.verifier.ip, VERIFIER_PORT)
+            + ["--unix-socket", str(verifier_socket)],
+            f"unix:{verifier_socket}/health", netns=topology.verifier.netns, log_dir=work)
+        self._processes.append(verifier)
+        self.verifier_url = f"ws://{topology.verifier.ip}:{VERIFIER_PORT}/ws"
+        self.edges = []
+        for i, endpoint in enumerate(topology.edges):
+            edge_socket = self._socket_dir / f"edge{i}.sock"
+            self._processes.append(ServiceProcess(
+                f"edge{i}", self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}")
+                + ["--unix-socket", str(edge_socket)],
+                f"unix:{edge_socket}/health", netns=endpoint.netns, log_dir=work))
+            self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name))
+        for process in self._processes:
+            process.wait_ready(self.config.ready_timeout_s)
+
+    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+        """A fresh Shaper per set of RTTs (netem's Shaper applies once); the old one goes first."""
+        if self._shaper is not None:
+            self._shaper.close()
+            self._shaper = None
+        shaper = Shaper(self.shaper_config)
+        shaper.__enter__()
+        self._shaper = shaper
+        records = shaper.apply(self._topology.links([LinkSpec(rtt_ms=r) for r in rtt_ms_per_edge]))
+        self.shaper = records[0].backend if records else "none"
+        return [link_state(r) for r in records]
+
+    def check(self) -> None:
+        if self._shaper is not None:
+            self._shaper.check()
+
+    def app_delay_ms(self, client_id: int) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        if self._shaper is not None:
+            self._shaper.close()
+            self._shaper = None
+        for process in reversed(self._processes):
+            process.stop()
+        self._processes.clear()
+        self._topology.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def __enter__(self) -> "NetnsTestbed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,626 @@
+"""The edge service (the device): the draft, an HTTP API for the orchestrator, and the client of
+every mode, so that all four are measured from the same place over the same link.
+
+    python -m services.edge --host 127.0.0.1 --port 8701 --backend synthetic --profile-json '{...}'
+
+    POST /runs                 start a run (JSON, RunConfig's fields); 201, or 400 naming the field
+    GET  /runs/{id}            status ("running", "done", "failed"), progress, error
+    GET  /runs/{id}/rounds.csv, /runs/{id}/requests.csv    the traces so far (services.traces)
+    GET  /health
+
+A run is one client: one WebSocket to the verifier and its prompts one after another. In sync and
+pipelined DSD this process drafts (``dsd.edge.EdgeDecoder`` on a real clock: one draft step at a
+time, handling verdicts between steps and abandoning a draft whose epoch has passed); for cloud
+AR and co-located SD it asks the verifier to generate and records the streamed rounds. Each run
+drafts on its own emulated device (every client is its own device); with real models the runs of
+one process share one worker thread (NOTE: so concurrent real-model clients in one edge process
+slow each other's drafting; start one edge process per client to avoid it).
+
+The link is measured with application-level pings on the same WebSocket, before and during a
+run; ``app_delay_ms`` delays every message in each direction (for hosts whose link cannot be
+shaped), in order, and is recorded in every row.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import math
+import re
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+
+import aiohttp
+import torch
+from aiohttp import web
+
+from dsd.backends.factory import load_pair
+from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
+from dsd.drafting import draft_step
+from dsd.edge import EdgeDecoder
+from dsd.stopping import StopRule
+from services import wire
+from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args
+from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
+
+log = logging.getLogger("services.edge")
+RUN_MODES = ("ar", "colocated", "sync", "pipelined")
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str
+    client_id: str
+    mode: str
+    gamma: int
+    prompts: tuple[tuple[int, ...], ...]
+    max_new_tokens: int
+    verifier_url: str
+    max_in_flight: int = 1
+    seed: int = 0
+    temperature: float = 0.0
+    top_k: int | None = None
+    app_delay_ms: float = 0.0
+    stop_at_eos: bool = True
+    probe_count: int = 5              # RTT probes before the run
+    probe_interval_ms: float = 500.0  # and one every so often during it
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
+            raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
+        if not isinstance(self.client_id, str) or not self.client_id:
+            raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
+        if self.mode not in RUN_MODES:
+            raise ValueError(f"mode must be one of {RUN_MODES}, got {self.mode!r}")
+        for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
+                          ("probe_count", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+                raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+        if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
+            raise ValueError(f"top_k must be a whole number >= 1 or null, got {self.top_k!r}")
+        for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
+                          ("request_timeout_s", 0.001)):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and value >= low):
+                raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
+            object.__setattr__(self, name, float(value))      # JSON may say 15 for 15.0
+        if not isinstance(self.stop_at_eos, bool):
+            raise ValueError(f"stop_at_eos must be true or false, got {self.stop_at_eos!r}")
+        if not self.prompts or not all(
+                isinstance(p, tuple) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in self.prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty lists of token ids >= 0")
+        if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
+            raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
+
+    @classmethod
+    def from_json(cls, body) -> "RunConfig":
+        if not isinstance(body, dict):
+            raise ValueError(f"a run is a JSON object, got {type(body).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(body) - names)
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
+        missing = [f.name for f in fields(cls) if f.name not in body and f.default is MISSING]
+        if missing:
+            raise ValueError(f"missing fields {missing}")
+        values = dict(body)
+        if isinstance(values.get("prompts"), list):
+            values["prompts"] = tuple(tuple(p) if isinstance(p, list) else p for p in values["prompts"])
+        return cls(**values)
+
+    @property
+    def ws_url(self) -> str:
+        url = re.sub(r"^http", "ws", self.verifier_url)
+        return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.seed)
+
+
+class RunError(RuntimeError):
+    pass
+
+
+# ---- the link to the verifier ----------------------------------------------------------------
+
+class VerifierLink:
+    """One WebSocket to the verifier: replies routed to their session (or to the request that
+    waits for them), each direction delayed by ``delay_s`` in order, RTT probes."""
+
+    def __init__(self, url: str, delay_s: float, timer: PreciseTimer) -> None:
+        self.url = url
+        self.delay_s = delay_s
+        self.timer = timer
+        self.rtt_probe_ms: float | None = None
+        self.welcome: wire.Welcome | None = None
+        self._seqs = itertools.count(1)
+        self._session_ids = itertools.count(1)
+        self._inboxes: dict[int, asyncio.Queue] = {}
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._outgoing: asyncio.Queue = asyncio.Queue()
+        self._incoming: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._http: aiohttp.ClientSession | None = None
+        self._ws = None
+        self.closed_reason: str | None = None
+
+    async def connect(self, client_id: str, timeout_s: float = 30.0) -> wire.Welcome:
+        self._http = aiohttp.ClientSession()
+        self._ws = await asyncio.wait_for(self._http.ws_connect(self.url, max_msg_size=64 << 20), timeout_s)
+        self._tasks = [asyncio.create_task(self._read())]
+        if self.delay_s > 0:
+            self._tasks += [asyncio.create_task(self._release_outgoing()),
+                            asyncio.create_task(self._release_incoming())]
+        _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
+        if isinstance(welcome, wire.Error):
+            raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}")
+        self.welcome = welcome
+        return welcome
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._ws is not None:
+            await self._ws.close()
+        if self._http is not None:
+            await self._http.close()
+
+    def next_seq(self) -> int:
+        return next(self._seqs)
+
+    def open_inbox(self) -> tuple[int, asyncio.Queue]:
+        session = next(self._session_ids)
+        self._inboxes[session] = asyncio.Queue()
+        return session, self._inboxes[session]
+
+    def close_inbox(self, session: int) -> None:
+        self._inboxes.pop(session, None)
+
+    async def send(self, message) -> float:
+        """Send (after the app delay); returns when the application handed it over."""
+        if self.closed_reason:
+            raise RunError(f"link to the verifier is down: {self.closed_reason}")
+        t_send_s = time.perf_counter()
+        data = wire.encode(message)
+        if self.delay_s > 0:
+            self._outgoing.put_nowait((t_send_s + self.delay_s, data))
+        else:
+            await self._ws.send_bytes(data)
+        return t_send_s
+
+    async def request(self, message) -> tuple[float, object]:
+        """Send a message whose reply carries its seq and no session; returns (t_receive, reply)."""
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[message.seq] = future
+        try:
+            await self.send(message)
+            return await future
+        finally:
+            self._waiting.pop(message.seq, None)
+
+    async def probe_ms(self) -> float:
+        t_receive_s, pong = await self.request(wire.Ping(self.next_seq(), time.perf_counter()))
+        self.rtt_probe_ms = (t_receive_s - pong.t_send_s) * 1000
+        return self.rtt_probe_ms
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self._ws:
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    break
+                t_receive_s = time.perf_counter()
+                if self.delay_s > 0:
+                    self._incoming.put_nowait((t_receive_s + self.delay_s, msg.data))
+                else:
+                    self._deliver(t_receive_s, msg.data)
+            self._fail(f"connection closed (code {self._ws.close_code})")
+        except Exception as exc:        # anything that ends the reader ends the link
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _deliver(self, t_receive_s: float, data: bytes) -> None:
+        message = wire.decode(data)
+        session = getattr(message, "session", None)
+        if session is not None and session in self._inboxes:
+            self._inboxes[session].put_nowait((t_receive_s, message))
+        elif message.seq in self._waiting:
+            if not self._waiting[message.seq].done():      # its waiter may have been cancelled
+                self._waiting[message.seq].set_result((t_receive_s, message))
+        elif isinstance(message, wire.Error) and message.seq is None and message.session is None:
+            self._fail(f"verifier: {message.code}: {message.message}")     # about the connection
+        else:
+            log.warning("dropped a reply nobody waits for: %s", message)
+
+    def _fail(self, reason: str) -> None:
+        self.closed_reason = self.closed_reason or reason
+        error = wire.Error(None, None, "link_down", None, self.closed_reason)
+        for inbox in self._inboxes.values():
+            inbox.put_nowait((time.perf_counter(), error))
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_result((time.perf_counter(), error))
+
+    async def _release_outgoing(self) -> None:
+        while True:
+            due_s, data = await self._outgoing.get()
+            await self.timer.sleep_until(due_s)
+            try:
+                await self._ws.send_bytes(data)
+            except Exception as exc:
+                self._fail(f"send failed: {type(exc).__name__}: {exc}")
+
+    async def _release_incoming(self) -> None:
+        while True:
+            due_s, data = await self._incoming.get()
+            await self.timer.sleep_until(due_s)
+            self._deliver(due_s, data)
+
+
+# ---- one request in each mode ----------------------------------------------------------------
+
+@dataclass
+class Request:
+    """What a request needs and what it measured (times on perf_counter)."""
+    index: int
+    prompt: list[int]
+    config: RunConfig
+    stop: StopRule
+    t_start_s: float = 0.0
+    t_first_s: float | None = None
+    first_emitted: int = 0
+    t_last_s: float | None = None
+    tokens: list[int] | None = None
+    rounds: int = 0
+    stale_rounds: int = 0
+
+    def emitted(self, t_receive_s: float, n_tokens: int) -> None:
+        if n_tokens:
+            if self.t_first_s is None:
+                self.t_first_s, self.first_emitted = t_receive_s, n_tokens
+            self.t_last_s = t_receive_s
+
+
+class Client:
+    """A run's requests, one after another, over one link."""
+
+    def __init__(self, config: RunConfig, link: VerifierLink, draft: LanguageModel, device,
+                 t_draft_s: float, writer: TraceWriter, clock: EdgeClock) -> None:
+        self.config, self.link, self.draft, self.device = config, link, draft, device
+        self.t_draft_s = t_draft_s
+        self.writer, self.clock = writer, clock
+
+    def open_message(self, request: Request, session: int) -> wire.Open:
+        c = self.config
+        return wire.Open(self.link.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
+                         c.top_k, c.seed + request.index, c.stop_at_eos)
+
+    async def next_message(self, inbox: asyncio.Queue, request: Request):
+        remaining_s = request.t_start_s + self.config.request_timeout_s - time.perf_counter()
+        try:
+            async with asyncio.timeout(max(remaining_s, 0.0)):
+                t_receive_s, message = await inbox.get()
+        except TimeoutError:
+            raise RunError(f"request {request.index}: no reply within request_timeout_s "
+                           f"{self.config.request_timeout_s}") from None
+        if isinstance(message, wire.Error):
+            raise RunError(f"request {request.index}: verifier error {message.code} "
+                           f"(field {message.field}): {message.message}")
+        return t_receive_s, message
+
+    def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
+                  stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m) -> None:
+        e = self.clock.epoch_s
+        self.writer.round(RoundRow(
+            self.config.run_id, self.config.client_id, self.config.mode, self.config.gamma, request.index,
+            round_index, proposed, accepted, emitted, stale, e(t_draft_start_s), e(t_draft_end_s),
+            e(t_send_s), e(t_receive_s), m.queue_s, m.compute_s, m.batch_size, self.link.rtt_probe_ms,
+            self.config.app_delay_ms))
+
+    async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
+        await self.link.send(wire.Close(self.link.next_seq(), session))
+        while True:
+            t_receive_s, message = await self.next_message(inbox, request)
+            if isinstance(message, wire.Closed):
+                break
+            await on_message(t_receive_s, message)
+        self.link.close_inbox(session)
+
+    async def on_server(self, request: Request) -> None:
+        """Cloud AR and co-located SD: the verifier generates; every streamed round is a row."""
+        session, inbox = self.link.open_inbox()
+        mode, gamma = self.config.mode, self.config.gamma
+        await self.link.send(self.open_message(request, session))
+        t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
+                                                      gamma if mode == "colocated" else 0))
+        tokens: list[int] = []
+        while True:
+            t_receive_s, m = await self.next_message(inbox, request)
+            if isinstance(m, wire.Tokens):
+                tokens += m.tokens
+                request.emitted(t_receive_s, len(m.tokens))
+                if m.tokens or not m.done:
+                    self.round_row(request, m.round_index, m.proposed, m.accepted, len(m.tokens), False,
+                                   None, None, t_send_s, t_receive_s, m)
+                    request.rounds += 1
+                if m.done:
+                    break
+        request.tokens = tokens
+
+        async def unexpected(_t, message):
+            raise RunError(f"unexpected {type(message).__name__} after the stream ended")
+
+        await self.close_session(session, inbox, request, unexpected)
+
+    async def dsd(self, request: Request) -> None:
+        """Sync and pipelined DSD: the edge drafts, the verifier verifies."""
+        c = self.config
+        session, inbox = self.link.open_inbox()
+        seq_id = f"{c.run_id}/{request.index}"
+        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index)
+        generator = torch.Generator().manual_seed(sampling.seed + 1)
+        edge = EdgeDecoder(request.prompt, c.gamma, request.stop, pipelined=c.mode == "pipelined",
+                           max_in_flight=c.max_in_flight)
+        await self.link.send(self.open_message(request, session))
+        draft_times: dict[tuple[int, int], tuple[float, float]] = {}
+        sent: deque[tuple[float, float, float]] = deque()     # (draft start, draft end, send) in order
+        round_index = 0
+
+        async def send(proposals) -> None:
+            for p in proposals:
+                t_send_s = await self.link.send(_verify_message(self.link.next_seq(), session, p, sampling))
+                sent.append(draft_times.pop((p.start_pos, p.base_digest)) + (t_send_s,))
+
+        async def on_message(t_receive_s: float, m) -> None:
+            nonlocal round_index
+            if isinstance(m, wire.Opened):
+                return
+            if not isinstance(m, wire.Verified):
+                raise RunError(f"unexpected {type(m).__name__} in a DSD session")
+            emitted, to_send = edge.on_verdict(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale))
+            request.emitted(t_receive_s, len(emitted))
+            t_draft_start_s, t_draft_end_s, t_send_s = sent.popleft()
+            self.round_row(request, round_index, m.proposed, m.accepted, len(emitted), m.stale,
+                           t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m)
+            round_index += 1
+            request.rounds += 1
+            request.stale_rounds += m.stale
+            await send(to_send)
+
+        async def deliver_ready() -> None:
+            while not inbox.empty():
+                t_receive_s, m = inbox.get_nowait()
+                if isinstance(m, wire.Error):
+                    raise RunError(f"request {request.index}: verifier error {m.code} (field {m.field}): {m.message}")
+                await on_message(t_receive_s, m)
+
+        step_limit = 64 * (c.max_new_tokens + 1) * (c.gamma + 2)
+        steps = 0
+        while True:
+            await deliver_ready()
+            if edge.done:
+                break
+            draft_request = edge.next_draft()
+            if draft_request is None:
+                await on_message(*await self.next_message(inbox, request))
+                continue
+            tokens, probs = list(draft_request.prefix), []
+            t_draft_start_s = time.perf_counter()
+            for _ in range(draft_request.n_tokens):
+                (token, q), _ = await self.device.run(
+                    lambda: draft_step(self.draft, seq_id, tokens, sampling, generator), self.t_draft_s)
+                tokens.append(token)
+                probs.append(q)
+                steps += 1
+                await deliver_ready()
+                if edge.epoch != draft_request.epoch:
+                    break
+            if steps > step_limit:
+                raise RunError(f"request {request.index}: more than {step_limit} draft steps")
+            drafted = tokens[len(draft_request.prefix):]
+            to_send = edge.add_draft(draft_request, drafted, None if sampling.greedy else torch.stack(probs))
+            block = to_send[0] if to_send else edge.held      # the block just drafted, if any
+            if block is not None and not draft_request.with_guess:
+                draft_times[(block.start_pos, block.base_digest)] = (t_draft_start_s, time.perf_counter())
+            await send(to_send)
+        request.tokens = edge.generated
+        self.draft.release(seq_id)
+        await self.close_session(session, inbox, request, on_message)
+
+
+def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) -> wire.Verify:
+    dense = ids = values = None
+    if proposal.draft_probs is not None:
+        q = proposal.draft_probs.float()                                # [gamma, vocab]
+        if sampling.top_k is not None:        # q is zero outside the top k: send it sparse
+            ids = [row.nonzero().flatten().tolist() for row in q]
+            values = [q[i, row].tolist() for i, row in enumerate(ids)]
+        else:
+            dense = q.contiguous().numpy().astype("<f4").tobytes()
+    return wire.Verify(seq, session, proposal.start_pos, proposal.base_digest, list(proposal.draft_tokens),
+                       dense, ids, values)
+
+
+# ---- a run -----------------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, config: RunConfig, folder: Path) -> None:
+        self.config = config
+        self.folder = folder
+        self.status = "running"
+        self.error: str | None = None
+        self.requests_done = 0
+        self.tokens = 0
+        self.rtt_before_ms: list[float] = []
+        self.task: asyncio.Task | None = None
+
+    def summary(self) -> dict:
+        return {"run_id": self.config.run_id, "client_id": self.config.client_id, "mode": self.config.mode,
+                "status": self.status, "error": self.error, "requests_done": self.requests_done,
+                "requests_total": len(self.config.prompts), "tokens": self.tokens,
+                "rtt_before_ms": self.rtt_before_ms, "folder": str(self.folder)}
+
+
+class Edge:
+    def __init__(self, draft: LanguageModel, kind: str, t_draft_s: float, out_dir: Path,
+                 backend_info: dict) -> None:
+        self.draft = draft
+        self.kind = kind
+        self.t_draft_s = t_draft_s
+        self.out_dir = out_dir
+        self.backend_info = backend_info
+        self.runs: dict[str, Run] = {}
+        self._thread_device = ThreadDevice() if kind != "synthetic" else None
+        self._timer = PreciseTimer()          # every run's emulated device waits on it
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/runs", self.post_run)
+        app.router.add_get("/runs/{run_id}", self.get_run)
+        app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
+
+        async def stop(_app):
+            tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        app.on_cleanup.append(stop)
+        return app
+
+    async def health(self, _request: web.Request) -> web.Response:
+        statuses = [r.status for r in self.runs.values()]
+        return web.json_response({"status": "ok", "role": "edge", "draft": self.draft.name,
+                                  "runs": {s: statuses.count(s) for s in set(statuses)}})
+
+    async def post_run(self, request: web.Request) -> web.Response:
+        try:
+            config = RunConfig.from_json(await request.json())
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        folder = self.out_dir / config.run_id
+        if config.run_id in self.runs or folder.exists():
+            return web.json_response({"error": f"run_id {config.run_id!r} exists"}, status=409)
+        run = Run(config, folder)
+        self.runs[config.run_id] = run
+        run.task = asyncio.create_task(self._run(run), name=f"run-{config.run_id}")
+        return web.json_response(run.summary(), status=201)
+
+    async def get_run(self, request: web.Request) -> web.Response:
+        run = self.runs.get(request.match_info["run_id"])
+        if run is None:
+            return web.json_response({"error": "no such run"}, status=404)
+        return web.json_response(run.summary())
+
+    async def get_csv(self, request: web.Request) -> web.StreamResponse:
+        run = self.runs.get(request.match_info["run_id"])
+        path = run.folder / request.match_info["name"] if run else None
+        if path is None or not path.is_file():
+            return web.json_response({"error": "no such run"}, status=404)
+        return web.Response(body=path.read_bytes(), content_type="text/csv")
+
+    async def _run(self, run: Run) -> None:
+        config = run.config
+        clock = EdgeClock()
+        writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
+                                          "t_draft_edge_s": self.t_draft_s})
+        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer)
+        device = self._thread_device or EmulatedDevice(self._timer)
+        request = None
+        probing = None
+        try:
+            welcome = await link.connect(config.client_id)
+            if welcome.vocab_size != self.draft.vocab_size:
+                raise RunError(f"draft vocabulary {self.draft.vocab_size} != target vocabulary {welcome.vocab_size}")
+            for _ in range(config.probe_count):
+                run.rtt_before_ms.append(await link.probe_ms())
+            probing = asyncio.create_task(self._probe(link, config.probe_interval_ms / 1000))
+            client = Client(config, link, self.draft, device, self.t_draft_s, writer, clock)
+            stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
+            for index, prompt in enumerate(config.prompts):
+                request = Request(index, list(prompt), config, stop, t_start_s=time.perf_counter())
+                await (client.dsd(request) if config.mode in ("sync", "pipelined") else client.on_server(request))
+                self._request_row(writer, clock, link, request)
+                run.requests_done += 1
+                run.tokens += len(request.tokens)
+                request = None
+            run.status = "done"
+        except Exception as exc:          # any failure ends the run and is recorded as rows
+            log.exception("run %s failed", config.run_id)
+            run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
+            self._error_rows(writer, link, run, request)
+        finally:
+            if probing is not None:
+                probing.cancel()
+                await asyncio.gather(probing, return_exceptions=True)
+            await link.close()
+            writer.close()
+
+    @staticmethod
+    async def _probe(link: VerifierLink, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await link.probe_ms()
+
+    def _request_row(self, writer: TraceWriter, clock: EdgeClock, link: VerifierLink, r: Request) -> None:
+        c = r.config
+        ttft_s = None if r.t_first_s is None else r.t_first_s - r.t_start_s
+        wall_s = None if r.t_last_s is None else r.t_last_s - r.t_start_s
+        later = len(r.tokens) - r.first_emitted
+        per_token_s = (r.t_last_s - r.t_first_s) / later if later > 0 else None
+        writer.request(RequestRow(c.run_id, c.client_id, c.mode, c.gamma, r.index, len(r.prompt), len(r.tokens),
+                                  r.rounds, r.stale_rounds, wall_s, ttft_s, per_token_s,
+                                  clock.epoch_s(r.t_start_s), clock.epoch_s(r.t_last_s), link.rtt_probe_ms,
+                                  c.app_delay_ms, " ".join(map(str, r.tokens))))
+
+    @staticmethod
+    def _error_rows(writer: TraceWriter, link: VerifierLink, run: Run, request: Request | None) -> None:
+        c = run.config
+        index = request.index if request else run.requests_done
+        rounds = request.rounds if request else 0
+        writer.round(RoundRow(c.run_id, c.client_id, c.mode, c.gamma, index, rounds, 0, 0, 0, False, None, None,
+                              None, None, None, None, None, link.rtt_probe_ms, c.app_delay_ms, run.error))
+        writer.request(RequestRow(c.run_id, c.client_id, c.mode, c.gamma, index,
+                                  len(request.prompt) if request else 0, 0, rounds, 0, None, None, None,
+                                  None, None, link.rtt_probe_ms, c.app_delay_ms, "", run.error))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.edge", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
+    parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
+    add_backend_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    try:
+        backend, profile = backend_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    draft, _target = load_pair(backend)
+    del _target      # the edge hosts the draft only
+    out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="dsd-edge-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
+    edge = Edge(draft, backend.kind, t_draft_s, out_dir,
+                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None})
+    log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
+    # A Unix socket as well, for an orchestrator outside this process's network namespace.
+    web.run_app(edge.app(), host=args.host, port=args.port, path=args.unix_socket or None,
+                print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

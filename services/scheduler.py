@@ -1,0 +1,164 @@
+"""The verifier's one device, shared by every session: a queue of model passes, batched.
+
+A job is one pass of one session: a prefill, an AR step, a co-located draft block or a
+verification. The worker takes the oldest job and adds later jobs of the same kind, up to
+``max_batch``, waiting until the oldest has waited ``batch_window_ms`` if the batch is not full;
+then it runs them as one pass. ``max_batch = 1`` is strictly serial, like one busy accelerator.
+
+What a batched pass costs:
+  emulated (synthetic backend): the profile's time for the batch: t_verify_s(max gamma, b),
+      t_ar_batch_s(b), gamma * t_draft_server_s scaled like t_ar_batch_s; prefills never batch.
+  real models: the measured time of running the batch's sequences one after another.
+      NOTE: true batched KV caches are out of scope, so batching real models shares the device
+      slot but saves no compute; their batch size shows the scheduling, not a speedup.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dsd.profiles import HardwareProfile
+
+KINDS = ("prefill", "ar", "draft", "verify")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int = 1
+    batch_window_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+            raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
+        if not (isinstance(self.batch_window_ms, (int, float)) and math.isfinite(self.batch_window_ms)
+                and self.batch_window_ms >= 0):
+            raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    queue_s: float        # submitted until its pass started
+    compute_s: float      # the pass (the whole batch's)
+    batch_size: int
+
+
+def pass_cost_s(profile: HardwareProfile, kind: str, sizes: list[int]) -> float:
+    """Modelled time of one pass over a batch; sizes: gamma, draft steps or prompt tokens per job."""
+    batch = len(sizes)
+    if kind == "verify":
+        return profile.t_verify_s(max(sizes), batch)
+    if kind == "ar":
+        return profile.t_ar_batch_s(batch)
+    if kind == "draft":
+        return max(sizes) * profile.t_draft_server_s * profile.t_ar_batch_s(batch) / profile.t_ar_s
+    if kind == "prefill":
+        return sum(profile.t_prefill_s(n) for n in sizes)
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+@dataclass
+class _Job:
+    kind: str
+    size: int
+    work: Callable[[], object]
+    submitted_s: float
+    future: asyncio.Future
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, device, profile: HardwareProfile | None) -> None:
+        self.config = config
+        self.device = device
+        self.profile = profile            # None: real models, the work's own time counts
+        self.batch_sizes: Counter[int] = Counter()
+        self.passes: Counter[str] = Counter()
+        self._queue: deque[_Job] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._worker(), name="scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, kind: str, size: int, work: Callable[[], object]) -> tuple[object, PassTiming]:
+        """Run ``work`` in a pass of this kind; returns (its result, the pass timing)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        job = _Job(kind, size, work, time.perf_counter(), asyncio.get_running_loop().create_future())
+        self._queue.append(job)
+        self._wake.set()
+        return await job.future
+
+    async def _worker(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = await self._take_batch()
+            try:
+                await self._run(batch)
+            except Exception as exc:     # the device itself failed: fail this batch, keep serving
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+
+    async def _take_batch(self) -> list[_Job]:
+        first = self._queue.popleft()
+        batch = [first]
+        limit = 1 if first.kind == "prefill" else self.config.max_batch
+        deadline_s = first.submitted_s + self.config.batch_window_ms / 1000
+        while len(batch) < limit:
+            self._collect(batch, limit)
+            remaining_s = deadline_s - time.perf_counter()
+            if len(batch) >= limit or remaining_s <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining_s)
+            except TimeoutError:
+                self._collect(batch, limit)
+                break
+        return batch
+
+    def _collect(self, batch: list[_Job], limit: int) -> None:
+        """Move queued jobs of the batch's kind into it, oldest first."""
+        kind = batch[0].kind
+        for job in [j for j in self._queue if j.kind == kind][:limit - len(batch)]:
+            self._queue.remove(job)
+            batch.append(job)
+
+    async def _run(self, batch: list[_Job]) -> None:
+        kind = batch[0].kind
+        cost_s = pass_cost_s(self.profile, kind, [j.size for j in batch]) if self.profile else 0.0
+        start_s = time.perf_counter()
+        outcomes, compute_s = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s)
+        self.batch_sizes[len(batch)] += 1
+        self.passes[kind] += 1
+        for job, (ok, value) in zip(batch, outcomes):
+            if job.future.done():
+                continue
+            if ok:
+                job.future.set_result((value, PassTiming(start_s - job.submitted_s, compute_s, len(batch))))
+            else:
+                job.future.set_exception(value)
+
+
+def _capture(work: Callable[[], object]) -> tuple[bool, object]:
+    """One job's failure must not touch the other jobs of its batch."""
+    try:
+        return True, work()
+    except Exception as exc:         # handed to that job's caller
+        return False, exc

@@ -1,0 +1,153 @@
+"""A run's traces: rounds.csv (one row per round) and requests.csv (one row per request).
+
+Rows are written and flushed as rounds happen, so a crashed run keeps what it measured; a
+failure is a row too, with the ``error`` column set. ``run.json`` beside them records the run's
+config, the backend, package versions and the git commit.
+
+Words of REFERENCE.md: ``proposed`` draft tokens sent, ``accepted`` of them, ``emitted`` =
+accepted + 1 (0 for a stale block); cloud AR rows have proposed = accepted = 0 and emitted = 1.
+
+Times ``t_*_s`` are on the edge's clock: epoch seconds carried forward by ``perf_counter``, so
+they are precise within a run and comparable between edge processes on one host.
+``server_*`` are the verifier's own measures of the round (queue wait, compute, batch size);
+``rtt_probe_ms`` is the latest application-level ping, ``app_delay_ms`` the delay added to each
+message in each direction.
+
+requests.csv: ``wall_s`` from the request's start (before its Open is sent) to its last token;
+``ttft_s`` to the first emitted token; ``per_token_s`` the steady-state time per token, after the
+first emission: (wall_s - ttft_s) / (tokens - tokens of the first emission), empty if undefined.
+``token_ids`` are the generated ids, space-separated.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import subprocess
+import time
+from dataclasses import astuple, dataclass, fields
+from importlib import metadata
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    run_id: str
+    client_id: str
+    mode: str
+    gamma: int
+    request_index: int
+    round_index: int
+    proposed: int
+    accepted: int
+    emitted: int
+    stale: bool
+    t_draft_start_s: float | None
+    t_draft_end_s: float | None
+    t_send_s: float | None
+    t_receive_s: float | None
+    server_queue_s: float | None
+    server_compute_s: float | None
+    server_batch_size: int | None
+    rtt_probe_ms: float | None
+    app_delay_ms: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    run_id: str
+    client_id: str
+    mode: str
+    gamma: int
+    request_index: int
+    prompt_tokens: int
+    tokens: int
+    rounds: int
+    stale_rounds: int
+    wall_s: float | None
+    ttft_s: float | None
+    per_token_s: float | None
+    t_start_s: float | None
+    t_end_s: float | None
+    rtt_probe_ms: float | None
+    app_delay_ms: float
+    token_ids: str
+    error: str = ""
+
+
+ROUND_COLUMNS = tuple(f.name for f in fields(RoundRow))
+REQUEST_COLUMNS = tuple(f.name for f in fields(RequestRow))
+
+
+class EdgeClock:
+    """perf_counter readings as epoch seconds."""
+
+    def __init__(self) -> None:
+        self.epoch0_s = time.time()
+        self.perf0_s = time.perf_counter()
+
+    def epoch_s(self, perf_s: float | None) -> float | None:
+        return None if perf_s is None else self.epoch0_s + (perf_s - self.perf0_s)
+
+
+class TraceWriter:
+    def __init__(self, folder: Path, sidecar: dict) -> None:
+        folder.mkdir(parents=True, exist_ok=False)      # never overwrite another run's traces
+        self.folder = folder
+        (folder / "run.json").write_text(json.dumps({**sidecar, "environment": environment()}, indent=2))
+        self._rounds = self._open("rounds.csv", ROUND_COLUMNS)
+        self._requests = self._open("requests.csv", REQUEST_COLUMNS)
+
+    def _open(self, name: str, columns: tuple[str, ...]):
+        handle = open(self.folder / name, "w", newline="")
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        handle.flush()
+        return handle, writer
+
+    def round(self, row: RoundRow) -> None:
+        self._write(self._rounds, row)
+
+    def request(self, row: RequestRow) -> None:
+        self._write(self._requests, row)
+
+    @staticmethod
+    def _write(target, row) -> None:
+        handle, writer = target
+        writer.writerow([_cell(v) for v in astuple(row)])
+        handle.flush()
+
+    def close(self) -> None:
+        for handle, _ in (self._rounds, self._requests):
+            handle.close()
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:.6f}"
+    return str(value)
+
+
+def environment() -> dict:
+    versions = {}
+    for package in ("torch", "transformers", "aiohttp", "msgpack"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "packages": versions, "git_commit": git_commit()}
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -1,0 +1,442 @@
+"""The verifier service (the cloud): the target, and the draft for co-located SD, behind /ws.
+
+    python -m services.verifier --host 127.0.0.1 --port 8700 --backend synthetic \\
+        --profile-json '{"t_draft_edge_s": 0.004, ...}' [--max-batch 1 --batch-window-ms 0]
+
+GET /health, GET /metrics (JSON), GET /ws (one WebSocket per edge client; services.wire messages;
+services/README.md describes the interface).
+
+A connection holds sessions, one per request. The messages of one session are served in order by
+that session's own task; sessions run concurrently and meet in the scheduler, which owns the one
+device. A malformed or out-of-range message is answered with an Error naming the field and
+touches nothing else; a connection that closes (or idles out) frees its sessions.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+from aiohttp import WSMsgType, web
+
+from dsd.backends.factory import load_pair
+from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
+from dsd.drafting import draft_block
+from dsd.stopping import StopRule
+from dsd.verifier_session import VerifierSession
+from services import wire
+from services.compute import add_backend_args, backend_from_args, make_device
+from services.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger("services.verifier")
+INT63_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class VerifierLimits:
+    max_sessions: int = 256               # open sessions, all connections together
+    max_gamma: int = 32
+    max_tokens_per_session: int = 4096    # prompt + max_new_tokens
+    max_message_bytes: int = 1 << 20
+    idle_timeout_s: float = 300.0         # a connection with nothing to do and no message
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_gamma", "max_tokens_per_session", "max_message_bytes"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not (isinstance(self.idle_timeout_s, (int, float)) and math.isfinite(self.idle_timeout_s)
+                and self.idle_timeout_s > 0):
+            raise ValueError(f"idle_timeout_s must be a finite number > 0, got {self.idle_timeout_s!r}")
+
+
+@dataclass
+class Served:
+    """One session: the target's side of one request, and the queue of its messages."""
+    number: int                     # unique in this process: the models' sequence id
+    conn: "Connection"
+    session: int                    # the client's id for it
+    state: VerifierSession
+    draft_generator: torch.Generator
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
+    busy: bool = False
+    closed: bool = False
+
+    @property
+    def seq_id(self) -> str:
+        return f"v{self.number}"
+
+
+class Connection:
+    def __init__(self, number: int, ws: web.WebSocketResponse) -> None:
+        self.number = number
+        self.ws = ws
+        self.sessions: dict[int, Served] = {}
+
+    @property
+    def busy(self) -> bool:
+        return any(s.busy or not s.inbox.empty() for s in self.sessions.values())
+
+    async def send(self, message) -> None:
+        if self.ws.closed:
+            return
+        try:
+            await self.ws.send_bytes(wire.encode(message))
+        except (ConnectionError, RuntimeError):
+            pass    # the client went away; its sessions are being dropped
+
+
+class Verifier:
+    def __init__(self, draft: LanguageModel, target: LanguageModel, device, scheduler: Scheduler,
+                 limits: VerifierLimits, backend_info: dict) -> None:
+        self.draft, self.target, self.device = draft, target, device
+        self.scheduler = scheduler
+        self.limits = limits
+        self.backend_info = backend_info
+        self.started_s = time.perf_counter()
+        self.sessions_open = 0
+        self.counts: Counter[str] = Counter()     # connections, sessions, rounds by kind
+        self.errors: Counter[str] = Counter()
+        self._numbers = itertools.count(1)
+        self._connections: dict[int, Connection] = {}
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/ws", self.websocket)
+
+        async def start(_app):
+            self.scheduler.start()
+
+        async def stop(_app):
+            await self.scheduler.stop()
+
+        app.on_startup.append(start)
+        app.on_cleanup.append(stop)
+        return app
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "role": "verifier", "target": self.target.name,
+                                  "draft": self.draft.name})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        return web.json_response({
+            "uptime_s": time.perf_counter() - self.started_s,
+            "connections_open": len(self._connections),
+            "connections_total": self.counts["connections"],
+            "sessions_open": self.sessions_open,
+            "sessions_total": self.counts["sessions"],
+            "rounds": {k: self.counts[k] for k in ("verify", "stale", "ar", "colocated")},
+            "passes": dict(self.scheduler.passes),
+            "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
+            "busy_s": self.device.busy_s,
+            "queued": self.scheduler.queued,
+            "errors": dict(self.errors),
+            "limits": asdict(self.limits),
+            "scheduler": asdict(self.scheduler.config),
+            "backend": self.backend_info,
+        })
+
+    async def websocket(self, request: web.Request) -> web.WebSocketResponse:
+        # aiohttp drops a connection whose frame exceeds its own limit; ours answers with an Error,
+        # so aiohttp's is only the backstop against a frame far too large to read at all.
+        ws = web.WebSocketResponse(max_msg_size=4 * self.limits.max_message_bytes)
+        await ws.prepare(request)
+        conn = Connection(next(self._numbers), ws)
+        self._connections[conn.number] = conn
+        self.counts["connections"] += 1
+        try:
+            while True:
+                try:
+                    msg = await ws.receive(timeout=self.limits.idle_timeout_s)
+                except TimeoutError:
+                    if conn.busy:
+                        continue
+                    await self._reply_error(conn, wire.WireError(
+                        wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s"))
+                    break
+                if msg.type == WSMsgType.BINARY:
+                    await self._on_frame(conn, msg.data)
+                elif msg.type == WSMsgType.TEXT:
+                    await self._reply_error(conn, wire.WireError(
+                        wire.MALFORMED, "text frame: messages are binary msgpack"))
+                else:        # close, error (including a frame beyond aiohttp's limit)
+                    break
+        finally:
+            self._drop(conn)
+            await ws.close()
+        return ws
+
+    # ---- messages --------------------------------------------------------------------------
+
+    async def _on_frame(self, conn: Connection, data: bytes) -> None:
+        try:
+            if len(data) > self.limits.max_message_bytes:
+                raise wire.WireError(wire.LIMIT, f"message of {len(data)} bytes exceeds "
+                                     f"max_message_bytes {self.limits.max_message_bytes}")
+            message = wire.decode(data)
+        except wire.WireError as error:
+            await self._reply_error(conn, error)
+            return
+        try:
+            await self._dispatch(conn, message)
+        except wire.WireError as error:
+            error.seq, error.session = message.seq, getattr(message, "session", None)
+            await self._reply_error(conn, error)
+
+    async def _dispatch(self, conn: Connection, message) -> None:
+        if isinstance(message, wire.Ping):
+            await conn.send(wire.Pong(message.seq, message.t_send_s, time.perf_counter()))
+        elif isinstance(message, wire.Hello):
+            await conn.send(self._welcome(message.seq))
+        elif isinstance(message, wire.Open):
+            self._open(conn, message)
+        elif isinstance(message, (wire.Verify, wire.Generate, wire.Close)):
+            served = conn.sessions.get(message.session)
+            if served is None:
+                raise wire.WireError(wire.UNKNOWN_SESSION, f"no open session {message.session} "
+                                     "on this connection", "session")
+            self._check(served, message)
+            if isinstance(message, wire.Close):
+                del conn.sessions[message.session]   # the id is free again at once
+            served.inbox.put_nowait(message)
+        else:
+            raise wire.WireError(wire.UNKNOWN_TYPE, f"{type(message).__name__} is a reply, "
+                                 "not a request", "type")
+
+    def _welcome(self, seq: int) -> wire.Welcome:
+        return wire.Welcome(seq, wire.VERSION, self.target.name, self.draft.name, self.target.vocab_size,
+                            self.target.eos_token_id, self.limits.max_gamma,
+                            self.limits.max_tokens_per_session, self.limits.max_message_bytes)
+
+    def _open(self, conn: Connection, m: wire.Open) -> None:
+        limits, vocab = self.limits, self.target.vocab_size
+        _require(0 <= m.session <= INT63_MAX, "session", f"must be in [0, 2^63), got {m.session}")
+        if m.session in conn.sessions:
+            raise wire.WireError(wire.DUPLICATE_SESSION, f"session {m.session} is already open", "session")
+        if self.sessions_open >= limits.max_sessions:
+            raise wire.WireError(wire.LIMIT, f"max_sessions {limits.max_sessions} are open", "session")
+        _require(len(m.prompt) >= 1, "prompt", "must hold at least one token")
+        _require(m.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {m.max_new_tokens}")
+        total = len(m.prompt) + m.max_new_tokens
+        _require(total <= limits.max_tokens_per_session, "max_new_tokens",
+                 f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds "
+                 f"max_tokens_per_session {limits.max_tokens_per_session}")
+        _check_tokens("prompt", m.prompt, vocab)
+        _require(math.isfinite(m.temperature) and m.temperature >= 0, "temperature",
+                 f"must be a finite number >= 0, got {m.temperature}")
+        _require(m.top_k is None or 1 <= m.top_k <= vocab, "top_k", f"must be in [1, {vocab}], got {m.top_k}")
+        _require(0 <= m.seed <= INT63_MAX, "seed", f"must be in [0, 2^63), got {m.seed}")
+        sampling = SamplingParams(m.temperature, m.top_k, m.seed)
+        stop = StopRule(m.max_new_tokens, self.target.eos_token_id if m.stop_at_eos else None)
+        number = next(self._numbers)
+        state = VerifierSession(self.target, f"v{number}", m.prompt, sampling, stop)
+        served = Served(number, conn, m.session, state, torch.Generator().manual_seed(m.seed + 1))
+        conn.sessions[m.session] = served
+        self.sessions_open += 1
+        self.counts["sessions"] += 1
+        served.inbox.put_nowait(m)
+        served.task = asyncio.create_task(self._serve(served), name=f"session-{number}")
+
+    def _check(self, served: Served, m) -> None:
+        """Field checks that need the session; order-dependent ones happen when it is served."""
+        limits, vocab = self.limits, self.target.vocab_size
+        if isinstance(m, wire.Verify):
+            gamma = len(m.draft_tokens)
+            _require(1 <= gamma <= limits.max_gamma, "draft_tokens",
+                     f"gamma must be in [1, {limits.max_gamma}], got {gamma}")
+            _check_tokens("draft_tokens", m.draft_tokens, vocab)
+            _require(0 <= m.start_pos <= limits.max_tokens_per_session, "start_pos",
+                     f"must be in [0, {limits.max_tokens_per_session}], got {m.start_pos}")
+            _require(0 <= m.base_digest <= wire.UINT64_MAX, "base_digest",
+                     f"must be an unsigned 64-bit number, got {m.base_digest}")
+            if not served.state.sampling.greedy:
+                _draft_probs(m, gamma, vocab)
+        elif isinstance(m, wire.Generate):
+            _require(m.mode in ("ar", "colocated"), "mode", f"must be 'ar' or 'colocated', got {m.mode!r}")
+            low = 1 if m.mode == "colocated" else 0
+            _require(low <= m.gamma <= limits.max_gamma, "gamma",
+                     f"must be in [{low}, {limits.max_gamma}] for {m.mode}, got {m.gamma}")
+
+    async def _reply_error(self, conn: Connection, error: wire.WireError) -> None:
+        self.errors[error.code] += 1
+        await conn.send(error.reply())
+
+    # ---- one session -----------------------------------------------------------------------
+
+    async def _serve(self, served: Served) -> None:
+        try:
+            while True:
+                m = await served.inbox.get()
+                if m is None or served.closed:
+                    break
+                served.busy = True
+                try:
+                    if isinstance(m, wire.Open):
+                        await self._prefill(served, m)
+                    elif isinstance(m, wire.Verify):
+                        await self._verify(served, m)
+                    elif isinstance(m, wire.Generate):
+                        await self._generate(served, m)
+                    else:
+                        await served.conn.send(wire.Closed(m.seq, m.session, len(served.state.generated)))
+                        break
+                except wire.WireError as error:
+                    error.seq, error.session = m.seq, served.session
+                    await self._reply_error(served.conn, error)
+                except Exception as exc:         # a bug or a model failure: end this session only
+                    log.exception("session %s failed", served.seq_id)
+                    await self._reply_error(served.conn, wire.WireError(
+                        wire.INTERNAL, f"{type(exc).__name__}: {exc}; session closed", None, m.seq, served.session))
+                    break
+                finally:
+                    served.busy = False
+        finally:
+            served.closed = True
+            if served.conn.sessions.get(served.session) is served:
+                del served.conn.sessions[served.session]
+            self.target.release(served.seq_id)
+            self.draft.release(served.seq_id)
+            self.sessions_open -= 1
+
+    async def _prefill(self, served: Served, m: wire.Open) -> None:
+        positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill)
+        await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s))
+
+    async def _verify(self, served: Served, m: wire.Verify) -> None:
+        state = served.state
+        q = None if state.sampling.greedy else _draft_probs(m, len(m.draft_tokens), self.target.vocab_size)
+        proposal = Proposal(m.start_pos, m.base_digest, tuple(m.draft_tokens), q)
+        live = (not state.finished and m.start_pos == len(state.committed)
+                and state.committed.matches(m.start_pos, m.base_digest))
+        if live:
+            verdict, timing = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal))
+            queue_s, compute_s, batch = timing.queue_s, timing.compute_s, timing.batch_size
+        else:
+            verdict, queue_s, compute_s, batch = state.verify(proposal), 0.0, 0.0, 0   # stale: no compute
+        self.counts["verify" if live else "stale"] += 1
+        await served.conn.send(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
+                                             verdict.accepted, verdict.next_token, verdict.stale,
+                                             queue_s, compute_s, batch))
+
+    async def _generate(self, served: Served, m: wire.Generate) -> None:
+        state = served.state
+        round_index = 0
+        while not state.finished and not served.closed:
+            before = len(state.committed)
+            if m.mode == "ar":
+                _, timing = await self.scheduler.submit("ar", 1, state.ar_step)
+                proposed = accepted = 0
+                queue_s, compute_s = timing.queue_s, timing.compute_s
+            else:
+                (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, lambda: draft_block(
+                    self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
+                    served.draft_generator))
+                verdict, timing = await self.scheduler.submit(
+                    "verify", m.gamma, lambda: state.verify(state.proposal_for(drafted, q)))
+                proposed, accepted = m.gamma, verdict.accepted
+                queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
+            self.counts[m.mode] += 1
+            await served.conn.send(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
+                                               state.committed.tokens[before:], state.finished,
+                                               queue_s, compute_s, timing.batch_size))
+            round_index += 1
+        if round_index == 0:      # nothing left to generate: still end the stream
+            await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))
+
+    def _drop(self, conn: Connection) -> None:
+        """The client is gone: every session ends after its current pass and frees its caches."""
+        self._connections.pop(conn.number, None)
+        for served in conn.sessions.values():
+            served.closed = True
+            served.inbox.put_nowait(None)
+        conn.sessions.clear()
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise wire.WireError(wire.OUT_OF_RANGE, f"{field_name} {message}", field_name)
+
+
+def _check_tokens(field_name: str, tokens: list[int], vocab: int) -> None:
+    for i, token in enumerate(tokens):
+        if not 0 <= token < vocab:
+            raise wire.WireError(wire.OUT_OF_RANGE, f"{field_name}[{i}] = {token} is outside the "
+                                 f"vocabulary [0, {vocab})", field_name)
+
+
+def _draft_probs(m: wire.Verify, gamma: int, vocab: int) -> torch.Tensor:
+    """The draft's distributions q [gamma, vocab] from a Verify, checked."""
+    if m.probs_dense is not None:
+        _require(len(m.probs_dense) == gamma * vocab * 4, "probs_dense",
+                 f"must hold gamma*vocab float32 values ({gamma * vocab * 4} bytes), got {len(m.probs_dense)} bytes")
+        q = torch.frombuffer(bytearray(m.probs_dense), dtype=torch.float32).reshape(gamma, vocab)
+    elif m.probs_ids is not None and m.probs_values is not None:
+        _require(len(m.probs_ids) == gamma and len(m.probs_values) == gamma, "probs_ids",
+                 f"must hold one row per draft token ({gamma})")
+        q = torch.zeros(gamma, vocab)                                 # [gamma, vocab]
+        for row, (ids, values) in enumerate(zip(m.probs_ids, m.probs_values)):
+            _require(len(ids) == len(values), "probs_values", f"row {row}: as many values as ids")
+            _check_tokens("probs_ids", ids, vocab)
+            q[row, torch.tensor(ids, dtype=torch.long)] = torch.tensor(values, dtype=torch.float32)
+    else:
+        raise wire.WireError(wire.BAD_FIELD, "sampling needs the draft's probabilities: probs_dense, "
+                             "or probs_ids with probs_values", "probs_dense")
+    _require(bool(torch.isfinite(q).all()) and bool((q >= 0).all()), "probs",
+             "must be finite and non-negative")
+    _require(bool((q.sum(dim=-1) > 0).all()), "probs", "every row must have a positive sum")
+    drafted = q[torch.arange(gamma), torch.tensor(m.draft_tokens, dtype=torch.long)]   # [gamma]
+    _require(bool((drafted > 0).all()), "probs", "a draft token must have q > 0: it was drawn from q")
+    return q
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.verifier", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
+    add_backend_args(parser)
+    limits_defaults = VerifierLimits()
+    parser.add_argument("--max-batch", type=int, default=1)
+    parser.add_argument("--batch-window-ms", type=float, default=0.0)
+    parser.add_argument("--max-sessions", type=int, default=limits_defaults.max_sessions)
+    parser.add_argument("--max-gamma", type=int, default=limits_defaults.max_gamma)
+    parser.add_argument("--max-tokens-per-session", type=int, default=limits_defaults.max_tokens_per_session)
+    parser.add_argument("--max-message-bytes", type=int, default=limits_defaults.max_message_bytes)
+    parser.add_argument("--idle-timeout-s", type=float, default=limits_defaults.idle_timeout_s)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    try:
+        backend, profile = backend_from_args(args)
+        limits = VerifierLimits(args.max_sessions, args.max_gamma, args.max_tokens_per_session,
+                                args.max_message_bytes, args.idle_timeout_s)
+        scheduler_config = SchedulerConfig(args.max_batch, args.batch_window_ms)
+    except ValueError as exc:
+        parser.error(str(exc))
+    draft, target = load_pair(backend)
+    device = make_device(backend)
+    backend_info = {"kind": backend.kind, "target": target.name, "draft": draft.name,
+                    "profile": asdict(profile) if profile else None}
+    verifier = Verifier(draft, target, device, Scheduler(scheduler_config, device, profile), limits, backend_info)
+    log.info("verifier on %s:%s backend=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
+             json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
+    # A Unix socket as well, for an orchestrator outside this process's network namespace.
+    web.run_app(verifier.app(), host=args.host, port=args.port, path=args.unix_socket or None,
+                print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

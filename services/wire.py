@@ -1,0 +1,277 @@
+"""The verifier's wire protocol: small typed messages that are also the schema, in msgpack.
+
+On the wire a message is one binary WebSocket frame holding a msgpack map
+``{"v": VERSION, "type": <class name>, <field>: <value>, ...}``. ``decode`` checks the version,
+the type, that every field is present with its declared type and that no unknown field is there,
+and raises ``WireError`` naming the problem; it never builds anything but the plain values below
+(no pickle, no extension types).
+
+``seq`` is the client's request number, echoed in every reply to that request (a ``Generate``
+is answered by a stream of ``Tokens`` with its seq). ``session`` is the client's id for one
+request (prompt) on its connection. Times are seconds, measured on the verifier's clock.
+"""
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import MISSING, dataclass, fields
+
+import msgpack
+
+VERSION = 1
+UINT64_MAX = (1 << 64) - 1
+
+# Error codes (Error.code)
+MALFORMED = "malformed"            # not msgpack, not a map, truncated
+BAD_VERSION = "bad_version"
+UNKNOWN_TYPE = "unknown_type"
+BAD_FIELD = "bad_field"            # missing, unknown or of the wrong type
+OUT_OF_RANGE = "out_of_range"      # well typed but outside the limits
+UNKNOWN_SESSION = "unknown_session"
+DUPLICATE_SESSION = "duplicate_session"
+LIMIT = "limit"                    # too many sessions, message too large
+IDLE_TIMEOUT = "idle_timeout"
+INTERNAL = "internal"
+
+
+class WireError(ValueError):
+    """A request that cannot be served; becomes an ``Error`` reply."""
+
+    def __init__(self, code: str, message: str, field: str | None = None,
+                 seq: int | None = None, session: int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.field, self.seq, self.session = code, message, field, seq, session
+
+    def reply(self) -> "Error":
+        return Error(self.seq, self.session, self.code, self.field, self.message)
+
+
+# ---- edge -> verifier ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hello:
+    seq: int
+    client_id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    seq: int
+    t_send_s: float                 # the sender's clock, echoed
+
+
+@dataclass(frozen=True)
+class Open:
+    """Start a request: the verifier prefills the prompt."""
+    seq: int
+    session: int
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    seed: int
+    stop_at_eos: bool
+
+
+@dataclass(frozen=True)
+class Verify:
+    """One draft block (a dsd Proposal). Under sampling the draft's distributions q travel too:
+    dense as float32 little-endian bytes [gamma, vocab], or sparse as per-row ids and values."""
+    seq: int
+    session: int
+    start_pos: int
+    base_digest: int
+    draft_tokens: list[int]
+    probs_dense: bytes | None = None
+    probs_ids: list[list[int]] | None = None
+    probs_values: list[list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Run the request on the verifier: mode "ar" (cloud AR) or "colocated" (co-located SD)."""
+    seq: int
+    session: int
+    mode: str
+    gamma: int
+
+
+@dataclass(frozen=True)
+class Close:
+    seq: int
+    session: int
+
+
+# ---- verifier -> edge ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Welcome:
+    seq: int
+    version: int
+    target: str
+    draft: str
+    vocab_size: int
+    eos_token_id: int | None
+    max_gamma: int
+    max_tokens_per_session: int
+    max_message_bytes: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    seq: int
+    t_send_s: float
+    t_server_s: float
+
+
+@dataclass(frozen=True)
+class Opened:
+    seq: int
+    session: int
+    prefill_positions: int
+    queue_s: float
+    compute_s: float
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A dsd Verdict plus what it cost on the verifier (stale: no compute, batch size 0)."""
+    seq: int
+    session: int
+    start_pos: int
+    proposed: int
+    accepted: int
+    next_token: int
+    stale: bool
+    queue_s: float
+    compute_s: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One round of a Generate: AR emits one token with proposed = 0; co-located SD emits
+    accepted + 1. queue_s and compute_s add up the round's draft and verify passes."""
+    seq: int
+    session: int
+    round_index: int
+    proposed: int
+    accepted: int
+    tokens: list[int]
+    done: bool
+    queue_s: float
+    compute_s: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Closed:
+    seq: int
+    session: int
+    generated: int
+
+
+@dataclass(frozen=True)
+class Error:
+    seq: int | None
+    session: int | None
+    code: str
+    field: str | None
+    message: str
+
+
+MESSAGES = {cls.__name__: cls for cls in (Hello, Ping, Open, Verify, Generate, Close, Welcome, Pong,
+                                          Opened, Verified, Tokens, Closed, Error)}
+
+
+def encode(message) -> bytes:
+    body = {"v": VERSION, "type": type(message).__name__}
+    for name in _SCHEMAS[type(message).__name__].names:
+        body[name] = getattr(message, name)
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(data: bytes):
+    """bytes -> message dataclass, or WireError naming what is wrong."""
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:          # msgpack raises several unrelated types for bad input
+        raise WireError(MALFORMED, f"not a msgpack message: {type(exc).__name__}: {exc}") from None
+    if not isinstance(body, dict):
+        raise WireError(MALFORMED, f"a message is a map, got {type(body).__name__}")
+    seq = _int_or_none(body.get("seq"))
+    session = _int_or_none(body.get("session"))
+    if body.get("v") != VERSION:
+        raise WireError(BAD_VERSION, f"version must be {VERSION}, got {body.get('v')!r}", "v", seq, session)
+    name = body.get("type")
+    schema = _SCHEMAS.get(name) if isinstance(name, str) else None
+    if schema is None:
+        raise WireError(UNKNOWN_TYPE, f"unknown message type {name!r}", "type", seq, session)
+    if len(body) - 2 > len(schema.names) or not schema.known.issuperset(body):
+        field = sorted(map(str, set(body) - schema.known))[0]
+        raise WireError(BAD_FIELD, f"{name}: unknown field {field!r}", field, seq, session)
+    values = {}
+    for field, check, required, type_name in schema.fields:
+        if field not in body:
+            if required:
+                raise WireError(BAD_FIELD, f"{name}: missing field {field!r}", field, seq, session)
+            continue
+        value = body[field]
+        if not check(value):
+            raise WireError(BAD_FIELD, f"{name}.{field}: expected {type_name}, got {_describe(value)}",
+                            field, seq, session)
+        values[field] = float(value) if type_name == "float" else value
+    return schema.cls(**values)
+
+
+@dataclass(frozen=True)
+class _Schema:
+    cls: type
+    names: tuple[str, ...]
+    known: frozenset
+    fields: tuple            # (name, check, required, type name) per field
+
+
+def _checker(tp):
+    """A fast predicate for values of type tp, built once per field."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [_checker(arg) for arg in typing.get_args(tp)]
+        return lambda v: any(check(v) for check in options)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if item is int:
+            return lambda v: type(v) is list and all(type(x) is int for x in v)
+        check_item = _checker(item)
+        return lambda v: type(v) is list and all(check_item(x) for x in v)
+    if tp is type(None):
+        return lambda v: v is None
+    if tp is float:
+        return lambda v: type(v) is float or type(v) is int
+    # int, bool, str, bytes: exact types (a bool is not an int here)
+    return lambda v: type(v) is tp
+
+
+def _schema(cls) -> _Schema:
+    hints = typing.get_type_hints(cls)
+    names = tuple(f.name for f in fields(cls))
+    checks = tuple((f.name, _checker(hints[f.name]), f.default is MISSING, _type_name(hints[f.name]))
+                   for f in fields(cls))
+    return _Schema(cls, names, frozenset(names) | {"v", "type"}, checks)
+
+
+
+def _int_or_none(value) -> int | None:
+    return value if type(value) is int else None
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+_SCHEMAS = {name: _schema(cls) for name, cls in MESSAGES.items()}

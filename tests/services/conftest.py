@@ -1,0 +1,1 @@
+from tests.services.harness import spawn  # noqa: F401  (a fixture)

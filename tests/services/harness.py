@@ -1,0 +1,90 @@
+"""Verifier and edge as real child processes on free loopback ports (services.launch: own
+process group, readiness poll that notices a crash, timeout, the group killed by the fixture's
+finalizer), and a bare WebSocket client of the verifier."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from services import wire
+from services.launch import Service, launch, post_runs, read_csv, wait_for_runs, wait_ready  # noqa: F401
+
+# Small emulated compute times: every mode overlaps drafting, the round trip and verification,
+# and a test request takes a fraction of a second.
+TEST_PROFILE = {"name": "test", "t_draft_edge_s": 0.0005, "t_draft_server_s": 0.0003, "t_ar_s": 0.001,
+                "t_verify_base_s": 0.0008, "t_verify_per_position_s": 0.0001,
+                "t_prefill_per_token_s": 0.00001, "batch_slope": 0.1}
+
+
+@pytest.fixture(scope="module")
+def spawn(tmp_path_factory):
+    """spawn((module, args), ...) starts services side by side and waits until all are ready;
+    all are killed when the module's tests end."""
+    services: list[Service] = []
+    log_dir = tmp_path_factory.mktemp("service-logs")
+
+    def _spawn(*specs: tuple[str, list[str]]) -> list[Service]:
+        started = [launch(module, args, log_dir) for module, args in specs]
+        services.extend(started)
+        return [wait_ready(service) for service in started]
+
+    yield _spawn
+    for service in services:         # side by side: each takes a second to exit
+        service.terminate()
+    for service in services:
+        service.wait_or_kill()
+
+
+def synthetic_args(alpha: float = 0.7, seed: int = 3, profile: dict = TEST_PROFILE) -> list[str]:
+    return ["--backend", "synthetic", "--alpha", str(alpha), "--synthetic-seed", str(seed),
+            "--profile-json", json.dumps(profile)]
+
+
+class RawClient:
+    """A bare WebSocket client of the verifier, for tests that speak the wire protocol directly."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.replace("http://", "ws://") + "/ws"
+        self.seq = 0
+
+    async def __aenter__(self) -> "RawClient":
+        self.http = aiohttp.ClientSession()
+        self.ws = await asyncio.wait_for(self.http.ws_connect(self.url), 10)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.ws.close()
+        await self.http.close()
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    async def send(self, message) -> None:
+        await self.ws.send_bytes(message if isinstance(message, bytes) else wire.encode(message))
+
+    async def receive(self, timeout_s: float = 10.0):
+        msg = await self.ws.receive(timeout=timeout_s)
+        if msg.type != aiohttp.WSMsgType.BINARY:
+            return msg
+        return wire.decode(msg.data)
+
+    async def until(self, predicate, timeout_s: float = 10.0) -> list:
+        """Messages received up to and including the first one that satisfies predicate."""
+        received = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = await self.receive(max(deadline - time.monotonic(), 0.001))
+            received.append(message)
+            if predicate(message):
+                return received
+
+    async def ask(self, message, timeout_s: float = 10.0):
+        """Send a request and return the first reply that carries its seq."""
+        await self.send(message)
+        replies = await self.until(lambda m: getattr(m, "seq", None) == message.seq, timeout_s)
+        return replies[-1]

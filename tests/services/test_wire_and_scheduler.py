@@ -1,0 +1,125 @@
+"""The wire messages round-trip and name what is wrong with a bad one; the scheduler batches
+concurrent passes, charges the profile's time for the batch, and keeps one job's failure to itself."""
+import asyncio
+import time
+
+import msgpack
+import pytest
+
+from dsd.profiles import HardwareProfile
+from services import wire
+from services.compute import EmulatedDevice, PreciseTimer, profile_from_json
+from services.scheduler import Scheduler, SchedulerConfig, pass_cost_s
+
+EXAMPLES = [
+    wire.Hello(1, "edge-7"), wire.Ping(2, 12.5), wire.Open(3, 1, [1, 2], 16, 0.7, 5, 9, False),
+    wire.Verify(4, 1, 2, 2 ** 64 - 1, [5, 6, 7], probs_dense=b"\x00\x01"),
+    wire.Verify(5, 1, 2, 0, [5], probs_ids=[[1, 2]], probs_values=[[0.25, 0.75]]),
+    wire.Generate(6, 1, "colocated", 4), wire.Close(7, 1),
+    wire.Welcome(1, wire.VERSION, "t", "d", 512, None, 32, 4096, 1 << 20), wire.Pong(2, 12.5, 3.0),
+    wire.Opened(3, 1, 1, 0.0, 0.001), wire.Verified(4, 1, 2, 3, 1, 42, False, 0.0, 0.002, 4),
+    wire.Tokens(6, 1, 0, 4, 4, [1, 2, 3, 4, 5], True, 0.0, 0.01, 1), wire.Closed(7, 1, 5),
+    wire.Error(None, None, wire.MALFORMED, None, "bad"),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_msgpack(message):
+    assert wire.decode(wire.encode(message)) == message
+
+
+def test_a_bad_message_is_an_error_that_names_the_field():
+    good = msgpack.unpackb(wire.encode(wire.Verify(4, 1, 2, 7, [5, 6])))
+    cases = [({**good, "draft_tokens": [5, "x"]}, wire.BAD_FIELD, "draft_tokens"),
+             ({**good, "start_pos": 2.0}, wire.BAD_FIELD, "start_pos"),
+             ({k: v for k, v in good.items() if k != "seq"}, wire.BAD_FIELD, "seq"),
+             ({**good, "v": 0}, wire.BAD_VERSION, "v"),
+             ({**good, "type": "Pickle"}, wire.UNKNOWN_TYPE, "type")]
+    for body, code, field in cases:
+        with pytest.raises(wire.WireError) as caught:
+            wire.decode(msgpack.packb(body))
+        assert (caught.value.code, caught.value.field) == (code, field)
+        assert caught.value.seq == body.get("seq")
+    for data in (b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb(msgpack.ExtType(1, b"x"))):
+        with pytest.raises(wire.WireError) as caught:
+            wire.decode(data)
+        assert caught.value.code == wire.MALFORMED
+
+
+PROFILE = HardwareProfile("unit", t_draft_edge_s=0.001, t_draft_server_s=0.001, t_ar_s=0.004,
+                          t_verify_base_s=0.004, t_verify_per_position_s=0.0, t_prefill_per_token_s=0.0,
+                          batch_slope=0.5)
+
+
+async def submit_together(config, jobs):
+    scheduler = Scheduler(config, EmulatedDevice(PreciseTimer()), PROFILE)
+    scheduler.start()
+    try:
+        return await asyncio.gather(*(scheduler.submit(kind, size, work) for kind, size, work in jobs),
+                                    return_exceptions=True), scheduler
+    finally:
+        await scheduler.stop()
+
+
+def test_batch_one_is_strictly_serial():
+    results, scheduler = asyncio.run(submit_together(SchedulerConfig(max_batch=1),
+                                                     [("verify", 2, lambda i=i: i) for i in range(4)]))
+    assert [value for value, _ in results] == [0, 1, 2, 3]
+    assert [t.batch_size for _, t in results] == [1, 1, 1, 1]
+    queues = [t.queue_s for _, t in results]
+    for earlier, later in zip(queues, queues[1:]):
+        assert later - earlier >= 0.0039       # each waits for the pass before (a busy CPU adds more)
+
+
+def test_concurrent_verifications_share_one_batched_pass_at_the_batch_cost():
+    jobs = [("verify", 3, lambda: "v")] * 5 + [("ar", 1, lambda: "a")]
+    results, scheduler = asyncio.run(submit_together(SchedulerConfig(max_batch=4), jobs))
+    sizes = [t.batch_size for _, t in results]
+    assert sizes == [4, 4, 4, 4, 1, 1]               # the fifth waits; kinds never mix
+    assert results[0][1].compute_s == pytest.approx(pass_cost_s(PROFILE, "verify", [3] * 4))
+    assert pass_cost_s(PROFILE, "verify", [3] * 4) == pytest.approx(0.004 * (1 + 0.5 * 3))
+    assert dict(scheduler.batch_sizes) == {4: 1, 1: 2}
+
+
+def test_a_wait_window_gathers_jobs_that_arrive_later():
+    async def staggered():
+        scheduler = Scheduler(SchedulerConfig(max_batch=8, batch_window_ms=30), EmulatedDevice(PreciseTimer()), PROFILE)
+        scheduler.start()
+        first = asyncio.create_task(scheduler.submit("verify", 2, lambda: 1))
+        await asyncio.sleep(0.01)
+        second = await scheduler.submit("verify", 2, lambda: 2)
+        await scheduler.stop()
+        return await first, second
+
+    (_, t1), (_, t2) = asyncio.run(staggered())
+    assert t1.batch_size == t2.batch_size == 2
+    assert t1.queue_s >= 0.029 and t2.queue_s < t1.queue_s
+
+
+def test_one_failing_job_does_not_touch_the_rest_of_its_batch():
+    def boom():
+        raise ValueError("bad block")
+
+    results, _ = asyncio.run(submit_together(SchedulerConfig(max_batch=4),
+                                             [("verify", 1, lambda: 1), ("verify", 1, boom), ("verify", 1, lambda: 3)]))
+    assert results[0][0] == 1 and results[2][0] == 3
+    assert isinstance(results[1], ValueError)
+
+
+def test_configs_name_the_bad_field():
+    with pytest.raises(ValueError, match="max_batch"):
+        SchedulerConfig(max_batch=0)
+    with pytest.raises(ValueError, match="batch_window_ms"):
+        SchedulerConfig(batch_window_ms=-1)
+    with pytest.raises(ValueError, match="unknown keys"):
+        profile_from_json('{"t_verify_s": 1}')
+
+
+def test_emulated_device_charges_the_modelled_time():
+    async def one():
+        start = time.perf_counter()
+        result, compute_s = await EmulatedDevice(PreciseTimer()).run(lambda: "x", 0.005)
+        return result, compute_s, time.perf_counter() - start
+
+    result, compute_s, elapsed_s = asyncio.run(one())
+    assert result == "x" and compute_s == 0.005 and elapsed_s >= 0.005
