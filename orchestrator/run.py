@@ -6,7 +6,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -85,21 +84,15 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
 
 
 def choose_launcher(requested: str) -> str:
-    """auto: compose where Docker and root are, else network namespaces as root, else loopback."""
+    """auto: network namespaces as root, else loopback.
+
+    NOTE: compose joins auto once its end-to-end test passes here; until then ask for it by name.
+    """
     if requested != "auto":
         return requested
-    if os.geteuid() == 0 and shutil.which("docker") and _docker_engine_up():
-        return "compose"
-    if os.geteuid() == 0 and shutil.which("ip"):
+    if os.geteuid() == 0 and shutil.which("ip") and shutil.which("iptables"):
         return "netns"
     return "loopback"
-
-
-def _docker_engine_up() -> bool:
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
