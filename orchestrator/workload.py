@@ -23,7 +23,7 @@ def _heldout_prompts(pair: Path, n_prompts: int, prompt_tokens: int, seed: int) 
     from dsd import corpus
 
     manifest = json.loads((pair / "manifest.json").read_text())
-    heldout_pct = manifest["build"]["heldout_pct"]
+    heldout_pct = manifest["build_params"]["heldout_pct"]
     tokenizer = Tokenizer.from_file(str(pair / "tokenizer.json"))
     documents = corpus.read_corpus(corpus.stdlib_dir(), heldout_pct).heldout
     rng = random.Random(seed)

@@ -49,3 +49,37 @@ def test_synthetic_every_mode_stops_at_eos(gamma):
             stopped_at_eos += 1
             assert config.eos_token_id not in reference[:-1]
     assert stopped_at_eos >= 15     # P(no EOS in 200 tokens) = 0.95^200, so nearly all do
+
+
+@pytest.fixture(scope="module")
+def default_pair():
+    from dsd.backends.factory import BackendConfig, load_pair
+    from orchestrator.workload import make_prompts
+
+    backend = BackendConfig(kind="hf")
+    draft, target = load_pair(backend)
+    return draft, target, make_prompts(backend, 20, 24, seed=3)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("gamma", GAMMAS)
+def test_default_pair_every_mode_matches_target_greedy(default_pair, gamma):
+    """20 held-out prompts; budgets from 8 to 46 tokens; EOS (id 0) stops a request where the
+    target emits it."""
+    draft, target, prompts = default_pair
+    for i, prompt in enumerate(prompts):
+        stop = StopRule(max_new_tokens=8 + 2 * i, eos_token_id=target.eos_token_id)
+        check_all_modes(draft, target, prompt, gamma, stop, f"pair-{gamma}-{i}")
+
+
+@pytest.mark.model
+def test_default_pair_stops_at_the_stop_token_in_every_mode(default_pair):
+    """This small pair almost never emits its own EOS (it loops), so a token it does emit
+    stands in for EOS: every mode must stop right after the first one, as the target does."""
+    draft, target, prompts = default_pair
+    for i, prompt in enumerate(prompts[:6]):
+        unstopped = generate_ar(target, prompt, StopRule(30), seq_id=f"probe-{i}").tokens
+        stop_token = unstopped[5]
+        stop = StopRule(max_new_tokens=30, eos_token_id=stop_token)
+        reference = check_all_modes(draft, target, prompt, 4, stop, f"pair-stop-{i}")
+        assert reference[-1] == stop_token and reference.index(stop_token) == len(reference) - 1

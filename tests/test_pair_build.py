@@ -1,0 +1,269 @@
+"""The default model pair's build tool (dsd.pair_build) and the committed pair it produced."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer
+
+from dsd import corpus, pair_build, pair_train
+from dsd.pair_build import PairBuildConfig, PairIntegrityError, quick_config, verify_pair
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PAIR = REPO / "models" / "default-pair"
+
+SNIPPET = (
+    "def área(r: float) -> float:\n"
+    "\t\"\"\"Tabs, unicode ☃, trailing spaces   \n"
+    "    and  double  spaces .\"\"\"\n"
+    "    return 3.14159 * r ** 2  # done\r\n"
+    "\n\n"
+)
+
+
+@pytest.fixture(scope="module")
+def quick_pair(tmp_path_factory) -> tuple[Path, dict]:
+    out_dir = tmp_path_factory.mktemp("pair") / "quick-pair"
+    manifest = pair_build.build_pair(quick_config(out_dir))
+    return out_dir, manifest
+
+
+def copy_pair(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ---- the quick build, end to end ---------------------------------------------------------------
+
+def test_quick_build_writes_the_documented_layout(quick_pair):
+    out_dir, manifest = quick_pair
+    for name in ["manifest.json", "tokenizer.json", "tokenizer_config.json",
+                 "target/config.json", "target/model.safetensors",
+                 "draft/config.json", "draft/model.safetensors"]:
+        assert (out_dir / name).is_file(), name
+    assert not out_dir.with_name(out_dir.name + ".building").exists()
+    assert json.loads((out_dir / "manifest.json").read_text()) == manifest
+
+
+def test_quick_build_models_load_and_match_the_manifest(quick_pair):
+    out_dir, manifest = quick_pair
+    target = transformers.AutoModelForCausalLM.from_pretrained(out_dir / "target")
+    draft = transformers.AutoModelForCausalLM.from_pretrained(out_dir / "draft")
+    assert pair_train.param_count(target) == manifest["target"]["params"]
+    assert pair_train.param_count(draft) == manifest["draft"]["params"]
+    assert manifest["draft"]["params"] < manifest["target"]["params"]
+    for model in (target, draft):
+        assert model.config.vocab_size == manifest["vocab_size"] == 512
+        assert model.config.eos_token_id == manifest["eos_token_id"]
+    ids = torch.tensor([[1, 2, 3, manifest["eos_token_id"]]])
+    assert target(input_ids=ids).logits.shape == (1, 4, 512)
+    assert draft(input_ids=ids).logits.shape == (1, 4, 512)
+
+
+def test_quick_build_tokenizer_round_trips_python_source_exactly(quick_pair):
+    out_dir, manifest = quick_pair
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out_dir / "tokenizer.json"))
+    auto = transformers.AutoTokenizer.from_pretrained(out_dir)
+    for tok in (fast, auto):
+        ids = tok.encode(SNIPPET)
+        assert tok.decode(ids) == SNIPPET
+        assert max(ids) < manifest["vocab_size"]
+    assert auto.eos_token_id == manifest["eos_token_id"]
+    assert auto.encode(pair_train.EOS_TOKEN) == [manifest["eos_token_id"]]
+
+
+def test_quick_build_manifest_records_params_hashes_and_figures(quick_pair):
+    out_dir, manifest = quick_pair
+    params = manifest["build_params"]
+    assert params["seed"] == 1234 and params["target_steps"] == 3 and params["seq_len"] == 64
+    assert "out_dir" not in params
+    assert len(manifest["corpus"]["sha256"]) == 64
+    assert manifest["corpus"]["files_train"] > 10 * manifest["corpus"]["files_heldout"] > 0
+    assert set(manifest["phases_s"]) == {"corpus", "tokenizer", "encode", "target", "draft",
+                                         "eval", "save"}
+    assert manifest["build_s"] >= sum(manifest["phases_s"].values()) * 0.99
+    assert 0.0 <= manifest["greedy_agreement"] <= 1.0
+    assert manifest["versions"]["torch"] == torch.__version__
+    assert {"target/model.safetensors", "draft/model.safetensors", "tokenizer.json"} <= set(
+        manifest["files"])
+    assert verify_pair(out_dir) == manifest
+
+
+def test_summary_line_is_key_value_pairs_with_agreement_and_build_time(quick_pair):
+    out_dir, manifest = quick_pair
+    fields = dict(kv.split("=", 1) for kv in pair_build.summary_line(manifest, out_dir).split())
+    assert float(fields["agreement"]) == pytest.approx(manifest["greedy_agreement"], abs=1e-4)
+    assert float(fields["build_s"]) == pytest.approx(manifest["build_s"], abs=0.1)
+    assert int(fields["target_params"]) == manifest["target"]["params"]
+
+
+def test_build_refuses_to_overwrite_without_force(quick_pair):
+    out_dir, _ = quick_pair
+    with pytest.raises(FileExistsError, match="--force"):
+        pair_build.build_pair(quick_config(out_dir))
+
+
+def test_torch_settings_apply_inside_and_restore_afterwards():
+    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    with pair_build.torch_settings(threads=2):
+        assert torch.get_num_threads() == 2
+        assert torch.are_deterministic_algorithms_enabled()
+    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == before
+
+
+@pytest.mark.slow
+def test_quick_build_is_reproducible(quick_pair, tmp_path):
+    out_dir, manifest = quick_pair
+    again = pair_build.build_pair(quick_config(tmp_path / "again"))
+    for name in ["tokenizer.json", "target/model.safetensors", "draft/model.safetensors"]:
+        assert again["files"][name]["sha256"] == manifest["files"][name]["sha256"], name
+    assert again["greedy_agreement"] == manifest["greedy_agreement"]
+
+
+# ---- verify_pair -------------------------------------------------------------------------------
+
+def test_verify_pair_detects_a_tampered_file(quick_pair, tmp_path):
+    pair = copy_pair(quick_pair[0], tmp_path)
+    weights = pair / "draft" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(PairIntegrityError, match="sha256 mismatch: draft/model.safetensors"):
+        verify_pair(pair)
+
+
+def test_verify_pair_detects_a_missing_file(quick_pair, tmp_path):
+    pair = copy_pair(quick_pair[0], tmp_path)
+    (pair / "tokenizer.json").unlink()
+    with pytest.raises(PairIntegrityError, match="missing: tokenizer.json"):
+        verify_pair(pair)
+
+
+def test_verify_pair_detects_an_unlisted_file(quick_pair, tmp_path):
+    pair = copy_pair(quick_pair[0], tmp_path)
+    (pair / "target" / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(PairIntegrityError, match="not in manifest: target/model.safetensors"):
+        verify_pair(pair)
+
+
+def test_verify_pair_rejects_a_folder_without_manifest(tmp_path):
+    with pytest.raises(PairIntegrityError, match="manifest.json: missing"):
+        verify_pair(tmp_path)
+
+
+# ---- configuration and command line ------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value", [
+    ("vocab_size", 0), ("vocab_size", 100), ("target_steps", -1), ("draft_steps", 2.5),
+    ("batch_size", True), ("target_lr", 0.0), ("heldout_pct", 0), ("heldout_pct", 75.0),
+    ("distill_kl_weight", 1.5), ("precision", "fp16"), ("seed", -3), ("threads", 0),
+])
+def test_config_rejects_bad_values_naming_field_and_value(tmp_path, field, value):
+    with pytest.raises(ValueError, match=rf"{field}.*{value!r}"):
+        PairBuildConfig(out_dir=tmp_path, **{field: value})
+
+
+def test_config_rejects_heads_that_do_not_divide_the_width(tmp_path):
+    with pytest.raises(ValueError, match="draft_d_model=128 is not divisible by draft_heads=3"):
+        PairBuildConfig(out_dir=tmp_path, draft_heads=3)
+
+
+def test_config_rejects_sequences_longer_than_the_position_table(tmp_path):
+    with pytest.raises(ValueError, match="seq_len=2048 exceeds n_positions=1024"):
+        PairBuildConfig(out_dir=tmp_path, seq_len=2048)
+
+
+def test_config_rejects_misspelt_options(tmp_path):
+    with pytest.raises(TypeError):
+        PairBuildConfig(out_dir=tmp_path, target_step=10)
+
+
+def test_cli_quick_and_overrides_map_onto_the_config(tmp_path):
+    config = pair_build.parse_args(["--out", str(tmp_path), "--quick", "--draft-steps", "7"])
+    assert config == quick_config(tmp_path, draft_steps=7)
+    full = pair_build.parse_args(["--out", str(tmp_path), "--force"])
+    assert full == PairBuildConfig(out_dir=tmp_path, overwrite=True)
+    with pytest.raises(SystemExit):
+        pair_build.parse_args(["--out", str(tmp_path), "--target-step", "3"])
+
+
+def test_bf16_only_when_asked_or_on_amx():
+    assert pair_build.resolve_bf16("auto", {"avx2", "amx_bf16"})
+    assert not pair_build.resolve_bf16("auto", {"avx2", "avx512f"})
+    assert pair_build.resolve_bf16("bf16", set())
+    assert not pair_build.resolve_bf16("fp32", {"amx_bf16"})
+
+
+# ---- corpus and training helpers ---------------------------------------------------------------
+
+def test_heldout_split_is_by_path_and_about_the_asked_share():
+    paths = [f"pkg{i}/mod{i}.py" for i in range(4000)]
+    share = sum(corpus.is_heldout(p, 5.0) for p in paths) / len(paths)
+    assert 0.04 < share < 0.06
+    assert [corpus.is_heldout(p, 5.0) for p in paths[:50]] == [
+        corpus.is_heldout(p, 5.0) for p in paths[:50]]
+
+
+def test_corpus_excludes_site_packages_and_is_sorted():
+    sources = corpus.list_sources(corpus.stdlib_dir())
+    rel = [p.relative_to(corpus.stdlib_dir()).as_posix() for p in sources]
+    assert rel == sorted(rel, key=lambda r: r.split("/"))
+    assert not any("site-packages" in r.split("/") for r in rel)
+    assert "os.py" in rel
+
+
+def test_lr_schedule_warms_up_then_decays_to_a_tenth():
+    lrs = [pair_train.lr_at(s, 100, 1.0, 10) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[-1] == pytest.approx(0.1, abs=0.01)
+
+
+def test_distill_loss_is_zero_kl_for_identical_logits():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    assert pair_train.distill_loss(logits, logits, ids, 1.0, 2.0).item() == pytest.approx(
+        0.0, abs=1e-6)
+    assert pair_train.distill_loss(logits, torch.zeros_like(logits), ids, 1.0, 1.0) > 0
+
+
+def test_greedy_agreement_is_one_for_a_model_with_itself():
+    config = pair_train.gpt2_config(64, 1, 16, 2, 32, eos_token_id=0)
+    model = pair_train.new_model(config, seed=0).eval()
+    stream = np.arange(100) % 64
+    assert pair_train.greedy_agreement(model, model, stream, 64, 16) == 1.0
+
+
+# ---- the committed default pair ----------------------------------------------------------------
+
+@pytest.mark.model
+def test_committed_default_pair_verifies_and_loads():
+    tokenizer, target, draft, manifest = pair_build.load_pair(DEFAULT_PAIR)
+    assert manifest["greedy_agreement"] >= 0.5
+    assert manifest["vocab_size"] == 4096 == target.config.vocab_size == draft.config.vocab_size
+    assert tokenizer.eos_token_id == manifest["eos_token_id"]
+    assert tokenizer.decode(tokenizer.encode(SNIPPET)) == SNIPPET
+    assert pair_train.param_count(target) == manifest["target"]["params"]
+    assert pair_train.param_count(draft) == manifest["draft"]["params"]
+
+
+@pytest.mark.model
+def test_committed_default_pair_agrees_on_heldout_text():
+    manifest = verify_pair(DEFAULT_PAIR)
+    tok = Tokenizer.from_file(str(DEFAULT_PAIR / "tokenizer.json"))
+    docs = corpus.read_corpus(corpus.stdlib_dir(), manifest["build_params"]["heldout_pct"])
+    stream = pair_train.encode_prefix(tok, [d.text for d in docs.heldout],
+                                      manifest["eos_token_id"], 4096)
+    target = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "target").eval()
+    draft = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "draft").eval()
+    seq_len = manifest["build_params"]["seq_len"]
+    assert pair_train.greedy_agreement(draft, target, stream, 4096, seq_len) >= 0.5
