@@ -72,7 +72,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
         del draft, target          # the services load their own copies
         with open_testbed(launcher, experiment, out / "services") as testbed:
-            facts = {**host_facts(), **common, "shaper_backend": testbed.shaper}
+            facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
+                     "shaper_reason": getattr(testbed, "shaper_reason", "")}
             run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,

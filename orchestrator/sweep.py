@@ -42,8 +42,10 @@ class Point:
 
 def plan_points(experiment: Experiment) -> list[Point]:
     points = []
-    for rtt_ms, gamma, clients, repeat, mode in itertools.product(
-            experiment.rtt_ms, experiment.gamma, experiment.clients, range(experiment.repeats),
+    # Repeats outermost: a slow drift of the machine then touches every repeat differently
+    # instead of biasing one RTT; modes innermost, so modes compared at one RTT run together.
+    for repeat, rtt_ms, gamma, clients, mode in itertools.product(
+            range(experiment.repeats), experiment.rtt_ms, experiment.gamma, experiment.clients,
             experiment.modes):
         if mode == "ar" and gamma != experiment.gamma[0]:
             continue                       # AR does not depend on gamma: run it once

@@ -2,7 +2,7 @@
 edge's link shaped by netem/ on the container's host-side veth (Docker, root).
 
     config = ComposeConfig(n_edges=4, profile=get_profile("toy-edge-cloud"))   # synthetic backend
-    with ComposeTestbed.start(config) as testbed:      # compose up -d --scale edge=4, all healthy
+    with ComposeTestbed(config) as testbed:            # compose up -d --scale edge=4, all healthy
         states = testbed.shape([5, 10, 20, 40])        # one measured LinkState per edge
         ... POST testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url}
     # compose down; shaping rules and daemon gone
@@ -15,13 +15,15 @@ i); then every service is polled for /health at its IP on the testbed network un
 is noticed. The edges reach the verifier by its service name.
 
 A project that already has containers is used only with ``adopt=True``, and is then left up on
-close. Otherwise close() runs `compose down`, which removes the containers and the network.
+close. Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
+removes the containers and the network. The sweep's ``ServicesConfig`` is accepted too.
 
 Shaping: a netem ``Shaper`` applies once, so each `shape` call closes the previous one and
 applies a new one over endpoints resolved again (a restarted container has a new host-side veth).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -41,6 +43,7 @@ from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, LinkSpec, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
 from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.loopback import ServicesConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +57,8 @@ VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"
 VERIFIER_PORT, EDGE_PORT = 8700, 8701
 NETWORK_KEY = "testbed"                                # compose.yaml's network; docker: PROJECT_testbed
 PROJECT_LABEL = "com.docker.compose.project"
-SERVICE_LABEL = "com.docker.compose.service"
 NUMBER_LABEL = "com.docker.compose.container-number"
-ROLE_LABEL = "dsdbed.role"
+ROLE_LABEL = "dsdbed.role"                             # compose.yaml: "verifier" or "edge"
 
 BUILD_POLICIES = ("missing", "always", "never")
 MAX_EDGES = 250
@@ -80,7 +82,9 @@ class ComposeConfig:
     project: str = "dsdbed"
     image: str = "dsdbed-app:latest"
     subnet: str = "172.31.250.0/24"
-    build: str = "missing"            # build the image when it is missing, always, or never
+    # "always": run scripts/build_images.sh every time; incremental, ~1 s when nothing changed,
+    # and the containers never run a stale copy of the code. "missing": only if there is no image.
+    build: str = "always"
     adopt: bool = False               # use a project that is already up, and leave it up
     shaper_backend: str = "auto"      # netem: "auto", "kernel-netem" or "nfqueue"
     verify_count: int = 100           # echo probes per link after shaping; 0 = do not measure
@@ -88,6 +92,17 @@ class ComposeConfig:
     down_timeout_s: float = 120.0
     build_timeout_s: float = 1800.0
     compose_file: str = str(COMPOSE_FILE)
+    log_dir: str = ""                 # where close() saves `compose logs`; "" = nowhere
+
+    @classmethod
+    def from_services(cls, services: ServicesConfig, **overrides) -> "ComposeConfig":
+        """The sweep's launcher config (loopback.ServicesConfig) as a compose config."""
+        if services.extra_verifier_args:
+            raise ValueError(f"extra_verifier_args: the compose launcher cannot pass them, got "
+                             f"{services.extra_verifier_args!r}")
+        return cls(**{"n_edges": services.n_edges, "backend": services.backend, "profile": services.profile,
+                      "max_batch": services.max_batch, "batch_window_ms": services.batch_window_ms,
+                      "log_dir": services.work_dir, **overrides})
 
     def __post_init__(self) -> None:
         _check_int("n_edges", self.n_edges, 1, MAX_EDGES)
@@ -117,6 +132,12 @@ class ComposeConfig:
             raise ValueError(f"shaper_backend must be 'auto' or one of {BACKENDS}, got {self.shaper_backend!r}")
         if not isinstance(self.adopt, bool):
             raise ValueError(f"adopt must be true or false, got {self.adopt!r}")
+        try:
+            subnet = ipaddress.IPv4Network(self.subnet)
+        except ValueError as exc:
+            raise ValueError(f"subnet must be an IPv4 network, got {self.subnet!r}: {exc}") from None
+        if subnet.num_addresses - 3 < self.n_edges + 1:     # network, broadcast, Docker's gateway
+            raise ValueError(f"subnet {self.subnet!r} has too few addresses for {self.n_edges} edges and a verifier")
         if not Path(self.compose_file).is_file():
             raise ValueError(f"compose_file {self.compose_file!r} does not exist")
         self.container_pair_path  # validates the pair's location
@@ -166,31 +187,27 @@ def _check_int(name: str, value, low: int, high: int) -> None:
 class ComposeTestbed:
     """A `Testbed` (orchestrator/launchers/base.py) made of compose.yaml's containers."""
 
-    def __init__(self, config: ComposeConfig) -> None:
+    def __init__(self, config: ComposeConfig | ServicesConfig) -> None:
+        """Bring the testbed up (or adopt it); on failure, take down whatever came up and raise."""
+        if isinstance(config, ServicesConfig):
+            config = ComposeConfig.from_services(config)
         self.config = config
         self.verifier_url = f"ws://{VERIFIER_SERVICE}:{VERIFIER_PORT}/ws"
         self.edges: list[EdgeHandle] = []
-        self.shaper = "none"                 # the netem backend; set by start() and shape()
+        self.shaper = "none"                 # the netem backend; set on start and by shape()
         self.shaper_reason = ""
         self.link_records: list[LinkRecord] = []
         self.verifier_container = None
         self.edge_containers: list = []
         self.owned = False                   # we ran `compose up`, so close() runs `compose down`
-        self.up_s = float("nan")             # `compose up --wait`: until every container is healthy
+        self.up_s = float("nan")             # from `compose up` until every service answered /health
         self._shaper: Shaper | None = None
         self._client = docker.from_env(timeout=60)
-
-    # ---- bring up --------------------------------------------------------------------------------
-
-    @classmethod
-    def start(cls, config: ComposeConfig) -> "ComposeTestbed":
-        testbed = cls(config)
         try:
-            testbed._bring_up()
+            self._bring_up()
         except BaseException:
-            testbed.close()
+            self.close()
             raise
-        return testbed
 
     def __enter__(self) -> "ComposeTestbed":
         return self
@@ -236,13 +253,16 @@ class ComposeTestbed:
 
     def _discover(self) -> None:
         c = self.config
-        running = [x for x in self.project_containers() if x.status == "running"]
-        verifiers = [x for x in running if x.labels.get(SERVICE_LABEL) == VERIFIER_SERVICE]
-        edges = sorted((x for x in running if x.labels.get(SERVICE_LABEL) == EDGE_SERVICE),
+        containers = self.project_containers()         # running or not: a dead one is named below
+        verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier"]
+        edges = sorted((x for x in containers if x.labels.get(ROLE_LABEL) == "edge"),
                        key=lambda x: int(x.labels.get(NUMBER_LABEL, "0")))
         if len(verifiers) != 1 or len(edges) != c.n_edges:
-            raise ComposeError(f"project {c.project!r} runs {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
+            raise ComposeError(f"project {c.project!r} has {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
                                f"expected 1 and {c.n_edges}")
+        stopped = sorted(x.name for x in containers if x.status != "running")
+        if stopped:
+            raise ComposeError(f"containers stopped while starting: {stopped}")
         self.verifier_container, self.edge_containers = verifiers[0], edges
         self.edges = [EdgeHandle(client_id=i, control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}", name=x.name)
                       for i, x in enumerate(edges)]
@@ -250,7 +270,7 @@ class ComposeTestbed:
     def _wait_ready(self, deadline_s: float) -> None:
         """Poll every service's /health from the host until each answers with its role; notice a
         container that stopped. Docker's own healthchecks are too dear for this: each is an exec
-        costing ~0.1 s of CPU, and 17 containers checked every 2 s took more than half of a
+        costing ~0.1 s of CPU, and 17 containers checked every 2 s took about half of a
         2-core host (compose.yaml checks every 30 s instead)."""
         pending = {self.verifier_container.name: (f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
                                                   "verifier")}
@@ -286,7 +306,7 @@ class ComposeTestbed:
 
     def logs_tail(self, lines: int = 20) -> str:
         try:
-            return self.compose("logs", "--no-color", "--tail", str(lines), timeout_s=30)
+            return self.compose("logs", "--no-color", "--timestamps", "--tail", str(lines), timeout_s=60)
         except ComposeError as exc:
             return f"(no logs: {exc})"
 
@@ -344,18 +364,15 @@ class ComposeTestbed:
             shaper.close()
 
     def close(self) -> None:
-        """Shaping first (rules, daemon), then `compose down` if we brought the project up."""
-        errors = []
-        try:
-            self._close_shaper()
-        except Exception as exc:  # noqa: BLE001 - the containers must still go
-            errors.append(f"shaper: {exc}")
+        """Shaping first (rules, daemon), then the logs and `compose down` if we brought the
+        project up; every step runs even if one before it failed."""
+        errors: list[str] = []
+        _step(errors, "shaper", self._close_shaper)
         if self.owned:
-            try:
-                self.compose("down", "--remove-orphans", "--timeout", "10", timeout_s=self.config.down_timeout_s)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"compose down: {exc}")
-            left = cleanup_project(self.config.project, self._client)
+            _step(errors, "saving the logs", self._save_logs)
+            _step(errors, "compose down", self.compose, "down", "--remove-orphans", "--timeout", "10",
+                  timeout_s=self.config.down_timeout_s)
+            left = _step(errors, "cleanup by label", cleanup_project, self.config.project, self._client)
             if left:
                 errors.append(f"compose down left {left}; removed them by label")
             self.owned = False
@@ -364,6 +381,12 @@ class ComposeTestbed:
         if errors:
             raise ComposeError("teardown incomplete: " + "; ".join(errors))
 
+    def _save_logs(self) -> None:
+        if self.config.log_dir:
+            path = Path(self.config.log_dir) / f"compose-{self.config.project}.log"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.logs_tail(lines=100_000))
+
     # ---- docker compose --------------------------------------------------------------------------
 
     def compose(self, *args: str, timeout_s: float) -> str:
@@ -371,6 +394,15 @@ class ComposeTestbed:
         env = {**os.environ, **c.compose_env(), "COMPOSE_BAKE": "false"}
         return _run(["docker", "compose", "--project-name", c.project, "--file", c.compose_file, *args],
                     env=env, timeout_s=timeout_s, what=f"docker compose {args[0]}")
+
+
+def _step(errors: list[str], what: str, fn, *args, **kwargs):
+    """One teardown step; a failure is noted and the next steps still run."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported together at the end
+        errors.append(f"{what}: {exc}")
+        return None
 
 
 def _link_state(record: LinkRecord) -> LinkState:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
+from netem.probe import choose_backend
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess
@@ -36,7 +37,8 @@ class NetnsTestbed:
     def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None) -> None:
         self.config = config
         self.shaper_config = shaper_config or ShaperConfig()
-        self.shaper = "not shaped yet"
+        # Probed now so the sweep's sidecar can say which backend shapes every link.
+        self.shaper, self.shaper_reason = choose_backend(self.shaper_config.backend)
         self._processes: list[ServiceProcess] = []
         self._shaper: Shaper | None = None
         self._socket_dir = Path(tempfile.mkdtemp(prefix="dsdbed-sock-"))
@@ -78,7 +80,6 @@ class NetnsTestbed:
         shaper.__enter__()
         self._shaper = shaper
         records = shaper.apply(self._topology.links([LinkSpec(rtt_ms=r) for r in rtt_ms_per_edge]))
-        self.shaper = records[0].backend if records else "none"
         return [link_state(r) for r in records]
 
     def check(self) -> None:
