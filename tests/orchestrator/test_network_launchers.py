@@ -56,3 +56,22 @@ def test_netns_sweep_is_shaped_measured_and_leaves_nothing_behind(tmp_path):
     assert error_ms.max() < 1.5
     assert "dsdbed" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "DSDBED" not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.root
+@pytest.mark.model
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_default_pair_sixteen_clients_emit_target_greedy_tokens(tmp_path):
+    """The default pair between network namespaces, 16 concurrent clients on 4 edges, every mode."""
+    experiment = experiment_from_dict({
+        "name": "ns16", "launcher": "netns", "modes": ["ar", "colocated", "sync", "pipelined"],
+        "rtt_ms": [10], "gamma": [4], "clients": [16], "edges": 4, "requests": 1, "warmup_requests": 0,
+        "max_new_tokens": 16, "prompt_tokens": 16, "backend": {"kind": "hf"}})
+    run_experiment(experiment, tmp_path / "ns16", resume=False)
+    requests = pd.read_csv(tmp_path / "ns16" / "requests.csv")
+    assert len(requests) == 4 * 16
+    draft, target = load_pair(experiment.backend)
+    prompt = make_prompts(experiment.backend, 1, 16, experiment.seed)[0]
+    expected = generate_ar(target, prompt, StopRule(16, target.eos_token_id), seq_id="ref").tokens
+    for row in requests.itertuples():
+        assert [int(t) for t in str(row.token_ids).split()] == expected, (row.point, row.client_id)
