@@ -1,6 +1,8 @@
 """Build the project's default offline draft/target pair, reproducibly, from text on every machine.
 
     python -m dsd.pair_build --out models/default-pair [--quick] [--force]
+    python -m dsd.pair_build --family smollm2 --out ~/.cache/dsd-testbed/smollm2-pair  (optional,
+        a pretrained target; see dsd.pair_smollm2)
 
 Phases: read the corpus (dsd.corpus), train a byte-level BPE tokenizer, pre-train a small GPT-2
 target, distil a smaller GPT-2 draft from it, measure their greedy agreement on held-out text,
@@ -63,7 +65,9 @@ class PairBuildConfig:
     draft_d_model: int = 128
     draft_heads: int = 2
     n_positions: int = 1024
-    seq_len: int = 512  # trained context; positions beyond it keep their random init
+    # NOTE: positions >= seq_len keep their random init: past 512 tokens of context the pair's
+    # predictions degrade (still deterministic, so exactness tests are unaffected).
+    seq_len: int = 512
     batch_size: int = 4
     target_steps: int = 240
     target_lr: float = 3e-3

@@ -267,3 +267,73 @@ def test_committed_default_pair_agrees_on_heldout_text():
     draft = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "draft").eval()
     seq_len = manifest["build_params"]["seq_len"]
     assert pair_train.greedy_agreement(draft, target, stream, 4096, seq_len) >= 0.5
+
+
+# ---- the optional SmolLM2 pair (dsd.pair_smollm2) ----------------------------------------------
+
+def tiny_llama() -> transformers.LlamaForCausalLM:
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_truncated_draft_copies_the_chosen_layers_and_freezes_the_embeddings():
+    from dsd import pair_smollm2
+    target = tiny_llama()
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    same = pair_smollm2.truncated_draft(target, [0, 1, 2, 3]).eval()
+    assert torch.equal(same(input_ids=ids).logits, target(input_ids=ids).logits)
+    draft = pair_smollm2.truncated_draft(target, [0, 1])
+    assert draft.config.num_hidden_layers == 2
+    assert torch.equal(draft.model.layers[1].mlp.up_proj.weight,
+                       target.model.layers[1].mlp.up_proj.weight)
+    assert not draft.model.embed_tokens.weight.requires_grad
+    assert draft.lm_head.weight is draft.model.embed_tokens.weight
+
+
+def test_save_dequantized_round_trips_through_from_pretrained(tmp_path):
+    from dsd import pair_smollm2
+    target = tiny_llama()
+    target.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}
+    pair_smollm2.save_dequantized(target, tmp_path / "target")
+    saved = json.loads((tmp_path / "target" / "config.json").read_text())
+    assert "quantization_config" not in saved
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target").eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    assert torch.equal(loaded(input_ids=ids).logits, target(input_ids=ids).logits)
+
+
+def test_smollm2_config_rejects_bad_values(tmp_path):
+    from dsd import pair_smollm2
+    with pytest.raises(ValueError, match=r"draft_steps.*0"):
+        pair_smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=0)
+    with pytest.raises(ValueError, match=r"distill_kl_weight.*2"):
+        pair_smollm2.Smollm2PairConfig(out_dir=tmp_path, distill_kl_weight=2)
+
+
+def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
+    from dsd import pair_smollm2
+    config = pair_build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
+                                    "--draft-steps", "9"])
+    assert config == pair_smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=9)
+    with pytest.raises(SystemExit):
+        pair_build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
+                               "--target-steps", "9"])
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_smollm2_quick_build_loads_and_verifies(tmp_path):
+    from dsd import pair_smollm2
+    try:
+        pair_smollm2.find_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    manifest = pair_smollm2.build_smollm2_pair(pair_smollm2.quick_config(tmp_path / "pair"))
+    tokenizer, target, draft, loaded = pair_build.load_pair(tmp_path / "pair")
+    assert loaded == manifest
+    assert target.config.num_hidden_layers == 30 and draft.config.num_hidden_layers == 4
+    assert tokenizer.decode(tokenizer.encode(SNIPPET, add_special_tokens=False)) == SNIPPET
+    assert 0.0 <= manifest["greedy_agreement"] <= 1.0
