@@ -53,7 +53,7 @@ def load_pair(config: BackendConfig):
     if config.target_path:
         target_path, draft_path = config.target_path, config.draft_path
     else:
-        pair = Path(config.pair_path)
+        pair = Path(config.pair_path).expanduser()
         if not (pair / "manifest.json").is_file():
             raise FileNotFoundError(
                 f"no model pair at {pair} (manifest.json missing); build it with "
