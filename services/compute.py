@@ -1,7 +1,7 @@
 """Where a model pass runs, and the backend flags both services share.
 
 EmulatedDevice (synthetic backend): the models answer at once, so a pass is charged its modelled
-time, like ``dsd.compute.Accelerator`` (one job at a time on a virtual timeline). The model call
+time (one job at a time on a virtual timeline, like one busy accelerator). The model call
 runs first and only the rest of the modelled time is waited out, so the Python work counts as
 part of the modelled time instead of adding to it (as long as it is shorter). The waits go
 through one PreciseTimer per process.
@@ -28,16 +28,16 @@ from dsd.profiles import HardwareProfile, get_profile
 
 T = TypeVar("T")
 # Sleep coarsely until this long before a deadline, then spin: epoll's timeouts are whole
-# milliseconds and timer slack adds more (as in dsd.compute).
+# milliseconds and timer slack adds more.
 _SPIN_S = 0.0015
 
 
 class PreciseTimer:
     """Precise waits for every emulated device of a process, with one spinner.
 
-    ``dsd.compute.precise_sleep_until`` spins each waiter on the event loop for the last
-    ``_SPIN_S``; with dozens of devices in one edge process those spinners make every loop
-    iteration slow and every wake-up late. Here waiters sleep on futures and one task sleeps
+    Spinning each waiter on the event loop for the last ``_SPIN_S`` would, with dozens of
+    devices in one edge process, make every loop iteration slow and every wake-up late. So
+    waiters sleep on futures and one task sleeps
     coarsely until the earliest deadline is near, then spins alone and wakes each waiter on time.
     """
 

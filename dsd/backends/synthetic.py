@@ -8,7 +8,7 @@ wrong token otherwise; so acceptance is i.i.d. per position with probability alp
 latency model assumes, and a greedy run is reproducible bit for bit.
 
 Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
-time is not spent here: ``dsd.compute`` emulates it from a hardware profile.
+time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a hardware profile.
 """
 from __future__ import annotations
 
