@@ -62,10 +62,12 @@ def fit_params(rounds: pd.DataFrame, fallback: dict) -> tuple[dict, dict]:
 def point_table(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
     """One row per point: latency statistics over its requests, measured alpha and throughput."""
     rows = []
+    # One pass over the rounds (there are many more rounds than points).
+    rounds_by_point = dict(iter(rounds.groupby(POINT_KEYS, sort=False))) if len(rounds) else {}
     for key, group in requests.groupby(POINT_KEYS, sort=True):
         point = dict(zip(POINT_KEYS, key))
         per_token_ms = 1e3 * group["steady_per_token_s"]
-        point_rounds = rounds[(rounds[POINT_KEYS] == pd.Series(point)).all(axis=1)] if len(rounds) else rounds
+        point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
         rows.append({
             **point,
             "requests": len(group),

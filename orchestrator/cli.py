@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from orchestrator.experiment import load_experiment
