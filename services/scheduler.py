@@ -1,9 +1,15 @@
 """The verifier's one device, shared by every session: a queue of model passes, batched.
 
 A job is one pass of one session: a prefill, an AR step, a co-located draft block or a
-verification. The worker takes the oldest job and adds later jobs of the same kind, up to
-``max_batch``, waiting until the oldest has waited ``batch_window_ms`` if the batch is not full;
-then it runs them as one pass. ``max_batch = 1`` is strictly serial, like one busy accelerator.
+verification, submitted on behalf of a client (the verifier's connection). The worker picks the
+first job of a pass from the client served least recently, and fills the batch the same way with
+jobs of the same kind, up to ``max_batch``, waiting until the first has waited
+``batch_window_ms`` if the batch is not full; then it runs them as one pass. ``max_batch = 1``
+is strictly serial, like one busy accelerator.
+
+Fairness: clients take turns, so a client that floods the queue delays another client's job by
+at most one pass per other waiting client, instead of by its whole backlog as in one FIFO. A
+client's own jobs run oldest first (of a kind). A client that had nothing queued goes first.
 
 What a batched pass costs:
   emulated (synthetic backend): the profile's time for the batch: t_verify_s(max gamma, b),
@@ -18,7 +24,7 @@ import asyncio
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from dsd.profiles import HardwareProfile
@@ -67,6 +73,7 @@ class _Job:
     work: Callable[[], object]
     submitted_s: float
     future: asyncio.Future
+    client: Hashable
 
 
 class Scheduler:
@@ -76,7 +83,9 @@ class Scheduler:
         self.profile = profile            # None: real models, the work's own time counts
         self.batch_sizes: Counter[int] = Counter()
         self.passes: Counter[str] = Counter()
-        self._queue: deque[_Job] = deque()
+        self._queues: dict[Hashable, deque[_Job]] = {}     # per client with queued jobs
+        self._last_served: dict[Hashable, int] = {}        # per client with queued jobs: its last turn
+        self._turns = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -90,20 +99,44 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return sum(len(q) for q in self._queues.values())
 
-    async def submit(self, kind: str, size: int, work: Callable[[], object]) -> tuple[object, PassTiming]:
-        """Run ``work`` in a pass of this kind; returns (its result, the pass timing)."""
+    async def submit(self, kind: str, size: int, work: Callable[[], object],
+                     client: Hashable = None) -> tuple[object, PassTiming]:
+        """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        job = _Job(kind, size, work, time.perf_counter(), asyncio.get_running_loop().create_future())
-        self._queue.append(job)
+        job = _Job(kind, size, work, time.perf_counter(), asyncio.get_running_loop().create_future(), client)
+        if client not in self._queues:
+            self._queues[client] = deque()
+            self._last_served[client] = -1       # nothing was queued: it goes first
+        self._queues[client].append(job)
         self._wake.set()
         return await job.future
 
+    def _pop_fair(self, kind: str | None) -> _Job | None:
+        """The oldest job (of this kind) of the client served least recently, or None."""
+        best = None
+        for client, queue in self._queues.items():
+            if best is not None and self._last_served[client] >= self._last_served[best[0]]:
+                continue
+            job = next((j for j in queue if kind is None or j.kind == kind), None)
+            if job is not None:
+                best = (client, job)
+        if best is None:
+            return None
+        client, job = best
+        queue = self._queues[client]
+        queue.remove(job)
+        self._turns += 1
+        self._last_served[client] = self._turns
+        if not queue:
+            del self._queues[client], self._last_served[client]
+        return job
+
     async def _worker(self) -> None:
         while True:
-            if not self._queue:
+            if not self._queues:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -116,7 +149,7 @@ class Scheduler:
                         job.future.set_exception(exc)
 
     async def _take_batch(self) -> list[_Job]:
-        first = self._queue.popleft()
+        first = self._pop_fair(None)
         batch = [first]
         limit = 1 if first.kind == "prefill" else self.config.max_batch
         deadline_s = first.submitted_s + self.config.batch_window_ms / 1000
@@ -134,10 +167,11 @@ class Scheduler:
         return batch
 
     def _collect(self, batch: list[_Job], limit: int) -> None:
-        """Move queued jobs of the batch's kind into it, oldest first."""
-        kind = batch[0].kind
-        for job in [j for j in self._queue if j.kind == kind][:limit - len(batch)]:
-            self._queue.remove(job)
+        """Move queued jobs of the batch's kind into it, clients taking turns."""
+        while len(batch) < limit:
+            job = self._pop_fair(batch[0].kind)
+            if job is None:
+                return
             batch.append(job)
 
     async def _run(self, batch: list[_Job]) -> None:

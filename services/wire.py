@@ -3,8 +3,9 @@
 On the wire a message is one binary WebSocket frame holding a msgpack map
 ``{"v": VERSION, "type": <class name>, <field>: <value>, ...}``. ``decode`` checks the version,
 the type, that every field is present with its declared type and that no unknown field is there,
-and raises ``WireError`` naming the problem; it never builds anything but the plain values below
-(no pickle, no extension types).
+and raises ``WireError`` naming the problem; it never builds anything but the plain values below:
+nothing received is unpickled or evaluated, an extension type is refused while unpacking, and
+msgpack's timestamp (the one extension it decodes itself) fails every field's exact type check.
 
 ``seq`` is the client's request number, echoed in every reply to that request (a ``Generate``
 is answered by a stream of ``Tokens`` with its seq). ``session`` is the client's id for one
@@ -29,7 +30,9 @@ BAD_FIELD = "bad_field"            # missing, unknown or of the wrong type
 OUT_OF_RANGE = "out_of_range"      # well typed but outside the limits
 UNKNOWN_SESSION = "unknown_session"
 DUPLICATE_SESSION = "duplicate_session"
-LIMIT = "limit"                    # too many sessions, message too large
+LIMIT = "limit"                    # a limit reached (Error.limit names it): sessions, size, tokens
+BUSY = "busy"                      # max_inflight_per_connection requests in flight: retry later
+UNAUTHORIZED = "unauthorized"      # HTTP 401 body at the WebSocket upgrade, not a frame
 IDLE_TIMEOUT = "idle_timeout"
 INTERNAL = "internal"
 
@@ -38,12 +41,13 @@ class WireError(ValueError):
     """A request that cannot be served; becomes an ``Error`` reply."""
 
     def __init__(self, code: str, message: str, field: str | None = None,
-                 seq: int | None = None, session: int | None = None) -> None:
+                 seq: int | None = None, session: int | None = None, limit: str | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.field, self.seq, self.session = code, message, field, seq, session
+        self.limit = limit
 
     def reply(self) -> "Error":
-        return Error(self.seq, self.session, self.code, self.field, self.message)
+        return Error(self.seq, self.session, self.code, self.field, self.message, self.limit)
 
 
 # ---- edge -> verifier ------------------------------------------------------------------------
@@ -178,6 +182,7 @@ class Error:
     code: str
     field: str | None
     message: str
+    limit: str | None = None        # codes limit and busy: the limit's name, e.g. "max_sessions"
 
 
 MESSAGES = {cls.__name__: cls for cls in (Hello, Ping, Open, Verify, Generate, Close, Welcome, Pong,
@@ -194,7 +199,9 @@ def encode(message) -> bytes:
 def decode(data: bytes):
     """bytes -> message dataclass, or WireError naming what is wrong."""
     try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except WireError:
+        raise
     except Exception as exc:          # msgpack raises several unrelated types for bad input
         raise WireError(MALFORMED, f"not a msgpack message: {type(exc).__name__}: {exc}") from None
     if not isinstance(body, dict):
@@ -259,6 +266,10 @@ def _schema(cls) -> _Schema:
                    for f in fields(cls))
     return _Schema(cls, names, frozenset(names) | {"v", "type"}, checks)
 
+
+
+def _refuse_ext(code: int, _data: bytes):
+    raise WireError(MALFORMED, f"msgpack extension type {code}: extension types are refused")
 
 
 def _int_or_none(value) -> int | None:

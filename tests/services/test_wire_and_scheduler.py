@@ -1,6 +1,7 @@
 """The wire messages round-trip and name what is wrong with a bad one; the scheduler batches
 concurrent passes, charges the profile's time for the batch, and keeps one job's failure to itself."""
 import asyncio
+import pickle
 import time
 
 import msgpack
@@ -123,3 +124,59 @@ def test_emulated_device_charges_the_modelled_time():
 
     result, compute_s, elapsed_s = asyncio.run(one())
     assert result == "x" and compute_s == 0.005 and elapsed_s >= 0.005
+
+
+def test_clients_take_turns_so_a_backlog_does_not_delay_another_client():
+    order = []
+
+    async def flood_then_one():
+        scheduler = Scheduler(SchedulerConfig(max_batch=1), EmulatedDevice(PreciseTimer()), PROFILE)
+        scheduler.start()
+        try:
+            flood = [asyncio.create_task(scheduler.submit("verify", 1, lambda i=i: order.append(("flood", i)),
+                                                          client="flood")) for i in range(12)]
+            await asyncio.sleep(0)                        # the flood is queued first
+            await scheduler.submit("verify", 1, lambda: order.append(("polite", 0)), client="polite")
+            await asyncio.gather(*flood)
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(flood_then_one())
+    assert order.index(("polite", 0)) <= 2       # after at most the pass in progress and one more
+    assert [i for who, i in order if who == "flood"] == list(range(12))     # a client's own jobs in order
+
+
+def test_a_batch_is_filled_with_clients_taking_turns():
+    order = []
+
+    async def two_clients():
+        scheduler = Scheduler(SchedulerConfig(max_batch=2), EmulatedDevice(PreciseTimer()), PROFILE)
+        scheduler.start()
+        try:
+            jobs = [scheduler.submit("verify", 1, lambda i=i: order.append(("a", i)), client="a") for i in range(3)]
+            jobs.append(scheduler.submit("verify", 1, lambda: order.append(("b", 0)), client="b"))
+            return await asyncio.gather(*jobs)
+        finally:
+            await scheduler.stop()
+
+    results = asyncio.run(two_clients())
+    assert set(order[:2]) == {("a", 0), ("b", 0)}      # one FIFO would have run a0 and a1 first
+    assert [t.batch_size for _, t in results] == [2, 2, 2, 2]      # a1 and a2 share the second
+
+
+def test_extension_types_and_pickles_are_refused_by_the_decoder():
+    with pytest.raises(wire.WireError, match="extension type 3") as caught:
+        wire.decode(msgpack.packb({"v": 1, "type": "Hello", "seq": 1, "client_id": msgpack.ExtType(3, b"x")}))
+    assert caught.value.code == wire.MALFORMED
+    with pytest.raises(wire.WireError) as caught:
+        wire.decode(msgpack.packb({"v": 1, "type": "Hello", "seq": 1, "client_id": msgpack.Timestamp(5, 0)}))
+    assert (caught.value.code, caught.value.field) == (wire.BAD_FIELD, "client_id")
+    with pytest.raises(wire.WireError) as caught:
+        wire.decode(pickle.dumps(wire.Hello(1, "x")))
+    assert caught.value.code == wire.MALFORMED
+
+
+def test_an_error_names_the_limit_it_reports():
+    limit = "max_inflight_per_connection"
+    error = wire.WireError(wire.BUSY, f"{limit} 4: ...", None, 7, 2, limit=limit)
+    assert wire.decode(wire.encode(error.reply())) == wire.Error(7, 2, wire.BUSY, None, error.message, limit)
