@@ -44,7 +44,7 @@ from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.drafting import draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
-from services import wire
+from services import access, wire
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
 
@@ -137,8 +137,9 @@ class VerifierLink:
     """One WebSocket to the verifier: replies routed to their session (or to the request that
     waits for them), each direction delayed by ``delay_s`` in order, RTT probes."""
 
-    def __init__(self, url: str, delay_s: float, timer: PreciseTimer) -> None:
+    def __init__(self, url: str, delay_s: float, timer: PreciseTimer, token: str | None = None) -> None:
         self.url = url
+        self.token = token
         self.delay_s = delay_s
         self.timer = timer
         self.rtt_probe_ms: float | None = None
@@ -156,7 +157,12 @@ class VerifierLink:
 
     async def connect(self, client_id: str, timeout_s: float = 30.0) -> wire.Welcome:
         self._http = aiohttp.ClientSession()
-        self._ws = await asyncio.wait_for(self._http.ws_connect(self.url, max_msg_size=64 << 20), timeout_s)
+        try:
+            self._ws = await asyncio.wait_for(self._http.ws_connect(
+                self.url, max_msg_size=64 << 20, headers=access.bearer_header(self.token)), timeout_s)
+        except aiohttp.WSServerHandshakeError as exc:
+            raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
+                           f"{' (token sent)' if self.token else ' (no token)'}") from None
         self._tasks = [asyncio.create_task(self._read())]
         if self.delay_s > 0:
             self._tasks += [asyncio.create_task(self._release_outgoing()),
@@ -472,8 +478,9 @@ class Run:
 
 class Edge:
     def __init__(self, draft: LanguageModel, kind: str, t_draft_s: float, out_dir: Path,
-                 backend_info: dict) -> None:
+                 backend_info: dict, token: str | None = None) -> None:
         self.draft = draft
+        self.token = token          # sent to the verifier
         self.kind = kind
         self.t_draft_s = t_draft_s
         self.out_dir = out_dir
@@ -534,7 +541,7 @@ class Edge:
         clock = EdgeClock()
         writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
                                           "t_draft_edge_s": self.t_draft_s})
-        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer)
+        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token)
         device = self._thread_device or EmulatedDevice(self._timer)
         request = None
         probing = None
@@ -602,20 +609,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
     add_backend_args(parser)
+    access.add_access_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     try:
         backend, profile = backend_from_args(args)
+        token = access.load_token(args.token_file, log=log)
     except ValueError as exc:
         parser.error(str(exc))
+    access.check_host(args.host, args.allow_any_host, log)
     draft, _target = load_pair(backend)
     del _target      # the edge hosts the draft only
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="dsd-edge-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
     edge = Edge(draft, backend.kind, t_draft_s, out_dir,
-                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None})
+                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None}, token)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
     web.run_app(edge.app(), host=args.host, port=args.port, path=args.unix_socket or None,

@@ -38,21 +38,28 @@ class Service:
     url: str
     process: subprocess.Popen
     log_path: Path
+    token: str | None = None        # sent as a bearer token (a verifier started with --token-file)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
+    def _get(self, path: str, timeout_s: float) -> bytes:
+        request = urllib.request.Request(self.url + path, headers=self._auth())
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read()
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def get_json(self, path: str, timeout_s: float = 10.0):
-        with urllib.request.urlopen(self.url + path, timeout=timeout_s) as response:
-            return json.loads(response.read())
+        return json.loads(self._get(path, timeout_s))
 
     def get_text(self, path: str, timeout_s: float = 10.0) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=timeout_s) as response:
-            return response.read().decode()
+        return self._get(path, timeout_s).decode()
 
     def post_json(self, path: str, body: dict, timeout_s: float = 10.0) -> tuple[int, dict]:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **self._auth()})
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return response.status, json.loads(response.read())

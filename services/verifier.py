@@ -10,6 +10,13 @@ A connection holds sessions, one per request. The messages of one session are se
 that session's own task; sessions run concurrently and meet in the scheduler, which owns the one
 device. A malformed or out-of-range message is answered with an Error naming the field and
 touches nothing else; a connection that closes (or idles out) frees its sessions.
+
+A client is one connection (a shared token, services/access.py, admits members of the testbed
+but does not tell them apart). Each connection has its own limits beside the global ones: open
+sessions, requests in flight (queued or being served; one more is answered ``busy`` at once,
+so the server keeps reading the socket and never buffers a backlog), prompt tokens, and the
+tokens its open sessions may hold (prompt + max_new_tokens summed, a proxy for KV-cache bytes);
+and the scheduler lets connections take turns, so one flooding client cannot starve another.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.drafting import draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
-from services import wire
+from services import access, wire
 from services.compute import add_backend_args, backend_from_args, make_device
 from services.scheduler import Scheduler, SchedulerConfig
 
@@ -47,9 +54,16 @@ class VerifierLimits:
     max_tokens_per_session: int = 4096    # prompt + max_new_tokens
     max_message_bytes: int = 1 << 20
     idle_timeout_s: float = 300.0         # a connection with nothing to do and no message
+    # per connection (one client)
+    max_sessions_per_connection: int = 64
+    max_inflight_per_connection: int = 32     # Open, Verify, Generate queued or being served
+    max_prompt_tokens: int = 2048
+    max_tokens_per_connection: int = 65536    # prompt + max_new_tokens over its open sessions
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_gamma", "max_tokens_per_session", "max_message_bytes"):
+        for name in ("max_sessions", "max_gamma", "max_tokens_per_session", "max_message_bytes",
+                     "max_sessions_per_connection", "max_inflight_per_connection", "max_prompt_tokens",
+                     "max_tokens_per_connection"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -66,6 +80,7 @@ class Served:
     session: int                    # the client's id for it
     state: VerifierSession
     draft_generator: torch.Generator
+    tokens: int                     # prompt + max_new_tokens: what it counts against its connection
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
     busy: bool = False
@@ -80,7 +95,10 @@ class Connection:
     def __init__(self, number: int, ws: web.WebSocketResponse) -> None:
         self.number = number
         self.ws = ws
-        self.sessions: dict[int, Served] = {}
+        self.sessions: dict[int, Served] = {}    # open, by the client's id
+        self.sessions_live = 0                   # not yet freed (closing ones too)
+        self.tokens_live = 0                     # their Served.tokens
+        self.inflight = 0                        # INFLIGHT requests queued or being served
 
     @property
     def busy(self) -> bool:
@@ -95,12 +113,16 @@ class Connection:
             pass    # the client went away; its sessions are being dropped
 
 
+INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_connection counts
+
+
 class Verifier:
     def __init__(self, draft: LanguageModel, target: LanguageModel, device, scheduler: Scheduler,
-                 limits: VerifierLimits, backend_info: dict) -> None:
+                 limits: VerifierLimits, backend_info: dict, token: str | None = None) -> None:
         self.draft, self.target, self.device = draft, target, device
         self.scheduler = scheduler
         self.limits = limits
+        self.token = token          # None: no authentication
         self.backend_info = backend_info
         self.started_s = time.perf_counter()
         self.sessions_open = 0
@@ -131,7 +153,21 @@ class Verifier:
         return web.json_response({"status": "ok", "role": "verifier", "target": self.target.name,
                                   "draft": self.draft.name})
 
-    async def metrics(self, _request: web.Request) -> web.Response:
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """401 with a structured body unless the request carries the token (or none is set)."""
+        if self.token is None or access.bearer_matches(request.headers.get("Authorization"), self.token):
+            return None
+        self.errors[wire.UNAUTHORIZED] += 1
+        reason = "no Authorization header" if "Authorization" not in request.headers else "wrong token"
+        log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, reason)
+        return web.json_response(
+            {"code": wire.UNAUTHORIZED, "field": "Authorization",
+             "message": f"{reason}: this verifier requires 'Authorization: Bearer <token>'"},
+            status=401, headers={"WWW-Authenticate": "Bearer"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if (refusal := self._refusal(request)) is not None:
+            return refusal
         return web.json_response({
             "uptime_s": time.perf_counter() - self.started_s,
             "connections_open": len(self._connections),
@@ -145,11 +181,14 @@ class Verifier:
             "queued": self.scheduler.queued,
             "errors": dict(self.errors),
             "limits": asdict(self.limits),
+            "token_required": self.token is not None,
             "scheduler": asdict(self.scheduler.config),
             "backend": self.backend_info,
         })
 
-    async def websocket(self, request: web.Request) -> web.WebSocketResponse:
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        if (refusal := self._refusal(request)) is not None:
+            return refusal        # before the upgrade: no connection, no state
         # aiohttp drops a connection whose frame exceeds its own limit; ours answers with an Error,
         # so aiohttp's is only the backstop against a frame far too large to read at all.
         ws = web.WebSocketResponse(max_msg_size=4 * self.limits.max_message_bytes)
@@ -185,7 +224,8 @@ class Verifier:
         try:
             if len(data) > self.limits.max_message_bytes:
                 raise wire.WireError(wire.LIMIT, f"message of {len(data)} bytes exceeds "
-                                     f"max_message_bytes {self.limits.max_message_bytes}")
+                                     f"max_message_bytes {self.limits.max_message_bytes}",
+                                     limit="max_message_bytes")
             message = wire.decode(data)
         except wire.WireError as error:
             await self._reply_error(conn, error)
@@ -211,6 +251,8 @@ class Verifier:
             self._check(served, message)
             if isinstance(message, wire.Close):
                 del conn.sessions[message.session]   # the id is free again at once
+            else:
+                self._admit(conn)
             served.inbox.put_nowait(message)
         else:
             raise wire.WireError(wire.UNKNOWN_TYPE, f"{type(message).__name__} is a reply, "
@@ -221,19 +263,35 @@ class Verifier:
                             self.target.eos_token_id, self.limits.max_gamma,
                             self.limits.max_tokens_per_session, self.limits.max_message_bytes)
 
+    def _admit(self, conn: Connection) -> None:
+        """Count one more request in flight on this connection, or refuse it as busy."""
+        if conn.inflight >= self.limits.max_inflight_per_connection:
+            raise wire.WireError(wire.BUSY, f"max_inflight_per_connection {self.limits.max_inflight_per_connection} "
+                                 "requests are in flight on this connection; send it again after a reply",
+                                 limit="max_inflight_per_connection")
+        conn.inflight += 1
+
     def _open(self, conn: Connection, m: wire.Open) -> None:
         limits, vocab = self.limits, self.target.vocab_size
         _require(0 <= m.session <= INT63_MAX, "session", f"must be in [0, 2^63), got {m.session}")
         if m.session in conn.sessions:
             raise wire.WireError(wire.DUPLICATE_SESSION, f"session {m.session} is already open", "session")
-        if self.sessions_open >= limits.max_sessions:
-            raise wire.WireError(wire.LIMIT, f"max_sessions {limits.max_sessions} are open", "session")
+        _limit(self.sessions_open < limits.max_sessions, "session", "max_sessions", limits.max_sessions,
+               "sessions are open")
+        _limit(conn.sessions_live < limits.max_sessions_per_connection, "session", "max_sessions_per_connection",
+               limits.max_sessions_per_connection, "sessions are open on this connection")
         _require(len(m.prompt) >= 1, "prompt", "must hold at least one token")
+        _limit(len(m.prompt) <= limits.max_prompt_tokens, "prompt", "max_prompt_tokens", limits.max_prompt_tokens,
+               f"the prompt holds {len(m.prompt)} tokens")
         _require(m.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {m.max_new_tokens}")
         total = len(m.prompt) + m.max_new_tokens
         _require(total <= limits.max_tokens_per_session, "max_new_tokens",
                  f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds "
-                 f"max_tokens_per_session {limits.max_tokens_per_session}")
+                 f"max_tokens_per_session {limits.max_tokens_per_session}", limit="max_tokens_per_session")
+        _limit(conn.tokens_live + total <= limits.max_tokens_per_connection, "max_new_tokens",
+               "max_tokens_per_connection", limits.max_tokens_per_connection,
+               f"tokens (prompt + max_new_tokens) for this connection's open sessions; they hold "
+               f"{conn.tokens_live} and this one asks for {total}")
         _check_tokens("prompt", m.prompt, vocab)
         _require(math.isfinite(m.temperature) and m.temperature >= 0, "temperature",
                  f"must be a finite number >= 0, got {m.temperature}")
@@ -243,8 +301,11 @@ class Verifier:
         stop = StopRule(m.max_new_tokens, self.target.eos_token_id if m.stop_at_eos else None)
         number = next(self._numbers)
         state = VerifierSession(self.target, f"v{number}", m.prompt, sampling, stop)
-        served = Served(number, conn, m.session, state, torch.Generator().manual_seed(m.seed + 1))
+        self._admit(conn)
+        served = Served(number, conn, m.session, state, torch.Generator().manual_seed(m.seed + 1), total)
         conn.sessions[m.session] = served
+        conn.sessions_live += 1
+        conn.tokens_live += total
         self.sessions_open += 1
         self.counts["sessions"] += 1
         served.inbox.put_nowait(m)
@@ -281,6 +342,7 @@ class Verifier:
             while True:
                 m = await served.inbox.get()
                 if m is None or served.closed:
+                    _settle(served.conn, m)
                     break
                 served.busy = True
                 try:
@@ -303,16 +365,22 @@ class Verifier:
                     break
                 finally:
                     served.busy = False
+                    _settle(served.conn, m)
         finally:
             served.closed = True
+            while not served.inbox.empty():       # requests it will never serve leave the count
+                _settle(served.conn, served.inbox.get_nowait())
             if served.conn.sessions.get(served.session) is served:
                 del served.conn.sessions[served.session]
             self.target.release(served.seq_id)
             self.draft.release(served.seq_id)
             self.sessions_open -= 1
+            served.conn.sessions_live -= 1
+            served.conn.tokens_live -= served.tokens
 
     async def _prefill(self, served: Served, m: wire.Open) -> None:
-        positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill)
+        positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
+                                                     served.conn.number)
         await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s))
 
     async def _verify(self, served: Served, m: wire.Verify) -> None:
@@ -322,7 +390,8 @@ class Verifier:
         live = (not state.finished and m.start_pos == len(state.committed)
                 and state.committed.matches(m.start_pos, m.base_digest))
         if live:
-            verdict, timing = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal))
+            verdict, timing = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal),
+                                                         served.conn.number)
             queue_s, compute_s, batch = timing.queue_s, timing.compute_s, timing.batch_size
         else:
             verdict, queue_s, compute_s, batch = state.verify(proposal), 0.0, 0.0, 0   # stale: no compute
@@ -337,15 +406,15 @@ class Verifier:
         while not state.finished and not served.closed:
             before = len(state.committed)
             if m.mode == "ar":
-                _, timing = await self.scheduler.submit("ar", 1, state.ar_step)
+                _, timing = await self.scheduler.submit("ar", 1, state.ar_step, served.conn.number)
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, lambda: draft_block(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    served.draft_generator))
+                    served.draft_generator), served.conn.number)
                 verdict, timing = await self.scheduler.submit(
-                    "verify", m.gamma, lambda: state.verify(state.proposal_for(drafted, q)))
+                    "verify", m.gamma, lambda: state.verify(state.proposal_for(drafted, q)), served.conn.number)
                 proposed, accepted = m.gamma, verdict.accepted
                 queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
             self.counts[m.mode] += 1
@@ -365,9 +434,20 @@ class Verifier:
         conn.sessions.clear()
 
 
-def _require(ok: bool, field_name: str, message: str) -> None:
+def _settle(conn: Connection, m) -> None:
+    """A request counted by _admit is done (answered, or never to be served)."""
+    if isinstance(m, INFLIGHT):
+        conn.inflight -= 1
+
+
+def _require(ok: bool, field_name: str, message: str, limit: str | None = None) -> None:
     if not ok:
-        raise wire.WireError(wire.OUT_OF_RANGE, f"{field_name} {message}", field_name)
+        raise wire.WireError(wire.OUT_OF_RANGE, f"{field_name} {message}", field_name, limit=limit)
+
+
+def _limit(ok: bool, field_name: str, limit: str, value: int, what: str) -> None:
+    if not ok:
+        raise wire.WireError(wire.LIMIT, f"{limit} {value}: {what}", field_name, limit=limit)
 
 
 def _check_tokens(field_name: str, tokens: list[int], vocab: int) -> None:
@@ -404,10 +484,12 @@ def _draft_probs(m: wire.Verify, gamma: int, vocab: int) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.verifier", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="listen address: 127.0.0.1 or the testbed address (see --allow-any-host)")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     add_backend_args(parser)
+    access.add_access_args(parser)
     limits_defaults = VerifierLimits()
     parser.add_argument("--max-batch", type=int, default=1)
     parser.add_argument("--batch-window-ms", type=float, default=0.0)
@@ -416,23 +498,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens-per-session", type=int, default=limits_defaults.max_tokens_per_session)
     parser.add_argument("--max-message-bytes", type=int, default=limits_defaults.max_message_bytes)
     parser.add_argument("--idle-timeout-s", type=float, default=limits_defaults.idle_timeout_s)
+    for name in ("max_sessions_per_connection", "max_inflight_per_connection", "max_prompt_tokens",
+                 "max_tokens_per_connection"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(limits_defaults, name))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     try:
         backend, profile = backend_from_args(args)
         limits = VerifierLimits(args.max_sessions, args.max_gamma, args.max_tokens_per_session,
-                                args.max_message_bytes, args.idle_timeout_s)
+                                args.max_message_bytes, args.idle_timeout_s, args.max_sessions_per_connection,
+                                args.max_inflight_per_connection, args.max_prompt_tokens,
+                                args.max_tokens_per_connection)
         scheduler_config = SchedulerConfig(args.max_batch, args.batch_window_ms)
+        token = access.load_token(args.token_file, log=log)
     except ValueError as exc:
         parser.error(str(exc))
+    access.check_host(args.host, args.allow_any_host, log)
     draft, target = load_pair(backend)
     device = make_device(backend)
     backend_info = {"kind": backend.kind, "target": target.name, "draft": draft.name,
                     "profile": asdict(profile) if profile else None}
-    verifier = Verifier(draft, target, device, Scheduler(scheduler_config, device, profile), limits, backend_info)
-    log.info("verifier on %s:%s backend=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
-             json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
+    verifier = Verifier(draft, target, device, Scheduler(scheduler_config, device, profile), limits, backend_info,
+                        token)
+    log.info("verifier on %s:%s backend=%s token=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
+             "required" if token else "none", json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
     web.run_app(verifier.app(), host=args.host, port=args.port, path=args.unix_socket or None,
                 print=None, access_log=None)

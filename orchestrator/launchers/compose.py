@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
@@ -202,6 +203,9 @@ class ComposeTestbed:
         self.owned = False                   # we ran `compose up`, so close() runs `compose down`
         self.up_s = float("nan")             # from `compose up` until every service answered /health
         self._shaper: Shaper | None = None
+        # The verifier and the edges share it through compose.yaml's DSD_TOKEN; an adopted project
+        # keeps the one it was started with (the orchestrator itself never talks to the verifier).
+        self._token = secrets.token_urlsafe(32)
         self._client = docker.from_env(timeout=60)
         try:
             self._bring_up()
@@ -391,7 +395,7 @@ class ComposeTestbed:
 
     def compose(self, *args: str, timeout_s: float) -> str:
         c = self.config
-        env = {**os.environ, **c.compose_env(), "COMPOSE_BAKE": "false"}
+        env = {**os.environ, **c.compose_env(), "DSD_TOKEN": self._token, "COMPOSE_BAKE": "false"}
         return _run(["docker", "compose", "--project-name", c.project, "--file", c.compose_file, *args],
                     env=env, timeout_s=timeout_s, what=f"docker compose {args[0]}")
 

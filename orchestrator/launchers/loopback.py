@@ -1,6 +1,10 @@
 """The loopback launcher: verifier and edges as processes on 127.0.0.1, for machines without
 root. The kernel cannot delay loopback traffic for us here, so each edge delays its messages in
-the application (half the RTT each way) and every trace says shaper=app-delay."""
+the application (half the RTT each way) and every trace says shaper=app-delay.
+
+Every testbed (this one and netns) gets a fresh random token in ``WORK_DIR/token`` (mode 0600),
+passed to the verifier and every edge by ``--token-file``: other users and programs on the host
+can reach 127.0.0.1 too."""
 from __future__ import annotations
 
 import tempfile
@@ -10,7 +14,7 @@ from pathlib import Path
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.launchers.processes import ServiceProcess, backend_args, free_port
+from orchestrator.launchers.processes import ServiceProcess, backend_args, free_port, write_token_file
 
 
 @dataclass(frozen=True)
@@ -30,19 +34,23 @@ class ServicesConfig:
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch!r}")
 
-    def verifier_argv(self, host: str, port: int) -> list[str]:
+    def verifier_argv(self, host: str, port: int, token_file: Path | None = None) -> list[str]:
         return ["services.verifier", "--host", host, "--port", str(port), "--max-batch", str(self.max_batch),
                 "--batch-window-ms", str(self.batch_window_ms), *backend_args(self.backend, self.profile),
-                *self.extra_verifier_args]
+                *_token_args(token_file), *self.extra_verifier_args]
 
-    def edge_argv(self, host: str, port: int, out_dir: Path) -> list[str]:
+    def edge_argv(self, host: str, port: int, out_dir: Path, token_file: Path | None = None) -> list[str]:
         return ["services.edge", "--host", host, "--port", str(port), "--out-dir", str(out_dir),
-                *backend_args(self.backend, self.profile)]
+                *backend_args(self.backend, self.profile), *_token_args(token_file)]
 
     def make_work_dir(self) -> Path:
         path = Path(self.work_dir) if self.work_dir else Path(tempfile.mkdtemp(prefix="dsdbed-work-"))
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def _token_args(token_file: Path | None) -> list[str]:
+    return ["--token-file", str(token_file)] if token_file else []
 
 
 class LoopbackTestbed:
@@ -54,8 +62,9 @@ class LoopbackTestbed:
         self._delay_ms: dict[int, float] = {}
         work = config.make_work_dir()
         try:
+            token_file = write_token_file(work)
             port = free_port()
-            verifier = ServiceProcess("verifier", config.verifier_argv("127.0.0.1", port),
+            verifier = ServiceProcess("verifier", config.verifier_argv("127.0.0.1", port, token_file),
                                       f"http://127.0.0.1:{port}/health", log_dir=work)
             self._processes.append(verifier)
             self.verifier_url = f"ws://127.0.0.1:{port}/ws"
@@ -63,7 +72,7 @@ class LoopbackTestbed:
             for i in range(config.n_edges):
                 edge_port = free_port()
                 self._processes.append(ServiceProcess(
-                    f"edge{i}", config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}"),
+                    f"edge{i}", config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}", token_file),
                     f"http://127.0.0.1:{edge_port}/health", log_dir=work))
                 self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}"))
             for process in self._processes:

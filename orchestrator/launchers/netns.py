@@ -15,7 +15,7 @@ from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
-from orchestrator.launchers.processes import ServiceProcess
+from orchestrator.launchers.processes import ServiceProcess, write_token_file
 
 VERIFIER_PORT = 8700
 EDGE_PORT = 8701
@@ -53,9 +53,10 @@ class NetnsTestbed:
     def _start_services(self) -> None:
         topology = self._topology
         work = self.config.make_work_dir()
+        token_file = write_token_file(work)       # the bridge is reachable from the host namespace
         verifier_socket = self._socket_dir / "verifier.sock"
         verifier = ServiceProcess(
-            "verifier", self.config.verifier_argv(topology.verifier.ip, VERIFIER_PORT)
+            "verifier", self.config.verifier_argv(topology.verifier.ip, VERIFIER_PORT, token_file)
             + ["--unix-socket", str(verifier_socket)],
             f"unix:{verifier_socket}/health", netns=topology.verifier.netns, log_dir=work)
         self._processes.append(verifier)
@@ -64,7 +65,7 @@ class NetnsTestbed:
         for i, endpoint in enumerate(topology.edges):
             edge_socket = self._socket_dir / f"edge{i}.sock"
             self._processes.append(ServiceProcess(
-                f"edge{i}", self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}")
+                f"edge{i}", self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}", token_file)
                 + ["--unix-socket", str(edge_socket)],
                 f"unix:{edge_socket}/health", netns=endpoint.netns, log_dir=work))
             self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name))

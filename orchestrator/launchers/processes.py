@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -42,6 +43,16 @@ def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> lis
         values = {k: v for k, v in asdict(profile).items() if k != "sources"}
         args += ["--profile-json", json.dumps(values)]
     return args
+
+
+def write_token_file(folder: Path) -> Path:
+    """A fresh random token shared by one testbed's verifier and edges, readable by us alone."""
+    path = Path(folder) / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)         # O_CREAT's mode applies only to a new file
+        f.write(secrets.token_urlsafe(32))
+    return path
 
 
 class ServiceProcess:

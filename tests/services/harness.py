@@ -47,13 +47,18 @@ def synthetic_args(alpha: float = 0.7, seed: int = 3, profile: dict = TEST_PROFI
 class RawClient:
     """A bare WebSocket client of the verifier, for tests that speak the wire protocol directly."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url.replace("http://", "ws://") + "/ws"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.seq = 0
 
     async def __aenter__(self) -> "RawClient":
         self.http = aiohttp.ClientSession()
-        self.ws = await asyncio.wait_for(self.http.ws_connect(self.url), 10)
+        try:
+            self.ws = await asyncio.wait_for(self.http.ws_connect(self.url, headers=self.headers), 10)
+        except BaseException:
+            await self.http.close()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
