@@ -6,6 +6,11 @@ runs first and only the rest of the modelled time is waited out, so the Python w
 part of the modelled time instead of adding to it (as long as it is shorter). The waits go
 through one PreciseTimer per process.
 
+PreciseTimer wakes its spinner with a Linux timerfd (through ctypes; Python 3.11 has no
+os.timerfd_*): epoll's own timeouts are whole milliseconds, so without one the spinner spins for
+the last 1.5 ms of every wait, and with it for the last 0.25 ms. Spinning is what costs: on a
+loaded 2-core host the edge and the verifier spinning at once take CPU from each other and wake late.
+
 ThreadDevice (real models): the pass computes for real in one worker thread, so the event loop
 keeps serving sockets meanwhile; one thread is one device, so passes never overlap.
 """
@@ -14,10 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import heapq
 import itertools
 import json
+import os
+import sys
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields
@@ -28,8 +37,48 @@ from dsd.profiles import HardwareProfile, get_profile
 
 T = TypeVar("T")
 # Sleep coarsely until this long before a deadline, then spin: epoll's timeouts are whole
-# milliseconds and timer slack adds more.
+# milliseconds and timer slack adds more; a timerfd wakes within ~0.1 ms (a busy host: more).
 _SPIN_S = 0.0015
+_SPIN_TIMERFD_S = 0.00025
+
+
+class _TimerFd:
+    """A Linux timerfd on CLOCK_MONOTONIC (perf_counter's clock here), armed at absolute times."""
+    _CLOCK_MONOTONIC, _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
+    _PR_SET_TIMERSLACK = 29
+
+    class _Itimerspec(ctypes.Structure):       # two struct timespec {tv_sec, tv_nsec}
+        _fields_ = [("it_interval", ctypes.c_long * 2), ("it_value", ctypes.c_long * 2)]
+
+    def __init__(self, libc, fd: int) -> None:
+        self._libc, self.fd = libc, fd
+        weakref.finalize(self, os.close, fd)
+
+    @classmethod
+    def create(cls) -> "_TimerFd | None":
+        """None where there is no timerfd, or perf_counter is not CLOCK_MONOTONIC."""
+        clock = time.get_clock_info("perf_counter").implementation
+        if not sys.platform.startswith("linux") or "CLOCK_MONOTONIC)" not in clock:
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.timerfd_create(cls._CLOCK_MONOTONIC, cls._TFD_NONBLOCK | cls._TFD_CLOEXEC)
+        except (OSError, AttributeError):
+            return None
+        if fd < 0:
+            return None
+        libc.prctl(cls._PR_SET_TIMERSLACK, 1, 0, 0, 0)    # hrtimer slack 50 us -> 1 ns; best effort
+        return cls(libc, fd)
+
+    def arm(self, at_s: float) -> None:
+        seconds = int(at_s)
+        spec = self._Itimerspec((0, 0), (seconds, int((at_s - seconds) * 1e9)))
+        if self._libc.timerfd_settime(self.fd, self._TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.fd, 8)
 
 
 class PreciseTimer:
@@ -46,6 +95,12 @@ class PreciseTimer:
         self._order = itertools.count()
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._timerfd = _TimerFd.create()
+        self._reader_loop: asyncio.AbstractEventLoop | None = None
+
+    def _fired(self) -> None:
+        self._timerfd.drain()
+        self._changed.set()
 
     async def sleep_until(self, deadline_s: float) -> None:
         if deadline_s <= time.perf_counter():
@@ -59,6 +114,12 @@ class PreciseTimer:
         await future
 
     async def _run(self) -> None:
+        timerfd = self._timerfd
+        loop = asyncio.get_running_loop()
+        if timerfd is not None and self._reader_loop is not loop:     # once per event loop
+            loop.add_reader(timerfd.fd, self._fired)
+            self._reader_loop = loop
+        spin_s = _SPIN_S if timerfd is None else _SPIN_TIMERFD_S
         while self._deadlines:
             now_s = time.perf_counter()
             while self._deadlines and self._deadlines[0][0] <= now_s:
@@ -67,9 +128,13 @@ class PreciseTimer:
                     future.set_result(None)
             if not self._deadlines:
                 break
-            coarse_s = self._deadlines[0][0] - now_s - _SPIN_S
+            coarse_s = self._deadlines[0][0] - now_s - spin_s
             if coarse_s > 0:
                 self._changed.clear()
+                if timerfd is not None:
+                    timerfd.arm(self._deadlines[0][0] - spin_s)
+                    await self._changed.wait()       # the timer fired, or a new earliest deadline
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(coarse_s):
                         await self._changed.wait()

@@ -86,6 +86,7 @@ class Scheduler:
         self._queues: dict[Hashable, deque[_Job]] = {}     # per client with queued jobs
         self._last_served: dict[Hashable, int] = {}        # per client with queued jobs: its last turn
         self._turns = 0
+        self._busy = False            # a pass is being gathered or run (by the worker or inline)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -107,6 +108,12 @@ class Scheduler:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         job = _Job(kind, size, work, time.perf_counter(), asyncio.get_running_loop().create_future(), client)
+        if self.config.max_batch == 1 and not self._busy and not self._queues:
+            # The device is free, nobody waits and nothing could join a batch: run the pass
+            # here, which saves the hand-off to the worker task and back (one loop turn each).
+            self._busy = True
+            await self._pass([job])
+            return job.future.result()
         if client not in self._queues:
             self._queues[client] = deque()
             self._last_served[client] = -1       # nothing was queued: it goes first
@@ -136,17 +143,30 @@ class Scheduler:
 
     async def _worker(self) -> None:
         while True:
-            if not self._queues:
+            if not self._queues or self._busy:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = await self._take_batch()
+            self._busy = True
             try:
-                await self._run(batch)
-            except Exception as exc:     # the device itself failed: fail this batch, keep serving
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+                batch = await self._take_batch()
+            except BaseException:
+                self._busy = False
+                raise
+            await self._pass(batch)
+
+    async def _pass(self, batch: list[_Job]) -> None:
+        """Run one pass (self._busy set by the caller); then the worker may take the next."""
+        try:
+            await self._run(batch)
+        except Exception as exc:     # the device itself failed: fail this batch, keep serving
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+        finally:
+            self._busy = False
+            if self._queues:
+                self._wake.set()
 
     async def _take_batch(self) -> list[_Job]:
         first = self._pop_fair(None)

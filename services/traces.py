@@ -25,7 +25,7 @@ import json
 import platform
 import subprocess
 import time
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
 
@@ -78,6 +78,7 @@ class RequestRow:
 
 ROUND_COLUMNS = tuple(f.name for f in fields(RoundRow))
 REQUEST_COLUMNS = tuple(f.name for f in fields(RequestRow))
+_COLUMNS = {RoundRow: ROUND_COLUMNS, RequestRow: REQUEST_COLUMNS}
 
 
 class EdgeClock:
@@ -115,7 +116,8 @@ class TraceWriter:
     @staticmethod
     def _write(target, row) -> None:
         handle, writer = target
-        writer.writerow([_cell(v) for v in astuple(row)])
+        # Not astuple: it deep-copies every value, 40 us a row here, paid on every round.
+        writer.writerow([_cell(getattr(row, name)) for name in _COLUMNS[type(row)]])
         handle.flush()
 
     def close(self) -> None:
