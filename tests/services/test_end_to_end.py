@@ -8,7 +8,7 @@ from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.decoding import generate_ar
 from dsd.pair_build import MANIFEST_FORMAT, write_manifest
 from dsd.stopping import StopRule
-from tests.services.harness import post_runs, read_csv, synthetic_args, wait_for_runs
+from tests.services.harness import TEST_PROFILE, post_runs, read_csv, synthetic_args, wait_for_runs
 from tests.torch_pairs import tiny_pair
 
 MODES = ("ar", "colocated", "sync", "pipelined")
@@ -85,6 +85,9 @@ def test_rounds_csv_accounts_for_every_token_and_time(synthetic):
                 elif mode in ("sync", "pipelined"):
                     assert int(r["emitted"]) == int(r["accepted"]) + 1
                     assert float(r["t_draft_start_s"]) <= float(r["t_draft_end_s"]) <= float(r["t_send_s"])
+                    # gamma emulated draft steps, charged per step or in one wait, never less
+                    drafting_s = float(r["t_draft_end_s"]) - float(r["t_draft_start_s"])
+                    assert drafting_s >= 3 * TEST_PROFILE["t_draft_edge_s"] - 2e-6, r
                     assert int(r["server_batch_size"]) >= 1
         if mode == "ar":
             assert all(r["proposed"] == "0" and r["emitted"] == "1" for r in rounds)

@@ -2,6 +2,7 @@
 concurrent passes, charges the profile's time for the batch, and keeps one job's failure to itself."""
 import asyncio
 import pickle
+import sys
 import time
 
 import msgpack
@@ -180,3 +181,27 @@ def test_an_error_names_the_limit_it_reports():
     limit = "max_inflight_per_connection"
     error = wire.WireError(wire.BUSY, f"{limit} 4: ...", None, 7, 2, limit=limit)
     assert wire.decode(wire.encode(error.reply())) == wire.Error(7, 2, wire.BUSY, None, error.message, limit)
+
+
+def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order():
+    woke = []
+
+    async def waiter(timer, name, deadline_s):
+        await timer.sleep_until(deadline_s)
+        woke.append((name, time.perf_counter(), deadline_s))
+
+    async def interleaved():
+        timer = PreciseTimer()
+        now = time.perf_counter()
+        late = asyncio.create_task(waiter(timer, "late", now + 1.0))
+        await asyncio.sleep(0.002)           # the timer is armed for "late" when earlier ones come
+        early = [asyncio.create_task(waiter(timer, f"early{i}", now + 0.006 + 0.003 * i)) for i in range(4)]
+        await asyncio.gather(late, *early)
+        return timer, now
+
+    timer, now = asyncio.run(interleaved())
+    assert [name for name, _, _ in woke] == ["early0", "early1", "early2", "early3", "late"]
+    assert all(t >= deadline for _, t, deadline in woke)
+    assert woke[3][1] < now + 1.0        # re-armed for the earlier deadlines, not held until "late"
+    if sys.platform.startswith("linux"):
+        assert timer._timerfd is not None        # the spinner is woken by a timerfd here
