@@ -14,7 +14,7 @@ from dsd.drafting import draft_block
 from dsd.sequence import prefix_digest
 from dsd.stopping import StopRule
 from services import wire
-from tests.services.harness import TEST_PROFILE, RawClient, synthetic_args
+from tests.services.harness import TEST_PROFILE, RawClient, post_runs, read_csv, synthetic_args, wait_for_runs
 
 ALPHA, SEED = 0.6, 5
 SESSIONS, INFLIGHT, PROMPT, TOKENS = 4, 5, 16, 200
@@ -27,10 +27,32 @@ FLOOD_SESSIONS = 8
 
 
 @pytest.fixture(scope="module")
-def verifiers(spawn):
+def verifiers(spawn, tmp_path_factory):
+    """The limited verifier, the fairness verifier, and an edge for bystanders' runs."""
     return spawn(("services.verifier", synthetic_args(ALPHA, SEED, SLOW_AR) + LIMITS),
                  ("services.verifier", synthetic_args(ALPHA, SEED, FAIR) +
-                  ["--max-inflight-per-connection", str(FLOOD_SESSIONS)]))
+                  ["--max-inflight-per-connection", str(FLOOD_SESSIONS)]),
+                 ("services.edge", synthetic_args(ALPHA, SEED, SLOW_AR) + ["--out-dir", str(tmp_path_factory.mktemp("e"))]))
+
+
+BYSTANDER_PROMPTS = [[2, 4, 6], [8, 1]]
+
+
+def start_bystanders(verifier, edge, name):
+    """Polite clients (one connection each) on the verifier a test is about to abuse."""
+    return post_runs(edge, [{"run_id": f"{name}-{mode}", "client_id": name, "mode": mode, "gamma": 3,
+                             "max_in_flight": 2, "prompts": BYSTANDER_PROMPTS, "max_new_tokens": 30,
+                             "verifier_url": verifier.url, "probe_count": 0} for mode in ("sync", "pipelined")])
+
+
+def check_bystanders(edge, run_ids):
+    target = SyntheticLM(SyntheticConfig(alpha=ALPHA, seed=SEED), "target")
+    stop = StopRule(30, target.eos_token_id)
+    for run_id, summary in wait_for_runs(edge, run_ids).items():
+        assert summary["status"] == "done", summary
+        for row in read_csv(edge, run_id, "requests.csv"):
+            expected = generate_ar(target, BYSTANDER_PROMPTS[int(row["request_index"])], stop).tokens
+            assert [int(t) for t in row["token_ids"].split()] == expected, run_id
 
 
 def run(coroutine):
@@ -66,7 +88,8 @@ async def sessions_prompt_and_tokens(url):
 
 
 def test_sessions_prompt_and_tokens_per_connection_are_limited_and_named(verifiers):
-    verifier = verifiers[0]
+    verifier, edge = verifiers[0], verifiers[2]
+    bystanders = start_bystanders(verifier, edge, "limits")
     opened, elsewhere, long_prompt, over, closed, freed = run(sessions_prompt_and_tokens(verifier.url))
     assert all(isinstance(r, wire.Opened) for r in opened[:SESSIONS])
     assert is_limit(opened[SESSIONS], "max_sessions_per_connection", "session"), opened[SESSIONS]
@@ -74,6 +97,7 @@ def test_sessions_prompt_and_tokens_per_connection_are_limited_and_named(verifie
     assert is_limit(long_prompt, "max_prompt_tokens", "prompt"), long_prompt
     assert is_limit(over, "max_tokens_per_connection", "max_new_tokens"), over
     assert isinstance(closed, wire.Closed) and isinstance(freed, wire.Opened)   # closing frees its tokens
+    check_bystanders(edge, bystanders)
     assert sessions_open(verifier) == 0
 
 
@@ -101,8 +125,10 @@ async def inflight(url):
 
 
 def test_requests_beyond_the_in_flight_limit_are_answered_busy_at_once(verifiers):
-    verifier = verifiers[0]
+    verifier, edge = verifiers[0], verifiers[2]
+    bystanders = start_bystanders(verifier, edge, "inflight")
     replies, opened_too, after = run(inflight(verifier.url))
+    check_bystanders(edge, bystanders)
     assert isinstance(replies[0], wire.Verified) and not replies[0].stale
     assert isinstance(replies[1], wire.Verified) and replies[1].stale      # its block was already verified
     for reply in replies[2:] + [opened_too]:
