@@ -15,6 +15,12 @@ batches up to as many sessions as there are clients, no wait window). What is le
 loops, msgpack, the WebSocket and TCP on both sides, the trace writes, and the lateness of the
 emulated waits, which grows with the machine's load (reported). All clients share one edge
 process. Progress goes to stderr; the last stdout line is key=value pairs.
+
+Where it goes (p50 of each part, in the table and as ``*_part_p50_ms`` for one client):
+``draft`` the drafting beyond gamma * t_draft_edge_s (late emulated waits), ``wire`` the round
+trip beyond the verifier's queue and compute (both event loops, msgpack, the WebSocket, TCP,
+wake-ups of both processes), ``edge`` from the verdict's arrival to the next draft (decode,
+handling the verdict, the trace row).
 """
 from __future__ import annotations
 
@@ -47,8 +53,20 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
-def measure(n_clients: int, rounds_per_client: int, work: Path) -> list[float]:
-    """Overheads (seconds) of every steady round of n_clients concurrent sync-DSD clients."""
+PARTS = ("draft", "wire", "edge")
+
+
+def round_parts(row: dict, after: dict) -> dict[str, float]:
+    """One steady round's overhead split into its parts (seconds); they add up to the total."""
+    t = {k: float(row[k]) for k in ("t_draft_start_s", "t_draft_end_s", "t_receive_s", "server_queue_s",
+                                      "server_compute_s")}
+    return {"draft": t["t_draft_end_s"] - t["t_draft_start_s"] - GAMMA * PROFILE["t_draft_edge_s"],
+            "wire": t["t_receive_s"] - t["t_draft_end_s"] - t["server_queue_s"] - t["server_compute_s"],
+            "edge": float(after["t_draft_start_s"]) - t["t_receive_s"]}
+
+
+def measure(n_clients: int, rounds_per_client: int, work: Path) -> list[dict[str, float]]:
+    """Overhead parts (seconds) of every steady round of n_clients concurrent sync-DSD clients."""
     tokens = max(8, round(rounds_per_client * expected_tokens_per_round(ALPHA, GAMMA)))
     verifier_args = backend_args() + ["--max-batch", str(n_clients), "--max-sessions", str(2 * n_clients + 8)]
     edge_args = backend_args() + ["--out-dir", str(work / f"edge-{n_clients}")]
@@ -65,9 +83,7 @@ def measure(n_clients: int, rounds_per_client: int, work: Path) -> list[float]:
         for run_id in summaries:
             rows = read_csv(edge, run_id, "rounds.csv")
             for row, after in zip(rows[1:], rows[2:]):      # not the first (prefill) nor the last
-                round_s = float(after["t_draft_start_s"]) - float(row["t_draft_start_s"])
-                modelled_s = GAMMA * PROFILE["t_draft_edge_s"] + float(row["server_compute_s"])
-                overheads.append(round_s - modelled_s - float(row["server_queue_s"]))
+                overheads.append(round_parts(row, after))
         print(f"{n_clients} clients: {len(overheads)} rounds in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return overheads
 
@@ -80,13 +96,18 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="dsd-overhead-") as tmp:
         for n in args.clients:
-            overheads_ms = [1000 * o for o in measure(n, max(20, args.rounds // max(1, n // 8)), Path(tmp))]
+            parts = measure(n, max(20, args.rounds // max(1, n // 8)), Path(tmp))
+            overheads_ms = [1000 * sum(p.values()) for p in parts]
             suffix = "" if n == 1 else f"_{n}"
+            part_p50_ms = {k: 1000 * statistics.median(p[k] for p in parts) for k in PARTS}
             results[f"overhead_p50_ms{suffix}"] = statistics.median(overheads_ms)
             results[f"overhead_p99_ms{suffix}"] = percentile(overheads_ms, 99)
             results[f"rounds{suffix}"] = len(overheads_ms)
             print(f"{n} clients: p50 {results[f'overhead_p50_ms{suffix}']:.3f} ms, "
-                  f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms", file=sys.stderr)
+                  f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms; p50 of its parts: "
+                  + ", ".join(f"{k} {v:.3f} ms" for k, v in part_p50_ms.items()), file=sys.stderr)
+            if n == 1:
+                results.update({f"{k}_part_p50_ms": v for k, v in part_p50_ms.items()})
     results["gamma"], results["t_draft_edge_ms"] = GAMMA, 1000 * PROFILE["t_draft_edge_s"]
     # Emulated waits are only as punctual as the CPU is free: say how busy the machine was.
     results["load_avg_1m"] = os.getloadavg()[0]

@@ -10,7 +10,8 @@ every mode, so that all four are measured from the same place over the same link
 
 A run is one client: one WebSocket to the verifier and its prompts one after another. In sync and
 pipelined DSD this process drafts (``dsd.edge.EdgeDecoder`` on a real clock: one draft step at a
-time, handling verdicts between steps and abandoning a draft whose epoch has passed); for cloud
+time, handling verdicts between steps and abandoning a draft whose epoch has passed; an emulated
+block with no block in flight, which no verdict can cut short, is charged in one wait); for cloud
 AR and co-located SD it asks the verifier to generate and records the streamed rounds. Each run
 drafts on its own emulated device (every client is its own device); with real models the runs of
 one process share one worker thread (NOTE: so concurrent real-model clients in one edge process
