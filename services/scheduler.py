@@ -132,14 +132,16 @@ class Scheduler:
                 best = (client, job)
         if best is None:
             return None
-        client, job = best
+        self._take(*best)
+        return best[1]
+
+    def _take(self, client: Hashable, job: _Job) -> None:
         queue = self._queues[client]
         queue.remove(job)
         self._turns += 1
         self._last_served[client] = self._turns
         if not queue:
             del self._queues[client], self._last_served[client]
-        return job
 
     async def _worker(self) -> None:
         while True:
@@ -187,12 +189,21 @@ class Scheduler:
         return batch
 
     def _collect(self, batch: list[_Job], limit: int) -> None:
-        """Move queued jobs of the batch's kind into it, clients taking turns."""
+        """Move queued jobs of the batch's kind into it, clients taking turns: one job each,
+        least recently served first, then round again (one sort a round, not a scan a job)."""
+        kind = batch[0].kind
         while len(batch) < limit:
-            job = self._pop_fair(batch[0].kind)
-            if job is None:
+            took = False
+            for client in sorted(self._queues, key=self._last_served.__getitem__):
+                job = next((j for j in self._queues[client] if j.kind == kind), None)
+                if job is not None:
+                    self._take(client, job)
+                    batch.append(job)
+                    took = True
+                    if len(batch) >= limit:
+                        return
+            if not took:
                 return
-            batch.append(job)
 
     async def _run(self, batch: list[_Job]) -> None:
         kind = batch[0].kind
