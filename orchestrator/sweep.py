@@ -141,8 +141,14 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
                              "wall_s": time.time() - t0})
             extra = {}
     last = attempts[-1]
+    healed_after = []
+    if last["status"] != "ok" and heal is not None:     # leave a working testbed to the next point
+        try:
+            healed_after = heal()
+        except Exception as exc:  # noqa: BLE001 - the next point's attempts will say more
+            healed_after = [f"healing failed: {type(exc).__name__}: {exc}"]
     return {"status": last["status"], "error": last["error"], "attempts": attempts,
-            "wall_s": time.time() - started, **extra, "result": result}
+            "healed_after": healed_after, "wall_s": time.time() - started, **extra, "result": result}
 
 
 def clear_unfinished(folder: Path) -> None:
