@@ -42,10 +42,12 @@ def sweep_on(testbed, experiment, out: Path):
 
 class FaultWhenMidRun:
     """Fire `fault()` once, when some edge trace under `work_dir` has at least `min_rounds` rows
-    (the first attempt is then mid-run); bounded by `timeout_s`."""
+    (the first attempt is then mid-run), or when `ready()` says so; bounded by `timeout_s`."""
 
-    def __init__(self, work_dir: Path, fault, min_rounds: int = 5, timeout_s: float = 120.0) -> None:
-        self.work_dir, self.fault, self.min_rounds, self.timeout_s = Path(work_dir), fault, min_rounds, timeout_s
+    def __init__(self, work_dir: Path | None, fault, min_rounds: int = 5, timeout_s: float = 120.0,
+                 ready=None) -> None:
+        self.fault, self.min_rounds, self.timeout_s = fault, min_rounds, timeout_s
+        self.ready = ready or functools.partial(has_rounds, Path(work_dir), min_rounds)
         self.fired_at_s: float | None = None
         self.result = None
         self.error: BaseException | None = None
@@ -61,15 +63,18 @@ class FaultWhenMidRun:
     def _watch(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            for path in self.work_dir.glob("edge*/*/rounds.csv"):
-                if path.read_text().count("\n") - 1 >= self.min_rounds:
-                    self.fired_at_s = time.time()
-                    try:
-                        self.result = self.fault()
-                    except BaseException as exc:  # noqa: BLE001 - reported by the test
-                        self.error = exc
-                    return
+            if self.ready():
+                self.fired_at_s = time.time()
+                try:
+                    self.result = self.fault()
+                except BaseException as exc:  # noqa: BLE001 - reported by the test
+                    self.error = exc
+                return
             time.sleep(0.02)
+
+
+def has_rounds(work_dir: Path, min_rounds: int) -> bool:
+    return any(path.read_text().count("\n") - 1 >= min_rounds for path in work_dir.glob("edge*/*/rounds.csv"))
 
 
 def greedy_tokens(experiment) -> dict[int, list[int]]:

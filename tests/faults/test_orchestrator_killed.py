@@ -14,6 +14,7 @@ import pytest
 from orchestrator import leftovers
 from orchestrator.experiment import load_experiment
 from orchestrator.sweep import plan_points
+from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
 from tests.faults.faults import check_sweep, whole_trace_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,9 +44,10 @@ def dsdbed(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout_s, cwd=REPO, env=env)
 
 
-def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300) -> str:
+def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300, traces: bool = True) -> str:
     """Start `dsdbed sweep`, SIGKILL it once one point is done and the next has rounds in its
-    edge trace; returns the key of the point it was killed in."""
+    edge trace (traces=False: the edge traces live in containers; then 1.5 s into the next
+    point, which shapes its links first); returns the key of the point it was killed in."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -58,9 +60,10 @@ def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300) -> str:
             finished = list(points.glob("*/done.json")) if points.exists() else []
             if finished and unfinished:
                 key = unfinished[0]
-                traces = [t for t in (out / "services").glob(f"edge*/*{key}*/rounds.csv")
-                          if t.read_text().count("\n") > 3]
-                if traces:
+                if not traces:
+                    time.sleep(1.5)
+                if not traces or [t for t in (out / "services").glob(f"edge*/*{key}*/rounds.csv")
+                                  if t.read_text().count("\n") > 3]:
                     os.kill(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=30)
                     return key
@@ -124,4 +127,33 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     assert (a["token_ids"] == b["token_ids"]).all()
     redone = b.loc[killed_in]
     assert not set(redone["run_id"]) & killed_run_ids, "the killed point was redone from scratch"
+    assert leftovers.find() == []
+
+
+@pytest.mark.root
+@pytest.mark.docker
+def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_removes_once(
+        docker_engine, tmp_path):  # noqa: F811
+    experiment_file = tmp_path / "killed.toml"
+    experiment_file.write_text(EXPERIMENT.format(launcher="compose"))
+    out = tmp_path / "out"
+    assert leftovers.find() == []
+    kill_mid_point(["sweep", str(experiment_file), "--out", str(out)], out, traces=False)
+    time.sleep(1.0)
+    left = leftovers.find()
+    print("left by the killed orchestrator:", left)
+    kinds = {item.split()[0] for item in left}
+    assert {"container", "network", "iptables"} <= kinds, left
+
+    first = dsdbed("cleanup")
+    assert first.returncode == 0 and "container dsdbed-" in first.stdout, first.stdout + first.stderr
+    second = dsdbed("cleanup")
+    assert second.returncode == 0 and second.stdout.strip() == "nothing to clean up", second.stdout
+    assert leftovers.find() == []
+    assert "DSDBED" not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+
+    resumed = dsdbed("sweep", str(experiment_file), "--out", str(out), "--resume", timeout_s=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = check_sweep(load_experiment(experiment_file), out)
+    assert all(d["status"] == "ok" for d in done.values())
     assert leftovers.find() == []
