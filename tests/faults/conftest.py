@@ -12,3 +12,28 @@ def pytest_collection_modifyitems(items):
         for item in items:
             if "root" in item.keywords and str(item.path).startswith(HERE):
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_after_a_fault_test(request):
+    """Every fault test ends with zero leftovers (namespaces, rules, qdiscs, daemons, services,
+    containers, networks); counted for the closing figures, and a failure if any."""
+    yield
+    if "root" not in request.keywords or os.geteuid() != 0:
+        return
+    from orchestrator import leftovers
+    from tests.faults.faults import TALLY
+
+    found = leftovers.find()
+    TALLY["fault_tests"] += 1
+    TALLY["leftovers_after"] += len(found)
+    if found:
+        leftovers.clean()       # the next test starts clean; this one fails
+        pytest.fail(f"leftovers after the test: {found}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.faults.faults import TALLY
+
+    if TALLY["fault_tests"] or TALLY["bad_inputs_tried"]:
+        terminalreporter.write_line("fault tally: " + " ".join(f"{k}={v}" for k, v in TALLY.items()))

@@ -20,6 +20,10 @@ from orchestrator.net_point import run_net_point
 from orchestrator.sweep import plan_points, run_sweep
 from orchestrator.workload import make_prompts
 
+# Figures for the closing note, printed at the end of the session (conftest.py).
+TALLY = {"faults_injected": 0, "faults_survived": 0, "bad_inputs_tried": 0, "rows_expected": 0,
+         "rows_lost": 0, "rows_duplicated": 0, "leftovers_after": 0, "fault_tests": 0}
+
 SMALL = {"name": "fault", "modes": ["sync"], "rtt_ms": [20], "gamma": [3], "clients": [1], "edges": 1,
          "requests": 3, "warmup_requests": 0, "max_new_tokens": 48, "prompt_tokens": 8, "retries": 1,
          "retry_backoff_s": 0.5, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}}
@@ -65,12 +69,23 @@ class FaultWhenMidRun:
         while time.monotonic() < deadline:
             if self.ready():
                 self.fired_at_s = time.time()
+                TALLY["faults_injected"] += 1
                 try:
                     self.result = self.fault()
                 except BaseException as exc:  # noqa: BLE001 - reported by the test
                     self.error = exc
                 return
             time.sleep(0.02)
+
+
+def injected(n: int = 1) -> None:
+    """Count a fault injected other than by FaultWhenMidRun (a lossy link, a killed orchestrator)."""
+    TALLY["faults_injected"] += n
+
+
+def survived(n: int = 1) -> None:
+    """Count faults survived: called at the end of a test, after every check passed."""
+    TALLY["faults_survived"] += n
 
 
 def has_rounds(work_dir: Path, min_rounds: int) -> bool:
@@ -101,7 +116,11 @@ def check_sweep(experiment, out: Path) -> dict:
             assert len(mine) == 0, "an error point keeps no rows of a failed attempt"
             continue
         assert record["partial_rows_dropped"] == 0
-        assert len(mine) == point.clients * experiment.requests                        # none lost
+        expected_rows = point.clients * experiment.requests
+        TALLY["rows_expected"] += expected_rows
+        TALLY["rows_lost"] += max(0, expected_rows - len(mine.drop_duplicates(["client_id", "request_index"])))
+        TALLY["rows_duplicated"] += int(mine.duplicated(["client_id", "request_index"]).sum())
+        assert len(mine) == expected_rows                                              # none lost
         assert not mine.duplicated(["client_id", "request_index"]).any()              # none twice
         assert mine.groupby("client_id")["run_id"].nunique().eq(1).all()             # one attempt
         its_rounds = rounds[rounds.point == point.key]

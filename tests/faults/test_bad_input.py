@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.faults import TALLY
+
 REPO = Path(__file__).resolve().parents[2]
 GOOD = """name = "bad-input"
 launcher = "netns"
@@ -63,6 +65,7 @@ def our_namespaces() -> list[str]:
 
 
 def assert_refused_before_start(result, word: str, out: Path, namespaces_before: list[str]) -> None:
+    TALLY["bad_inputs_tried"] += 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0, result.stdout
     assert len(lines) == 1, result.stderr

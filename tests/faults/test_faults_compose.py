@@ -9,7 +9,8 @@ from dsd.profiles import get_profile
 from orchestrator.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
-from tests.faults.faults import FaultWhenMidRun, assert_nothing_left, check_sweep, small_experiment, sweep_on
+from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, small_experiment, survived,
+                                 sweep_on)
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -49,3 +50,4 @@ def test_a_container_killed_mid_point_is_restarted_and_the_point_retried(docker_
     assert record["status"] == "ok" and len(record["attempts"]) == 2, record
     assert any(f"restarted container {target.name}" in h for h in record["attempts"][1]["healed"]), record
     assert_nothing_left()
+    survived()

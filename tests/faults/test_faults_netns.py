@@ -17,8 +17,8 @@ from orchestrator.launchers.loopback import ServicesConfig
 from orchestrator.launchers.netns import NetnsTestbed
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import get_profile
-from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, small_experiment,
-                                 sweep_on, whole_trace_rows)
+from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
+                                 survived, sweep_on, whole_trace_rows)
 
 pytestmark = pytest.mark.root
 
@@ -53,6 +53,7 @@ def test_verifier_killed_mid_point_is_restarted_and_the_point_retried(tmp_path):
     assert any("restarted verifier" in h for h in record["attempts"][1]["healed"]), record
     assert restarts == 1
     assert_nothing_left()
+    survived()
 
 
 def test_edge_killed_mid_run_is_restarted_its_trace_stays_whole_and_the_point_retried(tmp_path):
@@ -71,11 +72,13 @@ def test_edge_killed_mid_run_is_restarted_its_trace_stays_whole_and_the_point_re
         n_rows, dropped = whole_trace_rows(path)
         assert n_rows >= 1 and dropped <= 1, (path, n_rows, dropped)
     assert_nothing_left()
+    survived()
 
 
 @pytest.mark.parametrize("loss_pct", [1.0, 5.0])
 def test_link_loss_keeps_the_greedy_tokens_and_records_the_measured_loss(tmp_path, loss_pct):
     experiment = small_experiment()
+    injected()
     with netns_testbed(tmp_path, experiment, loss_pct=loss_pct) as testbed:
         sweep_on(testbed, experiment, tmp_path / "out")
         record = only_point(check_sweep(experiment, tmp_path / "out"))   # tokens checked there
@@ -85,6 +88,7 @@ def test_link_loss_keeps_the_greedy_tokens_and_records_the_measured_loss(tmp_pat
     assert links["loss_measured_pct"].notna().all()
     print(f"loss {loss_pct}% per direction: measured RTT-probe loss {links['loss_measured_pct'].tolist()} %")
     assert_nothing_left()
+    survived()
 
 
 def test_link_down_for_two_seconds_stalls_the_rounds_then_the_point_completes(tmp_path):
@@ -108,6 +112,7 @@ def test_link_down_for_two_seconds_stalls_the_rounds_then_the_point_completes(tm
         assert gap_s >= 1.9, gap_s
         print(f"link down 2 s: longest gap between rounds {gap_s:.2f} s, one attempt")
     assert_nothing_left()
+    survived()
 
 
 def test_nfqueue_daemon_killed_mid_point_fails_the_attempt_at_once_and_the_retry_reshapes(tmp_path):
@@ -135,6 +140,7 @@ def test_nfqueue_daemon_killed_mid_point_fails_the_attempt_at_once_and_the_retry
     assert record["attempts"][0]["wall_s"] < 60, "detected by the check, not by the point's timeout"
     assert time.monotonic() - started < 200
     assert_nothing_left()
+    survived()
 
 
 def test_a_point_that_fails_every_attempt_is_an_error_row_and_the_sweep_goes_on(tmp_path):
@@ -159,8 +165,10 @@ def test_a_point_that_fails_every_attempt_is_an_error_row_and_the_sweep_goes_on(
             sweep_on(testbed, experiment, tmp_path / "out")
         done = check_sweep(experiment, tmp_path / "out")
     assert len(kills) == 2
+    injected()                                     # the second kill; the first is counted on firing
     first, second = (done[k] for k in sorted(done, key=lambda k: "rtt20" not in k))
     assert first["status"] == "error" and [a["status"] for a in first["attempts"]] == ["error", "error"], first
     assert any("restarted edge0" in h for h in first["healed_after"]), first
     assert second["status"] == "ok" and len(second["attempts"]) == 1, second
     assert_nothing_left()
+    survived(2)

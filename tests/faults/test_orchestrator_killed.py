@@ -15,7 +15,7 @@ from orchestrator import leftovers
 from orchestrator.experiment import load_experiment
 from orchestrator.sweep import plan_points
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
-from tests.faults.faults import check_sweep, whole_trace_rows
+from tests.faults.faults import check_sweep, injected, survived, whole_trace_rows
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = """name = "killed"
@@ -65,6 +65,7 @@ def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300, traces: b
                 if not traces or [t for t in (out / "services").glob(f"edge*/*{key}*/rounds.csv")
                                   if t.read_text().count("\n") > 3]:
                     os.kill(proc.pid, signal.SIGKILL)
+                    injected()
                     proc.wait(timeout=30)
                     return key
             time.sleep(0.05)
@@ -128,6 +129,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     redone = b.loc[killed_in]
     assert not set(redone["run_id"]) & killed_run_ids, "the killed point was redone from scratch"
     assert leftovers.find() == []
+    survived()
 
 
 @pytest.mark.root
@@ -157,3 +159,4 @@ def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_r
     done = check_sweep(load_experiment(experiment_file), out)
     assert all(d["status"] == "ok" for d in done.values())
     assert leftovers.find() == []
+    survived()
