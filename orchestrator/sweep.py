@@ -4,7 +4,7 @@
     OUT/points/<key>/rounds.csv  one row per round      (written whole, then renamed)
     OUT/points/<key>/requests.csv one row per request
     OUT/points/<key>/links.csv   each edge's link, configured vs measured (network launchers)
-    OUT/points/<key>/done.json   status ok|error, error text, timings; its presence = finished
+    OUT/points/<key>/done.json   status ok|error, error text, attempts, timings; its presence = finished
     OUT/rounds.csv, requests.csv, links.csv, points.csv   merged when the sweep ends
 
 A failed point is retried (experiment.retries, after heal() repaired the testbed); if every
@@ -116,7 +116,7 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
     a result never mixes attempts. Returns the done.json fields and the rows under "result"."""
     started = time.time()
     attempts = []
-    result = ([], [], [])
+    result, extra = ([], [], []), {}
     for attempt in range(1, retries + 2):
         record = {"attempt": attempt, "healed": []}
         if attempt > 1:

@@ -75,7 +75,7 @@ class ServiceProcess:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=REPO, env=env)
 
-    def healthy(self, timeout_s: float = 2.0) -> bool:
+    def healthy(self, timeout_s: float = 5.0) -> bool:
         if self.proc.poll() is not None:
             return False
         try:
