@@ -87,7 +87,7 @@ def _run_sweep(args) -> int:
     from orchestrator.run import run_experiment
 
     if not Path(args.experiment).is_file():
-        raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist")
+        raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
     experiment = load_experiment(args.experiment)
     out = args.out or REPO / "results" / experiment.name
     plan = plan_points(experiment)
