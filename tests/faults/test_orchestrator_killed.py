@@ -15,7 +15,7 @@ from orchestrator import leftovers
 from orchestrator.experiment import load_experiment
 from orchestrator.sweep import plan_points
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
-from tests.faults.faults import check_sweep, injected, survived, whole_trace_rows
+from tests.faults.faults import assert_nothing_left, check_sweep, injected, survived, whole_trace_rows
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = """name = "killed"
@@ -87,7 +87,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     experiment_file.write_text(EXPERIMENT.format(launcher="netns"))
     experiment = load_experiment(experiment_file)
     full, out = tmp_path / "full", tmp_path / "out"
-    assert leftovers.find() == []
+    assert leftovers.find() == [], "this test runs `dsdbed cleanup`: start it on a clean machine"
 
     result = dsdbed("sweep", str(experiment_file), "--out", str(full))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -106,7 +106,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     assert first.returncode == 0 and "netns dsdbed-" in first.stdout, first.stdout + first.stderr
     second = dsdbed("cleanup")
     assert second.returncode == 0 and second.stdout.strip() == "nothing to clean up", second.stdout
-    assert leftovers.find() == []
+    assert_nothing_left()
 
     # The killed point's live edge trace: whole rows once a cut last line is dropped.
     killed_traces = list((out / "services").glob(f"edge*/*{killed_in}*/rounds.csv"))
@@ -128,7 +128,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     assert (a["token_ids"] == b["token_ids"]).all()
     redone = b.loc[killed_in]
     assert not set(redone["run_id"]) & killed_run_ids, "the killed point was redone from scratch"
-    assert leftovers.find() == []
+    assert_nothing_left()
     survived()
 
 
@@ -139,7 +139,7 @@ def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_r
     experiment_file = tmp_path / "killed.toml"
     experiment_file.write_text(EXPERIMENT.format(launcher="compose"))
     out = tmp_path / "out"
-    assert leftovers.find() == []
+    assert leftovers.find() == [], "this test runs `dsdbed cleanup`: start it on a clean machine"
     kill_mid_point(["sweep", str(experiment_file), "--out", str(out)], out, traces=False)
     time.sleep(1.0)
     left = leftovers.find()
@@ -151,12 +151,12 @@ def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_r
     assert first.returncode == 0 and "container dsdbed-" in first.stdout, first.stdout + first.stderr
     second = dsdbed("cleanup")
     assert second.returncode == 0 and second.stdout.strip() == "nothing to clean up", second.stdout
-    assert leftovers.find() == []
+    assert_nothing_left()
     assert "DSDBED" not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
 
     resumed = dsdbed("sweep", str(experiment_file), "--out", str(out), "--resume", timeout_s=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     done = check_sweep(load_experiment(experiment_file), out)
     assert all(d["status"] == "ok" for d in done.values())
-    assert leftovers.find() == []
+    assert_nothing_left()
     survived()
