@@ -35,6 +35,21 @@ def cleanup_leftovers() -> list[str]:
     return removed
 
 
+def find_leftovers() -> list[str]:
+    """What `cleanup_leftovers` would remove, without touching it (for a check before a run)."""
+    found = [f"process {pid}" for pid in our_processes()]
+    try:
+        found += [f"iptables chain {c}" for c in rules.list_chains(None, names.CHAIN_PREFIX)]
+    except FileNotFoundError:
+        pass
+    found += [f"netns {n}" for n in sorted(pyroute2_netns.listnetns()) if n.startswith(names.PREFIX + "-")]
+    with IPRoute() as ipr:
+        host_ifnames = [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
+        found += [f"interface {n}" for n in host_ifnames if n.startswith(names.IFNAME_PREFIX)]
+        found += [f"qdisc on {n}" for n in host_ifnames if _has_our_root_qdisc(ipr, n)]
+    return found
+
+
 def our_processes() -> list[int]:
     """Pids of our child processes: our module in argv and a ``--tag dsdbed-...`` marker."""
     pids = []

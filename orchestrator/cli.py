@@ -7,13 +7,25 @@ import sys
 from pathlib import Path
 
 from orchestrator.experiment import load_experiment
+from orchestrator.leftovers import LeftoversFound
 from orchestrator.sweep import SweepExists, plan_points
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments get one line naming the problem (argparse's usage block buries it); no
+    abbreviated options (`--resum` must not quietly mean --resume)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dsdbed", description=__doc__)
+    parser = _Parser(prog="dsdbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     sweep = sub.add_parser("sweep", help="run an experiment file's grid")
@@ -35,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     profile.add_argument("--name", default="cpu-default-pair")
     profile.add_argument("--threads", type=int, default=1)
 
-    sub.add_parser("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons)")
+    sub.add_parser("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons, "
+                                   "service processes, containers, networks)")
 
     args = parser.parse_args(argv)
     try:
@@ -54,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             print(measure_profile_toml(args.pair, args.name, args.threads))
             return 0
         if args.command == "cleanup":
-            from netem import cleanup_leftovers
-            removed = cleanup_leftovers()
+            from orchestrator import leftovers
+            removed = leftovers.clean()
             print("\n".join(removed) if removed else "nothing to clean up")
             return 0
-    except (ValueError, FileNotFoundError, SweepExists) as error:
+    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound) as error:
         print(f"dsdbed: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -73,6 +86,8 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
 def _run_sweep(args) -> int:
     from orchestrator.run import run_experiment
 
+    if not Path(args.experiment).is_file():
+        raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
     experiment = load_experiment(args.experiment)
     out = args.out or REPO / "results" / experiment.name
     plan = plan_points(experiment)

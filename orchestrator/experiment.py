@@ -1,11 +1,14 @@
 """Experiment files (TOML): validated before anything starts; a misspelt key is an error."""
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
+from dsd.profiles import load_profiles
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -29,6 +32,8 @@ class Experiment:
     batch_window_ms: float = 0.0       # verifier: how long a pass waits to fill its batch
     repeats: int = 1
     seed: int = 0
+    retries: int = 1                   # a failed point is run again this often, after healing the testbed
+    retry_backoff_s: float = 2.0       # wait before a retry (times the attempt number)
     profile: str = ""                  # synthetic backend: hardware profile name (dsd/profiles.toml)
     backend: BackendConfig = field(default_factory=BackendConfig)
 
@@ -36,22 +41,45 @@ class Experiment:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
         _check(len(self.modes) > 0 and all(m in MODES for m in self.modes), "modes", self.modes,
                f"a non-empty list from {MODES}")
-        _check(len(self.rtt_ms) > 0 and all(r >= 0 for r in self.rtt_ms), "rtt_ms", self.rtt_ms,
-               "a non-empty list of numbers >= 0")
-        _check(len(self.gamma) > 0 and all(isinstance(g, int) and 1 <= g <= 64 for g in self.gamma),
+        _check(len(self.rtt_ms) > 0 and all(_is_number(r) and 0 <= r <= 10_000 for r in self.rtt_ms),
+               "rtt_ms", self.rtt_ms, "a non-empty list of numbers in 0..10000")
+        _check(len(self.gamma) > 0 and all(_is_int(g) and 1 <= g <= 64 for g in self.gamma),
                "gamma", self.gamma, "a non-empty list of whole numbers in 1..64")
-        _check(len(self.clients) > 0 and all(isinstance(c, int) and 1 <= c <= 256 for c in self.clients),
+        _check(len(self.clients) > 0 and all(_is_int(c) and 1 <= c <= 256 for c in self.clients),
                "clients", self.clients, "a non-empty list of whole numbers in 1..256")
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),
                           ("prompt_tokens", 1), ("max_in_flight", 1), ("repeats", 1), ("edges", 1),
-                          ("max_batch", 1)):
+                          ("max_batch", 1), ("seed", 0), ("retries", 0)):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value >= low, name, value, f"a whole number >= {low}")
-        _check(isinstance(self.batch_window_ms, (int, float)) and self.batch_window_ms >= 0,
-               "batch_window_ms", self.batch_window_ms, "a number >= 0")
+            _check(_is_int(value) and value >= low, name, value, f"a whole number >= {low}")
+        _check(self.retries <= 10, "retries", self.retries, "at most 10")
+        for name in ("batch_window_ms", "retry_backoff_s"):
+            value = getattr(self, name)
+            _check(_is_number(value) and 0 <= value <= 3600, name, value, "a number in 0..3600")
+        _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.name) is not None,
+               "name", self.name, "1-64 of [A-Za-z0-9._-] (it names the result folder)")
         if self.backend.kind == "synthetic":
             _check(bool(self.profile), "profile", self.profile,
                    "a hardware profile name (the synthetic backend emulates its compute)")
+        if self.profile:
+            _check(self.profile in load_profiles(), "profile", self.profile,
+                   f"a profile of dsd/profiles.toml {sorted(load_profiles())}")
+        if self.backend.kind == "hf" and not self.backend.target_path:
+            pair = Path(self.backend.pair_path).expanduser()
+            _check((pair / "manifest.json").is_file(), "backend.pair_path", self.backend.pair_path,
+                   "a model pair folder with a manifest.json (`dsdbed build-pair`)")
+        elif self.backend.kind == "hf":
+            for key in ("target_path", "draft_path"):
+                value = getattr(self.backend, key)
+                _check(Path(value).expanduser().is_dir(), f"backend.{key}", value, "an existing model folder")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, key: str, value, expected: str) -> None:
@@ -85,6 +113,10 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)
     try:
-        return Experiment(backend=BackendConfig(**backend), **data)
-    except TypeError as error:
+        backend_config = BackendConfig(**backend)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source}: [backend]: {error}") from None
+    try:
+        return Experiment(backend=backend_config, **data)
+    except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: {error}") from None

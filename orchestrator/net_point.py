@@ -2,16 +2,21 @@
 
 Each client is one run on an edge (client c on edge c mod N). Warm-up requests run first in
 every run and are dropped here, so that cold caches and first connections stay out of the
-results.
+results. Every call (every attempt of a point) uses run ids of its own, so the rows of an earlier
+attempt can never be fetched into a later one. While the runs go on, the testbed's shaping is
+checked: a dead NFQUEUE daemon fails the point at once, with its reason, instead of stalling it
+until the timeout. A partial last row of an edge's trace (an edge killed mid-write) is dropped
+and counted in the point's record.
 """
 from __future__ import annotations
 
-import io
 import json
+import os
 import time
 
 import pandas as pd
 
+from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
 from orchestrator.launchers.base import LinkState, Testbed
 from orchestrator.sweep import Point
@@ -19,12 +24,13 @@ from orchestrator.sweep import Point
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
                   max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
-                  timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState]]:
+                  timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
     links = testbed.shape([point.rtt_ms] * len(testbed.edges))
+    attempt_id = os.urandom(3).hex()
     runs = []
     for client in range(point.clients):
         edge = testbed.edges[client % len(testbed.edges)]
-        run_id = f"{run_prefix}-{point.key}-c{client}"
+        run_id = f"{run_prefix}-{point.key}-{attempt_id}-c{client}"
         call("POST", f"{edge.control_url}/runs", {
             "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
             "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
@@ -38,18 +44,20 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(pending)} run(s) of {point.key} unfinished after {timeout_s:.0f} s")
         time.sleep(0.2)
+        testbed.check()
         for edge, run_id in list(pending):
             status = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}"))
             if status["status"] == "failed":
                 raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
             if status["status"] == "done":
                 pending.remove((edge, run_id))
-    round_frames, request_frames = [], []
+    testbed.check()
+    round_frames, request_frames, dropped = [], [], 0
     for edge, run_id in runs:
-        rounds = _read_csv(call("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv"))
-        requests = _read_csv(call("GET", f"{edge.control_url}/runs/{run_id}/requests.csv"))
-        round_frames.append(rounds)
-        request_frames.append(requests)
+        for name, frames in (("rounds", round_frames), ("requests", request_frames)):
+            frame, n_dropped = read_whole_rows(call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv"))
+            frames.append(frame)
+            dropped += n_dropped
     rounds = pd.concat(round_frames, ignore_index=True)
     requests = pd.concat(request_frames, ignore_index=True)
     failed = requests["error"].notna() & (requests["error"].astype(str) != "") if "error" in requests else None
@@ -61,7 +69,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     requests["request_index"] -= warmup
     requests = add_steady_state(requests, rounds)
     requests["shaper"] = testbed.shaper
-    return rounds.to_dict("records"), requests.to_dict("records"), links
+    return rounds.to_dict("records"), requests.to_dict("records"), links, {"partial_rows_dropped": dropped}
 
 
 def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
@@ -76,7 +84,3 @@ def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFra
     requests["steady_per_token_s"] = (requests["wall_s"] - requests["ttft_s"]) / steady_tokens.where(steady_tokens > 0)
     requests["rtt_measured_ms"] = requests["rtt_probe_ms"]
     return requests
-
-
-def _read_csv(data: bytes) -> pd.DataFrame:
-    return pd.read_csv(io.BytesIO(data)) if data.strip() else pd.DataFrame()

@@ -17,13 +17,13 @@ from tqdm import tqdm
 from dsd.backends.factory import load_pair
 from dsd.profiles import get_profile
 from dsd.timing import measure_times
-from orchestrator import analysis, plots
+from orchestrator import analysis, leftovers, plots
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
 from orchestrator.net_point import run_net_point
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
-from orchestrator.sweep import host_facts, plan_points, run_sweep
+from orchestrator.sweep import check_out_dir, host_facts, plan_points, run_sweep
 from orchestrator.workload import make_prompts
 
 
@@ -48,7 +48,10 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
 
 def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
     out = Path(out)
+    check_out_dir(out, experiment, resume)          # refuse before anything starts
     launcher = choose_launcher(experiment.launcher)
+    if launcher in ("netns", "compose"):
+        leftovers.refuse_if_any()
     draft, target = load_pair(experiment.backend)
     costs = costs_for(experiment, draft, target, out)
     n_prompts = experiment.warmup_requests + experiment.requests
@@ -79,7 +82,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight, seed=experiment.seed,
                                           run_prefix=time.strftime("%Y%m%dT%H%M%S"))
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
+                             heal=testbed.heal)
     finally:
         bar.close()
 

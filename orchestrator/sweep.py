@@ -4,11 +4,14 @@
     OUT/points/<key>/rounds.csv  one row per round      (written whole, then renamed)
     OUT/points/<key>/requests.csv one row per request
     OUT/points/<key>/links.csv   each edge's link, configured vs measured (network launchers)
-    OUT/points/<key>/done.json   status ok|error, error text, timings; its presence = finished
+    OUT/points/<key>/done.json   status ok|error, error text, attempts, timings; its presence = finished
     OUT/rounds.csv, requests.csv, links.csv, points.csv   merged when the sweep ends
 
-A failed point records its error and the sweep goes on. An existing sweep folder is never
-overwritten: pass resume=True to continue it, which skips finished points.
+A failed point is retried (experiment.retries, after heal() repaired the testbed); if every
+attempt fails it records its error and the sweep goes on. done.json lists every attempt and its
+error; the CSVs hold the rows of the attempt that succeeded, never a mix. An existing sweep folder
+is never overwritten: pass resume=True to continue it, which skips finished points and redoes a
+folder without done.json from scratch.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator.csv_rows import read_whole_rows
 from orchestrator.experiment import Experiment
 
 
@@ -57,24 +61,35 @@ class SweepExists(Exception):
     pass
 
 
+def check_out_dir(out_dir: Path, experiment: Experiment, resume: bool) -> bool:
+    """Whether out_dir holds this experiment's sweep to continue; raise SweepExists if it holds
+    one that must not be touched. Only reads: called before anything starts."""
+    sidecar = Path(out_dir) / "sweep.json"
+    if not sidecar.exists():
+        if Path(out_dir).exists() and not Path(out_dir).is_dir():
+            raise SweepExists(f"--out {out_dir} is a file, not a folder")
+        return False
+    if not resume:
+        raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
+                          "or choose another --out")
+    recorded = json.loads(sidecar.read_text())["experiment"]
+    if recorded != _jsonable(asdict(experiment)):
+        raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
+                          "resume needs the same experiment file")
+    return True
+
+
 def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: dict) -> None:
-    sidecar = out_dir / "sweep.json"
-    if sidecar.exists():
-        if not resume:
-            raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
-                              "or choose another --out")
-        recorded = json.loads(sidecar.read_text())["experiment"]
-        if recorded != _jsonable(asdict(experiment)):
-            raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
-                              "resume needs the same experiment file")
+    if check_out_dir(out_dir, experiment, resume):
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(sidecar, json.dumps({"experiment": _jsonable(asdict(experiment)), **facts}, indent=2))
+    _write_atomic(out_dir / "sweep.json", json.dumps({"experiment": _jsonable(asdict(experiment)), **facts}, indent=2))
 
 
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
-              progress=None) -> pd.DataFrame:
-    """run_point(point) -> (rounds rows, request rows[, link rows]); returns the done.json table."""
+              progress=None, heal=None) -> pd.DataFrame:
+    """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
+    done.json table. heal() -> list of what it repaired, called before each retry."""
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, experiment, resume, facts)
     plan = plan_points(experiment)
@@ -84,24 +99,66 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
             if progress:
                 progress(index + 1, len(plan), point, "skipped (done)")
             continue
-        folder.mkdir(parents=True, exist_ok=True)
-        started = time.time()
-        try:
-            round_rows, request_rows, *rest = run_point(point)
-            link_rows = [asdict(link) if not isinstance(link, dict) else link for link in (rest[0] if rest else [])]
-            status, error = "ok", ""
-        except Exception as exc:          # a failed point is data; the sweep goes on
-            round_rows, request_rows, link_rows = [], [], []
-            status, error = "error", f"{type(exc).__name__}: {exc}"
-        _write_csv(folder / "rounds.csv", round_rows, point)
-        _write_csv(folder / "requests.csv", request_rows, point)
-        _write_csv(folder / "links.csv", link_rows, point)
-        done = {**asdict(point), "key": point.key, "status": status, "error": error,
-                "wall_s": time.time() - started}
-        _write_atomic(folder / "done.json", json.dumps(done))
+        clear_unfinished(folder)
+        done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
+        result = done.pop("result")
+        _write_csv(folder / "rounds.csv", result[0], point)
+        _write_csv(folder / "requests.csv", result[1], point)
+        _write_csv(folder / "links.csv", result[2], point)
+        _write_atomic(folder / "done.json", json.dumps({**asdict(point), "key": point.key, **done}, default=str))
         if progress:
-            progress(index + 1, len(plan), point, status if not error else f"error: {error}")
+            progress(index + 1, len(plan), point, done["status"] if not done["error"] else f"error: {done['error']}")
     return merge(out_dir)
+
+
+def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: float, heal=None) -> dict:
+    """Run a point up to 1 + retries times; keep only the rows of the attempt that succeeded, so
+    a result never mixes attempts. Returns the done.json fields and the rows under "result"."""
+    started = time.time()
+    attempts = []
+    result, extra = ([], [], []), {}
+    for attempt in range(1, retries + 2):
+        record = {"attempt": attempt, "healed": []}
+        if attempt > 1:
+            time.sleep(backoff_s * (attempt - 1))
+            if heal is not None:
+                try:
+                    record["healed"] = heal()
+                except Exception as exc:     # a testbed that cannot heal fails this attempt too
+                    attempts.append({**record, "status": "error", "wall_s": 0.0,
+                                     "error": f"healing failed: {type(exc).__name__}: {exc}"})
+                    continue
+        t0 = time.time()
+        try:
+            rounds, requests, *rest = run_point(point)
+            links = [asdict(link) if not isinstance(link, dict) else link for link in (rest[0] if rest else [])]
+            extra = rest[1] if len(rest) > 1 else {}
+            attempts.append({**record, "status": "ok", "error": "", "wall_s": time.time() - t0})
+            result = (rounds, requests, links)
+            break
+        except Exception as exc:          # a failed point is data; the sweep goes on
+            attempts.append({**record, "status": "error", "error": f"{type(exc).__name__}: {exc}",
+                             "wall_s": time.time() - t0})
+            extra = {}
+    last = attempts[-1]
+    healed_after = []
+    if last["status"] != "ok" and heal is not None:     # leave a working testbed to the next point
+        try:
+            healed_after = heal()
+        except Exception as exc:  # noqa: BLE001 - the next point's attempts will say more
+            healed_after = [f"healing failed: {type(exc).__name__}: {exc}"]
+    return {"status": last["status"], "error": last["error"], "attempts": attempts,
+            "healed_after": healed_after, "wall_s": time.time() - started, **extra, "result": result}
+
+
+def clear_unfinished(folder: Path) -> None:
+    """A point folder without done.json is redone from scratch: whatever a killed attempt left
+    there (CSVs, .tmp files) goes first, so nothing of it can reach the merged tables."""
+    if folder.exists():
+        for path in folder.iterdir():
+            if path.is_file():
+                path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def merge(out_dir: Path) -> pd.DataFrame:
@@ -112,7 +169,10 @@ def merge(out_dir: Path) -> pd.DataFrame:
         for name in tables:
             path = done_path.parent / f"{name}.csv"
             if path.exists() and path.stat().st_size > 0:
-                tables[name].append(pd.read_csv(path))
+                frame, dropped = read_whole_rows(path.read_bytes())
+                if dropped:               # written atomically, so this means damage on disk
+                    raise ValueError(f"{path}: {dropped} partial row(s); delete its done.json and resume")
+                tables[name].append(frame)
     for name, frames in tables.items():
         merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         _write_atomic(out_dir / f"{name}.csv", merged.to_csv(index=False))

@@ -39,5 +39,12 @@ class Testbed(Protocol):
     def app_delay_ms(self, client_id: int) -> float:
         """One-way delay the edge must add in the application (0 where the link is shaped)."""
 
+    def check(self) -> None:
+        """Raise if the links stopped being shaped as configured (called while a point runs)."""
+
+    def heal(self) -> list[str]:
+        """Before a retry: restart what died (verifier, edges), drop broken shaping so the next
+        shape() re-applies and re-verifies it. Returns what was done."""
+
     def close(self) -> None:
         """Stop everything this launcher started; idempotent."""

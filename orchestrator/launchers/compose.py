@@ -355,6 +355,30 @@ class ComposeTestbed:
         if self._shaper is not None:
             self._shaper.check()
 
+    def heal(self) -> list[str]:
+        """Before a retry: drop broken shaping (the next shape() resolves the veths again and
+        re-applies it), restart every container that stopped or does not answer /health, then
+        find the containers again (a restarted one may have a new address and veth)."""
+        healed = []
+        if self._shaper is not None and self._shaper.failures():
+            healed.append(f"removed dead shaping ({self._shaper.failures()[0][:120]}); the next point re-applies it")
+            self._close_shaper()
+        urls = {self.verifier_container.id: (f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
+                                             "verifier")} if self.verifier_container else {}
+        urls.update({x.id: (h.control_url, "edge") for h, x in zip(self.edges, self.edge_containers)})
+        for container in self.project_containers():
+            container.reload()
+            url, role = urls.get(container.id, ("", ""))
+            if container.status == "running" and url and _answers_health(url, role):
+                continue
+            was = container.status
+            container.restart(timeout=10)
+            healed.append(f"restarted container {container.name} (was {was})")
+        if healed:
+            self._discover()
+            self._wait_ready(deadline_s=time.monotonic() + self.config.up_timeout_s)
+        return healed
+
     def app_delay_ms(self, client_id: int) -> float:
         if not 0 <= client_id < len(self.edges):
             raise ValueError(f"client_id must be in [0, {len(self.edges)}), got {client_id!r}")

@@ -14,7 +14,8 @@ from pathlib import Path
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.launchers.processes import ServiceProcess, backend_args, free_port, write_token_file
+from orchestrator.launchers.processes import (ServiceProcess, backend_args, free_port, heal_services,
+                                                 write_token_file)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,12 @@ class LoopbackTestbed:
 
     def app_delay_ms(self, client_id: int) -> float:
         return self._delay_ms.get(client_id % len(self.edges), 0.0)
+
+    def check(self) -> None:
+        """Nothing to check: the delay lives in the edges, which a run's failure reports."""
+
+    def heal(self) -> list[str]:
+        return heal_services(self._processes, self.config.ready_timeout_s)
 
     def close(self) -> None:
         for process in reversed(self._processes):

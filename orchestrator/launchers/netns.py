@@ -15,7 +15,7 @@ from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
-from orchestrator.launchers.processes import ServiceProcess, write_token_file
+from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 
 VERIFIER_PORT = 8700
 EDGE_PORT = 8701
@@ -34,8 +34,10 @@ def link_state(record) -> LinkState:
 
 
 class NetnsTestbed:
-    def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None) -> None:
+    def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None,
+                 loss_pct: float = 0.0) -> None:
         self.config = config
+        self.loss_pct = loss_pct          # each direction of every link (fault tests)
         self.shaper_config = shaper_config or ShaperConfig()
         # Probed now so the sweep's sidecar can say which backend shapes every link.
         self.shaper, self.shaper_reason = choose_backend(self.shaper_config.backend)
@@ -80,12 +82,25 @@ class NetnsTestbed:
         shaper = Shaper(self.shaper_config)
         shaper.__enter__()
         self._shaper = shaper
-        records = shaper.apply(self._topology.links([LinkSpec(rtt_ms=r) for r in rtt_ms_per_edge]))
+        specs = [LinkSpec(rtt_ms=r, loss_pct=self.loss_pct) for r in rtt_ms_per_edge]
+        records = shaper.apply(self._topology.links(specs))
         return [link_state(r) for r in records]
 
     def check(self) -> None:
+        """Raise if shaping died (a dead NFQUEUE daemon drops every packet of its links)."""
         if self._shaper is not None:
             self._shaper.check()
+
+    def heal(self) -> list[str]:
+        """Before a retry: remove broken shaping (the next shape() applies and verifies it
+        afresh) and restart every service that died or stopped answering."""
+        healed = []
+        if self._shaper is not None and self._shaper.failures():
+            failures = self._shaper.failures()
+            self._shaper.close()
+            self._shaper = None
+            healed.append(f"removed dead shaping ({failures[0][:120]}); the next point re-applies it")
+        return healed + heal_services(self._processes, self.config.ready_timeout_s)
 
     def app_delay_ms(self, client_id: int) -> float:
         return 0.0

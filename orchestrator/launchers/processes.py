@@ -1,10 +1,16 @@
 """Service processes: started in their own process group (optionally inside a network
-namespace), polled until healthy or crashed, killed as a group on exit."""
+namespace), polled until healthy or crashed, killed as a group on exit, restarted by a heal.
+
+Each dies with the orchestrator (a parent-death signal set by `setpriv`, kept across the exec of
+nsenter and python), and carries SERVICE_MARK in its environment so that `dsdbed cleanup` finds
+one that survived anyway.
+"""
 from __future__ import annotations
 
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +25,7 @@ from dsd.profiles import HardwareProfile
 from orchestrator import http_client
 
 REPO = Path(__file__).resolve().parents[2]
+SERVICE_MARK = "DSDBED_SERVICE"      # environment variable every service process carries
 
 
 def free_port() -> int:
@@ -59,15 +66,42 @@ class ServiceProcess:
     def __init__(self, name: str, argv: list[str], health_url: str, netns: str | None = None,
                  log_dir: Path | None = None) -> None:
         self.name = name
+        self.argv = argv
+        self.netns = netns
         self.health_url = health_url
-        prefix = ["nsenter", f"--net={netns}", "--"] if netns else []
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="dsdbed-logs-"))
         self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen(prefix + [sys.executable, "-m", *argv], stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, cwd=REPO, env=env)
+        self._log = open(self.log_path, "ab")       # a restart appends: the crash stays readable
+        self.restarts = 0
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        # NOTE: the parent-death signal fires when the *thread* that started us exits: start and
+        # restart services from the thread that runs the sweep.
+        prefix = ["setpriv", "--pdeathsig", "SIGTERM", "--"] if shutil.which("setpriv") else []
+        if self.netns:
+            prefix += ["nsenter", f"--net={self.netns}", "--"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), SERVICE_MARK: self.name}
+        return subprocess.Popen(prefix + [sys.executable, "-m", *self.argv], stdout=self._log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=REPO, env=env)
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        try:
+            return http_client.request("GET", self.health_url, timeout_s=timeout_s)[0] == 200
+        except OSError:
+            return False
+
+    def restart(self, ready_timeout_s: float) -> None:
+        """Stop what is left of the process (its group) and start it again with the same argv."""
+        self._kill_group()
+        self._log.write(f"\n--- restarted by the orchestrator (restart {self.restarts + 1}) ---\n".encode())
+        self._log.flush()
+        self.restarts += 1
+        self.proc = self._spawn()
+        self.wait_ready(ready_timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -90,6 +124,10 @@ class ServiceProcess:
             return ""
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self._kill_group(timeout_s)
+        self._log.close()
+
+    def _kill_group(self, timeout_s: float = 5.0) -> None:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -100,4 +138,14 @@ class ServiceProcess:
                 except ProcessLookupError:
                     pass
                 self.proc.wait(timeout_s)
-        self._log.close()
+
+
+def heal_services(processes: list[ServiceProcess], ready_timeout_s: float) -> list[str]:
+    """Restart every service that died or stopped answering /health; returns what was done."""
+    healed = []
+    for process in processes:
+        if not process.healthy():
+            code = process.proc.poll()
+            process.restart(ready_timeout_s)
+            healed.append(f"restarted {process.name} ({'exit code ' + str(code) if code is not None else 'not answering'})")
+    return healed

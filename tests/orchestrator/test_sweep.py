@@ -92,3 +92,52 @@ def test_analysis_recovers_the_synthetic_truth(tmp_path):
     sync = summary["crossovers"]["sync_vs_ar"]
     assert sync["measured_rtt_ms"] == pytest.approx(sync["predicted_rtt_ms"], rel=0.10)
     assert (out / "latency_vs_rtt.png").stat().st_size > 10_000
+
+
+def test_a_retried_point_keeps_only_the_rows_of_the_attempt_that_succeeded(tmp_path):
+    """retries=1: the first attempt of each point fails after making rows; the heal runs before
+    the retry; done.json lists both attempts; the CSVs hold the second attempt's rows only."""
+    experiment = experiment_from_dict({"name": "retry", "profile": "toy-edge-cloud", "rtt_ms": [0, 10],
+                                       "modes": ["sync"], "retries": 1, "retry_backoff_s": 0.0,
+                                       "backend": {"kind": "synthetic"}})
+    attempts, heals = {}, []
+
+    def flaky(point):
+        attempts[point.key] = attempts.get(point.key, 0) + 1
+        rows = [{"request_index": 0, "attempt": attempts[point.key], "tokens": 1}]
+        if attempts[point.key] == 1:
+            raise ConnectionError("verifier went away")
+        return [], rows
+
+    def heal():
+        heals.append(1)
+        return ["restarted verifier (exit code -9)"]
+
+    done = run_sweep(experiment, tmp_path / "s", flaky, facts={"launcher": "sim"}, heal=heal)
+    assert (done.status == "ok").all() and len(heals) == 2
+    for record in done.itertuples():
+        assert [a["status"] for a in record.attempts] == ["error", "ok"]
+        assert "verifier went away" in record.attempts[0]["error"]
+        assert record.attempts[1]["healed"] == ["restarted verifier (exit code -9)"]
+    requests = pd.read_csv(tmp_path / "s" / "requests.csv")
+    assert list(requests["attempt"]) == [2, 2]
+
+
+def test_resume_redoes_a_point_folder_without_done_json_from_scratch(tmp_path):
+    experiment = experiment_from_dict({"name": "redo", "profile": "toy-edge-cloud", "rtt_ms": [0],
+                                       "modes": ["sync"], "backend": {"kind": "synthetic"}})
+    out = tmp_path / "s"
+    (point,) = plan_points(experiment)
+
+    def ok(p):
+        return [], [{"request_index": 0, "tokens": 1}]
+
+    run_sweep(experiment, out, ok, facts={"launcher": "sim"})
+    folder = out / "points" / point.key
+    (folder / "done.json").unlink()            # as if killed before done.json was written
+    (folder / "requests.csv").write_text("point,request_index,tokens\nstale,0,1\nstale,1,")
+    (folder / "requests.csv.tmp").write_text("half")
+    run_sweep(experiment, out, ok, facts={"launcher": "sim"}, resume=True)
+    requests = pd.read_csv(out / "requests.csv")
+    assert list(requests["point"]) == [point.key]
+    assert not (folder / "requests.csv.tmp").exists()
