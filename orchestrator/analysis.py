@@ -12,6 +12,7 @@ import pandas as pd
 from dsd import latency_model as lm
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
+GROUP_KEYS = ["profile", "alpha"]        # point keys only in sweeps that vary them
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
     "sync_vs_ar": ("sync", "ar"),
     "pipelined_vs_colocated": ("pipelined", "colocated"),
@@ -59,19 +60,28 @@ def fit_params(rounds: pd.DataFrame, fallback: dict) -> tuple[dict, dict]:
     return params, source
 
 
-def point_table(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per point: latency statistics over its requests, measured alpha and throughput."""
+def point_keys(frame: pd.DataFrame) -> list[str]:
+    return [k for k in GROUP_KEYS if k in frame.columns] + POINT_KEYS
+
+
+def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per point: latency statistics over its requests, measured alpha, t_draft, t_verify
+    and RTT (the edge's probe; the link's own measurement where links.csv has one), throughput."""
     rows = []
+    keys = point_keys(requests)
     # One pass over the rounds (there are many more rounds than points).
-    rounds_by_point = dict(iter(rounds.groupby(POINT_KEYS, sort=False))) if len(rounds) else {}
-    for key, group in requests.groupby(POINT_KEYS, sort=True):
-        point = dict(zip(POINT_KEYS, key))
+    rounds_by_point = dict(iter(rounds.groupby(keys, sort=False))) if len(rounds) else {}
+    link_rtt_ms = _link_rtt_ms(links, keys)
+    for key, group in requests.groupby(keys, sort=True):
+        point = dict(zip(keys, key))
         per_token_ms = 1e3 * group["steady_per_token_s"]
         point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
         rows.append({
             **point,
             "requests": len(group),
+            "rtt_configured_ms": point["rtt_ms"],
             "rtt_measured_ms": group["rtt_measured_ms"].median(),
+            "rtt_link_measured_ms": link_rtt_ms.get(key, math.nan),
             "alpha_measured": fit_alpha(point_rounds) if len(point_rounds) else math.nan,
             "tokens_per_round": (point_rounds.loc[~point_rounds["stale"].astype(bool), "emitted"].mean()
                                  if len(point_rounds) else math.nan),
@@ -81,8 +91,66 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
             "ttft_ms_p50": 1e3 * group["ttft_s"].quantile(0.5),
             "throughput_tok_s": group["tokens"].sum() / group["wall_s"].sum() * point["clients"],
             "tok_s_per_client": group["tokens"].sum() / group["wall_s"].sum(),
+            "tok_s_per_client_overlap": overlap_tok_s_per_client(point_rounds),
+            **measured_compute_ms(point_rounds),
         })
     return pd.DataFrame(rows)
+
+
+def _link_rtt_ms(links: pd.DataFrame | None, keys: list[str]) -> dict:
+    """Median over a point's edges of the RTT the launcher measured on the shaped link."""
+    if links is None or links.empty or "rtt_measured_p50_ms" not in links:
+        return {}
+    return links.groupby(keys)["rtt_measured_p50_ms"].median().to_dict()
+
+
+def measured_compute_ms(rounds: pd.DataFrame) -> dict:
+    """A point's compute as its rounds timed it (medians; NaN on the sim launcher, which keeps no
+    clocks): the edge's draft step per token and the server's compute per round, which is
+    t_verify for DSD, t_ar for AR and gamma*t_draft + t_verify for co-located SD."""
+    out = {"t_draft_ms_measured": math.nan, "server_compute_ms_p50": math.nan}
+    if rounds.empty or "server_compute_s" not in rounds:
+        return out
+    live = rounds[~rounds["stale"].astype(bool)]
+    drafted = live[live["t_draft_end_s"].notna() & (live["proposed"] > 0)]
+    if len(drafted):
+        out["t_draft_ms_measured"] = 1e3 * float(
+            ((drafted.t_draft_end_s - drafted.t_draft_start_s) / drafted.proposed).median())
+    if live["server_compute_s"].notna().any():
+        out["server_compute_ms_p50"] = 1e3 * float(live["server_compute_s"].median())
+    return out
+
+
+def overlap_window(receipts: list[np.ndarray]) -> tuple[float, float]:
+    """The time when every client was running: from the last client's first receipt to the
+    first client's last one (empty, end <= start, if they never overlapped)."""
+    return max(float(r[0]) for r in receipts), min(float(r[-1]) for r in receipts)
+
+
+def overlap_counts(receipts: list[np.ndarray], emitted: list[np.ndarray]) -> tuple[float, int, int]:
+    """(window_s, rounds, tokens) received inside the overlap window, all clients together.
+    Saturated, a client's round time is n_clients * window_s / rounds."""
+    start_s, end_s = overlap_window(receipts)
+    rounds = tokens = 0
+    for times, counts in zip(receipts, emitted):
+        inside = (times > start_s) & (times <= end_s)
+        rounds += int(inside.sum())
+        tokens += int(np.asarray(counts)[inside].sum())
+    return max(end_s - start_s, 0.0), rounds, tokens
+
+
+def overlap_tok_s_per_client(rounds: pd.DataFrame) -> float:
+    """Each client's token rate while all of the point's clients ran at once (the capacity
+    measure: a saturated server shares itself between exactly these clients)."""
+    if rounds.empty or "t_receive_s" not in rounds:
+        return math.nan
+    live = rounds[~rounds["stale"].astype(bool) & rounds["t_receive_s"].notna() & (rounds["emitted"] > 0)]
+    clients = [g.sort_values("t_receive_s") for _, g in live.groupby("client_id")]
+    if not clients or any(len(c) < 2 for c in clients):
+        return math.nan
+    window_s, _, tokens = overlap_counts([c["t_receive_s"].to_numpy() for c in clients],
+                                         [c["emitted"].to_numpy() for c in clients])
+    return tokens / (len(clients) * window_s) if window_s > 0 else math.nan
 
 
 def predict_per_token_s(mode: str, rtt_s: float, gamma: int, alpha: float, params: dict) -> float:
@@ -158,3 +226,117 @@ def predicted_crossovers(gamma: int, alpha: float, params: dict) -> dict:
         "pipelined_vs_colocated": {"rtt_ms": 1e3 * lm.pipelined_beats_colocated_rtt_s(
             alpha, gamma, params["t_draft_edge_s"], params["t_draft_server_s"], t_v)},
     }
+
+
+# --- the gain window: where DSD beats cloud AR over (alpha, RTT) -------------------------------
+
+def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
+    """speedup_vs_ar: cloud AR's per-token latency (p50) at the same RTT, clients, repeat and
+    group, over the point's own. > 1: the mode wins."""
+    points = points.copy()
+    keys = [k for k in point_keys(points) if k not in ("mode", "gamma")]
+    ar = points[points["mode"] == "ar"].set_index(keys)["per_token_ms_p50"]
+    ar = ar[~ar.index.duplicated()]
+    reference = [ar.get(tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]], math.nan)
+                 for _, row in points.iterrows()]
+    points["speedup_vs_ar"] = np.asarray(reference, dtype=float) / points["per_token_ms_p50"]
+    return points
+
+
+def pipelined_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
+                             t_ar_s: float) -> float:
+    """The RTT below which pipelined DSD is faster per token than cloud AR (T_pipe is
+    non-decreasing in the RTT); -inf if even rtt = 0 loses."""
+    def t_pipe(rtt_s: float) -> float:
+        return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
+
+    if t_pipe(0.0) > t_ar_s:
+        return -math.inf
+    return lm.bisect_increasing(t_pipe, t_ar_s, 0.0, t_ar_s * lm.expected_tokens_per_round(alpha, gamma))
+
+
+def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, params: dict) -> float:
+    """The gain window's edge: the RTT at which `mode` (sync or pipelined DSD) ties cloud AR."""
+    t_v = params["t_verify_s"][gamma]
+    if mode == "sync":
+        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
+    if mode == "pipelined":
+        return 1e3 * pipelined_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+    raise ValueError(f"the gain window compares sync or pipelined DSD with AR, not {mode!r}")
+
+
+def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, params: dict) -> float:
+    """The other view of the same edge: at this RTT, the alpha at which `mode` ties cloud AR
+    (the boundary RTT rises with alpha). nan if it loses even at alpha = 1."""
+    def boundary(alpha: float) -> float:
+        return predicted_ar_boundary_rtt_ms(mode, alpha, gamma, params)
+
+    if boundary(1.0) < rtt_ms:
+        return math.nan
+    lo, hi = 0.0, 1.0                  # boundary(lo) < rtt_ms <= boundary(hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if boundary(mid) < rtt_ms else (lo, mid)
+    return hi
+
+
+def gain_window_table(points: pd.DataFrame, gamma: int, params_by_profile: dict,
+                      modes: tuple[str, ...] = ("sync", "pipelined")) -> pd.DataFrame:
+    """Per profile, mode and RTT: the alpha at which DSD ties cloud AR, measured (interpolated
+    over the swept alphas, medians over repeats, at the fitted alphas) and predicted."""
+    rows = []
+    for profile, by_profile in points.groupby("profile"):
+        params = params_by_profile[profile]
+        for mode in modes:
+            mine = by_profile[(by_profile["mode"] == mode) & (by_profile.gamma == gamma)]
+            for rtt_ms, at_rtt in mine.groupby("rtt_ms"):
+                per_alpha = at_rtt.groupby("alpha_fitted")["speedup_vs_ar"].median()
+                # crossing_rtt_ms works for any x: where speedup - 1 first turns positive.
+                measured = crossing_rtt_ms(per_alpha.index.values, per_alpha.values - 1.0) \
+                    if len(per_alpha) >= 2 else math.nan
+                rows.append({"profile": profile, "mode": mode, "rtt_ms": rtt_ms,
+                             "alpha_boundary_measured": measured,
+                             "alpha_boundary_predicted": predicted_ar_boundary_alpha(mode, rtt_ms, gamma, params)})
+    return pd.DataFrame(rows)
+
+
+# --- capacity: clients a saturated server sustains at a per-client token rate ------------------
+
+def capacity_at(clients: np.ndarray, per_token_s: np.ndarray, target_s: float) -> float:
+    """The largest client count whose per-client time per token is within target_s, linearly
+    interpolated between measured counts (saturated, time per token grows linearly with the
+    clients, so this is exact there). nan if even the smallest count misses the target; the
+    largest count if it meets it (a lower bound)."""
+    order = np.argsort(clients)
+    n, y = np.asarray(clients, dtype=float)[order], np.asarray(per_token_s, dtype=float)[order]
+    if not len(n) or not y[0] <= target_s:
+        return math.nan
+    for i in range(1, len(n)):
+        if not y[i] <= target_s:
+            return float(n[i - 1] + (n[i] - n[i - 1]) * (target_s - y[i - 1]) / (y[i] - y[i - 1]))
+    return float(n[-1])
+
+
+def capacity_table(points: pd.DataFrame) -> pd.DataFrame:
+    """Per mode and client count: each client's token rate while all ran (median over repeats)."""
+    keys = [k for k in GROUP_KEYS if k in points.columns] + ["mode", "gamma", "rtt_ms", "clients"]
+    return (points.groupby(keys)["tok_s_per_client_overlap"].median()
+            .rename("tok_s_per_client").reset_index())
+
+
+def capacity_ratio(table: pd.DataFrame, dsd_mode: str = "sync", reference: str = "colocated",
+                   rate_tok_s: float | None = None) -> dict:
+    """Clients sustained at one per-client token rate, DSD over co-located SD. The rate defaults
+    to what DSD gives each client at its largest measured count (where the server is most
+    surely saturated), so the DSD count is measured and the co-located one interpolated."""
+    mine, ref = table[table["mode"] == dsd_mode], table[table["mode"] == reference]
+    if mine.empty or ref.empty:
+        return {}
+    if rate_tok_s is None:
+        rate_tok_s = float(mine.loc[mine.clients.idxmax(), "tok_s_per_client"])
+    n_dsd = capacity_at(mine.clients.values, 1 / mine.tok_s_per_client.values, 1 / rate_tok_s)
+    n_ref = capacity_at(ref.clients.values, 1 / ref.tok_s_per_client.values, 1 / rate_tok_s)
+    return {"mode": dsd_mode, "reference": reference, "rate_tok_s_per_client": rate_tok_s,
+            "clients_dsd": n_dsd, "clients_reference": n_ref,
+            "ratio_measured": n_dsd / n_ref if n_ref and math.isfinite(n_ref) else math.nan}

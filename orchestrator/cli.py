@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
 
-from orchestrator.experiment import load_experiment
+from orchestrator.experiment import LAUNCHERS, load_experiment
 from orchestrator.sweep import SweepExists, plan_points
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,12 +69,15 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=False, help="result folder (default results/NAME)")
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    parser.add_argument("--launcher", choices=LAUNCHERS, help="run on this launcher instead of the file's")
 
 
 def _run_sweep(args) -> int:
     from orchestrator.run import run_experiment
 
     experiment = load_experiment(args.experiment)
+    if args.launcher:
+        experiment = dataclasses.replace(experiment, launcher=args.launcher)
     out = args.out or REPO / "results" / experiment.name
     plan = plan_points(experiment)
     if args.dry_run:
@@ -89,13 +93,23 @@ def _analyze(out: Path) -> int:
     from orchestrator.run import analyze_sweep
 
     summary = analyze_sweep(out)
-    for name, values in summary["crossovers"].items():
-        measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
-        print(f"{name}: measured {measured:.1f} ms, predicted {predicted:.1f} ms"
-              if math.isfinite(measured) and math.isfinite(predicted) else
-              f"{name}: measured {measured} ms, predicted {predicted} ms")
-    print(f"results: {out}/points.csv, {out}/summary.json, {out}/latency_vs_rtt.png")
+    for group in summary["groups"]:
+        label = ", ".join(f"{k}={group[k]}" for k in summary["group_keys"])
+        for name, values in group["crossovers"].items():
+            measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
+            print(f"{name}{' (' + label + ')' if label else ''}: "
+                  f"measured {_ms(measured)}, predicted {_ms(predicted)}")
+    for row in summary.get("capacity", []):
+        print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
+              f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")
+    files = ["points.csv", "summary.json", *summary["plots"]]
+    print("results: " + ", ".join(f"{out}/{name}" for name in files))
     return 0
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms" if math.isfinite(value) else ("never wins" if value < 0 else "wins over the whole grid") \
+        if not math.isnan(value) else "not measured"
 
 
 if __name__ == "__main__":

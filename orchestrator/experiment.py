@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
+from dsd.profiles import load_profiles
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -29,7 +30,9 @@ class Experiment:
     batch_window_ms: float = 0.0       # verifier: how long a pass waits to fill its batch
     repeats: int = 1
     seed: int = 0
-    profile: str = ""                  # synthetic backend: hardware profile name (dsd/profiles.toml)
+    # synthetic backend: hardware profile name (dsd/profiles.toml), or a list of them to sweep
+    profile: str | tuple[str, ...] = ""
+    alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
     backend: BackendConfig = field(default_factory=BackendConfig)
 
     def __post_init__(self) -> None:
@@ -52,6 +55,28 @@ class Experiment:
         if self.backend.kind == "synthetic":
             _check(bool(self.profile), "profile", self.profile,
                    "a hardware profile name (the synthetic backend emulates its compute)")
+        synthetic_only = "only with the synthetic backend (a real model pair has its own alpha and speed)"
+        _check(not self.alpha or self.backend.kind == "synthetic", "alpha", self.alpha, synthetic_only)
+        _check(all(isinstance(a, (int, float)) and 0 < a <= 1 for a in self.alpha), "alpha", self.alpha,
+               "a list of numbers in (0, 1]")
+        _check(len(set(self.alpha)) == len(self.alpha), "alpha", self.alpha, "no repeated values")
+        if isinstance(self.profile, tuple):
+            _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
+            _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
+                   self.profile, "a non-empty list of distinct profile names")
+        known = load_profiles()
+        for name in self.profiles():
+            _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
+
+    def profiles(self) -> tuple[str, ...]:
+        return self.profile if isinstance(self.profile, tuple) else (self.profile,)
+
+    def alphas(self) -> tuple[float, ...]:
+        return tuple(float(a) for a in self.alpha) or (self.backend.alpha,)
+
+    def for_group(self, profile: str, alpha: float) -> "Experiment":
+        """The experiment with one profile and one alpha: what one testbed runs."""
+        return replace(self, profile=profile, alpha=(), backend=replace(self.backend, alpha=alpha))
 
 
 def _check(ok: bool, key: str, value, expected: str) -> None:
@@ -80,7 +105,11 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
         raise ValueError(f"{source}: unknown key(s) in [backend]: {unknown}; known: {sorted(backend_known)}")
     if "name" not in data:
         raise ValueError(f"{source}: missing key 'name'")
-    for key in ("modes", "rtt_ms", "gamma", "clients"):
+    if "alpha" in data and "alpha" in backend:
+        raise ValueError(f"{source}: alpha is given twice: as the sweep key 'alpha' and in [backend]; keep one")
+    if isinstance(data.get("profile"), list):
+        data["profile"] = tuple(data["profile"])
+    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)
