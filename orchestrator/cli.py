@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     analyze = sub.add_parser("analyze", help="fit, crossovers and plots from a sweep folder")
     analyze.add_argument("out", type=Path)
 
+    report = sub.add_parser("report", help="one self-contained HTML (or Markdown) report of a sweep folder")
+    report.add_argument("out", type=Path)
+    report.add_argument("--format", choices=("html", "md"), default="html")
+
     build = sub.add_parser("build-pair", help="build the default offline model pair")
     build.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -47,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_sweep(args)
         if args.command == "analyze":
             return _analyze(args.out)
+        if args.command == "report":
+            from orchestrator.report import write_report
+            print(f"report: {write_report(args.out, args.format)}")
+            return 0
         if args.command == "build-pair":
             from dsd import pair_build
             return pair_build.main(args.rest)
@@ -86,7 +94,10 @@ def _run_sweep(args) -> int:
             print(f"  {point.key}")
         return 0
     run_experiment(experiment, out, resume=args.resume)
-    return _analyze(out)
+    _analyze(out)
+    from orchestrator.report import write_report
+    print(f"report: {write_report(out)}")
+    return 0
 
 
 def _analyze(out: Path) -> int:
