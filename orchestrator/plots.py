@@ -104,14 +104,19 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
     return path
 
 
-def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: str) -> Path:
+def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: str, predicted=None) -> Path:
     """Per-client token rate against clients per mode, the rate the capacity is read at, and
-    the measured capacity ratio beside 1 + gamma*t_draft/t_verify."""
+    the measured capacity ratio beside 1 + gamma*t_draft/t_verify; predicted(mode, clients)
+    draws the saturated-server model as dashed lines where it covers the mode."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
     for mode in ["ar", "colocated", "sync", "pipelined"]:
         rows = table[table["mode"] == mode].sort_values("clients")
         if len(rows):
             ax.plot(rows.clients, rows.tok_s_per_client, "o-", color=COLORS[mode], label=LABELS[mode], ms=4)
+            grid = np.linspace(rows.clients.min(), rows.clients.max(), 100)
+            model = [predicted(mode, n) for n in grid] if predicted else [math.nan]
+            if np.isfinite(model).any():
+                ax.plot(grid, model, "--", color=COLORS[mode], lw=1, alpha=0.7)
     notes = []
     for ratio in ratios:
         ax.axhline(ratio["rate_tok_s_per_client"], color=COLORS[ratio["mode"]], ls=":", lw=0.8)
@@ -124,11 +129,13 @@ def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: st
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("tokens/s per client, while all run")
+    fig.text(0.01, 0.01, "dashed: max(own critical path, n x server work per round), fitted alpha and times",
+             fontsize=7, color="0.4")
     ax.set_title(title, fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -145,7 +145,15 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
                 if ratio:
                     summary["capacity"].append({**dict(zip(subset_keys, values)), **ratio, "ratio_predicted":
                                                 1 + g * subset_params["t_draft_server_s"] / subset_params["t_verify_s"][g]})
+        g = groups[0]
+        rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
+
+        def predicted(mode: str, clients: float) -> float:
+            return analysis.predicted_tok_s_per_client(mode, clients, g["alpha_fitted"], gamma, rtt_s,
+                                                       params[g["profile"]])
+
         plots.plot_capacity(table, summary["capacity"], out / "capacity_vs_clients.png",
-                            f"{name}: per-client token rate, saturated server (launcher={launcher})")
+                            f"{name}: per-client token rate, saturated server (launcher={launcher})",
+                            predicted if len(groups) == 1 and points.rtt_ms.nunique() == 1 else None)
         made.append("capacity_vs_clients.png")
     return made
