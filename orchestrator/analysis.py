@@ -108,7 +108,7 @@ def measured_compute_ms(rounds: pd.DataFrame) -> dict:
     """A point's compute as its rounds timed it (medians; NaN on the sim launcher, which keeps no
     clocks): the edge's draft step per token and the server's compute per round, which is
     t_verify for DSD, t_ar for AR and gamma*t_draft + t_verify for co-located SD."""
-    out = {"t_draft_ms_measured": math.nan, "server_compute_ms_p50": math.nan}
+    out = {"t_draft_ms_measured": math.nan, "t_verify_ms_measured": math.nan, "server_compute_ms_p50": math.nan}
     if rounds.empty or "server_compute_s" not in rounds:
         return out
     live = rounds[~rounds["stale"].astype(bool)]
@@ -118,6 +118,8 @@ def measured_compute_ms(rounds: pd.DataFrame) -> dict:
             ((drafted.t_draft_end_s - drafted.t_draft_start_s) / drafted.proposed).median())
     if live["server_compute_s"].notna().any():
         out["server_compute_ms_p50"] = 1e3 * float(live["server_compute_s"].median())
+        if live["mode"].isin(["sync", "pipelined"]).all():
+            out["t_verify_ms_measured"] = out["server_compute_ms_p50"]
     return out
 
 

@@ -18,7 +18,8 @@ import pandas as pd
 
 FORMATS = ("html", "md")
 POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms",
-                 "gamma", "clients", "repeat", "alpha_measured", "t_draft_ms_measured", "server_compute_ms_p50",
+                 "gamma", "clients", "repeat", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
+                 "server_compute_ms_p50",
                  "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_p99", "per_token_ms_predicted",
                  "latency_err_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
                  "tok_s_per_client_overlap"]

@@ -76,3 +76,26 @@ def test_speedups_compare_with_ar_of_the_same_group_rtt_and_repeat():
     ])
     speedups = analysis.add_speedups(points)["speedup_vs_ar"].tolist()
     assert speedups == [1.0, 0.5, 1.0, 2.0]
+
+
+def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
+    keys = {"mode": "sync", "rtt_ms": 20.0, "gamma": 4, "clients": 2, "repeat": 0}
+    requests = pd.DataFrame([{**keys, "client_id": c, "steady_per_token_s": 0.01 * (1 + c), "rtt_measured_ms": 21.0,
+                              "ttft_s": 0.05, "tokens": 40, "wall_s": 0.5} for c in (0, 1)])
+    rounds = pd.DataFrame([{**keys, "client_id": c, "proposed": 4, "accepted": 4 if i % 2 else 1,
+                            "emitted": 5 if i % 2 else 2, "stale": False, "t_draft_start_s": i * 0.1,
+                            "t_draft_end_s": i * 0.1 + 0.016, "t_receive_s": i * 0.1 + 0.05,
+                            "server_compute_s": 0.011} for c in (0, 1) for i in range(6)])
+    links = pd.DataFrame([{**keys, "edge": f"e{i}", "rtt_configured_ms": 20.0, "rtt_measured_p50_ms": m}
+                          for i, m in enumerate((20.2, 20.6))])
+    row = analysis.point_table(requests, rounds, links).iloc[0]
+    for column in ("mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms", "clients", "gamma",
+                   "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured", "per_token_ms_mean",
+                   "per_token_ms_p50", "per_token_ms_p99", "throughput_tok_s", "tok_s_per_client",
+                   "tok_s_per_client_overlap"):
+        assert column in row.index, column
+    assert row.rtt_configured_ms == 20.0 and row.rtt_link_measured_ms == pytest.approx(20.4)
+    assert row.t_draft_ms_measured == pytest.approx(4.0) and row.t_verify_ms_measured == pytest.approx(11.0)
+    assert row.alpha_measured == pytest.approx(15 / (15 + 3))     # 3x4 + 3x1 accepted, 3 rejections per client
+    assert row.per_token_ms_mean == pytest.approx(15.0)
+    assert row.throughput_tok_s == pytest.approx(2 * row.tok_s_per_client) and row.tok_s_per_client == pytest.approx(80.0)
