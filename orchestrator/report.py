@@ -21,7 +21,7 @@ POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_
                  "gamma", "clients", "repeat", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
                  "server_compute_ms_p50",
                  "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_p99", "per_token_ms_predicted",
-                 "latency_err_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
+                 "per_token_ms_predicted_compute_only", "latency_err_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
                  "tok_s_per_client_overlap"]
 HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "platform", "cpus", "python", "torch", "transformers"]
 
@@ -64,8 +64,12 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     ])]
     sections.append(("Parameters: fitted against assumed", [
         ("text", "Assumed: what the sweep ran with (hardware profile, or measured in-process before "
-                 "it). Fitted: medians over the sweep's own round timings where it has them."),
-        ("table", ["parameter", "assumed", "fitted", "source"], _param_rows(summary)),
+                 "it). Compute: the server's and edge's compute alone, fitted from the rounds (what a "
+                 "saturated server's capacity depends on). Client view: compute plus the harness's "
+                 "per-round overhead as the edge sees it, fitted from the receipt times; the "
+                 "predictions use these (on the sim launcher they equal compute)."),
+        ("table", ["parameter", "assumed", "compute", "client view (predictions)", "source of the last"],
+         _param_rows(summary)),
     ]))
     sections.append(("Crossovers: measured against predicted", [
         ("text", "The RTT below which the first mode is faster per token than the second; measured as "
@@ -120,16 +124,20 @@ def _grid_text(experiment: dict) -> str:
 
 def _param_rows(summary: dict) -> list[list[str]]:
     gamma = str(summary["gamma"])
+    compute = summary.get("params_compute", summary["params"])
     rows = []
     for name in ("t_draft_edge_s", "t_draft_server_s", "t_verify_s", "t_ar_s"):
-        assumed, fitted = summary["params_assumed"][name], summary["params"][name]
-        if isinstance(assumed, dict):
-            assumed, fitted = assumed.get(gamma, assumed.get(int(gamma))), fitted.get(gamma, fitted.get(int(gamma)))
+        values = [summary["params_assumed"][name], compute[name], summary["params"][name]]
+        values = [v.get(gamma, v.get(int(gamma))) if isinstance(v, dict) else v for v in values]
         rows.append([name[:-len("_s")] + "_ms" + (f" (gamma={gamma})" if name == "t_verify_s" else ""),
-                     _num(1e3 * assumed, 3), _num(1e3 * fitted, 3), summary["params_source"][name]])
-    rows.append(["alpha", "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
+                     *(_num(1e3 * v, 3) for v in values),
+                     summary["params_source"][name]])
+    rows.append(["alpha", "", "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
                  "per group: " + ", ".join(_num(g["alpha_fitted"], 3) for g in summary["groups"]),
                  "pooled maximum likelihood over live rounds"])
+    for kind, value in summary.get("harness_overhead_ms", {}).items():
+        rows.append([f"harness overhead: {kind.replace('_', ' ')} (ms)", "", "", _num(value, 3),
+                     "client view minus compute, median"])
     return rows
 
 

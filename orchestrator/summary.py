@@ -61,11 +61,16 @@ def analyze_sweep(out: Path) -> dict:
     single_profile = experiment["profile"] if isinstance(experiment["profile"], str) else experiment["profile"][0]
 
     # Compute times are a property of the hardware: fitted once per profile over all its rounds.
-    params, sources, assumed = {}, {}, {}
+    # params: what the predictions use, compute plus the harness's measured per-round overhead
+    # (= compute on the sim launcher); compute: the server's and edge's compute alone, which
+    # is what a saturated server's capacity depends on.
+    params, sources, assumed, compute, compute_sources, overhead = {}, {}, {}, {}, {}, {}
     for profile in sorted(set(requests["profile"])) if "profile" in requests else [single_profile]:
         profile_rounds = rounds[rounds["profile"] == profile] if "profile" in rounds else rounds
         assumed[profile] = assumed_params(sweep, profile)
-        params[profile], sources[profile] = analysis.fit_params(profile_rounds, assumed[profile])
+        compute[profile], compute_sources[profile] = analysis.fit_params(profile_rounds, assumed[profile])
+        params[profile], sources[profile], overhead[profile] = analysis.fit_effective_params(
+            profile_rounds, compute[profile])
 
     tables, groups = [], []
     for values, group_requests in _groups(requests, group_keys):
@@ -76,6 +81,8 @@ def analyze_sweep(out: Path) -> dict:
         alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
         points = analysis.point_table(group_requests, group_rounds, _select(links, group_keys, values))
         points = analysis.add_predictions(points, alpha, params[profile])
+        points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
+            points, alpha, compute[profile])["per_token_ms_predicted"]
         points["alpha_fitted"] = alpha
         if "profile" not in points:
             points.insert(0, "profile", profile)
@@ -88,19 +95,21 @@ def analyze_sweep(out: Path) -> dict:
     points = analysis.add_speedups(pd.concat(tables, ignore_index=True))
     points.to_csv(out / "points.csv", index=False)
 
-    main_params = params[groups[0]["profile"]]
+    main = groups[0]["profile"]
+    main_params, main_compute = params[main], compute[main]
     summary = {"experiment": experiment["name"], "launcher": sweep["launcher"],
                "shaper_backend": sweep["shaper_backend"], "gamma": gamma, "group_keys": group_keys,
                "alpha_fitted": groups[0]["alpha_fitted"] if len(groups) == 1 else math.nan,
-               "params": main_params, "params_source": sources[groups[0]["profile"]],
-               "params_assumed": assumed[groups[0]["profile"]],
+               "params": main_params, "params_source": sources[main],
+               "params_compute": main_compute, "params_compute_source": compute_sources[main],
+               "params_assumed": assumed[main], "harness_overhead_ms": overhead[main],
                # REFERENCE.md claim 4: the server's own draft steps are what DSD takes off it.
-               "capacity_factor_predicted": 1 + gamma * main_params["t_draft_server_s"] / main_params["t_verify_s"][gamma],
+               "capacity_factor_predicted": 1 + gamma * main_compute["t_draft_server_s"] / main_compute["t_verify_s"][gamma],
                "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
                "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
     if len(params) > 1:
         summary["params_by_profile"] = params
-    summary["plots"] = _plots(out, sweep, points, groups, params, gamma, summary)
+    summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
 
@@ -114,8 +123,8 @@ def _crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
             for name, pair in analysis.CROSSOVERS.items() if set(pair) <= modes}
 
 
-def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], params: dict, gamma: int,
-           summary: dict) -> list[str]:
+def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], params: dict, compute: dict,
+           gamma: int, summary: dict) -> list[str]:
     """Whichever plots the sweep's data supports; fills the summary's gain window and capacity."""
     name, launcher, made = sweep["experiment"]["name"], sweep["launcher"], []
     if len(groups) == 1 and points.rtt_ms.nunique() >= 2:
@@ -138,7 +147,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         summary["capacity"] = []
         subset_keys = [k for k in table.columns if k not in ("mode", "clients", "tok_s_per_client")]
         for values, subset in _groups(table, subset_keys):
-            subset_params = params[dict(zip(subset_keys, values)).get("profile", groups[0]["profile"])]
+            subset_params = compute[dict(zip(subset_keys, values)).get("profile", groups[0]["profile"])]
             g = int(dict(zip(subset_keys, values))["gamma"])
             for mode in ("sync", "pipelined"):
                 ratio = analysis.capacity_ratio(subset, mode)
@@ -150,7 +159,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
 
         def predicted(mode: str, clients: float) -> float:
             return analysis.predicted_tok_s_per_client(mode, clients, g["alpha_fitted"], gamma, rtt_s,
-                                                       params[g["profile"]])
+                                                       compute[g["profile"]])
 
         plots.plot_capacity(table, summary["capacity"], out / "capacity_vs_clients.png",
                             f"{name}: per-client token rate, saturated server (launcher={launcher})",

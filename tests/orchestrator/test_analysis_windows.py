@@ -80,10 +80,11 @@ def test_speedups_compare_with_ar_of_the_same_group_rtt_and_repeat():
 
 def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
     keys = {"mode": "sync", "rtt_ms": 20.0, "gamma": 4, "clients": 2, "repeat": 0}
-    requests = pd.DataFrame([{**keys, "client_id": c, "steady_per_token_s": 0.01 * (1 + c), "rtt_measured_ms": 21.0,
+    requests = pd.DataFrame([{**keys, "client_id": c, "request_index": 0, "steady_per_token_s": 0.01 * (1 + c), "rtt_measured_ms": 21.0,
                               "ttft_s": 0.05, "tokens": 40, "wall_s": 0.5} for c in (0, 1)])
-    rounds = pd.DataFrame([{**keys, "client_id": c, "proposed": 4, "accepted": 4 if i % 2 else 1,
-                            "emitted": 5 if i % 2 else 2, "stale": False, "t_draft_start_s": i * 0.1,
+    # The last round is cut short by max_new_tokens (4 accepted, 2 emitted).
+    rounds = pd.DataFrame([{**keys, "client_id": c, "request_index": 0, "round_index": i, "proposed": 4, "accepted": 4 if i % 2 else 1,
+                            "emitted": (2 if i == 5 else 5) if i % 2 else 2, "stale": False, "t_draft_start_s": i * 0.1,
                             "t_draft_end_s": i * 0.1 + 0.016, "t_receive_s": i * 0.1 + 0.05,
                             "server_compute_s": 0.011} for c in (0, 1) for i in range(6)])
     links = pd.DataFrame([{**keys, "edge": f"e{i}", "rtt_configured_ms": 20.0, "rtt_measured_p50_ms": m}
@@ -97,5 +98,6 @@ def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
     assert row.rtt_configured_ms == 20.0 and row.rtt_link_measured_ms == pytest.approx(20.4)
     assert row.t_draft_ms_measured == pytest.approx(4.0) and row.t_verify_ms_measured == pytest.approx(11.0)
     assert row.alpha_measured == pytest.approx(15 / (15 + 3))     # 3x4 + 3x1 accepted, 3 rejections per client
-    assert row.per_token_ms_mean == pytest.approx(15.0)
+    # Steady state: first receipt to the last full round's, over the tokens in between.
+    assert row.per_token_ms_mean == pytest.approx(1e3 * 0.4 / (5 + 2 + 5 + 2))
     assert row.throughput_tok_s == pytest.approx(2 * row.tok_s_per_client) and row.tok_s_per_client == pytest.approx(80.0)
