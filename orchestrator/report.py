@@ -137,7 +137,7 @@ def _param_rows(summary: dict) -> list[list[str]]:
                  "pooled maximum likelihood over live rounds"])
     for kind, value in summary.get("harness_overhead_ms", {}).items():
         rows.append([f"harness overhead: {kind.replace('_', ' ')} (ms)", "", "", _num(value, 3),
-                     "client view minus compute, median"])
+                     "client view minus compute, mean"])
     return rows
 
 

@@ -101,3 +101,28 @@ def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
     # Steady state: first receipt to the last full round's, over the tokens in between.
     assert row.per_token_ms_mean == pytest.approx(1e3 * 0.4 / (5 + 2 + 5 + 2))
     assert row.throughput_tok_s == pytest.approx(2 * row.tok_s_per_client) and row.tok_s_per_client == pytest.approx(80.0)
+
+
+def test_client_view_parameters_add_the_measured_harness_overhead():
+    rows = []
+    for i in range(8):                                   # AR: a token every 11 ms, 10 ms of compute
+        rows.append({"point": "ar", "mode": "ar", "gamma": 4, "rtt_ms": 20.0, "client_id": 0, "request_index": 0,
+                     "round_index": i, "proposed": 0, "accepted": 0, "emitted": 1, "stale": False,
+                     "t_send_s": None, "t_receive_s": 0.011 * i, "t_draft_start_s": None, "t_draft_end_s": None,
+                     "server_queue_s": 0.0, "server_compute_s": 0.010})
+    receive_s = 0.0
+    for i in range(8):          # sync: 4 drafts of 4 ms + 0.8 ms edge work, RTT 20 ms, 10 + 1.5 ms verdict
+        start_s = receive_s + 0.0003
+        send_s = start_s + 0.016 + 0.0005
+        rows.append({"point": "sync", "mode": "sync", "gamma": 4, "rtt_ms": 20.0, "client_id": 0, "request_index": 0,
+                     "round_index": i, "proposed": 4, "accepted": 2, "emitted": 3, "stale": False,
+                     "t_draft_start_s": start_s, "t_draft_end_s": start_s + 0.016, "t_send_s": send_s,
+                     "t_receive_s": send_s + 0.020 + 0.0115, "server_queue_s": 0.0, "server_compute_s": 0.010})
+        receive_s = rows[-1]["t_receive_s"]
+    compute = {"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010, "t_verify_s": {4: 0.010}}
+    params, source, overhead_ms = analysis.fit_effective_params(pd.DataFrame(rows), compute)
+    assert params["t_ar_s"] == pytest.approx(0.011) and overhead_ms["ar_step"] == pytest.approx(1.0)
+    assert params["t_verify_s"][4] == pytest.approx(0.0115) and overhead_ms["dsd_round_server_side"] == pytest.approx(1.5)
+    assert params["t_draft_edge_s"] == pytest.approx(0.0168 / 4) and overhead_ms["dsd_round_edge_side"] == pytest.approx(0.8)
+    assert params["t_draft_server_s"] == 0.002 and "no receipt times" in source["t_draft_server_s"]
+    assert compute["t_verify_s"] == {4: 0.010}           # the compute-only parameters are left alone
