@@ -51,7 +51,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     launcher = choose_launcher(experiment.launcher)
     plan = plan_points(experiment)
     first = group_experiment(experiment, plan[0])
-    draft, target = load_pair(first.backend)
+    pairs = {first.backend: load_pair(first.backend)}       # per alpha, for the sim launcher
+    draft, target = pairs[first.backend]
     costs = {name: costs_for(experiment.for_group(name, first.backend.alpha), draft, target, out)
              for name in experiment.profiles()}
     n_prompts = experiment.warmup_requests + experiment.requests
@@ -70,9 +71,10 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     try:
         if launcher == "sim":
             facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
-            run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts)
+            run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
+                                          pairs=pairs)
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
-        del draft, target          # the services load their own copies
+        del draft, target, pairs   # the services load their own copies
         with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not (out / "points" / p.key / "done.json").exists()),
                                               plan[0]))
@@ -92,15 +94,13 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
         bar.close()
 
 
-@functools.lru_cache(maxsize=16)
-def _pair(backend):
-    return load_pair(backend)
-
-
-def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]]):
-    """One point on the sim launcher with its group's models (alpha) and compute costs (profile)."""
+def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]], pairs: dict):
+    """One point on the sim launcher with its group's models (alpha) and compute costs (profile);
+    pairs caches the (draft, target) of each backend config for this sweep."""
     group = group_experiment(experiment, point)
-    draft, target = _pair(group.backend)
+    if group.backend not in pairs:
+        pairs[group.backend] = load_pair(group.backend)
+    draft, target = pairs[group.backend]
     return run_sim_point(point, draft=draft, target=target, prompts=prompts, warmup=experiment.warmup_requests,
                          max_new_tokens=experiment.max_new_tokens, max_in_flight=experiment.max_in_flight,
                          costs=costs[group.profile])
