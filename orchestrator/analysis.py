@@ -112,7 +112,8 @@ def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dic
         estimates = [(g["since_previous_s"].mean() - params["t_verify_s"].get(int(gamma), 0.0)) / gamma
                      for gamma, g in co.groupby("gamma")]
         params["t_draft_server_s"] = float(max(np.median(estimates), 0.0))
-        source["t_draft_server_s"] = "client view: (mean time between co-located rounds - t_verify) / gamma"
+        source["t_draft_server_s"] = ("client view: (mean time between co-located rounds - t_verify) / gamma; "
+                                      "below compute when t_verify carries DSD's message overhead")
         overhead_ms["colocated_round"] = 1e3 * float((co["since_previous_s"] - co["server_compute_s"]).mean())
     return params, source, overhead_ms
 

@@ -67,6 +67,9 @@ def analyze_sweep(out: Path) -> dict:
     params, sources, assumed, compute, compute_sources, overhead = {}, {}, {}, {}, {}, {}
     for profile in sorted(set(requests["profile"])) if "profile" in requests else [single_profile]:
         profile_rounds = rounds[rounds["profile"] == profile] if "profile" in rounds else rounds
+        if len(profile_rounds) and (profile_rounds["clients"] == 1).any():
+            # One client alone: clients sharing a server add queueing, which is not a parameter.
+            profile_rounds = profile_rounds[profile_rounds["clients"] == 1]
         assumed[profile] = assumed_params(sweep, profile)
         compute[profile], compute_sources[profile] = analysis.fit_params(profile_rounds, assumed[profile])
         params[profile], sources[profile], overhead[profile] = analysis.fit_effective_params(
