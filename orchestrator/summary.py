@@ -132,7 +132,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
     name, launcher, made = sweep["experiment"]["name"], sweep["launcher"], []
     if len(groups) == 1 and points.rtt_ms.nunique() >= 2:
         g = groups[0]
-        plots.plot_latency_vs_rtt(points, gamma, g["alpha_fitted"], params[g["profile"]], g["_measured"],
+        plots.plot_latency_vs_rtt(points[points.clients == points.clients.min()], gamma, g["alpha_fitted"], params[g["profile"]], g["_measured"],
                                   g["_predicted"], out / "latency_vs_rtt.png",
                                   f"{name}: gamma={gamma}, alpha={g['alpha_fitted']:.2f}, launcher={launcher}",
                                   launcher)
