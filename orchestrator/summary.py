@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator import analysis, plots
+from orchestrator import analysis, capacity, plots
 
 
 def read_sweep(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -146,14 +146,14 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
                                f"{name}: where DSD beats cloud AR (gamma={gamma}, launcher={launcher})", launcher)
         made.append("gain_window.png")
     if points.clients.nunique() >= 2:
-        table = analysis.capacity_table(points)
+        table = capacity.capacity_table(points, analysis.GROUP_KEYS)
         summary["capacity"] = []
         subset_keys = [k for k in table.columns if k not in ("mode", "clients", "tok_s_per_client")]
         for values, subset in _groups(table, subset_keys):
             subset_params = compute[dict(zip(subset_keys, values)).get("profile", groups[0]["profile"])]
             g = int(dict(zip(subset_keys, values))["gamma"])
             for mode in ("sync", "pipelined"):
-                ratio = analysis.capacity_ratio(subset, mode)
+                ratio = capacity.capacity_ratio(subset, mode)
                 if ratio:
                     summary["capacity"].append({**dict(zip(subset_keys, values)), **ratio, "ratio_predicted":
                                                 1 + g * subset_params["t_draft_server_s"] / subset_params["t_verify_s"][g]})
@@ -161,7 +161,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 
         def predicted(mode: str, clients: float) -> float:
-            return analysis.predicted_tok_s_per_client(mode, clients, g["alpha_fitted"], gamma, rtt_s,
+            return capacity.predicted_tok_s_per_client(mode, clients, g["alpha_fitted"], gamma, rtt_s,
                                                        compute[g["profile"]])
 
         plots.plot_capacity(table, summary["capacity"], out / "capacity_vs_clients.png",

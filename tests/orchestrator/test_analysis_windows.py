@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from dsd import latency_model as lm
-from orchestrator import analysis
+from orchestrator import analysis, capacity
 
 TOY = {"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010, "t_verify_s": {4: 0.010}}
 
@@ -14,7 +14,7 @@ TOY = {"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010, "t_v
 def test_overlap_window_counts_only_what_arrived_while_every_client_ran():
     receipts = [np.array([0.0, 1.0, 2.0, 3.0, 4.0]), np.array([1.5, 2.5, 3.5, 5.0])]
     emitted = [np.array([1, 2, 3, 4, 5]), np.array([10, 20, 30, 40])]
-    window_s, rounds, tokens = analysis.overlap_counts(receipts, emitted)
+    window_s, rounds, tokens = capacity.overlap_counts(receipts, emitted)
     # Window (1.5, 4.0]: client 0 rounds at 2, 3, 4; client 1 at 2.5, 3.5 (1.5 itself opens it).
     assert window_s == pytest.approx(2.5)
     assert (rounds, tokens) == (5, 3 + 4 + 5 + 20 + 30)
@@ -23,7 +23,7 @@ def test_overlap_window_counts_only_what_arrived_while_every_client_ran():
 def test_overlap_rate_per_client_from_round_rows():
     rows = [{"client_id": c, "t_receive_s": 0.1 * i + 0.05 * c, "emitted": 3, "stale": False}
             for c in (0, 1) for i in range(11)]
-    rate = analysis.overlap_tok_s_per_client(pd.DataFrame(rows))
+    rate = capacity.overlap_tok_s_per_client(pd.DataFrame(rows))
     # Each client gets 3 tokens every 0.1 s.
     assert rate == pytest.approx(30.0, rel=0.06)
 
@@ -31,9 +31,9 @@ def test_overlap_rate_per_client_from_round_rows():
 def test_capacity_at_interpolates_the_largest_sustained_count():
     clients = np.array([1, 2, 4, 8])
     per_token_s = 0.018 * clients                 # saturated co-located SD: linear in the clients
-    assert analysis.capacity_at(clients, per_token_s, 0.08) == pytest.approx(0.08 / 0.018)
-    assert analysis.capacity_at(clients, per_token_s, 1.0) == 8            # every count meets it
-    assert math.isnan(analysis.capacity_at(clients, per_token_s, 0.001))   # none does
+    assert capacity.capacity_at(clients, per_token_s, 0.08) == pytest.approx(0.08 / 0.018)
+    assert capacity.capacity_at(clients, per_token_s, 1.0) == 8            # every count meets it
+    assert math.isnan(capacity.capacity_at(clients, per_token_s, 0.001))   # none does
 
 
 def test_capacity_ratio_of_saturated_curves_is_one_plus_gamma_td_over_tv():
@@ -43,7 +43,7 @@ def test_capacity_ratio_of_saturated_curves_is_one_plus_gamma_td_over_tv():
     for n in (1, 2, 4, 6, 8):
         rows.append({"mode": "colocated", "clients": n, "tok_s_per_client": e / (n * (gamma * t_d + t_v))})
         rows.append({"mode": "sync", "clients": n, "tok_s_per_client": e / max(0.036, n * t_v)})
-    ratio = analysis.capacity_ratio(pd.DataFrame(rows), "sync")
+    ratio = capacity.capacity_ratio(pd.DataFrame(rows), "sync")
     assert ratio["clients_dsd"] == 8
     assert ratio["ratio_measured"] == pytest.approx(lm.capacity_factor(gamma, t_d, t_v))
 
