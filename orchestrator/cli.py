@@ -94,10 +94,7 @@ def _run_sweep(args) -> int:
             print(f"  {point.key}")
         return 0
     run_experiment(experiment, out, resume=args.resume)
-    _analyze(out)
-    from orchestrator.report import write_report
-    print(f"report: {write_report(out)}")
-    return 0
+    return _analyze(out)
 
 
 def _analyze(out: Path) -> int:
@@ -115,6 +112,8 @@ def _analyze(out: Path) -> int:
               f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")
     files = ["points.csv", "summary.json", *summary["plots"]]
     print("results: " + ", ".join(f"{out}/{name}" for name in files))
+    from orchestrator.report import write_report
+    print(f"report: {write_report(out)}")      # rewritten, so it never shows an older analysis
     return 0
 
 
