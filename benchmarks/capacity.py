@@ -25,7 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+
 from dsd.latency_model import capacity_factor  # noqa: E402
+from orchestrator.capacity import overlap_counts  # noqa: E402
 from services.launch import Service, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 
 GAMMA, ALPHA = 4, 0.8
@@ -60,17 +63,16 @@ class Prober:
         failed = [s for s in summaries.values() if s["status"] != "done"]
         if failed:
             raise RuntimeError(f"runs failed: {failed[:3]}")
-        receipts, emitted = [], 0
+        receipts, emitted = [], []
         for run_id in summaries:
             rows = [r for r in read_csv(self.edge, run_id, "rounds.csv") if r["stale"] == "0"]
-            receipts.append([float(r["t_receive_s"]) for r in rows])
-            emitted += sum(int(r["emitted"]) for r in rows)
-        self.tokens_per_round.append(emitted / sum(len(r) for r in receipts))
-        start_s, end_s = max(r[0] for r in receipts), min(r[-1] for r in receipts)
-        rounds = sum(sum(start_s < t <= end_s for t in r) for r in receipts)
+            receipts.append(np.array([float(r["t_receive_s"]) for r in rows]))
+            emitted.append(np.array([int(r["emitted"]) for r in rows]))
+        self.tokens_per_round.append(sum(e.sum() for e in emitted) / sum(len(r) for r in receipts))
+        window_s, rounds, _ = overlap_counts(receipts, emitted)
         if rounds < 2 * n_clients:
             raise RuntimeError(f"{n_clients} clients overlapped for only {rounds} rounds: raise --tokens")
-        return n_clients * (end_s - start_s) / rounds
+        return n_clients * window_s / rounds
 
     def sustained(self, mode: str, n_clients: int) -> bool:
         if (mode, n_clients) not in self.round_s:

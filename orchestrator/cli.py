@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
 
-from orchestrator.experiment import load_experiment
+from orchestrator.experiment import LAUNCHERS, load_experiment
 from orchestrator.leftovers import LeftoversFound
 from orchestrator.sweep import SweepExists, plan_points
 
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     analyze = sub.add_parser("analyze", help="fit, crossovers and plots from a sweep folder")
     analyze.add_argument("out", type=Path)
 
+    report = sub.add_parser("report", help="one self-contained HTML (or Markdown) report of a sweep folder")
+    report.add_argument("out", type=Path)
+    report.add_argument("--format", choices=("html", "md"), default="html")
+
     build = sub.add_parser("build-pair", help="build the default offline model pair")
     build.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -59,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_sweep(args)
         if args.command == "analyze":
             return _analyze(args.out)
+        if args.command == "report":
+            from orchestrator.report import write_report
+            print(f"report: {write_report(args.out, args.format)}")
+            return 0
         if args.command == "build-pair":
             from dsd import pair_build
             return pair_build.main(args.rest)
@@ -81,6 +90,7 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=False, help="result folder (default results/NAME)")
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    parser.add_argument("--launcher", choices=LAUNCHERS, help="run on this launcher instead of the file's")
 
 
 def _run_sweep(args) -> int:
@@ -89,6 +99,8 @@ def _run_sweep(args) -> int:
     if not Path(args.experiment).is_file():
         raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
     experiment = load_experiment(args.experiment)
+    if args.launcher:
+        experiment = dataclasses.replace(experiment, launcher=args.launcher)
     out = args.out or REPO / "results" / experiment.name
     plan = plan_points(experiment)
     if args.dry_run:
@@ -104,13 +116,25 @@ def _analyze(out: Path) -> int:
     from orchestrator.run import analyze_sweep
 
     summary = analyze_sweep(out)
-    for name, values in summary["crossovers"].items():
-        measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
-        print(f"{name}: measured {measured:.1f} ms, predicted {predicted:.1f} ms"
-              if math.isfinite(measured) and math.isfinite(predicted) else
-              f"{name}: measured {measured} ms, predicted {predicted} ms")
-    print(f"results: {out}/points.csv, {out}/summary.json, {out}/latency_vs_rtt.png")
+    for group in summary["groups"]:
+        label = ", ".join(f"{k}={group[k]}" for k in summary["group_keys"])
+        for name, values in group["crossovers"].items():
+            measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
+            print(f"{name}{' (' + label + ')' if label else ''}: "
+                  f"measured {_ms(measured)}, predicted {_ms(predicted)}")
+    for row in summary.get("capacity", []):
+        print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
+              f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")
+    files = ["points.csv", "summary.json", *summary["plots"]]
+    print("results: " + ", ".join(f"{out}/{name}" for name in files))
+    from orchestrator.report import write_report
+    print(f"report: {write_report(out)}")      # rewritten, so it never shows an older analysis
     return 0
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms" if math.isfinite(value) else ("never wins" if value < 0 else "wins over the whole grid") \
+        if not math.isnan(value) else "not measured"
 
 
 if __name__ == "__main__":

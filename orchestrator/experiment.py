@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
@@ -34,7 +34,9 @@ class Experiment:
     seed: int = 0
     retries: int = 1                   # a failed point is run again this often, after healing the testbed
     retry_backoff_s: float = 2.0       # wait before a retry (times the attempt number)
-    profile: str = ""                  # synthetic backend: hardware profile name (dsd/profiles.toml)
+    # synthetic backend: hardware profile name (dsd/profiles.toml), or a list of them to sweep
+    profile: str | tuple[str, ...] = ""
+    alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
     backend: BackendConfig = field(default_factory=BackendConfig)
 
     def __post_init__(self) -> None:
@@ -61,9 +63,6 @@ class Experiment:
         if self.backend.kind == "synthetic":
             _check(bool(self.profile), "profile", self.profile,
                    "a hardware profile name (the synthetic backend emulates its compute)")
-        if self.profile:
-            _check(self.profile in load_profiles(), "profile", self.profile,
-                   f"a profile of dsd/profiles.toml {sorted(load_profiles())}")
         if self.backend.kind == "hf" and not self.backend.target_path:
             pair = Path(self.backend.pair_path).expanduser()
             _check((pair / "manifest.json").is_file(), "backend.pair_path", self.backend.pair_path,
@@ -72,6 +71,28 @@ class Experiment:
             for key in ("target_path", "draft_path"):
                 value = getattr(self.backend, key)
                 _check(Path(value).expanduser().is_dir(), f"backend.{key}", value, "an existing model folder")
+        synthetic_only = "only with the synthetic backend (a real model pair has its own alpha and speed)"
+        _check(not self.alpha or self.backend.kind == "synthetic", "alpha", self.alpha, synthetic_only)
+        _check(all(_is_number(a) and 0 < a <= 1 for a in self.alpha), "alpha", self.alpha,
+               "a list of numbers in (0, 1]")
+        _check(len(set(self.alpha)) == len(self.alpha), "alpha", self.alpha, "no repeated values")
+        if isinstance(self.profile, tuple):
+            _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
+            _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
+                   self.profile, "a non-empty list of distinct profile names")
+        known = load_profiles()
+        for name in self.profiles():
+            _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
+
+    def profiles(self) -> tuple[str, ...]:
+        return self.profile if isinstance(self.profile, tuple) else (self.profile,)
+
+    def alphas(self) -> tuple[float, ...]:
+        return tuple(float(a) for a in self.alpha) or (self.backend.alpha,)
+
+    def for_group(self, profile: str, alpha: float) -> "Experiment":
+        """The experiment with one profile and one alpha: what one testbed runs."""
+        return replace(self, profile=profile, alpha=(), backend=replace(self.backend, alpha=alpha))
 
 
 def _is_int(value) -> bool:
@@ -108,7 +129,11 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
         raise ValueError(f"{source}: unknown key(s) in [backend]: {unknown}; known: {sorted(backend_known)}")
     if "name" not in data:
         raise ValueError(f"{source}: missing key 'name'")
-    for key in ("modes", "rtt_ms", "gamma", "clients"):
+    if "alpha" in data and "alpha" in backend:
+        raise ValueError(f"{source}: alpha is given twice: as the sweep key 'alpha' and in [backend]; keep one")
+    if isinstance(data.get("profile"), list):
+        data["profile"] = tuple(data["profile"])
+    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)

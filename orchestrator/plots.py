@@ -1,4 +1,4 @@
-"""Plots (PNG): per-token latency vs RTT per mode, measured points over predicted lines."""
+"""Plots (PNG): latency vs RTT per mode, the gain window over (alpha, RTT), capacity vs clients."""
 from __future__ import annotations
 
 import math
@@ -51,6 +51,91 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
     ax.legend(fontsize=8, loc="upper left")
     fig.text(0.01, 0.01, f"points: {kind} (median, range over repeats); lines: closed form with fitted "
              "alpha, t_d, t_v; dashed: crossing found in the data, dotted: predicted", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile: dict, gamma: int,
+                     modes: tuple[str, ...], path: Path, title: str, launcher: str) -> Path:
+    """Over (alpha, RTT): each point a win (DSD faster than cloud AR) or a loss, over the
+    predicted boundary RTT(alpha) where DSD ties AR; one panel per DSD mode."""
+    from orchestrator.analysis import predicted_ar_boundary_rtt_ms
+
+    kind = "simulated" if launcher == "sim" else "measured"
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.6), dpi=120, squeeze=False)
+    params = params_by_profile[groups[0]["profile"]]
+    alpha_grid = np.linspace(0.02, 1.0, 300)
+    rtt_top = max(points.rtt_ms.max(), 1.0) * 1.1
+    for ax, mode in zip(axes[0], modes):
+        boundary = np.array([predicted_ar_boundary_rtt_ms(mode, a, gamma, params) for a in alpha_grid])
+        shown = np.where(np.isfinite(boundary), boundary, np.nan)
+        ax.plot(alpha_grid, shown, "-", color=COLORS[mode], lw=1.5, label="predicted boundary (DSD = AR)")
+        ax.fill_between(alpha_grid, 0, np.clip(np.nan_to_num(shown, nan=0.0), 0, rtt_top),
+                        color=COLORS[mode], alpha=0.08)
+        mine = points[(points["mode"] == mode) & (points.gamma == gamma)]
+        cells = mine.groupby(["alpha_fitted", "rtt_ms"])["speedup_vs_ar"].median().reset_index()
+        win, lose = cells[cells.speedup_vs_ar > 1], cells[~(cells.speedup_vs_ar > 1)]
+        ax.scatter(win.alpha_fitted, win.rtt_ms, marker="o", color="tab:green", s=28, zorder=3,
+                   label=f"DSD faster ({kind})")
+        ax.scatter(lose.alpha_fitted, lose.rtt_ms, marker="x", color="tab:red", s=28, zorder=3,
+                   label=f"cloud AR faster ({kind})")
+        crossing = [(g["alpha_fitted"], g["_measured"].get("sync_vs_ar", {}).get("rtt_ms", math.nan))
+                    for g in groups] if mode == "sync" else []
+        crossing = [(a, r) for a, r in crossing if math.isfinite(r)]
+        if crossing:
+            ax.plot(*zip(*sorted(crossing)), "D--", color="k", ms=4, lw=0.8,
+                    label="crossing found in the data, per alpha")
+        ax.set_xlim(0, 1.0)
+        ax.set_ylim(0, rtt_top)
+        ax.set_xlabel("alpha (fitted per group)")
+        ax.set_ylabel("round-trip time (ms)")
+        ax.set_title(f"{LABELS[mode]} vs cloud AR", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.text(0.01, 0.01, f"t_ar={1e3 * params['t_ar_s']:.2f} ms, t_verify={1e3 * params['t_verify_s'][gamma]:.2f} ms, "
+             f"t_draft,edge={1e3 * params['t_draft_edge_s']:.2f} ms (client view: compute + measured harness "
+             "overhead); shaded: DSD predicted to win; "
+             "points: median speedup over repeats", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: str, predicted=None) -> Path:
+    """Per-client token rate against clients per mode, the rate the capacity is read at, and
+    the measured capacity ratio beside 1 + gamma*t_draft/t_verify; predicted(mode, clients)
+    draws the saturated-server model as dashed lines where it covers the mode."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    for mode in ["ar", "colocated", "sync", "pipelined"]:
+        rows = table[table["mode"] == mode].sort_values("clients")
+        if len(rows):
+            ax.plot(rows.clients, rows.tok_s_per_client, "o-", color=COLORS[mode], label=LABELS[mode], ms=4)
+            grid = np.linspace(rows.clients.min(), rows.clients.max(), 100)
+            model = [predicted(mode, n) for n in grid] if predicted else [math.nan]
+            if np.isfinite(model).any():
+                ax.plot(grid, model, "--", color=COLORS[mode], lw=1, alpha=0.7)
+    notes = []
+    for ratio in ratios:
+        ax.axhline(ratio["rate_tok_s_per_client"], color=COLORS[ratio["mode"]], ls=":", lw=0.8)
+        notes.append(f"{LABELS[ratio['mode']]} / {LABELS[ratio['reference']]} at "
+                     f"{ratio['rate_tok_s_per_client']:.1f} tok/s per client: {ratio['clients_dsd']:.2f} / "
+                     f"{ratio['clients_reference']:.2f} clients = {ratio['ratio_measured']:.2f} "
+                     f"(predicted {ratio['ratio_predicted']:.2f})")
+    if notes:
+        ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=7,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("tokens/s per client, while all run")
+    fig.text(0.01, 0.01, "dashed: max(own critical path, n x server work per round), fitted alpha and times",
+             fontsize=7, color="0.4")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path)
     plt.close(fig)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shutil
 import sys
@@ -17,13 +16,14 @@ from tqdm import tqdm
 from dsd.backends.factory import load_pair
 from dsd.profiles import get_profile
 from dsd.timing import measure_times
-from orchestrator import analysis, leftovers, plots
+from orchestrator import leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
 from orchestrator.net_point import run_net_point
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
-from orchestrator.sweep import check_out_dir, host_facts, plan_points, run_sweep
+from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
+from orchestrator.sweep import check_out_dir, group_experiment, host_facts, plan_points, run_sweep
 from orchestrator.workload import make_prompts
 
 
@@ -32,7 +32,8 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
     otherwise measured here and now."""
     sidecar = out / "sweep.json"
     if sidecar.exists():
-        recorded = json.loads(sidecar.read_text()).get("costs")
+        data = json.loads(sidecar.read_text())
+        recorded = data.get("costs_by_profile", {}).get(experiment.profile) or data.get("costs")
         if recorded:
             recorded["t_verify_s"] = {int(k): v for k, v in recorded["t_verify_s"].items()}
             return Costs(**recorded)
@@ -52,40 +53,95 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     launcher = choose_launcher(experiment.launcher)
     if launcher in ("netns", "compose"):
         leftovers.refuse_if_any()
-    draft, target = load_pair(experiment.backend)
-    costs = costs_for(experiment, draft, target, out)
+    plan = plan_points(experiment)
+    first = group_experiment(experiment, plan[0])
+    pairs = {first.backend: load_pair(first.backend)}       # per alpha, for the sim launcher
+    draft, target = pairs[first.backend]
+    costs = {name: costs_for(experiment.for_group(name, first.backend.alpha), draft, target, out)
+             for name in experiment.profiles()}
     n_prompts = experiment.warmup_requests + experiment.requests
     prompts = make_prompts(experiment.backend, n_prompts, experiment.prompt_tokens, experiment.seed)
-    bar = tqdm(total=len(plan_points(experiment)), desc=experiment.name, unit="point", file=sys.stderr)
+    bar = tqdm(total=len(plan), desc=experiment.name, unit="point", file=sys.stderr)
 
     def progress(done: int, total: int, point, status: str) -> None:
         bar.update(1)
         bar.set_postfix_str(f"{point.key}: {status}"[:60])
 
-    common = {"costs": asdict(costs), "launcher": launcher,
-              "costs_source": "profile " + experiment.profile if experiment.backend.kind == "synthetic"
+    common = {"costs": asdict(costs[first.profile]), "launcher": launcher,
+              "costs_source": "profile " + first.profile if experiment.backend.kind == "synthetic"
               else "measured here (dsd.timing)"}
+    if len(costs) > 1:
+        common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
     try:
         if launcher == "sim":
             facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
-            run_point = functools.partial(run_sim_point, draft=draft, target=target, prompts=prompts,
-                                          warmup=experiment.warmup_requests,
-                                          max_new_tokens=experiment.max_new_tokens,
-                                          max_in_flight=experiment.max_in_flight, costs=costs)
+            run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
+                                          pairs=pairs)
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
-        del draft, target          # the services load their own copies
-        with open_testbed(launcher, experiment, out / "services") as testbed:
+        del draft, target, pairs   # the services load their own copies
+        with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
+            testbed = testbeds.for_point(next((p for p in plan if not (out / "points" / p.key / "done.json").exists()),
+                                              plan[0]))
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
                      "shaper_reason": getattr(testbed, "shaper_reason", "")}
-            run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
+            net_point = functools.partial(run_net_point, prompts=prompts,
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight, seed=experiment.seed,
                                           run_prefix=time.strftime("%Y%m%dT%H%M%S"))
+
+            def run_point(point):
+                return net_point(point, testbed=testbeds.for_point(point))
+
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
-                             heal=testbed.heal)
+                             heal=testbeds.heal)
     finally:
         bar.close()
+
+
+def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]], pairs: dict):
+    """One point on the sim launcher with its group's models (alpha) and compute costs (profile);
+    pairs caches the (draft, target) of each backend config for this sweep."""
+    group = group_experiment(experiment, point)
+    if group.backend not in pairs:
+        pairs[group.backend] = load_pair(group.backend)
+    draft, target = pairs[group.backend]
+    return run_sim_point(point, draft=draft, target=target, prompts=prompts, warmup=experiment.warmup_requests,
+                         max_new_tokens=experiment.max_new_tokens, max_in_flight=experiment.max_in_flight,
+                         costs=costs[group.profile])
+
+
+class GroupTestbeds:
+    """One testbed at a time, for the (profile, alpha) group of the point being run. The plan
+    runs each group's points together, so each group starts its services once."""
+
+    def __init__(self, launcher: str, experiment: Experiment, work_dir: Path) -> None:
+        self.launcher, self.experiment, self.work_dir = launcher, experiment, Path(work_dir)
+        self.group: Experiment | None = None
+        self.testbed = None
+
+    def for_point(self, point):
+        group = group_experiment(self.experiment, point)
+        if group != self.group:
+            self.close()
+            self.testbed = open_testbed(self.launcher, group, self.work_dir / point.group)
+            self.group = group
+        return self.testbed
+
+    def heal(self) -> list[str]:
+        """Before a retry: heal the testbed of the group that is running (see Testbed.heal)."""
+        return self.testbed.heal() if self.testbed is not None else []
+
+    def close(self) -> None:
+        if self.testbed is not None:
+            self.testbed.close()
+        self.testbed, self.group = None, None
+
+    def __enter__(self) -> "GroupTestbeds":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def choose_launcher(requested: str) -> str:
@@ -114,39 +170,3 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
         from orchestrator.launchers.compose import ComposeTestbed
         return ComposeTestbed(config)
     raise ValueError(f"unknown launcher {launcher!r}")
-
-
-def analyze_sweep(out: Path) -> dict:
-    out = Path(out)
-    sweep = json.loads((out / "sweep.json").read_text())
-    requests = pd.read_csv(out / "requests.csv")
-    rounds = pd.read_csv(out / "rounds.csv") if (out / "rounds.csv").stat().st_size else pd.DataFrame()
-    if requests.empty:
-        raise ValueError(f"{out}: no finished requests to analyze")
-    costs = sweep["costs"]
-    assumed = {"t_draft_edge_s": costs["t_draft_edge_s"], "t_draft_server_s": costs["t_draft_server_s"],
-               "t_ar_s": costs["t_ar_s"], "t_verify_s": {int(k): v for k, v in costs["t_verify_s"].items()}}
-    params, params_source = analysis.fit_params(rounds, assumed)
-    spec_rounds = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
-    alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
-    points = analysis.add_predictions(analysis.point_table(requests, rounds), alpha, params)
-    points.to_csv(out / "points.csv", index=False)
-    gamma = int(sweep["experiment"]["gamma"][0])
-    measured = analysis.measured_crossovers(points, gamma)
-    predicted = analysis.predicted_crossovers(gamma, alpha, params)
-    crossovers = {name: {"measured_rtt_ms": measured.get(name, {}).get("rtt_ms", math.nan),
-                         "measured_rtt_ms_min": measured.get(name, {}).get("rtt_ms_min", math.nan),
-                         "measured_rtt_ms_max": measured.get(name, {}).get("rtt_ms_max", math.nan),
-                         "predicted_rtt_ms": predicted[name]["rtt_ms"]}
-                  for name in analysis.CROSSOVERS}
-    summary = {"alpha_fitted": alpha, "params": params, "params_source": params_source,
-               "params_assumed": assumed, "gamma": gamma,
-               "capacity_factor_predicted": 1 + gamma * params["t_draft_edge_s"] / params["t_verify_s"][gamma],
-               "crossovers": crossovers, "launcher": sweep["launcher"],
-               "shaper_backend": sweep["shaper_backend"]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    plots.plot_latency_vs_rtt(points, gamma, alpha, params, measured, predicted,
-                              out / "latency_vs_rtt.png",
-                              f"{sweep['experiment']['name']}: gamma={gamma}, alpha={alpha:.2f}, "
-                              f"launcher={sweep['launcher']}", sweep["launcher"])
-    return summary

@@ -38,23 +38,50 @@ class Point:
     gamma: int
     clients: int
     repeat: int
+    # Set only when the experiment sweeps them: the keys (folders) of experiments that do not
+    # stay what they were, so their sweep folders still resume.
+    alpha: float | None = None
+    profile: str | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}_r{self.repeat}"
+        group = f"_{self.group}" if self.group else ""
+        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}{group}_r{self.repeat}"
+
+    @property
+    def group(self) -> str:
+        """The (profile, alpha) group as a name, "" when the sweep varies neither."""
+        return "_".join(([f"a{self.alpha:g}"] if self.alpha is not None else []) +
+                        ([f"p{self.profile}"] if self.profile is not None else []))
+
+    def columns(self) -> dict:
+        """The point's fields as trace columns, without the dimensions the sweep does not vary."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def plan_points(experiment: Experiment) -> list[Point]:
     points = []
-    # Repeats outermost: a slow drift of the machine then touches every repeat differently
-    # instead of biasing one RTT; modes innermost, so modes compared at one RTT run together.
-    for repeat, rtt_ms, gamma, clients, mode in itertools.product(
-            range(experiment.repeats), experiment.rtt_ms, experiment.gamma, experiment.clients,
-            experiment.modes):
-        if mode == "ar" and gamma != experiment.gamma[0]:
-            continue                       # AR does not depend on gamma: run it once
-        points.append(Point(mode, float(rtt_ms), gamma, clients, repeat))
+    profiles, alphas = experiment.profiles(), experiment.alphas()
+    vary_profile, vary_alpha = len(profiles) > 1, len(alphas) > 1
+    # (profile, alpha) groups outermost: on a network launcher each group needs its own services,
+    # so a group's points run together on one testbed, then the next group's.
+    # Repeats next: a slow drift of the machine then touches every repeat differently instead of
+    # biasing one RTT; modes innermost, so modes compared at one RTT run together.
+    for profile, alpha in itertools.product(profiles, alphas):
+        group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
+        for repeat, rtt_ms, gamma, clients, mode in itertools.product(
+                range(experiment.repeats), experiment.rtt_ms, experiment.gamma, experiment.clients,
+                experiment.modes):
+            if mode == "ar" and gamma != experiment.gamma[0]:
+                continue                       # AR does not depend on gamma: run it once
+            points.append(Point(mode, float(rtt_ms), gamma, clients, repeat, **group))
     return points
+
+
+def group_experiment(experiment: Experiment, point: Point) -> Experiment:
+    """The single-profile, single-alpha experiment that runs this point."""
+    return experiment.for_group(point.profile if point.profile is not None else experiment.profiles()[0],
+                                point.alpha if point.alpha is not None else experiment.alphas()[0])
 
 
 class SweepExists(Exception):
@@ -73,7 +100,7 @@ def check_out_dir(out_dir: Path, experiment: Experiment, resume: bool) -> bool:
         raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
                           "or choose another --out")
     recorded = json.loads(sidecar.read_text())["experiment"]
-    if recorded != _jsonable(asdict(experiment)):
+    if recorded != experiment_record(experiment):
         raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
                           "resume needs the same experiment file")
     return True
@@ -83,7 +110,7 @@ def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: 
     if check_out_dir(out_dir, experiment, resume):
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_dir / "sweep.json", json.dumps({"experiment": _jsonable(asdict(experiment)), **facts}, indent=2))
+    _write_atomic(out_dir / "sweep.json", json.dumps({"experiment": experiment_record(experiment), **facts}, indent=2))
 
 
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
@@ -105,7 +132,7 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
         _write_csv(folder / "rounds.csv", result[0], point)
         _write_csv(folder / "requests.csv", result[1], point)
         _write_csv(folder / "links.csv", result[2], point)
-        _write_atomic(folder / "done.json", json.dumps({**asdict(point), "key": point.key, **done}, default=str))
+        _write_atomic(folder / "done.json", json.dumps({**point.columns(), "key": point.key, **done}, default=str))
         if progress:
             progress(index + 1, len(plan), point, done["status"] if not done["error"] else f"error: {done['error']}")
     return merge(out_dir)
@@ -182,7 +209,7 @@ def merge(out_dir: Path) -> pd.DataFrame:
 def _write_csv(path: Path, rows: list[dict], point: Point) -> None:
     frame = pd.DataFrame(rows)
     if not frame.empty:
-        for column, value in reversed(list(asdict(point).items())):
+        for column, value in reversed(list(point.columns().items())):
             if column not in frame:
                 frame.insert(0, column, value)
         frame.insert(0, "point", point.key)
@@ -194,6 +221,17 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def experiment_record(experiment: Experiment) -> dict:
+    """The experiment as sweep.json records it. A key added later is left out while it has its
+    default, so folders written before it existed still resume."""
+    record = _jsonable(asdict(experiment))
+    defaults = Experiment(name=experiment.name, profile=experiment.profile)
+    for key in ("alpha", "retries", "retry_backoff_s"):
+        if getattr(experiment, key) == getattr(defaults, key):
+            del record[key]
+    return record
 
 
 def _jsonable(value):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, then run the default crossover experiment; results land in results/crossover/.
+# Set up, then run the default crossover experiment; results land in results/crossover/:
+# the CSVs, summary.json, the plots and report.html (the analysis writes the report last).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -6,7 +6,7 @@ BASE = {"name": "t", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic
 
 
 def test_shipped_experiment_files_are_valid():
-    for name in ("crossover", "crossover-synthetic"):
+    for name in ("crossover", "crossover-synthetic", "gain-window", "capacity"):
         experiment = load_experiment(f"experiments/{name}.toml")
         assert experiment.name == name
 
@@ -23,6 +23,16 @@ def test_shipped_experiment_files_are_valid():
     ({"backend": {"kind": "synthetic", "alpha": 1.5}}, "alpha"),
     ({"backend": {"kind": "onnx"}}, "backend kind"),
     ({"profile": ""}, "'profile'"),
+    ({"profile": "no-such-profile"}, "'profile'.*no-such-profile"),
+    ({"profile": ["toy-edge-cloud", "no-such-profile"]}, "'profile'.*no-such-profile"),
+    ({"profile": ["toy-edge-cloud", "toy-edge-cloud"]}, "'profile'.*distinct"),
+    ({"alpha": [0.5, 0.0]}, r"'alpha'.*\(0, 1\]"),
+    ({"alpha": [1.01]}, r"'alpha'.*\(0, 1\]"),
+    ({"alpha": [0.5, 0.5]}, "'alpha'.*repeated"),
+    ({"alpha": [0.5], "backend": {"kind": "hf"}}, "'alpha'.*only with the synthetic backend"),
+    ({"profile": ["toy-edge-cloud", "cpu2-default-pair"], "backend": {"kind": "hf"}},
+     "'profile'.*only with the synthetic backend"),
+    ({"alpha": [0.5], "backend": {"kind": "synthetic", "alpha": 0.5}}, "alpha is given twice"),
 ])
 def test_bad_experiments_fail_before_anything_starts_naming_the_key(change, message):
     with pytest.raises(ValueError, match=message):
@@ -41,3 +51,13 @@ def test_missing_name_and_bad_toml_are_named(tmp_path):
 def test_scalars_become_one_element_grids():
     experiment = experiment_from_dict({**BASE, "gamma": 4, "rtt_ms": 10})
     assert experiment.gamma == (4,) and experiment.rtt_ms == (10,)
+
+
+def test_swept_alpha_and_profile_become_one_experiment_per_group():
+    experiment = experiment_from_dict({**BASE, "alpha": [0.6, 0.9], "profile": ["toy-edge-cloud", "cpu2-default-pair"]})
+    assert experiment.alphas() == (0.6, 0.9)
+    assert experiment.profiles() == ("toy-edge-cloud", "cpu2-default-pair")
+    group = experiment.for_group("cpu2-default-pair", 0.9)
+    assert group.profile == "cpu2-default-pair" and group.backend.alpha == 0.9 and group.alpha == ()
+    plain = experiment_from_dict(BASE)
+    assert plain.alphas() == (plain.backend.alpha,) and plain.profiles() == ("toy-edge-cloud",)

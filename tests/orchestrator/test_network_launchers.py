@@ -43,6 +43,44 @@ def test_loopback_sweep_emits_target_greedy_tokens_in_every_mode(tmp_path):
     assert summary["launcher"] == "loopback"
 
 
+def test_loopback_alpha_sweep_runs_each_group_on_its_own_services(tmp_path):
+    """Two alphas: two testbeds one after the other, each edge drafting with its group's alpha."""
+    experiment = experiment_from_dict({
+        "name": "alphas", "launcher": "loopback", "modes": ["ar", "sync"], "rtt_ms": [0], "gamma": [4],
+        "alpha": [0.3, 0.95], "clients": [1], "edges": 1, "requests": 2, "warmup_requests": 0,
+        "max_new_tokens": 64, "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}})
+    run_experiment(experiment, tmp_path / "a", resume=False)
+    assert sorted(p.name for p in (tmp_path / "a" / "services").iterdir()) == ["a0.3", "a0.95"]
+    summary = analyze_sweep(tmp_path / "a")
+    fitted = {g["alpha"]: g["alpha_fitted"] for g in summary["groups"]}
+    assert fitted[0.3] < 0.5 < 0.85 < fitted[0.95]
+    points = pd.read_csv(tmp_path / "a" / "points.csv").set_index(["alpha", "mode"])
+    assert points.loc[(0.95, "sync"), "speedup_vs_ar"] > 1 > points.loc[(0.3, "sync"), "speedup_vs_ar"]
+
+
+def test_loopback_capacity_sweep_shows_dsd_sustaining_more_clients(tmp_path):
+    """Three clients on one serial verifier: co-located SD makes the server draft too, so each
+    client gets less than under DSD (saturated: 3*(gamma*t_d + t_v) = 54 ms per round against
+    max(3*t_v, own path) = 30 ms), and the analysis reads the capacity ratio from the traces."""
+    experiment = experiment_from_dict({
+        "name": "cap", "launcher": "loopback", "modes": ["colocated", "sync"], "rtt_ms": [0],
+        "gamma": [4], "clients": [1, 3], "edges": 1, "requests": 2, "warmup_requests": 0,
+        "max_new_tokens": 48, "prompt_tokens": 8, "profile": "toy-edge-cloud",
+        "backend": {"kind": "synthetic", "alpha": 0.8}})
+    run_experiment(experiment, tmp_path / "cap", resume=False)
+    summary = analyze_sweep(tmp_path / "cap")
+    points = pd.read_csv(tmp_path / "cap" / "points.csv").set_index(["mode", "clients"])
+    rate = points["tok_s_per_client_overlap"]
+    seen = rate.round(1).to_dict()
+    assert rate.notna().all() and (rate > 0).all(), seen
+    # Predicted 1.8x and 3x; the margins leave room for a loaded machine's harness overhead.
+    assert rate["sync", 3] > 1.2 * rate["colocated", 3], seen
+    assert rate["colocated", 1] > 1.5 * rate["colocated", 3], seen       # the server is shared
+    ratio = summary["capacity"][0]
+    assert ratio["mode"] == "sync" and ratio["clients_dsd"] == 3 and ratio["ratio_measured"] > 1.2, (ratio, seen)
+    assert (tmp_path / "cap" / "capacity_vs_clients.png").stat().st_size > 10_000
+
+
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_netns_sweep_is_shaped_measured_and_leaves_nothing_behind(tmp_path):

@@ -141,3 +141,62 @@ def test_resume_redoes_a_point_folder_without_done_json_from_scratch(tmp_path):
     requests = pd.read_csv(out / "requests.csv")
     assert list(requests["point"]) == [point.key]
     assert not (folder / "requests.csv.tmp").exists()
+
+
+def test_keys_of_experiments_without_the_new_dimensions_are_unchanged():
+    """Old sweep folders resume only if their point folders keep their names."""
+    keys = {p.key for p in plan_points(EXPERIMENT)}
+    assert "sync_rtt10ms_g4_c1_r0" in keys and "ar_rtt0ms_g2_c1_r0" in keys
+    assert all(p.alpha is None and p.profile is None for p in plan_points(EXPERIMENT))
+
+
+def test_an_old_sidecar_without_the_alpha_key_still_resumes(tmp_path):
+    out = tmp_path / "old"
+    run_experiment(EXPERIMENT, out, resume=False)
+    sidecar = json.loads((out / "sweep.json").read_text())
+    assert "alpha" not in sidecar["experiment"]       # written as before the key existed
+    run_experiment(EXPERIMENT, out, resume=True)
+
+
+def test_alpha_and_profile_groups_run_together_one_after_another():
+    experiment = experiment_from_dict({
+        "name": "grid", "profile": ["toy-edge-cloud", "cpu2-default-pair"], "alpha": [0.6, 0.9],
+        "rtt_ms": [0, 10], "modes": ["ar", "sync"], "repeats": 2, "backend": {"kind": "synthetic"}})
+    plan = plan_points(experiment)
+    assert len(plan) == 2 * 2 * 2 * 2 * 2 and len({p.key for p in plan}) == len(plan)
+    groups = [(p.profile, p.alpha) for p in plan]
+    # Each group is one contiguous run of the plan (one testbed per group on a network launcher).
+    changes = sum(1 for a, b in zip(groups, groups[1:]) if a != b)
+    assert changes == 3 and len(set(groups)) == 4
+    assert plan[0].key == "ar_rtt0ms_g4_c1_a0.6_ptoy-edge-cloud_r0"
+
+
+def test_gain_window_on_sim_recovers_each_alpha_and_the_predicted_boundary(tmp_path):
+    """Known answers: each group's fitted alpha near its configured one; DSD wins exactly where
+    the closed form says, at cells far enough from the boundary that sampling cannot flip them."""
+    from orchestrator import analysis
+
+    out = tmp_path / "gw"
+    experiment = experiment_from_dict({
+        "name": "gw", "profile": "toy-edge-cloud", "alpha": [0.6, 0.9], "rtt_ms": [0, 5, 30],
+        "modes": ["ar", "sync", "pipelined"], "requests": 6, "max_new_tokens": 120, "prompt_tokens": 8,
+        "backend": {"kind": "synthetic"}})
+    run_experiment(experiment, out, resume=False)
+    summary = analyze_sweep(out)
+    assert summary["group_keys"] == ["alpha"]
+    fitted = {g["alpha"]: g["alpha_fitted"] for g in summary["groups"]}
+    assert fitted[0.6] == pytest.approx(0.6, abs=0.05) and fitted[0.9] == pytest.approx(0.9, abs=0.04)
+    points = pd.read_csv(out / "points.csv")
+    assert {"alpha", "alpha_fitted", "speedup_vs_ar"} <= set(points.columns)
+    params = summary["params"]
+    checked = 0
+    for row in points[points["mode"] != "ar"].itertuples():
+        boundary_ms = analysis.predicted_ar_boundary_rtt_ms(row.mode, row.alpha_fitted, 4, params)
+        if abs(row.rtt_ms - boundary_ms) > 3:
+            assert (row.speedup_vs_ar > 1) == (row.rtt_ms < boundary_ms), row
+            checked += 1
+    assert checked >= 8
+    window = pd.read_csv(out / "gain_window.csv")
+    assert set(window["mode"]) == {"sync", "pipelined"}
+    assert (out / "gain_window.png").stat().st_size > 10_000
+    assert "gain_window.png" in summary["plots"] and "latency_vs_rtt.png" not in summary["plots"]

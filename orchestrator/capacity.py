@@ -1,0 +1,96 @@
+"""Multi-tenant capacity from traces: each client's token rate while all of a point's clients
+ran, and how many clients a saturated server sustains at one per-client rate. Shared by the
+capacity sweep's analysis and benchmarks/capacity.py. Pure functions."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dsd import latency_model as lm
+
+
+def overlap_window(receipts: list[np.ndarray]) -> tuple[float, float]:
+    """The time when every client was running: from the last client's first receipt to the
+    first client's last one (empty, end <= start, if they never overlapped)."""
+    return max(float(r[0]) for r in receipts), min(float(r[-1]) for r in receipts)
+
+
+def overlap_counts(receipts: list[np.ndarray], emitted: list[np.ndarray]) -> tuple[float, int, int]:
+    """(window_s, rounds, tokens) received inside the overlap window, all clients together.
+    Saturated, a client's round time is n_clients * window_s / rounds."""
+    start_s, end_s = overlap_window(receipts)
+    rounds = tokens = 0
+    for times, counts in zip(receipts, emitted):
+        inside = (times > start_s) & (times <= end_s)
+        rounds += int(inside.sum())
+        tokens += int(np.asarray(counts)[inside].sum())
+    return max(end_s - start_s, 0.0), rounds, tokens
+
+
+def overlap_tok_s_per_client(rounds: pd.DataFrame) -> float:
+    """Each client's token rate while all of the point's clients ran at once (the capacity
+    measure: a saturated server shares itself between exactly these clients)."""
+    if rounds.empty or "t_receive_s" not in rounds:
+        return math.nan
+    live = rounds[~rounds["stale"].astype(bool) & rounds["t_receive_s"].notna() & (rounds["emitted"] > 0)]
+    clients = [g.sort_values("t_receive_s") for _, g in live.groupby("client_id")]
+    if not clients or any(len(c) < 2 for c in clients):
+        return math.nan
+    window_s, _, tokens = overlap_counts([c["t_receive_s"].to_numpy() for c in clients],
+                                         [c["emitted"].to_numpy() for c in clients])
+    return tokens / (len(clients) * window_s) if window_s > 0 else math.nan
+
+
+def capacity_at(clients: np.ndarray, per_token_s: np.ndarray, target_s: float) -> float:
+    """The largest client count whose per-client time per token is within target_s, linearly
+    interpolated between measured counts (saturated, time per token grows linearly with the
+    clients, so this is exact there). nan if even the smallest count misses the target; the
+    largest count if it meets it (a lower bound)."""
+    order = np.argsort(clients)
+    n, y = np.asarray(clients, dtype=float)[order], np.asarray(per_token_s, dtype=float)[order]
+    if not len(n) or not y[0] <= target_s:
+        return math.nan
+    for i in range(1, len(n)):
+        if not y[i] <= target_s:
+            return float(n[i - 1] + (n[i] - n[i - 1]) * (target_s - y[i - 1]) / (y[i] - y[i - 1]))
+    return float(n[-1])
+
+
+def predicted_tok_s_per_client(mode: str, clients: int, alpha: float, gamma: int, rtt_s: float,
+                               params: dict) -> float:
+    """Each of n clients' token rate against a server that runs one sequence per pass: a client
+    round takes its own critical path or, saturated, n times the server's work per round,
+    whichever is longer (queueing before saturation left out). nan for modes it does not cover."""
+    e, t_v = lm.expected_tokens_per_round(alpha, gamma), params["t_verify_s"][gamma]
+    if mode == "colocated":
+        return e / (clients * (gamma * params["t_draft_server_s"] + t_v))
+    if mode == "sync":
+        return e / max(gamma * params["t_draft_edge_s"] + rtt_s + t_v, clients * t_v)
+    return math.nan
+
+
+def capacity_table(points: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
+    """Per group, mode and client count: each client's token rate while all ran (median over
+    repeats)."""
+    keys = [k for k in group_keys if k in points.columns] + ["mode", "gamma", "rtt_ms", "clients"]
+    return (points.groupby(keys)["tok_s_per_client_overlap"].median()
+            .rename("tok_s_per_client").reset_index())
+
+
+def capacity_ratio(table: pd.DataFrame, dsd_mode: str = "sync", reference: str = "colocated",
+                   rate_tok_s: float | None = None) -> dict:
+    """Clients sustained at one per-client token rate, DSD over co-located SD. The rate defaults
+    to what DSD gives each client at its largest measured count (where the server is most
+    surely saturated), so the DSD count is measured and the co-located one interpolated."""
+    mine, ref = table[table["mode"] == dsd_mode], table[table["mode"] == reference]
+    if mine.empty or ref.empty:
+        return {}
+    if rate_tok_s is None:
+        rate_tok_s = float(mine.loc[mine.clients.idxmax(), "tok_s_per_client"])
+    n_dsd = capacity_at(mine.clients.values, 1 / mine.tok_s_per_client.values, 1 / rate_tok_s)
+    n_ref = capacity_at(ref.clients.values, 1 / ref.tok_s_per_client.values, 1 / rate_tok_s)
+    return {"mode": dsd_mode, "reference": reference, "rate_tok_s_per_client": rate_tok_s,
+            "clients_dsd": n_dsd, "clients_reference": n_ref,
+            "ratio_measured": n_dsd / n_ref if n_ref and math.isfinite(n_ref) else math.nan}

@@ -1,0 +1,212 @@
+"""`dsdbed report`: one self-contained file per sweep folder, for a reader who was not there.
+
+HTML embeds the plots as base64 PNGs (the file can be mailed alone); Markdown links the PNGs
+beside it. Both are built from the same sections: what ran and where, fitted against assumed
+parameters, crossovers measured against predicted, the gain window and capacity where the
+sweep has them, the points table and the plots. The numbers come from summary.json and
+points.csv (written by `dsdbed analyze`, run here first if they are missing).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+FORMATS = ("html", "md")
+POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms",
+                 "gamma", "clients", "repeat", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
+                 "server_compute_ms_p50",
+                 "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_p99", "per_token_ms_predicted",
+                 "per_token_ms_predicted_compute_only", "latency_err_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
+                 "tok_s_per_client_overlap"]
+HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "platform", "cpus", "python", "torch", "transformers"]
+
+
+def write_report(out: Path, fmt: str = "html", path: Path | None = None) -> Path:
+    if fmt not in FORMATS:
+        raise ValueError(f"report format must be one of {FORMATS}, got {fmt!r}")
+    out = Path(out)
+    if not (out / "sweep.json").exists():
+        raise FileNotFoundError(f"{out} is not a sweep folder (no sweep.json)")
+    if not (out / "summary.json").exists() or not (out / "points.csv").exists():
+        from orchestrator.summary import analyze_sweep
+        analyze_sweep(out)
+    sweep = json.loads((out / "sweep.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    points = pd.read_csv(out / "points.csv")
+    sections = report_sections(sweep, summary, points)
+    path = Path(path) if path else out / f"report.{fmt}"
+    title = f"dsd-testbed report: {sweep['experiment']['name']}"
+    text = render_html(title, sections, out) if fmt == "html" else render_markdown(title, sections, out, path.parent)
+    path.write_text(text)
+    return path
+
+
+# A section is (heading, [blocks]); a block is ("text", str), ("table", header, rows) or ("image", file name).
+
+def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
+    experiment = sweep["experiment"]
+    sections = [("What ran", [
+        ("table", ["", ""], [
+            ["experiment", experiment["name"]],
+            ["launcher", sweep.get("launcher", "")],
+            ["shaper backend", sweep.get("shaper_backend", "") +
+             (f" ({sweep['shaper_reason']})" if sweep.get("shaper_reason") else "")],
+            ["backend", _backend_text(experiment)],
+            ["grid", _grid_text(experiment)],
+            ["compute costs", sweep.get("costs_source", "")],
+            *[[key, str(sweep.get(key, ""))] for key in HOST_FACTS if key in sweep],
+        ]),
+    ])]
+    sections.append(("Parameters: fitted against assumed", [
+        ("text", "Assumed: what the sweep ran with (hardware profile, or measured in-process before "
+                 "it). Compute: the server's and edge's compute alone, fitted from the rounds (what a "
+                 "saturated server's capacity depends on). Client view: compute plus the harness's "
+                 "per-round overhead as the edge sees it, fitted from the receipt times; the "
+                 "predictions use these (on the sim launcher they equal compute)."),
+        ("table", ["parameter", "assumed", "compute", "client view (predictions)", "source of the last"],
+         _param_rows(summary)),
+    ]))
+    sections.append(("Crossovers: measured against predicted", [
+        ("text", "The RTT below which the first mode is faster per token than the second; measured as "
+                 "the crossing of the median-of-repeats curves (range over repeats), predicted by the "
+                 "closed form at the fitted alpha and parameters."),
+        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)", "predicted (ms)"],
+         _crossover_rows(summary)),
+    ]))
+    if summary.get("gain_window"):
+        sections.append(("Gain window: the alpha at which DSD ties cloud AR", [
+            ("text", "Per RTT: below this alpha cloud AR is faster, above it DSD. Measured: interpolated "
+                     "between the swept alphas (fitted values); predicted: the closed form."),
+            ("table", ["profile", "mode", "RTT (ms)", "alpha measured", "alpha predicted"],
+             [[r["profile"], r["mode"], _num(r["rtt_ms"]), _num(r["alpha_boundary_measured"], 3),
+               _num(r["alpha_boundary_predicted"], 3)] for r in summary["gain_window"]]),
+        ]))
+    if summary.get("capacity"):
+        sections.append(("Capacity: clients a saturated server sustains", [
+            ("text", "At one per-client token rate (what DSD gives each client at the largest count), "
+                     "the client count each mode sustains, interpolated; their ratio beside "
+                     "1 + gamma*t_draft,server/t_verify."),
+            ("table", ["DSD mode", "rate (tok/s per client)", "clients DSD", "clients co-located",
+                       "ratio measured", "ratio predicted"],
+             [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
+               _num(r["ratio_measured"]), _num(r["ratio_predicted"])] for r in summary["capacity"]]),
+        ]))
+    sections.append(("Plots", [("image", name) for name in summary.get("plots", [])] or
+                     [("text", "none: the sweep's data supports no plot")]))
+    columns = [c for c in POINT_COLUMNS if c in points.columns]
+    sections.append(("Points", [
+        ("text", f"{len(points)} points; every column is in points.csv beside this report."),
+        ("table", columns, [[_num(v) if isinstance(v, float) else str(v) for v in row]
+                            for row in points[columns].itertuples(index=False)]),
+    ]))
+    return sections
+
+
+def _backend_text(experiment: dict) -> str:
+    backend = experiment["backend"]
+    if backend["kind"] == "synthetic":
+        alphas = experiment.get("alpha") or [backend["alpha"]]
+        return f"synthetic, alpha {', '.join(map(str, alphas))}, profile {experiment['profile']}"
+    return f"hf, {backend['target_path'] or backend['pair_path']}"
+
+
+def _grid_text(experiment: dict) -> str:
+    return (f"modes {', '.join(experiment['modes'])}; RTT {experiment['rtt_ms']} ms; gamma {experiment['gamma']}; "
+            f"clients {experiment['clients']}; {experiment['requests']} requests per point and client "
+            f"(+{experiment['warmup_requests']} warm-up), {experiment['max_new_tokens']} new tokens; "
+            f"{experiment['repeats']} repeat(s)")
+
+
+def _param_rows(summary: dict) -> list[list[str]]:
+    gamma = str(summary["gamma"])
+    compute = summary.get("params_compute", summary["params"])
+    rows = []
+    for name in ("t_draft_edge_s", "t_draft_server_s", "t_verify_s", "t_ar_s"):
+        values = [summary["params_assumed"][name], compute[name], summary["params"][name]]
+        values = [v.get(gamma, v.get(int(gamma))) if isinstance(v, dict) else v for v in values]
+        rows.append([name[:-len("_s")] + "_ms" + (f" (gamma={gamma})" if name == "t_verify_s" else ""),
+                     *(_num(1e3 * v, 3) for v in values),
+                     summary["params_source"][name]])
+    rows.append(["alpha", "", "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
+                 "per group: " + ", ".join(_num(g["alpha_fitted"], 3) for g in summary["groups"]),
+                 "pooled maximum likelihood over live rounds"])
+    for kind, value in summary.get("harness_overhead_ms", {}).items():
+        rows.append([f"harness overhead: {kind.replace('_', ' ')} (ms)", "", "", _num(value, 3),
+                     "client view minus compute, mean"])
+    return rows
+
+
+def _crossover_rows(summary: dict) -> list[list[str]]:
+    rows = []
+    for group in summary["groups"]:
+        label = ", ".join(f"{k}={group[k]}" for k in summary.get("group_keys", [])) or "all points"
+        for name, c in group["crossovers"].items():
+            rows.append([label, name.replace("_", " "), _num(c["measured_rtt_ms"]),
+                         f"{_num(c['measured_rtt_ms_min'])} .. {_num(c['measured_rtt_ms_max'])}",
+                         _num(c["predicted_rtt_ms"])])
+    return rows
+
+
+def _num(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, str) and not value):
+        return ""
+    value = float(value)
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "never" if value < 0 else "whole grid"
+    return f"{value:.{digits}f}"
+
+
+def render_html(title: str, sections: list, out: Path) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse;font-size:12px;margin:.5em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td:first-child{text-align:left}"
+             "img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    for heading, blocks in sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        for block in blocks:
+            if block[0] == "text":
+                parts.append(f"<p>{html.escape(block[1])}</p>")
+            elif block[0] == "table":
+                head = "".join(f"<th>{html.escape(str(h))}</th>" for h in block[1])
+                body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+                               for row in block[2])
+                parts.append(f"<table><tr>{head}</tr>{body}</table>")
+            else:
+                data = base64.b64encode((out / block[1]).read_bytes()).decode("ascii")
+                parts.append(f"<p><img alt='{html.escape(block[1])}' src='data:image/png;base64,{data}'></p>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def render_markdown(title: str, sections: list, out: Path, report_dir: Path) -> str:
+    lines = [f"# {title}", ""]
+    for heading, blocks in sections:
+        lines += [f"## {heading}", ""]
+        for block in blocks:
+            if block[0] == "text":
+                lines += [block[1], ""]
+            elif block[0] == "table":
+                lines.append("| " + " | ".join(_md_cell(h) for h in block[1]) + " |")
+                lines.append("|" + "---|" * len(block[1]))
+                lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block[2]]
+                lines.append("")
+            else:
+                image = Path(out / block[1]).resolve()
+                try:
+                    link = image.relative_to(report_dir.resolve())
+                except ValueError:
+                    link = image
+                lines += [f"![{block[1]}]({link})", ""]
+    return "\n".join(lines)
+
+
+def _md_cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
