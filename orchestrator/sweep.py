@@ -22,7 +22,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -227,9 +227,9 @@ def experiment_record(experiment: Experiment) -> dict:
     """The experiment as sweep.json records it. A key added later is left out while it has its
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
-    defaults = Experiment(name=experiment.name, profile=experiment.profile)
+    defaults = {f.name: f.default for f in fields(Experiment)}
     for key in ("alpha", "retries", "retry_backoff_s"):
-        if getattr(experiment, key) == getattr(defaults, key):
+        if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record
 

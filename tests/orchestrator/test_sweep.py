@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.run import analyze_sweep, run_experiment
-from orchestrator.sweep import SweepExists, plan_points, run_sweep
+from orchestrator.sweep import SweepExists, experiment_record, plan_points, run_sweep
 
 EXPERIMENT = experiment_from_dict({
     "name": "small", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 40], "gamma": [2, 4],
@@ -200,3 +200,14 @@ def test_gain_window_on_sim_recovers_each_alpha_and_the_predicted_boundary(tmp_p
     assert set(window["mode"]) == {"sync", "pipelined"}
     assert (out / "gain_window.png").stat().st_size > 10_000
     assert "gain_window.png" in summary["plots"] and "latency_vs_rtt.png" not in summary["plots"]
+
+
+def test_the_sidecar_leaves_out_keys_at_their_defaults_for_every_backend():
+    """Keys added after sweeps were recorded (alpha, retries, retry_backoff_s) appear only when
+    set, so an older folder still resumes; this must hold for a real pair too (no profile)."""
+    hf = experiment_record(experiment_from_dict({"name": "hf", "backend": {"kind": "hf"}}))
+    assert not {"alpha", "retries", "retry_backoff_s"} & set(hf)
+    set_keys = experiment_record(experiment_from_dict({
+        "name": "syn", "profile": "toy-edge-cloud", "alpha": [0.5], "retries": 3,
+        "backend": {"kind": "synthetic"}}))
+    assert set_keys["retries"] == 3 and set_keys["alpha"] == [0.5]
