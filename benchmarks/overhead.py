@@ -21,11 +21,18 @@ Where it goes (p50 of each part, in the table and as ``*_part_p50_ms`` for one c
 trip beyond the verifier's queue and compute (both event loops, msgpack, the WebSocket, TCP,
 wake-ups of both processes), ``edge`` from the verdict's arrival to the next draft (decode,
 handling the verdict, the trace row).
+
+Baseline, measured in the same run: a bare aiohttp WebSocket echo between two processes over
+loopback (``baseline_ws_rtt_*``), the floor under ``wire`` on this machine and this load; the
+last line also gives ``wire_over_baseline_p50_ms``, what our wire path adds beyond that floor.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
+import socket
 import os
 import statistics
 import sys
@@ -88,6 +95,60 @@ def measure(n_clients: int, rounds_per_client: int, work: Path) -> list[dict[str
     return overheads
 
 
+def _echo_server(port: int, ready) -> None:
+    from aiohttp import web
+
+    async def echo(request):
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            await ws.send_bytes(message.data)
+        return ws
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_get("/ws", echo)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        ready.set()
+        await asyncio.sleep(120)            # bounded: the parent terminates it long before
+
+    asyncio.run(serve())
+
+
+def baseline_ws_rtt_s(n_messages: int = 1000, size_bytes: int = 120) -> list[float]:
+    """Round trips of a bare aiohttp WebSocket echo between two processes over loopback."""
+    import aiohttp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=_echo_server, args=(port, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the baseline echo server did not start within 30 s")
+
+        async def client() -> list[float]:
+            out = []
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws:
+                    payload = b"x" * size_bytes
+                    for _ in range(n_messages):
+                        started = time.perf_counter()
+                        await ws.send_bytes(payload)
+                        await ws.receive()
+                        out.append(time.perf_counter() - started)
+            return out
+
+        return asyncio.run(client())
+    finally:
+        server.terminate()
+        server.join(5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
@@ -108,6 +169,13 @@ def main() -> None:
                   + ", ".join(f"{k} {v:.3f} ms" for k, v in part_p50_ms.items()), file=sys.stderr)
             if n == 1:
                 results.update({f"{k}_part_p50_ms": v for k, v in part_p50_ms.items()})
+    floor_ms = [1000 * s for s in baseline_ws_rtt_s()]
+    results["baseline_ws_rtt_p50_ms"] = statistics.median(floor_ms)
+    results["baseline_ws_rtt_p99_ms"] = percentile(floor_ms, 99)
+    if "wire_part_p50_ms" in results:
+        results["wire_over_baseline_p50_ms"] = results["wire_part_p50_ms"] - results["baseline_ws_rtt_p50_ms"]
+    print(f"baseline: bare WebSocket echo between two processes p50 {results['baseline_ws_rtt_p50_ms']:.3f} ms, "
+          f"p99 {results['baseline_ws_rtt_p99_ms']:.3f} ms", file=sys.stderr)
     results["gamma"], results["t_draft_edge_ms"] = GAMMA, 1000 * PROFILE["t_draft_edge_s"]
     # Emulated waits are only as punctual as the CPU is free: say how busy the machine was.
     results["load_avg_1m"] = os.getloadavg()[0]
