@@ -69,14 +69,19 @@ def our_processes() -> list[int]:
 
 def _kill_our_processes() -> list[str]:
     pids = our_processes()
+    stop_processes(pids, grace_s=3.0)
+    return [f"process {pid}" for pid in pids]
+
+
+def stop_processes(pids: list[int], grace_s: float) -> None:
+    """SIGTERM, up to grace_s for them to exit, then SIGKILL whatever is left."""
     for pid in pids:
         _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_exists(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
         _signal(pid, signal.SIGKILL)
-    return [f"process {pid}" for pid in pids]
 
 
 def _remove_chains() -> list[str]:

@@ -8,9 +8,8 @@ variable) and compose containers and networks (compose.yaml's dsdbed.* labels).
 from __future__ import annotations
 
 import os
-import signal
-import time
 
+from netem.cleanup import stop_processes
 from orchestrator.launchers.processes import SERVICE_MARK
 
 CONTAINER_LABEL = "dsdbed.role"        # compose.yaml labels every service with it
@@ -70,21 +69,8 @@ def service_processes() -> list[int]:
 
 def _stop_service_processes() -> list[str]:
     pids = service_processes()
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        _signal(pid, signal.SIGKILL)
+    stop_processes(pids, grace_s=5.0)
     return [f"service process {pid}" for pid in pids]
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _docker_objects() -> list[tuple[str, str, object]]:
