@@ -105,7 +105,19 @@ def pipelined_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: fl
     crossing is found by bisection. Returns -inf if even rtt = 0 loses.
     """
     target_s = per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
+    return pipelined_within_rtt_s(alpha, gamma, t_draft_edge_s, t_verify_s, target_s)
 
+
+def pipelined_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
+                             t_ar_s: float) -> float:
+    """The RTT below which pipelined DSD is at least as fast as cloud AR; -inf if even rtt = 0 loses."""
+    return pipelined_within_rtt_s(alpha, gamma, t_draft_edge_s, t_verify_s, per_token_ar_s(t_ar_s))
+
+
+def pipelined_within_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
+                           target_s: float) -> float:
+    """The largest RTT at which pipelined DSD takes at most target_s per token (by bisection:
+    T_pipe is non-decreasing in the RTT); -inf if even rtt = 0 takes longer."""
     def t_pipe(rtt_s: float) -> float:
         return per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 

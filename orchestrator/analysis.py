@@ -291,18 +291,6 @@ def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
     return points
 
 
-def pipelined_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
-                             t_ar_s: float) -> float:
-    """The RTT below which pipelined DSD is faster per token than cloud AR (T_pipe is
-    non-decreasing in the RTT); -inf if even rtt = 0 loses."""
-    def t_pipe(rtt_s: float) -> float:
-        return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
-
-    if t_pipe(0.0) > t_ar_s:
-        return -math.inf
-    return lm.bisect_increasing(t_pipe, t_ar_s, 0.0, t_ar_s * lm.expected_tokens_per_round(alpha, gamma))
-
-
 def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, params: dict) -> float:
     """The gain window's edge: the RTT at which `mode` (sync or pipelined DSD) ties cloud AR."""
     t_v = params["t_verify_s"][gamma]
@@ -310,7 +298,7 @@ def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, params: di
         rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
         return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
     if mode == "pipelined":
-        return 1e3 * pipelined_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        return 1e3 * lm.pipelined_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
     raise ValueError(f"the gain window compares sync or pipelined DSD with AR, not {mode!r}")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsd import latency_model as lm
 from orchestrator import analysis, capacity, plots
 
 
@@ -106,8 +107,7 @@ def analyze_sweep(out: Path) -> dict:
                "params": main_params, "params_source": sources[main],
                "params_compute": main_compute, "params_compute_source": compute_sources[main],
                "params_assumed": assumed[main], "harness_overhead_ms": overhead[main],
-               # REFERENCE.md claim 4: the server's own draft steps are what DSD takes off it.
-               "capacity_factor_predicted": 1 + gamma * main_compute["t_draft_server_s"] / main_compute["t_verify_s"][gamma],
+               "capacity_factor_predicted": capacity_factor(gamma, main_compute),
                "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
                "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
     if len(params) > 1:
@@ -115,6 +115,11 @@ def analyze_sweep(out: Path) -> dict:
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def capacity_factor(gamma: int, params: dict) -> float:
+    """REFERENCE.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
+    return lm.capacity_factor(gamma, params["t_draft_server_s"], params["t_verify_s"][gamma])
 
 
 def _crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
@@ -156,7 +161,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
                 ratio = capacity.capacity_ratio(subset, mode)
                 if ratio:
                     summary["capacity"].append({**dict(zip(subset_keys, values)), **ratio, "ratio_predicted":
-                                                1 + g * subset_params["t_draft_server_s"] / subset_params["t_verify_s"][g]})
+                                                capacity_factor(g, subset_params)})
         g = groups[0]
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 

@@ -2,7 +2,7 @@
 
 Listening: the services' default is 127.0.0.1. The wildcard addresses (``0.0.0.0``, ``::``)
 listen on every interface of the network namespace, which on a host is every network the host
-is on; they are refused with a warning in the log unless ``--allow-any-host`` says the namespace
+is on; they get a warning in the log unless ``--allow-any-host`` says the namespace
 is the testbed's own (compose.yaml: a container whose only interfaces are lo and the internal
 testbed network).
 

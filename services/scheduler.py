@@ -121,19 +121,12 @@ class Scheduler:
         self._wake.set()
         return await job.future
 
-    def _pop_fair(self, kind: str | None) -> _Job | None:
-        """The oldest job (of this kind) of the client served least recently, or None."""
-        best = None
-        for client, queue in self._queues.items():
-            if best is not None and self._last_served[client] >= self._last_served[best[0]]:
-                continue
-            job = next((j for j in queue if kind is None or j.kind == kind), None)
-            if job is not None:
-                best = (client, job)
-        if best is None:
-            return None
-        self._take(*best)
-        return best[1]
+    def _pop_fair(self) -> _Job:
+        """The oldest job of the client served least recently (every queue in _queues holds one)."""
+        client = min(self._queues, key=self._last_served.__getitem__)
+        job = self._queues[client][0]
+        self._take(client, job)
+        return job
 
     def _take(self, client: Hashable, job: _Job) -> None:
         queue = self._queues[client]
@@ -171,7 +164,7 @@ class Scheduler:
                 self._wake.set()
 
     async def _take_batch(self) -> list[_Job]:
-        first = self._pop_fair(None)
+        first = self._pop_fair()
         batch = [first]
         limit = 1 if first.kind == "prefill" else self.config.max_batch
         deadline_s = first.submitted_s + self.config.batch_window_ms / 1000
