@@ -1,10 +1,11 @@
 """Where a model pass runs, and the backend flags both services share.
 
 EmulatedDevice (synthetic backend): the models answer at once, so a pass is charged its modelled
-time (one job at a time on a virtual timeline, like one busy accelerator). The model call
-runs first and only the rest of the modelled time is waited out, so the Python work counts as
-part of the modelled time instead of adding to it (as long as it is shorter). The waits go
-through one PreciseTimer per process.
+time (one job at a time on a virtual timeline, like one busy accelerator). A pass starts on that
+timeline when its input was ready (the request's arrival, or the end of the pass it follows); the
+model call runs first and only the rest of the modelled time is waited out, so the harness's own
+Python work before and during the pass counts as part of the modelled time instead of adding to
+it (as long as it is shorter). The waits go through one PreciseTimer per process.
 
 PreciseTimer wakes its spinner with a Linux timerfd (through ctypes; Python 3.11 has no
 os.timerfd_*): epoll's own timeouts are whole milliseconds, so without one the spinner spins for
@@ -143,23 +144,32 @@ class PreciseTimer:
 
 
 class EmulatedDevice:
-    """One emulated device: its passes run one at a time, each charged its modelled time."""
+    """One emulated device: its passes run one at a time, each charged its modelled time.
+
+    A pass starts when the device is free and its input was ready (``ready_s``: when the request
+    reached this process, or when the previous pass it follows ended), not when the harness got
+    round to it: decoding the message, the hop to the session's task and the bookkeeping before
+    the pass run inside the modelled time instead of adding to it, as the model call itself does.
+    Only what is left of the modelled time is waited out; if the Python work took longer than
+    the model, the pass is charged what it took.
+    """
 
     def __init__(self, timer: PreciseTimer) -> None:
         self.timer = timer
         self.busy_until_s = 0.0
         self.busy_s = 0.0
 
-    async def run(self, work: Callable[[], T], cost_s: float) -> tuple[T, float]:
-        """Returns (work's result, compute_s charged)."""
-        start_s = max(time.perf_counter(), self.busy_until_s)
+    async def run(self, work: Callable[[], T], cost_s: float, ready_s: float | None = None) -> tuple[T, float, float]:
+        """Returns (work's result, start_s, compute_s charged); start_s on perf_counter's clock."""
+        now_s = time.perf_counter()
+        start_s = max(now_s if ready_s is None else min(ready_s, now_s), self.busy_until_s)
         result = work()
         elapsed_s = time.perf_counter() - start_s
         compute_s = max(cost_s, elapsed_s)
         self.busy_until_s = start_s + compute_s
         self.busy_s += compute_s
         await self.timer.sleep_until(self.busy_until_s)
-        return result, compute_s
+        return result, start_s, compute_s
 
 
 class ThreadDevice:
@@ -167,15 +177,17 @@ class ThreadDevice:
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="device")
         self.busy_s = 0.0
 
-    async def run(self, work: Callable[[], T], cost_s: float = 0.0) -> tuple[T, float]:
-        """Returns (work's result, compute_s measured); cost_s is ignored: the work is real."""
+    async def run(self, work: Callable[[], T], cost_s: float = 0.0,
+                  ready_s: float | None = None) -> tuple[T, float, float]:
+        """Returns (work's result, start_s, compute_s measured); cost_s and ready_s are ignored:
+        the work is real, and starts when the thread takes it."""
         def timed():
-            start = time.perf_counter()
-            return work(), time.perf_counter() - start
+            start_s = time.perf_counter()
+            return work(), start_s, time.perf_counter() - start_s
 
-        result, compute_s = await asyncio.get_running_loop().run_in_executor(self.executor, timed)
+        result, start_s, compute_s = await asyncio.get_running_loop().run_in_executor(self.executor, timed)
         self.busy_s += compute_s
-        return result, compute_s
+        return result, start_s, compute_s
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:

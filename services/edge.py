@@ -381,6 +381,9 @@ class Client:
         draft_times: dict[tuple[int, int], tuple[float, float]] = {}
         sent: deque[tuple[float, float, float]] = deque()     # (draft start, draft end, send) in order
         round_index = 0
+        # The next draft may start on the device once the device is free and the last message it
+        # depends on had arrived: handling that message overlaps the emulated drafting.
+        ready_s = time.perf_counter()
 
         async def send(proposals) -> None:
             for p in proposals:
@@ -388,7 +391,8 @@ class Client:
                 sent.append(draft_times.pop((p.start_pos, p.base_digest)) + (t_send_s,))
 
         async def on_message(t_receive_s: float, m) -> None:
-            nonlocal round_index
+            nonlocal round_index, ready_s
+            ready_s = max(ready_s, t_receive_s)
             if isinstance(m, wire.Opened):
                 return
             if not isinstance(m, wire.Verified):
@@ -427,20 +431,22 @@ class Client:
                 tokens.append(token)
                 probs.append(q)
 
-            t_draft_start_s = time.perf_counter()
             n_steps = draft_request.n_tokens
             if isinstance(self.device, EmulatedDevice) and not edge.in_flight:
                 # No verdict can arrive during this block, so nothing can cut it short: its steps
                 # are charged in one emulated wait instead of one wake-up each (same timeline).
-                await self.device.run(lambda: [step() for _ in range(n_steps)], n_steps * self.t_draft_s)
+                _, t_draft_start_s, _ = await self.device.run(lambda: [step() for _ in range(n_steps)],
+                                                              n_steps * self.t_draft_s, ready_s)
                 steps += n_steps
             else:     # a verdict may refute the prefix mid-block: look after every step
+                step_starts_s = []
                 for _ in range(n_steps):
-                    await self.device.run(step, self.t_draft_s)
+                    step_starts_s.append((await self.device.run(step, self.t_draft_s, ready_s))[1])
                     steps += 1
                     await deliver_ready()
                     if edge.epoch != draft_request.epoch:
                         break
+                t_draft_start_s = step_starts_s[0]
             if steps > step_limit:
                 raise RunError(f"request {request.index}: more than {step_limit} draft steps")
             drafted = tokens[len(draft_request.prefix):]

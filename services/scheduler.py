@@ -47,9 +47,10 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class PassTiming:
-    queue_s: float        # submitted until its pass started
+    queue_s: float        # ready (submitted) until its pass started
     compute_s: float      # the pass (the whole batch's)
     batch_size: int
+    end_s: float = 0.0    # when the pass ended on the device's timeline (perf_counter)
 
 
 def pass_cost_s(profile: HardwareProfile, kind: str, sizes: list[int]) -> float:
@@ -102,12 +103,18 @@ class Scheduler:
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    async def submit(self, kind: str, size: int, work: Callable[[], object],
-                     client: Hashable = None) -> tuple[object, PassTiming]:
-        """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing)."""
+    async def submit(self, kind: str, size: int, work: Callable[[], object], client: Hashable = None,
+                     ready_s: float | None = None) -> tuple[object, PassTiming]:
+        """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing).
+
+        ``ready_s``: when the job could first have run (its request's arrival, or the end of the
+        pass it follows), on perf_counter's clock; default now. Its queue wait counts from there.
+        """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        job = _Job(kind, size, work, time.perf_counter(), asyncio.get_running_loop().create_future(), client)
+        now_s = time.perf_counter()
+        job = _Job(kind, size, work, now_s if ready_s is None else min(ready_s, now_s),
+                   asyncio.get_running_loop().create_future(), client)
         if self.config.max_batch == 1 and not self._busy and not self._queues:
             # The device is free, nobody waits and nothing could join a batch: run the pass
             # here, which saves the hand-off to the worker task and back (one loop turn each).
@@ -201,15 +208,20 @@ class Scheduler:
     async def _run(self, batch: list[_Job]) -> None:
         kind = batch[0].kind
         cost_s = pass_cost_s(self.profile, kind, [j.size for j in batch]) if self.profile else 0.0
-        start_s = time.perf_counter()
-        outcomes, compute_s = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s)
+        # The pass could start once its last job was there, or, for a batch that waited for more
+        # jobs and did not fill, once the window had passed.
+        ready_s = max(job.submitted_s for job in batch)
+        if len(batch) < self.config.max_batch and batch[0].kind != "prefill":
+            ready_s = max(ready_s, batch[0].submitted_s + self.config.batch_window_ms / 1000)
+        outcomes, start_s, compute_s = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s,
+                                                             ready_s)
         self.batch_sizes[len(batch)] += 1
         self.passes[kind] += 1
         for job, (ok, value) in zip(batch, outcomes):
             if job.future.done():
                 continue
             if ok:
-                job.future.set_result((value, PassTiming(start_s - job.submitted_s, compute_s, len(batch))))
+                job.future.set_result((value, PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)))
             else:
                 job.future.set_exception(value)
 

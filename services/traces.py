@@ -9,6 +9,8 @@ accepted + 1 (0 for a stale block); cloud AR rows have proposed = accepted = 0 a
 
 Times ``t_*_s`` are on the edge's clock: epoch seconds carried forward by ``perf_counter``, so
 they are precise within a run and comparable between edge processes on one host.
+On the synthetic backend ``t_draft_start_s`` is the emulated draft device's start of the block
+(services/compute.py: it starts once the device is free and the verdict it depends on arrived).
 ``server_*`` are the verifier's own measures of the round (queue wait, compute, batch size);
 ``rtt_probe_ms`` is the latest application-level ping, ``app_delay_ms`` the delay added to each
 message in each direction.

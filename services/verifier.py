@@ -81,7 +81,7 @@ class Served:
     state: VerifierSession
     draft_generator: torch.Generator
     tokens: int                     # prompt + max_new_tokens: what it counts against its connection
-    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (t_arrival_s, message or None)
     task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
     busy: bool = False
     closed: bool = False
@@ -207,7 +207,7 @@ class Verifier:
                         wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s"))
                     break
                 if msg.type == WSMsgType.BINARY:
-                    await self._on_frame(conn, msg.data)
+                    await self._on_frame(conn, msg.data, time.perf_counter())
                 elif msg.type == WSMsgType.TEXT:
                     await self._reply_error(conn, wire.WireError(
                         wire.MALFORMED, "text frame: messages are binary msgpack"))
@@ -220,7 +220,8 @@ class Verifier:
 
     # ---- messages --------------------------------------------------------------------------
 
-    async def _on_frame(self, conn: Connection, data: bytes) -> None:
+    async def _on_frame(self, conn: Connection, data: bytes, t_arrival_s: float) -> None:
+        """One frame; ``t_arrival_s`` (perf_counter) is when it was read: its passes are ready then."""
         try:
             if len(data) > self.limits.max_message_bytes:
                 raise wire.WireError(wire.LIMIT, f"message of {len(data)} bytes exceeds "
@@ -231,18 +232,18 @@ class Verifier:
             await self._reply_error(conn, error)
             return
         try:
-            await self._dispatch(conn, message)
+            await self._dispatch(conn, message, t_arrival_s)
         except wire.WireError as error:
             error.seq, error.session = message.seq, getattr(message, "session", None)
             await self._reply_error(conn, error)
 
-    async def _dispatch(self, conn: Connection, message) -> None:
+    async def _dispatch(self, conn: Connection, message, t_arrival_s: float) -> None:
         if isinstance(message, wire.Ping):
             await conn.send(wire.Pong(message.seq, message.t_send_s, time.perf_counter()))
         elif isinstance(message, wire.Hello):
             await conn.send(self._welcome(message.seq))
         elif isinstance(message, wire.Open):
-            self._open(conn, message)
+            self._open(conn, message, t_arrival_s)
         elif isinstance(message, (wire.Verify, wire.Generate, wire.Close)):
             served = conn.sessions.get(message.session)
             if served is None:
@@ -253,7 +254,7 @@ class Verifier:
                 del conn.sessions[message.session]   # the id is free again at once
             else:
                 self._admit(conn)
-            served.inbox.put_nowait(message)
+            served.inbox.put_nowait((t_arrival_s, message))
         else:
             raise wire.WireError(wire.UNKNOWN_TYPE, f"{type(message).__name__} is a reply, "
                                  "not a request", "type")
@@ -271,7 +272,7 @@ class Verifier:
                                  limit="max_inflight_per_connection")
         conn.inflight += 1
 
-    def _open(self, conn: Connection, m: wire.Open) -> None:
+    def _open(self, conn: Connection, m: wire.Open, t_arrival_s: float) -> None:
         limits, vocab = self.limits, self.target.vocab_size
         _require(0 <= m.session <= INT63_MAX, "session", f"must be in [0, 2^63), got {m.session}")
         if m.session in conn.sessions:
@@ -308,7 +309,7 @@ class Verifier:
         conn.tokens_live += total
         self.sessions_open += 1
         self.counts["sessions"] += 1
-        served.inbox.put_nowait(m)
+        served.inbox.put_nowait((t_arrival_s, m))
         served.task = asyncio.create_task(self._serve(served), name=f"session-{number}")
 
     def _check(self, served: Served, m) -> None:
@@ -340,18 +341,18 @@ class Verifier:
     async def _serve(self, served: Served) -> None:
         try:
             while True:
-                m = await served.inbox.get()
+                t_arrival_s, m = await served.inbox.get()
                 if m is None or served.closed:
                     _settle(served.conn, m)
                     break
                 served.busy = True
                 try:
                     if isinstance(m, wire.Open):
-                        await self._prefill(served, m)
+                        await self._prefill(served, m, t_arrival_s)
                     elif isinstance(m, wire.Verify):
-                        await self._verify(served, m)
+                        await self._verify(served, m, t_arrival_s)
                     elif isinstance(m, wire.Generate):
-                        await self._generate(served, m)
+                        await self._generate(served, m, t_arrival_s)
                     else:
                         await served.conn.send(wire.Closed(m.seq, m.session, len(served.state.generated)))
                         break
@@ -369,7 +370,7 @@ class Verifier:
         finally:
             served.closed = True
             while not served.inbox.empty():       # requests it will never serve leave the count
-                _settle(served.conn, served.inbox.get_nowait())
+                _settle(served.conn, served.inbox.get_nowait()[1])
             if served.conn.sessions.get(served.session) is served:
                 del served.conn.sessions[served.session]
             self.target.release(served.seq_id)
@@ -378,12 +379,12 @@ class Verifier:
             served.conn.sessions_live -= 1
             served.conn.tokens_live -= served.tokens
 
-    async def _prefill(self, served: Served, m: wire.Open) -> None:
+    async def _prefill(self, served: Served, m: wire.Open, t_arrival_s: float) -> None:
         positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
-                                                     served.conn.number)
+                                                     served.conn.number, t_arrival_s)
         await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s))
 
-    async def _verify(self, served: Served, m: wire.Verify) -> None:
+    async def _verify(self, served: Served, m: wire.Verify, t_arrival_s: float) -> None:
         state = served.state
         q = None if state.sampling.greedy else _draft_probs(m, len(m.draft_tokens), self.target.vocab_size)
         proposal = Proposal(m.start_pos, m.base_digest, tuple(m.draft_tokens), q)
@@ -391,7 +392,7 @@ class Verifier:
                 and state.committed.matches(m.start_pos, m.base_digest))
         if live:
             verdict, timing = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal),
-                                                         served.conn.number)
+                                                         served.conn.number, t_arrival_s)
             queue_s, compute_s, batch = timing.queue_s, timing.compute_s, timing.batch_size
         else:
             verdict, queue_s, compute_s, batch = state.verify(proposal), 0.0, 0.0, 0   # stale: no compute
@@ -400,23 +401,28 @@ class Verifier:
                                              verdict.accepted, verdict.next_token, verdict.stale,
                                              queue_s, compute_s, batch))
 
-    async def _generate(self, served: Served, m: wire.Generate) -> None:
+    async def _generate(self, served: Served, m: wire.Generate, t_arrival_s: float) -> None:
+        """Passes back to back: each is ready when the one before it ended (the first, when the
+        request arrived), so sending a round's tokens overlaps the next pass, as on a real server."""
         state = served.state
         round_index = 0
+        ready_s = t_arrival_s
         while not state.finished and not served.closed:
             before = len(state.committed)
             if m.mode == "ar":
-                _, timing = await self.scheduler.submit("ar", 1, state.ar_step, served.conn.number)
+                _, timing = await self.scheduler.submit("ar", 1, state.ar_step, served.conn.number, ready_s)
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, lambda: draft_block(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    served.draft_generator), served.conn.number)
+                    served.draft_generator), served.conn.number, ready_s)
                 verdict, timing = await self.scheduler.submit(
-                    "verify", m.gamma, lambda: state.verify(state.proposal_for(drafted, q)), served.conn.number)
+                    "verify", m.gamma, lambda: state.verify(state.proposal_for(drafted, q)), served.conn.number,
+                    drafting.end_s)
                 proposed, accepted = m.gamma, verdict.accepted
                 queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
+            ready_s = timing.end_s
             self.counts[m.mode] += 1
             await served.conn.send(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
                                                state.committed.tokens[before:], state.finished,
@@ -430,7 +436,7 @@ class Verifier:
         self._connections.pop(conn.number, None)
         for served in conn.sessions.values():
             served.closed = True
-            served.inbox.put_nowait(None)
+            served.inbox.put_nowait((time.perf_counter(), None))
         conn.sessions.clear()
 
 

@@ -120,7 +120,7 @@ def test_configs_name_the_bad_field():
 def test_emulated_device_charges_the_modelled_time():
     async def one():
         start = time.perf_counter()
-        result, compute_s = await EmulatedDevice(PreciseTimer()).run(lambda: "x", 0.005)
+        result, _, compute_s = await EmulatedDevice(PreciseTimer()).run(lambda: "x", 0.005)
         return result, compute_s, time.perf_counter() - start
 
     result, compute_s, elapsed_s = asyncio.run(one())
