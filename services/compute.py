@@ -159,15 +159,21 @@ class EmulatedDevice:
         self.busy_until_s = 0.0
         self.busy_s = 0.0
 
-    async def run(self, work: Callable[[], T], cost_s: float, ready_s: float | None = None) -> tuple[T, float, float]:
-        """Returns (work's result, start_s, compute_s charged); start_s on perf_counter's clock."""
+    async def run(self, work: Callable[[], T], cost_s: float, ready_s: float | None = None,
+                  then: Callable[[T, float, float], T] | None = None) -> tuple[T, float, float]:
+        """Returns (work's result, start_s, compute_s charged); start_s on perf_counter's clock.
+
+        ``then(result, start_s, compute_s)``, if given, replaces the result before what is left
+        of the modelled time is waited out (e.g. the reply encoded, ready to go at the pass's end).
+        """
         now_s = time.perf_counter()
         start_s = max(now_s if ready_s is None else min(ready_s, now_s), self.busy_until_s)
         result = work()
-        elapsed_s = time.perf_counter() - start_s
-        compute_s = max(cost_s, elapsed_s)
+        compute_s = max(cost_s, time.perf_counter() - start_s)
         self.busy_until_s = start_s + compute_s
         self.busy_s += compute_s
+        if then is not None:     # if it outlasts the modelled time, the pass ends late: overhead
+            result = then(result, start_s, compute_s)
         await self.timer.sleep_until(self.busy_until_s)
         return result, start_s, compute_s
 
@@ -177,17 +183,17 @@ class ThreadDevice:
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="device")
         self.busy_s = 0.0
 
-    async def run(self, work: Callable[[], T], cost_s: float = 0.0,
-                  ready_s: float | None = None) -> tuple[T, float, float]:
+    async def run(self, work: Callable[[], T], cost_s: float = 0.0, ready_s: float | None = None,
+                  then: Callable[[T, float, float], T] | None = None) -> tuple[T, float, float]:
         """Returns (work's result, start_s, compute_s measured); cost_s and ready_s are ignored:
-        the work is real, and starts when the thread takes it."""
+        the work is real, and starts when the thread takes it. ``then`` as for EmulatedDevice."""
         def timed():
             start_s = time.perf_counter()
             return work(), start_s, time.perf_counter() - start_s
 
         result, start_s, compute_s = await asyncio.get_running_loop().run_in_executor(self.executor, timed)
         self.busy_s += compute_s
-        return result, start_s, compute_s
+        return (result if then is None else then(result, start_s, compute_s)), start_s, compute_s
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:

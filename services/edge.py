@@ -196,10 +196,12 @@ class VerifierLink:
 
     async def send(self, message) -> float:
         """Send (after the app delay); returns when the application handed it over."""
+        return await self.send_encoded(wire.encode(message))
+
+    async def send_encoded(self, data: bytes) -> float:
         if self.closed_reason:
             raise RunError(f"link to the verifier is down: {self.closed_reason}")
         t_send_s = time.perf_counter()
-        data = wire.encode(message)
         if self.delay_s > 0:
             self._outgoing.put_nowait((t_send_s + self.delay_s, data))
         else:
@@ -385,9 +387,12 @@ class Client:
         # depends on had arrived: handling that message overlaps the emulated drafting.
         ready_s = time.perf_counter()
 
-        async def send(proposals) -> None:
-            for p in proposals:
-                t_send_s = await self.link.send(_verify_message(self.link.next_seq(), session, p, sampling))
+        def encoded(proposals) -> list[tuple[object, bytes]]:
+            return [(p, wire.encode(_verify_message(self.link.next_seq(), session, p, sampling))) for p in proposals]
+
+        async def send(frames: list[tuple[object, bytes]]) -> None:
+            for p, data in frames:
+                t_send_s = await self.link.send_encoded(data)
                 sent.append(draft_times.pop((p.start_pos, p.base_digest)) + (t_send_s,))
 
         async def on_message(t_receive_s: float, m) -> None:
@@ -405,7 +410,7 @@ class Client:
             round_index += 1
             request.rounds += 1
             request.stale_rounds += m.stale
-            await send(to_send)
+            await send(encoded(to_send))
 
         async def deliver_ready() -> None:
             while not inbox.empty():
@@ -431,12 +436,19 @@ class Client:
                 tokens.append(token)
                 probs.append(q)
 
+            def finish_block(*_) -> tuple[list, list[tuple[object, bytes]]]:
+                """Hand the draft to the decoder; returns the blocks to send and their frames."""
+                drafted = tokens[len(draft_request.prefix):]
+                to_send = edge.add_draft(draft_request, drafted, None if sampling.greedy else torch.stack(probs))
+                return to_send, encoded(to_send)
+
             n_steps = draft_request.n_tokens
             if isinstance(self.device, EmulatedDevice) and not edge.in_flight:
                 # No verdict can arrive during this block, so nothing can cut it short: its steps
-                # are charged in one emulated wait instead of one wake-up each (same timeline).
-                _, t_draft_start_s, _ = await self.device.run(lambda: [step() for _ in range(n_steps)],
-                                                              n_steps * self.t_draft_s, ready_s)
+                # are charged in one emulated wait instead of one wake-up each (same timeline), and
+                # the block's messages are built while that time runs.
+                (to_send, frames), t_draft_start_s, _ = await self.device.run(
+                    lambda: [step() for _ in range(n_steps)], n_steps * self.t_draft_s, ready_s, finish_block)
                 steps += n_steps
             else:     # a verdict may refute the prefix mid-block: look after every step
                 step_starts_s = []
@@ -447,14 +459,13 @@ class Client:
                     if edge.epoch != draft_request.epoch:
                         break
                 t_draft_start_s = step_starts_s[0]
+                to_send, frames = finish_block()
             if steps > step_limit:
                 raise RunError(f"request {request.index}: more than {step_limit} draft steps")
-            drafted = tokens[len(draft_request.prefix):]
-            to_send = edge.add_draft(draft_request, drafted, None if sampling.greedy else torch.stack(probs))
             block = to_send[0] if to_send else edge.held      # the block just drafted, if any
             if block is not None and not draft_request.with_guess:
                 draft_times[(block.start_pos, block.base_digest)] = (t_draft_start_s, time.perf_counter())
-            await send(to_send)
+            await send(frames)
         request.tokens = edge.generated
         self.draft.release(seq_id)
         await self.close_session(session, inbox, request, on_message)

@@ -75,6 +75,7 @@ class _Job:
     submitted_s: float
     future: asyncio.Future
     client: Hashable
+    prepare: Callable[[object, "PassTiming"], object] | None = None
 
 
 class Scheduler:
@@ -104,17 +105,20 @@ class Scheduler:
         return sum(len(q) for q in self._queues.values())
 
     async def submit(self, kind: str, size: int, work: Callable[[], object], client: Hashable = None,
-                     ready_s: float | None = None) -> tuple[object, PassTiming]:
+                     ready_s: float | None = None,
+                     prepare: Callable[[object, PassTiming], object] | None = None) -> tuple[object, PassTiming]:
         """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing).
 
         ``ready_s``: when the job could first have run (its request's arrival, or the end of the
         pass it follows), on perf_counter's clock; default now. Its queue wait counts from there.
+        ``prepare(result, timing)``, if given, runs as soon as the result is known and its return
+        is handed back instead, at the pass's end: a reply built while the modelled time runs.
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         now_s = time.perf_counter()
         job = _Job(kind, size, work, now_s if ready_s is None else min(ready_s, now_s),
-                   asyncio.get_running_loop().create_future(), client)
+                   asyncio.get_running_loop().create_future(), client, prepare)
         if self.config.max_batch == 1 and not self._busy and not self._queues:
             # The device is free, nobody waits and nothing could join a batch: run the pass
             # here, which saves the hand-off to the worker task and back (one loop turn each).
@@ -213,15 +217,23 @@ class Scheduler:
         ready_s = max(job.submitted_s for job in batch)
         if len(batch) < self.config.max_batch and batch[0].kind != "prefill":
             ready_s = max(ready_s, batch[0].submitted_s + self.config.batch_window_ms / 1000)
+        def timings(start_s: float, compute_s: float) -> list[PassTiming]:
+            return [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
+                    for job in batch]
+
+        def prepared(outcomes: list, start_s: float, compute_s: float) -> list:
+            return [_capture(lambda: job.prepare(value, timing)) if ok and job.prepare else (ok, value)
+                    for job, (ok, value), timing in zip(batch, outcomes, timings(start_s, compute_s))]
+
         outcomes, start_s, compute_s = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s,
-                                                             ready_s)
+                                                             ready_s, prepared)
         self.batch_sizes[len(batch)] += 1
         self.passes[kind] += 1
-        for job, (ok, value) in zip(batch, outcomes):
+        for job, (ok, value), timing in zip(batch, outcomes, timings(start_s, compute_s)):
             if job.future.done():
                 continue
             if ok:
-                job.future.set_result((value, PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)))
+                job.future.set_result((value, timing))
             else:
                 job.future.set_exception(value)
 

@@ -41,7 +41,7 @@ from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from services import access, wire
 from services.compute import add_backend_args, backend_from_args, make_device
-from services.scheduler import Scheduler, SchedulerConfig
+from services.scheduler import PassTiming, Scheduler, SchedulerConfig
 
 log = logging.getLogger("services.verifier")
 INT63_MAX = (1 << 63) - 1
@@ -105,10 +105,13 @@ class Connection:
         return any(s.busy or not s.inbox.empty() for s in self.sessions.values())
 
     async def send(self, message) -> None:
+        await self.send_encoded(wire.encode(message))
+
+    async def send_encoded(self, data: bytes) -> None:
         if self.ws.closed:
             return
         try:
-            await self.ws.send_bytes(wire.encode(message))
+            await self.ws.send_bytes(data)
         except (ConnectionError, RuntimeError):
             pass    # the client went away; its sessions are being dropped
 
@@ -390,16 +393,19 @@ class Verifier:
         proposal = Proposal(m.start_pos, m.base_digest, tuple(m.draft_tokens), q)
         live = (not state.finished and m.start_pos == len(state.committed)
                 and state.committed.matches(m.start_pos, m.base_digest))
-        if live:
-            verdict, timing = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal),
-                                                         served.conn.number, t_arrival_s)
-            queue_s, compute_s, batch = timing.queue_s, timing.compute_s, timing.batch_size
-        else:
-            verdict, queue_s, compute_s, batch = state.verify(proposal), 0.0, 0.0, 0   # stale: no compute
-        self.counts["verify" if live else "stale"] += 1
-        await served.conn.send(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
+
+        def reply(verdict, timing: PassTiming) -> bytes:    # encoded while the pass's modelled time runs
+            return wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
                                              verdict.accepted, verdict.next_token, verdict.stale,
-                                             queue_s, compute_s, batch))
+                                             timing.queue_s, timing.compute_s, timing.batch_size))
+
+        if live:
+            data, _ = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal),
+                                                  served.conn.number, t_arrival_s, reply)
+        else:
+            data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))      # stale: no compute
+        self.counts["verify" if live else "stale"] += 1
+        await served.conn.send_encoded(data)
 
     async def _generate(self, served: Served, m: wire.Generate, t_arrival_s: float) -> None:
         """Passes back to back: each is ready when the one before it ended (the first, when the
