@@ -22,9 +22,12 @@ trip beyond the verifier's queue and compute (both event loops, msgpack, the Web
 wake-ups of both processes), ``edge`` from the verdict's arrival to the next draft (decode,
 handling the verdict, the trace row).
 
-Baseline, measured in the same run: a bare aiohttp WebSocket echo between two processes over
-loopback (``baseline_ws_rtt_*``), the floor under ``wire`` on this machine and this load; the
-last line also gives ``wire_over_baseline_p50_ms``, what our wire path adds beyond that floor.
+Baselines, measured in the same run: a bare aiohttp WebSocket echo between two processes over
+loopback, back to back (``baseline_ws_rtt_*``), and paced like a round (``paced_ws_rtt_*``): the
+client waits gamma * t_draft_edge_s before each message and the server the verify pass's modelled
+time before each echo (reported less that wait), so both processes fall idle as ours do, and wake
+up as slowly as this machine wakes idle processes. The paced echo is the floor under ``wire``;
+``wire_over_baseline_p50_ms`` is what our wire path adds beyond it.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.latency_model import expected_tokens_per_round  # noqa: E402
+from dsd.profiles import HardwareProfile  # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs  # noqa: E402
 
 GAMMA, ALPHA = 4, 0.8
@@ -61,6 +65,11 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 PARTS = ("draft", "wire", "edge")
+
+
+def verify_pass_s() -> float:
+    """The modelled time of one verify pass of gamma tokens, batch 1."""
+    return HardwareProfile(**PROFILE).t_verify_s(GAMMA, 1)
 
 
 def round_parts(row: dict, after: dict) -> dict[str, float]:
@@ -95,13 +104,18 @@ def measure(n_clients: int, rounds_per_client: int, work: Path) -> list[dict[str
     return overheads
 
 
-def _echo_server(port: int, ready) -> None:
+def _echo_server(port: int, ready, wait_s: float) -> None:
     from aiohttp import web
+
+    from services.compute import PreciseTimer
 
     async def echo(request):
         ws = web.WebSocketResponse()
         await ws.prepare(request)
+        timer = PreciseTimer()
         async for message in ws:
+            if wait_s:
+                await timer.sleep_until(time.perf_counter() + wait_s)
             await ws.send_bytes(message.data)
         return ws
 
@@ -117,15 +131,20 @@ def _echo_server(port: int, ready) -> None:
     asyncio.run(serve())
 
 
-def baseline_ws_rtt_s(n_messages: int = 1000, size_bytes: int = 120) -> list[float]:
-    """Round trips of a bare aiohttp WebSocket echo between two processes over loopback."""
+def baseline_ws_rtt_s(n_messages: int = 1000, size_bytes: int = 120, client_wait_s: float = 0.0,
+                      server_wait_s: float = 0.0) -> list[float]:
+    """Round trips of a bare aiohttp WebSocket echo between two processes over loopback, less
+    ``server_wait_s`` (the server's wait before each echo); the client waits ``client_wait_s``
+    before each message."""
     import aiohttp
+
+    from services.compute import PreciseTimer
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ready = multiprocessing.Event()
-    server = multiprocessing.Process(target=_echo_server, args=(port, ready), daemon=True)
+    server = multiprocessing.Process(target=_echo_server, args=(port, ready, server_wait_s), daemon=True)
     server.start()
     try:
         if not ready.wait(30):
@@ -133,14 +152,17 @@ def baseline_ws_rtt_s(n_messages: int = 1000, size_bytes: int = 120) -> list[flo
 
         async def client() -> list[float]:
             out = []
+            timer = PreciseTimer()
             async with aiohttp.ClientSession() as session:
                 async with session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws:
                     payload = b"x" * size_bytes
                     for _ in range(n_messages):
+                        if client_wait_s:
+                            await timer.sleep_until(time.perf_counter() + client_wait_s)
                         started = time.perf_counter()
                         await ws.send_bytes(payload)
                         await ws.receive()
-                        out.append(time.perf_counter() - started)
+                        out.append(time.perf_counter() - started - server_wait_s)
             return out
 
         return asyncio.run(client())
@@ -172,10 +194,15 @@ def main() -> None:
     floor_ms = [1000 * s for s in baseline_ws_rtt_s()]
     results["baseline_ws_rtt_p50_ms"] = statistics.median(floor_ms)
     results["baseline_ws_rtt_p99_ms"] = percentile(floor_ms, 99)
+    paced_ms = [1000 * s for s in baseline_ws_rtt_s(n_messages=300, client_wait_s=GAMMA * PROFILE["t_draft_edge_s"],
+                                                    server_wait_s=verify_pass_s())]
+    results["paced_ws_rtt_p50_ms"] = statistics.median(paced_ms)
+    results["paced_ws_rtt_p99_ms"] = percentile(paced_ms, 99)
     if "wire_part_p50_ms" in results:
-        results["wire_over_baseline_p50_ms"] = results["wire_part_p50_ms"] - results["baseline_ws_rtt_p50_ms"]
+        results["wire_over_baseline_p50_ms"] = results["wire_part_p50_ms"] - results["paced_ws_rtt_p50_ms"]
     print(f"baseline: bare WebSocket echo between two processes p50 {results['baseline_ws_rtt_p50_ms']:.3f} ms, "
-          f"p99 {results['baseline_ws_rtt_p99_ms']:.3f} ms", file=sys.stderr)
+          f"p99 {results['baseline_ws_rtt_p99_ms']:.3f} ms; paced like a round p50 "
+          f"{results['paced_ws_rtt_p50_ms']:.3f} ms, p99 {results['paced_ws_rtt_p99_ms']:.3f} ms", file=sys.stderr)
     results["gamma"], results["t_draft_edge_ms"] = GAMMA, 1000 * PROFILE["t_draft_edge_s"]
     # Emulated waits are only as punctual as the CPU is free: say how busy the machine was.
     results["load_avg_1m"] = os.getloadavg()[0]
