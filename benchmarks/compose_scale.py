@@ -60,7 +60,7 @@ def container_mem_mib(container) -> float:
 def run_sync_everywhere(testbed: ComposeTestbed, prompts: list[list[int]], args) -> dict[str, dict]:
     """One sync DSD run per edge, all at once; returns each edge's run summary and requests rows."""
     for i, edge in enumerate(testbed.edges):
-        call("POST", f"{edge.control_url}/runs", {
+        call("POST", f"{edge.control_url}/runs", token=edge.token, body={
             "run_id": "scale", "client_id": f"edge{i}", "mode": "sync", "gamma": args.gamma, "prompts": prompts,
             "max_new_tokens": args.max_new_tokens, "verifier_url": testbed.verifier_url,
             "app_delay_ms": testbed.app_delay_ms(i), "probe_count": 2, "probe_interval_ms": 1000})
@@ -72,11 +72,11 @@ def run_sync_everywhere(testbed: ComposeTestbed, prompts: list[list[int]], args)
         time.sleep(0.5)
         for edge in testbed.edges:
             if edge.name not in done:
-                summary = json.loads(call("GET", f"{edge.control_url}/runs/scale"))
+                summary = json.loads(call("GET", f"{edge.control_url}/runs/scale", token=edge.token))
                 if summary["status"] == "failed":
                     raise RuntimeError(f"{edge.name}: run failed: {summary['error']}")
                 if summary["status"] == "done":
-                    text = call("GET", f"{edge.control_url}/runs/scale/requests.csv").decode()
+                    text = call("GET", f"{edge.control_url}/runs/scale/requests.csv", token=edge.token).decode()
                     done[edge.name] = {"summary": summary, "requests": _rows(text)}
     return done
 

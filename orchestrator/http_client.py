@@ -11,6 +11,8 @@ import json
 import socket
 import urllib.parse
 
+from services.access import bearer_header
+
 
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, socket_path: str, timeout: float) -> None:
@@ -34,12 +36,15 @@ def split_url(url: str) -> tuple[http.client.HTTPConnection, str]:
     return connection, (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
 
 
-def request(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> tuple[int, bytes]:
+def request(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0,
+            token: str | None = None) -> tuple[int, bytes]:
+    """``token``: sent as a bearer token (a service started with the testbed's token requires it)."""
     connection, path = split_url(url)
     connection.timeout = timeout_s
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers.update(bearer_header(token))
         connection.request(method, path, body=data, headers=headers)
         response = connection.getresponse()
         return response.status, response.read()
@@ -47,9 +52,10 @@ def request(method: str, url: str, body: dict | None = None, timeout_s: float = 
         connection.close()
 
 
-def call(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:
+def call(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0,
+         token: str | None = None) -> bytes:
     """A request that must succeed (2xx); otherwise a RuntimeError with the service's answer."""
-    status, data = request(method, url, body, timeout_s)
+    status, data = request(method, url, body, timeout_s, token)
     if not 200 <= status < 300:
         raise RuntimeError(f"{method} {url}: HTTP {status}: {data.decode(errors='replace')[:500]}")
     return data

@@ -31,7 +31,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     for client in range(point.clients):
         edge = testbed.edges[client % len(testbed.edges)]
         run_id = f"{run_prefix}-{point.key}-{attempt_id}-c{client}"
-        call("POST", f"{edge.control_url}/runs", {
+        call("POST", f"{edge.control_url}/runs", token=edge.token, body={
             "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
             "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
             "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
@@ -46,7 +46,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
         time.sleep(0.2)
         testbed.check()
         for edge, run_id in list(pending):
-            status = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}"))
+            status = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}", token=edge.token))
             if status["status"] == "failed":
                 raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
             if status["status"] == "done":
@@ -55,7 +55,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     round_frames, request_frames, dropped = [], [], 0
     for edge, run_id in runs:
         for name, frames in (("rounds", round_frames), ("requests", request_frames)):
-            frame, n_dropped = read_whole_rows(call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv"))
+            frame, n_dropped = read_whole_rows(call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv",
+                                                    token=edge.token))
             frames.append(frame)
             dropped += n_dropped
     rounds = pd.concat(round_frames, ignore_index=True)

@@ -8,8 +8,10 @@ testbed network).
 
 The token: ``--token-file PATH`` (or the environment variable ``DSD_TOKEN``) holds one shared
 secret. A verifier with a token requires ``Authorization: Bearer TOKEN`` at the WebSocket upgrade
-and on /metrics (/health stays open for readiness polls); an edge with one sends it. The token
-says "a member of this testbed", not which client: per-client limits apply per connection.
+and on /metrics; an edge with one sends it to the verifier and requires it on its own control API
+(``/runs``: a run names the verifier the edge connects to). /health stays open on both, for
+readiness polls. The token says "a member of this testbed", not which client: per-client limits
+apply per connection.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import os
 import re
 import stat
 from pathlib import Path
+
+from aiohttp import web
 
 TOKEN_ENV = "DSD_TOKEN"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -75,3 +79,16 @@ def bearer_matches(header: str | None, token: str) -> bool:
     """Constant-time comparison of an Authorization header with the expected token."""
     scheme, _, given = (header or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def refusal(request: web.Request, token: str | None, log: logging.Logger) -> web.Response | None:
+    """A 401 with a structured body (code ``unauthorized``, the field, why) unless the request
+    carries the token, or no token is set; None when the request may go on."""
+    if token is None or bearer_matches(request.headers.get("Authorization"), token):
+        return None
+    reason = "no Authorization header" if "Authorization" not in request.headers else "wrong token"
+    log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, reason)
+    return web.json_response(
+        {"code": "unauthorized", "field": "Authorization",
+         "message": f"{reason}: this service requires 'Authorization: Bearer <token>'"},
+        status=401, headers={"WWW-Authenticate": "Bearer"})

@@ -508,7 +508,7 @@ class Edge:
     def __init__(self, draft: LanguageModel, kind: str, t_draft_s: float, out_dir: Path,
                  backend_info: dict, token: str | None = None) -> None:
         self.draft = draft
-        self.token = token          # sent to the verifier
+        self.token = token          # sent to the verifier, and required on /runs
         self.kind = kind
         self.t_draft_s = t_draft_s
         self.out_dir = out_dir
@@ -518,7 +518,15 @@ class Edge:
         self._timer = PreciseTimer()          # every run's emulated device waits on it
 
     def app(self) -> web.Application:
-        app = web.Application()
+        @web.middleware
+        async def require_token(request: web.Request, handler):
+            """A run names the verifier this edge connects to: only a holder of the token may post
+            or read one. /health stays open for readiness polls."""
+            if request.path != "/health" and (refused := access.refusal(request, self.token, log)) is not None:
+                return refused
+            return await handler(request)
+
+        app = web.Application(middlewares=[require_token])
         app.router.add_get("/health", self.health)
         app.router.add_post("/runs", self.post_run)
         app.router.add_get("/runs/{run_id}", self.get_run)

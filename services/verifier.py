@@ -158,15 +158,10 @@ class Verifier:
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """401 with a structured body unless the request carries the token (or none is set)."""
-        if self.token is None or access.bearer_matches(request.headers.get("Authorization"), self.token):
-            return None
-        self.errors[wire.UNAUTHORIZED] += 1
-        reason = "no Authorization header" if "Authorization" not in request.headers else "wrong token"
-        log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, reason)
-        return web.json_response(
-            {"code": wire.UNAUTHORIZED, "field": "Authorization",
-             "message": f"{reason}: this verifier requires 'Authorization: Bearer <token>'"},
-            status=401, headers={"WWW-Authenticate": "Bearer"})
+        refused = access.refusal(request, self.token, log)
+        if refused is not None:
+            self.errors[wire.UNAUTHORIZED] += 1
+        return refused
 
     async def metrics(self, request: web.Request) -> web.Response:
         if (refusal := self._refusal(request)) is not None:

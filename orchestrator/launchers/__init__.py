@@ -4,7 +4,8 @@ Every launcher returns a ``Testbed`` (base.py) and is used the same way by the s
 
     with launch(experiment) as testbed:           # verifier + edges up and healthy
         records = testbed.shape(specs)            # one netem.LinkSpec per edge; [] if unshaped
-        ...  POST testbed.edges[i].control_url + "/runs" {..., "verifier": testbed.verifier_url}
+        ...  POST testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url}
+             (with Authorization: Bearer testbed.edges[i].token when it is set)
     # everything the launcher started is gone here
 
 sim       no network: real models and protocol on virtual time (orchestrator/sim_point.py)

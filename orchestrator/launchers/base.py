@@ -1,7 +1,7 @@
 """What every network launcher provides to the sweep."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -10,6 +10,7 @@ class EdgeHandle:
     client_id: int
     control_url: str          # the edge's HTTP control API, as the orchestrator reaches it
     name: str                 # netns or container name; for link records
+    token: str | None = field(default=None, repr=False)   # the testbed's token: its control API requires it
 
 
 @dataclass

@@ -204,7 +204,7 @@ class ComposeTestbed:
         self.up_s = float("nan")             # from `compose up` until every service answered /health
         self._shaper: Shaper | None = None
         # The verifier and the edges share it through compose.yaml's DSD_TOKEN; an adopted project
-        # keeps the one it was started with (the orchestrator itself never talks to the verifier).
+        # keeps the one it was started with, which the edges' handles read from their containers.
         self._token = secrets.token_urlsafe(32)
         self._client = docker.from_env(timeout=60)
         try:
@@ -268,7 +268,8 @@ class ComposeTestbed:
         if stopped:
             raise ComposeError(f"containers stopped while starting: {stopped}")
         self.verifier_container, self.edge_containers = verifiers[0], edges
-        self.edges = [EdgeHandle(client_id=i, control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}", name=x.name)
+        self.edges = [EdgeHandle(client_id=i, control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}", name=x.name,
+                                 token=_container_token(x))
                       for i, x in enumerate(edges)]
 
     def _wait_ready(self, deadline_s: float) -> None:
@@ -490,3 +491,12 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, what: str) -> s
     if proc.returncode != 0:
         raise ComposeError(f"{what} exited {proc.returncode}: {out[-3000:]}")
     return out
+
+
+def _container_token(container) -> str | None:
+    """The DSD_TOKEN a service container was started with (what it requires), or None."""
+    for item in container.attrs.get("Config", {}).get("Env") or []:
+        name, _, value = item.partition("=")
+        if name == "DSD_TOKEN":
+            return value.strip() or None
+    return None

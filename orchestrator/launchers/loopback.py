@@ -75,7 +75,7 @@ class LoopbackTestbed:
                 self._processes.append(ServiceProcess(
                     f"edge{i}", config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}", token_file),
                     f"http://127.0.0.1:{edge_port}/health", log_dir=work))
-                self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}"))
+                self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}", token_file.read_text()))
             for process in self._processes:
                 process.wait_ready(config.ready_timeout_s)
         except BaseException:

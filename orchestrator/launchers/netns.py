@@ -70,7 +70,7 @@ class NetnsTestbed:
                 f"edge{i}", self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}", token_file)
                 + ["--unix-socket", str(edge_socket)],
                 f"unix:{edge_socket}/health", netns=endpoint.netns, log_dir=work))
-            self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name))
+            self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name, token_file.read_text()))
         for process in self._processes:
             process.wait_ready(self.config.ready_timeout_s)
 

@@ -24,7 +24,7 @@ def run_waves(testbed, prompts: list[list[int]], max_new_tokens: int, gamma: int
         for i, edge in enumerate(testbed.edges):
             mode = MODES[(i + wave) % len(MODES)]
             run_id = f"e{i}-{mode}"
-            call("POST", f"{edge.control_url}/runs", {
+            call("POST", f"{edge.control_url}/runs", token=edge.token, body={
                 "run_id": run_id, "client_id": run_id, "mode": mode, "gamma": gamma, "prompts": prompts,
                 "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
                 "app_delay_ms": testbed.app_delay_ms(i), **extra})
@@ -46,14 +46,15 @@ def wait_for(posted: dict, timeout_s: float) -> dict:
         time.sleep(0.2)
         for key, (edge, run_id) in posted.items():
             if key not in summaries:
-                summary = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}"))
+                summary = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}", token=edge.token))
                 if summary["status"] != "running":
                     summaries[key] = summary
     return summaries
 
 
 def read_csv(edge, run_id: str, name: str) -> list[dict]:
-    return list(csv.DictReader(io.StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/{name}").decode())))
+    text = call("GET", f"{edge.control_url}/runs/{run_id}/{name}", token=edge.token).decode()
+    return list(csv.DictReader(io.StringIO(text)))
 
 
 def check_greedy(runs: dict, expected: list[list[int]]) -> None:

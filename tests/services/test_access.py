@@ -48,6 +48,7 @@ def guarded(spawn, token_file, tmp_path_factory):
         ("services.verifier", synthetic_args(ALPHA, SEED) + ["--token-file", str(token_file)]),
         ("services.edge", synthetic_args(ALPHA, SEED) + ["--token-file", str(token_file), "--out-dir", str(out / "a")]),
         ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(out / "b")]))
+    edge.token = TOKEN              # its control API requires the token it was started with
     return verifier, edge, bare_edge
 
 
@@ -244,13 +245,20 @@ def test_the_loopback_launcher_gives_its_testbed_a_private_token(tmp_path):
         body = {"run_id": "r", "client_id": "c", "mode": "sync", "gamma": 2, "prompts": [[1, 2]],
                 "max_new_tokens": 8, "verifier_url": testbed.verifier_url, "probe_count": 0}
 
-        async def post():
+        async def post(headers):
             async with aiohttp.ClientSession() as http, \
-                    http.post(testbed.edges[0].control_url + "/runs", json=body) as response:
+                    http.post(testbed.edges[0].control_url + "/runs", json=body, headers=headers) as response:
                 return response.status
-        assert run(post()) == 201
+        # The edges' control API wants the same token: a run names the verifier the edge dials.
+        assert testbed.edges[0].token == token and token not in repr(testbed.edges[0])
+        assert run(post({})) == 401
+        assert run(post(access.bearer_header("wrong-token-" + "z" * 20))) == 401
+        assert http_status(testbed.edges[0].control_url + "/health", {})[0] == 200
+        assert run(post(access.bearer_header(token))) == 201
+        assert http_status(testbed.edges[0].control_url + "/runs/r", {})[0] == 401
         deadline = time.monotonic() + 30
-        while (state := http_status(testbed.edges[0].control_url + "/runs/r", {})[1])["status"] == "running":
+        auth = access.bearer_header(token)
+        while (state := http_status(testbed.edges[0].control_url + "/runs/r", auth)[1])["status"] == "running":
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert state["status"] == "done", state
