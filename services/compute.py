@@ -154,6 +154,8 @@ class EmulatedDevice:
     the model, the pass is charged what it took.
     """
 
+    starts_when_ready = True       # a pass may start at its ready_s, before the harness reached it
+
     def __init__(self, timer: PreciseTimer) -> None:
         self.timer = timer
         self.busy_until_s = 0.0
@@ -179,6 +181,8 @@ class EmulatedDevice:
 
 
 class ThreadDevice:
+    starts_when_ready = False      # real work starts when the thread takes it; the wait before is real
+
     def __init__(self, executor: ThreadPoolExecutor | None = None) -> None:
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="device")
         self.busy_s = 0.0

@@ -110,15 +110,18 @@ class Scheduler:
         """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing).
 
         ``ready_s``: when the job could first have run (its request's arrival, or the end of the
-        pass it follows), on perf_counter's clock; default now. Its queue wait counts from there.
+        pass it follows), on perf_counter's clock; default now. On an emulated device its pass may
+        start there and its queue wait counts from there; on a real one (``starts_when_ready``
+        false) the harness's own work before the submit stays out of the queue wait, as before.
         ``prepare(result, timing)``, if given, runs as soon as the result is known and its return
         is handed back instead, at the pass's end: a reply built while the modelled time runs.
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        now_s = time.perf_counter()
-        job = _Job(kind, size, work, now_s if ready_s is None else min(ready_s, now_s),
-                   asyncio.get_running_loop().create_future(), client, prepare)
+        submitted_s = time.perf_counter()
+        if ready_s is not None and self.device.starts_when_ready:
+            submitted_s = min(ready_s, submitted_s)
+        job = _Job(kind, size, work, submitted_s, asyncio.get_running_loop().create_future(), client, prepare)
         if self.config.max_batch == 1 and not self._busy and not self._queues:
             # The device is free, nobody waits and nothing could join a batch: run the pass
             # here, which saves the hand-off to the worker task and back (one loop turn each).
