@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import socket
 import os
 import statistics
 import sys
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.latency_model import expected_tokens_per_round  # noqa: E402
 from dsd.profiles import HardwareProfile  # noqa: E402
-from services.launch import post_runs, read_csv, running, wait_for_runs  # noqa: E402
+from services.launch import free_port, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 
 GAMMA, ALPHA = 4, 0.8
 PROFILE = {"name": "overhead", "t_draft_edge_s": 0.001, "t_draft_server_s": 0.001, "t_ar_s": 0.003,
@@ -140,9 +139,7 @@ def baseline_ws_rtt_s(n_messages: int = 1000, size_bytes: int = 120, client_wait
 
     from services.compute import PreciseTimer
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     ready = multiprocessing.Event()
     server = multiprocessing.Process(target=_echo_server, args=(port, ready, server_wait_s), daemon=True)
     server.start()

@@ -88,8 +88,9 @@ def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dic
         return params, source, overhead_ms
     live = rounds[~rounds["stale"].astype(bool) & rounds["t_receive_s"].notna()].sort_values("round_index")
     keys = [k for k in ["point", "client_id", "request_index"] if k in live]
-    live = live.assign(since_previous_s=live["t_receive_s"] - live.groupby(keys)["t_receive_s"].shift(1),
-                       send_since_previous_s=live["t_send_s"] - live.groupby(keys)["t_receive_s"].shift(1))
+    previous_receive_s = live.groupby(keys)["t_receive_s"].shift(1)
+    live = live.assign(since_previous_s=live["t_receive_s"] - previous_receive_s,
+                       send_since_previous_s=live["t_send_s"] - previous_receive_s)
     ar = live[live["mode"] == "ar"]["since_previous_s"].dropna()
     if len(ar):
         params["t_ar_s"] = float(ar.mean())

@@ -113,7 +113,7 @@ def _run_sweep(args) -> int:
 
 
 def _analyze(out: Path) -> int:
-    from orchestrator.run import analyze_sweep
+    from orchestrator.summary import analyze_sweep
 
     summary = analyze_sweep(out)
     for group in summary["groups"]:

@@ -23,7 +23,7 @@ from orchestrator.net_point import run_net_point
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
-from orchestrator.sweep import check_out_dir, group_experiment, host_facts, plan_points, run_sweep
+from orchestrator.sweep import check_out_dir, group_experiment, host_facts, plan_points, point_done, run_sweep
 from orchestrator.workload import make_prompts
 
 
@@ -80,8 +80,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
         del draft, target, pairs   # the services load their own copies
         with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
-            testbed = testbeds.for_point(next((p for p in plan if not (out / "points" / p.key / "done.json").exists()),
-                                              plan[0]))
+            testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
                      "shaper_reason": getattr(testbed, "shaper_reason", "")}
             net_point = functools.partial(run_net_point, prompts=prompts,

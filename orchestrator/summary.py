@@ -154,14 +154,14 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         table = capacity.capacity_table(points, analysis.GROUP_KEYS)
         summary["capacity"] = []
         subset_keys = [k for k in table.columns if k not in ("mode", "clients", "tok_s_per_client")]
-        for values, subset in _groups(table, subset_keys):
-            subset_params = compute[dict(zip(subset_keys, values)).get("profile", groups[0]["profile"])]
-            g = int(dict(zip(subset_keys, values))["gamma"])
+        for values, rows in _groups(table, subset_keys):
+            subset = dict(zip(subset_keys, values))
+            subset_params = compute[subset.get("profile", groups[0]["profile"])]
             for mode in ("sync", "pipelined"):
-                ratio = capacity.capacity_ratio(subset, mode)
+                ratio = capacity.capacity_ratio(rows, mode)
                 if ratio:
-                    summary["capacity"].append({**dict(zip(subset_keys, values)), **ratio, "ratio_predicted":
-                                                capacity_factor(g, subset_params)})
+                    summary["capacity"].append({**subset, **ratio, "ratio_predicted":
+                                                capacity_factor(int(subset["gamma"]), subset_params)})
         g = groups[0]
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 

@@ -113,6 +113,11 @@ def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: 
     _write_atomic(out_dir / "sweep.json", json.dumps({"experiment": experiment_record(experiment), **facts}, indent=2))
 
 
+def point_done(out_dir: Path, point: Point) -> bool:
+    """The point's folder holds a finished result (its done.json is written last)."""
+    return (Path(out_dir) / "points" / point.key / "done.json").exists()
+
+
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
               progress=None, heal=None) -> pd.DataFrame:
     """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
@@ -122,7 +127,7 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
     plan = plan_points(experiment)
     for index, point in enumerate(plan):
         folder = out_dir / "points" / point.key
-        if (folder / "done.json").exists():
+        if point_done(out_dir, point):
             if progress:
                 progress(index + 1, len(plan), point, "skipped (done)")
             continue

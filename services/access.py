@@ -25,6 +25,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from services.wire import UNAUTHORIZED
+
 TOKEN_ENV = "DSD_TOKEN"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 MIN_TOKEN_CHARS = 16
@@ -89,6 +91,6 @@ def refusal(request: web.Request, token: str | None, log: logging.Logger) -> web
     reason = "no Authorization header" if "Authorization" not in request.headers else "wrong token"
     log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, reason)
     return web.json_response(
-        {"code": "unauthorized", "field": "Authorization",
+        {"code": UNAUTHORIZED, "field": "Authorization",
          "message": f"{reason}: this service requires 'Authorization: Bearer <token>'"},
         status=401, headers={"WWW-Authenticate": "Bearer"})

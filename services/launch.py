@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.access import bearer_header
+
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
 
@@ -44,12 +46,9 @@ class Service:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def _get(self, path: str, timeout_s: float) -> bytes:
-        request = urllib.request.Request(self.url + path, headers=self._auth())
+        request = urllib.request.Request(self.url + path, headers=bearer_header(self.token))
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.read()
-
-    def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def get_json(self, path: str, timeout_s: float = 10.0):
         return json.loads(self._get(path, timeout_s))
@@ -59,7 +58,7 @@ class Service:
 
     def post_json(self, path: str, body: dict, timeout_s: float = 10.0) -> tuple[int, dict]:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", **self._auth()})
+                                         headers={"Content-Type": "application/json", **bearer_header(self.token)})
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return response.status, json.loads(response.read())

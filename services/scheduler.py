@@ -75,7 +75,7 @@ class _Job:
     submitted_s: float
     future: asyncio.Future
     client: Hashable
-    prepare: Callable[[object, "PassTiming"], object] | None = None
+    prepare: Callable[[object, PassTiming], object] | None = None
 
 
 class Scheduler:
@@ -220,19 +220,19 @@ class Scheduler:
         ready_s = max(job.submitted_s for job in batch)
         if len(batch) < self.config.max_batch and batch[0].kind != "prefill":
             ready_s = max(ready_s, batch[0].submitted_s + self.config.batch_window_ms / 1000)
-        def timings(start_s: float, compute_s: float) -> list[PassTiming]:
-            return [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
-                    for job in batch]
 
-        def prepared(outcomes: list, start_s: float, compute_s: float) -> list:
+        def timed(outcomes: list, start_s: float, compute_s: float) -> tuple[list, list[PassTiming]]:
+            """Each job's timing and its prepared result, as soon as the pass's times are known."""
+            timings = [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
+                       for job in batch]
             return [_capture(lambda: job.prepare(value, timing)) if ok and job.prepare else (ok, value)
-                    for job, (ok, value), timing in zip(batch, outcomes, timings(start_s, compute_s))]
+                    for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
 
-        outcomes, start_s, compute_s = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s,
-                                                             ready_s, prepared)
+        (outcomes, timings), _, _ = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s,
+                                                          ready_s, timed)
         self.batch_sizes[len(batch)] += 1
         self.passes[kind] += 1
-        for job, (ok, value), timing in zip(batch, outcomes, timings(start_s, compute_s)):
+        for job, (ok, value), timing in zip(batch, outcomes, timings):
             if job.future.done():
                 continue
             if ok:

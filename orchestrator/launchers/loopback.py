@@ -64,6 +64,7 @@ class LoopbackTestbed:
         work = config.make_work_dir()
         try:
             token_file = write_token_file(work)
+            token = token_file.read_text()
             port = free_port()
             verifier = ServiceProcess("verifier", config.verifier_argv("127.0.0.1", port, token_file),
                                       f"http://127.0.0.1:{port}/health", log_dir=work)
@@ -75,7 +76,7 @@ class LoopbackTestbed:
                 self._processes.append(ServiceProcess(
                     f"edge{i}", config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}", token_file),
                     f"http://127.0.0.1:{edge_port}/health", log_dir=work))
-                self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}", token_file.read_text()))
+                self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}", token))
             for process in self._processes:
                 process.wait_ready(config.ready_timeout_s)
         except BaseException:

@@ -56,6 +56,7 @@ class NetnsTestbed:
         topology = self._topology
         work = self.config.make_work_dir()
         token_file = write_token_file(work)       # the bridge is reachable from the host namespace
+        token = token_file.read_text()
         verifier_socket = self._socket_dir / "verifier.sock"
         verifier = ServiceProcess(
             "verifier", self.config.verifier_argv(topology.verifier.ip, VERIFIER_PORT, token_file)
@@ -70,7 +71,7 @@ class NetnsTestbed:
                 f"edge{i}", self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}", token_file)
                 + ["--unix-socket", str(edge_socket)],
                 f"unix:{edge_socket}/health", netns=endpoint.netns, log_dir=work))
-            self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name, token_file.read_text()))
+            self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name, token))
         for process in self._processes:
             process.wait_ready(self.config.ready_timeout_s)
 

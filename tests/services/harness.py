@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from services import wire
+from services.access import bearer_header
 from services.launch import Service, launch, post_runs, read_csv, wait_for_runs, wait_ready  # noqa: F401
 
 # Small emulated compute times: every mode overlaps drafting, the round trip and verification,
@@ -49,7 +50,7 @@ class RawClient:
 
     def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url.replace("http://", "ws://") + "/ws"
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = bearer_header(token)
         self.seq = 0
 
     async def __aenter__(self) -> "RawClient":

@@ -1,6 +1,7 @@
 """The wire messages round-trip and name what is wrong with a bad one; the scheduler batches
 concurrent passes, charges the profile's time for the batch, and keeps one job's failure to itself."""
 import asyncio
+import contextlib
 import pickle
 import sys
 import time
@@ -53,14 +54,20 @@ PROFILE = HardwareProfile("unit", t_draft_edge_s=0.001, t_draft_server_s=0.001, 
                           batch_slope=0.5)
 
 
-async def submit_together(config, jobs):
+@contextlib.asynccontextmanager
+async def running_scheduler(config):
     scheduler = Scheduler(config, EmulatedDevice(PreciseTimer()), PROFILE)
     scheduler.start()
     try:
-        return await asyncio.gather(*(scheduler.submit(kind, size, work) for kind, size, work in jobs),
-                                    return_exceptions=True), scheduler
+        yield scheduler
     finally:
         await scheduler.stop()
+
+
+async def submit_together(config, jobs):
+    async with running_scheduler(config) as scheduler:
+        return await asyncio.gather(*(scheduler.submit(kind, size, work) for kind, size, work in jobs),
+                                    return_exceptions=True), scheduler
 
 
 def test_batch_one_is_strictly_serial():
@@ -151,16 +158,12 @@ def test_clients_take_turns_so_a_backlog_does_not_delay_another_client():
     order = []
 
     async def flood_then_one():
-        scheduler = Scheduler(SchedulerConfig(max_batch=1), EmulatedDevice(PreciseTimer()), PROFILE)
-        scheduler.start()
-        try:
+        async with running_scheduler(SchedulerConfig(max_batch=1)) as scheduler:
             flood = [asyncio.create_task(scheduler.submit("verify", 1, lambda i=i: order.append(("flood", i)),
                                                           client="flood")) for i in range(12)]
             await asyncio.sleep(0)                        # the flood is queued first
             await scheduler.submit("verify", 1, lambda: order.append(("polite", 0)), client="polite")
             await asyncio.gather(*flood)
-        finally:
-            await scheduler.stop()
 
     asyncio.run(flood_then_one())
     assert order.index(("polite", 0)) <= 2       # after at most the pass in progress and one more
@@ -171,14 +174,10 @@ def test_a_batch_is_filled_with_clients_taking_turns():
     order = []
 
     async def two_clients():
-        scheduler = Scheduler(SchedulerConfig(max_batch=2), EmulatedDevice(PreciseTimer()), PROFILE)
-        scheduler.start()
-        try:
+        async with running_scheduler(SchedulerConfig(max_batch=2)) as scheduler:
             jobs = [scheduler.submit("verify", 1, lambda i=i: order.append(("a", i)), client="a") for i in range(3)]
             jobs.append(scheduler.submit("verify", 1, lambda: order.append(("b", 0)), client="b"))
             return await asyncio.gather(*jobs)
-        finally:
-            await scheduler.stop()
 
     results = asyncio.run(two_clients())
     assert set(order[:2]) == {("a", 0), ("b", 0)}      # one FIFO would have run a0 and a1 first
