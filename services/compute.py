@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import heapq
 import itertools
 import json
@@ -251,6 +252,19 @@ def profile_to_json(profile: HardwareProfile) -> str:
     values = asdict(profile)
     values.pop("sources")
     return json.dumps(values)
+
+
+def freeze_startup_heap() -> None:
+    """Keep the garbage collector off what starting the service allocated.
+
+    torch, the models and the libraries are hundreds of thousands of objects that live until
+    exit, and every full collection walks them all: ~100 ms here, a stall of the event loop
+    that lands in whatever round or probe is in flight. Frozen, they are skipped and a full
+    collection walks only what serving allocated (under 1 ms here). Call once, after loading
+    the models, before serving.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def make_device(config: BackendConfig, timer: PreciseTimer | None = None):

@@ -46,7 +46,8 @@ from dsd.drafting import draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from services import access, wire
-from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args
+from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args,
+                              freeze_startup_heap)
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
 
 log = logging.getLogger("services.edge")
@@ -663,6 +664,7 @@ def main(argv: list[str] | None = None) -> None:
     edge = Edge(draft, backend.kind, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None}, token)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
+    freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
     web.run_app(edge.app(), host=args.host, port=args.port, path=args.unix_socket or None,
                 print=None, access_log=None)

@@ -40,7 +40,7 @@ from dsd.drafting import draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from services import access, wire
-from services.compute import add_backend_args, backend_from_args, make_device
+from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
 from services.scheduler import PassTiming, Scheduler, SchedulerConfig
 
 log = logging.getLogger("services.verifier")
@@ -530,6 +530,7 @@ def main(argv: list[str] | None = None) -> None:
                         token)
     log.info("verifier on %s:%s backend=%s token=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
              "required" if token else "none", json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
+    freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
     web.run_app(verifier.app(), host=args.host, port=args.port, path=args.unix_socket or None,
                 print=None, access_log=None)

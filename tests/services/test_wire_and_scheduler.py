@@ -2,6 +2,7 @@
 concurrent passes, charges the profile's time for the batch, and keeps one job's failure to itself."""
 import asyncio
 import contextlib
+import gc
 import pickle
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 
 from dsd.profiles import HardwareProfile
 from services import wire
-from services.compute import EmulatedDevice, PreciseTimer, profile_from_json
+from services.compute import EmulatedDevice, PreciseTimer, freeze_startup_heap, profile_from_json
 from services.scheduler import Scheduler, SchedulerConfig, pass_cost_s
 
 EXAMPLES = [
@@ -135,6 +136,19 @@ def test_emulated_device_charges_the_modelled_time():
 
     result, compute_s, elapsed_s = asyncio.run(one())
     assert result == "x" and compute_s == 0.005 and elapsed_s >= 0.005
+
+
+def test_the_startup_heap_is_frozen_so_full_collections_skip_it():
+    import torch  # noqa: F401  (what a service has loaded before it serves)
+
+    try:
+        freeze_startup_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > 50_000                 # torch alone is well over that
+        gc.collect()
+        assert gc.get_freeze_count() == frozen     # a full collection leaves them frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_a_pass_starts_when_its_input_was_ready_not_when_the_harness_got_to_it():
