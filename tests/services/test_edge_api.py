@@ -65,6 +65,20 @@ def test_a_verifier_refusal_ends_the_run_with_its_message(services):
     assert summary["status"] == "failed" and "max_new_tokens" in summary["error"]
 
 
+@pytest.mark.parametrize("mode", ["sync", "ar"])
+def test_a_request_not_done_within_its_timeout_fails_the_run_naming_it(services, mode):
+    verifier, edge = services
+    run_id = f"slow-{mode}"
+    post_runs(edge, [{**GOOD, "run_id": run_id, "verifier_url": verifier.url, "mode": mode,
+                      "max_new_tokens": 400, "request_timeout_s": 0.05}])
+    summary = wait_for_runs(edge, [run_id])[run_id]
+    assert summary["status"] == "failed" and "request 0: not done within request_timeout_s 0.05" in summary["error"]
+    [row] = read_csv(edge, run_id, "requests.csv")
+    assert "request_timeout_s" in row["error"]
+    ok = {**GOOD, "run_id": f"after-{run_id}", "verifier_url": verifier.url}    # the edge serves on
+    assert wait_for_runs(edge, post_runs(edge, [ok]))[ok["run_id"]]["status"] == "done"
+
+
 def test_metrics_report_sessions_rounds_batches_and_busy_time(services):
     verifier, edge = services
     run = {**GOOD, "run_id": "metrics", "verifier_url": verifier.url, "mode": "ar", "max_new_tokens": 6}
