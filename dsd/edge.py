@@ -60,7 +60,8 @@ class EdgeDecoder:
 
     @property
     def done(self) -> bool:
-        return self.stop.finished(self.generated)
+        n_generated = len(self.committed) - self.prompt_length
+        return self.stop.finished_after(n_generated, self.committed.tokens[-1] if n_generated else None)
 
     def next_draft(self) -> DraftRequest | None:
         """What to draft now, or None to wait for a verdict."""

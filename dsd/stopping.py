@@ -27,8 +27,13 @@ class StopRule:
         return kept
 
     def finished(self, generated: Sequence[int]) -> bool:
-        return len(generated) >= self.max_new_tokens or (
-            self.eos_token_id is not None and bool(generated) and generated[-1] == self.eos_token_id)
+        return self.finished_after(len(generated), generated[-1] if generated else None)
+
+    def finished_after(self, n_generated: int, last_token: int | None) -> bool:
+        """``finished`` from the count and the last token alone (no copy of the tokens: the
+        decoders ask every round)."""
+        return n_generated >= self.max_new_tokens or (
+            self.eos_token_id is not None and n_generated > 0 and last_token == self.eos_token_id)
 
 
 def round_tokens(draft_tokens: Sequence[int], accepted: int, next_token: int) -> list[int]:

@@ -36,7 +36,8 @@ class VerifierSession:
 
     @property
     def finished(self) -> bool:
-        return self.stop.finished(self.generated)
+        n_generated = len(self.committed) - self.prompt_length
+        return self.stop.finished_after(n_generated, self.committed.tokens[-1] if n_generated else None)
 
     def prefill(self) -> int:
         """Feed prompt[:-1]; returns the number of positions computed."""

@@ -419,7 +419,8 @@ class Client:
         step_limit = 64 * (c.max_new_tokens + 1) * (c.gamma + 2)
         steps = 0
         while True:
-            await deliver_ready()
+            if not inbox.empty():       # (checked here: this runs between a send and falling idle)
+                await deliver_ready()
             if edge.done:
                 break
             draft_request = edge.next_draft()
