@@ -28,7 +28,9 @@ loopback, back to back (``baseline_ws_rtt_*``), and paced like a round (``paced_
 client waits gamma * t_draft_edge_s before each message and the server the verify pass's modelled
 time before each echo (reported less that wait), so both processes fall idle as ours do, and wake
 up as slowly as this machine wakes idle processes. The paced echo is the floor under ``wire``;
-``wire_over_baseline_p50_ms`` is what our wire path adds beyond it. Its messages are sent in
+``wire_over_baseline_p50_ms`` is what our wire path adds beyond it, and
+``overhead_vs_paced_p50_ratio`` the one-client overhead over it (1.0: the harness costs no more
+than two processes that do nothing but echo). Its messages are sent in
 blocks between the one-client runs, so that the floor and the rounds see the same moments of a
 host whose speed drifts.
 
@@ -262,6 +264,9 @@ def main() -> None:
     results["paced_ws_rtt_p99_ms"] = percentile(paced_ms, 99)
     if "wire_part_p50_ms" in results:
         results["wire_over_baseline_p50_ms"] = results["wire_part_p50_ms"] - results["paced_ws_rtt_p50_ms"]
+        # The whole one-client overhead against the floor measured beside it: what the harness
+        # costs on this host, as a ratio that a faster or slower host leaves about the same.
+        results["overhead_vs_paced_p50_ratio"] = results["overhead_p50_ms"] / results["paced_ws_rtt_p50_ms"]
     print(f"baseline: bare WebSocket echo between two processes p50 {results['baseline_ws_rtt_p50_ms']:.3f} ms, "
           f"p99 {results['baseline_ws_rtt_p99_ms']:.3f} ms; paced like a round p50 "
           f"{results['paced_ws_rtt_p50_ms']:.3f} ms, p99 {results['paced_ws_rtt_p99_ms']:.3f} ms", file=sys.stderr)
