@@ -60,8 +60,7 @@ class EdgeDecoder:
 
     @property
     def done(self) -> bool:
-        n_generated = len(self.committed) - self.prompt_length
-        return self.stop.finished_after(n_generated, self.committed.tokens[-1] if n_generated else None)
+        return self.stop.finished_in(self.committed.tokens, self.prompt_length)
 
     def next_draft(self) -> DraftRequest | None:
         """What to draft now, or None to wait for a verdict."""

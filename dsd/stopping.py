@@ -27,11 +27,15 @@ class StopRule:
         return kept
 
     def finished(self, generated: Sequence[int]) -> bool:
-        return self.finished_after(len(generated), generated[-1] if generated else None)
+        return self._finished(len(generated), generated[-1] if generated else None)
 
-    def finished_after(self, n_generated: int, last_token: int | None) -> bool:
-        """``finished`` from the count and the last token alone (no copy of the tokens: the
-        decoders ask every round)."""
+    def finished_in(self, tokens: Sequence[int], prompt_length: int) -> bool:
+        """``finished`` for what follows the prompt in ``tokens``, without copying it out (the
+        decoders ask several times a round)."""
+        n_generated = len(tokens) - prompt_length
+        return self._finished(n_generated, tokens[-1] if n_generated > 0 else None)
+
+    def _finished(self, n_generated: int, last_token: int | None) -> bool:
         return n_generated >= self.max_new_tokens or (
             self.eos_token_id is not None and n_generated > 0 and last_token == self.eos_token_id)
 

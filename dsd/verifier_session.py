@@ -36,8 +36,7 @@ class VerifierSession:
 
     @property
     def finished(self) -> bool:
-        n_generated = len(self.committed) - self.prompt_length
-        return self.stop.finished_after(n_generated, self.committed.tokens[-1] if n_generated else None)
+        return self.stop.finished_in(self.committed.tokens, self.prompt_length)
 
     def prefill(self) -> int:
         """Feed prompt[:-1]; returns the number of positions computed."""

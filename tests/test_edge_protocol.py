@@ -75,7 +75,7 @@ def test_edge_config_errors_name_the_field():
 
 
 @pytest.mark.parametrize("rule", [StopRule(3), StopRule(3, eos_token_id=0), StopRule(1, eos_token_id=5)])
-def test_finished_from_the_count_and_last_token_agrees_with_finished_on_the_tokens(rule):
+def test_finished_after_the_prompt_agrees_with_finished_on_the_generated_tokens(rule):
     for generated in ([], [0], [5], [1, 2], [1, 0], [1, 2, 3], [0, 0, 0, 0], [4, 5]):
-        last = generated[-1] if generated else None
-        assert rule.finished_after(len(generated), last) == rule.finished(generated), generated
+        for prompt in ([7], [0, 5]):
+            assert rule.finished_in(prompt + generated, len(prompt)) == rule.finished(generated), (prompt, generated)
