@@ -11,6 +11,7 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from orchestrator import capacity
+from orchestrator.rounds import rounds_with_receipts
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
 GROUP_KEYS = ["profile", "alpha"]        # point keys only in sweeps that vary them
@@ -84,9 +85,10 @@ def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dic
     params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in compute.items()}
     source = {k: "compute only (no receipt times)" for k in params}
     overhead_ms = {}
-    if rounds.empty or "t_receive_s" not in rounds or rounds["t_receive_s"].isna().all():
+    live = rounds_with_receipts(rounds)
+    if live is None:
         return params, source, overhead_ms
-    live = rounds[~rounds["stale"].astype(bool) & rounds["t_receive_s"].notna()].sort_values("round_index")
+    live = live.sort_values("round_index")
     keys = [k for k in ["point", "client_id", "request_index"] if k in live]
     previous_receive_s = live.groupby(keys)["t_receive_s"].shift(1)
     live = live.assign(since_previous_s=live["t_receive_s"] - previous_receive_s,
@@ -161,9 +163,9 @@ def steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Serie
     the steady state of the closed form does not have. Elsewhere the request's own figure
     (first to last receipt)."""
     fallback = requests["steady_per_token_s"]
-    if rounds.empty or "t_receive_s" not in rounds or rounds["t_receive_s"].isna().all():
+    live = rounds_with_receipts(rounds, emitting_only=True)
+    if live is None:
         return fallback
-    live = rounds[~rounds["stale"].astype(bool) & rounds["t_receive_s"].notna() & (rounds["emitted"] > 0)]
     values = {}
     for (client, request), g in live.groupby(["client_id", "request_index"]):
         g = g.sort_values("round_index")

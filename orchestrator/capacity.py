@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from orchestrator.rounds import rounds_with_receipts
 
 
 def overlap_window(receipts: list[np.ndarray]) -> tuple[float, float]:
@@ -32,9 +33,9 @@ def overlap_counts(receipts: list[np.ndarray], emitted: list[np.ndarray]) -> tup
 def overlap_tok_s_per_client(rounds: pd.DataFrame) -> float:
     """Each client's token rate while all of the point's clients ran at once (the capacity
     measure: a saturated server shares itself between exactly these clients)."""
-    if rounds.empty or "t_receive_s" not in rounds:
+    live = rounds_with_receipts(rounds, emitting_only=True)
+    if live is None:
         return math.nan
-    live = rounds[~rounds["stale"].astype(bool) & rounds["t_receive_s"].notna() & (rounds["emitted"] > 0)]
     clients = [g.sort_values("t_receive_s") for _, g in live.groupby("client_id")]
     if not clients or any(len(c) < 2 for c in clients):
         return math.nan
