@@ -94,3 +94,22 @@ class RawClient:
         await self.send(message)
         replies = await self.until(lambda m: getattr(m, "seq", None) == message.seq, timeout_s)
         return replies[-1]
+
+
+def run(coroutine, timeout_s: float = 90.0):
+    """Run a test's client coroutine to its end, bounded in time."""
+    return asyncio.run(asyncio.wait_for(coroutine, timeout_s))
+
+
+def open_message(seq: int, session: int, prompt=(1, 2, 3), max_new_tokens: int = 8,
+                 temperature: float = 0.0) -> wire.Open:
+    return wire.Open(seq, session, list(prompt), max_new_tokens, temperature, None, 0, True)
+
+
+def sessions_open(verifier: Service, timeout_s: float = 10.0) -> int:
+    """The verifier's open sessions once they reach 0 or ``timeout_s`` has passed (a client's
+    disconnect frees its sessions a moment later)."""
+    deadline = time.monotonic() + timeout_s
+    while verifier.get_json("/metrics")["sessions_open"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return verifier.get_json("/metrics")["sessions_open"]

@@ -2,7 +2,6 @@
 address unless told the namespace is the testbed's own; with a token, sessions and /metrics need
 it (health stays open), a refusal is a structured 401 that allocates nothing, and the edge sends
 the token; nothing received is unpickled."""
-import asyncio
 import os
 import pickle
 import subprocess
@@ -22,14 +21,10 @@ from dsd.stopping import StopRule
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
 from services import access, wire
 from services.launch import REPO, free_port
-from tests.services.harness import TEST_PROFILE, RawClient, post_runs, read_csv, synthetic_args, wait_for_runs
+from tests.services.harness import TEST_PROFILE, RawClient, post_runs, read_csv, run, synthetic_args, wait_for_runs
 
 ALPHA, SEED = 0.7, 3
 TOKEN = "test-token-" + "x" * 24
-
-
-def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 60))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """Bad input never hurts the verifier: every malformed or out-of-range message gets a structured
 Error naming the problem, the server stays up, and other sessions' outputs are unchanged."""
-import asyncio
-import time
 
 import msgpack
 import pytest
@@ -15,7 +13,8 @@ from dsd.backends.protocol import SamplingParams
 from dsd.sequence import prefix_digest
 from dsd.stopping import StopRule
 from services import wire
-from tests.services.harness import RawClient, post_runs, read_csv, synthetic_args, wait_for_runs
+from tests.services.harness import (RawClient, open_message, post_runs, read_csv, run, sessions_open, synthetic_args,
+                                    wait_for_runs)
 
 ALPHA, SEED, VOCAB = 0.6, 7, 512
 MAX_GAMMA, MAX_TOKENS, MAX_BYTES, MAX_SESSIONS = 8, 256, 65536, 40
@@ -30,21 +29,6 @@ def services(spawn, tmp_path_factory):
     return spawn(("services.verifier", synthetic_args(ALPHA, SEED) + LIMIT_ARGS + ["--max-batch", "4"]),
                  ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]),
                  ("services.verifier", synthetic_args(ALPHA, SEED) + ["--idle-timeout-s", "0.5"]))
-
-
-def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 60))
-
-
-def open_message(seq, session, prompt=(1, 2, 3), max_new_tokens=8, temperature=0.0):
-    return wire.Open(seq, session, list(prompt), max_new_tokens, temperature, None, 0, True)
-
-
-def no_active_sessions(verifier, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while verifier.get_json("/metrics")["sessions_open"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return verifier.get_json("/metrics")["sessions_open"] == 0
 
 
 def body(message, **changes) -> dict:
@@ -236,7 +220,7 @@ def test_fuzzed_frames_get_structured_errors_and_other_sessions_are_unchanged(se
             assert [int(t) for t in row["token_ids"].split()] == reference
     metrics = verifier.get_json("/metrics")
     assert metrics["errors"] and "internal" not in metrics["errors"]
-    assert no_active_sessions(verifier)
+    assert sessions_open(verifier) == 0
 
 
 # ---- limits and lifetimes ------------------------------------------------------------------
@@ -248,12 +232,12 @@ async def open_many(url, n):
 
 def test_sessions_beyond_max_sessions_are_refused_and_freed_on_disconnect(services):
     verifier = services[0]
-    assert no_active_sessions(verifier)
+    assert sessions_open(verifier) == 0
     replies = run(open_many(verifier.url, MAX_SESSIONS + 2))
     assert all(isinstance(r, wire.Opened) for r in replies[:MAX_SESSIONS])
     assert all(isinstance(r, wire.Error) and (r.code, r.field) == (wire.LIMIT, "session")
                for r in replies[MAX_SESSIONS:])
-    assert no_active_sessions(verifier)         # the connection closed: every session freed
+    assert sessions_open(verifier) == 0         # the connection closed: every session freed
     assert verifier.get_json("/metrics")["connections_open"] == 0
 
 

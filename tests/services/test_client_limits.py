@@ -14,7 +14,8 @@ from dsd.drafting import draft_block
 from dsd.sequence import prefix_digest
 from dsd.stopping import StopRule
 from services import wire
-from tests.services.harness import TEST_PROFILE, RawClient, post_runs, read_csv, synthetic_args, wait_for_runs
+from tests.services.harness import (TEST_PROFILE, RawClient, open_message, post_runs, read_csv, run, sessions_open,
+                                    synthetic_args, wait_for_runs)
 
 ALPHA, SEED = 0.6, 5
 SESSIONS, INFLIGHT, PROMPT, TOKENS = 4, 5, 16, 200
@@ -55,24 +56,9 @@ def check_bystanders(edge, run_ids):
             assert [int(t) for t in row["token_ids"].split()] == expected, run_id
 
 
-def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 90))
-
-
-def open_message(seq, session, prompt=(1, 2, 3), max_new_tokens=8):
-    return wire.Open(seq, session, list(prompt), max_new_tokens, 0.0, None, 0, True)
-
-
 def is_limit(reply, limit, field, code=wire.LIMIT) -> bool:
     return (isinstance(reply, wire.Error) and (reply.code, reply.limit, reply.field) == (code, limit, field)
             and limit in reply.message)
-
-
-def sessions_open(verifier, timeout_s=10.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while verifier.get_json("/metrics")["sessions_open"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return verifier.get_json("/metrics")["sessions_open"]
 
 
 async def sessions_prompt_and_tokens(url):
