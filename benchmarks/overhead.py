@@ -4,9 +4,10 @@
 
 Synthetic backend, no added delay, synchronous DSD over loopback. One client: ``--rounds``
 rounds, as runs of about 150 rounds one after another; n clients: one request of a quarter of
-that per client, fewer beyond 8 clients (``multi_client_rounds``). A round is measured from its first draft step to the next
-round's (so handling the verdict and writing the trace row count too); from rounds.csv, for
-every round but a request's first (which also waits for the prefill) and last:
+that per client, fewer beyond 8 clients (``multi_client_rounds``). A round is measured from its
+first draft step to the next round's (so handling the verdict and writing the trace row count
+too); from rounds.csv, for every round but a request's first (which also waits for the prefill)
+and last:
 
     overhead = round - gamma * t_draft_edge_s - server_queue_s - server_compute_s
 
@@ -222,7 +223,7 @@ def multi_client_rounds(rounds: int, n_clients: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--rounds", type=int, default=600, help="rounds per client (1 client; fewer for more)")
+    parser.add_argument("--rounds", type=int, default=600, help="rounds of the one client (n clients: see multi_client_rounds)")
     args = parser.parse_args()
     if min(args.clients) < 1 or args.rounds < 20:
         parser.error("--clients must be >= 1 and --rounds >= 20")

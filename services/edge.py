@@ -449,14 +449,14 @@ class Client:
                     lambda: [step() for _ in range(n_steps)], n_steps * self.t_draft_s, ready_s, finish_block)
                 steps += n_steps
             else:     # a verdict may refute the prefix mid-block: look after every step
-                step_starts_s = []
-                for _ in range(n_steps):
-                    step_starts_s.append((await self.device.run(step, self.t_draft_s, ready_s))[1])
+                for i in range(n_steps):
+                    _, step_start_s, _ = await self.device.run(step, self.t_draft_s, ready_s)
+                    if i == 0:
+                        t_draft_start_s = step_start_s
                     steps += 1
                     await deliver_ready()
                     if edge.epoch != draft_request.epoch:
                         break
-                t_draft_start_s = step_starts_s[0]
                 to_send, frames = finish_block()
             if steps > step_limit:
                 raise RunError(f"request {request.index}: more than {step_limit} draft steps")
