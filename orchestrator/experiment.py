@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
-from dsd.profiles import load_profiles
+from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -38,6 +38,8 @@ class Experiment:
     profile: str | tuple[str, ...] = ""
     alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
+    hardware_profiles: tuple[HardwareProfile, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -80,12 +82,26 @@ class Experiment:
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
-        known = load_profiles()
+        _check(all(isinstance(p, HardwareProfile) for p in self.hardware_profiles), "profiles",
+               self.hardware_profiles, "[profiles.NAME] tables")
+        packaged = load_profiles()
+        own = [p.name for p in self.hardware_profiles]
+        for name in own:
+            _check(name not in packaged, f"profiles.{name}", name,
+                   "a name that dsd/profiles.toml does not use already (choose another)")
+        _check(len(set(own)) == len(own), "profiles", own, "each profile defined once (in the file or --profiles)")
+        known = sorted(packaged) + own
         for name in self.profiles():
-            _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
+            _check(not name or name in known, "profile", name,
+                   f"a profile of dsd/profiles.toml, [profiles.NAME] or --profiles {known}")
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
+
+    def hardware_profile(self, name: str) -> HardwareProfile:
+        """The named profile: the experiment's own, else dsd/profiles.toml's."""
+        own = {p.name: p for p in self.hardware_profiles}
+        return own[name] if name in own else load_profiles()[name]
 
     def alphas(self) -> tuple[float, ...]:
         return tuple(float(a) for a in self.alpha) or (self.backend.alpha,)
@@ -108,21 +124,40 @@ def _check(ok: bool, key: str, value, expected: str) -> None:
         raise ValueError(f"experiment key {key!r}: expected {expected}, got {value!r}")
 
 
-def load_experiment(path: Path) -> Experiment:
+def load_experiment(path: Path, profiles_file: Path | None = None) -> Experiment:
+    """An experiment file; ``profiles_file`` (the CLI's --profiles) adds hardware profiles in the
+    format of dsd/profiles.toml."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: not valid TOML: {error}") from None
-    return experiment_from_dict(data, source=str(path))
+    extra = ()
+    if profiles_file is not None:
+        if not Path(profiles_file).is_file():
+            raise FileNotFoundError(f"--profiles {str(profiles_file)!r} does not exist or is not a file")
+        try:
+            extra = tuple(load_profiles(Path(profiles_file)).values())
+        except ValueError as error:
+            raise ValueError(f"--profiles {profiles_file}: {error}") from None
+    return experiment_from_dict(data, source=str(path), extra_profiles=extra)
 
 
-def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
+def experiment_from_dict(data: dict, source: str = "experiment",
+                         extra_profiles: tuple[HardwareProfile, ...] = ()) -> Experiment:
     data = dict(data)
     backend = data.pop("backend", {})
-    known = {f.name for f in fields(Experiment)} - {"backend"}
+    tables = data.pop("profiles", {})
+    known = {f.name for f in fields(Experiment)} - {"backend", "hardware_profiles"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend'})}")
+        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend', 'profiles'})}")
+    if not isinstance(tables, dict):
+        raise ValueError(f"{source}: experiment key 'profiles': expected [profiles.NAME] tables, got {tables!r}")
+    try:
+        data["hardware_profiles"] = tuple(profiles_from_tables(tables, prefix="profiles.").values()) + \
+            tuple(extra_profiles)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source}: {error}") from None
     backend_known = {f.name for f in fields(BackendConfig)}
     unknown = sorted(set(backend) - backend_known)
     if unknown:

@@ -14,7 +14,6 @@ import pandas as pd
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
-from dsd.profiles import get_profile
 from dsd.timing import measure_times
 from orchestrator import leftovers
 from orchestrator.experiment import Experiment
@@ -38,7 +37,7 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
             recorded["t_verify_s"] = {int(k): v for k, v in recorded["t_verify_s"].items()}
             return Costs(**recorded)
     if experiment.backend.kind == "synthetic":
-        profile = get_profile(experiment.profile)
+        profile = experiment.hardware_profile(experiment.profile)
         return Costs(profile.t_draft_edge_s, profile.t_draft_server_s, profile.t_ar_s,
                      {g: profile.t_verify_s(g) for g in experiment.gamma}, profile.t_prefill_per_token_s)
     print("measuring compute times of the model pair on this machine ...", file=sys.stderr)
@@ -156,7 +155,7 @@ def choose_launcher(requested: str) -> str:
 
 
 def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
-    profile = get_profile(experiment.profile) if experiment.profile else None
+    profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
     config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
                             max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
                             work_dir=str(work_dir))
