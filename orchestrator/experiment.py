@@ -78,6 +78,8 @@ class Experiment:
         _check(all(_is_number(a) and 0 < a <= 1 for a in self.alpha), "alpha", self.alpha,
                "a list of numbers in (0, 1]")
         _check(len(set(self.alpha)) == len(self.alpha), "alpha", self.alpha, "no repeated values")
+        _check(not (self.alpha and (self.backend.acceptance_trace or self.backend.acceptance_rounds)), "alpha",
+               self.alpha, "no alpha sweep with backend.acceptance_trace (the trace decides acceptance)")
         if isinstance(self.profile, tuple):
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
@@ -139,6 +141,10 @@ def load_experiment(path: Path, profiles_file: Path | None = None) -> Experiment
             extra = tuple(load_profiles(Path(profiles_file)).values())
         except ValueError as error:
             raise ValueError(f"--profiles {profiles_file}: {error}") from None
+    trace = data.get("backend", {}).get("acceptance_trace") if isinstance(data.get("backend"), dict) else None
+    if isinstance(trace, str) and trace and not Path(trace).expanduser().is_absolute():
+        # relative to the experiment file, so it runs from any working directory
+        data["backend"] = {**data["backend"], "acceptance_trace": str(Path(path).parent / trace)}
     return experiment_from_dict(data, source=str(path), extra_profiles=extra)
 
 

@@ -71,6 +71,9 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    trace = experiment.backend.acceptance() if experiment.backend.kind == "synthetic" else None
+    if trace is not None:
+        common["acceptance_trace"] = trace.summary()
     try:
         if launcher == "sim":
             facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}

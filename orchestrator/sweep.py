@@ -236,6 +236,9 @@ def experiment_record(experiment: Experiment) -> dict:
     for key in ("alpha", "retries", "retry_backoff_s", "hardware_profiles"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
+    for key in ("acceptance_trace", "acceptance_rounds"):      # likewise, in [backend]
+        if not record["backend"].get(key, "x"):
+            del record["backend"][key]
     return record
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsd.backends.acceptance_trace import AcceptanceTrace, read_rounds_csv
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 
 BACKEND_KINDS = ("synthetic", "hf")
@@ -26,6 +27,11 @@ class BackendConfig:
     vocab_size: int = 512
     seed: int = 0
     eos_prob: float = 0.0
+    # synthetic: replay a real pair's per-round acceptance instead of i.i.d. alpha
+    # (dsd/backends/acceptance_trace.py): a rounds.csv path, or the rounds inline as
+    # "proposed:accepted,..." (what the launchers send the services)
+    acceptance_trace: str = ""
+    acceptance_rounds: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -34,12 +40,25 @@ class BackendConfig:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
+        if self.acceptance_trace and self.acceptance_rounds:
+            raise ValueError("acceptance_trace and acceptance_rounds: give one (a rounds.csv, or its rounds inline)")
+        if (self.acceptance_trace or self.acceptance_rounds) and self.kind != "synthetic":
+            raise ValueError(f"acceptance_trace is for the synthetic backend (a real pair has its own acceptance), "
+                             f"got kind={self.kind!r}")
         if self.kind == "synthetic":
-            self.synthetic()          # validates alpha, vocab_size, eos_prob
+            self.synthetic()          # validates alpha, vocab_size, eos_prob, the trace
+
+    def acceptance(self) -> AcceptanceTrace | None:
+        """The acceptance trace to replay, or None for i.i.d. alpha."""
+        if self.acceptance_rounds:
+            return AcceptanceTrace.from_text(self.acceptance_rounds)
+        if self.acceptance_trace:
+            return read_rounds_csv(self.acceptance_trace)
+        return None
 
     def synthetic(self) -> SyntheticConfig:
         return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob)
+                               eos_prob=self.eos_prob, acceptance_trace=self.acceptance())
 
 
 def load_pair(config: BackendConfig):

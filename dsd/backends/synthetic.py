@@ -5,7 +5,8 @@ The target is a deterministic function of the context: the token at a position i
 EOS draw (probability ``eos_prob`` per position) says so. The draft copies the target's token
 with probability ``alpha``, decided by an independent hash of the same inputs, and proposes a
 wrong token otherwise; so acceptance is i.i.d. per position with probability alpha, as the
-latency model assumes, and a greedy run is reproducible bit for bit.
+latency model assumes, and a greedy run is reproducible bit for bit. With ``acceptance_trace``
+the draft is right or wrong where a real pair's recorded rounds say (acceptance_trace.py).
 
 Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
 time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a hardware profile.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay
 from dsd.backends.protocol import ForwardStats
 from dsd.sequence import common_prefix_length
 
@@ -46,6 +48,8 @@ class SyntheticConfig:
     eos_token_id: int = 0
     eos_prob: float = 0.0       # per generated position
     context_tokens: int = 4     # how much of the context decides the next token
+    # replay a real pair's acceptance instead of i.i.d. alpha (dsd/backends/acceptance_trace.py)
+    acceptance_trace: AcceptanceTrace | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -78,10 +82,11 @@ def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) ->
     return token + 1 if token >= config.eos_token_id else token
 
 
-def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int]) -> int:
+def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], alpha: float | None = None) -> int:
+    """alpha: this position's acceptance probability, config.alpha unless a trace decides it."""
     right = _target_at(config, position, window)
     h = _hash(config.seed, 0xD4AF7, position, *window)
-    if h / _TWO64 < config.alpha:
+    if alpha == 1.0 or h / _TWO64 < (config.alpha if alpha is None else alpha):
         return right
     # A wrong token (never the right one, so a rejection is a rejection).
     return (right + 1 + _hash(h) % (config.vocab_size - 1)) % config.vocab_size
@@ -101,6 +106,8 @@ class SyntheticLM:
         self.stats = ForwardStats()
         self._next_at = _target_at if role == "target" else _draft_at
         self._cached: dict[str, list[int]] = {}
+        trace = config.acceptance_trace if role == "draft" else None
+        self._replay = TraceReplay(trace, config.seed) if trace is not None else None
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
         if not 1 <= n_last <= len(tokens):
@@ -115,9 +122,13 @@ class SyntheticLM:
         out = torch.zeros(n_last, self.vocab_size)                        # [n_last, vocab]
         k = self.config.context_tokens
         first = len(tokens) - n_last + 1
+        next_at = self._next_at
+        if self._replay is not None:
+            alpha_at = self._replay.alpha_of(seq_id, tokens, n_last)
+            next_at = lambda config, position, window: _draft_at(config, position, window, alpha_at(position))  # noqa: E731
         for row in range(n_last):
             position = first + row
-            out[row, self._next_at(self.config, position, tokens[max(0, position - k):position])] = 1.0
+            out[row, next_at(self.config, position, tokens[max(0, position - k):position])] = 1.0
         return out
 
     def cached_length(self, seq_id: str) -> int:
@@ -129,3 +140,5 @@ class SyntheticLM:
 
     def release(self, seq_id: str) -> None:
         self._cached.pop(seq_id, None)
+        if self._replay is not None:
+            self._replay.release(seq_id)
