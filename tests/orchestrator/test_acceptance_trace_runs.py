@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from dsd.backends.acceptance_trace import AcceptanceTrace
+from orchestrator.cli import main
 from orchestrator.experiment import experiment_from_dict, load_experiment
 from orchestrator.launchers.compose import ComposeConfig
 from orchestrator.launchers.processes import backend_args
@@ -18,6 +19,8 @@ from orchestrator.run import run_experiment
 from orchestrator.sweep import experiment_record
 from orchestrator.workload import make_prompts
 from tests.test_acceptance_trace import bimodal_trace, histogram, total_variation, write_rounds
+
+REPO_TRACE = "experiments/traces/default-pair-rounds.csv"
 
 
 def trace_file(tmp_path, trace: AcceptanceTrace):
@@ -105,3 +108,11 @@ def test_experiment_keys_a_relative_trace_and_no_alpha_sweep(tmp_path):
                               "backend": {"kind": "synthetic", "acceptance_trace": str(tmp_path / "none.csv")}})
     plain = experiment_record(experiment_from_dict({"name": "x", "profile": "toy-edge-cloud"}))
     assert "acceptance_trace" not in plain["backend"]       # older sweep folders still resume
+
+
+def test_the_shipped_trace_and_experiment_are_valid(capsys):
+    assert main(["sweep", "experiments/acceptance-trace.toml", "--dry-run"]) == 0
+    exp = load_experiment("experiments/acceptance-trace.toml")
+    trace = exp.backend.acceptance()
+    assert len(trace.rounds) >= 200 and 0.3 < trace.alpha_hat < 0.95 and {g for g, _ in trace.rounds} == {4}
+    assert os.path.samefile(exp.backend.acceptance_trace, REPO_TRACE)
