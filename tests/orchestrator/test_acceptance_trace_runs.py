@@ -15,7 +15,8 @@ from orchestrator.cli import main
 from orchestrator.experiment import experiment_from_dict, load_experiment
 from orchestrator.launchers.compose import ComposeConfig
 from orchestrator.launchers.processes import backend_args
-from orchestrator.run import run_experiment
+from orchestrator.report import write_report
+from orchestrator.run import analyze_sweep, run_experiment
 from orchestrator.sweep import experiment_record
 from orchestrator.workload import make_prompts
 from tests.test_acceptance_trace import bimodal_trace, histogram, total_variation, write_rounds
@@ -58,6 +59,8 @@ def test_a_sim_sweep_replays_the_trace_and_reproduces_its_histogram(tmp_path):
     assert total_variation(histogram(list(rounds["accepted"])), want) < 0.06
     recorded = json.loads((tmp_path / "sim" / "sweep.json").read_text())["acceptance_trace"]
     assert recorded["rounds"] == 300 and recorded["alpha_hat"] == pytest.approx(trace.alpha_hat)
+    analyze_sweep(tmp_path / "sim")
+    assert "acceptance replayed from the trace" in write_report(tmp_path / "sim").read_text()
 
 
 def test_the_loopback_services_replay_the_trace_sent_inline(tmp_path):
