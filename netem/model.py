@@ -8,8 +8,10 @@ A packet that arrives at ``arrival_s``:
    loss rate is exactly loss_pct; netem's own correlated generator shifts the mean, we do not);
 2. waits for the wire if rate_mbit is set (FIFO serialisation at the rate; tail drop when more
    than ``backlog_pkts`` full-size packets are waiting, like a default txqueuelen of 1000);
-3. then propagates for delay_ms plus a jitter draw (uniform or normal, lag-1 correlated through
-   an AR(1) Gaussian, so the marginal spread is the configured one whatever the correlation);
+3. then propagates for delay_ms plus a jitter draw (uniform, normal, or an entry of netem's
+   pareto/paretonormal table picked by a uniform, as netem picks one; lag-1 correlated through an
+   AR(1) Gaussian mapped to the draw by its CDF, so the marginal distribution is the configured
+   one whatever the correlation);
 4. never leaves before the packet ahead of it: FIFO release, so jitter does not reorder
    (netem's does unless a rate is set).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 
+from netem import distributions
 from netem.spec import DirectionSpec
 
 MTU_BYTES = 1500
@@ -30,7 +33,10 @@ _HEADROOM = 1.25
 
 def hold_time_s(direction: DirectionSpec) -> float:
     """How long a packet is held at most, backlog aside."""
-    return (direction.delay_ms + _JITTER_TAIL_STDEVS * direction.delay_stdev_ms) / 1000.0
+    tail_ms = _JITTER_TAIL_STDEVS * direction.delay_stdev_ms
+    if direction.distribution in distributions.TABLE_DISTRIBUTIONS:
+        tail_ms = 4.0 * direction.jitter_ms  # the tables' clip: a long tail, reached by 1% of draws
+    return (direction.delay_ms + tail_ms) / 1000.0
 
 
 def queue_limit_pkts(direction: DirectionSpec, max_pps: int, backlog_pkts: int = DEFAULT_BACKLOG_PKTS) -> int:
@@ -102,6 +108,8 @@ class DirectionScheduler:
         self._z = rho * self._z + math.sqrt(1.0 - rho * rho) * self._rng.gauss(0.0, 1.0)
         if d.distribution == "uniform":
             jitter_ms = d.jitter_ms * (2.0 * _normal_cdf(self._z) - 1.0)
-        else:
+        elif d.distribution == "normal":
             jitter_ms = d.jitter_ms * self._z
+        else:
+            jitter_ms = d.jitter_ms * distributions.draw(d.distribution, _normal_cdf(self._z))
         return max(0.0, d.delay_ms + jitter_ms) / 1000.0
