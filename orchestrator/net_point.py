@@ -18,14 +18,16 @@ import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
+from orchestrator.links import LinkOptions, edge_specs
 from orchestrator.launchers.base import LinkState, Testbed
 from orchestrator.sweep import Point
 
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
                   max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
-                  timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
-    links = testbed.shape([point.rtt_ms] * len(testbed.edges))
+                  timeout_s: float = 900.0, link_options: LinkOptions | None = None,
+                  ) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+    links = testbed.shape(edge_specs(link_options, point, len(testbed.edges)))
     attempt_id = os.urandom(3).hex()
     runs = []
     for client in range(point.clients):
@@ -70,6 +72,11 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     requests["request_index"] -= warmup
     requests = add_steady_state(requests, rounds)
     requests["shaper"] = testbed.shaper
+    # Each client's own link (per-edge links differ): client c ran on edge c mod N.
+    by_edge = {i: link for i, link in enumerate(links)}
+    edge_of = requests["client_id"].astype(int) % len(testbed.edges)
+    requests["link_edge"] = [by_edge[i].edge for i in edge_of]
+    requests["link_rtt_configured_ms"] = [by_edge[i].rtt_configured_ms for i in edge_of]
     return rounds.to_dict("records"), requests.to_dict("records"), links, {"partial_rows_dropped": dropped}
 
 

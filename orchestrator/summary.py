@@ -10,6 +10,7 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from orchestrator import analysis, capacity, plots
+from orchestrator import links as link_columns
 
 
 def read_sweep(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -84,6 +85,8 @@ def analyze_sweep(out: Path) -> dict:
         spec_rounds = group_rounds[group_rounds["mode"] != "ar"] if len(group_rounds) else group_rounds
         alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
         points = analysis.point_table(group_requests, group_rounds, _select(links, group_keys, values))
+        points = link_columns.add_link_columns(points, _select(links, group_keys, values),
+                                               analysis.point_keys(group_requests))
         points = analysis.add_predictions(points, alpha, params[profile])
         points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
             points, alpha, compute[profile])["per_token_ms_predicted"]

@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
+from orchestrator import links
 from orchestrator.experiment import Experiment
 
 
@@ -42,11 +43,19 @@ class Point:
     # stay what they were, so their sweep folders still resume.
     alpha: float | None = None
     profile: str | None = None
+    # The link beyond its RTT (orchestrator/links.py), likewise set only when the experiment sweeps it.
+    jitter_ms: float | None = None
+    delay_distribution: str | None = None
+    correlation_pct: float | None = None
+    loss_pct: float | None = None
+    rate_mbit: float | None = None
+    delay_up_ms: float | None = None
 
     @property
     def key(self) -> str:
         group = f"_{self.group}" if self.group else ""
-        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}{group}_r{self.repeat}"
+        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{links.key_suffix(self)}_g{self.gamma}_c{self.clients}"
+                f"{group}_r{self.repeat}")
 
     @property
     def group(self) -> str:
@@ -69,12 +78,12 @@ def plan_points(experiment: Experiment) -> list[Point]:
     # biasing one RTT; modes innermost, so modes compared at one RTT run together.
     for profile, alpha in itertools.product(profiles, alphas):
         group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
-        for repeat, rtt_ms, gamma, clients, mode in itertools.product(
-                range(experiment.repeats), experiment.rtt_ms, experiment.gamma, experiment.clients,
+        for repeat, link, gamma, clients, mode in itertools.product(
+                range(experiment.repeats), links.link_axes(experiment), experiment.gamma, experiment.clients,
                 experiment.modes):
             if mode == "ar" and gamma != experiment.gamma[0]:
                 continue                       # AR does not depend on gamma: run it once
-            points.append(Point(mode, float(rtt_ms), gamma, clients, repeat, **group))
+            points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link))
     return points
 
 
@@ -233,7 +242,7 @@ def experiment_record(experiment: Experiment) -> dict:
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s"):
+    for key in ("alpha", "retries", "retry_backoff_s", *links.LINK_KEYS, "delay_down_ms", "link"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record

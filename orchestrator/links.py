@@ -1,0 +1,291 @@
+"""The link as an experiment dimension: its sweep keys, the link of each point and edge, and the
+link columns of the traces.
+
+Sweep keys (each a list, or one value, like rtt_ms; the sweep is their product):
+
+    jitter_ms = [0, 5]                 netem's jitter, per direction (see netem.spec)
+    delay_distribution = ["normal"]    uniform (netem's default), normal, pareto, paretonormal
+    correlation_pct = [0]              lag-1 correlation of successive delays and losses
+    loss_pct = [0, 1]                  per direction
+    rate_mbit = [0, 10]                per direction; 0 = no cap
+    delay_up_ms = [5], delay_down_ms = [45]   asymmetric one-way delays, instead of rtt_ms
+
+A key left at its default stays out of the point's key, folder and trace columns, so sweeps
+written before these keys existed still resume. A point's link is `point_spec(point)`.
+
+Per-edge links, the `[link]` table (`LinkOptions`), so one multi-client point mixes near and far
+clients (client c runs on edge c mod edges):
+
+    [link]
+    edges = [{rtt_ms = 10}, {rtt_ms = 150, jitter_ms = 5}]   # edge i gets entry i mod len(edges)
+    draw_rtt_ms = [10, 200]    # or: each edge's RTT drawn uniformly from [10, 200] ...
+    seed = 1                   # ... with this seed (edge i: random.Random(seed * 1_000_003 + i))
+
+An entry sets the keys it gives for its edge and takes the rest from the point (an entry with
+rtt_ms replaces the point's rtt_ms for that edge; the point keeps its key). The draws are the same
+at every point and repeat: edge i is the same near or far client throughout the sweep.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+from dataclasses import dataclass
+
+import pandas as pd
+
+from netem.spec import DISTRIBUTIONS, LinkSpec
+
+# Sweep key -> its default (one value). Order = the order of the point key's suffix.
+LINK_DEFAULTS = {"jitter_ms": 0.0, "delay_distribution": "uniform", "correlation_pct": 0.0,
+                 "loss_pct": 0.0, "rate_mbit": 0.0, "delay_up_ms": None}
+LINK_KEYS = tuple(LINK_DEFAULTS)
+_SUFFIX = {"jitter_ms": "j{:g}ms", "delay_distribution": "{}", "correlation_pct": "corr{:g}",
+           "loss_pct": "loss{:g}", "rate_mbit": "rate{:g}mbit", "delay_up_ms": "up{:g}ms"}
+# Launchers that shape real packets; the others have a delay and nothing else.
+SHAPING_LAUNCHERS = ("netns", "compose")
+
+
+def _fail(key: str, value, expected: str) -> None:
+    raise ValueError(f"experiment key {key!r}: expected {expected}, got {value!r}")
+
+
+def _numbers(key: str, values, lo: float, hi: float, hi_open: bool = False) -> None:
+    ok = len(values) > 0 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+        and not (hi_open and v == hi) for v in values)
+    if not ok:
+        upper = f"< {hi:g}" if hi_open else f"<= {hi:g}"
+        _fail(key, values, f"a non-empty list of numbers >= {lo:g} and {upper}")
+    if len(set(values)) != len(values):
+        _fail(key, values, "no repeated values")
+
+
+def check_link_keys(experiment) -> None:
+    """Each link key on its own, then every combination the sweep will shape (so a jitter larger
+    than some one-way delay fails here, naming the key, not halfway through the sweep)."""
+    _numbers("jitter_ms", experiment.jitter_ms, 0, 10_000)
+    _numbers("correlation_pct", experiment.correlation_pct, 0, 100, hi_open=True)
+    _numbers("loss_pct", experiment.loss_pct, 0, 100, hi_open=True)
+    _numbers("rate_mbit", experiment.rate_mbit, 0, 100_000)
+    dists = experiment.delay_distribution
+    if not dists or any(d not in DISTRIBUTIONS for d in dists) or len(set(dists)) != len(dists):
+        _fail("delay_distribution", dists, f"a non-empty list of distinct names from {DISTRIBUTIONS}")
+    up, down = experiment.delay_up_ms, experiment.delay_down_ms
+    if bool(up) != bool(down):
+        _fail("delay_up_ms" if not up else "delay_down_ms", up or down,
+              "delay_up_ms and delay_down_ms given together (one-way delays, in place of rtt_ms)")
+    if up:
+        _numbers("delay_up_ms", up, 0, 5_000)
+        _numbers("delay_down_ms", down, 0, 5_000)
+    for axes in link_axes(experiment):
+        try:
+            base = _spec(axes)
+        except ValueError as error:
+            key = "jitter_ms" if "jitter_ms" in str(error) else "link"
+            raise ValueError(f"experiment key {key!r}: {error} (at {axes})") from None
+        for i in range(experiment.edges if experiment.link.per_edge else 0):
+            try:
+                edge_spec(base, experiment.link.edge_entry(i))
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.edges[{i % max(len(experiment.link.edges), 1)}]': "
+                                 f"{error} (with the point's link {axes})") from None
+
+
+def varied_link_keys(experiment) -> list[str]:
+    """The link keys this experiment sets away from their defaults (they become point columns)."""
+    keys = [k for k in LINK_KEYS if k != "delay_up_ms" and tuple(getattr(experiment, k)) != (LINK_DEFAULTS[k],)]
+    return keys + (["delay_up_ms"] if experiment.delay_up_ms else [])
+
+
+def link_axes(experiment) -> list[dict]:
+    """Every (rtt_ms, link keys) combination of the sweep, rtt_ms outermost. Keys at their
+    default are left out (None), so such points keep the keys they always had."""
+    varied = varied_link_keys(experiment)
+    if experiment.delay_up_ms:
+        delays = [(up + down, up) for up, down in itertools.product(experiment.delay_up_ms, experiment.delay_down_ms)]
+    else:
+        delays = [(float(r), None) for r in experiment.rtt_ms]
+    others = [k for k in varied if k != "delay_up_ms"]
+    out = []
+    for (rtt_ms, up), values in itertools.product(delays, itertools.product(*(getattr(experiment, k) for k in others))):
+        axes = {"rtt_ms": float(rtt_ms), **{k: (v if k == "delay_distribution" else float(v)) for k, v in zip(others, values)}}
+        if up is not None:
+            axes["delay_up_ms"] = float(up)
+        out.append(axes)
+    return out
+
+
+def _spec(axes: dict) -> LinkSpec:
+    """The LinkSpec of one point's axes (the keys a point carries; absent ones at default)."""
+    get = lambda key: axes.get(key) if axes.get(key) is not None else LINK_DEFAULTS[key]  # noqa: E731
+    delays = {"rtt_ms": axes["rtt_ms"]}
+    if axes.get("delay_up_ms") is not None:
+        delays = {"delay_up_ms": axes["delay_up_ms"], "delay_down_ms": axes["rtt_ms"] - axes["delay_up_ms"]}
+    return LinkSpec(**delays, jitter_ms=get("jitter_ms"), loss_pct=get("loss_pct"),
+                    rate_mbit=get("rate_mbit") or None, correlation_pct=get("correlation_pct"),
+                    distribution=get("delay_distribution"))
+
+
+def point_spec(point) -> LinkSpec:
+    """The link one sweep point asks for (every edge's, unless the experiment gives per-edge links)."""
+    return _spec({k: getattr(point, k, None) for k in ("rtt_ms", *LINK_KEYS)})
+
+
+def as_spec(link) -> LinkSpec:
+    """A launcher's shape() takes LinkSpecs or bare RTTs (ms)."""
+    return link if isinstance(link, LinkSpec) else LinkSpec(rtt_ms=link)
+
+
+def key_suffix(point) -> str:
+    parts = [_SUFFIX[k].format(getattr(point, k)) for k in LINK_KEYS if getattr(point, k, None) is not None]
+    return "".join(f"_{p}" for p in parts)
+
+
+def check_launcher(experiment, launcher: str) -> None:
+    """Only the shaping launchers can give a link jitter, loss, a rate or two different delays."""
+    if launcher in SHAPING_LAUNCHERS:
+        return
+    options = experiment.link
+    if launcher == "sim" and options.per_edge:
+        _fail("link", "per-edge links", "none on the sim launcher (one client, one constant RTT)")
+    for i, entry in enumerate(options.edges):
+        if set(dict(entry)) - {"rtt_ms"}:
+            _fail(f"link.edges[{i}]", dict(entry), f"only rtt_ms on the {launcher} launcher (use netns or compose)")
+    varied = varied_link_keys(experiment)
+    if varied:
+        _fail(varied[0], getattr(experiment, varied[0]),
+              f"its default on the {launcher} launcher, whose link is a constant RTT (use netns or compose)")
+
+
+def link_state(record):
+    """A netem LinkRecord as a row of links.csv: the link as configured and as measured."""
+    from orchestrator.launchers.base import LinkState
+
+    spec, m = record.spec, record.measured
+    nan = math.nan
+    return LinkState(
+        edge=record.edge, shaper=record.backend,
+        rtt_configured_ms=m.configured_rtt_ms if m else spec.expected_rtt_ms(),
+        jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+        rate_configured_mbit=spec.rate_mbit or 0.0,
+        rtt_measured_p50_ms=m.rtt_p50_ms if m else nan, rtt_measured_p99_ms=m.rtt_p99_ms if m else nan,
+        rtt_measured_stdev_ms=m.rtt_stdev_ms if m else nan, loss_measured_pct=m.loss_pct if m else nan,
+        distribution_configured=spec.distribution, correlation_configured_pct=spec.correlation_pct,
+        delay_up_configured_ms=spec.up.delay_ms, delay_down_configured_ms=spec.down.delay_ms,
+        rtt_expected_p50_ms=m.expected_rtt_p50_ms if m else spec.expected_rtt_p50_ms(),
+        rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct,
+        rtt_measured_mean_ms=m.rtt_mean_ms if m else nan)
+
+
+# What points.csv adds per point from links.csv: the median over the point's edges.
+LINK_POINT_COLUMNS = {"rtt_expected_p50_ms": "rtt_link_expected_p50_ms",
+                      "rtt_measured_stdev_ms": "rtt_link_stdev_ms", "rtt_expected_stdev_ms": "rtt_link_expected_stdev_ms",
+                      "loss_measured_pct": "loss_link_pct", "loss_expected_pct": "loss_link_expected_pct"}
+
+
+def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
+    """points.csv with each point's link as configured and measured (links.csv, median over edges)."""
+    if links is None or links.empty or points.empty:
+        return points
+    keys = [k for k in keys if k in links.columns and k in points.columns]
+    have = [c for c in LINK_POINT_COLUMNS if c in links.columns]
+    if not keys or not have:
+        return points
+    per_point = links.groupby(keys)[have].median().rename(columns=LINK_POINT_COLUMNS).reset_index()
+    per_point[keys] = per_point[keys].astype(points[keys].dtypes.to_dict())
+    return points.merge(per_point, on=keys, how="left")
+
+
+# ---- per-edge links -----------------------------------------------------------------------------
+
+# Keys an edge's entry may set (the point's link keys, in their experiment spelling).
+EDGE_KEYS = ("rtt_ms", "delay_up_ms", "delay_down_ms", "jitter_ms", "delay_distribution", "correlation_pct",
+             "loss_pct", "rate_mbit")
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """The experiment's `[link]` table: per-edge links (see the module docstring)."""
+
+    edges: tuple[tuple[tuple[str, object], ...], ...] = ()   # one entry per edge: sorted (key, value) pairs
+    draw_rtt_ms: tuple[float, ...] = ()                       # (low, high): each edge's RTT drawn uniformly
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.edges and self.draw_rtt_ms:
+            _fail("link.draw_rtt_ms", list(self.draw_rtt_ms), "not given together with link.edges (choose one)")
+        for i, entry in enumerate(self.edges):
+            unknown = sorted(set(dict(entry)) - set(EDGE_KEYS))
+            if unknown:
+                _fail(f"link.edges[{i}]", unknown, f"keys from {list(EDGE_KEYS)}")
+            try:
+                edge_spec(LinkSpec(rtt_ms=100), dict(entry))     # its own values valid on a roomy link
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.edges[{i}]': {error}") from None
+        if self.draw_rtt_ms:
+            lo_hi = self.draw_rtt_ms
+            if len(lo_hi) != 2 or not all(_is_number(x) and 0 <= x <= 10_000 for x in lo_hi) or lo_hi[0] > lo_hi[1]:
+                _fail("link.draw_rtt_ms", list(lo_hi), "[low, high] with 0 <= low <= high <= 10000")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            _fail("link.seed", self.seed, "a whole number >= 0")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LinkOptions":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown key(s) in [link]: {unknown}; known: {sorted(known)}")
+        data = dict(data)
+        if "edges" in data:
+            if not isinstance(data["edges"], list) or not all(isinstance(e, dict) for e in data["edges"]):
+                _fail("link.edges", data["edges"], "a list of tables, one per edge")
+            data["edges"] = tuple(tuple(sorted(e.items())) for e in data["edges"])
+        if "draw_rtt_ms" in data:
+            data["draw_rtt_ms"] = tuple(data["draw_rtt_ms"]) if isinstance(data["draw_rtt_ms"], list) \
+                else (data["draw_rtt_ms"],)
+        return cls(**data)
+
+    @property
+    def per_edge(self) -> bool:
+        return bool(self.edges or self.draw_rtt_ms)
+
+    def edge_entry(self, index: int) -> dict:
+        """What edge `index` sets for itself ({} = the point's link)."""
+        if self.edges:
+            return dict(self.edges[index % len(self.edges)])
+        if self.draw_rtt_ms:
+            rng = random.Random(self.seed * 1_000_003 + index)
+            return {"rtt_ms": round(rng.uniform(*self.draw_rtt_ms), 3)}
+        return {}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def edge_spec(base: LinkSpec, entry: dict) -> LinkSpec:
+    """The point's link `base` with an edge's own keys on top."""
+    changes = {("distribution" if k == "delay_distribution" else k): v for k, v in entry.items()}
+    if "rate_mbit" in changes:
+        changes["rate_mbit"] = changes["rate_mbit"] or None
+    if "rtt_ms" in changes:
+        changes.update(delay_up_ms=None, delay_down_ms=None)
+    elif "delay_up_ms" in changes or "delay_down_ms" in changes:
+        changes = {"delay_up_ms": base.up.delay_ms, "delay_down_ms": base.down.delay_ms, **changes, "rtt_ms": None}
+    return dataclasses.replace(base, **changes)
+
+
+def edge_specs(options: LinkOptions | None, point, n_edges: int) -> list[LinkSpec]:
+    """Each edge's link at this point."""
+    base = point_spec(point)
+    if options is None or not options.per_edge:
+        return [base] * n_edges
+    out = []
+    for i in range(n_edges):
+        try:
+            out.append(edge_spec(base, options.edge_entry(i)))
+        except ValueError as error:
+            raise ValueError(f"experiment key 'link.edges[{i}]' at {point.key}: {error}") from None
+    return out

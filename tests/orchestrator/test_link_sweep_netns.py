@@ -1,0 +1,40 @@
+"""A sweep over the link's loss and jitter on network namespaces (root): every point is shaped
+as configured, measured, and still emits exactly the target's greedy tokens."""
+import os
+
+import pandas as pd
+import pytest
+
+from orchestrator.experiment import experiment_from_dict
+from orchestrator.run import analyze_sweep, run_experiment
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(tmp_path):
+    experiment = experiment_from_dict({
+        "name": "lossjit", "launcher": "netns", "modes": ["ar", "sync"], "rtt_ms": [20], "gamma": [3],
+        "jitter_ms": [0, 4], "delay_distribution": "pareto", "loss_pct": [0, 3], "clients": [1], "edges": 1,
+        "requests": 2, "warmup_requests": 1, "max_new_tokens": 16, "prompt_tokens": 8,
+        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}})
+    out = tmp_path / "lj"
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    requests = pd.read_csv(out / "requests.csv")
+    assert len(requests) == 2 * 2 * 2 * 2                    # jitter x loss x modes x requests
+    # Loss and jitter slow a round, never change what it emits.
+    tokens = requests.groupby("request_index")["token_ids"].nunique()
+    assert (tokens == 1).all(), requests[["point", "request_index", "token_ids"]]
+    links = pd.read_csv(out / "links.csv")
+    assert set(links["distribution_configured"]) == {"pareto"}
+    assert sorted(set(zip(links["jitter_configured_ms"], links["loss_configured_pct"]))) == \
+        [(0, 0), (0, 3), (4, 0), (4, 3)]
+    jittered = links[links["jitter_configured_ms"] == 4]
+    # pareto, 4 ms per direction: RTT stdev 0.82 * 4 * sqrt(2) = 4.6 ms; 100 probes.
+    assert jittered["rtt_measured_stdev_ms"].between(3.0, 6.5).all(), jittered["rtt_measured_stdev_ms"]
+    assert (links.loc[links["jitter_configured_ms"] == 0, "rtt_measured_stdev_ms"] < 1.0).all()
+    points = pd.read_csv(out / "points.csv")
+    for column in ("jitter_ms", "loss_pct", "loss_link_pct", "loss_link_expected_pct", "rtt_link_stdev_ms",
+                   "rtt_link_expected_p50_ms"):
+        assert points[column].notna().all(), column
+    assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
