@@ -14,6 +14,11 @@ A packet that arrives at ``arrival_s``:
    one whatever the correlation);
 4. never leaves before the packet ahead of it: FIFO release, so jitter does not reorder
    (netem's does unless a rate is set).
+
+`update(direction)` changes the settings from then on (a link schedule): packets already held
+keep their release times (nothing is dropped or re-timed); the FIFO floor starts afresh, so after
+a cut in delay new packets may overtake held ones, as the new delay implies, and are never held
+back by the old delay. The random state, a loss burst and the wire's backlog carry over.
 """
 from __future__ import annotations
 
@@ -60,12 +65,9 @@ class DirectionScheduler:
     """Loss, serialisation, delay and FIFO order for one direction of one link."""
 
     def __init__(self, direction: DirectionSpec, seed: int, backlog_pkts: int = DEFAULT_BACKLOG_PKTS):
-        self.direction = direction
         self._rng = random.Random(seed)
-        self._rho = direction.correlation_pct / 100.0
-        self._p_loss = direction.loss_pct / 100.0
-        self._rate_bytes_s = direction.rate_bytes_s
         self._backlog_limit_bytes = backlog_pkts * MTU_BYTES
+        self._set(direction)
         self._z = self._rng.gauss(0.0, 1.0)  # AR(1) state of the jitter draw
         self._last_lost = False
         self._wire_free_s = -math.inf
@@ -73,6 +75,19 @@ class DirectionScheduler:
         self.n_in = 0
         self.n_lost = 0
         self.n_overflow = 0
+        self.n_updates = 0
+
+    def _set(self, direction: DirectionSpec) -> None:
+        self.direction = direction
+        self._rho = direction.correlation_pct / 100.0
+        self._p_loss = direction.loss_pct / 100.0
+        self._rate_bytes_s = direction.rate_bytes_s
+
+    def update(self, direction: DirectionSpec) -> None:
+        """New settings for packets arriving from now on (see the module docstring)."""
+        self._set(direction)
+        self._last_release_s = -math.inf
+        self.n_updates += 1
 
     def on_arrival(self, arrival_s: float, size_bytes: int) -> float | None:
         """The time the packet leaves, or None when it is dropped (lost or backlog overflow)."""
