@@ -24,6 +24,19 @@ clients (client c runs on edge c mod edges):
 An entry sets the keys it gives for its edge and takes the rest from the point (an entry with
 rtt_ms replaces the point's rtt_ms for that edge; the point keeps its key). The draws are the same
 at every point and repeat: edge i is the same near or far client throughout the sweep.
+
+Link schedules (netns, compose): the link changes during every point, from when its runs start
+(warm-up requests included), without restarting anything (`netem.schedule`, `Shaper.schedule`):
+
+    [[link.schedule]]          # steps: each changes the keys it names, for every edge
+    at_s = 5
+    rtt_ms = 150
+    # or: trace_csv = "traces/wan.csv"   (t_s, rtt_ms[, jitter_ms, loss_pct, rate_mbit])
+
+links.csv gets one row per change and edge (change_index 1, 2, ...; the point's own link is
+change 0) with its scheduled time and the time it took effect as an echo probe beside the run saw
+it (change_t_unix_s, change_seen_t_unix_s, change_settle_ms; epoch seconds, as rounds.csv); rounds.csv rows
+carry the change in force when the round was sent (`link_change_index`, `link_rtt_configured_ms`).
 """
 from __future__ import annotations
 
@@ -31,10 +44,13 @@ import dataclasses
 import itertools
 import math
 import random
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
 import pandas as pd
 
+from netem.schedule import LinkSchedule, apply_changes, effect_times
 from netem.spec import DISTRIBUTIONS, LinkSpec
 
 # Sweep key -> its default (one value). Order = the order of the point key's suffix.
@@ -91,6 +107,12 @@ def check_link_keys(experiment) -> None:
             except ValueError as error:
                 raise ValueError(f"experiment key 'link.edges[{i % max(len(experiment.link.edges), 1)}]': "
                                  f"{error} (with the point's link {axes})") from None
+        schedule = experiment.link.schedule
+        for i in range(experiment.edges if experiment.link.per_edge else 1) if schedule else ():
+            try:
+                schedule.check(edge_spec(base, experiment.link.edge_entry(i)))
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.schedule': {error} (from the link {axes})") from None
 
 
 def varied_link_keys(experiment) -> list[str]:
@@ -148,6 +170,9 @@ def check_launcher(experiment, launcher: str) -> None:
     if launcher in SHAPING_LAUNCHERS:
         return
     options = experiment.link
+    if options.schedule:
+        _fail("link.schedule", options.trace_csv or "steps",
+              f"none on the {launcher} launcher, which shapes no link (use netns or compose)")
     if launcher == "sim" and options.per_edge:
         _fail("link", "per-edge links", "none on the sim launcher (one client, one constant RTT)")
     for i, entry in enumerate(options.edges):
@@ -212,6 +237,8 @@ class LinkOptions:
     edges: tuple[tuple[tuple[str, object], ...], ...] = ()   # one entry per edge: sorted (key, value) pairs
     draw_rtt_ms: tuple[float, ...] = ()                       # (low, high): each edge's RTT drawn uniformly
     seed: int = 0
+    schedule: LinkSchedule = field(default_factory=LinkSchedule)   # steps, or the trace's rows
+    trace_csv: str = ""                                             # where schedule came from, if a trace
 
     def __post_init__(self) -> None:
         if self.edges and self.draw_rtt_ms:
@@ -242,6 +269,20 @@ class LinkOptions:
             if not isinstance(data["edges"], list) or not all(isinstance(e, dict) for e in data["edges"]):
                 _fail("link.edges", data["edges"], "a list of tables, one per edge")
             data["edges"] = tuple(tuple(sorted(e.items())) for e in data["edges"])
+        if "schedule" in data and "trace_csv" in data:
+            _fail("link.trace_csv", data["trace_csv"], "not given together with [[link.schedule]] (choose one)")
+        if "schedule" in data:
+            if not isinstance(data["schedule"], list):
+                _fail("link.schedule", data["schedule"], "a list of steps ([[link.schedule]] tables)")
+            try:
+                data["schedule"] = LinkSchedule.from_steps(data["schedule"])
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.schedule': {error}") from None
+        if "trace_csv" in data:
+            try:
+                data["schedule"] = LinkSchedule.from_trace_csv(data["trace_csv"])
+            except (OSError, ValueError) as error:
+                raise ValueError(f"experiment key 'link.trace_csv': {error}") from None
         if "draw_rtt_ms" in data:
             data["draw_rtt_ms"] = tuple(data["draw_rtt_ms"]) if isinstance(data["draw_rtt_ms"], list) \
                 else (data["draw_rtt_ms"],)
@@ -267,14 +308,7 @@ def _is_number(value) -> bool:
 
 def edge_spec(base: LinkSpec, entry: dict) -> LinkSpec:
     """The point's link `base` with an edge's own keys on top."""
-    changes = {("distribution" if k == "delay_distribution" else k): v for k, v in entry.items()}
-    if "rate_mbit" in changes:
-        changes["rate_mbit"] = changes["rate_mbit"] or None
-    if "rtt_ms" in changes:
-        changes.update(delay_up_ms=None, delay_down_ms=None)
-    elif "delay_up_ms" in changes or "delay_down_ms" in changes:
-        changes = {"delay_up_ms": base.up.delay_ms, "delay_down_ms": base.down.delay_ms, **changes, "rtt_ms": None}
-    return dataclasses.replace(base, **changes)
+    return apply_changes(base, entry)
 
 
 def edge_specs(options: LinkOptions | None, point, n_edges: int) -> list[LinkSpec]:
@@ -289,3 +323,99 @@ def edge_specs(options: LinkOptions | None, point, n_edges: int) -> list[LinkSpe
         except ValueError as error:
             raise ValueError(f"experiment key 'link.edges[{i}]' at {point.key}: {error}") from None
     return out
+
+
+# ---- a schedule during a point ------------------------------------------------------------------
+
+PROBE_INTERVAL_S = 0.01
+EFFECT_TOLERANCE_MS = 2.0
+
+
+class ScheduledPoint:
+    """Runs a link schedule over one point: every change handed to the shaper at once (it times
+    them), and echo probes from every edge beside the run, to see when each took effect.
+
+        with ScheduledPoint(shaper, specs, schedule) as scheduled:   # starts the clock
+            ... the point's runs ...
+        rows = scheduled.rows()                                      # links.csv rows, one per change
+    """
+
+    def __init__(self, shaper, specs: list[LinkSpec], schedule: LinkSchedule):
+        self.shaper, self.specs, self.schedule = shaper, specs, schedule
+        self.t0_s = math.nan                           # CLOCK_MONOTONIC
+        self.unix_minus_mono_s = 0.0
+        self.t_end_s = math.nan
+        self._stop = threading.Event()
+        self._timeline: list[list] = [[] for _ in specs]
+        self._prober: threading.Thread | None = None
+
+    def __enter__(self) -> "ScheduledPoint":
+        from netem import measure
+
+        self.t0_s = time.monotonic() + 0.05           # the daemon gets the changes before the first
+        # The traces' clock: the edges write wall-clock (epoch) times, kept on perf_counter.
+        self.unix_minus_mono_s = time.time() - time.monotonic()
+        per_edge = [self.schedule.specs(spec) for spec in self.specs]
+        self.shaper.schedule([(self.t0_s + at_s, [steps[k][1] for steps in per_edge])
+                              for k, (at_s, _) in enumerate(per_edge[0])])
+        targets = [measure.RttTarget(link.name, link.edge.netns, link.verifier.ip) for link in self.shaper.links]
+        n = int(3600 / PROBE_INTERVAL_S)               # bounded: an hour, or until the point ends
+        self._prober = threading.Thread(
+            target=measure.probe_rtts, name="dsdbed-schedule-probe", daemon=True,
+            kwargs=dict(targets=targets, count=n, interval_s=PROBE_INTERVAL_S, timeout_s=1.0, stop=self._stop,
+                        timeline=self._timeline))
+        self._prober.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.t_end_s = time.monotonic()
+        self._stop.set()
+        if self._prober is not None:
+            self._prober.join(timeout=10)
+
+    def rows(self, link_states: list) -> list[dict]:
+        """One links.csv row per (change that was due before the point ended, edge)."""
+        from netem import measure
+
+        out = []
+        for edge_index, (spec, state) in enumerate(zip(self.specs, link_states)):
+            steps = [(at_s, s) for at_s, s in self.schedule.specs(spec) if self.t0_s + at_s <= self.t_end_s]
+            changes, old = [], spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
+            for at_s, new_spec in steps:
+                new = new_spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
+                changes.append((self.t0_s + at_s, old, new))
+                old = new
+            seen = effect_times(changes, self._timeline[edge_index], EFFECT_TOLERANCE_MS)
+            for k, ((at_s, new_spec), t_seen) in enumerate(zip(steps, seen), start=1):
+                out.append({**dataclasses.asdict(link_state_of(state.edge, state.shaper, new_spec)),
+                            "change_index": k, "change_at_s": at_s, "change_source": self.schedule.source,
+                            "change_t_unix_s": self.t0_s + at_s + self.unix_minus_mono_s,
+                            "change_seen_t_unix_s": t_seen + self.unix_minus_mono_s,
+                            "change_settle_ms": 1000 * (t_seen - self.t0_s - at_s)})
+        return out
+
+    def annotate_rounds(self, rounds: pd.DataFrame, n_edges: int) -> pd.DataFrame:
+        """Each round with the link change in force when it was sent (t_send_s: the edges' epoch
+        seconds), on its client's edge."""
+        if rounds.empty or "t_send_s" not in rounds:
+            return rounds
+        rounds = rounds.copy()
+        since_s = rounds["t_send_s"] - (self.t0_s + self.unix_minus_mono_s)
+        edges = rounds["client_id"].astype(int) % n_edges
+        rounds["link_change_index"] = [self.schedule.index_at(t) if t == t else -1 for t in since_s]
+        rounds["link_rtt_configured_ms"] = [
+            self.schedule.state_at(self.specs[e], t).expected_rtt_ms() if t == t else math.nan
+            for e, t in zip(edges, since_s)]
+        return rounds
+
+
+def link_state_of(edge: str, shaper: str, spec: LinkSpec):
+    """A links.csv row for a configured link that has no measurement of its own."""
+    from orchestrator.launchers.base import LinkState
+
+    return LinkState(edge=edge, shaper=shaper, rtt_configured_ms=spec.expected_rtt_ms(),
+                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+                     rate_configured_mbit=spec.rate_mbit or 0.0, distribution_configured=spec.distribution,
+                     correlation_configured_pct=spec.correlation_pct, delay_up_configured_ms=spec.up.delay_ms,
+                     delay_down_configured_ms=spec.down.delay_ms, rtt_expected_p50_ms=spec.expected_rtt_p50_ms(),
+                     rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct)

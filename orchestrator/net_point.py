@@ -10,6 +10,8 @@ and counted in the point's record.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -18,7 +20,7 @@ import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
-from orchestrator.links import LinkOptions, edge_specs
+from orchestrator.links import LinkOptions, ScheduledPoint, edge_specs
 from orchestrator.launchers.base import LinkState, Testbed
 from orchestrator.sweep import Point
 
@@ -27,32 +29,14 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
                   max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
                   timeout_s: float = 900.0, link_options: LinkOptions | None = None,
                   ) -> tuple[list[dict], list[dict], list[LinkState], dict]:
-    links = testbed.shape(edge_specs(link_options, point, len(testbed.edges)))
-    attempt_id = os.urandom(3).hex()
-    runs = []
-    for client in range(point.clients):
-        edge = testbed.edges[client % len(testbed.edges)]
-        run_id = f"{run_prefix}-{point.key}-{attempt_id}-c{client}"
-        call("POST", f"{edge.control_url}/runs", token=edge.token, body={
-            "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
-            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
-            "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
-            "probe_count": 5, "probe_interval_ms": 200.0,
-        })
-        runs.append((edge, run_id))
-    deadline = time.monotonic() + timeout_s
-    pending = list(runs)
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)} run(s) of {point.key} unfinished after {timeout_s:.0f} s")
-        time.sleep(0.2)
-        testbed.check()
-        for edge, run_id in list(pending):
-            status = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}", token=edge.token))
-            if status["status"] == "failed":
-                raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
-            if status["status"] == "done":
-                pending.remove((edge, run_id))
+    specs = edge_specs(link_options, point, len(testbed.edges))
+    links = testbed.shape(specs)
+    runs: list = []
+    scheduled = None
+    if link_options is not None and link_options.schedule:
+        scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule)
+    with scheduled or contextlib.nullcontext():
+        _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, seed, run_prefix, timeout_s, runs)
     testbed.check()
     round_frames, request_frames, dropped = [], [], 0
     for edge, run_id in runs:
@@ -77,7 +61,40 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     edge_of = requests["client_id"].astype(int) % len(testbed.edges)
     requests["link_edge"] = [by_edge[i].edge for i in edge_of]
     requests["link_rtt_configured_ms"] = [by_edge[i].rtt_configured_ms for i in edge_of]
-    return rounds.to_dict("records"), requests.to_dict("records"), links, {"partial_rows_dropped": dropped}
+    link_rows = [dataclasses.asdict(link) for link in links]
+    if scheduled is not None:
+        rounds = scheduled.annotate_rounds(rounds, len(testbed.edges))
+        link_rows += scheduled.rows(links)
+    return rounds.to_dict("records"), requests.to_dict("records"), link_rows, {"partial_rows_dropped": dropped}
+
+
+def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int, seed: int,
+                 run_prefix: str, timeout_s: float, runs: list) -> None:
+    """Start one run per client on its edge and wait for all of them; `runs` gets (edge, run id)."""
+    attempt_id = os.urandom(3).hex()
+    for client in range(point.clients):
+        edge = testbed.edges[client % len(testbed.edges)]
+        run_id = f"{run_prefix}-{point.key}-{attempt_id}-c{client}"
+        call("POST", f"{edge.control_url}/runs", token=edge.token, body={
+            "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
+            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
+            "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
+            "probe_count": 5, "probe_interval_ms": 200.0,
+        })
+        runs.append((edge, run_id))
+    deadline = time.monotonic() + timeout_s
+    pending = list(runs)
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)} run(s) of {point.key} unfinished after {timeout_s:.0f} s")
+        time.sleep(0.2)
+        testbed.check()
+        for edge, run_id in list(pending):
+            status = json.loads(call("GET", f"{edge.control_url}/runs/{run_id}", token=edge.token))
+            if status["status"] == "failed":
+                raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
+            if status["status"] == "done":
+                pending.remove((edge, run_id))
 
 
 def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:

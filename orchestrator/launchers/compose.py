@@ -353,6 +353,13 @@ class ComposeTestbed:
         self.link_records = self._shaper.verify()
         return [_link_state(r) for r in self.link_records]
 
+    @property
+    def link_shaper(self):
+        """The netem Shaper of the links shaped now (a link schedule changes them through it)."""
+        if self._shaper is None:
+            raise RuntimeError("no links are shaped: call shape() first")
+        return self._shaper
+
     def check(self) -> None:
         """Raise if shaping stopped working (a dead NFQUEUE daemon drops every packet of its links)."""
         if self._shaper is not None:

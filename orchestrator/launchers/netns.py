@@ -84,6 +84,13 @@ class NetnsTestbed:
         records = shaper.apply(self._topology.links(specs))
         return [link_state(r) for r in records]
 
+    @property
+    def link_shaper(self):
+        """The netem Shaper of the links shaped now (a link schedule changes them through it)."""
+        if self._shaper is None:
+            raise RuntimeError("no links are shaped: call shape() first")
+        return self._shaper
+
     def check(self) -> None:
         """Raise if shaping died (a dead NFQUEUE daemon drops every packet of its links)."""
         if self._shaper is not None:

@@ -132,3 +132,31 @@ def test_loopback_takes_per_edge_rtts_only_and_sim_none():
     lossy = experiment_from_dict({**BASE, "link": {"edges": [{"rtt_ms": 10, "loss_pct": 1}]}})
     with pytest.raises(ValueError, match=r"'link.edges\[0\]'.*loopback"):
         links.check_launcher(lossy, "loopback")
+
+
+def test_link_schedule_steps_and_trace_are_read_and_checked_against_every_link(tmp_path):
+    experiment = experiment_from_dict({**BASE, "link": {"schedule": [{"at_s": 0.5, "rtt_ms": 150},
+                                                                     {"at_s": 1, "loss_pct": 2}]}})
+    schedule = experiment.link.schedule
+    assert schedule.state_at(LinkSpec(rtt_ms=20), 1.5) == LinkSpec(rtt_ms=150, loss_pct=2)
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,rtt_ms,jitter_ms\n0,30,1\n0.2,50,2\n")
+    traced = experiment_from_dict({**BASE, "link": {"trace_csv": str(trace)}})
+    assert traced.link.schedule.source == "t.csv" and len(traced.link.schedule.steps) == 2
+    with pytest.raises(ValueError, match=r"'link.schedule'.*jitter_ms") as info:     # 12 ms > half of rtt 20
+        experiment_from_dict({**BASE, "link": {"schedule": [{"at_s": 1, "jitter_ms": 12}]}})
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=r"'link.trace_csv'.*No such file"):
+        experiment_from_dict({**BASE, "link": {"trace_csv": str(tmp_path / "missing.csv")}})
+    with pytest.raises(ValueError, match=r"'link.schedule'.*loopback"):
+        links.check_launcher(experiment, "loopback")
+
+
+def test_rounds_are_joined_to_the_link_change_in_force_when_sent():
+    schedule = experiment_from_dict({**BASE, "link": {"schedule": [{"at_s": 1, "rtt_ms": 100}]}}).link.schedule
+    scheduled = links.ScheduledPoint(None, [LinkSpec(rtt_ms=20), LinkSpec(rtt_ms=50)], schedule)
+    scheduled.t0_s, scheduled.unix_minus_mono_s = 900.0, 100.0
+    rounds = pd.DataFrame({"client_id": ["0", "1", "0", "1"], "t_send_s": [1000.5, 1000.5, 1001.2, float("nan")]})
+    out = scheduled.annotate_rounds(rounds, 2)
+    assert out["link_change_index"].tolist() == [0, 0, 1, -1]
+    assert out["link_rtt_configured_ms"].tolist()[:3] == [20, 50, 100]

@@ -38,3 +38,34 @@ def test_netns_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(tm
                    "rtt_link_expected_p50_ms"):
         assert points[column].notna().all(), column
     assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_link_schedule_mid_request_keeps_tokens_exact_and_records_each_change(tmp_path):
+    """The RTT jumps 10 -> 80 ms and back to 5 ms while requests run: every mode still emits the
+    target's greedy tokens, links.csv has when each change took effect, rounds say which was in force."""
+    experiment = experiment_from_dict({
+        "name": "sched", "launcher": "netns", "modes": ["ar", "sync", "pipelined"], "rtt_ms": [10], "gamma": [3],
+        "clients": [1], "edges": 1, "requests": 2, "warmup_requests": 0, "max_new_tokens": 48,
+        "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7},
+        "link": {"schedule": [{"at_s": 0.3, "rtt_ms": 80}, {"at_s": 0.8, "rtt_ms": 5}]}})
+    out = tmp_path / "sched"
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    requests = pd.read_csv(out / "requests.csv")
+    assert len(requests) == 3 * 2
+    assert (requests.groupby("request_index")["token_ids"].nunique() == 1).all()
+    links = pd.read_csv(out / "links.csv")
+    changes = links[links["change_index"].fillna(0) > 0]
+    assert len(changes) == 3 * 2                             # every point lasts past 0.8 s
+    assert sorted(set(changes["rtt_configured_ms"])) == [5, 80]
+    assert changes["change_settle_ms"].between(0, 25).all(), changes["change_settle_ms"]
+    rounds = pd.read_csv(out / "rounds.csv")
+    sync = rounds[rounds["mode"] == "sync"]
+    # A round that starts at 80 ms takes more than 80 ms, one at 10 ms much less.
+    assert set(sync["link_change_index"]) == {0, 1, 2}
+    assert sorted(set(sync["link_rtt_configured_ms"])) == [5, 10, 80]
+    slow = sync.loc[sync["link_change_index"] == 1, "t_receive_s"] - sync.loc[sync["link_change_index"] == 1, "t_send_s"]
+    fast = sync.loc[sync["link_change_index"] == 0, "t_receive_s"] - sync.loc[sync["link_change_index"] == 0, "t_send_s"]
+    assert slow.median() > 0.08 > 0.05 > fast.median()
