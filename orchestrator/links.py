@@ -21,6 +21,9 @@ clients (client c runs on edge c mod edges):
     draw_rtt_ms = [10, 200]    # or: each edge's RTT drawn uniformly from [10, 200] ...
     seed = 1                   # ... with this seed (edge i: random.Random(seed * 1_000_003 + i))
 
+    edges = [{edge_country = "IN", cloud_country = "US"}]      # the RTT drawn from measured
+                               # country-pair statistics, per edge and seeded (orchestrator/geography.py)
+
 An entry sets the keys it gives for its edge and takes the rest from the point (an entry with
 rtt_ms replaces the point's rtt_ms for that edge; the point keeps its key). The draws are the same
 at every point and repeat: edge i is the same near or far client throughout the sweep.
@@ -227,7 +230,8 @@ def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: lis
 
 # Keys an edge's entry may set (the point's link keys, in their experiment spelling).
 EDGE_KEYS = ("rtt_ms", "delay_up_ms", "delay_down_ms", "jitter_ms", "delay_distribution", "correlation_pct",
-             "loss_pct", "rate_mbit")
+             "loss_pct", "rate_mbit", "edge_country", "cloud_country")
+COUNTRY_KEYS = ("edge_country", "cloud_country")
 
 
 @dataclass(frozen=True)
@@ -247,8 +251,13 @@ class LinkOptions:
             unknown = sorted(set(dict(entry)) - set(EDGE_KEYS))
             if unknown:
                 _fail(f"link.edges[{i}]", unknown, f"keys from {list(EDGE_KEYS)}")
+            given = set(dict(entry)) & set(COUNTRY_KEYS)
+            if given and given != set(COUNTRY_KEYS):
+                _fail(f"link.edges[{i}]", dict(entry), "edge_country and cloud_country given together")
+            if given and set(dict(entry)) & {"rtt_ms", "delay_up_ms", "delay_down_ms"}:
+                _fail(f"link.edges[{i}]", dict(entry), "a delay (rtt_ms, delay_*_ms) or a country pair, not both")
             try:
-                edge_spec(LinkSpec(rtt_ms=100), dict(entry))     # its own values valid on a roomy link
+                edge_spec(LinkSpec(rtt_ms=100), self.edge_entry(i))   # its own values valid on a roomy link
             except ValueError as error:
                 raise ValueError(f"experiment key 'link.edges[{i}]': {error}") from None
         if self.draw_rtt_ms:
@@ -293,9 +302,17 @@ class LinkOptions:
         return bool(self.edges or self.draw_rtt_ms)
 
     def edge_entry(self, index: int) -> dict:
-        """What edge `index` sets for itself ({} = the point's link)."""
+        """What edge `index` sets for itself ({} = the point's link); a country pair becomes the
+        RTT drawn for this edge from the pair's measurements (orchestrator/geography.py)."""
         if self.edges:
-            return dict(self.edges[index % len(self.edges)])
+            entry = dict(self.edges[index % len(self.edges)])
+            if "edge_country" in entry:
+                from orchestrator import geography
+
+                stats = geography.pair_stats(entry.pop("edge_country"), entry.pop("cloud_country"))
+                rng = random.Random(self.seed * 1_000_003 + index)
+                entry["rtt_ms"] = round(stats.draw_rtt_ms(rng), 3)
+            return entry
         if self.draw_rtt_ms:
             rng = random.Random(self.seed * 1_000_003 + index)
             return {"rtt_ms": round(rng.uniform(*self.draw_rtt_ms), 3)}

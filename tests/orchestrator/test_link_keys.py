@@ -160,3 +160,47 @@ def test_rounds_are_joined_to_the_link_change_in_force_when_sent():
     out = scheduled.annotate_rounds(rounds, 2)
     assert out["link_change_index"].tolist() == [0, 0, 1, -1]
     assert out["link_rtt_configured_ms"].tolist()[:3] == [20, 50, 100]
+
+
+def test_country_pair_links_draw_rtts_whose_mean_matches_the_data():
+    from orchestrator import geography
+
+    for edge, cloud in (("IN", "US"), ("DE", "US"), ("JP", "US"), ("BR", "US"), ("DE", "DE")):
+        stats = geography.pair_stats(edge, cloud)
+        rng = __import__("random").Random(7)
+        draws = [stats.draw_rtt_ms(rng) for _ in range(20_000)]
+        assert sum(draws) / len(draws) == pytest.approx(stats.mean_ms, rel=0.05), (edge, cloud)
+        lo, hi = stats.bounds_ms
+        assert lo <= min(draws) and max(draws) <= hi <= 4 * stats.mean_ms
+    assert geography.pair_stats("IN", "US").mean_ms == pytest.approx(212.13, abs=0.01)   # the README's figure
+    assert geography.pair_stats("us", "in").mean_ms == geography.pair_stats("IN", "US").mean_ms
+
+
+def test_every_pair_in_the_data_keeps_its_mean_through_the_truncation():
+    from orchestrator import geography
+
+    pairs = list(geography.load_pairs())
+    assert len(pairs) > 6000
+    stats = [geography.pair_stats(*p) for p in pairs]
+    assert [s for s in stats if abs(s.mean_of_draws_ms() / s.mean_ms - 1) > 0.01] == []
+
+
+def test_edges_given_as_country_pairs_get_seeded_drawn_rtts():
+    experiment = experiment_from_dict({**BASE, "edges": 4, "link": {"seed": 2, "edges": [
+        {"edge_country": "IN", "cloud_country": "US"}, {"edge_country": "DE", "cloud_country": "DE", "jitter_ms": 1}]}})
+    point = plan_points(experiment)[0]
+    specs = links.edge_specs(experiment.link, point, 4)
+    assert specs == links.edge_specs(experiment.link, point, 4)
+    assert 53 < specs[0].rtt_ms < 849 and specs[1].jitter_ms == 1 and specs[0].rtt_ms != specs[2].rtt_ms
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"edge_country": "XX", "cloud_country": "US"}, r"'link.edges\[0\]'.*edge_country.*'XX'"),
+    ({"edge_country": "IN", "cloud_country": "Mars"}, r"'link.edges\[0\]'.*cloud_country.*'Mars'"),
+    ({"edge_country": "IN"}, r"'link.edges\[0\]'.*together"),
+    ({"edge_country": "IN", "cloud_country": "US", "rtt_ms": 5}, r"'link.edges\[0\]'.*not both"),
+])
+def test_unknown_countries_fail_in_one_line_naming_the_key(entry, message):
+    with pytest.raises(ValueError, match=message) as info:
+        experiment_from_dict({**BASE, "link": {"edges": [entry]}})
+    assert "\n" not in str(info.value)
