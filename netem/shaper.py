@@ -240,6 +240,22 @@ class Shaper:
                 self._failures.append(f"link schedule: {exc}")
                 return
 
+    def wire_counters(self) -> list[dict] | None:
+        """Per link, the packets and IP bytes that entered each direction so far (NFQUEUE: its
+        rules' counters). None on the kernel backend.
+        NOTE: the kernel path could read its qdiscs' byte counters; not done yet."""
+        if self.backend != NFQUEUE:
+            return None
+        counts: dict[int, tuple[int, int]] = {}
+        for plan in self.rule_plans:
+            counts.update(rules.queue_counters(plan))
+        out = []
+        for record in self.records:
+            (up_pkts, up_bytes), (down_pkts, down_bytes) = (counts.get(q, (0, 0)) for q in record.queues)
+            out.append({"wire_pkts_up": up_pkts, "wire_bytes_up": up_bytes,
+                        "wire_pkts_down": down_pkts, "wire_bytes_down": down_bytes})
+        return out
+
     # ---- verify and watch -------------------------------------------------------------------
 
     def verify(self, count: int | None = None, interval_s: float | None = None) -> list[LinkRecord]:

@@ -210,7 +210,9 @@ def link_state(record):
 # What points.csv adds per point from links.csv: the median over the point's edges.
 LINK_POINT_COLUMNS = {"rtt_expected_p50_ms": "rtt_link_expected_p50_ms",
                       "rtt_measured_stdev_ms": "rtt_link_stdev_ms", "rtt_expected_stdev_ms": "rtt_link_expected_stdev_ms",
-                      "loss_measured_pct": "loss_link_pct", "loss_expected_pct": "loss_link_expected_pct"}
+                      "loss_measured_pct": "loss_link_pct", "loss_expected_pct": "loss_link_expected_pct",
+                      "wire_bytes_per_round_up": "wire_bytes_per_round_up",
+                      "wire_bytes_per_round_down": "wire_bytes_per_round_down"}
 
 
 def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
@@ -436,3 +438,22 @@ def link_state_of(edge: str, shaper: str, spec: LinkSpec):
                      correlation_configured_pct=spec.correlation_pct, delay_up_configured_ms=spec.up.delay_ms,
                      delay_down_configured_ms=spec.down.delay_ms, rtt_expected_p50_ms=spec.expected_rtt_p50_ms(),
                      rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct)
+
+
+def add_wire_prediction(points: pd.DataFrame) -> pd.DataFrame:
+    """The closed form with a serialisation term: under a rate cap every round also waits for its
+    bytes to cross the wire each way, (bytes_up + bytes_down) / rate, shared by the tokens the
+    round emits. Bytes per round are those measured on the wire (links.csv); where the point has
+    no cap or no measurement the column equals per_token_ms_predicted.
+    per_token_ms_predicted_wire = per_token_ms_predicted + 8 (B_up + B_down) / (rate_mbit * 1e3) / tokens_per_round"""
+    if points.empty or "per_token_ms_predicted" not in points:
+        return points
+    points = points.copy()
+    rate = points["rate_mbit"] if "rate_mbit" in points else pd.Series(0.0, index=points.index)
+    have = "wire_bytes_per_round_up" in points and "wire_bytes_per_round_down" in points
+    wire_bytes = (points["wire_bytes_per_round_up"] + points["wire_bytes_per_round_down"]) if have else 0.0
+    per_round_ms = (8.0 * wire_bytes / (rate.where(rate > 0) * 1e3)) if have else pd.Series(math.nan, index=points.index)
+    per_token_ms = per_round_ms / points["tokens_per_round"].where(points["tokens_per_round"] > 0, 1.0)
+    points["serialisation_ms_per_token"] = per_token_ms.fillna(0.0)
+    points["per_token_ms_predicted_wire"] = points["per_token_ms_predicted"] + points["serialisation_ms_per_token"]
+    return points

@@ -35,8 +35,10 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     scheduled = None
     if link_options is not None and link_options.schedule:
         scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule)
+    wire_before = _wire_counters(testbed)
     with scheduled or contextlib.nullcontext():
         _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, seed, run_prefix, timeout_s, runs)
+    wire_after = _wire_counters(testbed)
     testbed.check()
     round_frames, request_frames, dropped = [], [], 0
     for edge, run_id in runs:
@@ -50,6 +52,9 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     failed = requests["error"].notna() & (requests["error"].astype(str) != "") if "error" in requests else None
     if failed is not None and failed.any():
         raise RuntimeError(f"a request of {point.key} failed: {requests.loc[failed, 'error'].iloc[0]}")
+    link_rows = [dataclasses.asdict(link) for link in links]
+    if wire_before and wire_after:
+        add_wire_bytes(link_rows, wire_before, wire_after, rounds, len(testbed.edges))
     rounds = rounds[rounds.request_index >= warmup].copy()
     requests = requests[requests.request_index >= warmup].copy()
     rounds["request_index"] -= warmup
@@ -61,11 +66,30 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     edge_of = requests["client_id"].astype(int) % len(testbed.edges)
     requests["link_edge"] = [by_edge[i].edge for i in edge_of]
     requests["link_rtt_configured_ms"] = [by_edge[i].rtt_configured_ms for i in edge_of]
-    link_rows = [dataclasses.asdict(link) for link in links]
     if scheduled is not None:
         rounds = scheduled.annotate_rounds(rounds, len(testbed.edges))
         link_rows += scheduled.rows(links)
     return rounds.to_dict("records"), requests.to_dict("records"), link_rows, {"partial_rows_dropped": dropped}
+
+
+def _wire_counters(testbed) -> list[dict] | None:
+    """Packets and bytes that crossed each edge's link so far (NFQUEUE rules' counters)."""
+    shaper = getattr(testbed, "_shaper", None)
+    return shaper.wire_counters() if shaper is not None else None
+
+
+def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict], rounds: pd.DataFrame,
+                   n_edges: int) -> None:
+    """Each edge's bytes on the wire during the point's runs (warm-up included, and whatever the
+    schedule's probes sent: 84 bytes each way per 10 ms), and per round its clients ran."""
+    per_edge = rounds["client_id"].astype(int) % n_edges if len(rounds) else pd.Series(dtype=int)
+    for i, (row, b, a) in enumerate(zip(link_rows, before, after)):
+        n_rounds = int((per_edge == i).sum())
+        for key in a:
+            row[key] = a[key] - b[key]
+        for direction in ("up", "down"):
+            row[f"wire_bytes_per_round_{direction}"] = (row[f"wire_bytes_{direction}"] / n_rounds
+                                                        if n_rounds else float("nan"))
 
 
 def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int, seed: int,

@@ -69,3 +69,27 @@ def test_netns_link_schedule_mid_request_keeps_tokens_exact_and_records_each_cha
     slow = sync.loc[sync["link_change_index"] == 1, "t_receive_s"] - sync.loc[sync["link_change_index"] == 1, "t_send_s"]
     fast = sync.loc[sync["link_change_index"] == 0, "t_receive_s"] - sync.loc[sync["link_change_index"] == 0, "t_send_s"]
     assert slow.median() > 0.08 > 0.05 > fast.median()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_rate_cap_costs_what_the_bytes_on_the_wire_predict(tmp_path):
+    """Bytes per round are counted on the wire; under a 1 Mbit/s cap the per-token latency grows
+    by about their serialisation time, which the closed form's wire term predicts."""
+    experiment = experiment_from_dict({
+        "name": "rate", "launcher": "netns", "modes": ["sync"], "rtt_ms": [10], "gamma": [4], "rate_mbit": [0, 1],
+        "clients": [1], "edges": 1, "requests": 3, "warmup_requests": 1, "max_new_tokens": 48, "prompt_tokens": 8,
+        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.8}})
+    out = tmp_path / "rate"
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    points = pd.read_csv(out / "points.csv").set_index("rate_mbit")
+    print(points[["per_token_ms_p50", "per_token_ms_predicted", "per_token_ms_predicted_wire",
+                  "wire_bytes_per_round_up", "wire_bytes_per_round_down", "tokens_per_round"]])
+    assert points["wire_bytes_per_round_up"].between(100, 5000).all()
+    assert points["wire_bytes_per_round_down"].between(60, 5000).all()
+    assert points.loc[0, "serialisation_ms_per_token"] == 0
+    predicted_extra = points.loc[1, "serialisation_ms_per_token"]
+    measured_extra = points.loc[1, "per_token_ms_p50"] - points.loc[0, "per_token_ms_p50"]
+    assert predicted_extra > 0.5
+    assert measured_extra == pytest.approx(predicted_extra, rel=0.5), (measured_extra, predicted_extra)
