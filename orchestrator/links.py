@@ -219,6 +219,8 @@ def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: lis
     """points.csv with each point's link as configured and measured (links.csv, median over edges)."""
     if links is None or links.empty or points.empty:
         return points
+    if "change_index" in links:                     # the point's own links, not a schedule's later states
+        links = links[links["change_index"].fillna(0) == 0]
     keys = [k for k in keys if k in links.columns and k in points.columns]
     have = [c for c in LINK_POINT_COLUMNS if c in links.columns]
     if not keys or not have:

@@ -204,3 +204,22 @@ def test_unknown_countries_fail_in_one_line_naming_the_key(entry, message):
     with pytest.raises(ValueError, match=message) as info:
         experiment_from_dict({**BASE, "link": {"edges": [entry]}})
     assert "\n" not in str(info.value)
+
+
+def test_serialisation_term_adds_the_wire_time_of_a_rounds_bytes_per_token():
+    points = pd.DataFrame({"mode": ["sync", "sync"], "rate_mbit": [0.0, 1.0], "per_token_ms_predicted": [10.0, 10.0],
+                           "tokens_per_round": [3.0, 3.0], "wire_bytes_per_round_up": [600.0, 600.0],
+                           "wire_bytes_per_round_down": [150.0, 150.0]})
+    out = links.add_wire_prediction(points)
+    # 750 bytes at 1 Mbit/s = 6 ms a round, over 3 tokens.
+    assert out["serialisation_ms_per_token"].tolist() == [0.0, pytest.approx(2.0)]
+    assert out["per_token_ms_predicted_wire"].tolist() == [10.0, pytest.approx(12.0)]
+
+
+def test_rule_counters_are_read_per_queue():
+    from netem.rules import parse_counters
+
+    text = ("-N DSDBED-ab12\n"
+            "-A DSDBED-ab12 -m physdev --physdev-in e0 --physdev-out v -c 11 924 -j NFQUEUE --queue-num 1000\n"
+            "-A DSDBED-ab12 -m physdev --physdev-in v --physdev-out e0 -c 9 756 -j NFQUEUE --queue-num 1001\n")
+    assert parse_counters(text) == {1000: (11, 924), 1001: (9, 756)}
