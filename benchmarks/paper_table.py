@@ -27,13 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import paper  # noqa: E402
+from orchestrator import leftovers, paper  # noqa: E402
 from orchestrator.experiment import experiment_from_dict  # noqa: E402
 from orchestrator.run import analyze_sweep, choose_launcher, run_experiment  # noqa: E402
 from orchestrator.summary import assumed_params  # noqa: E402
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "paper-sync-vs-ar.toml"
 NEVER_RTTS_MS = [0.0, 10.0]
+LEFTOVER_WAITS, LEFTOVER_WAIT_S = 60, 10.0
 
 
 def cell_rtts_ms(closed_form_ms: float, margin: float) -> list[float]:
@@ -66,7 +67,16 @@ def run_cell(base: dict, profile: str, alpha: float, rtts_ms: list[float], launc
             "backend": {**base["backend"], "alpha": alpha}}
     data.pop("alpha", None)
     experiment = experiment_from_dict(data, source=str(EXPERIMENT))
-    run_experiment(experiment, out, resume=(out / "sweep.json").exists())
+    for attempt in range(LEFTOVER_WAITS + 1):
+        try:
+            run_experiment(experiment, out, resume=(out / "sweep.json").exists())
+            break
+        except leftovers.LeftoversFound as error:
+            # Another run's services (a loopback run takes no lock) are not ours to remove: wait.
+            if attempt == LEFTOVER_WAITS:
+                raise
+            print(f"waiting {LEFTOVER_WAIT_S:g} s: {error}", file=sys.stderr, flush=True)
+            time.sleep(LEFTOVER_WAIT_S)
     summary = analyze_sweep(out)
     row = paper.crossover_rows(summary["groups"], {profile: assumed_params(_sweep(out), profile)},
                                int(experiment.gamma[0]))[0]
