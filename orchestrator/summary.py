@@ -135,7 +135,9 @@ def configured_alpha(experiment: dict, group: dict) -> float:
     """The alpha a group was configured with (synthetic backend); nan for a real model pair."""
     if experiment["backend"]["kind"] != "synthetic":
         return math.nan
-    return float(group.get("alpha", experiment["backend"]["alpha"]))
+    # a one-value alpha list is not a group key, but it is what ran (not the backend's default)
+    alphas = experiment.get("alpha") or [experiment["backend"]["alpha"]]
+    return float(group.get("alpha", alphas[0]))
 
 
 def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: dict) -> pd.DataFrame:

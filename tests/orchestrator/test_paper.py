@@ -85,6 +85,15 @@ def test_summary_and_report_say_which_alpha_each_prediction_used(sweep):
     assert "predicted at configured alpha (ms)" in text
 
 
+def test_the_configured_alpha_is_the_one_that_ran():
+    from orchestrator.summary import configured_alpha
+    synthetic = {"kind": "synthetic", "alpha": 0.8}
+    assert configured_alpha({"alpha": [0.9], "backend": synthetic}, {}) == 0.9       # one-value list
+    assert configured_alpha({"alpha": [0.5, 0.9], "backend": synthetic}, {"alpha": 0.5}) == 0.5
+    assert configured_alpha({"backend": synthetic}, {}) == 0.8
+    assert math.isnan(configured_alpha({"backend": {"kind": "hf", "alpha": 0.8}}, {}))
+
+
 def test_benchmark_cells_and_their_tolerance():
     bench = _benchmark()
     assert bench.cell_rtts_ms(-math.inf, 0.3) == [0.0, 10.0]
