@@ -149,3 +149,16 @@ def test_service_flags_carry_acceptance():
     add_backend_args(parser)
     args = parser.parse_args(backend_args(backend, None) + ["--profile", "toy-edge-cloud"])
     assert backend_from_args(args)[0] == backend
+
+
+def test_compose_carries_acceptance_to_both_services():
+    from pathlib import Path
+
+    from dsd.profiles import get_profile
+    from orchestrator.launchers.compose import ComposeConfig
+
+    env = ComposeConfig(n_edges=1, profile=get_profile("toy-edge-cloud"),
+                        backend=BackendConfig(acceptance="stratified")).compose_env()
+    assert env["DSD_ACCEPTANCE"] == "stratified"
+    compose = (Path(__file__).resolve().parents[1] / "compose.yaml").read_text()
+    assert compose.count("--acceptance=${DSD_ACCEPTANCE:-iid}") == 2          # verifier and edge
