@@ -20,6 +20,7 @@ from orchestrator import leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
 from orchestrator.net_point import run_net_point
+from orchestrator.predictions import Predictor
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
@@ -72,12 +73,13 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
     try:
         if launcher == "sim":
             facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
             run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
                                           pairs=pairs)
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress, predict=predict)
         del draft, target, pairs   # the services load their own copies
         with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
@@ -93,9 +95,16 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                 return net_point(point, testbed=testbeds.for_point(point))
 
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
-                             heal=testbeds.heal)
+                             heal=testbeds.heal, predict=predict)
     finally:
         bar.close()
+
+
+def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:
+    """The compute times a point's group runs with, as the closed form's parameters."""
+    c = costs[group_experiment(experiment, point).profile]
+    return {"t_draft_edge_s": c.t_draft_edge_s, "t_draft_server_s": c.t_draft_server_s, "t_ar_s": c.t_ar_s,
+            "t_verify_s": {int(g): v for g, v in c.t_verify_s.items()}}
 
 
 def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]], pairs: dict):

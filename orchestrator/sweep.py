@@ -59,7 +59,31 @@ class Point:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+# Calibration (see orchestrator/predictions.py): per (profile, alpha) group, the first repeat of
+# these modes at the smallest RTT and client count of the grid. They run first in their group;
+# the parameters fitted from them alone predict every other point before it runs.
+CALIBRATION_MODES = ("ar", "colocated", "sync")
+
+
+def is_calibration(point: Point, experiment: Experiment) -> bool:
+    modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
+    if "sync" not in experiment.modes and "pipelined" in experiment.modes:
+        modes.append("pipelined")            # t_verify and t_draft_edge then come from pipelined rounds
+    return (point.repeat == 0 and point.mode in modes and point.rtt_ms == float(min(experiment.rtt_ms))
+            and point.clients == min(experiment.clients))
+
+
 def plan_points(experiment: Experiment) -> list[Point]:
+    """Every point of the grid; within each (profile, alpha) group the calibration points first."""
+    ordered = []
+    for _, group in itertools.groupby(_grid_points(experiment), key=lambda p: p.group):
+        group = list(group)
+        ordered += [p for p in group if is_calibration(p, experiment)]
+        ordered += [p for p in group if not is_calibration(p, experiment)]
+    return ordered
+
+
+def _grid_points(experiment: Experiment) -> list[Point]:
     points = []
     profiles, alphas = experiment.profiles(), experiment.alphas()
     vary_profile, vary_alpha = len(profiles) > 1, len(alphas) > 1
@@ -119,13 +143,19 @@ def point_done(out_dir: Path, point: Point) -> bool:
 
 
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
-              progress=None, heal=None) -> pd.DataFrame:
+              progress=None, heal=None, predict=None) -> pd.DataFrame:
     """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
-    done.json table. heal() -> list of what it repaired, called before each retry."""
+    done.json table. heal() -> list of what it repaired, called before each retry.
+    predict(group's points) is called once per (profile, alpha) group, after its calibration
+    points and before any other of its points runs (also on resume: it keeps what it wrote)."""
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, experiment, resume, facts)
     plan = plan_points(experiment)
+    predicted_groups = set()
     for index, point in enumerate(plan):
+        if predict is not None and point.group not in predicted_groups and not is_calibration(point, experiment):
+            predict([p for p in plan if p.group == point.group])
+            predicted_groups.add(point.group)
         folder = out_dir / "points" / point.key
         if point_done(out_dir, point):
             if progress:
@@ -147,6 +177,7 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
     """Run a point up to 1 + retries times; keep only the rows of the attempt that succeeded, so
     a result never mixes attempts. Returns the done.json fields and the rows under "result"."""
     started = time.time()
+    started_utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1e6):06d}Z"
     attempts = []
     result, extra = ([], [], []), {}
     for attempt in range(1, retries + 2):
@@ -180,7 +211,8 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
         except Exception as exc:  # noqa: BLE001 - the next point's attempts will say more
             healed_after = [f"healing failed: {type(exc).__name__}: {exc}"]
     return {"status": last["status"], "error": last["error"], "attempts": attempts,
-            "healed_after": healed_after, "wall_s": time.time() - started, **extra, "result": result}
+            "healed_after": healed_after, "wall_s": time.time() - started, "started_s": started,
+            "started_utc": started_utc, "finished_s": time.time(), **extra, "result": result}
 
 
 def clear_unfinished(folder: Path) -> None:
