@@ -15,6 +15,12 @@ Two predictions are set beside the measurements:
   client view is what the harness itself costs per round.
 Per-token latency is the steady state: from a request's first round to its last full one.
 
+The headline since issue 14 is out of sample (oos_*): the sweep's calibration points (first
+repeat of AR, co-located and sync at RTT 0) fix the parameters, every other point and the
+crossovers are predicted from them alone before they run (predictions.csv), and the error is
+taken over the non-calibration points only. crossover_ci_width_ms is the widest 95% bootstrap
+interval of a located crossover (crossover_ci_width_pct: relative to the crossover).
+
     python benchmarks/theory_agreement.py [--launcher auto|netns|loopback|sim] [--repeats 3]
 """
 from __future__ import annotations
@@ -59,6 +65,11 @@ def main() -> int:
                   compute_only_ms=("per_token_ms_predicted_compute_only", "first"),
                   rtt_probe_ms=("rtt_measured_ms", "median"), alpha=("alpha_measured", "median"))
              .reset_index())
+    oos = pd.DataFrame(summary["latency_cells"])
+    oos = oos[oos["clients"] == oos["clients"].min()][["mode", "rtt_ms", "per_token_ms_predicted_oos", "err_oos_pct",
+                                                      "ci_low", "ci_high"]]
+    table = table.merge(oos.rename(columns={"per_token_ms_predicted_oos": "oos_predicted_ms"}), on=["mode", "rtt_ms"],
+                        how="left")
     table["err_pct"] = 100 * (table.measured_ms / table.predicted_ms - 1)
     table["err_compute_only_pct"] = 100 * (table.measured_ms / table.compute_only_ms - 1)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -69,11 +80,22 @@ def main() -> int:
         m, p, q = c["measured_rtt_ms"], c["predicted_rtt_ms"], compute_crossovers[name]["rtt_ms"]
         errors.append(_err_pct(m, p))
         errors_compute.append(_err_pct(m, q))
-        print(f"{name}: measured {m:.2f} ms (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
-              f"predicted {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)")
+        print(f"{name}: measured {c['text']} (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
+              f"predicted before measuring {c['predicted_rtt_ms_oos']:.2f} ms (error {c['oos_err_pct']:.1f}%), "
+              f"in-sample {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)")
     print("parameters (client view):", json.dumps(summary["params"], default=str))
     load_1m = os.getloadavg()[0]
+    oos_summary = summary["out_of_sample"]
+    located = [c for c in summary["crossovers"].values() if math.isfinite(c["measured_rtt_ms"])]
+    widths = [c["ci_high"] - c["ci_low"] for c in located]
+    widths_pct = [100 * w / abs(c["measured_rtt_ms"]) if c["measured_rtt_ms"] else math.inf
+                  for w, c in zip(widths, located)]
     print(" ".join([
+        f"oos_latency_err_p50_pct={oos_summary['latency_err_p50_pct']:.2f}",
+        f"oos_latency_err_max_pct={oos_summary['latency_err_max_pct']:.2f}",
+        f"oos_crossover_err_pct={oos_summary['crossover_err_max_pct']:.2f}",
+        f"crossover_ci_width_ms={max(widths) if widths else math.nan:.2f}",
+        f"crossover_ci_width_pct={max(widths_pct) if widths_pct else math.nan:.1f}",
         f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
         f"median_latency_err_pct={table.err_pct.abs().median():.2f}",
         f"max_crossover_err_pct={max(errors):.2f}",
