@@ -37,10 +37,14 @@ class Experiment:
     # synthetic backend: hardware profile name (dsd/profiles.toml), or a list of them to sweep
     profile: str | tuple[str, ...] = ""
     alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
+    # network launchers: pin verifier, edges, shaper, orchestrator to disjoint CPU sets
+    # (orchestrator/cpus.py): auto = where there are >= 4 CPUs, on = always, off = never
+    cpu_pinning: str = "auto"
     backend: BackendConfig = field(default_factory=BackendConfig)
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
+        _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
         _check(len(self.modes) > 0 and all(m in MODES for m in self.modes), "modes", self.modes,
                f"a non-empty list from {MODES}")
         _check(len(self.rtt_ms) > 0 and all(_is_number(r) and 0 <= r <= 10_000 for r in self.rtt_ms),

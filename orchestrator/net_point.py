@@ -24,8 +24,11 @@ from orchestrator.sweep import Point
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
                   max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
-                  timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+                  timeout_s: float = 900.0, after_shape=None) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+    """after_shape(testbed): called once the links are shaped (and any shaping daemon runs),
+    before the runs start; the CPU pinning uses it (orchestrator/cpus.py)."""
     links = testbed.shape([point.rtt_ms] * len(testbed.edges))
+    masks = after_shape(testbed) if after_shape is not None else None
     attempt_id = os.urandom(3).hex()
     runs = []
     for client in range(point.clients):
@@ -70,7 +73,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     requests["request_index"] -= warmup
     requests = add_steady_state(requests, rounds)
     requests["shaper"] = testbed.shaper
-    return rounds.to_dict("records"), requests.to_dict("records"), links, {"partial_rows_dropped": dropped}
+    extra = {"partial_rows_dropped": dropped, **({"cpu_masks": masks} if masks else {})}
+    return rounds.to_dict("records"), requests.to_dict("records"), links, extra
 
 
 def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:

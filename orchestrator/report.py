@@ -22,7 +22,8 @@ POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_
                  "server_compute_ms_p50",
                  "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_ci_low", "per_token_ms_ci_high",
                  "per_token_ms_p99", "calibration", "per_token_ms_predicted_oos", "latency_err_oos_pct",
-                 "per_token_ms_predicted", "per_token_ms_predicted_compute_only", "latency_err_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
+                 "per_token_ms_predicted", "per_token_ms_predicted_compute_only", "latency_err_pct", "contended",
+                 "load_avg_1m", "cpu_steal_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
                  "tok_s_per_client_overlap"]
 HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "platform", "cpus", "python", "torch", "transformers"]
 
@@ -64,6 +65,7 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
         ]),
     ])]
     sections += evidence_sections(summary)
+    sections += cpu_sections(summary, points)
     sections.append(("Parameters: fitted against assumed", [
         ("text", "Assumed: what the sweep ran with (hardware profile, or measured in-process before "
                  "it). Compute: the server's and edge's compute alone, fitted from the rounds (what a "
@@ -162,6 +164,24 @@ def evidence_sections(summary: dict) -> list[tuple[str, list]]:
            _num(c.get("err_oos_pct"))] for c in cells]),
     ]))
     return sections
+
+
+def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
+    """Issue 14: how the processes were placed on the CPUs, and which points ran under contention."""
+    cpu = summary.get("cpu")
+    if not cpu:
+        return []
+    pinning = cpu["pinning"]
+    sets = pinning.get("sets", {})
+    text = (f"CPU pinning: {'on' if pinning.get('pinned') else 'off'}"
+            f"{' (disjoint sets)' if pinning.get('disjoint') else ''}: {pinning.get('reason', '')}. "
+            f"{cpu['points_contended']} of {cpu['points_recorded']} points ran under contention "
+            f"({cpu['contended_when']}); they are flagged in the points table (column contended) and their "
+            "numbers deserve less trust: on a shared machine other work can stretch any round.")
+    blocks = [("text", text)]
+    if sets:
+        blocks.append(("table", ["process", "CPUs"], [[role, ", ".join(map(str, c))] for role, c in sets.items()]))
+    return [("CPU isolation and contention", blocks)]
 
 
 def _backend_text(experiment: dict) -> str:

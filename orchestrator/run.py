@@ -16,7 +16,7 @@ from tqdm import tqdm
 from dsd.backends.factory import load_pair
 from dsd.profiles import get_profile
 from dsd.timing import measure_times
-from orchestrator import leftovers
+from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
 from orchestrator.net_point import run_net_point
@@ -73,10 +73,13 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
     predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
     try:
         if launcher == "sim":
-            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
+            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)",
+                     "cpu_pinning": {"pinned": False, "disjoint": False, "sets": {},
+                                     "reason": "sim launcher: one process on virtual time, nothing to isolate"}}
             run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
                                           pairs=pairs)
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress, predict=predict)
@@ -84,8 +87,14 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
         with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
-                     "shaper_reason": getattr(testbed, "shaper_reason", "")}
+                     "shaper_reason": getattr(testbed, "shaper_reason", ""),
+                     "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))}
+            pinning = facts["cpu_pinning"]
+            if pinning["pinned"]:
+                pinning["orchestrator_applied"] = cpus.pin_self(pinning)
             net_point = functools.partial(run_net_point, prompts=prompts,
+                                          after_shape=lambda bed: cpus.pin_testbed(bed, pinning)
+                                          if pinning["pinned"] else None,
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight, seed=experiment.seed,
@@ -97,7 +106,17 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
                              heal=testbeds.heal, predict=predict)
     finally:
+        os.sched_setaffinity(0, own_cpus)
         bar.close()
+
+
+def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
+    """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/cpus.py).
+    NOTE: compose would take `cpuset` per service; not wired yet, so compose runs unpinned."""
+    if launcher == "compose":
+        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
+                "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
+    return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
 
 
 def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:

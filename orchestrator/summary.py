@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from dsd import latency_model as lm
-from orchestrator import analysis, bootstrap, capacity, plots
+from orchestrator import analysis, bootstrap, capacity, cpus, plots
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
                                       read_predictions)
 
@@ -100,6 +100,7 @@ def analyze_sweep(out: Path) -> dict:
                        "_measured": measured, "_predicted": predicted})
     points = analysis.add_speedups(pd.concat(tables, ignore_index=True))
     points, evidence = out_of_sample_and_intervals(out, requests, rounds, points, groups, gamma)
+    points, evidence["cpu"] = add_point_conditions(out, points, sweep)
     points.to_csv(out / "points.csv", index=False)
 
     main = groups[0]["profile"]
@@ -195,6 +196,32 @@ def _calibration_fit(summary: dict) -> dict | None:
         return None
     params = {**fit["params"], "t_verify_s": {int(k): v for k, v in fit["params"]["t_verify_s"].items()}}
     return {"alpha": fit["alpha"], "params": params}
+
+
+def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[pd.DataFrame, dict]:
+    """points.csv columns from each point's done.json: when it started and what the machine did
+    meanwhile (orchestrator/cpus.py: busy and steal shares, load, contended); and the summary's
+    CPU section (pinning as recorded in sweep.json, how many points ran under contention)."""
+    rows = []
+    for path in sorted((Path(out) / "points").glob("*/done.json")):
+        done = json.loads(path.read_text())
+        cpu = done.get("cpu") or {}
+        rows.append({**{k: done.get(k) for k in analysis.point_keys(points) if k in done},
+                     "measured_started_s": done.get("started_s", math.nan),
+                     **{k: cpu.get(k, math.nan) for k in ("cpu_busy_pct", "cpu_steal_pct", "load_avg_1m")},
+                     "contended": cpu.get("contended", math.nan)})
+    keys = [k for k in analysis.point_keys(points) if rows and k in rows[0]]
+    if rows and keys:
+        frame = pd.DataFrame(rows)
+        for key in keys:
+            frame[key] = frame[key].astype(points[key].dtype)
+        points = points.merge(frame, on=keys, how="left")
+    contended = points["contended"] if "contended" in points else pd.Series([], dtype=object)
+    return points, {"pinning": sweep.get("cpu_pinning", {"pinned": False, "reason": "not recorded (older sweep)"}),
+                    "points_contended": int((contended == True).sum()),  # noqa: E712 - NaN is neither
+                    "points_recorded": int(contended.notna().sum()),
+                    "contended_when": "1-minute load above the CPU count, or more than "
+                                      f"{cpus.STEAL_LIMIT_PCT:g}% of CPU time stolen, while the point ran"}
 
 
 def _read_calibration(out: Path) -> dict:

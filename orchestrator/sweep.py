@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.experiment import Experiment
 
@@ -162,7 +163,9 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
                 progress(index + 1, len(plan), point, "skipped (done)")
             continue
         clear_unfinished(folder)
+        before = cpus.CpuSample.now()
         done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
+        done["cpu"] = cpus.conditions(before, cpus.CpuSample.now())      # contention while it ran
         result = done.pop("result")
         _write_csv(folder / "rounds.csv", result[0], point)
         _write_csv(folder / "requests.csv", result[1], point)
@@ -265,7 +268,7 @@ def experiment_record(experiment: Experiment) -> dict:
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s"):
+    for key in ("alpha", "retries", "retry_backoff_s", "cpu_pinning"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record
