@@ -48,12 +48,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--alpha", type=float, default=0.8)
     parser.add_argument("--out", default="")
+    parser.add_argument("--requests", type=int, default=4, help="measured requests per point")
     args = parser.parse_args()
     launcher = choose_launcher(args.launcher)
     profile_name, gamma = "toy-edge-cloud", 4
     experiment = experiment_from_dict({
         "name": "theory-agreement", "launcher": launcher, "rtt_ms": [0, 4, 8, 12, 16, 24, 40],
-        "gamma": [gamma], "requests": 4, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
+        "gamma": [gamma], "requests": args.requests, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
         "repeats": args.repeats, "edges": 1, "profile": profile_name,
         "backend": {"kind": "synthetic", "alpha": args.alpha}})
     out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-theory-"))
@@ -88,12 +89,16 @@ def main() -> int:
     oos_summary = summary["out_of_sample"]
     located = [c for c in summary["crossovers"].values() if math.isfinite(c["measured_rtt_ms"])]
     widths = [c["ci_high"] - c["ci_low"] for c in located]
+    # Near RTT 0 a relative error says little (0.02 vs -0.5 ms is "100%"): the absolute one too.
+    oos_abs_ms = [abs(c["measured_rtt_ms"] - c["predicted_rtt_ms_oos"]) for c in located
+                  if math.isfinite(c["predicted_rtt_ms_oos"])]
     widths_pct = [100 * w / abs(c["measured_rtt_ms"]) if c["measured_rtt_ms"] else math.inf
                   for w, c in zip(widths, located)]
     print(" ".join([
         f"oos_latency_err_p50_pct={oos_summary['latency_err_p50_pct']:.2f}",
         f"oos_latency_err_max_pct={oos_summary['latency_err_max_pct']:.2f}",
         f"oos_crossover_err_pct={oos_summary['crossover_err_max_pct']:.2f}",
+        f"oos_crossover_err_ms={max(oos_abs_ms) if oos_abs_ms else math.nan:.2f}",
         f"crossover_ci_width_ms={max(widths) if widths else math.nan:.2f}",
         f"crossover_ci_width_pct={max(widths_pct) if widths_pct else math.nan:.1f}",
         f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
@@ -104,7 +109,8 @@ def main() -> int:
         f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
         *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
         f"alpha_fitted={alpha:.4f}", f"launcher={launcher}", f"alpha={args.alpha}", f"gamma={gamma}",
-        f"profile={profile_name}", f"repeats={args.repeats}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
+        f"profile={profile_name}", f"repeats={args.repeats}", f"requests={args.requests}",
+        f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
     ]))
     return 0
 

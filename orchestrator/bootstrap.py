@@ -5,10 +5,14 @@ over repeats of each point's median over requests of the steady per-token time; 
 the RTT where two cells' curves cross (``analysis.crossing_rtt_ms``). One bootstrap replicate
 redraws both levels the data came from:
 
-1. the repeats, with replacement, the SAME draw for every cell of the group: repeat r of every
-   mode ran together (modes innermost in the plan), so a slow phase of the machine touches all
-   curves of that repeat alike and must stay paired when two of them are compared;
-2. within each drawn (cell, repeat), its requests, with replacement.
+1. the repeats, with replacement, the SAME draw for every cell: repeat r of every mode ran
+   together (modes innermost in the plan), so a slow phase of the machine touches all curves of
+   that repeat alike and must stay paired when two of them are compared;
+2. the request indices, with replacement, again the SAME draw for every point: request i is the
+   same prompt in every mode, RTT and repeat (orchestrator/workload.py), and how fast a prompt
+   decodes (its realised acceptance) is shared by all of them. Resampling each point's requests
+   independently would treat identical prompts as fresh data, and more repeats of a
+   deterministic launcher (sim) would shrink the interval for nothing.
 
 The 95% interval is the 2.5 and 97.5 percentiles of the replicates (percentile bootstrap; the
 order statistics themselves, not interpolated, so infinite crossings, "never wins" or "wins
@@ -32,43 +36,57 @@ LEVEL = 0.95
 
 
 def request_latencies(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per request: its point keys and per_token_ms (the steady per-token time the point
-    statistics are built from, ``analysis.steady_per_token_s``)."""
+    """One row per request: its point keys, request_index and per_token_ms (the steady per-token
+    time the point statistics are built from, ``analysis.steady_per_token_s``)."""
     keys = analysis.point_keys(requests)
     rounds_by_point = dict(iter(rounds.groupby(keys, sort=False))) if len(rounds) else {}
     frames = []
     for key, group in requests.groupby(keys, sort=True):
         point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
         values = 1e3 * analysis.steady_per_token_s(group, point_rounds)
-        frames.append(group[keys].assign(per_token_ms=values.to_numpy()))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=keys + ["per_token_ms"])
+        frames.append(group[keys + ["request_index"]].assign(per_token_ms=values.to_numpy()))
+    return (pd.concat(frames, ignore_index=True) if frames
+            else pd.DataFrame(columns=keys + ["request_index", "per_token_ms"]))
 
 
 def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int = N_BOOT,
                     seed: int = SEED) -> tuple[pd.DataFrame, dict]:
     """(cells: one row per cell with per_token_ms, the median over repeats of the per-repeat
-    median; replicates: cell tuple -> n_boot bootstrap values). Repeats are drawn jointly for
-    all cells (see the module docstring)."""
+    median over requests; replicates: cell tuple -> n_boot bootstrap values). Repeats and
+    request indices are each drawn once per replicate for all cells (see the module docstring)."""
     rng = np.random.default_rng(seed)
     data = latencies.dropna(subset=["per_token_ms"])
-    repeat_ids = np.array(sorted(data["repeat"].unique())) if len(data) else np.array([0])
-    drawn = rng.choice(repeat_ids, size=(n_boot, len(repeat_ids)))          # [n_boot, repeats]
+    if data.empty:
+        return pd.DataFrame(columns=cell_keys + ["per_token_ms", "repeats"]), {}
+    repeat_ids = np.array(sorted(data["repeat"].unique()))
+    n_requests = int(data["request_index"].max()) + 1
+    drawn_repeats = rng.choice(repeat_ids, size=(n_boot, len(repeat_ids)))       # [n_boot, repeats]
+    drawn_requests = rng.integers(0, n_requests, size=(n_boot, n_requests))     # [n_boot, requests]
+    fallback = rng.random(size=drawn_repeats.shape)
     rows, replicates = [], {}
     for cell, group in data.groupby(cell_keys, sort=True):
         cell = cell if isinstance(cell, tuple) else (cell,)
-        by_repeat = {r: g["per_token_ms"].to_numpy() for r, g in group.groupby("repeat")}
-        available = np.array(sorted(by_repeat))
-        # A repeat this cell lacks (a failed point) is replaced by one it has, drawn at random.
-        slots = np.where(np.isin(drawn, available), drawn, rng.choice(available, size=drawn.shape))
-        medians = np.empty(slots.shape)                                      # [n_boot, repeats]
-        for r, values in by_repeat.items():
-            mask = slots == r
-            picks = rng.integers(0, len(values), size=(int(mask.sum()), len(values)))
-            medians[mask] = np.median(values[picks], axis=1)
+        boot_by_repeat, point_medians = {}, []
+        for repeat, g in group.groupby("repeat"):
+            # A point's value per request index (the mean over its clients, who share the prompts).
+            values = np.full(n_requests, np.nan)
+            per_index = g.groupby("request_index")["per_token_ms"].mean()
+            values[per_index.index.to_numpy(dtype=int)] = per_index.to_numpy()
+            boot = np.nanmedian(values[drawn_requests], axis=1)                   # [n_boot]
+            # A draw of only requests this point lacks (a failed request) falls back to its median.
+            boot_by_repeat[repeat] = np.where(np.isnan(boot), np.nanmedian(values), boot)
+            point_medians.append(float(np.nanmedian(values)))
+        available = np.array(sorted(boot_by_repeat))
+        # A drawn repeat this cell lacks (a failed point) is replaced by one it has, at random.
+        substitute = available[(fallback * len(available)).astype(int)]
+        slots = np.where(np.isin(drawn_repeats, available), drawn_repeats, substitute)
+        medians = np.empty(slots.shape)                                           # [n_boot, repeats]
+        for repeat, boot in boot_by_repeat.items():
+            rows_b, cols = np.nonzero(slots == repeat)
+            medians[rows_b, cols] = boot[rows_b]
         replicates[cell] = np.median(medians, axis=1)
-        point_medians = [np.median(v) for v in by_repeat.values()]
         rows.append({**dict(zip(cell_keys, cell)), "per_token_ms": float(np.median(point_medians)),
-                     "repeats": len(by_repeat)})
+                     "repeats": len(boot_by_repeat)})
     return pd.DataFrame(rows), replicates
 
 

@@ -40,6 +40,11 @@ class Experiment:
     # network launchers: pin verifier, edges, shaper, orchestrator to disjoint CPU sets
     # (orchestrator/cpus.py): auto = where there are >= 4 CPUs, on = always, off = never
     cpu_pinning: str = "auto"
+    # repeats where they matter (orchestrator/adaptive.py): after the grid, add repeats of the
+    # points bracketing a crossover until its 95% CI is at most adaptive_ci_target_pct of it,
+    # spending at most adaptive_budget_points extra points (0: off)
+    adaptive_budget_points: int = 0
+    adaptive_ci_target_pct: float = 20.0
     backend: BackendConfig = field(default_factory=BackendConfig)
 
     def __post_init__(self) -> None:
@@ -55,10 +60,14 @@ class Experiment:
                "clients", self.clients, "a non-empty list of whole numbers in 1..256")
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),
                           ("prompt_tokens", 1), ("max_in_flight", 1), ("repeats", 1), ("edges", 1),
-                          ("max_batch", 1), ("seed", 0), ("retries", 0)):
+                          ("max_batch", 1), ("seed", 0), ("retries", 0), ("adaptive_budget_points", 0)):
             value = getattr(self, name)
             _check(_is_int(value) and value >= low, name, value, f"a whole number >= {low}")
         _check(self.retries <= 10, "retries", self.retries, "at most 10")
+        _check(self.adaptive_budget_points <= 10_000, "adaptive_budget_points", self.adaptive_budget_points,
+               "at most 10000")
+        _check(_is_number(self.adaptive_ci_target_pct) and 0 < self.adaptive_ci_target_pct <= 1000,
+               "adaptive_ci_target_pct", self.adaptive_ci_target_pct, "a number in (0, 1000]")
         for name in ("batch_window_ms", "retry_backoff_s"):
             value = getattr(self, name)
             _check(_is_number(value) and 0 <= value <= 3600, name, value, "a number in 0..3600")

@@ -163,11 +163,14 @@ def add_out_of_sample(points: pd.DataFrame, predictions: pd.DataFrame | None) ->
         points["latency_err_oos_pct"] = math.nan
         return points
     keys = [k for k in analysis.point_keys(points) if k in predictions.columns]
-    lookup = predictions.set_index(keys)
-    index = pd.MultiIndex.from_frame(points[keys]) if len(keys) > 1 else pd.Index(points[keys[0]])
-    matched = lookup.reindex(index)
-    points["calibration"] = matched["calibration"].fillna(False).astype(bool).to_numpy()
-    points["per_token_ms_predicted_oos"] = matched["per_token_ms_predicted"].to_numpy(dtype=float)
+    matched = predictions.set_index(keys).reindex(pd.MultiIndex.from_frame(points[keys]))
+    points["calibration"] = matched["calibration"].astype(object).fillna(False).astype(bool).to_numpy()
+    # The prediction of a cell is the same for all its repeats, also for repeats added after the
+    # plan (orchestrator/adaptive.py), which have no row of their own.
+    cell_keys = [k for k in keys if k != "repeat"]
+    by_cell = predictions.drop_duplicates(cell_keys).set_index(cell_keys)["per_token_ms_predicted"]
+    points["per_token_ms_predicted_oos"] = by_cell.reindex(
+        pd.MultiIndex.from_frame(points[cell_keys])).to_numpy(dtype=float)
     err = 100 * (points["per_token_ms_p50"] / points["per_token_ms_predicted_oos"] - 1)
     points["latency_err_oos_pct"] = err.where(~points["calibration"])
     return points

@@ -150,13 +150,14 @@ def evidence_sections(summary: dict) -> list[tuple[str, list]]:
     cells = summary.get("latency_cells", [])
     sections.append(("Confidence intervals", [
         ("text", f"95% percentile bootstrap, {boot.get('replicates')} replicates, fixed seed {boot.get('seed')}. "
-                 "Each replicate draws the repeats with replacement (the same draw for every mode, since repeat r "
-                 "of every mode ran together and a slow phase of the shared machine touches them alike), then "
-                 "each drawn point's requests with replacement, and recomputes the per-point medians, the "
-                 "median over repeats and the crossings. Repeat-to-repeat drift is the larger noise here, which "
-                 "a bootstrap over requests alone would hide; with one repeat the interval is over requests "
-                 "only and says nothing about drift. A crossover whose interval reaches both ends of the RTT "
-                 "grid is reported as undetermined, not as a number."),
+                 "Each replicate draws the repeats with replacement (one draw for every mode, since repeat r "
+                 "of every mode ran together and a slow phase of the shared machine touches them alike) and the "
+                 "request indices with replacement (one draw for every point: request i is the same prompt in "
+                 "every mode, RTT and repeat, so its own speed is shared), and recomputes the per-point medians, "
+                 "the median over repeats and the crossings. Repeat-to-repeat drift is the larger noise on a "
+                 "shared machine, which a bootstrap over requests alone would hide; with one repeat the interval "
+                 "is over requests only and says nothing about drift. A crossover whose interval reaches both "
+                 "ends of the RTT grid is reported as undetermined, not as a number."),
         ("table", ["mode", "RTT (ms)", "gamma", "clients", "per-token (ms)", "95% CI (ms)", "predicted oos (ms)",
                    "error oos (%)"],
          [[c["mode"], _num(c["rtt_ms"]), str(c["gamma"]), str(c["clients"]), _num(c["per_token_ms"], 3),

@@ -157,23 +157,34 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
         if predict is not None and point.group not in predicted_groups and not is_calibration(point, experiment):
             predict([p for p in plan if p.group == point.group])
             predicted_groups.add(point.group)
-        folder = out_dir / "points" / point.key
         if point_done(out_dir, point):
             if progress:
                 progress(index + 1, len(plan), point, "skipped (done)")
             continue
-        clear_unfinished(folder)
-        before = cpus.CpuSample.now()
-        done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
-        done["cpu"] = cpus.conditions(before, cpus.CpuSample.now())      # contention while it ran
-        result = done.pop("result")
-        _write_csv(folder / "rounds.csv", result[0], point)
-        _write_csv(folder / "requests.csv", result[1], point)
-        _write_csv(folder / "links.csv", result[2], point)
-        _write_atomic(folder / "done.json", json.dumps({**point.columns(), "key": point.key, **done}, default=str))
+        done = record_point(out_dir, point, run_point, experiment, heal)
         if progress:
             progress(index + 1, len(plan), point, done["status"] if not done["error"] else f"error: {done['error']}")
+    if experiment.adaptive_budget_points:
+        from orchestrator.adaptive import run_adaptive
+        run_adaptive(experiment, out_dir, lambda p: record_point(out_dir, p, run_point, experiment, heal),
+                     experiment.gamma[0], progress=(lambda p: progress(len(plan), len(plan), p, "adaptive repeat"))
+                     if progress else None)
     return merge(out_dir)
+
+
+def record_point(out_dir: Path, point: Point, run_point, experiment: Experiment, heal=None) -> dict:
+    """Run one point (with retries) into its folder; done.json last. Returns its done record."""
+    folder = out_dir / "points" / point.key
+    clear_unfinished(folder)
+    before = cpus.CpuSample.now()
+    done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
+    done["cpu"] = cpus.conditions(before, cpus.CpuSample.now())      # contention while it ran
+    result = done.pop("result")
+    _write_csv(folder / "rounds.csv", result[0], point)
+    _write_csv(folder / "requests.csv", result[1], point)
+    _write_csv(folder / "links.csv", result[2], point)
+    _write_atomic(folder / "done.json", json.dumps({**point.columns(), "key": point.key, **done}, default=str))
+    return done
 
 
 def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: float, heal=None) -> dict:
@@ -268,7 +279,8 @@ def experiment_record(experiment: Experiment) -> dict:
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s", "cpu_pinning"):
+    for key in ("alpha", "retries", "retry_backoff_s", "cpu_pinning", "adaptive_budget_points",
+                "adaptive_ci_target_pct"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record
