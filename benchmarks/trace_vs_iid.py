@@ -28,7 +28,7 @@ from orchestrator.run import analyze_sweep, run_experiment  # noqa: E402
 
 
 def iid_twin(experiment):
-    trace = experiment.backend.acceptance()
+    trace = experiment.backend.trace()
     if trace is None:
         raise ValueError(f"experiment {experiment.name!r}: backend.acceptance_trace is not set")
     backend = dataclasses.replace(experiment.backend, acceptance_trace="", acceptance_rounds="",

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields
 from typing import TypeVar
 
+from dsd.backends.acceptance import ACCEPTANCE_KINDS
 from dsd.backends.factory import BACKEND_KINDS, DEFAULT_PAIR, BackendConfig
 from dsd.profiles import HardwareProfile, get_profile
 
@@ -213,6 +214,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vocab-size", type=int, default=512, help="synthetic")
     group.add_argument("--synthetic-seed", type=int, default=0, help="synthetic")
     group.add_argument("--eos-prob", type=float, default=0.0, help="synthetic")
+    group.add_argument("--acceptance", choices=ACCEPTANCE_KINDS, default="iid",
+                       help="synthetic: iid per position, or stratified (every request realises alpha)")
     group.add_argument("--acceptance-trace", default="",
                        help="synthetic: replay the live rounds of this rounds.csv instead of i.i.d. alpha")
     group.add_argument("--acceptance-rounds", default="",
@@ -227,7 +230,8 @@ def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, Hardware
     config = BackendConfig(kind=args.backend, pair_path=args.pair_path, target_path=args.target_path,
                            draft_path=args.draft_path, dtype=args.dtype, alpha=args.alpha,
                            vocab_size=args.vocab_size, seed=args.synthetic_seed, eos_prob=args.eos_prob,
-                           acceptance_trace=args.acceptance_trace, acceptance_rounds=args.acceptance_rounds)
+                           acceptance=args.acceptance, acceptance_trace=args.acceptance_trace,
+                           acceptance_rounds=args.acceptance_rounds)
     if args.profile and args.profile_json:
         raise ValueError("give --profile or --profile-json, not both")
     profile = None

@@ -42,7 +42,7 @@ from aiohttp import web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
-from dsd.drafting import draft_step
+from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from services import access, wire
@@ -374,6 +374,7 @@ class Client:
         seq_id = f"{c.run_id}/{request.index}"
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index)
         generator = torch.Generator().manual_seed(sampling.seed + 1)
+        begin_request(self.draft, seq_id, request.prompt, c.gamma)
         edge = EdgeDecoder(request.prompt, c.gamma, request.stop, pipelined=c.mode == "pipelined",
                            max_in_flight=c.max_in_flight)
         await self.link.send(self.open_message(request, session))
@@ -669,7 +670,7 @@ def main(argv: list[str] | None = None) -> None:
     t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
     edge = Edge(draft, backend.kind, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
-                 "acceptance_trace": trace.summary() if (trace := backend.acceptance()) else None}, token)
+                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.

@@ -145,8 +145,8 @@ def test_seeds_choose_other_stretches_of_the_trace():
 
 def test_the_backend_config_takes_a_path_or_inline_rounds_not_both(tmp_path):
     path = write_rounds(tmp_path / "rounds.csv", [("p", 0, 0, 0, 4, 2, False, "")])
-    assert BackendConfig(acceptance_trace=str(path)).acceptance().rounds == ((4, 2),)
-    assert BackendConfig(acceptance_rounds="4:2,4:4").acceptance().rounds == ((4, 2), (4, 4))
+    assert BackendConfig(acceptance_trace=str(path)).trace().rounds == ((4, 2),)
+    assert BackendConfig(acceptance_rounds="4:2,4:4").trace().rounds == ((4, 2), (4, 4))
     with pytest.raises(ValueError, match="give one"):
         BackendConfig(acceptance_trace=str(path), acceptance_rounds="4:2")
     with pytest.raises(ValueError, match="synthetic backend"):

@@ -32,6 +32,7 @@ class BackendConfig:
     # "proposed:accepted,..." (what the launchers send the services)
     acceptance_trace: str = ""
     acceptance_rounds: str = ""
+    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -45,11 +46,13 @@ class BackendConfig:
         if (self.acceptance_trace or self.acceptance_rounds) and self.kind != "synthetic":
             raise ValueError(f"acceptance_trace is for the synthetic backend (a real pair has its own acceptance), "
                              f"got kind={self.kind!r}")
+        if (self.acceptance_trace or self.acceptance_rounds) and self.acceptance != "iid":
+            raise ValueError(f"acceptance_trace replaces acceptance={self.acceptance!r}: the trace decides acceptance")
         if self.kind == "synthetic":
-            self.synthetic()          # validates alpha, vocab_size, eos_prob, the trace
+            self.synthetic()          # validates alpha, vocab_size, eos_prob, acceptance, the trace
 
-    def acceptance(self) -> AcceptanceTrace | None:
-        """The acceptance trace to replay, or None for i.i.d. alpha."""
+    def trace(self) -> AcceptanceTrace | None:
+        """The acceptance trace to replay, or None (acceptance by alpha)."""
         if self.acceptance_rounds:
             return AcceptanceTrace.from_text(self.acceptance_rounds)
         if self.acceptance_trace:
@@ -58,7 +61,7 @@ class BackendConfig:
 
     def synthetic(self) -> SyntheticConfig:
         return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob, acceptance_trace=self.acceptance())
+                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace())
 
 
 def load_pair(config: BackendConfig):

@@ -8,6 +8,11 @@ wrong token otherwise; so acceptance is i.i.d. per position with probability alp
 latency model assumes, and a greedy run is reproducible bit for bit. With ``acceptance_trace``
 the draft is right or wrong where a real pair's recorded rounds say (acceptance_trace.py).
 
+With ``acceptance = "stratified"`` the draft instead follows a per-request layout of rounds
+(``dsd.backends.acceptance``): each round's accepted count is still truncated geometric, and every
+request realises alpha within a stated bound. The layout needs the request's prompt and gamma,
+given by ``begin_request`` (``dsd.drafting.begin_request``) before the first draft.
+
 Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
 time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a hardware profile.
 """
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
 from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay
 from dsd.backends.protocol import ForwardStats
 from dsd.sequence import common_prefix_length
@@ -48,6 +54,7 @@ class SyntheticConfig:
     eos_token_id: int = 0
     eos_prob: float = 0.0       # per generated position
     context_tokens: int = 4     # how much of the context decides the next token
+    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
     # replay a real pair's acceptance instead of i.i.d. alpha (dsd/backends/acceptance_trace.py)
     acceptance_trace: AcceptanceTrace | None = None
 
@@ -62,6 +69,8 @@ class SyntheticConfig:
             raise ValueError(f"eos_prob must be in [0, 1), got {self.eos_prob!r}")
         if self.context_tokens < 1:
             raise ValueError(f"context_tokens must be >= 1, got {self.context_tokens!r}")
+        if self.acceptance not in ACCEPTANCE_KINDS:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE_KINDS}, got {self.acceptance!r}")
 
 
 def target_token(config: SyntheticConfig, context: Sequence[int]) -> int:
@@ -82,11 +91,14 @@ def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) ->
     return token + 1 if token >= config.eos_token_id else token
 
 
-def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], alpha: float | None = None) -> int:
-    """alpha: this position's acceptance probability, config.alpha unless a trace decides it."""
+def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], outcome: str = "",
+              alpha: float | None = None) -> int:
+    """The draft's token; ``outcome`` "right"/"wrong" from a stratified layout, else a coin that
+    comes up right with probability ``alpha`` (config.alpha unless a trace decides it)."""
     right = _target_at(config, position, window)
     h = _hash(config.seed, 0xD4AF7, position, *window)
-    if alpha == 1.0 or h / _TWO64 < (config.alpha if alpha is None else alpha):
+    p = config.alpha if alpha is None else alpha
+    if outcome == "right" or (outcome != "wrong" and (alpha == 1.0 or h / _TWO64 < p)):
         return right
     # A wrong token (never the right one, so a rejection is a rejection).
     return (right + 1 + _hash(h) % (config.vocab_size - 1)) % config.vocab_size
@@ -108,6 +120,14 @@ class SyntheticLM:
         self._cached: dict[str, list[int]] = {}
         trace = config.acceptance_trace if role == "draft" else None
         self._replay = TraceReplay(trace, config.seed) if trace is not None else None
+        self._layouts: dict[str, RoundLayout] = {}     # stratified acceptance, per sequence
+
+    def begin_request(self, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
+        """A draft with stratified acceptance lays out the request's rounds (seeded by the
+        prompt and gamma, so a request gets the same rounds in every mode and launcher)."""
+        if self.role == "draft" and self.config.acceptance == "stratified":
+            seed = _hash(self.config.seed, 0x57A7, gamma, len(prompt), *prompt)
+            self._layouts[seq_id] = RoundLayout(self.config.alpha, gamma, len(prompt), seed)
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
         if not 1 <= n_last <= len(tokens):
@@ -122,14 +142,26 @@ class SyntheticLM:
         out = torch.zeros(n_last, self.vocab_size)                        # [n_last, vocab]
         k = self.config.context_tokens
         first = len(tokens) - n_last + 1
-        next_at = self._next_at
-        if self._replay is not None:
-            alpha_at = self._replay.alpha_of(seq_id, tokens, n_last)
-            next_at = lambda config, position, window: _draft_at(config, position, window, alpha_at(position))  # noqa: E731
+        layout = self._layout(seq_id)
+        alpha_at = self._replay.alpha_of(seq_id, tokens, n_last) if self._replay is not None else None
         for row in range(n_last):
             position = first + row
-            out[row, next_at(self.config, position, tokens[max(0, position - k):position])] = 1.0
+            window = tokens[max(0, position - k):position]
+            if layout is not None:
+                out[row, _draft_at(self.config, position, window, layout.outcome(position))] = 1.0
+            elif alpha_at is not None:
+                out[row, _draft_at(self.config, position, window, alpha=alpha_at(position))] = 1.0
+            else:
+                out[row, self._next_at(self.config, position, window)] = 1.0
         return out
+
+    def _layout(self, seq_id: str) -> RoundLayout | None:
+        if self.role != "draft" or self.config.acceptance != "stratified":
+            return None
+        if seq_id not in self._layouts:
+            raise ValueError(f"stratified acceptance: sequence {seq_id!r} was drafted before begin_request "
+                             "gave its prompt and gamma (dsd.drafting.begin_request)")
+        return self._layouts[seq_id]
 
     def cached_length(self, seq_id: str) -> int:
         return len(self._cached.get(seq_id, ()))
@@ -140,5 +172,6 @@ class SyntheticLM:
 
     def release(self, seq_id: str) -> None:
         self._cached.pop(seq_id, None)
+        self._layouts.pop(seq_id, None)
         if self._replay is not None:
             self._replay.release(seq_id)

@@ -45,8 +45,9 @@ def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> lis
         args += ["--dtype", backend.dtype]
     else:
         args += ["--alpha", str(backend.alpha), "--vocab-size", str(backend.vocab_size),
-                 "--synthetic-seed", str(backend.seed), "--eos-prob", str(backend.eos_prob)]
-        trace = backend.acceptance()
+                 "--synthetic-seed", str(backend.seed), "--eos-prob", str(backend.eos_prob),
+                 "--acceptance", backend.acceptance]
+        trace = backend.trace()
         if trace is not None:         # inline: a service need not see the file (containers, other hosts)
             args += ["--acceptance-rounds", trace.to_text()]
     if profile is not None:

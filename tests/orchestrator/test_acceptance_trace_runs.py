@@ -103,7 +103,7 @@ def test_experiment_keys_a_relative_trace_and_no_alpha_sweep(tmp_path):
     (tmp_path / "e.toml").write_text('name = "e"\nprofile = "toy-edge-cloud"\n'
                                      '[backend]\nkind = "synthetic"\nacceptance_trace = "trace.csv"\n')
     loaded = load_experiment(tmp_path / "e.toml")
-    assert loaded.backend.acceptance().rounds == bimodal_trace(n_rounds=20).rounds
+    assert loaded.backend.trace().rounds == bimodal_trace(n_rounds=20).rounds
     with pytest.raises(ValueError, match="'alpha'.*acceptance_trace"):
         experiment(tmp_path, bimodal_trace(), alpha=[0.5, 0.7])
     with pytest.raises(ValueError, match="acceptance_trace"):
@@ -116,6 +116,6 @@ def test_experiment_keys_a_relative_trace_and_no_alpha_sweep(tmp_path):
 def test_the_shipped_trace_and_experiment_are_valid(capsys):
     assert main(["sweep", "experiments/acceptance-trace.toml", "--dry-run"]) == 0
     exp = load_experiment("experiments/acceptance-trace.toml")
-    trace = exp.backend.acceptance()
+    trace = exp.backend.trace()
     assert len(trace.rounds) >= 200 and 0.3 < trace.alpha_hat < 0.95 and {g for g, _ in trace.rounds} == {4}
     assert os.path.samefile(exp.backend.acceptance_trace, REPO_TRACE)
