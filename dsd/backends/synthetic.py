@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsd.backends.protocol import ForwardStats
+from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.sequence import common_prefix_length
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -119,6 +119,11 @@ class SyntheticLM:
             position = first + row
             out[row, self._next_at(self.config, position, tokens[max(0, position - k):position])] = 1.0
         return out
+
+    def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
+        """One call per request: nothing is computed here, so there is nothing to batch (the
+        emulated device charges a batch its profile's time)."""
+        return [self.logits(r.seq_id, r.tokens, r.n_last) for r in requests]
 
     def cached_length(self, seq_id: str) -> int:
         return len(self._cached.get(seq_id, ()))
