@@ -164,3 +164,19 @@ def test_default_pair_batched_verification_equals_unbatched():
     batched, serial, verdicts_b, verdicts_s = _run_batched_and_serial(draft, target, serial_target, budget=30)
     assert verdicts_b == verdicts_s
     assert [b.committed.tokens for b in batched] == [s.committed.tokens for s in serial]
+
+
+def test_batched_ar_steps_emit_each_session_its_own_greedy_tokens():
+    """Cloud AR batched the same way: one pass per step for every session."""
+    _, target = tiny_pair(seed=12)
+    reference = TorchLM(target.model, "reference", None)
+    sessions = _sessions(target, "ar", 12)
+    passes_before = target.stats.passes
+    for _ in range(12):
+        for ok, value in run_jobs([s.ar_job() for s in sessions if not s.finished]):
+            assert ok, value
+    assert target.stats.passes - passes_before == 12
+    for s in sessions:
+        assert s.generated == generate_ar(reference, PROMPTS[int(s.seq_id[2:])], StopRule(12),
+                                          seq_id=f"ref-{s.seq_id}").tokens
+        assert target.cached_length(s.seq_id) == len(s.committed) - 1
