@@ -28,9 +28,9 @@ Default pair, CPU, torch threads as the services use them (1). Four parts, each 
 Predictions (REFERENCE.md notation; E = measured tokens per round, r = target rate, s = slope;
 t_d, t_v and s from the device's own timings of the capacity runs' passes):
   serial (claim 4):   N_dsd / N_co = 1 + gamma * t_d / t_v
-  batched (ours): every client in one batch per round (lock-step), so a DSD round takes
-      gamma * t_d,edge + t_v(b = N) and a co-located one N * gamma * t_d + t_v(b = N), with
-      t_v(b) = t_v * (1 + s * (b - 1)); setting E / round = r:
+  batched (ours, dsd.latency_model.batched_capacity): every client in one batch per round
+      (lock-step), so a DSD round takes gamma * t_d,edge + t_v(b = N) and a co-located one
+      N * gamma * t_d + t_v(b = N), with t_v(b) = t_v * (1 + s * (b - 1)); setting E / round = r:
       N_dsd = 1 + ((E / r - gamma * t_d,edge) / t_v - 1) / s
       N_co  = (E / r - t_v * (1 - s)) / (gamma * t_d + s * t_v)
 
@@ -56,6 +56,7 @@ from dsd.backends.factory import DEFAULT_PAIR, BackendConfig, load_pair  # noqa:
 from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs  # noqa: E402
 from dsd.decoding import generate_ar  # noqa: E402
 from dsd.drafting import draft_block  # noqa: E402
+from dsd.latency_model import batched_capacity  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
 from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope  # noqa: E402
 from dsd.verifier_session import VerifierSession  # noqa: E402
@@ -218,14 +219,6 @@ def capacity(rates: dict[int, float], target_rate: float) -> float:
     return capacity_at(clients, 1 / np.array([rates[n] for n in clients]), 1 / target_rate)
 
 
-def predicted_batched(e: float, rate: float, t_v: float, slope: float, t_d: float, t_d_edge: float) -> tuple[float, float]:
-    """(N_dsd, N_co) under batching, every client in one batch per round (module docstring)."""
-    per_round_s = e / rate
-    n_dsd = 1 + ((per_round_s - GAMMA * t_d_edge) / t_v - 1) / slope if slope > 0 else math.inf
-    n_co = (per_round_s - t_v * (1 - slope)) / (GAMMA * t_d + slope * t_v)
-    return n_dsd, n_co
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", default=str(DEFAULT_PAIR))
@@ -303,7 +296,7 @@ def main() -> None:
             print(f"{label[:5]} {mode[:3]}" + "".join(f"{rates[n]:8.1f}" if n in rates else f"{'':8s}" for n in counts))
         n = {key: capacity(rates, target_rate) for key, rates in curves.items()}
         predicted = 1 + GAMMA * t_d / t_v
-        p_dsd, p_co = predicted_batched(e, target_rate, t_v, slope, t_d, t_d_edge)
+        p_dsd, p_co = batched_capacity(e, target_rate, GAMMA, t_d, t_d_edge, t_v, slope)
         results.update(
             clients_dsd_serial=n["serial", "dsd"], clients_colocated_serial=n["serial", "colocated"],
             clients_dsd_batched=n["batched", "dsd"], clients_colocated_batched=n["batched", "colocated"],
