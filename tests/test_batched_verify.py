@@ -180,3 +180,22 @@ def test_batched_ar_steps_emit_each_session_its_own_greedy_tokens():
         assert s.generated == generate_ar(reference, PROMPTS[int(s.seq_id[2:])], StopRule(12),
                                           seq_id=f"ref-{s.seq_id}").tokens
         assert target.cached_length(s.seq_id) == len(s.committed) - 1
+
+
+def test_a_llama_style_model_with_grouped_query_attention_batches_too():
+    """The attention is the model's own interface, not GPT-2's: a tiny Llama (rotary positions,
+    2 key/value heads for 4 query heads) gives the logits of a full forward pass, batched."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    lm = TorchLM(model, "tiny-llama", None)
+    sequences = {"a": list(range(1, 20)), "b": [5, 6, 7], "c": [9] * 11}
+    for seq_id, tokens in sequences.items():
+        lm.logits(seq_id, tokens[:-3] or tokens[:1], 1)
+    batched = lm.logits_batch([LogitsRequest(seq_id, tokens, 3) for seq_id, tokens in sequences.items()])
+    for (seq_id, tokens), logits in zip(sequences.items(), batched):
+        with torch.inference_mode():
+            fresh = model(input_ids=torch.tensor([tokens])).logits[0, -3:]
+        assert torch.allclose(logits, fresh, atol=1e-5), seq_id
