@@ -359,7 +359,10 @@ class ComposeTestbed:
         """The verifier and the edges this testbed drives (an adopted project may have more)."""
         containers = [x for x in [self.verifier_container, *self.edge_containers] if x is not None]
         for container in containers if reload else []:
-            container.reload()
+            try:
+                container.reload()
+            except docker.errors.NotFound:
+                raise ComposeError(f"container {container.name} was removed while in use") from None
         return containers
 
     def project_containers(self) -> list:
