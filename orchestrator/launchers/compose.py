@@ -366,7 +366,7 @@ class ComposeTestbed:
         return containers
 
     def project_containers(self) -> list:
-        return self._client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={self.config.project}"})
+        return self._client.containers.list(all=True, filters={"label": project_labels(self.config.project)})
 
     def container_ip(self, container) -> str:
         networks = container.attrs["NetworkSettings"]["Networks"]
@@ -499,11 +499,18 @@ def docker_client():
                            "`bash scripts/docker_setup.sh`") from exc
 
 
+def project_labels(project: str) -> list[str]:
+    """The labels of a compose project's service containers. The project label alone is not
+    enough: `compose build` stamps it on the image, so a container merely run from the image
+    (`docker run`, a build step FROM it) carries it too; only compose numbers its containers."""
+    return [f"{PROJECT_LABEL}={project}", NUMBER_LABEL]
+
+
 def project_is_up(project: str) -> bool:
     """Whether the compose project has any container (running or not)."""
     client = docker_client()
     try:
-        return bool(client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={project}"}))
+        return bool(client.containers.list(all=True, filters={"label": project_labels(project)}))
     finally:
         client.close()
 
@@ -636,11 +643,10 @@ def cleanup_project(project: str = "dsdbed", client=None) -> list[str]:
     client = client or docker.from_env(timeout=60)
     removed = []
     try:
-        label = {"label": f"{PROJECT_LABEL}={project}"}
-        for container in client.containers.list(all=True, filters=label):
+        for container in client.containers.list(all=True, filters={"label": project_labels(project)}):
             container.remove(force=True)
             removed.append(f"container {container.name}")
-        for network in client.networks.list(filters=label):
+        for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={project}"}):
             network.remove()
             removed.append(f"network {network.name}")
     finally:

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = "experiments/compose-quick.toml"
-PROJECT_LABEL = "com.docker.compose.project=dsdbed"
+PROJECT_LABELS = ["com.docker.compose.project=dsdbed", "com.docker.compose.container-number"]
 ENV = {**os.environ, "DSD_HEALTH_INTERVAL": "2s", "COMPOSE_BAKE": "false"}
 UP_TIMEOUT_S = 600
 SWEEP_TIMEOUT_S = 900
@@ -48,7 +48,7 @@ def running() -> dict[str, str]:
     """name -> id of the project's running containers."""
     client = docker.from_env()
     try:
-        return {c.name: c.id for c in client.containers.list(filters={"label": PROJECT_LABEL})}
+        return {c.name: c.id for c in client.containers.list(filters={"label": PROJECT_LABELS})}
     finally:
         client.close()
 
@@ -56,7 +56,7 @@ def running() -> dict[str, str]:
 def project_containers() -> list[str]:
     client = docker.from_env()
     try:
-        return [c.name for c in client.containers.list(all=True, filters={"label": PROJECT_LABEL})]
+        return [c.name for c in client.containers.list(all=True, filters={"label": PROJECT_LABELS})]
     finally:
         client.close()
 
