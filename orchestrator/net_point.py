@@ -27,10 +27,13 @@ from orchestrator.sweep import Point
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
                   max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
-                  timeout_s: float = 900.0, link_options: LinkOptions | None = None,
+                  timeout_s: float = 900.0, link_options: LinkOptions | None = None, after_shape=None,
                   ) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+    """after_shape(testbed): called once the links are shaped (and any shaping daemon runs),
+    before the runs start; the CPU pinning uses it (orchestrator/cpus.py)."""
     specs = edge_specs(link_options, point, len(testbed.edges))
     links = testbed.shape(specs)
+    masks = after_shape(testbed) if after_shape is not None else None
     runs: list = []
     scheduled = None
     if link_options is not None and link_options.schedule:
@@ -69,7 +72,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     if scheduled is not None:
         rounds = scheduled.annotate_rounds(rounds, len(testbed.edges))
         link_rows += scheduled.rows(links)
-    return rounds.to_dict("records"), requests.to_dict("records"), link_rows, {"partial_rows_dropped": dropped}
+    extra = {"partial_rows_dropped": dropped, **({"cpu_masks": masks} if masks else {})}
+    return rounds.to_dict("records"), requests.to_dict("records"), link_rows, extra
 
 
 def _wire_counters(testbed) -> list[dict] | None:
