@@ -50,7 +50,7 @@ from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
-from orchestrator import links
+from orchestrator import links as link_keys
 from orchestrator.launchers.base import EdgeHandle, LauncherError, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 
@@ -408,7 +408,7 @@ class ComposeTestbed:
         if len(rtt_ms_per_edge) != len(self.edges):
             raise ValueError(f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), "
                              f"got {len(rtt_ms_per_edge)}")
-        specs = [links.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
+        specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
         links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
@@ -635,7 +635,7 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
 
 
 def _link_state(record: LinkRecord) -> LinkState:
-    return links.link_state(record)
+    return link_keys.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:
