@@ -21,7 +21,7 @@ import torch
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
-from dsd.drafting import draft_block, draft_step
+from dsd.drafting import begin_request, draft_block, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -80,6 +80,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
+    begin_request(draft, seq_id, prompt, gamma)
     arrivals: list[tuple[float, int, object]] = []   # (time at the edge, send order, verdict)
     order = itertools.count()
     verifier_free_at = 0.0
@@ -160,6 +161,8 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     session.prefill()
     clock_s += costs.t_prefill_s
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
+    if mode == "colocated":
+        begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
     generation = Generation([])
     receipts_s: list[float] = []
     draft_steps = 0

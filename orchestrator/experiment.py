@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import load_profiles
+from orchestrator import links
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -46,6 +47,15 @@ class Experiment:
     adaptive_budget_points: int = 0
     adaptive_ci_target_pct: float = 20.0
     backend: BackendConfig = field(default_factory=BackendConfig)
+    # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links.py.
+    jitter_ms: tuple[float, ...] = (0.0,)
+    delay_distribution: tuple[str, ...] = ("uniform",)
+    correlation_pct: tuple[float, ...] = (0.0,)
+    loss_pct: tuple[float, ...] = (0.0,)
+    rate_mbit: tuple[float, ...] = (0.0,)          # 0 = no cap
+    delay_up_ms: tuple[float, ...] = ()            # with delay_down_ms: one-way delays instead of rtt_ms
+    delay_down_ms: tuple[float, ...] = ()
+    link: links.LinkOptions = field(default_factory=links.LinkOptions)   # [link]: per-edge links
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -96,6 +106,7 @@ class Experiment:
         known = load_profiles()
         for name in self.profiles():
             _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
+        links.check_link_keys(self)
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
@@ -132,6 +143,13 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
     data = dict(data)
     backend = data.pop("backend", {})
+    if "link" in data:
+        if not isinstance(data["link"], dict):
+            raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
+        try:
+            data["link"] = links.LinkOptions.from_dict(data["link"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
     known = {f.name for f in fields(Experiment)} - {"backend"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -146,7 +164,9 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
         raise ValueError(f"{source}: alpha is given twice: as the sweep key 'alpha' and in [backend]; keep one")
     if isinstance(data.get("profile"), list):
         data["profile"] = tuple(data["profile"])
-    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha"):
+    if "rtt_ms" in data and ("delay_up_ms" in data or "delay_down_ms" in data):
+        raise ValueError(f"{source}: give rtt_ms or delay_up_ms/delay_down_ms, not both")
+    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *links.LINK_KEYS, "delay_down_ms"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)

@@ -18,11 +18,12 @@ import pandas as pd
 
 FORMATS = ("html", "md")
 POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms",
-                 "gamma", "clients", "repeat", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
+                 "gamma", "clients", "repeat", "alpha_configured", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
                  "server_compute_ms_p50",
                  "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_ci_low", "per_token_ms_ci_high",
                  "per_token_ms_p99", "calibration", "per_token_ms_predicted_oos", "latency_err_oos_pct",
-                 "per_token_ms_predicted", "per_token_ms_predicted_compute_only", "latency_err_pct", "contended",
+                 "per_token_ms_predicted", "per_token_ms_predicted_compute_only",
+                 "per_token_ms_predicted_at_configured_alpha", "latency_err_pct", "contended",
                  "load_avg_1m", "cpu_steal_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
                  "tok_s_per_client_overlap"]
 HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "platform", "cpus", "python", "torch", "transformers"]
@@ -78,11 +79,14 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     sections.append(("Crossovers: measured against the in-sample fit", [
         ("text", "The RTT below which the first mode is faster per token than the second; measured as "
                  "the crossing of the median-of-repeats curves (range over repeats), predicted by the "
-                 "closed form at the alpha and parameters fitted from ALL rounds (in sample: the "
-                 "out-of-sample comparison is above)."),
-        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)", "predicted, in sample (ms)"],
+                 "closed form at the parameters fitted from ALL rounds (in sample: the out-of-sample "
+                 "comparison is above), at the alpha the run realised (fitted) and, on the synthetic "
+                 "backend, at the configured alpha."),
+        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
+                   "predicted in sample, realised alpha (ms)", "predicted in sample, configured alpha (ms)"],
          _crossover_rows(summary)),
     ]))
+    sections += _paper_sections(summary)
     if summary.get("gain_window"):
         sections.append(("Gain window: the alpha at which DSD ties cloud AR", [
             ("text", "Per RTT: below this alpha cloud AR is faster, above it DSD. Measured: interpolated "
@@ -185,6 +189,24 @@ def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
     return [("CPU isolation and contention", blocks)]
 
 
+def _paper_sections(summary: dict) -> list:
+    """The paper's comparisons (orchestrator/paper.py): configured setting, closed form at the
+    configured and at the realised alpha (configured compute times), measured."""
+    from orchestrator import paper
+
+    tables = summary.get("paper", {})
+    blocks = []
+    if tables.get("crossovers"):
+        blocks += [("text", "Per group: the closed form with the configured compute times (the paper's "
+                            "setting) at the configured alpha and at the alpha the run realised, beside the "
+                            f"measured crossover. \"{paper.NEVER}\": the closed form has DSD lose at every RTT."),
+                   ("table", *paper.crossover_table(tables["crossovers"]))]
+    if tables.get("capacity"):
+        blocks += [("text", "Capacity factor: clients sustained, DSD over co-located, at one per-client rate."),
+                   ("table", *paper.capacity_table(tables["capacity"]))]
+    return [("The paper's comparisons", blocks)] if blocks else []
+
+
 def _backend_text(experiment: dict) -> str:
     backend = experiment["backend"]
     if backend["kind"] == "synthetic":
@@ -210,13 +232,21 @@ def _param_rows(summary: dict) -> list[list[str]]:
         rows.append([name[:-len("_s")] + "_ms" + (f" (gamma={gamma})" if name == "t_verify_s" else ""),
                      *(_num(1e3 * v, 3) for v in values),
                      summary["params_source"][name]])
-    rows.append(["alpha", "", "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
+    rows.append(["alpha", _configured_alphas(summary), "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
                  "per group: " + ", ".join(_num(g["alpha_fitted"], 3) for g in summary["groups"]),
-                 "pooled maximum likelihood over live rounds"])
+                 "realised: pooled maximum likelihood over live rounds (the predictions use it; "
+                 "assumed: configured)"])
     for kind, value in summary.get("harness_overhead_ms", {}).items():
         rows.append([f"harness overhead: {kind.replace('_', ' ')} (ms)", "", "", _num(value, 3),
                      "client view minus compute, mean"])
     return rows
+
+
+def _configured_alphas(summary: dict) -> str:
+    values = [g.get("alpha_configured") for g in summary["groups"]]
+    if all(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return ""
+    return _num(values[0], 3) if len(values) == 1 else "per group: " + ", ".join(_num(v, 3) for v in values)
 
 
 def _crossover_rows(summary: dict) -> list[list[str]]:
@@ -226,7 +256,7 @@ def _crossover_rows(summary: dict) -> list[list[str]]:
         for name, c in group["crossovers"].items():
             rows.append([label, name.replace("_", " "), _num(c["measured_rtt_ms"]),
                          f"{_num(c['measured_rtt_ms_min'])} .. {_num(c['measured_rtt_ms_max'])}",
-                         _num(c["predicted_rtt_ms"])])
+                         _num(c["predicted_rtt_ms"]), _num(c.get("predicted_rtt_ms_at_configured_alpha"))])
     return rows
 
 

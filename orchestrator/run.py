@@ -19,6 +19,7 @@ from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.links import check_launcher
 from orchestrator.net_point import run_net_point
 from orchestrator.predictions import Predictor
 from orchestrator.sim_launcher import Costs
@@ -52,6 +53,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     out = Path(out)
     check_out_dir(out, experiment, resume)          # refuse before anything starts
     launcher = choose_launcher(experiment.launcher)
+    check_launcher(experiment, launcher)
     if launcher in ("netns", "compose"):
         leftovers.refuse_if_any()
     plan = plan_points(experiment)
@@ -98,7 +100,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight, seed=experiment.seed,
-                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"))
+                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link)
 
             def run_point(point):
                 return net_point(point, testbed=testbeds.for_point(point))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from dsd import latency_model as lm
-from orchestrator import analysis, bootstrap, capacity, cpus, plots
+from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
+from orchestrator import links as link_columns
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
                                       read_predictions)
 
@@ -86,18 +87,27 @@ def analyze_sweep(out: Path) -> dict:
         spec_rounds = group_rounds[group_rounds["mode"] != "ar"] if len(group_rounds) else group_rounds
         alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
         points = analysis.point_table(group_requests, group_rounds, _select(links, group_keys, values))
+        points = link_columns.add_link_columns(points, _select(links, group_keys, values),
+                                               analysis.point_keys(group_requests))
         points = analysis.add_predictions(points, alpha, params[profile])
+        points = link_columns.add_wire_prediction(points)
         points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
             points, alpha, compute[profile])["per_token_ms_predicted"]
         points["alpha_fitted"] = alpha
+        alpha_configured = configured_alpha(experiment, group)
+        points = add_configured_alpha(points, alpha_configured, params[profile])
         if "profile" not in points:
             points.insert(0, "profile", profile)
         tables.append(points)
         measured = analysis.measured_crossovers(points, gamma)
         predicted = analysis.predicted_crossovers(gamma, alpha, params[profile])
-        groups.append({**group, "profile": profile, "alpha_fitted": alpha,
-                       "crossovers": _crossover_rows(measured, predicted, set(points["mode"])),
-                       "_measured": measured, "_predicted": predicted})
+        crossovers = _crossover_rows(measured, predicted, set(points["mode"]))
+        if not math.isnan(alpha_configured):
+            at_configured = analysis.predicted_crossovers(gamma, alpha_configured, params[profile])
+            for name, row in crossovers.items():
+                row["predicted_rtt_ms_at_configured_alpha"] = at_configured[name]["rtt_ms"]
+        groups.append({**group, "profile": profile, "alpha_fitted": alpha, "alpha_configured": alpha_configured,
+                       "crossovers": crossovers, "_measured": measured, "_predicted": predicted})
     points = analysis.add_speedups(pd.concat(tables, ignore_index=True))
     points, evidence = out_of_sample_and_intervals(out, requests, rounds, points, groups, gamma)
     points, evidence["cpu"] = add_point_conditions(out, points, sweep)
@@ -112,12 +122,15 @@ def analyze_sweep(out: Path) -> dict:
                "params_compute": main_compute, "params_compute_source": compute_sources[main],
                "params_assumed": assumed[main], "harness_overhead_ms": overhead[main],
                "capacity_factor_predicted": capacity_factor(gamma, main_compute),
+               "prediction_alpha": PREDICTION_ALPHA,
                "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
                "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
     summary.update(evidence)
     if len(params) > 1:
         summary["params_by_profile"] = params
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
+    summary["paper"] = {"crossovers": paper.crossover_rows(summary["groups"], assumed, gamma),
+                        "capacity": paper.capacity_rows(summary.get("capacity", []), assumed, gamma, main)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
 
@@ -227,6 +240,31 @@ def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[
 def _read_calibration(out: Path) -> dict:
     path = Path(out) / CALIBRATION
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "
+                    "(alpha_fitted: pooled over the group's live rounds); *_at_configured_alpha use the "
+                    "configured one (alpha_configured)")
+
+
+def configured_alpha(experiment: dict, group: dict) -> float:
+    """The alpha a group was configured with (synthetic backend); nan for a real model pair."""
+    if experiment["backend"]["kind"] != "synthetic":
+        return math.nan
+    # a one-value alpha list is not a group key, but it is what ran (not the backend's default)
+    alphas = experiment.get("alpha") or [experiment["backend"]["alpha"]]
+    return float(group.get("alpha", alphas[0]))
+
+
+def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: dict) -> pd.DataFrame:
+    """alpha_configured beside alpha_measured, and the closed form at it beside the one at the
+    realised alpha (per_token_ms_predicted)."""
+    points = points.copy()
+    points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
+    points["per_token_ms_predicted_at_configured_alpha"] = (
+        math.nan if math.isnan(alpha_configured) else
+        analysis.add_predictions(points, alpha_configured, params)["per_token_ms_predicted"])
+    return points
 
 
 def capacity_factor(gamma: int, params: dict) -> float:
