@@ -82,8 +82,8 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
                  "closed form at the parameters fitted from ALL rounds (in sample: the out-of-sample "
                  "comparison is above), at the alpha the run realised (fitted) and, on the synthetic "
                  "backend, at the configured alpha."),
-        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
-                   "predicted in sample, realised alpha (ms)", "predicted in sample, configured alpha (ms)"],
+        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)", "predicted at realised alpha (ms)",
+                   "predicted at configured alpha (ms)"],
          _crossover_rows(summary)),
     ]))
     sections += _paper_sections(summary)
