@@ -79,11 +79,11 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     sections.append(("Crossovers: measured against the in-sample fit", [
         ("text", "The RTT below which the first mode is faster per token than the second; measured as "
                  "the crossing of the median-of-repeats curves (range over repeats), predicted by the "
-                 "closed form at the parameters fitted from ALL rounds (in sample: the out-of-sample "
-                 "comparison is above), at the alpha the run realised (fitted) and, on the synthetic "
-                 "backend, at the configured alpha."),
-        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)", "predicted at realised alpha (ms)",
-                   "predicted at configured alpha (ms)"],
+                 "closed form at the alpha and parameters fitted from ALL rounds (in sample: the "
+                 "out-of-sample comparison is above), at the alpha the run realised (fitted) and, "
+                 "on the synthetic backend, at the configured alpha."),
+        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
+                   "predicted in sample, at realised alpha (ms)", "predicted at configured alpha (ms)"],
          _crossover_rows(summary)),
     ]))
     sections += _paper_sections(summary)
@@ -114,6 +114,24 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
                             for row in points[columns].itertuples(index=False)]),
     ]))
     return sections
+
+
+def _paper_sections(summary: dict) -> list:
+    """The paper's comparisons (orchestrator/paper.py): configured setting, closed form at the
+    configured and at the realised alpha (configured compute times), measured."""
+    from orchestrator import paper
+
+    tables = summary.get("paper", {})
+    blocks = []
+    if tables.get("crossovers"):
+        blocks += [("text", "Per group: the closed form with the configured compute times (the paper's "
+                            "setting) at the configured alpha and at the alpha the run realised, beside the "
+                            f"measured crossover. \"{paper.NEVER}\": the closed form has DSD lose at every RTT."),
+                   ("table", *paper.crossover_table(tables["crossovers"]))]
+    if tables.get("capacity"):
+        blocks += [("text", "Capacity factor: clients sustained, DSD over co-located, at one per-client rate."),
+                   ("table", *paper.capacity_table(tables["capacity"]))]
+    return [("The paper's comparisons", blocks)] if blocks else []
 
 
 def evidence_sections(summary: dict) -> list[tuple[str, list]]:
@@ -187,24 +205,6 @@ def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
     if sets:
         blocks.append(("table", ["process", "CPUs"], [[role, ", ".join(map(str, c))] for role, c in sets.items()]))
     return [("CPU isolation and contention", blocks)]
-
-
-def _paper_sections(summary: dict) -> list:
-    """The paper's comparisons (orchestrator/paper.py): configured setting, closed form at the
-    configured and at the realised alpha (configured compute times), measured."""
-    from orchestrator import paper
-
-    tables = summary.get("paper", {})
-    blocks = []
-    if tables.get("crossovers"):
-        blocks += [("text", "Per group: the closed form with the configured compute times (the paper's "
-                            "setting) at the configured alpha and at the alpha the run realised, beside the "
-                            f"measured crossover. \"{paper.NEVER}\": the closed form has DSD lose at every RTT."),
-                   ("table", *paper.crossover_table(tables["crossovers"]))]
-    if tables.get("capacity"):
-        blocks += [("text", "Capacity factor: clients sustained, DSD over co-located, at one per-client rate."),
-                   ("table", *paper.capacity_table(tables["capacity"]))]
-    return [("The paper's comparisons", blocks)] if blocks else []
 
 
 def _backend_text(experiment: dict) -> str:

@@ -135,6 +135,31 @@ def analyze_sweep(out: Path) -> dict:
     return summary
 
 
+PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "
+                    "(alpha_fitted: pooled over the group's live rounds); *_at_configured_alpha use the "
+                    "configured one (alpha_configured)")
+
+
+def configured_alpha(experiment: dict, group: dict) -> float:
+    """The alpha a group was configured with (synthetic backend); nan for a real model pair."""
+    if experiment["backend"]["kind"] != "synthetic":
+        return math.nan
+    # a one-value alpha list is not a group key, but it is what ran (not the backend's default)
+    alphas = experiment.get("alpha") or [experiment["backend"]["alpha"]]
+    return float(group.get("alpha", alphas[0]))
+
+
+def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: dict) -> pd.DataFrame:
+    """alpha_configured beside alpha_measured, and the closed form at it beside the one at the
+    realised alpha (per_token_ms_predicted)."""
+    points = points.copy()
+    points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
+    points["per_token_ms_predicted_at_configured_alpha"] = (
+        math.nan if math.isnan(alpha_configured) else
+        analysis.add_predictions(points, alpha_configured, params)["per_token_ms_predicted"])
+    return points
+
+
 def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.DataFrame, points: pd.DataFrame,
                                 groups: list[dict], gamma: int) -> tuple[pd.DataFrame, dict]:
     """Issue 14's evidence: the out-of-sample comparison with the predictions written before
@@ -240,31 +265,6 @@ def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[
 def _read_calibration(out: Path) -> dict:
     path = Path(out) / CALIBRATION
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "
-                    "(alpha_fitted: pooled over the group's live rounds); *_at_configured_alpha use the "
-                    "configured one (alpha_configured)")
-
-
-def configured_alpha(experiment: dict, group: dict) -> float:
-    """The alpha a group was configured with (synthetic backend); nan for a real model pair."""
-    if experiment["backend"]["kind"] != "synthetic":
-        return math.nan
-    # a one-value alpha list is not a group key, but it is what ran (not the backend's default)
-    alphas = experiment.get("alpha") or [experiment["backend"]["alpha"]]
-    return float(group.get("alpha", alphas[0]))
-
-
-def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: dict) -> pd.DataFrame:
-    """alpha_configured beside alpha_measured, and the closed form at it beside the one at the
-    realised alpha (per_token_ms_predicted)."""
-    points = points.copy()
-    points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
-    points["per_token_ms_predicted_at_configured_alpha"] = (
-        math.nan if math.isnan(alpha_configured) else
-        analysis.add_predictions(points, alpha_configured, params)["per_token_ms_predicted"])
-    return points
 
 
 def capacity_factor(gamma: int, params: dict) -> float:
