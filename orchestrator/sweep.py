@@ -79,8 +79,11 @@ def is_calibration(point: Point, experiment: Experiment) -> bool:
     modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
     if "sync" not in experiment.modes and "pipelined" in experiment.modes:
         modes.append("pipelined")            # t_verify and t_draft_edge then come from pipelined rounds
-    return (point.repeat == 0 and point.mode in modes and point.rtt_ms == float(min(experiment.rtt_ms))
-            and point.clients == min(experiment.clients))
+    if point.repeat != 0 or point.mode not in modes or point.clients != min(experiment.clients):
+        return False
+    # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
+    link = min(links.link_axes(experiment), key=lambda axes: axes["rtt_ms"])
+    return all(getattr(point, key) == value for key, value in link.items())
 
 
 def plan_points(experiment: Experiment) -> list[Point]:
