@@ -9,6 +9,8 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import load_profiles
+from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
+from orchestrator.workload import Workload, parse_workload
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -38,6 +40,8 @@ class Experiment:
     profile: str | tuple[str, ...] = ""
     alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/sampling.py
+    workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/workload.py
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -80,6 +84,10 @@ class Experiment:
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
+        _check(isinstance(self.sampling, SamplingSweep), "sampling", self.sampling, "a [sampling] table")
+        _check(isinstance(self.workload, Workload), "workload", self.workload, "a [workload] table")
+        _check(self.backend.kind != "synthetic" or self.workload.source == "heldout", "workload.source",
+               self.workload.source, "'heldout' with the synthetic backend (it has no tokenizer; its prompts are random ids)")
         known = load_profiles()
         for name in self.profiles():
             _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
@@ -93,6 +101,9 @@ class Experiment:
     def for_group(self, profile: str, alpha: float) -> "Experiment":
         """The experiment with one profile and one alpha: what one testbed runs."""
         return replace(self, profile=profile, alpha=(), backend=replace(self.backend, alpha=alpha))
+
+    def sampling_settings(self) -> list[Setting]:
+        return self.sampling.settings(self.seed)
 
 
 def _is_int(value) -> bool:
@@ -119,6 +130,10 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
     data = dict(data)
     backend = data.pop("backend", {})
+    if "sampling" in data:
+        data["sampling"] = parse_sampling(data.pop("sampling"), source)
+    if "workload" in data:
+        data["workload"] = parse_workload(data.pop("workload"), source)
     known = {f.name for f in fields(Experiment)} - {"backend"}
     unknown = sorted(set(data) - known)
     if unknown:

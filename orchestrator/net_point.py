@@ -19,11 +19,12 @@ import pandas as pd
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
 from orchestrator.launchers.base import LinkState, Testbed
+from orchestrator.request_stats import add_request_stats
 from orchestrator.sweep import Point
 
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
-                  max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
+                  max_new_tokens: int, max_in_flight: int, run_prefix: str,
                   timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
     links = testbed.shape([point.rtt_ms] * len(testbed.edges))
     attempt_id = os.urandom(3).hex()
@@ -34,7 +35,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
         call("POST", f"{edge.control_url}/runs", token=edge.token, body={
             "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
             "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
-            "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
+            "max_in_flight": max_in_flight, **point.sampling.run_fields(),
+            "app_delay_ms": testbed.app_delay_ms(client),
             "probe_count": 5, "probe_interval_ms": 200.0,
         })
         runs.append((edge, run_id))
@@ -69,6 +71,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     rounds["request_index"] -= warmup
     requests["request_index"] -= warmup
     requests = add_steady_state(requests, rounds)
+    requests = add_request_stats(requests, rounds, "token_ids")
     requests["shaper"] = testbed.shaper
     return rounds.to_dict("records"), requests.to_dict("records"), links, {"partial_rows_dropped": dropped}
 

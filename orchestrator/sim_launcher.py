@@ -24,16 +24,17 @@ class Costs:
 
 
 def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
-                stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str):
+                stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str,
+                sampling: SamplingParams = SamplingParams()):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time."""
     prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
     t_verify_s = costs.t_verify_s[gamma]
     if mode == "ar":
-        tokens = generate_ar(target, prompt, stop, seq_id=seq_id).tokens
+        tokens = generate_ar(target, prompt, stop, sampling, seq_id=seq_id).tokens
         first_s = rtt_s + prefill_s + costs.t_ar_s
         return tokens, [], first_s + costs.t_ar_s * (len(tokens) - 1), first_s
     if mode == "colocated":
-        generation = generate_colocated(draft, target, prompt, gamma, stop, seq_id=seq_id)
+        generation = generate_colocated(draft, target, prompt, gamma, stop, sampling, seq_id=seq_id)
         round_s = gamma * costs.t_draft_server_s + t_verify_s
         # Tokens stream back as each round ends; the client sees them half an RTT later, and
         # asked half an RTT earlier.
@@ -41,7 +42,7 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
         return generation.tokens, generation.rounds, first_s + round_s * (len(generation.rounds) - 1), first_s
     link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),
-                       max_in_flight=max_in_flight, sampling=SamplingParams(), seq_id=seq_id)
+                       max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id)
     # The edge opens the session first: one round trip and the prefill before drafting pays off.
     open_s = rtt_s + prefill_s
     return run.generation.tokens, run.generation.rounds, open_s + run.total_s, open_s + run.first_token_s

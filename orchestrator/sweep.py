@@ -22,13 +22,14 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.experiment import Experiment
+from orchestrator.sampling import Setting
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,21 @@ class Point:
     # stay what they were, so their sweep folders still resume.
     alpha: float | None = None
     profile: str | None = None
+    # The sampling setting (orchestrator/sampling.py): always columns, in the key unless greedy.
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    sampling_seed: int = 0
 
     @property
     def key(self) -> str:
         group = f"_{self.group}" if self.group else ""
-        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}{group}_r{self.repeat}"
+        sampling = f"_{self.sampling.tag}" if self.sampling.tag else ""
+        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}{group}{sampling}_r{self.repeat}"
+
+    @property
+    def sampling(self) -> Setting:
+        return Setting(self.temperature, self.top_k, self.top_p, self.sampling_seed)
 
     @property
     def group(self) -> str:
@@ -69,12 +80,12 @@ def plan_points(experiment: Experiment) -> list[Point]:
     # biasing one RTT; modes innermost, so modes compared at one RTT run together.
     for profile, alpha in itertools.product(profiles, alphas):
         group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
-        for repeat, rtt_ms, gamma, clients, mode in itertools.product(
-                range(experiment.repeats), experiment.rtt_ms, experiment.gamma, experiment.clients,
-                experiment.modes):
+        for repeat, rtt_ms, gamma, sampling, clients, mode in itertools.product(
+                range(experiment.repeats), experiment.rtt_ms, experiment.gamma,
+                experiment.sampling_settings(), experiment.clients, experiment.modes):
             if mode == "ar" and gamma != experiment.gamma[0]:
                 continue                       # AR does not depend on gamma: run it once
-            points.append(Point(mode, float(rtt_ms), gamma, clients, repeat, **group))
+            points.append(Point(mode, float(rtt_ms), gamma, clients, repeat, **group, **asdict(sampling)))
     return points
 
 
@@ -232,8 +243,8 @@ def experiment_record(experiment: Experiment) -> dict:
     """The experiment as sweep.json records it. A key added later is left out while it has its
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
-    defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s"):
+    defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Experiment)}
+    for key in ("alpha", "retries", "retry_backoff_s", "sampling", "workload"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record
