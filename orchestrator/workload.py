@@ -129,7 +129,10 @@ def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int
     per_point = experiment.warmup_requests + experiment.requests
     if len(pool) <= per_point:
         return pool
-    slot = point.repeat * len(experiment.rtt_ms) + list(map(float, experiment.rtt_ms)).index(point.rtt_ms)
+    from orchestrator.sweep import plan_points     # late: sweep imports the experiment, which imports this
+
+    rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
+    slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
     start = slot * per_point
     return [pool[(start + i) % len(pool)] for i in range(per_point)]
 
