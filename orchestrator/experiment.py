@@ -10,6 +10,8 @@ from pathlib import Path
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from orchestrator import links
+from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
+from orchestrator.workload import Workload, parse_workload
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -47,6 +49,8 @@ class Experiment:
     adaptive_budget_points: int = 0
     adaptive_ci_target_pct: float = 20.0
     backend: BackendConfig = field(default_factory=BackendConfig)
+    sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/sampling.py
+    workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/workload.py
     # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links.py.
     jitter_ms: tuple[float, ...] = (0.0,)
     delay_distribution: tuple[str, ...] = ("uniform",)
@@ -107,6 +111,10 @@ class Experiment:
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
+        _check(isinstance(self.sampling, SamplingSweep), "sampling", self.sampling, "a [sampling] table")
+        _check(isinstance(self.workload, Workload), "workload", self.workload, "a [workload] table")
+        _check(self.backend.kind != "synthetic" or self.workload.source == "heldout", "workload.source",
+               self.workload.source, "'heldout' with the synthetic backend (it has no tokenizer; its prompts are random ids)")
         _check(all(isinstance(p, HardwareProfile) for p in self.hardware_profiles), "profiles",
                self.hardware_profiles, "[profiles.NAME] tables")
         packaged = load_profiles()
@@ -135,6 +143,9 @@ class Experiment:
     def for_group(self, profile: str, alpha: float) -> "Experiment":
         """The experiment with one profile and one alpha: what one testbed runs."""
         return replace(self, profile=profile, alpha=(), backend=replace(self.backend, alpha=alpha))
+
+    def sampling_settings(self) -> list[Setting]:
+        return self.sampling.settings(self.seed)
 
 
 def _is_int(value) -> bool:
@@ -177,6 +188,10 @@ def experiment_from_dict(data: dict, source: str = "experiment",
     data = dict(data)
     backend = data.pop("backend", {})
     tables = data.pop("profiles", {})
+    if "sampling" in data:
+        data["sampling"] = parse_sampling(data.pop("sampling"), source)
+    if "workload" in data:
+        data["workload"] = parse_workload(data.pop("workload"), source)
     if "link" in data:
         if not isinstance(data["link"], dict):
             raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")

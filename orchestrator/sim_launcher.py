@@ -24,18 +24,19 @@ class Costs:
 
 
 def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
-                stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str):
+                stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str,
+                sampling: SamplingParams = SamplingParams()):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
     its protocol (dsd.simulate): no time here comes from the closed form."""
     prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
     t_verify_s = costs.t_verify_s[gamma]
     if mode in ("ar", "colocated"):
         server = ServerCosts(costs.t_ar_s, costs.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
-        run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, SamplingParams(), seq_id)
+        run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, sampling, seq_id)
         return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
     link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),
-                       max_in_flight=max_in_flight, sampling=SamplingParams(), seq_id=seq_id)
+                       max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id)
     # The edge opens the session first: one round trip and the prefill before drafting pays off.
     open_s = rtt_s + prefill_s
     return run.generation.tokens, run.generation.rounds, open_s + run.total_s, open_s + run.first_token_s

@@ -68,6 +68,7 @@ class RunConfig:
     seed: int = 0
     temperature: float = 0.0
     top_k: int | None = None
+    top_p: float = 1.0
     app_delay_ms: float = 0.0
     stop_at_eos: bool = True
     probe_count: int = 5              # RTT probes before the run
@@ -88,6 +89,9 @@ class RunConfig:
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
         if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
             raise ValueError(f"top_k must be a whole number >= 1 or null, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        object.__setattr__(self, "top_p", float(self.top_p))
         for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
                           ("request_timeout_s", 0.001)):
             value = getattr(self, name)
@@ -126,7 +130,7 @@ class RunConfig:
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.seed, self.top_p)
 
 
 class RunError(RuntimeError):
@@ -312,7 +316,7 @@ class Client:
     def open_message(self, request: Request, session: int) -> wire.Open:
         c = self.config
         return wire.Open(self.link.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
-                         c.top_k, c.seed + request.index, c.stop_at_eos)
+                         c.top_k, c.seed + request.index, c.stop_at_eos, c.top_p)
 
     async def next_message(self, inbox: asyncio.Queue, request: Request):
         """The session's next message (the request's deadline is set once, around it all: a
@@ -372,7 +376,7 @@ class Client:
         c = self.config
         session, inbox = self.link.open_inbox()
         seq_id = f"{c.run_id}/{request.index}"
-        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index)
+        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
         generator = torch.Generator().manual_seed(sampling.seed + 1)
         begin_request(self.draft, seq_id, request.prompt, c.gamma)
         edge = EdgeDecoder(request.prompt, c.gamma, request.stop, pipelined=c.mode == "pipelined",
@@ -475,7 +479,7 @@ def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) 
     dense = ids = values = None
     if proposal.draft_probs is not None:
         q = proposal.draft_probs.float()                                # [gamma, vocab]
-        if sampling.top_k is not None:        # q is zero outside the top k: send it sparse
+        if sampling.top_k is not None or sampling.top_p < 1.0:   # q is zero outside the top k/p: sparse
             ids = [row.nonzero().flatten().tolist() for row in q]
             values = [q[i, row].tolist() for i, row in enumerate(ids)]
         else:

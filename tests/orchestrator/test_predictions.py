@@ -67,7 +67,7 @@ def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
         calls.append(point)
         if len(calls) > 6:
             raise Killed()
-        return sim_group_point(point, experiment=experiment, costs=costs, prompts=prompts, pairs=pairs)
+        return sim_group_point(point, experiment=experiment, costs=costs, prompts=lambda p: prompts, pairs=pairs)
 
     predict = Predictor(experiment, out, lambda p: assumed_costs(p, experiment, costs))
     with pytest.raises(Killed):
