@@ -14,7 +14,10 @@ from orchestrator import capacity
 from orchestrator.rounds import rounds_with_receipts
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
-GROUP_KEYS = ["profile", "alpha"]        # point keys only in sweeps that vary them
+# Point keys only in sweeps that vary them; the link's keys (orchestrator/links.py) make groups of
+# their own, each with its crossovers over RTT.
+GROUP_KEYS = ["profile", "alpha", "jitter_ms", "delay_distribution", "correlation_pct", "loss_pct", "rate_mbit",
+              "delay_up_ms"]
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
     "sync_vs_ar": ("sync", "ar"),
     "pipelined_vs_colocated": ("pipelined", "colocated"),
@@ -140,6 +143,8 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
             "rtt_configured_ms": point["rtt_ms"],
             "rtt_measured_ms": group["rtt_measured_ms"].median(),
             "rtt_link_measured_ms": link_rtt_ms.get(key, math.nan),
+            # what delayed the point's link (kernel-netem, nfqueue, app-delay, none): every row says
+            **({"shaper": ",".join(sorted(set(group["shaper"].astype(str))))} if "shaper" in group else {}),
             "alpha_measured": fit_alpha(point_rounds) if len(point_rounds) else math.nan,
             "tokens_per_round": (point_rounds.loc[~point_rounds["stale"].astype(bool), "emitted"].mean()
                                  if len(point_rounds) else math.nan),

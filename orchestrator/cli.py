@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.experiment import LAUNCHERS, load_experiment
+from orchestrator.launchers.base import LauncherError
 from orchestrator.leftovers import LeftoversFound
 from orchestrator.sweep import SweepExists, plan_points
 
@@ -27,7 +28,17 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="dsdbed", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
+    # --debug also after the command (`dsdbed sweep X --debug`); SUPPRESS keeps the one before it.
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add = sub.add_parser
+
+    def add_parser(name, **kwargs):
+        return _add(name, parents=[common], **kwargs)
+
+    sub.add_parser = add_parser
 
     sweep = sub.add_parser("sweep", help="run an experiment file's grid")
     sweep.add_argument("experiment", type=Path)
@@ -80,10 +91,19 @@ def main(argv: list[str] | None = None) -> int:
             removed = leftovers.clean()
             print("\n".join(removed) if removed else "nothing to clean up")
             return 0
-    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound) as error:
-        print(f"dsdbed: error: {error}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound, LauncherError) as error:
+        if args.debug:
+            raise
+        print(f"dsdbed: error: {error_line(error)}", file=sys.stderr)
         return 2
     return 0
+
+
+def error_line(error: BaseException) -> str:
+    """An error as one line: its first line, and how to see the rest (a compose failure appends
+    the services' last log lines)."""
+    first, *rest = str(error).strip().splitlines() or [type(error).__name__]
+    return first + (f" ({len(rest)} more lines: rerun with --debug)" if rest else "")
 
 
 def _sweep_options(parser: argparse.ArgumentParser) -> None:
@@ -105,8 +125,9 @@ def _run_sweep(args) -> int:
     plan = plan_points(experiment)
     if args.dry_run:
         print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
+        from orchestrator.sweep import is_calibration
         for point in plan:
-            print(f"  {point.key}")
+            print(f"  {point.key}" + ("  (calibration: predicts the rest)" if is_calibration(point, experiment) else ""))
         return 0
     run_experiment(experiment, out, resume=args.resume)
     return _analyze(out)
@@ -120,8 +141,14 @@ def _analyze(out: Path) -> int:
         label = ", ".join(f"{k}={group[k]}" for k in summary["group_keys"])
         for name, values in group["crossovers"].items():
             measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
+            oos = values.get("predicted_rtt_ms_oos", math.nan)
             print(f"{name}{' (' + label + ')' if label else ''}: "
-                  f"measured {_ms(measured)}, predicted {_ms(predicted)}")
+                  f"measured {values.get('text') or _ms(measured)}, predicted before measuring {_ms(oos)}, "
+                  f"in-sample fit {_ms(predicted)}")
+    oos = summary.get("out_of_sample", {})
+    if oos.get("available"):
+        print(f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
+              f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded)")
     for row in summary.get("capacity", []):
         print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
               f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")

@@ -1,6 +1,7 @@
 """Glue for the CLI: run an experiment on its launcher, then analyze the sweep folder."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -16,10 +17,13 @@ from tqdm import tqdm
 from dsd.backends.factory import load_pair
 from dsd.profiles import get_profile
 from dsd.timing import measure_times
-from orchestrator import leftovers
+from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
+from orchestrator.launchers.base import LauncherError
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.links import check_launcher
 from orchestrator.net_point import run_net_point
+from orchestrator.predictions import Predictor
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
@@ -51,8 +55,11 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     out = Path(out)
     check_out_dir(out, experiment, resume)          # refuse before anything starts
     launcher = choose_launcher(experiment.launcher)
+    check_launcher(experiment, launcher)
     if launcher in ("netns", "compose"):
-        leftovers.refuse_if_any()
+        leftovers.refuse_if_any(services=launcher == "netns")
+    if launcher == "compose":
+        check_compose_groups(experiment)
     plan = plan_points(experiment)
     first = group_experiment(experiment, plan[0])
     pairs = {first.backend: load_pair(first.backend)}       # per alpha, for the sim launcher
@@ -61,9 +68,16 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
              for name in experiment.profiles()}
     n_prompts = experiment.warmup_requests + experiment.requests
     prompts = make_prompts(experiment.backend, n_prompts, experiment.prompt_tokens, experiment.seed)
-    bar = tqdm(total=len(plan), desc=experiment.name, unit="point", file=sys.stderr)
+    # Made at the first point's end: a testbed that fails to start leaves one error line, no bar.
+    bars: list[tqdm] = []
 
     def progress(done: int, total: int, point, status: str) -> None:
+        if not sys.stderr.isatty():   # a log (`docker compose logs`, CI): one plain line per point
+            print(f"{experiment.name}: point {done}/{total} {point.key}: {status}", file=sys.stderr, flush=True)
+            return
+        if not bars:
+            bars.append(tqdm(total=len(plan), desc=experiment.name, unit="point", file=sys.stderr))
+        bar = bars[0]
         bar.update(1)
         bar.set_postfix_str(f"{point.key}: {status}"[:60])
 
@@ -72,30 +86,60 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
+    predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
     try:
         if launcher == "sim":
-            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
+            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)",
+                     "cpu_pinning": {"pinned": False, "disjoint": False, "sets": {},
+                                     "reason": "sim launcher: one process on virtual time, nothing to isolate"}}
             run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
                                           pairs=pairs)
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress, predict=predict)
         del draft, target, pairs   # the services load their own copies
         with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
-                     "shaper_reason": getattr(testbed, "shaper_reason", "")}
+                     "shaper_reason": getattr(testbed, "shaper_reason", ""),
+                     "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))}
+            if hasattr(testbed, "facts"):       # compose: project, image, engine, adopted or brought up
+                facts["testbed"] = testbed.facts()
+            pinning = facts["cpu_pinning"]
+            if pinning["pinned"]:
+                pinning["orchestrator_applied"] = cpus.pin_self(pinning)
             net_point = functools.partial(run_net_point, prompts=prompts,
+                                          after_shape=lambda bed: cpus.pin_testbed(bed, pinning)
+                                          if pinning["pinned"] else None,
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight, seed=experiment.seed,
-                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"))
+                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link)
 
             def run_point(point):
                 return net_point(point, testbed=testbeds.for_point(point))
 
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
-                             heal=testbeds.heal)
+                             heal=testbeds.heal, predict=predict)
     finally:
-        bar.close()
+        os.sched_setaffinity(0, own_cpus)
+        for bar in bars:
+            bar.close()
+
+
+def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
+    """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/cpus.py).
+    NOTE: compose would take `cpuset` per service; not wired yet, so compose runs unpinned."""
+    if launcher == "compose":
+        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
+                "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
+    return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
+
+
+def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:
+    """The compute times a point's group runs with, as the closed form's parameters."""
+    c = costs[group_experiment(experiment, point).profile]
+    return {"t_draft_edge_s": c.t_draft_edge_s, "t_draft_server_s": c.t_draft_server_s, "t_ar_s": c.t_ar_s,
+            "t_verify_s": {int(g): v for g, v in c.t_verify_s.items()}}
 
 
 def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]], pairs: dict):
@@ -132,9 +176,10 @@ class GroupTestbeds:
         return self.testbed.heal() if self.testbed is not None else []
 
     def close(self) -> None:
-        if self.testbed is not None:
-            self.testbed.close()
-        self.testbed, self.group = None, None
+        testbed, self.testbed, self.group = self.testbed, None, None
+        if testbed is not None:
+            with launcher_errors(self.launcher, "to stop"):
+                testbed.close()
 
     def __enter__(self) -> "GroupTestbeds":
         return self
@@ -155,7 +200,38 @@ def choose_launcher(requested: str) -> str:
     return "loopback"
 
 
+@contextlib.contextmanager
+def launcher_errors(launcher: str, doing: str):
+    """Whatever a launcher raises while starting or stopping a testbed (a namespace it may not
+    make, an engine that does not answer, a service that exits) as one LauncherError, which the
+    CLI prints as one line. Bad config (ValueError) passes through: it names its key already."""
+    try:
+        yield
+    except (LauncherError, ValueError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised, with the original chained for --debug
+        raise LauncherError(f"the {launcher} launcher failed {doing}: {type(exc).__name__}: {exc}") from exc
+
+
+def check_compose_groups(experiment: Experiment) -> None:
+    """A compose project that is already up serves one (profile, alpha) group: refuse a sweep of
+    several before anything runs, rather than fail every point of the second group."""
+    from orchestrator.launchers.compose import ComposeError, project_is_up
+
+    groups = len(experiment.profiles()) * len(experiment.alphas())
+    if groups > 1 and project_is_up("dsdbed"):
+        raise ComposeError(
+            f"the running compose project 'dsdbed' serves one (profile, alpha) group and the experiment has "
+            f"{groups}; fix: `docker compose down` and the sweep brings up each group's project in turn, "
+            "or sweep one profile and alpha per experiment file")
+
+
 def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
+    with launcher_errors(launcher, "to start"):
+        return _open_testbed(launcher, experiment, work_dir)
+
+
+def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     profile = get_profile(experiment.profile) if experiment.profile else None
     config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
                             max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
@@ -166,6 +242,7 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
         from orchestrator.launchers.netns import NetnsTestbed
         return NetnsTestbed(config)
     if launcher == "compose":
-        from orchestrator.launchers.compose import ComposeTestbed
-        return ComposeTestbed(config)
+        from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
+        # A project that is up (`docker compose up -d`) is used if it matches, and left up.
+        return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto"))
     raise ValueError(f"unknown launcher {launcher!r}")

@@ -442,10 +442,11 @@ class Client:
                 return to_send, encoded(to_send)
 
             n_steps = draft_request.n_tokens
-            if isinstance(self.device, EmulatedDevice) and not edge.in_flight:
+            if not edge.in_flight:
                 # No verdict can arrive during this block, so nothing can cut it short: its steps
-                # are charged in one emulated wait instead of one wake-up each (same timeline), and
-                # the block's messages are built while that time runs.
+                # run as one device pass (emulated: one wait instead of one wake-up each, same
+                # timeline; real: one hop to the device thread instead of one a step), and the
+                # block's messages are built while that time runs.
                 (to_send, frames), t_draft_start_s, _ = await self.device.run(
                     lambda: [step() for _ in range(n_steps)], n_steps * self.t_draft_s, ready_s, finish_block)
                 steps += n_steps

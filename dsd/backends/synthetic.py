@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
-from dsd.backends.protocol import ForwardStats
+from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.sequence import common_prefix_length
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -150,6 +150,11 @@ class SyntheticLM:
             raise ValueError(f"stratified acceptance: sequence {seq_id!r} was drafted before begin_request "
                              "gave its prompt and gamma (dsd.drafting.begin_request)")
         return self._layouts[seq_id]
+
+    def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
+        """One call per request: nothing is computed here, so there is nothing to batch (the
+        emulated device charges a batch its profile's time)."""
+        return [self.logits(r.seq_id, r.tokens, r.n_last) for r in requests]
 
     def cached_length(self, seq_id: str) -> int:
         return len(self._cached.get(seq_id, ()))
