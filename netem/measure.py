@@ -53,10 +53,13 @@ class RttStats:
     max_ms: float
 
 
-def probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_s: float = 2.0) -> list[list[float]]:
+def probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_s: float = 2.0,
+               kernel_stamps: bool = True) -> list[list[float]]:
     """`count` echo requests per target, one every `interval_s`; the RTTs (ms) of the replies.
 
-    Bounded: returns at the latest `timeout_s` after the last send.
+    Bounded: returns at the latest `timeout_s` after the last send. ``kernel_stamps=False`` times
+    a reply when we read it instead: a delay applied inside the prober's own namespace after the
+    packet arrived (`netem.inside`) comes after the kernel's receive stamp, which would hide it.
     """
     if count < 1 or interval_s <= 0:
         raise ValueError(f"count must be >= 1 and interval_s > 0, got {count!r}, {interval_s!r}")
@@ -80,7 +83,7 @@ def probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_
             wake_s = schedule[next_send][0] if next_send < len(schedule) else end_s
             ready, _, _ = select.select(socks, [], [], max(0.0, wake_s - time.monotonic()))
             for sock in ready:
-                _read_replies(sock, by_fd[sock.fileno()], rtts)
+                _read_replies(sock, by_fd[sock.fileno()], rtts, kernel_stamps=kernel_stamps)
             if next_send == len(schedule) and sum(map(len, rtts)) == count * n:
                 break
     finally:
@@ -129,7 +132,8 @@ def _send_echo(sock: socket.socket, dst_ip: str, ident: int, index: int, seq: in
         pass  # counted as lost: the socket buffer is full, which a probe must not wait out
 
 
-def _read_replies(sock: socket.socket, index: int, rtts: list[list[float]], count_warm_up: bool = False) -> None:
+def _read_replies(sock: socket.socket, index: int, rtts: list[list[float]], count_warm_up: bool = False,
+                  kernel_stamps: bool = True) -> None:
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(2048, 64)
@@ -144,7 +148,8 @@ def _read_replies(sock: socket.socket, index: int, rtts: list[list[float]], coun
             continue  # another prober's reply in the same namespace
         if (seq == _WARM_UP_SEQ) != count_warm_up:
             continue  # a late warm-up reply is not a measurement, nor the reverse
-        rtts[index].append((_rx_time_ns(ancillary) - sent_ns) / 1e6)
+        rx_ns = _rx_time_ns(ancillary) if kernel_stamps else time.time_ns()
+        rtts[index].append((rx_ns - sent_ns) / 1e6)
 
 
 def _rx_time_ns(ancillary) -> int:

@@ -18,6 +18,14 @@ sockets, one heap of held packets ordered by release time. The loop:
    clock starts at the kernel's receive timestamp, not when we got round to reading it;
 3. accept every packet whose time has come, in heap order (FIFO per queue, see `netem.model`).
 
+A queue with ``"reinject": true`` serves packets a local socket SENDS (the OUTPUT hook of the
+namespace the daemon shapes from inside, `netem.inside`): the kernel keeps a held packet charged
+to its sending socket, and TCP's small-queue limit then stalls the socket behind its own delayed
+packets (2-3 small segments held and the next message waits for the first's release). So such a
+packet is copied whole, dropped at once (the socket is credited, TCP saw a successful send) and
+the copy is sent at its release time from a raw socket carrying ``reinject_mark``, which the
+queue's rule does not match, so it is not queued twice.
+
 Timing on a shared 2-core machine: with CPU-bound neighbours a normal-priority process waits
 milliseconds to be scheduled after a wake-up (measured: p99 3-5 ms), which is delay error on
 every link. So the daemon runs SCHED_FIFO (``rt_priority``, 0 = off); it sleeps nearly all the
@@ -42,6 +50,8 @@ from netem.model import DirectionScheduler
 from netem.spec import DirectionSpec
 
 COPY_RANGE_BYTES = 64  # the IP header is all we read: its length field sizes the packet
+REINJECT_RANGE_BYTES = 65535  # a reinjected packet is copied whole (the kernel segments GSO first)
+SO_MARK = 36
 # Packets read but not yet verdicted also count against the kernel's queue length.
 KERNEL_QUEUE_MARGIN_PKTS = 1024
 COARSE_MARGIN_S = 0.0015
@@ -90,7 +100,8 @@ class Clock:
 class Queue:
     """One NFQUEUE queue number = one direction of one link."""
 
-    def __init__(self, cfg: dict, heap: list, seq: itertools.count, clock: Clock, read_lag: Histogram):
+    def __init__(self, cfg: dict, heap: list, seq: itertools.count, clock: Clock, read_lag: Histogram,
+                 raw_socket: socket.socket | None = None):
         from netfilterqueue import COPY_PACKET, NetfilterQueue
 
         self.queue_num = int(cfg["queue_num"])
@@ -99,13 +110,18 @@ class Queue:
         self.scheduler = DirectionScheduler(
             DirectionSpec(**cfg["direction"]), seed=int(cfg["seed"]), backlog_pkts=int(cfg["backlog_pkts"])
         )
+        self.reinject = bool(cfg.get("reinject", False))
+        if self.reinject and raw_socket is None:
+            raise ValueError(f"queue {self.queue_num}: reinject needs the daemon's raw socket (reinject_mark)")
+        self.raw_socket = raw_socket
         self.held = 0
         self.n_limit = 0
         self.n_out = 0
+        self.n_send_failed = 0
         self._heap, self._seq, self._clock, self._read_lag = heap, seq, clock, read_lag
         self.nfq = NetfilterQueue()
         self.nfq.bind(self.queue_num, self._on_packet, max_len=self.limit_pkts + KERNEL_QUEUE_MARGIN_PKTS,
-                      mode=COPY_PACKET, range=COPY_RANGE_BYTES)
+                      mode=COPY_PACKET, range=REINJECT_RANGE_BYTES if self.reinject else COPY_RANGE_BYTES)
 
     def _on_packet(self, pkt) -> None:
         now_s = time.monotonic()
@@ -118,17 +134,34 @@ class Queue:
             self.n_limit += 1
             pkt.drop()
             return
-        release_s = self.scheduler.on_arrival(arrival_s, ip_length(pkt.get_payload()))
+        payload = pkt.get_payload()
+        release_s = self.scheduler.on_arrival(arrival_s, ip_length(payload))
         if release_s is None:
             pkt.drop()
             return
+        if self.reinject:
+            pkt.drop()          # the sender's socket is credited now; the copy leaves later
+            pkt = payload
         self.held += 1
         heapq.heappush(self._heap, (release_s, next(self._seq), pkt, self, now_s))
+
+    def release(self, pkt) -> None:
+        """Let a held packet go: accept it, or send its copy (reinject)."""
+        self.held -= 1
+        self.n_out += 1
+        if not self.reinject:
+            pkt.accept()
+            return
+        try:
+            self.raw_socket.sendto(pkt, (socket.inet_ntoa(pkt[16:20]), 0))
+        except OSError:
+            self.n_send_failed += 1     # as a lost packet; counted in the stats
 
     def stats(self) -> dict:
         s = self.scheduler
         return {"queue_num": self.queue_num, "label": self.label, "n_in": s.n_in, "n_lost": s.n_lost,
-                "n_overflow": s.n_overflow, "n_limit": self.n_limit, "n_out": self.n_out, "held": self.held}
+                "n_overflow": s.n_overflow, "n_limit": self.n_limit, "n_out": self.n_out, "held": self.held,
+                "n_send_failed": self.n_send_failed}
 
 
 def ip_length(head: bytes) -> int:
@@ -163,9 +196,7 @@ def release_due(heap: list, lead: WakeLead, late: Histogram) -> None:
     first = True
     while heap and heap[0][0] - lead.lead_s <= now_s:
         release_s, _, pkt, queue, read_s = heapq.heappop(heap)
-        pkt.accept()
-        queue.held -= 1
-        queue.n_out += 1
+        queue.release(pkt)
         late.add(now_s - release_s)
         # Only a packet we had to wait for, and only the first of a wake-up, tells how late the
         # timer woke us (a packet due on arrival is "late" by however long the read took).
@@ -225,7 +256,12 @@ def main() -> None:
     heap: list = []
     seq = itertools.count()
     clock, lead, read_lag, late = Clock(), WakeLead(), Histogram(), Histogram()
-    queues = [Queue(q, heap, seq, clock, read_lag) for q in config["queues"]]
+    raw_socket = None
+    if any(q.get("reinject") for q in config["queues"]):
+        # IPPROTO_RAW: we write the whole IP header (the copy's own); the mark keeps it out of our rules.
+        raw_socket = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        raw_socket.setsockopt(socket.SOL_SOCKET, SO_MARK, int(config["reinject_mark"]))
+    queues = [Queue(q, heap, seq, clock, read_lag, raw_socket) for q in config["queues"]]
     announce("READY", {"pid": os.getpid(), "queues": [q.queue_num for q in queues]})
     try:
         serve(queues, heap, clock, lead, late)
@@ -233,9 +269,7 @@ def main() -> None:
         # Packets still held leave at once rather than being dropped by the unbind.
         while heap:
             _, _, pkt, queue, _ = heapq.heappop(heap)
-            pkt.accept()
-            queue.held -= 1
-            queue.n_out += 1
+            queue.release(pkt)
         stats = [q.stats() for q in queues]
         for q in queues:
             q.nfq.unbind()
