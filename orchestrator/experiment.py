@@ -9,9 +9,10 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import load_profiles
+from orchestrator.launchers.external import ExternalConfig
 
 MODES = ("ar", "colocated", "sync", "pipelined")
-LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
+LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "auto")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Experiment:
     profile: str | tuple[str, ...] = ""
     alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -80,6 +82,11 @@ class Experiment:
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
+        if self.launcher == "external":
+            _check(self.external is not None, "external", self.external,
+                   "an [external] table (verifier_url, edge_urls, token_file) with launcher = 'external'")
+            _check(self.external.shaping != "off" or set(self.rtt_ms) == {0}, "rtt_ms", self.rtt_ms,
+                   "[0] with [external] shaping = 'off' (the real link is measured, nothing is added)")
         known = load_profiles()
         for name in self.profiles():
             _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
@@ -119,10 +126,11 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
     data = dict(data)
     backend = data.pop("backend", {})
-    known = {f.name for f in fields(Experiment)} - {"backend"}
+    external = data.pop("external", None)
+    known = {f.name for f in fields(Experiment)} - {"backend", "external"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend'})}")
+        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend', 'external'})}")
     backend_known = {f.name for f in fields(BackendConfig)}
     unknown = sorted(set(backend) - backend_known)
     if unknown:
@@ -141,6 +149,11 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
         backend_config = BackendConfig(**backend)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: [backend]: {error}") from None
+    if external is not None:
+        try:
+            data["external"] = ExternalConfig.from_dict(external)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
     try:
         return Experiment(backend=backend_config, **data)
     except (TypeError, ValueError) as error:

@@ -168,4 +168,7 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     if launcher == "compose":
         from orchestrator.launchers.compose import ComposeTestbed
         return ComposeTestbed(config)
+    if launcher == "external":
+        from orchestrator.launchers.external import ExternalTestbed
+        return ExternalTestbed(experiment.external, n_edges=config.n_edges)
     raise ValueError(f"unknown launcher {launcher!r}")

@@ -233,7 +233,7 @@ def experiment_record(experiment: Experiment) -> dict:
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s"):
+    for key in ("alpha", "retries", "retry_backoff_s", "external"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record
