@@ -142,3 +142,32 @@ def test_external_config_names_the_bad_key(tmp_path):
         experiment_from_dict({**base, "rtt_ms": [0]})
     assert experiment_from_dict({**base, "rtt_ms": [0, 20], "external": {**good, "shaping": "edge"}}).external.shaping \
         == "edge"
+
+
+def test_a_dead_shaping_daemon_in_an_edge_fails_the_check_and_heal_drops_it(devices):
+    """The orchestrator sees, through the control API only, that an edge's shaping died (its link
+    drops every packet), and heal() removes it so the next point applies it afresh."""
+    from netem.nsutil import call_in_netns
+    from netem.topology import netns_pids
+    from orchestrator.launchers.external import ExternalTestbed
+    verifier_url, edge_urls, token_file, orchestrator_netns = devices
+    config = ExternalConfig(verifier_url, tuple(edge_urls), str(token_file), shaping="edge", verify_count=20)
+    testbed = call_in_netns(orchestrator_netns, lambda: ExternalTestbed(config, n_edges=2))
+    try:
+        states = call_in_netns(orchestrator_netns, lambda: testbed.shape([10.0, 10.0]))
+        assert [s.shaper for s in states] == ["in-edge-nfqueue"] * 2
+        call_in_netns(orchestrator_netns, testbed.check)
+        edge_netns = "/run/netns/" + os.path.basename(orchestrator_netns)[:-1] + "1"   # edge1's namespace
+        daemons = [pid for pid in netns_pids(edge_netns)
+                   if b"netem.nfqueue_daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(daemons) == 1
+        os.kill(daemons[0], 9)
+        testbed._last_check_s = 0.0
+        with pytest.raises(RuntimeError, match=r"shaping in edge1@.*died"):
+            call_in_netns(orchestrator_netns, testbed.check)
+        healed = call_in_netns(orchestrator_netns, testbed.heal)
+        assert len(healed) == 1 and "edge1@" in healed[0]
+        states = call_in_netns(orchestrator_netns, lambda: testbed.shape([10.0, 10.0]))
+        assert all(abs(s.rtt_measured_p50_ms - s.rtt_configured_ms) < 2 for s in states)
+    finally:
+        call_in_netns(orchestrator_netns, testbed.close)
