@@ -223,6 +223,10 @@ class InsideShaper:
                 self._apply_kernel(ifname, spec)
             else:
                 self._apply_nfqueue(peer_ip, spec)
+                priority = self.daemon.child.ready_info.get("realtime", True)
+                if priority is not True:
+                    record.backend_reason += (f"; daemon not real-time ({priority or 'normal priority'}): SCHED_FIFO "
+                                              "needs CAP_SYS_NICE and a cgroup real-time budget")
             self.record = record
             if count:
                 record.measured = self._measure(peer_ip, spec, count, base=record.base)

@@ -244,8 +244,22 @@ def main() -> None:
     signal.signal(signal.SIGINT, _stop)
     config = child_preamble()
     _set_timer_slack_ns(1000)  # the default 50 us slack would show up in the delay
+    realtime = False
     if config.get("rt_priority", 0) > 0:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(config["rt_priority"])))
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(config["rt_priority"])))
+            realtime = True
+        except PermissionError:
+            # A container (an edge shaping its own link): no CAP_SYS_NICE, or, with it, a cgroup
+            # without a real-time budget (Docker gives containers none). Shape anyway: at nice
+            # -20 where CAP_SYS_NICE allows (CFS then wakes us ahead of most), else as we are.
+            # READY and STATS say so: expect milliseconds of delay error on a busy host.
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, -20)
+                realtime = "nice-20"
+            except PermissionError:
+                pass
+            print(f"nfqueue_daemon: SCHED_FIFO not permitted; priority {realtime or 'normal'}", file=sys.stderr)
     # Any socket asking for receive timestamps makes the kernel stamp every packet it receives;
     # that stamp, not our read, starts a packet's delay.
     stamp_switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -262,7 +276,7 @@ def main() -> None:
         raw_socket = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
         raw_socket.setsockopt(socket.SOL_SOCKET, SO_MARK, int(config["reinject_mark"]))
     queues = [Queue(q, heap, seq, clock, read_lag, raw_socket) for q in config["queues"]]
-    announce("READY", {"pid": os.getpid(), "queues": [q.queue_num for q in queues]})
+    announce("READY", {"pid": os.getpid(), "queues": [q.queue_num for q in queues], "realtime": realtime})
     try:
         serve(queues, heap, clock, lead, late)
     finally:
@@ -275,7 +289,7 @@ def main() -> None:
             q.nfq.unbind()
         stamp_switch.close()
         announce("STATS", {"queues": stats, "read_lag": read_lag.summary(), "release_late": late.summary(),
-                           "wake_lead_us": round(lead.lead_s * 1e6, 1)})
+                           "wake_lead_us": round(lead.lead_s * 1e6, 1), "realtime": realtime})
 
 
 if __name__ == "__main__":
