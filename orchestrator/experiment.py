@@ -12,7 +12,7 @@ from dsd.profiles import load_profiles
 from orchestrator.launchers.external import ExternalConfig
 
 MODES = ("ar", "colocated", "sync", "pipelined")
-LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "auto")
+LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 
 
 @dataclass(frozen=True)

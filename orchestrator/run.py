@@ -168,6 +168,9 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     if launcher == "compose":
         from orchestrator.launchers.compose import ComposeTestbed
         return ComposeTestbed(config)
+    if launcher == "swarm":
+        from orchestrator.launchers.swarm import SwarmTestbed
+        return SwarmTestbed(config)
     if launcher == "external":
         from orchestrator.launchers.external import ExternalTestbed
         return ExternalTestbed(experiment.external, n_edges=config.n_edges)
