@@ -24,7 +24,8 @@ PROFILE = ["--backend", "synthetic", "--alpha", "0.7", "--profile", "toy-edge-cl
 
 @pytest.fixture(scope="module")
 def devices(tmp_path_factory):
-    """(verifier ws URL, edge control URLs, token file, orchestrator namespace); torn down after."""
+    """(verifier ws URL, edge control URLs, token file, orchestrator namespace, edge namespaces);
+    torn down after."""
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces)")
     from netem import Topology, TopologyConfig
@@ -48,7 +49,7 @@ def devices(tmp_path_factory):
                 edge_urls.append(f"http://{e.ip}:8701")
             for process in processes:
                 process.wait_ready(60)
-            yield f"ws://{v.ip}:8700/ws", edge_urls, token_file, topo.edges[2].netns
+            yield f"ws://{v.ip}:8700/ws", edge_urls, token_file, topo.edges[2].netns, [e.netns for e in topo.edges[:2]]
         finally:
             for process in processes:
                 process.stop()
@@ -90,7 +91,7 @@ shaping = "{shaping}"
 
 
 def test_external_sweep_on_the_real_link_records_its_measured_rtt(devices, tmp_path):
-    verifier_url, edge_urls, token_file, orchestrator_netns = devices
+    verifier_url, edge_urls, token_file, orchestrator_netns, _ = devices
     done = run_cli_sweep(tmp_path, orchestrator_netns, experiment_toml(verifier_url, edge_urls, token_file, "off", [0]))
     assert done.returncode == 0, done.stderr[-3000:]
     links = pd.read_csv(tmp_path / "out" / "links.csv")
@@ -105,7 +106,7 @@ def test_external_sweep_on_the_real_link_records_its_measured_rtt(devices, tmp_p
 
 
 def test_external_sweep_shapes_each_edge_from_inside_its_namespace(devices, tmp_path):
-    verifier_url, edge_urls, token_file, orchestrator_netns = devices
+    verifier_url, edge_urls, token_file, orchestrator_netns, _ = devices
     done = run_cli_sweep(tmp_path, orchestrator_netns,
                          experiment_toml(verifier_url, edge_urls, token_file, "edge", [0, 20]))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -150,15 +151,14 @@ def test_a_dead_shaping_daemon_in_an_edge_fails_the_check_and_heal_drops_it(devi
     from netem.nsutil import call_in_netns
     from netem.topology import netns_pids
     from orchestrator.launchers.external import ExternalTestbed
-    verifier_url, edge_urls, token_file, orchestrator_netns = devices
+    verifier_url, edge_urls, token_file, orchestrator_netns, edge_netns = devices
     config = ExternalConfig(verifier_url, tuple(edge_urls), str(token_file), shaping="edge", verify_count=20)
     testbed = call_in_netns(orchestrator_netns, lambda: ExternalTestbed(config, n_edges=2))
     try:
         states = call_in_netns(orchestrator_netns, lambda: testbed.shape([10.0, 10.0]))
         assert [s.shaper for s in states] == ["in-edge-nfqueue"] * 2
         call_in_netns(orchestrator_netns, testbed.check)
-        edge_netns = "/run/netns/" + os.path.basename(orchestrator_netns)[:-1] + "1"   # edge1's namespace
-        daemons = [pid for pid in netns_pids(edge_netns)
+        daemons = [pid for pid in netns_pids(edge_netns[1])
                    if b"netem.nfqueue_daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(daemons) == 1
         os.kill(daemons[0], 9)

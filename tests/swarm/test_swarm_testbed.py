@@ -45,3 +45,25 @@ def test_swarm_sweep_runs_end_to_end_and_leaves_nothing_behind(single_node_swarm
         assert find_stack("dsdbed", client) == []
     finally:
         client.close()
+
+
+def test_dsdbed_cleanup_removes_what_a_crashed_swarm_sweep_left(single_node_swarm, tmp_path):
+    """A testbed whose orchestrator died without close(): `dsdbed cleanup` (leftovers.clean) finds
+    its stack by label and removes services, control container, network and secret."""
+    from dsd.profiles import get_profile
+    from orchestrator import leftovers
+    from orchestrator.launchers.swarm import SwarmTestbed
+    testbed = SwarmTestbed(SwarmConfig(n_edges=1, profile=get_profile("toy-edge-cloud"), work_dir=str(tmp_path)))
+    testbed.owned = False                    # as if the orchestrator had been killed here
+    testbed.close()
+    found = leftovers.find()
+    assert {"service dsdbed_edge", "service dsdbed_verifier", "container dsdbed-control",
+            "network dsdbed_testbed", "secret dsdbed_dsdbed_token"} <= set(found), found
+    removed = leftovers.clean()
+    assert "secret dsdbed_dsdbed_token" in removed and "network dsdbed_testbed" in removed
+    client = docker_sdk.from_env()
+    try:
+        assert find_stack("dsdbed", client) == []
+    finally:
+        client.close()
+    assert leftovers.find() == [] or all("dsdbed_" not in x for x in leftovers.find())
