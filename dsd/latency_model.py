@@ -147,6 +147,25 @@ def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float) -> float:
     return 1.0 + gamma * t_draft_s / t_verify_s
 
 
+def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_draft_server_s: float,
+                     t_draft_edge_s: float, t_verify_s: float, batch_slope: float) -> tuple[float, float]:
+    """(N_dsd, N_co): clients sustained at a per-client token rate when the server verifies every
+    client in one batch per round (lock-step), t_v(b) = t_verify_s * (1 + batch_slope * (b - 1)).
+
+    A synchronous DSD round takes gamma*t_d,edge + t_v(N); a co-located one N*gamma*t_d + t_v(N)
+    (the server drafts one session after another). Setting E / round = rate and solving for N:
+        N_dsd = 1 + ((E/r - gamma*t_d,edge) / t_v - 1) / s
+        N_co  = (E/r - t_v*(1 - s)) / (gamma*t_d + s*t_v)
+    N_dsd is infinite for s = 0 (batching free: only the edge's own round bounds the rate)."""
+    if rate_tok_s <= 0 or t_verify_s <= 0:
+        raise ValueError(f"rate_tok_s and t_verify_s must be > 0, got {rate_tok_s!r}, {t_verify_s!r}")
+    round_s = tokens_per_round / rate_tok_s
+    s = batch_slope
+    n_dsd = 1 + ((round_s - gamma * t_draft_edge_s) / t_verify_s - 1) / s if s > 0 else math.inf
+    n_co = (round_s - t_verify_s * (1 - s)) / (gamma * t_draft_server_s + s * t_verify_s)
+    return n_dsd, n_co
+
+
 def request_time_s(per_token_s: float, n_tokens: int, rtt_s: float, t_prefill_s: float) -> float:
     """A whole request: one round trip and the prefill, then n_tokens at the steady-state rate."""
     return rtt_s + t_prefill_s + n_tokens * per_token_s

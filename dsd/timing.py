@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsd.backends.protocol import LanguageModel
+from dsd.backends.protocol import LanguageModel, LogitsRequest
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,42 @@ def measure_times(draft: LanguageModel, target: LanguageModel, gammas: tuple[int
         context_tokens=context_tokens,
         repeats=repeats,
     )
+
+
+def batched_verify_times_s(target: LanguageModel, gammas: tuple[int, ...] = (1, 2, 4, 8),
+                           batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), context_tokens: int = 128,
+                           repeats: int = 10) -> dict[tuple[int, int], float]:
+    """t_verify(gamma, b): one pass verifying b sequences' blocks of gamma tokens at once, each on
+    its own cached context of context_tokens (median of repeats; the pairs interleaved, so a host
+    whose speed drifts meets every pair alike). Keys (gamma, b)."""
+    vocab = target.vocab_size
+    width = max(batch_sizes)
+    contexts = [[(i * 31 + 11 + 7 * row) % vocab for i in range(context_tokens)] for row in range(width)]
+    for row, context in enumerate(contexts):
+        target.logits(f"timing-batch-{row}", context, 1)         # warm each row's cache
+
+    def requests(gamma: int, batch: int) -> list[LogitsRequest]:
+        extra = [(t * 7 + 3) % vocab for t in range(gamma + 1)]
+        return [LogitsRequest(f"timing-batch-{row}", contexts[row] + extra, gamma + 1) for row in range(batch)]
+
+    samples: dict[tuple[int, int], list[float]] = {(g, b): [] for g in gammas for b in batch_sizes}
+    for key in samples:                                           # once unmeasured: first passes are slow
+        target.logits_batch(requests(*key))
+    for _ in range(repeats):
+        for key in samples:
+            batch = requests(*key)
+            start = time.perf_counter()
+            target.logits_batch(batch)                           # crops back to the context each time
+            samples[key].append(time.perf_counter() - start)
+    for row in range(width):
+        target.release(f"timing-batch-{row}")
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def fit_batch_slope(times_s: dict[tuple[int, int], float]) -> float:
+    """The profile's batch_slope s in t(gamma, b) = t(gamma, 1) * (1 + s * (b - 1)): least squares
+    through the origin over every measured (gamma, b > 1), each against its own gamma's b = 1."""
+    pairs = [(b - 1, t / times_s[g, 1] - 1) for (g, b), t in times_s.items() if b > 1 and (g, 1) in times_s]
+    if not pairs:
+        raise ValueError(f"times_s needs batch sizes 1 and > 1 of one gamma, got {sorted(times_s)}")
+    return max(0.0, sum(x * y for x, y in pairs) / sum(x * x for x, _ in pairs))

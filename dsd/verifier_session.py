@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
+from dsd.backends.protocol import ForwardJob, LanguageModel, LogitsRequest, Proposal, SamplingParams, Verdict
 from dsd.sequence import TokenSequence
 from dsd.stopping import StopRule, round_tokens
 from dsd.verification import greedy_verify, probs_from_logits, speculative_sample
@@ -48,29 +48,41 @@ class VerifierSession:
 
     def ar_step(self) -> list[int]:
         """One autoregressive target step; returns the emitted token (empty once finished)."""
-        if self.finished:
-            return []
-        logits = self.target.logits(self.seq_id, self.committed.tokens, 1)   # [1, vocab]
-        token = self._pick(logits)[0]
-        return self._commit(round_tokens((), 0, token))
+        return [] if self.finished else self.ar_job().run()
+
+    def ar_job(self) -> ForwardJob:
+        """An AR step as a job the scheduler may batch with other sessions' (not once finished)."""
+        def finish(logits: torch.Tensor) -> list[int]:                   # [1, vocab]
+            return self._commit(round_tokens((), 0, self._pick(logits)[0]))
+
+        return ForwardJob(self.target, LogitsRequest(self.seq_id, self.committed.tokens, 1), finish)
 
     def verify(self, proposal: Proposal) -> Verdict:
         """One target pass over [last committed token] + the block; stale blocks cost nothing."""
+        job = self.verify_job(proposal)
+        return Verdict(proposal.start_pos, proposal.gamma, 0, -1, stale=True) if job is None else job.run()
+
+    def verify_job(self, proposal: Proposal) -> ForwardJob | None:
+        """A verification as a job the scheduler may batch with other sessions' (one pass over
+        gamma+1 positions); None if the block is stale (nothing to compute)."""
         gamma = proposal.gamma
         if self.finished or not self._proposal_matches(proposal):
-            return Verdict(proposal.start_pos, gamma, 0, -1, stale=True)
+            return None
         block = list(proposal.draft_tokens)
-        logits = self.target.logits(self.seq_id, self.committed.tokens + block, gamma + 1)  # [gamma+1, vocab]
-        draft = torch.tensor(block, dtype=torch.long)                                       # [gamma]
-        if self.sampling.greedy:
-            outcome = greedy_verify(logits, draft)
-        else:
-            if proposal.draft_probs is None:
-                raise ValueError("sampling verification needs the draft's probabilities q")
-            p = probs_from_logits(logits, self.sampling.temperature, self.sampling.top_k)
-            outcome = speculative_sample(p, proposal.draft_probs.float(), draft, self.generator)
-        self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
-        return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token)
+        if not self.sampling.greedy and proposal.draft_probs is None:
+            raise ValueError("sampling verification needs the draft's probabilities q")
+
+        def finish(logits: torch.Tensor) -> Verdict:                      # [gamma+1, vocab]
+            draft = torch.tensor(block, dtype=torch.long)                  # [gamma]
+            if self.sampling.greedy:
+                outcome = greedy_verify(logits, draft)
+            else:
+                p = probs_from_logits(logits, self.sampling.temperature, self.sampling.top_k)
+                outcome = speculative_sample(p, proposal.draft_probs.float(), draft, self.generator)
+            self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
+            return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token)
+
+        return ForwardJob(self.target, LogitsRequest(self.seq_id, self.committed.tokens + block, gamma + 1), finish)
 
     def proposal_for(self, draft_tokens: Sequence[int], draft_probs: torch.Tensor | None) -> Proposal:
         """A block drafted on the committed prefix (co-located SD, synchronous rounds)."""

@@ -8,7 +8,7 @@ import time
 import torch
 
 from dsd.backends.factory import BackendConfig, load_pair
-from dsd.timing import measure_times
+from dsd.timing import batched_verify_times_s, fit_batch_slope, measure_times
 
 
 def _cpu_name() -> str:
@@ -33,6 +33,10 @@ def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
     slope = max(slope, 0.0)
     base = max(mean_y - slope * mean_x, 0.0)
+    # The batched cost curve: one forward pass verifying b sessions at once (dsd.backends.torch_lm).
+    batches = (1, 2, 4, 8, 16)
+    curve = batched_verify_times_s(target, gammas, batches, times.context_tokens, max(5, times.repeats // 3))
+    slope_b = fit_batch_slope(curve)
     source = (f"measured on {_cpu_name()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
               f"`dsdbed measure-profile --pair {pair_path} --threads {threads}`, median of "
               f"{times.repeats}, context {times.context_tokens} tokens")
@@ -44,8 +48,10 @@ def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
                             + ", ".join(f"{g}: {1e3 * times.t_verify_s[g]:.3f} ms" for g in gammas)),
         "t_verify_per_position_s": (slope, source + "; same fit"),
         "t_prefill_per_token_s": (times.t_prefill_per_token_s, source),
-        "batch_slope": (1.0, "not measured: the hf backend runs a batch's sequences one after another "
-                        "(cost grows linearly with the batch)"),
+        "batch_slope": (slope_b, source + f"; t_verify(gamma, b) = t_verify(gamma, 1) * (1 + batch_slope * (b - 1)) "
+                        f"least squares over gamma {list(gammas)} x b {list(batches)}, one batched pass of b "
+                        f"sessions (ms): " + "; ".join(
+                            f"gamma {g}: " + ", ".join(f"{1e3 * curve[g, b]:.2f}" for b in batches) for g in gammas)),
     }
     lines = [f"[{name}]"]
     for key, (value, why) in values.items():

@@ -42,7 +42,7 @@ from aiohttp import web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
-from dsd.drafting import draft_step
+from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from services import access, wire
@@ -380,6 +380,7 @@ class Client:
         seq_id = f"{c.run_id}/{request.index}"
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index)
         generator = torch.Generator().manual_seed(sampling.seed + 1)
+        begin_request(self.draft, seq_id, request.prompt, c.gamma)
         edge = EdgeDecoder(request.prompt, c.gamma, request.stop, pipelined=c.mode == "pipelined",
                            max_in_flight=c.max_in_flight)
         await self.link.send(self.open_message(request, session))
@@ -447,10 +448,11 @@ class Client:
                 return to_send, encoded(to_send)
 
             n_steps = draft_request.n_tokens
-            if isinstance(self.device, EmulatedDevice) and not edge.in_flight:
+            if not edge.in_flight:
                 # No verdict can arrive during this block, so nothing can cut it short: its steps
-                # are charged in one emulated wait instead of one wake-up each (same timeline), and
-                # the block's messages are built while that time runs.
+                # run as one device pass (emulated: one wait instead of one wake-up each, same
+                # timeline; real: one hop to the device thread instead of one a step), and the
+                # block's messages are built while that time runs.
                 (to_send, frames), t_draft_start_s, _ = await self.device.run(
                     lambda: [step() for _ in range(n_steps)], n_steps * self.t_draft_s, ready_s, finish_block)
                 steps += n_steps

@@ -14,9 +14,10 @@ client's own jobs run oldest first (of a kind). A client that had nothing queued
 What a batched pass costs:
   emulated (synthetic backend): the profile's time for the batch: t_verify_s(max gamma, b),
       t_ar_batch_s(b), gamma * t_draft_server_s scaled like t_ar_batch_s; prefills never batch.
-  real models: the measured time of running the batch's sequences one after another.
-      NOTE: true batched KV caches are out of scope, so batching real models shares the device
-      slot but saves no compute; their batch size shows the scheduling, not a speedup.
+  real models: the measured time of the pass. Jobs that are ``ForwardJob``s on one model (the
+      verifier's verifications and AR steps) run as one batched forward pass over every
+      session's new positions, each session keeping its own KV cache (dsd.backends.torch_lm);
+      other jobs (prefills, co-located draft blocks) run one after another in the pass's slot.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from dsd.backends.protocol import ForwardJob, run_jobs
 from dsd.profiles import HardwareProfile
 
 KINDS = ("prefill", "ar", "draft", "verify")
@@ -228,8 +230,7 @@ class Scheduler:
             return [_capture(lambda: job.prepare(value, timing)) if ok and job.prepare else (ok, value)
                     for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
 
-        (outcomes, timings), _, _ = await self.device.run(lambda: [_capture(j.work) for j in batch], cost_s,
-                                                          ready_s, timed)
+        (outcomes, timings), _, _ = await self.device.run(lambda: _run_batch(batch), cost_s, ready_s, timed)
         self.batch_sizes[len(batch)] += 1
         self.passes[kind] += 1
         for job, (ok, value), timing in zip(batch, outcomes, timings):
@@ -239,6 +240,14 @@ class Scheduler:
                 job.future.set_result((value, timing))
             else:
                 job.future.set_exception(value)
+
+
+def _run_batch(batch: list[_Job]) -> list[tuple[bool, object]]:
+    """Each job's (ok, result): model calls on one model in one batched pass, the rest in turn."""
+    works = [job.work for job in batch]
+    if len(works) > 1 and all(isinstance(w, ForwardJob) and w.model is works[0].model for w in works):
+        return run_jobs(works)
+    return [_capture(w) for w in works]
 
 
 def _capture(work: Callable[[], object]) -> tuple[bool, object]:

@@ -36,7 +36,7 @@ from aiohttp import WSMsgType, web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
-from dsd.drafting import draft_block
+from dsd.drafting import begin_request, draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from services import access, wire
@@ -395,7 +395,7 @@ class Verifier:
                                              timing.queue_s, timing.compute_s, timing.batch_size))
 
         if live:
-            data, _ = await self.scheduler.submit("verify", proposal.gamma, lambda: state.verify(proposal),
+            data, _ = await self.scheduler.submit("verify", proposal.gamma, state.verify_job(proposal),
                                                   served.conn.number, t_arrival_s, reply)
         else:
             data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))      # stale: no compute
@@ -408,10 +408,12 @@ class Verifier:
         state = served.state
         round_index = 0
         ready_s = t_arrival_s
+        if m.mode != "ar":
+            begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
         while not state.finished and not served.closed:
             before = len(state.committed)
             if m.mode == "ar":
-                _, timing = await self.scheduler.submit("ar", 1, state.ar_step, served.conn.number, ready_s)
+                _, timing = await self.scheduler.submit("ar", 1, state.ar_job(), served.conn.number, ready_s)
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
@@ -419,7 +421,7 @@ class Verifier:
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
                     served.draft_generator), served.conn.number, ready_s)
                 verdict, timing = await self.scheduler.submit(
-                    "verify", m.gamma, lambda: state.verify(state.proposal_for(drafted, q)), served.conn.number,
+                    "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
                     drafting.end_s)
                 proposed, accepted = m.gamma, verdict.accepted
                 queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s

@@ -23,6 +23,9 @@ class BigramLM:
         previous = torch.tensor(list(tokens[len(tokens) - n_last:]))
         return torch.log(self.probs[previous])    # [n_last, vocab]
 
+    def logits_batch(self, requests):
+        return [self.logits(r.seq_id, r.tokens, r.n_last) for r in requests]
+
     def cached_length(self, seq_id):
         return self._cached.get(seq_id, 0)
 

@@ -3,11 +3,13 @@
 A backend is a causal language model that keeps one KV cache per sequence id. Drafting,
 verification and autoregressive steps are all ``logits`` calls; the model itself decides what it
 can reuse from the cache (the longest common prefix) and crops the rest, so a rejected draft is
-thrown away and the accepted prefix is never recomputed.
+thrown away and the accepted prefix is never recomputed. ``logits_batch`` answers several
+sequences' calls in one forward pass (the verifier's scheduler batches sessions with it); a
+``ForwardJob`` is one sequence's share of such a pass and what to do with its logits.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,6 +23,14 @@ class ForwardStats:
     positions_fed: int = 0    # input positions processed, summed over calls
 
 
+@dataclass(frozen=True)
+class LogitsRequest:
+    """One sequence's share of a forward pass: the arguments of ``LanguageModel.logits``."""
+    seq_id: str
+    tokens: Sequence[int]
+    n_last: int
+
+
 class LanguageModel(Protocol):
     name: str
     vocab_size: int
@@ -31,6 +41,10 @@ class LanguageModel(Protocol):
         """Logits [n_last, vocab] at the last n_last positions of ``tokens``: row j predicts the
         token that follows ``tokens[:len(tokens) - n_last + 1 + j]``."""
 
+    def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
+        """``logits`` for several distinct sequences at once (one forward pass where the backend
+        can batch), answers in order; each sequence's cache ends as after its own call."""
+
     def cached_length(self, seq_id: str) -> int:
         """How many tokens of this sequence the KV cache holds."""
 
@@ -39,6 +53,45 @@ class LanguageModel(Protocol):
 
     def release(self, seq_id: str) -> None:
         """Forget the sequence and free its cache."""
+
+
+@dataclass(frozen=True)
+class ForwardJob:
+    """A model call whose logits ``finish`` turns into a result (a verdict, an AR token): run
+    alone with ``run()``, or with other jobs on the same model in one pass (``run_jobs``)."""
+    model: LanguageModel
+    request: LogitsRequest
+    finish: Callable[[torch.Tensor], object]     # logits [n_last, vocab] -> the result
+
+    def run(self) -> object:
+        r = self.request
+        return self.finish(self.model.logits(r.seq_id, r.tokens, r.n_last))
+
+    __call__ = run
+
+
+def run_jobs(jobs: Sequence[ForwardJob]) -> list[tuple[bool, object]]:
+    """Run jobs on one model in one batched pass; each as (ok, result or the exception it raised).
+
+    If the batched pass itself fails (one job's sequence too long for the model, say), every job
+    runs alone instead, so only the job at fault fails; a failed pass leaves the caches of its
+    sequences as valid as before it (a cache's tokens are extended only after the pass).
+    """
+    model = jobs[0].model
+    if any(job.model is not model for job in jobs):
+        raise ValueError("a batched pass runs one model; these jobs name several")
+    try:
+        all_logits = model.logits_batch([job.request for job in jobs])
+    except Exception:
+        return [_capture(job.run) for job in jobs]
+    return [_capture(lambda: job.finish(logits)) for job, logits in zip(jobs, all_logits)]
+
+
+def _capture(work: Callable[[], object]) -> tuple[bool, object]:
+    try:
+        return True, work()
+    except Exception as exc:         # handed to that job's caller
+        return False, exc
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,19 @@
-"""Hugging Face causal LMs with one KV cache per sequence (CPU or CUDA, dtype selectable)."""
+"""Hugging Face causal LMs with one KV cache per sequence (CPU or CUDA, dtype selectable).
+
+One forward pass serves one sequence or a batch of them (``logits_batch``): sequences of
+different cached lengths and different numbers of new positions, packed into one row of the
+model's input without padding (each position carries its own position id).
+Each sequence keeps its own KV cache, preallocated per layer as [kv_heads, capacity, head_dim]
+and grown by doubling; the model's attention (registered with transformers as ``dsd_rows``)
+writes each row's new keys and values into its own cache and attends over that cache alone. So
+there is no padded batch cache to gather and scatter, a pass copies nothing already cached (no
+``torch.cat`` of the whole cache per step), and rolling a sequence back is a length change.
+A sequence's attention is the same computation in a batch as alone; only the matrix products
+over the packed positions differ in shape, so batched logits equal unbatched ones to float
+rounding.
+
+Only the positions whose logits are asked for go through the LM head.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -6,13 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+import torch.nn.functional as F
+from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from dsd.backends.protocol import ForwardStats
+from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.sequence import common_prefix_length
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
+ATTENTION = "dsd_rows"
+_MIN_CAPACITY = 64
 
 
 @dataclass(frozen=True)
@@ -29,9 +49,74 @@ class TorchLMConfig:
 
 
 class _SeqCache:
-    def __init__(self, config) -> None:
+    """One sequence's KV cache: per layer, keys and values [kv_heads, capacity, head_dim], of
+    which the first len(tokens) positions are valid."""
+
+    def __init__(self, n_layers: int) -> None:
         self.tokens: list[int] = []
-        self.kv = DynamicCache(config=config)
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+
+    def room(self, layer: int, like: torch.Tensor, length: int, needed: int) -> None:
+        """Make layer's buffers hold ``needed`` positions, keeping the first ``length``.
+        like: [kv_heads, n, head_dim], the new keys (their shape, dtype and device)."""
+        keys = self.keys[layer]
+        if keys is not None and keys.shape[1] >= needed:
+            return
+        capacity = max(needed, _MIN_CAPACITY, 2 * (keys.shape[1] if keys is not None else 0))
+        shape = (like.shape[0], capacity, like.shape[2])
+        new_keys, new_values = like.new_empty(shape), like.new_empty(shape)
+        if keys is not None and length:
+            new_keys[:, :length] = keys[:, :length]
+            new_values[:, :length] = self.values[layer][:, :length]
+        self.keys[layer], self.values[layer] = new_keys, new_values
+
+
+class _Rows:
+    """The sequences of one forward pass as the attention sees them, packed into one row of the
+    model's input (no padding): sequence i is caches[i], with starts[i] positions cached and
+    lengths[i] new ones, at offsets[i] in the packed row."""
+
+    def __init__(self, caches: list[_SeqCache], starts: list[int], lengths: list[int]) -> None:
+        self.caches, self.starts, self.lengths = caches, starts, lengths
+        self.offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+        # Sequence i's new position j sees cached and new positions up to its own: start + j.
+        self.masks = [None if n == 1 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
+                      for start, n in zip(starts, lengths)]        # [n, start + n] or None
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None) -> torch.Tensor:
+        """query [1, heads, T, head_dim], key/value [1, kv_heads, T, head_dim] (every sequence's
+        new positions, packed) -> attention output [1, T, heads, head_dim]."""
+        gqa = query.shape[1] != key.shape[1]
+        outputs = []
+        for i, (cache, start, n, offset) in enumerate(zip(self.caches, self.starts, self.lengths, self.offsets)):
+            end = start + n
+            mask = self.masks[i]
+            if mask is not None and mask.device != query.device:
+                mask = self.masks[i] = mask.to(query.device)
+            cache.room(layer, key[0], start, end)
+            keys, values = cache.keys[layer], cache.values[layer]
+            keys[:, start:end] = key[0, :, offset:offset + n]
+            values[:, start:end] = value[0, :, offset:offset + n]
+            out = F.scaled_dot_product_attention(query[:, :, offset:offset + n], keys[None, :, :end],
+                                                 values[None, :, :end], attn_mask=mask, scale=scaling,
+                                                 enable_gqa=gqa)                                  # [1, heads, n, hd]
+            outputs.append(out.transpose(1, 2))                                                   # [1, n, heads, hd]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, rows=None, **kwargs):
+    """The attention of every TorchLM pass; called without ``rows`` (someone else calling the
+    model directly, e.g. a test's reference forward) it is transformers' own sdpa."""
+    if rows is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    return rows.attend(module.layer_idx, query, key, value, scaling), None
+
+
+AttentionInterface.register(ATTENTION, _rows_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
 class TorchLM:
@@ -39,11 +124,24 @@ class TorchLM:
 
     def __init__(self, model: PreTrainedModel, name: str, eos_token_id: int | None) -> None:
         self.model = model.eval()
+        config = model.config
+        # NOTE: the per-row attention has no sliding window and no logit soft-capping: a model
+        # that needs either would get wrong logits, so it is refused here.
+        for feature in ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(config, feature, None):
+                raise ValueError(f"model {name!r}: config.{feature} = {getattr(config, feature)!r} "
+                                 "is not supported by the hf backend's attention")
+        model.set_attn_implementation(ATTENTION)
         self.name = name
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = int(config.vocab_size)
         self.eos_token_id = eos_token_id
         self.device = next(model.parameters()).device
         self.stats = ForwardStats()
+        self._base = model.base_model                    # the transformer without the LM head
+        self._head = model.get_output_embeddings()
+        self._n_layers = int(config.num_hidden_layers)
+        # A 4D mask makes transformers skip building one: _Rows.attend masks each row itself.
+        self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         self._caches: dict[str, _SeqCache] = {}
 
     @classmethod
@@ -62,24 +160,44 @@ class TorchLM:
 
     def crop(self, seq_id: str, length: int) -> None:
         cache = self._caches.get(seq_id)
-        if cache is not None and length < len(cache.tokens):
-            cache.kv.crop(-(len(cache.tokens) - length))
-            del cache.tokens[length:]
+        if cache is not None:
+            del cache.tokens[length:]        # the buffers' later positions are overwritten next
+
+    def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
+        return self.logits_batch([LogitsRequest(seq_id, tokens, n_last)])[0]
 
     @torch.inference_mode()
-    def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
-        if not 1 <= n_last <= len(tokens):
-            raise ValueError(f"n_last must be in [1, {len(tokens)}], got {n_last}")
-        cache = self._caches.get(seq_id)
-        if cache is None:
-            cache = self._caches[seq_id] = _SeqCache(self.model.config)
-        # Reuse the longest common prefix, but feed at least n_last positions.
-        keep = min(common_prefix_length(cache.tokens, tokens), len(tokens) - n_last)
-        self.crop(seq_id, keep)
-        new_tokens = list(tokens[keep:])
-        input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, cache=cache.kv, use_cache=True)
-        cache.tokens.extend(new_tokens)
+    def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
+        """One forward pass over every request's new positions; each answer as ``logits``."""
+        if len({r.seq_id for r in requests}) != len(requests):
+            raise ValueError(f"a batch holds each sequence once, got {[r.seq_id for r in requests]}")
+        caches, starts, news = [], [], []
+        for r in requests:
+            if not 1 <= r.n_last <= len(r.tokens):
+                raise ValueError(f"n_last must be in [1, {len(r.tokens)}], got {r.n_last}")
+            cache = self._caches.get(r.seq_id)
+            if cache is None:
+                cache = self._caches[r.seq_id] = _SeqCache(self._n_layers)
+            # Reuse the longest common prefix, but feed at least n_last positions.
+            keep = min(common_prefix_length(cache.tokens, r.tokens), len(r.tokens) - r.n_last)
+            del cache.tokens[keep:]
+            caches.append(cache)
+            starts.append(keep)
+            news.append(list(r.tokens[keep:]))
+        lengths = [len(new) for new in news]
+        input_ids = torch.tensor([[t for new in news for t in new]], device=self.device)          # [1, T]
+        positions = torch.tensor([[p for start, n in zip(starts, lengths) for p in range(start, start + n)]],
+                                 device=self.device)                                             # [1, T]
+        rows = _Rows(caches, starts, lengths)
+        hidden = self._base(input_ids=input_ids, position_ids=positions, attention_mask=self._no_mask,
+                            use_cache=False, rows=rows).last_hidden_state[0]                      # [T, d]
+        if len(requests) > 1 or requests[0].n_last < lengths[0]:
+            wanted = [p for r, n, offset in zip(requests, lengths, rows.offsets)
+                      for p in range(offset + n - r.n_last, offset + n)]
+            hidden = hidden[torch.tensor(wanted, device=self.device)]                             # [sum n_last, d]
+        logits = self._head(hidden).float().cpu()                                                 # [sum n_last, vocab]
+        for cache, new in zip(caches, news):
+            cache.tokens.extend(new)
         self.stats.passes += 1
-        self.stats.positions_fed += len(new_tokens)
-        return out.logits[0, -n_last:].float().cpu()  # [n_last, vocab]
+        self.stats.positions_fed += sum(len(new) for new in news)
+        return list(logits.split([r.n_last for r in requests]))

@@ -40,7 +40,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from orchestrator import http_client
+from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.links import as_spec
 from services.access import load_token
 
 SHAPING = ("off", "app-delay", "edge")
@@ -172,18 +174,27 @@ class ExternalTestbed:
 
     # ---- Testbed ----------------------------------------------------------------------------
 
-    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+    def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
+        """One RTT (ms) or one LinkSpec per edge: any spec where the edges shape their links,
+        a plain RTT with app-delay, 0 on the real link."""
         if len(rtt_ms_per_edge) > len(self.edges):
-            raise ValueError(f"{len(rtt_ms_per_edge)} RTTs for {len(self.edges)} edges")
-        pairs = list(zip(self.edges, rtt_ms_per_edge))
+            raise ValueError(f"{len(rtt_ms_per_edge)} links for {len(self.edges)} edges")
         mode = self.config.shaping
+        if mode == "edge":
+            pairs = list(zip(self.edges, [as_spec(link) for link in rtt_ms_per_edge]))
+            self._shaped += [e for e, _ in pairs if e not in self._shaped]
+            return list(self._pool.map(lambda p: shape_in_edge(p[0], p[1], self._edge_body(), self.token,
+                                                               self.config.timeout_s), pairs))
+        pairs = list(zip(self.edges, [_plain_rtt_ms(link) for link in rtt_ms_per_edge]))
         if mode == "off" and any(rtt != 0 for _, rtt in pairs):
             raise ValueError("rtt_ms must be 0 with [external] shaping = 'off' (the real link; nothing is added)")
-        if mode == "edge":
-            self._shaped += [e for e, _ in pairs if e not in self._shaped]
-            return list(self._pool.map(lambda p: self._shape_edge(*p), pairs))
         self._delay_ms = {e.client_id: rtt / 2 for e, rtt in pairs} if mode == "app-delay" else {}
         return list(self._pool.map(lambda p: self._probe_edge(*p), pairs))
+
+    def _edge_body(self) -> dict:
+        c = self.config
+        return {"verifier_url": self.verifier_url, "backend": c.shaper_backend, "verify_count": c.verify_count,
+                "tolerance_ms": c.verify_tolerance_ms}
 
     def _probe_edge(self, edge: EdgeHandle, rtt_ms: float) -> LinkState:
         """The edge's RTT to the verifier as a run would see it (its app delay included)."""
@@ -198,18 +209,10 @@ class ExternalTestbed:
                          rtt_measured_stdev_ms=statistics.stdev(rtts) if len(rtts) > 1 else float("nan"),
                          loss_measured_pct=100.0 * (1 - len(rtts) / c.probe_count))
 
-    def _shape_edge(self, edge: EdgeHandle, rtt_ms: float) -> LinkState:
-        c = self.config
-        body = {"verifier_url": self.verifier_url, "rtt_ms": float(rtt_ms), "backend": c.shaper_backend,
-                "verify_count": c.verify_count, "tolerance_ms": c.verify_tolerance_ms}
-        timeout_s = c.timeout_s + 30.0 + c.verify_count * (0.02 + 3 * rtt_ms / 1000)
-        record = json.loads(http_client.call("PUT", edge.control_url + "/link", body, timeout_s, self.token))
-        self.shaper = f"in-edge-{record['backend']}"
-        m = record["measured"] or {}
-        nan = float("nan")
-        return LinkState(edge=edge.name, shaper=self.shaper, rtt_configured_ms=m.get("configured_rtt_ms", rtt_ms),
-                         rtt_measured_p50_ms=m.get("rtt_p50_ms", nan), rtt_measured_p99_ms=m.get("rtt_p99_ms", nan),
-                         rtt_measured_stdev_ms=m.get("rtt_stdev_ms", nan), loss_measured_pct=m.get("loss_pct", nan))
+    def _shape_edge(self, edge: EdgeHandle, link) -> LinkState:
+        state = shape_in_edge(edge, as_spec(link), self._edge_body(), self.token, self.config.timeout_s)
+        self.shaper = state.shaper
+        return state
 
     def app_delay_ms(self, client_id: int) -> float:
         return self._delay_ms.get(client_id % len(self.edges), 0.0)
@@ -270,6 +273,23 @@ class ExternalTestbed:
         self.close()
 
 
+def shape_in_edge(edge: EdgeHandle, spec: LinkSpec, body: dict, token: str | None, timeout_s: float) -> LinkState:
+    """PUT /link on one edge: it shapes its own link to `spec` and verifies it (services/link.py).
+    The configured RTT recorded is the edge's base RTT (measured just before) plus the spec's."""
+    fields_ = {k: v for k, v in spec.as_dict().items() if v is not None}
+    verify_count = body.get("verify_count", 100)
+    timeout_s += 30.0 + verify_count * (0.02 + 3 * spec.expected_rtt_ms() / 1000)
+    record = json.loads(http_client.call("PUT", edge.control_url + "/link", {**body, **fields_}, timeout_s, token))
+    m = record["measured"] or {}
+    nan = float("nan")
+    return LinkState(edge=edge.name, shaper=f"in-edge-{record['backend']}",
+                     rtt_configured_ms=m.get("configured_rtt_ms", spec.expected_rtt_ms()),
+                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+                     rate_configured_mbit=spec.rate_mbit or 0.0,
+                     rtt_measured_p50_ms=m.get("rtt_p50_ms", nan), rtt_measured_p99_ms=m.get("rtt_p99_ms", nan),
+                     rtt_measured_stdev_ms=m.get("rtt_stdev_ms", nan), loss_measured_pct=m.get("loss_pct", nan))
+
+
 def _edge_name(index: int, url: str) -> str:
     return f"edge{index}@{urllib.parse.urlsplit(url).netloc}"
 
@@ -289,6 +309,15 @@ def _expect_role(base_url: str, role: str, timeout_s: float) -> None:
         answer = {}
     if status != 200 or answer.get("role") != role or answer.get("status") != "ok":
         raise RuntimeError(f"{base_url}/health: expected a healthy {role}, got HTTP {status} {body[:200]!r}")
+
+
+def _plain_rtt_ms(link) -> float:
+    if not isinstance(link, LinkSpec):
+        return float(link)
+    if link != LinkSpec(rtt_ms=link.rtt_ms):
+        raise ValueError(f"[external] shaping 'off' or 'app-delay' can only give an RTT; got {link} "
+                         "(shaping = 'edge' shapes the rest)")
+    return link.rtt_ms
 
 
 def _pct(values: list[float], pct: float) -> float:

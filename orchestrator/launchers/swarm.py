@@ -54,7 +54,9 @@ from dsd.profiles import HardwareProfile
 from orchestrator import http_client
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
+from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.links import as_spec
 
 log = logging.getLogger(__name__)
 
@@ -275,25 +277,21 @@ class SwarmTestbed:
 
     # ---- Testbed ----------------------------------------------------------------------------
 
-    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+    def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
+        """One RTT (ms) or one LinkSpec per edge; each edge shapes and verifies its own link."""
         if len(rtt_ms_per_edge) > len(self.edges):
-            raise ValueError(f"{len(rtt_ms_per_edge)} RTTs for {len(self.edges)} edges")
+            raise ValueError(f"{len(rtt_ms_per_edge)} links for {len(self.edges)} edges")
         self._shaped = True
-        return list(self._pool.map(lambda p: self._shape_edge(*p), zip(self.edges, rtt_ms_per_edge)))
+        states = list(self._pool.map(lambda p: self._shape_edge(*p), zip(self.edges, rtt_ms_per_edge)))
+        return states
 
-    def _shape_edge(self, edge: EdgeHandle, rtt_ms: float) -> LinkState:
+    def _shape_edge(self, edge: EdgeHandle, link) -> LinkState:
         c = self.config
-        body = {"verifier_url": self.verifier_url, "rtt_ms": float(rtt_ms), "backend": c.shaper_backend,
-                "verify_count": c.verify_count, "tolerance_ms": c.verify_tolerance_ms}
-        timeout_s = 60.0 + c.verify_count * (0.02 + 3 * rtt_ms / 1000)
-        record = json.loads(http_client.call("PUT", edge.control_url + "/link", body, timeout_s, self._token))
-        self.shaper = f"in-edge-{record['backend']}"
-        self.shaper_reason = record["backend_reason"]
-        m = record["measured"] or {}
-        nan = float("nan")
-        return LinkState(edge=edge.name, shaper=self.shaper, rtt_configured_ms=m.get("configured_rtt_ms", rtt_ms),
-                         rtt_measured_p50_ms=m.get("rtt_p50_ms", nan), rtt_measured_p99_ms=m.get("rtt_p99_ms", nan),
-                         rtt_measured_stdev_ms=m.get("rtt_stdev_ms", nan), loss_measured_pct=m.get("loss_pct", nan))
+        body = {"verifier_url": self.verifier_url, "backend": c.shaper_backend, "verify_count": c.verify_count,
+                "tolerance_ms": c.verify_tolerance_ms}
+        state = shape_in_edge(edge, as_spec(link), body, self._token, 30.0)
+        self.shaper = state.shaper
+        return state
 
     def app_delay_ms(self, client_id: int) -> float:
         return 0.0

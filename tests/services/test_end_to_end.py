@@ -164,3 +164,6 @@ def test_tiny_real_pair_sixteen_concurrent_clients_emit_the_target_greedy_tokens
     reference = hf_reference(target, HF_PROMPTS, 16, True)
     for i, run_id in enumerate(run_ids):
         check_greedy(edge, [run_id], lambda r, i=i: reference(i % 4))
+    # The sessions met in batched passes of the real target (one forward pass for several).
+    batch_sizes = verifier.get_json("/metrics")["batch_sizes"]
+    assert any(int(b) > 1 for b in batch_sizes), batch_sizes

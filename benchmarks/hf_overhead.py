@@ -1,0 +1,101 @@
+"""Harness overhead per round on the real pair: round wall time minus the model passes' own time.
+
+    python benchmarks/hf_overhead.py [--pair models/default-pair] [--tokens 96] [--requests 4]
+
+The sibling of benchmarks/overhead.py (synthetic backend) for the hf backend: one verifier and
+one edge over loopback (no added delay), the default pair, one client, one request after another
+in each mode (sync DSD, co-located SD, cloud AR), greedy, gamma 4. From rounds.csv, for every
+round but a request's first (it also waits for the prefill), the same quantities as the sweep's
+``harness_overhead_ms`` (orchestrator.analysis.fit_effective_params), as medians:
+
+  hf_overhead_server_p50_ms     sync DSD: receive - send - server queue - server compute
+                                (the round trip beyond the verifier's pass: both event loops,
+                                the hop to the device thread and back, msgpack, WebSocket, TCP)
+  hf_overhead_edge_p50_ms       sync DSD: (send - previous receipt) - drafting
+                                (the edge's work between a verdict and the next block's message)
+  hf_overhead_colocated_p50_ms  co-located: time between rounds - server compute (draft + verify)
+  hf_overhead_ar_p50_ms         AR: time between tokens - server compute
+
+Server compute is what the verifier's device thread measured around its passes (the forward
+pass and the verdict's arithmetic), so what is left is the harness. Progress goes to stderr; the
+last stdout line is key=value pairs. This host is shared: the load average is reported with it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsd.backends.factory import DEFAULT_PAIR, BackendConfig  # noqa: E402
+from orchestrator.workload import make_prompts  # noqa: E402
+from services.launch import post_runs, read_csv, running, wait_for_runs  # noqa: E402
+
+GAMMA = 4
+MODES = {"server": "sync", "edge": "sync", "colocated": "colocated", "ar": "ar"}
+
+
+def round_overheads_ms(rows: list[dict], part: str) -> list[float]:
+    """Per steady round of one request (rows in round order), the part's overhead in ms."""
+    out = []
+    for before, row in zip(rows, rows[1:]):
+        t = {k: float(row[k]) for k in ("t_send_s", "t_receive_s", "server_queue_s", "server_compute_s",
+                                         "t_draft_start_s", "t_draft_end_s") if row.get(k) not in (None, "")}
+        if part == "server":
+            value = t["t_receive_s"] - t["t_send_s"] - t["server_queue_s"] - t["server_compute_s"]
+        elif part == "edge":
+            value = t["t_send_s"] - float(before["t_receive_s"]) - (t["t_draft_end_s"] - t["t_draft_start_s"])
+        else:     # a streamed round: the time since the previous one, less the server's passes
+            value = t["t_receive_s"] - float(before["t_receive_s"]) - t["server_compute_s"]
+        out.append(1e3 * value)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pair", default=str(DEFAULT_PAIR))
+    parser.add_argument("--tokens", type=int, default=96, help="tokens per request")
+    parser.add_argument("--requests", type=int, default=4, help="requests per mode, one after another")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of both services")
+    args = parser.parse_args()
+    if args.tokens < 8 or args.requests < 1:
+        parser.error("--tokens must be >= 8 and --requests >= 1")
+    prompts = make_prompts(BackendConfig(kind="hf", pair_path=args.pair), args.requests, 24, seed=7)
+    backend = ["--backend", "hf", "--pair-path", args.pair, "--threads", str(args.threads)]
+    overheads: dict[str, list[float]] = {part: [] for part in MODES}
+    with tempfile.TemporaryDirectory(prefix="dsd-hf-overhead-") as tmp:
+        edge_args = backend + ["--out-dir", str(Path(tmp) / "edge")]
+        with running(("services.verifier", backend), ("services.edge", edge_args), log_dir=Path(tmp)) as (verifier, edge):
+            for mode in ("sync", "colocated", "ar"):
+                run = {"run_id": f"hf-overhead-{mode}", "client_id": "client-0", "mode": mode, "gamma": GAMMA,
+                       "prompts": prompts, "max_new_tokens": args.tokens, "verifier_url": verifier.url,
+                       "probe_count": 1, "probe_interval_ms": 1000}
+                summaries = wait_for_runs(edge, post_runs(edge, [run]), timeout_s=900)
+                if any(s["status"] != "done" for s in summaries.values()):
+                    raise RuntimeError(f"{mode} run failed: {summaries}")
+                rows = read_csv(edge, run["run_id"], "rounds.csv")
+                for request in sorted({r["request_index"] for r in rows}):
+                    mine = sorted((r for r in rows if r["request_index"] == request and r["stale"] in ("0", "False")),
+                                  key=lambda r: int(r["round_index"]))
+                    for part, part_mode in MODES.items():
+                        if part_mode == mode:
+                            overheads[part] += round_overheads_ms(mine, part)
+                print(f"{mode}: {len(rows)} rounds", file=sys.stderr)
+    results: dict[str, float | int] = {}
+    print(f"{'part':10s} {'rounds':>7s} {'p50 ms':>8s} {'p90 ms':>8s} {'mean ms':>8s}")
+    for part, values in overheads.items():
+        ordered = sorted(values)
+        p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+        print(f"{part:10s} {len(values):7d} {statistics.median(values):8.3f} {p90:8.3f} {statistics.mean(values):8.3f}")
+        results[f"hf_overhead_{part}_p50_ms"] = statistics.median(values)
+        results[f"hf_overhead_{part}_mean_ms"] = statistics.mean(values)
+    results["load_avg_1m"], results["cpus"] = os.getloadavg()[0], os.cpu_count()
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
+
+
+if __name__ == "__main__":
+    main()
