@@ -143,6 +143,8 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
             "rtt_configured_ms": point["rtt_ms"],
             "rtt_measured_ms": group["rtt_measured_ms"].median(),
             "rtt_link_measured_ms": link_rtt_ms.get(key, math.nan),
+            # what delayed the point's link (kernel-netem, nfqueue, app-delay, none): every row says
+            **({"shaper": ",".join(sorted(set(group["shaper"].astype(str))))} if "shaper" in group else {}),
             "alpha_measured": fit_alpha(point_rounds) if len(point_rounds) else math.nan,
             "tokens_per_round": (point_rounds.loc[~point_rounds["stale"].astype(bool), "emitted"].mean()
                                  if len(point_rounds) else math.nan),

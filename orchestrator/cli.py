@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.experiment import LAUNCHERS, load_experiment
+from orchestrator.launchers.base import LauncherError
 from orchestrator.leftovers import LeftoversFound
 from orchestrator.sweep import SweepExists, plan_points
 
@@ -27,7 +28,17 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="dsdbed", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
+    # --debug also after the command (`dsdbed sweep X --debug`); SUPPRESS keeps the one before it.
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add = sub.add_parser
+
+    def add_parser(name, **kwargs):
+        return _add(name, parents=[common], **kwargs)
+
+    sub.add_parser = add_parser
 
     sweep = sub.add_parser("sweep", help="run an experiment file's grid")
     sweep.add_argument("experiment", type=Path)
@@ -80,10 +91,19 @@ def main(argv: list[str] | None = None) -> int:
             removed = leftovers.clean()
             print("\n".join(removed) if removed else "nothing to clean up")
             return 0
-    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound) as error:
-        print(f"dsdbed: error: {error}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound, LauncherError) as error:
+        if args.debug:
+            raise
+        print(f"dsdbed: error: {error_line(error)}", file=sys.stderr)
         return 2
     return 0
+
+
+def error_line(error: BaseException) -> str:
+    """An error as one line: its first line, and how to see the rest (a compose failure appends
+    the services' last log lines)."""
+    first, *rest = str(error).strip().splitlines() or [type(error).__name__]
+    return first + (f" ({len(rest)} more lines: rerun with --debug)" if rest else "")
 
 
 def _sweep_options(parser: argparse.ArgumentParser) -> None:

@@ -20,10 +20,10 @@ class LeftoversFound(RuntimeError):
     pass
 
 
-def find(docker: bool = True) -> list[str]:
+def find(docker: bool = True, services: bool = True) -> list[str]:
     from netem.cleanup import find_leftovers
 
-    found = [f"service process {pid}" for pid in service_processes()]
+    found = [f"service process {pid}" for pid in service_processes()] if services else []
     found += find_leftovers()
     if docker:
         found += [f"{kind} {name}" for kind, name, _ in _docker_objects()]
@@ -31,11 +31,13 @@ def find(docker: bool = True) -> list[str]:
     return found
 
 
-def refuse_if_any() -> None:
+def refuse_if_any(services: bool = True) -> None:
     """Before a sweep on a network launcher: leftovers of a dead run (a daemon, rules, a
     namespace, a service) would distort or block it. Containers are the compose launcher's to
-    judge (it refuses a project that is up unless adopted), so they are not counted here."""
-    found = find(docker=False)
+    judge (it uses a matching project that is up, and refuses one that does not match), so they
+    are not counted here; nor, with services=False (compose), service processes on the host,
+    which containers do not meet (a loopback sweep running beside it is not a leftover)."""
+    found = find(docker=False, services=services)
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         raise LeftoversFound(f"leftovers of a dead run: {shown}; remove them with `dsdbed cleanup`")

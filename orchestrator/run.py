@@ -1,6 +1,7 @@
 """Glue for the CLI: run an experiment on its launcher, then analyze the sweep folder."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ from dsd.profiles import get_profile
 from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
+from orchestrator.launchers.base import LauncherError
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
 from orchestrator.links import check_launcher
 from orchestrator.net_point import run_net_point
@@ -55,7 +57,9 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     launcher = choose_launcher(experiment.launcher)
     check_launcher(experiment, launcher)
     if launcher in ("netns", "compose"):
-        leftovers.refuse_if_any()
+        leftovers.refuse_if_any(services=launcher == "netns")
+    if launcher == "compose":
+        check_compose_groups(experiment)
     plan = plan_points(experiment)
     first = group_experiment(experiment, plan[0])
     pairs = {first.backend: load_pair(first.backend)}       # per alpha, for the sim launcher
@@ -64,9 +68,16 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
              for name in experiment.profiles()}
     n_prompts = experiment.warmup_requests + experiment.requests
     prompts = make_prompts(experiment.backend, n_prompts, experiment.prompt_tokens, experiment.seed)
-    bar = tqdm(total=len(plan), desc=experiment.name, unit="point", file=sys.stderr)
+    # Made at the first point's end: a testbed that fails to start leaves one error line, no bar.
+    bars: list[tqdm] = []
 
     def progress(done: int, total: int, point, status: str) -> None:
+        if not sys.stderr.isatty():   # a log (`docker compose logs`, CI): one plain line per point
+            print(f"{experiment.name}: point {done}/{total} {point.key}: {status}", file=sys.stderr, flush=True)
+            return
+        if not bars:
+            bars.append(tqdm(total=len(plan), desc=experiment.name, unit="point", file=sys.stderr))
+        bar = bars[0]
         bar.update(1)
         bar.set_postfix_str(f"{point.key}: {status}"[:60])
 
@@ -91,6 +102,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
                      "shaper_reason": getattr(testbed, "shaper_reason", ""),
                      "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))}
+            if hasattr(testbed, "facts"):       # compose: project, image, engine, adopted or brought up
+                facts["testbed"] = testbed.facts()
             pinning = facts["cpu_pinning"]
             if pinning["pinned"]:
                 pinning["orchestrator_applied"] = cpus.pin_self(pinning)
@@ -109,7 +122,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                              heal=testbeds.heal, predict=predict)
     finally:
         os.sched_setaffinity(0, own_cpus)
-        bar.close()
+        for bar in bars:
+            bar.close()
 
 
 def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
@@ -165,9 +179,10 @@ class GroupTestbeds:
         return self.testbed.heal() if self.testbed is not None else []
 
     def close(self) -> None:
-        if self.testbed is not None:
-            self.testbed.close()
-        self.testbed, self.group = None, None
+        testbed, self.testbed, self.group = self.testbed, None, None
+        if testbed is not None:
+            with launcher_errors(self.launcher, "to stop"):
+                testbed.close()
 
     def __enter__(self) -> "GroupTestbeds":
         return self
@@ -188,7 +203,38 @@ def choose_launcher(requested: str) -> str:
     return "loopback"
 
 
+@contextlib.contextmanager
+def launcher_errors(launcher: str, doing: str):
+    """Whatever a launcher raises while starting or stopping a testbed (a namespace it may not
+    make, an engine that does not answer, a service that exits) as one LauncherError, which the
+    CLI prints as one line. Bad config (ValueError) passes through: it names its key already."""
+    try:
+        yield
+    except (LauncherError, ValueError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised, with the original chained for --debug
+        raise LauncherError(f"the {launcher} launcher failed {doing}: {type(exc).__name__}: {exc}") from exc
+
+
+def check_compose_groups(experiment: Experiment) -> None:
+    """A compose project that is already up serves one (profile, alpha) group: refuse a sweep of
+    several before anything runs, rather than fail every point of the second group."""
+    from orchestrator.launchers.compose import ComposeError, project_is_up
+
+    groups = len(experiment.profiles()) * len(experiment.alphas())
+    if groups > 1 and project_is_up("dsdbed"):
+        raise ComposeError(
+            f"the running compose project 'dsdbed' serves one (profile, alpha) group and the experiment has "
+            f"{groups}; fix: `docker compose down` and the sweep brings up each group's project in turn, "
+            "or sweep one profile and alpha per experiment file")
+
+
 def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
+    with launcher_errors(launcher, "to start"):
+        return _open_testbed(launcher, experiment, work_dir)
+
+
+def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     profile = get_profile(experiment.profile) if experiment.profile else None
     config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
                             max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
@@ -199,8 +245,9 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
         from orchestrator.launchers.netns import NetnsTestbed
         return NetnsTestbed(config)
     if launcher == "compose":
-        from orchestrator.launchers.compose import ComposeTestbed
-        return ComposeTestbed(config)
+        from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
+        # A project that is up (`docker compose up -d`) is used if it matches, and left up.
+        return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto"))
     if launcher == "swarm":
         from orchestrator.launchers.swarm import SwarmTestbed
         return SwarmTestbed(config)

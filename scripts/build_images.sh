@@ -5,7 +5,9 @@
 #      local Debian bookworm base, dsdbed-base:bookworm, made by debootstrap and `docker import`
 #   2. wheelhouse: build/wheelhouse/, the project's runtime dependencies (pyproject.toml) as
 #      cp311 manylinux wheels, downloaded on the host (pip inside a build cannot get through
-#      this machine's HTTPS proxy; the build mounts the wheelhouse and installs with --no-index)
+#      this machine's HTTPS proxy; the build mounts the wheelhouse and installs with --no-index),
+#      and the shaping extra (NetfilterQueue, which has no wheel on PyPI) built here when the
+#      host's python is 3.11: the compose file's orchestrator service shapes links with it
 #   3. `docker compose build` (BuildKit: the Dockerfile's RUN --mount needs it)
 #
 # Each step prints `build_images: STEP took N s`; the last line is key=value pairs. Re-running
@@ -23,6 +25,8 @@ now() { date +%s.%N; }
 took() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
 
 LOCAL_BASE=dsdbed-base:bookworm
+# Bumped when the local base's package list changes: an older base is made again.
+LOCAL_BASE_VERSION=2
 REQUESTED_BASE=${DSD_BASE_IMAGE:-python:3.11-slim}
 WHEELHOUSE=build/wheelhouse
 ARCH=$(uname -m)   # x86_64 or aarch64: the wheel platform tags and the Debian architecture
@@ -60,7 +64,7 @@ make_local_base() {
   chmod 755 "$rootfs"   # mktemp makes it 700; it becomes the image's / and must be traversable
   say "debootstrap bookworm ($DEB_ARCH) from $mirror into $rootfs"
   debootstrap --variant=minbase --arch="$DEB_ARCH" --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
-    --include=python3,python3-venv,ca-certificates,iproute2,iputils-ping,netbase,libstdc++6 \
+    --include=python3,python3-venv,ca-certificates,iproute2,iputils-ping,netbase,libstdc++6,iptables,libnetfilter-queue1 \
     bookworm "$rootfs" "$mirror" >/var/tmp/dsdbed-debootstrap.log 2>&1 || {
       say "debootstrap failed; log: /var/tmp/dsdbed-debootstrap.log"; tail -n 20 /var/tmp/dsdbed-debootstrap.log >&2
       return 1; }
@@ -70,6 +74,7 @@ make_local_base() {
          "$rootfs"/var/log/*.log "$rootfs"/var/cache/debconf/*-old
   tar --numeric-owner -C "$rootfs" -c . |
     docker import --change 'CMD ["python3"]' --change 'ENV LANG=C.UTF-8' --change 'LABEL dsdbed.image=base' \
+      --change "LABEL dsdbed.base-version=$LOCAL_BASE_VERSION" \
       --message "dsdbed: debootstrap --variant=minbase bookworm" - "$LOCAL_BASE" >/dev/null
   rm -rf "$rootfs"
   ROOTFS=""
@@ -79,7 +84,8 @@ t0=$(now)
 base_s=0
 if have_image "$REQUESTED_BASE"; then
   BASE_IMAGE=$REQUESTED_BASE
-elif [ "${DSD_REBUILD_BASE:-0}" != 1 ] && have_image "$LOCAL_BASE"; then
+elif [ "${DSD_REBUILD_BASE:-0}" != 1 ] && have_image "$LOCAL_BASE" &&
+     [ "$(docker image inspect --format '{{index .Config.Labels "dsdbed.base-version"}}' "$LOCAL_BASE")" = "$LOCAL_BASE_VERSION" ]; then
   BASE_IMAGE=$LOCAL_BASE
 elif [ "${DSD_PULL_BASE:-0}" = 1 ] && timeout 60 docker pull -q "$REQUESTED_BASE" >/dev/null 2>&1; then
   BASE_IMAGE=$REQUESTED_BASE
@@ -119,6 +125,23 @@ else
     -r "$WHEELHOUSE/requirements.txt" 2>&1 | { grep -v 'is neither a file nor a directory' || true; } >&2
   [ "${PIPESTATUS[0]}" = 0 ] || { say "pip download failed"; exit 1; }
   touch "$WHEELHOUSE/.complete"
+fi
+# The shaping extra for the orchestrator service: NetfilterQueue (the NFQUEUE shaper where the
+# kernel has no netem). PyPI has only its sdist, so it is built here, for the host's python, which
+# must be the image's 3.11; elsewhere the service can shape with kernel netem only.
+SHAPING_SPEC=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["shaping"][0])')
+if ls "$WHEELHOUSE"/[Nn]etfilter[Qq]ueue-*-cp311-*.whl >/dev/null 2>&1; then
+  :
+elif [ "$("$PY" -c 'import sys; print(sys.version_info[:2] == (3, 11))')" = True ] &&
+     "$PY" -m pip wheel -q --no-deps -w "$WHEELHOUSE" "$SHAPING_SPEC" >build/shaping-wheel.log 2>&1; then
+  say "built $SHAPING_SPEC for the image"
+else
+  say "no cp311 wheel of $SHAPING_SPEC (log: build/shaping-wheel.log): the orchestrator service can shape with kernel netem only"
+fi
+if ls "$WHEELHOUSE"/[Nn]etfilter[Qq]ueue-*-cp311-*.whl >/dev/null 2>&1; then
+  echo "$SHAPING_SPEC" >"$WHEELHOUSE/shaping-requirements.txt"
+else
+  : >"$WHEELHOUSE/shaping-requirements.txt"
 fi
 wheelhouse_s=$(took "$t0")
 wheelhouse_mib=$(du -sm "$WHEELHOUSE" | cut -f1)

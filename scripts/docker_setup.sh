@@ -54,8 +54,16 @@ fi
 # ---- 3. the engine ---------------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   say "starting dockerd (log: $DOCKERD_LOG)"
-  # setsid + nohup: the daemon outlives this script and the shell that ran it.
-  setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  # setsid + nohup: the daemon outlives this script and the shell that ran it. Every descriptor
+  # above 2 is closed first: the daemon would otherwise hold what it inherited for its whole life
+  # (run under `flock LOCK bash scripts/docker_setup.sh`, it kept LOCK locked for good).
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+    done 2>/dev/null
+    exec setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null
+  ) &
   deadline=$((SECONDS + DOCKERD_START_TIMEOUT_S))
   until docker info >/dev/null 2>&1; do
     if [ "$SECONDS" -ge "$deadline" ]; then

@@ -5,6 +5,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+class LauncherError(RuntimeError):
+    """A testbed could not be brought up, used or taken down. The CLI prints it as one line
+    (`dsdbed --debug` shows the traceback); orchestrator.run wraps whatever else a launcher
+    raises while starting or stopping in one of these."""
+
+
 @dataclass(frozen=True)
 class EdgeHandle:
     client_id: int

@@ -14,8 +14,13 @@ i); then every service is polled for /health at its IP on the testbed network un
 (the host reaches them through the bridge; no port is published), while a container that stops
 is noticed. The edges reach the verifier by its service name.
 
-A project that already has containers is used only with ``adopt=True``, and is then left up on
-close. Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
+A project that already has containers (`docker compose up -d --scale edge=4` by hand) is used
+with ``adopt=True``, or ``adopt="auto"`` (what a sweep passes: use it if it is up, else bring one
+up), and is then left up on close, unshaped. Before it is used it must match the config: the
+backend, the pair or profile, alpha and the other synthetic settings, threads, batching, and at
+least ``n_edges`` edges (the first ones by container number are used); a mismatch is one line
+naming each setting, its running value and the wanted one, and the `docker compose up` that
+fixes it. Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
 removes the containers and the network. The sweep's ``ServicesConfig`` is accepted too.
 
 Shaping: a netem ``Shaper`` applies once, so each `shape` call closes the previous one and
@@ -30,6 +35,7 @@ import math
 import os
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import time
@@ -43,8 +49,9 @@ from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
+from dsd.profiles import get_profile
 from orchestrator import links
-from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.base import EdgeHandle, LauncherError, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 
 log = logging.getLogger(__name__)
@@ -63,14 +70,40 @@ NUMBER_LABEL = "com.docker.compose.container-number"
 ROLE_LABEL = "dsdbed.role"                             # compose.yaml: "verifier" or "edge"
 
 BUILD_POLICIES = ("missing", "always", "never")
+ADOPT_POLICIES = (False, True, "auto")
 MAX_EDGES = 250
 _PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HEALTH_TIMEOUT_S = 5.0
 _POLL_INTERVAL_S = 0.25
 
 
-class ComposeError(RuntimeError):
+class ComposeError(LauncherError):
     """docker compose failed, or the project is not what was asked for."""
+
+
+# compose.yaml's defaults for the variables a user sets by hand (`DSD_PROFILE=... docker compose
+# up`); tests/compose/test_compose_config.py reads them back from the file.
+COMPOSE_DEFAULTS = {
+    "DSD_BACKEND": "synthetic", "DSD_PAIR_PATH": "/app/models/default-pair", "DSD_PROFILE": "toy-edge-cloud",
+    "DSD_PROFILE_JSON": "", "DSD_ALPHA": "0.8", "DSD_SYNTHETIC_SEED": "0", "DSD_VOCAB_SIZE": "512",
+    "DSD_EOS_PROB": "0.0", "DSD_DTYPE": "float32", "DSD_THREADS": "1", "DSD_MAX_BATCH": "1",
+    "DSD_BATCH_WINDOW_MS": "0",
+}
+# What an adopted project must match: (setting, the services' flag in compose.yaml's commands,
+# compose.yaml's variable, the backend it matters to (None: both), verifier only). The profile is
+# compared apart (by its numbers: a name or a JSON copy of the same profile is the same).
+ADOPT_SETTINGS = (
+    ("backend", "backend", "DSD_BACKEND", None, False),
+    ("pair", "pair-path", "DSD_PAIR_PATH", "hf", False),
+    ("dtype", "dtype", "DSD_DTYPE", "hf", False),
+    ("alpha", "alpha", "DSD_ALPHA", "synthetic", False),
+    ("synthetic_seed", "synthetic-seed", "DSD_SYNTHETIC_SEED", "synthetic", False),
+    ("vocab_size", "vocab-size", "DSD_VOCAB_SIZE", "synthetic", False),
+    ("eos_prob", "eos-prob", "DSD_EOS_PROB", "synthetic", False),
+    ("threads", "threads", "DSD_THREADS", None, False),
+    ("max_batch", "max-batch", "DSD_MAX_BATCH", None, True),
+    ("batch_window_ms", "batch-window-ms", "DSD_BATCH_WINDOW_MS", None, True),
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +120,9 @@ class ComposeConfig:
     # "always": run scripts/build_images.sh every time; incremental, ~1 s when nothing changed,
     # and the containers never run a stale copy of the code. "missing": only if there is no image.
     build: str = "always"
-    adopt: bool = False               # use a project that is already up, and leave it up
+    # True: use the project that is up (it must be), and leave it up; "auto": that if one is up,
+    # else bring one up (the sweep's choice); False: refuse a project that has containers.
+    adopt: bool | str = False
     shaper_backend: str = "auto"      # netem: "auto", "kernel-netem" or "nfqueue"
     verify_count: int = 100           # echo probes per link after shaping; 0 = do not measure
     up_timeout_s: float = 600.0
@@ -132,8 +167,8 @@ class ComposeConfig:
             raise ValueError(f"build must be one of {BUILD_POLICIES}, got {self.build!r}")
         if self.shaper_backend not in ("auto", *BACKENDS):
             raise ValueError(f"shaper_backend must be 'auto' or one of {BACKENDS}, got {self.shaper_backend!r}")
-        if not isinstance(self.adopt, bool):
-            raise ValueError(f"adopt must be true or false, got {self.adopt!r}")
+        if not any(self.adopt is x if isinstance(x, bool) else self.adopt == x for x in ADOPT_POLICIES):
+            raise ValueError(f"adopt must be true, false or 'auto', got {self.adopt!r}")
         try:
             subnet = ipaddress.IPv4Network(self.subnet)
         except ValueError as exc:
@@ -208,7 +243,7 @@ class ComposeTestbed:
         # The verifier and the edges share it through compose.yaml's DSD_TOKEN; an adopted project
         # keeps the one it was started with, which the edges' handles read from their containers.
         self._token = secrets.token_urlsafe(32)
-        self._client = docker.from_env(timeout=60)
+        self._client = docker_client()
         try:
             self._bring_up()
         except BaseException:
@@ -225,27 +260,48 @@ class ComposeTestbed:
         c = self.config
         self.shaper, self.shaper_reason = choose_backend(c.shaper_backend)
         existing = self.project_containers()
-        if existing and not c.adopt:
+        if existing and c.adopt is False:
             raise ComposeError(
                 f"project {c.project!r} already has containers {sorted(x.name for x in existing)}: pass "
                 f"adopt=True to use them, or remove them with `docker compose -p {c.project} down`")
+        if not existing and c.adopt is True:
+            raise ComposeError(f"no compose project {c.project!r} is up to adopt; start it with "
+                               f"`{fix_command(c, c.n_edges)}`")
         if existing:
-            log.info("adopting the running project %s", c.project)
-        else:
-            self._ensure_image()
-            self.owned = True               # from here on, close() takes down whatever came up
-            t0_s = time.monotonic()
-            try:
-                self.compose("up", "--detach", "--no-build", "--pull", "never", "--remove-orphans",
-                             "--scale", f"{EDGE_SERVICE}={c.n_edges}", timeout_s=c.up_timeout_s)
-                self._discover()
-                self._wait_ready(deadline_s=t0_s + c.up_timeout_s)
-            except ComposeError as exc:
-                raise ComposeError(f"{exc}\n--- the services' last log lines ---\n{self.logs_tail()}") from None
-            self.up_s = time.monotonic() - t0_s
+            log.info("using the running compose project %s (left up afterwards)", c.project)
+            self._check_adoptable(existing)
+            self._discover()
+            self._wait_ready(deadline_s=time.monotonic() + c.up_timeout_s)
             return
-        self._discover()
-        self._wait_ready(deadline_s=time.monotonic() + _HEALTH_TIMEOUT_S)
+        self._ensure_image()
+        self.owned = True               # from here on, close() takes down whatever came up
+        t0_s = time.monotonic()
+        try:
+            self.compose("up", "--detach", "--no-build", "--pull", "never", "--remove-orphans",
+                         "--scale", f"{EDGE_SERVICE}={c.n_edges}", timeout_s=c.up_timeout_s)
+            self._discover()
+            self._wait_ready(deadline_s=t0_s + c.up_timeout_s)
+        except ComposeError as exc:
+            raise ComposeError(f"{exc}\n--- the services' last log lines ---\n{self.logs_tail()}") from None
+        self.up_s = time.monotonic() - t0_s
+
+    def _check_adoptable(self, containers: list) -> None:
+        """A project found up is used only if it runs what the config asks for: else one line
+        naming every difference and the command that fixes it."""
+        c = self.config
+        verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier" and x.status == "running"]
+        edges = _edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge" and x.status == "running")
+        mismatches = adopt_mismatches(c, verifiers[0] if verifiers else None, edges[:c.n_edges])
+        problems = [text for _, text in mismatches]
+        if len(verifiers) != 1:
+            problems.insert(0, f"verifiers running {len(verifiers)}, wanted 1")
+        if len(edges) < c.n_edges:
+            problems.insert(0, f"edges running {len(edges)}, the experiment's {c.n_edges}")
+        if problems:
+            fix = fix_command(c, max(c.n_edges, len(edges)), also=[v for variables, _ in mismatches for v in variables])
+            raise ComposeError(
+                f"the running compose project {c.project!r} does not match the experiment: {'; '.join(problems)}; "
+                f"fix: `{fix}`, or `docker compose -p {c.project} down` and the sweep brings up its own")
 
     def _ensure_image(self) -> None:
         c = self.config
@@ -261,12 +317,12 @@ class ComposeTestbed:
         c = self.config
         containers = self.project_containers()         # running or not: a dead one is named below
         verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier"]
-        edges = sorted((x for x in containers if x.labels.get(ROLE_LABEL) == "edge"),
-                       key=lambda x: int(x.labels.get(NUMBER_LABEL, "0")))
-        if len(verifiers) != 1 or len(edges) != c.n_edges:
+        edges = _edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge")
+        if len(verifiers) != 1 or len(edges) < c.n_edges or (self.owned and len(edges) != c.n_edges):
             raise ComposeError(f"project {c.project!r} has {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
                                f"expected 1 and {c.n_edges}")
-        stopped = sorted(x.name for x in containers if x.status != "running")
+        edges = edges[:c.n_edges]        # an adopted project may run more: the first ones are used
+        stopped = sorted(x.name for x in [*verifiers, *edges] if x.status != "running")
         if stopped:
             raise ComposeError(f"containers stopped while starting: {stopped}")
         self.verifier_container, self.edge_containers = verifiers[0], edges
@@ -291,7 +347,7 @@ class ComposeTestbed:
                 return
             now_s = time.monotonic()
             if now_s >= next_crash_check_s:
-                stopped = sorted(x.name for x in self.project_containers() if x.status != "running")
+                stopped = sorted(x.name for x in self._containers_in_use(reload=True) if x.status != "running")
                 if stopped:
                     raise ComposeError(f"containers stopped while starting: {stopped}")
                 next_crash_check_s = now_s + 2.0
@@ -301,8 +357,18 @@ class ComposeTestbed:
 
     # ---- what is running -------------------------------------------------------------------------
 
+    def _containers_in_use(self, reload: bool = False) -> list:
+        """The verifier and the edges this testbed drives (an adopted project may have more)."""
+        containers = [x for x in [self.verifier_container, *self.edge_containers] if x is not None]
+        for container in containers if reload else []:
+            try:
+                container.reload()
+            except docker.errors.NotFound:
+                raise ComposeError(f"container {container.name} was removed while in use") from None
+        return containers
+
     def project_containers(self) -> list:
-        return self._client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={self.config.project}"})
+        return self._client.containers.list(all=True, filters={"label": project_labels(self.config.project)})
 
     def container_ip(self, container) -> str:
         networks = container.attrs["NetworkSettings"]["Networks"]
@@ -377,8 +443,7 @@ class ComposeTestbed:
         urls = {self.verifier_container.id: (f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
                                              "verifier")} if self.verifier_container else {}
         urls.update({x.id: (h.control_url, "edge") for h, x in zip(self.edges, self.edge_containers)})
-        for container in self.project_containers():
-            container.reload()
+        for container in self._containers_in_use(reload=True):
             url, role = urls.get(container.id, ("", ""))
             if container.status == "running" and url and _answers_health(url, role):
                 continue
@@ -435,6 +500,124 @@ class ComposeTestbed:
                     env=env, timeout_s=timeout_s, what=f"docker compose {args[0]}")
 
 
+def docker_client():
+    """The Docker SDK's client, or a ComposeError saying the engine does not answer."""
+    try:
+        return docker.from_env(timeout=60)
+    except docker.errors.DockerException as exc:
+        raise ComposeError(f"the Docker engine does not answer ({exc}); start it as root with "
+                           "`bash scripts/docker_setup.sh`") from exc
+
+
+def project_labels(project: str) -> list[str]:
+    """The labels of a compose project's service containers. The project label alone is not
+    enough: `compose build` stamps it on the image, so a container merely run from the image
+    (`docker run`, a build step FROM it) carries it too; only compose numbers its containers."""
+    return [f"{PROJECT_LABEL}={project}", NUMBER_LABEL]
+
+
+def project_is_up(project: str) -> bool:
+    """Whether the compose project has any container (running or not)."""
+    client = docker_client()
+    try:
+        return bool(client.containers.list(all=True, filters={"label": project_labels(project)}))
+    finally:
+        client.close()
+
+
+def _edges_in_order(containers) -> list:
+    """Edge i is client i: compose's container numbers order them."""
+    return sorted(containers, key=lambda x: int(x.labels.get(NUMBER_LABEL, "0")))
+
+
+def _command_flags(container) -> dict[str, str]:
+    """compose.yaml writes every service flag as --name=value: {name: value}."""
+    flags = {}
+    for item in container.attrs.get("Config", {}).get("Cmd") or []:
+        if item.startswith("--") and "=" in item:
+            name, _, value = item[2:].partition("=")
+            flags[name] = value
+    return flags
+
+
+def _same(running: str | None, wanted: str) -> bool:
+    if running is None:
+        return False
+    try:
+        return float(running) == float(wanted)
+    except ValueError:
+        return running == wanted
+
+
+def _profile_numbers(profile: HardwareProfile) -> dict:
+    return {k: v for k, v in asdict(profile).items() if k not in ("name", "sources")}
+
+
+def _running_profile(flags: dict[str, str]) -> tuple[str, dict | None]:
+    """(its name as shown, its numbers or None when unknown) from a service's flags."""
+    try:
+        if flags.get("profile-json"):
+            values = json.loads(flags["profile-json"])
+            return values.get("name", "?"), _profile_numbers(HardwareProfile(**values))
+        if flags.get("profile"):
+            return flags["profile"], _profile_numbers(get_profile(flags["profile"]))
+    except (ValueError, TypeError, KeyError):
+        return flags.get("profile") or "?", None
+    return "(none)", None
+
+
+def adopt_mismatches(config: ComposeConfig, verifier, edges: list) -> list[tuple[tuple[str, ...], str]]:
+    """Every setting in which a running project's services differ from the config: (compose.yaml's
+    variables that set it, "SETTING: running VALUE (CONTAINER), the experiment's VALUE")."""
+    wanted = config.compose_env()
+    kind = config.backend.kind
+    problems = []
+    services = [x for x in [verifier, *edges] if x is not None]
+    flags = {x.name: _command_flags(x) for x in services}
+    for setting, flag, variable, backend, verifier_only in ADOPT_SETTINGS:
+        if backend not in (None, kind):
+            continue
+        for x in services[:1] if verifier_only else services:
+            running = flags[x.name].get(flag)
+            if not _same(running, wanted[variable]):
+                problems.append(((variable,), f"{setting}: running {running!r} ({x.name}), "
+                                              f"the experiment's {wanted[variable]!r}"))
+                break
+    if kind == "synthetic" and config.profile is not None:
+        for x in services:
+            name, numbers = _running_profile(flags[x.name])
+            if numbers != _profile_numbers(config.profile):
+                problems.append((("DSD_PROFILE", "DSD_PROFILE_JSON"),
+                                 f"profile: running {name!r} ({x.name}), the experiment's {config.profile.name!r}"))
+                break
+    return problems
+
+
+def fix_command(config: ComposeConfig, n_edges: int, also=()) -> str:
+    """The `docker compose up` that starts the project as the config wants it: the variables that
+    differ from compose.yaml's defaults, and those named in `also` (a value found wrong may have
+    come from the user's shell, which a default would not override)."""
+    env = config.compose_env()
+    kind = config.backend.kind
+    wanted = {}
+    for setting, _, variable, backend, _ in ADOPT_SETTINGS:
+        if backend in (None, kind):
+            wanted[variable] = env[variable]
+    if kind == "synthetic" and config.profile is not None:
+        try:
+            named = _profile_numbers(get_profile(config.profile.name)) == _profile_numbers(config.profile)
+        except (KeyError, ValueError):
+            named = False
+        if named:
+            wanted["DSD_PROFILE"] = config.profile.name
+        else:
+            wanted.update({"DSD_PROFILE": "", "DSD_PROFILE_JSON": config.profile_json})
+    parts = [f"{k}={shlex.quote(v)}" for k, v in wanted.items() if k in also or not _same(v, COMPOSE_DEFAULTS[k])]
+    project = [] if config.project == "dsdbed" else ["-p", config.project]
+    return " ".join([*parts, "docker", "compose", *project, "up", "-d", "--scale", f"{EDGE_SERVICE}={n_edges}",
+                     "--wait"])
+
+
 def _step(errors: list[str], what: str, fn, *args, **kwargs):
     """One teardown step; a failure is noted and the next steps still run."""
     try:
@@ -464,11 +647,10 @@ def cleanup_project(project: str = "dsdbed", client=None) -> list[str]:
     client = client or docker.from_env(timeout=60)
     removed = []
     try:
-        label = {"label": f"{PROJECT_LABEL}={project}"}
-        for container in client.containers.list(all=True, filters=label):
+        for container in client.containers.list(all=True, filters={"label": project_labels(project)}):
             container.remove(force=True)
             removed.append(f"container {container.name}")
-        for network in client.networks.list(filters=label):
+        for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={project}"}):
             network.remove()
             removed.append(f"network {network.name}")
     finally:

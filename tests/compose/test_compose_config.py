@@ -9,7 +9,8 @@ import pytest
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import get_profile
-from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig
+from orchestrator.launchers.compose import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, COMPOSE_FILE, ComposeConfig,
+                                           adopt_mismatches, fix_command)
 from orchestrator.launchers.loopback import ServicesConfig
 
 TOY = get_profile("toy-edge-cloud")
@@ -18,7 +19,7 @@ TOY = get_profile("toy-edge-cloud")
 @pytest.mark.parametrize("field, value", [
     ("n_edges", 0), ("n_edges", 251), ("n_edges", True), ("threads", 0), ("max_batch", 0),
     ("batch_window_ms", -1.0), ("up_timeout_s", 0), ("verify_count", -1), ("project", "Bad Name"),
-    ("build", "sometimes"), ("subnet", "10.0.0.0/30"), ("subnet", "nonsense"), ("shaper_backend", "tc"), ("adopt", "yes"), ("compose_file", "/nonexistent.yaml"),
+    ("build", "sometimes"), ("subnet", "10.0.0.0/30"), ("subnet", "nonsense"), ("shaper_backend", "tc"), ("adopt", "yes"), ("adopt", 1), ("compose_file", "/nonexistent.yaml"),
 ])
 def test_a_bad_value_is_refused_naming_its_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -52,3 +53,51 @@ def test_the_sweeps_services_config_maps_onto_a_compose_config():
             config.log_dir) == (3, 0.6, TOY, 2, 1.5, "/tmp/sweep-work")
     with pytest.raises(ValueError, match="extra_verifier_args"):
         ComposeConfig.from_services(ServicesConfig(BackendConfig(), TOY, extra_verifier_args=("--max-gamma", "8")))
+
+
+def test_the_defaults_the_adopt_check_assumes_are_compose_yamls():
+    text = COMPOSE_FILE.read_text()
+    found = {}
+    for name, default in re.findall(r"\$\{(DSD_[A-Z_]+):?-([^}]*)\}", text):
+        assert found.setdefault(name, default) == default, f"{name} has two defaults in compose.yaml"
+    assert {k: found.get(k) for k in COMPOSE_DEFAULTS} == COMPOSE_DEFAULTS
+    flags = set(re.findall(r"- --([a-z-]+)=", text))
+    assert {flag for _, flag, _, _, _ in ADOPT_SETTINGS} <= flags
+
+
+class Service:
+    """What the adopt check reads of a container: its name and compose.yaml's command line."""
+
+    def __init__(self, name: str, **flags) -> None:
+        defaults = {"backend": "synthetic", "pair-path": "/app/models/default-pair", "profile": "toy-edge-cloud",
+                    "profile-json": "", "alpha": "0.8", "synthetic-seed": "0", "vocab-size": "512",
+                    "eos-prob": "0.0", "dtype": "float32", "threads": "1", "max-batch": "1", "batch-window-ms": "0"}
+        defaults.update({k.replace("_", "-"): v for k, v in flags.items()})
+        self.name = name
+        self.attrs = {"Config": {"Cmd": ["python3", "-m", "services.x", *(f"--{k}={v}" for k, v in defaults.items())]}}
+
+
+def test_a_project_started_with_compose_yamls_defaults_matches_the_same_settings_given_as_json():
+    config = ComposeConfig(n_edges=2, profile=TOY)       # the launcher passes the profile as JSON
+    assert adopt_mismatches(config, Service("v"), [Service("e1"), Service("e2")]) == []
+    assert fix_command(config, 4) == "docker compose up -d --scale edge=4 --wait"
+
+
+def test_every_difference_is_named_with_both_values_and_the_fix_sets_it():
+    config = ComposeConfig(n_edges=2, profile=get_profile("cpu2-default-pair"), backend=BackendConfig(alpha=0.6),
+                           max_batch=4)
+    found = adopt_mismatches(config, Service("v"), [Service("e1"), Service("e2", alpha="0.7")])
+    texts = [text for _, text in found]
+    assert texts == ["alpha: running '0.8' (v), the experiment's '0.6'",
+                     "max_batch: running '1' (v), the experiment's '4'",
+                     "profile: running 'toy-edge-cloud' (v), the experiment's 'cpu2-default-pair'"]
+    fix = fix_command(config, 4, also=[v for variables, _ in found for v in variables])
+    assert fix == "DSD_ALPHA=0.6 DSD_MAX_BATCH=4 DSD_PROFILE=cpu2-default-pair docker compose up -d --scale edge=4 --wait"
+
+
+def test_a_value_found_wrong_is_set_in_the_fix_even_when_it_is_compose_yamls_default():
+    config = ComposeConfig(n_edges=1, profile=TOY, project="other")
+    found = adopt_mismatches(config, Service("v", profile="cpu2-default-pair"), [Service("e1")])
+    assert [text for _, text in found] == ["profile: running 'cpu2-default-pair' (v), the experiment's 'toy-edge-cloud'"]
+    assert fix_command(config, 1, also=found[0][0]) == \
+        "DSD_PROFILE=toy-edge-cloud docker compose -p other up -d --scale edge=1 --wait"
