@@ -134,6 +134,9 @@ def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
     if launcher == "compose":
         return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
                 "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
+    if launcher in ("swarm", "external"):
+        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
+                "reason": f"{launcher} launcher: the services run in containers or on other machines; not pinned"}
     return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
 
 
@@ -247,4 +250,10 @@ def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
         from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
         # A project that is up (`docker compose up -d`) is used if it matches, and left up.
         return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto"))
+    if launcher == "swarm":
+        from orchestrator.launchers.swarm import SwarmTestbed
+        return SwarmTestbed(config)
+    if launcher == "external":
+        from orchestrator.launchers.external import ExternalTestbed
+        return ExternalTestbed(experiment.external, n_edges=config.n_edges)
     raise ValueError(f"unknown launcher {launcher!r}")

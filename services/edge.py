@@ -46,6 +46,7 @@ from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from services import access, wire
+from services.link import LinkControl
 from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args,
                               freeze_startup_heap)
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
@@ -125,8 +126,7 @@ class RunConfig:
 
     @property
     def ws_url(self) -> str:
-        url = re.sub(r"^http", "ws", self.verifier_url)
-        return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
+        return ws_url(self.verifier_url)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -135,6 +135,12 @@ class RunConfig:
 
 class RunError(RuntimeError):
     pass
+
+
+def ws_url(verifier_url: str) -> str:
+    """The verifier's WebSocket URL from http://host:port or ws://host:port[/ws]."""
+    url = re.sub(r"^http", "ws", verifier_url)
+    return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
 
 
 # ---- the link to the verifier ----------------------------------------------------------------
@@ -510,8 +516,9 @@ class Run:
 
 class Edge:
     def __init__(self, draft: LanguageModel, kind: str, t_draft_s: float, out_dir: Path,
-                 backend_info: dict, token: str | None = None) -> None:
+                 backend_info: dict, token: str | None = None, shape_link: bool = False) -> None:
         self.draft = draft
+        self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
         self.token = token          # sent to the verifier, and required on /runs
         self.kind = kind
         self.t_draft_s = t_draft_s
@@ -535,6 +542,7 @@ class Edge:
         app.router.add_post("/runs", self.post_run)
         app.router.add_get("/runs/{run_id}", self.get_run)
         app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
+        self.link.add_routes(app)
 
         async def stop(_app):
             tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
@@ -549,6 +557,20 @@ class Edge:
         statuses = [r.status for r in self.runs.values()]
         return web.json_response({"status": "ok", "role": "edge", "draft": self.draft.name,
                                   "runs": {s: statuses.count(s) for s in set(statuses)}})
+
+    async def probe_rtts(self, verifier_url: str, count: int, interval_s: float, app_delay_ms: float) -> list[float]:
+        """RTTs (ms) of `count` Ping/Pong probes on a WebSocket of their own, as a run measures."""
+        link = VerifierLink(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token)
+        try:
+            await link.connect("link-probe")
+            rtts_ms = []
+            for i in range(count):
+                if i:
+                    await asyncio.sleep(interval_s)
+                rtts_ms.append(await link.probe_ms())
+            return rtts_ms
+        finally:
+            await link.close()
 
     async def post_run(self, request: web.Request) -> web.Response:
         try:
@@ -657,6 +679,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
+    parser.add_argument("--shape-link", action="store_true",
+                        help="let the control API shape this edge's link from inside its network namespace "
+                             "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)")
     add_backend_args(parser)
     access.add_access_args(parser)
     args = parser.parse_args(argv)
@@ -675,7 +700,8 @@ def main(argv: list[str] | None = None) -> None:
     t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
     edge = Edge(draft, backend.kind, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
-                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token)
+                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token,
+                shape_link=args.shape_link)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
