@@ -2,8 +2,8 @@
 
 Compute costs are those measured on this machine (``dsd.timing``) or taken from a hardware
 profile; the link is a constant RTT split evenly, a delay per message. Every mode, cloud AR and
-co-located SD included, runs its message exchange on virtual time (``dsd.simulate``). It predicts what the network launchers should
-measure, and runs anywhere in seconds. Every row it writes says ``launcher=sim``.
+co-located SD included, runs its message exchange on virtual time (``dsd.simulate``). It
+predicts what the network launchers should measure, and runs anywhere in seconds. Every row it writes says ``launcher=sim``.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
-from orchestrator import links
+from orchestrator import links as link_keys
 from orchestrator.experiment import Experiment
 
 
@@ -55,7 +55,7 @@ class Point:
     @property
     def key(self) -> str:
         group = f"_{self.group}" if self.group else ""
-        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{links.key_suffix(self)}_g{self.gamma}_c{self.clients}"
+        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{link_keys.key_suffix(self)}_g{self.gamma}_c{self.clients}"
                 f"{group}_r{self.repeat}")
 
     @property
@@ -79,8 +79,11 @@ def is_calibration(point: Point, experiment: Experiment) -> bool:
     modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
     if "sync" not in experiment.modes and "pipelined" in experiment.modes:
         modes.append("pipelined")            # t_verify and t_draft_edge then come from pipelined rounds
-    return (point.repeat == 0 and point.mode in modes and point.rtt_ms == float(min(experiment.rtt_ms))
-            and point.clients == min(experiment.clients))
+    if point.repeat != 0 or point.mode not in modes or point.clients != min(experiment.clients):
+        return False
+    # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
+    link = min(links.link_axes(experiment), key=lambda axes: axes["rtt_ms"])
+    return all(getattr(point, key) == value for key, value in link.items())
 
 
 def plan_points(experiment: Experiment) -> list[Point]:
@@ -104,7 +107,7 @@ def _grid_points(experiment: Experiment) -> list[Point]:
     for profile, alpha in itertools.product(profiles, alphas):
         group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
         for repeat, link, gamma, clients, mode in itertools.product(
-                range(experiment.repeats), links.link_axes(experiment), experiment.gamma, experiment.clients,
+                range(experiment.repeats), link_keys.link_axes(experiment), experiment.gamma, experiment.clients,
                 experiment.modes):
             if mode == "ar" and gamma != experiment.gamma[0]:
                 continue                       # AR does not depend on gamma: run it once
@@ -288,10 +291,14 @@ def experiment_record(experiment: Experiment) -> dict:
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s", *links.LINK_KEYS, "delay_down_ms", "link",
-                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct"):
+    for key in ("alpha", "retries", "retry_backoff_s", *link_keys.LINK_KEYS, "delay_down_ms", "link",
+                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct",
+                "hardware_profiles"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
+    for key in ("acceptance_trace", "acceptance_rounds"):      # likewise, in [backend]
+        if not record["backend"].get(key, "x"):
+            del record["backend"][key]
     return record
 
 

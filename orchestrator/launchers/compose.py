@@ -50,7 +50,7 @@ from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
-from orchestrator import links
+from orchestrator import links as link_keys
 from orchestrator.launchers.base import EdgeHandle, LauncherError, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 
@@ -214,7 +214,14 @@ class ComposeConfig:
             "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
             "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
             "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
+            "DSD_ACCEPTANCE_ROUNDS": self.acceptance_rounds,
         }
+
+    @property
+    def acceptance_rounds(self) -> str:
+        """The synthetic backend's acceptance trace inline: the containers cannot see the file."""
+        trace = self.backend.trace() if self.backend.kind == "synthetic" else None
+        return trace.to_text() if trace is not None else ""
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:
@@ -401,7 +408,7 @@ class ComposeTestbed:
         if len(rtt_ms_per_edge) != len(self.edges):
             raise ValueError(f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), "
                              f"got {len(rtt_ms_per_edge)}")
-        specs = [links.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
+        specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
         # not `links`: that name is the orchestrator.links module, which this function uses above
@@ -629,7 +636,7 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
 
 
 def _link_state(record: LinkRecord) -> LinkState:
-    return links.link_state(record)
+    return link_keys.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:
