@@ -411,10 +411,11 @@ class ComposeTestbed:
         specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
-        links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
-                 for h, x, spec in zip(self.edges, self.edge_containers, specs)]
+        # not `links`: that name is the orchestrator.links module, which this function uses above
+        edge_links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
+                      for h, x, spec in zip(self.edges, self.edge_containers, specs)]
         shaper = Shaper(ShaperConfig(backend=self.config.shaper_backend, verify_count=self.config.verify_count))
-        self.link_records = shaper.apply(links)    # on failure it has removed what it made
+        self.link_records = shaper.apply(edge_links)    # on failure it has removed what it made
         self._shaper = shaper
         self.shaper = self.link_records[0].backend
         self.shaper_reason = self.link_records[0].backend_reason
