@@ -82,7 +82,7 @@ def is_calibration(point: Point, experiment: Experiment) -> bool:
     if point.repeat != 0 or point.mode not in modes or point.clients != min(experiment.clients):
         return False
     # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
-    link = min(links.link_axes(experiment), key=lambda axes: axes["rtt_ms"])
+    link = min(link_keys.link_axes(experiment), key=lambda axes: axes["rtt_ms"])
     return all(getattr(point, key) == value for key, value in link.items())
 
 
