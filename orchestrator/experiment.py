@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
+from dsd.control import CONTROLLERS
 from dsd.profiles import load_profiles
 from orchestrator import links
 
@@ -56,6 +57,10 @@ class Experiment:
     delay_up_ms: tuple[float, ...] = ()            # with delay_down_ms: one-way delays instead of rtt_ms
     delay_down_ms: tuple[float, ...] = ()
     link: links.LinkOptions = field(default_factory=links.LinkOptions)   # [link]: per-edge links
+    # Adaptive DSD (dsd/control.py): who picks each round's gamma and mode (static: the point's),
+    # and the largest gamma it may pick. The point's gamma and mode are where it starts.
+    controller: str = "static"
+    gamma_max: int = 16
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -107,6 +112,14 @@ class Experiment:
         for name in self.profiles():
             _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
         links.check_link_keys(self)
+        _check(self.controller in CONTROLLERS, "controller", self.controller, f"one of {CONTROLLERS}")
+        _check(_is_int(self.gamma_max) and 1 <= self.gamma_max <= 64, "gamma_max", self.gamma_max,
+               "a whole number in 1..64")
+        if self.controller != "static":
+            _check(all(m in ("sync", "pipelined") for m in self.modes), "modes", self.modes,
+                   f"only sync and pipelined with controller {self.controller!r} (the edge drafts)")
+            _check(max(self.gamma) <= self.gamma_max, "gamma", self.gamma,
+                   f"at most gamma_max {self.gamma_max} with controller {self.controller!r}")
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
