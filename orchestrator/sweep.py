@@ -289,7 +289,7 @@ def experiment_record(experiment: Experiment) -> dict:
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
     for key in ("alpha", "retries", "retry_backoff_s", *links.LINK_KEYS, "delay_down_ms", "link",
-                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct"):
+                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "controller", "gamma_max"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record

@@ -1,0 +1,38 @@
+"""The experiment keys of adaptive DSD: controller and gamma_max are validated, reach the sim
+launcher, and leave a static sweep's records as they were."""
+import pandas as pd
+import pytest
+
+from orchestrator.experiment import experiment_from_dict
+from orchestrator.run import run_experiment
+from orchestrator.sweep import experiment_record
+
+BASE = {"name": "adaptive", "profile": "toy-edge-cloud", "rtt_ms": [20], "gamma": [2], "modes": ["sync", "pipelined"],
+        "requests": 2, "max_new_tokens": 40, "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.8}}
+
+
+@pytest.mark.parametrize("extra,field", [({"controller": "bandito"}, "controller"),
+                                         ({"controller": "model", "gamma_max": 0}, "gamma_max"),
+                                         ({"controller": "heuristic", "gamma": [8], "gamma_max": 4}, "gamma"),
+                                         ({"controller": "model", "modes": ["ar", "sync"]}, "modes")])
+def test_bad_controller_keys_are_refused_naming_the_field(extra, field):
+    with pytest.raises(ValueError, match=field):
+        experiment_from_dict({**BASE, **extra})
+
+
+def test_a_static_sweep_records_no_controller_keys():
+    record = experiment_record(experiment_from_dict(BASE))
+    assert "controller" not in record and "gamma_max" not in record
+    assert experiment_record(experiment_from_dict({**BASE, "controller": "heuristic"}))["controller"] == "heuristic"
+
+
+def test_the_heuristic_controller_changes_gamma_per_round_on_the_sim_launcher(tmp_path):
+    run_experiment(experiment_from_dict({**BASE, "controller": "heuristic", "gamma_max": 6}), tmp_path / "h",
+                   resume=False)
+    rounds = pd.read_csv(tmp_path / "h" / "rounds.csv")
+    live = rounds[~rounds["stale"].astype(bool)]
+    assert (live["proposed"] == live["round_gamma"]).all()
+    assert live["round_gamma"].nunique() >= 3 and set(live["round_mode"]) == {"sync", "pipelined"}
+    run_experiment(experiment_from_dict(BASE), tmp_path / "s", resume=False)
+    static = pd.read_csv(tmp_path / "s" / "rounds.csv")
+    assert set(static.loc[~static["stale"].astype(bool), "round_gamma"]) == {2}
