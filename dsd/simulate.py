@@ -77,11 +77,13 @@ class SimulatedRun:
 def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
-                 controller=None, gamma_max: int | None = None, rtt_at=None) -> SimulatedRun:
+                 controller=None, gamma_max: int | None = None, rtt_at=None,
+                 t_verify_of=None) -> SimulatedRun:
     """``controller`` (dsd.control; None: gamma and the mode stay) is asked for the next plan
     before the first block and after every verdict; its gamma must be in 1..gamma_max (default:
     gamma). ``rtt_at(t_s)`` (optional) is the link's RTT for a message sent at virtual time t_s,
-    for links that change during the request."""
+    for links that change during the request; ``t_verify_of(n_drafted)`` (optional) the verification
+    time of a block, for plans whose gamma changes (default: ``costs.t_verify_s`` for every block)."""
     gamma_max = gamma_max or gamma
     modes = ("sync", "pipelined")
     plan = (gamma, "pipelined" if pipelined else "sync")
@@ -113,7 +115,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
             arrive_s = at_s + one_way_s(at_s)
             start_s = max(arrive_s, verifier_free_at)
             verdict = session.verify(proposal)
-            compute_s = 0.0 if verdict.stale else costs.t_verify_s
+            compute_s = 0.0 if verdict.stale else (costs.t_verify_s if t_verify_of is None
+                                                    else t_verify_of(proposal.gamma))
             verifier_free_at = start_s + compute_s
             back_s = verifier_free_at + one_way_s(verifier_free_at)
             timing = (at_s, start_s - arrive_s, compute_s)
