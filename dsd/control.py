@@ -15,7 +15,8 @@ Policies (``CONTROLLERS``):
 - ``static``: the configured gamma and mode, every round (the behaviour without a controller).
 - ``heuristic``: transformers' assisted-generation schedule on acceptance alone: every draft
   accepted -> gamma + 2, otherwise gamma - 1, clamped to 1..gamma_max; the mode stays.
-- ``model``: running (discounted) estimates of alpha, the link RTT, t_draft and t_verify put into
+- ``model``: running (discounted) estimates of alpha, the link RTT, t_draft and t_verify (a line
+  in gamma, fitted once the plans have varied) put into
   the closed form of ``dsd.latency_model``; picks the (mode, gamma) of the lowest predicted
   per-token latency, and leaves the current plan only for one predicted at least ``margin_pct``
   faster (so noise in the estimates does not make it flap).
@@ -168,6 +169,27 @@ class _Discounted:
         return self.total / self.weight if self.weight else None
 
 
+class _DiscountedLine:
+    """A discounted least-squares line y = a + b*x (b >= 0; 0 while x has not varied): the
+    verification time against the block's gamma."""
+
+    def __init__(self, discount: float) -> None:
+        self.discount = discount
+        self.sums = [0.0] * 5                    # weight, x, y, xx, xy
+
+    def add(self, x: float, y: float | None) -> None:
+        if y is not None and math.isfinite(y):
+            self.sums = [self.discount * s + v for s, v in zip(self.sums, (1.0, x, y, x * x, x * y))]
+
+    def at(self, x: float) -> float | None:
+        w, sx, sy, sxx, sxy = self.sums
+        if not w:
+            return None
+        var = sxx / w - (sx / w) ** 2
+        slope = max((sxy / w - sx * sy / w ** 2) / var, 0.0) if var > 1e-9 else 0.0
+        return sy / w + slope * (x - sx / w)
+
+
 class ModelPolicy:
     """The closed form on running estimates, with a switching margin."""
 
@@ -178,7 +200,7 @@ class ModelPolicy:
         self.rejected = _Discounted(config.discount)      # per round: 1 if a draft was rejected
         self.rtt_s = _Discounted(config.discount)
         self.t_draft_s = _Discounted(config.discount)
-        self.t_verify_s = _Discounted(config.discount)
+        self.t_verify_s = _DiscountedLine(config.discount)     # against gamma
 
     def observe(self, observation: Observation) -> None:
         if observation.stale:
@@ -187,7 +209,7 @@ class ModelPolicy:
         self.rejected.add(float(observation.accepted < observation.proposed))
         self.rtt_s.add(observation.rtt_s)
         self.t_draft_s.add(observation.t_draft_s)
-        self.t_verify_s.add(observation.t_verify_s)
+        self.t_verify_s.add(observation.proposed, observation.t_verify_s)
 
     @property
     def alpha(self) -> float | None:
@@ -198,12 +220,20 @@ class ModelPolicy:
         return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
 
     def decide(self) -> Decision:
-        estimates = (self.alpha, self.rtt_s.value, self.t_draft_s.value, self.t_verify_s.value)
-        if any(e is None for e in estimates):
+        alpha, rtt_s, t_draft_s = self.alpha, self.rtt_s.value, self.t_draft_s.value
+        if alpha is None or rtt_s is None or t_draft_s is None or self.t_verify_s.at(1) is None:
             return self.current                  # nothing measured yet: the configured start
         c = self.config
-        best, best_s = best_decision(*estimates, c.modes, c.gamma_max, c.t_ar_s)
-        current_s = predicted_per_token_s(self.current.mode, self.current.gamma, *estimates, c.t_ar_s)
+        best, best_s = None, math.inf
+        for mode in c.modes:
+            for gamma in ([1] if mode == "ar" else range(1, c.gamma_max + 1)):
+                cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, self.t_verify_s.at(gamma),
+                                               c.t_ar_s)
+                if cost_s < best_s - 1e-15:
+                    best, best_s = Decision(gamma, mode), cost_s
+        current = self.current
+        current_s = predicted_per_token_s(current.mode, current.gamma, alpha, rtt_s, t_draft_s,
+                                          self.t_verify_s.at(current.gamma), c.t_ar_s)
         if best_s < current_s * (1 - c.margin_pct / 100):
             self.current = best
         return self.current

@@ -156,3 +156,13 @@ def test_model_policy_does_not_flap_within_its_margin():
     for i in range(100):                                # the RTT wobbles +-1 ms around 20 ms
         decisions.add(_feed(policy, 0.020 + (0.001 if i % 2 else -0.001), 1))
     assert decisions == {settled}
+
+
+def test_model_policy_fits_t_verify_as_a_line_in_gamma():
+    policy = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync", gamma_max=16))
+    for gamma, t_verify_s in [(2, 0.005), (8, 0.011)] * 5:
+        policy.observe(Observation(gamma, "sync", gamma, gamma, False, 0.01, 0.001, t_verify_s, 0.0))
+    assert policy.t_verify_s.at(4) == pytest.approx(0.007, rel=1e-6)
+    flat = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync"))
+    flat.observe(Observation(4, "sync", 4, 4, False, 0.01, 0.001, 0.009, 0.0))
+    assert flat.t_verify_s.at(12) == pytest.approx(0.009)       # one gamma seen: no slope to fit
