@@ -109,7 +109,9 @@ def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, m
             "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
             "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
             "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
-            "probe_count": 5, "probe_interval_ms": 200.0, "controller": controller, "gamma_max": gamma_max,
+            "probe_count": 5, "probe_interval_ms": 200.0,
+            # only when adaptive: an edge built before these keys still takes a static run
+            **({"controller": controller, "gamma_max": gamma_max} if controller != "static" else {}),
         })
         runs.append((edge, run_id))
     deadline = time.monotonic() + timeout_s

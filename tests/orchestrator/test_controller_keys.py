@@ -36,3 +36,26 @@ def test_the_heuristic_controller_changes_gamma_per_round_on_the_sim_launcher(tm
     run_experiment(experiment_from_dict(BASE), tmp_path / "s", resume=False)
     static = pd.read_csv(tmp_path / "s" / "rounds.csv")
     assert set(static.loc[~static["stale"].astype(bool), "round_gamma"]) == {2}
+
+
+def test_the_controller_key_reaches_the_edge_on_a_network_launcher(tmp_path):
+    """Loopback: the edge services run the heuristic; greedy output stays the target's and the
+    merged rounds.csv shows the per-round plans."""
+    from dsd.backends.factory import load_pair
+    from dsd.decoding import generate_ar
+    from dsd.stopping import StopRule
+    from orchestrator.workload import make_prompts
+
+    experiment = experiment_from_dict({**BASE, "launcher": "loopback", "rtt_ms": [10], "clients": [1], "edges": 1,
+                                       "warmup_requests": 0, "controller": "heuristic", "gamma_max": 6})
+    run_experiment(experiment, tmp_path / "lo", resume=False)
+    rounds = pd.read_csv(tmp_path / "lo" / "rounds.csv")
+    live = rounds[~rounds["stale"].astype(bool)]
+    assert (live["proposed"] == live["round_gamma"]).all() and live["round_gamma"].nunique() >= 3
+    _, target = load_pair(experiment.backend)
+    prompts = make_prompts(experiment.backend, 2, experiment.prompt_tokens, experiment.seed)
+    requests = pd.read_csv(tmp_path / "lo" / "requests.csv")
+    for row in requests.itertuples():
+        expected = generate_ar(target, prompts[row.request_index], StopRule(40, target.eos_token_id),
+                               seq_id=f"r{row.request_index}").tokens
+        assert [int(t) for t in str(row.token_ids).split()] == expected, row.point
