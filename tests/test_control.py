@@ -166,3 +166,36 @@ def test_model_policy_fits_t_verify_as_a_line_in_gamma():
     flat = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync"))
     flat.observe(Observation(4, "sync", 4, 4, False, 0.01, 0.001, 0.009, 0.0))
     assert flat.t_verify_s.at(12) == pytest.approx(0.009)       # one gamma seen: no slope to fit
+
+
+def test_plan_changes_mid_request_keep_speculative_sampling_exact():
+    """Sampled DSD whose gamma and mode change every round (sim, one and two blocks in flight) vs
+    the exact distribution of the bigram target's 4-token continuations (vocab 3: 81 outcomes),
+    6k runs, chi-square at p > 1e-3 (fixed seeds)."""
+    import itertools
+
+    from scipy import stats
+
+    from dsd.backends.protocol import SamplingParams
+    from tests.toy_models import BigramLM, random_bigram
+
+    vocab, n_runs, length = 3, 6_000, 4
+    target_table = random_bigram(vocab, seed=1, sharpness=1.5)
+    target, draft = BigramLM(target_table, "t"), BigramLM(random_bigram(vocab, seed=2, sharpness=1.5), "d")
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, 0
+        for token in seq:
+            prob *= float(target_table[previous, token])
+            previous = token
+        exact[seq] = prob
+    counts = dict.fromkeys(exact, 0)
+    plans = [Decision(1, "pipelined"), Decision(2, "sync"), Decision(1, "sync"), Decision(3, "pipelined")] * 4
+    for run in range(n_runs):
+        out = simulate_dsd(draft, target, [0], 2, StopRule(length), LinkCosts(0.001, 0.002, 0.005), False,
+                           max_in_flight=1 + run % 2, sampling=SamplingParams(temperature=1.0, seed=run),
+                           seq_id=str(run), controller=Scripted(plans[run % 4:]), gamma_max=3)
+        counts[tuple(out.generation.tokens)] += 1
+    total = sum(exact.values())
+    _, p_value = stats.chisquare([counts[s] for s in exact], [exact[s] * n_runs / total for s in exact])
+    assert p_value > 1e-3
