@@ -1,6 +1,7 @@
 """Hardware profiles: the compute times the synthetic backend emulates.
 
-Profiles live in ``profiles.toml`` beside this file; every number there names its source.
+Profiles live in ``profiles.toml`` beside this file, in a file given with ``--profiles``, or in an
+experiment's own ``[profiles.NAME]`` tables; every number names its source (``FIELD_source``).
 """
 from __future__ import annotations
 
@@ -48,23 +49,43 @@ class HardwareProfile:
 
 
 def load_profiles(path: Path | None = None) -> dict[str, HardwareProfile]:
+    """The package's profiles (``profiles.toml``), or those of another file in the same format."""
     text = (path.read_text() if path else
             resources.files("dsd").joinpath("profiles.toml").read_text())
-    data = tomllib.loads(text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path or 'dsd/profiles.toml'}: not valid TOML: {error}") from None
+    return profiles_from_tables(data)
+
+
+def profiles_from_tables(data: dict, prefix: str = "") -> dict[str, HardwareProfile]:
+    """Profiles from TOML tables {name: {field: number, field_source: "where it comes from"}}.
+
+    Every number must name its source: a missing or empty ``FIELD_source`` is refused naming the
+    key (``prefix`` says where the tables sit, e.g. "profiles." for an experiment's own).
+    """
     known = {f.name for f in fields(HardwareProfile)} - {"name", "sources"}
     profiles = {}
     for name, table in data.items():
+        where = f"profile {prefix}{name}"
+        if not isinstance(table, dict):
+            raise ValueError(f"{where}: expected a table of numbers and their sources, got {table!r}")
         values = {k: v for k, v in table.items() if not k.endswith("_source")}
         unknown = set(values) - known
         if unknown:
-            raise ValueError(f"profile {name!r}: unknown keys {sorted(unknown)}")
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         missing = known - set(values)
         if missing:
-            raise ValueError(f"profile {name!r}: missing keys {sorted(missing)}")
+            raise ValueError(f"{where}: missing keys {sorted(missing)}")
         sources = tuple((k[:-len('_source')], v) for k, v in table.items() if k.endswith("_source"))
-        unsourced = known - {k for k, _ in sources}
+        stray = sorted(f"{k}_source" for k, _ in sources if k not in known)
+        if stray:
+            raise ValueError(f"{where}: sources for unknown keys {stray}")
+        unsourced = sorted(f"{prefix}{name}.{k}_source" for k in known
+                           if not (isinstance(dict(sources).get(k), str) and dict(sources)[k].strip()))
         if unsourced:
-            raise ValueError(f"profile {name!r}: no source given for {sorted(unsourced)}")
+            raise ValueError(f"{where}: every number names its source; no source given for {unsourced}")
         profiles[name] = HardwareProfile(name=name, sources=sources, **values)
     return profiles
 

@@ -111,6 +111,9 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--launcher", choices=LAUNCHERS, help="run on this launcher instead of the file's")
+    parser.add_argument("--profiles", type=Path, metavar="FILE",
+                        help="hardware profiles in the format of dsd/profiles.toml (every number with its source), "
+                             "usable by name beside the packaged ones and the file's [profiles.NAME]")
 
 
 def _run_sweep(args) -> int:
@@ -118,7 +121,7 @@ def _run_sweep(args) -> int:
 
     if not Path(args.experiment).is_file():
         raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
-    experiment = load_experiment(args.experiment)
+    experiment = load_experiment(args.experiment, args.profiles)
     if args.launcher:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
     out = args.out or REPO / "results" / experiment.name

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.control import CONTROLLERS
-from dsd.profiles import load_profiles
+from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from orchestrator import links
 
 MODES = ("ar", "colocated", "sync", "pipelined")
@@ -61,6 +61,8 @@ class Experiment:
     # and the largest gamma it may pick. The point's gamma and mode are where it starts.
     controller: str = "static"
     gamma_max: int = 16
+    # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
+    hardware_profiles: tuple[HardwareProfile, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -104,13 +106,24 @@ class Experiment:
         _check(all(_is_number(a) and 0 < a <= 1 for a in self.alpha), "alpha", self.alpha,
                "a list of numbers in (0, 1]")
         _check(len(set(self.alpha)) == len(self.alpha), "alpha", self.alpha, "no repeated values")
+        _check(not (self.alpha and (self.backend.acceptance_trace or self.backend.acceptance_rounds)), "alpha",
+               self.alpha, "no alpha sweep with backend.acceptance_trace (the trace decides acceptance)")
         if isinstance(self.profile, tuple):
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
-        known = load_profiles()
+        _check(all(isinstance(p, HardwareProfile) for p in self.hardware_profiles), "profiles",
+               self.hardware_profiles, "[profiles.NAME] tables")
+        packaged = load_profiles()
+        own = [p.name for p in self.hardware_profiles]
+        for name in own:
+            _check(name not in packaged, f"profiles.{name}", name,
+                   "a name that dsd/profiles.toml does not use already (choose another)")
+        _check(len(set(own)) == len(own), "profiles", own, "each profile defined once (in the file or --profiles)")
+        known = sorted(packaged) + own
         for name in self.profiles():
-            _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
+            _check(not name or name in known, "profile", name,
+                   f"a profile of dsd/profiles.toml, [profiles.NAME] or --profiles {known}")
         links.check_link_keys(self)
         _check(self.controller in CONTROLLERS, "controller", self.controller, f"one of {CONTROLLERS}")
         _check(_is_int(self.gamma_max) and 1 <= self.gamma_max <= 64, "gamma_max", self.gamma_max,
@@ -123,6 +136,11 @@ class Experiment:
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
+
+    def hardware_profile(self, name: str) -> HardwareProfile:
+        """The named profile: the experiment's own, else dsd/profiles.toml's."""
+        own = {p.name: p for p in self.hardware_profiles}
+        return own[name] if name in own else load_profiles()[name]
 
     def alphas(self) -> tuple[float, ...]:
         return tuple(float(a) for a in self.alpha) or (self.backend.alpha,)
@@ -145,17 +163,33 @@ def _check(ok: bool, key: str, value, expected: str) -> None:
         raise ValueError(f"experiment key {key!r}: expected {expected}, got {value!r}")
 
 
-def load_experiment(path: Path) -> Experiment:
+def load_experiment(path: Path, profiles_file: Path | None = None) -> Experiment:
+    """An experiment file; ``profiles_file`` (the CLI's --profiles) adds hardware profiles in the
+    format of dsd/profiles.toml."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: not valid TOML: {error}") from None
-    return experiment_from_dict(data, source=str(path))
+    extra = ()
+    if profiles_file is not None:
+        if not Path(profiles_file).is_file():
+            raise FileNotFoundError(f"--profiles {str(profiles_file)!r} does not exist or is not a file")
+        try:
+            extra = tuple(load_profiles(Path(profiles_file)).values())
+        except ValueError as error:
+            raise ValueError(f"--profiles {profiles_file}: {error}") from None
+    trace = data.get("backend", {}).get("acceptance_trace") if isinstance(data.get("backend"), dict) else None
+    if isinstance(trace, str) and trace and not Path(trace).expanduser().is_absolute():
+        # relative to the experiment file, so it runs from any working directory
+        data["backend"] = {**data["backend"], "acceptance_trace": str(Path(path).parent / trace)}
+    return experiment_from_dict(data, source=str(path), extra_profiles=extra)
 
 
-def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
+def experiment_from_dict(data: dict, source: str = "experiment",
+                         extra_profiles: tuple[HardwareProfile, ...] = ()) -> Experiment:
     data = dict(data)
     backend = data.pop("backend", {})
+    tables = data.pop("profiles", {})
     if "link" in data:
         if not isinstance(data["link"], dict):
             raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
@@ -163,10 +197,17 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
             data["link"] = links.LinkOptions.from_dict(data["link"])
         except (TypeError, ValueError) as error:
             raise ValueError(f"{source}: {error}") from None
-    known = {f.name for f in fields(Experiment)} - {"backend"}
+    known = {f.name for f in fields(Experiment)} - {"backend", "hardware_profiles"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend'})}")
+        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend', 'profiles'})}")
+    if not isinstance(tables, dict):
+        raise ValueError(f"{source}: experiment key 'profiles': expected [profiles.NAME] tables, got {tables!r}")
+    try:
+        data["hardware_profiles"] = tuple(profiles_from_tables(tables, prefix="profiles.").values()) + \
+            tuple(extra_profiles)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source}: {error}") from None
     backend_known = {f.name for f in fields(BackendConfig)}
     unknown = sorted(set(backend) - backend_known)
     if unknown:

@@ -209,6 +209,9 @@ def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
 
 def _backend_text(experiment: dict) -> str:
     backend = experiment["backend"]
+    if backend["kind"] == "synthetic" and (backend.get("acceptance_trace") or backend.get("acceptance_rounds")):
+        source = backend.get("acceptance_trace") or "inline rounds"
+        return f"synthetic, acceptance replayed from the trace {source}, profile {experiment['profile']}"
     if backend["kind"] == "synthetic":
         alphas = experiment.get("alpha") or [backend["alpha"]]
         return f"synthetic, alpha {', '.join(map(str, alphas))}, profile {experiment['profile']}"

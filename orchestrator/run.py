@@ -15,7 +15,6 @@ import pandas as pd
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
-from dsd.profiles import get_profile
 from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
@@ -42,7 +41,7 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
             recorded["t_verify_s"] = {int(k): v for k, v in recorded["t_verify_s"].items()}
             return Costs(**recorded)
     if experiment.backend.kind == "synthetic":
-        profile = get_profile(experiment.profile)
+        profile = experiment.hardware_profile(experiment.profile)
         return Costs(profile.t_draft_edge_s, profile.t_draft_server_s, profile.t_ar_s,
                      {g: profile.t_verify_s(g) for g in experiment.gamma}, profile.t_prefill_per_token_s)
     print("measuring compute times of the model pair on this machine ...", file=sys.stderr)
@@ -86,6 +85,9 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    trace = experiment.backend.trace() if experiment.backend.kind == "synthetic" else None
+    if trace is not None:
+        common["acceptance_trace"] = trace.summary()
     own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
     predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
     try:
@@ -234,7 +236,7 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
 
 
 def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
-    profile = get_profile(experiment.profile) if experiment.profile else None
+    profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
     config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
                             max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
                             work_dir=str(work_dir))

@@ -289,9 +289,13 @@ def experiment_record(experiment: Experiment) -> dict:
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
     for key in ("alpha", "retries", "retry_backoff_s", *links.LINK_KEYS, "delay_down_ms", "link",
-                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "controller", "gamma_max"):
+                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct",
+                "hardware_profiles", "controller", "gamma_max"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
+    for key in ("acceptance_trace", "acceptance_rounds"):      # likewise, in [backend]
+        if not record["backend"].get(key, "x"):
+            del record["backend"][key]
     return record
 
 

@@ -216,6 +216,10 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eos-prob", type=float, default=0.0, help="synthetic")
     group.add_argument("--acceptance", choices=ACCEPTANCE_KINDS, default="iid",
                        help="synthetic: iid per position, or stratified (every request realises alpha)")
+    group.add_argument("--acceptance-trace", default="",
+                       help="synthetic: replay the live rounds of this rounds.csv instead of i.i.d. alpha")
+    group.add_argument("--acceptance-rounds", default="",
+                       help="synthetic: the same, the rounds inline as proposed:accepted,... (the launchers send this)")
     group.add_argument("--profile", default="", help="synthetic: a profile name in dsd/profiles.toml")
     group.add_argument("--profile-json", default="",
                        help="synthetic: the HardwareProfile fields as a JSON object")
@@ -226,7 +230,8 @@ def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, Hardware
     config = BackendConfig(kind=args.backend, pair_path=args.pair_path, target_path=args.target_path,
                            draft_path=args.draft_path, dtype=args.dtype, alpha=args.alpha,
                            vocab_size=args.vocab_size, seed=args.synthetic_seed, eos_prob=args.eos_prob,
-                           acceptance=args.acceptance)
+                           acceptance=args.acceptance, acceptance_trace=args.acceptance_trace,
+                           acceptance_rounds=args.acceptance_rounds)
     if args.profile and args.profile_json:
         raise ValueError("give --profile or --profile-json, not both")
     profile = None

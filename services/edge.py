@@ -699,7 +699,8 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
     edge = Edge(draft, backend.kind, t_draft_s, out_dir,
-                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None}, token)
+                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
+                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsd.backends.acceptance_trace import AcceptanceTrace, read_rounds_csv
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 
 BACKEND_KINDS = ("synthetic", "hf")
@@ -26,6 +27,11 @@ class BackendConfig:
     vocab_size: int = 512
     seed: int = 0
     eos_prob: float = 0.0
+    # synthetic: replay a real pair's per-round acceptance instead of i.i.d. alpha
+    # (dsd/backends/acceptance_trace.py): a rounds.csv path, or the rounds inline as
+    # "proposed:accepted,..." (what the launchers send the services)
+    acceptance_trace: str = ""
+    acceptance_rounds: str = ""
     acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
 
     def __post_init__(self) -> None:
@@ -35,12 +41,27 @@ class BackendConfig:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
+        if self.acceptance_trace and self.acceptance_rounds:
+            raise ValueError("acceptance_trace and acceptance_rounds: give one (a rounds.csv, or its rounds inline)")
+        if (self.acceptance_trace or self.acceptance_rounds) and self.kind != "synthetic":
+            raise ValueError(f"acceptance_trace is for the synthetic backend (a real pair has its own acceptance), "
+                             f"got kind={self.kind!r}")
+        if (self.acceptance_trace or self.acceptance_rounds) and self.acceptance != "iid":
+            raise ValueError(f"acceptance_trace replaces acceptance={self.acceptance!r}: the trace decides acceptance")
         if self.kind == "synthetic":
-            self.synthetic()          # validates alpha, vocab_size, eos_prob, acceptance
+            self.synthetic()          # validates alpha, vocab_size, eos_prob, acceptance, the trace
+
+    def trace(self) -> AcceptanceTrace | None:
+        """The acceptance trace to replay, or None (acceptance by alpha)."""
+        if self.acceptance_rounds:
+            return AcceptanceTrace.from_text(self.acceptance_rounds)
+        if self.acceptance_trace:
+            return read_rounds_csv(self.acceptance_trace)
+        return None
 
     def synthetic(self) -> SyntheticConfig:
         return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob, acceptance=self.acceptance)
+                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace())
 
 
 def load_pair(config: BackendConfig):

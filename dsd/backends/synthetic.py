@@ -5,7 +5,8 @@ The target is a deterministic function of the context: the token at a position i
 EOS draw (probability ``eos_prob`` per position) says so. The draft copies the target's token
 with probability ``alpha``, decided by an independent hash of the same inputs, and proposes a
 wrong token otherwise; so acceptance is i.i.d. per position with probability alpha, as the
-latency model assumes, and a greedy run is reproducible bit for bit.
+latency model assumes, and a greedy run is reproducible bit for bit. With ``acceptance_trace``
+the draft is right or wrong where a real pair's recorded rounds say (acceptance_trace.py).
 
 With ``acceptance = "stratified"`` the draft instead follows a per-request layout of rounds
 (``dsd.backends.acceptance``): each round's accepted count is still truncated geometric, and every
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
+from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay
 from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.sequence import common_prefix_length
 
@@ -53,6 +55,8 @@ class SyntheticConfig:
     eos_prob: float = 0.0       # per generated position
     context_tokens: int = 4     # how much of the context decides the next token
     acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
+    # replay a real pair's acceptance instead of i.i.d. alpha (dsd/backends/acceptance_trace.py)
+    acceptance_trace: AcceptanceTrace | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -87,11 +91,14 @@ def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) ->
     return token + 1 if token >= config.eos_token_id else token
 
 
-def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], outcome: str = "") -> int:
-    """The draft's token; ``outcome`` "right"/"wrong" from a stratified layout, else the i.i.d. coin."""
+def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], outcome: str = "",
+              alpha: float | None = None) -> int:
+    """The draft's token; ``outcome`` "right"/"wrong" from a stratified layout, else a coin that
+    comes up right with probability ``alpha`` (config.alpha unless a trace decides it)."""
     right = _target_at(config, position, window)
     h = _hash(config.seed, 0xD4AF7, position, *window)
-    if outcome == "right" or (outcome != "wrong" and h / _TWO64 < config.alpha):
+    p = config.alpha if alpha is None else alpha
+    if outcome == "right" or (outcome != "wrong" and (alpha == 1.0 or h / _TWO64 < p)):
         return right
     # A wrong token (never the right one, so a rejection is a rejection).
     return (right + 1 + _hash(h) % (config.vocab_size - 1)) % config.vocab_size
@@ -111,6 +118,8 @@ class SyntheticLM:
         self.stats = ForwardStats()
         self._next_at = _target_at if role == "target" else _draft_at
         self._cached: dict[str, list[int]] = {}
+        trace = config.acceptance_trace if role == "draft" else None
+        self._replay = TraceReplay(trace, config.seed) if trace is not None else None
         self._layouts: dict[str, RoundLayout] = {}     # stratified acceptance, per sequence
 
     def begin_request(self, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
@@ -134,13 +143,16 @@ class SyntheticLM:
         k = self.config.context_tokens
         first = len(tokens) - n_last + 1
         layout = self._layout(seq_id)
+        alpha_at = self._replay.alpha_of(seq_id, tokens, n_last) if self._replay is not None else None
         for row in range(n_last):
             position = first + row
             window = tokens[max(0, position - k):position]
-            if layout is None:
-                out[row, self._next_at(self.config, position, window)] = 1.0
-            else:
+            if layout is not None:
                 out[row, _draft_at(self.config, position, window, layout.outcome(position))] = 1.0
+            elif alpha_at is not None:
+                out[row, _draft_at(self.config, position, window, alpha=alpha_at(position))] = 1.0
+            else:
+                out[row, self._next_at(self.config, position, window)] = 1.0
         return out
 
     def _layout(self, seq_id: str) -> RoundLayout | None:
@@ -166,3 +178,5 @@ class SyntheticLM:
     def release(self, seq_id: str) -> None:
         self._cached.pop(seq_id, None)
         self._layouts.pop(seq_id, None)
+        if self._replay is not None:
+            self._replay.release(seq_id)

@@ -214,7 +214,14 @@ class ComposeConfig:
             "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
             "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
             "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
+            "DSD_ACCEPTANCE_ROUNDS": self.acceptance_rounds,
         }
+
+    @property
+    def acceptance_rounds(self) -> str:
+        """The synthetic backend's acceptance trace inline: the containers cannot see the file."""
+        trace = self.backend.trace() if self.backend.kind == "synthetic" else None
+        return trace.to_text() if trace is not None else ""
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:
