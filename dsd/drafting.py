@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
-from dsd.verification import probs_from_logits
+from dsd.verification import sampling_probs
 
 
 def begin_request(model: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
@@ -25,7 +25,7 @@ def draft_step(model: LanguageModel, seq_id: str, tokens: Sequence[int], samplin
     logits = model.logits(seq_id, tokens, 1)                          # [1, vocab]
     if sampling.greedy:
         return int(logits[0].argmax()), None
-    q = probs_from_logits(logits, sampling.temperature, sampling.top_k)[0]  # [vocab]
+    q = sampling_probs(logits, sampling)[0]                           # [vocab]
     return int(torch.multinomial(q, 1, generator=generator)), q
 
 

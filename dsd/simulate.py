@@ -198,6 +198,8 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     session.prefill()
     clock_s += costs.t_prefill_s
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
+    if mode == "colocated":
+        begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
     generation = Generation([])
     receipts_s: list[float] = []
     draft_steps = 0

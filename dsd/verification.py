@@ -56,10 +56,33 @@ def _sample(weights: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(weights, 1, generator=generator))
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
-    """Sampling distribution over the vocabulary for each row of logits [n, vocab]."""
+def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | None,
+                      top_p: float = 1.0) -> torch.Tensor:
+    """Sampling distribution over the vocabulary for each row of logits [n, vocab]: temperature,
+    then top-k, then top-p (nucleus) truncation, renormalised. Drafter and target apply the same
+    truncation to their own logits, so speculative sampling is exact for the target's truncated
+    distribution (Leviathan et al. only need p and q to be the distributions actually sampled)."""
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)                             # [n, vocab]
+    if top_p < 1.0:
+        probs = _nucleus(probs, top_p)
+    return probs
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep, per row, the most probable tokens until their mass reaches top_p (the token that
+    crosses top_p is kept, so at least one always is); renormalise. probs: [n, vocab]."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [n, vocab]
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs   # mass of the tokens ahead
+    keep_sorted = mass_before < top_p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = probs * keep
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def sampling_probs(logits: torch.Tensor, sampling) -> torch.Tensor:
+    """probs_from_logits with a SamplingParams' settings."""
+    return probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)

@@ -13,7 +13,7 @@ import torch
 from dsd.backends.protocol import ForwardJob, LanguageModel, LogitsRequest, Proposal, SamplingParams, Verdict
 from dsd.sequence import TokenSequence
 from dsd.stopping import StopRule, round_tokens
-from dsd.verification import greedy_verify, probs_from_logits, speculative_sample
+from dsd.verification import greedy_verify, sampling_probs, speculative_sample
 
 
 class VerifierSession:
@@ -77,7 +77,7 @@ class VerifierSession:
             if self.sampling.greedy:
                 outcome = greedy_verify(logits, draft)
             else:
-                p = probs_from_logits(logits, self.sampling.temperature, self.sampling.top_k)
+                p = sampling_probs(logits, self.sampling)
                 outcome = speculative_sample(p, proposal.draft_probs.float(), draft, self.generator)
             self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
             return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token)
@@ -96,7 +96,7 @@ class VerifierSession:
     def _pick(self, logits: torch.Tensor) -> list[int]:
         if self.sampling.greedy:
             return logits.argmax(dim=-1).tolist()
-        p = probs_from_logits(logits, self.sampling.temperature, self.sampling.top_k)
+        p = sampling_probs(logits, self.sampling)
         return torch.multinomial(p, 1, generator=self.generator)[:, 0].tolist()
 
     def _commit(self, new_tokens: list[int]) -> list[int]:

@@ -27,10 +27,12 @@ class QueueAssignment:
     limit_pkts: int
     backlog_pkts: int
     seed: int
+    reinject: bool = False  # packets a local socket sends: copied, dropped, the copy sent later
 
     def as_config(self) -> dict:
         return {"queue_num": self.queue_num, "label": self.label, "direction": self.direction.as_dict(),
-                "limit_pkts": self.limit_pkts, "backlog_pkts": self.backlog_pkts, "seed": self.seed}
+                "limit_pkts": self.limit_pkts, "backlog_pkts": self.backlog_pkts, "seed": self.seed,
+                "reinject": self.reinject}
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,13 @@ class NfqueueDaemon:
 
     @classmethod
     def start(cls, netns: str | None, queues: list[QueueAssignment], tag: str, rt_priority: int = 10,
-              ready_timeout_s: float = 15.0) -> "NfqueueDaemon":
-        config = {"queues": [q.as_config() for q in queues], "rt_priority": rt_priority, "control": True}
+              ready_timeout_s: float = 15.0, reinject_mark: int = 0) -> "NfqueueDaemon":
+        """``reinject_mark``: the firewall mark of the copies a reinject queue sends (its rule
+        must skip packets carrying it)."""
+        if any(q.reinject for q in queues) and not reinject_mark:
+            raise ValueError("reinject_mark must be a non-zero firewall mark when a queue reinjects")
+        config = {"queues": [q.as_config() for q in queues], "rt_priority": rt_priority, "control": True,
+                  "reinject_mark": reinject_mark}
         try:
             child = Child.start(MODULE, config, tag=tag, netns=netns, ready_timeout_s=ready_timeout_s,
                                 keep_stdin=True)

@@ -54,12 +54,16 @@ class RttStats:
 
 
 def probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_s: float = 2.0,
-               stop: threading.Event | None = None, timeline: list[list] | None = None) -> list[list[float]]:
+               stop: threading.Event | None = None, timeline: list[list] | None = None,
+               kernel_stamps: bool = True) -> list[list[float]]:
     """`count` echo requests per target, one every `interval_s`; the RTTs (ms) of the replies.
 
     Bounded: returns at the latest `timeout_s` after the last send. `stop` ends the sending early
     (a prober running beside an experiment); `timeline`, one list per target, gets
     (CLOCK_MONOTONIC send time, RTT ms) of every reply, for when a changing link took effect.
+    ``kernel_stamps=False`` times a reply when we read it instead: a delay applied inside the
+    prober's own namespace after the packet arrived (`netem.inside`) comes after the kernel's
+    receive stamp, which would hide it.
     """
     if count < 1 or interval_s <= 0:
         raise ValueError(f"count must be >= 1 and interval_s > 0, got {count!r}, {interval_s!r}")
@@ -91,7 +95,7 @@ def probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_
             ready, _, _ = select.select(socks, [], [], max(0.0, wake_s - time.monotonic()))
             for sock in ready:
                 _read_replies(sock, by_fd[sock.fileno()], rtts, timeline=timeline,
-                              real_minus_mono_s=real_minus_mono_s)
+                              real_minus_mono_s=real_minus_mono_s, kernel_stamps=kernel_stamps)
             if next_send == total and sum(map(len, rtts)) == total:
                 break
     finally:
@@ -141,7 +145,8 @@ def _send_echo(sock: socket.socket, dst_ip: str, ident: int, index: int, seq: in
 
 
 def _read_replies(sock: socket.socket, index: int, rtts: list[list[float]], count_warm_up: bool = False,
-                  timeline: list[list] | None = None, real_minus_mono_s: float = 0.0) -> None:
+                  timeline: list[list] | None = None, real_minus_mono_s: float = 0.0,
+                  kernel_stamps: bool = True) -> None:
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(2048, 64)
@@ -156,7 +161,8 @@ def _read_replies(sock: socket.socket, index: int, rtts: list[list[float]], coun
             continue  # another prober's reply in the same namespace
         if (seq == _WARM_UP_SEQ) != count_warm_up:
             continue  # a late warm-up reply is not a measurement, nor the reverse
-        rtts[index].append((_rx_time_ns(ancillary) - sent_ns) / 1e6)
+        rx_ns = _rx_time_ns(ancillary) if kernel_stamps else time.time_ns()
+        rtts[index].append((rx_ns - sent_ns) / 1e6)
         if timeline is not None:
             timeline[index].append((sent_ns / 1e9 - real_minus_mono_s, rtts[index][-1]))
 

@@ -18,6 +18,14 @@ sockets, one heap of held packets ordered by release time. The loop:
    clock starts at the kernel's receive timestamp, not when we got round to reading it;
 3. accept every packet whose time has come, in heap order (FIFO per queue, see `netem.model`).
 
+A queue with ``"reinject": true`` serves packets a local socket SENDS (the OUTPUT hook of the
+namespace the daemon shapes from inside, `netem.inside`): the kernel keeps a held packet charged
+to its sending socket, and TCP's small-queue limit then stalls the socket behind its own delayed
+packets (2-3 small segments held and the next message waits for the first's release). So such a
+packet is copied whole, dropped at once (the socket is credited, TCP saw a successful send) and
+the copy is sent at its release time from a raw socket carrying ``reinject_mark``, which the
+queue's rule does not match, so it is not queued twice.
+
 Link schedules: further stdin lines ``{"changes": [{"at_mono_s": T, "queue_num": Q, "direction":
 {...}}]}`` (CLOCK_MONOTONIC, shared by every process here) go on a second heap; the loop wakes for
 the earliest as it does for a packet and switches that queue's settings at T (`DirectionScheduler.
@@ -50,6 +58,8 @@ from netem.model import DirectionScheduler
 from netem.spec import DirectionSpec
 
 COPY_RANGE_BYTES = 64  # the IP header is all we read: its length field sizes the packet
+REINJECT_RANGE_BYTES = 65535  # a reinjected packet is copied whole (the kernel segments GSO first)
+SO_MARK = 36
 # Packets read but not yet verdicted also count against the kernel's queue length.
 KERNEL_QUEUE_MARGIN_PKTS = 1024
 COARSE_MARGIN_S = 0.0015
@@ -98,7 +108,8 @@ class Clock:
 class Queue:
     """One NFQUEUE queue number = one direction of one link."""
 
-    def __init__(self, cfg: dict, heap: list, seq: itertools.count, clock: Clock, read_lag: Histogram):
+    def __init__(self, cfg: dict, heap: list, seq: itertools.count, clock: Clock, read_lag: Histogram,
+                 raw_socket: socket.socket | None = None):
         from netfilterqueue import COPY_PACKET, NetfilterQueue
 
         self.queue_num = int(cfg["queue_num"])
@@ -107,13 +118,18 @@ class Queue:
         self.scheduler = DirectionScheduler(
             DirectionSpec(**cfg["direction"]), seed=int(cfg["seed"]), backlog_pkts=int(cfg["backlog_pkts"])
         )
+        self.reinject = bool(cfg.get("reinject", False))
+        if self.reinject and raw_socket is None:
+            raise ValueError(f"queue {self.queue_num}: reinject needs the daemon's raw socket (reinject_mark)")
+        self.raw_socket = raw_socket
         self.held = 0
         self.n_limit = 0
         self.n_out = 0
+        self.n_send_failed = 0
         self._heap, self._seq, self._clock, self._read_lag = heap, seq, clock, read_lag
         self.nfq = NetfilterQueue()
         self.nfq.bind(self.queue_num, self._on_packet, max_len=self.limit_pkts + KERNEL_QUEUE_MARGIN_PKTS,
-                      mode=COPY_PACKET, range=COPY_RANGE_BYTES)
+                      mode=COPY_PACKET, range=REINJECT_RANGE_BYTES if self.reinject else COPY_RANGE_BYTES)
 
     def _on_packet(self, pkt) -> None:
         now_s = time.monotonic()
@@ -126,18 +142,34 @@ class Queue:
             self.n_limit += 1
             pkt.drop()
             return
-        release_s = self.scheduler.on_arrival(arrival_s, ip_length(pkt.get_payload()))
+        payload = pkt.get_payload()
+        release_s = self.scheduler.on_arrival(arrival_s, ip_length(payload))
         if release_s is None:
             pkt.drop()
             return
+        if self.reinject:
+            pkt.drop()          # the sender's socket is credited now; the copy leaves later
+            pkt = payload
         self.held += 1
         heapq.heappush(self._heap, (release_s, next(self._seq), pkt, self, now_s))
+
+    def release(self, pkt) -> None:
+        """Let a held packet go: accept it, or send its copy (reinject)."""
+        self.held -= 1
+        self.n_out += 1
+        if not self.reinject:
+            pkt.accept()
+            return
+        try:
+            self.raw_socket.sendto(pkt, (socket.inet_ntoa(pkt[16:20]), 0))
+        except OSError:
+            self.n_send_failed += 1     # as a lost packet; counted in the stats
 
     def stats(self) -> dict:
         s = self.scheduler
         return {"queue_num": self.queue_num, "label": self.label, "n_in": s.n_in, "n_lost": s.n_lost,
                 "n_overflow": s.n_overflow, "n_limit": self.n_limit, "n_out": self.n_out, "held": self.held,
-                "n_updates": s.n_updates}
+                "n_send_failed": self.n_send_failed, "n_updates": s.n_updates}
 
 
 def ip_length(head: bytes) -> int:
@@ -172,9 +204,7 @@ def release_due(heap: list, lead: WakeLead, late: Histogram) -> None:
     first = True
     while heap and heap[0][0] - lead.lead_s <= now_s:
         release_s, _, pkt, queue, read_s = heapq.heappop(heap)
-        pkt.accept()
-        queue.held -= 1
-        queue.n_out += 1
+        queue.release(pkt)
         late.add(now_s - release_s)
         # Only a packet we had to wait for, and only the first of a wake-up, tells how late the
         # timer woke us (a packet due on arrival is "late" by however long the read took).
@@ -272,8 +302,22 @@ def main() -> None:
     signal.signal(signal.SIGINT, _stop)
     config = child_preamble()
     _set_timer_slack_ns(1000)  # the default 50 us slack would show up in the delay
+    realtime = False
     if config.get("rt_priority", 0) > 0:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(config["rt_priority"])))
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(config["rt_priority"])))
+            realtime = True
+        except PermissionError:
+            # A container (an edge shaping its own link): no CAP_SYS_NICE, or, with it, a cgroup
+            # without a real-time budget (Docker gives containers none). Shape anyway: at nice
+            # -20 where CAP_SYS_NICE allows (CFS then wakes us ahead of most), else as we are.
+            # READY and STATS say so: expect milliseconds of delay error on a busy host.
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, -20)
+                realtime = "nice-20"
+            except PermissionError:
+                pass
+            print(f"nfqueue_daemon: SCHED_FIFO not permitted; priority {realtime or 'normal'}", file=sys.stderr)
     # Any socket asking for receive timestamps makes the kernel stamp every packet it receives;
     # that stamp, not our read, starts a packet's delay.
     stamp_switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -284,24 +328,27 @@ def main() -> None:
     heap: list = []
     seq = itertools.count()
     clock, lead, read_lag, late = Clock(), WakeLead(), Histogram(), Histogram()
-    queues = [Queue(q, heap, seq, clock, read_lag) for q in config["queues"]]
+    raw_socket = None
+    if any(q.get("reinject") for q in config["queues"]):
+        # IPPROTO_RAW: we write the whole IP header (the copy's own); the mark keeps it out of our rules.
+        raw_socket = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        raw_socket.setsockopt(socket.SOL_SOCKET, SO_MARK, int(config["reinject_mark"]))
+    queues = [Queue(q, heap, seq, clock, read_lag, raw_socket) for q in config["queues"]]
     control = Control(queues) if config.get("control") else None
-    announce("READY", {"pid": os.getpid(), "queues": [q.queue_num for q in queues]})
+    announce("READY", {"pid": os.getpid(), "queues": [q.queue_num for q in queues], "realtime": realtime})
     try:
         serve(queues, heap, clock, lead, late, control)
     finally:
         # Packets still held leave at once rather than being dropped by the unbind.
         while heap:
             _, _, pkt, queue, _ = heapq.heappop(heap)
-            pkt.accept()
-            queue.held -= 1
-            queue.n_out += 1
+            queue.release(pkt)
         stats = [q.stats() for q in queues]
         for q in queues:
             q.nfq.unbind()
         stamp_switch.close()
         announce("STATS", {"queues": stats, "read_lag": read_lag.summary(), "release_late": late.summary(),
-                           "wake_lead_us": round(lead.lead_s * 1e6, 1),
+                           "wake_lead_us": round(lead.lead_s * 1e6, 1), "realtime": realtime,
                            "changes_applied": control.n_applied if control else 0,
                            "change_late": control.late.summary() if control else {}})
 

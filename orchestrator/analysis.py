@@ -18,6 +18,14 @@ POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
 # their own, each with its crossovers over RTT.
 GROUP_KEYS = ["profile", "alpha", "jitter_ms", "delay_distribution", "correlation_pct", "loss_pct", "rate_mbit",
               "delay_up_ms"]
+# Every sweep's rows carry its sampling setting (orchestrator/sampling.py); a swept one is a group.
+SAMPLING_KEYS = ["temperature", "top_k", "top_p", "sampling_seed"]
+GROUP_KEYS += SAMPLING_KEYS
+
+
+def varied_group_keys(frame: pd.DataFrame) -> list[str]:
+    """The group keys of a sweep: profile and alpha where present, sampling keys where they vary."""
+    return [k for k in GROUP_KEYS if k in frame.columns and (k not in SAMPLING_KEYS or frame[k].nunique() > 1)]
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
     "sync_vs_ar": ("sync", "ar"),
     "pipelined_vs_colocated": ("pipelined", "colocated"),

@@ -33,37 +33,34 @@ def main(argv: list[str] | None = None) -> int:
     common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add = sub.add_parser
 
-    def add_parser(name, **kwargs):
-        return _add(name, parents=[common], **kwargs)
+    def add(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kwargs)
 
-    sub.add_parser = add_parser
-
-    sweep = sub.add_parser("sweep", help="run an experiment file's grid")
+    sweep = add("sweep", help="run an experiment file's grid")
     sweep.add_argument("experiment", type=Path)
     _sweep_options(sweep)
 
-    crossover = sub.add_parser("crossover", help="the main job: experiments/crossover.toml")
+    crossover = add("crossover", help="the main job: experiments/crossover.toml")
     _sweep_options(crossover)
 
-    analyze = sub.add_parser("analyze", help="fit, crossovers and plots from a sweep folder")
+    analyze = add("analyze", help="fit, crossovers and plots from a sweep folder")
     analyze.add_argument("out", type=Path)
 
-    report = sub.add_parser("report", help="one self-contained HTML (or Markdown) report of a sweep folder")
+    report = add("report", help="one self-contained HTML (or Markdown) report of a sweep folder")
     report.add_argument("out", type=Path)
     report.add_argument("--format", choices=("html", "md"), default="html")
 
-    build = sub.add_parser("build-pair", help="build the default offline model pair")
+    build = add("build-pair", help="build the default offline model pair")
     build.add_argument("rest", nargs=argparse.REMAINDER)
 
-    profile = sub.add_parser("measure-profile",
+    profile = add("measure-profile",
                              help="measure a model pair's compute times here; prints a profiles.toml entry")
     profile.add_argument("--pair", default=str(REPO / "models" / "default-pair"))
     profile.add_argument("--name", default="cpu-default-pair")
     profile.add_argument("--threads", type=int, default=1)
 
-    sub.add_parser("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons, "
+    add("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons, "
                                    "service processes, containers, networks)")
 
     args = parser.parse_args(argv)

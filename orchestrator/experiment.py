@@ -11,9 +11,12 @@ from dsd.backends.factory import BackendConfig
 from dsd.control import CONTROLLERS
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from orchestrator import links
+from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
+from orchestrator.workload import Workload, parse_workload
+from orchestrator.launchers.external import ExternalConfig
 
 MODES = ("ar", "colocated", "sync", "pipelined")
-LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
+LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Experiment:
     adaptive_budget_points: int = 0
     adaptive_ci_target_pct: float = 20.0
     backend: BackendConfig = field(default_factory=BackendConfig)
+    sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/sampling.py
+    workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/workload.py
     # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links.py.
     jitter_ms: tuple[float, ...] = (0.0,)
     delay_distribution: tuple[str, ...] = ("uniform",)
@@ -63,6 +68,7 @@ class Experiment:
     gamma_max: int = 16
     # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
     hardware_profiles: tuple[HardwareProfile, ...] = ()
+    external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -112,6 +118,15 @@ class Experiment:
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
+        if self.launcher == "external":
+            _check(self.external is not None, "external", self.external,
+                   "an [external] table (verifier_url, edge_urls, token_file) with launcher = 'external'")
+            _check(self.external.shaping != "off" or set(self.rtt_ms) == {0}, "rtt_ms", self.rtt_ms,
+                   "[0] with [external] shaping = 'off' (the real link is measured, nothing is added)")
+        _check(isinstance(self.sampling, SamplingSweep), "sampling", self.sampling, "a [sampling] table")
+        _check(isinstance(self.workload, Workload), "workload", self.workload, "a [workload] table")
+        _check(self.backend.kind != "synthetic" or self.workload.source == "heldout", "workload.source",
+               self.workload.source, "'heldout' with the synthetic backend (it has no tokenizer; its prompts are random ids)")
         _check(all(isinstance(p, HardwareProfile) for p in self.hardware_profiles), "profiles",
                self.hardware_profiles, "[profiles.NAME] tables")
         packaged = load_profiles()
@@ -148,6 +163,9 @@ class Experiment:
     def for_group(self, profile: str, alpha: float) -> "Experiment":
         """The experiment with one profile and one alpha: what one testbed runs."""
         return replace(self, profile=profile, alpha=(), backend=replace(self.backend, alpha=alpha))
+
+    def sampling_settings(self) -> list[Setting]:
+        return self.sampling.settings(self.seed)
 
 
 def _is_int(value) -> bool:
@@ -190,6 +208,11 @@ def experiment_from_dict(data: dict, source: str = "experiment",
     data = dict(data)
     backend = data.pop("backend", {})
     tables = data.pop("profiles", {})
+    if "sampling" in data:
+        data["sampling"] = parse_sampling(data.pop("sampling"), source)
+    if "workload" in data:
+        data["workload"] = parse_workload(data.pop("workload"), source)
+    external = data.pop("external", None)
     if "link" in data:
         if not isinstance(data["link"], dict):
             raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
@@ -197,10 +220,10 @@ def experiment_from_dict(data: dict, source: str = "experiment",
             data["link"] = links.LinkOptions.from_dict(data["link"])
         except (TypeError, ValueError) as error:
             raise ValueError(f"{source}: {error}") from None
-    known = {f.name for f in fields(Experiment)} - {"backend", "hardware_profiles"}
+    known = {f.name for f in fields(Experiment)} - {"backend", "hardware_profiles", "external"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend', 'profiles'})}")
+        raise ValueError(f"{source}: unknown key(s) {unknown}; known: {sorted(known | {'backend', 'profiles', 'external'})}")
     if not isinstance(tables, dict):
         raise ValueError(f"{source}: experiment key 'profiles': expected [profiles.NAME] tables, got {tables!r}")
     try:
@@ -228,6 +251,11 @@ def experiment_from_dict(data: dict, source: str = "experiment",
         backend_config = BackendConfig(**backend)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: [backend]: {error}") from None
+    if external is not None:
+        try:
+            data["external"] = ExternalConfig.from_dict(external)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
     try:
         return Experiment(backend=backend_config, **data)
     except (TypeError, ValueError) as error:

@@ -25,8 +25,29 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.socket_path)
 
 
+class _NetnsConnection(http.client.HTTPConnection):
+    """TCP from inside another network namespace (a container on a Swarm overlay that the host
+    has no route into): the socket is made there, used from here."""
+
+    def __init__(self, netns: str, host: str, port: int | None, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.netns = netns
+
+    def connect(self) -> None:
+        from netem.nsutil import socket_in_netns
+        self.sock = socket_in_netns(self.netns, socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect((self.host, self.port))
+
+
 def split_url(url: str) -> tuple[http.client.HTTPConnection, str]:
-    """(connection, path) for http://host:port/path or unix:/socket/path.sock/http/path."""
+    """(connection, path) for http://host:port/path, unix:/socket/path.sock/http/path, or
+    netns:/proc/PID/ns/net;http://host:port/path (TCP from inside that network namespace)."""
+    if url.startswith("netns:"):
+        netns, _, rest = url[len("netns:"):].partition(";")
+        parsed = urllib.parse.urlsplit(rest)
+        return (_NetnsConnection(netns, parsed.hostname, parsed.port, 10.0),
+                (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else ""))
     if url.startswith("unix:"):
         rest = url[len("unix:"):]
         socket_path, _, path = rest.partition(".sock")

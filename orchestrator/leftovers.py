@@ -27,6 +27,7 @@ def find(docker: bool = True, services: bool = True) -> list[str]:
     found += find_leftovers()
     if docker:
         found += [f"{kind} {name}" for kind, name, _ in _docker_objects()]
+        found += _swarm_stacks(remove=False)
     return found
 
 
@@ -47,6 +48,7 @@ def clean() -> list[str]:
 
     removed = _stop_service_processes()
     removed += cleanup_leftovers()
+    removed += _swarm_stacks(remove=True)       # services first: their containers would stay
     for kind, name, obj in _docker_objects():
         obj.remove(**({"force": True} if kind == "container" else {}))
         removed.append(f"{kind} {name}")
@@ -87,3 +89,27 @@ def _docker_objects() -> list[tuple[str, str, object]]:
     containers = client.containers.list(all=True, filters={"label": CONTAINER_LABEL})
     networks = client.networks.list(filters={"label": NETWORK_LABEL})
     return ([("container", c.name, c) for c in containers] + [("network", n.name, n) for n in networks])
+
+
+def _swarm_stacks(remove: bool) -> list[str]:
+    """What the swarm launcher left (stacks carrying its dsdbed.stack label), removed if asked;
+    [] where Docker is absent or this engine is no swarm manager."""
+    try:
+        import docker
+
+        from orchestrator.launchers.swarm import OUR_LABEL, cleanup_stack, find_stack
+        client = docker.from_env(timeout=30)
+        if not client.info().get("Swarm", {}).get("ControlAvailable"):
+            return []
+    except Exception:  # noqa: BLE001 - no engine or no swarm here: nothing of ours in it
+        return []
+    try:
+        stacks = {obj.attrs.get("Spec", obj.attrs).get("Labels", {}).get(OUR_LABEL)
+                  for obj in client.services.list(filters={"label": OUR_LABEL})
+                  + client.networks.list(filters={"label": OUR_LABEL})}
+        stacks |= {c.labels.get(OUR_LABEL) for c in client.containers.list(all=True, filters={"label": OUR_LABEL})}
+        stacks.discard(None)
+        return [item for stack in sorted(stacks)
+                for item in (cleanup_stack(stack, client) if remove else find_stack(stack, client))]
+    finally:
+        client.close()

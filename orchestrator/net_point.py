@@ -22,11 +22,12 @@ from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
 from orchestrator.links import LinkOptions, ScheduledPoint, edge_specs
 from orchestrator.launchers.base import LinkState, Testbed
+from orchestrator.request_stats import add_request_stats
 from orchestrator.sweep import Point
 
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
-                  max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
+                  max_new_tokens: int, max_in_flight: int, run_prefix: str,
                   timeout_s: float = 900.0, link_options: LinkOptions | None = None, after_shape=None,
                   controller: str = "static", gamma_max: int = 16) -> tuple[list[dict], list[dict], list[LinkState], dict]:
     """after_shape(testbed): called once the links are shaped (and any shaping daemon runs),
@@ -40,7 +41,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
         scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule)
     wire_before = _wire_counters(testbed)
     with scheduled or contextlib.nullcontext():
-        _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, seed, run_prefix, timeout_s, runs,
+        _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, run_prefix, timeout_s, runs,
                      controller, gamma_max)
     wire_after = _wire_counters(testbed)
     testbed.check()
@@ -64,6 +65,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     rounds["request_index"] -= warmup
     requests["request_index"] -= warmup
     requests = add_steady_state(requests, rounds)
+    requests = add_request_stats(requests, rounds, "token_ids")
     requests["shaper"] = testbed.shaper
     # Each client's own link (per-edge links differ): client c ran on edge c mod N.
     by_edge = {i: link for i, link in enumerate(links)}
@@ -97,7 +99,7 @@ def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict],
                                                         if n_rounds else float("nan"))
 
 
-def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int, seed: int,
+def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int,
                  run_prefix: str, timeout_s: float, runs: list, controller: str = "static",
                  gamma_max: int = 16) -> None:
     """Start one run per client on its edge and wait for all of them; `runs` gets (edge, run id)."""
@@ -108,7 +110,8 @@ def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, m
         call("POST", f"{edge.control_url}/runs", token=edge.token, body={
             "run_id": run_id, "client_id": str(client), "mode": point.mode, "gamma": point.gamma,
             "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
-            "max_in_flight": max_in_flight, "seed": seed, "app_delay_ms": testbed.app_delay_ms(client),
+            "max_in_flight": max_in_flight, **point.sampling.run_fields(),
+            "app_delay_ms": testbed.app_delay_ms(client),
             "probe_count": 5, "probe_interval_ms": 200.0,
             # only when adaptive: an edge built before these keys still takes a static run
             **({"controller": controller, "gamma_max": gamma_max} if controller != "static" else {}),

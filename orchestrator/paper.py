@@ -50,18 +50,26 @@ def crossover_rows(groups: list[dict], assumed: dict, gamma: int) -> list[dict]:
         params = assumed[group["profile"]]
         configured, realised = group.get("alpha_configured", math.nan), group["alpha_fitted"]
         for name, c in group["crossovers"].items():
+            low, high, kind = _interval_of(c)
             rows.append({
                 "comparison": name, "profile": group["profile"], **setting(params, gamma),
                 "alpha_configured": configured, "alpha_realised": realised,
                 "closed_form_configured_ms": closed_form_crossover_ms(name, configured, gamma, params),
                 "closed_form_realised_ms": closed_form_crossover_ms(name, realised, gamma, params),
                 "measured_ms": c["measured_rtt_ms"],
-                # the 95% interval where the analysis gives one, else the range over repeats
-                "measured_low_ms": c.get("ci_low", c.get("measured_rtt_ms_min", math.nan)),
-                "measured_high_ms": c.get("ci_high", c.get("measured_rtt_ms_max", math.nan)),
-                "interval": "95% CI" if "ci_low" in c else "range over repeats",
+                "measured_low_ms": low, "measured_high_ms": high, "interval": kind,
             })
     return rows
+
+
+def _interval_of(crossover: dict) -> tuple[float, float, str]:
+    """The 95% bootstrap interval where the analysis found one (issue 14: ci_low/ci_high, nan
+    where none), else the range over repeats."""
+    low, high = crossover.get("ci_low", math.nan), crossover.get("ci_high", math.nan)
+    if not (math.isnan(low) or math.isnan(high)):
+        return low, high, "95% CI" + (", covers the whole grid" if crossover.get("ci_covers_grid") else "")
+    return (crossover.get("measured_rtt_ms_min", math.nan), crossover.get("measured_rtt_ms_max", math.nan),
+            "range over repeats")
 
 
 def capacity_rows(capacity: list[dict], assumed: dict, gamma_default: int, main_profile: str) -> list[dict]:

@@ -196,3 +196,47 @@ def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: st
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def acceptance_histograms(rounds: pd.DataFrame, gamma: int) -> dict:
+    """Per-request alpha (maximum likelihood over each request's live rounds) and the frequency
+    of each accepted count per round at this gamma, beside the truncated geometric that i.i.d.
+    acceptance at the pooled alpha gives: P(k) = alpha^k (1 - alpha) for k < gamma, alpha^gamma
+    for k = gamma. Rounds of the speculative modes only."""
+    live = rounds[(rounds["mode"] != "ar") & ~rounds["stale"].astype(bool) & (rounds["gamma"] == gamma)
+                  & (rounds["proposed"] == gamma)]
+    if live.empty:
+        return {}
+    failures = live["accepted"] < live["proposed"]
+    alpha = float(live["accepted"].sum() / (live["accepted"].sum() + failures.sum()))
+    keys = [k for k in ("point", "client_id", "request_index") if k in live.columns]
+    per_request = live.assign(failure=failures).groupby(keys)[["accepted", "failure"]].sum()
+    request_alpha = per_request["accepted"] / (per_request["accepted"] + per_request["failure"])
+    counts = live["accepted"].value_counts().reindex(range(gamma + 1), fill_value=0)
+    geometric = [alpha ** k * (1 - alpha) for k in range(gamma)] + [alpha ** gamma]
+    return {"alpha": alpha, "request_alpha": request_alpha.dropna().tolist(),
+            "accepted_share": (counts / counts.sum()).tolist(), "geometric": geometric, "rounds": int(len(live))}
+
+
+def plot_acceptance(stats: dict, gamma: int, path: Path, title: str) -> Path:
+    """Left: alpha over requests. Right: accepted tokens per round, measured beside the i.i.d. model."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8), dpi=120)
+    left.hist(stats["request_alpha"], bins=np.linspace(0, 1, 21), color="tab:blue", alpha=0.8)
+    left.axvline(stats["alpha"], color="k", ls="--", lw=1, label=f"pooled alpha {stats['alpha']:.2f}")
+    left.set_xlabel("alpha of one request")
+    left.set_ylabel("requests")
+    left.legend(fontsize=8)
+    k = np.arange(gamma + 1)
+    right.bar(k - 0.2, stats["accepted_share"], width=0.4, color="tab:blue", label="measured")
+    right.bar(k + 0.2, stats["geometric"], width=0.4, color="0.6", label=f"i.i.d. alpha={stats['alpha']:.2f}")
+    right.set_xticks(k)
+    right.set_xlabel(f"accepted tokens per round (gamma={gamma})")
+    right.set_ylabel("share of rounds")
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.text(0.01, 0.01, f"{len(stats['request_alpha'])} requests, {stats['rounds']} live rounds of the "
+             "speculative modes; grey: truncated geometric of i.i.d. acceptance", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.savefig(path)
+    plt.close(fig)
+    return path

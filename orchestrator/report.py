@@ -105,6 +105,8 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
              [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
                _num(r["ratio_measured"]), _num(r["ratio_predicted"])] for r in summary["capacity"]]),
         ]))
+    if summary.get("acceptance"):
+        sections.append(("Workload: acceptance and repetition", [("table", ["", ""], _acceptance_rows(sweep, summary))]))
     sections.append(("Plots", [("image", name) for name in summary.get("plots", [])] or
                      [("text", "none: the sweep's data supports no plot")]))
     columns = [c for c in POINT_COLUMNS if c in points.columns]
@@ -114,6 +116,18 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
                             for row in points[columns].itertuples(index=False)]),
     ]))
     return sections
+
+
+def _acceptance_rows(sweep: dict, summary: dict) -> list[list[str]]:
+    acc, workload = summary["acceptance"], sweep.get("workload", {})
+    shares = ", ".join(f"{k}: {_num(m, 3)} ({_num(g, 3)})"
+                       for k, (m, g) in enumerate(zip(acc["accepted_share"], acc["accepted_share_iid"])))
+    return [["prompts (distinct)", f"{workload.get('prompts', '')} ({workload.get('distinct_prompts', '')})"],
+            ["sampling", ", ".join(f"{k}={sweep['experiment'].get('sampling', {}).get(k, d)}"
+                                   for k, d in (("temperature", [0.0]), ("top_k", [0]), ("top_p", [1.0])))],
+            ["alpha over requests p10 / p50 / p90", " / ".join(_num(acc[f"request_alpha_p{q}"], 3) for q in (10, 50, 90))],
+            ["distinct 4-grams of an output, p50", _num(acc.get("distinct_4gram_p50", math.nan), 3)],
+            ["accepted per round: share measured (i.i.d. alpha)", shares]]
 
 
 def _paper_sections(summary: dict) -> list:

@@ -27,7 +27,7 @@ from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
 from orchestrator.sweep import check_out_dir, group_experiment, host_facts, plan_points, point_done, run_sweep
-from orchestrator.workload import make_prompts
+from orchestrator.workload import describe, experiment_prompts, prompts_for_point
 
 
 def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
@@ -65,8 +65,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     draft, target = pairs[first.backend]
     costs = {name: costs_for(experiment.for_group(name, first.backend.alpha), draft, target, out)
              for name in experiment.profiles()}
-    n_prompts = experiment.warmup_requests + experiment.requests
-    prompts = make_prompts(experiment.backend, n_prompts, experiment.prompt_tokens, experiment.seed)
+    pool = experiment_prompts(experiment)
+    prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
     # Made at the first point's end: a testbed that fails to start leaves one error line, no bar.
     bars: list[tqdm] = []
 
@@ -80,7 +80,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
         bar.update(1)
         bar.set_postfix_str(f"{point.key}: {status}"[:60])
 
-    common = {"costs": asdict(costs[first.profile]), "launcher": launcher,
+    common = {"costs": asdict(costs[first.profile]), "launcher": launcher, "workload": describe(pool),
               "costs_source": "profile " + first.profile if experiment.backend.kind == "synthetic"
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
@@ -109,17 +109,17 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             pinning = facts["cpu_pinning"]
             if pinning["pinned"]:
                 pinning["orchestrator_applied"] = cpus.pin_self(pinning)
-            net_point = functools.partial(run_net_point, prompts=prompts,
+            net_point = functools.partial(run_net_point,
                                           after_shape=lambda bed: cpus.pin_testbed(bed, pinning)
                                           if pinning["pinned"] else None,
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
-                                          max_in_flight=experiment.max_in_flight, seed=experiment.seed,
+                                          max_in_flight=experiment.max_in_flight,
                                           run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link,
                                           controller=experiment.controller, gamma_max=experiment.gamma_max)
 
             def run_point(point):
-                return net_point(point, testbed=testbeds.for_point(point))
+                return net_point(point, testbed=testbeds.for_point(point), prompts=prompts(point))
 
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
                              heal=testbeds.heal, predict=predict)
@@ -135,6 +135,9 @@ def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
     if launcher == "compose":
         return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
                 "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
+    if launcher in ("swarm", "external"):
+        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
+                "reason": f"{launcher} launcher: the services run in containers or on other machines; not pinned"}
     return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
 
 
@@ -145,14 +148,14 @@ def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:
             "t_verify_s": {int(g): v for g, v in c.t_verify_s.items()}}
 
 
-def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]], pairs: dict):
+def sim_group_point(point, experiment: Experiment, costs: dict, prompts, pairs: dict):
     """One point on the sim launcher with its group's models (alpha) and compute costs (profile);
-    pairs caches the (draft, target) of each backend config for this sweep."""
+    prompts(point) gives its prompts; pairs caches the (draft, target) of each backend config."""
     group = group_experiment(experiment, point)
     if group.backend not in pairs:
         pairs[group.backend] = load_pair(group.backend)
     draft, target = pairs[group.backend]
-    return run_sim_point(point, draft=draft, target=target, prompts=prompts, warmup=experiment.warmup_requests,
+    return run_sim_point(point, draft=draft, target=target, prompts=prompts(point), warmup=experiment.warmup_requests,
                          max_new_tokens=experiment.max_new_tokens, max_in_flight=experiment.max_in_flight,
                          costs=costs[group.profile], controller=experiment.controller,
                          gamma_max=experiment.gamma_max)
@@ -249,4 +252,10 @@ def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
         from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
         # A project that is up (`docker compose up -d`) is used if it matches, and left up.
         return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto"))
+    if launcher == "swarm":
+        from orchestrator.launchers.swarm import SwarmTestbed
+        return SwarmTestbed(config)
+    if launcher == "external":
+        from orchestrator.launchers.external import ExternalTestbed
+        return ExternalTestbed(experiment.external, n_edges=config.n_edges)
     raise ValueError(f"unknown launcher {launcher!r}")

@@ -1,7 +1,10 @@
 """Run one sweep point on the ``sim`` launcher and return its trace rows."""
 from __future__ import annotations
 
+import pandas as pd
+
 from dsd.stopping import StopRule
+from orchestrator.request_stats import add_request_stats
 from orchestrator.sim_launcher import Costs, run_request
 from orchestrator.sweep import Point
 
@@ -18,7 +21,7 @@ def run_sim_point(point: Point, draft, target, prompts: list[list[int]], warmup:
         seq_id = f"{point.key}-{index}"
         tokens, rounds, wall_s, ttft_s = run_request(point.mode, draft, target, prompt, point.gamma,
                                                      rtt_s, stop, costs, max_in_flight, seq_id,
-                                                     controller, gamma_max)
+                                                     point.sampling.params(index), controller, gamma_max)
         if index < warmup:
             continue
         request_index = index - warmup
@@ -38,4 +41,7 @@ def run_sim_point(point: Point, draft, target, prompts: list[list[int]], warmup:
             "steady_per_token_s": (wall_s - ttft_s) / steady_tokens if steady_tokens > 0 else float("nan"),
             "generated": " ".join(map(str, tokens)),
         })
-    return round_rows, request_rows
+    if not request_rows:
+        return round_rows, request_rows
+    requests = add_request_stats(pd.DataFrame(request_rows), pd.DataFrame(round_rows), "generated")
+    return round_rows, requests.to_dict("records")

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
@@ -61,7 +62,7 @@ def analyze_sweep(out: Path) -> dict:
     sweep, requests, rounds, links = read_sweep(out)
     experiment = sweep["experiment"]
     gamma = int(experiment["gamma"][0])
-    group_keys = [k for k in analysis.GROUP_KEYS if k in requests.columns]
+    group_keys = analysis.varied_group_keys(requests)
     single_profile = experiment["profile"] if isinstance(experiment["profile"], str) else experiment["profile"][0]
 
     # Compute times are a property of the hardware: fitted once per profile over all its rounds.
@@ -129,10 +130,30 @@ def analyze_sweep(out: Path) -> dict:
     if len(params) > 1:
         summary["params_by_profile"] = params
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
+    summary.update(_acceptance(out, sweep, requests, rounds, gamma, summary["plots"]))
     summary["paper"] = {"crossovers": paper.crossover_rows(summary["groups"], assumed, gamma),
                         "capacity": paper.capacity_rows(summary.get("capacity", []), assumed, gamma, main)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _acceptance(out: Path, sweep: dict, requests: pd.DataFrame, rounds: pd.DataFrame, gamma: int,
+                made: list[str]) -> dict:
+    """The workload's acceptance and repetition: per-request alpha, accepted tokens per round
+    beside i.i.d. acceptance (acceptance.png), distinct 4-grams of the outputs."""
+    stats = plots.acceptance_histograms(rounds, gamma) if len(rounds) and "mode" in rounds else {}
+    if not stats:
+        return {}
+    plots.plot_acceptance(stats, gamma, out / "acceptance.png",
+                          f"{sweep['experiment']['name']}: acceptance over requests and rounds")
+    made.append("acceptance.png")
+    result = {"request_alpha_p10": float(np.percentile(stats["request_alpha"], 10)),
+              "request_alpha_p50": float(np.percentile(stats["request_alpha"], 50)),
+              "request_alpha_p90": float(np.percentile(stats["request_alpha"], 90)),
+              "accepted_share": stats["accepted_share"], "accepted_share_iid": stats["geometric"]}
+    if "distinct_4gram" in requests:
+        result["distinct_4gram_p50"] = float(requests["distinct_4gram"].median())
+    return {"acceptance": result}
 
 
 PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "

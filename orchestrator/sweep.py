@@ -22,15 +22,16 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
 
 from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
-from orchestrator import links
+from orchestrator import links as link_keys
 from orchestrator.experiment import Experiment
+from orchestrator.sampling import Setting
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,22 @@ class Point:
     loss_pct: float | None = None
     rate_mbit: float | None = None
     delay_up_ms: float | None = None
+    # The sampling setting (orchestrator/sampling.py): always columns, in the key unless greedy.
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    sampling_seed: int = 0
 
     @property
     def key(self) -> str:
         group = f"_{self.group}" if self.group else ""
-        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{links.key_suffix(self)}_g{self.gamma}_c{self.clients}"
-                f"{group}_r{self.repeat}")
+        sampling = f"_{self.sampling.tag}" if self.sampling.tag else ""
+        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{link_keys.key_suffix(self)}_g{self.gamma}_c{self.clients}"
+                f"{group}{sampling}_r{self.repeat}")
+
+    @property
+    def sampling(self) -> Setting:
+        return Setting(self.temperature, self.top_k, self.top_p, self.sampling_seed)
 
     @property
     def group(self) -> str:
@@ -79,8 +90,11 @@ def is_calibration(point: Point, experiment: Experiment) -> bool:
     modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
     if "sync" not in experiment.modes and "pipelined" in experiment.modes:
         modes.append("pipelined")            # t_verify and t_draft_edge then come from pipelined rounds
-    return (point.repeat == 0 and point.mode in modes and point.rtt_ms == float(min(experiment.rtt_ms))
-            and point.clients == min(experiment.clients))
+    if point.repeat != 0 or point.mode not in modes or point.clients != min(experiment.clients):
+        return False
+    # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
+    link = min(link_keys.link_axes(experiment), key=lambda axes: axes["rtt_ms"])
+    return all(getattr(point, key) == value for key, value in link.items())
 
 
 def plan_points(experiment: Experiment) -> list[Point]:
@@ -103,12 +117,13 @@ def _grid_points(experiment: Experiment) -> list[Point]:
     # biasing one RTT; modes innermost, so modes compared at one RTT run together.
     for profile, alpha in itertools.product(profiles, alphas):
         group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
-        for repeat, link, gamma, clients, mode in itertools.product(
-                range(experiment.repeats), links.link_axes(experiment), experiment.gamma, experiment.clients,
-                experiment.modes):
+        for repeat, link, gamma, sampling, clients, mode in itertools.product(
+                range(experiment.repeats), link_keys.link_axes(experiment), experiment.gamma,
+                experiment.sampling_settings(), experiment.clients, experiment.modes):
             if mode == "ar" and gamma != experiment.gamma[0]:
                 continue                       # AR does not depend on gamma: run it once
-            points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link))
+            points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link,
+                                **asdict(sampling)))
     return points
 
 
@@ -287,10 +302,10 @@ def experiment_record(experiment: Experiment) -> dict:
     """The experiment as sweep.json records it. A key added later is left out while it has its
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
-    defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s", *links.LINK_KEYS, "delay_down_ms", "link",
-                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct",
-                "hardware_profiles", "controller", "gamma_max"):
+    defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Experiment)}
+    for key in ("alpha", "retries", "retry_backoff_s", *link_keys.LINK_KEYS, "delay_down_ms", "link",
+                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "sampling", "workload",
+                "hardware_profiles", "external", "controller", "gamma_max"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     for key in ("acceptance_trace", "acceptance_rounds"):      # likewise, in [backend]

@@ -1,41 +1,257 @@
-"""Prompts for a run: held-out text of the model pair's corpus, or token ids for synthetic models."""
+"""Prompts for a run: the experiment's ``[workload]``, tokenized by the TARGET's own tokenizer.
+
+    [workload]
+    source = "jsonl"            # heldout | jsonl | lines | document | datasets
+    path = "workloads/instructions.jsonl"
+    n_prompts = 40              # the pool; default: what one point runs (warmup + requests)
+    max_prompt_tokens = 64      # windows are this long; longer prompts keep their last tokens
+    shuffle_seed = 0            # default: the experiment's seed
+
+Sources: ``heldout`` windows of the Python standard library files the default pair never
+trained on (dsd/corpus.py); ``jsonl`` one object per line, ``{"prompt": "..."}``, chat
+``{"messages": [{"role": ..., "content": ...}, ...]}`` or MT-Bench / Spec-Bench
+``{"turns": ["...", ...]}`` (first turn), chat rendered with the target tokenizer's chat template
+when it has one; ``lines`` a text file, one prompt per non-empty line; ``document`` a text file
+cut into windows of max_prompt_tokens; ``datasets`` a Hugging Face ``datasets`` folder
+(``save_to_disk``) with ``column`` (and ``split`` for a DatasetDict).
+
+When the pool holds more prompts than a point runs, the points take turns through it: every
+(repeat, RTT) slot gets the next prompts, and the modes, gammas and sampling settings of one
+slot share them, so comparisons at one RTT stay paired.
+"""
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 
+SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_INSTRUCTIONS = PROJECT_ROOT / "workloads" / "instructions.jsonl"
 
-def make_prompts(backend: BackendConfig, n_prompts: int, prompt_tokens: int, seed: int) -> list[list[int]]:
+
+@dataclass(frozen=True)
+class Workload:
+    source: str = "heldout"
+    path: str = ""
+    column: str = ""                 # datasets: the column holding prompts (text or chat messages)
+    split: str = ""                  # datasets: the split of a DatasetDict
+    n_prompts: int = 0               # 0: warmup_requests + requests
+    max_prompt_tokens: int = 0       # 0: the experiment's prompt_tokens
+    shuffle_seed: int = -1           # -1: the experiment's seed
+
+    def __post_init__(self) -> None:
+        _check(self.source in SOURCES, "source", self.source, f"one of {SOURCES}")
+        if self.source == "heldout":
+            _check(not self.path, "path", self.path, "empty for source 'heldout'")
+        else:
+            _check(isinstance(self.path, str) and resolve(self.path).exists(), "path", self.path,
+                   "an existing file or folder (relative paths: from here, else from the project root)")
+        _check(bool(self.column) == (self.source == "datasets"), "column", self.column,
+               "a column name with source 'datasets' only")
+        _check(not self.split or self.source == "datasets", "split", self.split, "only with source 'datasets'")
+        for name, low in (("n_prompts", 0), ("max_prompt_tokens", 0), ("shuffle_seed", -1)):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= low, name, value,
+                   f"a whole number >= {low}")
+
+
+def parse_workload(table, source: str = "experiment") -> Workload:
+    """The [workload] table -> Workload; a bad or unknown key is a ValueError naming it."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{source}: [workload] must be a table, got {table!r}")
+    known = [f.name for f in fields(Workload)]
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) in [workload]: {unknown}; known: {known}")
+    try:
+        return Workload(**table)
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
+
+
+def resolve(path: str) -> Path:
+    here = Path(path).expanduser()
+    return here if here.is_absolute() or here.exists() else PROJECT_ROOT / here
+
+
+def _check(ok: bool, key: str, value, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"experiment key 'workload.{key}': expected {expected}, got {value!r}")
+
+
+# ---- the pool ---------------------------------------------------------------------------------
+
+def experiment_prompts(experiment) -> list[list[int]]:
+    """The experiment's prompt pool (token ids of its target)."""
+    workload: Workload = experiment.workload
+    per_point = experiment.warmup_requests + experiment.requests
+    n_prompts = workload.n_prompts or per_point
+    max_tokens = workload.max_prompt_tokens or experiment.prompt_tokens
+    seed = experiment.seed if workload.shuffle_seed < 0 else workload.shuffle_seed
+    return load_prompts(experiment.backend, workload, n_prompts, max_tokens, seed)
+
+
+def load_prompts(backend: BackendConfig, workload: Workload, n_prompts: int, max_tokens: int,
+                 seed: int) -> list[list[int]]:
     if backend.kind == "synthetic":
+        if workload.source != "heldout":
+            raise ValueError(f"experiment key 'workload.source': {workload.source!r} needs a tokenizer; "
+                             "the synthetic backend has none (it takes random token ids)")
         rng = random.Random(seed)
         # Never the EOS id (0): a prompt is context, not a finished sequence.
-        return [[rng.randrange(1, backend.vocab_size) for _ in range(prompt_tokens)] for _ in range(n_prompts)]
-    return _heldout_prompts(Path(backend.pair_path), n_prompts, prompt_tokens, seed)
+        return [[rng.randrange(1, backend.vocab_size) for _ in range(max_tokens)] for _ in range(n_prompts)]
+    tokenizer = target_tokenizer(backend)
+    if workload.source == "heldout":
+        return _windows(tokenizer, _heldout_texts(backend), n_prompts, max_tokens, seed, "held-out text")
+    if workload.source == "document":
+        text = resolve(workload.path).read_text(encoding="utf-8")
+        return _windows(tokenizer, [text], n_prompts, max_tokens, seed, workload.path)
+    records = _records(workload)
+    random.Random(seed).shuffle(records)
+    if len(records) < n_prompts:
+        raise ValueError(f"experiment key 'workload.n_prompts': {workload.path} holds {len(records)} prompts, "
+                         f"fewer than the {n_prompts} asked for")
+    return [_encode(tokenizer, record)[-max_tokens:] for record in records[:n_prompts]]
 
 
-def _heldout_prompts(pair: Path, n_prompts: int, prompt_tokens: int, seed: int) -> list[list[int]]:
-    """Windows of held-out text (files the pair never trained on), tokenized by the pair."""
-    from tokenizers import Tokenizer
+def make_prompts(backend: BackendConfig, n_prompts: int, prompt_tokens: int, seed: int) -> list[list[int]]:
+    """Windows of held-out text (or random ids for synthetic models): the default workload."""
+    return load_prompts(backend, Workload(), n_prompts, prompt_tokens, seed)
 
+
+def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int]]:
+    """The prompts one point runs: the whole pool when it is one point's worth, else the slice
+    of its (repeat, RTT) slot, taken in turn around the pool."""
+    per_point = experiment.warmup_requests + experiment.requests
+    if len(pool) <= per_point:
+        return pool
+    from orchestrator.sweep import plan_points     # late: sweep imports the experiment, which imports this
+
+    rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
+    slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
+    start = slot * per_point
+    return [pool[(start + i) % len(pool)] for i in range(per_point)]
+
+
+def describe(pool: list[list[int]]) -> dict:
+    """What sweep.json records about the prompts."""
+    lengths = sorted(map(len, pool))
+    return {"prompts": len(pool), "distinct_prompts": len({tuple(p) for p in pool}),
+            "prompt_tokens_min": lengths[0], "prompt_tokens_max": lengths[-1]}
+
+
+# ---- sources ------------------------------------------------------------------------------------
+
+def target_tokenizer(backend: BackendConfig):
+    """The target's own tokenizer: from its model folder, else from the pair folder around it."""
+    from transformers import AutoTokenizer
+
+    if backend.target_path:
+        target = Path(backend.target_path).expanduser()
+        candidates = [target, target.parent]
+    else:
+        pair = Path(backend.pair_path).expanduser()
+        candidates = [pair / "target", pair]
+    for folder in candidates:
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(str(folder))
+    raise ValueError(f"no tokenizer beside the target: looked for tokenizer.json or tokenizer_config.json "
+                     f"in {', '.join(map(str, candidates))}")
+
+
+def _heldout_texts(backend: BackendConfig) -> list[str]:
     from dsd import corpus
 
-    manifest = json.loads((pair / "manifest.json").read_text())
-    heldout_pct = manifest["build_params"]["heldout_pct"]
-    tokenizer = Tokenizer.from_file(str(pair / "tokenizer.json"))
-    documents = corpus.read_corpus(corpus.stdlib_dir(), heldout_pct).heldout
+    manifest = Path(backend.pair_path).expanduser() / "manifest.json"
+    heldout_pct = 5.0
+    if not backend.target_path and manifest.is_file():
+        heldout_pct = json.loads(manifest.read_text())["build_params"]["heldout_pct"]
+    return [d.text for d in corpus.read_corpus(corpus.stdlib_dir(), heldout_pct).heldout]
+
+
+def _windows(tokenizer, texts: list[str], n_prompts: int, window: int, seed: int, what: str) -> list[list[int]]:
     rng = random.Random(seed)
     prompts = []
+    tokenizer.model_max_length = 1 << 62      # whole documents are encoded, then cut: no warning
     for _ in range(50 * n_prompts):
         if len(prompts) == n_prompts:
             break
-        ids = tokenizer.encode(rng.choice(documents).text).ids
-        if len(ids) <= prompt_tokens:
+        ids = tokenizer.encode(rng.choice(texts), add_special_tokens=False)
+        if len(ids) <= window:
             continue
-        start = rng.randrange(0, len(ids) - prompt_tokens)
-        prompts.append(ids[start:start + prompt_tokens])
+        start = rng.randrange(0, len(ids) - window)
+        prompts.append(ids[start:start + window])
     if len(prompts) < n_prompts:
-        raise ValueError(f"held-out text too short for {n_prompts} prompts of {prompt_tokens} tokens")
+        raise ValueError(f"{what} too short for {n_prompts} prompts of {window} tokens")
     return prompts
+
+
+def _records(workload: Workload) -> list:
+    """Prompt records: a string, or a list of chat messages."""
+    path = resolve(workload.path)
+    if workload.source == "lines":
+        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if workload.source == "datasets":
+        return _dataset_records(path, workload.column, workload.split)
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(_record(json.loads(line)))
+        except (json.JSONDecodeError, ValueError) as error:
+            raise ValueError(f"{workload.path} line {number}: {error}") from None
+    return records
+
+
+def _record(obj):
+    if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+        return obj["prompt"]
+    if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+        return _messages(obj["messages"])
+    if isinstance(obj, dict) and isinstance(obj.get("turns"), list) and obj["turns"]:
+        return [{"role": "user", "content": str(obj["turns"][0])}]
+    raise ValueError('expected {"prompt": "..."}, {"messages": [...]} or {"turns": ["..."]}')
+
+
+def _messages(messages: list) -> list[dict]:
+    if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                               and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError("messages must be a non-empty list of {\"role\": str, \"content\": str}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _dataset_records(path: Path, column: str, split: str) -> list:
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("experiment key 'workload.source': 'datasets' needs the Hugging Face `datasets` "
+                         "package: pip install datasets") from None
+    data = datasets.load_from_disk(str(path))
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise ValueError(f"experiment key 'workload.split': expected one of {sorted(data)}, got {split!r}")
+        data = data[split]
+    if column not in data.column_names:
+        raise ValueError(f"experiment key 'workload.column': expected one of {data.column_names}, got {column!r}")
+    return [value if isinstance(value, str) else _messages(value) for value in data[column]]
+
+
+def _encode(tokenizer, record) -> list[int]:
+    if isinstance(record, str):
+        ids = tokenizer.encode(record, add_special_tokens=True)
+    elif getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(record, add_generation_prompt=True, tokenize=True)
+        ids = list(ids if isinstance(ids, list) else ids["input_ids"])     # newer transformers: a mapping
+    else:
+        # No chat template: a plain transcript that ends where the assistant would speak.
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in record) + "assistant:"
+        ids = tokenizer.encode(text, add_special_tokens=True)
+    if not ids:
+        raise ValueError(f"a prompt tokenizes to nothing: {record!r}")
+    return list(ids)
+

@@ -47,6 +47,7 @@ from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from services import access, wire
+from services.link import LinkControl
 from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args,
                               freeze_startup_heap)
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
@@ -69,6 +70,7 @@ class RunConfig:
     seed: int = 0
     temperature: float = 0.0
     top_k: int | None = None
+    top_p: float = 1.0
     app_delay_ms: float = 0.0
     stop_at_eos: bool = True
     probe_count: int = 5              # RTT probes before the run
@@ -91,6 +93,9 @@ class RunConfig:
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
         if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
             raise ValueError(f"top_k must be a whole number >= 1 or null, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        object.__setattr__(self, "top_p", float(self.top_p))
         for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
                           ("request_timeout_s", 0.001)):
             value = getattr(self, name)
@@ -134,16 +139,21 @@ class RunConfig:
 
     @property
     def ws_url(self) -> str:
-        url = re.sub(r"^http", "ws", self.verifier_url)
-        return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
+        return ws_url(self.verifier_url)
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.seed, self.top_p)
 
 
 class RunError(RuntimeError):
     pass
+
+
+def ws_url(verifier_url: str) -> str:
+    """The verifier's WebSocket URL from http://host:port or ws://host:port[/ws]."""
+    url = re.sub(r"^http", "ws", verifier_url)
+    return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
 
 
 # ---- the link to the verifier ----------------------------------------------------------------
@@ -327,7 +337,7 @@ class Client:
     def open_message(self, request: Request, session: int) -> wire.Open:
         c = self.config
         return wire.Open(self.link.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
-                         c.top_k, c.seed + request.index, c.stop_at_eos)
+                         c.top_k, c.seed + request.index, c.stop_at_eos, c.top_p)
 
     async def next_message(self, inbox: asyncio.Queue, request: Request):
         """The session's next message (the request's deadline is set once, around it all: a
@@ -388,7 +398,7 @@ class Client:
         c = self.config
         session, inbox = self.link.open_inbox()
         seq_id = f"{c.run_id}/{request.index}"
-        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index)
+        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
         generator = torch.Generator().manual_seed(sampling.seed + 1)
         begin_request(self.draft, seq_id, request.prompt, c.gamma)
         modes = ("sync", "pipelined")
@@ -504,7 +514,7 @@ def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) 
     dense = ids = values = None
     if proposal.draft_probs is not None:
         q = proposal.draft_probs.float()                                # [gamma, vocab]
-        if sampling.top_k is not None:        # q is zero outside the top k: send it sparse
+        if sampling.top_k is not None or sampling.top_p < 1.0:   # q is zero outside the top k/p: sparse
             ids = [row.nonzero().flatten().tolist() for row in q]
             values = [q[i, row].tolist() for i, row in enumerate(ids)]
         else:
@@ -535,8 +545,9 @@ class Run:
 
 class Edge:
     def __init__(self, draft: LanguageModel, kind: str, t_draft_s: float, out_dir: Path,
-                 backend_info: dict, token: str | None = None) -> None:
+                 backend_info: dict, token: str | None = None, shape_link: bool = False) -> None:
         self.draft = draft
+        self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
         self.token = token          # sent to the verifier, and required on /runs
         self.kind = kind
         self.t_draft_s = t_draft_s
@@ -560,6 +571,7 @@ class Edge:
         app.router.add_post("/runs", self.post_run)
         app.router.add_get("/runs/{run_id}", self.get_run)
         app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
+        self.link.add_routes(app)
 
         async def stop(_app):
             tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
@@ -574,6 +586,20 @@ class Edge:
         statuses = [r.status for r in self.runs.values()]
         return web.json_response({"status": "ok", "role": "edge", "draft": self.draft.name,
                                   "runs": {s: statuses.count(s) for s in set(statuses)}})
+
+    async def probe_rtts(self, verifier_url: str, count: int, interval_s: float, app_delay_ms: float) -> list[float]:
+        """RTTs (ms) of `count` Ping/Pong probes on a WebSocket of their own, as a run measures."""
+        link = VerifierLink(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token)
+        try:
+            await link.connect("link-probe")
+            rtts_ms = []
+            for i in range(count):
+                if i:
+                    await asyncio.sleep(interval_s)
+                rtts_ms.append(await link.probe_ms())
+            return rtts_ms
+        finally:
+            await link.close()
 
     async def post_run(self, request: web.Request) -> web.Response:
         try:
@@ -682,6 +708,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
+    parser.add_argument("--shape-link", action="store_true",
+                        help="let the control API shape this edge's link from inside its network namespace "
+                             "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)")
     add_backend_args(parser)
     access.add_access_args(parser)
     args = parser.parse_args(argv)
@@ -700,7 +729,8 @@ def main(argv: list[str] | None = None) -> None:
     t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
     edge = Edge(draft, backend.kind, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
-                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token)
+                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token,
+                shape_link=args.shape_link)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.

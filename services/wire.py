@@ -75,6 +75,7 @@ class Open:
     top_k: int | None
     seed: int
     stop_at_eos: bool
+    top_p: float = 1.0              # nucleus truncation of drafter and target (1: none)
 
 
 @dataclass(frozen=True)

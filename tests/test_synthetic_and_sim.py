@@ -105,3 +105,18 @@ def test_sim_launcher_ar_point_rows_come_from_the_protocol():
     assert tokens0 == tokens1 and len(rounds0) == 40 and all(r.emitted == 1 for r in rounds0)
     assert ttft1 - ttft0 == pytest.approx(0.04)
     assert (wall1 - ttft1) == pytest.approx(wall0 - ttft0)
+
+
+def test_sim_colocated_lays_out_stratified_acceptance_like_generate_colocated():
+    """With stratified acceptance the draft must be told the request first (begin_request): the
+    simulated co-located run then accepts exactly what dsd.decoding.generate_colocated does."""
+    from dsd.simulate import ServerCosts, simulate_on_server
+
+    config = SyntheticConfig(alpha=0.7, seed=4, acceptance="stratified")
+    draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+    costs = ServerCosts(t_ar_s=0.010, t_draft_s=0.002, t_verify_s=0.011, t_prefill_s=0.0, one_way_s=0.005)
+    sim = simulate_on_server(draft, target, [7, 8, 9], 4, StopRule(80), "colocated", costs, seq_id="s")
+    reference = generate_colocated(draft, target, [7, 8, 9], 4, StopRule(80), seq_id="r")
+    assert sim.generation.tokens == reference.tokens
+    assert [(r.accepted, r.emitted) for r in sim.generation.rounds] == \
+        [(r.accepted, r.emitted) for r in reference.rounds]

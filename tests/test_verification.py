@@ -80,3 +80,48 @@ def test_temperature_and_top_k_shape_the_distribution():
     top2 = probs_from_logits(logits, 1.0, 2)
     assert top2[0, 2:].sum() == 0 and top2.sum() == pytest.approx(1.0)
     assert probs_from_logits(logits, 0.5, None)[0, 0] > probs_from_logits(logits, 1.0, None)[0, 0]
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p_and_renormalises():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = torch.log(probs)
+    kept = probs_from_logits(logits, 1.0, None, 0.7)                # 0.5 + 0.3 crosses 0.7
+    assert kept[0].tolist() == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
+    assert probs_from_logits(logits, 1.0, None, 0.8)[0, 2] == 0     # exactly reached: stop
+    assert probs_from_logits(logits, 1.0, None, 0.81)[0, 2] > 0
+    assert probs_from_logits(logits, 1.0, None, 0.01)[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    shuffled = probs_from_logits(torch.log(probs[:, [2, 0, 3, 1]]), 1.0, None, 0.7)
+    assert shuffled[0].tolist() == pytest.approx([0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8])
+    both = probs_from_logits(logits, 1.0, 3, 0.9)                   # top-k first, then top-p
+    assert both[0, 3] == 0 and both[0, 2] > 0
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (None, 0.75), (4, 0.9)])
+def test_colocated_sampling_with_truncation_reproduces_the_targets_truncated_distribution(top_k, top_p):
+    """Co-located SD with top-k/top-p vs the exact distribution of the target's own truncated
+    sampling of 3-token continuations (vocab 5), 6k runs, chi-square at p > 1e-3."""
+    vocab, n_runs, length, temperature = 5, 6_000, 3, 0.9
+    target_table = random_bigram(vocab, seed=3, sharpness=1.5)
+    draft_table = random_bigram(vocab, seed=4, sharpness=1.5)
+    target, draft = BigramLM(target_table, "t"), BigramLM(draft_table, "d")
+    step = probs_from_logits(torch.log(target_table), temperature, top_k, top_p)   # [vocab, vocab]
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, 0
+        for token in seq:
+            prob *= float(step[previous, token])
+            previous = token
+        if prob > 0:
+            exact[seq] = prob
+    counts = dict.fromkeys(exact, 0)
+    for run in range(n_runs):
+        sampling = SamplingParams(temperature, top_k, run, top_p)
+        out = generate_colocated(draft, target, [0], 2, StopRule(length), sampling, seq_id=str(run))
+        assert tuple(out.tokens) in counts, f"{out.tokens} is outside the truncated support"
+        counts[tuple(out.tokens)] += 1
+    big = [s for s in exact if exact[s] * n_runs >= 5]
+    observed = [counts[s] for s in big] + [n_runs - sum(counts[s] for s in big)]
+    expected = [exact[s] * n_runs for s in big] + [n_runs * (1 - sum(exact[s] for s in big))]
+    expected = [e * n_runs / sum(expected) for e in expected]
+    _, p_value = stats.chisquare(observed, expected)
+    assert p_value > 1e-3

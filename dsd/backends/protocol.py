@@ -99,12 +99,15 @@ class SamplingParams:
     temperature: float = 0.0    # 0 means greedy
     top_k: int | None = None
     seed: int = 0
+    top_p: float = 1.0          # nucleus: keep the smallest set of tokens holding top_p of the mass
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 or None, got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:

@@ -12,4 +12,7 @@ sim       no network: real models and protocol on virtual time (orchestrator/sim
 loopback  verifier and edges as processes on 127.0.0.1; the link is an application-level delay
 netns     the same processes inside network namespaces on a bridge, shaped by netem/ (root)
 compose   the containers of compose.yaml, shaped by netem/ on their host-side veths (Docker, root)
+swarm     the same services as a Docker Swarm stack; each edge shapes its own link in-container
+external  a verifier and edges someone else started (real devices), given as URLs and a token;
+          the real link measured, or shaped by each edge from inside its namespace (PUT /link)
 """

@@ -50,7 +50,7 @@ from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
-from orchestrator import links
+from orchestrator import links as link_keys
 from orchestrator.launchers.base import EdgeHandle, LauncherError, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 
@@ -408,13 +408,14 @@ class ComposeTestbed:
         if len(rtt_ms_per_edge) != len(self.edges):
             raise ValueError(f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), "
                              f"got {len(rtt_ms_per_edge)}")
-        specs = [links.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
+        specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
-        links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
-                 for h, x, spec in zip(self.edges, self.edge_containers, specs)]
+        # not `links`: that name is the orchestrator.links module, which this function uses above
+        edge_links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
+                      for h, x, spec in zip(self.edges, self.edge_containers, specs)]
         shaper = Shaper(ShaperConfig(backend=self.config.shaper_backend, verify_count=self.config.verify_count))
-        self.link_records = shaper.apply(links)    # on failure it has removed what it made
+        self.link_records = shaper.apply(edge_links)    # on failure it has removed what it made
         self._shaper = shaper
         self.shaper = self.link_records[0].backend
         self.shaper_reason = self.link_records[0].backend_reason
@@ -635,7 +636,7 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
 
 
 def _link_state(record: LinkRecord) -> LinkState:
-    return links.link_state(record)
+    return link_keys.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:

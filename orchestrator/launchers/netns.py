@@ -14,7 +14,7 @@ from pathlib import Path
 
 from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
-from orchestrator import links
+from orchestrator import links as link_keys
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
@@ -24,7 +24,7 @@ EDGE_PORT = 8701
 
 
 def link_state(record) -> LinkState:
-    return links.link_state(record)
+    return link_keys.link_state(record)
 
 
 class NetnsTestbed:
@@ -78,7 +78,7 @@ class NetnsTestbed:
         shaper = Shaper(self.shaper_config)
         shaper.__enter__()
         self._shaper = shaper
-        specs = [links.as_spec(r) for r in rtt_ms_per_edge]
+        specs = [link_keys.as_spec(r) for r in rtt_ms_per_edge]
         if self.loss_pct:
             specs = [dataclasses.replace(s, loss_pct=self.loss_pct) for s in specs]
         records = shaper.apply(self._topology.links(specs))

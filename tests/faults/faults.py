@@ -41,7 +41,7 @@ def sweep_on(testbed, experiment, out: Path):
                            experiment.prompt_tokens, experiment.seed)
     run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
                                   warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
-                                  max_in_flight=experiment.max_in_flight, seed=experiment.seed,
+                                  max_in_flight=experiment.max_in_flight,
                                   run_prefix="fault", timeout_s=240.0)
     return run_sweep(experiment, out, run_point, {"launcher": "test"}, heal=testbed.heal)
 

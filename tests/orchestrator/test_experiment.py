@@ -61,3 +61,28 @@ def test_swept_alpha_and_profile_become_one_experiment_per_group():
     assert group.profile == "cpu2-default-pair" and group.backend.alpha == 0.9 and group.alpha == ()
     plain = experiment_from_dict(BASE)
     assert plain.alphas() == (plain.backend.alpha,) and plain.profiles() == ("toy-edge-cloud",)
+
+
+@pytest.mark.parametrize("sampling,message", [
+    ({"temprature": 0.8}, r"unknown key.*\[sampling\].*temprature"),
+    ({"temperature": -0.1}, "'sampling.temperature'"),
+    ({"temperature": [0.5, 0.5]}, "'sampling.temperature'.*distinct"),
+    ({"top_p": 0.0}, "'sampling.top_p'"),
+    ({"top_p": [0.9, 1.5]}, "'sampling.top_p'"),
+    ({"top_k": -1}, "'sampling.top_k'"),
+    ({"top_k": 2.5}, "'sampling.top_k'"),
+    ({"seed": "x"}, "'sampling.seed'"),
+])
+def test_bad_sampling_tables_are_refused_naming_the_key(sampling, message):
+    with pytest.raises(ValueError, match=message):
+        experiment_from_dict({**BASE, "sampling": sampling})
+
+
+def test_sampling_values_and_lists_become_one_setting_per_combination():
+    experiment = experiment_from_dict({**BASE, "seed": 5, "sampling": {"temperature": [0, 0.8], "top_p": [0.9, 1]}})
+    settings = experiment.sampling_settings()
+    # seed: the experiment's unless [sampling] says; greedy ignores truncation: one setting
+    assert [(s.temperature, s.top_k, s.top_p, s.sampling_seed) for s in settings] == [
+        (0.0, 0, 1.0, 5), (0.8, 0, 0.9, 5), (0.8, 0, 1.0, 5)]
+    assert settings[1].run_fields() == {"temperature": 0.8, "top_k": None, "top_p": 0.9, "seed": 5}
+    assert settings[0].tag == "" and settings[1].tag == "T0.8p0.9s5"

@@ -49,7 +49,9 @@ def test_default_link_keys_leave_point_keys_as_they_were():
     """Sweep folders written before the link keys existed must still resume."""
     point = plan_points(experiment_from_dict(BASE))[0]
     assert point.key == "sync_rtt20ms_g4_c1_r0"
-    assert set(point.columns()) == {"mode", "rtt_ms", "gamma", "clients", "repeat"}
+    # The sampling setting is a column of every row (orchestrator/sampling.py), never of a greedy key.
+    assert set(point.columns()) == {"mode", "rtt_ms", "gamma", "clients", "repeat",
+                                    "temperature", "top_k", "top_p", "sampling_seed"}
     assert links.point_spec(point) == LinkSpec(rtt_ms=20)
 
 

@@ -93,3 +93,23 @@ def test_netns_rate_cap_costs_what_the_bytes_on_the_wire_predict(tmp_path):
     measured_extra = points.loc[1, "per_token_ms_p50"] - points.loc[0, "per_token_ms_p50"]
     assert predicted_extra > 0.5
     assert measured_extra == pytest.approx(predicted_extra, rel=0.5), (measured_extra, predicted_extra)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_point_mixes_a_near_and_a_far_client(tmp_path):
+    experiment = experiment_from_dict({
+        "name": "mix", "launcher": "netns", "modes": ["sync"], "rtt_ms": [20], "gamma": [3], "clients": [2],
+        "edges": 2, "requests": 2, "warmup_requests": 1, "max_new_tokens": 24, "prompt_tokens": 8,
+        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7},
+        "link": {"edges": [{"rtt_ms": 5}, {"rtt_ms": 60, "jitter_ms": 2}]}})
+    out = tmp_path / "mix"
+    run_experiment(experiment, out, resume=False)
+    links = pd.read_csv(out / "links.csv").set_index("rtt_configured_ms")
+    assert sorted(links.index.round()) == [5, 60] and links.loc[60, "jitter_configured_ms"] == 2
+    assert (links["rtt_measured_p50_ms"] - links["rtt_expected_p50_ms"]).abs().max() < 2.0
+    requests = pd.read_csv(out / "requests.csv")
+    by_client = requests.groupby("client_id")[["link_rtt_configured_ms", "rtt_measured_ms", "wall_s"]].median()
+    assert by_client["link_rtt_configured_ms"].round().tolist() == [5, 60]
+    assert by_client.loc[1, "rtt_measured_ms"] > 50 > 15 > by_client.loc[0, "rtt_measured_ms"]
+    assert by_client.loc[1, "wall_s"] > by_client.loc[0, "wall_s"]          # the far client is slower

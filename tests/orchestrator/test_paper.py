@@ -103,3 +103,16 @@ def test_benchmark_cells_and_their_tolerance():
     assert bench.cell_ok(109.0, 100.0) and not bench.cell_ok(111.0, 100.0)
     assert bench.cell_ok(10.9, 8.0) and not bench.cell_ok(11.1, 8.0)  # 3 ms beats 10% of a small one
     assert not bench.cell_ok(math.inf, 100.0)
+
+
+def test_the_interval_is_the_ci_where_there_is_one_else_the_range_over_repeats():
+    base = {"measured_rtt_ms": 20.0, "measured_rtt_ms_min": 18.0, "measured_rtt_ms_max": 23.0,
+            "predicted_rtt_ms": 21.0}
+    group = {"profile": "p", "alpha_configured": 0.9, "alpha_fitted": 0.9}
+    with_ci = paper.crossover_rows([{**group, "crossovers": {"sync_vs_ar": {**base, "ci_low": 19.0, "ci_high": 21.5}}}],
+                                   {"p": PAPER_SYNC}, 5)[0]
+    assert (with_ci["measured_low_ms"], with_ci["measured_high_ms"], with_ci["interval"]) == (19.0, 21.5, "95% CI")
+    no_ci = paper.crossover_rows([{**group, "crossovers": {"sync_vs_ar": {**base, "ci_low": math.nan,
+                                                                          "ci_high": math.nan}}}],
+                                 {"p": PAPER_SYNC}, 5)[0]
+    assert (no_ci["measured_low_ms"], no_ci["measured_high_ms"], no_ci["interval"]) == (18.0, 23.0, "range over repeats")

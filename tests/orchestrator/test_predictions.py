@@ -67,7 +67,7 @@ def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
         calls.append(point)
         if len(calls) > 6:
             raise Killed()
-        return sim_group_point(point, experiment=experiment, costs=costs, prompts=prompts, pairs=pairs)
+        return sim_group_point(point, experiment=experiment, costs=costs, prompts=lambda p: prompts, pairs=pairs)
 
     predict = Predictor(experiment, out, lambda p: assumed_costs(p, experiment, costs))
     with pytest.raises(Killed):
@@ -195,3 +195,10 @@ def test_adaptive_repeats_add_nothing_when_every_interval_is_narrow_enough(tmp_p
     assert len(_done(out)) == len(plan_points(experiment))
     with pytest.raises(ValueError, match="adaptive_ci_target_pct"):
         experiment_from_dict({**ADAPTIVE, "adaptive_ci_target_pct": 0})
+
+
+def test_a_sweep_over_link_keys_calibrates_on_the_first_link_of_the_smallest_rtt():
+    experiment = experiment_from_dict({**SMALL, "rtt_ms": [20, 8], "jitter_ms": [0, 2]})
+    calibration = [p for p in plan_points(experiment) if is_calibration(p, experiment)]
+    assert len(calibration) == 3
+    assert {(p.rtt_ms, p.jitter_ms) for p in calibration} == {(8.0, 0.0)}

@@ -211,3 +211,32 @@ def test_the_sidecar_leaves_out_keys_at_their_defaults_for_every_backend():
         "name": "syn", "profile": "toy-edge-cloud", "alpha": [0.5], "retries": 3,
         "backend": {"kind": "synthetic"}}))
     assert set_keys["retries"] == 3 and set_keys["alpha"] == [0.5]
+
+
+def test_a_sampling_sweep_runs_each_setting_and_records_it_in_every_row(tmp_path):
+    out = tmp_path / "sampling"
+    experiment = experiment_from_dict({
+        "name": "sampling", "profile": "toy-edge-cloud", "rtt_ms": [0, 10], "modes": ["ar", "colocated", "sync"],
+        "requests": 2, "max_new_tokens": 24, "prompt_tokens": 8, "backend": {"kind": "synthetic"},
+        "sampling": {"temperature": [0.0, 1.0], "top_k": 5, "seed": 3}})
+    plan = plan_points(experiment)
+    assert len(plan) == 2 * 3 * 2 and len({p.key for p in plan}) == len(plan)
+    assert {p.key for p in plan if p.temperature == 1.0} >= {"sync_rtt10ms_g4_c1_T1k5s3_r0"}
+    run_experiment(experiment, out, resume=False)
+    summary = analyze_sweep(out)
+    assert summary["group_keys"] == ["temperature", "top_k"] and len(summary["groups"]) == 2
+    for name in ("rounds", "requests", "points"):
+        frame = pd.read_csv(out / f"{name}.csv")
+        assert {"temperature", "top_k", "top_p", "sampling_seed"} <= set(frame.columns), name
+        assert set(frame["temperature"]) == {0.0, 1.0}, name
+        assert set(frame.loc[frame.temperature == 1.0, "top_k"]) == {5}, name
+        assert set(frame.loc[frame.temperature == 0.0, "top_k"]) == {0}, name      # greedy: no truncation
+    requests = pd.read_csv(out / "requests.csv")
+    greedy = requests[requests.temperature == 0.0].groupby(["rtt_ms", "mode"])["generated"].apply(tuple)
+    assert greedy.nunique() == 1          # greedy: every mode and RTT emits the same tokens
+
+
+def test_greedy_sweeps_keep_their_keys_and_sidecar_without_a_sampling_table():
+    experiment = experiment_from_dict({"name": "g", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}})
+    assert plan_points(experiment)[0].key == "ar_rtt0ms_g4_c1_r0"
+    assert "sampling" not in experiment_record(experiment)

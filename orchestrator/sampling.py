@@ -1,0 +1,103 @@
+"""The experiment's ``[sampling]`` table: temperature, top_k, top_p and seed, each a value or a
+list to sweep (every combination runs, like gamma).
+
+    [sampling]
+    temperature = [0.0, 0.8]   # 0 = greedy
+    top_k = 0                  # 0 = no top-k truncation
+    top_p = 0.95               # 1 = no nucleus truncation
+    seed = 0                   # default: the experiment's seed; request i of a run uses seed + i
+
+Drafter and target apply the same truncation to their own logits, so every mode samples exactly
+from the target's truncated distribution. The four values are columns of every trace row.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, fields
+
+from dsd.backends.protocol import SamplingParams
+
+COLUMNS = ("temperature", "top_k", "top_p", "sampling_seed")   # trace columns, one per setting
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One sampling setting: what one sweep point runs with."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    sampling_seed: int = 0
+
+    @property
+    def tag(self) -> str:
+        """The setting in a point's folder name; "" for greedy (older sweeps keep their folder
+        names)."""
+        if self.temperature == 0:
+            return ""
+        return (f"T{self.temperature:g}" + (f"k{self.top_k}" if self.top_k else "")
+                + (f"p{self.top_p:g}" if self.top_p < 1 else "") + f"s{self.sampling_seed}")
+
+    def params(self, request_index: int) -> SamplingParams:
+        """What request ``request_index`` of a run samples with (the edge's rule: seed + index)."""
+        return SamplingParams(self.temperature, self.top_k or None, self.sampling_seed + request_index, self.top_p)
+
+    def run_fields(self) -> dict:
+        """The edge's RunConfig fields (services/edge.py) for this setting."""
+        return {"temperature": self.temperature, "top_k": self.top_k or None, "top_p": self.top_p,
+                "seed": self.sampling_seed}
+
+
+@dataclass(frozen=True)
+class SamplingSweep:
+    temperature: tuple[float, ...] = (0.0,)
+    top_k: tuple[int, ...] = (0,)
+    top_p: tuple[float, ...] = (1.0,)
+    seed: tuple[int, ...] = ()          # empty: the experiment's seed
+
+    def __post_init__(self) -> None:
+        _check(self.temperature, "temperature", lambda t: _is_number(t) and 0 <= t <= 100, "numbers in 0..100")
+        _check(self.top_k, "top_k", lambda k: _is_int(k) and k >= 0, "whole numbers >= 0 (0: no top-k)")
+        _check(self.top_p, "top_p", lambda p: _is_number(p) and 0 < p <= 1, "numbers in (0, 1]")
+        _check(self.seed, "seed", lambda s: _is_int(s) and 0 <= s < 2 ** 62, "whole numbers in 0..2^62",
+               allow_empty=True)
+
+    def settings(self, experiment_seed: int) -> list[Setting]:
+        """Every combination; greedy (temperature 0) ignores truncation and seed, so it is one
+        setting, recorded as top_k 0, top_p 1 and the first seed."""
+        seeds = self.seed or (experiment_seed,)
+        settings = []
+        for t, k, p, s in itertools.product(self.temperature, self.top_k, self.top_p, seeds):
+            setting = Setting(float(t), k, float(p), s) if t > 0 else Setting(0.0, 0, 1.0, seeds[0])
+            if setting not in settings:
+                settings.append(setting)
+        return settings
+
+
+def parse_sampling(table, source: str = "experiment") -> SamplingSweep:
+    """The [sampling] table -> SamplingSweep; a bad or unknown key is a ValueError naming it."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{source}: [sampling] must be a table, got {table!r}")
+    known = [f.name for f in fields(SamplingSweep)]
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) in [sampling]: {unknown}; known: {known}")
+    values = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in table.items()}
+    try:
+        return SamplingSweep(**values)
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
+
+
+def _check(values: tuple, key: str, ok, expected: str, allow_empty: bool = False) -> None:
+    if not (values or allow_empty) or not all(ok(v) for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"experiment key 'sampling.{key}': expected a value or a list of distinct "
+                         f"{expected}, got {list(values)!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
