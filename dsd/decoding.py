@@ -22,10 +22,13 @@ class RoundRecord:
     accepted: int
     emitted: int
     stale: bool = False
+    gamma: int = 0              # the block's planned gamma and mode (dsd.control); 0/"" where unplanned
+    mode: str = ""
 
     @classmethod
-    def from_verdict(cls, round_index: int, verdict: Verdict, emitted: int) -> "RoundRecord":
-        return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale)
+    def from_verdict(cls, round_index: int, verdict: Verdict, emitted: int, gamma: int = 0,
+                     mode: str = "") -> "RoundRecord":
+        return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale, gamma, mode)
 
 
 @dataclass

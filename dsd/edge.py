@@ -41,10 +41,9 @@ class EdgeDecoder:
             raise ValueError(f"gamma must be >= 1, got {gamma!r}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight!r}")
-        self.gamma = gamma
         self.stop = stop
-        self.pipelined = pipelined
-        self.max_in_flight = max_in_flight if pipelined else 1
+        self.depth = max_in_flight                # blocks in flight when pipelined
+        self.set_plan(gamma, pipelined)
         self.committed = TokenSequence(prompt)
         self.prompt_length = len(prompt)
         self.speculative: list[int] = []          # assumed beyond committed: sent blocks and guesses
@@ -53,6 +52,16 @@ class EdgeDecoder:
         self.doomed = 0                           # sent blocks that will come back stale
         self.epoch = 0
         self.stale_verdicts = 0
+
+    def set_plan(self, gamma: int, pipelined: bool) -> None:
+        """The gamma and mode of the blocks drafted from now on (dsd.control). Blocks already
+        drafted keep theirs; leaving pipelined mode only stops new speculation (blocks in flight
+        are answered as before, a held block waits for its slot), so no token is lost."""
+        if not (isinstance(gamma, int) and gamma >= 1):
+            raise ValueError(f"gamma must be >= 1, got {gamma!r}")
+        self.gamma = gamma
+        self.pipelined = pipelined
+        self.max_in_flight = self.depth if pipelined else 1
 
     @property
     def generated(self) -> list[int]:

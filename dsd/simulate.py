@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
+from dsd.control import Observation, check_decision
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block, draft_step
 from dsd.edge import EdgeDecoder
@@ -75,8 +76,21 @@ class SimulatedRun:
 
 def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
-                 sampling: SamplingParams = SamplingParams(), seq_id: str = "sim") -> SimulatedRun:
-    edge = EdgeDecoder(prompt, gamma, stop, pipelined=pipelined, max_in_flight=max_in_flight)
+                 sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
+                 controller=None, gamma_max: int | None = None, rtt_at=None,
+                 t_verify_of=None) -> SimulatedRun:
+    """``controller`` (dsd.control; None: gamma and the mode stay) is asked for the next plan
+    before the first block and after every verdict; its gamma must be in 1..gamma_max (default:
+    gamma). ``rtt_at(t_s)`` (optional) is the link's RTT for a message sent at virtual time t_s,
+    for links that change during the request; ``t_verify_of(n_drafted)`` (optional) the verification
+    time of a block, for plans whose gamma changes (default: ``costs.t_verify_s`` for every block)."""
+    gamma_max = gamma_max or gamma
+    modes = ("sync", "pipelined")
+    plan = (gamma, "pipelined" if pipelined else "sync")
+    if controller is not None:
+        decision = check_decision(controller.decide(), gamma_max, modes)
+        plan = (decision.gamma, decision.mode)
+    edge = EdgeDecoder(prompt, plan[0], stop, pipelined=plan[1] == "pipelined", max_in_flight=max_in_flight)
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
@@ -90,27 +104,45 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     generation = Generation([])
     draft_steps = 0
 
+    planned: dict[tuple[int, int], tuple[int, str]] = {}    # block -> the plan it was drafted in
+
+    def one_way_s(at_s: float) -> float:
+        return costs.one_way_s if rtt_at is None else rtt_at(at_s) / 2
+
     def send(proposals: list[Proposal], at_s: float) -> None:
         nonlocal verifier_free_at
         for proposal in proposals:
-            start_s = max(at_s + costs.one_way_s, verifier_free_at)
+            arrive_s = at_s + one_way_s(at_s)
+            start_s = max(arrive_s, verifier_free_at)
             verdict = session.verify(proposal)
-            verifier_free_at = start_s + (0.0 if verdict.stale else costs.t_verify_s)
-            heapq.heappush(arrivals, (verifier_free_at + costs.one_way_s, next(order), verdict))
+            compute_s = 0.0 if verdict.stale else (costs.t_verify_s if t_verify_of is None
+                                                    else t_verify_of(proposal.gamma))
+            verifier_free_at = start_s + compute_s
+            back_s = verifier_free_at + one_way_s(verifier_free_at)
+            timing = (at_s, start_s - arrive_s, compute_s)
+            heapq.heappush(arrivals, (back_s, next(order), verdict, timing,
+                                      planned.pop((proposal.start_pos, proposal.base_digest))))
 
     def deliver_until(time_s: float) -> None:
         nonlocal first_token_s, last_emit_s
         while arrivals and arrivals[0][0] <= time_s:
-            arrival_s, _, verdict = heapq.heappop(arrivals)
+            arrival_s, _, verdict, (sent_s, queue_s, compute_s), (block_gamma, block_mode) = heapq.heappop(arrivals)
             emitted, to_send = edge.on_verdict(verdict)
-            generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict, len(emitted)))
+            generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict, len(emitted),
+                                                              block_gamma, block_mode))
             if emitted:
                 last_emit_s = arrival_s
                 if first_token_s is None:
                     first_token_s = arrival_s
+            if controller is not None:
+                controller.observe(Observation(block_gamma, block_mode, verdict.proposed, verdict.accepted,
+                                               verdict.stale, arrival_s - sent_s - queue_s - compute_s,
+                                               costs.t_draft_s, compute_s, queue_s))
+                decision = check_decision(controller.decide(), gamma_max, modes)
+                edge.set_plan(decision.gamma, decision.mode == "pipelined")
             send(to_send, arrival_s)
 
-    step_limit = 64 * (stop.max_new_tokens + 1) * (gamma + 2)
+    step_limit = 64 * (stop.max_new_tokens + 1) * (gamma_max + 2)
     while True:
         deliver_until(clock_s)
         if edge.done:
@@ -121,6 +153,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                 raise RuntimeError("edge waits for a verdict but none is in flight")
             clock_s = max(clock_s, arrivals[0][0])
             continue
+        plan = (request.n_tokens, "pipelined" if edge.pipelined else "sync")
         tokens = list(request.prefix)
         probs = []
         for _ in range(request.n_tokens):
@@ -136,7 +169,11 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
             raise RuntimeError(f"simulation exceeded {step_limit} draft steps")
         drafted = tokens[len(request.prefix):]
         q_stack = None if sampling.greedy else torch.stack(probs)
-        send(edge.add_draft(request, drafted, q_stack), clock_s)
+        to_send = edge.add_draft(request, drafted, q_stack)
+        block = to_send[0] if to_send else edge.held
+        if block is not None and not request.with_guess:
+            planned[(block.start_pos, block.base_digest)] = plan
+        send(to_send, clock_s)
     generation.tokens = edge.generated
     session.close()
     draft.release(seq_id)

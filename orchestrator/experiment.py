@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
+from dsd.control import CONTROLLERS
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from orchestrator import links
 from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
@@ -61,6 +62,10 @@ class Experiment:
     delay_up_ms: tuple[float, ...] = ()            # with delay_down_ms: one-way delays instead of rtt_ms
     delay_down_ms: tuple[float, ...] = ()
     link: links.LinkOptions = field(default_factory=links.LinkOptions)   # [link]: per-edge links
+    # Adaptive DSD (dsd/control.py): who picks each round's gamma and mode (static: the point's),
+    # and the largest gamma it may pick. The point's gamma and mode are where it starts.
+    controller: str = "static"
+    gamma_max: int = 16
     # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
     hardware_profiles: tuple[HardwareProfile, ...] = ()
     external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
@@ -135,6 +140,14 @@ class Experiment:
             _check(not name or name in known, "profile", name,
                    f"a profile of dsd/profiles.toml, [profiles.NAME] or --profiles {known}")
         links.check_link_keys(self)
+        _check(self.controller in CONTROLLERS, "controller", self.controller, f"one of {CONTROLLERS}")
+        _check(_is_int(self.gamma_max) and 1 <= self.gamma_max <= 64, "gamma_max", self.gamma_max,
+               "a whole number in 1..64")
+        if self.controller != "static":
+            _check(all(m in ("sync", "pipelined") for m in self.modes), "modes", self.modes,
+                   f"only sync and pipelined with controller {self.controller!r} (the edge drafts)")
+            _check(max(self.gamma) <= self.gamma_max, "gamma", self.gamma,
+                   f"at most gamma_max {self.gamma_max} with controller {self.controller!r}")
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)

@@ -29,7 +29,7 @@ from orchestrator.sweep import Point
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
                   max_new_tokens: int, max_in_flight: int, run_prefix: str,
                   timeout_s: float = 900.0, link_options: LinkOptions | None = None, after_shape=None,
-                  ) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+                  controller: str = "static", gamma_max: int = 16) -> tuple[list[dict], list[dict], list[LinkState], dict]:
     """after_shape(testbed): called once the links are shaped (and any shaping daemon runs),
     before the runs start; the CPU pinning uses it (orchestrator/cpus.py)."""
     specs = edge_specs(link_options, point, len(testbed.edges))
@@ -41,7 +41,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
         scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule)
     wire_before = _wire_counters(testbed)
     with scheduled or contextlib.nullcontext():
-        _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, run_prefix, timeout_s, runs)
+        _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, run_prefix, timeout_s, runs,
+                     controller, gamma_max)
     wire_after = _wire_counters(testbed)
     testbed.check()
     round_frames, request_frames, dropped = [], [], 0
@@ -99,7 +100,8 @@ def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict],
 
 
 def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int,
-                 run_prefix: str, timeout_s: float, runs: list) -> None:
+                 run_prefix: str, timeout_s: float, runs: list, controller: str = "static",
+                 gamma_max: int = 16) -> None:
     """Start one run per client on its edge and wait for all of them; `runs` gets (edge, run id)."""
     attempt_id = os.urandom(3).hex()
     for client in range(point.clients):
@@ -111,6 +113,8 @@ def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, m
             "max_in_flight": max_in_flight, **point.sampling.run_fields(),
             "app_delay_ms": testbed.app_delay_ms(client),
             "probe_count": 5, "probe_interval_ms": 200.0,
+            # only when adaptive: an edge built before these keys still takes a static run
+            **({"controller": controller, "gamma_max": gamma_max} if controller != "static" else {}),
         })
         runs.append((edge, run_id))
     deadline = time.monotonic() + timeout_s

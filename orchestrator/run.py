@@ -115,7 +115,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight,
-                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link)
+                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link,
+                                          controller=experiment.controller, gamma_max=experiment.gamma_max)
 
             def run_point(point):
                 return net_point(point, testbed=testbeds.for_point(point), prompts=prompts(point))
@@ -156,7 +157,8 @@ def sim_group_point(point, experiment: Experiment, costs: dict, prompts, pairs: 
     draft, target = pairs[group.backend]
     return run_sim_point(point, draft=draft, target=target, prompts=prompts(point), warmup=experiment.warmup_requests,
                          max_new_tokens=experiment.max_new_tokens, max_in_flight=experiment.max_in_flight,
-                         costs=costs[group.profile])
+                         costs=costs[group.profile], controller=experiment.controller,
+                         gamma_max=experiment.gamma_max)
 
 
 class GroupTestbeds:

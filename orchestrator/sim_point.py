@@ -10,7 +10,8 @@ from orchestrator.sweep import Point
 
 
 def run_sim_point(point: Point, draft, target, prompts: list[list[int]], warmup: int,
-                  max_new_tokens: int, max_in_flight: int, costs: Costs) -> tuple[list[dict], list[dict]]:
+                  max_new_tokens: int, max_in_flight: int, costs: Costs, controller: str = "static",
+                  gamma_max: int = 16) -> tuple[list[dict], list[dict]]:
     if point.clients != 1:
         raise ValueError("the sim launcher runs one client per point; use a network launcher for more")
     stop = StopRule(max_new_tokens, target.eos_token_id)
@@ -20,7 +21,7 @@ def run_sim_point(point: Point, draft, target, prompts: list[list[int]], warmup:
         seq_id = f"{point.key}-{index}"
         tokens, rounds, wall_s, ttft_s = run_request(point.mode, draft, target, prompt, point.gamma,
                                                      rtt_s, stop, costs, max_in_flight, seq_id,
-                                                     point.sampling.params(index))
+                                                     point.sampling.params(index), controller, gamma_max)
         if index < warmup:
             continue
         request_index = index - warmup
@@ -28,7 +29,8 @@ def run_sim_point(point: Point, draft, target, prompts: list[list[int]], warmup:
             round_rows.append({"client_id": 0, "request_index": request_index,
                                "round_index": record.round_index, "proposed": record.proposed,
                                "accepted": record.accepted, "emitted": record.emitted,
-                               "stale": record.stale})
+                               "stale": record.stale, "round_gamma": record.gamma or None,
+                               "round_mode": record.mode})
         first_emitted = next((r.emitted for r in rounds if r.emitted), 1)
         steady_tokens = len(tokens) - first_emitted
         request_rows.append({

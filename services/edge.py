@@ -42,6 +42,7 @@ from aiohttp import web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
+from dsd.control import CONTROLLERS, ControllerConfig, Observation, check_decision, make_controller
 from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
@@ -75,6 +76,8 @@ class RunConfig:
     probe_count: int = 5              # RTT probes before the run
     probe_interval_ms: float = 500.0  # and one every so often during it
     request_timeout_s: float = 600.0
+    controller: str = "static"        # dsd.control: who picks each round's gamma and mode
+    gamma_max: int = 16               # the largest gamma a controller may pick
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
@@ -107,6 +110,16 @@ class RunConfig:
             raise ValueError("prompts must be a non-empty list of non-empty lists of token ids >= 0")
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
+        if self.controller != "static" and self.mode not in ("sync", "pipelined"):
+            raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
+                             f"got {self.mode!r}")
+        self.controller_config()            # gamma_max: a whole number >= 1, and >= gamma when adaptive
+
+    def controller_config(self) -> ControllerConfig:
+        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in ("sync", "pipelined")
+                                else "sync", self.gamma_max)
 
     @classmethod
     def from_json(cls, body) -> "RunConfig":
@@ -318,6 +331,8 @@ class Client:
         self.config, self.link, self.draft, self.device = config, link, draft, device
         self.t_draft_s = t_draft_s
         self.writer, self.clock = writer, clock
+        # One controller per run: what it learnt in one request carries over to the next.
+        self.controller = make_controller(config.controller_config())
 
     def open_message(self, request: Request, session: int) -> wire.Open:
         c = self.config
@@ -334,13 +349,14 @@ class Client:
         return t_receive_s, message
 
     def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
-                  stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m) -> None:
+                  stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
+                  plan: tuple[int, str] | None = None) -> None:
         e = self.clock.epoch_s
         self.writer.round(RoundRow(
             self.config.run_id, self.config.client_id, self.config.mode, self.config.gamma, request.index,
             round_index, proposed, accepted, emitted, stale, e(t_draft_start_s), e(t_draft_end_s),
             e(t_send_s), e(t_receive_s), m.queue_s, m.compute_s, m.batch_size, self.link.rtt_probe_ms,
-            self.config.app_delay_ms))
+            self.config.app_delay_ms, "", *(plan or (None, ""))))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
         await self.link.send(wire.Close(self.link.next_seq(), session))
@@ -385,11 +401,14 @@ class Client:
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
         generator = torch.Generator().manual_seed(sampling.seed + 1)
         begin_request(self.draft, seq_id, request.prompt, c.gamma)
-        edge = EdgeDecoder(request.prompt, c.gamma, request.stop, pipelined=c.mode == "pipelined",
+        modes = ("sync", "pipelined")
+        first = check_decision(self.controller.decide(), max(c.gamma_max, c.gamma), modes)
+        edge = EdgeDecoder(request.prompt, first.gamma, request.stop, pipelined=first.mode == "pipelined",
                            max_in_flight=c.max_in_flight)
         await self.link.send(self.open_message(request, session))
-        draft_times: dict[tuple[int, int], tuple[float, float]] = {}
-        sent: deque[tuple[float, float, float]] = deque()     # (draft start, draft end, send) in order
+        # block -> (draft start, draft end, planned gamma, mode)
+        draft_times: dict[tuple[int, int], tuple[float, float, int, str]] = {}
+        sent: deque[tuple[float, float, int, str, float]] = deque()   # (draft start, end, gamma, mode, send)
         round_index = 0
         # The next draft may start on the device once the device is free and the last message it
         # depends on had arrived: handling that message overlaps the emulated drafting.
@@ -403,6 +422,14 @@ class Client:
                 t_send_s = await self.link.send_encoded(data)
                 sent.append(draft_times.pop((p.start_pos, p.base_digest)) + (t_send_s,))
 
+        def observe(m, gamma: int, mode: str, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s) -> None:
+            server_s = (m.queue_s or 0.0) + (m.compute_s or 0.0)
+            self.controller.observe(Observation(
+                gamma, mode, m.proposed, m.accepted, m.stale, max(t_receive_s - t_send_s - server_s, 0.0),
+                (t_draft_end_s - t_draft_start_s) / m.proposed if m.proposed else None, m.compute_s, m.queue_s))
+            decision = check_decision(self.controller.decide(), max(c.gamma_max, c.gamma), modes)
+            edge.set_plan(decision.gamma, decision.mode == "pipelined")
+
         async def on_message(t_receive_s: float, m) -> None:
             nonlocal round_index, ready_s
             ready_s = max(ready_s, t_receive_s)
@@ -412,9 +439,10 @@ class Client:
                 raise RunError(f"unexpected {type(m).__name__} in a DSD session")
             emitted, to_send = edge.on_verdict(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale))
             request.emitted(t_receive_s, len(emitted))
-            t_draft_start_s, t_draft_end_s, t_send_s = sent.popleft()
+            t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = sent.popleft()
             self.round_row(request, round_index, m.proposed, m.accepted, len(emitted), m.stale,
-                           t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m)
+                           t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m, (gamma, mode))
+            observe(m, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s)
             round_index += 1
             request.rounds += 1
             request.stale_rounds += m.stale
@@ -427,7 +455,7 @@ class Client:
                     raise RunError(f"request {request.index}: verifier error {m.code} (field {m.field}): {m.message}")
                 await on_message(t_receive_s, m)
 
-        step_limit = 64 * (c.max_new_tokens + 1) * (c.gamma + 2)
+        step_limit = 64 * (c.max_new_tokens + 1) * (max(c.gamma_max, c.gamma) + 2)
         steps = 0
         while True:
             if not inbox.empty():       # (checked here: this runs between a send and falling idle)
@@ -439,6 +467,7 @@ class Client:
                 await on_message(*await self.next_message(inbox, request))
                 continue
             tokens, probs = list(draft_request.prefix), []
+            plan = (draft_request.n_tokens, "pipelined" if edge.pipelined else "sync")
 
             def step() -> None:
                 token, q = draft_step(self.draft, seq_id, tokens, sampling, generator)
@@ -474,7 +503,7 @@ class Client:
                 raise RunError(f"request {request.index}: more than {step_limit} draft steps")
             block = to_send[0] if to_send else edge.held      # the block just drafted, if any
             if block is not None and not draft_request.with_guess:
-                draft_times[(block.start_pos, block.base_digest)] = (t_draft_start_s, time.perf_counter())
+                draft_times[(block.start_pos, block.base_digest)] = (t_draft_start_s, time.perf_counter(), *plan)
             await send(frames)
         request.tokens = edge.generated
         self.draft.release(seq_id)

@@ -54,6 +54,8 @@ class RoundRow:
     rtt_probe_ms: float | None
     app_delay_ms: float
     error: str = ""
+    round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.control);
+    round_mode: str = ""             # empty for the modes the server runs alone
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,201 @@
+"""Adaptive DSD (dsd/control.py): plans change between rounds of one request without changing the
+target's greedy output, bad plans are refused naming the field, and the policies decide as
+specified."""
+import pytest
+
+from dsd import latency_model as lm
+from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
+from dsd.control import (ControllerConfig, Decision, HeuristicPolicy, ModelPolicy, Observation, best_decision,
+                         check_decision, make_controller)
+from dsd.decoding import generate_ar
+from dsd.simulate import LinkCosts, simulate_dsd
+from dsd.stopping import StopRule
+
+
+class Scripted:
+    """A controller that plays a fixed list of plans, one per decision, then repeats the last."""
+
+    def __init__(self, plans):
+        self.plans, self.calls, self.seen = list(plans), 0, []
+
+    def observe(self, observation):
+        self.seen.append(observation)
+
+    def decide(self):
+        plan = self.plans[min(self.calls, len(self.plans) - 1)]
+        self.calls += 1
+        return plan
+
+
+def _pair(alpha=0.7, seed=5):
+    config = SyntheticConfig(alpha=alpha, seed=seed)
+    return SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+
+
+PLANS = [Decision(g, m) for g, m in [(1, "sync"), (5, "pipelined"), (2, "pipelined"), (7, "sync"), (3, "pipelined"),
+                                     (1, "pipelined"), (6, "sync"), (4, "pipelined")] * 8]
+
+
+@pytest.mark.parametrize("rtt_s", [0.0, 0.004, 0.03])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_gamma_and_mode_changes_mid_request_keep_the_target_greedy_output(rtt_s, depth):
+    draft, target = _pair()
+    stop = StopRule(80)
+    for i in range(3):
+        prompt = [i + 1, 7, 3]
+        expected = generate_ar(target, prompt, stop, seq_id=f"ar{i}").tokens
+        controller = Scripted(PLANS)
+        run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.002, rtt_s), pipelined=False,
+                           max_in_flight=depth, seq_id=f"c{i}", controller=controller, gamma_max=8)
+        assert run.generation.tokens == expected
+        live = [r for r in run.generation.rounds if not r.stale]
+        assert {r.mode for r in live} == {"sync", "pipelined"}       # the switch happened mid-request
+        assert len({r.gamma for r in live}) >= 3
+        assert all(r.proposed == r.gamma for r in live)               # each block drafted to its plan
+        assert len(controller.seen) == len(run.generation.rounds)     # every verdict observed
+
+
+def test_static_controller_changes_nothing_but_the_plan_columns():
+    draft, target = _pair()
+    stop = StopRule(60)
+    for pipelined in (False, True):
+        plain = simulate_dsd(draft, target, [4, 2], 4, stop, LinkCosts(0.001, 0.002, 0.01), pipelined, seq_id="a")
+        mode = "pipelined" if pipelined else "sync"
+        static = make_controller(ControllerConfig("static", 4, mode))
+        controlled = simulate_dsd(draft, target, [4, 2], 4, stop, LinkCosts(0.001, 0.002, 0.01), pipelined,
+                                  seq_id="b", controller=static)
+        assert controlled.generation.tokens == plain.generation.tokens
+        assert controlled.total_s == plain.total_s
+        assert controlled.generation.rounds == plain.generation.rounds
+        assert {(r.gamma, r.mode) for r in plain.generation.rounds if not r.stale} == {(4, mode)}
+
+
+@pytest.mark.parametrize("bad", [Decision(9, "sync"), (3, "sync")])
+def test_a_controller_returning_an_invalid_plan_is_refused_naming_the_field(bad):
+    draft, target = _pair()
+    with pytest.raises(ValueError, match="gamma|Decision"):
+        simulate_dsd(draft, target, [1, 2], 4, StopRule(30), LinkCosts(0.001, 0.002, 0.01), False,
+                     controller=Scripted([Decision(4, "sync"), bad]), gamma_max=8)
+    with pytest.raises(ValueError, match="gamma"):
+        check_decision(Decision(9, "sync"), 8, ("sync",))
+    with pytest.raises(ValueError, match="mode"):
+        check_decision(Decision(2, "ar"), 8, ("sync", "pipelined"))
+    with pytest.raises(ValueError, match="gamma"):
+        Decision(0, "sync")
+    with pytest.raises(ValueError, match="controller"):
+        ControllerConfig("bandit")
+    with pytest.raises(ValueError, match="gamma"):
+        ControllerConfig("heuristic", gamma=20, gamma_max=16)
+
+
+def _obs(proposed, accepted, rtt_s=0.01, stale=False):
+    return Observation(proposed, "sync", proposed, accepted, stale, rtt_s, 0.001, 0.002, 0.0)
+
+
+def test_heuristic_adds_two_on_full_acceptance_and_drops_one_otherwise_clamped():
+    policy = HeuristicPolicy(ControllerConfig("heuristic", gamma=4, gamma_max=9))
+    gammas = []
+    for accepted_all in (True, True, True, False, True, False, False, False, False, False, False, False):
+        g = policy.decide().gamma
+        policy.observe(_obs(g, g if accepted_all else 0))
+        gammas.append(policy.decide().gamma)
+    assert gammas == [6, 8, 9, 8, 9, 8, 7, 6, 5, 4, 3, 2]
+    policy.observe(_obs(2, 0))
+    policy.observe(_obs(1, 0))
+    assert policy.decide() == Decision(1, "sync")
+    policy.observe(_obs(1, 1, stale=True))                            # stale blocks say nothing
+    assert policy.decide().gamma == 1
+
+
+# A known profile: t_draft 2 ms, t_verify = t_ar = 20 ms, alpha 0.8.
+PROFILE = dict(alpha=0.8, t_draft_s=0.002, t_verify_s=0.020)
+T_AR_S = 0.020
+
+
+def test_model_choice_grows_gamma_with_rtt_and_goes_to_ar_past_the_boundary():
+    modes = ("sync", "ar")
+    gammas = []
+    for rtt_ms in (0, 20, 60):
+        decision, _ = best_decision(rtt_s=rtt_ms / 1e3, modes=("sync",), gamma_max=16, t_ar_s=T_AR_S, **PROFILE)
+        gammas.append(decision.gamma)
+    assert gammas == sorted(gammas) and gammas[0] < gammas[-1]
+    # The boundary: the RTT at which the best sync gamma is as fast as cloud AR.
+    boundary_s = max(lm.sync_dsd_beats_ar_rtt_s(PROFILE["alpha"], g, PROFILE["t_draft_s"], PROFILE["t_verify_s"],
+                                                T_AR_S) for g in range(1, 17))
+    below, _ = best_decision(rtt_s=0.9 * boundary_s, modes=modes, gamma_max=16, t_ar_s=T_AR_S, **PROFILE)
+    above, _ = best_decision(rtt_s=1.1 * boundary_s, modes=modes, gamma_max=16, t_ar_s=T_AR_S, **PROFILE)
+    assert below.mode == "sync" and above == Decision(1, "ar")
+
+
+def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
+    """Rounds of gamma 4 with 18 accepted and one rejection per 5 rounds (alpha_hat 18/19)."""
+    for i in range(rounds):
+        accepted = seed_pattern[i % len(seed_pattern)]
+        policy.observe(Observation(4, "sync", 4, accepted, False, rtt_s, PROFILE["t_draft_s"],
+                                   PROFILE["t_verify_s"], 0.0))
+    return policy.decide()
+
+
+def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
+    policy = ModelPolicy(config)
+    assert policy.decide() == Decision(4, "sync")                     # nothing measured yet
+    near = _feed(policy, 0.002, 40)
+    assert near.mode == "sync"
+    far = _feed(policy, 0.300, 40)
+    assert far.mode == "ar"
+    back = _feed(policy, 0.002, 40)
+    assert back.mode == "sync" and abs(back.gamma - near.gamma) <= 2   # (the far RTT still weighs a little)
+
+
+def test_model_policy_does_not_flap_within_its_margin():
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, margin_pct=10.0)
+    policy = ModelPolicy(config)
+    settled = _feed(policy, 0.020, 40)
+    decisions = set()
+    for i in range(100):                                # the RTT wobbles +-1 ms around 20 ms
+        decisions.add(_feed(policy, 0.020 + (0.001 if i % 2 else -0.001), 1))
+    assert decisions == {settled}
+
+
+def test_model_policy_fits_t_verify_as_a_line_in_gamma():
+    policy = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync", gamma_max=16))
+    for gamma, t_verify_s in [(2, 0.005), (8, 0.011)] * 5:
+        policy.observe(Observation(gamma, "sync", gamma, gamma, False, 0.01, 0.001, t_verify_s, 0.0))
+    assert policy.t_verify_s.at(4) == pytest.approx(0.007, rel=1e-6)
+    flat = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync"))
+    flat.observe(Observation(4, "sync", 4, 4, False, 0.01, 0.001, 0.009, 0.0))
+    assert flat.t_verify_s.at(12) == pytest.approx(0.009)       # one gamma seen: no slope to fit
+
+
+def test_plan_changes_mid_request_keep_speculative_sampling_exact():
+    """Sampled DSD whose gamma and mode change every round (sim, one and two blocks in flight) vs
+    the exact distribution of the bigram target's 4-token continuations (vocab 3: 81 outcomes),
+    6k runs, chi-square at p > 1e-3 (fixed seeds)."""
+    import itertools
+
+    from scipy import stats
+
+    from dsd.backends.protocol import SamplingParams
+    from tests.toy_models import BigramLM, random_bigram
+
+    vocab, n_runs, length = 3, 6_000, 4
+    target_table = random_bigram(vocab, seed=1, sharpness=1.5)
+    target, draft = BigramLM(target_table, "t"), BigramLM(random_bigram(vocab, seed=2, sharpness=1.5), "d")
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, 0
+        for token in seq:
+            prob *= float(target_table[previous, token])
+            previous = token
+        exact[seq] = prob
+    counts = dict.fromkeys(exact, 0)
+    plans = [Decision(1, "pipelined"), Decision(2, "sync"), Decision(1, "sync"), Decision(3, "pipelined")] * 4
+    for run in range(n_runs):
+        out = simulate_dsd(draft, target, [0], 2, StopRule(length), LinkCosts(0.001, 0.002, 0.005), False,
+                           max_in_flight=1 + run % 2, sampling=SamplingParams(temperature=1.0, seed=run),
+                           seq_id=str(run), controller=Scripted(plans[run % 4:]), gamma_max=3)
+        counts[tuple(out.generation.tokens)] += 1
+    total = sum(exact.values())
+    _, p_value = stats.chisquare([counts[s] for s in exact], [exact[s] * n_runs / total for s in exact])
+    assert p_value > 1e-3
