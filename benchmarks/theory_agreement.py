@@ -15,6 +15,12 @@ Two predictions are set beside the measurements:
   client view is what the harness itself costs per round.
 Per-token latency is the steady state: from a request's first round to its last full one.
 
+The headline since issue 14 is out of sample (oos_*): the sweep's calibration points (first
+repeat of AR, co-located and sync at RTT 0) fix the parameters, every other point and the
+crossovers are predicted from them alone before they run (predictions.csv), and the error is
+taken over the non-calibration points only. crossover_ci_width_ms is the widest 95% bootstrap
+interval of a located crossover (crossover_ci_width_pct: relative to the crossover).
+
     python benchmarks/theory_agreement.py [--launcher auto|netns|loopback|sim] [--repeats 3]
 """
 from __future__ import annotations
@@ -42,12 +48,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--alpha", type=float, default=0.8)
     parser.add_argument("--out", default="")
+    parser.add_argument("--requests", type=int, default=4, help="measured requests per point")
     args = parser.parse_args()
     launcher = choose_launcher(args.launcher)
     profile_name, gamma = "toy-edge-cloud", 4
     experiment = experiment_from_dict({
         "name": "theory-agreement", "launcher": launcher, "rtt_ms": [0, 4, 8, 12, 16, 24, 40],
-        "gamma": [gamma], "requests": 4, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
+        "gamma": [gamma], "requests": args.requests, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
         "repeats": args.repeats, "edges": 1, "profile": profile_name,
         "backend": {"kind": "synthetic", "alpha": args.alpha}})
     out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-theory-"))
@@ -59,6 +66,11 @@ def main() -> int:
                   compute_only_ms=("per_token_ms_predicted_compute_only", "first"),
                   rtt_probe_ms=("rtt_measured_ms", "median"), alpha=("alpha_measured", "median"))
              .reset_index())
+    oos = pd.DataFrame(summary["latency_cells"])
+    oos = oos[oos["clients"] == oos["clients"].min()][["mode", "rtt_ms", "per_token_ms_predicted_oos", "err_oos_pct",
+                                                      "ci_low", "ci_high"]]
+    table = table.merge(oos.rename(columns={"per_token_ms_predicted_oos": "oos_predicted_ms"}), on=["mode", "rtt_ms"],
+                        how="left")
     table["err_pct"] = 100 * (table.measured_ms / table.predicted_ms - 1)
     table["err_compute_only_pct"] = 100 * (table.measured_ms / table.compute_only_ms - 1)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -69,11 +81,26 @@ def main() -> int:
         m, p, q = c["measured_rtt_ms"], c["predicted_rtt_ms"], compute_crossovers[name]["rtt_ms"]
         errors.append(_err_pct(m, p))
         errors_compute.append(_err_pct(m, q))
-        print(f"{name}: measured {m:.2f} ms (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
-              f"predicted {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)")
+        print(f"{name}: measured {c['text']} (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
+              f"predicted before measuring {c['predicted_rtt_ms_oos']:.2f} ms (error {c['oos_err_pct']:.1f}%), "
+              f"in-sample {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)")
     print("parameters (client view):", json.dumps(summary["params"], default=str))
     load_1m = os.getloadavg()[0]
+    oos_summary = summary["out_of_sample"]
+    located = [c for c in summary["crossovers"].values() if math.isfinite(c["measured_rtt_ms"])]
+    widths = [c["ci_high"] - c["ci_low"] for c in located]
+    # Near RTT 0 a relative error says little (0.02 vs -0.5 ms is "100%"): the absolute one too.
+    oos_abs_ms = [abs(c["measured_rtt_ms"] - c["predicted_rtt_ms_oos"]) for c in located
+                  if math.isfinite(c["predicted_rtt_ms_oos"])]
+    widths_pct = [100 * w / abs(c["measured_rtt_ms"]) if c["measured_rtt_ms"] else math.inf
+                  for w, c in zip(widths, located)]
     print(" ".join([
+        f"oos_latency_err_p50_pct={oos_summary['latency_err_p50_pct']:.2f}",
+        f"oos_latency_err_max_pct={oos_summary['latency_err_max_pct']:.2f}",
+        f"oos_crossover_err_pct={oos_summary['crossover_err_max_pct']:.2f}",
+        f"oos_crossover_err_ms={max(oos_abs_ms) if oos_abs_ms else math.nan:.2f}",
+        f"crossover_ci_width_ms={max(widths) if widths else math.nan:.2f}",
+        f"crossover_ci_width_pct={max(widths_pct) if widths_pct else math.nan:.1f}",
         f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
         f"median_latency_err_pct={table.err_pct.abs().median():.2f}",
         f"max_crossover_err_pct={max(errors):.2f}",
@@ -82,7 +109,8 @@ def main() -> int:
         f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
         *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
         f"alpha_fitted={alpha:.4f}", f"launcher={launcher}", f"alpha={args.alpha}", f"gamma={gamma}",
-        f"profile={profile_name}", f"repeats={args.repeats}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
+        f"profile={profile_name}", f"repeats={args.repeats}", f"requests={args.requests}",
+        f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
     ]))
     return 0
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
-from dsd.drafting import draft_block
+from dsd.drafting import begin_request, draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -72,6 +72,7 @@ def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
+    begin_request(draft, seq_id, prompt, gamma)
     generation = Generation([])
     while not session.finished:
         drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling,

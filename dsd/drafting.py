@@ -9,6 +9,15 @@ from dsd.backends.protocol import LanguageModel, SamplingParams
 from dsd.verification import probs_from_logits
 
 
+def begin_request(model: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
+    """Tell the draft a request's prompt and gamma before its first draft. Only the synthetic
+    draft with stratified acceptance uses them (it lays out the request's rounds); other models
+    have no ``begin_request`` and need nothing."""
+    begin = getattr(model, "begin_request", None)
+    if begin is not None:
+        begin(seq_id, prompt, gamma)
+
+
 def draft_step(model: LanguageModel, seq_id: str, tokens: Sequence[int], sampling: SamplingParams,
                generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
     """One draft token after ``tokens``, and the distribution q it was drawn from ([vocab], or

@@ -24,6 +24,8 @@ What the orchestrator calls::
 - `Topology` (topology.py): N edge namespaces + a verifier namespace on a bridge, for tests,
   benchmarks and services; `nsutil.in_netns(endpoint.netns, argv)` is the argv that starts a
   service inside an endpoint (stop it before the topology closes: leftovers get killed).
+- `LinkSchedule` (schedule.py): steps or a replayed trace; `state_at(base, t_s)` is the link in
+  force; `shaper.schedule([(t_monotonic_s, [spec per link]), ...])` applies changes while running.
 - `cleanup_leftovers()` (cleanup.py): idempotent removal of leftovers by prefix.
 """
 import importlib
@@ -39,7 +41,7 @@ _EXPORTS = {
     "probe_backends": "netem.probe",
     "LinkRecord": "netem.shaper", "Shaper": "netem.shaper", "ShaperConfig": "netem.shaper",
     "ShaperFailed": "netem.shaper",
-    "DirectionSpec": "netem.spec", "LinkSpec": "netem.spec",
+    "DirectionSpec": "netem.spec", "LinkSpec": "netem.spec", "LinkSchedule": "netem.schedule",
     "Topology": "netem.topology", "TopologyConfig": "netem.topology",
 }
 __all__ = sorted(_EXPORTS)

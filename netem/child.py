@@ -1,8 +1,9 @@
 """A helper process (the NFQUEUE daemon): own process group, readiness handshake that notices a
 crash, and a stop that kills the whole group.
 
-Protocol: the child reads its JSON config from stdin, prints one line ``READY <json>`` once it
-serves, and on SIGTERM prints ``STATS <json>`` and exits 0. Its stderr goes to a log file
+Protocol: the child reads its JSON config from stdin (one line), prints one line ``READY <json>``
+once it serves, and on SIGTERM prints ``STATS <json>`` and exits 0. With ``keep_stdin`` the pipe
+stays open and `send` writes further JSON lines (the NFQUEUE daemon's timed setting changes). Its stderr goes to a log file
 (``/tmp/dsdbed-*.log``) so a crash can be reported without a pipe that might fill up; the file
 is removed when the child is stopped, its tail kept for error messages.
 """
@@ -40,7 +41,7 @@ class Child:
 
     @classmethod
     def start(cls, module: str, config: dict, *, tag: str, netns: str | None = None,
-              ready_timeout_s: float = 10.0) -> "Child":
+              ready_timeout_s: float = 10.0, keep_stdin: bool = False) -> "Child":
         name = module.rsplit(".", 1)[-1]
         fd, log_path = tempfile.mkstemp(prefix=f"{PREFIX}-{name}-", suffix=".log")
         argv = nsutil.in_netns(netns, [sys.executable, "-m", module, "--tag", tag])
@@ -54,9 +55,12 @@ class Child:
             )
         child = cls(proc, name, log_path)
         try:
-            proc.stdin.write(json.dumps(dict(config, parent_pid=os.getpid())).encode())
-            proc.stdin.close()
-            proc.stdin = None  # communicate() would flush it later
+            proc.stdin.write(json.dumps(dict(config, parent_pid=os.getpid())).encode() + b"\n")
+            if keep_stdin:
+                proc.stdin.flush()
+            else:
+                proc.stdin.close()
+                proc.stdin = None  # communicate() would flush it later
             child._wait_ready(ready_timeout_s)
         except BaseException:
             child.stop()
@@ -66,6 +70,19 @@ class Child:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def send(self, message: dict) -> None:
+        """One JSON line to a child started with keep_stdin (blocks while its pipe is full)."""
+        if self.proc.stdin is None:
+            raise ChildError(f"{self.name} was started without keep_stdin")
+        self.check()
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self.proc.wait(timeout=5)
+            self.check()
+            raise
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -99,6 +116,12 @@ class Child:
 
     def stop(self, timeout_s: float = 5.0) -> dict | None:
         """SIGTERM to the group, then SIGKILL; returns the child's final STATS if it printed any."""
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            self.proc.stdin = None
         if self.alive():
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
@@ -142,13 +165,24 @@ def child_preamble() -> dict:
     """
     import ctypes
 
-    config = json.loads(sys.stdin.read())
+    config = json.loads(_read_line(0))
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != config["parent_pid"]:  # the parent died before prctl took effect
         sys.exit("parent gone before start")
     return config
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from a raw fd, byte by byte: a buffered reader could swallow the next lines,
+    which the child reads from the same fd later (keep_stdin)."""
+    out = bytearray()
+    while True:
+        byte = os.read(fd, 1)
+        if not byte or byte == b"\n":
+            return bytes(out)
+        out += byte
 
 
 def announce(kind: str, info: dict) -> None:

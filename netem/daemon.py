@@ -53,9 +53,10 @@ class NfqueueDaemon:
     @classmethod
     def start(cls, netns: str | None, queues: list[QueueAssignment], tag: str, rt_priority: int = 10,
               ready_timeout_s: float = 15.0) -> "NfqueueDaemon":
-        config = {"queues": [q.as_config() for q in queues], "rt_priority": rt_priority}
+        config = {"queues": [q.as_config() for q in queues], "rt_priority": rt_priority, "control": True}
         try:
-            child = Child.start(MODULE, config, tag=tag, netns=netns, ready_timeout_s=ready_timeout_s)
+            child = Child.start(MODULE, config, tag=tag, netns=netns, ready_timeout_s=ready_timeout_s,
+                                keep_stdin=True)
         except ChildError as exc:
             raise DaemonDied(f"NFQUEUE daemon failed to start: {exc}") from None
         return cls(child, netns, queues)
@@ -93,6 +94,16 @@ class NfqueueDaemon:
         return [f"queue {s.queue_num}: kernel dropped {s.queue_dropped} (queue full) + {s.user_dropped} "
                 f"(socket full) packets; raise max_pps" for s in status.values()
                 if s.queue_num in {q.queue_num for q in self.queues} and (s.queue_dropped or s.user_dropped)]
+
+    def schedule(self, changes: list[tuple[float, int, DirectionSpec]]) -> None:
+        """Switch queues' settings at given times: (CLOCK_MONOTONIC seconds, queue_num, settings).
+        The daemon times each switch itself (see netem.nfqueue_daemon)."""
+        ours = {q.queue_num for q in self.queues}
+        for _, queue_num, _ in changes:
+            if queue_num not in ours:
+                raise ValueError(f"queue {queue_num} is not served by this daemon (it serves {sorted(ours)})")
+        self.child.send({"changes": [{"at_mono_s": at_s, "queue_num": q, "direction": d.as_dict()}
+                                     for at_s, q, d in changes]})
 
     def check(self) -> None:
         failures = self.failures()

@@ -8,16 +8,24 @@ A packet that arrives at ``arrival_s``:
    loss rate is exactly loss_pct; netem's own correlated generator shifts the mean, we do not);
 2. waits for the wire if rate_mbit is set (FIFO serialisation at the rate; tail drop when more
    than ``backlog_pkts`` full-size packets are waiting, like a default txqueuelen of 1000);
-3. then propagates for delay_ms plus a jitter draw (uniform or normal, lag-1 correlated through
-   an AR(1) Gaussian, so the marginal spread is the configured one whatever the correlation);
+3. then propagates for delay_ms plus a jitter draw (uniform, normal, or an entry of netem's
+   pareto/paretonormal table picked by a uniform, as netem picks one; lag-1 correlated through an
+   AR(1) Gaussian mapped to the draw by its CDF, so the marginal distribution is the configured
+   one whatever the correlation);
 4. never leaves before the packet ahead of it: FIFO release, so jitter does not reorder
    (netem's does unless a rate is set).
+
+`update(direction)` changes the settings from then on (a link schedule): packets already held
+keep their release times (nothing is dropped or re-timed); the FIFO floor starts afresh, so after
+a cut in delay new packets may overtake held ones, as the new delay implies, and are never held
+back by the old delay. The random state, a loss burst and the wire's backlog carry over.
 """
 from __future__ import annotations
 
 import math
 import random
 
+from netem import distributions
 from netem.spec import DirectionSpec
 
 MTU_BYTES = 1500
@@ -30,7 +38,10 @@ _HEADROOM = 1.25
 
 def hold_time_s(direction: DirectionSpec) -> float:
     """How long a packet is held at most, backlog aside."""
-    return (direction.delay_ms + _JITTER_TAIL_STDEVS * direction.delay_stdev_ms) / 1000.0
+    tail_ms = _JITTER_TAIL_STDEVS * direction.delay_stdev_ms
+    if direction.distribution in distributions.TABLE_DISTRIBUTIONS:
+        tail_ms = 4.0 * direction.jitter_ms  # the tables' clip: a long tail, reached by 1% of draws
+    return (direction.delay_ms + tail_ms) / 1000.0
 
 
 def queue_limit_pkts(direction: DirectionSpec, max_pps: int, backlog_pkts: int = DEFAULT_BACKLOG_PKTS) -> int:
@@ -54,12 +65,9 @@ class DirectionScheduler:
     """Loss, serialisation, delay and FIFO order for one direction of one link."""
 
     def __init__(self, direction: DirectionSpec, seed: int, backlog_pkts: int = DEFAULT_BACKLOG_PKTS):
-        self.direction = direction
         self._rng = random.Random(seed)
-        self._rho = direction.correlation_pct / 100.0
-        self._p_loss = direction.loss_pct / 100.0
-        self._rate_bytes_s = direction.rate_bytes_s
         self._backlog_limit_bytes = backlog_pkts * MTU_BYTES
+        self._set(direction)
         self._z = self._rng.gauss(0.0, 1.0)  # AR(1) state of the jitter draw
         self._last_lost = False
         self._wire_free_s = -math.inf
@@ -67,6 +75,19 @@ class DirectionScheduler:
         self.n_in = 0
         self.n_lost = 0
         self.n_overflow = 0
+        self.n_updates = 0
+
+    def _set(self, direction: DirectionSpec) -> None:
+        self.direction = direction
+        self._rho = direction.correlation_pct / 100.0
+        self._p_loss = direction.loss_pct / 100.0
+        self._rate_bytes_s = direction.rate_bytes_s
+
+    def update(self, direction: DirectionSpec) -> None:
+        """New settings for packets arriving from now on (see the module docstring)."""
+        self._set(direction)
+        self._last_release_s = -math.inf
+        self.n_updates += 1
 
     def on_arrival(self, arrival_s: float, size_bytes: int) -> float | None:
         """The time the packet leaves, or None when it is dropped (lost or backlog overflow)."""
@@ -102,6 +123,8 @@ class DirectionScheduler:
         self._z = rho * self._z + math.sqrt(1.0 - rho * rho) * self._rng.gauss(0.0, 1.0)
         if d.distribution == "uniform":
             jitter_ms = d.jitter_ms * (2.0 * _normal_cdf(self._z) - 1.0)
-        else:
+        elif d.distribution == "normal":
             jitter_ms = d.jitter_ms * self._z
+        else:
+            jitter_ms = d.jitter_ms * distributions.draw(d.distribution, _normal_cdf(self._z))
         return max(0.0, d.delay_ms + jitter_ms) / 1000.0

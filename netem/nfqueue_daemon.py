@@ -18,6 +18,12 @@ sockets, one heap of held packets ordered by release time. The loop:
    clock starts at the kernel's receive timestamp, not when we got round to reading it;
 3. accept every packet whose time has come, in heap order (FIFO per queue, see `netem.model`).
 
+Link schedules: further stdin lines ``{"changes": [{"at_mono_s": T, "queue_num": Q, "direction":
+{...}}]}`` (CLOCK_MONOTONIC, shared by every process here) go on a second heap; the loop wakes for
+the earliest as it does for a packet and switches that queue's settings at T (`DirectionScheduler.
+update`: held packets are neither dropped nor re-timed). The daemon times the switch itself, to
+the same precision as a release, rather than waiting for a message to arrive at T.
+
 Timing on a shared 2-core machine: with CPU-bound neighbours a normal-priority process waits
 milliseconds to be scheduled after a wake-up (measured: p99 3-5 ms), which is delay error on
 every link. So the daemon runs SCHED_FIFO (``rt_priority``, 0 = off); it sleeps nearly all the
@@ -30,6 +36,8 @@ import ctypes
 import gc
 import heapq
 import itertools
+import json
+import math
 import os
 import select
 import signal
@@ -128,7 +136,8 @@ class Queue:
     def stats(self) -> dict:
         s = self.scheduler
         return {"queue_num": self.queue_num, "label": self.label, "n_in": s.n_in, "n_lost": s.n_lost,
-                "n_overflow": s.n_overflow, "n_limit": self.n_limit, "n_out": self.n_out, "held": self.held}
+                "n_overflow": s.n_overflow, "n_limit": self.n_limit, "n_out": self.n_out, "held": self.held,
+                "n_updates": s.n_updates}
 
 
 def ip_length(head: bytes) -> int:
@@ -174,23 +183,73 @@ def release_due(heap: list, lead: WakeLead, late: Histogram) -> None:
         first = False
 
 
-def serve(queues: list[Queue], heap: list, clock: Clock, lead: WakeLead, late: Histogram) -> None:
+class Control:
+    """Timed setting changes read from stdin (see the module docstring)."""
+
+    FD = 0
+
+    def __init__(self, queues: list[Queue]):
+        self.by_num = {q.queue_num: q for q in queues}
+        self.pending: list = []  # (at_mono_s, seq, queue, DirectionSpec)
+        self._seq = itertools.count()
+        self._buffer = b""
+        self.n_applied = 0
+        self.late = Histogram()
+
+    def read(self) -> bool:
+        """Read what stdin has; False at EOF (the parent closed it: no more changes)."""
+        chunk = os.read(self.FD, 1 << 16)
+        if not chunk:
+            return False
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                for change in json.loads(line)["changes"]:
+                    queue = self.by_num[int(change["queue_num"])]
+                    heapq.heappush(self.pending, (float(change["at_mono_s"]), next(self._seq), queue,
+                                                  DirectionSpec(**change["direction"])))
+        return True
+
+    def next_s(self) -> float:
+        return self.pending[0][0] if self.pending else math.inf
+
+    def apply_due(self, now_s: float) -> None:
+        while self.pending and self.pending[0][0] <= now_s:
+            at_s, _, queue, direction = heapq.heappop(self.pending)
+            queue.scheduler.update(direction)
+            self.late.add(now_s - at_s)
+            self.n_applied += 1
+
+
+def serve(queues: list[Queue], heap: list, clock: Clock, lead: WakeLead, late: Histogram,
+          control: Control | None = None) -> None:
     epoll = select.epoll()
     by_fd = {}
     for q in queues:
         fd = q.nfq.get_fd()
         by_fd[fd] = q
         epoll.register(fd, select.EPOLLIN)
+    if control is not None:
+        epoll.register(Control.FD, select.EPOLLIN)
     while True:
-        wait_s = heap[0][0] - lead.lead_s - time.monotonic() if heap else IDLE_WAIT_S
+        due_s = min(heap[0][0] if heap else math.inf, control.next_s() if control else math.inf)
+        wait_s = due_s - lead.lead_s - time.monotonic() if due_s < math.inf else IDLE_WAIT_S
         if wait_s > 2 * COARSE_MARGIN_S:
             wait_s -= COARSE_MARGIN_S  # coarse: wake early, the precise wait follows
         if wait_s > 0:
             select.select([epoll], [], [], wait_s)
+        if control is not None:
+            # Before reading packets: one that arrived after the switch time gets the new settings.
+            control.apply_due(time.monotonic() + lead.lead_s)
         events = epoll.poll(0)
         if events:
             clock.resync()
         for fd, _ in events:
+            if fd == Control.FD:
+                if not control.read():
+                    epoll.unregister(Control.FD)
+                continue
             by_fd[fd].nfq.run(False)
         release_due(heap, lead, late)
 
@@ -226,9 +285,10 @@ def main() -> None:
     seq = itertools.count()
     clock, lead, read_lag, late = Clock(), WakeLead(), Histogram(), Histogram()
     queues = [Queue(q, heap, seq, clock, read_lag) for q in config["queues"]]
+    control = Control(queues) if config.get("control") else None
     announce("READY", {"pid": os.getpid(), "queues": [q.queue_num for q in queues]})
     try:
-        serve(queues, heap, clock, lead, late)
+        serve(queues, heap, clock, lead, late, control)
     finally:
         # Packets still held leave at once rather than being dropped by the unbind.
         while heap:
@@ -241,7 +301,9 @@ def main() -> None:
             q.nfq.unbind()
         stamp_switch.close()
         announce("STATS", {"queues": stats, "read_lag": read_lag.summary(), "release_late": late.summary(),
-                           "wake_lead_us": round(lead.lead_s * 1e6, 1)})
+                           "wake_lead_us": round(lead.lead_s * 1e6, 1),
+                           "changes_applied": control.n_applied if control else 0,
+                           "change_late": control.late.summary() if control else {}})
 
 
 if __name__ == "__main__":

@@ -111,6 +111,24 @@ def read_back(plan: RulePlan) -> list[str]:
     return problems
 
 
+def queue_counters(plan: RulePlan) -> dict[int, tuple[int, int]]:
+    """Packets and IP bytes each queue's rule has handed over since it was made: what crossed
+    each link direction (offered: the configured loss comes after). {queue_num: (pkts, bytes)}."""
+    listed = nsutil.run([IPTABLES, "-w", "-S", plan.chain, "-v"], netns=plan.netns, check=False)
+    return parse_counters(listed.stdout) if listed.returncode == 0 else {}
+
+
+def parse_counters(text: str) -> dict[int, tuple[int, int]]:
+    """From ``iptables -S CHAIN -v``: "-A CHAIN ... -c PKTS BYTES -j NFQUEUE --queue-num N"."""
+    out = {}
+    for line in text.splitlines():
+        words = line.split()
+        if line.startswith("-A ") and "-c" in words and "--queue-num" in words:
+            c = words.index("-c")
+            out[int(words[words.index("--queue-num") + 1])] = (int(words[c + 1]), int(words[c + 2]))
+    return out
+
+
 def remove_rules(plan: RulePlan) -> None:
     """Jump first (traffic stops entering the chain), then the chain; absent pieces are fine."""
     remove_chain(plan.netns, plan.chain)

@@ -7,8 +7,11 @@ How a round trip is split: ``rtt_ms`` puts half of it on each direction (``delay
 ``correlation_pct`` apply to EACH direction on its own, as a netem qdisc on each side would:
 
 - jitter_ms is netem's jitter: the half-width of a uniform spread (stdev jitter/sqrt(3)) for
-  ``distribution="uniform"`` (netem's default), the standard deviation for ``"normal"``. The two
-  directions draw independently, so the round-trip stdev is sqrt(2) x the one-way stdev.
+  ``distribution="uniform"`` (netem's default), the standard deviation for ``"normal"``, and the
+  scale of netem's table for ``"pareto"`` and ``"paretonormal"`` (delay + jitter x an entry of
+  iproute2's table, see `netem.distributions`: stdev 0.82 and 0.83 jitter, skewed right, median
+  below the delay). The two directions draw independently, so the round-trip stdev is sqrt(2) x
+  the one-way stdev.
 - loss_pct is per direction, so a request/reply pair is lost with 1 - (1 - loss)^2.
 - rate_mbit caps each direction (IP bytes in the userspace backend, L2 bytes in htb).
 - correlation_pct correlates successive delays and successive losses (lag 1).
@@ -18,11 +21,15 @@ delay (a uniform draw is then never clipped; a normal one is, in its tail).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
-DISTRIBUTIONS = ("uniform", "normal")
+from netem import distributions
+
+DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")  # netem's set
 MAX_RATE_MBIT = 100_000.0
 
 
@@ -68,7 +75,16 @@ class DirectionSpec:
     def delay_stdev_ms(self) -> float:
         if self.distribution == "uniform":
             return self.jitter_ms / math.sqrt(3.0)
+        if self.distribution in distributions.TABLE_DISTRIBUTIONS:
+            return self.jitter_ms * distributions.moments(self.distribution)[1]
         return self.jitter_ms
+
+    @property
+    def delay_mean_ms(self) -> float:
+        """The mean one-way delay: netem's tables are not centred exactly (their clipped tail)."""
+        if self.distribution in distributions.TABLE_DISTRIBUTIONS:
+            return self.delay_ms + self.jitter_ms * distributions.moments(self.distribution)[0]
+        return self.delay_ms
 
     @property
     def rate_bytes_s(self) -> float | None:
@@ -143,6 +159,16 @@ class LinkSpec:
                 rtt_ms += 1000.0 * probe_bytes / d.rate_bytes_s
         return rtt_ms
 
+    def expected_rtt_p50_ms(self, probe_bytes: int = 0) -> float:
+        """The median round trip: the base one for symmetric jitter; for netem's skewed tables the
+        median of the sum of the two directions' draws (exact over the tables, see `_sum_median`)."""
+        up, down = self.up, self.down
+        shift = sum(d.jitter_ms * _table_offset(d.distribution) for d in (up, down) if d.jitter_ms)
+        if up.jitter_ms and down.jitter_ms and up.distribution in distributions.TABLE_DISTRIBUTIONS \
+                and down.distribution in distributions.TABLE_DISTRIBUTIONS:
+            shift = _sum_median(up.distribution, up.jitter_ms, down.distribution, down.jitter_ms)
+        return self.expected_rtt_ms(probe_bytes) + shift
+
     @property
     def expected_rtt_stdev_ms(self) -> float:
         return math.hypot(self.up.delay_stdev_ms, self.down.delay_stdev_ms)
@@ -163,6 +189,28 @@ class LinkSpec:
         if unknown:
             raise ValueError(f"unknown LinkSpec field(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def _table_offset(distribution: str) -> float:
+    """The median of one direction's draw in units of jitter (0 for symmetric spreads)."""
+    if distribution not in distributions.TABLE_DISTRIBUTIONS:
+        return 0.0
+    entries = distributions.table(distribution)
+    return entries[len(entries) // 2] / distributions.TABLE_FACTOR
+
+
+@functools.lru_cache(maxsize=64)
+def _sum_median(dist_a: str, jitter_a: float, dist_b: str, jitter_b: float) -> float:
+    """Median of jitter_a x A + jitter_b x B, A and B independent uniform picks from two tables:
+    bisection on x of P(sum <= x) = mean over A's entries of P(B <= (x - a) / jitter_b)."""
+    a = [jitter_a * t / distributions.TABLE_FACTOR for t in distributions.table(dist_a)]
+    b = sorted(jitter_b * t / distributions.TABLE_FACTOR for t in distributions.table(dist_b))
+    lo, hi = a[0] + b[0], max(a) + b[-1]
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        below = sum(bisect.bisect_right(b, mid - x) for x in a) / (len(a) * len(b))
+        lo, hi = (lo, mid) if below >= 0.5 else (mid, hi)
+    return hi
 
 
 def _is_number(value) -> bool:

@@ -14,7 +14,10 @@ from orchestrator import capacity
 from orchestrator.rounds import rounds_with_receipts
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
-GROUP_KEYS = ["profile", "alpha"]        # point keys only in sweeps that vary them
+# Point keys only in sweeps that vary them; the link's keys (orchestrator/links.py) make groups of
+# their own, each with its crossovers over RTT.
+GROUP_KEYS = ["profile", "alpha", "jitter_ms", "delay_distribution", "correlation_pct", "loss_pct", "rate_mbit",
+              "delay_up_ms"]
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
     "sync_vs_ar": ("sync", "ar"),
     "pipelined_vs_colocated": ("pipelined", "colocated"),

@@ -105,8 +105,9 @@ def _run_sweep(args) -> int:
     plan = plan_points(experiment)
     if args.dry_run:
         print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
+        from orchestrator.sweep import is_calibration
         for point in plan:
-            print(f"  {point.key}")
+            print(f"  {point.key}" + ("  (calibration: predicts the rest)" if is_calibration(point, experiment) else ""))
         return 0
     run_experiment(experiment, out, resume=args.resume)
     return _analyze(out)
@@ -120,8 +121,14 @@ def _analyze(out: Path) -> int:
         label = ", ".join(f"{k}={group[k]}" for k in summary["group_keys"])
         for name, values in group["crossovers"].items():
             measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
+            oos = values.get("predicted_rtt_ms_oos", math.nan)
             print(f"{name}{' (' + label + ')' if label else ''}: "
-                  f"measured {_ms(measured)}, predicted {_ms(predicted)}")
+                  f"measured {values.get('text') or _ms(measured)}, predicted before measuring {_ms(oos)}, "
+                  f"in-sample fit {_ms(predicted)}")
+    oos = summary.get("out_of_sample", {})
+    if oos.get("available"):
+        print(f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
+              f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded)")
     for row in summary.get("capacity", []):
         print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
               f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import load_profiles
+from orchestrator import links
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "auto")
@@ -37,10 +38,28 @@ class Experiment:
     # synthetic backend: hardware profile name (dsd/profiles.toml), or a list of them to sweep
     profile: str | tuple[str, ...] = ""
     alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
+    # network launchers: pin verifier, edges, shaper, orchestrator to disjoint CPU sets
+    # (orchestrator/cpus.py): auto = where there are >= 4 CPUs, on = always, off = never
+    cpu_pinning: str = "auto"
+    # repeats where they matter (orchestrator/adaptive.py): after the grid, add repeats of the
+    # points bracketing a crossover until its 95% CI is at most adaptive_ci_target_pct of it,
+    # spending at most adaptive_budget_points extra points (0: off)
+    adaptive_budget_points: int = 0
+    adaptive_ci_target_pct: float = 20.0
     backend: BackendConfig = field(default_factory=BackendConfig)
+    # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links.py.
+    jitter_ms: tuple[float, ...] = (0.0,)
+    delay_distribution: tuple[str, ...] = ("uniform",)
+    correlation_pct: tuple[float, ...] = (0.0,)
+    loss_pct: tuple[float, ...] = (0.0,)
+    rate_mbit: tuple[float, ...] = (0.0,)          # 0 = no cap
+    delay_up_ms: tuple[float, ...] = ()            # with delay_down_ms: one-way delays instead of rtt_ms
+    delay_down_ms: tuple[float, ...] = ()
+    link: links.LinkOptions = field(default_factory=links.LinkOptions)   # [link]: per-edge links
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
+        _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
         _check(len(self.modes) > 0 and all(m in MODES for m in self.modes), "modes", self.modes,
                f"a non-empty list from {MODES}")
         _check(len(self.rtt_ms) > 0 and all(_is_number(r) and 0 <= r <= 10_000 for r in self.rtt_ms),
@@ -51,10 +70,14 @@ class Experiment:
                "clients", self.clients, "a non-empty list of whole numbers in 1..256")
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),
                           ("prompt_tokens", 1), ("max_in_flight", 1), ("repeats", 1), ("edges", 1),
-                          ("max_batch", 1), ("seed", 0), ("retries", 0)):
+                          ("max_batch", 1), ("seed", 0), ("retries", 0), ("adaptive_budget_points", 0)):
             value = getattr(self, name)
             _check(_is_int(value) and value >= low, name, value, f"a whole number >= {low}")
         _check(self.retries <= 10, "retries", self.retries, "at most 10")
+        _check(self.adaptive_budget_points <= 10_000, "adaptive_budget_points", self.adaptive_budget_points,
+               "at most 10000")
+        _check(_is_number(self.adaptive_ci_target_pct) and 0 < self.adaptive_ci_target_pct <= 1000,
+               "adaptive_ci_target_pct", self.adaptive_ci_target_pct, "a number in (0, 1000]")
         for name in ("batch_window_ms", "retry_backoff_s"):
             value = getattr(self, name)
             _check(_is_number(value) and 0 <= value <= 3600, name, value, "a number in 0..3600")
@@ -83,6 +106,7 @@ class Experiment:
         known = load_profiles()
         for name in self.profiles():
             _check(not name or name in known, "profile", name, f"a profile of dsd/profiles.toml {sorted(known)}")
+        links.check_link_keys(self)
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
@@ -119,6 +143,13 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
     data = dict(data)
     backend = data.pop("backend", {})
+    if "link" in data:
+        if not isinstance(data["link"], dict):
+            raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
+        try:
+            data["link"] = links.LinkOptions.from_dict(data["link"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
     known = {f.name for f in fields(Experiment)} - {"backend"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -133,7 +164,9 @@ def experiment_from_dict(data: dict, source: str = "experiment") -> Experiment:
         raise ValueError(f"{source}: alpha is given twice: as the sweep key 'alpha' and in [backend]; keep one")
     if isinstance(data.get("profile"), list):
         data["profile"] = tuple(data["profile"])
-    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha"):
+    if "rtt_ms" in data and ("delay_up_ms" in data or "delay_down_ms" in data):
+        raise ValueError(f"{source}: give rtt_ms or delay_up_ms/delay_down_ms, not both")
+    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *links.LINK_KEYS, "delay_down_ms"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)

@@ -10,6 +10,8 @@ and counted in the point's record.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -18,16 +20,86 @@ import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
+from orchestrator.links import LinkOptions, ScheduledPoint, edge_specs
 from orchestrator.launchers.base import LinkState, Testbed
 from orchestrator.sweep import Point
 
 
 def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warmup: int,
                   max_new_tokens: int, max_in_flight: int, seed: int, run_prefix: str,
-                  timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
-    links = testbed.shape([point.rtt_ms] * len(testbed.edges))
+                  timeout_s: float = 900.0, link_options: LinkOptions | None = None, after_shape=None,
+                  ) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+    """after_shape(testbed): called once the links are shaped (and any shaping daemon runs),
+    before the runs start; the CPU pinning uses it (orchestrator/cpus.py)."""
+    specs = edge_specs(link_options, point, len(testbed.edges))
+    links = testbed.shape(specs)
+    masks = after_shape(testbed) if after_shape is not None else None
+    runs: list = []
+    scheduled = None
+    if link_options is not None and link_options.schedule:
+        scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule)
+    wire_before = _wire_counters(testbed)
+    with scheduled or contextlib.nullcontext():
+        _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, seed, run_prefix, timeout_s, runs)
+    wire_after = _wire_counters(testbed)
+    testbed.check()
+    round_frames, request_frames, dropped = [], [], 0
+    for edge, run_id in runs:
+        for name, frames in (("rounds", round_frames), ("requests", request_frames)):
+            frame, n_dropped = read_whole_rows(call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv",
+                                                    token=edge.token))
+            frames.append(frame)
+            dropped += n_dropped
+    rounds = pd.concat(round_frames, ignore_index=True)
+    requests = pd.concat(request_frames, ignore_index=True)
+    failed = requests["error"].notna() & (requests["error"].astype(str) != "") if "error" in requests else None
+    if failed is not None and failed.any():
+        raise RuntimeError(f"a request of {point.key} failed: {requests.loc[failed, 'error'].iloc[0]}")
+    link_rows = [dataclasses.asdict(link) for link in links]
+    if wire_before and wire_after:
+        add_wire_bytes(link_rows, wire_before, wire_after, rounds, len(testbed.edges))
+    rounds = rounds[rounds.request_index >= warmup].copy()
+    requests = requests[requests.request_index >= warmup].copy()
+    rounds["request_index"] -= warmup
+    requests["request_index"] -= warmup
+    requests = add_steady_state(requests, rounds)
+    requests["shaper"] = testbed.shaper
+    # Each client's own link (per-edge links differ): client c ran on edge c mod N.
+    by_edge = {i: link for i, link in enumerate(links)}
+    edge_of = requests["client_id"].astype(int) % len(testbed.edges)
+    requests["link_edge"] = [by_edge[i].edge for i in edge_of]
+    requests["link_rtt_configured_ms"] = [by_edge[i].rtt_configured_ms for i in edge_of]
+    if scheduled is not None:
+        rounds = scheduled.annotate_rounds(rounds, len(testbed.edges))
+        link_rows += scheduled.rows(links)
+    extra = {"partial_rows_dropped": dropped, **({"cpu_masks": masks} if masks else {})}
+    return rounds.to_dict("records"), requests.to_dict("records"), link_rows, extra
+
+
+def _wire_counters(testbed) -> list[dict] | None:
+    """Packets and bytes that crossed each edge's link so far (NFQUEUE rules' counters)."""
+    shaper = getattr(testbed, "_shaper", None)
+    return shaper.wire_counters() if shaper is not None else None
+
+
+def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict], rounds: pd.DataFrame,
+                   n_edges: int) -> None:
+    """Each edge's bytes on the wire during the point's runs (warm-up included, and whatever the
+    schedule's probes sent: 84 bytes each way per 10 ms), and per round its clients ran."""
+    per_edge = rounds["client_id"].astype(int) % n_edges if len(rounds) else pd.Series(dtype=int)
+    for i, (row, b, a) in enumerate(zip(link_rows, before, after)):
+        n_rounds = int((per_edge == i).sum())
+        for key in a:
+            row[key] = a[key] - b[key]
+        for direction in ("up", "down"):
+            row[f"wire_bytes_per_round_{direction}"] = (row[f"wire_bytes_{direction}"] / n_rounds
+                                                        if n_rounds else float("nan"))
+
+
+def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int, seed: int,
+                 run_prefix: str, timeout_s: float, runs: list) -> None:
+    """Start one run per client on its edge and wait for all of them; `runs` gets (edge, run id)."""
     attempt_id = os.urandom(3).hex()
-    runs = []
     for client in range(point.clients):
         edge = testbed.edges[client % len(testbed.edges)]
         run_id = f"{run_prefix}-{point.key}-{attempt_id}-c{client}"
@@ -51,26 +123,6 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
                 raise RuntimeError(f"run {run_id} on {edge.name} failed: {status.get('error')}")
             if status["status"] == "done":
                 pending.remove((edge, run_id))
-    testbed.check()
-    round_frames, request_frames, dropped = [], [], 0
-    for edge, run_id in runs:
-        for name, frames in (("rounds", round_frames), ("requests", request_frames)):
-            frame, n_dropped = read_whole_rows(call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv",
-                                                    token=edge.token))
-            frames.append(frame)
-            dropped += n_dropped
-    rounds = pd.concat(round_frames, ignore_index=True)
-    requests = pd.concat(request_frames, ignore_index=True)
-    failed = requests["error"].notna() & (requests["error"].astype(str) != "") if "error" in requests else None
-    if failed is not None and failed.any():
-        raise RuntimeError(f"a request of {point.key} failed: {requests.loc[failed, 'error'].iloc[0]}")
-    rounds = rounds[rounds.request_index >= warmup].copy()
-    requests = requests[requests.request_index >= warmup].copy()
-    rounds["request_index"] -= warmup
-    requests["request_index"] -= warmup
-    requests = add_steady_state(requests, rounds)
-    requests["shaper"] = testbed.shaper
-    return rounds.to_dict("records"), requests.to_dict("records"), links, {"partial_rows_dropped": dropped}
 
 
 def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:

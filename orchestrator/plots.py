@@ -57,6 +57,62 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
     return path
 
 
+def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, in_sample: dict,
+                            crossovers: dict, path: Path, title: str, launcher: str) -> Path:
+    """Latency vs RTT with the evidence of issue 14: each cell's median with its 95% bootstrap
+    interval; solid lines the closed form from the calibration points alone (written before the
+    other points ran: out of sample); thin dotted lines the in-sample fit; the measured crossover
+    with its interval shaded, the out-of-sample prediction dotted.
+    calibration / in_sample: {"alpha": ..., "params": ...}; crossovers: summary crossover rows."""
+    kind = "simulated" if launcher == "sim" else "measured"
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    subset = cells[(cells.gamma == gamma) | (cells["mode"] == "ar")]
+    rtt_max_ms = max(subset.rtt_ms.max(), 1.0)
+    rtt_grid_ms = np.linspace(0, rtt_max_ms, 200)
+    for mode in ["ar", "colocated", "sync", "pipelined"]:
+        rows = subset[subset["mode"] == mode].sort_values("rtt_ms")
+        if not len(rows):
+            continue
+        yerr = [np.maximum(rows.per_token_ms - rows.ci_low, 0), np.maximum(rows.ci_high - rows.per_token_ms, 0)]
+        ax.errorbar(rows.rtt_ms, rows.per_token_ms, yerr=yerr, fmt="o", color=COLORS[mode],
+                    label=f"{LABELS[mode]} ({kind}, 95% CI)", capsize=2, ms=4)
+        for fit, style, width in ((calibration, "-", 1.3), (in_sample, ":", 0.9)):
+            if fit and math.isfinite(fit.get("alpha", math.nan)) or (fit and mode == "ar"):
+                ax.plot(rtt_grid_ms, [1e3 * predict_per_token_s(mode, r / 1e3, gamma, fit["alpha"], fit["params"])
+                                      for r in rtt_grid_ms], style, color=COLORS[mode], alpha=0.7, lw=width)
+    notes = []
+    for name, c in crossovers.items():
+        low, high = c.get("ci_low", math.nan), c.get("ci_high", math.nan)
+        if c.get("ci_covers_grid"):
+            notes.append(f"{name.replace('_', ' ')}: undetermined (95% CI covers the whole grid)")
+            continue
+        if math.isfinite(low) or math.isfinite(high):
+            ax.axvspan(max(low, 0) if math.isfinite(low) else 0, high if math.isfinite(high) else rtt_max_ms,
+                       color="k", alpha=0.08, lw=0)
+        measured, predicted = c.get("measured_rtt_ms", math.nan), c.get("predicted_rtt_ms_oos", math.nan)
+        for value, style in ((measured, "--"), (predicted, ":")):
+            if math.isfinite(value) and 0 <= value <= rtt_max_ms:
+                ax.axvline(value, color="k", ls=style, lw=0.8)
+        text = c.get("text") or f"{measured:.1f} ms"
+        pred = f"{predicted:.1f} ms" if math.isfinite(predicted) else ("never wins" if predicted < 0 else
+                                                                       "wins everywhere" if predicted > 0 else "-")
+        notes.append(f"{name.replace('_', ' ')}: {kind[:4]}. {text}; predicted before measuring: {pred}")
+    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
+    ax.set_xlabel("round-trip time (ms)")
+    ax.set_ylabel("per-token latency, steady state (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.text(0.01, 0.01, "solid: closed form from the calibration points only (out of sample); dotted: in-sample fit; "
+             "dashed/shade: crossing in the data and its 95% CI", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile: dict, gamma: int,
                      modes: tuple[str, ...], path: Path, title: str, launcher: str) -> Path:
     """Over (alpha, RTT): each point a win (DSD faster than cloud AR) or a loss, over the

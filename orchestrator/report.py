@@ -18,10 +18,13 @@ import pandas as pd
 
 FORMATS = ("html", "md")
 POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms",
-                 "gamma", "clients", "repeat", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
+                 "gamma", "clients", "repeat", "alpha_configured", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
                  "server_compute_ms_p50",
-                 "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_p99", "per_token_ms_predicted",
-                 "per_token_ms_predicted_compute_only", "latency_err_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
+                 "per_token_ms_mean", "per_token_ms_p50", "per_token_ms_ci_low", "per_token_ms_ci_high",
+                 "per_token_ms_p99", "calibration", "per_token_ms_predicted_oos", "latency_err_oos_pct",
+                 "per_token_ms_predicted", "per_token_ms_predicted_compute_only",
+                 "per_token_ms_predicted_at_configured_alpha", "latency_err_pct", "contended",
+                 "load_avg_1m", "cpu_steal_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
                  "tok_s_per_client_overlap"]
 HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "platform", "cpus", "python", "torch", "transformers"]
 
@@ -62,6 +65,8 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
             *[[key, str(sweep.get(key, ""))] for key in HOST_FACTS if key in sweep],
         ]),
     ])]
+    sections += evidence_sections(summary)
+    sections += cpu_sections(summary, points)
     sections.append(("Parameters: fitted against assumed", [
         ("text", "Assumed: what the sweep ran with (hardware profile, or measured in-process before "
                  "it). Compute: the server's and edge's compute alone, fitted from the rounds (what a "
@@ -71,13 +76,17 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
         ("table", ["parameter", "assumed", "compute", "client view (predictions)", "source of the last"],
          _param_rows(summary)),
     ]))
-    sections.append(("Crossovers: measured against predicted", [
+    sections.append(("Crossovers: measured against the in-sample fit", [
         ("text", "The RTT below which the first mode is faster per token than the second; measured as "
                  "the crossing of the median-of-repeats curves (range over repeats), predicted by the "
-                 "closed form at the fitted alpha and parameters."),
-        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)", "predicted (ms)"],
+                 "closed form at the alpha and parameters fitted from ALL rounds (in sample: the "
+                 "out-of-sample comparison is above), at the alpha the run realised (fitted) and, "
+                 "on the synthetic backend, at the configured alpha."),
+        ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
+                   "predicted in sample, at realised alpha (ms)", "predicted at configured alpha (ms)"],
          _crossover_rows(summary)),
     ]))
+    sections += _paper_sections(summary)
     if summary.get("gain_window"):
         sections.append(("Gain window: the alpha at which DSD ties cloud AR", [
             ("text", "Per RTT: below this alpha cloud AR is faster, above it DSD. Measured: interpolated "
@@ -107,6 +116,97 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     return sections
 
 
+def _paper_sections(summary: dict) -> list:
+    """The paper's comparisons (orchestrator/paper.py): configured setting, closed form at the
+    configured and at the realised alpha (configured compute times), measured."""
+    from orchestrator import paper
+
+    tables = summary.get("paper", {})
+    blocks = []
+    if tables.get("crossovers"):
+        blocks += [("text", "Per group: the closed form with the configured compute times (the paper's "
+                            "setting) at the configured alpha and at the alpha the run realised, beside the "
+                            f"measured crossover. \"{paper.NEVER}\": the closed form has DSD lose at every RTT."),
+                   ("table", *paper.crossover_table(tables["crossovers"]))]
+    if tables.get("capacity"):
+        blocks += [("text", "Capacity factor: clients sustained, DSD over co-located, at one per-client rate."),
+                   ("table", *paper.capacity_table(tables["capacity"]))]
+    return [("The paper's comparisons", blocks)] if blocks else []
+
+
+def evidence_sections(summary: dict) -> list[tuple[str, list]]:
+    """Issue 14: the out-of-sample headline, crossovers with their 95% intervals, and what the
+    intervals are (orchestrator/predictions.py, orchestrator/bootstrap.py)."""
+    oos, insample = summary.get("out_of_sample"), summary.get("in_sample", {})
+    if not oos:
+        return []
+    sections = []
+    if oos.get("available"):
+        head = (f"Out of sample: per-token latency error p50 {_num(oos['latency_err_p50_pct'])}%, max "
+                f"{_num(oos['latency_err_max_pct'])}% over {oos['cells']} cells; worst located crossover "
+                f"{_num(oos['crossover_err_max_pct'])}% off. In sample (labelled as such: fitted from the "
+                f"rounds it is compared with): p50 {_num(insample.get('latency_err_p50_pct'))}%, max "
+                f"{_num(insample.get('latency_err_max_pct'))}%.")
+        method = ("Calibrate, then predict, then measure: the first repeat of AR, co-located SD and synchronous "
+                  f"DSD at the smallest RTT ({', '.join(oos['calibration_points'])}) ran first on this testbed and "
+                  "link backend; t_ar, t_verify, t_draft (edge and server), the harness's per-round overhead and "
+                  "alpha were fitted from those rounds alone, and every other point's per-token latency and the "
+                  "crossovers were written to predictions.csv (with the time) before any of them ran. The error "
+                  "below compares each cell's median over its non-calibration repeats with that prediction; "
+                  "calibration points are excluded.")
+    else:
+        head = ("No out-of-sample figure: this sweep has no predictions.csv (written by sweeps since issue 14, "
+                "before the first non-calibration point). Only the in-sample fit below is available.")
+        method = ""
+    rows = []
+    for group in summary["groups"]:
+        label = ", ".join(f"{k}={group[k]}" for k in summary.get("group_keys", [])) or "all points"
+        for name, c in group["crossovers"].items():
+            rows.append([label, name.replace("_", " "), c.get("text", _num(c["measured_rtt_ms"])),
+                         _num(c.get("predicted_rtt_ms_oos", math.nan)), _num(c.get("oos_err_pct", math.nan))])
+    blocks = [("text", head)] + ([("text", method)] if method else [])
+    blocks.append(("table", ["group", "crossover", "measured [95% CI] ", "predicted before measuring (ms)",
+                             "error (%)"], rows))
+    sections.append(("Headline: predicted before measuring, out of sample", blocks))
+    boot = summary.get("bootstrap", {})
+    cells = summary.get("latency_cells", [])
+    sections.append(("Confidence intervals", [
+        ("text", f"95% percentile bootstrap, {boot.get('replicates')} replicates, fixed seed {boot.get('seed')}. "
+                 "Each replicate draws the repeats with replacement (one draw for every mode, since repeat r "
+                 "of every mode ran together and a slow phase of the shared machine touches them alike) and the "
+                 "request indices with replacement (one draw for every point: request i is the same prompt in "
+                 "every mode, RTT and repeat, so its own speed is shared), and recomputes the per-point medians, "
+                 "the median over repeats and the crossings. Repeat-to-repeat drift is the larger noise on a "
+                 "shared machine, which a bootstrap over requests alone would hide; with one repeat the interval "
+                 "is over requests only and says nothing about drift. A crossover whose interval reaches both "
+                 "ends of the RTT grid is reported as undetermined, not as a number."),
+        ("table", ["mode", "RTT (ms)", "gamma", "clients", "per-token (ms)", "95% CI (ms)", "predicted oos (ms)",
+                   "error oos (%)"],
+         [[c["mode"], _num(c["rtt_ms"]), str(c["gamma"]), str(c["clients"]), _num(c["per_token_ms"], 3),
+           f"{_num(c['ci_low'], 3)} .. {_num(c['ci_high'], 3)}", _num(c.get("per_token_ms_predicted_oos"), 3),
+           _num(c.get("err_oos_pct"))] for c in cells]),
+    ]))
+    return sections
+
+
+def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
+    """Issue 14: how the processes were placed on the CPUs, and which points ran under contention."""
+    cpu = summary.get("cpu")
+    if not cpu:
+        return []
+    pinning = cpu["pinning"]
+    sets = pinning.get("sets", {})
+    text = (f"CPU pinning: {'on' if pinning.get('pinned') else 'off'}"
+            f"{' (disjoint sets)' if pinning.get('disjoint') else ''}: {pinning.get('reason', '')}. "
+            f"{cpu['points_contended']} of {cpu['points_recorded']} points ran under contention "
+            f"({cpu['contended_when']}); they are flagged in the points table (column contended) and their "
+            "numbers deserve less trust: on a shared machine other work can stretch any round.")
+    blocks = [("text", text)]
+    if sets:
+        blocks.append(("table", ["process", "CPUs"], [[role, ", ".join(map(str, c))] for role, c in sets.items()]))
+    return [("CPU isolation and contention", blocks)]
+
+
 def _backend_text(experiment: dict) -> str:
     backend = experiment["backend"]
     if backend["kind"] == "synthetic":
@@ -132,13 +232,21 @@ def _param_rows(summary: dict) -> list[list[str]]:
         rows.append([name[:-len("_s")] + "_ms" + (f" (gamma={gamma})" if name == "t_verify_s" else ""),
                      *(_num(1e3 * v, 3) for v in values),
                      summary["params_source"][name]])
-    rows.append(["alpha", "", "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
+    rows.append(["alpha", _configured_alphas(summary), "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
                  "per group: " + ", ".join(_num(g["alpha_fitted"], 3) for g in summary["groups"]),
-                 "pooled maximum likelihood over live rounds"])
+                 "realised: pooled maximum likelihood over live rounds (the predictions use it; "
+                 "assumed: configured)"])
     for kind, value in summary.get("harness_overhead_ms", {}).items():
         rows.append([f"harness overhead: {kind.replace('_', ' ')} (ms)", "", "", _num(value, 3),
                      "client view minus compute, mean"])
     return rows
+
+
+def _configured_alphas(summary: dict) -> str:
+    values = [g.get("alpha_configured") for g in summary["groups"]]
+    if all(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return ""
+    return _num(values[0], 3) if len(values) == 1 else "per group: " + ", ".join(_num(v, 3) for v in values)
 
 
 def _crossover_rows(summary: dict) -> list[list[str]]:
@@ -148,7 +256,7 @@ def _crossover_rows(summary: dict) -> list[list[str]]:
         for name, c in group["crossovers"].items():
             rows.append([label, name.replace("_", " "), _num(c["measured_rtt_ms"]),
                          f"{_num(c['measured_rtt_ms_min'])} .. {_num(c['measured_rtt_ms_max'])}",
-                         _num(c["predicted_rtt_ms"])])
+                         _num(c["predicted_rtt_ms"]), _num(c.get("predicted_rtt_ms_at_configured_alpha"))])
     return rows
 
 

@@ -16,10 +16,12 @@ from tqdm import tqdm
 from dsd.backends.factory import load_pair
 from dsd.profiles import get_profile
 from dsd.timing import measure_times
-from orchestrator import leftovers
+from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.links import check_launcher
 from orchestrator.net_point import run_net_point
+from orchestrator.predictions import Predictor
 from orchestrator.sim_launcher import Costs
 from orchestrator.sim_point import run_sim_point
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
@@ -51,6 +53,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     out = Path(out)
     check_out_dir(out, experiment, resume)          # refuse before anything starts
     launcher = choose_launcher(experiment.launcher)
+    check_launcher(experiment, launcher)
     if launcher in ("netns", "compose"):
         leftovers.refuse_if_any()
     plan = plan_points(experiment)
@@ -72,30 +75,57 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
+    predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
     try:
         if launcher == "sim":
-            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)"}
+            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)",
+                     "cpu_pinning": {"pinned": False, "disjoint": False, "sets": {},
+                                     "reason": "sim launcher: one process on virtual time, nothing to isolate"}}
             run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
                                           pairs=pairs)
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress)
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress, predict=predict)
         del draft, target, pairs   # the services load their own copies
         with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
             facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
-                     "shaper_reason": getattr(testbed, "shaper_reason", "")}
+                     "shaper_reason": getattr(testbed, "shaper_reason", ""),
+                     "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))}
+            pinning = facts["cpu_pinning"]
+            if pinning["pinned"]:
+                pinning["orchestrator_applied"] = cpus.pin_self(pinning)
             net_point = functools.partial(run_net_point, prompts=prompts,
+                                          after_shape=lambda bed: cpus.pin_testbed(bed, pinning)
+                                          if pinning["pinned"] else None,
                                           warmup=experiment.warmup_requests,
                                           max_new_tokens=experiment.max_new_tokens,
                                           max_in_flight=experiment.max_in_flight, seed=experiment.seed,
-                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"))
+                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link)
 
             def run_point(point):
                 return net_point(point, testbed=testbeds.for_point(point))
 
             return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
-                             heal=testbeds.heal)
+                             heal=testbeds.heal, predict=predict)
     finally:
+        os.sched_setaffinity(0, own_cpus)
         bar.close()
+
+
+def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
+    """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/cpus.py).
+    NOTE: compose would take `cpuset` per service; not wired yet, so compose runs unpinned."""
+    if launcher == "compose":
+        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
+                "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
+    return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
+
+
+def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:
+    """The compute times a point's group runs with, as the closed form's parameters."""
+    c = costs[group_experiment(experiment, point).profile]
+    return {"t_draft_edge_s": c.t_draft_edge_s, "t_draft_server_s": c.t_draft_server_s, "t_ar_s": c.t_ar_s,
+            "t_verify_s": {int(g): v for g, v in c.t_verify_s.items()}}
 
 
 def sim_group_point(point, experiment: Experiment, costs: dict, prompts: list[list[int]], pairs: dict):

@@ -1,7 +1,8 @@
 """The ``sim`` launcher: real models and the real protocol code, on virtual time.
 
 Compute costs are those measured on this machine (``dsd.timing``) or taken from a hardware
-profile; the link is a constant RTT split evenly. It predicts what the network launchers should
+profile; the link is a constant RTT split evenly, a delay per message. Every mode, cloud AR and
+co-located SD included, runs its message exchange on virtual time (``dsd.simulate``). It predicts what the network launchers should
 measure, and runs anywhere in seconds. Every row it writes says ``launcher=sim``.
 """
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsd.backends.protocol import SamplingParams
-from dsd.decoding import generate_ar, generate_colocated
-from dsd.simulate import LinkCosts, simulate_dsd
+from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 
 
@@ -25,20 +25,14 @@ class Costs:
 
 def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
                 stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str):
-    """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time."""
+    """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
+    its protocol (dsd.simulate): no time here comes from the closed form."""
     prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
     t_verify_s = costs.t_verify_s[gamma]
-    if mode == "ar":
-        tokens = generate_ar(target, prompt, stop, seq_id=seq_id).tokens
-        first_s = rtt_s + prefill_s + costs.t_ar_s
-        return tokens, [], first_s + costs.t_ar_s * (len(tokens) - 1), first_s
-    if mode == "colocated":
-        generation = generate_colocated(draft, target, prompt, gamma, stop, seq_id=seq_id)
-        round_s = gamma * costs.t_draft_server_s + t_verify_s
-        # Tokens stream back as each round ends; the client sees them half an RTT later, and
-        # asked half an RTT earlier.
-        first_s = rtt_s + prefill_s + round_s
-        return generation.tokens, generation.rounds, first_s + round_s * (len(generation.rounds) - 1), first_s
+    if mode in ("ar", "colocated"):
+        server = ServerCosts(costs.t_ar_s, costs.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
+        run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, SamplingParams(), seq_id)
+        return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
     link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),
                        max_in_flight=max_in_flight, sampling=SamplingParams(), seq_id=seq_id)

@@ -9,7 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from dsd import latency_model as lm
-from orchestrator import analysis, capacity, plots
+from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
+from orchestrator import links as link_columns
+from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
+                                      read_predictions)
 
 
 def read_sweep(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -84,19 +87,30 @@ def analyze_sweep(out: Path) -> dict:
         spec_rounds = group_rounds[group_rounds["mode"] != "ar"] if len(group_rounds) else group_rounds
         alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
         points = analysis.point_table(group_requests, group_rounds, _select(links, group_keys, values))
+        points = link_columns.add_link_columns(points, _select(links, group_keys, values),
+                                               analysis.point_keys(group_requests))
         points = analysis.add_predictions(points, alpha, params[profile])
+        points = link_columns.add_wire_prediction(points)
         points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
             points, alpha, compute[profile])["per_token_ms_predicted"]
         points["alpha_fitted"] = alpha
+        alpha_configured = configured_alpha(experiment, group)
+        points = add_configured_alpha(points, alpha_configured, params[profile])
         if "profile" not in points:
             points.insert(0, "profile", profile)
         tables.append(points)
         measured = analysis.measured_crossovers(points, gamma)
         predicted = analysis.predicted_crossovers(gamma, alpha, params[profile])
-        groups.append({**group, "profile": profile, "alpha_fitted": alpha,
-                       "crossovers": _crossover_rows(measured, predicted, set(points["mode"])),
-                       "_measured": measured, "_predicted": predicted})
+        crossovers = _crossover_rows(measured, predicted, set(points["mode"]))
+        if not math.isnan(alpha_configured):
+            at_configured = analysis.predicted_crossovers(gamma, alpha_configured, params[profile])
+            for name, row in crossovers.items():
+                row["predicted_rtt_ms_at_configured_alpha"] = at_configured[name]["rtt_ms"]
+        groups.append({**group, "profile": profile, "alpha_fitted": alpha, "alpha_configured": alpha_configured,
+                       "crossovers": crossovers, "_measured": measured, "_predicted": predicted})
     points = analysis.add_speedups(pd.concat(tables, ignore_index=True))
+    points, evidence = out_of_sample_and_intervals(out, requests, rounds, points, groups, gamma)
+    points, evidence["cpu"] = add_point_conditions(out, points, sweep)
     points.to_csv(out / "points.csv", index=False)
 
     main = groups[0]["profile"]
@@ -108,13 +122,149 @@ def analyze_sweep(out: Path) -> dict:
                "params_compute": main_compute, "params_compute_source": compute_sources[main],
                "params_assumed": assumed[main], "harness_overhead_ms": overhead[main],
                "capacity_factor_predicted": capacity_factor(gamma, main_compute),
+               "prediction_alpha": PREDICTION_ALPHA,
                "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
                "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
+    summary.update(evidence)
     if len(params) > 1:
         summary["params_by_profile"] = params
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
+    summary["paper"] = {"crossovers": paper.crossover_rows(summary["groups"], assumed, gamma),
+                        "capacity": paper.capacity_rows(summary.get("capacity", []), assumed, gamma, main)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "
+                    "(alpha_fitted: pooled over the group's live rounds); *_at_configured_alpha use the "
+                    "configured one (alpha_configured)")
+
+
+def configured_alpha(experiment: dict, group: dict) -> float:
+    """The alpha a group was configured with (synthetic backend); nan for a real model pair."""
+    if experiment["backend"]["kind"] != "synthetic":
+        return math.nan
+    # a one-value alpha list is not a group key, but it is what ran (not the backend's default)
+    alphas = experiment.get("alpha") or [experiment["backend"]["alpha"]]
+    return float(group.get("alpha", alphas[0]))
+
+
+def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: dict) -> pd.DataFrame:
+    """alpha_configured beside alpha_measured, and the closed form at it beside the one at the
+    realised alpha (per_token_ms_predicted)."""
+    points = points.copy()
+    points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
+    points["per_token_ms_predicted_at_configured_alpha"] = (
+        math.nan if math.isnan(alpha_configured) else
+        analysis.add_predictions(points, alpha_configured, params)["per_token_ms_predicted"])
+    return points
+
+
+def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.DataFrame, points: pd.DataFrame,
+                                groups: list[dict], gamma: int) -> tuple[pd.DataFrame, dict]:
+    """Issue 14's evidence: the out-of-sample comparison with the predictions written before
+    the measurements (orchestrator/predictions.py) and 95% bootstrap intervals
+    (orchestrator/bootstrap.py). Adds points.csv columns, fills each group's crossovers with
+    ci_low/ci_high and the out-of-sample prediction, and returns the summary's new keys."""
+    predictions = read_predictions(out)
+    points = add_out_of_sample(points, predictions)
+    latencies = bootstrap.request_latencies(requests, rounds)
+    point_keys = analysis.point_keys(latencies)
+    per_point, point_reps = bootstrap.cell_replicates(latencies, point_keys)
+    per_point = bootstrap.latency_cis(per_point, point_reps, point_keys)
+    ci = per_point.set_index(point_keys)[["ci_low", "ci_high"]].reindex(pd.MultiIndex.from_frame(points[point_keys]))
+    points["per_token_ms_ci_low"] = ci["ci_low"].to_numpy()
+    points["per_token_ms_ci_high"] = ci["ci_high"].to_numpy()
+    cell_keys = [k for k in point_keys if k != "repeat"]
+    cells, cell_reps = bootstrap.cell_replicates(latencies, cell_keys)
+    cells = bootstrap.latency_cis(cells, cell_reps, cell_keys)
+    oos = oos_cells(points)
+    join = [k for k in oos.columns if k in cells.columns and k not in ("per_token_ms", "repeats")]
+    cells = cells.merge(oos[join + ["predicted_ms", "err_pct"]].rename(
+        columns={"predicted_ms": "per_token_ms_predicted_oos", "err_pct": "err_oos_pct"}), on=join, how="left")
+    rtt_grid_ms = sorted(points["rtt_ms"].unique())
+    oos_crossover_errs = []
+    for group in groups:
+        fixed = {k: group[k] for k in analysis.GROUP_KEYS if k in group} | {"gamma": gamma,
+                                                                             "clients": int(points["clients"].min())}
+        cis = bootstrap.crossover_cis(cell_reps, cell_keys, fixed, rtt_grid_ms)
+        group["_cis"] = cis
+        predicted_oos = oos_crossovers(predictions, {k: group[k] for k in analysis.GROUP_KEYS if k in group}, gamma)
+        for name, row in group["crossovers"].items():
+            row.update({"ci_low": math.nan, "ci_high": math.nan, "ci_covers_grid": False, **cis.get(name, {})})
+            row["predicted_rtt_ms_oos"] = predicted_oos.get(name, math.nan)
+            row["oos_err_pct"] = crossover_err_pct(row["measured_rtt_ms"], row["predicted_rtt_ms_oos"])
+            row["text"] = bootstrap.describe_crossover(row["measured_rtt_ms"], cis.get(name))
+            if math.isfinite(row["measured_rtt_ms"]) and not row["ci_covers_grid"]:
+                oos_crossover_errs.append(row["oos_err_pct"])
+    errors = oos["err_pct"].abs()
+    in_sample = points.loc[points["clients"] == points["clients"].min(), "latency_err_pct"].abs()
+    evidence = {
+        "out_of_sample": {
+            "available": predictions is not None,
+            "what": "measured per-token latency (median over the non-calibration repeats of each cell's per-point "
+                    "p50) against the prediction written to predictions.csv from the calibration points alone, "
+                    "before any of them ran; one-client points; calibration points excluded",
+            "latency_err_p50_pct": float(errors.median()) if len(errors) else math.nan,
+            "latency_err_max_pct": float(errors.max()) if len(errors) else math.nan,
+            "cells": int(len(errors)),
+            "crossover_err_max_pct": max(oos_crossover_errs) if oos_crossover_errs else math.nan,
+            "calibration_points": sorted(points.loc[points["calibration"], "mode"].astype(str) + "@" +
+                                         points.loc[points["calibration"], "rtt_ms"].map("{:g} ms".format)),
+            "calibration": _read_calibration(out),
+        },
+        "in_sample": {
+            "what": "IN-SAMPLE: the closed form with parameters fitted from all rounds, including the ones "
+                    "compared with (per_token_ms_predicted, latency_err_pct in points.csv)",
+            "latency_err_p50_pct": float(in_sample.median()) if len(in_sample) else math.nan,
+            "latency_err_max_pct": float(in_sample.max()) if len(in_sample) else math.nan,
+        },
+        "bootstrap": {"replicates": bootstrap.N_BOOT, "seed": bootstrap.SEED, "level": bootstrap.LEVEL,
+                      "method": "percentile bootstrap over repeats (drawn jointly for all modes) then requests"},
+        "latency_cells": cells.to_dict("records"),
+    }
+    return points, evidence
+
+
+def _calibration_fit(summary: dict) -> dict | None:
+    """A one-group sweep's calibration alpha and parameters (None where nothing was predicted)."""
+    record = summary.get("out_of_sample", {}).get("calibration", {})
+    fit = next(iter(record.values())) if len(record) == 1 else None
+    if not fit or not fit.get("predicted"):
+        return None
+    params = {**fit["params"], "t_verify_s": {int(k): v for k, v in fit["params"]["t_verify_s"].items()}}
+    return {"alpha": fit["alpha"], "params": params}
+
+
+def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[pd.DataFrame, dict]:
+    """points.csv columns from each point's done.json: when it started and what the machine did
+    meanwhile (orchestrator/cpus.py: busy and steal shares, load, contended); and the summary's
+    CPU section (pinning as recorded in sweep.json, how many points ran under contention)."""
+    rows = []
+    for path in sorted((Path(out) / "points").glob("*/done.json")):
+        done = json.loads(path.read_text())
+        cpu = done.get("cpu") or {}
+        rows.append({**{k: done.get(k) for k in analysis.point_keys(points) if k in done},
+                     "measured_started_s": done.get("started_s", math.nan),
+                     **{k: cpu.get(k, math.nan) for k in ("cpu_busy_pct", "cpu_steal_pct", "load_avg_1m")},
+                     "contended": cpu.get("contended", math.nan)})
+    keys = [k for k in analysis.point_keys(points) if rows and k in rows[0]]
+    if rows and keys:
+        frame = pd.DataFrame(rows)
+        for key in keys:
+            frame[key] = frame[key].astype(points[key].dtype)
+        points = points.merge(frame, on=keys, how="left")
+    contended = points["contended"] if "contended" in points else pd.Series([], dtype=object)
+    return points, {"pinning": sweep.get("cpu_pinning", {"pinned": False, "reason": "not recorded (older sweep)"}),
+                    "points_contended": int((contended == True).sum()),  # noqa: E712 - NaN is neither
+                    "points_recorded": int(contended.notna().sum()),
+                    "contended_when": "1-minute load above the CPU count, or more than "
+                                      f"{cpus.STEAL_LIMIT_PCT:g}% of CPU time stolen, while the point ran"}
+
+
+def _read_calibration(out: Path) -> dict:
+    path = Path(out) / CALIBRATION
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def capacity_factor(gamma: int, params: dict) -> float:
@@ -135,7 +285,17 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
            gamma: int, summary: dict) -> list[str]:
     """Whichever plots the sweep's data supports; fills the summary's gain window and capacity."""
     name, launcher, made = sweep["experiment"]["name"], sweep["launcher"], []
-    if len(groups) == 1 and points.rtt_ms.nunique() >= 2:
+    calibration = _calibration_fit(summary) if len(groups) == 1 else None
+    if calibration is not None and points.rtt_ms.nunique() >= 2:
+        g = groups[0]
+        cells = pd.DataFrame(summary["latency_cells"])
+        cells = cells[cells.clients == cells.clients.min()]
+        plots.plot_latency_vs_rtt_oos(
+            cells, gamma, calibration, {"alpha": g["alpha_fitted"], "params": params[g["profile"]]},
+            g["crossovers"], out / "latency_vs_rtt.png",
+            f"{name}: gamma={gamma}, alpha={calibration['alpha']:.2f} (calibration), launcher={launcher}", launcher)
+        made.append("latency_vs_rtt.png")
+    elif len(groups) == 1 and points.rtt_ms.nunique() >= 2:
         g = groups[0]
         plots.plot_latency_vs_rtt(points[points.clients == points.clients.min()], gamma, g["alpha_fitted"], params[g["profile"]], g["_measured"],
                                   g["_predicted"], out / "latency_vs_rtt.png",

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
+from orchestrator import links
 from orchestrator.experiment import Experiment
 
 
@@ -42,11 +44,19 @@ class Point:
     # stay what they were, so their sweep folders still resume.
     alpha: float | None = None
     profile: str | None = None
+    # The link beyond its RTT (orchestrator/links.py), likewise set only when the experiment sweeps it.
+    jitter_ms: float | None = None
+    delay_distribution: str | None = None
+    correlation_pct: float | None = None
+    loss_pct: float | None = None
+    rate_mbit: float | None = None
+    delay_up_ms: float | None = None
 
     @property
     def key(self) -> str:
         group = f"_{self.group}" if self.group else ""
-        return f"{self.mode}_rtt{self.rtt_ms:g}ms_g{self.gamma}_c{self.clients}{group}_r{self.repeat}"
+        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{links.key_suffix(self)}_g{self.gamma}_c{self.clients}"
+                f"{group}_r{self.repeat}")
 
     @property
     def group(self) -> str:
@@ -59,7 +69,31 @@ class Point:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+# Calibration (see orchestrator/predictions.py): per (profile, alpha) group, the first repeat of
+# these modes at the smallest RTT and client count of the grid. They run first in their group;
+# the parameters fitted from them alone predict every other point before it runs.
+CALIBRATION_MODES = ("ar", "colocated", "sync")
+
+
+def is_calibration(point: Point, experiment: Experiment) -> bool:
+    modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
+    if "sync" not in experiment.modes and "pipelined" in experiment.modes:
+        modes.append("pipelined")            # t_verify and t_draft_edge then come from pipelined rounds
+    return (point.repeat == 0 and point.mode in modes and point.rtt_ms == float(min(experiment.rtt_ms))
+            and point.clients == min(experiment.clients))
+
+
 def plan_points(experiment: Experiment) -> list[Point]:
+    """Every point of the grid; within each (profile, alpha) group the calibration points first."""
+    ordered = []
+    for _, group in itertools.groupby(_grid_points(experiment), key=lambda p: p.group):
+        group = list(group)
+        ordered += [p for p in group if is_calibration(p, experiment)]
+        ordered += [p for p in group if not is_calibration(p, experiment)]
+    return ordered
+
+
+def _grid_points(experiment: Experiment) -> list[Point]:
     points = []
     profiles, alphas = experiment.profiles(), experiment.alphas()
     vary_profile, vary_alpha = len(profiles) > 1, len(alphas) > 1
@@ -69,12 +103,12 @@ def plan_points(experiment: Experiment) -> list[Point]:
     # biasing one RTT; modes innermost, so modes compared at one RTT run together.
     for profile, alpha in itertools.product(profiles, alphas):
         group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
-        for repeat, rtt_ms, gamma, clients, mode in itertools.product(
-                range(experiment.repeats), experiment.rtt_ms, experiment.gamma, experiment.clients,
+        for repeat, link, gamma, clients, mode in itertools.product(
+                range(experiment.repeats), links.link_axes(experiment), experiment.gamma, experiment.clients,
                 experiment.modes):
             if mode == "ar" and gamma != experiment.gamma[0]:
                 continue                       # AR does not depend on gamma: run it once
-            points.append(Point(mode, float(rtt_ms), gamma, clients, repeat, **group))
+            points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link))
     return points
 
 
@@ -119,34 +153,54 @@ def point_done(out_dir: Path, point: Point) -> bool:
 
 
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
-              progress=None, heal=None) -> pd.DataFrame:
+              progress=None, heal=None, predict=None) -> pd.DataFrame:
     """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
-    done.json table. heal() -> list of what it repaired, called before each retry."""
+    done.json table. heal() -> list of what it repaired, called before each retry.
+    predict(group's points) is called once per (profile, alpha) group, after its calibration
+    points and before any other of its points runs (also on resume: it keeps what it wrote)."""
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, experiment, resume, facts)
     plan = plan_points(experiment)
+    predicted_groups = set()
     for index, point in enumerate(plan):
-        folder = out_dir / "points" / point.key
+        if predict is not None and point.group not in predicted_groups and not is_calibration(point, experiment):
+            predict([p for p in plan if p.group == point.group])
+            predicted_groups.add(point.group)
         if point_done(out_dir, point):
             if progress:
                 progress(index + 1, len(plan), point, "skipped (done)")
             continue
-        clear_unfinished(folder)
-        done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
-        result = done.pop("result")
-        _write_csv(folder / "rounds.csv", result[0], point)
-        _write_csv(folder / "requests.csv", result[1], point)
-        _write_csv(folder / "links.csv", result[2], point)
-        _write_atomic(folder / "done.json", json.dumps({**point.columns(), "key": point.key, **done}, default=str))
+        done = record_point(out_dir, point, run_point, experiment, heal)
         if progress:
             progress(index + 1, len(plan), point, done["status"] if not done["error"] else f"error: {done['error']}")
+    if experiment.adaptive_budget_points:
+        from orchestrator.adaptive import run_adaptive
+        run_adaptive(experiment, out_dir, lambda p: record_point(out_dir, p, run_point, experiment, heal),
+                     experiment.gamma[0], progress=(lambda p: progress(len(plan), len(plan), p, "adaptive repeat"))
+                     if progress else None)
     return merge(out_dir)
+
+
+def record_point(out_dir: Path, point: Point, run_point, experiment: Experiment, heal=None) -> dict:
+    """Run one point (with retries) into its folder; done.json last. Returns its done record."""
+    folder = out_dir / "points" / point.key
+    clear_unfinished(folder)
+    before = cpus.CpuSample.now()
+    done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
+    done["cpu"] = cpus.conditions(before, cpus.CpuSample.now())      # contention while it ran
+    result = done.pop("result")
+    _write_csv(folder / "rounds.csv", result[0], point)
+    _write_csv(folder / "requests.csv", result[1], point)
+    _write_csv(folder / "links.csv", result[2], point)
+    _write_atomic(folder / "done.json", json.dumps({**point.columns(), "key": point.key, **done}, default=str))
+    return done
 
 
 def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: float, heal=None) -> dict:
     """Run a point up to 1 + retries times; keep only the rows of the attempt that succeeded, so
     a result never mixes attempts. Returns the done.json fields and the rows under "result"."""
     started = time.time()
+    started_utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1e6):06d}Z"
     attempts = []
     result, extra = ([], [], []), {}
     for attempt in range(1, retries + 2):
@@ -180,7 +234,8 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
         except Exception as exc:  # noqa: BLE001 - the next point's attempts will say more
             healed_after = [f"healing failed: {type(exc).__name__}: {exc}"]
     return {"status": last["status"], "error": last["error"], "attempts": attempts,
-            "healed_after": healed_after, "wall_s": time.time() - started, **extra, "result": result}
+            "healed_after": healed_after, "wall_s": time.time() - started, "started_s": started,
+            "started_utc": started_utc, "finished_s": time.time(), **extra, "result": result}
 
 
 def clear_unfinished(folder: Path) -> None:
@@ -233,7 +288,8 @@ def experiment_record(experiment: Experiment) -> dict:
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
     defaults = {f.name: f.default for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s"):
+    for key in ("alpha", "retries", "retry_backoff_s", *links.LINK_KEYS, "delay_down_ms", "link",
+                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     return record

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields
 from typing import TypeVar
 
+from dsd.backends.acceptance import ACCEPTANCE_KINDS
 from dsd.backends.factory import BACKEND_KINDS, DEFAULT_PAIR, BackendConfig
 from dsd.profiles import HardwareProfile, get_profile
 
@@ -213,6 +214,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vocab-size", type=int, default=512, help="synthetic")
     group.add_argument("--synthetic-seed", type=int, default=0, help="synthetic")
     group.add_argument("--eos-prob", type=float, default=0.0, help="synthetic")
+    group.add_argument("--acceptance", choices=ACCEPTANCE_KINDS, default="iid",
+                       help="synthetic: iid per position, or stratified (every request realises alpha)")
     group.add_argument("--profile", default="", help="synthetic: a profile name in dsd/profiles.toml")
     group.add_argument("--profile-json", default="",
                        help="synthetic: the HardwareProfile fields as a JSON object")
@@ -222,7 +225,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
 def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, HardwareProfile | None]:
     config = BackendConfig(kind=args.backend, pair_path=args.pair_path, target_path=args.target_path,
                            draft_path=args.draft_path, dtype=args.dtype, alpha=args.alpha,
-                           vocab_size=args.vocab_size, seed=args.synthetic_seed, eos_prob=args.eos_prob)
+                           vocab_size=args.vocab_size, seed=args.synthetic_seed, eos_prob=args.eos_prob,
+                           acceptance=args.acceptance)
     if args.profile and args.profile_json:
         raise ValueError("give --profile or --profile-json, not both")
     profile = None

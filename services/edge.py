@@ -42,7 +42,7 @@ from aiohttp import web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
-from dsd.drafting import draft_step
+from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
 from services import access, wire
@@ -374,6 +374,7 @@ class Client:
         seq_id = f"{c.run_id}/{request.index}"
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index)
         generator = torch.Generator().manual_seed(sampling.seed + 1)
+        begin_request(self.draft, seq_id, request.prompt, c.gamma)
         edge = EdgeDecoder(request.prompt, c.gamma, request.stop, pipelined=c.mode == "pipelined",
                            max_in_flight=c.max_in_flight)
         await self.link.send(self.open_message(request, session))

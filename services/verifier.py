@@ -36,7 +36,7 @@ from aiohttp import WSMsgType, web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
-from dsd.drafting import draft_block
+from dsd.drafting import begin_request, draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from services import access, wire
@@ -408,6 +408,8 @@ class Verifier:
         state = served.state
         round_index = 0
         ready_s = t_arrival_s
+        if m.mode != "ar":
+            begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
         while not state.finished and not served.closed:
             before = len(state.committed)
             if m.mode == "ar":

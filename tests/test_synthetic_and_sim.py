@@ -53,3 +53,55 @@ def test_simulated_protocol_meets_the_closed_form(pipelined, rtt_s):
     model = lm.per_token_pipelined_dsd_s if pipelined else lm.per_token_sync_dsd_s
     predicted_s = model(alpha_hat, 4, costs.t_draft_s, costs.t_verify_s, rtt_s)
     assert total_s / tokens == pytest.approx(predicted_s, rel=0.03)
+
+
+def _sim_pair(alpha: float = 0.8):
+    config = SyntheticConfig(alpha=alpha, seed=3)
+    return SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+
+
+@pytest.mark.parametrize("mode", ["ar", "colocated"])
+def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_not_per_token(mode):
+    """The server's own modes run the message exchange on virtual time: each message pays the
+    link's one-way delay, so a longer delay per message adds exactly two of them (Open out, the
+    first Tokens back) to the time to first token and nothing to the time per token after it."""
+    from dsd.decoding import generate_ar
+    from dsd.simulate import ServerCosts, simulate_on_server
+
+    draft, target = _sim_pair()
+    runs = {}
+    for one_way_s in (0.0, 0.015):
+        costs = ServerCosts(t_ar_s=0.010, t_draft_s=0.002, t_verify_s=0.011, t_prefill_s=0.003, one_way_s=one_way_s)
+        runs[one_way_s] = simulate_on_server(draft, target, [4, 5, 6], 4, StopRule(60), mode, costs,
+                                             seq_id=f"{mode}{one_way_s}")
+    near, far = runs[0.0], runs[0.015]
+    assert far.generation.tokens == near.generation.tokens
+    assert far.first_token_s - near.first_token_s == pytest.approx(0.030)
+    steady = {k: (r.total_s - r.first_token_s) / (len(r.generation.tokens) - r.generation.rounds[0].emitted)
+              for k, r in runs.items()}
+    assert steady[0.015] == pytest.approx(steady[0.0], rel=1e-12)
+    if mode == "ar":
+        assert near.first_token_s == pytest.approx(0.003 + 0.010)
+        assert steady[0.0] == pytest.approx(0.010)
+        assert len(near.generation.rounds) == len(near.generation.tokens) == 60   # one Tokens message per step
+        assert near.generation.tokens == generate_ar(target, [4, 5, 6], StopRule(60), seq_id="ref").tokens
+    else:
+        # Rounds are timed one by one, so the total follows the rounds the protocol ran.
+        assert near.total_s == pytest.approx(0.003 + len(near.generation.rounds) * (4 * 0.002 + 0.011))
+        assert near.generation.tokens == generate_colocated(draft, target, [4, 5, 6], 4, StopRule(60),
+                                                            seq_id="ref").tokens
+
+
+def test_sim_launcher_ar_point_rows_come_from_the_protocol():
+    """The sim launcher's AR request: one round row per streamed token and the link delay in
+    the time to first token only (orchestrator.sim_launcher.run_request)."""
+    from orchestrator.sim_launcher import Costs, run_request
+
+    draft, target = _sim_pair()
+    costs = Costs(0.004, 0.002, 0.010, {4: 0.010}, 0.0005)
+    out = {rtt_s: run_request("ar", draft, target, [1, 2, 3, 4, 5], 4, rtt_s, StopRule(40), costs, 1, f"r{rtt_s}")
+           for rtt_s in (0.0, 0.04)}
+    (tokens0, rounds0, wall0, ttft0), (tokens1, rounds1, wall1, ttft1) = out[0.0], out[0.04]
+    assert tokens0 == tokens1 and len(rounds0) == 40 and all(r.emitted == 1 for r in rounds0)
+    assert ttft1 - ttft0 == pytest.approx(0.04)
+    assert (wall1 - ttft1) == pytest.approx(wall0 - ttft0)

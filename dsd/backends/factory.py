@@ -26,6 +26,7 @@ class BackendConfig:
     vocab_size: int = 512
     seed: int = 0
     eos_prob: float = 0.0
+    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -35,11 +36,11 @@ class BackendConfig:
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
         if self.kind == "synthetic":
-            self.synthetic()          # validates alpha, vocab_size, eos_prob
+            self.synthetic()          # validates alpha, vocab_size, eos_prob, acceptance
 
     def synthetic(self) -> SyntheticConfig:
         return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob)
+                               eos_prob=self.eos_prob, acceptance=self.acceptance)
 
 
 def load_pair(config: BackendConfig):

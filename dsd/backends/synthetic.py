@@ -7,6 +7,11 @@ with probability ``alpha``, decided by an independent hash of the same inputs, a
 wrong token otherwise; so acceptance is i.i.d. per position with probability alpha, as the
 latency model assumes, and a greedy run is reproducible bit for bit.
 
+With ``acceptance = "stratified"`` the draft instead follows a per-request layout of rounds
+(``dsd.backends.acceptance``): each round's accepted count is still truncated geometric, and every
+request realises alpha within a stated bound. The layout needs the request's prompt and gamma,
+given by ``begin_request`` (``dsd.drafting.begin_request``) before the first draft.
+
 Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
 time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a hardware profile.
 """
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
 from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.sequence import common_prefix_length
 
@@ -46,6 +52,7 @@ class SyntheticConfig:
     eos_token_id: int = 0
     eos_prob: float = 0.0       # per generated position
     context_tokens: int = 4     # how much of the context decides the next token
+    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -58,6 +65,8 @@ class SyntheticConfig:
             raise ValueError(f"eos_prob must be in [0, 1), got {self.eos_prob!r}")
         if self.context_tokens < 1:
             raise ValueError(f"context_tokens must be >= 1, got {self.context_tokens!r}")
+        if self.acceptance not in ACCEPTANCE_KINDS:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE_KINDS}, got {self.acceptance!r}")
 
 
 def target_token(config: SyntheticConfig, context: Sequence[int]) -> int:
@@ -78,10 +87,11 @@ def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) ->
     return token + 1 if token >= config.eos_token_id else token
 
 
-def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int]) -> int:
+def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], outcome: str = "") -> int:
+    """The draft's token; ``outcome`` "right"/"wrong" from a stratified layout, else the i.i.d. coin."""
     right = _target_at(config, position, window)
     h = _hash(config.seed, 0xD4AF7, position, *window)
-    if h / _TWO64 < config.alpha:
+    if outcome == "right" or (outcome != "wrong" and h / _TWO64 < config.alpha):
         return right
     # A wrong token (never the right one, so a rejection is a rejection).
     return (right + 1 + _hash(h) % (config.vocab_size - 1)) % config.vocab_size
@@ -101,6 +111,14 @@ class SyntheticLM:
         self.stats = ForwardStats()
         self._next_at = _target_at if role == "target" else _draft_at
         self._cached: dict[str, list[int]] = {}
+        self._layouts: dict[str, RoundLayout] = {}     # stratified acceptance, per sequence
+
+    def begin_request(self, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
+        """A draft with stratified acceptance lays out the request's rounds (seeded by the
+        prompt and gamma, so a request gets the same rounds in every mode and launcher)."""
+        if self.role == "draft" and self.config.acceptance == "stratified":
+            seed = _hash(self.config.seed, 0x57A7, gamma, len(prompt), *prompt)
+            self._layouts[seq_id] = RoundLayout(self.config.alpha, gamma, len(prompt), seed)
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
         if not 1 <= n_last <= len(tokens):
@@ -115,15 +133,28 @@ class SyntheticLM:
         out = torch.zeros(n_last, self.vocab_size)                        # [n_last, vocab]
         k = self.config.context_tokens
         first = len(tokens) - n_last + 1
+        layout = self._layout(seq_id)
         for row in range(n_last):
             position = first + row
-            out[row, self._next_at(self.config, position, tokens[max(0, position - k):position])] = 1.0
+            window = tokens[max(0, position - k):position]
+            if layout is None:
+                out[row, self._next_at(self.config, position, window)] = 1.0
+            else:
+                out[row, _draft_at(self.config, position, window, layout.outcome(position))] = 1.0
         return out
 
     def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
         """One call per request: nothing is computed here, so there is nothing to batch (the
         emulated device charges a batch its profile's time)."""
         return [self.logits(r.seq_id, r.tokens, r.n_last) for r in requests]
+
+    def _layout(self, seq_id: str) -> RoundLayout | None:
+        if self.role != "draft" or self.config.acceptance != "stratified":
+            return None
+        if seq_id not in self._layouts:
+            raise ValueError(f"stratified acceptance: sequence {seq_id!r} was drafted before begin_request "
+                             "gave its prompt and gamma (dsd.drafting.begin_request)")
+        return self._layouts[seq_id]
 
     def cached_length(self, seq_id: str) -> int:
         return len(self._cached.get(seq_id, ()))
@@ -134,3 +165,4 @@ class SyntheticLM:
 
     def release(self, seq_id: str) -> None:
         self._cached.pop(seq_id, None)
+        self._layouts.pop(seq_id, None)

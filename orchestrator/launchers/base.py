@@ -26,6 +26,15 @@ class LinkState:
     rtt_measured_p99_ms: float = float("nan")
     rtt_measured_stdev_ms: float = float("nan")
     loss_measured_pct: float = float("nan")
+    # The rest of the link (orchestrator/links.py): what jitter, distribution and loss should give.
+    distribution_configured: str = "uniform"
+    correlation_configured_pct: float = 0.0
+    delay_up_configured_ms: float = float("nan")
+    delay_down_configured_ms: float = float("nan")
+    rtt_expected_p50_ms: float = float("nan")     # the median RTT the jitter distribution gives
+    rtt_expected_stdev_ms: float = 0.0
+    loss_expected_pct: float = 0.0                # a probe and its reply both get through
+    rtt_measured_mean_ms: float = float("nan")
 
 
 class Testbed(Protocol):

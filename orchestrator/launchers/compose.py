@@ -41,8 +41,9 @@ import docker
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
-from netem import Link, LinkRecord, LinkSpec, Shaper, ShaperConfig, endpoint_from_container
+from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
+from orchestrator import links
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 
@@ -173,7 +174,8 @@ class ComposeConfig:
             "DSD_BACKEND": b.kind, "DSD_PAIR_PATH": self.container_pair_path,
             "DSD_PROFILE": "", "DSD_PROFILE_JSON": self.profile_json,
             "DSD_ALPHA": repr(float(b.alpha)), "DSD_SYNTHETIC_SEED": str(b.seed),
-            "DSD_VOCAB_SIZE": str(b.vocab_size), "DSD_EOS_PROB": repr(float(b.eos_prob)), "DSD_DTYPE": b.dtype,
+            "DSD_VOCAB_SIZE": str(b.vocab_size), "DSD_EOS_PROB": repr(float(b.eos_prob)),
+            "DSD_ACCEPTANCE": b.acceptance, "DSD_DTYPE": b.dtype,
             "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
             "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
             "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
@@ -328,11 +330,12 @@ class ComposeTestbed:
 
     # ---- links -----------------------------------------------------------------------------------
 
-    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+    def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
+        """One RTT (ms) or one LinkSpec per edge."""
         if len(rtt_ms_per_edge) != len(self.edges):
             raise ValueError(f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), "
                              f"got {len(rtt_ms_per_edge)}")
-        specs = [LinkSpec(rtt_ms=rtt_ms) for rtt_ms in rtt_ms_per_edge]      # validates each value
+        specs = [links.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
         links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
@@ -350,6 +353,13 @@ class ComposeTestbed:
             raise RuntimeError("no links are shaped: call shape() first")
         self.link_records = self._shaper.verify()
         return [_link_state(r) for r in self.link_records]
+
+    @property
+    def link_shaper(self):
+        """The netem Shaper of the links shaped now (a link schedule changes them through it)."""
+        if self._shaper is None:
+            raise RuntimeError("no links are shaped: call shape() first")
+        return self._shaper
 
     def check(self) -> None:
         """Raise if shaping stopped working (a dead NFQUEUE daemon drops every packet of its links)."""
@@ -435,13 +445,7 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
 
 
 def _link_state(record: LinkRecord) -> LinkState:
-    spec, m = record.spec, record.measured
-    nan = float("nan")
-    return LinkState(edge=record.edge, shaper=record.backend, rtt_configured_ms=spec.expected_rtt_ms(),
-                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
-                     rate_configured_mbit=spec.rate_mbit or 0.0,
-                     rtt_measured_p50_ms=m.rtt_p50_ms if m else nan, rtt_measured_p99_ms=m.rtt_p99_ms if m else nan,
-                     rtt_measured_stdev_ms=m.rtt_stdev_ms if m else nan, loss_measured_pct=m.loss_pct if m else nan)
+    return links.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
+from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.processes import (ServiceProcess, backend_args, free_port, heal_services,
                                                  write_token_file)
@@ -83,7 +84,9 @@ class LoopbackTestbed:
             self.close()
             raise
 
-    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+    def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
+        """One RTT (ms) per edge; a LinkSpec only if it is a plain symmetric delay."""
+        rtt_ms_per_edge = [_plain_rtt_ms(link) for link in rtt_ms_per_edge]
         self._delay_ms = {i: rtt / 2 for i, rtt in enumerate(rtt_ms_per_edge)}
         return [LinkState(edge.name, self.shaper, rtt) for edge, rtt in zip(self.edges, rtt_ms_per_edge)]
 
@@ -106,3 +109,12 @@ class LoopbackTestbed:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _plain_rtt_ms(link) -> float:
+    if not isinstance(link, LinkSpec):
+        return link
+    if link != LinkSpec(rtt_ms=link.rtt_ms):
+        raise ValueError(f"the loopback launcher delays in the application and can only give an RTT; "
+                         f"got {link} (use netns or compose)")
+    return link.rtt_ms

@@ -7,12 +7,14 @@ network namespace, so control traffic never touches the shaped links.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
 
-from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
+from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
+from orchestrator import links
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
@@ -22,15 +24,7 @@ EDGE_PORT = 8701
 
 
 def link_state(record) -> LinkState:
-    spec, measured = record.spec, record.measured
-    return LinkState(
-        edge=record.edge, shaper=record.backend, rtt_configured_ms=measured.configured_rtt_ms if measured else spec.rtt_ms,
-        jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
-        rate_configured_mbit=spec.rate_mbit or 0.0,
-        rtt_measured_p50_ms=measured.rtt_p50_ms if measured else float("nan"),
-        rtt_measured_p99_ms=measured.rtt_p99_ms if measured else float("nan"),
-        rtt_measured_stdev_ms=measured.rtt_stdev_ms if measured else float("nan"),
-        loss_measured_pct=measured.loss_pct if measured else float("nan"))
+    return links.link_state(record)
 
 
 class NetnsTestbed:
@@ -75,17 +69,27 @@ class NetnsTestbed:
         for process in self._processes:
             process.wait_ready(self.config.ready_timeout_s)
 
-    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
-        """A fresh Shaper per set of RTTs (netem's Shaper applies once); the old one goes first."""
+    def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
+        """A fresh Shaper per set of links (netem's Shaper applies once); the old one goes first.
+        One RTT (ms) or one LinkSpec per edge."""
         if self._shaper is not None:
             self._shaper.close()
             self._shaper = None
         shaper = Shaper(self.shaper_config)
         shaper.__enter__()
         self._shaper = shaper
-        specs = [LinkSpec(rtt_ms=r, loss_pct=self.loss_pct) for r in rtt_ms_per_edge]
+        specs = [links.as_spec(r) for r in rtt_ms_per_edge]
+        if self.loss_pct:
+            specs = [dataclasses.replace(s, loss_pct=self.loss_pct) for s in specs]
         records = shaper.apply(self._topology.links(specs))
         return [link_state(r) for r in records]
+
+    @property
+    def link_shaper(self):
+        """The netem Shaper of the links shaped now (a link schedule changes them through it)."""
+        if self._shaper is None:
+            raise RuntimeError("no links are shaped: call shape() first")
+        return self._shaper
 
     def check(self) -> None:
         """Raise if shaping died (a dead NFQUEUE daemon drops every packet of its links)."""

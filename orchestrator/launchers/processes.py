@@ -45,7 +45,8 @@ def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> lis
         args += ["--dtype", backend.dtype]
     else:
         args += ["--alpha", str(backend.alpha), "--vocab-size", str(backend.vocab_size),
-                 "--synthetic-seed", str(backend.seed), "--eos-prob", str(backend.eos_prob)]
+                 "--synthetic-seed", str(backend.seed), "--eos-prob", str(backend.eos_prob),
+                 "--acceptance", backend.acceptance]
     if profile is not None:
         values = {k: v for k, v in asdict(profile).items() if k != "sources"}
         args += ["--profile-json", json.dumps(values)]

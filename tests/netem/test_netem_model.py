@@ -82,3 +82,27 @@ def test_queue_limit_covers_packets_per_second_times_hold_time():
     assert queue_limit_pkts(DirectionSpec(delay_ms=100), 20_000, backlog_pkts=1000) == 1000 + 2500
     capped = queue_limit_pkts(DirectionSpec(delay_ms=100, rate_mbit=1), 20_000, backlog_pkts=1000)
     assert capped == 1000 + math.ceil(125_000 / 64 * 0.1 * 1.25)
+
+
+def test_update_changes_delay_for_new_packets_and_keeps_held_ones_as_they_were():
+    """A schedule step: held packets keep their release times; after a cut new packets may pass
+    them (as the new delay implies), after a rise they wait the new delay; nothing is dropped."""
+    sched = DirectionScheduler(DirectionSpec(delay_ms=50), seed=1)
+    held = [sched.on_arrival(i * 0.001, 100) for i in range(10)]           # released at 50..59 ms
+    sched.update(DirectionSpec(delay_ms=10))
+    after = [sched.on_arrival(0.010 + i * 0.001, 100) for i in range(10)]
+    assert held == pytest.approx([0.050 + i * 0.001 for i in range(10)])
+    assert after == pytest.approx([0.020 + i * 0.001 for i in range(10)])
+    sched.update(DirectionSpec(delay_ms=80))
+    assert sched.on_arrival(0.030, 100) == pytest.approx(0.110)
+    assert sched.n_updates == 2 and sched.n_lost == 0
+
+
+def test_update_keeps_the_configured_loss_rate_across_changes():
+    sched = DirectionScheduler(DirectionSpec(delay_ms=1, loss_pct=5), seed=2)
+    lost = 0
+    for i in range(40_000):
+        if i % 1000 == 0:
+            sched.update(DirectionSpec(delay_ms=1 + (i // 1000) % 3, loss_pct=5))
+        lost += sched.on_arrival(i * 0.001, 100) is None
+    assert abs(lost / 40_000 - 0.05) < 4 * math.sqrt(0.05 * 0.95 / 40_000)

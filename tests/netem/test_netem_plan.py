@@ -90,3 +90,16 @@ def test_iptables_plan_is_one_physdev_rule_per_direction_without_queue_bypass():
     assert plan.restore_text().splitlines()[:2] == ["*filter", ":DSDBED-t - [0:0]"]
     assert "bypass" not in plan.restore_text()
     assert plan.jump_spec == ["FORWARD", "-j", "DSDBED-t"]
+
+
+def test_a_schedule_step_on_the_kernel_path_replaces_the_same_qdiscs_in_place():
+    """netem's change keeps its queue: a step must be a "replace" of the handles already there."""
+    from netem.schedule import LinkSchedule
+
+    base = LinkSpec(rtt_ms=20, jitter_ms=2, rate_mbit=10)
+    ((_, stepped),) = LinkSchedule.from_steps([{"at_s": 5, "rtt_ms": 150, "loss_pct": 1}]).specs(base)
+    before, after = plan_link(make_link(base), max_pps=1000), plan_link(make_link(stepped), max_pps=1000)
+    assert [(r.command, r.kind, r.ifname, r.handle, r.parent) for r in before] == \
+        [(r.command, r.kind, r.ifname, r.handle, r.parent) for r in after]
+    netem = [r for r in after if r.kind == "netem"]
+    assert {r.attrs["delay"] for r in netem} == {75_000} and {r.attrs["loss"] for r in netem} == {1}

@@ -22,7 +22,7 @@ from netem.spec import DirectionSpec, LinkSpec
         ({"rtt_ms": 20, "rate_mbit": 0}, "rate_mbit", "0"),
         ({"rtt_ms": 20, "rate_mbit": math.inf}, "rate_mbit", "inf"),
         ({"rtt_ms": 20, "correlation_pct": 100}, "correlation_pct", "100"),
-        ({"rtt_ms": 20, "distribution": "pareto"}, "distribution", "'pareto'"),
+        ({"rtt_ms": 20, "distribution": "lognormal"}, "distribution", "'lognormal'"),
         ({"delay_up_ms": 5, "delay_down_ms": -5}, "delay_down_ms", "-5"),
     ],
 )

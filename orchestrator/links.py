@@ -1,0 +1,461 @@
+"""The link as an experiment dimension: its sweep keys, the link of each point and edge, and the
+link columns of the traces.
+
+Sweep keys (each a list, or one value, like rtt_ms; the sweep is their product):
+
+    jitter_ms = [0, 5]                 netem's jitter, per direction (see netem.spec)
+    delay_distribution = ["normal"]    uniform (netem's default), normal, pareto, paretonormal
+    correlation_pct = [0]              lag-1 correlation of successive delays and losses
+    loss_pct = [0, 1]                  per direction
+    rate_mbit = [0, 10]                per direction; 0 = no cap
+    delay_up_ms = [5], delay_down_ms = [45]   asymmetric one-way delays, instead of rtt_ms
+
+A key left at its default stays out of the point's key, folder and trace columns, so sweeps
+written before these keys existed still resume. A point's link is `point_spec(point)`.
+
+Per-edge links, the `[link]` table (`LinkOptions`), so one multi-client point mixes near and far
+clients (client c runs on edge c mod edges):
+
+    [link]
+    edges = [{rtt_ms = 10}, {rtt_ms = 150, jitter_ms = 5}]   # edge i gets entry i mod len(edges)
+    draw_rtt_ms = [10, 200]    # or: each edge's RTT drawn uniformly from [10, 200] ...
+    seed = 1                   # ... with this seed (edge i: random.Random(seed * 1_000_003 + i))
+
+    edges = [{edge_country = "IN", cloud_country = "US"}]      # the RTT drawn from measured
+                               # country-pair statistics, per edge and seeded (orchestrator/geography.py)
+
+An entry sets the keys it gives for its edge and takes the rest from the point (an entry with
+rtt_ms replaces the point's rtt_ms for that edge; the point keeps its key). The draws are the same
+at every point and repeat: edge i is the same near or far client throughout the sweep.
+
+Link schedules (netns, compose): the link changes during every point, from when its runs start
+(warm-up requests included), without restarting anything (`netem.schedule`, `Shaper.schedule`):
+
+    [[link.schedule]]          # steps: each changes the keys it names, for every edge
+    at_s = 5
+    rtt_ms = 150
+    # or: trace_csv = "traces/wan.csv"   (t_s, rtt_ms[, jitter_ms, loss_pct, rate_mbit])
+
+links.csv gets one row per change and edge (change_index 1, 2, ...; the point's own link is
+change 0) with its scheduled time and the time it took effect as an echo probe beside the run saw
+it (change_t_unix_s, change_seen_t_unix_s, change_settle_ms; epoch seconds, as rounds.csv); rounds.csv rows
+carry the change in force when the round was sent (`link_change_index`, `link_rtt_configured_ms`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from netem.schedule import LinkSchedule, apply_changes, effect_times
+from netem.spec import DISTRIBUTIONS, LinkSpec
+
+# Sweep key -> its default (one value). Order = the order of the point key's suffix.
+LINK_DEFAULTS = {"jitter_ms": 0.0, "delay_distribution": "uniform", "correlation_pct": 0.0,
+                 "loss_pct": 0.0, "rate_mbit": 0.0, "delay_up_ms": None}
+LINK_KEYS = tuple(LINK_DEFAULTS)
+_SUFFIX = {"jitter_ms": "j{:g}ms", "delay_distribution": "{}", "correlation_pct": "corr{:g}",
+           "loss_pct": "loss{:g}", "rate_mbit": "rate{:g}mbit", "delay_up_ms": "up{:g}ms"}
+# Launchers that shape real packets; the others have a delay and nothing else.
+SHAPING_LAUNCHERS = ("netns", "compose")
+
+
+def _fail(key: str, value, expected: str) -> None:
+    raise ValueError(f"experiment key {key!r}: expected {expected}, got {value!r}")
+
+
+def _numbers(key: str, values, lo: float, hi: float, hi_open: bool = False) -> None:
+    ok = len(values) > 0 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+        and not (hi_open and v == hi) for v in values)
+    if not ok:
+        upper = f"< {hi:g}" if hi_open else f"<= {hi:g}"
+        _fail(key, values, f"a non-empty list of numbers >= {lo:g} and {upper}")
+    if len(set(values)) != len(values):
+        _fail(key, values, "no repeated values")
+
+
+def check_link_keys(experiment) -> None:
+    """Each link key on its own, then every combination the sweep will shape (so a jitter larger
+    than some one-way delay fails here, naming the key, not halfway through the sweep)."""
+    _numbers("jitter_ms", experiment.jitter_ms, 0, 10_000)
+    _numbers("correlation_pct", experiment.correlation_pct, 0, 100, hi_open=True)
+    _numbers("loss_pct", experiment.loss_pct, 0, 100, hi_open=True)
+    _numbers("rate_mbit", experiment.rate_mbit, 0, 100_000)
+    dists = experiment.delay_distribution
+    if not dists or any(d not in DISTRIBUTIONS for d in dists) or len(set(dists)) != len(dists):
+        _fail("delay_distribution", dists, f"a non-empty list of distinct names from {DISTRIBUTIONS}")
+    up, down = experiment.delay_up_ms, experiment.delay_down_ms
+    if bool(up) != bool(down):
+        _fail("delay_up_ms" if not up else "delay_down_ms", up or down,
+              "delay_up_ms and delay_down_ms given together (one-way delays, in place of rtt_ms)")
+    if up:
+        _numbers("delay_up_ms", up, 0, 5_000)
+        _numbers("delay_down_ms", down, 0, 5_000)
+    for axes in link_axes(experiment):
+        try:
+            base = _spec(axes)
+        except ValueError as error:
+            key = "jitter_ms" if "jitter_ms" in str(error) else "link"
+            raise ValueError(f"experiment key {key!r}: {error} (at {axes})") from None
+        for i in range(experiment.edges if experiment.link.per_edge else 0):
+            try:
+                edge_spec(base, experiment.link.edge_entry(i))
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.edges[{i % max(len(experiment.link.edges), 1)}]': "
+                                 f"{error} (with the point's link {axes})") from None
+        schedule = experiment.link.schedule
+        for i in range(experiment.edges if experiment.link.per_edge else 1) if schedule else ():
+            try:
+                schedule.check(edge_spec(base, experiment.link.edge_entry(i)))
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.schedule': {error} (from the link {axes})") from None
+
+
+def varied_link_keys(experiment) -> list[str]:
+    """The link keys this experiment sets away from their defaults (they become point columns)."""
+    keys = [k for k in LINK_KEYS if k != "delay_up_ms" and tuple(getattr(experiment, k)) != (LINK_DEFAULTS[k],)]
+    return keys + (["delay_up_ms"] if experiment.delay_up_ms else [])
+
+
+def link_axes(experiment) -> list[dict]:
+    """Every (rtt_ms, link keys) combination of the sweep, rtt_ms outermost. Keys at their
+    default are left out (None), so such points keep the keys they always had."""
+    varied = varied_link_keys(experiment)
+    if experiment.delay_up_ms:
+        delays = [(up + down, up) for up, down in itertools.product(experiment.delay_up_ms, experiment.delay_down_ms)]
+    else:
+        delays = [(float(r), None) for r in experiment.rtt_ms]
+    others = [k for k in varied if k != "delay_up_ms"]
+    out = []
+    for (rtt_ms, up), values in itertools.product(delays, itertools.product(*(getattr(experiment, k) for k in others))):
+        axes = {"rtt_ms": float(rtt_ms), **{k: (v if k == "delay_distribution" else float(v)) for k, v in zip(others, values)}}
+        if up is not None:
+            axes["delay_up_ms"] = float(up)
+        out.append(axes)
+    return out
+
+
+def _spec(axes: dict) -> LinkSpec:
+    """The LinkSpec of one point's axes (the keys a point carries; absent ones at default)."""
+    get = lambda key: axes.get(key) if axes.get(key) is not None else LINK_DEFAULTS[key]  # noqa: E731
+    delays = {"rtt_ms": axes["rtt_ms"]}
+    if axes.get("delay_up_ms") is not None:
+        delays = {"delay_up_ms": axes["delay_up_ms"], "delay_down_ms": axes["rtt_ms"] - axes["delay_up_ms"]}
+    return LinkSpec(**delays, jitter_ms=get("jitter_ms"), loss_pct=get("loss_pct"),
+                    rate_mbit=get("rate_mbit") or None, correlation_pct=get("correlation_pct"),
+                    distribution=get("delay_distribution"))
+
+
+def point_spec(point) -> LinkSpec:
+    """The link one sweep point asks for (every edge's, unless the experiment gives per-edge links)."""
+    return _spec({k: getattr(point, k, None) for k in ("rtt_ms", *LINK_KEYS)})
+
+
+def as_spec(link) -> LinkSpec:
+    """A launcher's shape() takes LinkSpecs or bare RTTs (ms)."""
+    return link if isinstance(link, LinkSpec) else LinkSpec(rtt_ms=link)
+
+
+def key_suffix(point) -> str:
+    parts = [_SUFFIX[k].format(getattr(point, k)) for k in LINK_KEYS if getattr(point, k, None) is not None]
+    return "".join(f"_{p}" for p in parts)
+
+
+def check_launcher(experiment, launcher: str) -> None:
+    """Only the shaping launchers can give a link jitter, loss, a rate or two different delays."""
+    if launcher in SHAPING_LAUNCHERS:
+        return
+    options = experiment.link
+    if options.schedule:
+        _fail("link.schedule", options.trace_csv or "steps",
+              f"none on the {launcher} launcher, which shapes no link (use netns or compose)")
+    if launcher == "sim" and options.per_edge:
+        _fail("link", "per-edge links", "none on the sim launcher (one client, one constant RTT)")
+    for i, entry in enumerate(options.edges):
+        if set(dict(entry)) - {"rtt_ms"}:
+            _fail(f"link.edges[{i}]", dict(entry), f"only rtt_ms on the {launcher} launcher (use netns or compose)")
+    varied = varied_link_keys(experiment)
+    if varied:
+        _fail(varied[0], getattr(experiment, varied[0]),
+              f"its default on the {launcher} launcher, whose link is a constant RTT (use netns or compose)")
+
+
+def link_state(record):
+    """A netem LinkRecord as a row of links.csv: the link as configured and as measured."""
+    from orchestrator.launchers.base import LinkState
+
+    spec, m = record.spec, record.measured
+    nan = math.nan
+    return LinkState(
+        edge=record.edge, shaper=record.backend,
+        rtt_configured_ms=m.configured_rtt_ms if m else spec.expected_rtt_ms(),
+        jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+        rate_configured_mbit=spec.rate_mbit or 0.0,
+        rtt_measured_p50_ms=m.rtt_p50_ms if m else nan, rtt_measured_p99_ms=m.rtt_p99_ms if m else nan,
+        rtt_measured_stdev_ms=m.rtt_stdev_ms if m else nan, loss_measured_pct=m.loss_pct if m else nan,
+        distribution_configured=spec.distribution, correlation_configured_pct=spec.correlation_pct,
+        delay_up_configured_ms=spec.up.delay_ms, delay_down_configured_ms=spec.down.delay_ms,
+        rtt_expected_p50_ms=m.expected_rtt_p50_ms if m else spec.expected_rtt_p50_ms(),
+        rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct,
+        rtt_measured_mean_ms=m.rtt_mean_ms if m else nan)
+
+
+# What points.csv adds per point from links.csv: the median over the point's edges.
+LINK_POINT_COLUMNS = {"rtt_expected_p50_ms": "rtt_link_expected_p50_ms",
+                      "rtt_measured_stdev_ms": "rtt_link_stdev_ms", "rtt_expected_stdev_ms": "rtt_link_expected_stdev_ms",
+                      "loss_measured_pct": "loss_link_pct", "loss_expected_pct": "loss_link_expected_pct",
+                      "wire_bytes_per_round_up": "wire_bytes_per_round_up",
+                      "wire_bytes_per_round_down": "wire_bytes_per_round_down"}
+
+
+def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
+    """points.csv with each point's link as configured and measured (links.csv, median over edges)."""
+    if links is None or links.empty or points.empty:
+        return points
+    if "change_index" in links:                     # the point's own links, not a schedule's later states
+        links = links[links["change_index"].fillna(0) == 0]
+    keys = [k for k in keys if k in links.columns and k in points.columns]
+    have = [c for c in LINK_POINT_COLUMNS if c in links.columns]
+    if not keys or not have:
+        return points
+    per_point = links.groupby(keys)[have].median().rename(columns=LINK_POINT_COLUMNS).reset_index()
+    per_point[keys] = per_point[keys].astype(points[keys].dtypes.to_dict())
+    return points.merge(per_point, on=keys, how="left")
+
+
+# ---- per-edge links -----------------------------------------------------------------------------
+
+# Keys an edge's entry may set (the point's link keys, in their experiment spelling).
+EDGE_KEYS = ("rtt_ms", "delay_up_ms", "delay_down_ms", "jitter_ms", "delay_distribution", "correlation_pct",
+             "loss_pct", "rate_mbit", "edge_country", "cloud_country")
+COUNTRY_KEYS = ("edge_country", "cloud_country")
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """The experiment's `[link]` table: per-edge links (see the module docstring)."""
+
+    edges: tuple[tuple[tuple[str, object], ...], ...] = ()   # one entry per edge: sorted (key, value) pairs
+    draw_rtt_ms: tuple[float, ...] = ()                       # (low, high): each edge's RTT drawn uniformly
+    seed: int = 0
+    schedule: LinkSchedule = field(default_factory=LinkSchedule)   # steps, or the trace's rows
+    trace_csv: str = ""                                             # where schedule came from, if a trace
+
+    def __post_init__(self) -> None:
+        if self.edges and self.draw_rtt_ms:
+            _fail("link.draw_rtt_ms", list(self.draw_rtt_ms), "not given together with link.edges (choose one)")
+        for i, entry in enumerate(self.edges):
+            unknown = sorted(set(dict(entry)) - set(EDGE_KEYS))
+            if unknown:
+                _fail(f"link.edges[{i}]", unknown, f"keys from {list(EDGE_KEYS)}")
+            given = set(dict(entry)) & set(COUNTRY_KEYS)
+            if given and given != set(COUNTRY_KEYS):
+                _fail(f"link.edges[{i}]", dict(entry), "edge_country and cloud_country given together")
+            if given and set(dict(entry)) & {"rtt_ms", "delay_up_ms", "delay_down_ms"}:
+                _fail(f"link.edges[{i}]", dict(entry), "a delay (rtt_ms, delay_*_ms) or a country pair, not both")
+            try:
+                edge_spec(LinkSpec(rtt_ms=100), self.edge_entry(i))   # its own values valid on a roomy link
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.edges[{i}]': {error}") from None
+        if self.draw_rtt_ms:
+            lo_hi = self.draw_rtt_ms
+            if len(lo_hi) != 2 or not all(_is_number(x) and 0 <= x <= 10_000 for x in lo_hi) or lo_hi[0] > lo_hi[1]:
+                _fail("link.draw_rtt_ms", list(lo_hi), "[low, high] with 0 <= low <= high <= 10000")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            _fail("link.seed", self.seed, "a whole number >= 0")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LinkOptions":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown key(s) in [link]: {unknown}; known: {sorted(known)}")
+        data = dict(data)
+        if "edges" in data:
+            if not isinstance(data["edges"], list) or not all(isinstance(e, dict) for e in data["edges"]):
+                _fail("link.edges", data["edges"], "a list of tables, one per edge")
+            data["edges"] = tuple(tuple(sorted(e.items())) for e in data["edges"])
+        if "schedule" in data and "trace_csv" in data:
+            _fail("link.trace_csv", data["trace_csv"], "not given together with [[link.schedule]] (choose one)")
+        if "schedule" in data:
+            if not isinstance(data["schedule"], list):
+                _fail("link.schedule", data["schedule"], "a list of steps ([[link.schedule]] tables)")
+            try:
+                data["schedule"] = LinkSchedule.from_steps(data["schedule"])
+            except ValueError as error:
+                raise ValueError(f"experiment key 'link.schedule': {error}") from None
+        if "trace_csv" in data:
+            try:
+                data["schedule"] = LinkSchedule.from_trace_csv(data["trace_csv"])
+            except (OSError, ValueError) as error:
+                raise ValueError(f"experiment key 'link.trace_csv': {error}") from None
+        if "draw_rtt_ms" in data:
+            data["draw_rtt_ms"] = tuple(data["draw_rtt_ms"]) if isinstance(data["draw_rtt_ms"], list) \
+                else (data["draw_rtt_ms"],)
+        return cls(**data)
+
+    @property
+    def per_edge(self) -> bool:
+        return bool(self.edges or self.draw_rtt_ms)
+
+    def edge_entry(self, index: int) -> dict:
+        """What edge `index` sets for itself ({} = the point's link); a country pair becomes the
+        RTT drawn for this edge from the pair's measurements (orchestrator/geography.py)."""
+        if self.edges:
+            entry = dict(self.edges[index % len(self.edges)])
+            if "edge_country" in entry:
+                from orchestrator import geography
+
+                stats = geography.pair_stats(entry.pop("edge_country"), entry.pop("cloud_country"))
+                rng = random.Random(self.seed * 1_000_003 + index)
+                entry["rtt_ms"] = round(stats.draw_rtt_ms(rng), 3)
+            return entry
+        if self.draw_rtt_ms:
+            rng = random.Random(self.seed * 1_000_003 + index)
+            return {"rtt_ms": round(rng.uniform(*self.draw_rtt_ms), 3)}
+        return {}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def edge_spec(base: LinkSpec, entry: dict) -> LinkSpec:
+    """The point's link `base` with an edge's own keys on top."""
+    return apply_changes(base, entry)
+
+
+def edge_specs(options: LinkOptions | None, point, n_edges: int) -> list[LinkSpec]:
+    """Each edge's link at this point."""
+    base = point_spec(point)
+    if options is None or not options.per_edge:
+        return [base] * n_edges
+    out = []
+    for i in range(n_edges):
+        try:
+            out.append(edge_spec(base, options.edge_entry(i)))
+        except ValueError as error:
+            raise ValueError(f"experiment key 'link.edges[{i}]' at {point.key}: {error}") from None
+    return out
+
+
+# ---- a schedule during a point ------------------------------------------------------------------
+
+PROBE_INTERVAL_S = 0.01
+EFFECT_TOLERANCE_MS = 2.0
+
+
+class ScheduledPoint:
+    """Runs a link schedule over one point: every change handed to the shaper at once (it times
+    them), and echo probes from every edge beside the run, to see when each took effect.
+
+        with ScheduledPoint(shaper, specs, schedule) as scheduled:   # starts the clock
+            ... the point's runs ...
+        rows = scheduled.rows()                                      # links.csv rows, one per change
+    """
+
+    def __init__(self, shaper, specs: list[LinkSpec], schedule: LinkSchedule):
+        self.shaper, self.specs, self.schedule = shaper, specs, schedule
+        self.t0_s = math.nan                           # CLOCK_MONOTONIC
+        self.unix_minus_mono_s = 0.0
+        self.t_end_s = math.nan
+        self._stop = threading.Event()
+        self._timeline: list[list] = [[] for _ in specs]
+        self._prober: threading.Thread | None = None
+
+    def __enter__(self) -> "ScheduledPoint":
+        from netem import measure
+
+        self.t0_s = time.monotonic() + 0.05           # the daemon gets the changes before the first
+        # The traces' clock: the edges write wall-clock (epoch) times, kept on perf_counter.
+        self.unix_minus_mono_s = time.time() - time.monotonic()
+        per_edge = [self.schedule.specs(spec) for spec in self.specs]
+        self.shaper.schedule([(self.t0_s + at_s, [steps[k][1] for steps in per_edge])
+                              for k, (at_s, _) in enumerate(per_edge[0])])
+        targets = [measure.RttTarget(link.name, link.edge.netns, link.verifier.ip) for link in self.shaper.links]
+        n = int(3600 / PROBE_INTERVAL_S)               # bounded: an hour, or until the point ends
+        self._prober = threading.Thread(
+            target=measure.probe_rtts, name="dsdbed-schedule-probe", daemon=True,
+            kwargs=dict(targets=targets, count=n, interval_s=PROBE_INTERVAL_S, timeout_s=1.0, stop=self._stop,
+                        timeline=self._timeline))
+        self._prober.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.t_end_s = time.monotonic()
+        self._stop.set()
+        if self._prober is not None:
+            self._prober.join(timeout=10)
+
+    def rows(self, link_states: list) -> list[dict]:
+        """One links.csv row per (change that was due before the point ended, edge)."""
+        from netem import measure
+
+        out = []
+        for edge_index, (spec, state) in enumerate(zip(self.specs, link_states)):
+            steps = [(at_s, s) for at_s, s in self.schedule.specs(spec) if self.t0_s + at_s <= self.t_end_s]
+            changes, old = [], spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
+            for at_s, new_spec in steps:
+                new = new_spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
+                changes.append((self.t0_s + at_s, old, new))
+                old = new
+            seen = effect_times(changes, self._timeline[edge_index], EFFECT_TOLERANCE_MS)
+            for k, ((at_s, new_spec), t_seen) in enumerate(zip(steps, seen), start=1):
+                out.append({**dataclasses.asdict(link_state_of(state.edge, state.shaper, new_spec)),
+                            "change_index": k, "change_at_s": at_s, "change_source": self.schedule.source,
+                            "change_t_unix_s": self.t0_s + at_s + self.unix_minus_mono_s,
+                            "change_seen_t_unix_s": t_seen + self.unix_minus_mono_s,
+                            "change_settle_ms": 1000 * (t_seen - self.t0_s - at_s)})
+        return out
+
+    def annotate_rounds(self, rounds: pd.DataFrame, n_edges: int) -> pd.DataFrame:
+        """Each round with the link change in force when it was sent (t_send_s: the edges' epoch
+        seconds), on its client's edge."""
+        if rounds.empty or "t_send_s" not in rounds:
+            return rounds
+        rounds = rounds.copy()
+        since_s = rounds["t_send_s"] - (self.t0_s + self.unix_minus_mono_s)
+        edges = rounds["client_id"].astype(int) % n_edges
+        rounds["link_change_index"] = [self.schedule.index_at(t) if t == t else -1 for t in since_s]
+        rounds["link_rtt_configured_ms"] = [
+            self.schedule.state_at(self.specs[e], t).expected_rtt_ms() if t == t else math.nan
+            for e, t in zip(edges, since_s)]
+        return rounds
+
+
+def link_state_of(edge: str, shaper: str, spec: LinkSpec):
+    """A links.csv row for a configured link that has no measurement of its own."""
+    from orchestrator.launchers.base import LinkState
+
+    return LinkState(edge=edge, shaper=shaper, rtt_configured_ms=spec.expected_rtt_ms(),
+                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
+                     rate_configured_mbit=spec.rate_mbit or 0.0, distribution_configured=spec.distribution,
+                     correlation_configured_pct=spec.correlation_pct, delay_up_configured_ms=spec.up.delay_ms,
+                     delay_down_configured_ms=spec.down.delay_ms, rtt_expected_p50_ms=spec.expected_rtt_p50_ms(),
+                     rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct)
+
+
+def add_wire_prediction(points: pd.DataFrame) -> pd.DataFrame:
+    """The closed form with a serialisation term: under a rate cap every round also waits for its
+    bytes to cross the wire each way, (bytes_up + bytes_down) / rate, shared by the tokens the
+    round emits. Bytes per round are those measured on the wire (links.csv); where the point has
+    no cap or no measurement the column equals per_token_ms_predicted.
+    per_token_ms_predicted_wire = per_token_ms_predicted + 8 (B_up + B_down) / (rate_mbit * 1e3) / tokens_per_round"""
+    if points.empty or "per_token_ms_predicted" not in points:
+        return points
+    points = points.copy()
+    rate = points["rate_mbit"] if "rate_mbit" in points else pd.Series(0.0, index=points.index)
+    have = "wire_bytes_per_round_up" in points and "wire_bytes_per_round_down" in points
+    wire_bytes = (points["wire_bytes_per_round_up"] + points["wire_bytes_per_round_down"]) if have else 0.0
+    per_round_ms = (8.0 * wire_bytes / (rate.where(rate > 0) * 1e3)) if have else pd.Series(math.nan, index=points.index)
+    per_token_ms = per_round_ms / points["tokens_per_round"].where(points["tokens_per_round"] > 0, 1.0)
+    points["serialisation_ms_per_token"] = per_token_ms.fillna(0.0)
+    points["per_token_ms_predicted_wire"] = points["per_token_ms_predicted"] + points["serialisation_ms_per_token"]
+    return points

@@ -1,0 +1,118 @@
+"""The paper's comparisons as tables: per group, the configured setting, the closed form at the
+configured alpha and at the realised one (both with the configured compute times: the gap
+between them is alpha's alone), and what was measured.
+
+- sync_vs_ar: the largest RTT at which synchronous DSD beats cloud AR (claim 2);
+- pipelined_vs_colocated: the RTT below which pipelined DSD keeps up with co-located SD, beside
+  the drafting window gamma*t_draft,edge (claim 3);
+- capacity: clients a saturated server sustains, DSD over co-located, beside
+  1 + gamma*t_draft,server/t_verify (claim 4; no alpha in it).
+
+A cell where the closed form says DSD never wins is -inf, and is shown as "never", not as a
+(negative) number; +inf measured means DSD won over the whole RTT grid.
+"""
+from __future__ import annotations
+
+import math
+
+from dsd import latency_model as lm
+
+NEVER = "never (DSD never wins)"
+
+
+def closed_form_crossover_ms(name: str, alpha: float, gamma: int, params: dict) -> float:
+    """The closed form's crossover RTT (ms) at ``alpha``; -inf where DSD never wins."""
+    if math.isnan(alpha):
+        return math.nan
+    t_v = params["t_verify_s"][gamma]
+    if name == "sync_vs_ar":
+        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
+    if name == "pipelined_vs_colocated":
+        return 1e3 * lm.pipelined_beats_colocated_rtt_s(alpha, gamma, params["t_draft_edge_s"],
+                                                         params["t_draft_server_s"], t_v)
+    raise ValueError(f"unknown comparison {name!r}")
+
+
+def setting(params: dict, gamma: int) -> dict:
+    """The configured compute times of a group, in ms, and the drafting window."""
+    return {"gamma": gamma, "t_draft_edge_ms": 1e3 * params["t_draft_edge_s"],
+            "t_draft_server_ms": 1e3 * params["t_draft_server_s"],
+            "t_verify_ms": 1e3 * params["t_verify_s"][gamma], "t_ar_ms": 1e3 * params["t_ar_s"],
+            "drafting_window_ms": 1e3 * gamma * params["t_draft_edge_s"]}
+
+
+def crossover_rows(groups: list[dict], assumed: dict, gamma: int) -> list[dict]:
+    """One row per group and crossover the sweep measured. ``groups``: summary.json's groups
+    (profile, alpha_configured, alpha_fitted, crossovers); ``assumed``: configured params per profile."""
+    rows = []
+    for group in groups:
+        params = assumed[group["profile"]]
+        configured, realised = group.get("alpha_configured", math.nan), group["alpha_fitted"]
+        for name, c in group["crossovers"].items():
+            rows.append({
+                "comparison": name, "profile": group["profile"], **setting(params, gamma),
+                "alpha_configured": configured, "alpha_realised": realised,
+                "closed_form_configured_ms": closed_form_crossover_ms(name, configured, gamma, params),
+                "closed_form_realised_ms": closed_form_crossover_ms(name, realised, gamma, params),
+                "measured_ms": c["measured_rtt_ms"],
+                # the 95% interval where the analysis gives one, else the range over repeats
+                "measured_low_ms": c.get("ci_low", c.get("measured_rtt_ms_min", math.nan)),
+                "measured_high_ms": c.get("ci_high", c.get("measured_rtt_ms_max", math.nan)),
+                "interval": "95% CI" if "ci_low" in c else "range over repeats",
+            })
+    return rows
+
+
+def capacity_rows(capacity: list[dict], assumed: dict, gamma_default: int, main_profile: str) -> list[dict]:
+    """summary.json's capacity entries with the configured factor beside the measured ratio."""
+    rows = []
+    for entry in capacity:
+        profile = entry.get("profile", main_profile)
+        gamma = int(entry.get("gamma", gamma_default))
+        params = assumed[profile]
+        factor = lm.capacity_factor(gamma, params["t_draft_server_s"], params["t_verify_s"][gamma])
+        rows.append({"comparison": "capacity", "profile": profile, "mode": entry["mode"], **setting(params, gamma),
+                     "td_over_tv": params["t_draft_server_s"] / params["t_verify_s"][gamma],
+                     "closed_form_configured": factor, "closed_form_fitted": entry["ratio_predicted"],
+                     "measured": entry["ratio_measured"]})
+    return rows
+
+
+def cell(value: float, digits: int = 1) -> str:
+    """A crossover for a table: "never" where DSD never wins, never a negative number."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return NEVER if value < 0 else "wins over the whole grid"
+    return f"{value:.{digits}f}"
+
+
+def interval(low: float, high: float) -> str:
+    if any(v is None or math.isnan(v) for v in (low, high)) or (low == high):
+        return ""
+    return f"{cell(low)} .. {cell(high)}"
+
+
+def crossover_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows of text) for a report."""
+    header = ["comparison", "profile", "setting", "alpha configured", "closed form at configured alpha (ms)",
+              "alpha realised", "closed form at realised alpha (ms)", "measured (ms)", "interval (ms)"]
+    body = []
+    for r in rows:
+        what = (f"gamma {r['gamma']}, t_draft {r['t_draft_edge_ms']:g} ms, t_verify {r['t_verify_ms']:g} ms, "
+                f"t_ar {r['t_ar_ms']:g} ms" + (f", window gamma*t_draft {r['drafting_window_ms']:g} ms"
+                                               if r["comparison"] == "pipelined_vs_colocated" else ""))
+        body.append([r["comparison"].replace("_", " "), r["profile"], what, cell(r["alpha_configured"], 3),
+                     cell(r["closed_form_configured_ms"]), cell(r["alpha_realised"], 3),
+                     cell(r["closed_form_realised_ms"]), cell(r["measured_ms"]),
+                     (interval(r["measured_low_ms"], r["measured_high_ms"]) + f" ({r['interval']})")
+                     if interval(r["measured_low_ms"], r["measured_high_ms"]) else ""])
+    return header, body
+
+
+def capacity_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    header = ["profile", "DSD mode", "t_draft/t_verify", "closed form 1 + gamma*t_d/t_v (configured)",
+              "closed form (fitted compute)", "measured"]
+    return header, [[r["profile"], r["mode"], f"{r['td_over_tv']:.3g}", f"{r['closed_form_configured']:.2f}",
+                     f"{r['closed_form_fitted']:.2f}", f"{r['measured']:.2f}"] for r in rows]

@@ -1,0 +1,260 @@
+"""Calibrate, then predict, then measure: the out-of-sample test of the closed form.
+
+A sweep's first points in every (profile, alpha) group are its calibration points (the first
+repeat of AR, co-located SD and synchronous DSD at the grid's smallest RTT and client count,
+``orchestrator.sweep.is_calibration``), measured on the same testbed and link backend as the
+rest. From their rounds alone we fit what the closed form needs, as the client sees it:
+
+    alpha            pooled maximum likelihood over their speculative rounds
+    t_ar             mean gap between AR tokens at the client
+    t_verify(gamma)  mean (receive - send - RTT - queue) of the sync rounds
+    t_draft,edge     mean (send - previous receipt) / gamma of the sync rounds
+    t_draft,server   (mean co-located round - t_verify) / gamma
+    overhead         the harness's per-round cost, client view minus compute (reported)
+
+(``analysis.fit_effective_params``; on the sim launcher, which keeps no receipt times, the compute
+costs it ran with). Then, before any other point of the group runs, every planned point's
+per-token latency and the group's crossovers are predicted and appended to OUT/predictions.csv
+with the time of prediction; the fit goes to OUT/calibration.json. Rows once written are never
+changed: a resumed sweep keeps them, and a group whose other points were measured before any
+prediction existed (a folder from an older version) gets none rather than a post-hoc one.
+
+The analysis then compares every non-calibration point with its prediction: the out-of-sample
+error, the headline of summary.json, points.csv, the plot and the report.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orchestrator import analysis
+from orchestrator.csv_rows import read_whole_rows
+from orchestrator.sweep import Point, is_calibration, point_done
+
+PREDICTIONS = "predictions.csv"
+CALIBRATION = "calibration.json"
+
+
+# --- before the measurements ---------------------------------------------------------------------
+
+def calibrate(rounds: pd.DataFrame, assumed: dict) -> dict:
+    """The closed form's inputs from the calibration rounds alone (assumed: the compute costs
+    the sweep ran with, used where the rounds say nothing).
+
+    Each request (request i is the same prompt in every calibration point) is fitted on its own
+    and every parameter is the median over requests: the statistic the predictions are compared
+    with is a median over requests too, and a calibration point is short, so a single host stall
+    (seen here: one 216 ms co-located round among 116 of 18 ms, load average 9 on 2 CPUs) would
+    otherwise move every prediction of its mode. alpha is pooled over all rounds (acceptance
+    counts do not stall)."""
+    spec = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
+    alpha = analysis.fit_alpha(spec) if len(spec) else math.nan
+    by_request = list(rounds.groupby("request_index")) if "request_index" in rounds and len(rounds) else []
+    if len(by_request) < 2:
+        compute, compute_sources = analysis.fit_params(rounds, assumed)
+        params, sources, overhead = analysis.fit_effective_params(rounds, compute)
+    else:
+        fits = []
+        for _, request_rounds in by_request:
+            request_compute, _ = analysis.fit_params(request_rounds, assumed)
+            fits.append((request_compute, *analysis.fit_effective_params(request_rounds, request_compute)))
+        compute = _median_params([f[0] for f in fits])
+        params = _median_params([f[1] for f in fits])
+        # t_draft_server is derived, not measured: take the median of the measured co-located
+        # round (gamma*t_draft_server + t_verify in each request's fit) and derive it again, so the
+        # co-located prediction is that median round over E (no clip at 0: in the client view
+        # t_verify carries DSD's message overhead, which a co-located round does not pay).
+        co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == "colocated", "gamma"]}) \
+            if "colocated" in set(rounds["mode"]) else []
+        estimates = []
+        for gamma in co_gammas:
+            co_round_s = np.median([gamma * f[1]["t_draft_server_s"] + f[1]["t_verify_s"][gamma] for f in fits
+                                    if gamma in f[1]["t_verify_s"]])
+            estimates.append((co_round_s - params["t_verify_s"][gamma]) / gamma)
+        if estimates:
+            params["t_draft_server_s"] = float(np.median(estimates))
+        overhead = {k: float(np.median([f[3][k] for f in fits if k in f[3]]))
+                    for k in set().union(*(f[3] for f in fits))}
+        _, compute_sources = analysis.fit_params(rounds, assumed)
+        _, sources, _ = analysis.fit_effective_params(rounds, compute)
+        note = f" (per request; median over {len(fits)} requests)"
+        sources = {k: v + note for k, v in sources.items()}
+        compute_sources = {k: v + note for k, v in compute_sources.items()}
+    return {"alpha": alpha, "params": params, "params_source": sources, "params_compute": compute,
+            "params_compute_source": compute_sources, "harness_overhead_ms": overhead}
+
+
+def _median_params(fits: list[dict]) -> dict:
+    out = {}
+    for key, value in fits[0].items():
+        if isinstance(value, dict):
+            out[key] = {g: float(np.median([f[key][g] for f in fits if g in f[key]])) for g in value}
+        else:
+            out[key] = float(np.median([f[key] for f in fits]))
+    return out
+
+
+def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float) -> list[dict]:
+    """One row per planned point: its predicted per-token latency, and its group's predicted
+    crossovers at its gamma."""
+    alpha, params = calibration["alpha"], calibration["params"]
+    utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now_s)) + f".{int(now_s % 1 * 1e6):06d}Z"
+    rows = []
+    for point in points:
+        gamma_known = point.gamma in params["t_verify_s"]
+        ok = gamma_known and (point.mode == "ar" or math.isfinite(alpha))
+        per_token_ms = 1e3 * analysis.predict_per_token_s(point.mode, point.rtt_ms / 1e3, point.gamma,
+                                                          alpha, params) if ok else math.nan
+        crossovers = (analysis.predicted_crossovers(point.gamma, alpha, params)
+                      if gamma_known and math.isfinite(alpha) else {})
+        rows.append({"point": point.key, **point.columns(), "group": point.group, "calibration": is_cal(point),
+                     "alpha_calibrated": alpha, "per_token_ms_predicted": per_token_ms,
+                     **{f"crossover_{name}_rtt_ms": crossovers.get(name, {}).get("rtt_ms", math.nan)
+                        for name in analysis.CROSSOVERS},
+                     "predicted_at_s": now_s, "predicted_utc": utc})
+    return rows
+
+
+class Predictor:
+    """The sweep's predict hook (``run_sweep(predict=...)``): called with a group's planned points
+    once its calibration points are done and before any other of its points runs."""
+
+    def __init__(self, experiment, out_dir: Path, assumed_for) -> None:
+        """assumed_for(point) -> the compute costs the point's group runs with."""
+        self.experiment, self.out_dir, self.assumed_for = experiment, Path(out_dir), assumed_for
+
+    def __call__(self, group_points: list[Point]) -> None:
+        group = group_points[0].group
+        existing = read_predictions(self.out_dir)
+        if existing is not None and (existing["group"].astype(object).fillna("").astype(str) == group).any():
+            return                                    # resume: the original predictions stand
+        calibration_points = [p for p in group_points if is_calibration(p, self.experiment)]
+        measured_first = [p.key for p in group_points
+                          if not is_calibration(p, self.experiment) and point_done(self.out_dir, p)]
+        record = _read_json(self.out_dir / CALIBRATION)
+        if measured_first:
+            record[group or "all"] = {"predicted": False, "reason": (
+                f"{len(measured_first)} point(s) of this group were measured before any prediction "
+                "was written (a folder from an older version); no post-hoc predictions")}
+            _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=str))
+            return
+        rounds = _read_points_csv(self.out_dir, calibration_points, "rounds")
+        calibration = calibrate(rounds, self.assumed_for(group_points[0]))
+        now_s = time.time()
+        rows = prediction_rows(group_points, calibration, lambda p: is_calibration(p, self.experiment), now_s)
+        append_predictions(self.out_dir, rows)
+        record[group or "all"] = {"predicted": True, "predicted_at_s": now_s,
+                                  "calibration_points": [p.key for p in calibration_points], **calibration}
+        _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=_json_default))
+
+
+def append_predictions(out_dir: Path, rows: list[dict]) -> None:
+    """Append rows to predictions.csv; the bytes already there stay exactly as they were."""
+    path = Path(out_dir) / PREDICTIONS
+    old = path.read_text() if path.exists() else ""
+    frame = pd.DataFrame(rows)
+    text = old + frame.to_csv(index=False, header=not old)
+    _write_atomic(path, text)
+
+
+def read_predictions(out_dir: Path) -> pd.DataFrame | None:
+    path = Path(out_dir) / PREDICTIONS
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    return pd.read_csv(path, keep_default_na=True)
+
+
+def _read_points_csv(out_dir: Path, points: list[Point], name: str) -> pd.DataFrame:
+    frames = []
+    for point in points:
+        path = Path(out_dir) / "points" / point.key / f"{name}.csv"
+        if path.exists() and path.stat().st_size > 0:
+            frame, _ = read_whole_rows(path.read_bytes())
+            frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _json_default(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return str(value)
+
+
+# --- after the measurements ----------------------------------------------------------------------
+
+def add_out_of_sample(points: pd.DataFrame, predictions: pd.DataFrame | None) -> pd.DataFrame:
+    """points.csv's out-of-sample columns: calibration (the point fed the prediction),
+    per_token_ms_predicted_oos (written before the point ran) and latency_err_oos_pct (NaN for
+    calibration points: they are in sample by construction)."""
+    points = points.copy()
+    if predictions is None:
+        points["calibration"] = False
+        points["per_token_ms_predicted_oos"] = math.nan
+        points["latency_err_oos_pct"] = math.nan
+        return points
+    keys = [k for k in analysis.point_keys(points) if k in predictions.columns]
+    matched = predictions.set_index(keys).reindex(pd.MultiIndex.from_frame(points[keys]))
+    points["calibration"] = matched["calibration"].astype(object).fillna(False).astype(bool).to_numpy()
+    # The prediction of a cell is the same for all its repeats, also for repeats added after the
+    # plan (orchestrator/adaptive.py), which have no row of their own.
+    cell_keys = [k for k in keys if k != "repeat"]
+    by_cell = predictions.drop_duplicates(cell_keys).set_index(cell_keys)["per_token_ms_predicted"]
+    points["per_token_ms_predicted_oos"] = by_cell.reindex(
+        pd.MultiIndex.from_frame(points[cell_keys])).to_numpy(dtype=float)
+    err = 100 * (points["per_token_ms_p50"] / points["per_token_ms_predicted_oos"] - 1)
+    points["latency_err_oos_pct"] = err.where(~points["calibration"])
+    return points
+
+
+def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
+    """Per (group, mode, RTT, gamma) cell of one-client points: the median over its
+    non-calibration repeats of per_token_ms_p50 against the prediction, and the error."""
+    single = points[(points["clients"] == points["clients"].min()) & ~points["calibration"]
+                    & points["per_token_ms_predicted_oos"].notna()]
+    keys = [k for k in analysis.GROUP_KEYS if k in single.columns] + ["mode", "rtt_ms", "gamma"]
+    if single.empty:
+        return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats"])
+    cells = (single.groupby(keys).agg(measured_ms=("per_token_ms_p50", "median"),
+                                      predicted_ms=("per_token_ms_predicted_oos", "first"),
+                                      repeats=("repeat", "nunique")).reset_index())
+    cells["err_pct"] = 100 * (cells["measured_ms"] / cells["predicted_ms"] - 1)
+    return cells
+
+
+def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int) -> dict:
+    """The group's crossovers as predicted from calibration alone (name -> RTT in ms)."""
+    if predictions is None:
+        return {}
+    rows = predictions[predictions["gamma"] == gamma]
+    for key, value in group.items():
+        if key in rows.columns:
+            rows = rows[rows[key] == value]
+    if rows.empty:
+        return {}
+    return {name: float(rows[f"crossover_{name}_rtt_ms"].iloc[0]) for name in analysis.CROSSOVERS
+            if f"crossover_{name}_rtt_ms" in rows.columns}
+
+
+def crossover_err_pct(measured_ms: float, predicted_ms: float) -> float:
+    """|measured / predicted - 1| in percent; 0 if both are the same infinity, inf if one is."""
+    if math.isfinite(measured_ms) and math.isfinite(predicted_ms) and predicted_ms:
+        return 100 * abs(measured_ms / predicted_ms - 1)
+    if math.isnan(measured_ms) or math.isnan(predicted_ms):
+        return math.nan
+    return 0.0 if measured_ms == predicted_ms else math.inf

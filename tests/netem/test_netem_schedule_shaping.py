@@ -1,0 +1,47 @@
+"""A link schedule on a live shaped link (root): every change takes effect within milliseconds of
+its time, no probe is lost across the changes, and each RTT is what the schedule implies."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from netem import measure
+from netem.schedule import LinkSchedule, effect_times, expected_rtt_at_ms
+from netem.shaper import Shaper, ShaperConfig
+from netem.spec import LinkSpec
+from netem.topology import Topology, TopologyConfig
+
+from .conftest import note_backend
+
+pytestmark = pytest.mark.root
+
+
+def test_scheduled_changes_take_effect_on_time_without_losing_held_packets(record_property):
+    base = LinkSpec(rtt_ms=40)
+    # Up to 100 ms with probes held, then down to 20 ms while 50 ms' worth are held each way.
+    schedule = LinkSchedule.from_steps([{"at_s": 0.4, "rtt_ms": 100}, {"at_s": 0.8, "rtt_ms": 20},
+                                        {"at_s": 1.2, "delay_up_ms": 5, "delay_down_ms": 25}])
+    with Topology(TopologyConfig(n_edges=1)) as topo:
+        with Shaper(ShaperConfig(verify_count=20)) as shaper:
+            shaper.apply(topo.links([base]))
+            note_backend(record_property, shaper.backend, shaper.records[0].backend_reason)
+            t0 = time.monotonic() + 0.1
+            shaper.schedule([(t0 + at_s, [spec]) for at_s, spec in schedule.specs(base)])
+            timeline = [[]]
+            target = measure.RttTarget("edge0", topo.edges[0].netns, topo.verifier.ip)
+            measure.probe_rtts([target], count=800, interval_s=0.002, timeout_s=1.0, timeline=timeline)
+        stats = shaper.daemon_stats
+    samples = timeline[0]
+    assert len(samples) == 800                                  # nothing dropped across the changes
+    bytes_ = measure.PROBE_IP_BYTES
+    errors = sorted(abs(rtt - expected_rtt_at_ms(schedule, base, sent - t0, bytes_)) for sent, rtt in samples)
+    assert errors[len(errors) // 2] < 0.5 and errors[int(0.95 * len(errors))] < 2.0, errors[-10:]
+    changes, old = [], base.expected_rtt_ms()
+    for at_s, spec in schedule.specs(base):
+        changes.append((t0 + at_s, old, spec.expected_rtt_ms()))
+        old = spec.expected_rtt_ms()
+    settle_ms = [1000 * (e - at) for e, (at, _, _) in zip(effect_times(changes, samples, 1.0), changes)]
+    assert all(0 <= s < 10 for s in settle_ms), settle_ms
+    if stats:                                                    # NFQUEUE: the daemon's own count
+        assert stats[0]["changes_applied"] == 2 * len(schedule.steps)

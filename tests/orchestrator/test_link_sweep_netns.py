@@ -1,0 +1,95 @@
+"""A sweep over the link's loss and jitter on network namespaces (root): every point is shaped
+as configured, measured, and still emits exactly the target's greedy tokens."""
+import os
+
+import pandas as pd
+import pytest
+
+from orchestrator.experiment import experiment_from_dict
+from orchestrator.run import analyze_sweep, run_experiment
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(tmp_path):
+    experiment = experiment_from_dict({
+        "name": "lossjit", "launcher": "netns", "modes": ["ar", "sync"], "rtt_ms": [20], "gamma": [3],
+        "jitter_ms": [0, 4], "delay_distribution": "pareto", "loss_pct": [0, 3], "clients": [1], "edges": 1,
+        "requests": 2, "warmup_requests": 1, "max_new_tokens": 16, "prompt_tokens": 8,
+        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}})
+    out = tmp_path / "lj"
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    requests = pd.read_csv(out / "requests.csv")
+    assert len(requests) == 2 * 2 * 2 * 2                    # jitter x loss x modes x requests
+    # Loss and jitter slow a round, never change what it emits.
+    tokens = requests.groupby("request_index")["token_ids"].nunique()
+    assert (tokens == 1).all(), requests[["point", "request_index", "token_ids"]]
+    links = pd.read_csv(out / "links.csv")
+    assert set(links["distribution_configured"]) == {"pareto"}
+    assert sorted(set(zip(links["jitter_configured_ms"], links["loss_configured_pct"]))) == \
+        [(0, 0), (0, 3), (4, 0), (4, 3)]
+    jittered = links[links["jitter_configured_ms"] == 4]
+    # pareto, 4 ms per direction: RTT stdev 0.82 * 4 * sqrt(2) = 4.6 ms; 100 probes.
+    assert jittered["rtt_measured_stdev_ms"].between(3.0, 6.5).all(), jittered["rtt_measured_stdev_ms"]
+    assert (links.loc[links["jitter_configured_ms"] == 0, "rtt_measured_stdev_ms"] < 1.0).all()
+    points = pd.read_csv(out / "points.csv")
+    for column in ("jitter_ms", "loss_pct", "loss_link_pct", "loss_link_expected_pct", "rtt_link_stdev_ms",
+                   "rtt_link_expected_p50_ms"):
+        assert points[column].notna().all(), column
+    assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_link_schedule_mid_request_keeps_tokens_exact_and_records_each_change(tmp_path):
+    """The RTT jumps 10 -> 80 ms and back to 5 ms while requests run: every mode still emits the
+    target's greedy tokens, links.csv has when each change took effect, rounds say which was in force."""
+    experiment = experiment_from_dict({
+        "name": "sched", "launcher": "netns", "modes": ["ar", "sync", "pipelined"], "rtt_ms": [10], "gamma": [3],
+        "clients": [1], "edges": 1, "requests": 2, "warmup_requests": 0, "max_new_tokens": 48,
+        "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7},
+        "link": {"schedule": [{"at_s": 0.3, "rtt_ms": 80}, {"at_s": 0.8, "rtt_ms": 5}]}})
+    out = tmp_path / "sched"
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    requests = pd.read_csv(out / "requests.csv")
+    assert len(requests) == 3 * 2
+    assert (requests.groupby("request_index")["token_ids"].nunique() == 1).all()
+    links = pd.read_csv(out / "links.csv")
+    changes = links[links["change_index"].fillna(0) > 0]
+    assert len(changes) == 3 * 2                             # every point lasts past 0.8 s
+    assert sorted(set(changes["rtt_configured_ms"])) == [5, 80]
+    assert changes["change_settle_ms"].between(0, 25).all(), changes["change_settle_ms"]
+    rounds = pd.read_csv(out / "rounds.csv")
+    sync = rounds[rounds["mode"] == "sync"]
+    # A round that starts at 80 ms takes more than 80 ms, one at 10 ms much less.
+    assert set(sync["link_change_index"]) == {0, 1, 2}
+    assert sorted(set(sync["link_rtt_configured_ms"])) == [5, 10, 80]
+    slow = sync.loc[sync["link_change_index"] == 1, "t_receive_s"] - sync.loc[sync["link_change_index"] == 1, "t_send_s"]
+    fast = sync.loc[sync["link_change_index"] == 0, "t_receive_s"] - sync.loc[sync["link_change_index"] == 0, "t_send_s"]
+    assert slow.median() > 0.08 > 0.05 > fast.median()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_rate_cap_costs_what_the_bytes_on_the_wire_predict(tmp_path):
+    """Bytes per round are counted on the wire; under a 1 Mbit/s cap the per-token latency grows
+    by about their serialisation time, which the closed form's wire term predicts."""
+    experiment = experiment_from_dict({
+        "name": "rate", "launcher": "netns", "modes": ["sync"], "rtt_ms": [10], "gamma": [4], "rate_mbit": [0, 1],
+        "clients": [1], "edges": 1, "requests": 3, "warmup_requests": 1, "max_new_tokens": 48, "prompt_tokens": 8,
+        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.8}})
+    out = tmp_path / "rate"
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    points = pd.read_csv(out / "points.csv").set_index("rate_mbit")
+    print(points[["per_token_ms_p50", "per_token_ms_predicted", "per_token_ms_predicted_wire",
+                  "wire_bytes_per_round_up", "wire_bytes_per_round_down", "tokens_per_round"]])
+    assert points["wire_bytes_per_round_up"].between(100, 5000).all()
+    assert points["wire_bytes_per_round_down"].between(60, 5000).all()
+    assert points.loc[0, "serialisation_ms_per_token"] == 0
+    predicted_extra = points.loc[1, "serialisation_ms_per_token"]
+    measured_extra = points.loc[1, "per_token_ms_p50"] - points.loc[0, "per_token_ms_p50"]
+    assert predicted_extra > 0.5
+    assert measured_extra == pytest.approx(predicted_extra, rel=0.5), (measured_extra, predicted_extra)

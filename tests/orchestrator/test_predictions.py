@@ -1,0 +1,197 @@
+"""Calibrate, then predict, then measure; and 95% intervals (issue 14), on the sim launcher."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from dsd import latency_model as lm
+from dsd.profiles import get_profile
+from orchestrator import bootstrap
+from orchestrator.experiment import experiment_from_dict
+from orchestrator.predictions import Predictor
+from orchestrator.run import analyze_sweep, assumed_costs, costs_for, run_experiment, sim_group_point
+from orchestrator.sweep import is_calibration, plan_points, run_sweep
+from orchestrator.workload import make_prompts
+
+SMALL = {"name": "predict", "profile": "toy-edge-cloud", "rtt_ms": [0, 4, 8, 12, 16], "gamma": [4],
+         "requests": 6, "max_new_tokens": 120, "prompt_tokens": 8, "repeats": 2,
+         "backend": {"kind": "synthetic", "alpha": 0.8}}
+
+
+def _done(out):
+    return {p.parent.name: json.loads(p.read_text()) for p in (out / "points").glob("*/done.json")}
+
+
+def test_calibration_points_run_first_in_each_group_and_are_the_first_repeat_at_the_smallest_rtt():
+    experiment = experiment_from_dict({**SMALL, "rtt_ms": [8, 0, 4]})
+    plan = plan_points(experiment)
+    calibration = [p for p in plan if is_calibration(p, experiment)]
+    assert [p.key for p in calibration] == ["ar_rtt0ms_g4_c1_r0", "colocated_rtt0ms_g4_c1_r0", "sync_rtt0ms_g4_c1_r0"]
+    assert plan[:3] == calibration
+
+
+def test_predictions_are_written_after_calibration_and_before_every_other_point(tmp_path):
+    out = tmp_path / "s"
+    experiment = experiment_from_dict(SMALL)
+    run_experiment(experiment, out, resume=False)
+    predictions = pd.read_csv(out / "predictions.csv")
+    plan = plan_points(experiment)
+    assert sorted(predictions["point"]) == sorted(p.key for p in plan)      # one row per planned point
+    assert predictions["per_token_ms_predicted"].notna().all()
+    predicted_at_s = predictions["predicted_at_s"].max()
+    done = _done(out)
+    calibration = {p.key for p in plan if is_calibration(p, experiment)}
+    assert set(predictions.loc[predictions["calibration"], "point"]) == calibration
+    assert all(done[k]["finished_s"] <= predicted_at_s for k in calibration)
+    others = [d["started_s"] for k, d in done.items() if k not in calibration]
+    assert len(others) == len(plan) - 3 and predicted_at_s < min(others)
+
+
+def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
+    """Kill the sweep after some measured points, resume it: predictions.csv is not rewritten."""
+    out = tmp_path / "s"
+    experiment = experiment_from_dict(SMALL)
+    plan = plan_points(experiment)
+    from dsd.backends.factory import load_pair
+    pairs = {experiment.backend: load_pair(experiment.backend)}
+    costs = {experiment.profile: costs_for(experiment, None, None, out)}
+    prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
+                           experiment.prompt_tokens, experiment.seed)
+    calls = []
+
+    class Killed(BaseException):
+        pass
+
+    def dies_after_six(point):
+        calls.append(point)
+        if len(calls) > 6:
+            raise Killed()
+        return sim_group_point(point, experiment=experiment, costs=costs, prompts=prompts, pairs=pairs)
+
+    predict = Predictor(experiment, out, lambda p: assumed_costs(p, experiment, costs))
+    with pytest.raises(Killed):
+        run_sweep(experiment, out, dies_after_six, facts={"launcher": "sim", "costs": {}}, predict=predict)
+    before = (out / "predictions.csv").read_bytes()
+    mtime_ns = (out / "predictions.csv").stat().st_mtime_ns
+    run_experiment(experiment, out, resume=True)
+    assert (out / "predictions.csv").read_bytes() == before
+    assert (out / "predictions.csv").stat().st_mtime_ns == mtime_ns
+    assert len(_done(out)) == len(plan)
+
+
+def test_out_of_sample_figure_excludes_the_calibration_points(tmp_path):
+    """Corrupt the calibration points' measurements after the fact: the out-of-sample figures do
+    not move (those points are neither compared nor, after prediction, consulted), while the
+    in-sample ones do."""
+    out = tmp_path / "s"
+    run_experiment(experiment_from_dict({**SMALL, "repeats": 1}), out, resume=False)
+    before = analyze_sweep(out)
+    points = pd.read_csv(out / "points.csv")
+    assert points.loc[points["calibration"], "latency_err_oos_pct"].isna().all()
+    assert points.loc[~points["calibration"], "latency_err_oos_pct"].notna().all()
+    assert before["out_of_sample"]["cells"] == (~points["calibration"]).sum()
+    requests = pd.read_csv(out / "requests.csv")
+    calibration = requests["point"].isin(points.loc[points["calibration"]].pipe(
+        lambda p: [f"{m}_rtt{r:g}ms_g4_c1_r0" for m, r in zip(p["mode"], p["rtt_ms"])]))
+    assert calibration.sum() == 3 * 6
+    requests.loc[calibration, "steady_per_token_s"] *= 3.0
+    requests.to_csv(out / "requests.csv", index=False)
+    after = analyze_sweep(out)
+    for key in ("latency_err_p50_pct", "latency_err_max_pct", "cells"):
+        assert after["out_of_sample"][key] == before["out_of_sample"][key]
+    assert after["in_sample"]["latency_err_max_pct"] > before["in_sample"]["latency_err_max_pct"] + 50
+
+
+def test_bootstrap_interval_of_a_synthetic_sweep_contains_the_closed_form_crossover(tmp_path):
+    out = tmp_path / "s"
+    run_experiment(experiment_from_dict({**SMALL, "requests": 10, "seed": 3}), out, resume=False)
+    summary = analyze_sweep(out)
+    profile = get_profile("toy-edge-cloud")
+    closed_ms = 1e3 * lm.sync_dsd_beats_ar_rtt_s(0.8, 4, profile.t_draft_edge_s, profile.t_verify_s(4), profile.t_ar_s)
+    sync = summary["crossovers"]["sync_vs_ar"]
+    assert sync["ci_low"] <= closed_ms <= sync["ci_high"], (sync, closed_ms)
+    assert not sync["ci_covers_grid"] and sync["ci_high"] - sync["ci_low"] < 6.0
+    assert sync["ci_low"] <= sync["measured_rtt_ms"] <= sync["ci_high"]
+    points = pd.read_csv(out / "points.csv")
+    assert (points.per_token_ms_ci_low <= points.per_token_ms_p50).all()
+    assert (points.per_token_ms_p50 <= points.per_token_ms_ci_high).all()
+    assert all(c["ci_low"] <= c["per_token_ms"] <= c["ci_high"] for c in summary["latency_cells"])
+    # The same data gives the same interval (fixed seed).
+    assert analyze_sweep(out)["crossovers"]["sync_vs_ar"]["ci_low"] == sync["ci_low"]
+    report = (out / "report.html")
+    from orchestrator.report import write_report
+    text = write_report(out).read_text()
+    assert report.exists() and "out of sample" in text.lower() and "95% CI" in text
+
+
+def test_an_interval_covering_the_whole_grid_is_reported_as_undetermined():
+    """AR flat at 10 ms; every sync point half 2 ms, half 18 ms requests: which side of AR its
+    median falls on is a coin toss per resample, so the crossing can be anywhere (or nowhere)."""
+    rows = []
+    for repeat in range(3):
+        for rtt in (0.0, 10.0, 20.0):
+            for request in range(8):
+                rows.append({"mode": "ar", "rtt_ms": rtt, "gamma": 4, "clients": 1, "repeat": repeat,
+                             "request_index": request, "per_token_ms": 10.0})
+                rows.append({"mode": "sync", "rtt_ms": rtt, "gamma": 4, "clients": 1, "repeat": repeat,
+                             "request_index": request, "per_token_ms": 2.0 if request % 2 else 18.0 + request})
+    latencies = pd.DataFrame(rows)
+    keys = ["mode", "rtt_ms", "gamma", "clients"]
+    cells, replicates = bootstrap.cell_replicates(latencies, keys)
+    cis = bootstrap.crossover_cis(replicates, keys, {"gamma": 4, "clients": 1}, [0.0, 10.0, 20.0])
+    ci = cis["sync_vs_ar"]
+    assert ci["ci_covers_grid"] and ci["ci_low"] <= 0 and ci["ci_high"] >= 20
+    assert bootstrap.describe_crossover(7.0, ci).startswith("undetermined")
+
+
+def test_bootstrap_repeats_are_drawn_jointly_so_a_shared_drift_cancels_in_a_crossover():
+    """Repeat 1 ran on a slow machine: every mode 30% slower. Paired draws keep the crossing
+    where it is in every repeat (10 ms); independent draws would smear it."""
+    rows = []
+    for repeat, slow in ((0, 1.0), (1, 1.3), (2, 1.0)):
+        for rtt in (0.0, 10.0, 20.0):
+            for request in range(5):
+                rows.append({"mode": "ar", "rtt_ms": rtt, "gamma": 4, "clients": 1, "repeat": repeat,
+                             "request_index": request, "per_token_ms": slow * 10.0})
+                rows.append({"mode": "sync", "rtt_ms": rtt, "gamma": 4, "clients": 1, "repeat": repeat,
+                             "request_index": request, "per_token_ms": slow * (5.0 + 0.5 * rtt)})
+    keys = ["mode", "rtt_ms", "gamma", "clients"]
+    _, replicates = bootstrap.cell_replicates(pd.DataFrame(rows), keys)
+    ci = bootstrap.crossover_cis(replicates, keys, {"gamma": 4, "clients": 1}, [0.0, 10.0, 20.0])["sync_vs_ar"]
+    assert math.isclose(ci["ci_low"], 10.0) and math.isclose(ci["ci_high"], 10.0)
+
+
+ADAPTIVE = {"name": "adaptive", "profile": "toy-edge-cloud", "modes": ["ar", "sync"], "rtt_ms": [0, 4, 8, 12, 16],
+            "gamma": [4], "requests": 3, "max_new_tokens": 80, "prompt_tokens": 8,
+            "backend": {"kind": "synthetic", "alpha": 0.8}}
+
+
+def test_adaptive_repeats_bracket_the_crossover_and_stop_at_the_budget(tmp_path):
+    out = tmp_path / "s"
+    experiment = experiment_from_dict({**ADAPTIVE, "adaptive_budget_points": 6, "adaptive_ci_target_pct": 1.0})
+    run_experiment(experiment, out, resume=False)
+    planned = {p.key for p in plan_points(experiment)}
+    done = _done(out)
+    extra = {k: d for k, d in done.items() if k not in planned}
+    assert 0 < len(extra) <= 6
+    assert all(d["repeat"] >= 1 and d["mode"] in ("ar", "sync") for d in extra.values())
+    summary = analyze_sweep(out)
+    sync = summary["crossovers"]["sync_vs_ar"]
+    rtts = sorted({d["rtt_ms"] for d in extra.values()})
+    assert rtts[0] <= max(sync["ci_low"], 0) and rtts[-1] >= min(sync["ci_high"], 16), (rtts, sync)
+    points = pd.read_csv(out / "points.csv")
+    added = points[points["repeat"] >= 1]
+    assert (~added["calibration"]).all() and added["per_token_ms_predicted_oos"].notna().all()
+    # Resume: the budget counts what is on disk; nothing more runs.
+    run_experiment(experiment, out, resume=True)
+    assert len(_done(out)) == len(done)
+
+
+def test_adaptive_repeats_add_nothing_when_every_interval_is_narrow_enough(tmp_path):
+    out = tmp_path / "s"
+    experiment = experiment_from_dict({**ADAPTIVE, "adaptive_budget_points": 6, "adaptive_ci_target_pct": 1000.0})
+    run_experiment(experiment, out, resume=False)
+    assert len(_done(out)) == len(plan_points(experiment))
+    with pytest.raises(ValueError, match="adaptive_ci_target_pct"):
+        experiment_from_dict({**ADAPTIVE, "adaptive_ci_target_pct": 0})
