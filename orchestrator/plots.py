@@ -41,14 +41,7 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
                 ax.axvline(rtt, color="k", ls=style, lw=0.8)
             notes.append(f"{name.replace('_', ' ')} {tag}: " + (f"{rtt:.1f} ms" if math.isfinite(rtt)
                          else ("never wins" if rtt < 0 else "wins over the whole grid")))
-    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
-    ax.set_xlabel("round-trip time (ms)")
-    ax.set_ylabel("per-token latency, steady state (ms)")
-    ax.set_title(title, fontsize=10)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _finish_latency_axes(ax, title, notes)
     fig.text(0.01, 0.01, f"points: {kind} (median, range over repeats); lines: closed form with fitted "
              "alpha, t_d, t_v; dashed: crossing found in the data, dotted: predicted", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -97,14 +90,7 @@ def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, 
         pred = f"{predicted:.1f} ms" if math.isfinite(predicted) else ("never wins" if predicted < 0 else
                                                                        "wins everywhere" if predicted > 0 else "-")
         notes.append(f"{name.replace('_', ' ')}: {kind[:4]}. {text}; predicted before measuring: {pred}")
-    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
-    ax.set_xlabel("round-trip time (ms)")
-    ax.set_ylabel("per-token latency, steady state (ms)")
-    ax.set_title(title, fontsize=10)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _finish_latency_axes(ax, title, notes)
     fig.text(0.01, 0.01, "solid: closed form from the calibration points only (out of sample); dotted: in-sample fit; "
              "dashed/shade: crossing in the data and its 95% CI", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -240,3 +226,15 @@ def plot_acceptance(stats: dict, gamma: int, path: Path, title: str) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _finish_latency_axes(ax, title: str, notes: list[str]) -> None:
+    """The labels, limits, legend and crossover notes every per-token-latency-vs-RTT plot shares."""
+    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
+    ax.set_xlabel("round-trip time (ms)")
+    ax.set_ylabel("per-token latency, steady state (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")

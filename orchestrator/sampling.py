@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from dsd.backends.protocol import SamplingParams
+from orchestrator.tables import config_from_table
 
 COLUMNS = ("temperature", "top_k", "top_p", "sampling_seed")   # trace columns, one per setting
 
@@ -76,17 +77,8 @@ class SamplingSweep:
 
 def parse_sampling(table, source: str = "experiment") -> SamplingSweep:
     """The [sampling] table -> SamplingSweep; a bad or unknown key is a ValueError naming it."""
-    if not isinstance(table, dict):
-        raise ValueError(f"{source}: [sampling] must be a table, got {table!r}")
-    known = [f.name for f in fields(SamplingSweep)]
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) in [sampling]: {unknown}; known: {known}")
-    values = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in table.items()}
-    try:
-        return SamplingSweep(**values)
-    except ValueError as error:
-        raise ValueError(f"{source}: {error}") from None
+    return config_from_table(SamplingSweep, table, "sampling", source, convert=lambda t: {
+        k: tuple(v) if isinstance(v, list) else (v,) for k, v in t.items()})
 
 
 def _check(values: tuple, key: str, ok, expected: str, allow_empty: bool = False) -> None:

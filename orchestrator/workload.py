@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
+from orchestrator.tables import config_from_table
 
 SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -61,16 +62,7 @@ class Workload:
 
 def parse_workload(table, source: str = "experiment") -> Workload:
     """The [workload] table -> Workload; a bad or unknown key is a ValueError naming it."""
-    if not isinstance(table, dict):
-        raise ValueError(f"{source}: [workload] must be a table, got {table!r}")
-    known = [f.name for f in fields(Workload)]
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) in [workload]: {unknown}; known: {known}")
-    try:
-        return Workload(**table)
-    except ValueError as error:
-        raise ValueError(f"{source}: {error}") from None
+    return config_from_table(Workload, table, "workload", source)
 
 
 def resolve(path: str) -> Path:
