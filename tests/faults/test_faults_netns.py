@@ -17,6 +17,7 @@ from orchestrator.launchers.loopback import ServicesConfig
 from orchestrator.launchers.netns import NetnsTestbed
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import get_profile
+from orchestrator.sweep import plan_points
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
                                  survived, sweep_on, whole_trace_rows)
 
@@ -166,7 +167,8 @@ def test_a_point_that_fails_every_attempt_is_an_error_row_and_the_sweep_goes_on(
         done = check_sweep(experiment, tmp_path / "out")
     assert len(kills) == 2
     injected()                                     # the second kill; the first is counted on firing
-    first, second = (done[k] for k in sorted(done, key=lambda k: "rtt20" not in k))
+    # the plan's order, not the grid's: calibration points (here sync at the smallest RTT) run first
+    first, second = (done[point.key] for point in plan_points(experiment))
     assert first["status"] == "error" and [a["status"] for a in first["attempts"]] == ["error", "error"], first
     assert any("restarted edge0" in h for h in first["healed_after"]), first
     assert second["status"] == "ok" and len(second["attempts"]) == 1, second

@@ -4,7 +4,8 @@
 `docker swarm leave --force` afterwards, removing the docker_gwbridge network the swarm made if
 it was not there before); this node labelled dsdbed.role=verifier for the tests (the label
 removed afterwards if we added it). The images come from scripts/build_images.sh and
-scripts/build_shaper_image.sh (built here if missing).
+scripts/build_shaper_image.sh (the app image built here if missing; the shaper image rebuilt on every
+run, since it carries this checkout's code).
 """
 from __future__ import annotations
 
@@ -43,8 +44,11 @@ def single_node_swarm():
     if labelled:
         docker("node", "update", "--label-add", "dsdbed.role=verifier", node)
     try:
-        if not docker("images", "-q", "dsdbed-shaper:latest"):
-            subprocess.run(["bash", str(REPO / "scripts/build_shaper_image.sh")], check=True, timeout=900)
+        if not docker("images", "-q", "dsdbed-app:latest"):
+            subprocess.run(["bash", str(REPO / "scripts/build_images.sh")], check=True, timeout=1800)
+        # Always: the shaper image carries this checkout's code, and an image left from an older
+        # checkout would run older services (seen: an edge that did not know top_p). ~10 s cached.
+        subprocess.run(["bash", str(REPO / "scripts/build_shaper_image.sh")], check=True, timeout=900)
         yield node
     finally:
         if labelled and not joined:
