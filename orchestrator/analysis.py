@@ -12,6 +12,7 @@ import pandas as pd
 from dsd import latency_model as lm
 from orchestrator import capacity
 from orchestrator.rounds import rounds_with_receipts
+from services import traces
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
 # Point keys only in sweeps that vary them; the link's keys (orchestrator/links.py) make groups of
@@ -149,7 +150,8 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
             **point,
             "requests": len(group),
             "rtt_configured_ms": point["rtt_ms"],
-            "rtt_measured_ms": group["rtt_measured_ms"].median(),
+            # the edge's RTT probe; NaN on the sim launcher, whose link is only configured
+            "rtt_measured_ms": group["rtt_probe_ms"].median() if "rtt_probe_ms" in group else math.nan,
             "rtt_link_measured_ms": link_rtt_ms.get(key, math.nan),
             # what delayed the point's link (kernel-netem, nfqueue, app-delay, none): every row says
             **({"shaper": ",".join(sorted(set(group["shaper"].astype(str))))} if "shaper" in group else {}),
@@ -174,7 +176,7 @@ def steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Serie
     could (accepted + 1), over the tokens received in between; a request's final round is
     usually cut short by max_new_tokens and would charge a whole round for a few tokens, which
     the steady state of the closed form does not have. Elsewhere the request's own figure
-    (first to last receipt)."""
+    (first to last receipt). Both are services.traces.steady_per_token_s."""
     fallback = requests["steady_per_token_s"]
     live = rounds_with_receipts(rounds, emitting_only=True)
     if live is None:
@@ -185,8 +187,9 @@ def steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Serie
         full = np.flatnonzero((g["emitted"] == g["accepted"] + 1).to_numpy()[1:]) + 1
         if len(full):
             last = full[-1]
-            tokens = g["emitted"].to_numpy()[1:last + 1].sum()
-            values[str(client), int(request)] = (g["t_receive_s"].iloc[last] - g["t_receive_s"].iloc[0]) / tokens
+            tokens = int(g["emitted"].to_numpy()[1:last + 1].sum())
+            values[str(client), int(request)] = traces.steady_per_token_s(g["t_receive_s"].iloc[0],
+                                                                          g["t_receive_s"].iloc[last], tokens)
     measured = [values.get((str(c), int(r)), math.nan) for c, r in zip(requests["client_id"], requests["request_index"])]
     return pd.Series(measured, index=requests.index).fillna(fallback)
 

@@ -22,7 +22,7 @@ from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
 from orchestrator.links import LinkOptions, ScheduledPoint, edge_specs
 from orchestrator.launchers.base import LinkState, Testbed
-from orchestrator.request_stats import add_request_stats
+from orchestrator.request_stats import finish_point
 from orchestrator.sweep import Point
 
 
@@ -60,18 +60,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     link_rows = [dataclasses.asdict(link) for link in links]
     if wire_before and wire_after:
         add_wire_bytes(link_rows, wire_before, wire_after, rounds, len(testbed.edges))
-    rounds = rounds[rounds.request_index >= warmup].copy()
-    requests = requests[requests.request_index >= warmup].copy()
-    rounds["request_index"] -= warmup
-    requests["request_index"] -= warmup
-    requests = add_steady_state(requests, rounds)
-    requests = add_request_stats(requests, rounds, "token_ids")
-    requests["shaper"] = testbed.shaper
     # Each client's own link (per-edge links differ): client c ran on edge c mod N.
-    by_edge = {i: link for i, link in enumerate(links)}
-    edge_of = requests["client_id"].astype(int) % len(testbed.edges)
-    requests["link_edge"] = [by_edge[i].edge for i in edge_of]
-    requests["link_rtt_configured_ms"] = [by_edge[i].rtt_configured_ms for i in edge_of]
+    rounds, requests = finish_point(rounds, requests, warmup, testbed.shaper, links)
     if scheduled is not None:
         rounds = scheduled.annotate_rounds(rounds, len(testbed.edges))
         link_rows += scheduled.rows(links)
@@ -131,16 +121,3 @@ def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, m
             if status["status"] == "done":
                 pending.remove((edge, run_id))
 
-
-def add_steady_state(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
-    """steady_per_token_s: time after the first tokens arrived, per token after them; and the
-    measured RTT column the analysis reads."""
-    first_emitted = (rounds[rounds.emitted > 0].sort_values("round_index")
-                     .groupby(["client_id", "request_index"])["emitted"].first())
-    requests = requests.copy()
-    keys = list(zip(requests.client_id, requests.request_index))
-    firsts = [first_emitted.get(k, 1) for k in keys]
-    steady_tokens = requests["tokens"] - pd.Series(firsts, index=requests.index)
-    requests["steady_per_token_s"] = (requests["wall_s"] - requests["ttft_s"]) / steady_tokens.where(steady_tokens > 0)
-    requests["rtt_measured_ms"] = requests["rtt_probe_ms"]
-    return requests

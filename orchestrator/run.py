@@ -18,21 +18,68 @@ from dsd.backends.factory import load_pair
 from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
-from orchestrator.launchers.base import LauncherError
+from orchestrator.launchers.base import LauncherError, PointSettings
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.launchers.sim import Costs, SimTestbed
 from orchestrator.links import check_launcher
-from orchestrator.net_point import run_net_point
 from orchestrator.predictions import Predictor
-from orchestrator.sim_launcher import Costs
-from orchestrator.sim_point import run_sim_point
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
 from orchestrator.sweep import check_out_dir, group_experiment, host_facts, plan_points, point_done, run_sweep
 from orchestrator.workload import describe, experiment_prompts, prompts_for_point
 
 
-def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
+def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
+    """Run the experiment's plan on its launcher into the sweep folder ``out``: one testbed per
+    (profile, alpha) group at a time, each point run by the testbed (launchers/base.py)."""
+    out = Path(out)
+    launcher = check_before_start(experiment, out, resume)
+    plan = plan_points(experiment)
+    load = functools.cache(load_pair)          # backend config -> (draft, target)
+    costs = group_costs(experiment, plan, load, out)
+    if launcher != "sim":
+        load.cache_clear()                     # the services load their own copies
+    pool = experiment_prompts(experiment)
+    prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
+    predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
+    progress = Progress(experiment.name, len(plan))
+    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
+    try:
+        with GroupTestbeds(launcher, experiment, out / "services", costs, load) as testbeds:
+            testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
+            facts = sweep_facts(experiment, launcher, testbed, costs, pool)
+            settings = point_settings(experiment, facts["cpu_pinning"])
+
+            def run_point(point):
+                return testbeds.for_point(point).run_point(point, prompts(point), settings)
+
+            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
+                             heal=testbeds.heal, predict=predict)
+    finally:
+        os.sched_setaffinity(0, own_cpus)
+        progress.close()
+
+
+def check_before_start(experiment: Experiment, out: Path, resume: bool) -> str:
+    """Refuse what cannot run before anything starts; returns the launcher to run on."""
+    check_out_dir(out, experiment, resume)
+    launcher = choose_launcher(experiment.launcher)
+    check_launcher(experiment, launcher)
+    if launcher in ("netns", "compose"):
+        leftovers.refuse_if_any(services=launcher == "netns")
+    if launcher == "compose":
+        check_compose_groups(experiment)
+    return launcher
+
+
+def group_costs(experiment: Experiment, plan: list, load, out: Path) -> dict[str, Costs]:
+    """Each profile's compute costs (measured with the first point's model pair where measured)."""
+    alpha = group_experiment(experiment, plan[0]).backend.alpha
+    return {name: costs_for(experiment.for_group(name, alpha), out, load) for name in experiment.profiles()}
+
+
+def costs_for(experiment: Experiment, out: Path, load=load_pair) -> Costs:
     """Compute costs: recorded ones on resume, a hardware profile for synthetic models, and
-    otherwise measured here and now."""
+    otherwise measured here and now on load(experiment.backend)'s (draft, target)."""
     sidecar = out / "sweep.json"
     if sidecar.exists():
         data = json.loads(sidecar.read_text())
@@ -45,93 +92,74 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
         return Costs(profile.t_draft_edge_s, profile.t_draft_server_s, profile.t_ar_s,
                      {g: profile.t_verify_s(g) for g in experiment.gamma}, profile.t_prefill_per_token_s)
     print("measuring compute times of the model pair on this machine ...", file=sys.stderr)
+    draft, target = load(experiment.backend)
     times = measure_times(draft, target, gammas=tuple(experiment.gamma))
     return Costs(times.t_draft_s, times.t_draft_s, times.t_ar_s, dict(times.t_verify_s),
                  times.t_prefill_per_token_s)
 
 
-def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
-    out = Path(out)
-    check_out_dir(out, experiment, resume)          # refuse before anything starts
-    launcher = choose_launcher(experiment.launcher)
-    check_launcher(experiment, launcher)
-    if launcher in ("netns", "compose"):
-        leftovers.refuse_if_any(services=launcher == "netns")
-    if launcher == "compose":
-        check_compose_groups(experiment)
-    plan = plan_points(experiment)
-    first = group_experiment(experiment, plan[0])
-    pairs = {first.backend: load_pair(first.backend)}       # per alpha, for the sim launcher
-    draft, target = pairs[first.backend]
-    costs = {name: costs_for(experiment.for_group(name, first.backend.alpha), draft, target, out)
-             for name in experiment.profiles()}
-    pool = experiment_prompts(experiment)
-    prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
-    # Made at the first point's end: a testbed that fails to start leaves one error line, no bar.
-    bars: list[tqdm] = []
-
-    def progress(done: int, total: int, point, status: str) -> None:
-        if not sys.stderr.isatty():   # a log (`docker compose logs`, CI): one plain line per point
-            print(f"{experiment.name}: point {done}/{total} {point.key}: {status}", file=sys.stderr, flush=True)
-            return
-        if not bars:
-            bars.append(tqdm(total=len(plan), desc=experiment.name, unit="point", file=sys.stderr))
-        bar = bars[0]
-        bar.update(1)
-        bar.set_postfix_str(f"{point.key}: {status}"[:60])
-
-    common = {"costs": asdict(costs[first.profile]), "launcher": launcher, "workload": describe(pool),
-              "costs_source": "profile " + first.profile if experiment.backend.kind == "synthetic"
-              else "measured here (dsd.timing)"}
+def sweep_facts(experiment: Experiment, launcher: str, testbed, costs: dict, pool) -> dict:
+    """sweep.json's record of where and with what the sweep ran; pins this process where the
+    CPU plan says so."""
+    first = group_experiment(experiment, plan_points(experiment)[0]).profile
+    facts = {**host_facts(), "costs": asdict(costs[first]), "launcher": launcher, "workload": describe(pool),
+             "costs_source": "profile " + first if experiment.backend.kind == "synthetic"
+             else "measured here (dsd.timing)"}
     if len(costs) > 1:
-        common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+        facts["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
     trace = experiment.backend.trace() if experiment.backend.kind == "synthetic" else None
     if trace is not None:
-        common["acceptance_trace"] = trace.summary()
-    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
-    predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
-    try:
-        if launcher == "sim":
-            facts = {**host_facts(), **common, "shaper_backend": "none (virtual link)",
-                     "cpu_pinning": {"pinned": False, "disjoint": False, "sets": {},
-                                     "reason": "sim launcher: one process on virtual time, nothing to isolate"}}
-            run_point = functools.partial(sim_group_point, experiment=experiment, costs=costs, prompts=prompts,
-                                          pairs=pairs)
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress, predict=predict)
-        del draft, target, pairs   # the services load their own copies
-        with GroupTestbeds(launcher, experiment, out / "services") as testbeds:
-            testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
-            facts = {**host_facts(), **common, "shaper_backend": testbed.shaper,
-                     "shaper_reason": getattr(testbed, "shaper_reason", ""),
-                     "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))}
-            if hasattr(testbed, "facts"):       # compose: project, image, engine, adopted or brought up
-                facts["testbed"] = testbed.facts()
-            pinning = facts["cpu_pinning"]
-            if pinning["pinned"]:
-                pinning["orchestrator_applied"] = cpus.pin_self(pinning)
-            net_point = functools.partial(run_net_point,
-                                          after_shape=lambda bed: cpus.pin_testbed(bed, pinning)
-                                          if pinning["pinned"] else None,
-                                          warmup=experiment.warmup_requests,
-                                          max_new_tokens=experiment.max_new_tokens,
-                                          max_in_flight=experiment.max_in_flight,
-                                          run_prefix=time.strftime("%Y%m%dT%H%M%S"), link_options=experiment.link,
-                                          controller=experiment.controller, gamma_max=experiment.gamma_max)
+        facts["acceptance_trace"] = trace.summary()
+    facts.update({"shaper_backend": testbed.shaper, "shaper_reason": getattr(testbed, "shaper_reason", ""),
+                  "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))})
+    if hasattr(testbed, "facts"):       # compose: project, image, engine, adopted or brought up
+        facts["testbed"] = testbed.facts()
+    pinning = facts["cpu_pinning"]
+    if pinning["pinned"]:
+        pinning["orchestrator_applied"] = cpus.pin_self(pinning)
+    return facts
 
-            def run_point(point):
-                return net_point(point, testbed=testbeds.for_point(point), prompts=prompts(point))
 
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
-                             heal=testbeds.heal, predict=predict)
-    finally:
-        os.sched_setaffinity(0, own_cpus)
-        for bar in bars:
-            bar.close()
+def point_settings(experiment: Experiment, pinning: dict | None = None) -> PointSettings:
+    """What every point runs with; after shaping, the testbed's processes are pinned where the
+    CPU plan says so."""
+    pinned = pinning is not None and pinning["pinned"]
+    return PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
+                         max_in_flight=experiment.max_in_flight, controller=experiment.controller,
+                         gamma_max=experiment.gamma_max, run_prefix=time.strftime("%Y%m%dT%H%M%S"),
+                         link_options=experiment.link,
+                         after_shape=(lambda bed: cpus.pin_testbed(bed, pinning)) if pinned else None)
+
+
+class Progress:
+    """A sweep's progress: a bar on a terminal, made at the first point's end (a testbed that
+    fails to start leaves one error line, no bar); in a log (`docker compose logs`, CI) one plain
+    line per point."""
+
+    def __init__(self, name: str, total: int) -> None:
+        self.name, self.total = name, total
+        self.bar: tqdm | None = None
+
+    def __call__(self, done: int, total: int, point, status: str) -> None:
+        if not sys.stderr.isatty():
+            print(f"{self.name}: point {done}/{total} {point.key}: {status}", file=sys.stderr, flush=True)
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, desc=self.name, unit="point", file=sys.stderr)
+        self.bar.update(1)
+        self.bar.set_postfix_str(f"{point.key}: {status}"[:60])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
     """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/cpus.py).
     NOTE: compose would take `cpuset` per service; not wired yet, so compose runs unpinned."""
+    if launcher == "sim":
+        return {"pinned": False, "disjoint": False, "sets": {},
+                "reason": "sim launcher: one process on virtual time, nothing to isolate"}
     if launcher == "compose":
         return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
                 "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
@@ -148,25 +176,13 @@ def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:
             "t_verify_s": {int(g): v for g, v in c.t_verify_s.items()}}
 
 
-def sim_group_point(point, experiment: Experiment, costs: dict, prompts, pairs: dict):
-    """One point on the sim launcher with its group's models (alpha) and compute costs (profile);
-    prompts(point) gives its prompts; pairs caches the (draft, target) of each backend config."""
-    group = group_experiment(experiment, point)
-    if group.backend not in pairs:
-        pairs[group.backend] = load_pair(group.backend)
-    draft, target = pairs[group.backend]
-    return run_sim_point(point, draft=draft, target=target, prompts=prompts(point), warmup=experiment.warmup_requests,
-                         max_new_tokens=experiment.max_new_tokens, max_in_flight=experiment.max_in_flight,
-                         costs=costs[group.profile], controller=experiment.controller,
-                         gamma_max=experiment.gamma_max)
-
-
 class GroupTestbeds:
     """One testbed at a time, for the (profile, alpha) group of the point being run. The plan
     runs each group's points together, so each group starts its services once."""
 
-    def __init__(self, launcher: str, experiment: Experiment, work_dir: Path) -> None:
+    def __init__(self, launcher: str, experiment: Experiment, work_dir: Path, costs: dict, load) -> None:
         self.launcher, self.experiment, self.work_dir = launcher, experiment, Path(work_dir)
+        self.costs, self.load = costs, load          # the sim launcher's compute costs and model pairs
         self.group: Experiment | None = None
         self.testbed = None
 
@@ -174,7 +190,7 @@ class GroupTestbeds:
         group = group_experiment(self.experiment, point)
         if group != self.group:
             self.close()
-            self.testbed = open_testbed(self.launcher, group, self.work_dir / point.group)
+            self.testbed = open_testbed(self.launcher, group, self.work_dir / point.group, self.costs, self.load)
             self.group = group
         return self.testbed
 
@@ -233,8 +249,12 @@ def check_compose_groups(experiment: Experiment) -> None:
             "or sweep one profile and alpha per experiment file")
 
 
-def open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
+def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, costs: dict, load):
+    """The testbed of one (profile, alpha) group; the sim launcher's runs with costs[profile] and
+    load(backend)'s model pair."""
     with launcher_errors(launcher, "to start"):
+        if launcher == "sim":
+            return SimTestbed(*load(experiment.backend), costs[experiment.profile])
         return _open_testbed(launcher, experiment, work_dir)
 
 

@@ -50,7 +50,7 @@ from services import access, wire
 from services.link import LinkControl
 from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args,
                               freeze_startup_heap)
-from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
+from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
 
 log = logging.getLogger("services.edge")
 RUN_MODES = ("ar", "colocated", "sync", "pipelined")
@@ -351,12 +351,15 @@ class Client:
     def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
                   stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
                   plan: tuple[int, str] | None = None) -> None:
-        e = self.clock.epoch_s
+        e, c = self.clock.epoch_s, self.config
+        round_gamma, round_mode = plan or (None, "")
         self.writer.round(RoundRow(
-            self.config.run_id, self.config.client_id, self.config.mode, self.config.gamma, request.index,
-            round_index, proposed, accepted, emitted, stale, e(t_draft_start_s), e(t_draft_end_s),
-            e(t_send_s), e(t_receive_s), m.queue_s, m.compute_s, m.batch_size, self.link.rtt_probe_ms,
-            self.config.app_delay_ms, "", *(plan or (None, ""))))
+            run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=request.index,
+            round_index=round_index, proposed=proposed, accepted=accepted, emitted=emitted, stale=stale,
+            t_draft_start_s=e(t_draft_start_s), t_draft_end_s=e(t_draft_end_s), t_send_s=e(t_send_s),
+            t_receive_s=e(t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
+            server_batch_size=m.batch_size, rtt_probe_ms=self.link.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
+            round_gamma=round_gamma, round_mode=round_mode))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
         await self.link.send(wire.Close(self.link.next_seq(), session))
@@ -681,25 +684,25 @@ class Edge:
 
     def _request_row(self, writer: TraceWriter, clock: EdgeClock, link: VerifierLink, r: Request) -> None:
         c = r.config
-        ttft_s = None if r.t_first_s is None else r.t_first_s - r.t_start_s
-        wall_s = None if r.t_last_s is None else r.t_last_s - r.t_start_s
-        later = len(r.tokens) - r.first_emitted
-        per_token_s = (r.t_last_s - r.t_first_s) / later if later > 0 else None
-        writer.request(RequestRow(c.run_id, c.client_id, c.mode, c.gamma, r.index, len(r.prompt), len(r.tokens),
-                                  r.rounds, r.stale_rounds, wall_s, ttft_s, per_token_s,
-                                  clock.epoch_s(r.t_start_s), clock.epoch_s(r.t_last_s), link.rtt_probe_ms,
-                                  c.app_delay_ms, " ".join(map(str, r.tokens))))
+        writer.request(RequestRow(
+            run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=r.index,
+            prompt_tokens=len(r.prompt), tokens=len(r.tokens), rounds=r.rounds, stale_rounds=r.stale_rounds,
+            wall_s=None if r.t_last_s is None else r.t_last_s - r.t_start_s,
+            ttft_s=None if r.t_first_s is None else r.t_first_s - r.t_start_s,
+            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, len(r.tokens) - r.first_emitted),
+            t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
+            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms, token_ids=" ".join(map(str, r.tokens))))
 
     @staticmethod
     def _error_rows(writer: TraceWriter, link: VerifierLink, run: Run, request: Request | None) -> None:
         c = run.config
-        index = request.index if request else run.requests_done
+        keys = {"run_id": c.run_id, "client_id": c.client_id, "mode": c.mode, "gamma": c.gamma,
+                "request_index": request.index if request else run.requests_done,
+                "rtt_probe_ms": link.rtt_probe_ms, "app_delay_ms": c.app_delay_ms, "error": run.error}
         rounds = request.rounds if request else 0
-        writer.round(RoundRow(c.run_id, c.client_id, c.mode, c.gamma, index, rounds, 0, 0, 0, False, None, None,
-                              None, None, None, None, None, link.rtt_probe_ms, c.app_delay_ms, run.error))
-        writer.request(RequestRow(c.run_id, c.client_id, c.mode, c.gamma, index,
-                                  len(request.prompt) if request else 0, 0, rounds, 0, None, None, None,
-                                  None, None, link.rtt_probe_ms, c.app_delay_ms, "", run.error))
+        writer.round(RoundRow(**keys, round_index=rounds, proposed=0, accepted=0, emitted=0, stale=False))
+        writer.request(RequestRow(**keys, prompt_tokens=len(request.prompt) if request else 0, tokens=0,
+                                  rounds=rounds, stale_rounds=0))
 
 
 def main(argv: list[str] | None = None) -> None:

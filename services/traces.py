@@ -16,9 +16,14 @@ On the synthetic backend ``t_draft_start_s`` is the emulated draft device's star
 message in each direction.
 
 requests.csv: ``wall_s`` from the request's start (before its Open is sent) to its last token;
-``ttft_s`` to the first emitted token; ``per_token_s`` the steady-state time per token, after the
-first emission: (wall_s - ttft_s) / (tokens - tokens of the first emission), empty if undefined.
-``token_ids`` are the generated ids, space-separated.
+``ttft_s`` to the first emitted token; ``steady_per_token_s`` the steady-state time per token,
+after the first emission (``steady_per_token_s`` below), empty if undefined. ``token_ids`` are
+the generated ids, space-separated.
+
+These two row types are the columns of every launcher's traces: the sim launcher
+(orchestrator/launchers/sim.py) builds the same rows on virtual time and leaves empty what it
+does not measure (clocks, server measures, ``rtt_probe_ms``, ``app_delay_ms``). Rows are built
+with keywords only.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from importlib import metadata
 from pathlib import Path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundRow:
     run_id: str
     client_id: str
@@ -44,21 +49,21 @@ class RoundRow:
     accepted: int
     emitted: int
     stale: bool
-    t_draft_start_s: float | None
-    t_draft_end_s: float | None
-    t_send_s: float | None
-    t_receive_s: float | None
-    server_queue_s: float | None
-    server_compute_s: float | None
-    server_batch_size: int | None
-    rtt_probe_ms: float | None
-    app_delay_ms: float
+    t_draft_start_s: float | None = None
+    t_draft_end_s: float | None = None
+    t_send_s: float | None = None
+    t_receive_s: float | None = None
+    server_queue_s: float | None = None
+    server_compute_s: float | None = None
+    server_batch_size: int | None = None
+    rtt_probe_ms: float | None = None
+    app_delay_ms: float | None = None
     error: str = ""
     round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.control);
     round_mode: str = ""             # empty for the modes the server runs alone
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestRow:
     run_id: str
     client_id: str
@@ -69,15 +74,30 @@ class RequestRow:
     tokens: int
     rounds: int
     stale_rounds: int
-    wall_s: float | None
-    ttft_s: float | None
-    per_token_s: float | None
-    t_start_s: float | None
-    t_end_s: float | None
-    rtt_probe_ms: float | None
-    app_delay_ms: float
-    token_ids: str
+    wall_s: float | None = None
+    ttft_s: float | None = None
+    steady_per_token_s: float | None = None
+    t_start_s: float | None = None
+    t_end_s: float | None = None
+    rtt_probe_ms: float | None = None
+    app_delay_ms: float | None = None
+    token_ids: str = ""
     error: str = ""
+
+
+def steady_per_token_s(t_first_s: float | None, t_last_s: float | None, tokens_after_first: int) -> float | None:
+    """The steady-state time per token: from the first emission to a later one, over the tokens
+    emitted after the first (the request's one-off costs, its round trip to open and the
+    prefill, stay out). None where undefined (no emission after the first). The one definition:
+    the edges' and the sim's requests.csv and the analysis's per-round refinement use it."""
+    if t_first_s is None or t_last_s is None or tokens_after_first <= 0:
+        return None
+    return (t_last_s - t_first_s) / tokens_after_first
+
+
+def as_dict(row: RoundRow | RequestRow) -> dict:
+    """A row as a dict of its columns (not asdict: it deep-copies every value)."""
+    return {name: getattr(row, name) for name in _COLUMNS[type(row)]}
 
 
 ROUND_COLUMNS = tuple(f.name for f in fields(RoundRow))

@@ -94,8 +94,8 @@ def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_
 
 def test_sim_launcher_ar_point_rows_come_from_the_protocol():
     """The sim launcher's AR request: one round row per streamed token and the link delay in
-    the time to first token only (orchestrator.sim_launcher.run_request)."""
-    from orchestrator.sim_launcher import Costs, run_request
+    the time to first token only (orchestrator.launchers.sim.run_request)."""
+    from orchestrator.launchers.sim import Costs, run_request
 
     draft, target = _sim_pair()
     costs = Costs(0.004, 0.002, 0.010, {4: 0.010}, 0.0005)

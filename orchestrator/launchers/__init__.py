@@ -1,14 +1,19 @@
 """Launchers bring up a testbed (one verifier, N edges), shape its links and tear it down.
 
-Every launcher returns a ``Testbed`` (base.py) and is used the same way by the sweep:
+Every launcher returns a ``Testbed`` (base.py) and is used the same way by the sweep
+(orchestrator/run.py), one (profile, alpha) group at a time:
 
-    with launch(experiment) as testbed:           # verifier + edges up and healthy
-        records = testbed.shape(specs)            # one netem.LinkSpec per edge; [] if unshaped
-        ...  POST testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url}
-             (with Authorization: Bearer testbed.edges[i].token when it is set)
-    # everything the launcher started is gone here
+    testbed = open_testbed(launcher, group, ...)  # verifier + edges up and healthy
+    rows = testbed.run_point(point, prompts, settings)   # rounds, requests, links, facts
+    testbed.close()                               # everything the launcher started is gone
 
-sim       no network: real models and protocol on virtual time (orchestrator/sim_point.py)
+The network testbeds run a point through their edges (base.ControlApiTestbed,
+orchestrator/net_point.py): shape(specs) sets each edge's link, then a POST to
+testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url} per client
+(with Authorization: Bearer testbed.edges[i].token when it is set). The sim testbed runs the
+same protocol code in this process on virtual time.
+
+sim       no network: real models and protocol on virtual time, in this process (sim.py)
 loopback  verifier and edges as processes on 127.0.0.1; the link is an application-level delay
 netns     the same processes inside network namespaces on a bridge, shaped by netem/ (root)
 compose   the containers of compose.yaml, shaped by netem/ on their host-side veths (Docker, root)

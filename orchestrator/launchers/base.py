@@ -1,8 +1,8 @@
-"""What every network launcher provides to the sweep."""
+"""What every launcher provides to the sweep: a ``Testbed`` that runs a point and returns its rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 
 class LauncherError(RuntimeError):
@@ -43,6 +43,27 @@ class LinkState:
     rtt_measured_mean_ms: float = float("nan")
 
 
+@dataclass(frozen=True)
+class PointSettings:
+    """What every point of a sweep runs with, whatever the launcher (orchestrator/run.py makes
+    it from the experiment). The network launchers also use run_prefix (the start of their run
+    ids), link_options and after_shape(testbed) (called once the links are shaped, before the
+    runs start: the CPU pinning); the sim launcher has no link and nothing to pin."""
+    warmup: int
+    max_new_tokens: int
+    max_in_flight: int
+    controller: str = "static"
+    gamma_max: int = 16
+    run_prefix: str = "run"
+    link_options: Any = None                  # orchestrator.links.LinkOptions
+    after_shape: Callable | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("warmup", 0), ("max_new_tokens", 1), ("max_in_flight", 1), ("gamma_max", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+
+
 class Testbed(Protocol):
     verifier_url: str         # the verifier's WebSocket URL as the edges reach it
     edges: list[EdgeHandle]
@@ -64,3 +85,21 @@ class Testbed(Protocol):
 
     def close(self) -> None:
         """Stop everything this launcher started; idempotent."""
+
+    def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
+        """Run one sweep point (orchestrator.sweep.Point), request i of each client on
+        prompts[i]; return (rounds rows, request rows, link rows, facts) as run_sweep takes them,
+        the rows of services/traces.py finished by orchestrator.request_stats.finish_point."""
+
+
+class ControlApiTestbed:
+    """Base of the network testbeds: a point's clients are runs on the edges, started and read
+    back through each edge's control API (orchestrator/net_point.py)."""
+
+    def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
+        from orchestrator.net_point import run_net_point     # net_point imports this module
+
+        return run_net_point(point, self, prompts, warmup=settings.warmup, max_new_tokens=settings.max_new_tokens,
+                             max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
+                             link_options=settings.link_options, after_shape=settings.after_shape,
+                             controller=settings.controller, gamma_max=settings.gamma_max)

@@ -51,7 +51,7 @@ from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_containe
 from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
 from orchestrator import links as link_keys
-from orchestrator.launchers.base import EdgeHandle, LauncherError, LinkState
+from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LauncherError, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def _check_int(name: str, value, low: int, high: int) -> None:
         raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
 
 
-class ComposeTestbed:
+class ComposeTestbed(ControlApiTestbed):
     """A `Testbed` (orchestrator/launchers/base.py) made of compose.yaml's containers."""
 
     def __init__(self, config: ComposeConfig | ServicesConfig) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from orchestrator import http_client
 from netem.spec import LinkSpec
-from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
 from orchestrator.links import as_spec
 from services.access import load_token
 
@@ -128,7 +128,7 @@ class ExternalConfig:
         return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-class ExternalTestbed:
+class ExternalTestbed(ControlApiTestbed):
     """A `Testbed` (base.py) over services that run elsewhere."""
 
     def __init__(self, config: ExternalConfig, n_edges: int) -> None:

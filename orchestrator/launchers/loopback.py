@@ -14,7 +14,7 @@ from pathlib import Path
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from netem.spec import LinkSpec
-from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
 from orchestrator.launchers.processes import (ServiceProcess, backend_args, free_port, heal_services,
                                                  write_token_file)
 
@@ -55,7 +55,7 @@ def _token_args(token_file: Path | None) -> list[str]:
     return ["--token-file", str(token_file)] if token_file else []
 
 
-class LoopbackTestbed:
+class LoopbackTestbed(ControlApiTestbed):
     shaper = "app-delay"
 
     def __init__(self, config: ServicesConfig) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
 from orchestrator import links as link_keys
-from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
 from orchestrator.launchers.loopback import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 
@@ -27,7 +27,7 @@ def link_state(record) -> LinkState:
     return link_keys.link_state(record)
 
 
-class NetnsTestbed:
+class NetnsTestbed(ControlApiTestbed):
     def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None,
                  loss_pct: float = 0.0) -> None:
         self.config = config

@@ -52,7 +52,7 @@ import yaml
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from orchestrator import http_client
-from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.loopback import ServicesConfig
@@ -168,7 +168,7 @@ def stack_file(config: SwarmConfig, compose: dict, token_file: str) -> dict:
     }
 
 
-class SwarmTestbed:
+class SwarmTestbed(ControlApiTestbed):
     """A `Testbed` (base.py) made of a swarm stack."""
 
     def __init__(self, config: SwarmConfig | ServicesConfig) -> None:

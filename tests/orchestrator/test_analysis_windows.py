@@ -80,7 +80,7 @@ def test_speedups_compare_with_ar_of_the_same_group_rtt_and_repeat():
 
 def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
     keys = {"mode": "sync", "rtt_ms": 20.0, "gamma": 4, "clients": 2, "repeat": 0}
-    requests = pd.DataFrame([{**keys, "client_id": c, "request_index": 0, "steady_per_token_s": 0.01 * (1 + c), "rtt_measured_ms": 21.0,
+    requests = pd.DataFrame([{**keys, "client_id": c, "request_index": 0, "steady_per_token_s": 0.01 * (1 + c), "rtt_probe_ms": 21.0,
                               "ttft_s": 0.05, "tokens": 40, "wall_s": 0.5} for c in (0, 1)])
     # The last round is cut short by max_new_tokens (4 accepted, 2 emitted).
     rounds = pd.DataFrame([{**keys, "client_id": c, "request_index": 0, "round_index": i, "proposed": 4, "accepted": 4 if i % 2 else 1,

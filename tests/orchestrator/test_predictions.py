@@ -10,7 +10,8 @@ from dsd.profiles import get_profile
 from orchestrator import bootstrap
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.predictions import Predictor
-from orchestrator.run import analyze_sweep, assumed_costs, costs_for, run_experiment, sim_group_point
+from orchestrator.launchers.sim import SimTestbed
+from orchestrator.run import analyze_sweep, assumed_costs, costs_for, point_settings, run_experiment
 from orchestrator.sweep import is_calibration, plan_points, run_sweep
 from orchestrator.workload import make_prompts
 
@@ -54,8 +55,8 @@ def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
     experiment = experiment_from_dict(SMALL)
     plan = plan_points(experiment)
     from dsd.backends.factory import load_pair
-    pairs = {experiment.backend: load_pair(experiment.backend)}
-    costs = {experiment.profile: costs_for(experiment, None, None, out)}
+    costs = {experiment.profile: costs_for(experiment, out)}
+    testbed = SimTestbed(*load_pair(experiment.backend), costs[experiment.profile])
     prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
                            experiment.prompt_tokens, experiment.seed)
     calls = []
@@ -67,7 +68,7 @@ def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
         calls.append(point)
         if len(calls) > 6:
             raise Killed()
-        return sim_group_point(point, experiment=experiment, costs=costs, prompts=lambda p: prompts, pairs=pairs)
+        return testbed.run_point(point, prompts, point_settings(experiment))
 
     predict = Predictor(experiment, out, lambda p: assumed_costs(p, experiment, costs))
     with pytest.raises(Killed):

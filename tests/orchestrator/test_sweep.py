@@ -47,7 +47,7 @@ def test_resume_after_a_crash_gives_the_same_points(tmp_path):
         calls.append(point)
         if len(calls) > 5:
             raise Killed()
-        return [], [{"request_index": 0, "rtt_measured_ms": point.rtt_ms, "tokens": 1,
+        return [], [{"request_index": 0, "rtt_probe_ms": point.rtt_ms, "tokens": 1,
                      "wall_s": 1.0, "ttft_s": 1.0, "steady_per_token_s": 1.0}]
 
     with pytest.raises(Killed):
@@ -67,7 +67,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
     def fails_on_sync(point):
         if point.mode == "sync":
             raise RuntimeError("verifier unreachable")
-        return [], [{"request_index": 0, "rtt_measured_ms": point.rtt_ms, "tokens": 1,
+        return [], [{"request_index": 0, "rtt_probe_ms": point.rtt_ms, "tokens": 1,
                      "wall_s": 1.0, "ttft_s": 1.0, "steady_per_token_s": 1.0}]
 
     done = run_sweep(EXPERIMENT, tmp_path / "s", fails_on_sync, facts={"launcher": "sim"})
@@ -232,7 +232,7 @@ def test_a_sampling_sweep_runs_each_setting_and_records_it_in_every_row(tmp_path
         assert set(frame.loc[frame.temperature == 1.0, "top_k"]) == {5}, name
         assert set(frame.loc[frame.temperature == 0.0, "top_k"]) == {0}, name      # greedy: no truncation
     requests = pd.read_csv(out / "requests.csv")
-    greedy = requests[requests.temperature == 0.0].groupby(["rtt_ms", "mode"])["generated"].apply(tuple)
+    greedy = requests[requests.temperature == 0.0].groupby(["rtt_ms", "mode"])["token_ids"].apply(tuple)
     assert greedy.nunique() == 1          # greedy: every mode and RTT emits the same tokens
 
 

@@ -1,0 +1,121 @@
+"""The ``sim`` launcher: real models and the real protocol code, on virtual time.
+
+Compute costs are those measured on this machine (``dsd.timing``) or taken from a hardware
+profile; the link is a constant RTT split evenly, a delay per message. Every mode, cloud AR and
+co-located SD included, runs its message exchange on virtual time (``dsd.simulate``). It
+predicts what the network launchers should measure, and runs anywhere in seconds.
+
+A ``SimTestbed`` is a Testbed (base.py) like the network ones, with no processes and no link to
+shape: one client per point, in this process. Its rows are those of services/traces.py; what it
+does not measure (clocks, the server's own measures, ``rtt_probe_ms``, ``app_delay_ms``) is left
+empty, never filled with a configured value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from dsd.backends.protocol import SamplingParams
+from dsd.control import ControllerConfig, make_controller
+from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
+from dsd.stopping import StopRule
+from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
+from orchestrator.request_stats import finish_point
+from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, steady_per_token_s
+
+SHAPER = "none (virtual link)"
+
+
+@dataclass(frozen=True)
+class Costs:
+    t_draft_edge_s: float
+    t_draft_server_s: float
+    t_ar_s: float
+    t_verify_s: dict            # gamma -> seconds
+    t_prefill_per_token_s: float
+
+
+class SimTestbed:
+    """The sim launcher's testbed for one (profile, alpha) group: its model pair and compute costs."""
+
+    verifier_url = ""
+    shaper = SHAPER
+    shaper_reason = "sim launcher: the link is a constant RTT on virtual time"
+
+    def __init__(self, draft, target, costs: Costs) -> None:
+        self.draft, self.target, self.costs = draft, target, costs
+        self.edges: list[EdgeHandle] = []       # no edge service: the client runs in this process
+
+    def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
+        """The virtual link as configured; nothing is measured on it."""
+        return [LinkState(edge="virtual", shaper=SHAPER, rtt_configured_ms=rtt_ms) for rtt_ms in rtt_ms_per_edge]
+
+    def app_delay_ms(self, client_id: int) -> float:
+        return 0.0
+
+    def check(self) -> None:
+        """A virtual link cannot stop being shaped."""
+
+    def heal(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """Nothing was started."""
+
+    def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
+        if point.clients != 1:
+            raise ValueError("the sim launcher runs one client per point; use a network launcher for more")
+        stop = StopRule(settings.max_new_tokens, self.target.eos_token_id)
+        round_rows, request_rows = [], []
+        for index, prompt in enumerate(prompts):
+            tokens, rounds, wall_s, ttft_s = run_request(
+                point.mode, self.draft, self.target, prompt, point.gamma, point.rtt_ms / 1e3, stop, self.costs,
+                settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
+                settings.controller, settings.gamma_max)
+            keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
+                    "request_index": index}
+            round_rows += [as_dict(round_row(keys, record)) for record in rounds]
+            request_rows.append(as_dict(request_row(keys, prompt, tokens, rounds, wall_s, ttft_s)))
+        rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
+                                        pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
+                                        self.shaper, self.shape([point.rtt_ms]))
+        return rounds.to_dict("records"), requests.to_dict("records"), [], {}
+
+
+def round_row(keys: dict, record) -> RoundRow:
+    """A simulated round (dsd.decoding.RoundRecord) as a trace row; it keeps no clock."""
+    return RoundRow(**keys, round_index=record.round_index, proposed=record.proposed, accepted=record.accepted,
+                    emitted=record.emitted, stale=record.stale, round_gamma=record.gamma or None,
+                    round_mode=record.mode)
+
+
+def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, wall_s: float,
+                ttft_s: float) -> RequestRow:
+    first_emitted = next((r.emitted for r in rounds if r.emitted), 1)
+    return RequestRow(**keys, prompt_tokens=len(prompt), tokens=len(tokens), rounds=len(rounds),
+                      stale_rounds=sum(bool(r.stale) for r in rounds), wall_s=wall_s, ttft_s=ttft_s,
+                      steady_per_token_s=steady_per_token_s(ttft_s, wall_s, len(tokens) - first_emitted),
+                      token_ids=" ".join(map(str, tokens)))
+
+
+def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
+                stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str,
+                sampling: SamplingParams = SamplingParams(), controller: str = "static", gamma_max: int = 16):
+    """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
+    its protocol (dsd.simulate): no time here comes from the closed form."""
+    prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
+    t_verify_s = costs.t_verify_s[gamma]
+    if mode in ("ar", "colocated"):
+        server = ServerCosts(costs.t_ar_s, costs.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
+        run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, sampling, seq_id)
+        return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
+    link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
+    # NOTE: a request's blocks are all charged the start gamma's t_verify (the link costs hold one).
+    policy = make_controller(ControllerConfig(controller, gamma, mode, gamma_max)) if controller != "static" else None
+    run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),
+                       max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
+                       controller=policy, gamma_max=max(gamma_max, gamma))
+    # The edge opens the session first: one round trip and the prefill before drafting pays off.
+    open_s = rtt_s + prefill_s
+    return run.generation.tokens, run.generation.rounds, open_s + run.total_s, open_s + run.first_token_s
