@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
+from dsd.times import ComputeTimes
+
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -31,6 +33,14 @@ class HardwareProfile:
                     raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
         if self.t_ar_s <= 0:
             raise ValueError(f"profile {self.name!r}: t_ar_s must be > 0, got {self.t_ar_s!r}")
+
+    @property
+    def times(self) -> ComputeTimes:
+        """The profile's numbers as the one compute-times type (t_verify as its line)."""
+        return ComputeTimes(t_draft_edge_s=self.t_draft_edge_s, t_draft_server_s=self.t_draft_server_s,
+                            t_ar_s=self.t_ar_s, t_prefill_per_token_s=self.t_prefill_per_token_s,
+                            t_verify_base_s=self.t_verify_base_s,
+                            t_verify_per_position_s=self.t_verify_per_position_s, batch_slope=self.batch_slope)
 
     def t_verify_s(self, gamma: int, batch_size: int = 1) -> float:
         single_s = self.t_verify_base_s + self.t_verify_per_position_s * (gamma + 1)
