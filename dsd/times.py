@@ -22,7 +22,7 @@ if TYPE_CHECKING:                       # only for the annotations: profiles.py 
     from dsd.profiles import HardwareProfile
     from dsd.timing import MeasuredTimes
 
-_NON_NEGATIVE = ("t_draft_edge_s", "t_prefill_per_token_s", "batch_slope")
+_OPTIONAL = ("t_prefill_per_token_s", "batch_slope", "t_verify_base_s", "t_verify_per_position_s")
 
 
 def _number(name: str, value) -> float:
@@ -40,29 +40,25 @@ class ComputeTimes:
     # co-located round does not pay; refusing it would stop a sweep's predictions.
     t_draft_server_s: float
     t_ar_s: float                         # one autoregressive target step, batch 1
-    t_prefill_per_token_s: float          # prompt processing, per token
+    # None below: not known (a measurement has no batch slope; an older sweep's record no prefill).
+    t_prefill_per_token_s: float | None = None      # prompt processing, per token
     t_verify_base_s: float | None = None            # the line: fixed part of a target pass ...
     t_verify_per_position_s: float | None = None    # ... and per position (gamma + 1 of them)
     t_verify_by_gamma_s: tuple[tuple[int, float], ...] = ()   # the table: (gamma, seconds), measured
-    batch_slope: float = 0.0              # extra cost per extra sequence in a batched pass, as a fraction
+    batch_slope: float | None = None      # extra cost per extra sequence in a batched pass, as a fraction
 
     def __post_init__(self) -> None:
-        for name in ("t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_prefill_per_token_s", "batch_slope"):
-            object.__setattr__(self, name, _number(name, getattr(self, name)))
-        for name in _NON_NEGATIVE:
-            if getattr(self, name) < 0:
+        for name in ("t_draft_edge_s", "t_draft_server_s", "t_ar_s") + _OPTIONAL:
+            if getattr(self, name) is not None or name not in _OPTIONAL:
+                object.__setattr__(self, name, _number(name, getattr(self, name)))
+        for name in ("t_draft_edge_s",) + _OPTIONAL:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.t_ar_s <= 0:
             raise ValueError(f"t_ar_s must be > 0, got {self.t_ar_s!r}")
         line = (self.t_verify_base_s, self.t_verify_per_position_s)
         if (line[0] is None) != (line[1] is None):
             raise ValueError(f"t_verify_base_s and t_verify_per_position_s come together, got {line!r}")
-        for name in ("t_verify_base_s", "t_verify_per_position_s"):
-            if getattr(self, name) is not None:
-                value = _number(name, getattr(self, name))
-                if value < 0:
-                    raise ValueError(f"{name} must be >= 0, got {value!r}")
-                object.__setattr__(self, name, value)
         object.__setattr__(self, "t_verify_by_gamma_s", _verify_table(self.t_verify_by_gamma_s))
         if line[0] is None and not self.t_verify_by_gamma_s:
             raise ValueError("t_verify: give t_verify_base_s and t_verify_per_position_s, "
@@ -94,11 +90,18 @@ class ComputeTimes:
         return self.t_ar_s * self._batch_factor(batch_size)
 
     def t_prefill_s(self, n_tokens: int) -> float:
+        if self.t_prefill_per_token_s is None:
+            raise ValueError("t_prefill_per_token_s: not known for these times (recorded without it)")
         return self.t_prefill_per_token_s * n_tokens
 
     def _batch_factor(self, batch_size: int) -> float:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if batch_size == 1:
+            return 1.0
+        if self.batch_slope is None:
+            raise ValueError(f"batch_size {batch_size}: batch_slope is not known for these times (a measurement "
+                             "of single passes); measure it (dsd.timing.fit_batch_slope)")
         return 1.0 + self.batch_slope * (batch_size - 1)
 
     # --- new values from old -----------------------------------------------------------------------
@@ -127,8 +130,8 @@ class ComputeTimes:
                    t_prefill_per_token_s=measured.t_prefill_per_token_s, t_verify_by_gamma_s=measured.t_verify_s)
 
     def to_dict(self) -> dict:
-        """Plain data for JSON: every field, the table as ``t_verify_s`` {gamma: seconds}; the line's
-        keys only where there is a line."""
+        """Plain data for JSON: every field (None where not known), the table as ``t_verify_s``
+        {gamma: seconds}; the line's keys only where there is a line."""
         out = {"t_draft_edge_s": self.t_draft_edge_s, "t_draft_server_s": self.t_draft_server_s,
                "t_ar_s": self.t_ar_s, "t_verify_s": self.verify_table_s,
                "t_prefill_per_token_s": self.t_prefill_per_token_s, "batch_slope": self.batch_slope}
@@ -140,8 +143,8 @@ class ComputeTimes:
     @classmethod
     def from_dict(cls, data: Mapping) -> ComputeTimes:
         """The inverse of ``to_dict``; JSON's string gamma keys become ints. Also reads the
-        ``costs`` of sweeps written before this type (no batch_slope: 0) and the analysis params of
-        older summaries (no t_prefill_per_token_s: 0). An unknown key is an error."""
+        ``costs`` of sweeps written before this type (no batch_slope) and the analysis params of
+        older summaries (no t_prefill_per_token_s): not known, None. An unknown key is an error."""
         known = {"t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s", "t_prefill_per_token_s",
                  "batch_slope", "t_verify_base_s", "t_verify_per_position_s"}
         unknown = sorted(set(data) - known)
@@ -154,11 +157,24 @@ class ComputeTimes:
         if not isinstance(table, Mapping):
             raise ValueError(f"t_verify_s must be a table {{gamma: seconds}}, got {table!r}")
         return cls(t_draft_edge_s=data["t_draft_edge_s"], t_draft_server_s=data["t_draft_server_s"],
-                   t_ar_s=data["t_ar_s"], t_prefill_per_token_s=data.get("t_prefill_per_token_s", 0.0),
+                   t_ar_s=data["t_ar_s"], t_prefill_per_token_s=data.get("t_prefill_per_token_s"),
                    t_verify_base_s=data.get("t_verify_base_s"),
                    t_verify_per_position_s=data.get("t_verify_per_position_s"),
                    t_verify_by_gamma_s={_gamma(g): s for g, s in table.items()},
-                   batch_slope=data.get("batch_slope", 0.0))
+                   batch_slope=data.get("batch_slope"))
+
+
+def fit_verify_line(by_gamma_s: Mapping[int, float]) -> tuple[float, float]:
+    """(t_verify_base_s, t_verify_per_position_s): the least-squares line through a measured
+    table, t_verify(gamma) = base + per_position * (gamma + 1), both clipped at 0."""
+    if len(by_gamma_s) < 2:
+        raise ValueError(f"t_verify_by_gamma_s: a line needs two gammas or more, got {dict(by_gamma_s)!r}")
+    xs = [g + 1 for g in by_gamma_s]
+    ys = list(by_gamma_s.values())
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    slope = max(slope, 0.0)
+    return max(mean_y - slope * mean_x, 0.0), slope
 
 
 def _gamma(key) -> int:

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from dsd.profiles import get_profile
-from dsd.times import ComputeTimes
+from dsd.profiles import HardwareProfile, get_profile
+from dsd.times import ComputeTimes, fit_verify_line
 from dsd.timing import MeasuredTimes
 
 
@@ -68,6 +68,7 @@ def test_a_measurement_converts_with_one_draft_time_for_both_sides_and_its_table
     measured = MeasuredTimes(t_draft_s=0.004, t_ar_s=0.03, t_verify_s={1: 0.031, 4: 0.036},
                              t_prefill_per_token_s=2e-4, context_tokens=128, repeats=5)
     times = ComputeTimes.from_measured(measured)
+    assert measured.times == times
     assert times.t_draft_edge_s == times.t_draft_server_s == 0.004
     assert times.verify_table_s == {1: 0.031, 4: 0.036} and times.t_verify_base_s is None
 
@@ -83,7 +84,11 @@ def test_the_dict_form_reads_the_costs_of_older_sweeps_and_refuses_unknown_keys(
     old = {"t_draft_edge_s": 0.02, "t_draft_server_s": 0.002, "t_ar_s": 0.05, "t_verify_s": {"4": 0.05},
            "t_prefill_per_token_s": 1e-4}
     times = ComputeTimes.from_dict(old)
-    assert times.t_verify_s(4) == 0.05 and times.batch_slope == 0.0
+    assert times.t_verify_s(4) == 0.05 and times.batch_slope is None
+    with pytest.raises(ValueError, match=r"batch_size 2: batch_slope is not known"):
+        times.t_verify_s(4, batch_size=2)
+    with pytest.raises(ValueError, match=r"t_prefill_per_token_s: not known"):
+        ComputeTimes.from_dict({k: v for k, v in old.items() if k != "t_prefill_per_token_s"}).t_prefill_s(10)
     with pytest.raises(ValueError, match=r"unknown keys \['t_verfy_s'\]"):
         ComputeTimes.from_dict({**old, "t_verfy_s": {}})
     with pytest.raises(ValueError, match=r"missing keys \['t_ar_s'\]"):
@@ -94,3 +99,19 @@ def test_tabulated_fills_the_table_from_the_line_for_the_sweep_gammas():
     times = line_times().tabulated([2, 4])
     assert times.verify_table_s == pytest.approx({2: 0.048, 4: 0.05})
     assert times.to_dict()["t_verify_s"] == times.verify_table_s
+
+
+def test_the_line_through_a_measured_table_recovers_base_and_per_position():
+    base, per_position = fit_verify_line({g: 0.03 + 0.002 * (g + 1) for g in (1, 2, 4, 8)})
+    assert (base, per_position) == (pytest.approx(0.03), pytest.approx(0.002))
+    with pytest.raises(ValueError, match=r"a line needs two gammas or more, got \{4: 0.1\}"):
+        fit_verify_line({4: 0.1})
+
+
+def test_a_profile_refuses_what_its_times_refuse_naming_the_profile():
+    numbers = {"t_draft_edge_s": 0.02, "t_draft_server_s": 0.002, "t_ar_s": 0.05, "t_verify_base_s": 0.045,
+               "t_verify_per_position_s": 0.001, "t_prefill_per_token_s": 1e-4, "batch_slope": 0.1}
+    profile = HardwareProfile(name="p", **numbers)
+    assert profile.times == line_times()
+    with pytest.raises(ValueError, match=r"profile 'p': t_verify_base_s must be a finite number, got inf"):
+        HardwareProfile(name="p", **{**numbers, "t_verify_base_s": float("inf")})
