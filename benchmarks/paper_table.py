@@ -111,8 +111,7 @@ def main() -> int:
     rows, started = [], time.monotonic()
     for profile in base["profile"]:
         hw = get_profile(profile)
-        params = {"t_draft_edge_s": hw.t_draft_edge_s, "t_draft_server_s": hw.t_draft_server_s,
-                  "t_ar_s": hw.t_ar_s, "t_verify_s": {gamma: hw.t_verify_s(gamma)}}
+        params = hw.times
         for alpha in base["alpha"]:
             closed_form_ms = paper.closed_form_crossover_ms("sync_vs_ar", alpha, gamma, params)
             rtts_ms = cell_rtts_ms(closed_form_ms, args.margin)

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
+from dsd.times import ComputeTimes  # noqa: E402
 from orchestrator import analysis  # noqa: E402
 from orchestrator.experiment import experiment_from_dict  # noqa: E402
 from orchestrator.run import analyze_sweep, choose_launcher, run_experiment  # noqa: E402
@@ -75,7 +76,7 @@ def main() -> int:
     table["err_compute_only_pct"] = 100 * (table.measured_ms / table.compute_only_ms - 1)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     alpha = summary["alpha_fitted"]
-    compute_crossovers = analysis.predicted_crossovers(gamma, alpha, summary["params_compute"])
+    compute_crossovers = analysis.predicted_crossovers(gamma, alpha, ComputeTimes.from_dict(summary["params_compute"]))
     errors, errors_compute = [], []
     for name, c in summary["crossovers"].items():
         m, p, q = c["measured_rtt_ms"], c["predicted_rtt_ms"], compute_crossovers[name]["rtt_ms"]

@@ -16,30 +16,31 @@ from __future__ import annotations
 import math
 
 from dsd import latency_model as lm
+from dsd.times import ComputeTimes
 
 NEVER = "never (DSD never wins)"
 
 
-def closed_form_crossover_ms(name: str, alpha: float, gamma: int, params: dict) -> float:
+def closed_form_crossover_ms(name: str, alpha: float, gamma: int, times: ComputeTimes) -> float:
     """The closed form's crossover RTT (ms) at ``alpha``; -inf where DSD never wins."""
     if math.isnan(alpha):
         return math.nan
-    t_v = params["t_verify_s"][gamma]
+    t_v = times.t_verify_s(gamma)
     if name == "sync_vs_ar":
-        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, times.t_draft_edge_s, t_v, times.t_ar_s)
         return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
     if name == "pipelined_vs_colocated":
-        return 1e3 * lm.pipelined_beats_colocated_rtt_s(alpha, gamma, params["t_draft_edge_s"],
-                                                         params["t_draft_server_s"], t_v)
+        return 1e3 * lm.pipelined_beats_colocated_rtt_s(alpha, gamma, times.t_draft_edge_s,
+                                                         times.t_draft_server_s, t_v)
     raise ValueError(f"unknown comparison {name!r}")
 
 
-def setting(params: dict, gamma: int) -> dict:
+def setting(times: ComputeTimes, gamma: int) -> dict:
     """The configured compute times of a group, in ms, and the drafting window."""
-    return {"gamma": gamma, "t_draft_edge_ms": 1e3 * params["t_draft_edge_s"],
-            "t_draft_server_ms": 1e3 * params["t_draft_server_s"],
-            "t_verify_ms": 1e3 * params["t_verify_s"][gamma], "t_ar_ms": 1e3 * params["t_ar_s"],
-            "drafting_window_ms": 1e3 * gamma * params["t_draft_edge_s"]}
+    return {"gamma": gamma, "t_draft_edge_ms": 1e3 * times.t_draft_edge_s,
+            "t_draft_server_ms": 1e3 * times.t_draft_server_s,
+            "t_verify_ms": 1e3 * times.t_verify_s(gamma), "t_ar_ms": 1e3 * times.t_ar_s,
+            "drafting_window_ms": 1e3 * gamma * times.t_draft_edge_s}
 
 
 def crossover_rows(groups: list[dict], assumed: dict, gamma: int) -> list[dict]:
@@ -79,9 +80,9 @@ def capacity_rows(capacity: list[dict], assumed: dict, gamma_default: int, main_
         profile = entry.get("profile", main_profile)
         gamma = int(entry.get("gamma", gamma_default))
         params = assumed[profile]
-        factor = lm.capacity_factor(gamma, params["t_draft_server_s"], params["t_verify_s"][gamma])
+        factor = lm.capacity_factor(gamma, params.t_draft_server_s, params.t_verify_s(gamma))
         rows.append({"comparison": "capacity", "profile": profile, "mode": entry["mode"], **setting(params, gamma),
-                     "td_over_tv": params["t_draft_server_s"] / params["t_verify_s"][gamma],
+                     "td_over_tv": params.t_draft_server_s / params.t_verify_s(gamma),
                      "closed_form_configured": factor, "closed_form_fitted": entry["ratio_predicted"],
                      "measured": entry["ratio_measured"]})
     return rows

@@ -137,8 +137,8 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
-    fig.text(0.01, 0.01, f"t_ar={1e3 * params['t_ar_s']:.2f} ms, t_verify={1e3 * params['t_verify_s'][gamma]:.2f} ms, "
-             f"t_draft,edge={1e3 * params['t_draft_edge_s']:.2f} ms (client view: compute + measured harness "
+    fig.text(0.01, 0.01, f"t_ar={1e3 * params.t_ar_s:.2f} ms, t_verify={1e3 * params.t_verify_s(gamma):.2f} ms, "
+             f"t_draft,edge={1e3 * params.t_draft_edge_s:.2f} ms (client view: compute + measured harness "
              "overhead); shaded: DSD predicted to win; "
              "points: median speedup over repeats", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -4,6 +4,7 @@ import json
 import pandas as pd
 import pytest
 
+from dsd.times import ComputeTimes
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.run import analyze_sweep, run_experiment
 from orchestrator.sweep import SweepExists, experiment_record, plan_points, run_sweep
@@ -188,7 +189,7 @@ def test_gain_window_on_sim_recovers_each_alpha_and_the_predicted_boundary(tmp_p
     assert fitted[0.6] == pytest.approx(0.6, abs=0.05) and fitted[0.9] == pytest.approx(0.9, abs=0.04)
     points = pd.read_csv(out / "points.csv")
     assert {"alpha", "alpha_fitted", "speedup_vs_ar"} <= set(points.columns)
-    params = summary["params"]
+    params = ComputeTimes.from_dict(summary["params"])
     checked = 0
     for row in points[points["mode"] != "ar"].itertuples():
         boundary_ms = analysis.predicted_ar_boundary_rtt_ms(row.mode, row.alpha_fitted, 4, params)
