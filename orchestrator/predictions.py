@@ -154,10 +154,7 @@ class Predictor:
             _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=str))
             return
         rounds = _read_points_csv(self.out_dir, calibration_points, "rounds")
-        assumed = self.assumed_for(group_points[0])
-        # NOTE: a dict is the sweep.json form of the times; orchestrator/run.py hands one over
-        # until it holds ComputeTimes itself (issue 13, helper 13e).
-        calibration = calibrate(rounds, assumed if isinstance(assumed, ComputeTimes) else ComputeTimes.from_dict(assumed))
+        calibration = calibrate(rounds, self.assumed_for(group_points[0]))
         now_s = time.time()
         rows = prediction_rows(group_points, calibration, lambda p: is_calibration(p, self.experiment), now_s)
         append_predictions(self.out_dir, rows)

@@ -8,19 +8,19 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
+from dsd.times import ComputeTimes
 from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.base import LauncherError, PointSettings
 from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
-from orchestrator.launchers.sim import Costs, SimTestbed
+from orchestrator.launchers.sim import SimTestbed
 from orchestrator.links import check_launcher
 from orchestrator.predictions import Predictor
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
@@ -35,18 +35,18 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     launcher = check_before_start(experiment, out, resume)
     plan = plan_points(experiment)
     load = functools.cache(load_pair)          # backend config -> (draft, target)
-    costs = group_costs(experiment, plan, load, out)
+    times = group_times(experiment, plan, load, out)
     if launcher != "sim":
         load.cache_clear()                     # the services load their own copies
     pool = experiment_prompts(experiment)
     prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
-    predict = Predictor(experiment, out, functools.partial(assumed_costs, experiment=experiment, costs=costs))
+    predict = Predictor(experiment, out, functools.partial(assumed_times, experiment=experiment, times=times))
     progress = Progress(experiment.name, len(plan))
     own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
     try:
-        with GroupTestbeds(launcher, experiment, out / "services", costs, load) as testbeds:
+        with GroupTestbeds(launcher, experiment, out / "services", times, load) as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
-            facts = sweep_facts(experiment, launcher, testbed, costs, pool)
+            facts = sweep_facts(experiment, launcher, testbed, times, pool)
             settings = point_settings(experiment, facts["cpu_pinning"])
 
             def run_point(point):
@@ -71,42 +71,38 @@ def check_before_start(experiment: Experiment, out: Path, resume: bool) -> str:
     return launcher
 
 
-def group_costs(experiment: Experiment, plan: list, load, out: Path) -> dict[str, Costs]:
-    """Each profile's compute costs (measured with the first point's model pair where measured)."""
+def group_times(experiment: Experiment, plan: list, load, out: Path) -> dict[str, ComputeTimes]:
+    """Each profile's compute times (measured with the first point's model pair where measured)."""
     alpha = group_experiment(experiment, plan[0]).backend.alpha
-    return {name: costs_for(experiment.for_group(name, alpha), out, load) for name in experiment.profiles()}
+    return {name: times_for(experiment.for_group(name, alpha), out, load) for name in experiment.profiles()}
 
 
-def costs_for(experiment: Experiment, out: Path, load=load_pair) -> Costs:
-    """Compute costs: recorded ones on resume, a hardware profile for synthetic models, and
-    otherwise measured here and now on load(experiment.backend)'s (draft, target)."""
+def times_for(experiment: Experiment, out: Path, load=load_pair) -> ComputeTimes:
+    """Compute times: recorded ones on resume, a hardware profile for synthetic models (its
+    t_verify line tabulated at the sweep's gammas, as sweep.json records it), and otherwise
+    measured here and now on load(experiment.backend)'s (draft, target)."""
     sidecar = out / "sweep.json"
     if sidecar.exists():
         data = json.loads(sidecar.read_text())
         recorded = data.get("costs_by_profile", {}).get(experiment.profile) or data.get("costs")
         if recorded:
-            recorded["t_verify_s"] = {int(k): v for k, v in recorded["t_verify_s"].items()}
-            return Costs(**recorded)
+            return ComputeTimes.from_dict(recorded)
     if experiment.backend.kind == "synthetic":
-        profile = experiment.hardware_profile(experiment.profile)
-        return Costs(profile.t_draft_edge_s, profile.t_draft_server_s, profile.t_ar_s,
-                     {g: profile.t_verify_s(g) for g in experiment.gamma}, profile.t_prefill_per_token_s)
+        return experiment.hardware_profile(experiment.profile).times.tabulated(experiment.gamma)
     print("measuring compute times of the model pair on this machine ...", file=sys.stderr)
     draft, target = load(experiment.backend)
-    times = measure_times(draft, target, gammas=tuple(experiment.gamma))
-    return Costs(times.t_draft_s, times.t_draft_s, times.t_ar_s, dict(times.t_verify_s),
-                 times.t_prefill_per_token_s)
+    return measure_times(draft, target, gammas=tuple(experiment.gamma)).times
 
 
-def sweep_facts(experiment: Experiment, launcher: str, testbed, costs: dict, pool) -> dict:
+def sweep_facts(experiment: Experiment, launcher: str, testbed, times: dict, pool) -> dict:
     """sweep.json's record of where and with what the sweep ran; pins this process where the
     CPU plan says so."""
     first = group_experiment(experiment, plan_points(experiment)[0]).profile
-    facts = {**host_facts(), "costs": asdict(costs[first]), "launcher": launcher, "workload": describe(pool),
+    facts = {**host_facts(), "costs": times[first].to_dict(), "launcher": launcher, "workload": describe(pool),
              "costs_source": "profile " + first if experiment.backend.kind == "synthetic"
              else "measured here (dsd.timing)"}
-    if len(costs) > 1:
-        facts["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}
+    if len(times) > 1:
+        facts["costs_by_profile"] = {name: t.to_dict() for name, t in times.items()}
     trace = experiment.backend.trace() if experiment.backend.kind == "synthetic" else None
     if trace is not None:
         facts["acceptance_trace"] = trace.summary()
@@ -169,20 +165,18 @@ def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
     return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
 
 
-def assumed_costs(point, experiment: Experiment, costs: dict) -> dict:
-    """The compute times a point's group runs with, as the closed form's parameters."""
-    c = costs[group_experiment(experiment, point).profile]
-    return {"t_draft_edge_s": c.t_draft_edge_s, "t_draft_server_s": c.t_draft_server_s, "t_ar_s": c.t_ar_s,
-            "t_verify_s": {int(g): v for g, v in c.t_verify_s.items()}}
+def assumed_times(point, experiment: Experiment, times: dict) -> ComputeTimes:
+    """The compute times a point's group runs with (the closed form's parameters before any fit)."""
+    return times[group_experiment(experiment, point).profile]
 
 
 class GroupTestbeds:
     """One testbed at a time, for the (profile, alpha) group of the point being run. The plan
     runs each group's points together, so each group starts its services once."""
 
-    def __init__(self, launcher: str, experiment: Experiment, work_dir: Path, costs: dict, load) -> None:
+    def __init__(self, launcher: str, experiment: Experiment, work_dir: Path, times: dict, load) -> None:
         self.launcher, self.experiment, self.work_dir = launcher, experiment, Path(work_dir)
-        self.costs, self.load = costs, load          # the sim launcher's compute costs and model pairs
+        self.times, self.load = times, load          # the sim launcher's compute times and model pairs
         self.group: Experiment | None = None
         self.testbed = None
 
@@ -190,7 +184,7 @@ class GroupTestbeds:
         group = group_experiment(self.experiment, point)
         if group != self.group:
             self.close()
-            self.testbed = open_testbed(self.launcher, group, self.work_dir / point.group, self.costs, self.load)
+            self.testbed = open_testbed(self.launcher, group, self.work_dir / point.group, self.times, self.load)
             self.group = group
         return self.testbed
 
@@ -249,12 +243,12 @@ def check_compose_groups(experiment: Experiment) -> None:
             "or sweep one profile and alpha per experiment file")
 
 
-def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, costs: dict, load):
-    """The testbed of one (profile, alpha) group; the sim launcher's runs with costs[profile] and
+def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, times: dict, load):
+    """The testbed of one (profile, alpha) group; the sim launcher's runs with times[profile] and
     load(backend)'s model pair."""
     with launcher_errors(launcher, "to start"):
         if launcher == "sim":
-            return SimTestbed(*load(experiment.backend), costs[experiment.profile])
+            return SimTestbed(*load(experiment.backend), times[experiment.profile])
         return _open_testbed(launcher, experiment, work_dir)
 
 

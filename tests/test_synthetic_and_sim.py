@@ -8,6 +8,7 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import Generation, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
+from dsd.times import ComputeTimes
 
 
 @pytest.mark.parametrize("alpha,gamma", [(0.5, 4), (0.8, 4), (0.9, 8), (0.7, 1)])
@@ -95,11 +96,12 @@ def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_
 def test_sim_launcher_ar_point_rows_come_from_the_protocol():
     """The sim launcher's AR request: one round row per streamed token and the link delay in
     the time to first token only (orchestrator.launchers.sim.run_request)."""
-    from orchestrator.launchers.sim import Costs, run_request
+    from orchestrator.launchers.sim import run_request
 
     draft, target = _sim_pair()
-    costs = Costs(0.004, 0.002, 0.010, {4: 0.010}, 0.0005)
-    out = {rtt_s: run_request("ar", draft, target, [1, 2, 3, 4, 5], 4, rtt_s, StopRule(40), costs, 1, f"r{rtt_s}")
+    times = ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.010, t_verify_by_gamma_s={4: 0.010},
+                         t_prefill_per_token_s=0.0005)
+    out = {rtt_s: run_request("ar", draft, target, [1, 2, 3, 4, 5], 4, rtt_s, StopRule(40), times, 1, f"r{rtt_s}")
            for rtt_s in (0.0, 0.04)}
     (tokens0, rounds0, wall0, ttft0), (tokens1, rounds1, wall1, ttft1) = out[0.0], out[0.04]
     assert tokens0 == tokens1 and len(rounds0) == 40 and all(r.emitted == 1 for r in rounds0)

@@ -1,7 +1,7 @@
 """The ``sim`` launcher: real models and the real protocol code, on virtual time.
 
-Compute costs are those measured on this machine (``dsd.timing``) or taken from a hardware
-profile; the link is a constant RTT split evenly, a delay per message. Every mode, cloud AR and
+Compute times (``dsd.times.ComputeTimes``) are those measured on this machine (``dsd.timing``)
+or taken from a hardware profile; the link is a constant RTT split evenly, a delay per message. Every mode, cloud AR and
 co-located SD included, runs its message exchange on virtual time (``dsd.simulate``). It
 predicts what the network launchers should measure, and runs anywhere in seconds.
 
@@ -12,14 +12,13 @@ empty, never filled with a configured value.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
 from dsd.backends.protocol import SamplingParams
 from dsd.control import ControllerConfig, make_controller
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
+from dsd.times import ComputeTimes
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
 from orchestrator.request_stats import finish_point
 from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, steady_per_token_s
@@ -27,24 +26,15 @@ from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow
 SHAPER = "none (virtual link)"
 
 
-@dataclass(frozen=True)
-class Costs:
-    t_draft_edge_s: float
-    t_draft_server_s: float
-    t_ar_s: float
-    t_verify_s: dict            # gamma -> seconds
-    t_prefill_per_token_s: float
-
-
 class SimTestbed:
-    """The sim launcher's testbed for one (profile, alpha) group: its model pair and compute costs."""
+    """The sim launcher's testbed for one (profile, alpha) group: its model pair and compute times."""
 
     verifier_url = ""
     shaper = SHAPER
     shaper_reason = "sim launcher: the link is a constant RTT on virtual time"
 
-    def __init__(self, draft, target, costs: Costs) -> None:
-        self.draft, self.target, self.costs = draft, target, costs
+    def __init__(self, draft, target, times: ComputeTimes) -> None:
+        self.draft, self.target, self.times = draft, target, times
         self.edges: list[EdgeHandle] = []       # no edge service: the client runs in this process
 
     def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
@@ -70,7 +60,7 @@ class SimTestbed:
         round_rows, request_rows = [], []
         for index, prompt in enumerate(prompts):
             tokens, rounds, wall_s, ttft_s = run_request(
-                point.mode, self.draft, self.target, prompt, point.gamma, point.rtt_ms / 1e3, stop, self.costs,
+                point.mode, self.draft, self.target, prompt, point.gamma, point.rtt_ms / 1e3, stop, self.times,
                 settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
                 settings.controller, settings.gamma_max)
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
@@ -100,17 +90,17 @@ def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, 
 
 
 def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
-                stop: StopRule, costs: Costs, max_in_flight: int, seq_id: str,
+                stop: StopRule, times: ComputeTimes, max_in_flight: int, seq_id: str,
                 sampling: SamplingParams = SamplingParams(), controller: str = "static", gamma_max: int = 16):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
     its protocol (dsd.simulate): no time here comes from the closed form."""
-    prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
-    t_verify_s = costs.t_verify_s[gamma]
+    prefill_s = times.t_prefill_s(len(prompt) - 1)
+    t_verify_s = times.t_verify_s(gamma)
     if mode in ("ar", "colocated"):
-        server = ServerCosts(costs.t_ar_s, costs.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
+        server = ServerCosts(times.t_ar_s, times.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
         run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, sampling, seq_id)
         return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
-    link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
+    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s)
     # NOTE: a request's blocks are all charged the start gamma's t_verify (the link costs hold one).
     policy = make_controller(ControllerConfig(controller, gamma, mode, gamma_max)) if controller != "static" else None
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),

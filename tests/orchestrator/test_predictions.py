@@ -11,7 +11,7 @@ from orchestrator import bootstrap
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.predictions import Predictor
 from orchestrator.launchers.sim import SimTestbed
-from orchestrator.run import analyze_sweep, assumed_costs, costs_for, point_settings, run_experiment
+from orchestrator.run import analyze_sweep, assumed_times, point_settings, run_experiment, times_for
 from orchestrator.sweep import is_calibration, plan_points, run_sweep
 from orchestrator.workload import make_prompts
 
@@ -55,8 +55,8 @@ def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
     experiment = experiment_from_dict(SMALL)
     plan = plan_points(experiment)
     from dsd.backends.factory import load_pair
-    costs = {experiment.profile: costs_for(experiment, out)}
-    testbed = SimTestbed(*load_pair(experiment.backend), costs[experiment.profile])
+    times = {experiment.profile: times_for(experiment, out)}
+    testbed = SimTestbed(*load_pair(experiment.backend), times[experiment.profile])
     prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
                            experiment.prompt_tokens, experiment.seed)
     calls = []
@@ -70,7 +70,7 @@ def test_resume_keeps_the_original_predictions_byte_for_byte(tmp_path):
             raise Killed()
         return testbed.run_point(point, prompts, point_settings(experiment))
 
-    predict = Predictor(experiment, out, lambda p: assumed_costs(p, experiment, costs))
+    predict = Predictor(experiment, out, lambda p: assumed_times(p, experiment, times))
     with pytest.raises(Killed):
         run_sweep(experiment, out, dies_after_six, facts={"launcher": "sim", "costs": {}}, predict=predict)
     before = (out / "predictions.csv").read_bytes()
