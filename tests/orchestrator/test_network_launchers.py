@@ -43,6 +43,36 @@ def test_loopback_sweep_emits_target_greedy_tokens_in_every_mode(tmp_path):
     assert summary["launcher"] == "loopback"
 
 
+def test_sim_and_loopback_write_the_same_columns_with_the_same_meaning(tmp_path):
+    """One row type per CSV on every launcher: the same columns, the same greedy tokens, and
+    steady_per_token_s the same function of wall_s, ttft_s and the first emission; what the sim
+    does not measure (the edge's clocks, its RTT probe) is empty there, not a configured value."""
+    base = {**BASE, "modes": ["ar", "colocated", "sync", "pipelined"], "rtt_ms": [10], "clients": [1], "edges": 1}
+    tables = {}
+    for launcher in ("sim", "loopback"):
+        run_experiment(experiment_from_dict({"name": launcher, "launcher": launcher, **base}), tmp_path / launcher,
+                       resume=False)
+        tables[launcher] = {name: pd.read_csv(tmp_path / launcher / f"{name}.csv") for name in ("requests", "rounds")}
+    for name in ("requests", "rounds"):
+        assert list(tables["sim"][name].columns) == list(tables["loopback"][name].columns), name
+    tokens = {launcher: t["requests"].set_index(["mode", "request_index"])["token_ids"].sort_index()
+              for launcher, t in tables.items()}
+    assert tokens["sim"].equals(tokens["loopback"])
+    for launcher, t in tables.items():
+        requests, rounds = t["requests"], t["rounds"]
+        first = rounds[rounds.emitted > 0].sort_values("round_index").groupby(["mode", "request_index"])["emitted"].first()
+        for row in requests.itertuples():
+            expected = (row.wall_s - row.ttft_s) / (row.tokens - first[row.mode, row.request_index])
+            assert row.steady_per_token_s == pytest.approx(expected, abs=1e-5), (launcher, row.point)
+    sim, lo = tables["sim"], tables["loopback"]
+    assert sim["requests"]["rtt_probe_ms"].isna().all() and lo["requests"]["rtt_probe_ms"].notna().all()
+    assert sim["rounds"]["t_receive_s"].isna().all() and lo["rounds"]["t_receive_s"].notna().all()
+    assert set(sim["requests"]["link_rtt_configured_ms"]) == set(lo["requests"]["link_rtt_configured_ms"]) == {10}
+    analyze_sweep(tmp_path / "sim")
+    points = pd.read_csv(tmp_path / "sim" / "points.csv")
+    assert points["rtt_measured_ms"].isna().all()        # nothing measured it on sim
+
+
 def test_loopback_alpha_sweep_runs_each_group_on_its_own_services(tmp_path):
     """Two alphas: two testbeds one after the other, each edge drafting with its group's alpha."""
     experiment = experiment_from_dict({
