@@ -1,9 +1,10 @@
 """The ``sim`` launcher: real models and the real protocol code, on virtual time.
 
 Compute times (``dsd.times.ComputeTimes``) are those measured on this machine (``dsd.timing``)
-or taken from a hardware profile; the link is a constant RTT split evenly, a delay per message. Every mode, cloud AR and
-co-located SD included, runs its message exchange on virtual time (``dsd.simulate``). It
-predicts what the network launchers should measure, and runs anywhere in seconds.
+or taken from a hardware profile; the link is a constant RTT split evenly, a delay per message.
+Every mode, cloud AR and co-located SD included, runs its message exchange on virtual time
+(``dsd.simulate``). It predicts what the network launchers should measure, and runs anywhere in
+seconds.
 
 A ``SimTestbed`` is a Testbed (base.py) like the network ones, with no processes and no link to
 shape: one client per point, in this process. Its rows are those of services/traces.py; what it
@@ -54,19 +55,20 @@ class SimTestbed:
         """Nothing was started."""
 
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
+        """The point's one client runs its requests one after another, each on virtual time from 0."""
         if point.clients != 1:
             raise ValueError("the sim launcher runs one client per point; use a network launcher for more")
         stop = StopRule(settings.max_new_tokens, self.target.eos_token_id)
         round_rows, request_rows = [], []
         for index, prompt in enumerate(prompts):
-            tokens, rounds, wall_s, ttft_s = run_request(
+            tokens, records, wall_s, ttft_s = run_request(
                 point.mode, self.draft, self.target, prompt, point.gamma, point.rtt_ms / 1e3, stop, self.times,
                 settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
                 settings.controller, settings.gamma_max)
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
                     "request_index": index}
-            round_rows += [as_dict(round_row(keys, record)) for record in rounds]
-            request_rows.append(as_dict(request_row(keys, prompt, tokens, rounds, wall_s, ttft_s)))
+            round_rows += [as_dict(round_row(keys, record)) for record in records]
+            request_rows.append(as_dict(request_row(keys, prompt, tokens, records, wall_s, ttft_s)))
         rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
                                         pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
                                         self.shaper, self.shape([point.rtt_ms]))
