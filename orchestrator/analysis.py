@@ -56,7 +56,8 @@ def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTim
     edge = live[live["mode"].isin(["sync", "pipelined"]) & live["t_draft_end_s"].notna()]
     sync = edge[edge["mode"] == "sync"]
     if len(sync):
-        times = times.replace(t_draft_edge_s=float(((sync.t_draft_end_s - sync.t_draft_start_s) / sync.proposed).median()))
+        draft_s = (sync.t_draft_end_s - sync.t_draft_start_s) / sync.proposed
+        times = times.replace(t_draft_edge_s=float(draft_s.median()))
         source["t_draft_edge_s"] = f"fitted: median draft time per token over {len(sync)} sync rounds"
     verify = edge[edge["server_compute_s"].notna()]
     times = times.with_verify_s({int(gamma): float(group["server_compute_s"].median())
@@ -357,14 +358,14 @@ def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, times: Com
 def gain_window_table(points: pd.DataFrame, gamma: int, times_by_profile: dict[str, ComputeTimes],
                       modes: tuple[str, ...] = ("sync", "pipelined")) -> pd.DataFrame:
     """Per profile, mode and RTT: the alpha at which DSD ties cloud AR, measured (interpolated
-    over the swept alphas, medians over repeats, at the fitted alphas) and predicted."""
+    over the swept alphas, medians over repeats, at the measured alphas) and predicted."""
     rows = []
     for profile, by_profile in points.groupby("profile"):
         times = times_by_profile[profile]
         for mode in modes:
             mine = by_profile[(by_profile["mode"] == mode) & (by_profile.gamma == gamma)]
             for rtt_ms, at_rtt in mine.groupby("rtt_ms"):
-                per_alpha = at_rtt.groupby("alpha_fitted")["speedup_vs_ar"].median()
+                per_alpha = at_rtt.groupby("alpha_measured_group")["speedup_vs_ar"].median()
                 # crossing_rtt_ms works for any x: where speedup - 1 first turns positive.
                 measured = crossing_rtt_ms(per_alpha.index.values, per_alpha.values - 1.0) \
                     if len(per_alpha) >= 2 else math.nan

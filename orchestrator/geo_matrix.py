@@ -108,9 +108,9 @@ def write(out: Path, n_countries: int) -> dict:
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
     params = ComputeTimes.from_dict(summary["params"])
-    alpha, gamma = summary["alpha_fitted"], int(summary["gamma"])
+    alpha, gamma = summary["alpha_measured"], int(summary["gamma"])
     if not math.isfinite(alpha):
-        raise ValueError(f"{out}/summary.json: no single fitted alpha (a sweep of one profile and alpha is needed)")
+        raise ValueError(f"{out}/summary.json: no single measured alpha (a sweep of one profile and alpha is needed)")
     pairs = predict_pairs(params, alpha, gamma)
     pairs.to_csv(out / "geo_matrix.csv", index=False)
     check = check_sampled(out, params, alpha, gamma)
