@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
 from orchestrator import links as link_columns
@@ -129,7 +130,7 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
     and its summary entry (alphas and crossovers; keys with _ are for the plots, not the JSON)."""
     profile = group.get("profile", _single_profile(sweep))
     fit = fits[profile]
-    spec_rounds = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
+    spec_rounds = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
     points = analysis.point_table(requests, rounds, links)
     points = link_columns.add_link_columns(points, links, analysis.point_keys(requests))
@@ -381,8 +382,8 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
                                   f"{name}: gamma={gamma}, alpha={g['alpha_measured']:.2f}, launcher={launcher}",
                                   launcher)
         made.append("latency_vs_rtt.png")
-    dsd_modes = tuple(m for m in ("sync", "pipelined") if m in set(points["mode"]))
-    if "alpha" in points and "ar" in set(points["mode"]) and dsd_modes:
+    dsd_modes = tuple(m for m in (SYNC, PIPELINED) if m in set(points["mode"]))
+    if "alpha" in points and AR in set(points["mode"]) and dsd_modes:
         window = analysis.gain_window_table(points, gamma, params, dsd_modes)
         window.to_csv(out / "gain_window.csv", index=False)
         summary["gain_window"] = window.to_dict("records")
@@ -396,7 +397,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         for values, rows in _groups(table, subset_keys):
             subset = dict(zip(subset_keys, values))
             subset_params = compute[subset.get("profile", groups[0]["profile"])]
-            for mode in ("sync", "pipelined"):
+            for mode in edge_modes():
                 ratio = capacity.capacity_ratio(rows, mode)
                 if ratio:
                     summary["capacity"].append({**subset, **ratio, "ratio_predicted":
