@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsd.modes import AR, BUILTIN, COLOCATED, edge_modes
 from dsd.times import ComputeTimes
 from orchestrator import geography
 from orchestrator.analysis import predict_per_token_s
 
-MODES = ("ar", "colocated", "sync", "pipelined")
 SAMPLE = (("CZ", "CZ"), ("ES", "ES"), ("DE", "DE"), ("DE", "FR"), ("DE", "US"), ("BR", "US"), ("IN", "US"),
           ("AU", "DE"))
 
@@ -43,11 +43,11 @@ def predict_pairs(params: ComputeTimes, alpha: float, gamma: int) -> pd.DataFram
     rows = []
     for (a, b), (_, mean_ms, *_rest) in geography.load_pairs().items():
         row = {"country_a": a, "country_b": b, "rtt_ms": mean_ms}
-        for mode in MODES:
+        for mode in BUILTIN:
             row[f"{mode}_ms"] = 1e3 * predict_per_token_s(mode, mean_ms / 1e3, gamma, alpha, params)
-        best = min(row["sync_ms"], row["pipelined_ms"])
-        row["dsd_speedup_vs_ar"] = row["ar_ms"] / best
-        row["dsd_speedup_vs_colocated"] = row["colocated_ms"] / best
+        best = min(row[f"{mode}_ms"] for mode in edge_modes() if mode in BUILTIN)
+        row["dsd_speedup_vs_ar"] = row[f"{AR}_ms"] / best
+        row["dsd_speedup_vs_colocated"] = row[f"{COLOCATED}_ms"] / best
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -108,9 +108,9 @@ def write(out: Path, n_countries: int) -> dict:
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
     params = ComputeTimes.from_dict(summary["params"])
-    alpha, gamma = summary["alpha_fitted"], int(summary["gamma"])
+    alpha, gamma = summary["alpha_measured"], int(summary["gamma"])
     if not math.isfinite(alpha):
-        raise ValueError(f"{out}/summary.json: no single fitted alpha (a sweep of one profile and alpha is needed)")
+        raise ValueError(f"{out}/summary.json: no single measured alpha (a sweep of one profile and alpha is needed)")
     pairs = predict_pairs(params, alpha, gamma)
     pairs.to_csv(out / "geo_matrix.csv", index=False)
     check = check_sampled(out, params, alpha, gamma)

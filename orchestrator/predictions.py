@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsd.modes import COLOCATED, get_mode, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis
 from orchestrator.csv_rows import read_whole_rows
@@ -55,7 +56,7 @@ def calibrate(rounds: pd.DataFrame, assumed: ComputeTimes) -> dict:
     otherwise move every prediction of its mode. alpha is pooled over all rounds (acceptance
     counts do not stall). Returns alpha, params and params_compute (ComputeTimes), their sources
     and the harness overhead."""
-    spec = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
+    spec = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec) if len(spec) else math.nan
     by_request = list(rounds.groupby("request_index")) if "request_index" in rounds and len(rounds) else []
     if len(by_request) < 2:
@@ -85,7 +86,7 @@ def _fit_per_request(rounds: pd.DataFrame, requests: list[pd.DataFrame],
     # round (gamma*t_draft_server + t_verify in each request's fit) and derive it again, so the
     # co-located prediction is that median round over E (no clip at 0: in the client view
     # t_verify carries DSD's message overhead, which a co-located round does not pay).
-    co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == "colocated", "gamma"]})
+    co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == COLOCATED, "gamma"]})
     estimates = []
     for gamma in co_gammas:
         co_round_s = np.median([gamma * f[1].t_draft_server_s + f[1].t_verify_s(gamma) for f in fits
@@ -117,7 +118,7 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
     rows = []
     for point in points:
         gamma_known = params.knows_gamma(point.gamma)
-        ok = gamma_known and (point.mode == "ar" or math.isfinite(alpha))
+        ok = gamma_known and (not get_mode(point.mode).speculative or math.isfinite(alpha))
         per_token_ms = 1e3 * analysis.predict_per_token_s(point.mode, point.rtt_ms / 1e3, point.gamma,
                                                           alpha, params) if ok else math.nan
         crossovers = (analysis.predicted_crossovers(point.gamma, alpha, params)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
 from orchestrator import links as link_columns
@@ -125,11 +126,11 @@ def analyze_sweep(out: Path) -> dict:
 
 def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFrame,
                   fits: dict[str, ProfileFit], gamma: int) -> tuple[pd.DataFrame, dict]:
-    """One group's points.csv rows (statistics, predictions at the realised and configured alpha)
+    """One group's points.csv rows (statistics, predictions at the measured and configured alpha)
     and its summary entry (alphas and crossovers; keys with _ are for the plots, not the JSON)."""
     profile = group.get("profile", _single_profile(sweep))
     fit = fits[profile]
-    spec_rounds = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
+    spec_rounds = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
     points = analysis.point_table(requests, rounds, links)
     points = link_columns.add_link_columns(points, links, analysis.point_keys(requests))
@@ -137,7 +138,7 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
     points = link_columns.add_wire_prediction(points)
     points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
         points, alpha, fit.compute)["per_token_ms_predicted"]
-    points["alpha_fitted"] = alpha
+    points["alpha_measured_group"] = alpha
     alpha_configured = configured_alpha(sweep["experiment"], group)
     points = add_configured_alpha(points, alpha_configured, fit.params)
     if "profile" not in points:
@@ -149,7 +150,7 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
         at_configured = analysis.predicted_crossovers(gamma, alpha_configured, fit.params)
         for name, row in crossovers.items():
             row["predicted_rtt_ms_at_configured_alpha"] = at_configured[name]["rtt_ms"]
-    return points, {**group, "profile": profile, "alpha_fitted": alpha, "alpha_configured": alpha_configured,
+    return points, {**group, "profile": profile, "alpha_measured": alpha, "alpha_configured": alpha_configured,
                     "crossovers": crossovers, "_measured": measured, "_predicted": predicted}
 
 
@@ -159,7 +160,7 @@ def _summary_head(sweep: dict, gamma: int, group_keys: list[str], groups: list[d
     main = fits[groups[0]["profile"]]
     return {"experiment": sweep["experiment"]["name"], "launcher": sweep["launcher"],
             "shaper_backend": sweep["shaper_backend"], "gamma": gamma, "group_keys": group_keys,
-            "alpha_fitted": groups[0]["alpha_fitted"] if len(groups) == 1 else math.nan,
+            "alpha_measured": groups[0]["alpha_measured"] if len(groups) == 1 else math.nan,
             "params": main.params.to_dict(), "params_source": main.params_source,
             "params_compute": main.compute.to_dict(), "params_compute_source": main.compute_source,
             "params_assumed": main.assumed.to_dict(), "harness_overhead_ms": main.overhead_ms,
@@ -188,8 +189,8 @@ def _acceptance(out: Path, sweep: dict, requests: pd.DataFrame, rounds: pd.DataF
     return {"acceptance": result}
 
 
-PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "
-                    "(alpha_fitted: pooled over the group's live rounds); *_at_configured_alpha use the "
+PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the measured alpha "
+                    "(alpha_measured: pooled over the group's live rounds); *_at_configured_alpha use the "
                     "configured one (alpha_configured)")
 
 
@@ -204,7 +205,7 @@ def configured_alpha(experiment: dict, group: dict) -> float:
 
 def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: ComputeTimes) -> pd.DataFrame:
     """alpha_configured beside alpha_measured, and the closed form at it beside the one at the
-    realised alpha (per_token_ms_predicted)."""
+    measured alpha (per_token_ms_predicted)."""
     points = points.copy()
     points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
     points["per_token_ms_predicted_at_configured_alpha"] = (
@@ -370,19 +371,19 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         cells = pd.DataFrame(summary["latency_cells"])
         cells = cells[cells.clients == cells.clients.min()]
         plots.plot_latency_vs_rtt_oos(
-            cells, gamma, calibration, {"alpha": g["alpha_fitted"], "params": params[g["profile"]]},
+            cells, gamma, calibration, {"alpha": g["alpha_measured"], "params": params[g["profile"]]},
             g["crossovers"], out / "latency_vs_rtt.png",
             f"{name}: gamma={gamma}, alpha={calibration['alpha']:.2f} (calibration), launcher={launcher}", launcher)
         made.append("latency_vs_rtt.png")
     elif len(groups) == 1 and points.rtt_ms.nunique() >= 2:
         g = groups[0]
-        plots.plot_latency_vs_rtt(points[points.clients == points.clients.min()], gamma, g["alpha_fitted"], params[g["profile"]], g["_measured"],
+        plots.plot_latency_vs_rtt(points[points.clients == points.clients.min()], gamma, g["alpha_measured"], params[g["profile"]], g["_measured"],
                                   g["_predicted"], out / "latency_vs_rtt.png",
-                                  f"{name}: gamma={gamma}, alpha={g['alpha_fitted']:.2f}, launcher={launcher}",
+                                  f"{name}: gamma={gamma}, alpha={g['alpha_measured']:.2f}, launcher={launcher}",
                                   launcher)
         made.append("latency_vs_rtt.png")
-    dsd_modes = tuple(m for m in ("sync", "pipelined") if m in set(points["mode"]))
-    if "alpha" in points and "ar" in set(points["mode"]) and dsd_modes:
+    dsd_modes = tuple(m for m in (SYNC, PIPELINED) if m in set(points["mode"]))
+    if "alpha" in points and AR in set(points["mode"]) and dsd_modes:
         window = analysis.gain_window_table(points, gamma, params, dsd_modes)
         window.to_csv(out / "gain_window.csv", index=False)
         summary["gain_window"] = window.to_dict("records")
@@ -396,7 +397,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         for values, rows in _groups(table, subset_keys):
             subset = dict(zip(subset_keys, values))
             subset_params = compute[subset.get("profile", groups[0]["profile"])]
-            for mode in ("sync", "pipelined"):
+            for mode in edge_modes():
                 ratio = capacity.capacity_ratio(rows, mode)
                 if ratio:
                     summary["capacity"].append({**subset, **ratio, "ratio_predicted":
@@ -405,7 +406,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 
         def predicted(mode: str, clients: float) -> float:
-            return capacity.predicted_tok_s_per_client(mode, clients, g["alpha_fitted"], gamma, rtt_s,
+            return capacity.predicted_tok_s_per_client(mode, clients, g["alpha_measured"], gamma, rtt_s,
                                                        compute[g["profile"]])
 
         plots.plot_capacity(table, summary["capacity"], out / "capacity_vs_clients.png",
