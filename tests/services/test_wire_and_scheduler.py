@@ -12,7 +12,7 @@ import pytest
 
 from dsd.profiles import HardwareProfile
 from services import wire
-from services.compute import EmulatedDevice, PreciseTimer, freeze_startup_heap, profile_from_json
+from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, freeze_startup_heap, profile_from_json
 from services.scheduler import Scheduler, SchedulerConfig, pass_cost_s
 
 EXAMPLES = [
@@ -241,3 +241,49 @@ def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order()
     assert woke[3][1] < now + 1.0        # re-armed for the earlier deadlines, not held until "late"
     if sys.platform.startswith("linux"):
         assert timer._timerfd is not None        # the spinner is woken by a timerfd here
+
+
+@pytest.mark.parametrize("mode", ["dsd", "colocated"])
+def test_saturated_clients_fall_into_two_groups_whose_passes_alternate(mode):
+    """The structure dsd.latency_model.batched_capacity rests on: the scheduler starts the next
+    pass at once with every job of one kind waiting, and the clients a pass served are not among
+    them (a DSD client drafts on its edge, shorter than a pass here; a co-located client submits
+    its next job only after its answer), so clients that did not arrive all at once settle into
+    two groups that alternate: each client round holds two verification passes, of a and N - a."""
+    n_clients, rounds = 5, 24
+    verify_sizes: list[int] = []
+
+    async def client(scheduler, i):
+        await asyncio.sleep(0.0003 * i)                    # arrivals a little apart, as over a network
+        for _ in range(rounds):
+            if mode == "dsd":
+                await asyncio.sleep(0.001)                 # the edge drafting: half a one-session pass
+            else:
+                await scheduler.submit("draft", 2, lambda: time.sleep(0.001), i)
+            _, timing = await scheduler.submit("verify", 2, lambda: time.sleep(0.002), i)
+            verify_sizes.append(timing.batch_size)
+
+    async def main():
+        # A real device (a thread running the work), as for real models: its jobs' own time counts.
+        device = ThreadDevice()
+        scheduler = Scheduler(SchedulerConfig(max_batch=64), device, None)
+        scheduler.start()
+        try:
+            await asyncio.gather(*(client(scheduler, i) for i in range(n_clients)))
+        finally:
+            await scheduler.stop()
+            device.executor.shutdown()
+
+    asyncio.run(main())
+    passes = []                                            # one entry per pass: its batch size
+    for size in verify_sizes:
+        if not passes or passes[-1][1] == passes[-1][0]:
+            passes.append([size, 0])
+        passes[-1][1] += 1
+    steady = [size for size, _ in passes[4:-4]]
+    assert len(steady) >= 20
+    # Mostly (a host stall can delay a drafting client past a pass start, splitting a group
+    # for a while): two neighbouring passes hold every client once, and no pass holds them all.
+    pairs = list(zip(steady, steady[1:]))
+    assert sum(a + b == n_clients for a, b in pairs) >= 0.8 * len(pairs), steady
+    assert sum(size == n_clients for size in steady) <= 0.2 * len(steady), steady
