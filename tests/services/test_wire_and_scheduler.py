@@ -287,3 +287,28 @@ def test_saturated_clients_fall_into_two_groups_whose_passes_alternate(mode):
     pairs = list(zip(steady, steady[1:]))
     assert sum(a + b == n_clients for a, b in pairs) >= 0.8 * len(pairs), steady
     assert sum(size == n_clients for size in steady) <= 0.2 * len(steady), steady
+
+
+def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_else():
+    import threading
+
+    async def main(config, on_loop, busy_first=False):
+        device = ThreadDevice()
+        scheduler = Scheduler(config, device, None)
+        scheduler.start()
+        try:
+            jobs = [scheduler.submit("ar", 1, threading.get_ident, "c", on_loop=on_loop)]
+            if busy_first:     # the device busy with another client's pass: not free for this one
+                jobs.insert(0, scheduler.submit("ar", 1, lambda: time.sleep(0.02) or threading.get_ident(), "d"))
+            results = await asyncio.gather(*jobs)
+            return [ident for ident, _ in results], results[0][1], device.busy_s
+        finally:
+            await scheduler.stop()
+            device.executor.shutdown()
+
+    loop_thread = threading.get_ident()
+    idents, timing, busy_s = asyncio.run(main(SchedulerConfig(max_batch=1), True))
+    assert idents == [loop_thread] and timing.batch_size == 1 and busy_s == pytest.approx(timing.compute_s)
+    assert asyncio.run(main(SchedulerConfig(max_batch=1), False))[0] != [loop_thread]
+    assert asyncio.run(main(SchedulerConfig(max_batch=4), True))[0] != [loop_thread]      # batching: the worker's
+    assert asyncio.run(main(SchedulerConfig(max_batch=1), True, busy_first=True))[0][1] != loop_thread
