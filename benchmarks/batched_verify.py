@@ -38,6 +38,9 @@ serves, which differs between configurations):
       N_dsd = 2 + (E / (r * t_v) - 2) / s
       N_co  = (E / r - 2 * t_v * (1 - s)) / (gamma * t_d + s * t_v)
 
+Each point is also set against a prediction from its own passes (the round above, or N passes
+in a row without batching), immune to the host's drift between points: point_model_ratio_*.
+
 Progress goes to stderr; a table to stdout, then the last line of key=value figures.
 """
 from __future__ import annotations
@@ -204,7 +207,12 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
         busy_s = sum(c for t, (_, _, c) in mine.items() if start_s < t <= end_s)
         log(f"    verify batch sizes {dict(sizes.most_common(4))}; device busy {busy_s / max(window_s, 1e-9):.0%} of the window")
     per_round = sum(map(sum, emitted)) / sum(map(len, emitted))
-    return (received / (n_clients * window_s) if window_s > 0 else math.nan), per_round
+    rate = received / (n_clients * window_s) if window_s > 0 else math.nan
+    if mine is not None:
+        model = point_model_tok_s(mode, n_clients, max_batch, pass_fit(mine), per_round, t_draft_edge_s)
+        log(f"    the point's own passes predict {model:.1f} tok/s per client: measured / model {rate / model:.2f}")
+        passes.setdefault("model", {})[mode, max_batch, n_clients] = rate / model
+    return rate, per_round
 
 
 def rate_curves(configs: list[tuple[str, int]], counts: list[int], target_rate: float, **kw) -> tuple[dict, list]:
@@ -224,6 +232,24 @@ def rate_curves(configs: list[tuple[str, int]], counts: list[int], target_rate: 
             log(f"  {mode:9s} max_batch {max_batch:2d} {n:3d} clients: {rate:7.1f} tok/s per client")
             below[mode, max_batch] = below[mode, max_batch] + 1 if rate < 0.7 * target_rate else 0
     return rates, per_round
+
+
+def point_model_tok_s(mode: str, n: int, max_batch: int, fit: tuple[float, float, float], e: float,
+                      t_draft_edge_s: float) -> float:
+    """One point's per-client rate predicted from its own passes (immune to the host's drift
+    between points): E over the round of dsd.latency_model.batched_capacity (two alternating
+    groups) when batching, else N passes one after another; never shorter than one client's
+    own critical path."""
+    t_v, s, t_d = fit
+    own_s = GAMMA * (t_draft_edge_s if mode == "dsd" else t_d) + t_v
+    drafting_s = 0.0 if mode == "dsd" else n * GAMMA * t_d
+    if max_batch == 1:
+        server_s = drafting_s + n * t_v
+    elif n == 1:
+        server_s = own_s
+    else:
+        server_s = drafting_s + t_v * (2 + (0.0 if math.isnan(s) else s) * (n - 2))
+    return e / max(own_s, server_s)
 
 
 def pass_fit(passes: dict) -> tuple[float, float, float]:
@@ -315,6 +341,12 @@ def main() -> None:
         # pass of batch 1; t_d, the median co-located draft pass of batch 1 over gamma; the
         # slope, fitted to the verify passes of every batch size.
         fits = {config: pass_fit(kw["passes"][config]) for config in configs}
+        model = kw["passes"]["model"]
+        for label, b in (("serial", 1), ("batched", 64)):
+            ratios = [r for (_, mb, n), r in model.items() if mb == b and n > 1 and math.isfinite(r)]
+            if ratios:
+                results[f"point_model_ratio_{label}_median"] = statistics.median(ratios)
+                results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
         t_v = statistics.median(c for config in (("dsd", 1), ("colocated", 1))
                                 for k, b, c in kw["passes"][config].values() if k == "verify")
         t_d = fits["colocated", 1][2]
