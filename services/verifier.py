@@ -416,16 +416,17 @@ class Verifier:
         while not state.finished and not served.closed:
             before = len(state.committed)
             if drafts == NOWHERE:
-                _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s)
+                _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
+                                                        on_loop=self._alone())
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, lambda: draft_block(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    served.draft_generator), served.conn.number, ready_s)
+                    served.draft_generator), served.conn.number, ready_s, on_loop=self._alone())
                 verdict, timing = await self.scheduler.submit(
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
-                    drafting.end_s)
+                    drafting.end_s, on_loop=self._alone())
                 proposed, accepted = m.gamma, verdict.accepted
                 queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
             ready_s = timing.end_s
@@ -436,6 +437,12 @@ class Verifier:
             round_index += 1
         if round_index == 0:      # nothing left to generate: still end the stream
             await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))
+
+    def _alone(self) -> bool:
+        """A Generate stream's client sends nothing while it runs (a Close at most), so with no
+        other session open no message needs the event loop during its passes: they may run on
+        the loop's own thread (Scheduler.submit's on_loop), checked again before every pass."""
+        return self.sessions_open == 1
 
     def _drop(self, conn: Connection) -> None:
         """The client is gone: every session ends after its current pass and frees its caches."""
