@@ -105,3 +105,16 @@ def test_a_value_found_wrong_is_set_in_the_fix_even_when_it_is_compose_yamls_def
     assert [text for _, text in found] == ["profile: running 'cpu2-default-pair' (v), the experiment's 'toy-edge-cloud'"]
     assert fix_command(config, 1, also=found[0][0]) == \
         "DSD_PROFILE=toy-edge-cloud docker compose -p other up -d --scale edge=1 --wait"
+
+
+def test_the_containers_get_the_backend_whole_with_the_pair_where_they_mount_it():
+    from orchestrator.launchers.compose import MODELS_DIR
+    from dsd.backends.factory import backend_from_json
+    config = ComposeConfig(n_edges=1, backend=HfBackendConfig(pair_path=str(MODELS_DIR / "default-pair"), dtype="bfloat16"))
+    sent = backend_from_json(config.compose_env()["DSD_BACKEND_JSON"])
+    assert sent == HfBackendConfig(pair_path="/app/models/default-pair", dtype="bfloat16")
+    running = Service("v", backend_json=sent.to_json())
+    assert adopt_mismatches(config, running, []) == []
+    assert [text for _, text in adopt_mismatches(config, Service("v"), [])] == \
+        ["backend.kind: running 'synthetic' (v), the experiment's 'hf'"]
+    assert fix_command(config, 1).startswith("DSD_BACKEND_JSON=" + shlex.quote(sent.to_json()) + " docker compose")
