@@ -14,6 +14,7 @@ def test_factory_dtype_names_are_the_torch_backends():
 
 @pytest.mark.parametrize("values,message", [
     ({"kind": "onnx"}, "backend kind"),
+    ({"kind": ["hf"]}, "backend kind"),
     ({"kind": "hf", "dtype": "int8"}, "dtype"),
     ({"kind": "hf", "target_path": "/x"}, "target_path and draft_path"),
     ({"alpha": -0.1}, "alpha"),

@@ -36,7 +36,7 @@ def backend_from_dict(values: dict, where: str = "the backend config") -> Backen
         raise ValueError(f"{where} must be a JSON object / table, got {values!r}")
     values = dict(values)
     kind = values.pop("kind", DEFAULT_KIND)
-    if kind not in BACKEND_CONFIGS:
+    if not isinstance(kind, str) or kind not in BACKEND_CONFIGS:
         raise ValueError(f"backend kind must be one of {tuple(BACKEND_CONFIGS)}, got {kind!r}")
     config_class = BACKEND_CONFIGS[kind]
     known = {f.name: f for f in fields(config_class)}
