@@ -57,21 +57,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np    # noqa: E402
+import torch    # noqa: E402
 
-from dsd.backends.factory import DEFAULT_PAIR, BackendConfig, load_pair  # noqa: E402
-from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs  # noqa: E402
-from dsd.decoding import generate_ar  # noqa: E402
-from dsd.drafting import draft_block  # noqa: E402
-from dsd.latency_model import batched_capacity  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
-from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope  # noqa: E402
-from dsd.verifier_session import VerifierSession  # noqa: E402
-from orchestrator.capacity import capacity_at, overlap_counts  # noqa: E402
-from orchestrator.workload import make_prompts  # noqa: E402
-from services.compute import PreciseTimer, ThreadDevice  # noqa: E402
-from services.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair  # noqa: E402
+from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs    # noqa: E402
+from dsd.decoding import generate_ar    # noqa: E402
+from dsd.drafting import draft_block    # noqa: E402
+from dsd.latency_model import batched_capacity    # noqa: E402
+from dsd.stopping import StopRule    # noqa: E402
+from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
+from dsd.verifier_session import VerifierSession    # noqa: E402
+from orchestrator.capacity import capacity_at, overlap_counts    # noqa: E402
+from orchestrator.workload import make_prompts    # noqa: E402
+from services.compute import PreciseTimer, ThreadDevice    # noqa: E402
+from services.scheduler import Scheduler, SchedulerConfig    # noqa: E402
 
 GREEDY = SamplingParams()
 GAMMA = 4                       # the capacity experiment's draft length
@@ -294,7 +294,7 @@ def main() -> None:
     if len(counts) < 2 or counts[0] < 1:
         parser.error(f"--counts: at least two whole numbers >= 1, comma separated, got {args.counts!r}")
     torch.set_num_threads(args.threads)
-    backend = BackendConfig(kind="hf", pair_path=args.pair)
+    backend = HfBackendConfig(pair_path=args.pair)
     draft, target = load_pair(backend)
     results: dict[str, object] = {}
 

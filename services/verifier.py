@@ -1,6 +1,6 @@
 """The verifier service (the cloud): the target, and the draft for co-located SD, behind /ws.
 
-    python -m services.verifier --host 127.0.0.1 --port 8700 --backend synthetic \\
+    python -m services.verifier --host 127.0.0.1 --port 8700 --backend-json '{"kind": "synthetic", "alpha": 0.8}' \\
         --profile-json '{"t_draft_edge_s": 0.004, ...}' [--max-batch 1 --batch-window-ms 0]
 
 GET /health, GET /metrics (JSON), GET /ws (one WebSocket per edge client; services.wire messages;
@@ -502,6 +502,15 @@ def _draft_probs(m: wire.Verify, gamma: int, vocab: int) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
+    app, args = build(argv)
+    freeze_startup_heap()
+    # A Unix socket as well, for an orchestrator outside this process's network namespace.
+    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
+                print=None, access_log=None)
+
+
+def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
+    """The command line -> the verifier's app, its backend loaded (what main serves)."""
     parser = argparse.ArgumentParser(prog="python -m services.verifier", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1",
                         help="listen address: 127.0.0.1 or the testbed address (see --allow-any-host)")
@@ -542,10 +551,7 @@ def main(argv: list[str] | None = None) -> None:
                         token)
     log.info("verifier on %s:%s backend=%s token=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
              "required" if token else "none", json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
-    freeze_startup_heap()
-    # A Unix socket as well, for an orchestrator outside this process's network namespace.
-    web.run_app(verifier.app(), host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None)
+    return verifier.app(), args
 
 
 if __name__ == "__main__":
