@@ -73,7 +73,7 @@ def check_before_start(experiment: Experiment, out: Path, resume: bool) -> str:
 
 def group_times(experiment: Experiment, plan: list, load, out: Path) -> dict[str, ComputeTimes]:
     """Each profile's compute times (measured with the first point's model pair where measured)."""
-    alpha = group_experiment(experiment, plan[0]).backend.alpha
+    alpha = group_experiment(experiment, plan[0]).alphas()[0]
     return {name: times_for(experiment.for_group(name, alpha), out, load) for name in experiment.profiles()}
 
 
@@ -87,7 +87,7 @@ def times_for(experiment: Experiment, out: Path, load=load_pair) -> ComputeTimes
         recorded = data.get("costs_by_profile", {}).get(experiment.profile) or data.get("costs")
         if recorded:
             return ComputeTimes.from_dict(recorded)
-    if experiment.backend.kind == "synthetic":
+    if experiment.backend.emulated:
         return experiment.hardware_profile(experiment.profile).times.tabulated(experiment.gamma)
     print("measuring compute times of the model pair on this machine ...", file=sys.stderr)
     draft, target = load(experiment.backend)
@@ -99,7 +99,7 @@ def sweep_facts(experiment: Experiment, launcher: str, testbed, times: dict, poo
     CPU plan says so."""
     first = group_experiment(experiment, plan_points(experiment)[0]).profile
     facts = {**host_facts(), "costs": times[first].to_dict(), "launcher": launcher, "workload": describe(pool),
-             "costs_source": "profile " + first if experiment.backend.kind == "synthetic"
+             "costs_source": "profile " + first if experiment.backend.emulated
              else "measured here (dsd.timing)"}
     if len(times) > 1:
         facts["costs_by_profile"] = {name: t.to_dict() for name, t in times.items()}
