@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from netem.schedule import LinkSchedule, apply_changes, effect_times
-from netem.spec import DISTRIBUTIONS, LinkSpec
+from netem.spec import DISTRIBUTIONS, LinkSpec, check_known_keys
 
 # Sweep key -> its default (one value). Order = the order of the point key's suffix.
 LINK_DEFAULTS = {"jitter_ms": 0.0, "delay_distribution": "uniform", "correlation_pct": 0.0,
@@ -273,10 +273,7 @@ class LinkOptions:
 
     @classmethod
     def from_dict(cls, data: dict) -> "LinkOptions":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown key(s) in [link]: {unknown}; known: {sorted(known)}")
+        check_known_keys(cls, data, "[link]")
         data = dict(data)
         if "edges" in data:
             if not isinstance(data["edges"], list) or not all(isinstance(e, dict) for e in data["edges"]):
