@@ -91,7 +91,7 @@ def analyze_sweep(out: Path) -> dict:
         points = link_columns.add_link_columns(points, _select(links, group_keys, values),
                                                analysis.point_keys(group_requests))
         points = analysis.add_predictions(points, alpha, params[profile])
-        points = link_columns.add_wire_prediction(points)
+        points = link_columns.add_wire_prediction(points, link_columns.experiment_vocab(experiment))
         points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
             points, alpha, compute[profile])["per_token_ms_predicted"]
         points["alpha_fitted"] = alpha
