@@ -6,36 +6,23 @@ wider grid on network namespaces.
 """
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from netem.cleanup import find_leftovers
 from netem.probe import BACKENDS
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import analyze_sweep, run_experiment
 from tests.compose.test_compose_workflow import project_containers
+from tests.link_sweep import check_tokens_exact_and_link_columns, run_loss_jitter_sweep
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
 
 def test_compose_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(docker_engine, tmp_path):
     assert project_containers() == [], "a dsdbed compose project is up already: `docker compose down` it first"
-    experiment = experiment_from_dict({
-        "name": "lossjit-compose", "launcher": "compose", "modes": ["ar", "sync"], "rtt_ms": [20], "gamma": [3],
-        "jitter_ms": [4], "delay_distribution": "normal", "loss_pct": [0, 3], "clients": [1], "edges": 1,
-        "requests": 2, "warmup_requests": 1, "max_new_tokens": 12, "prompt_tokens": 8,
-        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.8}})
-    out = tmp_path / "lj"
-    run_experiment(experiment, out, resume=False)
-    analyze_sweep(out)
-
-    requests = pd.read_csv(out / "requests.csv")
+    requests, links, points = run_loss_jitter_sweep(tmp_path / "lj", "compose", jitter_ms=[4],
+                                                    delay_distribution="normal", loss_pct=[0, 3])
     assert len(requests) == 2 * 2 * 2                        # loss x modes x requests
-    # Loss and jitter slow a round, never change what it emits: sync equals AR (the target's
-    # greedy tokens) at both points.
-    assert (requests.groupby("request_index")["token_ids"].nunique() == 1).all(), \
-        requests[["point", "mode", "request_index", "token_ids"]]
-    links = pd.read_csv(out / "links.csv")
+    assert len(points) == 2 * 2                              # loss x modes
+    check_tokens_exact_and_link_columns(requests, points)
     assert links["shaper"].isin(BACKENDS).all(), links["shaper"].tolist()
     assert set(links["distribution_configured"]) == {"normal"}
     assert sorted(set(zip(links["jitter_configured_ms"], links["loss_configured_pct"]))) == [(4, 0), (4, 3)]
@@ -43,9 +30,5 @@ def test_compose_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(
     # the containers share 2 busy cores).
     assert links["rtt_measured_stdev_ms"].between(3.0, 9.0).all(), links["rtt_measured_stdev_ms"]
     assert (links["rtt_measured_p50_ms"] - links["rtt_expected_p50_ms"]).abs().max() < 3.0, links
-    points = pd.read_csv(out / "points.csv")
-    assert len(points) == 2 * 2                              # loss x modes
-    for column in ("jitter_ms", "loss_pct", "loss_link_pct", "loss_link_expected_pct", "rtt_link_stdev_ms"):
-        assert points[column].notna().all(), column
-    assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}      # 1 - 0.97^2
+    assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
     assert project_containers() == [] and find_leftovers() == []            # brought up, and down
