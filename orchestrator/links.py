@@ -53,8 +53,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from dsd import modes
 from netem.schedule import LinkSchedule, apply_changes, effect_times
 from netem.spec import DISTRIBUTIONS, LinkSpec, check_known_keys
+from services import wire_size
 
 # Sweep key -> its default (one value). Order = the order of the point key's suffix.
 LINK_DEFAULTS = {"jitter_ms": 0.0, "delay_distribution": "uniform", "correlation_pct": 0.0,
@@ -444,8 +446,8 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
     bytes to cross the wire each way, (bytes_up + bytes_down) / rate, shared by the tokens the
     round emits. Bytes per round are predicted from what a round carries (services/wire_size.py:
     a Verify's token ids, dense or sparse q rows, by gamma, vocab and sampling; a Tokens message
-    for ar and colocated), in wire_bytes_per_round_{up,down}_predicted beside the measured ones
-    (links.csv). Where no prediction is possible (vocab unknown, top-p without top-k) the measured
+    where the verifier runs the request: ar, colocated), in wire_bytes_per_round_{up,down}_predicted
+    beside the measured ones (links.csv). Where no prediction is possible (vocab unknown, top-p without top-k) the measured
     bytes stand in; with neither, or no cap, the column equals per_token_ms_predicted.
     per_token_ms_predicted_wire = per_token_ms_predicted + 8 (B_up + B_down) / (rate_mbit * 1e3) / tokens_per_round"""
     if points.empty or "per_token_ms_predicted" not in points:
@@ -468,15 +470,15 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
 def predicted_round_bytes(point: dict, vocab: int | None) -> tuple[float, float]:
     """(up, down) IP bytes of one round of a points.csv row; NaN where they cannot be predicted.
     Rows without sampling columns are greedy (every sweep before [sampling] was)."""
-    from services import wire_size
-
     nan = (math.nan, math.nan)
     get = lambda key, default: default if point.get(key) is None or point.get(key) != point.get(key) \
         else point[key]  # noqa: E731
     if not vocab or get("gamma", None) is None:
         return nan
-    gamma = int(point["gamma"])
-    if point.get("mode") in ("ar", "colocated"):
+    gamma, mode = int(point["gamma"]), point.get("mode")
+    if mode not in modes.names():
+        return nan
+    if mode not in modes.edge_modes():              # the verifier runs it: a Tokens message a round
         tokens = get("tokens_per_round", 1.0)
         return wire_size.stream_round_wire_bytes(max(1, round(tokens)), vocab, max(gamma, 1))
     temperature, top_k, top_p = float(get("temperature", 0.0)), int(get("top_k", 0)), float(get("top_p", 1.0))

@@ -242,6 +242,16 @@ def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense(
     assert links.add_wire_prediction(points)["serialisation_ms_per_token"].tolist() == [nucleus] * 4  # no vocab
 
 
+def test_a_verifier_run_mode_charges_its_tokens_message_down_and_acks_up():
+    from services import wire_size
+
+    point = {"mode": "ar", "gamma": 4, "tokens_per_round": 1.0, "temperature": 0.8, "top_k": 0, "top_p": 1.0}
+    assert links.predicted_round_bytes(point, 1000) == wire_size.stream_round_wire_bytes(1, 1000, 4)
+    up, down = links.predicted_round_bytes(point, 1000)
+    assert up == 52 and 52 + wire_size.tokens_bytes(1, 1000, 4) < down < 250    # no q travels
+    assert math.isnan(links.predicted_round_bytes({**point, "mode": "warp"}, 1000)[0])
+
+
 def test_the_vocabulary_comes_from_the_synthetic_backend_or_the_target_models_config(tmp_path):
     assert links.experiment_vocab({"backend": {"kind": "synthetic", "vocab_size": 300}}) == 300
     (tmp_path / "target").mkdir()
