@@ -447,8 +447,10 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
     round emits. Bytes per round are predicted from what a round carries (services/wire_size.py:
     a Verify's token ids, dense or sparse q rows, by gamma, vocab and sampling; a Tokens message
     where the verifier runs the request: ar, colocated), in wire_bytes_per_round_{up,down}_predicted
-    beside the measured ones (links.csv). Where no prediction is possible (vocab unknown, top-p without top-k) the measured
-    bytes stand in; with neither, or no cap, the column equals per_token_ms_predicted.
+    beside the measured ones (links.csv; both count the pure ACKs, which the term leaves out: they
+    leave while the other side computes). Where no prediction is possible (vocab unknown, top-p
+    without top-k) the measured bytes stand in; with neither, or no cap, the column equals
+    per_token_ms_predicted.
     per_token_ms_predicted_wire = per_token_ms_predicted + 8 (B_up + B_down) / (rate_mbit * 1e3) / tokens_per_round"""
     if points.empty or "per_token_ms_predicted" not in points:
         return points
@@ -456,7 +458,8 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
     predicted = [predicted_round_bytes(row, vocab) for row in points.to_dict("records")]
     points["wire_bytes_per_round_up_predicted"] = [up for up, _ in predicted]
     points["wire_bytes_per_round_down_predicted"] = [down for _, down in predicted]
-    wire_bytes = points["wire_bytes_per_round_up_predicted"] + points["wire_bytes_per_round_down_predicted"]
+    wire_bytes = pd.Series([sum(predicted_round_bytes(row, vocab, acks=False)) for row in points.to_dict("records")],
+                           index=points.index)
     if "wire_bytes_per_round_up" in points and "wire_bytes_per_round_down" in points:
         wire_bytes = wire_bytes.fillna(points["wire_bytes_per_round_up"] + points["wire_bytes_per_round_down"])
     rate = points["rate_mbit"] if "rate_mbit" in points else pd.Series(0.0, index=points.index)
@@ -467,7 +470,7 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
     return points
 
 
-def predicted_round_bytes(point: dict, vocab: int | None) -> tuple[float, float]:
+def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True) -> tuple[float, float]:
     """(up, down) IP bytes of one round of a points.csv row; NaN where they cannot be predicted.
     Rows without sampling columns are greedy (every sweep before [sampling] was)."""
     nan = (math.nan, math.nan)
@@ -480,11 +483,11 @@ def predicted_round_bytes(point: dict, vocab: int | None) -> tuple[float, float]
         return nan
     if mode not in modes.edge_modes():              # the verifier runs it: a Tokens message a round
         tokens = get("tokens_per_round", 1.0)
-        return wire_size.stream_round_wire_bytes(max(1, round(tokens)), vocab, max(gamma, 1))
+        return wire_size.stream_round_wire_bytes(max(1, round(tokens)), vocab, max(gamma, 1), acks)
     temperature, top_k, top_p = float(get("temperature", 0.0)), int(get("top_k", 0)), float(get("top_p", 1.0))
     if temperature > 0 and top_p < 1.0 and not top_k:
         return nan                                  # a nucleus keeps what the drafter's q gives it
-    return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p)
+    return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p, acks=acks)
 
 
 def experiment_vocab(experiment: dict) -> int | None:

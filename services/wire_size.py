@@ -16,6 +16,8 @@ top_k ids (top-p alone keeps a data-dependent number: the caller gives `kept_per
 Framing: a WebSocket header (the edge's frames masked, as a client's must be), 52 bytes of IPv4 +
 TCP (with timestamps) per segment of at most MSS_BYTES, and the reverse direction's pure ACKs
 (one per two segments received, at least one per message), as counted in IP bytes by the shaper.
+A rate cap delays a round by its data segments only (`acks=False`): a pure ACK leaves while the
+other side computes its reply or next block.
 """
 from __future__ import annotations
 
@@ -110,24 +112,25 @@ def segments(frame_bytes: float) -> int:
 
 
 def round_wire_bytes(gamma: int, vocab: int, temperature: float, top_k: int | None = None, top_p: float = 1.0,
-                     kept_per_row: float | None = None) -> tuple[float, float]:
+                     kept_per_row: float | None = None, acks: bool = True) -> tuple[float, float]:
     """(up, down) IP bytes of one edge-drafted round (sync, pipelined): its Verify and Verified,
-    framed, and each one's ACKs."""
+    framed, and each one's ACKs (acks=False: without them; a pure ACK leaves while the other side
+    computes, off the round's critical path)."""
     return _on_the_wire(websocket_frame_bytes(verify_bytes(gamma, vocab, temperature, top_k, top_p, kept_per_row),
                                               masked=True),
-                        websocket_frame_bytes(verified_bytes(vocab, gamma), masked=False))
+                        websocket_frame_bytes(verified_bytes(vocab, gamma), masked=False), acks)
 
 
-def stream_round_wire_bytes(n_tokens: int, vocab: int, gamma: int) -> tuple[float, float]:
+def stream_round_wire_bytes(n_tokens: int, vocab: int, gamma: int, acks: bool = True) -> tuple[float, float]:
     """(up, down) IP bytes of one round of a verifier-run request (ar, colocated): a Tokens
     message down, and its ACKs up."""
-    return _on_the_wire(0.0, websocket_frame_bytes(tokens_bytes(n_tokens, vocab, gamma), masked=False))
+    return _on_the_wire(0.0, websocket_frame_bytes(tokens_bytes(n_tokens, vocab, gamma), masked=False), acks)
 
 
-def _on_the_wire(up: float, down: float) -> tuple[float, float]:
+def _on_the_wire(up: float, down: float, acks: bool) -> tuple[float, float]:
     """Frames of `up` and `down` bytes as IP bytes each way: TCP/IP headers, and the ACKs."""
     up_segments, down_segments = (segments(up) if up else 0), (segments(down) if down else 0)
-    acks_up, acks_down = math.ceil(down_segments / 2), math.ceil(up_segments / 2)   # sent up: ACKs of down
+    acks_up, acks_down = (math.ceil(down_segments / 2), math.ceil(up_segments / 2)) if acks else (0, 0)
     return (up + TCP_IP_HEADER_BYTES * (up_segments + acks_up),
             down + TCP_IP_HEADER_BYTES * (down_segments + acks_down))
 

@@ -234,7 +234,9 @@ def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense(
     for row, (t, k, p) in zip(out.itertuples(), sampling[:3]):
         up, down = wire_size.round_wire_bytes(4, 1000, t, k or None, p)
         assert (row.wire_bytes_per_round_up_predicted, row.wire_bytes_per_round_down_predicted) == (up, down)
-        assert row.serialisation_ms_per_token == pytest.approx(8 * (up + down) / 10e3 / 2)
+        data_up, data_down = wire_size.round_wire_bytes(4, 1000, t, k or None, p, acks=False)
+        assert up - data_up == 52 and (down - data_down) % 52 == 0 < down - data_down   # the pure ACKs
+        assert row.serialisation_ms_per_token == pytest.approx(8 * (data_up + data_down) / 10e3 / 2)
     greedy, dense, sparse, nucleus = out["serialisation_ms_per_token"]
     assert greedy < sparse < dense and dense > 16 * 1000 * 8 / 10e3 / 2      # 16 kB of q a round
     assert math.isnan(out["wire_bytes_per_round_up_predicted"][3])

@@ -97,6 +97,7 @@ def test_framing_adds_websocket_headers_tcp_segments_and_acks():
     assert up == pytest.approx(verify + 4 + 4 + 2 * 52)
     assert down == pytest.approx(verified + 4 + 2 * 52)
     assert wire_size.websocket_frame_bytes(100, masked=False) == 102
+    assert wire_size.round_wire_bytes(GAMMA, 512, 0.0, acks=False) == (up - 52, down - 52)
     dense_up, dense_down = wire_size.round_wire_bytes(GAMMA, 49_152, 1.0)
     n_segments = -(-(4 * GAMMA * 49_152 + 200) // wire_size.MSS_BYTES)
     assert dense_up == pytest.approx(4 * GAMMA * 49_152 * (1 + 52 / 1448), rel=0.002)
