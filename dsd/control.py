@@ -210,7 +210,7 @@ class ModelPolicy:
 
     @property
     def alpha(self) -> float | None:
-        """Maximum likelihood under i.i.d. acceptance (as ``Generation.alpha_hat``), discounted."""
+        """Maximum likelihood under i.i.d. acceptance (as ``Generation.alpha_measured``), discounted."""
         a, r = self.accepted.value, self.rejected.value
         if a is None or a + r == 0:
             return None
@@ -237,4 +237,7 @@ class ModelPolicy:
 
 
 def make_controller(config: ControllerConfig):
+    """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
+    if config.name == "static" and get_mode(config.mode).policy is not None:
+        return get_mode(config.mode).policy(config)
     return {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy}[config.name](config)

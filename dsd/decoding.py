@@ -43,7 +43,7 @@ class Generation:
         return sum(r.accepted for r in live) / proposed if proposed else float("nan")
 
     @property
-    def alpha_hat(self) -> float:
+    def alpha_measured(self) -> float:
         """Maximum-likelihood alpha under i.i.d. acceptance: each round shows accepted successes
         and, unless all were accepted, one failure."""
         live = [r for r in self.rounds if not r.stale]
@@ -58,7 +58,7 @@ class Generation:
 
 
 def generate_ar(target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                sampling: SamplingParams = SamplingParams(), seq_id: str = "ar") -> Generation:
+                sampling: SamplingParams = SamplingParams(), seq_id: str = "autoregressive") -> Generation:
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     while not session.finished:
