@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report: {write_report(args.out, args.format)}")
             return 0
         if args.command == "build-pair":
-            from dsd import pair_build
-            return pair_build.main(args.rest)
+            from pairs import build
+            return build.main(args.rest)
         if args.command == "measure-profile":
             from orchestrator.profile_cmd import measure_profile_toml
             print(measure_profile_toml(args.pair, args.name, args.threads))

@@ -91,5 +91,5 @@ def load_pair(config: BackendConfig):
 
 
 def _verify_pair(pair: Path) -> dict:
-    from dsd.pair_build import verify_pair     # imported late: it pulls in the training stack
+    from dsd.pair_manifest import verify_pair
     return verify_pair(pair)
