@@ -137,7 +137,7 @@ def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_d
         return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_s, t_verify_s, rtt_s)
     if mode == "pipelined":
         return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_s, t_verify_s, rtt_s)
-    return lm.per_token_ar_s(t_ar_s)
+    return t_ar_s                      # AR: one target step per token
 
 
 def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: float, modes: tuple[str, ...],
