@@ -27,7 +27,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "build-pair":
+        # REMAINDER does not take options before its first word: `build-pair --out X` would be
+        # refused as unknown --out. Everything after the command is the build's.
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return _dispatch(args)
     except (ValueError, FileNotFoundError, SweepExists, LeftoversFound, LauncherError) as error:

@@ -360,3 +360,16 @@ def test_pair_families_import_neither_each_other_nor_the_command_line():
         imported = imported_modules(REPO / "pairs" / f"{family}.py")
         others = {"pairs.build", "pairs.stdlib_gpt2", "pairs.smollm2"} - {f"pairs.{family}"}
         assert not imported & others, family
+
+
+def test_dsdbed_build_pair_hands_every_option_to_the_build(capsys):
+    from orchestrator import cli
+    # Refused by pairs.build's own parser, before anything is built: the options got there.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-pair", "--out", "/nonexistent/pair", "--family", "smollm2",
+                  "--target-steps", "3"])
+    assert exit_info.value.code == 2
+    assert "--target-steps does not apply to --family smollm2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "results/x", "--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
