@@ -26,10 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsd import latency_model as lm
+from dsd.modes import AR, SYNC, edge_modes, get_mode, plan_modes
 
 CONTROLLERS = ("static", "heuristic", "model")
-PLAN_MODES = ("sync", "pipelined", "ar")      # ar: only where the driver can hand over to the server
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,8 @@ class Decision:
     def __post_init__(self) -> None:
         if not (isinstance(self.gamma, int) and not isinstance(self.gamma, bool) and self.gamma >= 1):
             raise ValueError(f"gamma must be a whole number >= 1, got {self.gamma!r}")
-        if self.mode not in PLAN_MODES:
-            raise ValueError(f"mode must be one of {PLAN_MODES}, got {self.mode!r}")
+        if self.mode not in plan_modes():        # dsd/modes.py; AR only where the driver can hand over
+            raise ValueError(f"mode must be one of {plan_modes()}, got {self.mode!r}")
 
 
 def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision:
@@ -74,12 +73,12 @@ def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision
 class ControllerConfig:
     name: str = "static"
     gamma: int = 4                  # the first round's gamma (every round's, for static)
-    mode: str = "sync"              # the first round's mode
+    mode: str = SYNC                # the first round's mode
     gamma_max: int = 16
-    modes: tuple[str, ...] = ("sync", "pipelined")   # what the model policy may choose from
+    modes: tuple[str, ...] = edge_modes()   # what the model policy may choose from
     margin_pct: float = 5.0         # model: switch only for a plan predicted this much faster
     discount: float = 0.9           # model: weight of the past in the running estimates, per round
-    t_ar_s: float | None = None     # model with "ar" among modes: the server's AR step (prior)
+    t_ar_s: float | None = None     # model with AR among modes: the server's AR step (prior)
 
     def __post_init__(self) -> None:
         if self.name not in CONTROLLERS:
@@ -90,16 +89,16 @@ class ControllerConfig:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.name != "static" and self.gamma > self.gamma_max:
             raise ValueError(f"gamma must be <= gamma_max {self.gamma_max}, got {self.gamma!r}")
-        if self.mode not in PLAN_MODES:
-            raise ValueError(f"mode must be one of {PLAN_MODES}, got {self.mode!r}")
-        if not self.modes or any(m not in PLAN_MODES for m in self.modes):
-            raise ValueError(f"modes must be a non-empty list from {PLAN_MODES}, got {self.modes!r}")
+        if self.mode not in plan_modes():        # dsd/modes.py; AR only where the driver can hand over
+            raise ValueError(f"mode must be one of {plan_modes()}, got {self.mode!r}")
+        if not self.modes or any(m not in plan_modes() for m in self.modes):
+            raise ValueError(f"modes must be a non-empty list from {plan_modes()}, got {self.modes!r}")
         if not (0 <= self.margin_pct < 100):
             raise ValueError(f"margin_pct must be in [0, 100), got {self.margin_pct!r}")
         if not (0 <= self.discount < 1):
             raise ValueError(f"discount must be in [0, 1), got {self.discount!r}")
-        if "ar" in self.modes and not (self.t_ar_s is not None and self.t_ar_s > 0):
-            raise ValueError(f"t_ar_s must be > 0 when modes include 'ar', got {self.t_ar_s!r}")
+        if AR in self.modes and not (self.t_ar_s is not None and self.t_ar_s > 0):
+            raise ValueError(f"t_ar_s must be > 0 when modes include {AR!r}, got {self.t_ar_s!r}")
 
 
 class StaticPolicy:
@@ -132,12 +131,10 @@ class HeuristicPolicy:
 
 def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_draft_s: float,
                           t_verify_s: float, t_ar_s: float | None) -> float:
-    """The closed form's steady-state time per token of one plan."""
-    if mode == "sync":
-        return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_s, t_verify_s, rtt_s)
-    if mode == "pipelined":
-        return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_s, t_verify_s, rtt_s)
-    return t_ar_s                      # AR: one target step per token
+    """The closed form's steady-state time per token of one plan (the mode's predictor in
+    dsd/modes.py; the edge drafts, so t_draft_s is the edge's and there is no server draft)."""
+    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_s,
+                                      t_draft_server_s=None, t_verify_s=t_verify_s)
 
 
 def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: float, modes: tuple[str, ...],
@@ -146,7 +143,7 @@ def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: floa
     then the earlier mode in ``modes``)."""
     best, best_s = None, math.inf
     for mode in modes:
-        for gamma in ([1] if mode == "ar" else range(1, gamma_max + 1)):
+        for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
             cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, t_verify_s, t_ar_s)
             if cost_s < best_s - 1e-15:
                 best, best_s = Decision(gamma, mode), cost_s
@@ -226,7 +223,7 @@ class ModelPolicy:
         c = self.config
         best, best_s = None, math.inf
         for mode in c.modes:
-            for gamma in ([1] if mode == "ar" else range(1, c.gamma_max + 1)):
+            for gamma in (range(1, c.gamma_max + 1) if get_mode(mode).speculative else [1]):
                 cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, self.t_verify_s.at(gamma),
                                                c.t_ar_s)
                 if cost_s < best_s - 1e-15:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dsd.backends.protocol import SamplingParams
 from dsd.control import ControllerConfig, make_controller
+from dsd.modes import get_mode, server_modes
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 
@@ -31,14 +32,14 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
     its protocol (dsd.simulate): no time here comes from the closed form."""
     prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
     t_verify_s = costs.t_verify_s[gamma]
-    if mode in ("ar", "colocated"):
+    if mode in server_modes():
         server = ServerCosts(costs.t_ar_s, costs.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
         run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, sampling, seq_id)
         return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
     link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
     # NOTE: a request's blocks are all charged the start gamma's t_verify (the link costs hold one).
     policy = make_controller(ControllerConfig(controller, gamma, mode, gamma_max)) if controller != "static" else None
-    run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),
+    run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,
                        max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
                        controller=policy, gamma_max=max(gamma_max, gamma))
     # The edge opens the session first: one round trip and the prefill before drafting pays off.
