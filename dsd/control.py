@@ -237,4 +237,7 @@ class ModelPolicy:
 
 
 def make_controller(config: ControllerConfig):
+    """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
+    if config.name == "static" and get_mode(config.mode).policy is not None:
+        return get_mode(config.mode).policy(config)
     return {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy}[config.name](config)

@@ -3,7 +3,8 @@ and the edge service's real one (services/edge.py).
 
 The loop asks the edge state machine (``dsd.edge.EdgeDecoder``) what to draft, drafts it on a
 ``Device``, hands the blocks to a ``Transport`` and applies each verdict as it arrives; a
-controller (``dsd.control``) may change gamma and sync/pipelined after every verdict. What differs
+controller (``dsd.control``) may change gamma and the edge mode after every verdict; without one,
+the mode's own policy (``dsd.modes``: e.g. a fixed gamma) or the configured gamma plans each round. What differs
 between the simulator and the service is only behind those two interfaces:
 
 - ``Device.draft(work, n_steps, then)``: run ``work`` (n_steps draft steps), return
@@ -26,12 +27,11 @@ from typing import Any, Protocol
 import torch
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
-from dsd.control import Observation, check_decision
+from dsd.control import ControllerConfig, Observation, check_decision, make_controller
 from dsd.drafting import begin_request, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
+from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
-
-EDGE_MODES = ("sync", "pipelined")
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,17 @@ class DsdDriver:
 
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
-                 on_round: Callable[[Round], None], pipelined: bool = False, max_in_flight: int = 1,
+                 on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
                  controller=None, gamma_max: int | None = None) -> None:
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
-        self.controller = controller
         self.gamma_max = max(gamma_max or gamma, gamma)
+        self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max))
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
-        if controller is not None:
-            decision = check_decision(controller.decide(), self.gamma_max, EDGE_MODES)
-            gamma, pipelined = decision.gamma, decision.mode == "pipelined"
-        self.edge = EdgeDecoder(prompt, gamma, stop, pipelined=pipelined, max_in_flight=max_in_flight)
+        self.edge = EdgeDecoder(prompt, gamma, stop, max_in_flight=max_in_flight)
+        self.mode = self.plan()
         self.generator = torch.Generator().manual_seed(sampling.seed + 1)
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
@@ -121,7 +119,7 @@ class DsdDriver:
 
     async def draft_block(self, request: DraftRequest) -> None:
         tokens, probs = list(request.prefix), []
-        plan = (request.n_tokens, "pipelined" if self.edge.pipelined else "sync")
+        plan = (request.n_tokens, self.mode)
 
         def step() -> None:
             token, q = draft_step(self.draft, self.seq_id, tokens, self.sampling, self.generator)
@@ -162,11 +160,15 @@ class DsdDriver:
         t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = self._sent.popleft()
         self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
         self.rounds += 1
-        if self.controller is not None:
-            self.controller.observe(observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
-            decision = check_decision(self.controller.decide(), self.gamma_max, EDGE_MODES)
-            self.edge.set_plan(decision.gamma, decision.mode == "pipelined")
+        self.controller.observe(observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
+        self.mode = self.plan()
         await self.send(to_send, self.transport.prepare(to_send), arrival)
+
+    def plan(self) -> str:
+        """Ask the controller for the next blocks' gamma and mode; returns the mode."""
+        decision = check_decision(self.controller.decide(), self.gamma_max, edge_modes())
+        self.edge.set_plan(decision.gamma, get_mode(decision.mode).pipelined)
+        return decision.mode
 
 
 def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,

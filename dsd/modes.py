@@ -38,6 +38,10 @@ class Mode:
     label: str                      # plots and reports
     color: str                      # matplotlib colour
     plannable: bool = False         # an adaptive controller may pick it for a round
+    # Its driver policy when no adaptive controller runs: a factory ControllerConfig -> controller
+    # (dsd.control: decide() / observe()) that plans each round; None: every round drafts the
+    # configured gamma in this mode.
+    policy: Callable | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and self.name.isidentifier()):
@@ -48,6 +52,8 @@ class Mode:
             raise ValueError(f"pipelined must be a bool, True only when the edge drafts, got {self.pipelined!r}")
         if not callable(self.per_token_s):
             raise ValueError(f"per_token_s must be callable, got {self.per_token_s!r}")
+        if self.policy is not None and not (callable(self.policy) and self.drafts == EDGE):
+            raise ValueError(f"policy must be callable, and only for a mode the edge drafts in, got {self.policy!r}")
         for name in ("label", "color"):
             if not (isinstance(getattr(self, name), str) and getattr(self, name)):
                 raise ValueError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")

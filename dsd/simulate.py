@@ -24,6 +24,7 @@ from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
 from dsd.driver import Arrival, DsdDriver, Round, run_to_end
 from dsd.edge import EdgeDecoder
+from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -147,8 +148,9 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
-                 t_verify_of=None) -> SimulatedRun:
-    """The edge's own drive loop (dsd.driver) on a virtual clock. ``controller`` (dsd.control;
+                 t_verify_of=None, mode: str | None = None) -> SimulatedRun:
+    """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
+    dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
     None: gamma and the mode stay) is asked for the next plan before the first block and after
     every verdict; its gamma must be in 1..gamma_max (default: gamma). ``rtt_at(t_s)`` (optional)
     is the link's RTT for a message sent at virtual time t_s, for links that change during the
@@ -167,7 +169,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
             emits_s.append(r.arrival.t_receive_s)
 
     driver = DsdDriver(draft, seq_id, prompt, gamma, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link,
-                       clock, on_round, pipelined, max_in_flight, controller, gamma_max)
+                       clock, on_round, mode or (PIPELINED if pipelined else SYNC), max_in_flight, controller,
+                       gamma_max)
     generation.tokens = run_to_end(driver.run())
     session.close()
     # The output is complete when the last emitting verdict arrives; stale answers to doomed
@@ -185,20 +188,21 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     (gamma draft steps on its own draft model, then one verification) after another and sends
     each step's tokens at once, which the client receives one link delay later. Times run from
     the client's first send (the request's one-off costs are in them, unlike simulate_dsd)."""
-    if mode not in ("ar", "colocated"):
-        raise ValueError(f"mode must be 'ar' or 'colocated' (the server's own modes), got {mode!r}")
+    if mode not in server_modes():
+        raise ValueError(f"mode must be one of {server_modes()} (the server's own modes), got {mode!r}")
+    drafts = get_mode(mode).drafts == SERVER
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     clock_s = costs.one_way_s                     # the Open (and the Generate behind it) arrives
     session.prefill()
     clock_s += costs.t_prefill_s
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
-    if mode == "colocated":
+    if drafts:
         begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
     generation = Generation([])
     receipts_s: list[float] = []
     draft_steps = 0
     while not session.finished:
-        if mode == "ar":
+        if not drafts:
             emitted = session.ar_step()
             clock_s += costs.t_ar_s
             record = RoundRecord(len(generation.rounds), 0, 0, len(emitted))
@@ -214,7 +218,7 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
         receipts_s.append(clock_s + costs.one_way_s)      # this step's Tokens message reaches the client
     generation.tokens = session.generated
     session.close()
-    if mode == "colocated":
+    if drafts:
         draft.release(seq_id)
     emitting = [t for t, r in zip(receipts_s, generation.rounds) if r.emitted]
     return SimulatedRun(generation, emitting[-1] if emitting else clock_s, emitting[0] if emitting else 0.0,

@@ -43,6 +43,7 @@ from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.control import CONTROLLERS, ControllerConfig, make_controller
 from dsd.driver import Arrival, DsdDriver, Round
+from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
 from services import access, wire
 from services.link import LinkControl
@@ -51,7 +52,6 @@ from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_ba
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
 
 log = logging.getLogger("services.edge")
-RUN_MODES = ("ar", "colocated", "sync", "pipelined")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -82,8 +82,7 @@ class RunConfig:
             raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
         if not isinstance(self.client_id, str) or not self.client_id:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
-        if self.mode not in RUN_MODES:
-            raise ValueError(f"mode must be one of {RUN_MODES}, got {self.mode!r}")
+        get_mode(self.mode)                 # dsd/modes.py: a ValueError naming the known modes
         for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
                           ("probe_count", 0)):
             value = getattr(self, name)
@@ -110,14 +109,14 @@ class RunConfig:
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
-        if self.controller != "static" and self.mode not in ("sync", "pipelined"):
+        if self.controller != "static" and self.mode not in edge_modes():
             raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
                              f"got {self.mode!r}")
         self.controller_config()            # gamma_max: a whole number >= 1, and >= gamma when adaptive
 
     def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in ("sync", "pipelined")
-                                else "sync", self.gamma_max)
+        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in edge_modes()
+                                else SYNC, self.gamma_max)
 
     @classmethod
     def from_json(cls, body) -> "RunConfig":
@@ -371,7 +370,7 @@ class Client:
         mode, gamma = self.config.mode, self.config.gamma
         await self.link.send(self.open_message(request, session))
         t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
-                                                      gamma if mode == "colocated" else 0))
+                                                      gamma if get_mode(mode).speculative else 0))
         tokens: list[int] = []
         while True:
             t_receive_s, m = await self.next_message(inbox, request)
@@ -409,7 +408,7 @@ class Client:
             request.stale_rounds += m.stale
 
         driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, c.gamma, request.stop,
-                           sampling, device, transport, time.perf_counter, on_round,
+                           sampling, device, transport, time.perf_counter, on_round, c.mode,
                            max_in_flight=c.max_in_flight, controller=self.controller,
                            gamma_max=max(c.gamma_max, c.gamma))
         await self.link.send(self.open_message(request, session))
@@ -627,7 +626,7 @@ class Edge:
                 deadline = asyncio.timeout(config.request_timeout_s)
                 try:
                     async with deadline:
-                        await (client.dsd(request) if config.mode in ("sync", "pipelined")
+                        await (client.dsd(request) if config.mode in edge_modes()
                                else client.on_server(request))
                 except TimeoutError:
                     if not deadline.expired():

@@ -11,7 +11,11 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd import modes
-from dsd.control import ControllerConfig, best_decision
+from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
+from dsd.control import ControllerConfig, Decision, best_decision
+from dsd.decoding import generate_ar
+from dsd.simulate import LinkCosts, simulate_dsd
+from dsd.stopping import StopRule
 from dsd.modes import AR, COLOCATED, EDGE, NOWHERE, PIPELINED, SERVER, SYNC, Mode, get_mode, register
 from orchestrator import analysis, plots
 from orchestrator.experiment import Experiment
@@ -26,7 +30,21 @@ def _toy_per_token_s(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_ser
     return lm.per_token_sync_dsd_s(alpha, 1, t_draft_edge_s, t_verify_s, rtt_s)
 
 
-TOY = Mode("toy", EDGE, False, _toy_per_token_s, "toy DSD (gamma 1)", "tab:purple", plannable=True)
+class OneTokenPolicy:
+    """The toy mode's driver policy: every round drafts one token, whatever gamma was configured."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.decision = Decision(1, "toy")
+
+    def observe(self, observation) -> None:
+        pass
+
+    def decide(self) -> Decision:
+        return self.decision
+
+
+TOY = Mode("toy", EDGE, False, _toy_per_token_s, "toy DSD (gamma 1)", "tab:purple", plannable=True,
+           policy=OneTokenPolicy)
 
 
 @pytest.fixture
@@ -127,3 +145,26 @@ def test_a_registered_toy_mode_gets_its_label_and_colour_in_the_plots(toy, tmp_p
     assert {"cloud AR (simulated)", "synchronous DSD (simulated)"} <= set(labels)
     lines = [line for line in figures[0].axes[0].get_lines() if line.get_color() == "tab:purple"]
     assert lines and math.isfinite(lines[0].get_ydata()[0])
+
+
+def test_a_registered_toy_mode_runs_its_policy_in_the_one_driver(toy):
+    """The driver (dsd/driver.py, the edge service's loop too) asks the mode for its plan: every
+    round proposes one token although gamma 4 is configured, the output is the target's own, and
+    the time per token is the toy's closed form."""
+    config = SyntheticConfig(alpha=0.8, seed=3)
+    draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+    costs = LinkCosts(t_draft_s=0.004, t_verify_s=0.010, rtt_s=0.02)
+    total_s, tokens, rounds = 0.0, 0, []
+    for i in range(8):
+        prompt = [i + 1, 2, 3]
+        run = simulate_dsd(draft, target, prompt, 4, StopRule(200), costs, pipelined=False, seq_id=str(i),
+                           mode="toy")
+        assert run.generation.tokens == generate_ar(target, prompt, StopRule(200), seq_id=f"ar{i}").tokens
+        assert {(r.proposed, r.gamma, r.mode) for r in run.generation.rounds} == {(1, 1, "toy")}
+        total_s += run.total_s - run.first_token_s
+        tokens += len(run.generation.tokens) - run.generation.rounds[0].emitted
+        rounds += run.generation.rounds
+    alpha = sum(r.accepted for r in rounds) / sum(r.proposed for r in rounds)
+    predicted_s = get_mode("toy").per_token_s(alpha, 4, costs.rtt_s, t_ar_s=None, t_draft_edge_s=costs.t_draft_s,
+                                              t_draft_server_s=None, t_verify_s=costs.t_verify_s)
+    assert total_s / tokens == pytest.approx(predicted_s, rel=0.03)
