@@ -48,7 +48,7 @@ def test_rounds_become_positions_with_the_bonus_position_untested():
     trace = AcceptanceTrace(((4, 2), (4, 4), (4, 0)))
     assert list(trace.outcomes) == [ACCEPT, ACCEPT, REJECT, *[ACCEPT] * 4, UNTESTED, REJECT]
     assert trace.round_starts == (0, 3, 8)
-    assert trace.alpha_hat == pytest.approx(6 / 8)
+    assert trace.alpha_measured == pytest.approx(6 / 8)
     assert trace.outcome(9) == ACCEPT                     # wraps around
     assert AcceptanceTrace.from_text(trace.to_text()).rounds == trace.rounds
 
@@ -109,7 +109,7 @@ def test_a_trace_driven_run_reproduces_the_traces_accepted_count_histogram():
     geometric one that i.i.d. acceptance at the same fitted alpha gives."""
     trace = bimodal_trace(n_rounds=300)
     draft, target = pair(trace, seed=7)
-    iid_draft, iid_target = load_pair(BackendConfig(alpha=trace.alpha_hat, seed=7))
+    iid_draft, iid_target = load_pair(BackendConfig(alpha=trace.alpha_measured, seed=7))
     link = LinkCosts(0.004, 0.010, 0.020)
     traced, iid = [], []
     for index, prompt in enumerate(prompts(150, seed=2)):

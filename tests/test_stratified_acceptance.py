@@ -41,7 +41,7 @@ def test_schedule_keeps_the_running_drift_within_its_bound(alpha, gamma):
 @pytest.mark.parametrize("mode", ["colocated", "sync", "pipelined"])
 def test_every_request_realises_alpha_within_0_005(alpha, mode):
     """Over 40 requests (prompts, i.e. seeds) per case, each long enough by tokens_needed:
-    |alpha_hat - alpha| <= 0.005 for every one, in every mode (pipelined: its live rounds)."""
+    |alpha_measured - alpha| <= 0.005 for every one, in every mode (pipelined: its live rounds)."""
     gamma = 5
     n_tokens = acc.tokens_needed(alpha, gamma)
     assert n_tokens <= 320               # the length condition the README states for gamma 5
@@ -54,7 +54,7 @@ def test_every_request_realises_alpha_within_0_005(alpha, mode):
         else:
             rounds = simulate_dsd(draft, target, _prompt(i), gamma, stop, COSTS, mode == "pipelined",
                                   seq_id=str(i)).generation.rounds
-        worst = max(worst, abs(Generation([], rounds).alpha_hat - alpha))
+        worst = max(worst, abs(Generation([], rounds).alpha_measured - alpha))
     assert worst <= 0.005
 
 
@@ -63,7 +63,7 @@ def test_iid_acceptance_misses_0_005_on_the_same_requests():
     alpha, gamma = 0.9, 5
     draft, target = _pair(alpha, "iid")
     errors = [abs(generate_colocated(draft, target, _prompt(i), gamma, StopRule(acc.tokens_needed(alpha, gamma)),
-                                     seq_id=str(i)).alpha_hat - alpha) for i in range(60)]
+                                     seq_id=str(i)).alpha_measured - alpha) for i in range(60)]
     assert max(errors) > 0.02
 
 
@@ -86,8 +86,8 @@ def test_accepted_counts_per_round_are_truncated_geometric(alpha, gamma):
 
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_a_request_s_sum_of_d_is_0_on_average(alpha):
-    """The start points make alpha_hat unbiased: over 400 requests of 60 rounds, the mean sum of
-    d (alpha_hat - alpha times the tested positions) is within 0.05 of 0; from a start at 0 it
+    """The start points make alpha_measured unbiased: over 400 requests of 60 rounds, the mean sum of
+    d (alpha_measured - alpha times the tested positions) is within 0.05 of 0; from a start at 0 it
     would be 0.05-0.25."""
     ends = []
     for seed in range(400):

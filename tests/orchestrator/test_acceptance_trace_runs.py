@@ -58,7 +58,7 @@ def test_a_sim_sweep_replays_the_trace_and_reproduces_its_histogram(tmp_path):
     want = {a: c / len(trace.rounds) for a, c in trace.histogram().items()}
     assert total_variation(histogram(list(rounds["accepted"])), want) < 0.06
     recorded = json.loads((tmp_path / "sim" / "sweep.json").read_text())["acceptance_trace"]
-    assert recorded["rounds"] == 300 and recorded["alpha_hat"] == pytest.approx(trace.alpha_hat)
+    assert recorded["rounds"] == 300 and recorded["alpha_measured"] == pytest.approx(trace.alpha_measured)
     analyze_sweep(tmp_path / "sim")
     assert "acceptance replayed from the trace" in write_report(tmp_path / "sim").read_text()
 
@@ -117,5 +117,5 @@ def test_the_shipped_trace_and_experiment_are_valid(capsys):
     assert main(["sweep", "experiments/acceptance-trace.toml", "--dry-run"]) == 0
     exp = load_experiment("experiments/acceptance-trace.toml")
     trace = exp.backend.trace()
-    assert len(trace.rounds) >= 200 and 0.3 < trace.alpha_hat < 0.95 and {g for g, _ in trace.rounds} == {4}
+    assert len(trace.rounds) >= 200 and 0.3 < trace.alpha_measured < 0.95 and {g for g, _ in trace.rounds} == {4}
     assert os.path.samefile(exp.backend.acceptance_trace, REPO_TRACE)
