@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from dsd.backends.factory import BackendConfig, load_pair
+from dsd.backends.factory import HfBackendConfig, load_pair
 from dsd.times import fit_verify_line
 from dsd.timing import batched_verify_times_s, fit_batch_slope, measure_times
 
@@ -24,7 +24,7 @@ def _cpu_name() -> str:
 
 def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
     torch.set_num_threads(threads)
-    draft, target = load_pair(BackendConfig(kind="hf", pair_path=pair_path))
+    draft, target = load_pair(HfBackendConfig(pair_path=pair_path))
     gammas = (1, 2, 4, 8)
     measurement = measure_times(draft, target, gammas=gammas)
     measured = measurement.times

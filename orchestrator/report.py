@@ -255,7 +255,9 @@ def _backend_text(experiment: dict) -> str:
     if backend["kind"] == "synthetic":
         alphas = experiment.get("alpha") or [backend["alpha"]]
         return f"synthetic, alpha {', '.join(map(str, alphas))}, profile {experiment['profile']}"
-    return f"hf, {backend['target_path'] or backend['pair_path']}"
+    if backend["kind"] == "hf":
+        return f"hf, {backend['target_path'] or backend['pair_path']}"
+    return ", ".join([backend["kind"]] + [f"{k} {v}" for k, v in backend.items() if k != "kind"])
 
 
 def _grid_text(experiment: dict) -> str:

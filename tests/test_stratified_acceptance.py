@@ -1,11 +1,12 @@
 """Stratified synthetic acceptance: every request realises alpha, rounds stay truncated geometric."""
+import json
 import random
 
 import pytest
 from scipy import stats
 
 from dsd.backends import acceptance as acc
-from dsd.backends.factory import BackendConfig, load_pair
+from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import Generation, generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
@@ -133,8 +134,8 @@ def test_acceptance_is_validated_and_reaches_the_pair():
     with pytest.raises(ValueError, match="acceptance"):
         SyntheticConfig(acceptance="sorted")
     with pytest.raises(ValueError, match="acceptance"):
-        BackendConfig(acceptance="sorted")
-    draft, _ = load_pair(BackendConfig(alpha=0.7, acceptance="stratified"))
+        SyntheticBackendConfig(acceptance="sorted")
+    draft, _ = load_pair(SyntheticBackendConfig(alpha=0.7, acceptance="stratified"))
     assert draft.config.acceptance == "stratified"
 
 
@@ -144,7 +145,7 @@ def test_service_flags_carry_acceptance():
     from orchestrator.launchers.processes import backend_args
     from services.compute import add_backend_args, backend_from_args
 
-    backend = BackendConfig(alpha=0.9, acceptance="stratified")
+    backend = SyntheticBackendConfig(alpha=0.9, acceptance="stratified")
     parser = argparse.ArgumentParser()
     add_backend_args(parser)
     args = parser.parse_args(backend_args(backend, None) + ["--profile", "toy-edge-cloud"])
@@ -158,7 +159,7 @@ def test_compose_carries_acceptance_to_both_services():
     from orchestrator.launchers.compose import ComposeConfig
 
     env = ComposeConfig(n_edges=1, profile=get_profile("toy-edge-cloud"),
-                        backend=BackendConfig(acceptance="stratified")).compose_env()
-    assert env["DSD_ACCEPTANCE"] == "stratified"
+                        backend=SyntheticBackendConfig(acceptance="stratified")).compose_env()
+    assert json.loads(env["DSD_BACKEND_JSON"])["acceptance"] == "stratified"
     compose = (Path(__file__).resolve().parents[1] / "compose.yaml").read_text()
-    assert compose.count("--acceptance=${DSD_ACCEPTANCE:-iid}") == 2          # verifier and edge
+    assert compose.count("--backend-json=${DSD_BACKEND_JSON:-}") == 2          # verifier and edge

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from dsd.backends.acceptance_trace import AcceptanceTrace
+from dsd.backends.factory import backend_from_json
 from orchestrator.cli import main
 from orchestrator.experiment import experiment_from_dict, load_experiment
 from orchestrator.launchers.compose import ComposeConfig
@@ -92,10 +93,11 @@ def test_services_and_containers_get_the_rounds_not_the_path(tmp_path):
     trace = bimodal_trace(n_rounds=50)
     exp = experiment(tmp_path, trace)
     args = backend_args(exp.backend, None)
-    assert args[args.index("--acceptance-rounds") + 1] == trace.to_text()
+    sent = backend_from_json(args[args.index("--backend-json") + 1])
+    assert sent.acceptance_rounds == trace.to_text() and sent.trace().rounds == trace.rounds
     assert str(tmp_path) not in " ".join(args)
     env = ComposeConfig(n_edges=1, backend=exp.backend, profile=exp.hardware_profile("toy-edge-cloud")).compose_env()
-    assert AcceptanceTrace.from_text(env["DSD_ACCEPTANCE_ROUNDS"]).rounds == trace.rounds
+    assert backend_from_json(env["DSD_BACKEND_JSON"]) == sent
 
 
 def test_experiment_keys_a_relative_trace_and_no_alpha_sweep(tmp_path):
