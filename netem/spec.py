@@ -80,13 +80,6 @@ class DirectionSpec:
         return self.jitter_ms
 
     @property
-    def delay_mean_ms(self) -> float:
-        """The mean one-way delay: netem's tables are not centred exactly (their clipped tail)."""
-        if self.distribution in distributions.TABLE_DISTRIBUTIONS:
-            return self.delay_ms + self.jitter_ms * distributions.moments(self.distribution)[0]
-        return self.delay_ms
-
-    @property
     def rate_bytes_s(self) -> float | None:
         return None if self.rate_mbit is None else self.rate_mbit * 1e6 / 8.0
 

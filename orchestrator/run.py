@@ -19,7 +19,8 @@ from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.base import LauncherError
-from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.launchers.loopback import LoopbackTestbed
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.links import check_launcher
 from orchestrator.net_point import run_net_point
 from orchestrator.predictions import Predictor
