@@ -203,16 +203,22 @@ def main(argv=None) -> None:
     parser.add_argument("--launcher", choices=("sim", "netns"), default="sim")
     parser.add_argument("--profile", default="paper-cap-td1")
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[10.0, 150.0])
-    parser.add_argument("--segment-s", type=float, default=6.0)
+    parser.add_argument("--segment-s", type=float, default=None, help="default 6 (sim), 4 (netns: its schedule)")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.9, 0.3])
-    parser.add_argument("--alpha-requests", type=int, default=12, help="requests per prompt class, in turn")
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--alpha-requests", type=int, default=None, help="requests per prompt class, in turn "
+                        "(default 12 sim, 6 netns)")
+    parser.add_argument("--requests", type=int, default=None, help="default 48 sim, 24 netns")
+    parser.add_argument("--tokens", type=int, default=None, help="per request; default 48 sim, 32 netns")
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--modes", nargs="+", default=["ar", "sync", "pipelined"])
     parser.add_argument("--gamma-max", type=int, default=16)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args(argv)
+    sim = args.launcher == "sim"
+    for name, on_sim, on_netns in (("segment_s", 6.0, 4.0), ("alpha_requests", 12, 6), ("requests", 48, 24),
+                                   ("tokens", 48, 32)):
+        if getattr(args, name) is None:
+            setattr(args, name, on_sim if sim else on_netns)
     scenario = Scenario(args.rtt_ms, args.segment_s, args.alphas, args.alpha_requests, args.requests, args.tokens,
                         args.prompt_tokens, tuple(args.modes), args.gamma_max)
     profile = get_profile(args.profile)

@@ -220,6 +220,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
                        help="synthetic: replay the live rounds of this rounds.csv instead of i.i.d. alpha")
     group.add_argument("--acceptance-rounds", default="",
                        help="synthetic: the same, the rounds inline as proposed:accepted,... (the launchers send this)")
+    group.add_argument("--alpha-classes", default="",
+                       help="synthetic: alpha per prompt class, token:alpha,... (a prompt's first token)")
     group.add_argument("--profile", default="", help="synthetic: a profile name in dsd/profiles.toml")
     group.add_argument("--profile-json", default="",
                        help="synthetic: the HardwareProfile fields as a JSON object")
@@ -231,7 +233,7 @@ def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, Hardware
                            draft_path=args.draft_path, dtype=args.dtype, alpha=args.alpha,
                            vocab_size=args.vocab_size, seed=args.synthetic_seed, eos_prob=args.eos_prob,
                            acceptance=args.acceptance, acceptance_trace=args.acceptance_trace,
-                           acceptance_rounds=args.acceptance_rounds)
+                           acceptance_rounds=args.acceptance_rounds, alpha_classes=args.alpha_classes)
     if args.profile and args.profile_json:
         raise ValueError("give --profile or --profile-json, not both")
     profile = None

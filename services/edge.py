@@ -43,7 +43,7 @@ from aiohttp import web
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.control import (CONTROLLERS, DSD_MODES, ControllerConfig, Observation, RequestObservation, check_decision,
-                         make_controller)
+                         make_controller, shadow_matches)
 from dsd.drafting import begin_request, draft_step
 from dsd.edge import EdgeDecoder
 from dsd.stopping import StopRule
@@ -697,8 +697,12 @@ class Edge:
         wall_s = None if request.t_last_s is None else request.t_last_s - request.t_start_s
         if wall_s is not None:
             ttft_s = None if request.t_first_s is None else request.t_first_s - request.t_start_s
+            shadow = (0, 0)
+            if choice.mode not in DSD_MODES and config.temperature == 0:
+                shadow = shadow_matches(client.draft, f"{config.run_id}/{request.index}/shadow", request.prompt,
+                                        request.tokens)
             client.controller.observe_request(RequestObservation(
-                choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s))
+                choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow))
 
     @staticmethod
     async def _probe(link: VerifierLink, interval_s: float) -> None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsd.backends.acceptance_trace import AcceptanceTrace, read_rounds_csv
-from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
+from dsd.backends.synthetic import SyntheticConfig, SyntheticLM, parse_alpha_classes
 
 BACKEND_KINDS = ("synthetic", "hf")
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
@@ -33,6 +33,8 @@ class BackendConfig:
     acceptance_trace: str = ""
     acceptance_rounds: str = ""
     acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
+    # synthetic: alpha per prompt class, "token:alpha,..." (a prompt's first token says its class)
+    alpha_classes: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -61,7 +63,8 @@ class BackendConfig:
 
     def synthetic(self) -> SyntheticConfig:
         return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace())
+                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace(),
+                               alpha_classes=parse_alpha_classes(self.alpha_classes))
 
 
 def load_pair(config: BackendConfig):

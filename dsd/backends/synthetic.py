@@ -100,6 +100,24 @@ class SyntheticConfig:
         return self.alpha
 
 
+def parse_alpha_classes(text: str) -> tuple[tuple[int, float], ...]:
+    """"1:0.9,2:0.3" -> ((1, 0.9), (2, 0.3)): alpha_classes as the launchers pass them."""
+    out = []
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        token, sep, alpha = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((int(token), float(alpha)))
+        except ValueError:
+            raise ValueError(f"alpha_classes must read token:alpha,..., got {text!r}") from None
+    return tuple(out)
+
+
+def format_alpha_classes(classes) -> str:
+    return ",".join(f"{token}:{alpha!r}" for token, alpha in classes)
+
+
 def target_token(config: SyntheticConfig, context: Sequence[int]) -> int:
     """The target's next token after ``context`` (at position len(context))."""
     return _target_at(config, len(context), context[-config.context_tokens:])

@@ -47,6 +47,8 @@ def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> lis
         args += ["--alpha", str(backend.alpha), "--vocab-size", str(backend.vocab_size),
                  "--synthetic-seed", str(backend.seed), "--eos-prob", str(backend.eos_prob),
                  "--acceptance", backend.acceptance]
+        if backend.alpha_classes:
+            args += ["--alpha-classes", backend.alpha_classes]
         trace = backend.trace()
         if trace is not None:         # inline: a service need not see the file (containers, other hosts)
             args += ["--acceptance-rounds", trace.to_text()]
