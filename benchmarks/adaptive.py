@@ -191,6 +191,42 @@ def summarise(per_seed: list[tuple[dict, dict]], scenario: Scenario) -> dict[str
     return out
 
 
+def plot(results: dict, scenario: Scenario, path: Path) -> None:
+    """The chosen gamma (and mode, by colour) of every live round over the run, against the RTT
+    schedule and the prompts' alpha, for the model and the bandit (rounds placed evenly within
+    their request's wall time)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"sync": "tab:blue", "pipelined": "tab:green", "ar": "tab:red", "colocated": "tab:purple"}
+    names = [n for n in ("model", "bandit") if n in results]
+    fig, axes = plt.subplots(len(names) + 1, 1, figsize=(11, 2.4 * (len(names) + 1)), sharex=True)
+    end_s = max(r.start_s + r.wall_s for n in names for r in results[n])
+    ts = [i * end_s / 2000 for i in range(2001)]
+    axes[0].step(ts, [scenario.rtt_at_ms(t) for t in ts], where="post", color="black", label="RTT (ms)")
+    axes[0].set_ylabel("RTT ms")
+    twin = axes[0].twinx()
+    for r in results[names[0]]:
+        twin.hlines(r.alpha, r.start_s, r.start_s + r.wall_s, color="tab:orange")
+    twin.set_ylabel("alpha", color="tab:orange")
+    twin.set_ylim(0, 1)
+    for ax, name in zip(axes[1:], names):
+        for r in results[name]:
+            n = max(len(r.plans), 1)
+            for i, (gamma, mode) in enumerate(r.plans):
+                ax.scatter(r.start_s + (i + 0.5) * r.wall_s / n, gamma if mode not in ("ar",) else 0,
+                           s=6, color=colours.get(mode, "grey"))
+        ax.set_ylabel(f"{name}: gamma")
+        for mode, colour in colours.items():
+            ax.scatter([], [], color=colour, label=mode + (" (at 0)" if mode == "ar" else ""))
+        ax.legend(loc="upper right", fontsize=7, ncol=4)
+    axes[-1].set_xlabel("time in the run (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def goals_met(s: dict[str, float]) -> bool:
     model, bandit, heur, static = (s[f"{k}_vs_oracle_pct"] for k in ("model", "bandit", "heuristic", "best_static"))
     # "at least 15% better than the best static": the static's per-token time at least 15% above the model's
@@ -213,6 +249,7 @@ def main(argv=None) -> None:
     parser.add_argument("--modes", nargs="+", default=["ar", "sync", "pipelined"])
     parser.add_argument("--gamma-max", type=int, default=16)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
     sim = args.launcher == "sim"
     for name, on_sim, on_netns in (("segment_s", 6.0, 4.0), ("alpha_requests", 12, 6), ("requests", 48, 24),
@@ -229,6 +266,8 @@ def main(argv=None) -> None:
         else:
             from benchmarks.adaptive_netns import netns_seed
             per_seed.append(netns_seed(scenario, args, seed))
+    if args.plot:
+        plot(per_seed[0][0], scenario, Path(args.plot))
     s = summarise(per_seed, scenario)
     print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher} goals_met={goals_met(s)}")
 

@@ -428,7 +428,8 @@ class BanditPolicy:
     wall time. Weights halve every ``horizon_s`` seconds of experience, so what an arm earned
     before the acceptance moved fades. The index is rate + exploration * best rate *
     sqrt(log(total) / count), counts in rounds (a server request counts one per 0.05 s); an
-    untried arm comes first. Requests pick among all arms, rounds among the DSD ones."""
+    untried arm comes first; a context not seen yet starts from the nearest one seen. Requests
+    pick among all arms, rounds among the DSD ones."""
 
     COUNT_UNIT_S = 0.05
 
@@ -455,6 +456,17 @@ class BanditPolicy:
         a, r = self.accepted.value, self.rejected.value
         alpha = a / (a + r) if a is not None and a + r > 0 else 0.5
         return self.rtt_bucket, min(int(alpha * 5), 4)
+
+    def _known(self) -> dict[Decision, list[float]]:
+        """The current context's table; while it has nothing, the nearest context's that has
+        (an alpha or RTT bucket away: a transition passes through buckets it will not stay in)."""
+        table = self._table(self.context)
+        if any(v[1] > 0 for v in table.values()):
+            return table
+        r, a = self.context
+        known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
+                 if any(v[1] > 0 for v in t.values())]
+        return self.stats[min(known)[1]] if known else table
 
     def _table(self, context: tuple) -> dict[Decision, list[float]]:
         return self.stats.setdefault(context, {a: [0.0, 0.0, 0.0] for a in self.arms})
@@ -489,7 +501,7 @@ class BanditPolicy:
         self._credit(context, Decision(o.gamma, o.mode), o.accepted + 1, cycle_s, 1.0)
 
     def _pick(self, modes: tuple[str, ...]) -> Decision:
-        table = self._table(self.context)
+        table = self._known()
         arms = [a for a in self.arms if a.mode in modes]
         untried = [a for a in arms if table[a][1] <= 0]
         if untried:
@@ -508,7 +520,7 @@ class BanditPolicy:
         """Two levels, as a request is a long commitment: UCB over the kinds of request (DSD, cloud
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""
         self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
-        table = self._table(self.context)
+        table = self._known()
         kinds = {}
         for mode in self.config.modes:
             kinds.setdefault("dsd" if mode in DSD_MODES else mode, []).append(mode)
