@@ -49,6 +49,9 @@ def main() -> int:
     parser.add_argument("--alpha", type=float, default=0.8)
     parser.add_argument("--out", default="")
     parser.add_argument("--requests", type=int, default=4, help="measured requests per point")
+    parser.add_argument("--acceptance", default="stratified", choices=("stratified", "iid"),
+                        help="stratified (default): every request realises alpha, so the intervals measure "
+                             "the testbed, not the luck of the draw; iid: independent acceptance per position")
     args = parser.parse_args()
     launcher = choose_launcher(args.launcher)
     profile_name, gamma = "toy-edge-cloud", 4
@@ -56,7 +59,7 @@ def main() -> int:
         "name": "theory-agreement", "launcher": launcher, "rtt_ms": [0, 4, 8, 12, 16, 24, 40],
         "gamma": [gamma], "requests": args.requests, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
         "repeats": args.repeats, "edges": 1, "profile": profile_name,
-        "backend": {"kind": "synthetic", "alpha": args.alpha}})
+        "backend": {"kind": "synthetic", "alpha": args.alpha, "acceptance": args.acceptance}})
     out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-theory-"))
     run_experiment(experiment, out, resume=bool(args.out) and (out / "sweep.json").exists())
     summary = analyze_sweep(out)
@@ -109,7 +112,7 @@ def main() -> int:
         f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
         *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
         f"alpha_fitted={alpha:.4f}", f"launcher={launcher}", f"alpha={args.alpha}", f"gamma={gamma}",
-        f"profile={profile_name}", f"repeats={args.repeats}", f"requests={args.requests}",
+        f"profile={profile_name}", f"repeats={args.repeats}", f"requests={args.requests}", f"acceptance={args.acceptance}",
         f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
     ]))
     return 0

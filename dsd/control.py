@@ -35,11 +35,9 @@ import math
 from dataclasses import dataclass
 
 from dsd import latency_model as lm
+from dsd.modes import SYNC, edge_modes, get_mode, names, server_modes
 
 CONTROLLERS = ("static", "heuristic", "model", "bandit")
-DSD_MODES = ("sync", "pipelined")
-SERVER_MODES = ("ar", "colocated")              # a whole request on the server (decide_request only)
-PLAN_MODES = DSD_MODES + SERVER_MODES
 
 
 @dataclass(frozen=True)
@@ -88,8 +86,8 @@ class Decision:
     def __post_init__(self) -> None:
         if not (isinstance(self.gamma, int) and not isinstance(self.gamma, bool) and self.gamma >= 1):
             raise ValueError(f"gamma must be a whole number >= 1, got {self.gamma!r}")
-        if self.mode not in PLAN_MODES:
-            raise ValueError(f"mode must be one of {PLAN_MODES}, got {self.mode!r}")
+        if self.mode not in names():             # dsd/modes.py; server modes only per request
+            raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
 
 
 def shadow_matches(draft, seq_id: str, prompt: list[int], generated: list[int]) -> tuple[int, int]:
@@ -121,9 +119,9 @@ def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision
 class ControllerConfig:
     name: str = "static"
     gamma: int = 4                  # the first round's gamma (every round's, for static)
-    mode: str = "sync"              # the first round's mode
+    mode: str = SYNC                # the first round's mode
     gamma_max: int = 16
-    modes: tuple[str, ...] = ("sync", "pipelined")   # what the model policy may choose from
+    modes: tuple[str, ...] = edge_modes()   # what a policy may choose from (server modes: per request)
     margin_pct: float = 5.0         # model: switch only for a plan predicted this much faster
     discount: float = 0.9           # model: weight of the past in the running estimates, per round
     t_ar_s: float | None = None     # model: the server's AR step (prior; default: t_verify(1) as measured)
@@ -142,10 +140,10 @@ class ControllerConfig:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.name != "static" and self.gamma > self.gamma_max:
             raise ValueError(f"gamma must be <= gamma_max {self.gamma_max}, got {self.gamma!r}")
-        if self.mode not in PLAN_MODES:
-            raise ValueError(f"mode must be one of {PLAN_MODES}, got {self.mode!r}")
-        if not self.modes or any(m not in PLAN_MODES for m in self.modes):
-            raise ValueError(f"modes must be a non-empty list from {PLAN_MODES}, got {self.modes!r}")
+        if self.mode not in names():
+            raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
+        if not self.modes or any(m not in names() for m in self.modes):
+            raise ValueError(f"modes must be a non-empty list from {names()}, got {self.modes!r}")
         if not (0 <= self.margin_pct < 100):
             raise ValueError(f"margin_pct must be in [0, 100), got {self.margin_pct!r}")
         if not (0 <= self.discount < 1):
@@ -167,12 +165,12 @@ class ControllerConfig:
     @property
     def dsd_modes(self) -> tuple[str, ...]:
         """The modes a round may take (the request-level ones besides)."""
-        return tuple(m for m in self.modes if m in DSD_MODES)
+        return tuple(m for m in self.modes if m in edge_modes())
 
     @property
     def dsd_start(self) -> Decision:
         """The start plan of a DSD request: the configured one, in a DSD mode."""
-        modes = self.dsd_modes or DSD_MODES
+        modes = self.dsd_modes or edge_modes()
         return Decision(self.gamma, self.mode if self.mode in modes else modes[0])
 
 
@@ -222,16 +220,10 @@ class HeuristicPolicy:
 
 def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_draft_s: float,
                           t_verify_s: float, t_ar_s: float | None, t_draft_server_s: float | None = None) -> float:
-    """The closed form's steady-state time per token of one plan (colocated: the server drafts,
-    at t_draft_server_s, default the edge's t_draft_s)."""
-    if mode == "sync":
-        return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_s, t_verify_s, rtt_s)
-    if mode == "pipelined":
-        return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_s, t_verify_s, rtt_s)
-    if mode == "colocated":
-        return lm.per_token_colocated_s(alpha, gamma, t_draft_s if t_draft_server_s is None else t_draft_server_s,
-                                        t_verify_s)
-    return lm.per_token_ar_s(t_ar_s)
+    """The closed form's steady-state time per token of one plan (the mode's predictor in
+    dsd/modes.py; t_draft_s is the edge's, t_draft_server_s the server's where a mode drafts there)."""
+    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_s,
+                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
 
 
 def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, modes: tuple[str, ...],
@@ -242,7 +234,7 @@ def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, mode
     verify = t_verify_s if callable(t_verify_s) else (lambda _g: t_verify_s)
     best, best_s = None, math.inf
     for mode in modes:
-        for gamma in ([1] if mode == "ar" else range(1, gamma_max + 1)):
+        for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
             cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
                                            t_draft_server_s)
             if cost_s < best_s - 1e-15:
@@ -353,8 +345,8 @@ class ModelPolicy:
         if not self._measured():
             return self.current                  # nothing measured yet: the configured start
         alpha, rtt_s = self.alpha, self.rtt_s.value
-        best, best_s = self._best(self.config.dsd_modes or DSD_MODES, alpha, rtt_s)
-        if self.current.mode not in DSD_MODES or best_s < self._cost_s(self.current, alpha, rtt_s) * (
+        best, best_s = self._best(self.config.dsd_modes or edge_modes(), alpha, rtt_s)
+        if self.current.mode not in edge_modes() or best_s < self._cost_s(self.current, alpha, rtt_s) * (
                 1 - self.config.margin_pct / 100):
             self.current = best
         return self.current
@@ -372,14 +364,14 @@ class ModelPolicy:
         last = self.last_request
         if last is not None and last.mode in c.modes and \
                 best_s >= self._cost_s(last, alpha, rtt_s) * (1 - c.margin_pct / 100):
-            best = last if last.mode in SERVER_MODES else self._best((last.mode,), alpha, rtt_s)[0]
-        if best.mode in SERVER_MODES and c.dsd_modes and self.server_streak >= c.explore_after:
+            best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
+        if best.mode in server_modes() and c.dsd_modes and self.server_streak >= c.explore_after:
             # alpha may have risen while the server generated: look again where it could pay off
             dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
             if dsd_s < self._cost_s(best, alpha, rtt_s):
                 best = dsd
         self.last_request = best
-        if best.mode in DSD_MODES:
+        if best.mode in edge_modes():
             self.current = best
         return best
 
@@ -394,7 +386,7 @@ class ModelPolicy:
     def observe_request(self, observation: RequestObservation) -> None:
         if observation.rtt_s is not None:
             self.rtt_s.add(observation.rtt_s)
-        if observation.mode in DSD_MODES:
+        if observation.mode in edge_modes():
             self.server_streak = 0
             return
         self.server_streak += 1
@@ -404,7 +396,7 @@ class ModelPolicy:
         per_token_s = observation.steady_per_token_s
         if per_token_s is None:
             return
-        if observation.mode == "ar":
+        if not get_mode(observation.mode).speculative:
             self.t_ar_s.add(per_token_s)
         elif self.alpha is not None and self.t_verify_s.at(observation.gamma) is not None:
             # (gamma*t_ds + t_v)/E = per token  ->  t_ds
@@ -438,12 +430,12 @@ class BanditPolicy:
         gammas = sorted({g for g in config.gammas if g <= config.gamma_max}) or [config.gamma_max]
         self.arms: list[Decision] = []
         for mode in config.modes:
-            self.arms += [Decision(1, "ar")] if mode == "ar" else [Decision(g, mode) for g in gammas]
+            self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
         self.stats: dict[tuple, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
         self.rtt_bucket = 0
         self.accepted, self.rejected = _Discounted(config.discount), _Discounted(config.discount)
         self.current = config.dsd_start if config.dsd_start in self.arms else \
-            next((a for a in self.arms if a.mode in DSD_MODES), self.arms[0])
+            next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
 
     @staticmethod
     def rtt_bucket_of(rtt_s: float | None, default: int) -> int:
@@ -493,7 +485,7 @@ class BanditPolicy:
         self.rejected.add(float(o.accepted < o.proposed))
         t_draft_s = o.t_draft_s or 0.0
         wait_s = (o.rtt_s or 0.0) + (o.t_verify_s or 0.0) + (o.server_queue_s or 0.0)
-        if o.mode == "pipelined":
+        if get_mode(o.mode).pipelined:
             survived = o.accepted == o.proposed
             cycle_s = max((o.gamma + 1) * t_draft_s, wait_s) if survived else wait_s + o.gamma * t_draft_s
         else:
@@ -513,7 +505,7 @@ class BanditPolicy:
                                                                     / max(table[a][2], 1e-9)))
 
     def decide(self) -> Decision:
-        self.current = self._pick(self.config.dsd_modes or DSD_MODES)
+        self.current = self._pick(self.config.dsd_modes or edge_modes())
         return self.current
 
     def decide_request(self, rtt_s: float | None = None) -> Decision:
@@ -523,7 +515,7 @@ class BanditPolicy:
         table = self._known()
         kinds = {}
         for mode in self.config.modes:
-            kinds.setdefault("dsd" if mode in DSD_MODES else mode, []).append(mode)
+            kinds.setdefault("dsd" if mode in edge_modes() else mode, []).append(mode)
         values = {}
         for kind, modes in kinds.items():
             arms = [a for a in self.arms if a.mode in modes]
@@ -541,13 +533,13 @@ class BanditPolicy:
             kind = max(values, key=lambda k: values[k][0] + scale * math.sqrt(
                 math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
         choice = self._pick(tuple(kinds[kind]))
-        if choice.mode in DSD_MODES:
+        if choice.mode in edge_modes():
             self.current = choice
         return choice
 
     def observe_request(self, observation: RequestObservation) -> None:
         o = observation
-        if o.mode in DSD_MODES or o.tokens < 1 or not (o.wall_s > 0):
+        if o.mode in edge_modes() or o.tokens < 1 or not (o.wall_s > 0):
             return
         context = self.context
         if o.shadow_positions:
@@ -555,12 +547,15 @@ class BanditPolicy:
             for _ in range(max(o.shadow_positions // 4, 1)):     # as ModelPolicy._observe_shadow
                 self.accepted.add(lm.expected_accepted_per_round(rate, 4))
                 self.rejected.add(1.0 - rate ** 4)
-        arm = Decision(1, "ar") if o.mode == "ar" else \
+        arm = Decision(1, o.mode) if not get_mode(o.mode).speculative else \
             min((a for a in self.arms if a.mode == o.mode), key=lambda a: abs(a.gamma - o.gamma), default=None)
         if arm is not None:
             self._credit(context, arm, o.tokens, o.wall_s, o.wall_s / self.COUNT_UNIT_S)
 
 
 def make_controller(config: ControllerConfig):
+    """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
+    if config.name == "static" and get_mode(config.mode).policy is not None:
+        return get_mode(config.mode).policy(config)
     return {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy,
             "bandit": BanditPolicy}[config.name](config)

@@ -58,7 +58,7 @@ class Generation:
 
 
 def generate_ar(target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                sampling: SamplingParams = SamplingParams(), seq_id: str = "ar") -> Generation:
+                sampling: SamplingParams = SamplingParams(), seq_id: str = "autoregressive") -> Generation:
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     while not session.finished:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
-from dsd.control import Observation, check_decision
 from dsd.decoding import Generation, RoundRecord
-from dsd.drafting import begin_request, draft_block, draft_step
+from dsd.drafting import begin_request, draft_block
+from dsd.driver import Arrival, DsdDriver, Round, run_to_end
 from dsd.edge import EdgeDecoder
+from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -74,112 +75,108 @@ class SimulatedRun:
         return self.total_s / max(len(self.generation.tokens), 1)
 
 
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class VirtualDevice:
+    """The edge's draft device on virtual time: every step costs ``t_draft_s``."""
+
+    def __init__(self, clock: VirtualClock, t_draft_s: float) -> None:
+        self.clock, self.t_draft_s = clock, t_draft_s
+
+    async def draft(self, work, n_steps: int, then):
+        start_s = self.clock.now_s
+        work()
+        for _ in range(n_steps):        # step by step: the same sums as a clock that ticks per step
+            self.clock.now_s += self.t_draft_s
+        return then(), start_s
+
+
+class VirtualLink:
+    """The link and a verifier serving one edge, first come first served, on virtual time: each
+    message takes half the round trip (``rtt_at(t)`` for links that change), each fresh block
+    ``t_verify_of(n_drafted)``, a stale one nothing."""
+
+    def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts, rtt_at=None,
+                 t_verify_of=None) -> None:
+        self.clock, self.session, self.costs = clock, session, costs
+        self.rtt_at, self.t_verify_of = rtt_at, t_verify_of
+        self.arrivals: list[tuple[float, int, Arrival]] = []   # (time at the edge, send order, arrival)
+        self.order = itertools.count()
+        self.verifier_free_at_s = 0.0
+
+    def one_way_s(self, at_s: float) -> float:
+        return self.costs.one_way_s if self.rtt_at is None else self.rtt_at(at_s) / 2
+
+    def prepare(self, proposals: list[Proposal]) -> list[Proposal]:
+        return proposals
+
+    async def send(self, proposals: list[Proposal], after: Arrival | None) -> list[float]:
+        # A verdict's consequences leave when it arrives, even if the step it interrupted runs on.
+        sent_s = self.clock.now_s if after is None else after.t_receive_s
+        for proposal in proposals:
+            arrive_s = sent_s + self.one_way_s(sent_s)
+            start_s = max(arrive_s, self.verifier_free_at_s)
+            verdict = self.session.verify(proposal)
+            compute_s = 0.0 if verdict.stale else (self.costs.t_verify_s if self.t_verify_of is None
+                                                   else self.t_verify_of(proposal.gamma))
+            self.verifier_free_at_s = start_s + compute_s
+            back_s = self.verifier_free_at_s + self.one_way_s(self.verifier_free_at_s)
+            heapq.heappush(self.arrivals, (back_s, next(self.order),
+                                           Arrival(verdict, back_s, start_s - arrive_s, compute_s)))
+        return [sent_s] * len(proposals)
+
+    async def poll(self) -> list[Arrival]:
+        ready = []
+        while self.arrivals and self.arrivals[0][0] <= self.clock.now_s:
+            ready.append(heapq.heappop(self.arrivals)[2])
+        return ready
+
+    async def wait(self) -> Arrival:
+        if not self.arrivals:
+            raise RuntimeError("edge waits for a verdict but none is in flight")
+        self.clock.now_s = max(self.clock.now_s, self.arrivals[0][0])
+        return heapq.heappop(self.arrivals)[2]
+
+
 def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
-                 t_verify_of=None) -> SimulatedRun:
-    """``controller`` (dsd.control; None: gamma and the mode stay) is asked for the next plan
-    before the first block and after every verdict; its gamma must be in 1..gamma_max (default:
-    gamma). ``rtt_at(t_s)`` (optional) is the link's RTT for a message sent at virtual time t_s,
-    for links that change during the request; ``t_verify_of(n_drafted)`` (optional) the verification
-    time of a block, for plans whose gamma changes (default: ``costs.t_verify_s`` for every block)."""
-    gamma_max = gamma_max or gamma
-    modes = ("sync", "pipelined")
-    plan = (gamma, "pipelined" if pipelined else "sync")
-    if controller is not None:
-        decision = check_decision(controller.decide(), gamma_max, modes)
-        plan = (decision.gamma, decision.mode)
-    edge = EdgeDecoder(prompt, plan[0], stop, pipelined=plan[1] == "pipelined", max_in_flight=max_in_flight)
+                 t_verify_of=None, mode: str | None = None) -> SimulatedRun:
+    """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
+    dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
+    None: gamma and the mode stay) is asked for the next plan before the first block and after
+    every verdict; its gamma must be in 1..gamma_max (default: gamma). ``rtt_at(t_s)`` (optional)
+    is the link's RTT for a message sent at virtual time t_s, for links that change during the
+    request; ``t_verify_of(n_drafted)`` (optional) the verification time of a block, for plans
+    whose gamma changes (default: ``costs.t_verify_s`` for every block)."""
+    clock = VirtualClock()
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
-    draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
-    begin_request(draft, seq_id, prompt, gamma)
-    arrivals: list[tuple[float, int, object]] = []   # (time at the edge, send order, verdict)
-    order = itertools.count()
-    verifier_free_at = 0.0
-    clock_s = 0.0
-    first_token_s = None
-    last_emit_s = 0.0
+    link = VirtualLink(clock, session, costs, rtt_at, t_verify_of)
     generation = Generation([])
-    draft_steps = 0
+    emits_s: list[float] = []
 
-    planned: dict[tuple[int, int], tuple[int, str]] = {}    # block -> the plan it was drafted in
+    def on_round(r: Round) -> None:
+        generation.rounds.append(RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode))
+        if r.emitted:
+            emits_s.append(r.arrival.t_receive_s)
 
-    def one_way_s(at_s: float) -> float:
-        return costs.one_way_s if rtt_at is None else rtt_at(at_s) / 2
-
-    def send(proposals: list[Proposal], at_s: float) -> None:
-        nonlocal verifier_free_at
-        for proposal in proposals:
-            arrive_s = at_s + one_way_s(at_s)
-            start_s = max(arrive_s, verifier_free_at)
-            verdict = session.verify(proposal)
-            compute_s = 0.0 if verdict.stale else (costs.t_verify_s if t_verify_of is None
-                                                    else t_verify_of(proposal.gamma))
-            verifier_free_at = start_s + compute_s
-            back_s = verifier_free_at + one_way_s(verifier_free_at)
-            timing = (at_s, start_s - arrive_s, compute_s)
-            heapq.heappush(arrivals, (back_s, next(order), verdict, timing,
-                                      planned.pop((proposal.start_pos, proposal.base_digest))))
-
-    def deliver_until(time_s: float) -> None:
-        nonlocal first_token_s, last_emit_s
-        while arrivals and arrivals[0][0] <= time_s:
-            arrival_s, _, verdict, (sent_s, queue_s, compute_s), (block_gamma, block_mode) = heapq.heappop(arrivals)
-            emitted, to_send = edge.on_verdict(verdict)
-            generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict, len(emitted),
-                                                              block_gamma, block_mode))
-            if emitted:
-                last_emit_s = arrival_s
-                if first_token_s is None:
-                    first_token_s = arrival_s
-            if controller is not None:
-                controller.observe(Observation(block_gamma, block_mode, verdict.proposed, verdict.accepted,
-                                               verdict.stale, arrival_s - sent_s - queue_s - compute_s,
-                                               costs.t_draft_s, compute_s, queue_s))
-                decision = check_decision(controller.decide(), gamma_max, modes)
-                edge.set_plan(decision.gamma, decision.mode == "pipelined")
-            send(to_send, arrival_s)
-
-    step_limit = 64 * (stop.max_new_tokens + 1) * (gamma_max + 2)
-    while True:
-        deliver_until(clock_s)
-        if edge.done:
-            break
-        request = edge.next_draft()
-        if request is None:
-            if not arrivals:
-                raise RuntimeError("edge waits for a verdict but none is in flight")
-            clock_s = max(clock_s, arrivals[0][0])
-            continue
-        plan = (request.n_tokens, "pipelined" if edge.pipelined else "sync")
-        tokens = list(request.prefix)
-        probs = []
-        for _ in range(request.n_tokens):
-            token, q = draft_step(draft, seq_id, tokens, sampling, draft_generator)
-            tokens.append(token)
-            probs.append(q)
-            clock_s += costs.t_draft_s
-            draft_steps += 1
-            deliver_until(clock_s)
-            if edge.epoch != request.epoch:
-                break
-        if draft_steps > step_limit:
-            raise RuntimeError(f"simulation exceeded {step_limit} draft steps")
-        drafted = tokens[len(request.prefix):]
-        q_stack = None if sampling.greedy else torch.stack(probs)
-        to_send = edge.add_draft(request, drafted, q_stack)
-        block = to_send[0] if to_send else edge.held
-        if block is not None and not request.with_guess:
-            planned[(block.start_pos, block.base_digest)] = plan
-        send(to_send, clock_s)
-    generation.tokens = edge.generated
+    driver = DsdDriver(draft, seq_id, prompt, gamma, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link,
+                       clock, on_round, mode or (PIPELINED if pipelined else SYNC), max_in_flight, controller,
+                       gamma_max)
+    generation.tokens = run_to_end(driver.run())
     session.close()
-    draft.release(seq_id)
     # The output is complete when the last emitting verdict arrives; stale answers to doomed
     # blocks still on the way do not delay it.
-    return SimulatedRun(generation, last_emit_s, first_token_s or 0.0, draft_steps, edge)
+    return SimulatedRun(generation, emits_s[-1] if emits_s else 0.0, emits_s[0] if emits_s else 0.0,
+                        driver.draft_steps, driver.edge)
 
 
 def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
@@ -191,20 +188,21 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     (gamma draft steps on its own draft model, then one verification) after another and sends
     each step's tokens at once, which the client receives one link delay later. Times run from
     the client's first send (the request's one-off costs are in them, unlike simulate_dsd)."""
-    if mode not in ("ar", "colocated"):
-        raise ValueError(f"mode must be 'ar' or 'colocated' (the server's own modes), got {mode!r}")
+    if mode not in server_modes():
+        raise ValueError(f"mode must be one of {server_modes()} (the server's own modes), got {mode!r}")
+    drafts = get_mode(mode).drafts == SERVER
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     clock_s = costs.one_way_s                     # the Open (and the Generate behind it) arrives
     session.prefill()
     clock_s += costs.t_prefill_s
     draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
-    if mode == "colocated":
+    if drafts:
         begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
     generation = Generation([])
     receipts_s: list[float] = []
     draft_steps = 0
     while not session.finished:
-        if mode == "ar":
+        if not drafts:
             emitted = session.ar_step()
             clock_s += costs.t_ar_s
             record = RoundRecord(len(generation.rounds), 0, 0, len(emitted))
@@ -220,7 +218,7 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
         receipts_s.append(clock_s + costs.one_way_s)      # this step's Tokens message reaches the client
     generation.tokens = session.generated
     session.close()
-    if mode == "colocated":
+    if drafts:
         draft.release(seq_id)
     emitting = [t for t, r in zip(receipts_s, generation.rounds) if r.emitted]
     return SimulatedRun(generation, emitting[-1] if emitting else clock_s, emitting[0] if emitting else 0.0,

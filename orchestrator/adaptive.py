@@ -18,6 +18,7 @@ import math
 
 import pandas as pd
 
+from dsd.modes import gammaless_modes
 from orchestrator import analysis, bootstrap
 from orchestrator.sweep import Point, merge, plan_points
 
@@ -42,7 +43,7 @@ def crossover_state(requests: pd.DataFrame, rounds: pd.DataFrame, gamma: int) ->
             mine = group_cells[(group_cells["mode"] == mode) & (group_cells.gamma == gamma)
                                & (group_cells.clients == clients)].set_index("rtt_ms")["per_token_ms"]
             ref = group_cells[(group_cells["mode"] == reference) & (group_cells.clients == clients)
-                              & ((group_cells.gamma == gamma) | (group_cells["mode"] == "ar"))]
+                              & ((group_cells.gamma == gamma) | group_cells["mode"].isin(gammaless_modes()))]
             ref = ref.groupby("rtt_ms")["per_token_ms"].median()
             common = mine.index.intersection(ref.index)
             measured = analysis.crossing_rtt_ms(common.values, (mine[common] - ref[common]).values) \

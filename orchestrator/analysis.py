@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, get_mode
 from orchestrator import capacity
 from orchestrator.rounds import rounds_with_receipts
 
@@ -27,8 +28,8 @@ def varied_group_keys(frame: pd.DataFrame) -> list[str]:
     """The group keys of a sweep: profile and alpha where present, sampling keys where they vary."""
     return [k for k in GROUP_KEYS if k in frame.columns and (k not in SAMPLING_KEYS or frame[k].nunique() > 1)]
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
-    "sync_vs_ar": ("sync", "ar"),
-    "pipelined_vs_colocated": ("pipelined", "colocated"),
+    "sync_vs_ar": (SYNC, AR),
+    "pipelined_vs_colocated": (PIPELINED, COLOCATED),
 }
 
 
@@ -50,8 +51,8 @@ def fit_params(rounds: pd.DataFrame, fallback: dict) -> tuple[dict, dict]:
     if rounds.empty or "server_compute_s" not in rounds:
         return params, source
     live = rounds[~rounds["stale"].astype(bool)]
-    edge = live[live["mode"].isin(["sync", "pipelined"]) & live["t_draft_end_s"].notna()]
-    sync = edge[edge["mode"] == "sync"]
+    edge = live[live["mode"].isin(edge_modes()) & live["t_draft_end_s"].notna()]
+    sync = edge[edge["mode"] == SYNC]
     if len(sync):
         params["t_draft_edge_s"] = float(((sync.t_draft_end_s - sync.t_draft_start_s) / sync.proposed).median())
         source["t_draft_edge_s"] = f"fitted: median draft time per token over {len(sync)} sync rounds"
@@ -60,11 +61,11 @@ def fit_params(rounds: pd.DataFrame, fallback: dict) -> tuple[dict, dict]:
         params["t_verify_s"][int(gamma)] = float(group["server_compute_s"].median())
     if len(verify):
         source["t_verify_s"] = f"fitted: median server compute over {len(verify)} DSD rounds"
-    ar = live[(live["mode"] == "ar") & live["server_compute_s"].notna()]
+    ar = live[(live["mode"] == AR) & live["server_compute_s"].notna()]
     if len(ar):
         params["t_ar_s"] = float(ar["server_compute_s"].median())
         source["t_ar_s"] = f"fitted: median server compute over {len(ar)} AR steps"
-    co = live[(live["mode"] == "colocated") & live["server_compute_s"].notna()]
+    co = live[(live["mode"] == COLOCATED) & live["server_compute_s"].notna()]
     if len(co):
         per_round = co.groupby("gamma")["server_compute_s"].median()
         estimates = [(per_round[g] - params["t_verify_s"].get(int(g), 0.0)) / g for g in per_round.index]
@@ -104,12 +105,12 @@ def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dic
     previous_receive_s = live.groupby(keys)["t_receive_s"].shift(1)
     live = live.assign(since_previous_s=live["t_receive_s"] - previous_receive_s,
                        send_since_previous_s=live["t_send_s"] - previous_receive_s)
-    ar = live[live["mode"] == "ar"]["since_previous_s"].dropna()
+    ar = live[live["mode"] == AR]["since_previous_s"].dropna()
     if len(ar):
         params["t_ar_s"] = float(ar.mean())
         source["t_ar_s"] = f"client view: mean time between AR tokens over {len(ar)} steps"
         overhead_ms["ar_step"] = 1e3 * (params["t_ar_s"] - compute["t_ar_s"])
-    sync = live[live["mode"] == "sync"]
+    sync = live[live["mode"] == SYNC]
     if len(sync):
         wait_s = sync["t_receive_s"] - sync["t_send_s"] - sync["rtt_ms"] / 1e3 - sync["server_queue_s"].fillna(0.0)
         for gamma, group in wait_s.groupby(sync["gamma"]):
@@ -122,7 +123,7 @@ def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dic
             source["t_draft_edge_s"] = f"client view: mean (send - previous receipt) / gamma over {len(edge)} sync rounds"
             overhead_ms["dsd_round_edge_side"] = 1e3 * float(
                 (sync["send_since_previous_s"] - (sync["t_draft_end_s"] - sync["t_draft_start_s"])).mean())
-    co = live[live["mode"] == "colocated"].dropna(subset=["since_previous_s"])
+    co = live[live["mode"] == COLOCATED].dropna(subset=["since_previous_s"])
     if len(co):
         estimates = [(g["since_previous_s"].mean() - params["t_verify_s"].get(int(gamma), 0.0)) / gamma
                      for gamma, g in co.groupby("gamma")]
@@ -212,22 +213,17 @@ def measured_compute_ms(rounds: pd.DataFrame) -> dict:
             ((drafted.t_draft_end_s - drafted.t_draft_start_s) / drafted.proposed).median())
     if live["server_compute_s"].notna().any():
         out["server_compute_ms_p50"] = 1e3 * float(live["server_compute_s"].median())
-        if live["mode"].isin(["sync", "pipelined"]).all():
+        if live["mode"].isin(edge_modes()).all():
             out["t_verify_ms_measured"] = out["server_compute_ms_p50"]
     return out
 
 
 def predict_per_token_s(mode: str, rtt_s: float, gamma: int, alpha: float, params: dict) -> float:
-    t_v = params["t_verify_s"][gamma]
-    if mode == "ar":
-        return params["t_ar_s"]
-    if mode == "colocated":
-        return lm.per_token_colocated_s(alpha, gamma, params["t_draft_server_s"], t_v)
-    if mode == "sync":
-        return lm.per_token_sync_dsd_s(alpha, gamma, params["t_draft_edge_s"], t_v, rtt_s)
-    if mode == "pipelined":
-        return lm.per_token_pipelined_dsd_s(alpha, gamma, params["t_draft_edge_s"], t_v, rtt_s)
-    raise ValueError(f"unknown mode {mode!r}")
+    """The mode's closed form (dsd.modes) on a params dict (t_verify_s per gamma)."""
+    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=params.get("t_ar_s"),
+                                      t_draft_edge_s=params.get("t_draft_edge_s"),
+                                      t_draft_server_s=params.get("t_draft_server_s"),
+                                      t_verify_s=params["t_verify_s"][gamma])
 
 
 def add_predictions(points: pd.DataFrame, alpha: float, params: dict) -> pd.DataFrame:
@@ -256,7 +252,7 @@ def crossing_rtt_ms(rtt_ms: np.ndarray, diff_ms: np.ndarray) -> float:
 def measured_crossovers(points: pd.DataFrame, gamma: int, clients: int = 1) -> dict:
     """Per crossover: the median-of-repeats crossing and the range over repeats."""
     result = {}
-    subset = points[(points.gamma == gamma) | (points["mode"] == "ar")]
+    subset = points[(points.gamma == gamma) | points["mode"].isin(gammaless_modes())]
     subset = subset[subset.clients == clients]
     for name, (mode, reference) in CROSSOVERS.items():
         ours, ref = subset[subset["mode"] == mode], subset[subset["mode"] == reference]
@@ -299,7 +295,7 @@ def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
     group, over the point's own. > 1: the mode wins."""
     points = points.copy()
     keys = [k for k in point_keys(points) if k not in ("mode", "gamma")]
-    ar = points[points["mode"] == "ar"].set_index(keys)["per_token_ms_p50"]
+    ar = points[points["mode"] == AR].set_index(keys)["per_token_ms_p50"]
     ar = ar[~ar.index.duplicated()]
     reference = [ar.get(tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]], math.nan)
                  for _, row in points.iterrows()]
@@ -310,10 +306,10 @@ def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
 def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, params: dict) -> float:
     """The gain window's edge: the RTT at which `mode` (sync or pipelined DSD) ties cloud AR."""
     t_v = params["t_verify_s"][gamma]
-    if mode == "sync":
+    if mode == SYNC:
         rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
         return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
-    if mode == "pipelined":
+    if mode == PIPELINED:
         return 1e3 * lm.pipelined_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
     raise ValueError(f"the gain window compares sync or pipelined DSD with AR, not {mode!r}")
 
@@ -334,7 +330,7 @@ def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, params: di
 
 
 def gain_window_table(points: pd.DataFrame, gamma: int, params_by_profile: dict,
-                      modes: tuple[str, ...] = ("sync", "pipelined")) -> pd.DataFrame:
+                      modes: tuple[str, ...] = (SYNC, PIPELINED)) -> pd.DataFrame:
     """Per profile, mode and RTT: the alpha at which DSD ties cloud AR, measured (interpolated
     over the swept alphas, medians over repeats, at the fitted alphas) and predicted."""
     rows = []

@@ -28,6 +28,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dsd.modes import get_mode
 from orchestrator import analysis
 
 N_BOOT = 2000
@@ -124,7 +125,7 @@ def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_
                 if attrs["mode"] != which:
                     continue
                 if any(attrs[k] != v for k, v in fixed.items()
-                       if k in attrs and not (k == "gamma" and which == "ar")):
+                       if k in attrs and not (k == "gamma" and not get_mode(which).speculative)):
                     continue
                 found[float(attrs["rtt_ms"])] = values
             curves[which] = found

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from dsd.modes import COLOCATED, SYNC
 from orchestrator.rounds import rounds_with_receipts
 
 
@@ -65,9 +66,9 @@ def predicted_tok_s_per_client(mode: str, clients: int, alpha: float, gamma: int
     round takes its own critical path or, saturated, n times the server's work per round,
     whichever is longer (queueing before saturation left out). nan for modes it does not cover."""
     e, t_v = lm.expected_tokens_per_round(alpha, gamma), params["t_verify_s"][gamma]
-    if mode == "colocated":
+    if mode == COLOCATED:
         return e / (clients * (gamma * params["t_draft_server_s"] + t_v))
-    if mode == "sync":
+    if mode == SYNC:
         return e / max(gamma * params["t_draft_edge_s"] + rtt_s + t_v, clients * t_v)
     return math.nan
 
@@ -80,7 +81,7 @@ def capacity_table(points: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
             .rename("tok_s_per_client").reset_index())
 
 
-def capacity_ratio(table: pd.DataFrame, dsd_mode: str = "sync", reference: str = "colocated",
+def capacity_ratio(table: pd.DataFrame, dsd_mode: str = SYNC, reference: str = COLOCATED,
                    rate_tok_s: float | None = None) -> dict:
     """Clients sustained at one per-client token rate, DSD over co-located SD. The rate defaults
     to what DSD gives each client at its largest measured count (where the server is most

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.control import CONTROLLERS
+from dsd.modes import BUILTIN, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from orchestrator import links
 from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
 from orchestrator.workload import Workload, parse_workload
 from orchestrator.launchers.external import ExternalConfig
 
-MODES = ("ar", "colocated", "sync", "pipelined")
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 
 
@@ -23,7 +23,7 @@ LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 class Experiment:
     name: str
     launcher: str = "sim"
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = BUILTIN   # dsd/modes.py: the four of REFERENCE.md; any registered mode may be listed
     rtt_ms: tuple[float, ...] = (0.0, 10.0, 20.0, 40.0, 80.0)
     gamma: tuple[int, ...] = (4,)
     clients: tuple[int, ...] = (1,)
@@ -73,8 +73,8 @@ class Experiment:
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
         _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
-        _check(len(self.modes) > 0 and all(m in MODES for m in self.modes), "modes", self.modes,
-               f"a non-empty list from {MODES}")
+        _check(len(self.modes) > 0 and all(m in names() for m in self.modes), "modes", self.modes,
+               f"a non-empty list from {names()}")
         _check(len(self.rtt_ms) > 0 and all(_is_number(r) and 0 <= r <= 10_000 for r in self.rtt_ms),
                "rtt_ms", self.rtt_ms, "a non-empty list of numbers in 0..10000")
         _check(len(self.gamma) > 0 and all(_is_int(g) and 1 <= g <= 64 for g in self.gamma),
@@ -144,8 +144,8 @@ class Experiment:
         _check(_is_int(self.gamma_max) and 1 <= self.gamma_max <= 64, "gamma_max", self.gamma_max,
                "a whole number in 1..64")
         if self.controller != "static":
-            _check(all(m in ("sync", "pipelined") for m in self.modes), "modes", self.modes,
-                   f"only sync and pipelined with controller {self.controller!r} (the edge drafts)")
+            _check(all(m in edge_modes() for m in self.modes), "modes", self.modes,
+                   f"only modes where the edge drafts {edge_modes()} with controller {self.controller!r}")
             _check(max(self.gamma) <= self.gamma_max, "gamma", self.gamma,
                    f"at most gamma_max {self.gamma_max} with controller {self.controller!r}")
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsd.modes import AR, BUILTIN, COLOCATED, edge_modes
 from orchestrator import geography
 from orchestrator.analysis import predict_per_token_s
 
-MODES = ("ar", "colocated", "sync", "pipelined")
 SAMPLE = (("CZ", "CZ"), ("ES", "ES"), ("DE", "DE"), ("DE", "FR"), ("DE", "US"), ("BR", "US"), ("IN", "US"),
           ("AU", "DE"))
 
@@ -42,11 +42,11 @@ def predict_pairs(params: dict, alpha: float, gamma: int) -> pd.DataFrame:
     rows = []
     for (a, b), (_, mean_ms, *_rest) in geography.load_pairs().items():
         row = {"country_a": a, "country_b": b, "rtt_ms": mean_ms}
-        for mode in MODES:
+        for mode in BUILTIN:
             row[f"{mode}_ms"] = 1e3 * predict_per_token_s(mode, mean_ms / 1e3, gamma, alpha, params)
-        best = min(row["sync_ms"], row["pipelined_ms"])
-        row["dsd_speedup_vs_ar"] = row["ar_ms"] / best
-        row["dsd_speedup_vs_colocated"] = row["colocated_ms"] / best
+        best = min(row[f"{mode}_ms"] for mode in edge_modes() if mode in BUILTIN)
+        row["dsd_speedup_vs_ar"] = row[f"{AR}_ms"] / best
+        row["dsd_speedup_vs_colocated"] = row[f"{COLOCATED}_ms"] / best
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from netem.cleanup import stop_processes
-from orchestrator.launchers.processes import SERVICE_MARK
+from orchestrator.launchers.processes import OWNER_MARK, SERVICE_MARK, process_identity
 
 CONTAINER_LABEL = "dsdbed.role"        # compose.yaml labels every service with it
 NETWORK_LABEL = "dsdbed.testbed"
@@ -36,7 +36,8 @@ def refuse_if_any(services: bool = True) -> None:
     namespace, a service) would distort or block it. Containers are the compose launcher's to
     judge (it uses a matching project that is up, and refuses one that does not match), so they
     are not counted here; nor, with services=False (compose), service processes on the host,
-    which containers do not meet (a loopback sweep running beside it is not a leftover)."""
+    which containers do not meet. Services of a live orchestrator (a sweep or test running
+    beside this one) are never leftovers (``service_processes``)."""
     found = find(docker=False, services=services)
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
@@ -56,19 +57,33 @@ def clean() -> list[str]:
 
 
 def service_processes() -> list[int]:
-    """Pids of processes carrying our service mark (started by orchestrator.launchers.processes)."""
+    """Pids of processes carrying our service mark (started by orchestrator.launchers.processes)
+    whose orchestrator is gone: a service of a run that is still alive (a sweep or a test beside
+    this one) is not a leftover. A service without an owner mark (an older checkout's) counts."""
     pids = []
-    needle = f"{SERVICE_MARK}=".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if any(var.startswith(needle) for var in f.read().split(b"\0")):
-                    pids.append(int(entry))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
+        marks = _marks(int(entry))
+        if SERVICE_MARK in marks and not (marks.get(OWNER_MARK) and
+                                          process_identity(int(marks[OWNER_MARK].split(":")[0])) == marks[OWNER_MARK]):
+            pids.append(int(entry))
     return pids
+
+
+def _marks(pid: int) -> dict[str, str]:
+    """Our marks in a process's environment ({} if it has none or is gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            variables = f.read().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    marks = {}
+    for var in variables:
+        name, _, value = var.partition(b"=")
+        if name.decode(errors="replace") in (SERVICE_MARK, OWNER_MARK):
+            marks[name.decode()] = value.decode(errors="replace")
+    return marks
 
 
 def _stop_service_processes() -> list[str]:

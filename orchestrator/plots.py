@@ -11,10 +11,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from dsd.modes import SYNC, gammaless_modes, get_mode, names, speculative_modes  # noqa: E402
 from orchestrator.analysis import predict_per_token_s  # noqa: E402
 
-COLORS = {"ar": "tab:gray", "colocated": "tab:green", "sync": "tab:blue", "pipelined": "tab:orange"}
-LABELS = {"ar": "cloud AR", "colocated": "co-located SD", "sync": "synchronous DSD", "pipelined": "pipelined DSD"}
+
+def _color(mode: str) -> str:
+    return get_mode(mode).color
+
+
+def _label(mode: str) -> str:
+    return get_mode(mode).label
 
 
 def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: dict,
@@ -22,17 +28,17 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
                         launcher: str) -> Path:
     kind = "simulated" if launcher == "sim" else "measured"
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    subset = points[(points.gamma == gamma) | (points["mode"] == "ar")]
+    subset = points[(points.gamma == gamma) | points["mode"].isin(gammaless_modes())]
     rtt_grid_ms = np.linspace(0, max(subset.rtt_ms.max(), 1.0), 200)
-    for mode in ["ar", "colocated", "sync", "pipelined"]:
+    for mode in names():
         rows = subset[subset["mode"] == mode].groupby("rtt_ms")["per_token_ms_p50"]
         if not len(rows):
             continue
         med, lo, hi = rows.median(), rows.min(), rows.max()
-        ax.errorbar(med.index, med.values, yerr=[med - lo, hi - med], fmt="o", color=COLORS[mode],
-                    label=f"{LABELS[mode]} ({kind})", capsize=2, ms=4)
+        ax.errorbar(med.index, med.values, yerr=[med - lo, hi - med], fmt="o", color=_color(mode),
+                    label=f"{_label(mode)} ({kind})", capsize=2, ms=4)
         ax.plot(rtt_grid_ms, [1e3 * predict_per_token_s(mode, r / 1e3, gamma, alpha, params) for r in rtt_grid_ms],
-                "-", color=COLORS[mode], alpha=0.6, lw=1.2)
+                "-", color=_color(mode), alpha=0.6, lw=1.2)
     notes = []
     for name in ("sync_vs_ar", "pipelined_vs_colocated"):
         for source, tag, style in ((crossovers, kind[:4] + ".", "--"), (predicted, "pred.", ":")):
@@ -59,20 +65,20 @@ def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, 
     calibration / in_sample: {"alpha": ..., "params": ...}; crossovers: summary crossover rows."""
     kind = "simulated" if launcher == "sim" else "measured"
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    subset = cells[(cells.gamma == gamma) | (cells["mode"] == "ar")]
+    subset = cells[(cells.gamma == gamma) | cells["mode"].isin(gammaless_modes())]
     rtt_max_ms = max(subset.rtt_ms.max(), 1.0)
     rtt_grid_ms = np.linspace(0, rtt_max_ms, 200)
-    for mode in ["ar", "colocated", "sync", "pipelined"]:
+    for mode in names():
         rows = subset[subset["mode"] == mode].sort_values("rtt_ms")
         if not len(rows):
             continue
         yerr = [np.maximum(rows.per_token_ms - rows.ci_low, 0), np.maximum(rows.ci_high - rows.per_token_ms, 0)]
-        ax.errorbar(rows.rtt_ms, rows.per_token_ms, yerr=yerr, fmt="o", color=COLORS[mode],
-                    label=f"{LABELS[mode]} ({kind}, 95% CI)", capsize=2, ms=4)
+        ax.errorbar(rows.rtt_ms, rows.per_token_ms, yerr=yerr, fmt="o", color=_color(mode),
+                    label=f"{_label(mode)} ({kind}, 95% CI)", capsize=2, ms=4)
         for fit, style, width in ((calibration, "-", 1.3), (in_sample, ":", 0.9)):
-            if fit and math.isfinite(fit.get("alpha", math.nan)) or (fit and mode == "ar"):
+            if fit and math.isfinite(fit.get("alpha", math.nan)) or (fit and not get_mode(mode).speculative):
                 ax.plot(rtt_grid_ms, [1e3 * predict_per_token_s(mode, r / 1e3, gamma, fit["alpha"], fit["params"])
-                                      for r in rtt_grid_ms], style, color=COLORS[mode], alpha=0.7, lw=width)
+                                      for r in rtt_grid_ms], style, color=_color(mode), alpha=0.7, lw=width)
     notes = []
     for name, c in crossovers.items():
         low, high = c.get("ci_low", math.nan), c.get("ci_high", math.nan)
@@ -113,9 +119,9 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
     for ax, mode in zip(axes[0], modes):
         boundary = np.array([predicted_ar_boundary_rtt_ms(mode, a, gamma, params) for a in alpha_grid])
         shown = np.where(np.isfinite(boundary), boundary, np.nan)
-        ax.plot(alpha_grid, shown, "-", color=COLORS[mode], lw=1.5, label="predicted boundary (DSD = AR)")
+        ax.plot(alpha_grid, shown, "-", color=_color(mode), lw=1.5, label="predicted boundary (DSD = AR)")
         ax.fill_between(alpha_grid, 0, np.clip(np.nan_to_num(shown, nan=0.0), 0, rtt_top),
-                        color=COLORS[mode], alpha=0.08)
+                        color=_color(mode), alpha=0.08)
         mine = points[(points["mode"] == mode) & (points.gamma == gamma)]
         cells = mine.groupby(["alpha_fitted", "rtt_ms"])["speedup_vs_ar"].median().reset_index()
         win, lose = cells[cells.speedup_vs_ar > 1], cells[~(cells.speedup_vs_ar > 1)]
@@ -124,7 +130,7 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
         ax.scatter(lose.alpha_fitted, lose.rtt_ms, marker="x", color="tab:red", s=28, zorder=3,
                    label=f"cloud AR faster ({kind})")
         crossing = [(g["alpha_fitted"], g["_measured"].get("sync_vs_ar", {}).get("rtt_ms", math.nan))
-                    for g in groups] if mode == "sync" else []
+                    for g in groups] if mode == SYNC else []
         crossing = [(a, r) for a, r in crossing if math.isfinite(r)]
         if crossing:
             ax.plot(*zip(*sorted(crossing)), "D--", color="k", ms=4, lw=0.8,
@@ -133,7 +139,7 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
         ax.set_ylim(0, rtt_top)
         ax.set_xlabel("alpha (fitted per group)")
         ax.set_ylabel("round-trip time (ms)")
-        ax.set_title(f"{LABELS[mode]} vs cloud AR", fontsize=9)
+        ax.set_title(f"{_label(mode)} vs cloud AR", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
@@ -152,18 +158,18 @@ def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: st
     the measured capacity ratio beside 1 + gamma*t_draft/t_verify; predicted(mode, clients)
     draws the saturated-server model as dashed lines where it covers the mode."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    for mode in ["ar", "colocated", "sync", "pipelined"]:
+    for mode in names():
         rows = table[table["mode"] == mode].sort_values("clients")
         if len(rows):
-            ax.plot(rows.clients, rows.tok_s_per_client, "o-", color=COLORS[mode], label=LABELS[mode], ms=4)
+            ax.plot(rows.clients, rows.tok_s_per_client, "o-", color=_color(mode), label=_label(mode), ms=4)
             grid = np.linspace(rows.clients.min(), rows.clients.max(), 100)
             model = [predicted(mode, n) for n in grid] if predicted else [math.nan]
             if np.isfinite(model).any():
-                ax.plot(grid, model, "--", color=COLORS[mode], lw=1, alpha=0.7)
+                ax.plot(grid, model, "--", color=_color(mode), lw=1, alpha=0.7)
     notes = []
     for ratio in ratios:
-        ax.axhline(ratio["rate_tok_s_per_client"], color=COLORS[ratio["mode"]], ls=":", lw=0.8)
-        notes.append(f"{LABELS[ratio['mode']]} / {LABELS[ratio['reference']]} at "
+        ax.axhline(ratio["rate_tok_s_per_client"], color=_color(ratio["mode"]), ls=":", lw=0.8)
+        notes.append(f"{_label(ratio['mode'])} / {_label(ratio['reference'])} at "
                      f"{ratio['rate_tok_s_per_client']:.1f} tok/s per client: {ratio['clients_dsd']:.2f} / "
                      f"{ratio['clients_reference']:.2f} clients = {ratio['ratio_measured']:.2f} "
                      f"(predicted {ratio['ratio_predicted']:.2f})")
@@ -189,7 +195,7 @@ def acceptance_histograms(rounds: pd.DataFrame, gamma: int) -> dict:
     of each accepted count per round at this gamma, beside the truncated geometric that i.i.d.
     acceptance at the pooled alpha gives: P(k) = alpha^k (1 - alpha) for k < gamma, alpha^gamma
     for k = gamma. Rounds of the speculative modes only."""
-    live = rounds[(rounds["mode"] != "ar") & ~rounds["stale"].astype(bool) & (rounds["gamma"] == gamma)
+    live = rounds[rounds["mode"].isin(speculative_modes()) & ~rounds["stale"].astype(bool) & (rounds["gamma"] == gamma)
                   & (rounds["proposed"] == gamma)]
     if live.empty:
         return {}

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsd.modes import COLOCATED, get_mode, speculative_modes
 from orchestrator import analysis
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.sweep import Point, is_calibration, point_done
@@ -53,7 +54,7 @@ def calibrate(rounds: pd.DataFrame, assumed: dict) -> dict:
     (seen here: one 216 ms co-located round among 116 of 18 ms, load average 9 on 2 CPUs) would
     otherwise move every prediction of its mode. alpha is pooled over all rounds (acceptance
     counts do not stall)."""
-    spec = rounds[rounds["mode"] != "ar"] if len(rounds) else rounds
+    spec = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec) if len(spec) else math.nan
     by_request = list(rounds.groupby("request_index")) if "request_index" in rounds and len(rounds) else []
     if len(by_request) < 2:
@@ -70,8 +71,8 @@ def calibrate(rounds: pd.DataFrame, assumed: dict) -> dict:
         # round (gamma*t_draft_server + t_verify in each request's fit) and derive it again, so the
         # co-located prediction is that median round over E (no clip at 0: in the client view
         # t_verify carries DSD's message overhead, which a co-located round does not pay).
-        co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == "colocated", "gamma"]}) \
-            if "colocated" in set(rounds["mode"]) else []
+        co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == COLOCATED, "gamma"]}) \
+            if COLOCATED in set(rounds["mode"]) else []
         estimates = []
         for gamma in co_gammas:
             co_round_s = np.median([gamma * f[1]["t_draft_server_s"] + f[1]["t_verify_s"][gamma] for f in fits
@@ -108,7 +109,7 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
     rows = []
     for point in points:
         gamma_known = point.gamma in params["t_verify_s"]
-        ok = gamma_known and (point.mode == "ar" or math.isfinite(alpha))
+        ok = gamma_known and (not get_mode(point.mode).speculative or math.isfinite(alpha))
         per_token_ms = 1e3 * analysis.predict_per_token_s(point.mode, point.rtt_ms / 1e3, point.gamma,
                                                           alpha, params) if ok else math.nan
         crossovers = (analysis.predicted_crossovers(point.gamma, alpha, params)

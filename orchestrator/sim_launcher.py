@@ -11,8 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from dsd.backends.protocol import SamplingParams
-from dsd.control import (DSD_MODES, ControllerConfig, RequestObservation, check_decision, make_controller,
+from dsd.control import (ControllerConfig, RequestObservation, check_decision, make_controller,
                          shadow_matches)
+from dsd.modes import edge_modes, get_mode, server_modes
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 
@@ -42,11 +43,11 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
     if policy is not None:
         choice = check_decision(policy.decide_request(rtt_s), max(gamma_max, gamma), tuple(policy.config.modes))
         mode, gamma = choice.mode, choice.gamma
-    elif controller != "static" and mode in DSD_MODES:
+    elif controller != "static" and mode in edge_modes():
         policy = make_controller(ControllerConfig(controller, gamma, mode, gamma_max))
     prefill_s = costs.t_prefill_per_token_s * (len(prompt) - 1)
     t_verify_s = costs.t_verify_s[gamma]
-    if mode in ("ar", "colocated"):
+    if mode in server_modes():
         server = ServerCosts(costs.t_ar_s, costs.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
         run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, sampling, seq_id)
         rounds = run.generation.rounds
@@ -60,7 +61,7 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
     link = LinkCosts(costs.t_draft_edge_s, t_verify_s, rtt_s)
     # The edge opens the session first: one round trip and the prefill before drafting pays off.
     open_s = rtt_s + prefill_s
-    run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=(mode == "pipelined"),
+    run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,
                        max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
                        controller=policy, gamma_max=max(gamma_max, gamma),
                        rtt_at=None if rtt_at is None else lambda t: rtt_at(open_s + t),

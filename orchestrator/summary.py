@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
 from orchestrator import links as link_columns
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
@@ -85,7 +86,8 @@ def analyze_sweep(out: Path) -> dict:
         group = dict(zip(group_keys, values))
         profile = group.get("profile", single_profile)
         group_rounds = _select(rounds, group_keys, values)
-        spec_rounds = group_rounds[group_rounds["mode"] != "ar"] if len(group_rounds) else group_rounds
+        spec_rounds = (group_rounds[group_rounds["mode"].isin(speculative_modes())] if len(group_rounds)
+                       else group_rounds)
         alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
         points = analysis.point_table(group_requests, group_rounds, _select(links, group_keys, values))
         points = link_columns.add_link_columns(points, _select(links, group_keys, values),
@@ -323,8 +325,8 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
                                   f"{name}: gamma={gamma}, alpha={g['alpha_fitted']:.2f}, launcher={launcher}",
                                   launcher)
         made.append("latency_vs_rtt.png")
-    dsd_modes = tuple(m for m in ("sync", "pipelined") if m in set(points["mode"]))
-    if "alpha" in points and "ar" in set(points["mode"]) and dsd_modes:
+    dsd_modes = tuple(m for m in (SYNC, PIPELINED) if m in set(points["mode"]))
+    if "alpha" in points and AR in set(points["mode"]) and dsd_modes:
         window = analysis.gain_window_table(points, gamma, params, dsd_modes)
         window.to_csv(out / "gain_window.csv", index=False)
         summary["gain_window"] = window.to_dict("records")
@@ -338,7 +340,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         for values, rows in _groups(table, subset_keys):
             subset = dict(zip(subset_keys, values))
             subset_params = compute[subset.get("profile", groups[0]["profile"])]
-            for mode in ("sync", "pipelined"):
+            for mode in edge_modes():
                 ratio = capacity.capacity_ratio(rows, mode)
                 if ratio:
                     summary["capacity"].append({**subset, **ratio, "ratio_predicted":

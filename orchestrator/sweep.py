@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode
 from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator import links as link_keys
@@ -83,13 +84,13 @@ class Point:
 # Calibration (see orchestrator/predictions.py): per (profile, alpha) group, the first repeat of
 # these modes at the smallest RTT and client count of the grid. They run first in their group;
 # the parameters fitted from them alone predict every other point before it runs.
-CALIBRATION_MODES = ("ar", "colocated", "sync")
+CALIBRATION_MODES = (AR, COLOCATED, SYNC)
 
 
 def is_calibration(point: Point, experiment: Experiment) -> bool:
     modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
-    if "sync" not in experiment.modes and "pipelined" in experiment.modes:
-        modes.append("pipelined")            # t_verify and t_draft_edge then come from pipelined rounds
+    if SYNC not in experiment.modes and PIPELINED in experiment.modes:
+        modes.append(PIPELINED)            # t_verify and t_draft_edge then come from pipelined rounds
     if point.repeat != 0 or point.mode not in modes or point.clients != min(experiment.clients):
         return False
     # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
@@ -120,7 +121,7 @@ def _grid_points(experiment: Experiment) -> list[Point]:
         for repeat, link, gamma, sampling, clients, mode in itertools.product(
                 range(experiment.repeats), link_keys.link_axes(experiment), experiment.gamma,
                 experiment.sampling_settings(), experiment.clients, experiment.modes):
-            if mode == "ar" and gamma != experiment.gamma[0]:
+            if not get_mode(mode).speculative and gamma != experiment.gamma[0]:
                 continue                       # AR does not depend on gamma: run it once
             points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link,
                                 **asdict(sampling)))

@@ -32,7 +32,6 @@ import re
 import sys
 import tempfile
 import time
-from collections import deque
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
@@ -42,10 +41,9 @@ from aiohttp import web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
-from dsd.control import (CONTROLLERS, DSD_MODES, ControllerConfig, Observation, RequestObservation, check_decision,
-                         make_controller, shadow_matches)
-from dsd.drafting import begin_request, draft_step
-from dsd.edge import EdgeDecoder
+from dsd.control import CONTROLLERS, ControllerConfig, RequestObservation, check_decision, make_controller, shadow_matches
+from dsd.driver import Arrival, DsdDriver, Round
+from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
 from services import access, wire
 from services.link import LinkControl
@@ -54,7 +52,6 @@ from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_ba
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
 
 log = logging.getLogger("services.edge")
-RUN_MODES = ("ar", "colocated", "sync", "pipelined")
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -81,15 +78,14 @@ class RunConfig:
     gamma_max: int = 16               # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
     # server) and per round (sync/pipelined)
-    controller_modes: tuple[str, ...] = ("sync", "pipelined")
+    controller_modes: tuple[str, ...] = edge_modes()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
             raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
         if not isinstance(self.client_id, str) or not self.client_id:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
-        if self.mode not in RUN_MODES:
-            raise ValueError(f"mode must be one of {RUN_MODES}, got {self.mode!r}")
+        get_mode(self.mode)                 # dsd/modes.py: a ValueError naming the known modes
         for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
                           ("probe_count", 0)):
             value = getattr(self, name)
@@ -116,7 +112,7 @@ class RunConfig:
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
-        if self.controller != "static" and self.mode not in ("sync", "pipelined"):
+        if self.controller != "static" and self.mode not in edge_modes():
             raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
                              f"got {self.mode!r}")
         if isinstance(self.controller_modes, list):
@@ -124,8 +120,8 @@ class RunConfig:
         self.controller_config()            # gamma_max, controller_modes: checked there
 
     def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in ("sync", "pipelined")
-                                else "sync", self.gamma_max, self.controller_modes)
+        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in edge_modes()
+                                else SYNC, self.gamma_max, self.controller_modes)
 
     @classmethod
     def from_json(cls, body) -> "RunConfig":
@@ -380,7 +376,7 @@ class Client:
         gamma, mode = plan or (self.config.gamma, self.config.mode)
         await self.link.send(self.open_message(request, session))
         t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
-                                                      gamma if mode == "colocated" else 0))
+                                                      gamma if get_mode(mode).speculative else 0))
         tokens: list[int] = []
         while True:
             t_receive_s, m = await self.next_message(inbox, request)
@@ -401,120 +397,99 @@ class Client:
         await self.close_session(session, inbox, request, unexpected)
 
     async def dsd(self, request: Request) -> None:
-        """Sync and pipelined DSD: the edge drafts, the verifier verifies."""
+        """Sync and pipelined DSD: the edge drafts (dsd.driver, on this process's clock and device),
+        the verifier verifies."""
         c = self.config
         session, inbox = self.link.open_inbox()
-        seq_id = f"{c.run_id}/{request.index}"
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
-        generator = torch.Generator().manual_seed(sampling.seed + 1)
-        begin_request(self.draft, seq_id, request.prompt, c.gamma)
-        modes = ("sync", "pipelined")
-        first = check_decision(self.controller.decide(), max(c.gamma_max, c.gamma), modes)
-        edge = EdgeDecoder(request.prompt, first.gamma, request.stop, pipelined=first.mode == "pipelined",
-                           max_in_flight=c.max_in_flight)
-        await self.link.send(self.open_message(request, session))
-        # block -> (draft start, draft end, planned gamma, mode)
-        draft_times: dict[tuple[int, int], tuple[float, float, int, str]] = {}
-        sent: deque[tuple[float, float, int, str, float]] = deque()   # (draft start, end, gamma, mode, send)
-        round_index = 0
-        # The next draft may start on the device once the device is free and the last message it
-        # depends on had arrived: handling that message overlaps the emulated drafting.
-        ready_s = time.perf_counter()
+        transport = SessionTransport(self.link, session, inbox, request, sampling)
+        device = DraftDevice(self.device, self.t_draft_s, transport)
 
-        def encoded(proposals) -> list[tuple[object, bytes]]:
-            return [(p, wire.encode(_verify_message(self.link.next_seq(), session, p, sampling))) for p in proposals]
-
-        async def send(frames: list[tuple[object, bytes]]) -> None:
-            for p, data in frames:
-                t_send_s = await self.link.send_encoded(data)
-                sent.append(draft_times.pop((p.start_pos, p.base_digest)) + (t_send_s,))
-
-        def observe(m, gamma: int, mode: str, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s) -> None:
-            server_s = (m.queue_s or 0.0) + (m.compute_s or 0.0)
-            self.controller.observe(Observation(
-                gamma, mode, m.proposed, m.accepted, m.stale, max(t_receive_s - t_send_s - server_s, 0.0),
-                (t_draft_end_s - t_draft_start_s) / m.proposed if m.proposed else None, m.compute_s, m.queue_s))
-            decision = check_decision(self.controller.decide(), max(c.gamma_max, c.gamma), modes)
-            edge.set_plan(decision.gamma, decision.mode == "pipelined")
-
-        async def on_message(t_receive_s: float, m) -> None:
-            nonlocal round_index, ready_s
-            ready_s = max(ready_s, t_receive_s)
-            if isinstance(m, wire.Opened):
-                return
-            if not isinstance(m, wire.Verified):
-                raise RunError(f"unexpected {type(m).__name__} in a DSD session")
-            emitted, to_send = edge.on_verdict(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale))
-            request.emitted(t_receive_s, len(emitted))
-            t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = sent.popleft()
-            self.round_row(request, round_index, m.proposed, m.accepted, len(emitted), m.stale,
-                           t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m, (gamma, mode))
-            observe(m, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s)
-            round_index += 1
+        def on_round(r: Round) -> None:
+            m = r.arrival.message
+            request.emitted(r.arrival.t_receive_s, len(r.emitted))
+            self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), m.stale, r.t_draft_start_s,
+                           r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode))
             request.rounds += 1
             request.stale_rounds += m.stale
-            await send(encoded(to_send))
 
-        async def deliver_ready() -> None:
-            while not inbox.empty():
-                t_receive_s, m = inbox.get_nowait()
-                if isinstance(m, wire.Error):
-                    raise RunError(f"request {request.index}: verifier error {m.code} (field {m.field}): {m.message}")
-                await on_message(t_receive_s, m)
+        driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, c.gamma, request.stop,
+                           sampling, device, transport, time.perf_counter, on_round, c.mode,
+                           max_in_flight=c.max_in_flight, controller=self.controller,
+                           gamma_max=max(c.gamma_max, c.gamma))
+        await self.link.send(self.open_message(request, session))
+        try:
+            request.tokens = await driver.run()
+        except RuntimeError as exc:
+            if isinstance(exc, RunError):
+                raise
+            raise RunError(f"request {request.index}: {exc}") from None
 
-        step_limit = 64 * (c.max_new_tokens + 1) * (max(c.gamma_max, c.gamma) + 2)
-        steps = 0
+        async def drain(t_receive_s, m) -> None:       # stale answers to blocks sent before the end
+            arrival = transport.arrival(t_receive_s, m)
+            if arrival is not None:
+                await driver.handle(arrival)
+
+        await self.close_session(session, inbox, request, drain)
+
+
+class SessionTransport:
+    """A DSD session on the verifier link, as dsd.driver's transport: blocks go out as Verify
+    frames, Verified replies come back as arrivals. The draft device may start a pass once the
+    last message it depends on had arrived (``ready_s``)."""
+
+    def __init__(self, link: VerifierLink, session: int, inbox: asyncio.Queue, request: Request,
+                 sampling: SamplingParams) -> None:
+        self.link, self.session, self.inbox, self.request, self.sampling = link, session, inbox, request, sampling
+        self.ready_s = time.perf_counter()
+
+    def prepare(self, proposals) -> list[bytes]:
+        return [wire.encode(_verify_message(self.link.next_seq(), self.session, p, self.sampling))
+                for p in proposals]
+
+    async def send(self, frames: list[bytes], after=None) -> list[float]:
+        return [await self.link.send_encoded(data) for data in frames]
+
+    async def poll(self) -> list[Arrival]:
+        arrivals = []
+        while not self.inbox.empty():
+            arrival = self.arrival(*self.inbox.get_nowait())
+            if arrival is not None:
+                arrivals.append(arrival)
+        return arrivals
+
+    async def wait(self) -> Arrival:
         while True:
-            if not inbox.empty():       # (checked here: this runs between a send and falling idle)
-                await deliver_ready()
-            if edge.done:
-                break
-            draft_request = edge.next_draft()
-            if draft_request is None:
-                await on_message(*await self.next_message(inbox, request))
-                continue
-            tokens, probs = list(draft_request.prefix), []
-            plan = (draft_request.n_tokens, "pipelined" if edge.pipelined else "sync")
+            arrival = self.arrival(*await self.inbox.get())
+            if arrival is not None:
+                return arrival
 
-            def step() -> None:
-                token, q = draft_step(self.draft, seq_id, tokens, sampling, generator)
-                tokens.append(token)
-                probs.append(q)
+    def arrival(self, t_receive_s: float, m) -> Arrival | None:
+        """The verdict a message carries (None for the session's Opened); a verifier error ends
+        the request."""
+        self.ready_s = max(self.ready_s, t_receive_s)
+        if isinstance(m, wire.Error):
+            raise RunError(f"request {self.request.index}: verifier error {m.code} (field {m.field}): {m.message}")
+        if isinstance(m, wire.Opened):
+            return None
+        if not isinstance(m, wire.Verified):
+            raise RunError(f"unexpected {type(m).__name__} in a DSD session")
+        return Arrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
+                       m.queue_s, m.compute_s, m)
 
-            def finish_block(*_) -> tuple[list, list[tuple[object, bytes]]]:
-                """Hand the draft to the decoder; returns the blocks to send and their frames."""
-                drafted = tokens[len(draft_request.prefix):]
-                to_send = edge.add_draft(draft_request, drafted, None if sampling.greedy else torch.stack(probs))
-                return to_send, encoded(to_send)
 
-            n_steps = draft_request.n_tokens
-            if not edge.in_flight:
-                # No verdict can arrive during this block, so nothing can cut it short: its steps
-                # run as one device pass (emulated: one wait instead of one wake-up each, same
-                # timeline; real: one hop to the device thread instead of one a step), and the
-                # block's messages are built while that time runs.
-                (to_send, frames), t_draft_start_s, _ = await self.device.run(
-                    lambda: [step() for _ in range(n_steps)], n_steps * self.t_draft_s, ready_s, finish_block)
-                steps += n_steps
-            else:     # a verdict may refute the prefix mid-block: look after every step
-                for i in range(n_steps):
-                    _, step_start_s, _ = await self.device.run(step, self.t_draft_s, ready_s)
-                    if i == 0:
-                        t_draft_start_s = step_start_s
-                    steps += 1
-                    await deliver_ready()
-                    if edge.epoch != draft_request.epoch:
-                        break
-                to_send, frames = finish_block()
-            if steps > step_limit:
-                raise RunError(f"request {request.index}: more than {step_limit} draft steps")
-            block = to_send[0] if to_send else edge.held      # the block just drafted, if any
-            if block is not None and not draft_request.with_guess:
-                draft_times[(block.start_pos, block.base_digest)] = (t_draft_start_s, time.perf_counter(), *plan)
-            await send(frames)
-        request.tokens = edge.generated
-        self.draft.release(seq_id)
-        await self.close_session(session, inbox, request, on_message)
+class DraftDevice:
+    """The edge's device as dsd.driver's device: emulated (charged t_draft_s a step, starting when
+    its input was ready) or real (the device thread). A block is one pass: one wait instead of a
+    wake-up per step, and its frames are built while that time runs."""
+
+    def __init__(self, device, t_draft_s: float, transport: SessionTransport) -> None:
+        self.device, self.t_draft_s, self.transport = device, t_draft_s, transport
+
+    async def draft(self, work, n_steps: int, then):
+        result, start_s, _ = await self.device.run(work, n_steps * self.t_draft_s, self.transport.ready_s,
+                                                   lambda *_: then())
+        return result, start_s
 
 
 def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) -> wire.Verify:
@@ -685,12 +660,12 @@ class Edge:
         this request at the link's last probed RTT (it then sees how the request went)."""
         config = request.config
         if config.controller == "static":
-            await (client.dsd(request) if config.mode in DSD_MODES else client.on_server(request))
+            await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
             return
         rtt_s = link.rtt_probe_ms / 1e3 if link.rtt_probe_ms is not None else None
         choice = check_decision(client.controller.decide_request(rtt_s), max(config.gamma_max, config.gamma),
                                 config.controller_modes)
-        if choice.mode in DSD_MODES:
+        if choice.mode in edge_modes():
             await client.dsd(request)
         else:
             await client.on_server(request, (choice.gamma, choice.mode))
@@ -698,7 +673,7 @@ class Edge:
         if wall_s is not None:
             ttft_s = None if request.t_first_s is None else request.t_first_s - request.t_start_s
             shadow = (0, 0)
-            if choice.mode not in DSD_MODES and config.temperature == 0:
+            if choice.mode not in edge_modes() and config.temperature == 0:
                 shadow = shadow_matches(client.draft, f"{config.run_id}/{request.index}/shadow", request.prompt,
                                         request.tokens)
             client.controller.observe_request(RequestObservation(

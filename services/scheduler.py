@@ -29,9 +29,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from dsd.backends.protocol import ForwardJob, run_jobs
+from dsd.modes import AR
 from dsd.profiles import HardwareProfile
 
-KINDS = ("prefill", "ar", "draft", "verify")
+KINDS = ("prefill", AR, "draft", "verify")      # AR: one step of cloud AR (dsd.modes)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def pass_cost_s(profile: HardwareProfile, kind: str, sizes: list[int]) -> float:
     batch = len(sizes)
     if kind == "verify":
         return profile.t_verify_s(max(sizes), batch)
-    if kind == "ar":
+    if kind == AR:
         return profile.t_ar_batch_s(batch)
     if kind == "draft":
         return max(sizes) * profile.t_draft_server_s * profile.t_ar_batch_s(batch) / profile.t_ar_s

@@ -37,6 +37,7 @@ from aiohttp import WSMsgType, web
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.drafting import begin_request, draft_block
+from dsd.modes import AR, NOWHERE, SERVER, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from services import access, wire
@@ -172,7 +173,7 @@ class Verifier:
             "connections_total": self.counts["connections"],
             "sessions_open": self.sessions_open,
             "sessions_total": self.counts["sessions"],
-            "rounds": {k: self.counts[k] for k in ("verify", "stale", "ar", "colocated")},
+            "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
             "passes": dict(self.scheduler.passes),
             "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
             "busy_s": self.device.busy_s,
@@ -326,8 +327,8 @@ class Verifier:
             if not served.state.sampling.greedy:
                 _draft_probs(m, gamma, vocab)
         elif isinstance(m, wire.Generate):
-            _require(m.mode in ("ar", "colocated"), "mode", f"must be 'ar' or 'colocated', got {m.mode!r}")
-            low = 1 if m.mode == "colocated" else 0
+            _require(m.mode in server_modes(), "mode", f"must be one of {server_modes()}, got {m.mode!r}")
+            low = 1 if get_mode(m.mode).speculative else 0
             _require(low <= m.gamma <= limits.max_gamma, "gamma",
                      f"must be in [{low}, {limits.max_gamma}] for {m.mode}, got {m.gamma}")
 
@@ -409,12 +410,13 @@ class Verifier:
         state = served.state
         round_index = 0
         ready_s = t_arrival_s
-        if m.mode != "ar":
+        drafts = get_mode(m.mode).drafts
+        if drafts == SERVER:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
         while not state.finished and not served.closed:
             before = len(state.committed)
-            if m.mode == "ar":
-                _, timing = await self.scheduler.submit("ar", 1, state.ar_job(), served.conn.number, ready_s)
+            if drafts == NOWHERE:
+                _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s)
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:

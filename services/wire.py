@@ -94,7 +94,7 @@ class Verify:
 
 @dataclass(frozen=True)
 class Generate:
-    """Run the request on the verifier: mode "ar" (cloud AR) or "colocated" (co-located SD)."""
+    """Run the request on the verifier: a mode of ``dsd.modes.server_modes()`` (cloud AR, co-located SD)."""
     seq: int
     session: int
     mode: str

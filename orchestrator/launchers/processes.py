@@ -26,6 +26,19 @@ from orchestrator import http_client
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_MARK = "DSDBED_SERVICE"      # environment variable every service process carries
+OWNER_MARK = "DSDBED_OWNER"          # and the orchestrator that started it: "pid:start time"
+
+
+def process_identity(pid: int) -> str | None:
+    """"pid:start time in clock ticks since boot" (/proc/PID/stat field 22): a pid alone may be
+    reused by another process; None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()        # after "pid (comm) ": field 3 onwards
+    return f"{pid}:{int(fields[19])}"
 
 
 def free_port() -> int:
@@ -87,7 +100,8 @@ class ServiceProcess:
         prefix = ["setpriv", "--pdeathsig", "SIGTERM", "--"] if shutil.which("setpriv") else []
         if self.netns:
             prefix += ["nsenter", f"--net={self.netns}", "--"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), SERVICE_MARK: self.name}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), SERVICE_MARK: self.name,
+               OWNER_MARK: process_identity(os.getpid()) or ""}
         return subprocess.Popen(prefix + [sys.executable, "-m", *self.argv], stdout=self._log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=REPO, env=env)

@@ -1,0 +1,193 @@
+"""The DSD drive loop, written once for every clock: the simulator's virtual time (dsd.simulate)
+and the edge service's real one (services/edge.py).
+
+The loop asks the edge state machine (``dsd.edge.EdgeDecoder``) what to draft, drafts it on a
+``Device``, hands the blocks to a ``Transport`` and applies each verdict as it arrives; a
+controller (``dsd.control``) may change gamma and the edge mode after every verdict; without one,
+the mode's own policy (``dsd.modes``: e.g. a fixed gamma) or the configured gamma plans each round. What differs
+between the simulator and the service is only behind those two interfaces:
+
+- ``Device.draft(work, n_steps, then)``: run ``work`` (n_steps draft steps), return
+  ``(then(), t_start_s)``; ``then`` hands the draft to the decoder while the device time runs.
+- ``Transport.prepare(proposals)`` (e.g. encode), ``send(prepared, after)`` -> one send time per
+  block (``after``: the arrival whose verdict released them, None for a block just drafted),
+  ``poll()`` -> the arrivals already there, ``wait()`` -> the next arrival (an ``Arrival``).
+
+A block with no block in flight cannot be cut short by a verdict, so it is drafted in one device
+pass; otherwise the loop looks at the arrivals after every step and abandons a draft whose epoch
+has passed (its prefix was refuted).
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
+from dsd.control import ControllerConfig, Observation, check_decision, make_controller
+from dsd.drafting import begin_request, draft_step
+from dsd.edge import DraftRequest, EdgeDecoder
+from dsd.modes import SYNC, edge_modes, get_mode
+from dsd.stopping import StopRule
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A verdict as it reached the edge, with the verifier's account of its time."""
+    verdict: Verdict
+    t_receive_s: float
+    queue_s: float | None = None
+    compute_s: float | None = None
+    message: Any = None              # the transport's own message (for its trace row)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One answered block, as the driver hands it to its ``on_round`` callback."""
+    index: int
+    arrival: Arrival
+    emitted: list[int]
+    gamma: int                       # the plan the block was drafted in
+    mode: str
+    t_draft_start_s: float
+    t_draft_end_s: float
+    t_send_s: float
+
+
+class Device(Protocol):
+    async def draft(self, work: Callable[[], None], n_steps: int,
+                    then: Callable[[], Any]) -> tuple[Any, float]: ...
+
+
+class Transport(Protocol):
+    def prepare(self, proposals: list[Proposal]) -> Any: ...
+    async def send(self, prepared: Any, after: Arrival | None) -> list[float]: ...
+    async def poll(self) -> list[Arrival]: ...
+    async def wait(self) -> Arrival: ...
+
+
+def step_limit(max_new_tokens: int, gamma_max: int) -> int:
+    """A bound on draft steps per request: far above any real run, so hitting it means a bug."""
+    return 64 * (max_new_tokens + 1) * (gamma_max + 2)
+
+
+class DsdDriver:
+    """One DSD request: ``await run()`` drafts until the stop rule holds; ``handle(arrival)``
+    applies a verdict (also for the stale ones a transport drains after the end)."""
+
+    def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
+                 sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
+                 on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
+                 controller=None, gamma_max: int | None = None) -> None:
+        self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
+        self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
+        self.gamma_max = max(gamma_max or gamma, gamma)
+        self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max))
+        self.stop = stop
+        self.draft_steps = 0
+        self.rounds = 0
+        self.edge = EdgeDecoder(prompt, gamma, stop, max_in_flight=max_in_flight)
+        self.mode = self.plan()
+        self.generator = torch.Generator().manual_seed(sampling.seed + 1)
+        self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
+        self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
+        begin_request(draft, seq_id, prompt, gamma)
+
+    async def run(self) -> list[int]:
+        """Draft, send and apply verdicts until the request is done; returns the output."""
+        limit = step_limit(self.stop.max_new_tokens, self.gamma_max)
+        while True:
+            await self.deliver_ready()
+            if self.edge.done:
+                break
+            request = self.edge.next_draft()
+            if request is None:
+                await self.handle(await self.transport.wait())
+                continue
+            await self.draft_block(request)
+            if self.draft_steps > limit:
+                raise RuntimeError(f"more than {limit} draft steps in one request")
+        self.draft.release(self.seq_id)
+        return self.edge.generated
+
+    async def deliver_ready(self) -> None:
+        for arrival in await self.transport.poll():
+            await self.handle(arrival)
+
+    async def draft_block(self, request: DraftRequest) -> None:
+        tokens, probs = list(request.prefix), []
+        plan = (request.n_tokens, self.mode)
+
+        def step() -> None:
+            token, q = draft_step(self.draft, self.seq_id, tokens, self.sampling, self.generator)
+            tokens.append(token)
+            probs.append(q)
+
+        def finish():
+            drafted = tokens[len(request.prefix):]
+            q_stack = None if self.sampling.greedy or not probs else torch.stack(probs)
+            to_send = self.edge.add_draft(request, drafted, q_stack)
+            return to_send, self.transport.prepare(to_send)
+
+        if not self.edge.in_flight:     # no verdict can arrive that cuts this block short
+            (to_send, prepared), t_start_s = await self.device.draft(
+                lambda: [step() for _ in range(request.n_tokens)], request.n_tokens, finish)
+            self.draft_steps += request.n_tokens
+        else:                           # a verdict may refute the prefix mid-block: look after every step
+            for i in range(request.n_tokens):
+                _, step_start_s = await self.device.draft(step, 1, lambda: None)
+                t_start_s = step_start_s if i == 0 else t_start_s
+                self.draft_steps += 1
+                await self.deliver_ready()
+                if self.edge.epoch != request.epoch:
+                    break
+            to_send, prepared = finish()
+        block = to_send[0] if to_send else self.edge.held      # the block just drafted, if any
+        if block is not None and not request.with_guess:
+            self._drafted[(block.start_pos, block.base_digest)] = (t_start_s, self.clock(), *plan)
+        await self.send(to_send, prepared)
+
+    async def send(self, proposals: list[Proposal], prepared, after: Arrival | None = None) -> None:
+        for proposal, t_send_s in zip(proposals, await self.transport.send(prepared, after)):
+            self._sent.append(self._drafted.pop((proposal.start_pos, proposal.base_digest)) + (t_send_s,))
+
+    async def handle(self, arrival: Arrival) -> None:
+        """Apply one verdict: emit, report the round, let the controller re-plan, send what is due."""
+        emitted, to_send = self.edge.on_verdict(arrival.verdict)
+        t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = self._sent.popleft()
+        self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
+        self.rounds += 1
+        self.controller.observe(observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
+        self.mode = self.plan()
+        await self.send(to_send, self.transport.prepare(to_send), arrival)
+
+    def plan(self) -> str:
+        """Ask the controller for the next blocks' gamma and mode; returns the mode."""
+        decision = check_decision(self.controller.decide(), self.gamma_max, edge_modes())
+        self.edge.set_plan(decision.gamma, get_mode(decision.mode).pipelined)
+        return decision.mode
+
+
+def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,
+                t_send_s: float) -> Observation:
+    """What a controller learns from one round: the link's share of the round trip is what is left
+    after the verifier's queue and compute."""
+    v = arrival.verdict
+    server_s = (arrival.queue_s or 0.0) + (arrival.compute_s or 0.0)
+    return Observation(gamma, mode, v.proposed, v.accepted, v.stale,
+                       max(arrival.t_receive_s - t_send_s - server_s, 0.0),
+                       (t_draft_end_s - t_draft_start_s) / v.proposed if v.proposed else None,
+                       arrival.compute_s, arrival.queue_s)
+
+
+def run_to_end(coroutine):
+    """Run a coroutine that never suspends (the simulator's: its clock is virtual) to its result."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError("a virtual-time driver suspended: its device or transport awaited real I/O")
