@@ -26,13 +26,20 @@ Default pair, CPU, torch threads as the services use them (1). Four parts, each 
    four configurations take turns at each client count, so that a drifting host meets them alike.
 
 Predictions (REFERENCE.md notation; E = measured tokens per round, r = target rate, s = slope;
-t_d, t_v and s from the device's own timings of the capacity runs' passes):
+t_d, t_v and s from the device's own timings of the capacity runs' passes, each configuration's
+from its own passes: the passes of one process slow down with the Python work of the clients it
+serves, which differs between configurations):
   serial (claim 4):   N_dsd / N_co = 1 + gamma * t_d / t_v
-  batched (ours, dsd.latency_model.batched_capacity): every client in one batch per round
-      (lock-step), so a DSD round takes gamma * t_d,edge + t_v(b = N) and a co-located one
-      N * gamma * t_d + t_v(b = N), with t_v(b) = t_v * (1 + s * (b - 1)); setting E / round = r:
-      N_dsd = 1 + ((E / r - gamma * t_d,edge) / t_v - 1) / s
-      N_co  = (E / r - t_v * (1 - s)) / (gamma * t_d + s * t_v)
+  batched (ours, dsd.latency_model.batched_capacity): the scheduler starts the next pass as soon
+      as the device is free, with every job of one kind waiting then; the clients just served are
+      not among them, so saturated clients fall into two groups whose passes alternate (logged as
+      the verify batch sizes), and a client round holds two verification passes,
+      t_v(a) + t_v(N - a) = t_v * (2 + s * (N - 2)), plus, co-located, N * gamma * t_d of drafting:
+      N_dsd = 2 + (E / (r * t_v) - 2) / s
+      N_co  = (E / r - 2 * t_v * (1 - s)) / (gamma * t_d + s * t_v)
+
+Each point is also set against a prediction from its own passes (the round above, or N passes
+in a row without batching), immune to the host's drift between points: point_model_ratio_*.
 
 Progress goes to stderr; a table to stdout, then the last line of key=value figures.
 """
@@ -43,27 +50,28 @@ import asyncio
 import math
 import os
 import statistics
+from collections import Counter
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np    # noqa: E402
+import torch    # noqa: E402
 
-from dsd.backends.factory import DEFAULT_PAIR, BackendConfig, load_pair  # noqa: E402
-from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs  # noqa: E402
-from dsd.decoding import generate_ar  # noqa: E402
-from dsd.drafting import draft_block  # noqa: E402
-from dsd.latency_model import batched_capacity  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
-from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope  # noqa: E402
-from dsd.verifier_session import VerifierSession  # noqa: E402
-from orchestrator.capacity import capacity_at, overlap_counts  # noqa: E402
-from orchestrator.workload import make_prompts  # noqa: E402
-from services.compute import PreciseTimer, ThreadDevice  # noqa: E402
-from services.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair  # noqa: E402
+from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs    # noqa: E402
+from dsd.decoding import generate_ar    # noqa: E402
+from dsd.drafting import draft_block    # noqa: E402
+from dsd.latency_model import batched_capacity    # noqa: E402
+from dsd.stopping import StopRule    # noqa: E402
+from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
+from dsd.verifier_session import VerifierSession    # noqa: E402
+from orchestrator.capacity import capacity_at, overlap_counts    # noqa: E402
+from orchestrator.workload import make_prompts    # noqa: E402
+from services.compute import PreciseTimer, ThreadDevice    # noqa: E402
+from services.scheduler import Scheduler, SchedulerConfig    # noqa: E402
 
 GREEDY = SamplingParams()
 GAMMA = 4                       # the capacity experiment's draft length
@@ -156,11 +164,12 @@ def draft_tables(draft, target, prompts: list[list[int]], tokens: int) -> list[d
 async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, prompts, tables,
                      tokens: int, t_draft_edge_s: float, passes: dict | None = None) -> tuple[float, float]:
     """(tokens/s per client while all ran, tokens per round) for n clients of one mode; ``passes``
-    collects every pass the device ran: its end -> (kind, batch size, compute_s)."""
+    collects every pass the device ran, per (mode, max_batch): its end -> (kind, batch size, compute_s)."""
     device = ThreadDevice()
     scheduler = Scheduler(SchedulerConfig(max_batch, 0.0), device, None)
     scheduler.start()
     timer = PreciseTimer()
+    mine = None if passes is None else {}
     receipts: list[list[float]] = [[] for _ in range(n_clients)]
     emitted: list[list[int]] = [[] for _ in range(n_clients)]
 
@@ -175,11 +184,11 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
             else:
                 (drafted, _), timing = await scheduler.submit("draft", GAMMA, lambda: draft_block(
                     draft, seq_id, session.committed.tokens, GAMMA, GREEDY, torch.Generator()), i)
-                if passes is not None:
-                    passes[timing.end_s] = ("draft", timing.batch_size, timing.compute_s)
+                if mine is not None:
+                    mine[timing.end_s] = ("draft", timing.batch_size, timing.compute_s)
             verdict, timing = await scheduler.submit("verify", GAMMA, session.verify_job(session.proposal_for(drafted, None)), i)
-            if passes is not None:
-                passes[timing.end_s] = ("verify", timing.batch_size, timing.compute_s)
+            if mine is not None:
+                mine[timing.end_s] = ("verify", timing.batch_size, timing.compute_s)
             receipts[i].append(time.perf_counter())
             emitted[i].append(verdict.emitted)
         session.close()
@@ -191,8 +200,19 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
         await scheduler.stop()
         device.executor.shutdown()
     window_s, _, received = overlap_counts([np.array(r) for r in receipts], [np.array(e) for e in emitted])
+    if mine is not None:
+        passes.setdefault((mode, max_batch), {}).update(mine)
+        start_s, end_s = max(r[0] for r in receipts), min(r[-1] for r in receipts)
+        sizes = Counter(b for t, (k, b, _) in mine.items() if k == "verify" and start_s < t <= end_s)
+        busy_s = sum(c for t, (_, _, c) in mine.items() if start_s < t <= end_s)
+        log(f"    verify batch sizes {dict(sizes.most_common(4))}; device busy {busy_s / max(window_s, 1e-9):.0%} of the window")
     per_round = sum(map(sum, emitted)) / sum(map(len, emitted))
-    return (received / (n_clients * window_s) if window_s > 0 else math.nan), per_round
+    rate = received / (n_clients * window_s) if window_s > 0 else math.nan
+    if mine is not None:
+        model = point_model_tok_s(mode, n_clients, max_batch, pass_fit(mine), per_round, t_draft_edge_s)
+        log(f"    the point's own passes predict {model:.1f} tok/s per client: measured / model {rate / model:.2f}")
+        passes.setdefault("model", {})[mode, max_batch, n_clients] = rate / model
+    return rate, per_round
 
 
 def rate_curves(configs: list[tuple[str, int]], counts: list[int], target_rate: float, **kw) -> tuple[dict, list]:
@@ -214,6 +234,42 @@ def rate_curves(configs: list[tuple[str, int]], counts: list[int], target_rate: 
     return rates, per_round
 
 
+def point_model_tok_s(mode: str, n: int, max_batch: int, fit: tuple[float, float, float], e: float,
+                      t_draft_edge_s: float) -> float:
+    """One point's per-client rate predicted from its own passes (immune to the host's drift
+    between points): E over the round of dsd.latency_model.batched_capacity (two alternating
+    groups) when batching, else N passes one after another; never shorter than one client's
+    own critical path."""
+    t_v, s, t_d = fit
+    own_s = GAMMA * (t_draft_edge_s if mode == "dsd" else t_d) + t_v
+    drafting_s = 0.0 if mode == "dsd" else n * GAMMA * t_d
+    if max_batch == 1:
+        server_s = drafting_s + n * t_v
+    elif n == 1:
+        server_s = own_s
+    else:
+        server_s = drafting_s + t_v * (2 + (0.0 if math.isnan(s) else s) * (n - 2))
+    return e / max(own_s, server_s)
+
+
+def pass_fit(passes: dict) -> tuple[float, float, float]:
+    """(t_v(GAMMA, b=1), batch_slope, t_d per draft step) from one configuration's passes: the
+    median verify pass of one session, the slope fitted to the median pass of every batch size,
+    and the median draft block over GAMMA (a draft pass of b runs b blocks one after another);
+    nan where the configuration ran no such pass."""
+    by_size: dict[int, list[float]] = {}
+    blocks = []
+    for kind, b, compute_s in passes.values():
+        if kind == "verify":
+            by_size.setdefault(b, []).append(compute_s)
+        else:
+            blocks.append(compute_s / b)
+    medians = {(GAMMA, b): statistics.median(c) for b, c in by_size.items()}
+    slope = fit_batch_slope(medians) if len(medians) > 1 and (GAMMA, 1) in medians else math.nan
+    return (medians.get((GAMMA, 1), math.nan), slope,
+            statistics.median(blocks) / GAMMA if blocks else math.nan)
+
+
 def capacity(rates: dict[int, float], target_rate: float) -> float:
     clients = np.array(sorted(rates))
     return capacity_at(clients, 1 / np.array([rates[n] for n in clients]), 1 / target_rate)
@@ -226,12 +282,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--context", type=int, default=64, help="cached tokens per session in the cost curve")
     parser.add_argument("--tokens", type=int, default=48, help="tokens per client in the capacity runs")
+    parser.add_argument("--counts", default="1,2,3,4,6,8,12,16,24,32", help="client counts of the capacity runs")
     parser.add_argument("--no-capacity", action="store_true", help="skip part 4 (minutes)")
     args = parser.parse_args()
     if args.threads < 1 or args.repeats < 3 or args.context < 8 or args.tokens < 16:
         parser.error("--threads >= 1, --repeats >= 3, --context >= 8 and --tokens >= 16")
+    try:
+        counts = sorted({int(c) for c in args.counts.split(",")})
+    except ValueError:
+        counts = []
+    if len(counts) < 2 or counts[0] < 1:
+        parser.error(f"--counts: at least two whole numbers >= 1, comma separated, got {args.counts!r}")
     torch.set_num_threads(args.threads)
-    backend = BackendConfig(kind="hf", pair_path=args.pair)
+    backend = HfBackendConfig(pair_path=args.pair)
     draft, target = load_pair(backend)
     results: dict[str, object] = {}
 
@@ -263,7 +326,6 @@ def main() -> None:
         log("4. capacity")
         context = [(i * 31 + 11) % target.vocab_size for i in range(24 + args.tokens // 2)]
         t_d_edge = _step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
-        counts = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
         prompts = make_prompts(backend, max(counts), 24, seed=3)
         tables = draft_tables(draft, target, prompts, args.tokens)
         kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge,
@@ -278,25 +340,30 @@ def main() -> None:
         # figure measured before them would describe another machine): t_v, the median verify
         # pass of batch 1; t_d, the median co-located draft pass of batch 1 over gamma; the
         # slope, fitted to the verify passes of every batch size.
-        kinds = list(kw["passes"].values())
-        t_v = statistics.median(c for k, b, c in kinds if k == "verify" and b == 1)
-        t_d = statistics.median(c for k, b, c in kinds if k == "draft" and b == 1) / GAMMA
-        by_size: dict[int, list[float]] = {}
-        for k, b, c in kinds:
-            if k == "verify":
-                by_size.setdefault(b, []).append(c)
-        slope = fit_batch_slope({(GAMMA, b): statistics.median(c) for b, c in by_size.items()})
-        print("verify pass by batch size (ms, median): "
-              + ", ".join(f"{b}: {1e3 * statistics.median(c):.2f}" for b, c in sorted(by_size.items())))
+        fits = {config: pass_fit(kw["passes"][config]) for config in configs}
+        model = kw["passes"]["model"]
+        for label, b in (("serial", 1), ("batched", 64)):
+            ratios = [r for (_, mb, n), r in model.items() if mb == b and n > 1 and math.isfinite(r)]
+            if ratios:
+                results[f"point_model_ratio_{label}_median"] = statistics.median(ratios)
+                results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
+        t_v = statistics.median(c for config in (("dsd", 1), ("colocated", 1))
+                                for k, b, c in kw["passes"][config].values() if k == "verify")
+        t_d = fits["colocated", 1][2]
+        for (mode, max_batch), (t1, slope, td) in fits.items():
+            print(f"passes of {mode} max_batch {max_batch}: t_v(gamma={GAMMA}, b=1) {1e3 * t1:.2f} ms, slope {slope:.3f}"
+                  + (f", t_d {1e3 * td:.2f} ms" if mode == "colocated" else ""))
         print(f"\ncapacity at {target_rate:.1f} tok/s per client (a third of one co-located client alone); "
               f"t_d {1e3 * t_d:.2f} ms (edge {1e3 * t_d_edge:.2f} ms), t_v(gamma={GAMMA}) {1e3 * t_v:.2f} ms, "
-              f"slope {slope:.3f}, E {e:.2f} tokens/round")
+              f"E {e:.2f} tokens/round")
         print("clients " + "".join(f"{n:>8d}" for n in counts))
         for (label, mode), rates in curves.items():
             print(f"{label[:5]} {mode[:3]}" + "".join(f"{rates[n]:8.1f}" if n in rates else f"{'':8s}" for n in counts))
         n = {key: capacity(rates, target_rate) for key, rates in curves.items()}
         predicted = 1 + GAMMA * t_d / t_v
-        p_dsd, p_co = batched_capacity(e, target_rate, GAMMA, t_d, t_d_edge, t_v, slope)
+        (tv_dsd, s_dsd, _), (tv_co, s_co, td_co) = fits["dsd", 64], fits["colocated", 64]
+        p_dsd = batched_capacity(e, target_rate, GAMMA, td_co, tv_dsd, s_dsd)[0]
+        p_co = batched_capacity(e, target_rate, GAMMA, td_co, tv_co, s_co)[1]
         results.update(
             clients_dsd_serial=n["serial", "dsd"], clients_colocated_serial=n["serial", "colocated"],
             clients_dsd_batched=n["batched", "dsd"], clients_colocated_batched=n["batched", "colocated"],
@@ -304,7 +371,7 @@ def main() -> None:
             capacity_ratio_batched=n["batched", "dsd"] / n["batched", "colocated"],
             predicted=predicted, predicted_batched=p_dsd / p_co, predicted_clients_dsd_batched=p_dsd,
             predicted_clients_colocated_batched=p_co, target_rate_tok_s=target_rate, tokens_per_round=e,
-            t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v, batch_slope_runs=slope)
+            t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v, batch_slope_dsd_runs=s_dsd, batch_slope_colocated_runs=s_co)
         print(f"clients sustained: serial dsd {n['serial', 'dsd']:.2f} co {n['serial', 'colocated']:.2f}; "
               f"batched dsd {n['batched', 'dsd']:.2f} co {n['batched', 'colocated']:.2f} "
               f"(predicted dsd {p_dsd:.2f} co {p_co:.2f})")

@@ -44,7 +44,7 @@ MODES = {"dsd": "sync", "colocated": "colocated"}
 
 
 def backend_args() -> list[str]:
-    return ["--backend", "synthetic", "--alpha", str(ALPHA), "--profile-json", json.dumps(PROFILE)]
+    return ["--backend-json", json.dumps({"kind": "synthetic", "alpha": ALPHA}), "--profile-json", json.dumps(PROFILE)]
 
 
 class Prober:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsd.backends.factory import BackendConfig  # noqa: E402
+from dsd.backends.factory import backend_from_dict  # noqa: E402
 from dsd.profiles import get_profile  # noqa: E402
 from orchestrator.http_client import call  # noqa: E402
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed  # noqa: E402
@@ -87,7 +87,7 @@ def _rows(text: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    backend = BackendConfig(kind=args.backend)
+    backend = backend_from_dict({"kind": args.backend})
     profile = get_profile(args.profile) if args.backend == "synthetic" else None
     config = ComposeConfig(n_edges=args.edges, backend=backend, profile=profile, max_batch=args.max_batch,
                            verify_count=50)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsd.backends.factory import DEFAULT_PAIR, BackendConfig  # noqa: E402
-from orchestrator.workload import make_prompts  # noqa: E402
-from services.launch import post_runs, read_csv, running, wait_for_runs  # noqa: E402
+from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
+from orchestrator.workload import make_prompts    # noqa: E402
+from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
 
 GAMMA = 4
 MODES = {"server": "sync", "edge": "sync", "colocated": "colocated", "ar": "ar"}
@@ -64,8 +64,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tokens < 8 or args.requests < 1:
         parser.error("--tokens must be >= 8 and --requests >= 1")
-    prompts = make_prompts(BackendConfig(kind="hf", pair_path=args.pair), args.requests, 24, seed=7)
-    backend = ["--backend", "hf", "--pair-path", args.pair, "--threads", str(args.threads)]
+    prompts = make_prompts(HfBackendConfig(pair_path=args.pair), args.requests, 24, seed=7)
+    backend = ["--backend-json", HfBackendConfig(pair_path=args.pair).to_json(), "--threads", str(args.threads)]
     overheads: dict[str, list[float]] = {part: [] for part in MODES}
     with tempfile.TemporaryDirectory(prefix="dsd-hf-overhead-") as tmp:
         edge_args = backend + ["--out-dir", str(Path(tmp) / "edge")]

@@ -67,7 +67,7 @@ PROFILE = {"name": "overhead", "t_draft_edge_s": 0.001, "t_draft_server_s": 0.00
 
 
 def backend_args() -> list[str]:
-    return ["--backend", "synthetic", "--alpha", str(ALPHA), "--profile-json", json.dumps(PROFILE)]
+    return ["--backend-json", json.dumps({"kind": "synthetic", "alpha": ALPHA}), "--profile-json", json.dumps(PROFILE)]
 
 
 def percentile(values: list[float], pct: float) -> float:

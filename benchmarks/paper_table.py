@@ -81,7 +81,7 @@ def run_cell(base: dict, profile: str, alpha: float, rtts_ms: list[float], launc
     row = paper.crossover_rows(summary["groups"], {profile: assumed_params(_sweep(out), profile)},
                                int(experiment.gamma[0]))[0]
     # Beside the paper's closed form: the closed form with the times the client saw (compute plus
-    # the harness's measured per-round overhead) at the realised alpha, and that overhead.
+    # the harness's measured per-round overhead) at the measured alpha, and that overhead.
     row["client_view_ms"] = summary["groups"][0]["crossovers"]["sync_vs_ar"]["predicted_rtt_ms"]
     if row["client_view_ms"] < 0:
         row["client_view_ms"] = -math.inf
@@ -111,8 +111,7 @@ def main() -> int:
     rows, started = [], time.monotonic()
     for profile in base["profile"]:
         hw = get_profile(profile)
-        params = {"t_draft_edge_s": hw.t_draft_edge_s, "t_draft_server_s": hw.t_draft_server_s,
-                  "t_ar_s": hw.t_ar_s, "t_verify_s": {gamma: hw.t_verify_s(gamma)}}
+        params = hw.times
         for alpha in base["alpha"]:
             closed_form_ms = paper.closed_form_crossover_ms("sync_vs_ar", alpha, gamma, params)
             rtts_ms = cell_rtts_ms(closed_form_ms, args.margin)
@@ -122,29 +121,29 @@ def main() -> int:
             rows.append(row)
             print(f"[{time.monotonic() - started:6.0f} s] {profile} alpha {alpha}: closed form "
                   f"{paper.cell(closed_form_ms)}, measured {paper.cell(row['measured_ms'])} ms "
-                  f"(alpha realised {row['alpha_realised']:.4f})", file=sys.stderr, flush=True)
+                  f"(alpha measured {row['alpha_measured']:.4f})", file=sys.stderr, flush=True)
 
-    print(f"{'t_ar=t_v':>9} {'alpha':>6} {'RTTs (ms)':>14} {'realised':>9} {'closed@conf':>12} "
+    print(f"{'t_ar=t_v':>9} {'alpha':>6} {'RTTs (ms)':>14} {'measured':>9} {'closed@conf':>12} "
           f"{'closed@real':>12} {'measured':>10} {'err %':>6}  ok  {'client view':>11} {'overhead/round':>14}")
     def short(value: float) -> str:
         return "never" if value == -math.inf else paper.cell(value)
 
     for r in rows:
-        print(f"{r['t_ar_ms']:>7.0f}ms {r['alpha_configured']:>6.2f} {str(r['rtts_ms']):>14} {r['alpha_realised']:>9.4f} "
-              f"{short(r['closed_form_configured_ms']):>12} {short(r['closed_form_realised_ms']):>12} "
+        print(f"{r['t_ar_ms']:>7.0f}ms {r['alpha_configured']:>6.2f} {str(r['rtts_ms']):>14} {r['alpha_measured']:>9.4f} "
+              f"{short(r['closed_form_at_configured_alpha_ms']):>12} {short(r['closed_form_at_measured_alpha_ms']):>12} "
               f"{short(r['measured_ms']):>10} {r['err_pct']:>6.1f}  {'yes' if r['ok'] else 'NO ':3} "
               f"{short(r['client_view_ms']):>11} {r['overhead_ms']:>11.2f} ms")
-    print("closed@conf / closed@real: the closed form with the configured times at the configured / realised "
+    print("closed@conf / closed@real: the closed form with the configured times at the configured / measured "
           "alpha; client view: with the times the client saw (compute + the harness's per-round overhead, "
-          "fitted), at the realised alpha; overhead/round: that overhead in a sync round (ms)")
-    winnable = [r for r in rows if math.isfinite(r["closed_form_configured_ms"])]
+          "fitted), at the measured alpha; overhead/round: that overhead in a sync round (ms)")
+    winnable = [r for r in rows if math.isfinite(r["closed_form_at_configured_alpha_ms"])]
     errors = [r["err_pct"] for r in winnable if not math.isnan(r["err_pct"])]
-    never_ok = sum(r["ok"] for r in rows if not math.isfinite(r["closed_form_configured_ms"]))
+    never_ok = sum(r["ok"] for r in rows if not math.isfinite(r["closed_form_at_configured_alpha_ms"]))
     print(f"never cells (closed form: DSD loses at every RTT) measured as never: "
           f"{never_ok}/{len(rows) - len(winnable)}; sweeps in {out}")
     print(f"cells={len(winnable)} cells_ok={sum(r['ok'] for r in winnable)} "
           f"max_err_pct={max(errors) if errors else math.nan:.1f} "
-          f"max_alpha_err={max(abs(r['alpha_realised'] - r['alpha_configured']) for r in rows):.4f} "
+          f"max_alpha_err={max(abs(r['alpha_measured'] - r['alpha_configured']) for r in rows):.4f} "
           f"launcher={launcher}")
     return 0
 

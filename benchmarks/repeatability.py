@@ -25,14 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd  # noqa: E402
+import pandas as pd    # noqa: E402
 
-from dsd.backends.factory import BackendConfig  # noqa: E402
-from orchestrator import analysis, cpus  # noqa: E402
-from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig  # noqa: E402
-from orchestrator.net_point import run_net_point  # noqa: E402
-from orchestrator.sweep import Point  # noqa: E402
-from orchestrator.workload import make_prompts  # noqa: E402
+from dsd.backends.factory import HfBackendConfig  # noqa: E402
+from orchestrator import analysis, cpus    # noqa: E402
+from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig    # noqa: E402
+from orchestrator.net_point import run_net_point    # noqa: E402
+from orchestrator.sweep import Point    # noqa: E402
+from orchestrator.workload import make_prompts    # noqa: E402
 
 
 def run_once(testbed, plan: dict, repeat: int, prompts, args) -> dict:
@@ -63,7 +63,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 2:
         parser.error("--runs must be >= 2 (a spread needs two runs)")
-    backend = BackendConfig(kind="hf")
+    backend = HfBackendConfig()
     prompts = make_prompts(backend, 1 + args.requests, 32, 0)
     config = ServicesConfig(backend, None, n_edges=1, work_dir=tempfile.mkdtemp(prefix="dsdbed-repeat-"))
     pinned_plan = cpus.plan_cpus(cpus.usable_cpus(), 1, "on")

@@ -18,12 +18,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch    # noqa: E402
 
-from dsd.backends.factory import BackendConfig, load_pair  # noqa: E402
-from dsd.decoding import generate_ar, generate_colocated  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
-from orchestrator.workload import make_prompts  # noqa: E402
+from dsd.backends.factory import HfBackendConfig, load_pair  # noqa: E402
+from dsd.decoding import generate_ar, generate_colocated    # noqa: E402
+from dsd.stopping import StopRule    # noqa: E402
+from orchestrator.workload import make_prompts    # noqa: E402
 
 
 def hf_generate(target, draft, prompt, gamma, max_new_tokens, eos):
@@ -51,7 +51,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    backend = BackendConfig(kind="hf", pair_path=args.pair)
+    backend = HfBackendConfig(pair_path=args.pair)
     draft, target = load_pair(backend)
     prompts = make_prompts(backend, args.prompts + 1, args.prompt_tokens, seed=0)
     stop = StopRule(args.max_new_tokens, target.eos_token_id)

@@ -3,7 +3,7 @@
 The synthetic backend emulates a fixed hardware profile, so the compute is known (t_draft,
 t_verify, t_ar from the profile) and alpha is known in expectation; what remains is the testbed:
 the network, the services, the scheduler, the timers. A small grid of RTT x mode with repeats
-runs on the best launcher available, then `dsdbed analyze` fits alpha (the realised one of these
+runs on the best launcher available, then `dsdbed analyze` measures alpha (the one of these
 token streams) and the parameters, and this prints a table and, last, key=value pairs.
 
 Two predictions are set beside the measurements:
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
+from dsd.times import ComputeTimes  # noqa: E402
 from orchestrator import analysis  # noqa: E402
 from orchestrator.experiment import experiment_from_dict  # noqa: E402
 from orchestrator.run import analyze_sweep, choose_launcher, run_experiment  # noqa: E402
@@ -77,8 +78,8 @@ def main() -> int:
     table["err_pct"] = 100 * (table.measured_ms / table.predicted_ms - 1)
     table["err_compute_only_pct"] = 100 * (table.measured_ms / table.compute_only_ms - 1)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    alpha = summary["alpha_fitted"]
-    compute_crossovers = analysis.predicted_crossovers(gamma, alpha, summary["params_compute"])
+    alpha = summary["alpha_measured"]
+    compute_crossovers = analysis.predicted_crossovers(gamma, alpha, ComputeTimes.from_dict(summary["params_compute"]))
     errors, errors_compute = [], []
     for name, c in summary["crossovers"].items():
         m, p, q = c["measured_rtt_ms"], c["predicted_rtt_ms"], compute_crossovers[name]["rtt_ms"]
@@ -111,7 +112,7 @@ def main() -> int:
         f"median_latency_err_pct_compute_only={table.err_compute_only_pct.abs().median():.2f}",
         f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
         *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
-        f"alpha_fitted={alpha:.4f}", f"launcher={launcher}", f"alpha={args.alpha}", f"gamma={gamma}",
+        f"alpha_measured={alpha:.4f}", f"launcher={launcher}", f"alpha={args.alpha}", f"gamma={gamma}",
         f"profile={profile_name}", f"repeats={args.repeats}", f"requests={args.requests}", f"acceptance={args.acceptance}",
         f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
     ]))

@@ -32,7 +32,7 @@ def iid_twin(experiment):
     if trace is None:
         raise ValueError(f"experiment {experiment.name!r}: backend.acceptance_trace is not set")
     backend = dataclasses.replace(experiment.backend, acceptance_trace="", acceptance_rounds="",
-                                  alpha=round(trace.alpha_hat, 6))
+                                  alpha=round(trace.alpha_measured, 6))
     return dataclasses.replace(experiment, name=f"{experiment.name}-iid", backend=backend), trace
 
 
@@ -68,10 +68,10 @@ def main() -> int:
         run_experiment(experiment, out, resume=args.resume)
         summary = analyze_sweep(out)
         group = summary["groups"][0]
-        results[label] = {"alpha": group["alpha_fitted"], "crossovers": group["crossovers"],
+        results[label] = {"alpha": group["alpha_measured"], "crossovers": group["crossovers"],
                           "histogram": histogram(out, gamma), "out": out}
 
-    print(f"trace {trace.source}: {len(trace.rounds)} rounds, fitted alpha {trace.alpha_hat:.3f}, "
+    print(f"trace {trace.source}: {len(trace.rounds)} rounds, measured alpha {trace.alpha_measured:.3f}, "
           f"mean accepted {trace.mean_accepted:.2f}; profile {traced.profile}, gamma {gamma}, "
           f"launcher {traced.launcher}")
     print(f"{'variant':8} {'alpha':>6}  accepted-count histogram (co-located rounds)")

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         accepted, failures, tokens = accepted + request_accepted, failures + request_failures, tokens + len(out.tokens)
         distinct.append(distinct_ngram_ratio(out.tokens))
         if not args.quiet:
-            print(f"{index:>6} {len(out.tokens):>6} {out.alpha_hat:>6.3f} {distinct[-1]:>9.3f}")
+            print(f"{index:>6} {len(out.tokens):>6} {out.alpha_measured:>6.3f} {distinct[-1]:>9.3f}")
     alpha = accepted / (accepted + failures) if accepted + failures else float("nan")
     print(f"alpha={alpha:.3f} distinct4_p50={statistics.median(distinct):.3f} "
           f"prompts={len({tuple(p) for p in prompts})} tokens={tokens}")

@@ -317,7 +317,7 @@ class ModelPolicy:
 
     @property
     def alpha(self) -> float | None:
-        """Maximum likelihood under i.i.d. acceptance (as ``Generation.alpha_hat``), discounted."""
+        """Maximum likelihood under i.i.d. acceptance (as ``Generation.alpha_measured``), discounted."""
         a, r = self.accepted.value, self.rejected.value
         if a is None or a + r == 0:
             return None

@@ -43,7 +43,7 @@ class Generation:
         return sum(r.accepted for r in live) / proposed if proposed else float("nan")
 
     @property
-    def alpha_hat(self) -> float:
+    def alpha_measured(self) -> float:
         """Maximum-likelihood alpha under i.i.d. acceptance: each round shows accepted successes
         and, unless all were accepted, one failure."""
         live = [r for r in self.rounds if not r.stale]

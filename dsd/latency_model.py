@@ -148,21 +148,34 @@ def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float) -> float:
 
 
 def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_draft_server_s: float,
-                     t_draft_edge_s: float, t_verify_s: float, batch_slope: float) -> tuple[float, float]:
-    """(N_dsd, N_co): clients sustained at a per-client token rate when the server verifies every
-    client in one batch per round (lock-step), t_v(b) = t_verify_s * (1 + batch_slope * (b - 1)).
+                     t_verify_s: float, batch_slope: float) -> tuple[float, float]:
+    """(N_dsd, N_co): clients a saturated batching server sustains at a per-client token rate,
+    with t_v(b) = t_verify_s * (1 + batch_slope * (b - 1)) for b verifications in one pass.
 
-    A synchronous DSD round takes gamma*t_d,edge + t_v(N); a co-located one N*gamma*t_d + t_v(N)
-    (the server drafts one session after another). Setting E / round = rate and solving for N:
-        N_dsd = 1 + ((E/r - gamma*t_d,edge) / t_v - 1) / s
-        N_co  = (E/r - t_v*(1 - s)) / (gamma*t_d + s*t_v)
+    The server (services.scheduler) is work-conserving: as soon as a pass ends it starts the next
+    with every job of one kind waiting then. The clients a pass served are not among them (a DSD
+    client drafts its next block on its edge; a co-located client's next job is submitted only
+    once its answer is back, after the next pass was picked), so saturated clients fall into two
+    groups whose passes alternate, and every client round holds two verification passes,
+    t_v(a) + t_v(N - a) = t_v * (2 + s * (N - 2)) whatever the split a. A DSD edge drafts
+    during the other group's pass (assumed to fit under it, gamma * t_d,edge <= t_v(N - a): else
+    the server idles and N_dsd is overestimated, so the edge's draft time plays no part); a
+    co-located round also holds each group's draft pass, its sessions one after another:
+
+        DSD:         round = t_v * (2 + s * (N - 2))
+        co-located:  round = N * gamma * t_d,server + t_v * (2 + s * (N - 2))
+
+    Setting E / round = r and solving for N:
+        N_dsd = 2 + (E / (r * t_v) - 2) / s
+        N_co  = (E / r - 2 * t_v * (1 - s)) / (gamma * t_d,server + s * t_v)
+    (s = 1 gives the serial server: N_dsd = E / (r * t_v), N_co = E / (r * (gamma * t_d + t_v)).)
     N_dsd is infinite for s = 0 (batching free: only the edge's own round bounds the rate)."""
     if rate_tok_s <= 0 or t_verify_s <= 0:
         raise ValueError(f"rate_tok_s and t_verify_s must be > 0, got {rate_tok_s!r}, {t_verify_s!r}")
     round_s = tokens_per_round / rate_tok_s
     s = batch_slope
-    n_dsd = 1 + ((round_s - gamma * t_draft_edge_s) / t_verify_s - 1) / s if s > 0 else math.inf
-    n_co = (round_s - t_verify_s * (1 - s)) / (gamma * t_draft_server_s + s * t_verify_s)
+    n_dsd = 2 + (round_s / t_verify_s - 2) / s if s > 0 else math.inf
+    n_co = (round_s - 2 * t_verify_s * (1 - s)) / (gamma * t_draft_server_s + s * t_verify_s)
     return n_dsd, n_co
 
 

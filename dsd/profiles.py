@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, fields
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
+
+from dsd.times import ComputeTimes
 
 
 @dataclass(frozen=True)
 class HardwareProfile:
+    """A named ComputeTimes with the source of every number. The numbers are flat fields because
+    they are the schema of profiles.toml and of ``--profile-json``; what they mean and how they
+    combine (t_verify per gamma and batch, prefill) is ``times``, the one compute-times type."""
     name: str
     t_draft_edge_s: float            # one draft step on the edge device
     t_draft_server_s: float          # one draft step on the server (co-located SD)
@@ -29,23 +35,27 @@ class HardwareProfile:
                 value = getattr(self, f.name)
                 if not (isinstance(value, (int, float)) and value >= 0):
                     raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
-        if self.t_ar_s <= 0:
-            raise ValueError(f"profile {self.name!r}: t_ar_s must be > 0, got {self.t_ar_s!r}")
+        try:
+            self.times
+        except ValueError as error:
+            raise ValueError(f"profile {self.name!r}: {error}") from None
+
+    @cached_property
+    def times(self) -> ComputeTimes:
+        """The profile's numbers as the one compute-times type (t_verify as its line)."""
+        return ComputeTimes(t_draft_edge_s=self.t_draft_edge_s, t_draft_server_s=self.t_draft_server_s,
+                            t_ar_s=self.t_ar_s, t_prefill_per_token_s=self.t_prefill_per_token_s,
+                            t_verify_base_s=self.t_verify_base_s,
+                            t_verify_per_position_s=self.t_verify_per_position_s, batch_slope=self.batch_slope)
 
     def t_verify_s(self, gamma: int, batch_size: int = 1) -> float:
-        single_s = self.t_verify_base_s + self.t_verify_per_position_s * (gamma + 1)
-        return single_s * self._batch_factor(batch_size)
+        return self.times.t_verify_s(gamma, batch_size)
 
     def t_ar_batch_s(self, batch_size: int = 1) -> float:
-        return self.t_ar_s * self._batch_factor(batch_size)
+        return self.times.t_ar_batch_s(batch_size)
 
     def t_prefill_s(self, n_tokens: int) -> float:
-        return self.t_prefill_per_token_s * n_tokens
-
-    def _batch_factor(self, batch_size: int) -> float:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        return 1.0 + self.batch_slope * (batch_size - 1)
+        return self.times.t_prefill_s(n_tokens)
 
 
 def load_profiles(path: Path | None = None) -> dict[str, HardwareProfile]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dsd.backends.protocol import LanguageModel, LogitsRequest
+from dsd.times import ComputeTimes
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,11 @@ class MeasuredTimes:
     t_prefill_per_token_s: float
     context_tokens: int
     repeats: int
+
+    @property
+    def times(self) -> ComputeTimes:
+        """As the one compute-times type: t_verify as the measured table, one draft time for both sides."""
+        return ComputeTimes.from_measured(self)
 
 
 def _median_s(fn: Callable[[], None], repeats: int) -> float:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, get_mode
+from dsd.times import ComputeTimes
 from orchestrator import capacity
 from orchestrator.rounds import rounds_with_receipts
 
@@ -42,48 +43,55 @@ def fit_alpha(rounds: pd.DataFrame) -> float:
     return float(accepted / (accepted + failures)) if accepted + failures else math.nan
 
 
-def fit_params(rounds: pd.DataFrame, fallback: dict) -> tuple[dict, dict]:
-    """t_draft_edge_s, t_draft_server_s, t_verify_s[gamma] and t_ar_s from the round timings
+FITTED = ("t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s")   # what a run's rounds can say
+
+
+def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTimes, dict]:
+    """t_draft_edge_s, t_draft_server_s, t_verify_s per gamma and t_ar_s from the round timings
     of a network run (medians); where a column or mode is missing, the fallback's value.
-    Returns (params, where each value came from)."""
-    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fallback.items()}
-    source = {k: "assumed (profile or in-process measurement)" for k in params}
+    Returns (the times, where each of FITTED came from)."""
+    times, source = fallback, {k: "assumed (profile or in-process measurement)" for k in FITTED}
     if rounds.empty or "server_compute_s" not in rounds:
-        return params, source
+        return times, source
     live = rounds[~rounds["stale"].astype(bool)]
     edge = live[live["mode"].isin(edge_modes()) & live["t_draft_end_s"].notna()]
     sync = edge[edge["mode"] == SYNC]
     if len(sync):
-        params["t_draft_edge_s"] = float(((sync.t_draft_end_s - sync.t_draft_start_s) / sync.proposed).median())
+        draft_s = (sync.t_draft_end_s - sync.t_draft_start_s) / sync.proposed
+        times = times.replace(t_draft_edge_s=float(draft_s.median()))
         source["t_draft_edge_s"] = f"fitted: median draft time per token over {len(sync)} sync rounds"
     verify = edge[edge["server_compute_s"].notna()]
-    for gamma, group in verify.groupby("gamma"):
-        params["t_verify_s"][int(gamma)] = float(group["server_compute_s"].median())
+    times = times.with_verify_s({int(gamma): float(group["server_compute_s"].median())
+                                 for gamma, group in verify.groupby("gamma")})
     if len(verify):
         source["t_verify_s"] = f"fitted: median server compute over {len(verify)} DSD rounds"
     ar = live[(live["mode"] == AR) & live["server_compute_s"].notna()]
     if len(ar):
-        params["t_ar_s"] = float(ar["server_compute_s"].median())
+        times = times.replace(t_ar_s=float(ar["server_compute_s"].median()))
         source["t_ar_s"] = f"fitted: median server compute over {len(ar)} AR steps"
     co = live[(live["mode"] == COLOCATED) & live["server_compute_s"].notna()]
     if len(co):
         per_round = co.groupby("gamma")["server_compute_s"].median()
-        estimates = [(per_round[g] - params["t_verify_s"].get(int(g), 0.0)) / g for g in per_round.index]
-        params["t_draft_server_s"] = float(max(np.median(estimates), 0.0))
+        estimates = [(per_round[g] - _t_verify_or_zero_s(times, int(g))) / g for g in per_round.index]
+        times = times.replace(t_draft_server_s=float(max(np.median(estimates), 0.0)))
         source["t_draft_server_s"] = "fitted: (co-located round compute - t_verify) / gamma, median"
-    return params, source
+    return times, source
+
+
+def _t_verify_or_zero_s(times: ComputeTimes, gamma: int) -> float:
+    return times.t_verify_s(gamma) if times.knows_gamma(gamma) else 0.0
 
 
 def point_keys(frame: pd.DataFrame) -> list[str]:
     return [k for k in GROUP_KEYS if k in frame.columns] + POINT_KEYS
 
 
-def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dict, dict]:
+def fit_effective_params(rounds: pd.DataFrame, compute: ComputeTimes) -> tuple[ComputeTimes, dict, dict]:
     """The closed form's parameters as the client sees them: compute plus the harness's own
     per-round overhead (event loops, messages, timers), measured from the round receipts of a
     network run, so that the model is tested on how the parts combine rather than on whether
-    the harness is free. Returns (params, where each came from, overhead_ms per kind); the
-    compute-only params where a mode or the timestamps are missing (the sim launcher).
+    the harness is free. Returns (the times, where each of FITTED came from, overhead_ms per
+    kind); the compute-only times where a mode or the timestamps are missing (the sim launcher).
 
     Means, not medians: the closed form is in expected times and a per-token latency is a sum
     of round times over a sum of tokens, so a skewed harness (a loaded machine's late wake-ups)
@@ -94,44 +102,59 @@ def fit_effective_params(rounds: pd.DataFrame, compute: dict) -> tuple[dict, dic
     edge's own work between a verdict and the next block.
     t_draft_server: (mean time between co-located rounds - t_verify) / gamma, so that the
     co-located round (gamma*t_draft_server + t_verify) is the measured one."""
-    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in compute.items()}
-    source = {k: "compute only (no receipt times)" for k in params}
-    overhead_ms = {}
+    times, source, overhead_ms = compute, {k: "compute only (no receipt times)" for k in FITTED}, {}
     live = rounds_with_receipts(rounds)
     if live is None:
-        return params, source, overhead_ms
+        return times, source, overhead_ms
     live = live.sort_values("round_index")
     keys = [k for k in ["point", "client_id", "request_index"] if k in live]
     previous_receive_s = live.groupby(keys)["t_receive_s"].shift(1)
     live = live.assign(since_previous_s=live["t_receive_s"] - previous_receive_s,
                        send_since_previous_s=live["t_send_s"] - previous_receive_s)
+    for fit in (_client_view_ar, _client_view_sync, _client_view_colocated):
+        times = fit(live, times, compute, source, overhead_ms)
+    return times, source, overhead_ms
+
+
+def _client_view_ar(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
+                    overhead_ms: dict) -> ComputeTimes:
     ar = live[live["mode"] == AR]["since_previous_s"].dropna()
-    if len(ar):
-        params["t_ar_s"] = float(ar.mean())
-        source["t_ar_s"] = f"client view: mean time between AR tokens over {len(ar)} steps"
-        overhead_ms["ar_step"] = 1e3 * (params["t_ar_s"] - compute["t_ar_s"])
+    if not len(ar):
+        return times
+    source["t_ar_s"] = f"client view: mean time between AR tokens over {len(ar)} steps"
+    overhead_ms["ar_step"] = 1e3 * (float(ar.mean()) - compute.t_ar_s)
+    return times.replace(t_ar_s=float(ar.mean()))
+
+
+def _client_view_sync(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
+                      overhead_ms: dict) -> ComputeTimes:
     sync = live[live["mode"] == SYNC]
-    if len(sync):
-        wait_s = sync["t_receive_s"] - sync["t_send_s"] - sync["rtt_ms"] / 1e3 - sync["server_queue_s"].fillna(0.0)
-        for gamma, group in wait_s.groupby(sync["gamma"]):
-            params["t_verify_s"][int(gamma)] = float(group.mean())
-        source["t_verify_s"] = f"client view: mean receive - send - RTT - queue over {len(sync)} sync rounds"
-        overhead_ms["dsd_round_server_side"] = 1e3 * float((wait_s - sync["server_compute_s"]).mean())
-        edge = (sync["send_since_previous_s"] / sync["proposed"]).dropna()
-        if len(edge):
-            params["t_draft_edge_s"] = float(edge.mean())
-            source["t_draft_edge_s"] = f"client view: mean (send - previous receipt) / gamma over {len(edge)} sync rounds"
-            overhead_ms["dsd_round_edge_side"] = 1e3 * float(
-                (sync["send_since_previous_s"] - (sync["t_draft_end_s"] - sync["t_draft_start_s"])).mean())
+    if not len(sync):
+        return times
+    wait_s = sync["t_receive_s"] - sync["t_send_s"] - sync["rtt_ms"] / 1e3 - sync["server_queue_s"].fillna(0.0)
+    times = times.with_verify_s({int(gamma): float(group.mean()) for gamma, group in wait_s.groupby(sync["gamma"])})
+    source["t_verify_s"] = f"client view: mean receive - send - RTT - queue over {len(sync)} sync rounds"
+    overhead_ms["dsd_round_server_side"] = 1e3 * float((wait_s - sync["server_compute_s"]).mean())
+    edge = (sync["send_since_previous_s"] / sync["proposed"]).dropna()
+    if len(edge):
+        times = times.replace(t_draft_edge_s=float(edge.mean()))
+        source["t_draft_edge_s"] = f"client view: mean (send - previous receipt) / gamma over {len(edge)} sync rounds"
+        overhead_ms["dsd_round_edge_side"] = 1e3 * float(
+            (sync["send_since_previous_s"] - (sync["t_draft_end_s"] - sync["t_draft_start_s"])).mean())
+    return times
+
+
+def _client_view_colocated(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
+                           overhead_ms: dict) -> ComputeTimes:
     co = live[live["mode"] == COLOCATED].dropna(subset=["since_previous_s"])
-    if len(co):
-        estimates = [(g["since_previous_s"].mean() - params["t_verify_s"].get(int(gamma), 0.0)) / gamma
-                     for gamma, g in co.groupby("gamma")]
-        params["t_draft_server_s"] = float(max(np.median(estimates), 0.0))
-        source["t_draft_server_s"] = ("client view: (mean time between co-located rounds - t_verify) / gamma; "
-                                      "below compute when t_verify carries DSD's message overhead")
-        overhead_ms["colocated_round"] = 1e3 * float((co["since_previous_s"] - co["server_compute_s"]).mean())
-    return params, source, overhead_ms
+    if not len(co):
+        return times
+    estimates = [(g["since_previous_s"].mean() - _t_verify_or_zero_s(times, int(gamma))) / gamma
+                 for gamma, g in co.groupby("gamma")]
+    source["t_draft_server_s"] = ("client view: (mean time between co-located rounds - t_verify) / gamma; "
+                                  "below compute when t_verify carries DSD's message overhead")
+    overhead_ms["colocated_round"] = 1e3 * float((co["since_previous_s"] - co["server_compute_s"]).mean())
+    return times.replace(t_draft_server_s=float(max(np.median(estimates), 0.0)))
 
 
 def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -218,18 +241,16 @@ def measured_compute_ms(rounds: pd.DataFrame) -> dict:
     return out
 
 
-def predict_per_token_s(mode: str, rtt_s: float, gamma: int, alpha: float, params: dict) -> float:
-    """The mode's closed form (dsd.modes) on a params dict (t_verify_s per gamma)."""
-    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=params.get("t_ar_s"),
-                                      t_draft_edge_s=params.get("t_draft_edge_s"),
-                                      t_draft_server_s=params.get("t_draft_server_s"),
-                                      t_verify_s=params["t_verify_s"][gamma])
+def predict_per_token_s(mode: str, rtt_s: float, gamma: int, alpha: float, times: ComputeTimes) -> float:
+    """The mode's closed form (dsd.modes) at these compute times."""
+    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=times.t_ar_s, t_draft_edge_s=times.t_draft_edge_s,
+                                      t_draft_server_s=times.t_draft_server_s, t_verify_s=times.t_verify_s(gamma))
 
 
-def add_predictions(points: pd.DataFrame, alpha: float, params: dict) -> pd.DataFrame:
+def add_predictions(points: pd.DataFrame, alpha: float, times: ComputeTimes) -> pd.DataFrame:
     points = points.copy()
     points["per_token_ms_predicted"] = [
-        1e3 * predict_per_token_s(row.mode, row.rtt_ms / 1e3, int(row.gamma), alpha, params)
+        1e3 * predict_per_token_s(row.mode, row.rtt_ms / 1e3, int(row.gamma), alpha, times)
         for row in points.itertuples()]
     points["latency_err_pct"] = 100 * (points["per_token_ms_p50"] / points["per_token_ms_predicted"] - 1)
     return points
@@ -278,13 +299,12 @@ def measured_crossovers(points: pd.DataFrame, gamma: int, clients: int = 1) -> d
     return result
 
 
-def predicted_crossovers(gamma: int, alpha: float, params: dict) -> dict:
-    t_v = params["t_verify_s"][gamma]
+def predicted_crossovers(gamma: int, alpha: float, times: ComputeTimes) -> dict:
     return {
         "sync_vs_ar": {"rtt_ms": 1e3 * lm.sync_dsd_beats_ar_rtt_s(
-            alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])},
+            alpha, gamma, times.t_draft_edge_s, times.t_verify_s(gamma), times.t_ar_s)},
         "pipelined_vs_colocated": {"rtt_ms": 1e3 * lm.pipelined_beats_colocated_rtt_s(
-            alpha, gamma, params["t_draft_edge_s"], params["t_draft_server_s"], t_v)},
+            alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma))},
     }
 
 
@@ -303,22 +323,22 @@ def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
     return points
 
 
-def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, params: dict) -> float:
+def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, times: ComputeTimes) -> float:
     """The gain window's edge: the RTT at which `mode` (sync or pipelined DSD) ties cloud AR."""
-    t_v = params["t_verify_s"][gamma]
+    t_v = times.t_verify_s(gamma)
     if mode == SYNC:
-        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, times.t_draft_edge_s, t_v, times.t_ar_s)
         return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
     if mode == PIPELINED:
-        return 1e3 * lm.pipelined_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        return 1e3 * lm.pipelined_beats_ar_rtt_s(alpha, gamma, times.t_draft_edge_s, t_v, times.t_ar_s)
     raise ValueError(f"the gain window compares sync or pipelined DSD with AR, not {mode!r}")
 
 
-def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, params: dict) -> float:
+def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, times: ComputeTimes) -> float:
     """The other view of the same edge: at this RTT, the alpha at which `mode` ties cloud AR
     (the boundary RTT rises with alpha). nan if it loses even at alpha = 1."""
     def boundary(alpha: float) -> float:
-        return predicted_ar_boundary_rtt_ms(mode, alpha, gamma, params)
+        return predicted_ar_boundary_rtt_ms(mode, alpha, gamma, times)
 
     if boundary(1.0) < rtt_ms:
         return math.nan
@@ -329,21 +349,21 @@ def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, params: di
     return hi
 
 
-def gain_window_table(points: pd.DataFrame, gamma: int, params_by_profile: dict,
+def gain_window_table(points: pd.DataFrame, gamma: int, times_by_profile: dict[str, ComputeTimes],
                       modes: tuple[str, ...] = (SYNC, PIPELINED)) -> pd.DataFrame:
     """Per profile, mode and RTT: the alpha at which DSD ties cloud AR, measured (interpolated
-    over the swept alphas, medians over repeats, at the fitted alphas) and predicted."""
+    over the swept alphas, medians over repeats, at the measured alphas) and predicted."""
     rows = []
     for profile, by_profile in points.groupby("profile"):
-        params = params_by_profile[profile]
+        times = times_by_profile[profile]
         for mode in modes:
             mine = by_profile[(by_profile["mode"] == mode) & (by_profile.gamma == gamma)]
             for rtt_ms, at_rtt in mine.groupby("rtt_ms"):
-                per_alpha = at_rtt.groupby("alpha_fitted")["speedup_vs_ar"].median()
+                per_alpha = at_rtt.groupby("alpha_measured_group")["speedup_vs_ar"].median()
                 # crossing_rtt_ms works for any x: where speedup - 1 first turns positive.
                 measured = crossing_rtt_ms(per_alpha.index.values, per_alpha.values - 1.0) \
                     if len(per_alpha) >= 2 else math.nan
                 rows.append({"profile": profile, "mode": mode, "rtt_ms": rtt_ms,
                              "alpha_boundary_measured": measured,
-                             "alpha_boundary_predicted": predicted_ar_boundary_alpha(mode, rtt_ms, gamma, params)})
+                             "alpha_boundary_predicted": predicted_ar_boundary_alpha(mode, rtt_ms, gamma, times)})
     return pd.DataFrame(rows)

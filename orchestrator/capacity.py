@@ -10,6 +10,7 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from dsd.modes import COLOCATED, SYNC
+from dsd.times import ComputeTimes
 from orchestrator.rounds import rounds_with_receipts
 
 
@@ -61,15 +62,15 @@ def capacity_at(clients: np.ndarray, per_token_s: np.ndarray, target_s: float) -
 
 
 def predicted_tok_s_per_client(mode: str, clients: int, alpha: float, gamma: int, rtt_s: float,
-                               params: dict) -> float:
+                               times: ComputeTimes) -> float:
     """Each of n clients' token rate against a server that runs one sequence per pass: a client
     round takes its own critical path or, saturated, n times the server's work per round,
     whichever is longer (queueing before saturation left out). nan for modes it does not cover."""
-    e, t_v = lm.expected_tokens_per_round(alpha, gamma), params["t_verify_s"][gamma]
+    e, t_v = lm.expected_tokens_per_round(alpha, gamma), times.t_verify_s(gamma)
     if mode == COLOCATED:
-        return e / (clients * (gamma * params["t_draft_server_s"] + t_v))
+        return e / (clients * (gamma * times.t_draft_server_s + t_v))
     if mode == SYNC:
-        return e / max(gamma * params["t_draft_edge_s"] + rtt_s + t_v, clients * t_v)
+        return e / max(gamma * times.t_draft_edge_s + rtt_s + t_v, clients * t_v)
     return math.nan
 
 

@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from dsd.backends.factory import BackendConfig
+from dsd.backends.factory import BackendConfig, SyntheticBackendConfig, backend_from_dict
 from dsd.control import CONTROLLERS
 from dsd.modes import BUILTIN, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
@@ -50,7 +50,7 @@ class Experiment:
     # spending at most adaptive_budget_points extra points (0: off)
     adaptive_budget_points: int = 0
     adaptive_ci_target_pct: float = 20.0
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: BackendConfig = field(default_factory=SyntheticBackendConfig)   # [backend]: kind and its fields
     sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/sampling.py
     workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/workload.py
     # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links.py.
@@ -96,17 +96,7 @@ class Experiment:
             _check(_is_number(value) and 0 <= value <= 3600, name, value, "a number in 0..3600")
         _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.name) is not None,
                "name", self.name, "1-64 of [A-Za-z0-9._-] (it names the result folder)")
-        if self.backend.kind == "synthetic":
-            _check(bool(self.profile), "profile", self.profile,
-                   "a hardware profile name (the synthetic backend emulates its compute)")
-        if self.backend.kind == "hf" and not self.backend.target_path:
-            pair = Path(self.backend.pair_path).expanduser()
-            _check((pair / "manifest.json").is_file(), "backend.pair_path", self.backend.pair_path,
-                   "a model pair folder with a manifest.json (`dsdbed build-pair`)")
-        elif self.backend.kind == "hf":
-            for key in ("target_path", "draft_path"):
-                value = getattr(self.backend, key)
-                _check(Path(value).expanduser().is_dir(), f"backend.{key}", value, "an existing model folder")
+        _check_backend(self.backend, self.profile)
         synthetic_only = "only with the synthetic backend (a real model pair has its own alpha and speed)"
         _check(not self.alpha or self.backend.kind == "synthetic", "alpha", self.alpha, synthetic_only)
         _check(all(_is_number(a) and 0 < a <= 1 for a in self.alpha), "alpha", self.alpha,
@@ -158,11 +148,13 @@ class Experiment:
         return own[name] if name in own else load_profiles()[name]
 
     def alphas(self) -> tuple[float, ...]:
-        return tuple(float(a) for a in self.alpha) or (self.backend.alpha,)
+        """The alphas swept; (None,) for a backend without one (a real model pair)."""
+        return tuple(float(a) for a in self.alpha) or (getattr(self.backend, "alpha", None),)
 
-    def for_group(self, profile: str, alpha: float) -> "Experiment":
+    def for_group(self, profile: str, alpha: float | None) -> "Experiment":
         """The experiment with one profile and one alpha: what one testbed runs."""
-        return replace(self, profile=profile, alpha=(), backend=replace(self.backend, alpha=alpha))
+        backend = self.backend if alpha is None else replace(self.backend, alpha=alpha)
+        return replace(self, profile=profile, alpha=(), backend=backend)
 
     def sampling_settings(self) -> list[Setting]:
         return self.sampling.settings(self.seed)
@@ -174,6 +166,19 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_backend(backend: BackendConfig, profile) -> None:
+    """What the backend needs of this host and of the experiment: its files, and a profile to
+    emulate compute with."""
+    _check(isinstance(backend, BackendConfig), "backend", backend, "a [backend] table")
+    if backend.emulated:
+        _check(bool(profile), "profile", profile,
+               f"a hardware profile name (the {backend.kind} backend emulates its compute)")
+    try:
+        backend.check_files()
+    except ValueError as error:
+        raise ValueError(f"experiment key {error}") from None
 
 
 def _check(ok: bool, key: str, value, expected: str) -> None:
@@ -231,10 +236,6 @@ def experiment_from_dict(data: dict, source: str = "experiment",
             tuple(extra_profiles)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: {error}") from None
-    backend_known = {f.name for f in fields(BackendConfig)}
-    unknown = sorted(set(backend) - backend_known)
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) in [backend]: {unknown}; known: {sorted(backend_known)}")
     if "name" not in data:
         raise ValueError(f"{source}: missing key 'name'")
     if "alpha" in data and "alpha" in backend:
@@ -248,9 +249,9 @@ def experiment_from_dict(data: dict, source: str = "experiment",
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)
     try:
-        backend_config = BackendConfig(**backend)
+        backend_config = backend_from_dict(backend, where="[backend]")
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{source}: [backend]: {error}") from None
+        raise ValueError(f"{source}: {error}" if "[backend]" in str(error) else f"{source}: [backend]: {error}") from None
     if external is not None:
         try:
             data["external"] = ExternalConfig.from_dict(external)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from dsd.modes import AR, BUILTIN, COLOCATED, edge_modes
+from dsd.times import ComputeTimes
 from orchestrator import geography
 from orchestrator.analysis import predict_per_token_s
 
@@ -38,7 +39,7 @@ def sample_pairs() -> list[tuple[str, str, float]]:
     return [(a, b, geography.pair_stats(a, b).mean_ms) for a, b in SAMPLE]
 
 
-def predict_pairs(params: dict, alpha: float, gamma: int) -> pd.DataFrame:
+def predict_pairs(params: ComputeTimes, alpha: float, gamma: int) -> pd.DataFrame:
     rows = []
     for (a, b), (_, mean_ms, *_rest) in geography.load_pairs().items():
         row = {"country_a": a, "country_b": b, "rtt_ms": mean_ms}
@@ -90,7 +91,7 @@ def plot_matrices(pairs: pd.DataFrame, countries: list[str], path: Path, title: 
     plt.close(fig)
 
 
-def check_sampled(out: Path, params: dict, alpha: float, gamma: int) -> pd.DataFrame:
+def check_sampled(out: Path, params: ComputeTimes, alpha: float, gamma: int) -> pd.DataFrame:
     """The measured points against the same predictions (the sampled pairs' RTTs)."""
     points = pd.read_csv(out / "points.csv")
     names = {round(rtt, 3): f"{a}-{b}" for a, b, rtt in sample_pairs()}
@@ -106,18 +107,17 @@ def check_sampled(out: Path, params: dict, alpha: float, gamma: int) -> pd.DataF
 def write(out: Path, n_countries: int) -> dict:
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
-    params = summary["params"]
-    params["t_verify_s"] = {int(k): v for k, v in params["t_verify_s"].items()}
-    alpha, gamma = summary["alpha_fitted"], int(summary["gamma"])
+    params = ComputeTimes.from_dict(summary["params"])
+    alpha, gamma = summary["alpha_measured"], int(summary["gamma"])
     if not math.isfinite(alpha):
-        raise ValueError(f"{out}/summary.json: no single fitted alpha (a sweep of one profile and alpha is needed)")
+        raise ValueError(f"{out}/summary.json: no single measured alpha (a sweep of one profile and alpha is needed)")
     pairs = predict_pairs(params, alpha, gamma)
     pairs.to_csv(out / "geo_matrix.csv", index=False)
     check = check_sampled(out, params, alpha, gamma)
     check.to_csv(out / "geo_check.csv", index=False)
     plot_matrices(pairs, top_countries(n_countries), out / "geo_matrix.png",
-                  f"{summary['experiment']}: alpha {alpha:.2f}, gamma {gamma}, t_ar {1e3 * params['t_ar_s']:.1f} ms, "
-                  f"t_draft_edge {1e3 * params['t_draft_edge_s']:.1f} ms; RIPE Atlas country-pair mean RTTs")
+                  f"{summary['experiment']}: alpha {alpha:.2f}, gamma {gamma}, t_ar {1e3 * params.t_ar_s:.1f} ms, "
+                  f"t_draft_edge {1e3 * params.t_draft_edge_s:.1f} ms; RIPE Atlas country-pair mean RTTs")
     return {"pairs": len(pairs), "dsd_beats_ar_pct": 100 * float((pairs["dsd_speedup_vs_ar"] > 1).mean()),
             "dsd_beats_colocated_pct": 100 * float((pairs["dsd_speedup_vs_colocated"] > 1).mean()),
             "sampled_err_pct_median_abs": float(check["err_pct"].abs().median())}

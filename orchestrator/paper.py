@@ -1,5 +1,5 @@
 """The paper's comparisons as tables: per group, the configured setting, the closed form at the
-configured alpha and at the realised one (both with the configured compute times: the gap
+configured alpha and at the measured one (both with the configured compute times: the gap
 between them is alpha's alone), and what was measured.
 
 - sync_vs_ar: the largest RTT at which synchronous DSD beats cloud AR (claim 2);
@@ -16,46 +16,47 @@ from __future__ import annotations
 import math
 
 from dsd import latency_model as lm
+from dsd.times import ComputeTimes
 
 NEVER = "never (DSD never wins)"
 
 
-def closed_form_crossover_ms(name: str, alpha: float, gamma: int, params: dict) -> float:
+def closed_form_crossover_ms(name: str, alpha: float, gamma: int, times: ComputeTimes) -> float:
     """The closed form's crossover RTT (ms) at ``alpha``; -inf where DSD never wins."""
     if math.isnan(alpha):
         return math.nan
-    t_v = params["t_verify_s"][gamma]
+    t_v = times.t_verify_s(gamma)
     if name == "sync_vs_ar":
-        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, params["t_draft_edge_s"], t_v, params["t_ar_s"])
+        rtt_s = lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, times.t_draft_edge_s, t_v, times.t_ar_s)
         return 1e3 * rtt_s if rtt_s >= 0 else -math.inf
     if name == "pipelined_vs_colocated":
-        return 1e3 * lm.pipelined_beats_colocated_rtt_s(alpha, gamma, params["t_draft_edge_s"],
-                                                         params["t_draft_server_s"], t_v)
+        return 1e3 * lm.pipelined_beats_colocated_rtt_s(alpha, gamma, times.t_draft_edge_s,
+                                                         times.t_draft_server_s, t_v)
     raise ValueError(f"unknown comparison {name!r}")
 
 
-def setting(params: dict, gamma: int) -> dict:
+def setting(times: ComputeTimes, gamma: int) -> dict:
     """The configured compute times of a group, in ms, and the drafting window."""
-    return {"gamma": gamma, "t_draft_edge_ms": 1e3 * params["t_draft_edge_s"],
-            "t_draft_server_ms": 1e3 * params["t_draft_server_s"],
-            "t_verify_ms": 1e3 * params["t_verify_s"][gamma], "t_ar_ms": 1e3 * params["t_ar_s"],
-            "drafting_window_ms": 1e3 * gamma * params["t_draft_edge_s"]}
+    return {"gamma": gamma, "t_draft_edge_ms": 1e3 * times.t_draft_edge_s,
+            "t_draft_server_ms": 1e3 * times.t_draft_server_s,
+            "t_verify_ms": 1e3 * times.t_verify_s(gamma), "t_ar_ms": 1e3 * times.t_ar_s,
+            "drafting_window_ms": 1e3 * gamma * times.t_draft_edge_s}
 
 
 def crossover_rows(groups: list[dict], assumed: dict, gamma: int) -> list[dict]:
     """One row per group and crossover the sweep measured. ``groups``: summary.json's groups
-    (profile, alpha_configured, alpha_fitted, crossovers); ``assumed``: configured params per profile."""
+    (profile, alpha_configured, alpha_measured, crossovers); ``assumed``: configured params per profile."""
     rows = []
     for group in groups:
         params = assumed[group["profile"]]
-        configured, realised = group.get("alpha_configured", math.nan), group["alpha_fitted"]
+        configured, measured = group.get("alpha_configured", math.nan), group["alpha_measured"]
         for name, c in group["crossovers"].items():
             low, high, kind = _interval_of(c)
             rows.append({
                 "comparison": name, "profile": group["profile"], **setting(params, gamma),
-                "alpha_configured": configured, "alpha_realised": realised,
-                "closed_form_configured_ms": closed_form_crossover_ms(name, configured, gamma, params),
-                "closed_form_realised_ms": closed_form_crossover_ms(name, realised, gamma, params),
+                "alpha_configured": configured, "alpha_measured": measured,
+                "closed_form_at_configured_alpha_ms": closed_form_crossover_ms(name, configured, gamma, params),
+                "closed_form_at_measured_alpha_ms": closed_form_crossover_ms(name, measured, gamma, params),
                 "measured_ms": c["measured_rtt_ms"],
                 "measured_low_ms": low, "measured_high_ms": high, "interval": kind,
             })
@@ -79,9 +80,9 @@ def capacity_rows(capacity: list[dict], assumed: dict, gamma_default: int, main_
         profile = entry.get("profile", main_profile)
         gamma = int(entry.get("gamma", gamma_default))
         params = assumed[profile]
-        factor = lm.capacity_factor(gamma, params["t_draft_server_s"], params["t_verify_s"][gamma])
+        factor = lm.capacity_factor(gamma, params.t_draft_server_s, params.t_verify_s(gamma))
         rows.append({"comparison": "capacity", "profile": profile, "mode": entry["mode"], **setting(params, gamma),
-                     "td_over_tv": params["t_draft_server_s"] / params["t_verify_s"][gamma],
+                     "td_over_tv": params.t_draft_server_s / params.t_verify_s(gamma),
                      "closed_form_configured": factor, "closed_form_fitted": entry["ratio_predicted"],
                      "measured": entry["ratio_measured"]})
     return rows
@@ -105,15 +106,15 @@ def interval(low: float, high: float) -> str:
 def crossover_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """(header, rows of text) for a report."""
     header = ["comparison", "profile", "setting", "alpha configured", "closed form at configured alpha (ms)",
-              "alpha realised", "closed form at realised alpha (ms)", "measured (ms)", "interval (ms)"]
+              "alpha measured", "closed form at measured alpha (ms)", "measured (ms)", "interval (ms)"]
     body = []
     for r in rows:
         what = (f"gamma {r['gamma']}, t_draft {r['t_draft_edge_ms']:g} ms, t_verify {r['t_verify_ms']:g} ms, "
                 f"t_ar {r['t_ar_ms']:g} ms" + (f", window gamma*t_draft {r['drafting_window_ms']:g} ms"
                                                if r["comparison"] == "pipelined_vs_colocated" else ""))
         body.append([r["comparison"].replace("_", " "), r["profile"], what, cell(r["alpha_configured"], 3),
-                     cell(r["closed_form_configured_ms"]), cell(r["alpha_realised"], 3),
-                     cell(r["closed_form_realised_ms"]), cell(r["measured_ms"]),
+                     cell(r["closed_form_at_configured_alpha_ms"]), cell(r["alpha_measured"], 3),
+                     cell(r["closed_form_at_measured_alpha_ms"]), cell(r["measured_ms"]),
                      (interval(r["measured_low_ms"], r["measured_high_ms"]) + f" ({r['interval']})")
                      if interval(r["measured_low_ms"], r["measured_high_ms"]) else ""])
     return header, body

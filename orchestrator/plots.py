@@ -123,13 +123,13 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
         ax.fill_between(alpha_grid, 0, np.clip(np.nan_to_num(shown, nan=0.0), 0, rtt_top),
                         color=_color(mode), alpha=0.08)
         mine = points[(points["mode"] == mode) & (points.gamma == gamma)]
-        cells = mine.groupby(["alpha_fitted", "rtt_ms"])["speedup_vs_ar"].median().reset_index()
+        cells = mine.groupby(["alpha_measured_group", "rtt_ms"])["speedup_vs_ar"].median().reset_index()
         win, lose = cells[cells.speedup_vs_ar > 1], cells[~(cells.speedup_vs_ar > 1)]
-        ax.scatter(win.alpha_fitted, win.rtt_ms, marker="o", color="tab:green", s=28, zorder=3,
+        ax.scatter(win.alpha_measured_group, win.rtt_ms, marker="o", color="tab:green", s=28, zorder=3,
                    label=f"DSD faster ({kind})")
-        ax.scatter(lose.alpha_fitted, lose.rtt_ms, marker="x", color="tab:red", s=28, zorder=3,
+        ax.scatter(lose.alpha_measured_group, lose.rtt_ms, marker="x", color="tab:red", s=28, zorder=3,
                    label=f"cloud AR faster ({kind})")
-        crossing = [(g["alpha_fitted"], g["_measured"].get("sync_vs_ar", {}).get("rtt_ms", math.nan))
+        crossing = [(g["alpha_measured"], g["_measured"].get("sync_vs_ar", {}).get("rtt_ms", math.nan))
                     for g in groups] if mode == SYNC else []
         crossing = [(a, r) for a, r in crossing if math.isfinite(r)]
         if crossing:
@@ -137,14 +137,14 @@ def plot_gain_window(points: pd.DataFrame, groups: list[dict], params_by_profile
                     label="crossing found in the data, per alpha")
         ax.set_xlim(0, 1.0)
         ax.set_ylim(0, rtt_top)
-        ax.set_xlabel("alpha (fitted per group)")
+        ax.set_xlabel("alpha (measured per group)")
         ax.set_ylabel("round-trip time (ms)")
         ax.set_title(f"{_label(mode)} vs cloud AR", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
-    fig.text(0.01, 0.01, f"t_ar={1e3 * params['t_ar_s']:.2f} ms, t_verify={1e3 * params['t_verify_s'][gamma]:.2f} ms, "
-             f"t_draft,edge={1e3 * params['t_draft_edge_s']:.2f} ms (client view: compute + measured harness "
+    fig.text(0.01, 0.01, f"t_ar={1e3 * params.t_ar_s:.2f} ms, t_verify={1e3 * params.t_verify_s(gamma):.2f} ms, "
+             f"t_draft,edge={1e3 * params.t_draft_edge_s:.2f} ms (client view: compute + measured harness "
              "overhead); shaded: DSD predicted to win; "
              "points: median speedup over repeats", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -178,7 +178,7 @@ def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: st
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("tokens/s per client, while all run")
-    fig.text(0.01, 0.01, "dashed: max(own critical path, n x server work per round), fitted alpha and times",
+    fig.text(0.01, 0.01, "dashed: max(own critical path, n x server work per round), measured alpha, fitted times",
              fontsize=7, color="0.4")
     ax.set_title(title, fontsize=10)
     ax.set_ylim(bottom=0)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from dsd.modes import COLOCATED, get_mode, speculative_modes
+from dsd.times import ComputeTimes
 from orchestrator import analysis
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.sweep import Point, is_calibration, point_done
@@ -44,8 +45,8 @@ CALIBRATION = "calibration.json"
 
 # --- before the measurements ---------------------------------------------------------------------
 
-def calibrate(rounds: pd.DataFrame, assumed: dict) -> dict:
-    """The closed form's inputs from the calibration rounds alone (assumed: the compute costs
+def calibrate(rounds: pd.DataFrame, assumed: ComputeTimes) -> dict:
+    """The closed form's inputs from the calibration rounds alone (assumed: the compute times
     the sweep ran with, used where the rounds say nothing).
 
     Each request (request i is the same prompt in every calibration point) is fitted on its own
@@ -53,7 +54,8 @@ def calibrate(rounds: pd.DataFrame, assumed: dict) -> dict:
     with is a median over requests too, and a calibration point is short, so a single host stall
     (seen here: one 216 ms co-located round among 116 of 18 ms, load average 9 on 2 CPUs) would
     otherwise move every prediction of its mode. alpha is pooled over all rounds (acceptance
-    counts do not stall)."""
+    counts do not stall). Returns alpha, params and params_compute (ComputeTimes), their sources
+    and the harness overhead."""
     spec = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec) if len(spec) else math.nan
     by_request = list(rounds.groupby("request_index")) if "request_index" in rounds and len(rounds) else []
@@ -61,44 +63,51 @@ def calibrate(rounds: pd.DataFrame, assumed: dict) -> dict:
         compute, compute_sources = analysis.fit_params(rounds, assumed)
         params, sources, overhead = analysis.fit_effective_params(rounds, compute)
     else:
-        fits = []
-        for _, request_rounds in by_request:
-            request_compute, _ = analysis.fit_params(request_rounds, assumed)
-            fits.append((request_compute, *analysis.fit_effective_params(request_rounds, request_compute)))
-        compute = _median_params([f[0] for f in fits])
-        params = _median_params([f[1] for f in fits])
-        # t_draft_server is derived, not measured: take the median of the measured co-located
-        # round (gamma*t_draft_server + t_verify in each request's fit) and derive it again, so the
-        # co-located prediction is that median round over E (no clip at 0: in the client view
-        # t_verify carries DSD's message overhead, which a co-located round does not pay).
-        co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == COLOCATED, "gamma"]}) \
-            if COLOCATED in set(rounds["mode"]) else []
-        estimates = []
-        for gamma in co_gammas:
-            co_round_s = np.median([gamma * f[1]["t_draft_server_s"] + f[1]["t_verify_s"][gamma] for f in fits
-                                    if gamma in f[1]["t_verify_s"]])
-            estimates.append((co_round_s - params["t_verify_s"][gamma]) / gamma)
-        if estimates:
-            params["t_draft_server_s"] = float(np.median(estimates))
-        overhead = {k: float(np.median([f[3][k] for f in fits if k in f[3]]))
-                    for k in set().union(*(f[3] for f in fits))}
+        compute, params, overhead = _fit_per_request(rounds, [r for _, r in by_request], assumed)
         _, compute_sources = analysis.fit_params(rounds, assumed)
         _, sources, _ = analysis.fit_effective_params(rounds, compute)
-        note = f" (per request; median over {len(fits)} requests)"
+        note = f" (per request; median over {len(by_request)} requests)"
         sources = {k: v + note for k, v in sources.items()}
         compute_sources = {k: v + note for k, v in compute_sources.items()}
     return {"alpha": alpha, "params": params, "params_source": sources, "params_compute": compute,
             "params_compute_source": compute_sources, "harness_overhead_ms": overhead}
 
 
-def _median_params(fits: list[dict]) -> dict:
-    out = {}
-    for key, value in fits[0].items():
-        if isinstance(value, dict):
-            out[key] = {g: float(np.median([f[key][g] for f in fits if g in f[key]])) for g in value}
-        else:
-            out[key] = float(np.median([f[key] for f in fits]))
-    return out
+def _fit_per_request(rounds: pd.DataFrame, requests: list[pd.DataFrame],
+                     assumed: ComputeTimes) -> tuple[ComputeTimes, ComputeTimes, dict]:
+    """(compute, params, overhead_ms): each the median over the requests' own fits."""
+    fits = []
+    for request_rounds in requests:
+        request_compute, _ = analysis.fit_params(request_rounds, assumed)
+        fits.append((request_compute, *analysis.fit_effective_params(request_rounds, request_compute)))
+    compute = _median_times([f[0] for f in fits])
+    params = _median_times([f[1] for f in fits])
+    # t_draft_server is derived, not measured: take the median of the measured co-located
+    # round (gamma*t_draft_server + t_verify in each request's fit) and derive it again, so the
+    # co-located prediction is that median round over E (no clip at 0: in the client view
+    # t_verify carries DSD's message overhead, which a co-located round does not pay).
+    co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == COLOCATED, "gamma"]})
+    estimates = []
+    for gamma in co_gammas:
+        co_round_s = np.median([gamma * f[1].t_draft_server_s + f[1].t_verify_s(gamma) for f in fits
+                                if gamma in f[1].verify_table_s])
+        estimates.append((co_round_s - params.t_verify_s(gamma)) / gamma)
+    if estimates:
+        params = params.replace(t_draft_server_s=float(np.median(estimates)))
+    overhead = {k: float(np.median([f[3][k] for f in fits if k in f[3]]))
+                for k in set().union(*(f[3] for f in fits))}
+    return compute, params, overhead
+
+
+def _median_times(fits: list[ComputeTimes]) -> ComputeTimes:
+    """Every fitted time the median over the fits; the table per gamma of the first fit."""
+    def median(name: str) -> float:
+        return float(np.median([getattr(f, name) for f in fits]))
+
+    table = {g: float(np.median([f.verify_table_s[g] for f in fits if g in f.verify_table_s]))
+             for g in fits[0].verify_table_s}
+    return fits[0].replace(t_draft_edge_s=median("t_draft_edge_s"), t_draft_server_s=median("t_draft_server_s"),
+                           t_ar_s=median("t_ar_s"), t_verify_by_gamma_s=table)
 
 
 def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float) -> list[dict]:
@@ -108,7 +117,7 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
     utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now_s)) + f".{int(now_s % 1 * 1e6):06d}Z"
     rows = []
     for point in points:
-        gamma_known = point.gamma in params["t_verify_s"]
+        gamma_known = params.knows_gamma(point.gamma)
         ok = gamma_known and (not get_mode(point.mode).speculative or math.isfinite(alpha))
         per_token_ms = 1e3 * analysis.predict_per_token_s(point.mode, point.rtt_ms / 1e3, point.gamma,
                                                           alpha, params) if ok else math.nan
@@ -127,7 +136,7 @@ class Predictor:
     once its calibration points are done and before any other of its points runs."""
 
     def __init__(self, experiment, out_dir: Path, assumed_for) -> None:
-        """assumed_for(point) -> the compute costs the point's group runs with."""
+        """assumed_for(point) -> the ComputeTimes the point's group runs with."""
         self.experiment, self.out_dir, self.assumed_for = experiment, Path(out_dir), assumed_for
 
     def __call__(self, group_points: list[Point]) -> None:
@@ -146,12 +155,17 @@ class Predictor:
             _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=str))
             return
         rounds = _read_points_csv(self.out_dir, calibration_points, "rounds")
-        calibration = calibrate(rounds, self.assumed_for(group_points[0]))
+        assumed = self.assumed_for(group_points[0])
+        # NOTE: a dict is the sweep.json form of the times; orchestrator/run.py hands one over
+        # until it holds ComputeTimes itself (issue 13, helper 13e).
+        calibration = calibrate(rounds, assumed if isinstance(assumed, ComputeTimes) else ComputeTimes.from_dict(assumed))
         now_s = time.time()
         rows = prediction_rows(group_points, calibration, lambda p: is_calibration(p, self.experiment), now_s)
         append_predictions(self.out_dir, rows)
         record[group or "all"] = {"predicted": True, "predicted_at_s": now_s,
-                                  "calibration_points": [p.key for p in calibration_points], **calibration}
+                                  "calibration_points": [p.key for p in calibration_points], **calibration,
+                                  "params": calibration["params"].to_dict(),
+                                  "params_compute": calibration["params_compute"].to_dict()}
         _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=_json_default))
 
 

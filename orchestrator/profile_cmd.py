@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from dsd.backends.factory import BackendConfig, load_pair
+from dsd.backends.factory import HfBackendConfig, load_pair
+from dsd.times import fit_verify_line
 from dsd.timing import batched_verify_times_s, fit_batch_slope, measure_times
 
 
@@ -23,31 +24,27 @@ def _cpu_name() -> str:
 
 def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
     torch.set_num_threads(threads)
-    draft, target = load_pair(BackendConfig(kind="hf", pair_path=pair_path))
+    draft, target = load_pair(HfBackendConfig(pair_path=pair_path))
     gammas = (1, 2, 4, 8)
-    times = measure_times(draft, target, gammas=gammas)
+    measurement = measure_times(draft, target, gammas=gammas)
+    measured = measurement.times
     # t_verify(gamma) = base + per_position * (gamma + 1): least squares over the gammas measured.
-    xs = [g + 1 for g in gammas]
-    ys = [times.t_verify_s[g] for g in gammas]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-    slope = max(slope, 0.0)
-    base = max(mean_y - slope * mean_x, 0.0)
+    base, slope = fit_verify_line(measured.verify_table_s)
     # The batched cost curve: one forward pass verifying b sessions at once (dsd.backends.torch_lm).
     batches = (1, 2, 4, 8, 16)
-    curve = batched_verify_times_s(target, gammas, batches, times.context_tokens, max(5, times.repeats // 3))
+    curve = batched_verify_times_s(target, gammas, batches, measurement.context_tokens, max(5, measurement.repeats // 3))
     slope_b = fit_batch_slope(curve)
     source = (f"measured on {_cpu_name()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
               f"`dsdbed measure-profile --pair {pair_path} --threads {threads}`, median of "
-              f"{times.repeats}, context {times.context_tokens} tokens")
+              f"{measurement.repeats}, context {measurement.context_tokens} tokens")
     values = {
-        "t_draft_edge_s": (times.t_draft_s, source),
-        "t_draft_server_s": (times.t_draft_s, source + " (edge and server are the same machine here)"),
-        "t_ar_s": (times.t_ar_s, source),
+        "t_draft_edge_s": (measured.t_draft_edge_s, source),
+        "t_draft_server_s": (measured.t_draft_server_s, source + " (edge and server are the same machine here)"),
+        "t_ar_s": (measured.t_ar_s, source),
         "t_verify_base_s": (base, source + f"; least-squares fit over gamma {list(gammas)}: "
-                            + ", ".join(f"{g}: {1e3 * times.t_verify_s[g]:.3f} ms" for g in gammas)),
+                            + ", ".join(f"{g}: {1e3 * measured.t_verify_s(g):.3f} ms" for g in gammas)),
         "t_verify_per_position_s": (slope, source + "; same fit"),
-        "t_prefill_per_token_s": (times.t_prefill_per_token_s, source),
+        "t_prefill_per_token_s": (measured.t_prefill_per_token_s, source),
         "batch_slope": (slope_b, source + f"; t_verify(gamma, b) = t_verify(gamma, 1) * (1 + batch_slope * (b - 1)) "
                         f"least squares over gamma {list(gammas)} x b {list(batches)}, one batched pass of b "
                         f"sessions (ms): " + "; ".join(

@@ -80,10 +80,10 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
         ("text", "The RTT below which the first mode is faster per token than the second; measured as "
                  "the crossing of the median-of-repeats curves (range over repeats), predicted by the "
                  "closed form at the alpha and parameters fitted from ALL rounds (in sample: the "
-                 "out-of-sample comparison is above), at the alpha the run realised (fitted) and, "
+                 "out-of-sample comparison is above), at the measured alpha (alpha_measured) and, "
                  "on the synthetic backend, at the configured alpha."),
         ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
-                   "predicted in sample, at realised alpha (ms)", "predicted at configured alpha (ms)"],
+                   "predicted in sample, at measured alpha (ms)", "predicted at configured alpha (ms)"],
          _crossover_rows(summary)),
     ]))
     sections += _paper_sections(summary)
@@ -132,14 +132,14 @@ def _acceptance_rows(sweep: dict, summary: dict) -> list[list[str]]:
 
 def _paper_sections(summary: dict) -> list:
     """The paper's comparisons (orchestrator/paper.py): configured setting, closed form at the
-    configured and at the realised alpha (configured compute times), measured."""
+    configured and at the measured alpha (configured compute times), measured."""
     from orchestrator import paper
 
     tables = summary.get("paper", {})
     blocks = []
     if tables.get("crossovers"):
         blocks += [("text", "Per group: the closed form with the configured compute times (the paper's "
-                            "setting) at the configured alpha and at the alpha the run realised, beside the "
+                            "setting) at the configured alpha and at the measured alpha, beside the "
                             f"measured crossover. \"{paper.NEVER}\": the closed form has DSD lose at every RTT."),
                    ("table", *paper.crossover_table(tables["crossovers"]))]
     if tables.get("capacity"):
@@ -229,7 +229,9 @@ def _backend_text(experiment: dict) -> str:
     if backend["kind"] == "synthetic":
         alphas = experiment.get("alpha") or [backend["alpha"]]
         return f"synthetic, alpha {', '.join(map(str, alphas))}, profile {experiment['profile']}"
-    return f"hf, {backend['target_path'] or backend['pair_path']}"
+    if backend["kind"] == "hf":
+        return f"hf, {backend['target_path'] or backend['pair_path']}"
+    return ", ".join([backend["kind"]] + [f"{k} {v}" for k, v in backend.items() if k != "kind"])
 
 
 def _grid_text(experiment: dict) -> str:
@@ -249,9 +251,9 @@ def _param_rows(summary: dict) -> list[list[str]]:
         rows.append([name[:-len("_s")] + "_ms" + (f" (gamma={gamma})" if name == "t_verify_s" else ""),
                      *(_num(1e3 * v, 3) for v in values),
                      summary["params_source"][name]])
-    rows.append(["alpha", _configured_alphas(summary), "", _num(summary["alpha_fitted"], 3) if len(summary["groups"]) == 1 else
-                 "per group: " + ", ".join(_num(g["alpha_fitted"], 3) for g in summary["groups"]),
-                 "realised: pooled maximum likelihood over live rounds (the predictions use it; "
+    rows.append(["alpha", _configured_alphas(summary), "", _num(summary["alpha_measured"], 3) if len(summary["groups"]) == 1 else
+                 "per group: " + ", ".join(_num(g["alpha_measured"], 3) for g in summary["groups"]),
+                 "measured: pooled maximum likelihood over live rounds (the predictions use it; "
                  "assumed: configured)"])
     for kind, value in summary.get("harness_overhead_ms", {}).items():
         rows.append([f"harness overhead: {kind.replace('_', ' ')} (ms)", "", "", _num(value, 3),

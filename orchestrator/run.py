@@ -40,7 +40,7 @@ def costs_for(experiment: Experiment, draft, target, out: Path) -> Costs:
         if recorded:
             recorded["t_verify_s"] = {int(k): v for k, v in recorded["t_verify_s"].items()}
             return Costs(**recorded)
-    if experiment.backend.kind == "synthetic":
+    if experiment.backend.emulated:
         profile = experiment.hardware_profile(experiment.profile)
         return Costs(profile.t_draft_edge_s, profile.t_draft_server_s, profile.t_ar_s,
                      {g: profile.t_verify_s(g) for g in experiment.gamma}, profile.t_prefill_per_token_s)
@@ -63,7 +63,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     first = group_experiment(experiment, plan[0])
     pairs = {first.backend: load_pair(first.backend)}       # per alpha, for the sim launcher
     draft, target = pairs[first.backend]
-    costs = {name: costs_for(experiment.for_group(name, first.backend.alpha), draft, target, out)
+    costs = {name: costs_for(experiment.for_group(name, first.alphas()[0]), draft, target, out)
              for name in experiment.profiles()}
     pool = experiment_prompts(experiment)
     prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
@@ -81,7 +81,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
         bar.set_postfix_str(f"{point.key}: {status}"[:60])
 
     common = {"costs": asdict(costs[first.profile]), "launcher": launcher, "workload": describe(pool),
-              "costs_source": "profile " + first.profile if experiment.backend.kind == "synthetic"
+              "costs_source": "profile " + first.profile if experiment.backend.emulated
               else "measured here (dsd.timing)"}
     if len(costs) > 1:
         common["costs_by_profile"] = {name: asdict(c) for name, c in costs.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
+from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
 from orchestrator import links as link_columns
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
@@ -33,11 +35,43 @@ def _read_csv(path: Path) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def assumed_params(sweep: dict, profile: str) -> dict:
+def assumed_params(sweep: dict, profile: str) -> ComputeTimes:
     """The compute times the sweep ran with (profile, or measured in-process before it)."""
-    costs = sweep.get("costs_by_profile", {}).get(profile) or sweep["costs"]
-    return {"t_draft_edge_s": costs["t_draft_edge_s"], "t_draft_server_s": costs["t_draft_server_s"],
-            "t_ar_s": costs["t_ar_s"], "t_verify_s": {int(k): v for k, v in costs["t_verify_s"].items()}}
+    return ComputeTimes.from_dict(sweep.get("costs_by_profile", {}).get(profile) or sweep["costs"])
+
+
+@dataclass(frozen=True)
+class ProfileFit:
+    """A profile's compute times: as the sweep ran with them (assumed), fitted from its rounds'
+    compute (compute: what a saturated server's capacity depends on), and as the client sees them
+    (params: compute plus the harness's measured per-round overhead; what the predictions use;
+    = compute on the sim launcher)."""
+    assumed: ComputeTimes
+    compute: ComputeTimes
+    compute_source: dict
+    params: ComputeTimes
+    params_source: dict
+    overhead_ms: dict
+
+
+def fit_profiles(sweep: dict, requests: pd.DataFrame, rounds: pd.DataFrame) -> dict[str, ProfileFit]:
+    """Compute times are a property of the hardware: fitted once per profile over all its rounds."""
+    fits = {}
+    for profile in sorted(set(requests["profile"])) if "profile" in requests else [_single_profile(sweep)]:
+        profile_rounds = rounds[rounds["profile"] == profile] if "profile" in rounds else rounds
+        if len(profile_rounds) and (profile_rounds["clients"] == 1).any():
+            # One client alone: clients sharing a server add queueing, which is not a parameter.
+            profile_rounds = profile_rounds[profile_rounds["clients"] == 1]
+        assumed = assumed_params(sweep, profile)
+        compute, compute_source = analysis.fit_params(profile_rounds, assumed)
+        fits[profile] = ProfileFit(assumed, compute, compute_source,
+                                   *analysis.fit_effective_params(profile_rounds, compute))
+    return fits
+
+
+def _single_profile(sweep: dict) -> str:
+    profile = sweep["experiment"]["profile"]
+    return profile if isinstance(profile, str) else profile[0]
 
 
 def _groups(frame: pd.DataFrame, keys: list[str]):
@@ -61,82 +95,79 @@ def _select(frame: pd.DataFrame, keys: list[str], values: tuple) -> pd.DataFrame
 def analyze_sweep(out: Path) -> dict:
     out = Path(out)
     sweep, requests, rounds, links = read_sweep(out)
-    experiment = sweep["experiment"]
-    gamma = int(experiment["gamma"][0])
+    gamma = int(sweep["experiment"]["gamma"][0])
     group_keys = analysis.varied_group_keys(requests)
-    single_profile = experiment["profile"] if isinstance(experiment["profile"], str) else experiment["profile"][0]
-
-    # Compute times are a property of the hardware: fitted once per profile over all its rounds.
-    # params: what the predictions use, compute plus the harness's measured per-round overhead
-    # (= compute on the sim launcher); compute: the server's and edge's compute alone, which
-    # is what a saturated server's capacity depends on.
-    params, sources, assumed, compute, compute_sources, overhead = {}, {}, {}, {}, {}, {}
-    for profile in sorted(set(requests["profile"])) if "profile" in requests else [single_profile]:
-        profile_rounds = rounds[rounds["profile"] == profile] if "profile" in rounds else rounds
-        if len(profile_rounds) and (profile_rounds["clients"] == 1).any():
-            # One client alone: clients sharing a server add queueing, which is not a parameter.
-            profile_rounds = profile_rounds[profile_rounds["clients"] == 1]
-        assumed[profile] = assumed_params(sweep, profile)
-        compute[profile], compute_sources[profile] = analysis.fit_params(profile_rounds, assumed[profile])
-        params[profile], sources[profile], overhead[profile] = analysis.fit_effective_params(
-            profile_rounds, compute[profile])
-
+    fits = fit_profiles(sweep, requests, rounds)
     tables, groups = [], []
     for values, group_requests in _groups(requests, group_keys):
         group = dict(zip(group_keys, values))
-        profile = group.get("profile", single_profile)
-        group_rounds = _select(rounds, group_keys, values)
-        spec_rounds = (group_rounds[group_rounds["mode"].isin(speculative_modes())] if len(group_rounds)
-                       else group_rounds)
-        alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
-        points = analysis.point_table(group_requests, group_rounds, _select(links, group_keys, values))
-        points = link_columns.add_link_columns(points, _select(links, group_keys, values),
-                                               analysis.point_keys(group_requests))
-        points = analysis.add_predictions(points, alpha, params[profile])
-        points = link_columns.add_wire_prediction(points)
-        points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
-            points, alpha, compute[profile])["per_token_ms_predicted"]
-        points["alpha_fitted"] = alpha
-        alpha_configured = configured_alpha(experiment, group)
-        points = add_configured_alpha(points, alpha_configured, params[profile])
-        if "profile" not in points:
-            points.insert(0, "profile", profile)
+        group_rounds, group_links = _select(rounds, group_keys, values), _select(links, group_keys, values)
+        points, group = analyze_group(sweep, group, group_requests, group_rounds, group_links, fits, gamma)
         tables.append(points)
-        measured = analysis.measured_crossovers(points, gamma)
-        predicted = analysis.predicted_crossovers(gamma, alpha, params[profile])
-        crossovers = _crossover_rows(measured, predicted, set(points["mode"]))
-        if not math.isnan(alpha_configured):
-            at_configured = analysis.predicted_crossovers(gamma, alpha_configured, params[profile])
-            for name, row in crossovers.items():
-                row["predicted_rtt_ms_at_configured_alpha"] = at_configured[name]["rtt_ms"]
-        groups.append({**group, "profile": profile, "alpha_fitted": alpha, "alpha_configured": alpha_configured,
-                       "crossovers": crossovers, "_measured": measured, "_predicted": predicted})
+        groups.append(group)
     points = analysis.add_speedups(pd.concat(tables, ignore_index=True))
     points, evidence = out_of_sample_and_intervals(out, requests, rounds, points, groups, gamma)
     points, evidence["cpu"] = add_point_conditions(out, points, sweep)
     points.to_csv(out / "points.csv", index=False)
-
-    main = groups[0]["profile"]
-    main_params, main_compute = params[main], compute[main]
-    summary = {"experiment": experiment["name"], "launcher": sweep["launcher"],
-               "shaper_backend": sweep["shaper_backend"], "gamma": gamma, "group_keys": group_keys,
-               "alpha_fitted": groups[0]["alpha_fitted"] if len(groups) == 1 else math.nan,
-               "params": main_params, "params_source": sources[main],
-               "params_compute": main_compute, "params_compute_source": compute_sources[main],
-               "params_assumed": assumed[main], "harness_overhead_ms": overhead[main],
-               "capacity_factor_predicted": capacity_factor(gamma, main_compute),
-               "prediction_alpha": PREDICTION_ALPHA,
-               "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
-               "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
-    summary.update(evidence)
+    summary = {**_summary_head(sweep, gamma, group_keys, groups, fits), **evidence}
+    params = {profile: fit.params for profile, fit in fits.items()}
     if len(params) > 1:
-        summary["params_by_profile"] = params
+        summary["params_by_profile"] = {profile: times.to_dict() for profile, times in params.items()}
+    compute = {profile: fit.compute for profile, fit in fits.items()}
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
     summary.update(_acceptance(out, sweep, requests, rounds, gamma, summary["plots"]))
+    assumed = {profile: fit.assumed for profile, fit in fits.items()}
     summary["paper"] = {"crossovers": paper.crossover_rows(summary["groups"], assumed, gamma),
-                        "capacity": paper.capacity_rows(summary.get("capacity", []), assumed, gamma, main)}
+                        "capacity": paper.capacity_rows(summary.get("capacity", []), assumed, gamma,
+                                                        groups[0]["profile"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFrame,
+                  fits: dict[str, ProfileFit], gamma: int) -> tuple[pd.DataFrame, dict]:
+    """One group's points.csv rows (statistics, predictions at the measured and configured alpha)
+    and its summary entry (alphas and crossovers; keys with _ are for the plots, not the JSON)."""
+    profile = group.get("profile", _single_profile(sweep))
+    fit = fits[profile]
+    spec_rounds = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
+    alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
+    points = analysis.point_table(requests, rounds, links)
+    points = link_columns.add_link_columns(points, links, analysis.point_keys(requests))
+    points = analysis.add_predictions(points, alpha, fit.params)
+    points = link_columns.add_wire_prediction(points)
+    points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
+        points, alpha, fit.compute)["per_token_ms_predicted"]
+    points["alpha_measured_group"] = alpha
+    alpha_configured = configured_alpha(sweep["experiment"], group)
+    points = add_configured_alpha(points, alpha_configured, fit.params)
+    if "profile" not in points:
+        points.insert(0, "profile", profile)
+    measured = analysis.measured_crossovers(points, gamma)
+    predicted = analysis.predicted_crossovers(gamma, alpha, fit.params)
+    crossovers = _crossover_rows(measured, predicted, set(points["mode"]))
+    if not math.isnan(alpha_configured):
+        at_configured = analysis.predicted_crossovers(gamma, alpha_configured, fit.params)
+        for name, row in crossovers.items():
+            row["predicted_rtt_ms_at_configured_alpha"] = at_configured[name]["rtt_ms"]
+    return points, {**group, "profile": profile, "alpha_measured": alpha, "alpha_configured": alpha_configured,
+                    "crossovers": crossovers, "_measured": measured, "_predicted": predicted}
+
+
+def _summary_head(sweep: dict, gamma: int, group_keys: list[str], groups: list[dict],
+                  fits: dict[str, ProfileFit]) -> dict:
+    """summary.json's first keys: what ran, and the first group's profile's fitted times."""
+    main = fits[groups[0]["profile"]]
+    return {"experiment": sweep["experiment"]["name"], "launcher": sweep["launcher"],
+            "shaper_backend": sweep["shaper_backend"], "gamma": gamma, "group_keys": group_keys,
+            "alpha_measured": groups[0]["alpha_measured"] if len(groups) == 1 else math.nan,
+            "params": main.params.to_dict(), "params_source": main.params_source,
+            "params_compute": main.compute.to_dict(), "params_compute_source": main.compute_source,
+            "params_assumed": main.assumed.to_dict(), "harness_overhead_ms": main.overhead_ms,
+            "capacity_factor_predicted": capacity_factor(gamma, main.compute),
+            "prediction_alpha": PREDICTION_ALPHA,
+            "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
+            "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
 
 
 def _acceptance(out: Path, sweep: dict, requests: pd.DataFrame, rounds: pd.DataFrame, gamma: int,
@@ -158,8 +189,8 @@ def _acceptance(out: Path, sweep: dict, requests: pd.DataFrame, rounds: pd.DataF
     return {"acceptance": result}
 
 
-PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the alpha the run realised "
-                    "(alpha_fitted: pooled over the group's live rounds); *_at_configured_alpha use the "
+PREDICTION_ALPHA = ("per_token_ms_predicted, predicted_rtt_ms and the plots use the measured alpha "
+                    "(alpha_measured: pooled over the group's live rounds); *_at_configured_alpha use the "
                     "configured one (alpha_configured)")
 
 
@@ -172,9 +203,9 @@ def configured_alpha(experiment: dict, group: dict) -> float:
     return float(group.get("alpha", alphas[0]))
 
 
-def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: dict) -> pd.DataFrame:
+def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: ComputeTimes) -> pd.DataFrame:
     """alpha_configured beside alpha_measured, and the closed form at it beside the one at the
-    realised alpha (per_token_ms_predicted)."""
+    measured alpha (per_token_ms_predicted)."""
     points = points.copy()
     points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
     points["per_token_ms_predicted_at_configured_alpha"] = (
@@ -193,60 +224,87 @@ def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.Da
     points = add_out_of_sample(points, predictions)
     latencies = bootstrap.request_latencies(requests, rounds)
     point_keys = analysis.point_keys(latencies)
-    per_point, point_reps = bootstrap.cell_replicates(latencies, point_keys)
-    per_point = bootstrap.latency_cis(per_point, point_reps, point_keys)
-    ci = per_point.set_index(point_keys)[["ci_low", "ci_high"]].reindex(pd.MultiIndex.from_frame(points[point_keys]))
-    points["per_token_ms_ci_low"] = ci["ci_low"].to_numpy()
-    points["per_token_ms_ci_high"] = ci["ci_high"].to_numpy()
+    points = _add_point_cis(points, latencies, point_keys)
     cell_keys = [k for k in point_keys if k != "repeat"]
     cells, cell_reps = bootstrap.cell_replicates(latencies, cell_keys)
-    cells = bootstrap.latency_cis(cells, cell_reps, cell_keys)
     oos = oos_cells(points)
-    join = [k for k in oos.columns if k in cells.columns and k not in ("per_token_ms", "repeats")]
-    cells = cells.merge(oos[join + ["predicted_ms", "err_pct"]].rename(
-        columns={"predicted_ms": "per_token_ms_predicted_oos", "err_pct": "err_oos_pct"}), on=join, how="left")
-    rtt_grid_ms = sorted(points["rtt_ms"].unique())
-    oos_crossover_errs = []
-    for group in groups:
-        fixed = {k: group[k] for k in analysis.GROUP_KEYS if k in group} | {"gamma": gamma,
-                                                                             "clients": int(points["clients"].min())}
-        cis = bootstrap.crossover_cis(cell_reps, cell_keys, fixed, rtt_grid_ms)
-        group["_cis"] = cis
-        predicted_oos = oos_crossovers(predictions, {k: group[k] for k in analysis.GROUP_KEYS if k in group}, gamma)
-        for name, row in group["crossovers"].items():
-            row.update({"ci_low": math.nan, "ci_high": math.nan, "ci_covers_grid": False, **cis.get(name, {})})
-            row["predicted_rtt_ms_oos"] = predicted_oos.get(name, math.nan)
-            row["oos_err_pct"] = crossover_err_pct(row["measured_rtt_ms"], row["predicted_rtt_ms_oos"])
-            row["text"] = bootstrap.describe_crossover(row["measured_rtt_ms"], cis.get(name))
-            if math.isfinite(row["measured_rtt_ms"]) and not row["ci_covers_grid"]:
-                oos_crossover_errs.append(row["oos_err_pct"])
-    errors = oos["err_pct"].abs()
-    in_sample = points.loc[points["clients"] == points["clients"].min(), "latency_err_pct"].abs()
+    cells = _cells_with_oos(bootstrap.latency_cis(cells, cell_reps, cell_keys), oos)
+    oos_crossover_errs = [_fill_crossovers(group, predictions, cell_reps, cell_keys, points, gamma)
+                          for group in groups]
     evidence = {
-        "out_of_sample": {
-            "available": predictions is not None,
-            "what": "measured per-token latency (median over the non-calibration repeats of each cell's per-point "
-                    "p50) against the prediction written to predictions.csv from the calibration points alone, "
-                    "before any of them ran; one-client points; calibration points excluded",
-            "latency_err_p50_pct": float(errors.median()) if len(errors) else math.nan,
-            "latency_err_max_pct": float(errors.max()) if len(errors) else math.nan,
-            "cells": int(len(errors)),
-            "crossover_err_max_pct": max(oos_crossover_errs) if oos_crossover_errs else math.nan,
-            "calibration_points": sorted(points.loc[points["calibration"], "mode"].astype(str) + "@" +
-                                         points.loc[points["calibration"], "rtt_ms"].map("{:g} ms".format)),
-            "calibration": _read_calibration(out),
-        },
-        "in_sample": {
-            "what": "IN-SAMPLE: the closed form with parameters fitted from all rounds, including the ones "
-                    "compared with (per_token_ms_predicted, latency_err_pct in points.csv)",
-            "latency_err_p50_pct": float(in_sample.median()) if len(in_sample) else math.nan,
-            "latency_err_max_pct": float(in_sample.max()) if len(in_sample) else math.nan,
-        },
+        "out_of_sample": _out_of_sample_evidence(out, predictions, points, oos["err_pct"].abs(),
+                                                 [e for errs in oos_crossover_errs for e in errs]),
+        "in_sample": _in_sample_evidence(points),
         "bootstrap": {"replicates": bootstrap.N_BOOT, "seed": bootstrap.SEED, "level": bootstrap.LEVEL,
                       "method": "percentile bootstrap over repeats (drawn jointly for all modes) then requests"},
         "latency_cells": cells.to_dict("records"),
     }
     return points, evidence
+
+
+def _add_point_cis(points: pd.DataFrame, latencies: pd.DataFrame, point_keys: list[str]) -> pd.DataFrame:
+    """points.csv's per_token_ms_ci_low/high: each point's bootstrap interval over its requests."""
+    per_point, point_reps = bootstrap.cell_replicates(latencies, point_keys)
+    per_point = bootstrap.latency_cis(per_point, point_reps, point_keys)
+    ci = per_point.set_index(point_keys)[["ci_low", "ci_high"]].reindex(pd.MultiIndex.from_frame(points[point_keys]))
+    points["per_token_ms_ci_low"] = ci["ci_low"].to_numpy()
+    points["per_token_ms_ci_high"] = ci["ci_high"].to_numpy()
+    return points
+
+
+def _cells_with_oos(cells: pd.DataFrame, oos: pd.DataFrame) -> pd.DataFrame:
+    """The latency cells with their out-of-sample prediction and error beside the interval."""
+    join = [k for k in oos.columns if k in cells.columns and k not in ("per_token_ms", "repeats")]
+    return cells.merge(oos[join + ["predicted_ms", "err_pct"]].rename(
+        columns={"predicted_ms": "per_token_ms_predicted_oos", "err_pct": "err_oos_pct"}), on=join, how="left")
+
+
+def _fill_crossovers(group: dict, predictions: pd.DataFrame | None, cell_reps, cell_keys: list[str],
+                     points: pd.DataFrame, gamma: int) -> list[float]:
+    """Fills the group's crossover rows with their bootstrap interval and out-of-sample
+    prediction; returns the out-of-sample errors of the crossovers measured inside the grid."""
+    group_values = {k: group[k] for k in analysis.GROUP_KEYS if k in group}
+    fixed = group_values | {"gamma": gamma, "clients": int(points["clients"].min())}
+    cis = bootstrap.crossover_cis(cell_reps, cell_keys, fixed, sorted(points["rtt_ms"].unique()))
+    group["_cis"] = cis
+    predicted_oos = oos_crossovers(predictions, group_values, gamma)
+    errors = []
+    for name, row in group["crossovers"].items():
+        row.update({"ci_low": math.nan, "ci_high": math.nan, "ci_covers_grid": False, **cis.get(name, {})})
+        row["predicted_rtt_ms_oos"] = predicted_oos.get(name, math.nan)
+        row["oos_err_pct"] = crossover_err_pct(row["measured_rtt_ms"], row["predicted_rtt_ms_oos"])
+        row["text"] = bootstrap.describe_crossover(row["measured_rtt_ms"], cis.get(name))
+        if math.isfinite(row["measured_rtt_ms"]) and not row["ci_covers_grid"]:
+            errors.append(row["oos_err_pct"])
+    return errors
+
+
+def _out_of_sample_evidence(out: Path, predictions: pd.DataFrame | None, points: pd.DataFrame,
+                            errors: pd.Series, crossover_errs: list[float]) -> dict:
+    calibration = points["calibration"]
+    return {
+        "available": predictions is not None,
+        "what": "measured per-token latency (median over the non-calibration repeats of each cell's per-point "
+                "p50) against the prediction written to predictions.csv from the calibration points alone, "
+                "before any of them ran; one-client points; calibration points excluded",
+        "latency_err_p50_pct": float(errors.median()) if len(errors) else math.nan,
+        "latency_err_max_pct": float(errors.max()) if len(errors) else math.nan,
+        "cells": int(len(errors)),
+        "crossover_err_max_pct": max(crossover_errs) if crossover_errs else math.nan,
+        "calibration_points": sorted(points.loc[calibration, "mode"].astype(str) + "@" +
+                                     points.loc[calibration, "rtt_ms"].map("{:g} ms".format)),
+        "calibration": _read_calibration(out),
+    }
+
+
+def _in_sample_evidence(points: pd.DataFrame) -> dict:
+    in_sample = points.loc[points["clients"] == points["clients"].min(), "latency_err_pct"].abs()
+    return {
+        "what": "IN-SAMPLE: the closed form with parameters fitted from all rounds, including the ones "
+                "compared with (per_token_ms_predicted, latency_err_pct in points.csv)",
+        "latency_err_p50_pct": float(in_sample.median()) if len(in_sample) else math.nan,
+        "latency_err_max_pct": float(in_sample.max()) if len(in_sample) else math.nan,
+    }
 
 
 def _calibration_fit(summary: dict) -> dict | None:
@@ -255,8 +313,7 @@ def _calibration_fit(summary: dict) -> dict | None:
     fit = next(iter(record.values())) if len(record) == 1 else None
     if not fit or not fit.get("predicted"):
         return None
-    params = {**fit["params"], "t_verify_s": {int(k): v for k, v in fit["params"]["t_verify_s"].items()}}
-    return {"alpha": fit["alpha"], "params": params}
+    return {"alpha": fit["alpha"], "params": ComputeTimes.from_dict(fit["params"])}
 
 
 def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[pd.DataFrame, dict]:
@@ -290,9 +347,9 @@ def _read_calibration(out: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def capacity_factor(gamma: int, params: dict) -> float:
+def capacity_factor(gamma: int, times: ComputeTimes) -> float:
     """REFERENCE.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
-    return lm.capacity_factor(gamma, params["t_draft_server_s"], params["t_verify_s"][gamma])
+    return lm.capacity_factor(gamma, times.t_draft_server_s, times.t_verify_s(gamma))
 
 
 def _crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
@@ -304,8 +361,8 @@ def _crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
             for name, pair in analysis.CROSSOVERS.items() if set(pair) <= modes}
 
 
-def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], params: dict, compute: dict,
-           gamma: int, summary: dict) -> list[str]:
+def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], params: dict[str, ComputeTimes],
+           compute: dict[str, ComputeTimes], gamma: int, summary: dict) -> list[str]:
     """Whichever plots the sweep's data supports; fills the summary's gain window and capacity."""
     name, launcher, made = sweep["experiment"]["name"], sweep["launcher"], []
     calibration = _calibration_fit(summary) if len(groups) == 1 else None
@@ -314,15 +371,15 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         cells = pd.DataFrame(summary["latency_cells"])
         cells = cells[cells.clients == cells.clients.min()]
         plots.plot_latency_vs_rtt_oos(
-            cells, gamma, calibration, {"alpha": g["alpha_fitted"], "params": params[g["profile"]]},
+            cells, gamma, calibration, {"alpha": g["alpha_measured"], "params": params[g["profile"]]},
             g["crossovers"], out / "latency_vs_rtt.png",
             f"{name}: gamma={gamma}, alpha={calibration['alpha']:.2f} (calibration), launcher={launcher}", launcher)
         made.append("latency_vs_rtt.png")
     elif len(groups) == 1 and points.rtt_ms.nunique() >= 2:
         g = groups[0]
-        plots.plot_latency_vs_rtt(points[points.clients == points.clients.min()], gamma, g["alpha_fitted"], params[g["profile"]], g["_measured"],
+        plots.plot_latency_vs_rtt(points[points.clients == points.clients.min()], gamma, g["alpha_measured"], params[g["profile"]], g["_measured"],
                                   g["_predicted"], out / "latency_vs_rtt.png",
-                                  f"{name}: gamma={gamma}, alpha={g['alpha_fitted']:.2f}, launcher={launcher}",
+                                  f"{name}: gamma={gamma}, alpha={g['alpha_measured']:.2f}, launcher={launcher}",
                                   launcher)
         made.append("latency_vs_rtt.png")
     dsd_modes = tuple(m for m in (SYNC, PIPELINED) if m in set(points["mode"]))
@@ -349,7 +406,7 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 
         def predicted(mode: str, clients: float) -> float:
-            return capacity.predicted_tok_s_per_client(mode, clients, g["alpha_fitted"], gamma, rtt_s,
+            return capacity.predicted_tok_s_per_client(mode, clients, g["alpha_measured"], gamma, rtt_s,
                                                        compute[g["profile"]])
 
         plots.plot_capacity(table, summary["capacity"], out / "capacity_vs_clients.png",

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsd.backends.factory import BACKEND_CONFIGS
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode
 from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
@@ -150,7 +151,7 @@ def check_out_dir(out_dir: Path, experiment: Experiment, resume: bool) -> bool:
         raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
                           "or choose another --out")
     recorded = json.loads(sidecar.read_text())["experiment"]
-    if recorded != experiment_record(experiment):
+    if _current_backend_keys(recorded) != experiment_record(experiment):
         raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
                           "resume needs the same experiment file")
     return True
@@ -303,6 +304,7 @@ def experiment_record(experiment: Experiment) -> dict:
     """The experiment as sweep.json records it. A key added later is left out while it has its
     default, so folders written before it existed still resume."""
     record = _jsonable(asdict(experiment))
+    record["backend"] = _jsonable(experiment.backend.to_dict())       # kind and its own fields
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Experiment)}
     for key in ("alpha", "retries", "retry_backoff_s", *link_keys.LINK_KEYS, "delay_down_ms", "link",
                 "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "sampling", "workload",
@@ -313,6 +315,15 @@ def experiment_record(experiment: Experiment) -> dict:
         if not record["backend"].get(key, "x"):
             del record["backend"][key]
     return record
+
+
+def _current_backend_keys(record: dict) -> dict:
+    """An older record lists every kind's backend fields (one flat config then): keep the kind's own."""
+    backend = record.get("backend")
+    if not isinstance(backend, dict) or backend.get("kind") not in BACKEND_CONFIGS:
+        return record
+    own = {f.name for f in fields(BACKEND_CONFIGS[backend["kind"]])} | {"kind"}
+    return {**record, "backend": {k: v for k, v in backend.items() if k in own}}
 
 
 def _jsonable(value):

@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsd.backends.factory import BackendConfig
+from dsd.backends.factory import BackendConfig, HfBackendConfig
 from orchestrator.tables import config_from_table
 
 SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
@@ -89,10 +89,12 @@ def experiment_prompts(experiment) -> list[list[int]]:
 
 def load_prompts(backend: BackendConfig, workload: Workload, n_prompts: int, max_tokens: int,
                  seed: int) -> list[list[int]]:
-    if backend.kind == "synthetic":
+    # NOTE: only hf pairs have a tokenizer here; any other backend takes random ids below its
+    # vocab_size (a backend kind with a tokenizer must be added to target_tokenizer).
+    if not isinstance(backend, HfBackendConfig):
         if workload.source != "heldout":
             raise ValueError(f"experiment key 'workload.source': {workload.source!r} needs a tokenizer; "
-                             "the synthetic backend has none (it takes random token ids)")
+                             f"the {backend.kind} backend has none (it takes random token ids)")
         rng = random.Random(seed)
         # Never the EOS id (0): a prompt is context, not a finished sequence.
         return [[rng.randrange(1, backend.vocab_size) for _ in range(max_tokens)] for _ in range(n_prompts)]

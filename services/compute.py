@@ -31,11 +31,10 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import TypeVar
 
-from dsd.backends.acceptance import ACCEPTANCE_KINDS
-from dsd.backends.factory import BACKEND_KINDS, DEFAULT_PAIR, BackendConfig
+from dsd.backends.factory import BackendConfig, backend_from_json
 from dsd.profiles import HardwareProfile, get_profile
 
 T = TypeVar("T")
@@ -204,36 +203,17 @@ class ThreadDevice:
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("backend")
-    group.add_argument("--backend", choices=BACKEND_KINDS, default="synthetic")
-    group.add_argument("--pair-path", default=str(DEFAULT_PAIR),
-                       help="hf: a built pair folder (target/, draft/, manifest.json)")
-    group.add_argument("--target-path", default="", help="hf: a model folder (with --draft-path)")
-    group.add_argument("--draft-path", default="", help="hf: a model folder (with --target-path)")
-    group.add_argument("--dtype", default="float32")
-    group.add_argument("--alpha", type=float, default=0.8, help="synthetic: acceptance probability")
-    group.add_argument("--vocab-size", type=int, default=512, help="synthetic")
-    group.add_argument("--synthetic-seed", type=int, default=0, help="synthetic")
-    group.add_argument("--eos-prob", type=float, default=0.0, help="synthetic")
-    group.add_argument("--acceptance", choices=ACCEPTANCE_KINDS, default="iid",
-                       help="synthetic: iid per position, or stratified (every request realises alpha)")
-    group.add_argument("--acceptance-trace", default="",
-                       help="synthetic: replay the live rounds of this rounds.csv instead of i.i.d. alpha")
-    group.add_argument("--acceptance-rounds", default="",
-                       help="synthetic: the same, the rounds inline as proposed:accepted,... (the launchers send this)")
-    group.add_argument("--alpha-classes", default="",
-                       help="synthetic: alpha per prompt class, token:alpha,... (a prompt's first token)")
-    group.add_argument("--profile", default="", help="synthetic: a profile name in dsd/profiles.toml")
+    group.add_argument("--backend-json", default="",
+                       help='the backend config as one JSON object, {"kind": "synthetic"|"hf"|..., FIELD: VALUE, ...} '
+                            "(dsd/backends/factory.py); empty: the synthetic backend's defaults")
+    group.add_argument("--profile", default="", help="emulated backends: a profile name in dsd/profiles.toml")
     group.add_argument("--profile-json", default="",
-                       help="synthetic: the HardwareProfile fields as a JSON object")
+                       help="emulated backends: the HardwareProfile fields as a JSON object")
     group.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
 
 
 def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, HardwareProfile | None]:
-    config = BackendConfig(kind=args.backend, pair_path=args.pair_path, target_path=args.target_path,
-                           draft_path=args.draft_path, dtype=args.dtype, alpha=args.alpha,
-                           vocab_size=args.vocab_size, seed=args.synthetic_seed, eos_prob=args.eos_prob,
-                           acceptance=args.acceptance, acceptance_trace=args.acceptance_trace,
-                           acceptance_rounds=args.acceptance_rounds, alpha_classes=args.alpha_classes)
+    config = backend_from_json(args.backend_json)
     if args.profile and args.profile_json:
         raise ValueError("give --profile or --profile-json, not both")
     profile = None
@@ -241,8 +221,8 @@ def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, Hardware
         profile = get_profile(args.profile)
     elif args.profile_json:
         profile = profile_from_json(args.profile_json)
-    if config.kind == "synthetic" and profile is None:
-        raise ValueError("the synthetic backend computes nothing: give --profile or --profile-json "
+    if config.emulated and profile is None:
+        raise ValueError(f"the {config.kind} backend computes nothing: give --profile or --profile-json "
                          "for the compute times to emulate")
     return config, profile
 
@@ -259,12 +239,6 @@ def profile_from_json(text: str) -> HardwareProfile:
     return HardwareProfile(**values)
 
 
-def profile_to_json(profile: HardwareProfile) -> str:
-    values = asdict(profile)
-    values.pop("sources")
-    return json.dumps(values)
-
-
 def freeze_startup_heap() -> None:
     """Keep the garbage collector off what starting the service allocated.
 
@@ -279,4 +253,4 @@ def freeze_startup_heap() -> None:
 
 
 def make_device(config: BackendConfig, timer: PreciseTimer | None = None):
-    return EmulatedDevice(timer or PreciseTimer()) if config.kind == "synthetic" else ThreadDevice()
+    return EmulatedDevice(timer or PreciseTimer()) if config.emulated else ThreadDevice()

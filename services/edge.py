@@ -1,7 +1,7 @@
 """The edge service (the device): the draft, an HTTP API for the orchestrator, and the client of
 every mode, so that all four are measured from the same place over the same link.
 
-    python -m services.edge --host 127.0.0.1 --port 8701 --backend synthetic --profile-json '{...}'
+    python -m services.edge --host 127.0.0.1 --port 8701 --backend-json '{"kind": "synthetic"}' --profile-json '{...}'
 
     POST /runs                 start a run (JSON, RunConfig's fields); 201, or 400 naming the field
     GET  /runs/{id}            status ("running", "done", "failed"), progress, error
@@ -39,7 +39,7 @@ import aiohttp
 import torch
 from aiohttp import web
 
-from dsd.backends.factory import load_pair
+from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.control import CONTROLLERS, ControllerConfig, RequestObservation, check_decision, make_controller, shadow_matches
 from dsd.driver import Arrival, DsdDriver, Round
@@ -526,17 +526,16 @@ class Run:
 
 
 class Edge:
-    def __init__(self, draft: LanguageModel, kind: str, t_draft_s: float, out_dir: Path,
+    def __init__(self, draft: LanguageModel, emulated: bool, t_draft_s: float, out_dir: Path,
                  backend_info: dict, token: str | None = None, shape_link: bool = False) -> None:
         self.draft = draft
         self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
         self.token = token          # sent to the verifier, and required on /runs
-        self.kind = kind
         self.t_draft_s = t_draft_s
         self.out_dir = out_dir
         self.backend_info = backend_info
         self.runs: dict[str, Run] = {}
-        self._thread_device = ThreadDevice() if kind != "synthetic" else None
+        self._thread_device = None if emulated else ThreadDevice()
         self._timer = PreciseTimer()          # every run's emulated device waits on it
 
     def app(self) -> web.Application:
@@ -709,6 +708,15 @@ class Edge:
 
 
 def main(argv: list[str] | None = None) -> None:
+    app, args = build(argv)
+    freeze_startup_heap()
+    # A Unix socket as well, for an orchestrator outside this process's network namespace.
+    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
+                print=None, access_log=None)
+
+
+def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
+    """The command line -> the edge's app, its draft loaded (what main serves)."""
     parser = argparse.ArgumentParser(prog="python -m services.edge", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -732,16 +740,13 @@ def main(argv: list[str] | None = None) -> None:
     del _target      # the edge hosts the draft only
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="dsd-edge-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    t_draft_s = profile.t_draft_edge_s if profile and backend.kind == "synthetic" else 0.0
-    edge = Edge(draft, backend.kind, t_draft_s, out_dir,
+    t_draft_s = profile.t_draft_edge_s if profile and backend.emulated else 0.0
+    trace = backend.trace() if isinstance(backend, SyntheticBackendConfig) else None
+    edge = Edge(draft, backend.emulated, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
-                 "acceptance_trace": trace.summary() if (trace := backend.trace()) else None}, token,
-                shape_link=args.shape_link)
+                 "acceptance_trace": trace.summary() if trace else None}, token, shape_link=args.shape_link)
     log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
-    freeze_startup_heap()
-    # A Unix socket as well, for an orchestrator outside this process's network namespace.
-    web.run_app(edge.app(), host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None)
+    return edge.app(), args
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The verifier service (the cloud): the target, and the draft for co-located SD, behind /ws.
 
-    python -m services.verifier --host 127.0.0.1 --port 8700 --backend synthetic \\
+    python -m services.verifier --host 127.0.0.1 --port 8700 --backend-json '{"kind": "synthetic", "alpha": 0.8}' \\
         --profile-json '{"t_draft_edge_s": 0.004, ...}' [--max-batch 1 --batch-window-ms 0]
 
 GET /health, GET /metrics (JSON), GET /ws (one WebSocket per edge client; services.wire messages;
@@ -416,16 +416,17 @@ class Verifier:
         while not state.finished and not served.closed:
             before = len(state.committed)
             if drafts == NOWHERE:
-                _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s)
+                _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
+                                                        on_loop=self._alone())
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, lambda: draft_block(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    served.draft_generator), served.conn.number, ready_s)
+                    served.draft_generator), served.conn.number, ready_s, on_loop=self._alone())
                 verdict, timing = await self.scheduler.submit(
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
-                    drafting.end_s)
+                    drafting.end_s, on_loop=self._alone())
                 proposed, accepted = m.gamma, verdict.accepted
                 queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
             ready_s = timing.end_s
@@ -436,6 +437,12 @@ class Verifier:
             round_index += 1
         if round_index == 0:      # nothing left to generate: still end the stream
             await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))
+
+    def _alone(self) -> bool:
+        """A Generate stream's client sends nothing while it runs (a Close at most), so with no
+        other session open no message needs the event loop during its passes: they may run on
+        the loop's own thread (Scheduler.submit's on_loop), checked again before every pass."""
+        return self.sessions_open == 1
 
     def _drop(self, conn: Connection) -> None:
         """The client is gone: every session ends after its current pass and frees its caches."""
@@ -495,6 +502,15 @@ def _draft_probs(m: wire.Verify, gamma: int, vocab: int) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
+    app, args = build(argv)
+    freeze_startup_heap()
+    # A Unix socket as well, for an orchestrator outside this process's network namespace.
+    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
+                print=None, access_log=None)
+
+
+def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
+    """The command line -> the verifier's app, its backend loaded (what main serves)."""
     parser = argparse.ArgumentParser(prog="python -m services.verifier", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1",
                         help="listen address: 127.0.0.1 or the testbed address (see --allow-any-host)")
@@ -535,10 +551,7 @@ def main(argv: list[str] | None = None) -> None:
                         token)
     log.info("verifier on %s:%s backend=%s token=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
              "required" if token else "none", json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
-    freeze_startup_heap()
-    # A Unix socket as well, for an orchestrator outside this process's network namespace.
-    web.run_app(verifier.app(), host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None)
+    return verifier.app(), args
 
 
 if __name__ == "__main__":

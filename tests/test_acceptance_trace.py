@@ -5,7 +5,7 @@ import random
 import pytest
 
 from dsd.backends.acceptance_trace import ACCEPT, REJECT, UNTESTED, AcceptanceTrace, read_rounds_csv
-from dsd.backends.factory import BackendConfig, load_pair
+from dsd.backends.factory import SyntheticBackendConfig, backend_from_dict, load_pair
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
@@ -48,7 +48,7 @@ def test_rounds_become_positions_with_the_bonus_position_untested():
     trace = AcceptanceTrace(((4, 2), (4, 4), (4, 0)))
     assert list(trace.outcomes) == [ACCEPT, ACCEPT, REJECT, *[ACCEPT] * 4, UNTESTED, REJECT]
     assert trace.round_starts == (0, 3, 8)
-    assert trace.alpha_hat == pytest.approx(6 / 8)
+    assert trace.alpha_measured == pytest.approx(6 / 8)
     assert trace.outcome(9) == ACCEPT                     # wraps around
     assert AcceptanceTrace.from_text(trace.to_text()).rounds == trace.rounds
 
@@ -109,7 +109,7 @@ def test_a_trace_driven_run_reproduces_the_traces_accepted_count_histogram():
     geometric one that i.i.d. acceptance at the same fitted alpha gives."""
     trace = bimodal_trace(n_rounds=300)
     draft, target = pair(trace, seed=7)
-    iid_draft, iid_target = load_pair(BackendConfig(alpha=trace.alpha_hat, seed=7))
+    iid_draft, iid_target = load_pair(SyntheticBackendConfig(alpha=trace.alpha_measured, seed=7))
     link = LinkCosts(0.004, 0.010, 0.020)
     traced, iid = [], []
     for index, prompt in enumerate(prompts(150, seed=2)):
@@ -145,11 +145,11 @@ def test_seeds_choose_other_stretches_of_the_trace():
 
 def test_the_backend_config_takes_a_path_or_inline_rounds_not_both(tmp_path):
     path = write_rounds(tmp_path / "rounds.csv", [("p", 0, 0, 0, 4, 2, False, "")])
-    assert BackendConfig(acceptance_trace=str(path)).trace().rounds == ((4, 2),)
-    assert BackendConfig(acceptance_rounds="4:2,4:4").trace().rounds == ((4, 2), (4, 4))
+    assert SyntheticBackendConfig(acceptance_trace=str(path)).trace().rounds == ((4, 2),)
+    assert SyntheticBackendConfig(acceptance_rounds="4:2,4:4").trace().rounds == ((4, 2), (4, 4))
     with pytest.raises(ValueError, match="give one"):
-        BackendConfig(acceptance_trace=str(path), acceptance_rounds="4:2")
-    with pytest.raises(ValueError, match="synthetic backend"):
-        BackendConfig(kind="hf", acceptance_rounds="4:2")
+        SyntheticBackendConfig(acceptance_trace=str(path), acceptance_rounds="4:2")
+    with pytest.raises(ValueError, match=r"unknown key.*acceptance_rounds.*'hf'"):    # a real pair has its own
+        backend_from_dict({"kind": "hf", "acceptance_rounds": "4:2"})
     with pytest.raises(ValueError, match="acceptance_trace"):
-        BackendConfig(acceptance_trace=str(tmp_path / "nope.csv"))
+        SyntheticBackendConfig(acceptance_trace=str(tmp_path / "nope.csv"))

@@ -158,8 +158,8 @@ def test_batched_speculative_sampling_keeps_the_target_distribution():
 
 @pytest.mark.model
 def test_default_pair_batched_verification_equals_unbatched():
-    from dsd.backends.factory import BackendConfig, load_pair
-    draft, target = load_pair(BackendConfig(kind="hf"))
+    from dsd.backends.factory import HfBackendConfig, load_pair
+    draft, target = load_pair(HfBackendConfig())
     serial_target = TorchLM(target.model, "default-target-serial", None)
     batched, serial, verdicts_b, verdicts_s = _run_batched_and_serial(draft, target, serial_target, budget=30)
     assert verdicts_b == verdicts_s

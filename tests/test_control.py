@@ -128,7 +128,7 @@ def test_model_choice_grows_gamma_with_rtt_and_goes_to_ar_past_the_boundary():
 
 
 def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
-    """Rounds of gamma 4 with 18 accepted and one rejection per 5 rounds (alpha_hat 18/19)."""
+    """Rounds of gamma 4 with 18 accepted and one rejection per 5 rounds (alpha_measured 18/19)."""
     for i in range(rounds):
         accepted = seed_pattern[i % len(seed_pattern)]
         policy.observe(Observation(4, "sync", 4, accepted, False, rtt_s, PROFILE["t_draft_s"],

@@ -53,10 +53,10 @@ def test_synthetic_every_mode_stops_at_eos(gamma):
 
 @pytest.fixture(scope="module")
 def default_pair():
-    from dsd.backends.factory import BackendConfig, load_pair
+    from dsd.backends.factory import HfBackendConfig, load_pair
     from orchestrator.workload import make_prompts
 
-    backend = BackendConfig(kind="hf")
+    backend = HfBackendConfig()
     draft, target = load_pair(backend)
     return draft, target, make_prompts(backend, 20, 24, seed=3)
 

@@ -74,15 +74,19 @@ def test_bad_alpha_or_gamma_is_named(alpha, gamma):
 
 
 def test_batched_capacity_clients_run_exactly_at_the_rate_asked_for():
-    e, gamma, t_d, t_d_edge, t_v, s = 3.0, 4, 0.001, 0.0015, 0.008, 0.2
+    e, gamma, t_d, t_v, s = 3.0, 4, 0.001, 0.008, 0.2
     rate = 60.0
-    n_dsd, n_co = lm.batched_capacity(e, rate, gamma, t_d, t_d_edge, t_v, s)
+    n_dsd, n_co = lm.batched_capacity(e, rate, gamma, t_d, t_v, s)
     t_v_of = lambda b: t_v * (1 + s * (b - 1))                      # noqa: E731
-    assert e / (gamma * t_d_edge + t_v_of(n_dsd)) == pytest.approx(rate)
-    assert e / (n_co * gamma * t_d + t_v_of(n_co)) == pytest.approx(rate)
+    # Two alternating groups of any split: a round holds both groups' passes.
+    for split in (1.0, n_dsd / 2):
+        assert e / (t_v_of(split) + t_v_of(n_dsd - split)) == pytest.approx(rate)
+    for split in (1.0, n_co / 2):
+        assert e / (n_co * gamma * t_d + t_v_of(split) + t_v_of(n_co - split)) == pytest.approx(rate)
     # Batching for free: DSD is bounded by nothing but its own round; serial-like batching (s = 1)
-    # gives co-located the serial count E / (r * (gamma*t_d + t_v)).
-    assert lm.batched_capacity(e, rate, gamma, t_d, t_d_edge, t_v, 0.0)[0] == float("inf")
-    assert lm.batched_capacity(e, rate, gamma, t_d, t_d_edge, t_v, 1.0)[1] == pytest.approx(e / (rate * (gamma * t_d + t_v)))
+    # gives the serial server's counts, E / (r * t_v) and E / (r * (gamma*t_d + t_v)).
+    assert lm.batched_capacity(e, rate, gamma, t_d, t_v, 0.0)[0] == float("inf")
+    serial = lm.batched_capacity(e, rate, gamma, t_d, t_v, 1.0)
+    assert serial == pytest.approx((e / (rate * t_v), e / (rate * (gamma * t_d + t_v))))
     with pytest.raises(ValueError, match="rate_tok_s"):
-        lm.batched_capacity(e, 0.0, gamma, t_d, t_d_edge, t_v, s)
+        lm.batched_capacity(e, 0.0, gamma, t_d, t_v, s)

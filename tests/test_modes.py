@@ -17,12 +17,13 @@ from dsd.decoding import generate_ar
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from dsd.modes import AR, COLOCATED, EDGE, NOWHERE, PIPELINED, SERVER, SYNC, Mode, get_mode, register
+from dsd.times import ComputeTimes
 from orchestrator import analysis, plots
 from orchestrator.experiment import Experiment
 from orchestrator.sweep import plan_points
 
 TIMES = {"t_ar_s": 0.010, "t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_verify_s": 0.012}
-PARAMS = {**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}}
+PARAMS = ComputeTimes.from_dict({**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}})
 
 
 def _toy_per_token_s(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s):
@@ -78,7 +79,7 @@ def test_each_mode_predicts_with_its_closed_form():
     for name, want in expected.items():
         assert modes.predict_per_token_s(name, alpha, gamma, rtt_s, **t) == pytest.approx(want)
         assert analysis.predict_per_token_s(name, rtt_s, gamma, alpha, PARAMS) == pytest.approx(
-            modes.predict_per_token_s(name, alpha, gamma, rtt_s, **{**t, "t_verify_s": PARAMS["t_verify_s"][gamma]}))
+            modes.predict_per_token_s(name, alpha, gamma, rtt_s, **{**t, "t_verify_s": PARAMS.t_verify_s(gamma)}))
 
 
 def test_a_misspelt_time_is_an_error_not_ignored():
@@ -124,7 +125,7 @@ def test_a_registered_toy_mode_is_predicted_in_the_analysis_and_by_the_controlle
                            for m in (SYNC, "toy") for r in (0.0, 40.0)])
     predicted = analysis.add_predictions(points, 0.8, PARAMS).set_index(["mode", "rtt_ms"])["per_token_ms_predicted"]
     for rtt_ms in (0.0, 40.0):
-        toy_s = lm.per_token_sync_dsd_s(0.8, 1, PARAMS["t_draft_edge_s"], PARAMS["t_verify_s"][4], rtt_ms / 1e3)
+        toy_s = lm.per_token_sync_dsd_s(0.8, 1, PARAMS.t_draft_edge_s, PARAMS.t_verify_s(4), rtt_ms / 1e3)
         assert predicted["toy", rtt_ms] == pytest.approx(1e3 * toy_s)
         assert predicted["toy", rtt_ms] != pytest.approx(predicted[SYNC, rtt_ms])
     # At a long RTT and a good draft, sync with a long block beats one token per round trip.

@@ -1,11 +1,12 @@
 """Stratified synthetic acceptance: every request realises alpha, rounds stay truncated geometric."""
+import json
 import random
 
 import pytest
 from scipy import stats
 
 from dsd.backends import acceptance as acc
-from dsd.backends.factory import BackendConfig, load_pair
+from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import Generation, generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
@@ -41,7 +42,7 @@ def test_schedule_keeps_the_running_drift_within_its_bound(alpha, gamma):
 @pytest.mark.parametrize("mode", ["colocated", "sync", "pipelined"])
 def test_every_request_realises_alpha_within_0_005(alpha, mode):
     """Over 40 requests (prompts, i.e. seeds) per case, each long enough by tokens_needed:
-    |alpha_hat - alpha| <= 0.005 for every one, in every mode (pipelined: its live rounds)."""
+    |alpha_measured - alpha| <= 0.005 for every one, in every mode (pipelined: its live rounds)."""
     gamma = 5
     n_tokens = acc.tokens_needed(alpha, gamma)
     assert n_tokens <= 320               # the length condition the README states for gamma 5
@@ -54,7 +55,7 @@ def test_every_request_realises_alpha_within_0_005(alpha, mode):
         else:
             rounds = simulate_dsd(draft, target, _prompt(i), gamma, stop, COSTS, mode == "pipelined",
                                   seq_id=str(i)).generation.rounds
-        worst = max(worst, abs(Generation([], rounds).alpha_hat - alpha))
+        worst = max(worst, abs(Generation([], rounds).alpha_measured - alpha))
     assert worst <= 0.005
 
 
@@ -63,7 +64,7 @@ def test_iid_acceptance_misses_0_005_on_the_same_requests():
     alpha, gamma = 0.9, 5
     draft, target = _pair(alpha, "iid")
     errors = [abs(generate_colocated(draft, target, _prompt(i), gamma, StopRule(acc.tokens_needed(alpha, gamma)),
-                                     seq_id=str(i)).alpha_hat - alpha) for i in range(60)]
+                                     seq_id=str(i)).alpha_measured - alpha) for i in range(60)]
     assert max(errors) > 0.02
 
 
@@ -86,8 +87,8 @@ def test_accepted_counts_per_round_are_truncated_geometric(alpha, gamma):
 
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_a_request_s_sum_of_d_is_0_on_average(alpha):
-    """The start points make alpha_hat unbiased: over 400 requests of 60 rounds, the mean sum of
-    d (alpha_hat - alpha times the tested positions) is within 0.05 of 0; from a start at 0 it
+    """The start points make alpha_measured unbiased: over 400 requests of 60 rounds, the mean sum of
+    d (alpha_measured - alpha times the tested positions) is within 0.05 of 0; from a start at 0 it
     would be 0.05-0.25."""
     ends = []
     for seed in range(400):
@@ -133,8 +134,8 @@ def test_acceptance_is_validated_and_reaches_the_pair():
     with pytest.raises(ValueError, match="acceptance"):
         SyntheticConfig(acceptance="sorted")
     with pytest.raises(ValueError, match="acceptance"):
-        BackendConfig(acceptance="sorted")
-    draft, _ = load_pair(BackendConfig(alpha=0.7, acceptance="stratified"))
+        SyntheticBackendConfig(acceptance="sorted")
+    draft, _ = load_pair(SyntheticBackendConfig(alpha=0.7, acceptance="stratified"))
     assert draft.config.acceptance == "stratified"
 
 
@@ -144,7 +145,7 @@ def test_service_flags_carry_acceptance():
     from orchestrator.launchers.processes import backend_args
     from services.compute import add_backend_args, backend_from_args
 
-    backend = BackendConfig(alpha=0.9, acceptance="stratified")
+    backend = SyntheticBackendConfig(alpha=0.9, acceptance="stratified")
     parser = argparse.ArgumentParser()
     add_backend_args(parser)
     args = parser.parse_args(backend_args(backend, None) + ["--profile", "toy-edge-cloud"])
@@ -158,7 +159,7 @@ def test_compose_carries_acceptance_to_both_services():
     from orchestrator.launchers.compose import ComposeConfig
 
     env = ComposeConfig(n_edges=1, profile=get_profile("toy-edge-cloud"),
-                        backend=BackendConfig(acceptance="stratified")).compose_env()
-    assert env["DSD_ACCEPTANCE"] == "stratified"
+                        backend=SyntheticBackendConfig(acceptance="stratified")).compose_env()
+    assert json.loads(env["DSD_BACKEND_JSON"])["acceptance"] == "stratified"
     compose = (Path(__file__).resolve().parents[1] / "compose.yaml").read_text()
-    assert compose.count("--acceptance=${DSD_ACCEPTANCE:-iid}") == 2          # verifier and edge
+    assert compose.count("--backend-json=${DSD_BACKEND_JSON:-}") == 2          # verifier and edge

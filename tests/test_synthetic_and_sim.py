@@ -19,9 +19,9 @@ def test_measured_acceptance_and_tokens_per_round_match_alpha_and_E(alpha, gamma
         rounds += generate_colocated(draft, target, [i + 1, 2, 3], gamma, StopRule(200), seq_id=str(i)).rounds
     measured = Generation([], rounds)
     n_rounds = len(rounds)
-    # alpha_hat is a proportion over accepted + rejections trials; allow 4 standard errors.
+    # alpha_measured is a proportion over accepted + rejections trials; allow 4 standard errors.
     trials = sum(r.accepted for r in rounds) + sum(r.accepted < r.proposed for r in rounds)
-    assert abs(measured.alpha_hat - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / trials)
+    assert abs(measured.alpha_measured - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / trials)
     # Tokens per round: mean of a bounded variable, 4 standard errors (sd <= (gamma+1)/2).
     e = lm.expected_tokens_per_round(alpha, gamma)
     assert abs(measured.tokens_per_round - e) < 4 * ((gamma + 1) / 2) / math.sqrt(n_rounds)
@@ -49,9 +49,9 @@ def test_simulated_protocol_meets_the_closed_form(pipelined, rtt_s):
         total_s += run.total_s - run.first_token_s
         tokens += len(run.generation.tokens) - run.generation.rounds[0].emitted
         rounds += run.generation.rounds
-    alpha_hat = Generation([], rounds).alpha_hat
+    alpha_measured = Generation([], rounds).alpha_measured
     model = lm.per_token_pipelined_dsd_s if pipelined else lm.per_token_sync_dsd_s
-    predicted_s = model(alpha_hat, 4, costs.t_draft_s, costs.t_verify_s, rtt_s)
+    predicted_s = model(alpha_measured, 4, costs.t_draft_s, costs.t_verify_s, rtt_s)
     assert total_s / tokens == pytest.approx(predicted_s, rel=0.03)
 
 
@@ -151,3 +151,14 @@ def test_alpha_classes_are_validated_naming_the_field():
             SyntheticConfig(alpha_classes=bad)
     with pytest.raises(ValueError, match="alpha_classes"):
         SyntheticConfig(alpha_classes=((1, 0.5),), acceptance="stratified")
+
+
+def test_alpha_classes_reach_the_services_in_the_backend_json():
+    """The launchers send a backend config whole as JSON (--backend-json): the classes survive."""
+    from dsd.backends.factory import backend_from_dict, backend_from_json
+
+    config = backend_from_dict({"kind": "synthetic", "alpha": 0.5, "alpha_classes": "1:0.9,2:0.3"})
+    draft, _ = backend_from_json(config.to_json()).load()
+    assert draft.config.alpha_classes == ((1, 0.9), (2, 0.3)) and draft.config.alpha_of([2, 7]) == 0.3
+    with pytest.raises(ValueError, match="alpha_classes"):
+        backend_from_dict({"kind": "synthetic", "alpha_classes": "1=0.9"})

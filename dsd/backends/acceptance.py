@@ -5,13 +5,13 @@ proportion: at alpha 0.9 and 320 tokens its standard error is ~0.018, and near a
 sync-vs-AR crossover moves ~7 ms per 0.01 of alpha, so a run answers a different question than
 the one configured. ``acceptance = "stratified"`` lays out each request's rounds in advance.
 
-What is measured (``orchestrator.analysis.fit_alpha``, ``dsd.decoding.Generation.alpha_hat``):
-alpha_hat = S / (S + F) over the live rounds, S the accepted drafts and F the rounds that rejected
+What is measured (``orchestrator.analysis.fit_alpha``, ``dsd.decoding.Generation.alpha_measured``):
+alpha_measured = S / (S + F) over the live rounds, S the accepted drafts and F the rounds that rejected
 one. A round that accepts k of gamma moves S*(1 - alpha) - alpha*F by
 
     d(k) = k*(1 - alpha) - alpha*[k < gamma]         (E[d] = 0 under the truncated geometric)
 
-so alpha_hat - alpha = D / (S + F), D the running sum of d. The schedule keeps |D| <= B =
+so alpha_measured - alpha = D / (S + F), D the running sum of d. The schedule keeps |D| <= B =
 (alpha + gamma*(1 - alpha)) / 2 after every round, while each round's accepted count is drawn from
 the truncated geometric pmf of i.i.d. acceptance:
 
@@ -27,10 +27,10 @@ than by chance), which the closed forms do not use: they take one round's expect
 Where the running total starts matters: its long-run mean depends on the start (the values d
 takes lie on a lattice, and the thresholds cut it differently), and a request's sum of d ends, on
 average, at that mean minus the start. Started at 0 that is 0.05-0.25 for gamma 5: a bias of
-mu / (S + F) in alpha_hat and about one long round too many per request, which a chi-square over
+mu / (S + F) in alpha_measured and about one long round too many per request, which a chi-square over
 a few hundred requests sees. So each request starts at c_lo or c_hi (``drift_start``), two points
 either side of the start whose long-run mean equals it, mixed so the expected sum of d is 0.
-Guarantee, every request: |alpha_hat - alpha| <= (B + max|c|) / (S + F); see
+Guarantee, every request: |alpha_measured - alpha| <= (B + max|c|) / (S + F); see
 ``tested_positions_needed``.
 The bonus position after a round that accepted all gamma (the pipelined edge's guess) keeps its
 i.i.d. coin: the speculation then survives with probability alpha^(gamma+1), as in the model.
@@ -94,7 +94,7 @@ def drift_bound(alpha: float, gamma: int) -> float:
 
 
 def tested_positions_needed(alpha: float, gamma: int, tolerance: float = 0.005) -> int:
-    """Tested positions (S + F) a request needs for |alpha_hat - alpha| <= tolerance."""
+    """Tested positions (S + F) a request needs for |alpha_measured - alpha| <= tolerance."""
     return math.ceil(drift_bound(alpha, gamma) / tolerance)
 
 

@@ -59,7 +59,7 @@ class AcceptanceTrace:
                                  f"1..1024, accepted in 0..proposed), got {pair!r}")
 
     @property
-    def alpha_hat(self) -> float:
+    def alpha_measured(self) -> float:
         """Maximum-likelihood alpha under i.i.d. acceptance (as orchestrator.analysis.fit_alpha):
         accepted successes, one failure per round that rejected."""
         accepted = sum(a for _, a in self.rounds)
@@ -79,7 +79,7 @@ class AcceptanceTrace:
 
     def summary(self) -> dict:
         """What a sidecar records of the trace."""
-        return {"source": self.source, "rounds": len(self.rounds), "alpha_hat": self.alpha_hat,
+        return {"source": self.source, "rounds": len(self.rounds), "alpha_measured": self.alpha_measured,
                 "mean_accepted": self.mean_accepted, "histogram": self.histogram()}
 
     @cached_property
@@ -188,13 +188,13 @@ class TraceReplay:
             first = len(tokens) - n_last + 1
             self._anchors[seq_id] = (first, self.trace.start_index(self.seed, tokens[:first]))
         base, start = self._anchors[seq_id]
-        alpha_hat = self.trace.alpha_hat
+        alpha_measured = self.trace.alpha_measured
 
         def alpha_at(position: int) -> float:
             if position < base:
-                return alpha_hat
+                return alpha_measured
             outcome = self.trace.outcome(start + position - base)
-            return 1.0 if outcome == ACCEPT else 0.0 if outcome == REJECT else alpha_hat
+            return 1.0 if outcome == ACCEPT else 0.0 if outcome == REJECT else alpha_measured
         return alpha_at
 
     def release(self, seq_id: str) -> None:

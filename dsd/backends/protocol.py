@@ -6,12 +6,16 @@ can reuse from the cache (the longest common prefix) and crops the rest, so a re
 thrown away and the accepted prefix is never recomputed. ``logits_batch`` answers several
 sequences' calls in one forward pass (the verifier's scheduler batches sessions with it); a
 ``ForwardJob`` is one sequence's share of such a pass and what to do with its logits.
+
+``BackendConfig`` is what every backend kind's settings are: one frozen dataclass per kind, of
+JSON values, that loads its (draft, target) pair; dsd/backends/factory.py registers the kinds.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -53,6 +57,36 @@ class LanguageModel(Protocol):
 
     def release(self, seq_id: str) -> None:
         """Forget the sequence and free its cache."""
+
+
+class BackendConfig:
+    """A backend kind's settings. Subclass it with a frozen dataclass whose fields are JSON values
+    (str, int, float, bool), set ``kind`` (and ``emulated``), implement ``load``, and add the class
+    to factory.BACKEND_CONFIGS (or ``factory.register_backend``): the services take it whole as
+    ``--backend-json``, the launchers pass it on unchanged, and an experiment's [backend] table
+    holds its fields beside ``kind``."""
+    kind: ClassVar[str] = ""
+    # True: the models answer at once and the services charge each pass its time from a
+    # HardwareProfile (services/compute.py EmulatedDevice); False: passes compute for real.
+    emulated: ClassVar[bool] = False
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def portable(self) -> "BackendConfig":
+        """The same backend for a service that cannot read this host's files (a container,
+        another machine); what the launchers send."""
+        return self
+
+    def check_files(self) -> None:
+        """Raise ValueError naming the field of a file this host lacks (before a sweep starts)."""
+
+    def load(self) -> tuple[LanguageModel, LanguageModel]:
+        """(draft, target)."""
+        raise NotImplementedError(f"{type(self).__name__}.load")
 
 
 @dataclass(frozen=True)

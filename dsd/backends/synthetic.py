@@ -25,13 +25,14 @@ time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a h
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
-from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay
-from dsd.backends.protocol import ForwardStats, LogitsRequest
+from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay, read_rounds_csv
+from dsd.backends.protocol import BackendConfig, ForwardStats, LogitsRequest
 from dsd.sequence import common_prefix_length
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -228,3 +229,51 @@ class SyntheticLM:
         self._layouts.pop(seq_id, None)
         if self._replay is not None:
             self._replay.release(seq_id)
+
+
+@dataclass(frozen=True)
+class SyntheticBackendConfig(BackendConfig):
+    """The synthetic backend as the services and experiments name it (``kind = "synthetic"``)."""
+    kind: ClassVar[str] = "synthetic"
+    emulated: ClassVar[bool] = True
+    alpha: float = 0.8
+    vocab_size: int = 512
+    seed: int = 0
+    eos_prob: float = 0.0
+    # replay a real pair's per-round acceptance instead of i.i.d. alpha (acceptance_trace.py): a
+    # rounds.csv path, or the rounds inline as "proposed:accepted,..." (what services are sent)
+    acceptance_trace: str = ""
+    acceptance_rounds: str = ""
+    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
+    # alpha per prompt class, "token:alpha,..." (a prompt's first token says its class)
+    alpha_classes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.acceptance_trace and self.acceptance_rounds:
+            raise ValueError("acceptance_trace and acceptance_rounds: give one (a rounds.csv, or its rounds inline)")
+        if (self.acceptance_trace or self.acceptance_rounds) and self.acceptance != "iid":
+            raise ValueError(f"acceptance_trace replaces acceptance={self.acceptance!r}: the trace decides acceptance")
+        self.synthetic()          # validates alpha, vocab_size, eos_prob, acceptance, the trace
+
+    def trace(self) -> AcceptanceTrace | None:
+        """The acceptance trace to replay, or None (acceptance by alpha)."""
+        if self.acceptance_rounds:
+            return AcceptanceTrace.from_text(self.acceptance_rounds)
+        if self.acceptance_trace:
+            return read_rounds_csv(self.acceptance_trace)
+        return None
+
+    def synthetic(self) -> SyntheticConfig:
+        return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
+                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace(),
+                               alpha_classes=parse_alpha_classes(self.alpha_classes))
+
+    def portable(self) -> "SyntheticBackendConfig":
+        """The trace inline: a service need not see the file."""
+        if not self.acceptance_trace:
+            return self
+        return replace(self, acceptance_trace="", acceptance_rounds=self.trace().to_text())
+
+    def load(self) -> tuple[SyntheticLM, SyntheticLM]:
+        synthetic = self.synthetic()
+        return SyntheticLM(synthetic, "draft"), SyntheticLM(synthetic, "target")

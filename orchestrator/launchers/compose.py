@@ -17,8 +17,7 @@ is noticed. The edges reach the verifier by its service name.
 A project that already has containers (`docker compose up -d --scale edge=4` by hand) is used
 with ``adopt=True``, or ``adopt="auto"`` (what a sweep passes: use it if it is up, else bring one
 up), and is then left up on close, unshaped. Before it is used it must match the config: the
-backend, the pair or profile, alpha and the other synthetic settings, threads, batching, and at
-least ``n_edges`` edges (the first ones by container number are used); a mismatch is one line
+backend config (field by field), the profile, threads, batching, and at least ``n_edges`` edges (the first ones by container number are used); a mismatch is one line
 naming each setting, its running value and the wanted one, and the `docker compose up` that
 fixes it. Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
 removes the containers and the network. The sweep's ``ServicesConfig`` is accepted too.
@@ -40,12 +39,12 @@ import signal
 import subprocess
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 import docker
 
-from dsd.backends.factory import BackendConfig
+from dsd.backends.factory import BackendConfig, HfBackendConfig, SyntheticBackendConfig, backend_from_json
 from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
@@ -84,33 +83,24 @@ class ComposeError(LauncherError):
 # compose.yaml's defaults for the variables a user sets by hand (`DSD_PROFILE=... docker compose
 # up`); tests/compose/test_compose_config.py reads them back from the file.
 COMPOSE_DEFAULTS = {
-    "DSD_BACKEND": "synthetic", "DSD_PAIR_PATH": "/app/models/default-pair", "DSD_PROFILE": "toy-edge-cloud",
-    "DSD_PROFILE_JSON": "", "DSD_ALPHA": "0.8", "DSD_SYNTHETIC_SEED": "0", "DSD_VOCAB_SIZE": "512",
-    "DSD_EOS_PROB": "0.0", "DSD_DTYPE": "float32", "DSD_THREADS": "1", "DSD_MAX_BATCH": "1",
-    "DSD_BATCH_WINDOW_MS": "0",
+    "DSD_BACKEND_JSON": "", "DSD_PROFILE": "toy-edge-cloud", "DSD_PROFILE_JSON": "", "DSD_THREADS": "1",
+    "DSD_MAX_BATCH": "1", "DSD_BATCH_WINDOW_MS": "0",
 }
 # What an adopted project must match: (setting, the services' flag in compose.yaml's commands,
-# compose.yaml's variable, the backend it matters to (None: both), verifier only). The profile is
-# compared apart (by its numbers: a name or a JSON copy of the same profile is the same).
+# compose.yaml's variable, verifier only). The backend (--backend-json, field by field) and the
+# profile (by its numbers: a name or a JSON copy of the same profile is the same) are compared apart.
 ADOPT_SETTINGS = (
-    ("backend", "backend", "DSD_BACKEND", None, False),
-    ("pair", "pair-path", "DSD_PAIR_PATH", "hf", False),
-    ("dtype", "dtype", "DSD_DTYPE", "hf", False),
-    ("alpha", "alpha", "DSD_ALPHA", "synthetic", False),
-    ("synthetic_seed", "synthetic-seed", "DSD_SYNTHETIC_SEED", "synthetic", False),
-    ("vocab_size", "vocab-size", "DSD_VOCAB_SIZE", "synthetic", False),
-    ("eos_prob", "eos-prob", "DSD_EOS_PROB", "synthetic", False),
-    ("threads", "threads", "DSD_THREADS", None, False),
-    ("max_batch", "max-batch", "DSD_MAX_BATCH", None, True),
-    ("batch_window_ms", "batch-window-ms", "DSD_BATCH_WINDOW_MS", None, True),
+    ("threads", "threads", "DSD_THREADS", False),
+    ("max_batch", "max-batch", "DSD_MAX_BATCH", True),
+    ("batch_window_ms", "batch-window-ms", "DSD_BATCH_WINDOW_MS", True),
 )
 
 
 @dataclass(frozen=True)
 class ComposeConfig:
     n_edges: int
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    profile: HardwareProfile | None = None   # synthetic: the compute times to emulate
+    backend: BackendConfig = field(default_factory=SyntheticBackendConfig)
+    profile: HardwareProfile | None = None   # emulated backends: the compute times to emulate
     threads: int = 1                  # torch intra-op threads per container
     max_batch: int = 1                # verifier batching
     batch_window_ms: float = 0.0
@@ -154,12 +144,12 @@ class ComposeConfig:
                                  f"got {value!r}")
         if not isinstance(self.backend, BackendConfig):
             raise ValueError(f"backend must be a BackendConfig, got {self.backend!r}")
-        if self.backend.device != "cpu":
+        if getattr(self.backend, "device", "cpu") != "cpu":
             raise ValueError(f"backend.device must be 'cpu' in containers, got {self.backend.device!r}")
         if self.profile is not None and not isinstance(self.profile, HardwareProfile):
             raise ValueError(f"profile must be a HardwareProfile or None, got {self.profile!r}")
-        if self.backend.kind == "synthetic" and self.profile is None:
-            raise ValueError("profile: the synthetic backend emulates its compute and needs a HardwareProfile, "
+        if self.backend.emulated and self.profile is None:
+            raise ValueError(f"profile: the {self.backend.kind} backend emulates its compute and needs a HardwareProfile, "
                              "got None (e.g. dsd.profiles.get_profile('toy-edge-cloud'))")
         if not isinstance(self.project, str) or not _PROJECT_RE.match(self.project):
             raise ValueError(f"project must be lowercase letters, digits, '-' or '_', got {self.project!r}")
@@ -177,13 +167,14 @@ class ComposeConfig:
             raise ValueError(f"subnet {self.subnet!r} has too few addresses for {self.n_edges} edges and a verifier")
         if not Path(self.compose_file).is_file():
             raise ValueError(f"compose_file {self.compose_file!r} does not exist")
-        self.container_pair_path  # validates the pair's location
+        self.container_backend  # validates the pair's location
 
     @property
-    def container_pair_path(self) -> str:
-        """The pair as the containers see it: ./models is mounted at /app/models."""
-        if self.backend.kind != "hf":
-            return str(CONTAINER_MODELS_DIR / "default-pair")
+    def container_backend(self) -> BackendConfig:
+        """The backend as the containers see it: portable, an hf pair under /app/models (where
+        compose.yaml mounts ./models)."""
+        if not isinstance(self.backend, HfBackendConfig):
+            return self.backend.portable()
         if self.backend.target_path:
             raise ValueError("backend.target_path/draft_path: the compose launcher serves a pair folder under "
                              f"{MODELS_DIR} (backend.pair_path), got target_path={self.backend.target_path!r}")
@@ -194,7 +185,7 @@ class ComposeConfig:
         if not (pair / "manifest.json").is_file():
             raise ValueError(f"backend.pair_path {self.backend.pair_path!r} holds no manifest.json; "
                              "build it with `dsdbed build-pair`")
-        return str(CONTAINER_MODELS_DIR / pair.relative_to(MODELS_DIR.resolve()).as_posix())
+        return replace(self.backend, pair_path=str(CONTAINER_MODELS_DIR / pair.relative_to(MODELS_DIR.resolve()).as_posix()))
 
     @property
     def profile_json(self) -> str:
@@ -204,24 +195,13 @@ class ComposeConfig:
 
     def compose_env(self) -> dict[str, str]:
         """The variables compose.yaml reads (its header lists them)."""
-        b = self.backend
         return {
-            "DSD_BACKEND": b.kind, "DSD_PAIR_PATH": self.container_pair_path,
+            "DSD_BACKEND_JSON": self.container_backend.to_json(),
             "DSD_PROFILE": "", "DSD_PROFILE_JSON": self.profile_json,
-            "DSD_ALPHA": repr(float(b.alpha)), "DSD_SYNTHETIC_SEED": str(b.seed),
-            "DSD_VOCAB_SIZE": str(b.vocab_size), "DSD_EOS_PROB": repr(float(b.eos_prob)),
-            "DSD_ACCEPTANCE": b.acceptance, "DSD_DTYPE": b.dtype,
             "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
             "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
             "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
-            "DSD_ACCEPTANCE_ROUNDS": self.acceptance_rounds,
         }
-
-    @property
-    def acceptance_rounds(self) -> str:
-        """The synthetic backend's acceptance trace inline: the containers cannot see the file."""
-        trace = self.backend.trace() if self.backend.kind == "synthetic" else None
-        return trace.to_text() if trace is not None else ""
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:
@@ -548,6 +528,19 @@ def _command_flags(container) -> dict[str, str]:
     return flags
 
 
+def _backend_differences(running_json: str, wanted: BackendConfig) -> list[tuple[str, object, object]]:
+    """(setting, running value, wanted value) for each field in which a service's --backend-json
+    differs from the wanted backend; empty when they are the same backend."""
+    try:
+        running = backend_from_json(running_json).to_dict()
+    except ValueError:
+        return [("backend", running_json, wanted.to_json())]
+    if running["kind"] != wanted.kind:
+        return [("backend.kind", running["kind"], wanted.kind)]
+    return [(f"backend.{key}", running[key], value) for key, value in wanted.to_dict().items()
+            if running[key] != value]
+
+
 def _same(running: str | None, wanted: str) -> bool:
     if running is None:
         return False
@@ -578,20 +571,23 @@ def adopt_mismatches(config: ComposeConfig, verifier, edges: list) -> list[tuple
     """Every setting in which a running project's services differ from the config: (compose.yaml's
     variables that set it, "SETTING: running VALUE (CONTAINER), the experiment's VALUE")."""
     wanted = config.compose_env()
-    kind = config.backend.kind
     problems = []
     services = [x for x in [verifier, *edges] if x is not None]
     flags = {x.name: _command_flags(x) for x in services}
-    for setting, flag, variable, backend, verifier_only in ADOPT_SETTINGS:
-        if backend not in (None, kind):
-            continue
+    for x in services:
+        differences = _backend_differences(flags[x.name].get("backend-json", ""), config.container_backend)
+        if differences:
+            problems += [(("DSD_BACKEND_JSON",), f"{setting}: running {running!r} ({x.name}), the experiment's {value!r}")
+                         for setting, running, value in differences]
+            break
+    for setting, flag, variable, verifier_only in ADOPT_SETTINGS:
         for x in services[:1] if verifier_only else services:
             running = flags[x.name].get(flag)
             if not _same(running, wanted[variable]):
                 problems.append(((variable,), f"{setting}: running {running!r} ({x.name}), "
                                               f"the experiment's {wanted[variable]!r}"))
                 break
-    if kind == "synthetic" and config.profile is not None:
+    if config.backend.emulated and config.profile is not None:
         for x in services:
             name, numbers = _running_profile(flags[x.name])
             if numbers != _profile_numbers(config.profile):
@@ -606,12 +602,11 @@ def fix_command(config: ComposeConfig, n_edges: int, also=()) -> str:
     differ from compose.yaml's defaults, and those named in `also` (a value found wrong may have
     come from the user's shell, which a default would not override)."""
     env = config.compose_env()
-    kind = config.backend.kind
     wanted = {}
-    for setting, _, variable, backend, _ in ADOPT_SETTINGS:
-        if backend in (None, kind):
-            wanted[variable] = env[variable]
-    if kind == "synthetic" and config.profile is not None:
+    if "DSD_BACKEND_JSON" in also or _backend_differences("", config.container_backend):
+        wanted["DSD_BACKEND_JSON"] = env["DSD_BACKEND_JSON"]      # else compose.yaml's default is it
+    wanted.update({variable: env[variable] for _, _, variable, _ in ADOPT_SETTINGS})
+    if config.backend.emulated and config.profile is not None:
         try:
             named = _profile_numbers(get_profile(config.profile.name)) == _profile_numbers(config.profile)
         except (KeyError, ValueError):
@@ -620,7 +615,8 @@ def fix_command(config: ComposeConfig, n_edges: int, also=()) -> str:
             wanted["DSD_PROFILE"] = config.profile.name
         else:
             wanted.update({"DSD_PROFILE": "", "DSD_PROFILE_JSON": config.profile_json})
-    parts = [f"{k}={shlex.quote(v)}" for k, v in wanted.items() if k in also or not _same(v, COMPOSE_DEFAULTS[k])]
+    parts = [f"{k}={shlex.quote(v)}" for k, v in wanted.items()
+             if k in also or k == "DSD_BACKEND_JSON" or not _same(v, COMPOSE_DEFAULTS[k])]
     project = [] if config.project == "dsdbed" else ["-p", config.project]
     return " ".join([*parts, "docker", "compose", *project, "up", "-d", "--scale", f"{EDGE_SERVICE}={n_edges}",
                      "--wait"])

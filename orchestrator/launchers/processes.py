@@ -48,23 +48,9 @@ def free_port() -> int:
 
 
 def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> list[str]:
-    """The services' command-line flags for a backend config (services/compute.py)."""
-    args = ["--backend", backend.kind]
-    if backend.kind == "hf":
-        if backend.target_path:
-            args += ["--target-path", backend.target_path, "--draft-path", backend.draft_path]
-        else:
-            args += ["--pair-path", backend.pair_path]
-        args += ["--dtype", backend.dtype]
-    else:
-        args += ["--alpha", str(backend.alpha), "--vocab-size", str(backend.vocab_size),
-                 "--synthetic-seed", str(backend.seed), "--eos-prob", str(backend.eos_prob),
-                 "--acceptance", backend.acceptance]
-        if backend.alpha_classes:
-            args += ["--alpha-classes", backend.alpha_classes]
-        trace = backend.trace()
-        if trace is not None:         # inline: a service need not see the file (containers, other hosts)
-            args += ["--acceptance-rounds", trace.to_text()]
+    """The services' command-line flags for a backend config (services/compute.py): the config
+    whole, made portable (a service need not see this host's files: containers, other hosts)."""
+    args = ["--backend-json", backend.portable().to_json()]
     if profile is not None:
         values = {k: v for k, v in asdict(profile).items() if k != "sources"}
         args += ["--profile-json", json.dumps(values)]

@@ -49,7 +49,7 @@ from pathlib import Path
 import docker
 import yaml
 
-from dsd.backends.factory import BackendConfig
+from dsd.backends.factory import BackendConfig, SyntheticBackendConfig
 from dsd.profiles import HardwareProfile
 from orchestrator import http_client
 from orchestrator.launchers.base import EdgeHandle, LinkState
@@ -78,7 +78,7 @@ class SwarmError(RuntimeError):
 @dataclass(frozen=True)
 class SwarmConfig:
     n_edges: int
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: BackendConfig = field(default_factory=SyntheticBackendConfig)
     profile: HardwareProfile | None = None
     threads: int = 1
     max_batch: int = 1

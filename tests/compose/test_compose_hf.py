@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsd.backends.factory import DEFAULT_PAIR, BackendConfig, load_pair
+from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair
 from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.model, pytest.ma
                                  reason=f"no model pair at {DEFAULT_PAIR} (dsdbed build-pair)")]
 
 RTTS_MS = (10.0, 20.0)
-BACKEND = BackendConfig(kind="hf")
+BACKEND = HfBackendConfig()
 PROMPTS = [[17, 250, 99, 1024, 7], [3000, 12, 44]]
 MAX_NEW_TOKENS = 16
 GAMMA = 4

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dsd.backends.factory import BackendConfig, load_pair
+from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.decoding import generate_ar
 from dsd.profiles import HardwareProfile
 from dsd.stopping import StopRule
@@ -28,7 +28,7 @@ from tests.compose.host import host_state, new_since
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
 RTTS_MS = (5.0, 10.0, 20.0, 40.0)
-BACKEND = BackendConfig(kind="synthetic", alpha=0.7, seed=3)
+BACKEND = SyntheticBackendConfig(alpha=0.7, seed=3)
 # Small emulated compute times: the link, not the emulated device, sets the pace.
 PROFILE = HardwareProfile(name="compose-test", t_draft_edge_s=0.0005, t_draft_server_s=0.0003, t_ar_s=0.001,
                           t_verify_base_s=0.0008, t_verify_per_position_s=0.0001, t_prefill_per_token_s=0.00001,

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from dsd.backends.acceptance_trace import AcceptanceTrace
+from dsd.backends.factory import backend_from_json
 from orchestrator.cli import main
 from orchestrator.experiment import experiment_from_dict, load_experiment
 from orchestrator.launchers.compose import ComposeConfig
@@ -58,7 +59,7 @@ def test_a_sim_sweep_replays_the_trace_and_reproduces_its_histogram(tmp_path):
     want = {a: c / len(trace.rounds) for a, c in trace.histogram().items()}
     assert total_variation(histogram(list(rounds["accepted"])), want) < 0.06
     recorded = json.loads((tmp_path / "sim" / "sweep.json").read_text())["acceptance_trace"]
-    assert recorded["rounds"] == 300 and recorded["alpha_hat"] == pytest.approx(trace.alpha_hat)
+    assert recorded["rounds"] == 300 and recorded["alpha_measured"] == pytest.approx(trace.alpha_measured)
     analyze_sweep(tmp_path / "sim")
     assert "acceptance replayed from the trace" in write_report(tmp_path / "sim").read_text()
 
@@ -92,10 +93,11 @@ def test_services_and_containers_get_the_rounds_not_the_path(tmp_path):
     trace = bimodal_trace(n_rounds=50)
     exp = experiment(tmp_path, trace)
     args = backend_args(exp.backend, None)
-    assert args[args.index("--acceptance-rounds") + 1] == trace.to_text()
+    sent = backend_from_json(args[args.index("--backend-json") + 1])
+    assert sent.acceptance_rounds == trace.to_text() and sent.trace().rounds == trace.rounds
     assert str(tmp_path) not in " ".join(args)
     env = ComposeConfig(n_edges=1, backend=exp.backend, profile=exp.hardware_profile("toy-edge-cloud")).compose_env()
-    assert AcceptanceTrace.from_text(env["DSD_ACCEPTANCE_ROUNDS"]).rounds == trace.rounds
+    assert backend_from_json(env["DSD_BACKEND_JSON"]) == sent
 
 
 def test_experiment_keys_a_relative_trace_and_no_alpha_sweep(tmp_path):
@@ -117,5 +119,5 @@ def test_the_shipped_trace_and_experiment_are_valid(capsys):
     assert main(["sweep", "experiments/acceptance-trace.toml", "--dry-run"]) == 0
     exp = load_experiment("experiments/acceptance-trace.toml")
     trace = exp.backend.trace()
-    assert len(trace.rounds) >= 200 and 0.3 < trace.alpha_hat < 0.95 and {g for g, _ in trace.rounds} == {4}
+    assert len(trace.rounds) >= 200 and 0.3 < trace.alpha_measured < 0.95 and {g for g, _ in trace.rounds} == {4}
     assert os.path.samefile(exp.backend.acceptance_trace, REPO_TRACE)

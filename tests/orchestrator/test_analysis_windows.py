@@ -6,9 +6,11 @@ import pandas as pd
 import pytest
 
 from dsd import latency_model as lm
+from dsd.times import ComputeTimes
 from orchestrator import analysis, capacity
 
-TOY = {"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010, "t_verify_s": {4: 0.010}}
+TOY = ComputeTimes.from_dict({"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010,
+                              "t_verify_s": {4: 0.010}})
 
 
 def test_overlap_window_counts_only_what_arrived_while_every_client_ran():
@@ -119,10 +121,10 @@ def test_client_view_parameters_add_the_measured_harness_overhead():
                      "t_draft_start_s": start_s, "t_draft_end_s": start_s + 0.016, "t_send_s": send_s,
                      "t_receive_s": send_s + 0.020 + 0.0115, "server_queue_s": 0.0, "server_compute_s": 0.010})
         receive_s = rows[-1]["t_receive_s"]
-    compute = {"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010, "t_verify_s": {4: 0.010}}
+    compute = TOY
     params, source, overhead_ms = analysis.fit_effective_params(pd.DataFrame(rows), compute)
-    assert params["t_ar_s"] == pytest.approx(0.011) and overhead_ms["ar_step"] == pytest.approx(1.0)
-    assert params["t_verify_s"][4] == pytest.approx(0.0115) and overhead_ms["dsd_round_server_side"] == pytest.approx(1.5)
-    assert params["t_draft_edge_s"] == pytest.approx(0.0168 / 4) and overhead_ms["dsd_round_edge_side"] == pytest.approx(0.8)
-    assert params["t_draft_server_s"] == 0.002 and "no receipt times" in source["t_draft_server_s"]
-    assert compute["t_verify_s"] == {4: 0.010}           # the compute-only parameters are left alone
+    assert params.t_ar_s == pytest.approx(0.011) and overhead_ms["ar_step"] == pytest.approx(1.0)
+    assert params.t_verify_s(4) == pytest.approx(0.0115) and overhead_ms["dsd_round_server_side"] == pytest.approx(1.5)
+    assert params.t_draft_edge_s == pytest.approx(0.0168 / 4) and overhead_ms["dsd_round_edge_side"] == pytest.approx(0.8)
+    assert params.t_draft_server_s == 0.002 and "no receipt times" in source["t_draft_server_s"]
+    assert compute.verify_table_s == {4: 0.010}           # the compute-only parameters are left alone

@@ -19,7 +19,7 @@ from orchestrator.launchers.external import ExternalConfig
 from orchestrator.launchers.processes import REPO, ServiceProcess, write_token_file
 
 pytestmark = pytest.mark.root
-PROFILE = ["--backend", "synthetic", "--alpha", "0.7", "--profile", "toy-edge-cloud"]
+PROFILE = ["--backend-json", '{"kind": "synthetic", "alpha": 0.7}', "--profile", "toy-edge-cloud"]
 
 
 @pytest.fixture(scope="module")

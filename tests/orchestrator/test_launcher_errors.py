@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsd.backends.factory import BackendConfig
+from dsd.backends.factory import SyntheticBackendConfig
 from dsd.profiles import get_profile
 from orchestrator.cli import error_line
 from orchestrator.launchers.base import LauncherError
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_loopback_service_that_exits_while_starting_is_one_launcher_error(tmp_path):
-    config = ServicesConfig(BackendConfig(), get_profile("toy-edge-cloud"), work_dir=str(tmp_path),
+    config = ServicesConfig(SyntheticBackendConfig(), get_profile("toy-edge-cloud"), work_dir=str(tmp_path),
                             extra_verifier_args=("--no-such-flag",))
     with pytest.raises(LauncherError) as info:
         with launcher_errors("loopback", "to start"):
@@ -35,7 +35,7 @@ def test_a_loopback_service_that_exits_while_starting_is_one_launcher_error(tmp_
 def test_bad_config_passes_through_as_itself():
     with pytest.raises(ValueError, match="n_edges"):
         with launcher_errors("loopback", "to start"):
-            ServicesConfig(BackendConfig(), n_edges=0)
+            ServicesConfig(SyntheticBackendConfig(), n_edges=0)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -52,7 +52,7 @@ def test_loopback_alpha_sweep_runs_each_group_on_its_own_services(tmp_path):
     run_experiment(experiment, tmp_path / "a", resume=False)
     assert sorted(p.name for p in (tmp_path / "a" / "services").iterdir()) == ["a0.3", "a0.95"]
     summary = analyze_sweep(tmp_path / "a")
-    fitted = {g["alpha"]: g["alpha_fitted"] for g in summary["groups"]}
+    fitted = {g["alpha"]: g["alpha_measured"] for g in summary["groups"]}
     assert fitted[0.3] < 0.5 < 0.85 < fitted[0.95]
     points = pd.read_csv(tmp_path / "a" / "points.csv").set_index(["alpha", "mode"])
     assert points.loc[(0.95, "sync"), "speedup_vs_ar"] > 1 > points.loc[(0.3, "sync"), "speedup_vs_ar"]

@@ -1,4 +1,4 @@
-"""The paper's comparisons: configured alpha beside the realised one, closed forms at both, and a
+"""The paper's comparisons: configured alpha beside the measured one, closed forms at both, and a
 cell where DSD never wins reported as such, never as a number."""
 import importlib.util
 import math
@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from dsd.times import ComputeTimes
 from orchestrator import paper
 from orchestrator.experiment import experiment_from_dict, load_experiment
 from orchestrator.report import write_report
@@ -14,7 +15,8 @@ from orchestrator.run import run_experiment
 from orchestrator.summary import analyze_sweep
 
 REPO = Path(__file__).resolve().parents[2]
-PAPER_SYNC = {"t_draft_edge_s": 0.010, "t_draft_server_s": 0.010, "t_ar_s": 0.020, "t_verify_s": {5: 0.020}}
+PAPER_SYNC = ComputeTimes.from_dict({"t_draft_edge_s": 0.010, "t_draft_server_s": 0.010, "t_ar_s": 0.020,
+                                     "t_verify_s": {5: 0.020}})
 
 
 def _benchmark():
@@ -70,12 +72,12 @@ def test_points_carry_the_configured_alpha_beside_the_measured_one(sweep):
 
 def test_summary_and_report_say_which_alpha_each_prediction_used(sweep):
     summary = analyze_sweep(sweep)
-    assert "realised" in summary["prediction_alpha"] and "alpha_configured" in summary["prediction_alpha"]
+    assert "alpha_measured" in summary["prediction_alpha"] and "alpha_configured" in summary["prediction_alpha"]
     rows = {r["alpha_configured"]: r for r in summary["paper"]["crossovers"]}
-    assert rows[0.5]["closed_form_configured_ms"] == -math.inf
+    assert rows[0.5]["closed_form_at_configured_alpha_ms"] == -math.inf
     assert rows[0.5]["measured_ms"] == -math.inf
-    assert rows[0.9]["closed_form_configured_ms"] == pytest.approx(23.71, abs=0.01)
-    assert abs(rows[0.9]["alpha_realised"] - 0.9) <= 0.01
+    assert rows[0.9]["closed_form_at_configured_alpha_ms"] == pytest.approx(23.71, abs=0.01)
+    assert abs(rows[0.9]["alpha_measured"] - 0.9) <= 0.01
     text = write_report(sweep, "md").read_text()
     section = text[text.index("## The paper's comparisons"):]
     section = section[:section.index("\n## ", 1)]
@@ -108,7 +110,7 @@ def test_benchmark_cells_and_their_tolerance():
 def test_the_interval_is_the_ci_where_there_is_one_else_the_range_over_repeats():
     base = {"measured_rtt_ms": 20.0, "measured_rtt_ms_min": 18.0, "measured_rtt_ms_max": 23.0,
             "predicted_rtt_ms": 21.0}
-    group = {"profile": "p", "alpha_configured": 0.9, "alpha_fitted": 0.9}
+    group = {"profile": "p", "alpha_configured": 0.9, "alpha_measured": 0.9}
     with_ci = paper.crossover_rows([{**group, "crossovers": {"sync_vs_ar": {**base, "ci_low": 19.0, "ci_high": 21.5}}}],
                                    {"p": PAPER_SYNC}, 5)[0]
     assert (with_ci["measured_low_ms"], with_ci["measured_high_ms"], with_ci["interval"]) == (19.0, 21.5, "95% CI")

@@ -4,6 +4,7 @@ import json
 import pandas as pd
 import pytest
 
+from dsd.times import ComputeTimes
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.run import analyze_sweep, run_experiment
 from orchestrator.sweep import SweepExists, experiment_record, plan_points, run_sweep
@@ -86,7 +87,7 @@ def test_analysis_recovers_the_synthetic_truth(tmp_path):
         "backend": {"kind": "synthetic", "alpha": 0.8}})
     run_experiment(experiment, out, resume=False)
     summary = analyze_sweep(out)
-    assert summary["alpha_fitted"] == pytest.approx(0.8, abs=0.04)
+    assert summary["alpha_measured"] == pytest.approx(0.8, abs=0.04)
     points = pd.read_csv(out / "points.csv")
     assert points["latency_err_pct"].abs().max() < 5.0
     sync = summary["crossovers"]["sync_vs_ar"]
@@ -184,14 +185,14 @@ def test_gain_window_on_sim_recovers_each_alpha_and_the_predicted_boundary(tmp_p
     run_experiment(experiment, out, resume=False)
     summary = analyze_sweep(out)
     assert summary["group_keys"] == ["alpha"]
-    fitted = {g["alpha"]: g["alpha_fitted"] for g in summary["groups"]}
+    fitted = {g["alpha"]: g["alpha_measured"] for g in summary["groups"]}
     assert fitted[0.6] == pytest.approx(0.6, abs=0.05) and fitted[0.9] == pytest.approx(0.9, abs=0.04)
     points = pd.read_csv(out / "points.csv")
-    assert {"alpha", "alpha_fitted", "speedup_vs_ar"} <= set(points.columns)
-    params = summary["params"]
+    assert {"alpha", "alpha_measured_group", "speedup_vs_ar"} <= set(points.columns)
+    params = ComputeTimes.from_dict(summary["params"])
     checked = 0
     for row in points[points["mode"] != "ar"].itertuples():
-        boundary_ms = analysis.predicted_ar_boundary_rtt_ms(row.mode, row.alpha_fitted, 4, params)
+        boundary_ms = analysis.predicted_ar_boundary_rtt_ms(row.mode, row.alpha_measured_group, 4, params)
         if abs(row.rtt_ms - boundary_ms) > 3:
             assert (row.speedup_vs_ar > 1) == (row.rtt_ms < boundary_ms), row
             checked += 1

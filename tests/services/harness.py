@@ -41,7 +41,7 @@ def spawn(tmp_path_factory):
 
 
 def synthetic_args(alpha: float = 0.7, seed: int = 3, profile: dict = TEST_PROFILE) -> list[str]:
-    return ["--backend", "synthetic", "--alpha", str(alpha), "--synthetic-seed", str(seed),
+    return ["--backend-json", json.dumps({"kind": "synthetic", "alpha": alpha, "seed": seed}),
             "--profile-json", json.dumps(profile)]
 
 

@@ -13,7 +13,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from dsd.backends.factory import BackendConfig
+from dsd.backends.factory import SyntheticBackendConfig
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import generate_ar
 from dsd.profiles import HardwareProfile
@@ -229,7 +229,7 @@ def test_pickled_and_extension_payloads_are_refused_and_never_unpickled(guarded,
 
 def test_the_loopback_launcher_gives_its_testbed_a_private_token(tmp_path):
     profile = HardwareProfile(**TEST_PROFILE)
-    config = ServicesConfig(BackendConfig(alpha=ALPHA, seed=SEED), profile, n_edges=1, work_dir=str(tmp_path))
+    config = ServicesConfig(SyntheticBackendConfig(alpha=ALPHA, seed=SEED), profile, n_edges=1, work_dir=str(tmp_path))
     with LoopbackTestbed(config) as testbed:
         token_path = tmp_path / "token"
         assert token_path.stat().st_mode & 0o777 == 0o600

@@ -1,6 +1,8 @@
 """Every mode, run by the edge service against the verifier service over loopback TCP, emits
 exactly the target's greedy tokens, with 1 and with 16 concurrent clients, and leaves traces
 that account for every round."""
+import json
+
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
@@ -134,10 +136,11 @@ def hf(spawn, tmp_path_factory):
     write_manifest(folder, {"format": MANIFEST_FORMAT})
     # The verifier takes the pair folder (checked against its manifest), the edge the two models.
     verifier, edge = spawn(
-        ("services.verifier", ["--backend", "hf", "--pair-path", str(folder), "--max-tokens-per-session", "200",
-                               "--max-batch", "4"]),
-        ("services.edge", ["--backend", "hf", "--target-path", str(folder / "target"), "--draft-path",
-                           str(folder / "draft"), "--out-dir", str(tmp_path_factory.mktemp("edge-hf"))]))
+        ("services.verifier", ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)}),
+                               "--max-tokens-per-session", "200", "--max-batch", "4"]),
+        ("services.edge", ["--backend-json", json.dumps({"kind": "hf", "target_path": str(folder / "target"),
+                                                         "draft_path": str(folder / "draft")}),
+                           "--out-dir", str(tmp_path_factory.mktemp("edge-hf"))]))
     return verifier, edge, TorchLM.load(TorchLMConfig(str(folder / "target")))
 
 

@@ -5,6 +5,8 @@ sampling distribution (chi-square against the exact distribution of 3-token cont
 The pair is a tiny GPT-2 with 6 tokens whose draft is the target with noise on every weight, so
 drafts are often rejected and the residual max(0, p - q) is exercised as much as the bonus token.
 """
+import json
+
 import pytest
 import torch
 from scipy import stats
@@ -75,9 +77,11 @@ def toy(spawn, tmp_path_factory):
     draft.save_pretrained(folder / "draft")
     write_manifest(folder, {"format": MANIFEST_FORMAT})
     verifier, edge = spawn(
-        ("services.verifier", ["--backend", "hf", "--pair-path", str(folder), "--max-batch", "4"]),
-        ("services.edge", ["--backend", "hf", "--target-path", str(folder / "target"), "--draft-path",
-                           str(folder / "draft"), "--out-dir", str(tmp_path_factory.mktemp("edge-toy"))]))
+        ("services.verifier", ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)}),
+                               "--max-batch", "4"]),
+        ("services.edge", ["--backend-json", json.dumps({"kind": "hf", "target_path": str(folder / "target"),
+                                                         "draft_path": str(folder / "draft")}),
+                           "--out-dir", str(tmp_path_factory.mktemp("edge-toy"))]))
     return verifier, edge, target
 
 

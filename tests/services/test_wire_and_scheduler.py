@@ -12,7 +12,7 @@ import pytest
 
 from dsd.profiles import HardwareProfile
 from services import wire
-from services.compute import EmulatedDevice, PreciseTimer, freeze_startup_heap, profile_from_json
+from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, freeze_startup_heap, profile_from_json
 from services.scheduler import Scheduler, SchedulerConfig, pass_cost_s
 
 EXAMPLES = [
@@ -241,3 +241,74 @@ def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order()
     assert woke[3][1] < now + 1.0        # re-armed for the earlier deadlines, not held until "late"
     if sys.platform.startswith("linux"):
         assert timer._timerfd is not None        # the spinner is woken by a timerfd here
+
+
+@pytest.mark.parametrize("mode", ["dsd", "colocated"])
+def test_saturated_clients_fall_into_two_groups_whose_passes_alternate(mode):
+    """The structure dsd.latency_model.batched_capacity rests on: the scheduler starts the next
+    pass at once with every job of one kind waiting, and the clients a pass served are not among
+    them (a DSD client drafts on its edge, shorter than a pass here; a co-located client submits
+    its next job only after its answer), so clients that did not arrive all at once settle into
+    two groups that alternate: each client round holds two verification passes, of a and N - a."""
+    n_clients, rounds = 5, 24
+    verify_sizes: list[int] = []
+
+    async def client(scheduler, i):
+        await asyncio.sleep(0.0003 * i)                    # arrivals a little apart, as over a network
+        for _ in range(rounds):
+            if mode == "dsd":
+                await asyncio.sleep(0.001)                 # the edge drafting: half a one-session pass
+            else:
+                await scheduler.submit("draft", 2, lambda: time.sleep(0.001), i)
+            _, timing = await scheduler.submit("verify", 2, lambda: time.sleep(0.002), i)
+            verify_sizes.append(timing.batch_size)
+
+    async def main():
+        # A real device (a thread running the work), as for real models: its jobs' own time counts.
+        device = ThreadDevice()
+        scheduler = Scheduler(SchedulerConfig(max_batch=64), device, None)
+        scheduler.start()
+        try:
+            await asyncio.gather(*(client(scheduler, i) for i in range(n_clients)))
+        finally:
+            await scheduler.stop()
+            device.executor.shutdown()
+
+    asyncio.run(main())
+    passes = []                                            # one entry per pass: its batch size
+    for size in verify_sizes:
+        if not passes or passes[-1][1] == passes[-1][0]:
+            passes.append([size, 0])
+        passes[-1][1] += 1
+    steady = [size for size, _ in passes[4:-4]]
+    assert len(steady) >= 20
+    # Mostly (a host stall can delay a drafting client past a pass start, splitting a group
+    # for a while): two neighbouring passes hold every client once, and no pass holds them all.
+    pairs = list(zip(steady, steady[1:]))
+    assert sum(a + b == n_clients for a, b in pairs) >= 0.8 * len(pairs), steady
+    assert sum(size == n_clients for size in steady) <= 0.2 * len(steady), steady
+
+
+def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_else():
+    import threading
+
+    async def main(config, on_loop, busy_first=False):
+        device = ThreadDevice()
+        scheduler = Scheduler(config, device, None)
+        scheduler.start()
+        try:
+            jobs = [scheduler.submit("ar", 1, threading.get_ident, "c", on_loop=on_loop)]
+            if busy_first:     # the device busy with another client's pass: not free for this one
+                jobs.insert(0, scheduler.submit("ar", 1, lambda: time.sleep(0.02) or threading.get_ident(), "d"))
+            results = await asyncio.gather(*jobs)
+            return [ident for ident, _ in results], results[0][1], device.busy_s
+        finally:
+            await scheduler.stop()
+            device.executor.shutdown()
+
+    loop_thread = threading.get_ident()
+    idents, timing, busy_s = asyncio.run(main(SchedulerConfig(max_batch=1), True))
+    assert idents == [loop_thread] and timing.batch_size == 1 and busy_s == pytest.approx(timing.compute_s)
+    assert asyncio.run(main(SchedulerConfig(max_batch=1), False))[0] != [loop_thread]
+    assert asyncio.run(main(SchedulerConfig(max_batch=4), True))[0] != [loop_thread]      # batching: the worker's
+    assert asyncio.run(main(SchedulerConfig(max_batch=1), True, busy_first=True))[0][1] != loop_thread

@@ -21,6 +21,8 @@ def test_stack_file_places_the_verifier_by_label_and_gives_edges_the_token_and_c
     assert verifier["deploy"]["placement"]["constraints"] == ["node.labels.dsdbed.role == verifier"]
     assert edge["deploy"]["replicas"] == 5 and edge["deploy"]["placement"]["preferences"] == [{"spread": "node.id"}]
     assert set(edge["cap_add"]) == {"NET_ADMIN", "NET_RAW", "SYS_NICE"} and "--shape-link" in edge["command"]
+    backend = config.compose_config.container_backend.to_json()
+    assert f"--backend-json={backend}" in verifier["command"] and f"--backend-json={backend}" in edge["command"]
     for s in (verifier, edge):
         assert s["command"][-2 - (s is edge):][:2] == ["--token-file", "/run/secrets/dsdbed_token"]
         assert s["deploy"]["endpoint_mode"] == "dnsrr" and not any("${" in a for a in s["command"])

@@ -1,0 +1,63 @@
+"""The Hugging Face backend (``kind = "hf"``): a built model pair, or two model folders that share
+a tokenizer, run with torch (dsd/backends/torch_lm.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from dsd.backends.protocol import BackendConfig
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
+DEFAULT_PAIR = Path(__file__).resolve().parents[2] / "models" / "default-pair"
+
+
+@dataclass(frozen=True)
+class HfBackendConfig(BackendConfig):
+    kind: ClassVar[str] = "hf"
+    # a folder with target/ and draft/ (Hugging Face model folders) and a manifest.json, or two
+    # explicit model paths that share a tokenizer
+    pair_path: str = str(DEFAULT_PAIR)
+    target_path: str = ""
+    draft_path: str = ""
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        if bool(self.target_path) != bool(self.draft_path):
+            raise ValueError("target_path and draft_path go together: give both or neither")
+
+    def check_files(self) -> None:
+        if not self.target_path:
+            if not (Path(self.pair_path).expanduser() / "manifest.json").is_file():
+                raise ValueError(f"'backend.pair_path': expected a model pair folder with a manifest.json "
+                                 f"(`dsdbed build-pair`), got {self.pair_path!r}")
+            return
+        for key in ("target_path", "draft_path"):
+            value = getattr(self, key)
+            if not Path(value).expanduser().is_dir():
+                raise ValueError(f"'backend.{key}': expected an existing model folder, got {value!r}")
+
+    def load(self):
+        # transformers is imported only here: a synthetic-only service starts in a second, not five.
+        from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+
+        if self.target_path:
+            target_path, draft_path = self.target_path, self.draft_path
+        else:
+            pair = Path(self.pair_path).expanduser()
+            if not (pair / "manifest.json").is_file():
+                raise FileNotFoundError(
+                    f"no model pair at {pair} (manifest.json missing); build it with "
+                    f"`dsdbed build-pair --out {pair}`")
+            from dsd.pair_build import verify_pair     # imported late: it pulls in the training stack
+            verify_pair(pair)
+            target_path, draft_path = str(pair / "target"), str(pair / "draft")
+        target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device))
+        draft = TorchLM.load(TorchLMConfig(draft_path, self.dtype, self.device))
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
+                             "the pair must share a tokenizer")
+        return draft, target
