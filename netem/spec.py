@@ -184,11 +184,17 @@ class LinkSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "LinkSpec":
         """From a config mapping; a misspelt key is an error, never silently ignored."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown LinkSpec field(s) {unknown}; known: {sorted(known)}")
+        check_known_keys(cls, data, "LinkSpec")
         return cls(**data)
+
+
+def check_known_keys(cls, data: dict, where: str) -> None:
+    """A mapping meant for dataclass `cls` names only its fields: a misspelt key is a ValueError
+    naming it and `where` it was written, never silently ignored."""
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown key(s) in {where}: {unknown}; known: {known}")
 
 
 def _table_offset(distribution: str) -> float:

@@ -496,7 +496,7 @@ def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) 
     dense = ids = values = None
     if proposal.draft_probs is not None:
         q = proposal.draft_probs.float()                                # [gamma, vocab]
-        if sampling.top_k is not None or sampling.top_p < 1.0:   # q is zero outside the top k/p: sparse
+        if wire.probs_encoding(sampling.temperature, sampling.top_k, sampling.top_p) == "sparse":
             ids = [row.nonzero().flatten().tolist() for row in q]
             values = [q[i, row].tolist() for i, row in enumerate(ids)]
         else:
