@@ -29,7 +29,8 @@ import pandas as pd    # noqa: E402
 
 from dsd.backends.factory import HfBackendConfig  # noqa: E402
 from orchestrator import analysis, cpus    # noqa: E402
-from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig    # noqa: E402
+from orchestrator.launchers.loopback import LoopbackTestbed    # noqa: E402
+from orchestrator.launchers.services_config import ServicesConfig    # noqa: E402
 from orchestrator.net_point import run_net_point    # noqa: E402
 from orchestrator.sweep import Point    # noqa: E402
 from orchestrator.workload import make_prompts    # noqa: E402

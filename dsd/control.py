@@ -20,15 +20,24 @@ Policies (``CONTROLLERS``):
   the closed form of ``dsd.latency_model``; picks the (mode, gamma) of the lowest predicted
   per-token latency, and leaves the current plan only for one predicted at least ``margin_pct``
   faster (so noise in the estimates does not make it flap).
+- ``bandit``: discounted UCB over (mode, gamma) arms, the reward a round's (or a server request's)
+  tokens per second; the past is forgotten with time (``horizon_s``), so it follows a moving link.
+
+Request-level choice: a driver that can also hand a request to the server (cloud AR, co-located
+SD) asks ``decide_request(rtt_s)`` before the request (rtt_s: the link as last probed) and, once
+it is done, hands ``observe_request`` a ``RequestObservation``. A decision of a DSD mode starts a
+DSD request (whose rounds then go through ``decide``/``observe``); ``ar``/``colocated`` runs it
+on the server. Which modes a policy may pick is ``ControllerConfig.modes``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from dsd.modes import AR, SYNC, edge_modes, get_mode, plan_modes
+from dsd import latency_model as lm
+from dsd.modes import SYNC, edge_modes, get_mode, names, server_modes
 
-CONTROLLERS = ("static", "heuristic", "model")
+CONTROLLERS = ("static", "heuristic", "model", "bandit")
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,30 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class RequestObservation:
+    """One finished request as the edge measured it (seconds): its mode and gamma (the start
+    plan for DSD), tokens, wall time from start to the last token, time to the first token, and
+    the link's RTT as last probed (None where not known)."""
+    mode: str
+    gamma: int
+    tokens: int
+    wall_s: float
+    ttft_s: float | None
+    rtt_s: float | None
+    # shadow drafting (greedy server requests): positions the edge's draft predicted along the
+    # stream, and how many it got right; the acceptance the server's stream would have had
+    shadow_positions: int = 0
+    shadow_matches: int = 0
+
+    @property
+    def steady_per_token_s(self) -> float | None:
+        """Per token after the first: what the server's rate is, without the request's start."""
+        if self.tokens < 2 or self.ttft_s is None:
+            return None
+        return max(self.wall_s - self.ttft_s, 0.0) / (self.tokens - 1)
+
+
+@dataclass(frozen=True)
 class Decision:
     gamma: int
     mode: str
@@ -53,8 +86,21 @@ class Decision:
     def __post_init__(self) -> None:
         if not (isinstance(self.gamma, int) and not isinstance(self.gamma, bool) and self.gamma >= 1):
             raise ValueError(f"gamma must be a whole number >= 1, got {self.gamma!r}")
-        if self.mode not in plan_modes():        # dsd/modes.py; AR only where the driver can hand over
-            raise ValueError(f"mode must be one of {plan_modes()}, got {self.mode!r}")
+        if self.mode not in names():             # dsd/modes.py; server modes only per request
+            raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
+
+
+def shadow_matches(draft, seq_id: str, prompt: list[int], generated: list[int]) -> tuple[int, int]:
+    """(positions, matches): the draft's greedy guess at every generated position, given the
+    true prefix, against the token the server generated. In cloud AR the edge is idle while the
+    tokens stream in, so it can draft along (one step per token, hidden while t_draft < t_ar) and
+    keep measuring alpha; here done in one pass at the request's end (not charged: the same work)."""
+    if not generated:
+        return 0, 0
+    logits = draft.logits(seq_id, list(prompt) + list(generated[:-1]), len(generated))     # [n, vocab]
+    guesses = logits.argmax(dim=-1).tolist()
+    draft.release(seq_id)
+    return len(generated), sum(int(g == t) for g, t in zip(guesses, generated))
 
 
 def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision:
@@ -75,10 +121,15 @@ class ControllerConfig:
     gamma: int = 4                  # the first round's gamma (every round's, for static)
     mode: str = SYNC                # the first round's mode
     gamma_max: int = 16
-    modes: tuple[str, ...] = edge_modes()   # what the model policy may choose from
+    modes: tuple[str, ...] = edge_modes()   # what a policy may choose from (server modes: per request)
     margin_pct: float = 5.0         # model: switch only for a plan predicted this much faster
     discount: float = 0.9           # model: weight of the past in the running estimates, per round
-    t_ar_s: float | None = None     # model with AR among modes: the server's AR step (prior)
+    t_ar_s: float | None = None     # model: the server's AR step (prior; default: t_verify(1) as measured)
+    t_draft_server_s: float | None = None   # model: the server's draft step (prior; default: the edge's)
+    explore_after: int = 4          # model: after this many server requests in a row, one DSD request
+    gammas: tuple[int, ...] = (1, 2, 4, 8, 16)   # bandit: the gamma arms (those <= gamma_max)
+    horizon_s: float = 12.0         # bandit: an observation's weight halves every horizon_s seconds
+    exploration: float = 0.1        # bandit: UCB bonus scale (a share of the best arm's rate)
 
     def __post_init__(self) -> None:
         if self.name not in CONTROLLERS:
@@ -89,20 +140,43 @@ class ControllerConfig:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.name != "static" and self.gamma > self.gamma_max:
             raise ValueError(f"gamma must be <= gamma_max {self.gamma_max}, got {self.gamma!r}")
-        if self.mode not in plan_modes():        # dsd/modes.py; AR only where the driver can hand over
-            raise ValueError(f"mode must be one of {plan_modes()}, got {self.mode!r}")
-        if not self.modes or any(m not in plan_modes() for m in self.modes):
-            raise ValueError(f"modes must be a non-empty list from {plan_modes()}, got {self.modes!r}")
+        if self.mode not in names():
+            raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
+        if not self.modes or any(m not in names() for m in self.modes):
+            raise ValueError(f"modes must be a non-empty list from {names()}, got {self.modes!r}")
         if not (0 <= self.margin_pct < 100):
             raise ValueError(f"margin_pct must be in [0, 100), got {self.margin_pct!r}")
         if not (0 <= self.discount < 1):
             raise ValueError(f"discount must be in [0, 1), got {self.discount!r}")
-        if AR in self.modes and not (self.t_ar_s is not None and self.t_ar_s > 0):
-            raise ValueError(f"t_ar_s must be > 0 when modes include {AR!r}, got {self.t_ar_s!r}")
+        for name in ("t_ar_s", "t_draft_server_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
+        if not (isinstance(self.explore_after, int) and self.explore_after >= 1):
+            raise ValueError(f"explore_after must be a whole number >= 1, got {self.explore_after!r}")
+        if not self.gammas or any(not (isinstance(g, int) and not isinstance(g, bool) and g >= 1)
+                                  for g in self.gammas):
+            raise ValueError(f"gammas must be a non-empty list of whole numbers >= 1, got {self.gammas!r}")
+        for name in ("horizon_s", "exploration"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+    @property
+    def dsd_modes(self) -> tuple[str, ...]:
+        """The modes a round may take (the request-level ones besides)."""
+        return tuple(m for m in self.modes if m in edge_modes())
+
+    @property
+    def dsd_start(self) -> Decision:
+        """The start plan of a DSD request: the configured one, in a DSD mode."""
+        modes = self.dsd_modes or edge_modes()
+        return Decision(self.gamma, self.mode if self.mode in modes else modes[0])
 
 
 class StaticPolicy:
     def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
         self.decision = Decision(config.gamma, config.mode)
 
     def observe(self, observation: Observation) -> None:
@@ -111,13 +185,22 @@ class StaticPolicy:
     def decide(self) -> Decision:
         return self.decision
 
+    def decide_request(self, rtt_s: float | None = None) -> Decision:
+        return self.decision
+
+    def observe_request(self, observation: RequestObservation) -> None:
+        pass
+
 
 class HeuristicPolicy:
     """transformers' ``num_assistant_tokens_schedule="heuristic"``: +2 if every draft was
-    accepted, else -1 (at least 1); here also at most gamma_max."""
+    accepted, else -1 (at least 1); here also at most gamma_max. Every request is DSD in the
+    configured mode (the schedule knows nothing of the link), its gamma carried over."""
 
     def __init__(self, config: ControllerConfig) -> None:
-        self.gamma, self.mode, self.gamma_max = config.gamma, config.mode, config.gamma_max
+        self.config = config
+        start = config.dsd_start
+        self.gamma, self.mode, self.gamma_max = start.gamma, start.mode, config.gamma_max
 
     def observe(self, observation: Observation) -> None:
         if observation.stale or observation.proposed == 0:
@@ -128,23 +211,32 @@ class HeuristicPolicy:
     def decide(self) -> Decision:
         return Decision(self.gamma, self.mode)
 
+    def decide_request(self, rtt_s: float | None = None) -> Decision:
+        return self.decide()
+
+    def observe_request(self, observation: RequestObservation) -> None:
+        pass
+
 
 def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_draft_s: float,
-                          t_verify_s: float, t_ar_s: float | None) -> float:
+                          t_verify_s: float, t_ar_s: float | None, t_draft_server_s: float | None = None) -> float:
     """The closed form's steady-state time per token of one plan (the mode's predictor in
-    dsd/modes.py; the edge drafts, so t_draft_s is the edge's and there is no server draft)."""
+    dsd/modes.py; t_draft_s is the edge's, t_draft_server_s the server's where a mode drafts there)."""
     return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_s,
-                                      t_draft_server_s=None, t_verify_s=t_verify_s)
+                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
 
 
-def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: float, modes: tuple[str, ...],
-                  gamma_max: int, t_ar_s: float | None = None) -> tuple[Decision, float]:
+def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, modes: tuple[str, ...],
+                  gamma_max: int, t_ar_s: float | None = None,
+                  t_draft_server_s: float | None = None) -> tuple[Decision, float]:
     """The plan of the lowest predicted per-token latency and that latency (ties: smaller gamma,
-    then the earlier mode in ``modes``)."""
+    then the earlier mode in ``modes``). ``t_verify_s``: seconds, or a function of gamma."""
+    verify = t_verify_s if callable(t_verify_s) else (lambda _g: t_verify_s)
     best, best_s = None, math.inf
     for mode in modes:
         for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
-            cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, t_verify_s, t_ar_s)
+            cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
+                                           t_draft_server_s)
             if cost_s < best_s - 1e-15:
                 best, best_s = Decision(gamma, mode), cost_s
     return best, best_s
@@ -188,16 +280,29 @@ class _DiscountedLine:
 
 
 class ModelPolicy:
-    """The closed form on running estimates, with a switching margin."""
+    """The closed form on running estimates, with a switching margin.
+
+    Per round it picks among the DSD modes of ``config.modes``; per request (``decide_request``)
+    among all of them, cloud AR and co-located SD included. The server's AR step is measured from
+    AR requests (before any: the ``t_ar_s`` prior, else the verification of one token as
+    measured, which is what a memory-bound target's AR step costs); the server's draft step from
+    co-located requests likewise. Alpha is only measured in DSD: after ``explore_after`` server
+    requests in a row, where DSD at the best alpha seen so far would beat the server, one request
+    runs DSD again to re-measure it."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        self.current = Decision(config.gamma, config.mode)
+        self.current = config.dsd_start
         self.accepted = _Discounted(config.discount)      # per round: accepted drafts
         self.rejected = _Discounted(config.discount)      # per round: 1 if a draft was rejected
         self.rtt_s = _Discounted(config.discount)
         self.t_draft_s = _Discounted(config.discount)
         self.t_verify_s = _DiscountedLine(config.discount)     # against gamma
+        self.t_ar_s = _Discounted(0.5)                    # per AR request: steady per-token time
+        self.t_draft_server_s = _Discounted(0.5)
+        self.alpha_best = 0.0                             # the highest alpha estimate so far
+        self.server_streak = 0                            # server requests in a row
+        self.last_request: Decision | None = None
 
     def observe(self, observation: Observation) -> None:
         if observation.stale:
@@ -207,6 +312,8 @@ class ModelPolicy:
         self.rtt_s.add(observation.rtt_s)
         self.t_draft_s.add(observation.t_draft_s)
         self.t_verify_s.add(observation.proposed, observation.t_verify_s)
+        if self.alpha is not None and self.accepted.weight >= 5:
+            self.alpha_best = max(self.alpha_best, self.alpha)
 
     @property
     def alpha(self) -> float | None:
@@ -216,28 +323,239 @@ class ModelPolicy:
             return None
         return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
 
+    def _t_ar_s(self) -> float | None:
+        return self.t_ar_s.value or self.config.t_ar_s or self.t_verify_s.at(1)
+
+    def _t_draft_server_s(self) -> float | None:
+        return self.t_draft_server_s.value or self.config.t_draft_server_s or self.t_draft_s.value
+
+    def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
+        return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self.t_draft_s.value,
+                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s())
+
+    def _best(self, modes: tuple[str, ...], alpha: float, rtt_s: float) -> tuple[Decision, float]:
+        return best_decision(alpha, rtt_s, self.t_draft_s.value, self.t_verify_s.at, modes, self.config.gamma_max,
+                             self._t_ar_s(), self._t_draft_server_s())
+
+    def _measured(self) -> bool:
+        return not (self.alpha is None or self.rtt_s.value is None or self.t_draft_s.value is None
+                    or self.t_verify_s.at(1) is None)
+
     def decide(self) -> Decision:
-        alpha, rtt_s, t_draft_s = self.alpha, self.rtt_s.value, self.t_draft_s.value
-        if alpha is None or rtt_s is None or t_draft_s is None or self.t_verify_s.at(1) is None:
+        if not self._measured():
             return self.current                  # nothing measured yet: the configured start
-        c = self.config
-        best, best_s = None, math.inf
-        for mode in c.modes:
-            for gamma in (range(1, c.gamma_max + 1) if get_mode(mode).speculative else [1]):
-                cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, self.t_verify_s.at(gamma),
-                                               c.t_ar_s)
-                if cost_s < best_s - 1e-15:
-                    best, best_s = Decision(gamma, mode), cost_s
-        current = self.current
-        current_s = predicted_per_token_s(current.mode, current.gamma, alpha, rtt_s, t_draft_s,
-                                          self.t_verify_s.at(current.gamma), c.t_ar_s)
-        if best_s < current_s * (1 - c.margin_pct / 100):
+        alpha, rtt_s = self.alpha, self.rtt_s.value
+        best, best_s = self._best(self.config.dsd_modes or edge_modes(), alpha, rtt_s)
+        if self.current.mode not in edge_modes() or best_s < self._cost_s(self.current, alpha, rtt_s) * (
+                1 - self.config.margin_pct / 100):
             self.current = best
         return self.current
+
+    def decide_request(self, rtt_s: float | None = None) -> Decision:
+        """The request's mode (and start plan): the lowest predicted per-token time at the RTT
+        just probed (else the running estimate), with the margin against the last choice."""
+        c = self.config
+        if not self._measured():
+            self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
+            return self.last_request
+        rtt_s = self.rtt_s.value if rtt_s is None else rtt_s
+        alpha = self.alpha
+        best, best_s = self._best(c.modes, alpha, rtt_s)
+        last = self.last_request
+        if last is not None and last.mode in c.modes and \
+                best_s >= self._cost_s(last, alpha, rtt_s) * (1 - c.margin_pct / 100):
+            best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
+        if best.mode in server_modes() and c.dsd_modes and self.server_streak >= c.explore_after:
+            # alpha may have risen while the server generated: look again where it could pay off
+            dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
+            if dsd_s < self._cost_s(best, alpha, rtt_s):
+                best = dsd
+        self.last_request = best
+        if best.mode in edge_modes():
+            self.current = best
+        return best
+
+    def _observe_shadow(self, positions: int, matches: int) -> None:
+        """Shadow drafting as rounds of gamma 4 would have gone at that per-position rate: each
+        adds its expected accepted drafts and chance of a rejection (keeps the estimator's form)."""
+        rate = matches / positions
+        for _ in range(max(positions // 4, 1)):
+            self.accepted.add(lm.expected_accepted_per_round(rate, 4))
+            self.rejected.add(1.0 - rate ** 4)
+
+    def observe_request(self, observation: RequestObservation) -> None:
+        if observation.rtt_s is not None:
+            self.rtt_s.add(observation.rtt_s)
+        if observation.mode in edge_modes():
+            self.server_streak = 0
+            return
+        self.server_streak += 1
+        if observation.shadow_positions:
+            self.server_streak = 0                # alpha is measured along the stream: no need to look
+            self._observe_shadow(observation.shadow_positions, observation.shadow_matches)
+        per_token_s = observation.steady_per_token_s
+        if per_token_s is None:
+            return
+        if not get_mode(observation.mode).speculative:
+            self.t_ar_s.add(per_token_s)
+        elif self.alpha is not None and self.t_verify_s.at(observation.gamma) is not None:
+            # (gamma*t_ds + t_v)/E = per token  ->  t_ds
+            e = lm.expected_tokens_per_round(self.alpha, observation.gamma)
+            t_ds = (per_token_s * e - self.t_verify_s.at(observation.gamma)) / observation.gamma
+            if t_ds > 0:
+                self.t_draft_server_s.add(t_ds)
+
+
+class BanditPolicy:
+    """Discounted UCB over (mode, gamma) arms (Garivier and Moulines' D-UCB, discounted in time),
+    one set of statistics per context: the link's RTT in factor-2 buckets (measured every round,
+    probed between requests) and the acceptance in buckets of 0.2 (a discounted estimate from the
+    rounds; in server requests from shadow drafting). No latency model: what an arm is worth in a
+    context is only what it earned there.
+
+    An arm's reward is tokens per second: a DSD round earns accepted + 1 tokens (a stale one
+    none) over its cycle, built from what the round measured (sync: gamma drafts + the link +
+    the server; pipelined: the longer of the next block's drafting and the wait when the block
+    survived, the wait plus a redraft when it did not); a server request earns its tokens over its
+    wall time. Weights halve every ``horizon_s`` seconds of experience, so what an arm earned
+    before the acceptance moved fades. The index is rate + exploration * best rate *
+    sqrt(log(total) / count), counts in rounds (a server request counts one per 0.05 s); an
+    untried arm comes first; a context not seen yet starts from the nearest one seen. Requests
+    pick among all arms, rounds among the DSD ones."""
+
+    COUNT_UNIT_S = 0.05
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        gammas = sorted({g for g in config.gammas if g <= config.gamma_max}) or [config.gamma_max]
+        self.arms: list[Decision] = []
+        for mode in config.modes:
+            self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
+        self.stats: dict[tuple, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
+        self.rtt_bucket = 0
+        self.accepted, self.rejected = _Discounted(config.discount), _Discounted(config.discount)
+        self.current = config.dsd_start if config.dsd_start in self.arms else \
+            next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
+
+    @staticmethod
+    def rtt_bucket_of(rtt_s: float | None, default: int) -> int:
+        if rtt_s is None or not math.isfinite(rtt_s):
+            return default
+        return int(round(math.log2(max(rtt_s * 1e3, 0.5))))
+
+    @property
+    def context(self) -> tuple[int, int]:
+        a, r = self.accepted.value, self.rejected.value
+        alpha = a / (a + r) if a is not None and a + r > 0 else 0.5
+        return self.rtt_bucket, min(int(alpha * 5), 4)
+
+    def _known(self) -> dict[Decision, list[float]]:
+        """The current context's table; while it has nothing, the nearest context's that has
+        (an alpha or RTT bucket away: a transition passes through buckets it will not stay in)."""
+        table = self._table(self.context)
+        if any(v[1] > 0 for v in table.values()):
+            return table
+        r, a = self.context
+        known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
+                 if any(v[1] > 0 for v in t.values())]
+        return self.stats[min(known)[1]] if known else table
+
+    def _table(self, context: tuple) -> dict[Decision, list[float]]:
+        return self.stats.setdefault(context, {a: [0.0, 0.0, 0.0] for a in self.arms})
+
+    def _credit(self, context: tuple, arm: Decision, tokens: float, seconds: float, count: float) -> None:
+        if arm not in self.arms or not (seconds > 0 and math.isfinite(seconds)):
+            return
+        keep = 0.5 ** (seconds / self.config.horizon_s)
+        for table in self.stats.values():
+            for value in table.values():
+                value[:] = [v * keep for v in value]
+        value = self._table(context)[arm]
+        value[0] += tokens
+        value[1] += seconds
+        value[2] += count
+
+    def observe(self, observation: Observation) -> None:
+        o = observation
+        if o.stale:
+            return
+        context = self.context                  # the one the round was planned in
+        self.rtt_bucket = self.rtt_bucket_of(o.rtt_s, self.rtt_bucket)
+        self.accepted.add(o.accepted)
+        self.rejected.add(float(o.accepted < o.proposed))
+        t_draft_s = o.t_draft_s or 0.0
+        wait_s = (o.rtt_s or 0.0) + (o.t_verify_s or 0.0) + (o.server_queue_s or 0.0)
+        if get_mode(o.mode).pipelined:
+            survived = o.accepted == o.proposed
+            cycle_s = max((o.gamma + 1) * t_draft_s, wait_s) if survived else wait_s + o.gamma * t_draft_s
+        else:
+            cycle_s = o.proposed * t_draft_s + wait_s
+        self._credit(context, Decision(o.gamma, o.mode), o.accepted + 1, cycle_s, 1.0)
+
+    def _pick(self, modes: tuple[str, ...]) -> Decision:
+        table = self._known()
+        arms = [a for a in self.arms if a.mode in modes]
+        untried = [a for a in arms if table[a][1] <= 0]
+        if untried:
+            return untried[0]
+        rates = {a: table[a][0] / table[a][1] for a in arms}
+        total = sum(table[a][2] for a in arms)
+        scale = self.config.exploration * max(rates.values())
+        return max(arms, key=lambda a: rates[a] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0)
+                                                                    / max(table[a][2], 1e-9)))
+
+    def decide(self) -> Decision:
+        self.current = self._pick(self.config.dsd_modes or edge_modes())
+        return self.current
+
+    def decide_request(self, rtt_s: float | None = None) -> Decision:
+        """Two levels, as a request is a long commitment: UCB over the kinds of request (DSD, cloud
+        AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""
+        self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
+        table = self._known()
+        kinds = {}
+        for mode in self.config.modes:
+            kinds.setdefault("dsd" if mode in edge_modes() else mode, []).append(mode)
+        values = {}
+        for kind, modes in kinds.items():
+            arms = [a for a in self.arms if a.mode in modes]
+            tried = [a for a in arms if table[a][1] > 0]
+            if not tried:
+                values[kind] = None
+                continue
+            values[kind] = (max(table[a][0] / table[a][1] for a in tried), sum(table[a][2] for a in arms))
+        untried = [k for k, v in values.items() if v is None]
+        if untried:
+            kind = untried[0]
+        else:
+            total = sum(count for _, count in values.values())
+            scale = self.config.exploration * max(rate for rate, _ in values.values())
+            kind = max(values, key=lambda k: values[k][0] + scale * math.sqrt(
+                math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
+        choice = self._pick(tuple(kinds[kind]))
+        if choice.mode in edge_modes():
+            self.current = choice
+        return choice
+
+    def observe_request(self, observation: RequestObservation) -> None:
+        o = observation
+        if o.mode in edge_modes() or o.tokens < 1 or not (o.wall_s > 0):
+            return
+        context = self.context
+        if o.shadow_positions:
+            rate = o.shadow_matches / o.shadow_positions
+            for _ in range(max(o.shadow_positions // 4, 1)):     # as ModelPolicy._observe_shadow
+                self.accepted.add(lm.expected_accepted_per_round(rate, 4))
+                self.rejected.add(1.0 - rate ** 4)
+        arm = Decision(1, o.mode) if not get_mode(o.mode).speculative else \
+            min((a for a in self.arms if a.mode == o.mode), key=lambda a: abs(a.gamma - o.gamma), default=None)
+        if arm is not None:
+            self._credit(context, arm, o.tokens, o.wall_s, o.wall_s / self.COUNT_UNIT_S)
 
 
 def make_controller(config: ControllerConfig):
     """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
     if config.name == "static" and get_mode(config.mode).policy is not None:
         return get_mode(config.mode).policy(config)
-    return {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy}[config.name](config)
+    return {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy,
+            "bandit": BanditPolicy}[config.name](config)

@@ -37,12 +37,6 @@ class Generation:
     rounds: list[RoundRecord] = field(default_factory=list)
 
     @property
-    def acceptance_rate(self) -> float:
-        live = [r for r in self.rounds if not r.stale]
-        proposed = sum(r.proposed for r in live)
-        return sum(r.accepted for r in live) / proposed if proposed else float("nan")
-
-    @property
     def alpha_measured(self) -> float:
         """Maximum-likelihood alpha under i.i.d. acceptance: each round shows accepted successes
         and, unless all were accepted, one failure."""

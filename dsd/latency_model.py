@@ -1,7 +1,7 @@
 """The closed-form latency model of speculative decoding at a distance (REFERENCE.md).
 
 Pure functions, seconds everywhere. Per-output-token times are steady state: a request's one-off
-costs (first round trip, prefill) are added by ``request_time_s``.
+costs (first round trip, prefill) are not in them.
 
 Pipelined DSD here is the protocol of ``dsd.edge.EdgeDecoder`` with one block in flight:
 the edge sends a block after drafting its gamma tokens, then at once drafts a guess g of the
@@ -43,18 +43,10 @@ def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def expected_accepted_per_round(alpha: float, gamma: int) -> float:
-    return expected_tokens_per_round(alpha, gamma) - 1.0
-
-
 def survival_probability(alpha: float, gamma: int) -> float:
     """Pipelined DSD: all gamma drafts accepted and the bonus guess right."""
     _check_alpha_gamma(alpha, gamma)
     return alpha ** (gamma + 1)
-
-
-def per_token_ar_s(t_ar_s: float) -> float:
-    return t_ar_s
 
 
 def per_token_colocated_s(alpha: float, gamma: int, t_draft_server_s: float, t_verify_s: float) -> float:
@@ -111,7 +103,7 @@ def pipelined_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: fl
 def pipelined_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
                              t_ar_s: float) -> float:
     """The RTT below which pipelined DSD is at least as fast as cloud AR; -inf if even rtt = 0 loses."""
-    return pipelined_within_rtt_s(alpha, gamma, t_draft_edge_s, t_verify_s, per_token_ar_s(t_ar_s))
+    return pipelined_within_rtt_s(alpha, gamma, t_draft_edge_s, t_verify_s, t_ar_s)
 
 
 def pipelined_within_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
@@ -177,8 +169,3 @@ def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_d
     n_dsd = 2 + (round_s / t_verify_s - 2) / s if s > 0 else math.inf
     n_co = (round_s - 2 * t_verify_s * (1 - s)) / (gamma * t_draft_server_s + s * t_verify_s)
     return n_dsd, n_co
-
-
-def request_time_s(per_token_s: float, n_tokens: int, rtt_s: float, t_prefill_s: float) -> float:
-    """A whole request: one round trip and the prefill, then n_tokens at the steady-state rate."""
-    return rtt_s + t_prefill_s + n_tokens * per_token_s

@@ -65,7 +65,7 @@ class Mode:
 
 
 def _ar(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s) -> float:
-    return lm.per_token_ar_s(t_ar_s)
+    return t_ar_s                      # one target step per token
 
 
 def _colocated(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s) -> float:

@@ -44,10 +44,6 @@ class TokenSequence:
             self.tokens.append(int(token))
             self.digests.append(chain_digest(self.digests[-1], int(token)))
 
-    def truncate(self, length: int) -> None:
-        del self.tokens[length:]
-        del self.digests[length + 1:]
-
     def digest_at(self, length: int) -> int:
         return self.digests[length]
 

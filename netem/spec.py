@@ -80,13 +80,6 @@ class DirectionSpec:
         return self.jitter_ms
 
     @property
-    def delay_mean_ms(self) -> float:
-        """The mean one-way delay: netem's tables are not centred exactly (their clipped tail)."""
-        if self.distribution in distributions.TABLE_DISTRIBUTIONS:
-            return self.delay_ms + self.jitter_ms * distributions.moments(self.distribution)[0]
-        return self.delay_ms
-
-    @property
     def rate_bytes_s(self) -> float | None:
         return None if self.rate_mbit is None else self.rate_mbit * 1e6 / 8.0
 
@@ -184,11 +177,17 @@ class LinkSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "LinkSpec":
         """From a config mapping; a misspelt key is an error, never silently ignored."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown LinkSpec field(s) {unknown}; known: {sorted(known)}")
+        check_known_keys(cls, data, "LinkSpec")
         return cls(**data)
+
+
+def check_known_keys(cls, data: dict, where: str) -> None:
+    """A mapping meant for dataclass `cls` names only its fields: a misspelt key is a ValueError
+    naming it and `where` it was written, never silently ignored."""
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown key(s) in {where}: {unknown}; known: {known}")
 
 
 def _table_offset(distribution: str) -> float:

@@ -27,6 +27,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "build-pair":
+        # REMAINDER does not take options before its first word: `build-pair --out X` would be
+        # refused as unknown --out. Everything after the command is the build's.
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return _dispatch(args)
+    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound, LauncherError) as error:
+        if args.debug:
+            raise
+        print(f"dsdbed: error: {error_line(error)}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dsdbed", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
     # --debug also after the command (`dsdbed sweep X --debug`); SUPPRESS keeps the one before it.
@@ -62,37 +80,33 @@ def main(argv: list[str] | None = None) -> int:
 
     add("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons, "
                                    "service processes, containers, networks)")
+    return parser
 
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "crossover":
-            args.experiment = REPO / "experiments" / "crossover.toml"
-            return _run_sweep(args)
-        if args.command == "sweep":
-            return _run_sweep(args)
-        if args.command == "analyze":
-            return _analyze(args.out)
-        if args.command == "report":
-            from orchestrator.report import write_report
-            print(f"report: {write_report(args.out, args.format)}")
-            return 0
-        if args.command == "build-pair":
-            from dsd import pair_build
-            return pair_build.main(args.rest)
-        if args.command == "measure-profile":
-            from orchestrator.profile_cmd import measure_profile_toml
-            print(measure_profile_toml(args.pair, args.name, args.threads))
-            return 0
-        if args.command == "cleanup":
-            from orchestrator import leftovers
-            removed = leftovers.clean()
-            print("\n".join(removed) if removed else "nothing to clean up")
-            return 0
-    except (ValueError, FileNotFoundError, SweepExists, LeftoversFound, LauncherError) as error:
-        if args.debug:
-            raise
-        print(f"dsdbed: error: {error_line(error)}", file=sys.stderr)
-        return 2
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "crossover":
+        args.experiment = REPO / "experiments" / "crossover.toml"
+        return _run_sweep(args)
+    if args.command == "sweep":
+        return _run_sweep(args)
+    if args.command == "analyze":
+        return _analyze(args.out)
+    if args.command == "report":
+        from orchestrator.report import write_report
+        print(f"report: {write_report(args.out, args.format)}")
+        return 0
+    if args.command == "build-pair":
+        from pairs import build
+        return build.main(args.rest)
+    if args.command == "measure-profile":
+        from orchestrator.profile_cmd import measure_profile_toml
+        print(measure_profile_toml(args.pair, args.name, args.threads))
+        return 0
+    if args.command == "cleanup":
+        from orchestrator import leftovers
+        removed = leftovers.clean()
+        print("\n".join(removed) if removed else "nothing to clean up")
+        return 0
     return 0
 
 

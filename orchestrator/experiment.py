@@ -71,6 +71,17 @@ class Experiment:
     external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
 
     def __post_init__(self) -> None:
+        self._check_grid()
+        self._check_counts()
+        _check_backend(self.backend, self.profile)
+        self._check_synthetic_sweep()
+        self._check_external()
+        self._check_tables()
+        self._check_profiles()
+        links.check_link_keys(self)
+        self._check_controller()
+
+    def _check_grid(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
         _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
         _check(len(self.modes) > 0 and all(m in names() for m in self.modes), "modes", self.modes,
@@ -81,6 +92,8 @@ class Experiment:
                "gamma", self.gamma, "a non-empty list of whole numbers in 1..64")
         _check(len(self.clients) > 0 and all(_is_int(c) and 1 <= c <= 256 for c in self.clients),
                "clients", self.clients, "a non-empty list of whole numbers in 1..256")
+
+    def _check_counts(self) -> None:
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),
                           ("prompt_tokens", 1), ("max_in_flight", 1), ("repeats", 1), ("edges", 1),
                           ("max_batch", 1), ("seed", 0), ("retries", 0), ("adaptive_budget_points", 0)):
@@ -96,7 +109,8 @@ class Experiment:
             _check(_is_number(value) and 0 <= value <= 3600, name, value, "a number in 0..3600")
         _check(isinstance(self.name, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.name) is not None,
                "name", self.name, "1-64 of [A-Za-z0-9._-] (it names the result folder)")
-        _check_backend(self.backend, self.profile)
+
+    def _check_synthetic_sweep(self) -> None:
         synthetic_only = "only with the synthetic backend (a real model pair has its own alpha and speed)"
         _check(not self.alpha or self.backend.kind == "synthetic", "alpha", self.alpha, synthetic_only)
         _check(all(_is_number(a) and 0 < a <= 1 for a in self.alpha), "alpha", self.alpha,
@@ -108,15 +122,21 @@ class Experiment:
             _check(self.backend.kind == "synthetic", "profile", self.profile, "a list " + synthetic_only)
             _check(len(self.profile) > 0 and len(set(self.profile)) == len(self.profile), "profile",
                    self.profile, "a non-empty list of distinct profile names")
+
+    def _check_external(self) -> None:
         if self.launcher == "external":
             _check(self.external is not None, "external", self.external,
                    "an [external] table (verifier_url, edge_urls, token_file) with launcher = 'external'")
             _check(self.external.shaping != "off" or set(self.rtt_ms) == {0}, "rtt_ms", self.rtt_ms,
                    "[0] with [external] shaping = 'off' (the real link is measured, nothing is added)")
+
+    def _check_tables(self) -> None:
         _check(isinstance(self.sampling, SamplingSweep), "sampling", self.sampling, "a [sampling] table")
         _check(isinstance(self.workload, Workload), "workload", self.workload, "a [workload] table")
         _check(self.backend.kind != "synthetic" or self.workload.source == "heldout", "workload.source",
                self.workload.source, "'heldout' with the synthetic backend (it has no tokenizer; its prompts are random ids)")
+
+    def _check_profiles(self) -> None:
         _check(all(isinstance(p, HardwareProfile) for p in self.hardware_profiles), "profiles",
                self.hardware_profiles, "[profiles.NAME] tables")
         packaged = load_profiles()
@@ -129,7 +149,8 @@ class Experiment:
         for name in self.profiles():
             _check(not name or name in known, "profile", name,
                    f"a profile of dsd/profiles.toml, [profiles.NAME] or --profiles {known}")
-        links.check_link_keys(self)
+
+    def _check_controller(self) -> None:
         _check(self.controller in CONTROLLERS, "controller", self.controller, f"one of {CONTROLLERS}")
         _check(_is_int(self.gamma_max) and 1 <= self.gamma_max <= 64, "gamma_max", self.gamma_max,
                "a whole number in 1..64")

@@ -52,8 +52,25 @@ def write_report(out: Path, fmt: str = "html", path: Path | None = None) -> Path
 # A section is (heading, [blocks]); a block is ("text", str), ("table", header, rows) or ("image", file name).
 
 def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
+    sections = [_what_ran_section(sweep)]
+    sections += evidence_sections(summary)
+    sections += cpu_sections(summary, points)
+    sections.append(_parameters_section(summary))
+    sections.append(_crossovers_section(summary))
+    sections += _paper_sections(summary)
+    sections += _gain_window_sections(summary)
+    sections += _capacity_sections(summary)
+    if summary.get("acceptance"):
+        sections.append(("Workload: acceptance and repetition", [("table", ["", ""], _acceptance_rows(sweep, summary))]))
+    sections.append(("Plots", [("image", name) for name in summary.get("plots", [])] or
+                     [("text", "none: the sweep's data supports no plot")]))
+    sections.append(_points_section(points))
+    return sections
+
+
+def _what_ran_section(sweep: dict) -> tuple[str, list]:
     experiment = sweep["experiment"]
-    sections = [("What ran", [
+    return ("What ran", [
         ("table", ["", ""], [
             ["experiment", experiment["name"]],
             ["launcher", sweep.get("launcher", "")],
@@ -64,10 +81,11 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
             ["compute costs", sweep.get("costs_source", "")],
             *[[key, str(sweep.get(key, ""))] for key in HOST_FACTS if key in sweep],
         ]),
-    ])]
-    sections += evidence_sections(summary)
-    sections += cpu_sections(summary, points)
-    sections.append(("Parameters: fitted against assumed", [
+    ])
+
+
+def _parameters_section(summary: dict) -> tuple[str, list]:
+    return ("Parameters: fitted against assumed", [
         ("text", "Assumed: what the sweep ran with (hardware profile, or measured in-process before "
                  "it). Compute: the server's and edge's compute alone, fitted from the rounds (what a "
                  "saturated server's capacity depends on). Client view: compute plus the harness's "
@@ -75,8 +93,11 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
                  "predictions use these (on the sim launcher they equal compute)."),
         ("table", ["parameter", "assumed", "compute", "client view (predictions)", "source of the last"],
          _param_rows(summary)),
-    ]))
-    sections.append(("Crossovers: measured against the in-sample fit", [
+    ])
+
+
+def _crossovers_section(summary: dict) -> tuple[str, list]:
+    return ("Crossovers: measured against the in-sample fit", [
         ("text", "The RTT below which the first mode is faster per token than the second; measured as "
                  "the crossing of the median-of-repeats curves (range over repeats), predicted by the "
                  "closed form at the alpha and parameters fitted from ALL rounds (in sample: the "
@@ -85,37 +106,42 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
         ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
                    "predicted in sample, at measured alpha (ms)", "predicted at configured alpha (ms)"],
          _crossover_rows(summary)),
-    ]))
-    sections += _paper_sections(summary)
-    if summary.get("gain_window"):
-        sections.append(("Gain window: the alpha at which DSD ties cloud AR", [
-            ("text", "Per RTT: below this alpha cloud AR is faster, above it DSD. Measured: interpolated "
-                     "between the swept alphas (fitted values); predicted: the closed form."),
-            ("table", ["profile", "mode", "RTT (ms)", "alpha measured", "alpha predicted"],
-             [[r["profile"], r["mode"], _num(r["rtt_ms"]), _num(r["alpha_boundary_measured"], 3),
-               _num(r["alpha_boundary_predicted"], 3)] for r in summary["gain_window"]]),
-        ]))
-    if summary.get("capacity"):
-        sections.append(("Capacity: clients a saturated server sustains", [
-            ("text", "At one per-client token rate (what DSD gives each client at the largest count), "
-                     "the client count each mode sustains, interpolated; their ratio beside "
-                     "1 + gamma*t_draft,server/t_verify."),
-            ("table", ["DSD mode", "rate (tok/s per client)", "clients DSD", "clients co-located",
-                       "ratio measured", "ratio predicted"],
-             [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
-               _num(r["ratio_measured"]), _num(r["ratio_predicted"])] for r in summary["capacity"]]),
-        ]))
-    if summary.get("acceptance"):
-        sections.append(("Workload: acceptance and repetition", [("table", ["", ""], _acceptance_rows(sweep, summary))]))
-    sections.append(("Plots", [("image", name) for name in summary.get("plots", [])] or
-                     [("text", "none: the sweep's data supports no plot")]))
+    ])
+
+
+def _gain_window_sections(summary: dict) -> list:
+    if not summary.get("gain_window"):
+        return []
+    return [("Gain window: the alpha at which DSD ties cloud AR", [
+        ("text", "Per RTT: below this alpha cloud AR is faster, above it DSD. Measured: interpolated "
+                 "between the swept alphas (fitted values); predicted: the closed form."),
+        ("table", ["profile", "mode", "RTT (ms)", "alpha measured", "alpha predicted"],
+         [[r["profile"], r["mode"], _num(r["rtt_ms"]), _num(r["alpha_boundary_measured"], 3),
+           _num(r["alpha_boundary_predicted"], 3)] for r in summary["gain_window"]]),
+    ])]
+
+
+def _capacity_sections(summary: dict) -> list:
+    if not summary.get("capacity"):
+        return []
+    return [("Capacity: clients a saturated server sustains", [
+        ("text", "At one per-client token rate (what DSD gives each client at the largest count), "
+                 "the client count each mode sustains, interpolated; their ratio beside "
+                 "1 + gamma*t_draft,server/t_verify."),
+        ("table", ["DSD mode", "rate (tok/s per client)", "clients DSD", "clients co-located",
+                   "ratio measured", "ratio predicted"],
+         [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
+           _num(r["ratio_measured"]), _num(r["ratio_predicted"])] for r in summary["capacity"]]),
+    ])]
+
+
+def _points_section(points: pd.DataFrame) -> tuple[str, list]:
     columns = [c for c in POINT_COLUMNS if c in points.columns]
-    sections.append(("Points", [
+    return ("Points", [
         ("text", f"{len(points)} points; every column is in points.csv beside this report."),
         ("table", columns, [[_num(v) if isinstance(v, float) else str(v) for v in row]
                             for row in points[columns].itertuples(index=False)]),
-    ]))
-    return sections
+    ])
 
 
 def _acceptance_rows(sweep: dict, summary: dict) -> list[list[str]]:

@@ -19,7 +19,8 @@ from dsd.timing import measure_times
 from orchestrator import cpus, leftovers
 from orchestrator.experiment import Experiment
 from orchestrator.launchers.base import LauncherError, PointSettings
-from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.launchers.loopback import LoopbackTestbed
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.sim import SimTestbed
 from orchestrator.links import check_launcher
 from orchestrator.predictions import Predictor

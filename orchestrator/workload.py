@@ -8,7 +8,7 @@
     shuffle_seed = 0            # default: the experiment's seed
 
 Sources: ``heldout`` windows of the Python standard library files the default pair never
-trained on (dsd/corpus.py); ``jsonl`` one object per line, ``{"prompt": "..."}``, chat
+trained on (pairs/corpus.py); ``jsonl`` one object per line, ``{"prompt": "..."}``, chat
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` or MT-Bench / Spec-Bench
 ``{"turns": ["...", ...]}`` (first turn), chat rendered with the target tokenizer's chat template
 when it has one; ``lines`` a text file, one prompt per non-empty line; ``document`` a text file
@@ -158,7 +158,7 @@ def target_tokenizer(backend: BackendConfig):
 
 
 def _heldout_texts(backend: BackendConfig) -> list[str]:
-    from dsd import corpus
+    from pairs import corpus
 
     manifest = Path(backend.pair_path).expanduser() / "manifest.json"
     heldout_pct = 5.0

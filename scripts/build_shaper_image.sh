@@ -32,7 +32,7 @@ mkdir -p "$CONTEXT/debs" "$CONTEXT/wheels"
 rm -rf "$CONTEXT"/debs/*.deb "$CONTEXT"/wheels/*.whl "$CONTEXT/app"
 # This checkout's code on top of the app image's (which may be older): the shaping code with it.
 mkdir -p "$CONTEXT/app"
-tar -c --exclude=__pycache__ pyproject.toml dsd services netem orchestrator | tar -x -C "$CONTEXT/app"
+tar -c --exclude=__pycache__ pyproject.toml dsd services netem orchestrator pairs | tar -x -C "$CONTEXT/app"
 (cd "$CONTEXT/debs" && apt-get download $PACKAGES >/dev/null 2>&1) || { say "apt-get download failed"; exit 1; }
 "$PY" -m pip wheel -q --no-deps NetfilterQueue==1.1.0 -w "$CONTEXT/wheels" || {
   say "building the NetfilterQueue wheel failed (apt-get install libnetfilter-queue-dev gcc)"; exit 1; }

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
-from dsd.control import CONTROLLERS, ControllerConfig, make_controller
+from dsd.control import CONTROLLERS, ControllerConfig, RequestObservation, check_decision, make_controller, shadow_matches
 from dsd.driver import Arrival, DsdDriver, Round
 from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
@@ -76,6 +76,9 @@ class RunConfig:
     request_timeout_s: float = 600.0
     controller: str = "static"        # dsd.control: who picks each round's gamma and mode
     gamma_max: int = 16               # the largest gamma a controller may pick
+    # what an adaptive controller may pick per request (ar/colocated: the request runs on the
+    # server) and per round (sync/pipelined)
+    controller_modes: tuple[str, ...] = edge_modes()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
@@ -112,11 +115,13 @@ class RunConfig:
         if self.controller != "static" and self.mode not in edge_modes():
             raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
                              f"got {self.mode!r}")
-        self.controller_config()            # gamma_max: a whole number >= 1, and >= gamma when adaptive
+        if isinstance(self.controller_modes, list):
+            object.__setattr__(self, "controller_modes", tuple(self.controller_modes))
+        self.controller_config()            # gamma_max, controller_modes: checked there
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in edge_modes()
-                                else SYNC, self.gamma_max)
+                                else SYNC, self.gamma_max, self.controller_modes)
 
     @classmethod
     def from_json(cls, body) -> "RunConfig":
@@ -367,10 +372,11 @@ class Client:
             await on_message(t_receive_s, message)
         self.link.close_inbox(session)
 
-    async def on_server(self, request: Request) -> None:
-        """Cloud AR and co-located SD: the verifier generates; every streamed round is a row."""
+    async def on_server(self, request: Request, plan: tuple[int, str] | None = None) -> None:
+        """Cloud AR and co-located SD: the verifier generates; every streamed round is a row.
+        ``plan`` (gamma, mode): a controller's choice for this request (default: the run's)."""
         session, inbox = self.link.open_inbox()
-        mode, gamma = self.config.mode, self.config.gamma
+        gamma, mode = plan or (self.config.gamma, self.config.mode)
         await self.link.send(self.open_message(request, session))
         t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
                                                       gamma if get_mode(mode).speculative else 0))
@@ -382,7 +388,7 @@ class Client:
                 request.emitted(t_receive_s, len(m.tokens))
                 if m.tokens or not m.done:
                     self.round_row(request, m.round_index, m.proposed, m.accepted, len(m.tokens), False,
-                                   None, None, t_send_s, t_receive_s, m)
+                                   None, None, t_send_s, t_receive_s, m, plan)
                     request.rounds += 1
                 if m.done:
                     break
@@ -493,7 +499,7 @@ def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) 
     dense = ids = values = None
     if proposal.draft_probs is not None:
         q = proposal.draft_probs.float()                                # [gamma, vocab]
-        if sampling.top_k is not None or sampling.top_p < 1.0:   # q is zero outside the top k/p: sparse
+        if wire.probs_encoding(sampling.temperature, sampling.top_k, sampling.top_p) == "sparse":
             ids = [row.nonzero().flatten().tolist() for row in q]
             values = [q[i, row].tolist() for i, row in enumerate(ids)]
         else:
@@ -628,8 +634,7 @@ class Edge:
                 deadline = asyncio.timeout(config.request_timeout_s)
                 try:
                     async with deadline:
-                        await (client.dsd(request) if config.mode in edge_modes()
-                               else client.on_server(request))
+                        await self._dispatch(client, link, request)
                 except TimeoutError:
                     if not deadline.expired():
                         raise
@@ -650,6 +655,31 @@ class Edge:
                 await asyncio.gather(probing, return_exceptions=True)
             await link.close()
             writer.close()
+
+    @staticmethod
+    async def _dispatch(client: Client, link: VerifierLink, request: Request) -> None:
+        """One request in the run's mode; with an adaptive controller, in the mode it picks for
+        this request at the link's last probed RTT (it then sees how the request went)."""
+        config = request.config
+        if config.controller == "static":
+            await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
+            return
+        rtt_s = link.rtt_probe_ms / 1e3 if link.rtt_probe_ms is not None else None
+        choice = check_decision(client.controller.decide_request(rtt_s), max(config.gamma_max, config.gamma),
+                                config.controller_modes)
+        if choice.mode in edge_modes():
+            await client.dsd(request)
+        else:
+            await client.on_server(request, (choice.gamma, choice.mode))
+        wall_s = None if request.t_last_s is None else request.t_last_s - request.t_start_s
+        if wall_s is not None:
+            ttft_s = None if request.t_first_s is None else request.t_first_s - request.t_start_s
+            shadow = (0, 0)
+            if choice.mode not in edge_modes() and config.temperature == 0:
+                shadow = shadow_matches(client.draft, f"{config.run_id}/{request.index}/shadow", request.prompt,
+                                        request.tokens)
+            client.controller.observe_request(RequestObservation(
+                choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow))
 
     @staticmethod
     async def _probe(link: VerifierLink, interval_s: float) -> None:

@@ -92,6 +92,15 @@ class Verify:
     probs_values: list[list[float]] | None = None
 
 
+def probs_encoding(temperature: float, top_k: int | None, top_p: float) -> str:
+    """How a Verify carries the draft's q under these sampling settings: "none" (greedy: token ids
+    only), "dense" (every row over the whole vocabulary), or "sparse" (a top-k / top-p q is zero
+    outside its kept tokens: per row their ids and values). top_k None or 0: no top-k."""
+    if temperature == 0:
+        return "none"
+    return "sparse" if top_k or top_p < 1.0 else "dense"
+
+
 @dataclass(frozen=True)
 class Generate:
     """Run the request on the verifier: a mode of ``dsd.modes.server_modes()`` (cloud AR, co-located SD)."""

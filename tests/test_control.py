@@ -5,8 +5,8 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.control import (ControllerConfig, Decision, HeuristicPolicy, ModelPolicy, Observation, best_decision,
-                         check_decision, make_controller)
+from dsd.control import (BanditPolicy, ControllerConfig, Decision, HeuristicPolicy, ModelPolicy, Observation,
+                         RequestObservation, best_decision, check_decision, make_controller, shadow_matches)
 from dsd.decoding import generate_ar
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
@@ -83,7 +83,7 @@ def test_a_controller_returning_an_invalid_plan_is_refused_naming_the_field(bad)
     with pytest.raises(ValueError, match="gamma"):
         Decision(0, "sync")
     with pytest.raises(ValueError, match="controller"):
-        ControllerConfig("bandit")
+        ControllerConfig("oracle")
     with pytest.raises(ValueError, match="gamma"):
         ControllerConfig("heuristic", gamma=20, gamma_max=16)
 
@@ -137,15 +137,119 @@ def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
 
 
 def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
+    """Rounds stay DSD; the request-level choice goes to cloud AR past the boundary and back."""
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
     policy = ModelPolicy(config)
     assert policy.decide() == Decision(4, "sync")                     # nothing measured yet
     near = _feed(policy, 0.002, 40)
-    assert near.mode == "sync"
+    assert near.mode == "sync" and policy.decide_request(0.002).mode == "sync"
     far = _feed(policy, 0.300, 40)
-    assert far.mode == "ar"
+    assert far.mode == "sync"                                         # a round cannot go to the server
+    assert policy.decide_request(0.300) == Decision(1, "ar")
     back = _feed(policy, 0.002, 40)
-    assert back.mode == "sync" and abs(back.gamma - near.gamma) <= 2   # (the far RTT still weighs a little)
+    # back near: the far plan is left for one within the switching margin of the best
+    best = policy._best(("sync",), policy.alpha, policy.rtt_s.value)[1]
+    assert back.mode == "sync"
+    assert policy._cost_s(back, policy.alpha, policy.rtt_s.value) <= best * (1 + config.margin_pct / 100)
+    assert policy.decide_request(0.002).mode == "sync"
+
+
+def test_model_request_choice_crosses_the_closed_form_boundary_with_measured_t_ar():
+    """No t_ar prior: the AR step is measured from AR requests; the choice flips where the
+    closed form says (best sync gamma vs the measured AR step), probed RTT either side."""
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), margin_pct=0.0)
+    policy = ModelPolicy(config)
+    _feed(policy, 0.010, 60)
+    policy.observe_request(RequestObservation("ar", 1, 101, 0.010 + 100 * T_AR_S, 0.010, 0.010, 100, 95))
+    assert policy._t_ar_s() == pytest.approx(T_AR_S)
+    alpha = policy.alpha
+    boundary_s = max(lm.sync_dsd_beats_ar_rtt_s(alpha, g, PROFILE["t_draft_s"], PROFILE["t_verify_s"], T_AR_S)
+                     for g in range(1, 17))
+    assert policy.decide_request(0.95 * boundary_s).mode == "sync"
+    assert policy.decide_request(1.05 * boundary_s) == Decision(1, "ar")
+
+
+def test_model_sees_acceptance_rise_through_shadow_drafting_while_in_ar():
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined"),
+                              t_ar_s=T_AR_S)
+    policy = ModelPolicy(config)
+    for _ in range(30):                                               # alpha ~0.3: cloud AR
+        policy.observe(Observation(4, "sync", 4, 0, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
+        policy.observe(Observation(4, "sync", 4, 1, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
+    assert policy.decide_request(0.01) == Decision(1, "ar")
+    for _ in range(3):                                                # the stream says alpha 0.95
+        policy.observe_request(RequestObservation("ar", 1, 60, 1.2, 0.02, 0.01, 60, 57))
+    assert policy.alpha > 0.9
+    assert policy.decide_request(0.01).mode in ("sync", "pipelined")
+
+
+def test_shadow_matches_measure_the_drafts_acceptance_on_the_stream():
+    draft, target = _pair(alpha=0.6, seed=3)
+    prompt = [5, 9, 2]
+    generated = generate_ar(target, prompt, StopRule(4000), seq_id="s").tokens
+    positions, matches = shadow_matches(draft, "shadow", prompt, generated)
+    assert positions == 4000 and abs(matches / positions - 0.6) < 0.03
+    assert shadow_matches(draft, "shadow", prompt, []) == (0, 0)
+
+
+def _bandit_round(policy, decision, accepted, rtt_s=0.01):
+    policy.observe(Observation(decision.gamma, decision.mode, decision.gamma, accepted, False, rtt_s, 0.001,
+                               0.02, 0.0))
+
+
+def test_bandit_tries_every_arm_then_settles_on_the_best_rate():
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",), gammas=(1, 2, 4, 8))
+    policy = BanditPolicy(config)
+    seen = []
+    for _ in range(300):                       # every draft accepted: the largest gamma earns most per second
+        d = policy.decide()
+        seen.append(d)
+        _bandit_round(policy, d, d.gamma)
+    assert {d.gamma for d in seen[:8]} == {1, 2, 4, 8}        # (the first verdict moves the alpha context)
+    assert sum(d.gamma == 8 for d in seen[-100:]) >= 90
+
+
+def test_bandit_follows_a_change_of_acceptance():
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",), gammas=(1, 8))
+    policy = BanditPolicy(config)
+    for _ in range(200):
+        d = policy.decide()
+        _bandit_round(policy, d, d.gamma)                            # everything accepted: gamma 8
+    assert policy.decide().gamma == 8
+    for _ in range(400):
+        d = policy.decide()
+        _bandit_round(policy, d, 0)                                  # nothing accepted: gamma 1 is cheaper
+    assert sum(policy.decide().gamma == 1 for _ in range(1)) == 1
+    picks = []
+    for _ in range(50):
+        d = policy.decide()
+        picks.append(d.gamma)
+        _bandit_round(policy, d, 0)
+    assert picks.count(1) >= 45
+
+
+def test_bandit_request_choice_prefers_the_server_where_it_earned_more():
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,))
+    policy = BanditPolicy(config)
+    kinds = []
+    for _ in range(40):
+        d = policy.decide_request(0.150)
+        kinds.append(d.mode)
+        if d.mode == "ar":                   # 50 tokens/s on the server
+            policy.observe_request(RequestObservation("ar", 1, 50, 1.0, 0.15, 0.150))
+        else:                                # DSD far away: 4 drafts accepted over 0.2 s per round
+            for _ in range(10):
+                _bandit_round(policy, policy.decide(), 1, rtt_s=0.150)
+    assert set(kinds[:2]) == {"ar", "sync"}
+    assert kinds[-10:].count("ar") >= 9
+
+
+def test_controller_config_refuses_bad_bandit_and_model_settings():
+    for bad in (dict(gammas=()), dict(gammas=(0, 2)), dict(horizon_s=0), dict(exploration=-1.0),
+                dict(explore_after=0), dict(t_ar_s=-0.1), dict(modes=("sync", "beam"))):
+        field = next(iter(bad))
+        with pytest.raises(ValueError, match=field):
+            ControllerConfig("bandit", **bad)
 
 
 def test_model_policy_does_not_flap_within_its_margin():
@@ -199,3 +303,42 @@ def test_plan_changes_mid_request_keep_speculative_sampling_exact():
     total = sum(exact.values())
     _, p_value = stats.chisquare([counts[s] for s in exact], [exact[s] * n_runs / total for s in exact])
     assert p_value > 1e-3
+
+
+def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_choice():
+    """orchestrator/launchers/sim.run_request with a live policy: the model hands far requests to
+    cloud AR and near ones to DSD (a link schedule moving under it, two prompt classes of
+    different alpha); every request's tokens are the target's greedy ones; the plan columns say
+    which mode ran."""
+    from dsd.times import ComputeTimes
+    from orchestrator.launchers.sim import run_request
+
+    config = SyntheticConfig(alpha=0.5, seed=4, alpha_classes=((1, 0.9), (2, 0.3)))
+    draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+    costs = ComputeTimes(t_draft_edge_s=0.001, t_draft_server_s=0.001, t_ar_s=0.020,
+                         t_verify_by_gamma_s={g: 0.020 for g in range(1, 17)}, t_prefill_per_token_s=0.0)
+    policy = make_controller(ControllerConfig("model", 4, "sync", 16, ("ar", "sync", "pipelined")))
+    stop = StopRule(40)
+    modes = []
+    for i in range(16):
+        rtt_ms = 10.0 if (i // 4) % 2 == 0 else 300.0
+        prompt = [1 if i < 8 else 2, 30 + i, 7]
+        tokens, rounds, wall_s, _ = run_request("sync", draft, target, prompt, 4, rtt_ms / 1e3, stop, costs, 1,
+                                                f"q{i}", policy=policy, gamma_max=16,
+                                                rtt_at=lambda t, r=rtt_ms: r / 1e3)
+        assert tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
+        kinds = {r.mode for r in rounds}
+        assert len(kinds) == 1 or kinds <= {"sync", "pipelined"}
+        modes.append(rounds[0].mode)
+    assert modes[1:4] != ["ar"] * 3 and all(m == "ar" for m in modes[5:8])      # near, alpha 0.9: DSD; far: AR
+    assert all(m == "ar" for m in modes[13:16])                               # far and alpha 0.3
+
+
+def test_bandit_is_a_controller_the_driver_accepts():
+    draft, target = _pair()
+    stop = StopRule(60)
+    policy = make_controller(ControllerConfig("bandit", 4, "sync", 8))
+    run = simulate_dsd(draft, target, [3, 1, 4], 4, stop, LinkCosts(0.001, 0.002, 0.01), pipelined=False,
+                       controller=policy, gamma_max=8)
+    assert run.generation.tokens == generate_ar(target, [3, 1, 4], stop, seq_id="x").tokens
+    assert len({(r.gamma, r.mode) for r in run.generation.rounds}) > 1

@@ -17,7 +17,6 @@ def test_per_token_times_match_hand_computed_values():
     e = 3.3616
     assert lm.per_token_colocated_s(0.8, 4, 0.002, 0.030) == pytest.approx((4 * 0.002 + 0.030) / e)
     assert lm.per_token_sync_dsd_s(0.8, 4, 0.010, 0.030, 0.050) == pytest.approx((0.040 + 0.080) / e)
-    assert lm.per_token_ar_s(0.03) == 0.03
 
 
 def test_pipelined_hides_the_round_trip_when_it_fits_in_the_drafting_window():

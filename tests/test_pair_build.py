@@ -1,7 +1,8 @@
-"""The default model pair's build tool (dsd.pair_build) and the committed pair it produced."""
+"""The model pairs' build (the pairs package) and the committed default pair it produced."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -12,8 +13,9 @@ import torch
 import transformers
 from tokenizers import Tokenizer
 
-from dsd import corpus, pair_build, pair_train
-from dsd.pair_build import PairBuildConfig, PairIntegrityError, quick_config, verify_pair
+from dsd.pair_manifest import PairIntegrityError, verify_pair
+from pairs import build, common, corpus, smollm2, stdlib_gpt2, train
+from pairs.stdlib_gpt2 import PairBuildConfig, quick_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PAIR = REPO / "models" / "default-pair"
@@ -30,7 +32,7 @@ SNIPPET = (
 @pytest.fixture(scope="module")
 def quick_pair(tmp_path_factory) -> tuple[Path, dict]:
     out_dir = tmp_path_factory.mktemp("pair") / "quick-pair"
-    manifest = pair_build.build_pair(quick_config(out_dir))
+    manifest = stdlib_gpt2.build_pair(quick_config(out_dir))
     return out_dir, manifest
 
 
@@ -56,8 +58,8 @@ def test_quick_build_models_load_and_match_the_manifest(quick_pair):
     out_dir, manifest = quick_pair
     target = transformers.AutoModelForCausalLM.from_pretrained(out_dir / "target")
     draft = transformers.AutoModelForCausalLM.from_pretrained(out_dir / "draft")
-    assert pair_train.param_count(target) == manifest["target"]["params"]
-    assert pair_train.param_count(draft) == manifest["draft"]["params"]
+    assert train.param_count(target) == manifest["target"]["params"]
+    assert train.param_count(draft) == manifest["draft"]["params"]
     assert manifest["draft"]["params"] < manifest["target"]["params"]
     for model in (target, draft):
         assert model.config.vocab_size == manifest["vocab_size"] == 512
@@ -76,7 +78,7 @@ def test_quick_build_tokenizer_round_trips_python_source_exactly(quick_pair):
         assert tok.decode(ids) == SNIPPET
         assert max(ids) < manifest["vocab_size"]
     assert auto.eos_token_id == manifest["eos_token_id"]
-    assert auto.encode(pair_train.EOS_TOKEN) == [manifest["eos_token_id"]]
+    assert auto.encode(train.EOS_TOKEN) == [manifest["eos_token_id"]]
 
 
 def test_quick_build_manifest_records_params_hashes_and_figures(quick_pair):
@@ -98,7 +100,7 @@ def test_quick_build_manifest_records_params_hashes_and_figures(quick_pair):
 
 def test_summary_line_is_key_value_pairs_with_agreement_and_build_time(quick_pair):
     out_dir, manifest = quick_pair
-    fields = dict(kv.split("=", 1) for kv in pair_build.summary_line(manifest, out_dir).split())
+    fields = dict(kv.split("=", 1) for kv in build.summary_line(manifest, out_dir).split())
     assert float(fields["agreement"]) == pytest.approx(manifest["greedy_agreement"], abs=1e-4)
     assert float(fields["build_s"]) == pytest.approx(manifest["build_s"], abs=0.1)
     assert int(fields["target_params"]) == manifest["target"]["params"]
@@ -107,12 +109,12 @@ def test_summary_line_is_key_value_pairs_with_agreement_and_build_time(quick_pai
 def test_build_refuses_to_overwrite_without_force(quick_pair):
     out_dir, _ = quick_pair
     with pytest.raises(FileExistsError, match="--force"):
-        pair_build.build_pair(quick_config(out_dir))
+        stdlib_gpt2.build_pair(quick_config(out_dir))
 
 
 def test_torch_settings_apply_inside_and_restore_afterwards():
     before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    with pair_build.torch_settings(threads=2):
+    with common.torch_settings(threads=2):
         assert torch.get_num_threads() == 2
         assert torch.are_deterministic_algorithms_enabled()
     assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == before
@@ -121,7 +123,7 @@ def test_torch_settings_apply_inside_and_restore_afterwards():
 @pytest.mark.slow
 def test_quick_build_is_reproducible(quick_pair, tmp_path):
     out_dir, manifest = quick_pair
-    again = pair_build.build_pair(quick_config(tmp_path / "again"))
+    again = stdlib_gpt2.build_pair(quick_config(tmp_path / "again"))
     for name in ["tokenizer.json", "target/model.safetensors", "draft/model.safetensors"]:
         assert again["files"][name]["sha256"] == manifest["files"][name]["sha256"], name
     assert again["greedy_agreement"] == manifest["greedy_agreement"]
@@ -186,19 +188,19 @@ def test_config_rejects_misspelt_options(tmp_path):
 
 
 def test_cli_quick_and_overrides_map_onto_the_config(tmp_path):
-    config = pair_build.parse_args(["--out", str(tmp_path), "--quick", "--draft-steps", "7"])
+    config = build.parse_args(["--out", str(tmp_path), "--quick", "--draft-steps", "7"])
     assert config == quick_config(tmp_path, draft_steps=7)
-    full = pair_build.parse_args(["--out", str(tmp_path), "--force"])
+    full = build.parse_args(["--out", str(tmp_path), "--force"])
     assert full == PairBuildConfig(out_dir=tmp_path, overwrite=True)
     with pytest.raises(SystemExit):
-        pair_build.parse_args(["--out", str(tmp_path), "--target-step", "3"])
+        build.parse_args(["--out", str(tmp_path), "--target-step", "3"])
 
 
 def test_bf16_only_when_asked_or_on_amx():
-    assert pair_build.resolve_bf16("auto", {"avx2", "amx_bf16"})
-    assert not pair_build.resolve_bf16("auto", {"avx2", "avx512f"})
-    assert pair_build.resolve_bf16("bf16", set())
-    assert not pair_build.resolve_bf16("fp32", {"amx_bf16"})
+    assert common.resolve_bf16("auto", {"avx2", "amx_bf16"})
+    assert not common.resolve_bf16("auto", {"avx2", "avx512f"})
+    assert common.resolve_bf16("bf16", set())
+    assert not common.resolve_bf16("fp32", {"amx_bf16"})
 
 
 # ---- corpus and training helpers ---------------------------------------------------------------
@@ -220,7 +222,7 @@ def test_corpus_excludes_site_packages_and_is_sorted():
 
 
 def test_lr_schedule_warms_up_then_decays_to_a_tenth():
-    lrs = [pair_train.lr_at(s, 100, 1.0, 10) for s in range(100)]
+    lrs = [train.lr_at(s, 100, 1.0, 10) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[10] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
@@ -231,29 +233,29 @@ def test_distill_loss_is_zero_kl_for_identical_logits():
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 7)
     ids = torch.randint(0, 7, (2, 5))
-    assert pair_train.distill_loss(logits, logits, ids, 1.0, 2.0).item() == pytest.approx(
+    assert train.distill_loss(logits, logits, ids, 1.0, 2.0).item() == pytest.approx(
         0.0, abs=1e-6)
-    assert pair_train.distill_loss(logits, torch.zeros_like(logits), ids, 1.0, 1.0) > 0
+    assert train.distill_loss(logits, torch.zeros_like(logits), ids, 1.0, 1.0) > 0
 
 
 def test_greedy_agreement_is_one_for_a_model_with_itself():
-    config = pair_train.gpt2_config(64, 1, 16, 2, 32, eos_token_id=0)
-    model = pair_train.new_model(config, seed=0).eval()
+    config = train.gpt2_config(64, 1, 16, 2, 32, eos_token_id=0)
+    model = train.new_model(config, seed=0).eval()
     stream = np.arange(100) % 64
-    assert pair_train.greedy_agreement(model, model, stream, 64, 16) == 1.0
+    assert train.greedy_agreement(model, model, stream, 64, 16) == 1.0
 
 
 # ---- the committed default pair ----------------------------------------------------------------
 
 @pytest.mark.model
 def test_committed_default_pair_verifies_and_loads():
-    tokenizer, target, draft, manifest = pair_build.load_pair(DEFAULT_PAIR)
+    tokenizer, target, draft, manifest = common.load_pair(DEFAULT_PAIR)
     assert manifest["greedy_agreement"] >= 0.5
     assert manifest["vocab_size"] == 4096 == target.config.vocab_size == draft.config.vocab_size
     assert tokenizer.eos_token_id == manifest["eos_token_id"]
     assert tokenizer.decode(tokenizer.encode(SNIPPET)) == SNIPPET
-    assert pair_train.param_count(target) == manifest["target"]["params"]
-    assert pair_train.param_count(draft) == manifest["draft"]["params"]
+    assert train.param_count(target) == manifest["target"]["params"]
+    assert train.param_count(draft) == manifest["draft"]["params"]
 
 
 @pytest.mark.model
@@ -261,15 +263,15 @@ def test_committed_default_pair_agrees_on_heldout_text():
     manifest = verify_pair(DEFAULT_PAIR)
     tok = Tokenizer.from_file(str(DEFAULT_PAIR / "tokenizer.json"))
     docs = corpus.read_corpus(corpus.stdlib_dir(), manifest["build_params"]["heldout_pct"])
-    stream = pair_train.encode_prefix(tok, [d.text for d in docs.heldout],
+    stream = train.encode_prefix(tok, [d.text for d in docs.heldout],
                                       manifest["eos_token_id"], 4096)
     target = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "target").eval()
     draft = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "draft").eval()
     seq_len = manifest["build_params"]["seq_len"]
-    assert pair_train.greedy_agreement(draft, target, stream, 4096, seq_len) >= 0.5
+    assert train.greedy_agreement(draft, target, stream, 4096, seq_len) >= 0.5
 
 
-# ---- the optional SmolLM2 pair (dsd.pair_smollm2) ----------------------------------------------
+# ---- the optional SmolLM2 pair (pairs.smollm2) ----------------------------------------------
 
 def tiny_llama() -> transformers.LlamaForCausalLM:
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -280,12 +282,11 @@ def tiny_llama() -> transformers.LlamaForCausalLM:
 
 
 def test_truncated_draft_copies_the_chosen_layers_and_freezes_the_embeddings():
-    from dsd import pair_smollm2
     target = tiny_llama()
     ids = torch.tensor([[1, 5, 9, 2, 7]])
-    same = pair_smollm2.truncated_draft(target, [0, 1, 2, 3]).eval()
+    same = smollm2.truncated_draft(target, [0, 1, 2, 3]).eval()
     assert torch.equal(same(input_ids=ids).logits, target(input_ids=ids).logits)
-    draft = pair_smollm2.truncated_draft(target, [0, 1])
+    draft = smollm2.truncated_draft(target, [0, 1])
     assert draft.config.num_hidden_layers == 2
     assert torch.equal(draft.model.layers[1].mlp.up_proj.weight,
                        target.model.layers[1].mlp.up_proj.weight)
@@ -294,10 +295,9 @@ def test_truncated_draft_copies_the_chosen_layers_and_freezes_the_embeddings():
 
 
 def test_save_dequantized_round_trips_through_from_pretrained(tmp_path):
-    from dsd import pair_smollm2
     target = tiny_llama()
     target.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}
-    pair_smollm2.save_dequantized(target, tmp_path / "target")
+    smollm2.save_dequantized(target, tmp_path / "target")
     saved = json.loads((tmp_path / "target" / "config.json").read_text())
     assert "quantization_config" not in saved
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target").eval()
@@ -306,34 +306,70 @@ def test_save_dequantized_round_trips_through_from_pretrained(tmp_path):
 
 
 def test_smollm2_config_rejects_bad_values(tmp_path):
-    from dsd import pair_smollm2
     with pytest.raises(ValueError, match=r"draft_steps.*0"):
-        pair_smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=0)
+        smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=0)
     with pytest.raises(ValueError, match=r"distill_kl_weight.*2"):
-        pair_smollm2.Smollm2PairConfig(out_dir=tmp_path, distill_kl_weight=2)
+        smollm2.Smollm2PairConfig(out_dir=tmp_path, distill_kl_weight=2)
 
 
 def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
-    from dsd import pair_smollm2
-    config = pair_build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
+    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
                                     "--draft-steps", "9"])
-    assert config == pair_smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=9)
+    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=9)
     with pytest.raises(SystemExit):
-        pair_build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
+        build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
                                "--target-steps", "9"])
 
 
 @pytest.mark.model
 @pytest.mark.slow
 def test_smollm2_quick_build_loads_and_verifies(tmp_path):
-    from dsd import pair_smollm2
     try:
-        pair_smollm2.find_gguf()
+        smollm2.find_gguf()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    manifest = pair_smollm2.build_smollm2_pair(pair_smollm2.quick_config(tmp_path / "pair"))
-    tokenizer, target, draft, loaded = pair_build.load_pair(tmp_path / "pair")
+    manifest = smollm2.build_smollm2_pair(smollm2.quick_config(tmp_path / "pair"))
+    tokenizer, target, draft, loaded = common.load_pair(tmp_path / "pair")
     assert loaded == manifest
     assert target.config.num_hidden_layers == 30 and draft.config.num_hidden_layers == 4
     assert tokenizer.decode(tokenizer.encode(SNIPPET, add_special_tokens=False)) == SNIPPET
     assert 0.0 <= manifest["greedy_agreement"] <= 1.0
+
+
+# ---- package boundaries ------------------------------------------------------------------------
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_decoding_core_does_not_import_the_training_package():
+    offenders = [str(p.relative_to(REPO)) for p in (REPO / "dsd").rglob("*.py")
+                 if any(m == "pairs" or m.startswith("pairs.") for m in imported_modules(p))]
+    assert offenders == []
+
+
+def test_pair_families_import_neither_each_other_nor_the_command_line():
+    for family in ["stdlib_gpt2", "smollm2", "common", "train", "corpus"]:
+        imported = imported_modules(REPO / "pairs" / f"{family}.py")
+        others = {"pairs.build", "pairs.stdlib_gpt2", "pairs.smollm2"} - {f"pairs.{family}"}
+        assert not imported & others, family
+
+
+def test_dsdbed_build_pair_hands_every_option_to_the_build(capsys):
+    from orchestrator import cli
+    # Refused by pairs.build's own parser, before anything is built: the options got there.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-pair", "--out", "/nonexistent/pair", "--family", "smollm2",
+                  "--target-steps", "3"])
+    assert exit_info.value.code == 2
+    assert "--target-steps does not apply to --family smollm2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "results/x", "--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err

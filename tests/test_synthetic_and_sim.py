@@ -122,3 +122,45 @@ def test_sim_colocated_lays_out_stratified_acceptance_like_generate_colocated():
     assert sim.generation.tokens == reference.tokens
     assert [(r.accepted, r.emitted) for r in sim.generation.rounds] == \
         [(r.accepted, r.emitted) for r in reference.rounds]
+
+
+def test_alpha_classes_set_the_drafts_acceptance_per_prompt_class_and_leave_the_target_alone():
+    """A prompt starting with a class token is drafted with that class's alpha (i.i.d. per
+    position, as the latency model assumes); the target, so greedy output, is the plain one's."""
+    from dsd.backends.synthetic import SyntheticConfig, SyntheticLM, target_token
+
+    classes = SyntheticConfig(alpha=0.5, seed=2, alpha_classes=((1, 0.9), (2, 0.2)))
+    plain = SyntheticConfig(alpha=0.5, seed=2)
+    for first, alpha in ((1, 0.9), (2, 0.2), (7, 0.5)):
+        assert classes.alpha_of([first, 40, 41]) == alpha
+        draft = SyntheticLM(classes, "draft")
+        context = [first, 40, 41]
+        hits, n = 0, 6000
+        for _ in range(n):
+            right = target_token(classes, context)
+            assert right == target_token(plain, context)
+            guess = int(draft.logits("s", context, 1)[0].argmax())
+            hits += guess == right
+            context.append(right)
+        assert abs(hits / n - alpha) < 0.025, (first, hits / n)
+
+
+def test_alpha_classes_are_validated_naming_the_field():
+    from dsd.backends.synthetic import SyntheticConfig
+
+    for bad in (((1, 1.5),), ((600, 0.5),), ((1, 0.5), (1, 0.6)), [(1, 0.5)], ((True, 0.5),)):
+        with pytest.raises(ValueError, match="alpha_classes"):
+            SyntheticConfig(alpha_classes=bad)
+    with pytest.raises(ValueError, match="alpha_classes"):
+        SyntheticConfig(alpha_classes=((1, 0.5),), acceptance="stratified")
+
+
+def test_alpha_classes_reach_the_services_in_the_backend_json():
+    """The launchers send a backend config whole as JSON (--backend-json): the classes survive."""
+    from dsd.backends.factory import backend_from_dict, backend_from_json
+
+    config = backend_from_dict({"kind": "synthetic", "alpha": 0.5, "alpha_classes": "1:0.9,2:0.3"})
+    draft, _ = backend_from_json(config.to_json()).load()
+    assert draft.config.alpha_classes == ((1, 0.9), (2, 0.3)) and draft.config.alpha_of([2, 7]) == 0.3
+    with pytest.raises(ValueError, match="alpha_classes"):
+        backend_from_dict({"kind": "synthetic", "alpha_classes": "1=0.9"})

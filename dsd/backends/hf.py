@@ -52,7 +52,7 @@ class HfBackendConfig(BackendConfig):
                 raise FileNotFoundError(
                     f"no model pair at {pair} (manifest.json missing); build it with "
                     f"`dsdbed build-pair --out {pair}`")
-            from dsd.pair_build import verify_pair     # imported late: it pulls in the training stack
+            from dsd.pair_manifest import verify_pair
             verify_pair(pair)
             target_path, draft_path = str(pair / "target"), str(pair / "draft")
         target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device))

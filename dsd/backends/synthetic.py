@@ -13,6 +13,12 @@ With ``acceptance = "stratified"`` the draft instead follows a per-request layou
 request realises alpha within a stated bound. The layout needs the request's prompt and gamma,
 given by ``begin_request`` (``dsd.drafting.begin_request``) before the first draft.
 
+With ``alpha_classes`` ((token id, alpha), ...) the prompt says the acceptance: a request whose
+prompt starts with one of those tokens is drafted with that alpha (others with ``alpha``), still
+i.i.d. per position. A workload that switches prompt classes mid-run is how acceptance changes on
+a schedule (code vs chat): deterministic, the same in every launcher, and the target (so greedy
+output) is untouched.
+
 Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
 time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a hardware profile.
 """
@@ -58,6 +64,8 @@ class SyntheticConfig:
     acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
     # replay a real pair's acceptance instead of i.i.d. alpha (dsd/backends/acceptance_trace.py)
     acceptance_trace: AcceptanceTrace | None = None
+    # per prompt class: ((first prompt token, alpha), ...); other prompts draft with alpha
+    alpha_classes: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -72,6 +80,43 @@ class SyntheticConfig:
             raise ValueError(f"context_tokens must be >= 1, got {self.context_tokens!r}")
         if self.acceptance not in ACCEPTANCE_KINDS:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_KINDS}, got {self.acceptance!r}")
+        classes = self.alpha_classes
+        if not isinstance(classes, tuple) or not all(
+                isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], int) and not isinstance(c[0], bool)
+                and 0 <= c[0] < self.vocab_size and isinstance(c[1], (int, float)) and not isinstance(c[1], bool)
+                and 0.0 <= c[1] <= 1.0 for c in classes):
+            raise ValueError(f"alpha_classes must be (token id in [0, vocab_size), alpha in [0, 1]) pairs, "
+                             f"got {classes!r}")
+        if len({t for t, _ in classes}) != len(classes):
+            raise ValueError(f"alpha_classes names a token twice: {classes!r}")
+        if classes and (self.acceptance != "iid" or self.acceptance_trace is not None):
+            raise ValueError("alpha_classes is for i.i.d. acceptance (not with acceptance='stratified' or a trace)")
+
+    def alpha_of(self, prompt: Sequence[int]) -> float:
+        """The draft's acceptance for a request with this prompt (its class, else alpha)."""
+        if prompt:
+            for token, alpha in self.alpha_classes:
+                if prompt[0] == token:
+                    return float(alpha)
+        return self.alpha
+
+
+def parse_alpha_classes(text: str) -> tuple[tuple[int, float], ...]:
+    """"1:0.9,2:0.3" -> ((1, 0.9), (2, 0.3)): alpha_classes as the launchers pass them."""
+    out = []
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        token, sep, alpha = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((int(token), float(alpha)))
+        except ValueError:
+            raise ValueError(f"alpha_classes must read token:alpha,..., got {text!r}") from None
+    return tuple(out)
+
+
+def format_alpha_classes(classes) -> str:
+    return ",".join(f"{token}:{alpha!r}" for token, alpha in classes)
 
 
 def target_token(config: SyntheticConfig, context: Sequence[int]) -> int:
@@ -145,6 +190,9 @@ class SyntheticLM:
         first = len(tokens) - n_last + 1
         layout = self._layout(seq_id)
         alpha_at = self._replay.alpha_of(seq_id, tokens, n_last) if self._replay is not None else None
+        if self.role == "draft" and self.config.alpha_classes:
+            alpha = self.config.alpha_of(tokens)
+            alpha_at = lambda _position: alpha      # noqa: E731
         for row in range(n_last):
             position = first + row
             window = tokens[max(0, position - k):position]
@@ -197,6 +245,8 @@ class SyntheticBackendConfig(BackendConfig):
     acceptance_trace: str = ""
     acceptance_rounds: str = ""
     acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
+    # alpha per prompt class, "token:alpha,..." (a prompt's first token says its class)
+    alpha_classes: str = ""
 
     def __post_init__(self) -> None:
         if self.acceptance_trace and self.acceptance_rounds:
@@ -215,7 +265,8 @@ class SyntheticBackendConfig(BackendConfig):
 
     def synthetic(self) -> SyntheticConfig:
         return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace())
+                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace(),
+                               alpha_classes=parse_alpha_classes(self.alpha_classes))
 
     def portable(self) -> "SyntheticBackendConfig":
         """The trace inline: a service need not see the file."""

@@ -51,7 +51,7 @@ from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
 from orchestrator import links as link_keys
 from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LauncherError, LinkState
-from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.launchers.services_config import ServicesConfig
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class ComposeConfig:
 
     @classmethod
     def from_services(cls, services: ServicesConfig, **overrides) -> "ComposeConfig":
-        """The sweep's launcher config (loopback.ServicesConfig) as a compose config."""
+        """The sweep's launcher config (services_config.ServicesConfig) as a compose config."""
         if services.extra_verifier_args:
             raise ValueError(f"extra_verifier_args: the compose launcher cannot pass them, got "
                              f"{services.extra_verifier_args!r}")

@@ -16,7 +16,7 @@ from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
 from orchestrator import links as link_keys
 from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
-from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 
 VERIFIER_PORT = 8700

@@ -55,7 +55,7 @@ from orchestrator import http_client
 from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
-from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.links import as_spec
 
 log = logging.getLogger(__name__)

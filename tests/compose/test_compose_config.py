@@ -12,7 +12,7 @@ from dsd.backends.factory import HfBackendConfig, SyntheticBackendConfig
 from dsd.profiles import get_profile
 from orchestrator.launchers.compose import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, COMPOSE_FILE, ComposeConfig,
                                            adopt_mismatches, fix_command)
-from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.launchers.services_config import ServicesConfig
 
 TOY = get_profile("toy-edge-cloud")
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from netem import nsutil
-from orchestrator.launchers.loopback import ServicesConfig
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.netns import NetnsTestbed
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import get_profile

@@ -14,7 +14,8 @@ from dsd.backends.factory import SyntheticBackendConfig
 from dsd.profiles import get_profile
 from orchestrator.cli import error_line
 from orchestrator.launchers.base import LauncherError
-from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.launchers.loopback import LoopbackTestbed
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.run import launcher_errors
 
 REPO = Path(__file__).resolve().parents[2]

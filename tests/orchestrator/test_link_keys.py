@@ -1,5 +1,7 @@
 """The link's experiment keys: validated up front with one line naming the key, swept like rtt_ms,
 and carried into each point's key, its LinkSpec and points.csv."""
+import math
+
 import pandas as pd
 import pytest
 
@@ -216,6 +218,48 @@ def test_serialisation_term_adds_the_wire_time_of_a_rounds_bytes_per_token():
     # 750 bytes at 1 Mbit/s = 6 ms a round, over 3 tokens.
     assert out["serialisation_ms_per_token"].tolist() == [0.0, pytest.approx(2.0)]
     assert out["per_token_ms_predicted_wire"].tolist() == [10.0, pytest.approx(12.0)]
+
+
+def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense():
+    """Predicted bytes by (gamma, vocab, sampling) replace the measured ones; top-p alone (its kept
+    ids unknown) falls back to them."""
+    from services import wire_size
+
+    sampling = [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 20, 1.0), (0.8, 0, 0.9)]
+    points = pd.DataFrame({"mode": "sync", "gamma": 4, "rate_mbit": 10.0, "per_token_ms_predicted": 10.0,
+                           "tokens_per_round": 2.0, "wire_bytes_per_round_up": 1000.0, "wire_bytes_per_round_down": 250.0,
+                           "temperature": [t for t, _, _ in sampling], "top_k": [k for _, k, _ in sampling],
+                           "top_p": [p for _, _, p in sampling]})
+    out = links.add_wire_prediction(points, vocab=1000)
+    for row, (t, k, p) in zip(out.itertuples(), sampling[:3]):
+        up, down = wire_size.round_wire_bytes(4, 1000, t, k or None, p)
+        assert (row.wire_bytes_per_round_up_predicted, row.wire_bytes_per_round_down_predicted) == (up, down)
+        data_up, data_down = wire_size.round_wire_bytes(4, 1000, t, k or None, p, acks=False)
+        assert up - data_up == 52 and (down - data_down) % 52 == 0 < down - data_down   # the pure ACKs
+        assert row.serialisation_ms_per_token == pytest.approx(8 * (data_up + data_down) / 10e3 / 2)
+    greedy, dense, sparse, nucleus = out["serialisation_ms_per_token"]
+    assert greedy < sparse < dense and dense > 16 * 1000 * 8 / 10e3 / 2      # 16 kB of q a round
+    assert math.isnan(out["wire_bytes_per_round_up_predicted"][3])
+    assert nucleus == pytest.approx(8 * 1250 / 10e3 / 2)                      # the measured bytes
+    assert links.add_wire_prediction(points)["serialisation_ms_per_token"].tolist() == [nucleus] * 4  # no vocab
+
+
+def test_a_verifier_run_mode_charges_its_tokens_message_down_and_acks_up():
+    from services import wire_size
+
+    point = {"mode": "ar", "gamma": 4, "tokens_per_round": 1.0, "temperature": 0.8, "top_k": 0, "top_p": 1.0}
+    assert links.predicted_round_bytes(point, 1000) == wire_size.stream_round_wire_bytes(1, 1000, 4)
+    up, down = links.predicted_round_bytes(point, 1000)
+    assert up == 52 and 52 + wire_size.tokens_bytes(1, 1000, 4) < down < 250    # no q travels
+    assert math.isnan(links.predicted_round_bytes({**point, "mode": "warp"}, 1000)[0])
+
+
+def test_the_vocabulary_comes_from_the_synthetic_backend_or_the_target_models_config(tmp_path):
+    assert links.experiment_vocab({"backend": {"kind": "synthetic", "vocab_size": 300}}) == 300
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text('{"vocab_size": 49152}')
+    assert links.experiment_vocab({"backend": {"kind": "hf", "pair_path": str(tmp_path)}}) == 49152
+    assert links.experiment_vocab({"backend": {"kind": "hf", "pair_path": str(tmp_path / "none")}}) is None
 
 
 def test_rule_counters_are_read_per_queue():

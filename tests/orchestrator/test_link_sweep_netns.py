@@ -7,25 +7,16 @@ import pytest
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.run import analyze_sweep, run_experiment
+from tests.link_sweep import check_tokens_exact_and_link_columns, run_loss_jitter_sweep
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_netns_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(tmp_path):
-    experiment = experiment_from_dict({
-        "name": "lossjit", "launcher": "netns", "modes": ["ar", "sync"], "rtt_ms": [20], "gamma": [3],
-        "jitter_ms": [0, 4], "delay_distribution": "pareto", "loss_pct": [0, 3], "clients": [1], "edges": 1,
-        "requests": 2, "warmup_requests": 1, "max_new_tokens": 16, "prompt_tokens": 8,
-        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}})
-    out = tmp_path / "lj"
-    run_experiment(experiment, out, resume=False)
-    analyze_sweep(out)
-    requests = pd.read_csv(out / "requests.csv")
+    requests, links, points = run_loss_jitter_sweep(tmp_path / "lj", "netns", jitter_ms=[0, 4],
+                                                    delay_distribution="pareto", loss_pct=[0, 3])
     assert len(requests) == 2 * 2 * 2 * 2                    # jitter x loss x modes x requests
-    # Loss and jitter slow a round, never change what it emits.
-    tokens = requests.groupby("request_index")["token_ids"].nunique()
-    assert (tokens == 1).all(), requests[["point", "request_index", "token_ids"]]
-    links = pd.read_csv(out / "links.csv")
+    check_tokens_exact_and_link_columns(requests, points)
     assert set(links["distribution_configured"]) == {"pareto"}
     assert sorted(set(zip(links["jitter_configured_ms"], links["loss_configured_pct"]))) == \
         [(0, 0), (0, 3), (4, 0), (4, 3)]
@@ -33,10 +24,6 @@ def test_netns_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(tm
     # pareto, 4 ms per direction: RTT stdev 0.82 * 4 * sqrt(2) = 4.6 ms; 100 probes.
     assert jittered["rtt_measured_stdev_ms"].between(3.0, 6.5).all(), jittered["rtt_measured_stdev_ms"]
     assert (links.loc[links["jitter_configured_ms"] == 0, "rtt_measured_stdev_ms"] < 1.0).all()
-    points = pd.read_csv(out / "points.csv")
-    for column in ("jitter_ms", "loss_pct", "loss_link_pct", "loss_link_expected_pct", "rtt_link_stdev_ms",
-                   "rtt_link_expected_p50_ms"):
-        assert points[column].notna().all(), column
     assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
 
 
@@ -85,9 +72,15 @@ def test_netns_rate_cap_costs_what_the_bytes_on_the_wire_predict(tmp_path):
     analyze_sweep(out)
     points = pd.read_csv(out / "points.csv").set_index("rate_mbit")
     print(points[["per_token_ms_p50", "per_token_ms_predicted", "per_token_ms_predicted_wire",
-                  "wire_bytes_per_round_up", "wire_bytes_per_round_down", "tokens_per_round"]])
+                  "wire_bytes_per_round_up", "wire_bytes_per_round_down", "wire_bytes_per_round_up_predicted",
+                  "wire_bytes_per_round_down_predicted", "tokens_per_round"]].to_string())
     assert points["wire_bytes_per_round_up"].between(100, 5000).all()
     assert points["wire_bytes_per_round_down"].between(60, 5000).all()
+    # The bytes predicted from what a round carries (greedy: ids; services/wire_size.py) are those
+    # counted on the wire, less what the point sends besides rounds (opens, closes, pings).
+    for direction in ("up", "down"):
+        ratio = points[f"wire_bytes_per_round_{direction}_predicted"] / points[f"wire_bytes_per_round_{direction}"]
+        assert ratio.between(0.85, 1.05).all(), (direction, ratio)
     assert points.loc[0, "serialisation_ms_per_token"] == 0
     predicted_extra = points.loc[1, "serialisation_ms_per_token"]
     measured_extra = points.loc[1, "per_token_ms_p50"] - points.loc[0, "per_token_ms_p50"]

@@ -18,7 +18,8 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import generate_ar
 from dsd.profiles import HardwareProfile
 from dsd.stopping import StopRule
-from orchestrator.launchers.loopback import LoopbackTestbed, ServicesConfig
+from orchestrator.launchers.loopback import LoopbackTestbed
+from orchestrator.launchers.services_config import ServicesConfig
 from services import access, wire
 from services.launch import REPO, free_port
 from tests.services.harness import TEST_PROFILE, RawClient, post_runs, read_csv, run, synthetic_args, wait_for_runs

