@@ -43,6 +43,11 @@ def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def expected_accepted_per_round(alpha: float, gamma: int) -> float:
+    """Accepted drafts per round, on average: E(alpha, gamma) - 1."""
+    return expected_tokens_per_round(alpha, gamma) - 1.0
+
+
 def survival_probability(alpha: float, gamma: int) -> float:
     """Pipelined DSD: all gamma drafts accepted and the bonus guess right."""
     _check_alpha_gamma(alpha, gamma)
