@@ -169,3 +169,18 @@ def test_a_registered_toy_mode_runs_its_policy_in_the_one_driver(toy):
     predicted_s = get_mode("toy").per_token_s(alpha, 4, costs.rtt_s, t_ar_s=None, t_draft_edge_s=costs.t_draft_s,
                                               t_draft_server_s=None, t_verify_s=costs.t_verify_s)
     assert total_s / tokens == pytest.approx(predicted_s, rel=0.03)
+
+
+def test_a_registered_toy_mode_runs_through_a_sim_sweep_with_its_own_policy(toy, tmp_path):
+    """The whole pipeline with nothing but the registration: the sim testbed runs the toy mode's
+    points through the one driver, so every round of them proposes one token."""
+    from orchestrator.run import run_experiment
+
+    experiment = Experiment(name="toy-sweep", launcher="sim", modes=(SYNC, "toy"), gamma=(4,), rtt_ms=(10.0,),
+                            requests=2, warmup_requests=0, max_new_tokens=24, prompt_tokens=8,
+                            profile="toy-edge-cloud")
+    run_experiment(experiment, tmp_path, resume=False)
+    rounds = pd.read_csv(tmp_path / "rounds.csv")
+    toy_rounds = rounds[rounds["mode"] == "toy"]
+    assert len(toy_rounds) > 0 and set(toy_rounds["proposed"]) == {1} and set(toy_rounds["round_gamma"]) == {1}
+    assert set(rounds[rounds["mode"] == SYNC]["proposed"]) == {4}

@@ -133,9 +133,10 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
                        max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
                        controller=policy, gamma_max=max(gamma_max, gamma),
                        rtt_at=None if rtt_at is None else lambda t: rtt_at(open_s + t),
-                       # an adaptive request's blocks are charged their own gamma's t_verify
-                       t_verify_of=None if policy is None else lambda g: times.t_verify_s(g) if times.knows_gamma(g)
-                       else t_verify_s)
+                       # a block is charged its own gamma's t_verify (an adaptive plan or a mode's
+                       # own policy may draft other than the configured gamma)
+                       t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
+                       mode=mode)
     if policy is not None:
         policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), open_s + run.total_s,
                                                   open_s + run.first_token_s, rtt_s))
