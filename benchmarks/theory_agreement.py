@@ -49,7 +49,37 @@ from orchestrator.experiment import experiment_from_dict  # noqa: E402
 from orchestrator.run import analyze_sweep, choose_launcher, run_experiment  # noqa: E402
 
 
+PROFILE, GAMMA = "toy-edge-cloud", 4
+
+
 def main() -> int:
+    args = _parse_args()
+    launcher = choose_launcher(args.launcher)
+    out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-theory-"))
+    run_experiment(_experiment(args, launcher), out, resume=bool(args.out) and (out / "sweep.json").exists())
+    summary = analyze_sweep(out)
+    table = _latency_table(out, summary)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    errors, errors_compute = _crossover_errors(summary)
+    print("parameters (client view):", json.dumps(summary["params"], default=str))
+    print(" ".join(_oos_keys(summary) + [
+        f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
+        f"median_latency_err_pct={table.err_pct.abs().median():.2f}",
+        f"max_crossover_err_pct={max(errors):.2f}",
+        f"max_latency_err_pct_compute_only={table.err_compute_only_pct.abs().max():.2f}",
+        f"median_latency_err_pct_compute_only={table.err_compute_only_pct.abs().median():.2f}",
+        f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
+        *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
+        f"alpha_measured={summary['alpha_measured']:.4f}", f"launcher={launcher}", f"alpha={args.alpha}",
+        f"gamma={GAMMA}", f"profile={PROFILE}", f"repeats={args.repeats}", f"requests={args.requests}",
+        f"acceptance={args.acceptance}",
+        f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}",
+        f"load_avg_1m={os.getloadavg()[0]:.2f}", f"out={out}",
+    ]))
+    return 0
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launcher", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
@@ -59,17 +89,19 @@ def main() -> int:
     parser.add_argument("--acceptance", default="stratified", choices=("stratified", "iid"),
                         help="stratified (default): every request realises alpha, so the intervals measure "
                              "the testbed, not the luck of the draw; iid: independent acceptance per position")
-    args = parser.parse_args()
-    launcher = choose_launcher(args.launcher)
-    profile_name, gamma = "toy-edge-cloud", 4
-    experiment = experiment_from_dict({
+    return parser.parse_args()
+
+
+def _experiment(args: argparse.Namespace, launcher: str):
+    return experiment_from_dict({
         "name": "theory-agreement", "launcher": launcher, "rtt_ms": [0, 4, 8, 12, 16, 24, 40],
-        "gamma": [gamma], "requests": args.requests, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
-        "repeats": args.repeats, "edges": 1, "profile": profile_name,
+        "gamma": [GAMMA], "requests": args.requests, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
+        "repeats": args.repeats, "edges": 1, "profile": PROFILE,
         "backend": {"kind": "synthetic", "alpha": args.alpha, "acceptance": args.acceptance}})
-    out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-theory-"))
-    run_experiment(experiment, out, resume=bool(args.out) and (out / "sweep.json").exists())
-    summary = analyze_sweep(out)
+
+
+def _latency_table(out: Path, summary: dict) -> pd.DataFrame:
+    """Per (mode, RTT): measured beside the in-sample, compute-only and out-of-sample predictions."""
     points = pd.read_csv(out / "points.csv")
     table = (points.groupby(["mode", "rtt_ms"])
              .agg(measured_ms=("per_token_ms_p50", "median"), predicted_ms=("per_token_ms_predicted", "first"),
@@ -83,9 +115,13 @@ def main() -> int:
                         how="left")
     table["err_pct"] = 100 * (table.measured_ms / table.predicted_ms - 1)
     table["err_compute_only_pct"] = 100 * (table.measured_ms / table.compute_only_ms - 1)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    alpha = summary["alpha_measured"]
-    compute_crossovers = analysis.predicted_crossovers(gamma, alpha, ComputeTimes.from_dict(summary["params_compute"]))
+    return table
+
+
+def _crossover_errors(summary: dict) -> tuple[list[float], list[float]]:
+    """Prints each crossover; returns its in-sample and compute-only errors (percent)."""
+    compute_crossovers = analysis.predicted_crossovers(GAMMA, summary["alpha_measured"],
+                                                       ComputeTimes.from_dict(summary["params_compute"]))
     errors, errors_compute = [], []
     for name, c in summary["crossovers"].items():
         m, p, q = c["measured_rtt_ms"], c["predicted_rtt_ms"], compute_crossovers[name]["rtt_ms"]
@@ -94,8 +130,11 @@ def main() -> int:
         print(f"{name}: measured {c['text']} (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
               f"predicted before measuring {c['predicted_rtt_ms_oos']:.2f} ms (error {c['oos_err_pct']:.1f}%), "
               f"in-sample {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)")
-    print("parameters (client view):", json.dumps(summary["params"], default=str))
-    load_1m = os.getloadavg()[0]
+    return errors, errors_compute
+
+
+def _oos_keys(summary: dict) -> list[str]:
+    """The out-of-sample headline: latency errors, crossover errors and the widest interval."""
     oos_summary = summary["out_of_sample"]
     located = [c for c in summary["crossovers"].values() if math.isfinite(c["measured_rtt_ms"])]
     widths = [c["ci_high"] - c["ci_low"] for c in located]
@@ -104,25 +143,14 @@ def main() -> int:
                   if math.isfinite(c["predicted_rtt_ms_oos"])]
     widths_pct = [100 * w / abs(c["measured_rtt_ms"]) if c["measured_rtt_ms"] else math.inf
                   for w, c in zip(widths, located)]
-    print(" ".join([
+    return [
         f"oos_latency_err_p50_pct={oos_summary['latency_err_p50_pct']:.2f}",
         f"oos_latency_err_max_pct={oos_summary['latency_err_max_pct']:.2f}",
         f"oos_crossover_err_pct={oos_summary['crossover_err_max_pct']:.2f}",
         f"oos_crossover_err_ms={max(oos_abs_ms) if oos_abs_ms else math.nan:.2f}",
         f"crossover_ci_width_ms={max(widths) if widths else math.nan:.2f}",
         f"crossover_ci_width_pct={max(widths_pct) if widths_pct else math.nan:.1f}",
-        f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
-        f"median_latency_err_pct={table.err_pct.abs().median():.2f}",
-        f"max_crossover_err_pct={max(errors):.2f}",
-        f"max_latency_err_pct_compute_only={table.err_compute_only_pct.abs().max():.2f}",
-        f"median_latency_err_pct_compute_only={table.err_compute_only_pct.abs().median():.2f}",
-        f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
-        *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
-        f"alpha_measured={alpha:.4f}", f"launcher={launcher}", f"alpha={args.alpha}", f"gamma={gamma}",
-        f"profile={profile_name}", f"repeats={args.repeats}", f"requests={args.requests}", f"acceptance={args.acceptance}",
-        f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}", f"load_avg_1m={load_1m:.2f}", f"out={out}",
-    ]))
-    return 0
+    ]
 
 
 def _err_pct(measured: float, predicted: float) -> float:

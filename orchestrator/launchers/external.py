@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from orchestrator import http_client
-from netem.spec import LinkSpec
+from netem.spec import LinkSpec, check_known_keys
 from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
 from orchestrator.links import as_spec
 from services.access import load_token
@@ -103,10 +103,7 @@ class ExternalConfig:
         """From the experiment file's [external] table; a misspelt key is an error."""
         if not isinstance(table, dict):
             raise ValueError(f"[external] must be a table, got {table!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise ValueError(f"unknown key(s) in [external]: {unknown}; known: {sorted(known)}")
+        check_known_keys(cls, table, "[external]")
         missing = sorted({"verifier_url", "edge_urls", "token_file"} - set(table))
         if missing:
             raise ValueError(f"[external]: missing key(s) {missing}")
