@@ -276,6 +276,24 @@ def capacity(rates: dict[int, float], target_rate: float) -> float:
 
 
 def main() -> None:
+    args, counts = _parse_args()
+    torch.set_num_threads(args.threads)
+    backend = HfBackendConfig(pair_path=args.pair)
+    draft, target = load_pair(backend)
+    results: dict[str, object] = {}
+    _cost_curve(target, args, results)
+    _batch8(backend, draft, target, args, results)
+    if not args.no_capacity:
+        _capacity(backend, draft, target, args, counts, results)
+    else:
+        results.update(capacity_ratio_batched=math.nan, capacity_ratio_serial=math.nan, predicted=math.nan)
+    results["threads"], results["load_avg_1m"], results["cpus"] = args.threads, os.getloadavg()[0], os.cpu_count()
+    first = ("batch8_speedup", "batched_equal", "capacity_ratio_batched", "capacity_ratio_serial", "predicted")
+    ordered = {k: results[k] for k in first} | {k: v for k, v in results.items() if k not in first}
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in ordered.items()))
+
+
+def _parse_args() -> tuple[argparse.Namespace, list[int]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", default=str(DEFAULT_PAIR))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the services' default: 1)")
@@ -293,11 +311,10 @@ def main() -> None:
         counts = []
     if len(counts) < 2 or counts[0] < 1:
         parser.error(f"--counts: at least two whole numbers >= 1, comma separated, got {args.counts!r}")
-    torch.set_num_threads(args.threads)
-    backend = HfBackendConfig(pair_path=args.pair)
-    draft, target = load_pair(backend)
-    results: dict[str, object] = {}
+    return args, counts
 
+
+def _cost_curve(target, args, results: dict) -> None:
     log("1. cost curve t_verify(gamma, b)")
     gammas, batches = (1, 2, 4, 8), (1, 2, 4, 8, 16)
     curve = batched_verify_times_s(target, gammas, batches, args.context, args.repeats)
@@ -309,6 +326,8 @@ def main() -> None:
     print(f"fitted batch_slope = {slope:.3f}")
     results["batch_slope"] = slope
 
+
+def _batch8(backend, draft, target, args, results: dict) -> None:
     log("2. batch8_speedup")
     prompts8 = [p[:n] for p, n in zip(make_prompts(backend, 8, 96, seed=5), (12, 90, 40, 64, 24, 80, 33, 56))]
     serial_s, batched_s, speedup = speedup_8(draft, target, prompts8, args.repeats)
@@ -322,65 +341,65 @@ def main() -> None:
           f"{'equal' if equal else 'DIFFERENT'} to one session per pass")
     results["batched_equal"] = int(equal)
 
-    if not args.no_capacity:
-        log("4. capacity")
-        context = [(i * 31 + 11) % target.vocab_size for i in range(24 + args.tokens // 2)]
-        t_d_edge = _step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
-        prompts = make_prompts(backend, max(counts), 24, seed=3)
-        tables = draft_tables(draft, target, prompts, args.tokens)
-        kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge,
-                  passes={})
-        one = [asyncio.run(_run_point("colocated", 1, 1, **kw))[0] for _ in range(3)]
-        target_rate = statistics.median(one) / 3
-        configs = [("dsd", 1), ("colocated", 1), ("dsd", 64), ("colocated", 64)]
-        by_config, per_round = rate_curves(configs, counts, target_rate, **kw)
-        curves = {("serial" if b == 1 else "batched", mode): rates for (mode, b), rates in by_config.items()}
-        e = statistics.mean(per_round)
-        # The predictions take the passes' times from these runs (the host's speed drifts: a
-        # figure measured before them would describe another machine): t_v, the median verify
-        # pass of batch 1; t_d, the median co-located draft pass of batch 1 over gamma; the
-        # slope, fitted to the verify passes of every batch size.
-        fits = {config: pass_fit(kw["passes"][config]) for config in configs}
-        model = kw["passes"]["model"]
-        for label, b in (("serial", 1), ("batched", 64)):
-            ratios = [r for (_, mb, n), r in model.items() if mb == b and n > 1 and math.isfinite(r)]
-            if ratios:
-                results[f"point_model_ratio_{label}_median"] = statistics.median(ratios)
-                results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
-        t_v = statistics.median(c for config in (("dsd", 1), ("colocated", 1))
-                                for k, b, c in kw["passes"][config].values() if k == "verify")
-        t_d = fits["colocated", 1][2]
-        for (mode, max_batch), (t1, slope, td) in fits.items():
-            print(f"passes of {mode} max_batch {max_batch}: t_v(gamma={GAMMA}, b=1) {1e3 * t1:.2f} ms, slope {slope:.3f}"
-                  + (f", t_d {1e3 * td:.2f} ms" if mode == "colocated" else ""))
-        print(f"\ncapacity at {target_rate:.1f} tok/s per client (a third of one co-located client alone); "
-              f"t_d {1e3 * t_d:.2f} ms (edge {1e3 * t_d_edge:.2f} ms), t_v(gamma={GAMMA}) {1e3 * t_v:.2f} ms, "
-              f"E {e:.2f} tokens/round")
-        print("clients " + "".join(f"{n:>8d}" for n in counts))
-        for (label, mode), rates in curves.items():
-            print(f"{label[:5]} {mode[:3]}" + "".join(f"{rates[n]:8.1f}" if n in rates else f"{'':8s}" for n in counts))
-        n = {key: capacity(rates, target_rate) for key, rates in curves.items()}
-        predicted = 1 + GAMMA * t_d / t_v
-        (tv_dsd, s_dsd, _), (tv_co, s_co, td_co) = fits["dsd", 64], fits["colocated", 64]
-        p_dsd = batched_capacity(e, target_rate, GAMMA, td_co, tv_dsd, s_dsd)[0]
-        p_co = batched_capacity(e, target_rate, GAMMA, td_co, tv_co, s_co)[1]
-        results.update(
-            clients_dsd_serial=n["serial", "dsd"], clients_colocated_serial=n["serial", "colocated"],
-            clients_dsd_batched=n["batched", "dsd"], clients_colocated_batched=n["batched", "colocated"],
-            capacity_ratio_serial=n["serial", "dsd"] / n["serial", "colocated"],
-            capacity_ratio_batched=n["batched", "dsd"] / n["batched", "colocated"],
-            predicted=predicted, predicted_batched=p_dsd / p_co, predicted_clients_dsd_batched=p_dsd,
-            predicted_clients_colocated_batched=p_co, target_rate_tok_s=target_rate, tokens_per_round=e,
-            t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v, batch_slope_dsd_runs=s_dsd, batch_slope_colocated_runs=s_co)
-        print(f"clients sustained: serial dsd {n['serial', 'dsd']:.2f} co {n['serial', 'colocated']:.2f}; "
-              f"batched dsd {n['batched', 'dsd']:.2f} co {n['batched', 'colocated']:.2f} "
-              f"(predicted dsd {p_dsd:.2f} co {p_co:.2f})")
-    else:
-        results.update(capacity_ratio_batched=math.nan, capacity_ratio_serial=math.nan, predicted=math.nan)
-    results["threads"], results["load_avg_1m"], results["cpus"] = args.threads, os.getloadavg()[0], os.cpu_count()
-    first = ("batch8_speedup", "batched_equal", "capacity_ratio_batched", "capacity_ratio_serial", "predicted")
-    ordered = {k: results[k] for k in first} | {k: v for k, v in results.items() if k not in first}
-    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in ordered.items()))
+
+def _capacity(backend, draft, target, args, counts: list[int], results: dict) -> None:
+    log("4. capacity")
+    context = [(i * 31 + 11) % target.vocab_size for i in range(24 + args.tokens // 2)]
+    t_d_edge = _step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
+    prompts = make_prompts(backend, max(counts), 24, seed=3)
+    tables = draft_tables(draft, target, prompts, args.tokens)
+    kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge,
+              passes={})
+    one = [asyncio.run(_run_point("colocated", 1, 1, **kw))[0] for _ in range(3)]
+    target_rate = statistics.median(one) / 3
+    configs = [("dsd", 1), ("colocated", 1), ("dsd", 64), ("colocated", 64)]
+    by_config, per_round = rate_curves(configs, counts, target_rate, **kw)
+    _capacity_report(kw, configs, counts, by_config, per_round, target_rate, t_d_edge, results)
+
+
+def _capacity_report(kw: dict, configs, counts: list[int], by_config: dict, per_round: list, target_rate: float,
+                     t_d_edge: float, results: dict) -> None:
+    curves = {("serial" if b == 1 else "batched", mode): rates for (mode, b), rates in by_config.items()}
+    e = statistics.mean(per_round)
+    # The predictions take the passes' times from these runs (the host's speed drifts: a
+    # figure measured before them would describe another machine): t_v, the median verify
+    # pass of batch 1; t_d, the median co-located draft pass of batch 1 over gamma; the
+    # slope, fitted to the verify passes of every batch size.
+    fits = {config: pass_fit(kw["passes"][config]) for config in configs}
+    model = kw["passes"]["model"]
+    for label, b in (("serial", 1), ("batched", 64)):
+        ratios = [r for (_, mb, n), r in model.items() if mb == b and n > 1 and math.isfinite(r)]
+        if ratios:
+            results[f"point_model_ratio_{label}_median"] = statistics.median(ratios)
+            results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
+    t_v = statistics.median(c for config in (("dsd", 1), ("colocated", 1))
+                            for k, b, c in kw["passes"][config].values() if k == "verify")
+    t_d = fits["colocated", 1][2]
+    for (mode, max_batch), (t1, slope, td) in fits.items():
+        print(f"passes of {mode} max_batch {max_batch}: t_v(gamma={GAMMA}, b=1) {1e3 * t1:.2f} ms, slope {slope:.3f}"
+              + (f", t_d {1e3 * td:.2f} ms" if mode == "colocated" else ""))
+    print(f"\ncapacity at {target_rate:.1f} tok/s per client (a third of one co-located client alone); "
+          f"t_d {1e3 * t_d:.2f} ms (edge {1e3 * t_d_edge:.2f} ms), t_v(gamma={GAMMA}) {1e3 * t_v:.2f} ms, "
+          f"E {e:.2f} tokens/round")
+    print("clients " + "".join(f"{n:>8d}" for n in counts))
+    for (label, mode), rates in curves.items():
+        print(f"{label[:5]} {mode[:3]}" + "".join(f"{rates[n]:8.1f}" if n in rates else f"{'':8s}" for n in counts))
+    n = {key: capacity(rates, target_rate) for key, rates in curves.items()}
+    predicted = 1 + GAMMA * t_d / t_v
+    (tv_dsd, s_dsd, _), (tv_co, s_co, td_co) = fits["dsd", 64], fits["colocated", 64]
+    p_dsd = batched_capacity(e, target_rate, GAMMA, td_co, tv_dsd, s_dsd)[0]
+    p_co = batched_capacity(e, target_rate, GAMMA, td_co, tv_co, s_co)[1]
+    results.update(
+        clients_dsd_serial=n["serial", "dsd"], clients_colocated_serial=n["serial", "colocated"],
+        clients_dsd_batched=n["batched", "dsd"], clients_colocated_batched=n["batched", "colocated"],
+        capacity_ratio_serial=n["serial", "dsd"] / n["serial", "colocated"],
+        capacity_ratio_batched=n["batched", "dsd"] / n["batched", "colocated"],
+        predicted=predicted, predicted_batched=p_dsd / p_co, predicted_clients_dsd_batched=p_dsd,
+        predicted_clients_colocated_batched=p_co, target_rate_tok_s=target_rate, tokens_per_round=e,
+        t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v, batch_slope_dsd_runs=s_dsd, batch_slope_colocated_runs=s_co)
+    print(f"clients sustained: serial dsd {n['serial', 'dsd']:.2f} co {n['serial', 'colocated']:.2f}; "
+          f"batched dsd {n['batched', 'dsd']:.2f} co {n['batched', 'colocated']:.2f} "
+          f"(predicted dsd {p_dsd:.2f} co {p_co:.2f})")
 
 
 if __name__ == "__main__":
