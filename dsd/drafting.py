@@ -1,11 +1,20 @@
-"""Drafting: the draft model proposes tokens autoregressively on a given prefix."""
+"""Drafting: the draft model proposes tokens autoregressively on a given prefix.
+
+A ``DraftJob`` is one session's draft block; several sessions' blocks on one model run together
+with ``run_draft_jobs``: one batched pass of the draft (``logits_batch``) per draft step, each
+session on its own KV cache, so a co-located server that drafts for many sessions at once pays
+one pass per step, not one per session and step. Each session draws its tokens from its own
+logits with its own generator in the same order as alone, so batched drafting is the unbatched
+one: greedy token for token, sampled the same draws from the same q (to float rounding).
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from dsd.backends.protocol import LanguageModel, SamplingParams
+from dsd.backends.protocol import LanguageModel, LogitsRequest, SamplingParams
 from dsd.verification import sampling_probs
 
 
@@ -22,7 +31,12 @@ def draft_step(model: LanguageModel, seq_id: str, tokens: Sequence[int], samplin
                generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
     """One draft token after ``tokens``, and the distribution q it was drawn from ([vocab], or
     None under greedy decoding)."""
-    logits = model.logits(seq_id, tokens, 1)                          # [1, vocab]
+    return pick_token(model.logits(seq_id, tokens, 1), sampling, generator)
+
+
+def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+               ) -> tuple[int, torch.Tensor | None]:
+    """The draft token from one position's logits [1, vocab], and its q ([vocab] or None)."""
     if sampling.greedy:
         return int(logits[0].argmax()), None
     q = sampling_probs(logits, sampling)[0]                           # [vocab]
@@ -41,3 +55,65 @@ def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_toke
         probs.append(q)
     drafted = tokens[len(prefix):]
     return drafted, (torch.stack(probs) if not sampling.greedy else None)
+
+
+@dataclass(frozen=True)
+class DraftJob:
+    """One session's draft block of ``n_tokens`` after ``prefix``: run alone with ``run()``
+    (``draft_block``), or with other sessions' blocks on the same model (``run_draft_jobs``)."""
+    model: LanguageModel
+    seq_id: str
+    prefix: Sequence[int]
+    n_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator
+
+    def run(self) -> tuple[list[int], torch.Tensor | None]:
+        return draft_block(self.model, self.seq_id, self.prefix, self.n_tokens, self.sampling, self.generator)
+
+    __call__ = run
+
+
+def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
+    """Every job's block with one batched pass of the model per draft step (step k holds the jobs
+    that draft a k-th token: blocks may differ in length); each as (ok, draft_block's result or the
+    exception). If a batched pass fails, its jobs finish their blocks alone, so only the job at
+    fault fails (a failed pass leaves the caches as before it)."""
+    model = jobs[0].model
+    if any(job.model is not model for job in jobs):
+        raise ValueError("batched drafting runs one model; these jobs name several")
+    if len({job.seq_id for job in jobs}) != len(jobs):
+        raise ValueError(f"a batch holds each sequence once, got {[job.seq_id for job in jobs]}")
+    tokens = [list(job.prefix) for job in jobs]
+    probs: list[list[torch.Tensor | None]] = [[] for _ in jobs]
+    alone: list[int] = []                        # jobs whose batched pass failed
+    for step in range(max(job.n_tokens for job in jobs)):
+        live = [i for i, job in enumerate(jobs) if step < job.n_tokens and i not in alone]
+        try:
+            rows = model.logits_batch([LogitsRequest(jobs[i].seq_id, tokens[i], 1) for i in live])
+        except Exception:
+            alone.extend(live)
+            continue
+        for i, logits in zip(live, rows):                               # logits [1, vocab]
+            token, q = pick_token(logits, jobs[i].sampling, jobs[i].generator)
+            tokens[i].append(token)
+            probs[i].append(q)
+    return [_finish(job, tokens[i], probs[i]) if i in alone else (True, _block(job, tokens[i], probs[i]))
+            for i, job in enumerate(jobs)]
+
+
+def _block(job: DraftJob, tokens: list[int], probs: list) -> tuple[list[int], torch.Tensor | None]:
+    """draft_block's result from a job's tokens (prefix + drafted) and its q rows."""
+    return tokens[len(job.prefix):], (torch.stack(probs) if not job.sampling.greedy else None)
+
+
+def _finish(job: DraftJob, tokens: list[int], probs: list) -> tuple[bool, object]:
+    """The rest of a job's block, drafted alone, as (ok, result or the exception it raised)."""
+    try:
+        while len(tokens) - len(job.prefix) < job.n_tokens:
+            token, q = draft_step(job.model, job.seq_id, tokens, job.sampling, job.generator)
+            tokens.append(token)
+            probs.append(q)
+        return True, _block(job, tokens, probs)
+    except Exception as exc:         # handed to that job's caller
+        return False, exc

@@ -17,7 +17,8 @@ What a batched pass costs:
   real models: the measured time of the pass. Jobs that are ``ForwardJob``s on one model (the
       verifier's verifications and AR steps) run as one batched forward pass over every
       session's new positions, each session keeping its own KV cache (dsd.backends.torch_lm);
-      other jobs (prefills, co-located draft blocks) run one after another in the pass's slot.
+      ``DraftJob``s on one model (co-located draft blocks) run as one batched pass of the draft
+      per draft step (dsd.drafting.run_draft_jobs); prefills run one after another.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from dsd.backends.protocol import ForwardJob, run_jobs
+from dsd.drafting import DraftJob, run_draft_jobs
 from dsd.modes import AR
 from dsd.profiles import HardwareProfile
 
@@ -265,10 +267,13 @@ def _run_here(device, work: Callable[[], object], then: Callable) -> tuple[objec
 
 
 def _run_batch(batch: list[_Job]) -> list[tuple[bool, object]]:
-    """Each job's (ok, result): model calls on one model in one batched pass, the rest in turn."""
+    """Each job's (ok, result): model calls on one model in one batched pass, draft blocks on one
+    model in one batched pass per step, the rest in turn."""
     works = [job.work for job in batch]
     if len(works) > 1 and all(isinstance(w, ForwardJob) and w.model is works[0].model for w in works):
         return run_jobs(works)
+    if len(works) > 1 and all(isinstance(w, DraftJob) and w.model is works[0].model for w in works):
+        return run_draft_jobs(works)
     return [_capture(w) for w in works]
 
 

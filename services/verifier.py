@@ -36,7 +36,7 @@ from aiohttp import WSMsgType, web
 
 from dsd.backends.factory import load_pair
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
-from dsd.drafting import begin_request, draft_block
+from dsd.drafting import DraftJob, begin_request
 from dsd.modes import AR, NOWHERE, SERVER, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -421,7 +421,7 @@ class Verifier:
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
-                (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, lambda: draft_block(
+                (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, DraftJob(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
                     served.draft_generator), served.conn.number, ready_s, on_loop=self._alone())
                 verdict, timing = await self.scheduler.submit(
