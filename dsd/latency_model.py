@@ -137,17 +137,59 @@ def bisect_increasing(f, level: float, lo: float, hi: float, tol: float = 1e-9) 
     return lo
 
 
-def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float) -> float:
-    """N_dsd / N_co = 1 + gamma*t_draft/t_verify: clients a saturated server sustains, DSD over co-located."""
+def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float, gap_s: float = 0.0) -> float:
+    """N_dsd / N_co = 1 + (gamma*t_draft + g)/(t_verify + g): clients a saturated serial server
+    sustains, DSD over co-located. g is the device's idle gap between two passes (the serving
+    harness's hand-off from one pass to the next); g = 0 is REFERENCE.md claim 4,
+    1 + gamma*t_draft/t_verify. The ratio of ``serial_capacity``'s two counts."""
     if t_verify_s <= 0:
         raise ValueError(f"t_verify_s must be > 0, got {t_verify_s!r}")
-    return 1.0 + gamma * t_draft_s / t_verify_s
+    if gap_s < 0:
+        raise ValueError(f"gap_s must be >= 0, got {gap_s!r}")
+    return 1.0 + (gamma * t_draft_s + gap_s) / (t_verify_s + gap_s)
+
+
+def serial_round_s(n_clients: float, gamma: int, t_draft_server_s: float, t_verify_s: float,
+                   gap_s: float = 0.0, colocated: bool = False) -> float:
+    """A saturated serial server's round (one sequence per pass): every client's passes one after
+    another, each followed by the idle gap g: N * (t_v + g) for DSD, N * (gamma*t_d + t_v + 2g)
+    co-located (a draft pass and a verification pass per client)."""
+    if colocated:
+        return n_clients * (gamma * t_draft_server_s + t_verify_s + 2 * gap_s)
+    return n_clients * (t_verify_s + gap_s)
+
+
+def serial_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_draft_server_s: float,
+                    t_verify_s: float, gap_s: float = 0.0) -> tuple[float, float]:
+    """(N_dsd, N_co) of a saturated serial server at a per-client token rate: serial_round_s = E / r."""
+    if rate_tok_s <= 0 or t_verify_s <= 0:
+        raise ValueError(f"rate_tok_s and t_verify_s must be > 0, got {rate_tok_s!r}, {t_verify_s!r}")
+    round_s = tokens_per_round / rate_tok_s
+    return round_s / (t_verify_s + gap_s), round_s / (gamma * t_draft_server_s + t_verify_s + 2 * gap_s)
+
+
+def batched_round_s(n_clients: float, gamma: int, t_draft_server_s: float, t_verify_s: float,
+                    batch_slope: float, draft_slope: float = 1.0, gap_s: float = 0.0,
+                    colocated: bool = False) -> float:
+    """A saturated batching server's round for one client (``batched_capacity`` explains it): two
+    alternating groups, so two verification passes, t_v * (2 + s * (N - 2)), and co-located also
+    two draft passes, gamma * t_d * (2 + s_d * (N - 2)); every pass followed by the idle gap g.
+    One client alone: its own passes, t_v + g (+ gamma * t_d + g co-located)."""
+    if n_clients <= 1:
+        return t_verify_s + gap_s + ((gamma * t_draft_server_s + gap_s) if colocated else 0.0)
+    verify_s = t_verify_s * (2 + batch_slope * (n_clients - 2)) + 2 * gap_s
+    if not colocated:
+        return verify_s
+    return verify_s + gamma * t_draft_server_s * (2 + draft_slope * (n_clients - 2)) + 2 * gap_s
 
 
 def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_draft_server_s: float,
-                     t_verify_s: float, batch_slope: float) -> tuple[float, float]:
+                     t_verify_s: float, batch_slope: float, draft_slope: float = 1.0,
+                     gap_s: float = 0.0) -> tuple[float, float]:
     """(N_dsd, N_co): clients a saturated batching server sustains at a per-client token rate,
-    with t_v(b) = t_verify_s * (1 + batch_slope * (b - 1)) for b verifications in one pass.
+    with t_v(b) = t_verify_s * (1 + s * (b - 1)) for b verifications in one pass, and a draft
+    step of b co-located sessions in one pass t_d(b) = t_draft_server_s * (1 + s_d * (b - 1))
+    (s_d = 1: drafting one session after another).
 
     The server (services.scheduler) is work-conserving: as soon as a pass ends it starts the next
     with every job of one kind waiting then. The clients a pass served are not among them (a DSD
@@ -157,20 +199,24 @@ def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_d
     t_v(a) + t_v(N - a) = t_v * (2 + s * (N - 2)) whatever the split a. A DSD edge drafts
     during the other group's pass (assumed to fit under it, gamma * t_d,edge <= t_v(N - a): else
     the server idles and N_dsd is overestimated, so the edge's draft time plays no part); a
-    co-located round also holds each group's draft pass, its sessions one after another:
+    co-located round also holds each group's draft pass, gamma batched draft steps. Every pass is
+    followed by the device's idle gap g (the harness's hand-off to the next pass):
 
-        DSD:         round = t_v * (2 + s * (N - 2))
-        co-located:  round = N * gamma * t_d,server + t_v * (2 + s * (N - 2))
+        DSD:         round = t_v * (2 + s * (N - 2)) + 2g
+        co-located:  round = gamma * t_d * (2 + s_d * (N - 2)) + t_v * (2 + s * (N - 2)) + 4g
 
-    Setting E / round = r and solving for N:
-        N_dsd = 2 + (E / (r * t_v) - 2) / s
-        N_co  = (E / r - 2 * t_v * (1 - s)) / (gamma * t_d,server + s * t_v)
-    (s = 1 gives the serial server: N_dsd = E / (r * t_v), N_co = E / (r * (gamma * t_d + t_v)).)
+    Setting E / round = r and solving for N (R = E / r):
+        N_dsd = 2 + ((R - 2g) / t_v - 2) / s
+        N_co  = 2 + (R - 4g - 2 * (gamma * t_d + t_v)) / (gamma * t_d * s_d + t_v * s)
+    (s_d = 1, g = 0 is this model before batched drafting: N_co = (R - 2 t_v (1 - s)) / (gamma t_d + s t_v).)
     N_dsd is infinite for s = 0 (batching free: only the edge's own round bounds the rate)."""
     if rate_tok_s <= 0 or t_verify_s <= 0:
         raise ValueError(f"rate_tok_s and t_verify_s must be > 0, got {rate_tok_s!r}, {t_verify_s!r}")
+    if gap_s < 0:
+        raise ValueError(f"gap_s must be >= 0, got {gap_s!r}")
     round_s = tokens_per_round / rate_tok_s
     s = batch_slope
-    n_dsd = 2 + (round_s / t_verify_s - 2) / s if s > 0 else math.inf
-    n_co = (round_s - 2 * t_verify_s * (1 - s)) / (gamma * t_draft_server_s + s * t_verify_s)
+    n_dsd = 2 + ((round_s - 2 * gap_s) / t_verify_s - 2) / s if s > 0 else math.inf
+    n_co = 2 + ((round_s - 4 * gap_s - 2 * (gamma * t_draft_server_s + t_verify_s))
+                / (gamma * t_draft_server_s * draft_slope + t_verify_s * s))
     return n_dsd, n_co

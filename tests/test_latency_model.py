@@ -89,3 +89,33 @@ def test_batched_capacity_clients_run_exactly_at_the_rate_asked_for():
     assert serial == pytest.approx((e / (rate * t_v), e / (rate * (gamma * t_d + t_v))))
     with pytest.raises(ValueError, match="rate_tok_s"):
         lm.batched_capacity(e, 0.0, gamma, t_d, t_v, s)
+
+
+def test_capacity_with_the_idle_gap_and_batched_drafting_by_hand():
+    """Hand-computed: E = 3, r = 60 tok/s (round R = 50 ms), gamma 4, t_d 1 ms, t_v 8 ms, s 0.2,
+    s_d 0.5, idle gap g 0.5 ms between passes."""
+    e, rate, gamma, t_d, t_v, s, s_d, g = 3.0, 60.0, 4, 0.001, 0.008, 0.2, 0.5, 0.0005
+    # Batched: N_dsd = 2 + ((50 - 1)/8 - 2)/0.2 = 22.625;
+    # N_co = 2 + (50 - 2 - 2*(4 + 8))/(4*0.5 + 8*0.2) = 2 + 24/3.6 = 8.6667.
+    n_dsd, n_co = lm.batched_capacity(e, rate, gamma, t_d, t_v, s, s_d, g)
+    assert n_dsd == pytest.approx(22.625)
+    assert n_co == pytest.approx(2 + 24 / 3.6)
+    # ... and each count's round is exactly E / r.
+    assert lm.batched_round_s(n_dsd, gamma, t_d, t_v, s, s_d, g) == pytest.approx(0.05)
+    assert lm.batched_round_s(n_co, gamma, t_d, t_v, s, s_d, g, colocated=True) == pytest.approx(0.05)
+    # One client alone: its own passes and gaps (co-located 4 + 0.5 + 8 + 0.5 = 13 ms).
+    assert lm.batched_round_s(1, gamma, t_d, t_v, s, s_d, g, colocated=True) == pytest.approx(0.013)
+    # Serial: N_dsd = 50/8.5 = 5.882, N_co = 50/(4 + 8 + 1) = 3.846; their ratio is
+    # 1 + (4 + 0.5)/(8 + 0.5) = 1.5294 (claim 4 without the gap: 1.5).
+    serial = lm.serial_capacity(e, rate, gamma, t_d, t_v, g)
+    assert serial == pytest.approx((50 / 8.5, 50 / 13))
+    assert lm.serial_round_s(serial[1], gamma, t_d, t_v, g, colocated=True) == pytest.approx(0.05)
+    assert lm.capacity_factor(gamma, t_d, t_v, g) == pytest.approx(serial[0] / serial[1])
+    assert lm.capacity_factor(gamma, t_d, t_v, g) == pytest.approx(1 + 4.5 / 8.5)
+    # Batched drafting at s_d = 1 and no gap is the earlier co-located count.
+    assert lm.batched_capacity(e, rate, gamma, t_d, t_v, s)[1] == pytest.approx(
+        (0.05 - 2 * t_v * (1 - s)) / (gamma * t_d + s * t_v))
+    with pytest.raises(ValueError, match="gap_s"):
+        lm.batched_capacity(e, rate, gamma, t_d, t_v, s, s_d, -0.001)
+    with pytest.raises(ValueError, match="gap_s"):
+        lm.capacity_factor(gamma, t_d, t_v, -0.001)
