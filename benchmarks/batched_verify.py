@@ -1,6 +1,7 @@
 """Batched verification on the real pair: one forward pass for many sessions, and what it buys.
 
-    python benchmarks/batched_verify.py [--pair models/default-pair] [--threads 1] [--quick]
+    python benchmarks/batched_verify.py [--pair models/default-pair] [--threads 1] [--tokens 48]
+        [--counts 1,2,3,4,6,8,12,16,24,32] [--no-capacity]
 
 Default pair, CPU, torch threads as the services use them (1). Four parts, each measured here:
 
@@ -17,29 +18,37 @@ Default pair, CPU, torch threads as the services use them (1). Four parts, each 
    batching off (max batch 1) and on (64). The edges are other machines: a DSD client's drafting
    is its measured time gamma * t_draft_s waited out (its tokens precomputed with the real draft
    on the target's greedy stream, which is exactly what greedy decoding commits), so the server's
-   CPU does only the server's work; co-located drafting runs on the server, one session after
-   another. Each client count runs every client to the end; a client's rate is the tokens it
-   received while all of them ran (orchestrator.capacity.overlap_counts). The target rate is a
-   third of what one co-located client gets alone (median of 3 runs); the clients sustained at
-   it are interpolated
-   between measured counts (orchestrator.capacity.capacity_at), so the ratio is continuous. The
-   four configurations take turns at each client count, so that a drifting host meets them alike.
+   CPU does only the server's work; co-located drafting runs on the server, the draft blocks of
+   the sessions waiting together batched like verifications (one draft pass per step,
+   dsd.drafting.run_draft_jobs). Each client count runs every client to the end; a client's
+   rate is the tokens it received while all of them ran (orchestrator.capacity.overlap_counts).
+   Drift-immune target: the host's speed drifts (other jobs load it), so the target rate is not
+   measured once but around every point: one co-located client alone on a serial server (median
+   of 3 runs) runs before the first configuration of a count and after each, and a point's
+   target is a third of the mean of the two references around it. The clients sustained are
+   where a configuration's per-client time per token over its points' targets crosses 1,
+   interpolated between counts (orchestrator.capacity.capacity_at), so the ratio is continuous.
 
-Predictions (REFERENCE.md notation; E = measured tokens per round, r = target rate, s = slope;
-t_d, t_v and s from the device's own timings of the capacity runs' passes, each configuration's
-from its own passes: the passes of one process slow down with the Python work of the clients it
-serves, which differs between configurations):
-  serial (claim 4):   N_dsd / N_co = 1 + gamma * t_d / t_v
-  batched (ours, dsd.latency_model.batched_capacity): the scheduler starts the next pass as soon
-      as the device is free, with every job of one kind waiting then; the clients just served are
-      not among them, so saturated clients fall into two groups whose passes alternate (logged as
-      the verify batch sizes), and a client round holds two verification passes,
-      t_v(a) + t_v(N - a) = t_v * (2 + s * (N - 2)), plus, co-located, N * gamma * t_d of drafting:
-      N_dsd = 2 + (E / (r * t_v) - 2) / s
-      N_co  = (E / r - 2 * t_v * (1 - s)) / (gamma * t_d + s * t_v)
-
-Each point is also set against a prediction from its own passes (the round above, or N passes
-in a row without batching), immune to the host's drift between points: point_model_ratio_*.
+Predictions, from the same runs (REFERENCE.md notation; E = tokens per round, r = the point's
+target rate). Each point's rate is predicted from its own passes only, never from any capacity
+figure: t_v(1) and the verify slope s, t_d(1) and the draft slope s_d, from the cost line
+t(b) = t(1) * (1 + s * (b - 1)) through its passes' means by batch size
+(orchestrator.capacity.fit_cost_line; with one batch size only, the configuration's median slope),
+and the idle gap g: the mean time the device sat idle between two passes while the second's
+work was already waiting (orchestrator.capacity.backlogged_gaps_s: the harness's hand-off, about
+0.5-6 ms a pass on this loaded host). The point's round (dsd.latency_model):
+  serial:  N * (t_v + g) for DSD, N * (gamma * t_d + t_v + 2g) co-located (serial_round_s)
+  batched: two alternating groups (logged as the verify batch sizes):
+           t_v * (2 + s * (N - 2)) + 2g, co-located + gamma * t_d * (2 + s_d * (N - 2)) + 2g
+           (batched_round_s)
+and its rate E / max(round, one client's own critical path). The predicted clients sustained
+are where these modelled rates cross the targets, interpolated exactly as the measured ones:
+``predicted`` (serial) and ``predicted_batched`` are the ratios of those counts. Also printed:
+``predicted_claim4`` = 1 + gamma * t_d / t_v (no gap), and the closed forms at the run's median
+values (``predicted_closed_*``: serial_capacity, whose ratio is 1 + (gamma t_d + g)/(t_v + g), and
+batched_capacity, N_dsd = 2 + ((E/r - 2g)/t_v - 2)/s,
+N_co = 2 + (E/r - 4g - 2(gamma t_d + t_v))/(gamma t_d s_d + t_v s)); point_model_ratio_* is
+each point's measured rate over its modelled one.
 
 Progress goes to stderr; a table to stdout, then the last line of key=value figures.
 """
@@ -50,10 +59,12 @@ import asyncio
 import math
 import os
 import statistics
-from collections import Counter
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -63,12 +74,13 @@ import torch    # noqa: E402
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair  # noqa: E402
 from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs    # noqa: E402
 from dsd.decoding import generate_ar    # noqa: E402
-from dsd.drafting import draft_block    # noqa: E402
-from dsd.latency_model import batched_capacity    # noqa: E402
+from dsd import latency_model as lm    # noqa: E402
+from dsd.drafting import DraftJob, draft_block    # noqa: E402
 from dsd.stopping import StopRule    # noqa: E402
 from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
 from dsd.verifier_session import VerifierSession    # noqa: E402
-from orchestrator.capacity import capacity_at, overlap_counts    # noqa: E402
+from orchestrator.capacity import (backlogged_gaps_s, capacity_at, fit_cost_line, overlap_counts,    # noqa: E402
+                                   overlap_window)
 from orchestrator.workload import make_prompts    # noqa: E402
 from services.compute import PreciseTimer, ThreadDevice    # noqa: E402
 from services.scheduler import Scheduler, SchedulerConfig    # noqa: E402
@@ -161,17 +173,30 @@ def draft_tables(draft, target, prompts: list[list[int]], tokens: int) -> list[d
     return tables
 
 
+@dataclass
+class Point:
+    """One capacity run: n clients of one configuration, each to the end."""
+    rate_tok_s: float          # each client's token rate while all of them ran
+    tokens_per_round: float    # E, this run's
+    passes: list[tuple]        # the passes ending while all ran: (kind, batch size, start_s, end_s, ready_s)
+    target_tok_s: float = math.nan     # the target rate of its moment (rate_curves)
+
+
 async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, prompts, tables,
-                     tokens: int, t_draft_edge_s: float, passes: dict | None = None) -> tuple[float, float]:
-    """(tokens/s per client while all ran, tokens per round) for n clients of one mode; ``passes``
-    collects every pass the device ran, per (mode, max_batch): its end -> (kind, batch size, compute_s)."""
+                     tokens: int, t_draft_edge_s: float) -> Point:
+    """n clients of one mode on a scheduler of ``max_batch``; every pass the device ran is logged
+    with its start, end and when its earliest job was submitted (its ready time)."""
     device = ThreadDevice()
     scheduler = Scheduler(SchedulerConfig(max_batch, 0.0), device, None)
     scheduler.start()
     timer = PreciseTimer()
-    mine = None if passes is None else {}
+    log_: dict[float, list] = {}        # pass end -> [kind, batch size, compute_s, largest queue_s]
     receipts: list[list[float]] = [[] for _ in range(n_clients)]
     emitted: list[list[int]] = [[] for _ in range(n_clients)]
+
+    def note(kind: str, timing) -> None:
+        row = log_.setdefault(timing.end_s, [kind, timing.batch_size, timing.compute_s, 0.0])
+        row[3] = max(row[3], timing.queue_s)
 
     async def client(i: int) -> None:
         seq_id = f"cap-{mode}-{max_batch}-{n_clients}-{i}"
@@ -182,13 +207,11 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
                 await timer.sleep_until(time.perf_counter() + GAMMA * t_draft_edge_s)   # the edge drafting
                 drafted = tables[i][len(session.committed)]
             else:
-                (drafted, _), timing = await scheduler.submit("draft", GAMMA, lambda: draft_block(
+                (drafted, _), timing = await scheduler.submit("draft", GAMMA, DraftJob(
                     draft, seq_id, session.committed.tokens, GAMMA, GREEDY, torch.Generator()), i)
-                if mine is not None:
-                    mine[timing.end_s] = ("draft", timing.batch_size, timing.compute_s)
+                note("draft", timing)
             verdict, timing = await scheduler.submit("verify", GAMMA, session.verify_job(session.proposal_for(drafted, None)), i)
-            if mine is not None:
-                mine[timing.end_s] = ("verify", timing.batch_size, timing.compute_s)
+            note("verify", timing)
             receipts[i].append(time.perf_counter())
             emitted[i].append(verdict.emitted)
         session.close()
@@ -200,79 +223,106 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
         await scheduler.stop()
         device.executor.shutdown()
     window_s, _, received = overlap_counts([np.array(r) for r in receipts], [np.array(e) for e in emitted])
-    if mine is not None:
-        passes.setdefault((mode, max_batch), {}).update(mine)
-        start_s, end_s = max(r[0] for r in receipts), min(r[-1] for r in receipts)
-        sizes = Counter(b for t, (k, b, _) in mine.items() if k == "verify" and start_s < t <= end_s)
-        busy_s = sum(c for t, (_, _, c) in mine.items() if start_s < t <= end_s)
-        log(f"    verify batch sizes {dict(sizes.most_common(4))}; device busy {busy_s / max(window_s, 1e-9):.0%} of the window")
-    per_round = sum(map(sum, emitted)) / sum(map(len, emitted))
+    start_s, end_s = overlap_window(receipts)
+    passes = [(kind, b, end - c, end, end - c - q) for end, (kind, b, c, q) in sorted(log_.items())
+              if start_s < end <= end_s]
     rate = received / (n_clients * window_s) if window_s > 0 else math.nan
-    if mine is not None:
-        model = point_model_tok_s(mode, n_clients, max_batch, pass_fit(mine), per_round, t_draft_edge_s)
-        log(f"    the point's own passes predict {model:.1f} tok/s per client: measured / model {rate / model:.2f}")
-        passes.setdefault("model", {})[mode, max_batch, n_clients] = rate / model
-    return rate, per_round
+    return Point(rate, sum(map(sum, emitted)) / sum(map(len, emitted)), passes)
 
 
-def rate_curves(configs: list[tuple[str, int]], counts: list[int], target_rate: float, **kw) -> tuple[dict, list]:
-    """Per (mode, max_batch) and client count, each client's rate. The configurations take turns
-    at each count (this host's speed drifts: neighbours in the table see the same moments); one
-    stops once two counts in a row fell below 0.7 x the target rate (past its crossing)."""
-    rates: dict[tuple[str, int], dict[int, float]] = {c: {} for c in configs}
+def _reference_tok_s(kw: dict) -> float:
+    """One co-located client alone on a serial server (median of 3 runs): the host's speed now."""
+    return statistics.median(asyncio.run(_run_point("colocated", 1, 1, **kw)).rate_tok_s for _ in range(3))
+
+
+def rate_curves(configs: list[tuple[str, int]], counts: list[int], **kw) -> dict[tuple, Point]:
+    """Per (mode, max_batch, n): its Point. At each count the configurations take turns, with the
+    reference (one co-located client alone) run before the first and after each: a point's target
+    rate is a third of the mean of the two references around it, so the host's drifting speed
+    meets a point and its target alike. A configuration stops once two counts in a row fell
+    below 0.7 x their targets (past its crossing)."""
+    points: dict[tuple, Point] = {}
     below = {c: 0 for c in configs}
-    per_round = []
+    reference = _reference_tok_s(kw)
     for n in counts:
         for mode, max_batch in configs:
             if below[mode, max_batch] >= 2:
                 continue
-            rate, tpr = asyncio.run(_run_point(mode, n, max_batch, **kw))
-            rates[mode, max_batch][n] = rate
-            per_round.append(tpr)
-            log(f"  {mode:9s} max_batch {max_batch:2d} {n:3d} clients: {rate:7.1f} tok/s per client")
-            below[mode, max_batch] = below[mode, max_batch] + 1 if rate < 0.7 * target_rate else 0
-    return rates, per_round
+            point = asyncio.run(_run_point(mode, n, max_batch, **kw))
+            after = _reference_tok_s(kw)
+            point.target_tok_s, reference = (reference + after) / 6, after
+            points[mode, max_batch, n] = point
+            sizes = Counter(b for kind, b, *_ in point.passes if kind == "verify")
+            log(f"  {mode:9s} max_batch {max_batch:2d} {n:3d} clients: {point.rate_tok_s:7.1f} tok/s per client "
+                f"(target {point.target_tok_s:.1f}); verify batch sizes {dict(sizes.most_common(3))}")
+            below[mode, max_batch] = below[mode, max_batch] + 1 if point.rate_tok_s < 0.7 * point.target_tok_s else 0
+    return points
 
 
-def point_model_tok_s(mode: str, n: int, max_batch: int, fit: tuple[float, float, float], e: float,
-                      t_draft_edge_s: float) -> float:
+class Fit(NamedTuple):
+    """One point's pass costs, from its own passes."""
+    t_v: float      # t_v(GAMMA, b=1)
+    s: float        # verify batch slope
+    t_d: float      # co-located draft step, b=1
+    s_d: float      # draft batch slope
+    gap_s: float    # the device's idle gap between passes while work waited
+
+
+def _cost(passes: list[tuple], kind: str, per: int, pooled_slope: float) -> tuple[float, float]:
+    """(t(1), s) of one kind's passes (time over ``per``): the cost line through their means by
+    batch size; with one size b only, its mean over 1 + s * (b - 1) at the pooled slope."""
+    rows = [(b, (end - start) / per) for k, b, start, end, _ in passes if k == kind]
+    if not rows:
+        return math.nan, math.nan
+    sizes, times = np.array([b for b, _ in rows]), np.array([t for _, t in rows])
+    t1, s = fit_cost_line(sizes, times)
+    if math.isnan(t1):
+        b, s = int(sizes[0]), pooled_slope
+        t1 = float(np.mean(times)) / (1 + (0.0 if b == 1 else s) * (b - 1))
+    return t1, s
+
+
+def _gaps_s(passes: list[tuple]) -> np.ndarray:
+    if len(passes) < 2:
+        return np.array([])
+    starts, ends, ready = (np.array([p[i] for p in passes]) for i in (2, 3, 4))
+    return backlogged_gaps_s(starts, ends, ready)
+
+
+def point_fits(points: dict[tuple, Point]) -> dict[tuple, Fit]:
+    """Every point's Fit. A configuration's pooled slope (the median of its points' own) and gap
+    (the mean of all its backlogged gaps) stand in where a point has no second batch size or
+    no backlogged gap (one client alone: the server never has work waiting)."""
+    fits = {}
+    for config in {key[:2] for key in points}:
+        mine = {key: p for key, p in points.items() if key[:2] == config}
+        pooled = {}
+        for kind, per in (("verify", 1), ("draft", GAMMA)):
+            slopes = [_cost(p.passes, kind, per, math.nan)[1] for p in mine.values()]
+            slopes = [s for s in slopes if math.isfinite(s)]
+            pooled[kind] = max(0.0, statistics.median(slopes)) if slopes else 1.0
+        gaps = np.concatenate([_gaps_s(p.passes) for p in mine.values()])
+        pooled_gap_s = float(np.mean(gaps)) if len(gaps) else 0.0
+        for key, p in mine.items():
+            own = _gaps_s(p.passes)
+            fits[key] = Fit(*_cost(p.passes, "verify", 1, pooled["verify"]),
+                            *_cost(p.passes, "draft", GAMMA, pooled["draft"]),
+                            float(np.mean(own)) if len(own) else pooled_gap_s)
+    return fits
+
+
+def point_model_tok_s(mode: str, max_batch: int, n: int, fit: Fit, e: float, t_draft_edge_s: float) -> float:
     """One point's per-client rate predicted from its own passes (immune to the host's drift
-    between points): E over the round of dsd.latency_model.batched_capacity (two alternating
-    groups) when batching, else N passes one after another; never shorter than one client's
-    own critical path."""
-    t_v, s, t_d = fit
-    own_s = GAMMA * (t_draft_edge_s if mode == "dsd" else t_d) + t_v
-    drafting_s = 0.0 if mode == "dsd" else n * GAMMA * t_d
+    between points): E over the saturated server's round of dsd.latency_model (serial: every
+    client's passes in a row; batched: two alternating groups), never shorter than one client's
+    own critical path (its drafting, its verification, a gap after each pass)."""
+    colocated = mode == "colocated"
+    own_s = GAMMA * (fit.t_d if colocated else t_draft_edge_s) + fit.t_v + fit.gap_s * (2 if colocated else 1)
     if max_batch == 1:
-        server_s = drafting_s + n * t_v
-    elif n == 1:
-        server_s = own_s
+        server_s = lm.serial_round_s(n, GAMMA, fit.t_d, fit.t_v, fit.gap_s, colocated)
     else:
-        server_s = drafting_s + t_v * (2 + (0.0 if math.isnan(s) else s) * (n - 2))
+        server_s = lm.batched_round_s(n, GAMMA, fit.t_d, fit.t_v, fit.s, fit.s_d, fit.gap_s, colocated)
     return e / max(own_s, server_s)
-
-
-def pass_fit(passes: dict) -> tuple[float, float, float]:
-    """(t_v(GAMMA, b=1), batch_slope, t_d per draft step) from one configuration's passes: the
-    median verify pass of one session, the slope fitted to the median pass of every batch size,
-    and the median draft block over GAMMA (a draft pass of b runs b blocks one after another);
-    nan where the configuration ran no such pass."""
-    by_size: dict[int, list[float]] = {}
-    blocks = []
-    for kind, b, compute_s in passes.values():
-        if kind == "verify":
-            by_size.setdefault(b, []).append(compute_s)
-        else:
-            blocks.append(compute_s / b)
-    medians = {(GAMMA, b): statistics.median(c) for b, c in by_size.items()}
-    slope = fit_batch_slope(medians) if len(medians) > 1 and (GAMMA, 1) in medians else math.nan
-    return (medians.get((GAMMA, 1), math.nan), slope,
-            statistics.median(blocks) / GAMMA if blocks else math.nan)
-
-
-def capacity(rates: dict[int, float], target_rate: float) -> float:
-    clients = np.array(sorted(rates))
-    return capacity_at(clients, 1 / np.array([rates[n] for n in clients]), 1 / target_rate)
 
 
 def main() -> None:
@@ -286,9 +336,11 @@ def main() -> None:
     if not args.no_capacity:
         _capacity(backend, draft, target, args, counts, results)
     else:
-        results.update(capacity_ratio_batched=math.nan, capacity_ratio_serial=math.nan, predicted=math.nan)
+        results.update(capacity_ratio_batched=math.nan, capacity_ratio_serial=math.nan, predicted=math.nan,
+                       predicted_batched=math.nan)
     results["threads"], results["load_avg_1m"], results["cpus"] = args.threads, os.getloadavg()[0], os.cpu_count()
-    first = ("batch8_speedup", "batched_equal", "capacity_ratio_batched", "capacity_ratio_serial", "predicted")
+    first = ("batch8_speedup", "batched_equal", "capacity_ratio_batched", "capacity_ratio_serial", "predicted",
+             "predicted_batched")
     ordered = {k: results[k] for k in first} | {k: v for k, v in results.items() if k not in first}
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in ordered.items()))
 
@@ -348,58 +400,88 @@ def _capacity(backend, draft, target, args, counts: list[int], results: dict) ->
     t_d_edge = _step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
     prompts = make_prompts(backend, max(counts), 24, seed=3)
     tables = draft_tables(draft, target, prompts, args.tokens)
-    kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge,
-              passes={})
-    one = [asyncio.run(_run_point("colocated", 1, 1, **kw))[0] for _ in range(3)]
-    target_rate = statistics.median(one) / 3
+    kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge)
     configs = [("dsd", 1), ("colocated", 1), ("dsd", 64), ("colocated", 64)]
-    by_config, per_round = rate_curves(configs, counts, target_rate, **kw)
-    _capacity_report(kw, configs, counts, by_config, per_round, target_rate, t_d_edge, results)
+    points = rate_curves(configs, counts, **kw)
+    fits = point_fits(points)
+    models = {key: point_model_tok_s(*key, fits[key], p.tokens_per_round, t_d_edge) for key, p in points.items()}
+    _print_curves(configs, counts, points, models)
+    measured, predicted = _capacities(configs, points, models, results)
+    _point_ratios(points, models, results)
+    _closed_form(points, fits, results)
+    for label, (dsd, co) in (("serial", (("dsd", 1), ("colocated", 1))), ("batched", (("dsd", 64), ("colocated", 64)))):
+        results[f"capacity_ratio_{label}"] = measured[dsd] / measured[co]
+        results["predicted" if label == "serial" else "predicted_batched"] = predicted[dsd] / predicted[co]
+    results["t_draft_edge_ms"] = 1e3 * t_d_edge
+    print(f"capacity ratio DSD / co-located: serial {results['capacity_ratio_serial']:.3f} (predicted "
+          f"{results['predicted']:.3f}; claim 4 without the gap {results['predicted_claim4']:.3f}), batched "
+          f"{results['capacity_ratio_batched']:.3f} (predicted {results['predicted_batched']:.3f})")
 
 
-def _capacity_report(kw: dict, configs, counts: list[int], by_config: dict, per_round: list, target_rate: float,
-                     t_d_edge: float, results: dict) -> None:
-    curves = {("serial" if b == 1 else "batched", mode): rates for (mode, b), rates in by_config.items()}
-    e = statistics.mean(per_round)
-    # The predictions take the passes' times from these runs (the host's speed drifts: a
-    # figure measured before them would describe another machine): t_v, the median verify
-    # pass of batch 1; t_d, the median co-located draft pass of batch 1 over gamma; the
-    # slope, fitted to the verify passes of every batch size.
-    fits = {config: pass_fit(kw["passes"][config]) for config in configs}
-    model = kw["passes"]["model"]
+def _print_curves(configs, counts: list[int], points: dict, models: dict) -> None:
+    print("\nper-client tok/s over the target of its moment (capacity: where it crosses 1), measured (model):")
+    print("clients        " + "".join(f"{n:>13d}" for n in counts))
+    for mode, b in configs:
+        cells = [f"{points[mode, b, n].rate_tok_s / points[mode, b, n].target_tok_s:6.2f}"
+                 f"({models[mode, b, n] / points[mode, b, n].target_tok_s:5.2f})"
+                 if (mode, b, n) in points else f"{'':13s}" for n in counts]
+        print(f"{'serial' if b == 1 else 'batched':7s} {mode[:6]:6s} " + "".join(cells))
+
+
+def _capacities(configs, points: dict, models: dict, results: dict) -> tuple[dict, dict]:
+    """Per configuration, clients sustained at the target rate, measured and predicted: where the
+    per-client time per token over the target's (each point against its own moment's target)
+    crosses 1, interpolated between counts (orchestrator.capacity.capacity_at). The prediction
+    runs the same interpolation on the points' modelled rates. At the largest count run, a figure
+    is a lower bound (flagged)."""
+    measured, predicted = {}, {}
+    for mode, b in configs:
+        keys = sorted(k for k in points if k[:2] == (mode, b))
+        clients = np.array([k[2] for k in keys])
+        target = np.array([points[k].target_tok_s for k in keys])
+        measured[mode, b] = capacity_at(clients, target / np.array([points[k].rate_tok_s for k in keys]), 1.0)
+        predicted[mode, b] = capacity_at(clients, target / np.array([models[k] for k in keys]), 1.0)
+        label = f"{mode}_{'serial' if b == 1 else 'batched'}"
+        results[f"clients_{label}"], results[f"predicted_clients_{label}"] = measured[mode, b], predicted[mode, b]
+        if max(measured[mode, b], predicted[mode, b]) >= clients.max():
+            results[f"clients_{label}_lower_bound"] = 1
+        print(f"clients sustained, {label}: measured {measured[mode, b]:.2f}, predicted {predicted[mode, b]:.2f}")
+    return measured, predicted
+
+
+def _point_ratios(points: dict, models: dict, results: dict) -> None:
+    """Each point (n > 1) measured over its own model: how well a round is predicted, whatever the drift."""
     for label, b in (("serial", 1), ("batched", 64)):
-        ratios = [r for (_, mb, n), r in model.items() if mb == b and n > 1 and math.isfinite(r)]
+        ratios = [p.rate_tok_s / models[k] for k, p in points.items() if k[1] == b and k[2] > 1
+                  and math.isfinite(models[k])]
         if ratios:
             results[f"point_model_ratio_{label}_median"] = statistics.median(ratios)
             results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
-    t_v = statistics.median(c for config in (("dsd", 1), ("colocated", 1))
-                            for k, b, c in kw["passes"][config].values() if k == "verify")
-    t_d = fits["colocated", 1][2]
-    for (mode, max_batch), (t1, slope, td) in fits.items():
-        print(f"passes of {mode} max_batch {max_batch}: t_v(gamma={GAMMA}, b=1) {1e3 * t1:.2f} ms, slope {slope:.3f}"
-              + (f", t_d {1e3 * td:.2f} ms" if mode == "colocated" else ""))
-    print(f"\ncapacity at {target_rate:.1f} tok/s per client (a third of one co-located client alone); "
-          f"t_d {1e3 * t_d:.2f} ms (edge {1e3 * t_d_edge:.2f} ms), t_v(gamma={GAMMA}) {1e3 * t_v:.2f} ms, "
-          f"E {e:.2f} tokens/round")
-    print("clients " + "".join(f"{n:>8d}" for n in counts))
-    for (label, mode), rates in curves.items():
-        print(f"{label[:5]} {mode[:3]}" + "".join(f"{rates[n]:8.1f}" if n in rates else f"{'':8s}" for n in counts))
-    n = {key: capacity(rates, target_rate) for key, rates in curves.items()}
-    predicted = 1 + GAMMA * t_d / t_v
-    (tv_dsd, s_dsd, _), (tv_co, s_co, td_co) = fits["dsd", 64], fits["colocated", 64]
-    p_dsd = batched_capacity(e, target_rate, GAMMA, td_co, tv_dsd, s_dsd)[0]
-    p_co = batched_capacity(e, target_rate, GAMMA, td_co, tv_co, s_co)[1]
-    results.update(
-        clients_dsd_serial=n["serial", "dsd"], clients_colocated_serial=n["serial", "colocated"],
-        clients_dsd_batched=n["batched", "dsd"], clients_colocated_batched=n["batched", "colocated"],
-        capacity_ratio_serial=n["serial", "dsd"] / n["serial", "colocated"],
-        capacity_ratio_batched=n["batched", "dsd"] / n["batched", "colocated"],
-        predicted=predicted, predicted_batched=p_dsd / p_co, predicted_clients_dsd_batched=p_dsd,
-        predicted_clients_colocated_batched=p_co, target_rate_tok_s=target_rate, tokens_per_round=e,
-        t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v, batch_slope_dsd_runs=s_dsd, batch_slope_colocated_runs=s_co)
-    print(f"clients sustained: serial dsd {n['serial', 'dsd']:.2f} co {n['serial', 'colocated']:.2f}; "
-          f"batched dsd {n['batched', 'dsd']:.2f} co {n['batched', 'colocated']:.2f} "
-          f"(predicted dsd {p_dsd:.2f} co {p_co:.2f})")
+
+
+def _closed_form(points: dict, fits: dict, results: dict) -> None:
+    """The closed forms of dsd.latency_model at the run's typical values (medians over points):
+    claim 4 (no gap), serial_capacity and batched_capacity (with the gap) at the median target."""
+    def median(values) -> float:
+        values = [v for v in values if math.isfinite(v)]
+        return statistics.median(values) if values else math.nan
+
+    t_v = median(f.t_v for k, f in fits.items() if k[1] == 1)
+    t_d = median(f.t_d for k, f in fits.items() if k[:2] == ("colocated", 1))
+    gap_s = median(f.gap_s for f in fits.values())
+    s = median(f.s for k, f in fits.items() if k[1] > 1 and k[2] > 1)
+    s_d = median(f.s_d for k, f in fits.items() if k[:2] == ("colocated", 64) and k[2] > 1)
+    rate = median(p.target_tok_s for p in points.values())
+    e = statistics.mean(p.tokens_per_round for p in points.values())
+    serial = lm.serial_capacity(e, rate, GAMMA, t_d, t_v, gap_s)
+    batched = lm.batched_capacity(e, rate, GAMMA, t_d, t_v, s, s_d, gap_s)
+    results.update(predicted_claim4=lm.capacity_factor(GAMMA, t_d, t_v),
+                   predicted_closed_serial=serial[0] / serial[1], predicted_closed_batched=batched[0] / batched[1],
+                   target_rate_tok_s=rate, tokens_per_round=e, t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v,
+                   gap_ms=1e3 * gap_s, batch_slope_runs=s, draft_slope_runs=s_d)
+    print(f"passes (medians over points): t_v(gamma={GAMMA}, b=1) {1e3 * t_v:.2f} ms, t_d {1e3 * t_d:.2f} ms, "
+          f"idle gap {1e3 * gap_s:.2f} ms, verify slope {s:.3f}, draft slope {s_d:.3f}; E {e:.2f}; "
+          f"median target {rate:.1f} tok/s")
 
 
 if __name__ == "__main__":

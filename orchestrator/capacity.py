@@ -97,3 +97,29 @@ def capacity_ratio(table: pd.DataFrame, dsd_mode: str = SYNC, reference: str = C
     return {"mode": dsd_mode, "reference": reference, "rate_tok_s_per_client": rate_tok_s,
             "clients_dsd": n_dsd, "clients_reference": n_ref,
             "ratio_measured": n_dsd / n_ref if n_ref and math.isfinite(n_ref) else math.nan}
+
+
+def backlogged_gaps_s(starts_s: np.ndarray, ends_s: np.ndarray, ready_s: np.ndarray) -> np.ndarray:
+    """The device's idle gaps between passes while work was waiting: for passes in order of
+    start, start[k+1] - end[k] wherever pass k+1's earliest job had been submitted by end[k]
+    (ready[k+1] <= end[k]). That is the serving harness's own hand-off from one pass to the
+    next, not idleness for want of work; a capacity prediction takes it as a measured input."""
+    order = np.argsort(starts_s)
+    starts, ends, ready = (np.asarray(a, dtype=float)[order] for a in (starts_s, ends_s, ready_s))
+    waiting = ready[1:] <= ends[:-1]
+    return np.maximum(starts[1:] - ends[:-1], 0.0)[waiting]
+
+
+def fit_cost_line(sizes: np.ndarray, times_s: np.ndarray) -> tuple[float, float]:
+    """(t(1), s) of t(b) = t(1) * (1 + s * (b - 1)) through the mean time of each batch size,
+    least squares weighted by how many passes had that size; (nan, nan) with fewer than two
+    sizes. In the form t(b) = a + c * b: t(1) = a + c, s = c / (a + c). Means, not medians: a
+    throughput prediction adds up passes, and a pass slowed by a host stall takes its time too."""
+    sizes, times_s = np.asarray(sizes), np.asarray(times_s, dtype=float)
+    distinct = np.unique(sizes)
+    if len(distinct) < 2:
+        return math.nan, math.nan
+    means = np.array([times_s[sizes == b].mean() for b in distinct])
+    weights = np.array([np.sqrt((sizes == b).sum()) for b in distinct])
+    c, a = np.polyfit(distinct.astype(float), means, 1, w=weights)
+    return float(a + c), float(c / (a + c))

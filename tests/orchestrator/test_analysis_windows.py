@@ -128,3 +128,24 @@ def test_client_view_parameters_add_the_measured_harness_overhead():
     assert params.t_draft_edge_s == pytest.approx(0.0168 / 4) and overhead_ms["dsd_round_edge_side"] == pytest.approx(0.8)
     assert params.t_draft_server_s == 0.002 and "no receipt times" in source["t_draft_server_s"]
     assert compute.verify_table_s == {4: 0.010}           # the compute-only parameters are left alone
+
+
+def test_backlogged_gaps_are_the_idle_time_before_passes_whose_work_was_waiting():
+    # Passes [0, 10], [10.5, 20], [25, 30], [30.2, 31] (ms); the third's job arrived at 24,
+    # after the second ended: idle for want of work, not a hand-off. Order of rows is free.
+    starts = np.array([10.5, 0.0, 30.2, 25.0]) / 1e3
+    ends = np.array([20.0, 10.0, 31.0, 30.0]) / 1e3
+    ready = np.array([3.0, 0.0, 29.0, 24.0]) / 1e3
+    gaps = capacity.backlogged_gaps_s(starts, ends, ready)
+    assert gaps == pytest.approx([0.0005, 0.0002])
+
+
+def test_fit_cost_line_recovers_t1_and_the_slope_from_means_by_batch_size():
+    # t(b) = 8 ms * (1 + 0.25 (b - 1)) = 6 + 2b ms: size 1 takes 8 ms on average (7, 7, 10),
+    # size 5 takes 16 ms (15, 17).
+    sizes = np.array([1, 1, 1, 5, 5])
+    times = np.array([7.0, 7.0, 10.0, 15.0, 17.0]) / 1e3
+    t1, s = capacity.fit_cost_line(sizes, times)
+    assert t1 == pytest.approx(0.008)
+    assert s == pytest.approx(0.25)
+    assert all(math.isnan(x) for x in capacity.fit_cost_line(np.array([3, 3]), np.array([0.01, 0.01])))
