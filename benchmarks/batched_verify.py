@@ -44,11 +44,17 @@ work was already waiting (orchestrator.capacity.backlogged_gaps_s: the harness's
 and its rate E / max(round, one client's own critical path). The predicted clients sustained
 are where these modelled rates cross the targets, interpolated exactly as the measured ones:
 ``predicted`` (serial) and ``predicted_batched`` are the ratios of those counts. Also printed:
-``predicted_claim4`` = 1 + gamma * t_d / t_v (no gap), and the closed forms at the run's median
-values (``predicted_closed_*``: serial_capacity, whose ratio is 1 + (gamma t_d + g)/(t_v + g), and
+``predicted_claim4`` = 1 + gamma * t_d / t_v (no gap), and the closed forms, each configuration at
+the passes of the two counts around its predicted crossing (``predicted_closed_*``:
+serial_capacity, whose ratio at equal passes is 1 + (gamma t_d + g)/(t_v + g), and
 batched_capacity, N_dsd = 2 + ((E/r - 2g)/t_v - 2)/s,
 N_co = 2 + (E/r - 4g - 2(gamma t_d + t_v))/(gamma t_d s_d + t_v s)); point_model_ratio_* is
 each point's measured rate over its modelled one.
+NOTE: a saturated point's window is its passes and the gaps between them, so a model fed that
+point's own mean pass times and gaps is close to an accounting of it: what it tests is the
+round's make-up (N clients' passes in a row, or two alternating groups; one hand-off gap per
+pass; nothing else in the round), and, below saturation, a client's own critical path. The
+closed forms, one set of pass costs per configuration, are the stronger test.
 
 Progress goes to stderr; a table to stdout, then the last line of key=value figures.
 """
@@ -408,7 +414,7 @@ def _capacity(backend, draft, target, args, counts: list[int], results: dict) ->
     _print_curves(configs, counts, points, models)
     measured, predicted = _capacities(configs, points, models, results)
     _point_ratios(points, models, results)
-    _closed_form(points, fits, results)
+    _closed_form(configs, points, fits, predicted, results)
     for label, (dsd, co) in (("serial", (("dsd", 1), ("colocated", 1))), ("batched", (("dsd", 64), ("colocated", 64)))):
         results[f"capacity_ratio_{label}"] = measured[dsd] / measured[co]
         results["predicted" if label == "serial" else "predicted_batched"] = predicted[dsd] / predicted[co]
@@ -459,29 +465,40 @@ def _point_ratios(points: dict, models: dict, results: dict) -> None:
             results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
 
 
-def _closed_form(points: dict, fits: dict, results: dict) -> None:
-    """The closed forms of dsd.latency_model at the run's typical values (medians over points):
-    claim 4 (no gap), serial_capacity and batched_capacity (with the gap) at the median target."""
-    def median(values) -> float:
-        values = [v for v in values if math.isfinite(v)]
-        return statistics.median(values) if values else math.nan
+def _closed_form(configs, points: dict, fits: dict, predicted: dict, results: dict) -> None:
+    """The closed forms of dsd.latency_model, each configuration's count at its own passes where
+    its modelled rate crosses the target (the mean Fit, target and E of the two counts around its
+    predicted crossing): claim 4 (no gap) and serial_capacity, batched_capacity (with the gap)."""
+    near = {}
+    for mode, b in configs:
+        keys = sorted((k for k in points if k[:2] == (mode, b)), key=lambda k: k[2])
+        below = [k for k in keys if k[2] <= predicted[mode, b]][-1:] or keys[:1]
+        above = [k for k in keys if k[2] >= predicted[mode, b]][:1] or keys[-1:]
+        pair = below + above
+        fit = Fit(*(_finite_mean(getattr(fits[k], f) for k in pair) for f in Fit._fields))
+        near[mode, b] = (fit, float(np.mean([points[k].target_tok_s for k in pair])),
+                         float(np.mean([points[k].tokens_per_round for k in pair])))
+        print(f"passes of {mode} max_batch {b} at counts {[k[2] for k in pair]}: t_v {1e3 * fit.t_v:.2f} ms, "
+              f"slope {fit.s:.3f}, t_d {1e3 * fit.t_d:.2f} ms, draft slope {fit.s_d:.3f}, gap {1e3 * fit.gap_s:.2f} ms")
+    (dsd1, _, _), (co1, r1, e1), (dsd64, rd, ed), (co64, rc, ec) = (near[c] for c in configs)
+    n = {"dsd_serial": lm.serial_capacity(e1, r1, GAMMA, co1.t_d, dsd1.t_v, dsd1.gap_s)[0],
+         "colocated_serial": lm.serial_capacity(e1, r1, GAMMA, co1.t_d, co1.t_v, co1.gap_s)[1],
+         "dsd_batched": lm.batched_capacity(ed, rd, GAMMA, co64.t_d, dsd64.t_v, dsd64.s, 1.0, dsd64.gap_s)[0],
+         "colocated_batched": lm.batched_capacity(ec, rc, GAMMA, co64.t_d, co64.t_v, co64.s, co64.s_d, co64.gap_s)[1]}
+    results.update({f"closed_clients_{k}": v for k, v in n.items()})
+    results.update(predicted_claim4=lm.capacity_factor(GAMMA, co1.t_d, dsd1.t_v),
+                   predicted_closed_serial=n["dsd_serial"] / n["colocated_serial"],
+                   predicted_closed_batched=n["dsd_batched"] / n["colocated_batched"],
+                   target_rate_tok_s=statistics.median(p.target_tok_s for p in points.values()),
+                   tokens_per_round=statistics.mean(p.tokens_per_round for p in points.values()),
+                   t_draft_ms=1e3 * co1.t_d, t_verify_ms=1e3 * dsd1.t_v, gap_ms=1e3 * co1.gap_s,
+                   batch_slope_runs=dsd64.s, draft_slope_runs=co64.s_d)
+    print("closed forms at those passes, clients: " + ", ".join(f"{k} {v:.2f}" for k, v in n.items()))
 
-    t_v = median(f.t_v for k, f in fits.items() if k[1] == 1)
-    t_d = median(f.t_d for k, f in fits.items() if k[:2] == ("colocated", 1))
-    gap_s = median(f.gap_s for f in fits.values())
-    s = median(f.s for k, f in fits.items() if k[1] > 1 and k[2] > 1)
-    s_d = median(f.s_d for k, f in fits.items() if k[:2] == ("colocated", 64) and k[2] > 1)
-    rate = median(p.target_tok_s for p in points.values())
-    e = statistics.mean(p.tokens_per_round for p in points.values())
-    serial = lm.serial_capacity(e, rate, GAMMA, t_d, t_v, gap_s)
-    batched = lm.batched_capacity(e, rate, GAMMA, t_d, t_v, s, s_d, gap_s)
-    results.update(predicted_claim4=lm.capacity_factor(GAMMA, t_d, t_v),
-                   predicted_closed_serial=serial[0] / serial[1], predicted_closed_batched=batched[0] / batched[1],
-                   target_rate_tok_s=rate, tokens_per_round=e, t_draft_ms=1e3 * t_d, t_verify_ms=1e3 * t_v,
-                   gap_ms=1e3 * gap_s, batch_slope_runs=s, draft_slope_runs=s_d)
-    print(f"passes (medians over points): t_v(gamma={GAMMA}, b=1) {1e3 * t_v:.2f} ms, t_d {1e3 * t_d:.2f} ms, "
-          f"idle gap {1e3 * gap_s:.2f} ms, verify slope {s:.3f}, draft slope {s_d:.3f}; E {e:.2f}; "
-          f"median target {rate:.1f} tok/s")
+
+def _finite_mean(values) -> float:
+    values = [v for v in values if math.isfinite(v)]
+    return statistics.mean(values) if values else math.nan
 
 
 if __name__ == "__main__":
