@@ -74,3 +74,15 @@ def test_dry_runs_print_their_plan(script, tmp_path):
     done = subprocess.run([sys.executable, script, "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_batched_verify_prints_the_capacity_figures_and_their_predictions(tmp_path):
+    """Default pair, the smallest capacity run (two client counts): every figure the issue is judged
+    by is printed, batched greedy output equals unbatched, and the predictions are finite."""
+    figures = _run(["benchmarks/batched_verify.py", "--tokens", "16", "--counts", "1,2", "--repeats", "3"], tmp_path)
+    assert figures["batched_equal"] == 1 and figures["batch8_speedup"] > 1, figures
+    for key in ("capacity_ratio_batched", "capacity_ratio_serial", "predicted", "predicted_batched",
+                "predicted_claim4", "predicted_closed_serial", "gap_ms"):
+        assert math.isfinite(figures[key]), (key, figures)
