@@ -129,7 +129,9 @@ class Scheduler:
         (one session open, and it sends nothing while served); then a real device's pass that
         would run at once, strictly serial, runs on the loop's own thread, which saves the two
         thread wake-ups of the hand-off to the device thread and back (about 0.2-0.5 ms a pass on
-        a busy 2-core host, more than all the Python work around it).
+        a busy 2-core host, more than all the Python work around it). It returns without a loop
+        turn: the caller must yield to the loop before its next such pass (e.g. await its reply's
+        send, then the next message), or nothing that came in would be read meanwhile.
         ``arrived_s``: when the job's message reached this process if the loop read it late
         (it came in during a pass on the loop's thread, services.arrival); its queue wait counts
         from there on any device, as it would have had the loop been free to read it.
@@ -145,11 +147,10 @@ class Scheduler:
         if self.config.max_batch == 1 and not self._busy and not self._queues:
             # The device is free, nobody waits and nothing could join a batch: run the pass
             # here, which saves the hand-off to the worker task and back (one loop turn each).
+            # On the loop's thread the caller gets the result without a loop turn, so that it can
+            # send its reply first; it then yields to the loop (what came in meanwhile is read).
             self._busy = True
-            here = on_loop and self.profile is None
-            await self._pass([job], here)
-            if here:
-                await asyncio.sleep(0)     # a loop turn: read what arrived meanwhile, as after a hand-off
+            await self._pass([job], on_loop and self.profile is None)
             return job.future.result()
         if client not in self._queues:
             self._queues[client] = deque()

@@ -469,6 +469,8 @@ class Verifier:
             await served.conn.send(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
                                                state.committed.tokens[before:], state.finished,
                                                queue_s, compute_s, timing.batch_size))
+            if timing.on_loop:
+                await asyncio.sleep(0)      # a loop turn: read what came in during the passes (a ping, a Close)
             round_index += 1
         if round_index == 0:      # nothing left to generate: still end the stream
             await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))

@@ -36,6 +36,11 @@ def test_pending_since_is_when_the_waiting_bytes_arrived_and_none_when_nothing_w
     try:
         floor_s = time.perf_counter() - 1.0
         assert arrival.pending_since_s(watched, floor_s) is None
+        # The kernel turns receive stamps on in the background when a first socket asks for
+        # them; until then a segment has none (pending_since_s then falls back to the floor).
+        client.send(b"w")
+        time.sleep(0.05)
+        assert server.recv(1) == b"w"
         before_s = time.perf_counter()
         client.send(b"frame")
         after_s = time.perf_counter()
