@@ -205,3 +205,38 @@ def test_a_second_open_session_keeps_every_pass_on_the_device_thread(default_ver
     verdict, before, after = asyncio.run(main())
     assert isinstance(verdict, wire.Verified) and verdict.accepted == 4
     assert after == before
+
+
+def test_the_edge_drafts_on_the_loop_thread_only_when_nothing_can_arrive_meanwhile():
+    import threading
+
+    from dsd.backends.protocol import SamplingParams
+    from services.compute import PreciseTimer
+    from services.edge import DraftDevice, SessionTransport, VerifierLink
+
+    async def main():
+        device = ThreadDevice()
+        link = VerifierLink("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
+        transport = SessionTransport(link, 1, asyncio.Queue(), None, SamplingParams())
+        drafter = DraftDevice(device, 0.0, transport)
+        where = []
+
+        async def draft():
+            idents = []
+            then, start_s = await drafter.draft(lambda: idents.append(threading.get_ident()), 4, lambda: "then")
+            assert then == "then" and start_s <= time.perf_counter()
+            where.append(idents == [threading.get_ident()])
+
+        device.runs = 1
+        await draft()                                        # its Opened may come any moment
+        transport.arrival(time.perf_counter(), wire.Opened(1, 1, 3, 0.0, 0.0))
+        await draft()                                        # quiet: the loop's own thread
+        link._waiting[7] = asyncio.get_running_loop().create_future()
+        await draft()                                        # a ping waits for its Pong
+        link._waiting.clear()
+        device.runs = 2
+        await draft()                                        # another run shares the process
+        device.executor.shutdown()
+        return where
+
+    assert asyncio.run(main()) == [False, True, False, False]
