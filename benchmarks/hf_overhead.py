@@ -10,14 +10,17 @@ round but a request's first (it also waits for the prefill), the same quantities
 
   hf_overhead_server_p50_ms     sync DSD: receive - send - server queue - server compute
                                 (the round trip beyond the verifier's pass: both event loops,
-                                the hop to the device thread and back, msgpack, WebSocket, TCP)
+                                msgpack, WebSocket, TCP, and the hop to the device thread and
+                                back where the pass cannot run on the loop's own thread)
   hf_overhead_edge_p50_ms       sync DSD: (send - previous receipt) - drafting
                                 (the edge's work between a verdict and the next block's message)
   hf_overhead_colocated_p50_ms  co-located: time between rounds - server compute (draft + verify)
   hf_overhead_ar_p50_ms         AR: time between tokens - server compute
 
-Server compute is what the verifier's device thread measured around its passes (the forward
-pass and the verdict's arithmetic), so what is left is the harness. Progress goes to stderr; the
+Server compute is what the verifier measured around its passes (the forward pass and the
+verdict's arithmetic), so what is left is the harness. With one client every pass but the
+prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's
+``passes_on_loop`` metric, printed to stderr, counts them). Progress goes to stderr; the
 last stdout line is key=value pairs. This host is shared: the load average is reported with it.
 """
 from __future__ import annotations
@@ -84,7 +87,9 @@ def main() -> None:
                     for part, part_mode in MODES.items():
                         if part_mode == mode:
                             overheads[part] += round_overheads_ms(mine, part)
-                print(f"{mode}: {len(rows)} rounds", file=sys.stderr)
+                passes = verifier.get_json("/metrics")
+                print(f"{mode}: {len(rows)} rounds; verifier passes so far {sum(passes['passes'].values())}, "
+                      f"on the loop's thread {passes.get('passes_on_loop', 0)}", file=sys.stderr)
     results: dict[str, float | int] = {}
     print(f"{'part':10s} {'rounds':>7s} {'p50 ms':>8s} {'p90 ms':>8s} {'mean ms':>8s}")
     for part, values in overheads.items():

@@ -56,6 +56,7 @@ class PassTiming:
     compute_s: float      # the pass (the whole batch's)
     batch_size: int
     end_s: float = 0.0    # when the pass ended on the device's timeline (perf_counter)
+    on_loop: bool = False     # it ran on the event loop's own thread (Scheduler.submit's on_loop)
 
 
 def pass_cost_s(profile: HardwareProfile, kind: str, sizes: list[int]) -> float:
@@ -84,12 +85,17 @@ class _Job:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, device, profile: HardwareProfile | None) -> None:
+    def __init__(self, config: SchedulerConfig, device, profile: HardwareProfile | None,
+                 after_loop_pass: Callable[[float], None] | None = None) -> None:
         self.config = config
         self.device = device
         self.profile = profile            # None: real models, the work's own time counts
+        # Called with the pass's start right after a pass on the loop's thread, before the loop
+        # reads anything: what arrived meanwhile was not read, and the service may stamp it.
+        self.after_loop_pass = after_loop_pass
         self.batch_sizes: Counter[int] = Counter()
         self.passes: Counter[str] = Counter()
+        self.loop_passes = 0          # of them, run on the loop's own thread (submit's on_loop)
         self._queues: dict[Hashable, deque[_Job]] = {}     # per client with queued jobs
         self._last_served: dict[Hashable, int] = {}        # per client with queued jobs: its last turn
         self._turns = 0
@@ -112,7 +118,7 @@ class Scheduler:
     async def submit(self, kind: str, size: int, work: Callable[[], object], client: Hashable = None,
                      ready_s: float | None = None,
                      prepare: Callable[[object, PassTiming], object] | None = None,
-                     on_loop: bool = False) -> tuple[object, PassTiming]:
+                     on_loop: bool = False, arrived_s: float | None = None) -> tuple[object, PassTiming]:
         """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing).
 
         ``ready_s``: when the job could first have run (its request's arrival, or the end of the
@@ -125,22 +131,28 @@ class Scheduler:
         (one session open, and it sends nothing while served); then a real device's pass that
         would run at once, strictly serial, runs on the loop's own thread, which saves the two
         thread wake-ups of the hand-off to the device thread and back (about 0.2-0.5 ms a pass on
-        a busy 2-core host, more than all the Python work around it).
+        a busy 2-core host, more than all the Python work around it). It returns without a loop
+        turn: the caller must yield to the loop before its next such pass (e.g. await its reply's
+        send, then the next message), or nothing that came in would be read meanwhile.
+        ``arrived_s``: when the job's message reached this process if the loop read it late
+        (it came in during a pass on the loop's thread, services.arrival); its queue wait counts
+        from there on any device, as it would have had the loop been free to read it.
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         submitted_s = time.perf_counter()
         if ready_s is not None and self.device.starts_when_ready:
             submitted_s = min(ready_s, submitted_s)
+        if arrived_s is not None:
+            submitted_s = min(arrived_s, submitted_s)
         job = _Job(kind, size, work, submitted_s, asyncio.get_running_loop().create_future(), client, prepare)
         if self.config.max_batch == 1 and not self._busy and not self._queues:
             # The device is free, nobody waits and nothing could join a batch: run the pass
             # here, which saves the hand-off to the worker task and back (one loop turn each).
+            # On the loop's thread the caller gets the result without a loop turn, so that it can
+            # send its reply first; it then yields to the loop (what came in meanwhile is read).
             self._busy = True
-            here = on_loop and self.profile is None
-            await self._pass([job], here)
-            if here:
-                await asyncio.sleep(0)     # a loop turn: read what arrived meanwhile, as after a hand-off
+            await self._pass([job], on_loop and self.profile is None)
             return job.future.result()
         if client not in self._queues:
             self._queues[client] = deque()
@@ -237,13 +249,16 @@ class Scheduler:
 
         def timed(outcomes: list, start_s: float, compute_s: float) -> tuple[list, list[PassTiming]]:
             """Each job's timing and its prepared result, as soon as the pass's times are known."""
-            timings = [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
+            timings = [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s, on_loop)
                        for job in batch]
             return [_capture(lambda: job.prepare(value, timing)) if ok and job.prepare else (ok, value)
                     for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
 
         if on_loop:
-            (outcomes, timings), _, _ = _run_here(self.device, lambda: _run_batch(batch), timed)
+            (outcomes, timings), start_s, _ = self.device.run_here(lambda: _run_batch(batch), timed)
+            self.loop_passes += 1
+            if self.after_loop_pass is not None:
+                self.after_loop_pass(start_s)
         else:
             (outcomes, timings), _, _ = await self.device.run(lambda: _run_batch(batch), cost_s, ready_s, timed)
         self.batch_sizes[len(batch)] += 1
@@ -255,15 +270,6 @@ class Scheduler:
                 job.future.set_result((value, timing))
             else:
                 job.future.set_exception(value)
-
-
-def _run_here(device, work: Callable[[], object], then: Callable) -> tuple[object, float, float]:
-    """A real device's pass on the calling thread, timed and accounted as ThreadDevice.run does."""
-    start_s = time.perf_counter()
-    result = work()
-    compute_s = time.perf_counter() - start_s
-    device.busy_s += compute_s
-    return then(result, start_s, compute_s), start_s, compute_s
 
 
 def _run_batch(batch: list[_Job]) -> list[tuple[bool, object]]:

@@ -40,7 +40,7 @@ from dsd.drafting import DraftJob, begin_request
 from dsd.modes import AR, NOWHERE, SERVER, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
-from services import access, wire
+from services import access, arrival, wire
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
 from services.scheduler import PassTiming, Scheduler, SchedulerConfig
 
@@ -100,10 +100,32 @@ class Connection:
         self.sessions_live = 0                   # not yet freed (closing ones too)
         self.tokens_live = 0                     # their Served.tokens
         self.inflight = 0                        # INFLIGHT requests queued or being served
+        self.watched = None                      # services.arrival's handle on its socket
+        self.held_since_s: float | None = None   # bytes came in during a pass on the loop's thread
+        self._unhold_due = False
+        self.held: dict[int, float] = {}         # seq -> arrival of a request read late that way
+        # A request came in during a pass on the loop's thread (a pipelined edge's next block):
+        # its passes go to the device thread from then on, so that it is read when it arrives.
+        self.overlapped = False
 
     @property
     def busy(self) -> bool:
         return any(s.busy or not s.inbox.empty() for s in self.sessions.values())
+
+    def stamp(self) -> tuple[float, float]:
+        """(t_arrival_s, held_s) of a frame just read. After a pass on the loop's thread, every
+        frame read before the loop turns (one read from the socket: what came in during the pass)
+        arrived when the first waiting byte did, and was held unread for held_s."""
+        t_read_s = time.perf_counter()
+        if self.held_since_s is None:
+            return t_read_s, 0.0
+        if not self._unhold_due:
+            self._unhold_due = True
+            asyncio.get_running_loop().call_soon(self._unhold)
+        return self.held_since_s, t_read_s - self.held_since_s
+
+    def _unhold(self) -> None:
+        self.held_since_s, self._unhold_due = None, False
 
     async def send(self, message) -> None:
         await self.send_encoded(wire.encode(message))
@@ -125,6 +147,7 @@ class Verifier:
                  limits: VerifierLimits, backend_info: dict, token: str | None = None) -> None:
         self.draft, self.target, self.device = draft, target, device
         self.scheduler = scheduler
+        scheduler.after_loop_pass = self.after_loop_pass
         self.limits = limits
         self.token = token          # None: no authentication
         self.backend_info = backend_info
@@ -175,6 +198,7 @@ class Verifier:
             "sessions_total": self.counts["sessions"],
             "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
             "passes": dict(self.scheduler.passes),
+            "passes_on_loop": self.scheduler.loop_passes,
             "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
             "busy_s": self.device.busy_s,
             "queued": self.scheduler.queued,
@@ -193,6 +217,7 @@ class Verifier:
         ws = web.WebSocketResponse(max_msg_size=4 * self.limits.max_message_bytes)
         await ws.prepare(request)
         conn = Connection(next(self._numbers), ws)
+        conn.watched = arrival.watch(request.transport.get_extra_info("socket") if request.transport else None)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1
         try:
@@ -206,7 +231,7 @@ class Verifier:
                         wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s"))
                     break
                 if msg.type == WSMsgType.BINARY:
-                    await self._on_frame(conn, msg.data, time.perf_counter())
+                    await self._on_frame(conn, msg.data, *conn.stamp())
                 elif msg.type == WSMsgType.TEXT:
                     await self._reply_error(conn, wire.WireError(
                         wire.MALFORMED, "text frame: messages are binary msgpack"))
@@ -214,13 +239,16 @@ class Verifier:
                     break
         finally:
             self._drop(conn)
+            if conn.watched is not None:
+                conn.watched.close()
             await ws.close()
         return ws
 
     # ---- messages --------------------------------------------------------------------------
 
-    async def _on_frame(self, conn: Connection, data: bytes, t_arrival_s: float) -> None:
-        """One frame; ``t_arrival_s`` (perf_counter) is when it was read: its passes are ready then."""
+    async def _on_frame(self, conn: Connection, data: bytes, t_arrival_s: float, held_s: float = 0.0) -> None:
+        """One frame; ``t_arrival_s`` (perf_counter) is when it was read, or when it arrived if a
+        pass on the loop's thread held it unread for ``held_s``: its passes are ready then."""
         try:
             if len(data) > self.limits.max_message_bytes:
                 raise wire.WireError(wire.LIMIT, f"message of {len(data)} bytes exceeds "
@@ -231,15 +259,19 @@ class Verifier:
             await self._reply_error(conn, error)
             return
         try:
-            await self._dispatch(conn, message, t_arrival_s)
+            await self._dispatch(conn, message, t_arrival_s, held_s)
         except wire.WireError as error:
             error.seq, error.session = message.seq, getattr(message, "session", None)
             await self._reply_error(conn, error)
 
-    async def _dispatch(self, conn: Connection, message, t_arrival_s: float) -> None:
-        if isinstance(message, wire.Ping):
-            await conn.send(wire.Pong(message.seq, message.t_send_s, time.perf_counter()))
-        elif isinstance(message, wire.Hello):
+    async def _dispatch(self, conn: Connection, message, t_arrival_s: float, held_s: float = 0.0) -> None:
+        if isinstance(message, wire.Ping):      # held_s: the prober subtracts it from the round trip
+            await conn.send(wire.Pong(message.seq, message.t_send_s, time.perf_counter(), held_s))
+            return
+        if held_s > 0 and isinstance(message, INFLIGHT):
+            conn.overlapped = conn.overlapped or isinstance(message, wire.Verify)
+            conn.held[message.seq] = t_arrival_s
+        if isinstance(message, wire.Hello):
             await conn.send(self._welcome(message.seq))
         elif isinstance(message, wire.Open):
             self._open(conn, message, t_arrival_s)
@@ -381,7 +413,8 @@ class Verifier:
 
     async def _prefill(self, served: Served, m: wire.Open, t_arrival_s: float) -> None:
         positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
-                                                     served.conn.number, t_arrival_s)
+                                                     served.conn.number, t_arrival_s,
+                                                     arrived_s=served.conn.held.get(m.seq))
         await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s))
 
     async def _verify(self, served: Served, m: wire.Verify, t_arrival_s: float) -> None:
@@ -398,7 +431,8 @@ class Verifier:
 
         if live:
             data, _ = await self.scheduler.submit("verify", proposal.gamma, state.verify_job(proposal),
-                                                  served.conn.number, t_arrival_s, reply)
+                                                  served.conn.number, t_arrival_s, reply, self._alone(served),
+                                                  served.conn.held.get(m.seq))
         else:
             data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))      # stale: no compute
         self.counts["verify" if live else "stale"] += 1
@@ -409,7 +443,7 @@ class Verifier:
         request arrived), so sending a round's tokens overlaps the next pass, as on a real server."""
         state = served.state
         round_index = 0
-        ready_s = t_arrival_s
+        ready_s, arrived_s = t_arrival_s, served.conn.held.get(m.seq)
         drafts = get_mode(m.mode).drafts
         if drafts == SERVER:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
@@ -417,32 +451,45 @@ class Verifier:
             before = len(state.committed)
             if drafts == NOWHERE:
                 _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
-                                                        on_loop=self._alone())
+                                                        on_loop=self._alone(served), arrived_s=arrived_s)
                 proposed = accepted = 0
                 queue_s, compute_s = timing.queue_s, timing.compute_s
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, DraftJob(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    served.draft_generator), served.conn.number, ready_s, on_loop=self._alone())
+                    served.draft_generator), served.conn.number, ready_s, on_loop=self._alone(served),
+                    arrived_s=arrived_s)
                 verdict, timing = await self.scheduler.submit(
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
-                    drafting.end_s, on_loop=self._alone())
+                    drafting.end_s, on_loop=self._alone(served))
                 proposed, accepted = m.gamma, verdict.accepted
                 queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
-            ready_s = timing.end_s
+            ready_s, arrived_s = timing.end_s, None
             self.counts[m.mode] += 1
             await served.conn.send(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
                                                state.committed.tokens[before:], state.finished,
                                                queue_s, compute_s, timing.batch_size))
+            if timing.on_loop:
+                await asyncio.sleep(0)      # a loop turn: read what came in during the passes (a ping, a Close)
             round_index += 1
         if round_index == 0:      # nothing left to generate: still end the stream
             await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))
 
-    def _alone(self) -> bool:
-        """A Generate stream's client sends nothing while it runs (a Close at most), so with no
-        other session open no message needs the event loop during its passes: they may run on
-        the loop's own thread (Scheduler.submit's on_loop), checked again before every pass."""
-        return self.sessions_open == 1
+    def _alone(self, served: Served) -> bool:
+        """Whether this session's next pass may run on the loop's own thread (Scheduler.submit's
+        on_loop; the scheduler also wants the device free and nothing queued), checked before
+        every pass: no other session is open, and its connection has not sent a Verify during
+        such a pass (a pipelined edge's next block; it would be read only after the pass).
+        A Generate stream's client sends nothing while it runs but a Close or a ping, and a sync
+        edge nothing while its block is verified. What does come in during the pass is stamped
+        with when it arrived (after_loop_pass), and a ping's answer says how long it was held."""
+        return self.sessions_open == 1 and not served.conn.overlapped
+
+    def after_loop_pass(self, start_s: float) -> None:
+        """Right after a pass on the loop's thread: note when what came in meanwhile arrived."""
+        for conn in self._connections.values():
+            if conn.held_since_s is None:
+                conn.held_since_s = arrival.pending_since_s(conn.watched, start_s)
 
     def _drop(self, conn: Connection) -> None:
         """The client is gone: every session ends after its current pass and frees its caches."""
@@ -457,6 +504,7 @@ def _settle(conn: Connection, m) -> None:
     """A request counted by _admit is done (answered, or never to be served)."""
     if isinstance(m, INFLIGHT):
         conn.inflight -= 1
+        conn.held.pop(m.seq, None)
 
 
 def _require(ok: bool, field_name: str, message: str, limit: str | None = None) -> None:

@@ -136,6 +136,9 @@ class Pong:
     seq: int
     t_send_s: float
     t_server_s: float
+    # how long the ping waited unread behind a model pass on the verifier's event-loop thread
+    # (services.arrival): not the link's, so the prober subtracts it from the round trip
+    held_s: float = 0.0
 
 
 @dataclass(frozen=True)
