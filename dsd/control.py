@@ -52,6 +52,14 @@ class Observation:
     t_draft_s: float | None        # per draft step
     t_verify_s: float | None       # the server's compute for the block
     server_queue_s: float | None
+    # a server round of a hand-over (mode a server mode; dsd.driver): the tokens it emitted, the
+    # time since the segment's previous arrival (its send, for the first), and shadow drafting's
+    # positions and matches along them (greedy only)
+    tokens: int = 0
+    interval_s: float | None = None
+    shadow_positions: int = 0
+    shadow_matches: int = 0
+    remaining_tokens: int | None = None    # what the request's token budget still allows
 
 
 @dataclass(frozen=True)
