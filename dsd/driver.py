@@ -17,8 +17,8 @@ A block with no block in flight cannot be cut short by a verdict, so it is draft
 pass; otherwise the loop looks at the arrivals after every step and abandons a draft whose epoch
 has passed (its prefix was refuted).
 
-Hand-over: a transport that also has ``generate(mode, gamma, max_tokens, after)`` -> send time
-lets the controller pick a server mode (cloud AR, co-located SD) for a round. The driver then
+Hand-over: a transport whose ``hands_over`` is true also has ``generate(mode, gamma, max_tokens,
+after)`` -> send time, and lets the controller pick a server mode (cloud AR, co-located SD) for a round. The driver then
 stops drafting, waits until no block is in flight, and asks the server to generate the next
 ``max_tokens`` tokens on the open session (a segment); each of the server's steps comes back as an
 arrival whose ``served`` is a ``ServerRound``, its tokens committed as they are (the server owns
@@ -31,6 +31,7 @@ device) so the controller keeps measuring alpha while the server generates.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -104,7 +105,6 @@ class Segment:
     mode: str
     remaining: int
     t_send_s: float
-    t_last_s: float                  # its send, then its last round's arrival
     alone: bool                      # asked with none ahead: its first round trip is the link's
     rounds: int = 0
 
@@ -125,10 +125,13 @@ class DsdDriver:
         self.gamma_max = max(gamma_max or gamma, gamma)
         self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max))
         # the modes a round may take: the server's too where the transport can hand over
-        self.modes = edge_modes() + (server_modes() if hasattr(transport, "generate") else ())
+        self.modes = edge_modes() + (server_modes() if getattr(transport, "hands_over", False) else ())
         self.handover_tokens = handover_tokens
         self.segments: deque[Segment] = deque()
         self.server_plan: Decision | None = None
+        self._stream_s = 0.0             # the hand-over's send, then its last server round's arrival
+        self._rtt_s: float | None = None     # the link, as last measured (sizes the segments)
+        self._step_s: float | None = None    # a server round's steady time per token
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
@@ -209,8 +212,9 @@ class DsdDriver:
         t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = self._sent.popleft()
         self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
         self.rounds += 1
-        self.controller.observe(observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s,
-                                            self.remaining_tokens))
+        seen = observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, self.remaining_tokens)
+        self._rtt_s = self._rtt_s if arrival.verdict.stale else seen.rtt_s
+        self.controller.observe(seen)
         self.mode = self.plan()
         await self.send(to_send, self.transport.prepare(to_send), arrival)
 
@@ -223,28 +227,40 @@ class DsdDriver:
         prefix = list(self.edge.committed.tokens)
         emitted = self.edge.on_tokens(served.tokens)
         segment.remaining -= len(served.tokens)
-        interval_s, first = arrival.t_receive_s - segment.t_last_s, segment.rounds == 0
-        segment.t_last_s, segment.rounds = arrival.t_receive_s, segment.rounds + 1
+        interval_s, first = arrival.t_receive_s - self._stream_s, segment.rounds == 0
+        self._stream_s, segment.rounds = arrival.t_receive_s, segment.rounds + 1
         if segment.remaining <= 0 or served.done or self.edge.done:
             self.segments.popleft()
         shadow = await self.shadow(prefix, emitted)
         self.on_round(Round(self.rounds, arrival, emitted, segment.gamma, segment.mode, None, None,
                             segment.t_send_s))
         self.rounds += 1
-        self.controller.observe(server_observation(arrival, segment, interval_s, first and segment.alone,
-                                                   shadow, self.remaining_tokens))
+        seen = server_observation(arrival, segment, interval_s, first and segment.alone, shadow,
+                                  self.remaining_tokens)
+        if seen.rtt_s is not None:
+            self._rtt_s = seen.rtt_s
+        elif not first and served.tokens:
+            self._step_s = interval_s / len(served.tokens)
+        self.controller.observe(seen)
         self.mode = self.plan()
         if self.server_plan is not None and len(self.segments) < 2:
             await self.hand_over(arrival)
 
     async def hand_over(self, after: Arrival | None) -> None:
-        """Ask the server for the next segment of the request (none past the token budget)."""
+        """Ask the server for the next segment of the request (none past the token budget). A
+        segment lasts at least a round trip at the server's measured rate, so the next one,
+        asked when its first tokens arrive, reaches the server before it ends."""
         due = self.remaining_tokens - sum(s.remaining for s in self.segments)
         if due <= 0 or self.edge.done:
             return
-        plan, n_tokens = self.server_plan, min(self.handover_tokens, due)
+        n_tokens = self.handover_tokens
+        if self._rtt_s is not None and self._step_s:
+            n_tokens = max(n_tokens, math.ceil(self._rtt_s / self._step_s) + 2)
+        plan, n_tokens = self.server_plan, min(n_tokens, due)
         t_send_s = await self.transport.generate(plan.mode, plan.gamma, n_tokens, after)
-        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, t_send_s, not self.segments))
+        if not self.segments:
+            self._stream_s = t_send_s
+        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, not self.segments))
 
     async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]:
         """(positions, matches): the draft's greedy guess at each streamed token given the true
@@ -290,9 +306,9 @@ def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float,
 
 def server_observation(arrival: Arrival, segment: Segment, interval_s: float, round_trip: bool,
                        shadow: tuple[int, int], remaining_tokens: int) -> Observation:
-    """A server round of a hand-over: its tokens over the time since the segment's previous
-    arrival (its send, for the first: the hand-over's cost included); the link's RTT only from a
-    segment's first round when none was queued ahead of it."""
+    """A server round of a hand-over: its tokens over the time since the stream's previous arrival
+    (the hand-over's send, for its first round: the hand-over's cost included); the link's RTT only
+    from that first round (a segment asked while another runs waits behind it)."""
     s = arrival.served
     server_s = (arrival.queue_s or 0.0) + (arrival.compute_s or 0.0)
     return Observation(segment.gamma, segment.mode, s.proposed, s.accepted, False,

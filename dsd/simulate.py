@@ -118,7 +118,9 @@ class VirtualLink:
         self.verifier_free_at_s = 0.0
         self.hands_over = costs.t_ar_s is not None
         self.draft, self.server_seq_id = draft, f"{session.seq_id}/server"
-        self.draft_generator = torch.Generator().manual_seed(session.sampling.seed + 1)   # as the verifier's
+        # as the verifier's hand-over generator: not the edge's seed (seed + 1), whose draws a
+        # shared stream would correlate with the edge's earlier drafts (sampling would not be exact)
+        self.draft_generator = torch.Generator().manual_seed(session.sampling.seed + 2)
 
     def one_way_s(self, at_s: float) -> float:
         return self.costs.one_way_s if self.rtt_at is None else self.rtt_at(at_s) / 2
