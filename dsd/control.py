@@ -649,7 +649,7 @@ class BanditPolicy:
         whose time saved over the remaining tokens outweighs the hand-over's round trip (so
         exploration does not make it flap between edge and server); then UCB within the kind."""
         kinds = self._kinds(self.config.round_modes)
-        values = self._kind_values(kinds)
+        values = self._kind_values(kinds, borrow=True)
         kind = self._ucb_kind(values)
         here = self._kind_of(self.current.mode)
         if kind != here and here in kinds:
@@ -674,15 +674,27 @@ class BanditPolicy:
             kinds.setdefault(self._kind_of(mode), []).append(mode)
         return kinds
 
-    def _kind_values(self, kinds: dict[str, list[str]]) -> dict[str, tuple[float, float] | None]:
-        """Per kind: (its best tried arm's rate, its arms' count), None if none was tried."""
+    def _kind_values(self, kinds: dict[str, list[str]],
+                     borrow: bool = False) -> dict[str, tuple[float, float] | None]:
+        """Per kind: (its best tried arm's rate, its arms' count), None if none was tried; with
+        ``borrow``, a kind not tried in this context is worth what it earned in the nearest one
+        (a server's rate hardly depends on the acceptance the edge would see)."""
         table, values = self._known(), {}
         for kind, modes in kinds.items():
             arms = [a for a in self.arms if a.mode in modes]
-            tried = [a for a in arms if table[a][1] > 0]
-            values[kind] = (max(table[a][0] / table[a][1] for a in tried), sum(table[a][2] for a in arms)) \
+            source = table
+            if borrow and not any(table[a][1] > 0 for a in arms):
+                source = self._nearest_with(arms) or table
+            tried = [a for a in arms if source[a][1] > 0]
+            values[kind] = (max(source[a][0] / source[a][1] for a in tried), sum(source[a][2] for a in arms)) \
                 if tried else None
         return values
+
+    def _nearest_with(self, arms: list[Decision]) -> dict[Decision, list[float]] | None:
+        r, a = self.context
+        known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
+                 if any(t[arm][1] > 0 for arm in arms)]
+        return self.stats[min(known)[1]] if known else None
 
     def _ucb_kind(self, values: dict[str, tuple[float, float] | None]) -> str:
         untried = [k for k, v in values.items() if v is None]

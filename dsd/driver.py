@@ -117,7 +117,7 @@ class DsdDriver:
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
-                 controller=None, gamma_max: int | None = None, handover_tokens: int = 8) -> None:
+                 controller=None, gamma_max: int | None = None, handover_tokens: int = 4) -> None:
         if not (isinstance(handover_tokens, int) and handover_tokens >= 1):
             raise ValueError(f"handover_tokens must be a whole number >= 1, got {handover_tokens!r}")
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling

@@ -197,7 +197,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
-                 t_verify_of=None, mode: str | None = None, handover_tokens: int = 8) -> SimulatedRun:
+                 t_verify_of=None, mode: str | None = None, handover_tokens: int = 4) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
     dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
     None: gamma and the mode stay) is asked for the next plan before the first block and after
