@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd    # noqa: E402
 
 from dsd.backends.factory import HfBackendConfig  # noqa: E402
+from dsd.modes import SYNC  # noqa: E402
 from orchestrator import analysis, cpus    # noqa: E402
 from orchestrator.launchers.loopback import LoopbackTestbed    # noqa: E402
 from orchestrator.launchers.services_config import ServicesConfig    # noqa: E402
@@ -40,8 +41,8 @@ def run_once(testbed, plan: dict, repeat: int, prompts, args) -> dict:
     cpus.pin_self(plan)
     before = cpus.CpuSample.now()
     rounds, requests, _links, extra = run_net_point(
-        Point("sync", args.rtt_ms, args.gamma, 1, repeat), testbed, prompts, warmup=1,
-        max_new_tokens=args.max_new_tokens, max_in_flight=1, seed=0, run_prefix=f"rep{os.getpid()}",
+        Point(SYNC, args.rtt_ms, args.gamma, 1, repeat), testbed, prompts, warmup=1,
+        max_new_tokens=args.max_new_tokens, max_in_flight=1, run_prefix=f"rep{os.getpid()}",
         after_shape=lambda bed: cpus.pin_testbed(bed, plan))
     conditions = cpus.conditions(before, cpus.CpuSample.now())
     per_token_ms = 1e3 * analysis.steady_per_token_s(pd.DataFrame(requests), pd.DataFrame(rounds))

@@ -102,6 +102,28 @@ def row(name: str, m: measure.LinkMeasurement, late: list[dict] = ()) -> str:
 
 
 def main() -> int:
+    args = _parse_args()
+    cases = sweep_plan(args.probes)
+    if args.dry_run:
+        _print_plan(cases)
+        return 0
+    if os.geteuid() != 0:
+        print("needs root (network namespaces, iptables, tc)", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    print(HEADER)
+    with Topology(TopologyConfig(n_edges=N_MANY)) as topo:
+        err, backends, late_p99 = _measure_cases(topo, cases, args.backend)
+        for cap, offered in RATE_CASES:
+            got = run_rate(topo, cap, offered, args.backend)
+            err["rate"].append(100 * abs(got - cap) / cap)
+            print(f"rate {cap:g} Mbit/s: measured {got:.3f} Mbit/s (IP layer), error {err['rate'][-1]:.2f}%")
+    figures = _figures(err, backends, late_p99, time.monotonic() - t0)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
+    return 0
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--probes", type=int, default=300, help="echo probes per link for the RTT points")
     parser.add_argument("--backend", default="auto", choices=("auto", "kernel-netem", "nfqueue"))
@@ -109,47 +131,50 @@ def main() -> int:
     args = parser.parse_args()
     if args.probes < 30:
         parser.error("--probes must be at least 30")
-    cases = sweep_plan(args.probes)
-    if args.dry_run:
-        for c in cases:
-            print(f"{c.name}: {len(c.specs)} link(s) x {c.n_probes} probes every {c.interval_s * 1000:g} ms; {c.specs[0]}")
-        for cap, offered in RATE_CASES:
-            print(f"rate {cap:g} Mbit/s: UDP offered at {offered:g} Mbit/s for 3 s")
-        return 0
-    if os.geteuid() != 0:
-        print("needs root (network namespaces, iptables, tc)", file=sys.stderr)
-        return 2
-    t0 = time.monotonic()
+    return args
+
+
+def _print_plan(cases) -> None:
+    for c in cases:
+        print(f"{c.name}: {len(c.specs)} link(s) x {c.n_probes} probes every {c.interval_s * 1000:g} ms; {c.specs[0]}")
+    for cap, offered in RATE_CASES:
+        print(f"rate {cap:g} Mbit/s: UDP offered at {offered:g} Mbit/s for 3 s")
+
+
+def _measure_cases(topo, cases, backend_choice: str) -> tuple[dict, set, list]:
+    """Runs every case, printing its rows; returns (errors by figure, backends used, late p99s)."""
     err = {k: [] for k in ("p50", "p99", "many_p50", "many_p99", "jitter", "loss", "rate")}
     backends, late_p99 = set(), []
-    print(HEADER)
-    with Topology(TopologyConfig(n_edges=N_MANY)) as topo:
-        for case in cases:
-            backend, per_link, pooled, late = run_case(topo, case, args.backend)
-            backends.add(backend)
-            late_p99 += [d.get("p99_us", 0) for d in late]
-            if case.kind == "rtt":
-                err["p50"].append(abs(pooled.rtt_err_p50_ms))
-                err["p99"].append(abs(pooled.rtt_p99_ms - pooled.configured_rtt_ms))
-                print(row(case.name, pooled, late))
-            elif case.kind == "jitter":
-                err["jitter"].append(100 * abs(pooled.rtt_stdev_ms / pooled.expected_rtt_stdev_ms - 1))
-                print(row(case.name, pooled, late))
-            elif case.kind == "loss":
-                err["loss"].append(pooled.loss_sigma)
-                print(row(case.name, pooled, late))
-            else:
-                for i, m in enumerate(per_link):
-                    err["many_p50"].append(abs(m.rtt_err_p50_ms))
-                    err["many_p99"].append(abs(m.rtt_p99_ms - m.configured_rtt_ms))
-                    if i % 9 == 0 or i == len(per_link) - 1:
-                        print(row(f"  link {i}", m, late))
-                print(f"{case.name}: worst |err_p50| {max(err['many_p50']):.3f} ms, worst |err_p99| "
-                      f"{max(err['many_p99']):.3f} ms, {pooled.n_sent - pooled.n_received} of {pooled.n_sent} probes lost")
-        for cap, offered in RATE_CASES:
-            got = run_rate(topo, cap, offered, args.backend)
-            err["rate"].append(100 * abs(got - cap) / cap)
-            print(f"rate {cap:g} Mbit/s: measured {got:.3f} Mbit/s (IP layer), error {err['rate'][-1]:.2f}%")
+    for case in cases:
+        backend, per_link, pooled, late = run_case(topo, case, backend_choice)
+        backends.add(backend)
+        late_p99 += [d.get("p99_us", 0) for d in late]
+        if case.kind == "rtt":
+            err["p50"].append(abs(pooled.rtt_err_p50_ms))
+            err["p99"].append(abs(pooled.rtt_p99_ms - pooled.configured_rtt_ms))
+            print(row(case.name, pooled, late))
+        elif case.kind == "jitter":
+            err["jitter"].append(100 * abs(pooled.rtt_stdev_ms / pooled.expected_rtt_stdev_ms - 1))
+            print(row(case.name, pooled, late))
+        elif case.kind == "loss":
+            err["loss"].append(pooled.loss_sigma)
+            print(row(case.name, pooled, late))
+        else:
+            _many_links(case, per_link, pooled, late, err)
+    return err, backends, late_p99
+
+
+def _many_links(case, per_link, pooled, late, err: dict) -> None:
+    for i, m in enumerate(per_link):
+        err["many_p50"].append(abs(m.rtt_err_p50_ms))
+        err["many_p99"].append(abs(m.rtt_p99_ms - m.configured_rtt_ms))
+        if i % 9 == 0 or i == len(per_link) - 1:
+            print(row(f"  link {i}", m, late))
+    print(f"{case.name}: worst |err_p50| {max(err['many_p50']):.3f} ms, worst |err_p99| "
+          f"{max(err['many_p99']):.3f} ms, {pooled.n_sent - pooled.n_received} of {pooled.n_sent} probes lost")
+
+
+def _figures(err: dict, backends: set, late_p99: list, elapsed_s: float) -> dict:
     figures = {
         "backend": "+".join(sorted(backends)),
         "rtt_err_p50_ms": max(err["p50"]),
@@ -161,14 +186,13 @@ def main() -> int:
         "loss_err_sigma": max(err["loss"]),
         "rate_err_pct": max(err["rate"]),
         "release_late_p99_us": max(late_p99) if late_p99 else "na",
-        "elapsed_s": time.monotonic() - t0,
+        "elapsed_s": elapsed_s,
     }
     for key, goal in GOALS.items():
         figures[key.rsplit("_", 1)[0] + "_ok"] = int(figures[key] <= goal)
     figures["many_rtt_err_ok"] = int(figures["many_rtt_err_p50_ms"] <= GOALS["rtt_err_p50_ms"]
                                      and figures["many_rtt_err_p99_ms"] <= GOALS["rtt_err_p99_ms"])
-    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
-    return 0
+    return figures
 
 
 if __name__ == "__main__":

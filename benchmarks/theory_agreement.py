@@ -21,11 +21,11 @@ crossovers are predicted from them alone before they run (predictions.csv), and 
 taken over the non-calibration points only. crossover_ci_width_ms is the widest 95% bootstrap
 interval of a located crossover (crossover_ci_width_pct: relative to the crossover).
 
-Measured (2026-12-01, quiet 2-core machine, netns/nfqueue, --repeats 3, 0/84 points contended):
-stratified (the default): oos p50 0.99%, max 2.44%, crossover 10.9% (0.71 ms), widest CI 13.2%;
---acceptance iid: oos p50 0.23%, max 1.10%, crossover 0.33%, widest CI 24.1%. With stratified
-acceptance the calibration's one batch of sync requests sets the harness overhead for every sync
-point (here 0.1 ms/token high), and sync's slope of ~0.3 turns that into 0.7 ms of crossover.
+Measured (2026-12-01, quiet 2-core machine, netns/nfqueue, --repeats 3, 5/84 points contended):
+stratified (the default): oos p50 0.26%, max 1.17%, crossover 4.4% (0.31 ms), widest CI 13.6%.
+The calibration's alpha is fitted to the tokens per round of the requests' steady windows (the
+rounds the per-token statistic counts); the pooled maximum-likelihood alpha of all rounds had put
+the crossover 0.7 ms (10.9%) early on the same kind of run.
 
     python benchmarks/theory_agreement.py [--launcher auto|netns|loopback|sim] [--repeats 3]
 """

@@ -44,6 +44,28 @@ def fit_alpha(rounds: pd.DataFrame) -> float:
     return float(accepted / (accepted + failures)) if accepted + failures else math.nan
 
 
+def fit_alpha_tokens_per_round(rounds: pd.DataFrame) -> float:
+    """The alpha whose closed-form tokens per round reproduces the rounds' own: the root of
+    sum over rounds of E(alpha, gamma_r) = sum of tokens emitted (method of moments). The closed
+    form uses alpha only through E (and the survival alpha^(gamma+1)), so where acceptance is not
+    geometric (a stratified sequence, a real pair's bursts) this, not the maximum-likelihood
+    alpha, is the one that predicts per-token latency. NaN without rounds; 0 or 1 at the ends."""
+    live = rounds[~rounds["stale"].astype(bool)] if "stale" in rounds else rounds
+    if live.empty:
+        return math.nan
+    gammas = live["proposed"].astype(int).to_numpy()
+    emitted = float(live["emitted"].sum())
+
+    def tokens(alpha: float) -> float:
+        return sum(lm.expected_tokens_per_round(alpha, int(g)) for g in gammas if g >= 1) + (gammas < 1).sum()
+
+    if emitted <= tokens(0.0):
+        return 0.0
+    if emitted >= tokens(1.0):
+        return 1.0
+    return lm.bisect_increasing(tokens, emitted, 0.0, 1.0, tol=1e-7)
+
+
 FITTED = ("t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s")   # what a run's rounds can say
 
 
@@ -196,26 +218,51 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
 
 def steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
     """Each request's steady-state time per token. Where rounds carry receipt times (network
-    launchers): from the first round's receipt to that of the last round that emitted all it
-    could (accepted + 1), over the tokens received in between; a request's final round is
-    usually cut short by max_new_tokens and would charge a whole round for a few tokens, which
-    the steady state of the closed form does not have. Elsewhere the request's own figure
-    (first to last receipt). Both are services.traces.steady_per_token_s."""
+    launchers): over its steady window (``steady_windows``), from the receipt before the window
+    to the window's last, over the tokens the window received. Elsewhere the request's own
+    figure (first to last receipt). Both are services.traces.steady_per_token_s."""
     fallback = requests["steady_per_token_s"]
+    windows = steady_windows(rounds)
+    if windows is None:
+        return fallback
+    values = {key: traces.steady_per_token_s(t_start_s, window["t_receive_s"].iloc[-1],
+                                             int(window["emitted"].sum()))
+              for key, (t_start_s, window) in windows.items()}
+    measured = [values.get((str(c), int(r)), math.nan) for c, r in zip(requests["client_id"], requests["request_index"])]
+    return pd.Series(measured, index=requests.index).fillna(fallback)
+
+
+def steady_windows(rounds: pd.DataFrame) -> dict | None:
+    """Per (client_id, request_index): (the first emitting round's receipt time, the rounds after
+    it up to the last one that emitted all it could, accepted + 1). The steady state of the closed
+    form: the first round (prefill, the round trip to open) and the final round, usually cut short
+    by max_new_tokens (it would charge a whole round for a few tokens), stay out. None where no
+    round carries receipt times (the sim launcher); requests without such a round are left out."""
     live = rounds_with_receipts(rounds, emitting_only=True)
     if live is None:
-        return fallback
-    values = {}
+        return None
+    return {key: (float(first["t_receive_s"]), window) for key, (first, window) in _windows(live).items()}
+
+
+def steady_window_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """The rounds of every request's steady window (``steady_windows``) in every point, with or
+    without receipt times: live rounds that emitted, each request's first and final cut-short
+    rounds out. Empty where no request has one."""
+    live = rounds[~rounds["stale"].astype(bool) & (rounds["emitted"] > 0)] if len(rounds) else rounds
+    points = live.groupby("point") if "point" in live else [(None, live)]
+    frames = [window for _, point_rounds in points for _, window in _windows(point_rounds).values()]
+    return pd.concat(frames) if frames else rounds.iloc[:0]
+
+
+def _windows(live: pd.DataFrame) -> dict:
+    """(client_id, request_index) -> (first round, window rounds) over one point's live emitting rounds."""
+    windows = {}
     for (client, request), g in live.groupby(["client_id", "request_index"]):
         g = g.sort_values("round_index")
         full = np.flatnonzero((g["emitted"] == g["accepted"] + 1).to_numpy()[1:]) + 1
         if len(full):
-            last = full[-1]
-            tokens = int(g["emitted"].to_numpy()[1:last + 1].sum())
-            values[str(client), int(request)] = traces.steady_per_token_s(g["t_receive_s"].iloc[0],
-                                                                          g["t_receive_s"].iloc[last], tokens)
-    measured = [values.get((str(c), int(r)), math.nan) for c, r in zip(requests["client_id"], requests["request_index"])]
-    return pd.Series(measured, index=requests.index).fillna(fallback)
+            windows[str(client), int(request)] = (g.iloc[0], g.iloc[1:full[-1] + 1])
+    return windows
 
 
 def _link_rtt_ms(links: pd.DataFrame | None, keys: list[str]) -> dict:
