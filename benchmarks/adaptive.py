@@ -31,8 +31,10 @@ average 5-10 from other jobs, so its numbers are noisy):
   netns, 2 seeds: model 28.2, bandit 72.9, heuristic 73.2, best static 58.6, switches 4.4
   with it (a round may hand the request to cloud AR and back; the alpha estimate's change test):
   sim, 3 seeds:   model 6.1, bandit 20.6, heuristic 52.0, best static 58.6 (pipelined 8), switches 2.5
-The model is 1.49x better per token than the best single static choice in the sim and both
-policies beat the heuristic; the 5% / 10% goals are not met. What is left of the model's gap: a
+  netns, 1 seed:  model 16.1, bandit 44.1, heuristic 49.5, best static 52.6 (pipelined 8), switches 3.0
+                  (load average 2.5 at the start, 1.8 at the end; 5 minutes)
+The model is 1.49x (sim) / 1.31x (netns) better per token than the best single static choice
+and both policies beat the heuristic; the 5% / 10% goals are not met. What is left of the model's gap: a
 request that starts on the server (cloud AR) just before the RTT falls cannot notice it (the
 stream measures no round trip), and pipelined DSD near the AR boundary at 150 ms runs slower
 than the closed form predicts (start-up of a 48-token request). The bandit's is mostly its
