@@ -26,13 +26,21 @@ rounds, request-level mode changes included) and goals_met=.
 
 Measured 2026-12-01 (the sim is virtual time, so load does not move it; netns ran at load
 average 5-10 from other jobs, so its numbers are noisy):
+  before the mid-request hand-over (dsd/driver.py):
   sim, 3 seeds:   model 10.7, bandit 20.4, heuristic 52.0, best static 58.6 (pipelined 8), switches 2.0
-  sim, --alpha-requests 24 --requests 96: model 6.3, bandit 20.5, heuristic 48.4, best static 56.8
   netns, 2 seeds: model 28.2, bandit 72.9, heuristic 73.2, best static 58.6, switches 4.4
-So the model is 1.43x (sim) / 1.24x (netns) better per token than the best single static choice
-and both policies beat the heuristic in the sim; the 5% / 10% goals are not met. Most of the
-model's gap is the first request after each acceptance change (the oracle knows it at once; a
-request cannot leave DSD for the server mid-request), so it shrinks with longer segments.
+  with it (a round may hand the request to cloud AR and back; the alpha estimate's change test):
+  sim, 3 seeds:   model 6.1, bandit 20.6, heuristic 52.0, best static 58.6 (pipelined 8), switches 2.5
+  netns, 1 seed:  model 16.1, bandit 44.1, heuristic 49.5, best static 52.6 (pipelined 8), switches 3.0
+                  (load average 2.5 at the start, 1.8 at the end; 5 minutes)
+The model is 1.49x (sim) / 1.31x (netns) better per token than the best single static choice
+and both policies beat the heuristic; the 5% / 10% goals are not met. What is left of the model's gap: a
+request that starts on the server (cloud AR) just before the RTT falls cannot notice it (the
+stream measures no round trip), and pipelined DSD near the AR boundary at 150 ms runs slower
+than the closed form predicts (start-up of a 48-token request). The bandit's is mostly its
+exploration of arms (a whole request per untried kind) and context buckets that change when the
+acceptance does. Tried and not kept: scaling the model's DSD costs by measured over predicted
+round time (seeds 5.0 / 4.8 / 9.4, mean 6.4, against 4.9 / 7.4 / 6.0 without).
 """
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def netns_seed(scenario, args, seed: int):
     plan = [p for p in plan_points(experiment) if p.mode in scenario.modes]
     work = Path(f"/tmp/dsd-adaptive-netns-{seed}-{int(time.time())}")
     results: dict = {}
-    with GroupTestbeds("netns", experiment, work) as testbeds:
+    with GroupTestbeds("netns", experiment, work, {}, None) as testbeds:     # no sim times or pairs: netns
         testbed = testbeds.for_point(plan[0])
         prefix = time.strftime("%Y%m%dT%H%M%S") + f"-s{seed}"
         common = dict(testbed=testbed, prompts=prompts, warmup=0, max_new_tokens=scenario.tokens, max_in_flight=1,

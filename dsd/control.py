@@ -32,6 +32,7 @@ on the server. Which modes a policy may pick is ``ControllerConfig.modes``.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from dsd import latency_model as lm
@@ -52,6 +53,14 @@ class Observation:
     t_draft_s: float | None        # per draft step
     t_verify_s: float | None       # the server's compute for the block
     server_queue_s: float | None
+    # a server round of a hand-over (mode a server mode; dsd.driver): the tokens it emitted, the
+    # time since the segment's previous arrival (its send, for the first), and shadow drafting's
+    # positions and matches along them (greedy only)
+    tokens: int = 0
+    interval_s: float | None = None
+    shadow_positions: int = 0
+    shadow_matches: int = 0
+    remaining_tokens: int | None = None    # what the request's token budget still allows
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,7 @@ class ControllerConfig:
     gammas: tuple[int, ...] = (1, 2, 4, 8, 16)   # bandit: the gamma arms (those <= gamma_max)
     horizon_s: float = 12.0         # bandit: an observation's weight halves every horizon_s seconds
     exploration: float = 0.1        # bandit: UCB bonus scale (a share of the best arm's rate)
+    handover: bool = True           # model, bandit: a round may hand the request to a server mode of ``modes``
 
     def __post_init__(self) -> None:
         if self.name not in CONTROLLERS:
@@ -161,11 +171,18 @@ class ControllerConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if not isinstance(self.handover, bool):
+            raise ValueError(f"handover must be true or false, got {self.handover!r}")
 
     @property
     def dsd_modes(self) -> tuple[str, ...]:
         """The modes a round may take (the request-level ones besides)."""
         return tuple(m for m in self.modes if m in edge_modes())
+
+    @property
+    def round_modes(self) -> tuple[str, ...]:
+        """The modes a round may take: the DSD ones, and the server's where a hand-over is allowed."""
+        return self.modes if self.handover and self.dsd_modes else (self.dsd_modes or edge_modes())
 
     @property
     def dsd_start(self) -> Decision:
@@ -279,6 +296,60 @@ class _DiscountedLine:
         return sy / w + slope * (x - sx / w)
 
 
+class _Acceptance:
+    """The acceptance rate alpha, discounted per observation: each adds its accepted drafts
+    (successes) and rejections (failures: 1 unless a round's drafts were all accepted; shadow
+    drafting adds its matches and misses), and alpha is their ratio (the maximum-likelihood rate
+    of i.i.d. positions, as ``Generation.alpha_measured``).
+
+    A change test keeps the discount from lagging behind a new prompt: once the latest
+    observations cover ``MIN_POSITIONS`` positions and are more than ``RESET_NATS`` likelier
+    under their own rate than under the running one (a log-likelihood ratio: at alpha 0.9, three
+    rejections in six positions score 3.1), the estimate restarts from them. A high-alpha
+    history holds many accepted drafts, so without this a drop to 0.3 takes some twenty rounds
+    to show; with it, a few."""
+
+    MIN_POSITIONS = 6
+    RESET_NATS = 4.0
+
+    def __init__(self, discount: float) -> None:
+        self.discount = discount
+        self.accepted, self.rejected = _Discounted(discount), _Discounted(discount)
+        self.recent: deque[tuple[float, float]] = deque()
+
+    def add(self, accepted: float, rejected: float) -> None:
+        self.accepted.add(accepted)
+        self.rejected.add(rejected)
+        self.recent.append((accepted, rejected))
+        while len(self.recent) > 1 and sum(a + r for a, r in list(self.recent)[1:]) >= self.MIN_POSITIONS:
+            self.recent.popleft()
+        if sum(a + r for a, r in self.recent) >= self.MIN_POSITIONS and self._changed():
+            self.accepted, self.rejected = _Discounted(self.discount), _Discounted(self.discount)
+            for a, r in self.recent:
+                self.accepted.add(a)
+                self.rejected.add(r)
+
+    def _changed(self) -> bool:
+        a, r = sum(x for x, _ in self.recent), sum(y for _, y in self.recent)
+
+        def log_likelihood(p: float) -> float:
+            p = min(max(p, 1e-3), 1 - 1e-3)
+            return a * math.log(p) + r * math.log(1 - p)
+
+        return log_likelihood(a / (a + r)) - log_likelihood(self.value) > self.RESET_NATS
+
+    @property
+    def value(self) -> float | None:
+        a, r = self.accepted.value, self.rejected.value
+        if a is None or a + r == 0:
+            return None
+        return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
+
+    @property
+    def weight(self) -> float:
+        return self.accepted.weight
+
+
 class ModelPolicy:
     """The closed form on running estimates, with a switching margin.
 
@@ -290,11 +361,12 @@ class ModelPolicy:
     requests in a row, where DSD at the best alpha seen so far would beat the server, one request
     runs DSD again to re-measure it."""
 
+    SESSION_RTTS = 4
+
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.current = config.dsd_start
-        self.accepted = _Discounted(config.discount)      # per round: accepted drafts
-        self.rejected = _Discounted(config.discount)      # per round: 1 if a draft was rejected
+        self.acceptance = _Acceptance(config.discount)
         self.rtt_s = _Discounted(config.discount)
         self.t_draft_s = _Discounted(config.discount)
         self.t_verify_s = _DiscountedLine(config.discount)     # against gamma
@@ -303,25 +375,27 @@ class ModelPolicy:
         self.alpha_best = 0.0                             # the highest alpha estimate so far
         self.server_streak = 0                            # server requests in a row
         self.last_request: Decision | None = None
+        self.remaining_tokens: int | None = None          # the request's budget, as last observed
+        self.request_tokens = 0                           # the last request's output length
 
     def observe(self, observation: Observation) -> None:
         if observation.stale:
             return
-        self.accepted.add(observation.accepted)
-        self.rejected.add(float(observation.accepted < observation.proposed))
+        self.remaining_tokens = observation.remaining_tokens
+        if observation.mode in server_modes():
+            self._observe_server(observation)
+            return
+        self.acceptance.add(observation.accepted, float(observation.accepted < observation.proposed))
         self.rtt_s.add(observation.rtt_s)
         self.t_draft_s.add(observation.t_draft_s)
         self.t_verify_s.add(observation.proposed, observation.t_verify_s)
-        if self.alpha is not None and self.accepted.weight >= 5:
+        if self.alpha is not None and self.acceptance.weight >= 5:
             self.alpha_best = max(self.alpha_best, self.alpha)
 
     @property
     def alpha(self) -> float | None:
         """Maximum likelihood under i.i.d. acceptance (as ``Generation.alpha_measured``), discounted."""
-        a, r = self.accepted.value, self.rejected.value
-        if a is None or a + r == 0:
-            return None
-        return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
+        return self.acceptance.value
 
     def _t_ar_s(self) -> float | None:
         return self.t_ar_s.value or self.config.t_ar_s or self.t_verify_s.at(1)
@@ -342,23 +416,54 @@ class ModelPolicy:
                     or self.t_verify_s.at(1) is None)
 
     def decide(self) -> Decision:
+        """The next round's plan: the best predicted, if at least ``margin_pct`` faster than the
+        current one and, for a hand-over (to the server or back), if the time it saves over the
+        request's remaining tokens outweighs the round trip the hand-over costs."""
         if not self._measured():
             return self.current                  # nothing measured yet: the configured start
-        alpha, rtt_s = self.alpha, self.rtt_s.value
-        best, best_s = self._best(self.config.dsd_modes or edge_modes(), alpha, rtt_s)
-        if self.current.mode not in edge_modes() or best_s < self._cost_s(self.current, alpha, rtt_s) * (
-                1 - self.config.margin_pct / 100):
+        alpha, rtt_s, modes = self.alpha, self.rtt_s.value, self.config.round_modes
+        best, best_s = self._best(modes, alpha, rtt_s)
+        if self.current.mode not in modes:
+            self.current = best
+            return self.current
+        current_s = self._cost_s(self.current, alpha, rtt_s)
+        hands_over = (best.mode in server_modes()) != (self.current.mode in server_modes())
+        pays_off = not hands_over or self.remaining_tokens is None or \
+            (current_s - best_s) * self.remaining_tokens > rtt_s
+        if best_s < current_s * (1 - self.config.margin_pct / 100) and pays_off:
             self.current = best
         return self.current
+
+    def _observe_server(self, o: Observation) -> None:
+        """A server round of a hand-over: shadow drafting's positions as draws of alpha (co-located
+        rounds without them: the server's own draft rounds), the hand-over's round trip as the
+        link's, the round's compute as the server's AR step (or draft steps, co-located)."""
+        self.rtt_s.add(o.rtt_s)
+        if o.shadow_positions:
+            self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
+        speculative = get_mode(o.mode).speculative
+        if speculative and o.proposed and not o.shadow_positions:
+            self.acceptance.add(o.accepted, float(o.accepted < o.proposed))
+        if o.t_verify_s is None or not o.tokens:
+            return
+        if not speculative:
+            self.t_ar_s.add(o.t_verify_s / o.tokens)      # the server's step (arrival gaps are the link's)
+        elif self.t_verify_s.at(o.gamma) is not None and o.proposed:
+            t_ds = (o.t_verify_s - self.t_verify_s.at(o.gamma)) / o.proposed     # compute = drafts + verify
+            if t_ds > 0:
+                self.t_draft_server_s.add(t_ds)
 
     def decide_request(self, rtt_s: float | None = None) -> Decision:
         """The request's mode (and start plan): the lowest predicted per-token time at the RTT
         just probed (else the running estimate), with the margin against the last choice."""
         c = self.config
+        if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
+            self.rtt_s = _Discounted(c.discount)
+            self.rtt_s.add(rtt_s)
         if not self._measured():
             self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
             return self.last_request
-        rtt_s = self.rtt_s.value if rtt_s is None else rtt_s
+        rtt_s = self.rtt_s.value
         alpha = self.alpha
         best, best_s = self._best(c.modes, alpha, rtt_s)
         last = self.last_request
@@ -371,19 +476,35 @@ class ModelPolicy:
             if dsd_s < self._cost_s(best, alpha, rtt_s):
                 best = dsd
         self.last_request = best
-        if best.mode in edge_modes():
-            self.current = best
+        if best.mode in server_modes():
+            return self._server_in_session(best, alpha, rtt_s)
+        self.current = best
         return best
+
+    def _server_in_session(self, best: Decision, alpha: float, rtt_s: float) -> Decision:
+        """A server request that could come back: where DSD at the best alpha seen so far would
+        beat the server by more than a few round trips over a request's tokens (opening a DSD
+        session first may cost one; ``SESSION_RTTS`` leaves room for the chance that alpha did
+        not rise), the request runs as a DSD session whose first round hands over to the server
+        at once (``current``), so shadow drafting can bring it back mid-request."""
+        c = self.config
+        if not (c.handover and c.dsd_modes and self.request_tokens):
+            return best
+        dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
+        if (self._cost_s(best, alpha, rtt_s) - dsd_s) * self.request_tokens <= self.SESSION_RTTS * rtt_s:
+            return best
+        self.current = best
+        return dsd
 
     def _observe_shadow(self, positions: int, matches: int) -> None:
         """Shadow drafting as rounds of gamma 4 would have gone at that per-position rate: each
         adds its expected accepted drafts and chance of a rejection (keeps the estimator's form)."""
         rate = matches / positions
         for _ in range(max(positions // 4, 1)):
-            self.accepted.add(lm.expected_accepted_per_round(rate, 4))
-            self.rejected.add(1.0 - rate ** 4)
+            self.acceptance.add(lm.expected_accepted_per_round(rate, 4), 1.0 - rate ** 4)
 
     def observe_request(self, observation: RequestObservation) -> None:
+        self.request_tokens = observation.tokens
         if observation.rtt_s is not None:
             self.rtt_s.add(observation.rtt_s)
         if observation.mode in edge_modes():
@@ -433,9 +554,11 @@ class BanditPolicy:
             self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
         self.stats: dict[tuple, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
         self.rtt_bucket = 0
-        self.accepted, self.rejected = _Discounted(config.discount), _Discounted(config.discount)
+        self.acceptance = _Acceptance(config.discount)
         self.current = config.dsd_start if config.dsd_start in self.arms else \
             next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
+        self.remaining_tokens: int | None = None          # the request's budget, as last observed
+        self.request_tokens = 0                           # the last request's output length
 
     @staticmethod
     def rtt_bucket_of(rtt_s: float | None, default: int) -> int:
@@ -445,9 +568,8 @@ class BanditPolicy:
 
     @property
     def context(self) -> tuple[int, int]:
-        a, r = self.accepted.value, self.rejected.value
-        alpha = a / (a + r) if a is not None and a + r > 0 else 0.5
-        return self.rtt_bucket, min(int(alpha * 5), 4)
+        alpha = self.acceptance.value
+        return self.rtt_bucket, min(int((0.5 if alpha is None else alpha) * 5), 4)
 
     def _known(self) -> dict[Decision, list[float]]:
         """The current context's table; while it has nothing, the nearest context's that has
@@ -481,8 +603,11 @@ class BanditPolicy:
             return
         context = self.context                  # the one the round was planned in
         self.rtt_bucket = self.rtt_bucket_of(o.rtt_s, self.rtt_bucket)
-        self.accepted.add(o.accepted)
-        self.rejected.add(float(o.accepted < o.proposed))
+        self.remaining_tokens = o.remaining_tokens
+        if o.mode in server_modes():
+            self._observe_server(context, o)
+            return
+        self.acceptance.add(o.accepted, float(o.accepted < o.proposed))
         t_draft_s = o.t_draft_s or 0.0
         wait_s = (o.rtt_s or 0.0) + (o.t_verify_s or 0.0) + (o.server_queue_s or 0.0)
         if get_mode(o.mode).pipelined:
@@ -504,51 +629,121 @@ class BanditPolicy:
         return max(arms, key=lambda a: rates[a] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0)
                                                                     / max(table[a][2], 1e-9)))
 
+    def _observe_server(self, context: tuple, o: Observation) -> None:
+        """A server round of a hand-over earns its tokens over the time since the stream's last
+        arrival (the first: the hand-over's round trip too); shadow drafting moves the alpha context."""
+        if o.shadow_positions:
+            self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
+        arm = self._arm_of(o.mode, o.gamma)
+        if arm is not None and o.tokens and o.interval_s:
+            self._credit(context, arm, o.tokens, o.interval_s, o.interval_s / self.COUNT_UNIT_S)
+
+    def _arm_of(self, mode: str, gamma: int) -> Decision | None:
+        if not get_mode(mode).speculative:
+            return Decision(1, mode)
+        return min((a for a in self.arms if a.mode == mode), key=lambda a: abs(a.gamma - gamma), default=None)
+
     def decide(self) -> Decision:
-        self.current = self._pick(self.config.dsd_modes or edge_modes())
+        """The next round's arm: UCB over the kinds (DSD, and the server's where a hand-over is
+        allowed), leaving the current kind only for one whose rate is ``margin_pct`` higher and
+        whose time saved over the remaining tokens outweighs the hand-over's round trip (so
+        exploration does not make it flap between edge and server); then UCB within the kind."""
+        kinds = self._kinds(self.config.round_modes)
+        values = self._kind_values(kinds, borrow=True)
+        kind = self._ucb_kind(values)
+        here = self._kind_of(self.current.mode)
+        if kind != here and here in kinds:
+            new, old = values.get(kind), values.get(here)
+            # a kind not tried here is tried per request, not by a hand-over mid-request
+            if new is None or (old is not None and not self._worth_handing_over(new[0], old[0])):
+                kind = here
+        self.current = self._pick(tuple(kinds[kind]))
         return self.current
+
+    def _worth_handing_over(self, new_rate: float, old_rate: float) -> bool:
+        saved_s = (1 / old_rate - 1 / new_rate) * (self.remaining_tokens or 0)
+        return new_rate >= old_rate * (1 + self.config.margin_pct / 100) and saved_s >= 2.0 ** self.rtt_bucket / 1e3
+
+    @staticmethod
+    def _kind_of(mode: str) -> str:
+        return "dsd" if mode in edge_modes() else mode
+
+    def _kinds(self, modes: tuple[str, ...]) -> dict[str, list[str]]:
+        kinds: dict[str, list[str]] = {}
+        for mode in modes:
+            kinds.setdefault(self._kind_of(mode), []).append(mode)
+        return kinds
+
+    def _kind_values(self, kinds: dict[str, list[str]],
+                     borrow: bool = False) -> dict[str, tuple[float, float] | None]:
+        """Per kind: (its best tried arm's rate, its arms' count), None if none was tried; with
+        ``borrow``, a kind not tried in this context is worth what it earned in the nearest one
+        (a server's rate hardly depends on the acceptance the edge would see)."""
+        table, values = self._known(), {}
+        for kind, modes in kinds.items():
+            arms = [a for a in self.arms if a.mode in modes]
+            source = table
+            if borrow and not any(table[a][1] > 0 for a in arms):
+                source = self._nearest_with(arms) or table
+            tried = [a for a in arms if source[a][1] > 0]
+            values[kind] = (max(source[a][0] / source[a][1] for a in tried), sum(source[a][2] for a in arms)) \
+                if tried else None
+        return values
+
+    def _nearest_with(self, arms: list[Decision]) -> dict[Decision, list[float]] | None:
+        r, a = self.context
+        known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
+                 if any(t[arm][1] > 0 for arm in arms)]
+        return self.stats[min(known)[1]] if known else None
+
+    def _ucb_kind(self, values: dict[str, tuple[float, float] | None]) -> str:
+        untried = [k for k, v in values.items() if v is None]
+        if untried:
+            return untried[0]
+        total = sum(count for _, count in values.values())
+        scale = self.config.exploration * max(rate for rate, _ in values.values())
+        return max(values, key=lambda k: values[k][0] + scale * math.sqrt(
+            math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
 
     def decide_request(self, rtt_s: float | None = None) -> Decision:
         """Two levels, as a request is a long commitment: UCB over the kinds of request (DSD, cloud
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""
         self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
-        table = self._known()
-        kinds = {}
-        for mode in self.config.modes:
-            kinds.setdefault("dsd" if mode in edge_modes() else mode, []).append(mode)
-        values = {}
-        for kind, modes in kinds.items():
-            arms = [a for a in self.arms if a.mode in modes]
-            tried = [a for a in arms if table[a][1] > 0]
-            if not tried:
-                values[kind] = None
-                continue
-            values[kind] = (max(table[a][0] / table[a][1] for a in tried), sum(table[a][2] for a in arms))
-        untried = [k for k, v in values.items() if v is None]
-        if untried:
-            kind = untried[0]
-        else:
-            total = sum(count for _, count in values.values())
-            scale = self.config.exploration * max(rate for rate, _ in values.values())
-            kind = max(values, key=lambda k: values[k][0] + scale * math.sqrt(
-                math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
+        kinds = self._kinds(self.config.modes)
+        values = self._kind_values(kinds)
+        kind = self._ucb_kind(values)
         choice = self._pick(tuple(kinds[kind]))
         if choice.mode in edge_modes():
             self.current = choice
-        return choice
+            return choice
+        return self._server_in_session(choice, values[kind])
+
+    def _server_in_session(self, choice: Decision, value: tuple[float, float] | None) -> Decision:
+        """As ModelPolicy's: a server request that could come back (DSD earned more at this RTT in
+        some acceptance context, by more than a round trip over a request's tokens) runs as a DSD
+        session whose first round hands over at once; the stream's shadow drafting moves the
+        context, and a round may then bring it back to the edge."""
+        c = self.config
+        if not (c.handover and c.dsd_modes and self.request_tokens and value):
+            return choice
+        dsd_rates = [v[0] / v[1] for (r, _), table in self.stats.items() if r == self.rtt_bucket
+                     for arm, v in table.items() if arm.mode in c.dsd_modes and v[1] > 0]
+        if not dsd_rates or (1 / value[0] - 1 / max(dsd_rates)) * self.request_tokens <= 2.0 ** self.rtt_bucket / 1e3:
+            return choice
+        self.current = choice
+        return self._pick(c.dsd_modes)
 
     def observe_request(self, observation: RequestObservation) -> None:
         o = observation
+        self.request_tokens = o.tokens
         if o.mode in edge_modes() or o.tokens < 1 or not (o.wall_s > 0):
             return
         context = self.context
         if o.shadow_positions:
             rate = o.shadow_matches / o.shadow_positions
             for _ in range(max(o.shadow_positions // 4, 1)):     # as ModelPolicy._observe_shadow
-                self.accepted.add(lm.expected_accepted_per_round(rate, 4))
-                self.rejected.add(1.0 - rate ** 4)
-        arm = Decision(1, o.mode) if not get_mode(o.mode).speculative else \
-            min((a for a in self.arms if a.mode == o.mode), key=lambda a: abs(a.gamma - o.gamma), default=None)
+                self.acceptance.add(lm.expected_accepted_per_round(rate, 4), 1.0 - rate ** 4)
+        arm = self._arm_of(o.mode, o.gamma)
         if arm is not None:
             self._credit(context, arm, o.tokens, o.wall_s, o.wall_s / self.COUNT_UNIT_S)
 

@@ -16,9 +16,22 @@ between the simulator and the service is only behind those two interfaces:
 A block with no block in flight cannot be cut short by a verdict, so it is drafted in one device
 pass; otherwise the loop looks at the arrivals after every step and abandons a draft whose epoch
 has passed (its prefix was refuted).
+
+Hand-over: a transport whose ``hands_over`` is true also has ``generate(mode, gamma, max_tokens,
+after)`` -> send time, and lets the controller pick a server mode (cloud AR, co-located SD) for a round. The driver then
+stops drafting, waits until no block is in flight, and asks the server to generate the next
+``max_tokens`` tokens on the open session (a segment); each of the server's steps comes back as an
+arrival whose ``served`` is a ``ServerRound``, its tokens committed as they are (the server owns
+the committed prefix while it generates, so nothing is drafted meanwhile and no token is counted
+twice). While the controller keeps a server mode the next segment is asked for as soon as the
+current one's first tokens arrive, so the server never idles between them; once it picks a DSD
+mode again, drafting resumes after the last asked-for segment ends. Under greedy decoding the
+edge drafts along the stream (shadow drafting: its guess at every position, charged on the
+device) so the controller keeps measuring alpha while the server generates.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,21 +40,32 @@ from typing import Any, Protocol
 import torch
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
-from dsd.control import ControllerConfig, Observation, check_decision, make_controller
+from dsd.control import ControllerConfig, Decision, Observation, check_decision, make_controller
 from dsd.drafting import begin_request, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
-from dsd.modes import SYNC, edge_modes, get_mode
+from dsd.modes import SYNC, edge_modes, get_mode, server_modes
 from dsd.stopping import StopRule
 
 
 @dataclass(frozen=True)
+class ServerRound:
+    """One step of a hand-over segment: the tokens the server generated (AR: proposed 0)."""
+    proposed: int
+    accepted: int
+    tokens: tuple[int, ...]
+    done: bool = False               # the request is finished on the server
+
+
+@dataclass(frozen=True)
 class Arrival:
-    """A verdict as it reached the edge, with the verifier's account of its time."""
-    verdict: Verdict
+    """A verdict (or, in a hand-over, a server round) as it reached the edge, with the verifier's
+    account of its time."""
+    verdict: Verdict | None
     t_receive_s: float
     queue_s: float | None = None
     compute_s: float | None = None
     message: Any = None              # the transport's own message (for its trace row)
+    served: ServerRound | None = None
 
 
 @dataclass(frozen=True)
@@ -50,10 +74,10 @@ class Round:
     index: int
     arrival: Arrival
     emitted: list[int]
-    gamma: int                       # the plan the block was drafted in
+    gamma: int                       # the plan the block was drafted in (a server round: its segment's)
     mode: str
-    t_draft_start_s: float
-    t_draft_end_s: float
+    t_draft_start_s: float | None    # None for a server round
+    t_draft_end_s: float | None
     t_send_s: float
 
 
@@ -74,18 +98,40 @@ def step_limit(max_new_tokens: int, gamma_max: int) -> int:
     return 64 * (max_new_tokens + 1) * (gamma_max + 2)
 
 
+@dataclass
+class Segment:
+    """A hand-over segment asked of the server: its plan, the tokens still due, its times."""
+    gamma: int
+    mode: str
+    remaining: int
+    t_send_s: float
+    alone: bool                      # asked with none ahead: its first round trip is the link's
+    rounds: int = 0
+
+
 class DsdDriver:
     """One DSD request: ``await run()`` drafts until the stop rule holds; ``handle(arrival)``
-    applies a verdict (also for the stale ones a transport drains after the end)."""
+    applies a verdict or a server round (also for the stale ones a transport drains after the end).
+    ``handover_tokens``: the length of a hand-over segment (see the module's docstring)."""
 
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
-                 controller=None, gamma_max: int | None = None) -> None:
+                 controller=None, gamma_max: int | None = None, handover_tokens: int = 4) -> None:
+        if not (isinstance(handover_tokens, int) and handover_tokens >= 1):
+            raise ValueError(f"handover_tokens must be a whole number >= 1, got {handover_tokens!r}")
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
         self.gamma_max = max(gamma_max or gamma, gamma)
         self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max))
+        # the modes a round may take: the server's too where the transport can hand over
+        self.modes = edge_modes() + (server_modes() if getattr(transport, "hands_over", False) else ())
+        self.handover_tokens = handover_tokens
+        self.segments: deque[Segment] = deque()
+        self.server_plan: Decision | None = None
+        self._stream_s = 0.0             # the hand-over's send, then its last server round's arrival
+        self._rtt_s: float | None = None     # the link, as last measured (sizes the segments)
+        self._step_s: float | None = None    # a server round's steady time per token
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
@@ -103,7 +149,10 @@ class DsdDriver:
             await self.deliver_ready()
             if self.edge.done:
                 break
-            request = self.edge.next_draft()
+            if self.server_plan is not None and not self.segments and not self.edge.in_flight \
+                    and self.edge.held is None:
+                await self.hand_over(None)
+            request = None if self.segments else self.edge.next_draft()
             if request is None:
                 await self.handle(await self.transport.wait())
                 continue
@@ -156,23 +205,95 @@ class DsdDriver:
 
     async def handle(self, arrival: Arrival) -> None:
         """Apply one verdict: emit, report the round, let the controller re-plan, send what is due."""
+        if arrival.served is not None:
+            await self.handle_served(arrival)
+            return
         emitted, to_send = self.edge.on_verdict(arrival.verdict)
         t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = self._sent.popleft()
         self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
         self.rounds += 1
-        self.controller.observe(observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
+        seen = observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, self.remaining_tokens)
+        self._rtt_s = self._rtt_s if arrival.verdict.stale else seen.rtt_s
+        self.controller.observe(seen)
         self.mode = self.plan()
         await self.send(to_send, self.transport.prepare(to_send), arrival)
 
+    async def handle_served(self, arrival: Arrival) -> None:
+        """One server round of a hand-over: commit its tokens, shadow-draft them, report the round,
+        re-plan, and ask for the next segment while the plan stays on the server."""
+        if not self.segments:
+            return                       # the end of a stream asked for past the request's end
+        served, segment = arrival.served, self.segments[0]
+        prefix = list(self.edge.committed.tokens)
+        emitted = self.edge.on_tokens(served.tokens)
+        segment.remaining -= len(served.tokens)
+        interval_s, first = arrival.t_receive_s - self._stream_s, segment.rounds == 0
+        self._stream_s, segment.rounds = arrival.t_receive_s, segment.rounds + 1
+        if segment.remaining <= 0 or served.done or self.edge.done:
+            self.segments.popleft()
+        shadow = await self.shadow(prefix, emitted)
+        self.on_round(Round(self.rounds, arrival, emitted, segment.gamma, segment.mode, None, None,
+                            segment.t_send_s))
+        self.rounds += 1
+        seen = server_observation(arrival, segment, interval_s, first and segment.alone, shadow,
+                                  self.remaining_tokens)
+        if seen.rtt_s is not None:
+            self._rtt_s = seen.rtt_s
+        elif not first and served.tokens:
+            self._step_s = interval_s / len(served.tokens)
+        self.controller.observe(seen)
+        self.mode = self.plan()
+        if self.server_plan is not None and len(self.segments) < 2:
+            await self.hand_over(arrival)
+
+    async def hand_over(self, after: Arrival | None) -> None:
+        """Ask the server for the next segment of the request (none past the token budget). A
+        segment lasts at least a round trip at the server's measured rate, so the next one,
+        asked when its first tokens arrive, reaches the server before it ends."""
+        due = self.remaining_tokens - sum(s.remaining for s in self.segments)
+        if due <= 0 or self.edge.done:
+            return
+        n_tokens = self.handover_tokens
+        if self._rtt_s is not None and self._step_s:
+            n_tokens = max(n_tokens, math.ceil(self._rtt_s / self._step_s) + 2)
+        plan, n_tokens = self.server_plan, min(n_tokens, due)
+        t_send_s = await self.transport.generate(plan.mode, plan.gamma, n_tokens, after)
+        if not self.segments:
+            self._stream_s = t_send_s
+        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, not self.segments))
+
+    async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]:
+        """(positions, matches): the draft's greedy guess at each streamed token given the true
+        prefix, one draft step each on the device (greedy only: under sampling a match is not alpha)."""
+        if not tokens or not self.sampling.greedy:
+            return 0, 0
+        guesses = []
+
+        def work() -> None:
+            logits = self.draft.logits(self.seq_id, prefix + tokens[:-1], len(tokens))     # [n, vocab]
+            guesses.extend(logits.argmax(dim=-1).tolist())
+
+        await self.device.draft(work, len(tokens), lambda: None)
+        self.draft_steps += len(tokens)
+        return len(tokens), sum(int(g == t) for g, t in zip(guesses, tokens))
+
+    @property
+    def remaining_tokens(self) -> int:
+        """What the token budget still allows (an end-of-sequence may come sooner)."""
+        return self.stop.max_new_tokens - len(self.edge.generated)
+
     def plan(self) -> str:
-        """Ask the controller for the next blocks' gamma and mode; returns the mode."""
-        decision = check_decision(self.controller.decide(), self.gamma_max, edge_modes())
-        self.edge.set_plan(decision.gamma, get_mode(decision.mode).pipelined)
+        """Ask the controller for the next gamma and mode; returns the mode. A server mode stops
+        drafting (the hand-over starts once no block is in flight)."""
+        decision = check_decision(self.controller.decide(), self.gamma_max, self.modes)
+        on_server = decision.mode in server_modes()
+        self.server_plan = decision if on_server else None
+        self.edge.set_plan(decision.gamma, not on_server and get_mode(decision.mode).pipelined)
         return decision.mode
 
 
 def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,
-                t_send_s: float) -> Observation:
+                t_send_s: float, remaining_tokens: int | None = None) -> Observation:
     """What a controller learns from one round: the link's share of the round trip is what is left
     after the verifier's queue and compute."""
     v = arrival.verdict
@@ -180,7 +301,20 @@ def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float,
     return Observation(gamma, mode, v.proposed, v.accepted, v.stale,
                        max(arrival.t_receive_s - t_send_s - server_s, 0.0),
                        (t_draft_end_s - t_draft_start_s) / v.proposed if v.proposed else None,
-                       arrival.compute_s, arrival.queue_s)
+                       arrival.compute_s, arrival.queue_s, remaining_tokens=remaining_tokens)
+
+
+def server_observation(arrival: Arrival, segment: Segment, interval_s: float, round_trip: bool,
+                       shadow: tuple[int, int], remaining_tokens: int) -> Observation:
+    """A server round of a hand-over: its tokens over the time since the stream's previous arrival
+    (the hand-over's send, for its first round: the hand-over's cost included); the link's RTT only
+    from that first round (a segment asked while another runs waits behind it)."""
+    s = arrival.served
+    server_s = (arrival.queue_s or 0.0) + (arrival.compute_s or 0.0)
+    return Observation(segment.gamma, segment.mode, s.proposed, s.accepted, False,
+                       max(interval_s - server_s, 0.0) if round_trip else None, None, arrival.compute_s,
+                       arrival.queue_s, tokens=len(s.tokens), interval_s=interval_s,
+                       shadow_positions=shadow[0], shadow_matches=shadow[1], remaining_tokens=remaining_tokens)
 
 
 def run_to_end(coroutine):

@@ -140,6 +140,17 @@ class EdgeDecoder:
             self._drop_speculation()
         return emitted, self._send_held()
 
+    def on_tokens(self, tokens: Sequence[int]) -> list[int]:
+        """Tokens the server generated on the committed prefix (a hand-over, dsd.driver); returns
+        those emitted. Only with nothing in flight or held: the server owns the prefix meanwhile
+        (stale answers to blocks of a refuted speculation may still be on the way: they come first)."""
+        if self.in_flight or self.held is not None or self.speculative:
+            raise ValueError(f"server tokens at length {len(self.committed)} while {len(self.in_flight)} "
+                             "block(s) are in flight or held: hand over only once they are answered")
+        emitted = self.stop.clip([int(t) for t in tokens], len(self.generated))
+        self.committed.extend(emitted)
+        return emitted
+
     def _drop_speculation(self) -> None:
         self.doomed += len(self.in_flight)
         self.in_flight.clear()

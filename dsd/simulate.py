@@ -22,7 +22,7 @@ import torch
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
-from dsd.driver import Arrival, DsdDriver, Round, run_to_end
+from dsd.driver import Arrival, DsdDriver, Round, ServerRound, run_to_end
 from dsd.edge import EdgeDecoder
 from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
 from dsd.stopping import StopRule
@@ -31,14 +31,19 @@ from dsd.verifier_session import VerifierSession
 
 @dataclass(frozen=True)
 class LinkCosts:
+    """A DSD request's virtual-time costs; with ``t_ar_s`` (and, for co-located SD,
+    ``t_draft_server_s``) the verifier can also take the request over mid-way (a hand-over)."""
     t_draft_s: float
     t_verify_s: float
     rtt_s: float
+    t_ar_s: float | None = None
+    t_draft_server_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("t_draft_s", "t_verify_s", "rtt_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("t_draft_s", "t_verify_s", "rtt_s", "t_ar_s", "t_draft_server_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
 
     @property
     def one_way_s(self) -> float:
@@ -100,15 +105,22 @@ class VirtualDevice:
 class VirtualLink:
     """The link and a verifier serving one edge, first come first served, on virtual time: each
     message takes half the round trip (``rtt_at(t)`` for links that change), each fresh block
-    ``t_verify_of(n_drafted)``, a stale one nothing."""
+    ``t_verify_of(n_drafted)``, a stale one nothing. With ``costs.t_ar_s`` it also takes hand-overs
+    (``generate``): AR steps of t_ar_s, or co-located rounds (gamma steps of t_draft_server_s on
+    ``draft`` under the session's own id, then a verification), back to back, each sent at once."""
 
     def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts, rtt_at=None,
-                 t_verify_of=None) -> None:
+                 t_verify_of=None, draft: LanguageModel | None = None) -> None:
         self.clock, self.session, self.costs = clock, session, costs
         self.rtt_at, self.t_verify_of = rtt_at, t_verify_of
         self.arrivals: list[tuple[float, int, Arrival]] = []   # (time at the edge, send order, arrival)
         self.order = itertools.count()
         self.verifier_free_at_s = 0.0
+        self.hands_over = costs.t_ar_s is not None
+        self.draft, self.server_seq_id = draft, f"{session.seq_id}/server"
+        # as the verifier's hand-over generator: not the edge's seed (seed + 1), whose draws a
+        # shared stream would correlate with the edge's earlier drafts (sampling would not be exact)
+        self.draft_generator = torch.Generator().manual_seed(session.sampling.seed + 2)
 
     def one_way_s(self, at_s: float) -> float:
         return self.costs.one_way_s if self.rtt_at is None else self.rtt_at(at_s) / 2
@@ -131,6 +143,43 @@ class VirtualLink:
                                            Arrival(verdict, back_s, start_s - arrive_s, compute_s)))
         return [sent_s] * len(proposals)
 
+    async def generate(self, mode: str, gamma: int, max_tokens: int, after: Arrival | None) -> float:
+        """A hand-over segment: the server generates up to ``max_tokens`` tokens on the session."""
+        if not self.hands_over:
+            raise RuntimeError("this virtual link was given no t_ar_s: it cannot hand over")
+        sent_s = self.clock.now_s if after is None else after.t_receive_s
+        arrive_s = sent_s + self.one_way_s(sent_s)
+        t_s = max(arrive_s, self.verifier_free_at_s)
+        if get_mode(mode).drafts == SERVER:
+            begin_request(self.draft, self.server_seq_id, self.session.committed.tokens, gamma)
+        produced, steps = 0, 0
+        while (produced < max_tokens and not self.session.finished) or steps == 0:
+            start_s = t_s
+            served, step_s = self._server_step(mode, gamma)
+            t_s += step_s
+            produced, steps = produced + len(served.tokens), steps + 1
+            back_s = t_s + self.one_way_s(t_s)
+            heapq.heappush(self.arrivals, (back_s, next(self.order), Arrival(
+                None, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s, served=served)))
+        self.verifier_free_at_s = t_s
+        return sent_s
+
+    def _server_step(self, mode: str, gamma: int) -> tuple[ServerRound, float]:
+        """One AR step or co-located round on the session (nothing once it is finished)."""
+        session = self.session
+        if session.finished:
+            return ServerRound(0, 0, (), True), 0.0
+        if not get_mode(mode).speculative:
+            tokens = session.ar_step()
+            return ServerRound(0, 0, tuple(tokens), session.finished), self.costs.t_ar_s
+        drafted, q = draft_block(self.draft, self.server_seq_id, session.committed.tokens, gamma, session.sampling,
+                                 self.draft_generator)
+        before = len(session.committed)
+        verdict = session.verify(session.proposal_for(drafted, q))
+        t_verify_s = self.costs.t_verify_s if self.t_verify_of is None else self.t_verify_of(gamma)
+        return (ServerRound(gamma, verdict.accepted, tuple(session.committed.tokens[before:]), session.finished),
+                gamma * (self.costs.t_draft_server_s or 0.0) + t_verify_s)
+
     async def poll(self) -> list[Arrival]:
         ready = []
         while self.arrivals and self.arrivals[0][0] <= self.clock.now_s:
@@ -148,31 +197,37 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
-                 t_verify_of=None, mode: str | None = None) -> SimulatedRun:
+                 t_verify_of=None, mode: str | None = None, handover_tokens: int = 4) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
     dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
     None: gamma and the mode stay) is asked for the next plan before the first block and after
     every verdict; its gamma must be in 1..gamma_max (default: gamma). ``rtt_at(t_s)`` (optional)
     is the link's RTT for a message sent at virtual time t_s, for links that change during the
     request; ``t_verify_of(n_drafted)`` (optional) the verification time of a block, for plans
-    whose gamma changes (default: ``costs.t_verify_s`` for every block)."""
+    whose gamma changes (default: ``costs.t_verify_s`` for every block). With ``costs.t_ar_s`` the
+    controller may also hand the request to the server mid-way, ``handover_tokens`` at a time
+    (dsd.driver)."""
     clock = VirtualClock()
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
-    link = VirtualLink(clock, session, costs, rtt_at, t_verify_of)
+    link = VirtualLink(clock, session, costs, rtt_at, t_verify_of, draft)
     generation = Generation([])
     emits_s: list[float] = []
 
     def on_round(r: Round) -> None:
-        generation.rounds.append(RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode))
+        served = r.arrival.served
+        generation.rounds.append(
+            RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode) if served is None
+            else RoundRecord(r.index, served.proposed, served.accepted, len(r.emitted), False, r.gamma, r.mode))
         if r.emitted:
             emits_s.append(r.arrival.t_receive_s)
 
     driver = DsdDriver(draft, seq_id, prompt, gamma, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link,
                        clock, on_round, mode or (PIPELINED if pipelined else SYNC), max_in_flight, controller,
-                       gamma_max)
+                       gamma_max, handover_tokens)
     generation.tokens = run_to_end(driver.run())
     session.close()
+    draft.release(link.server_seq_id)
     # The output is complete when the last emitting verdict arrives; stale answers to doomed
     # blocks still on the way do not delay it.
     return SimulatedRun(generation, emits_s[-1] if emits_s else 0.0, emits_s[0] if emits_s else 0.0,

@@ -42,7 +42,7 @@ from aiohttp import web
 from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.control import CONTROLLERS, ControllerConfig, RequestObservation, check_decision, make_controller, shadow_matches
-from dsd.driver import Arrival, DsdDriver, Round
+from dsd.driver import Arrival, DsdDriver, Round, ServerRound
 from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
 from services import access, wire
@@ -414,12 +414,13 @@ class Client:
         device = DraftDevice(self.device, self.t_draft_s, transport)
 
         def on_round(r: Round) -> None:
-            m = r.arrival.message
+            m = r.arrival.message                       # Verified, or Tokens of a hand-over
+            stale = isinstance(m, wire.Verified) and m.stale
             request.emitted(r.arrival.t_receive_s, len(r.emitted))
-            self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), m.stale, r.t_draft_start_s,
+            self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), stale, r.t_draft_start_s,
                            r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode))
             request.rounds += 1
-            request.stale_rounds += m.stale
+            request.stale_rounds += stale
 
         driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, c.gamma, request.stop,
                            sampling, device, transport, time.perf_counter, on_round, c.mode,
@@ -443,8 +444,11 @@ class Client:
 
 class SessionTransport:
     """A DSD session on the verifier link, as dsd.driver's transport: blocks go out as Verify
-    frames, Verified replies come back as arrivals. The draft device may start a pass once the
-    last message it depends on had arrived (``ready_s``)."""
+    frames, Verified replies come back as arrivals; a hand-over goes out as a Generate with
+    max_tokens on the open session, its Tokens come back as server rounds. The draft device may
+    start a pass once the last message it depends on had arrived (``ready_s``)."""
+
+    hands_over = True
 
     def __init__(self, link: VerifierLink, session: int, inbox: asyncio.Queue, request: Request,
                  sampling: SamplingParams) -> None:
@@ -466,6 +470,10 @@ class SessionTransport:
     async def send(self, frames: list[bytes], after=None) -> list[float]:
         self.in_flight += len(frames)
         return [await self.link.send_encoded(data) for data in frames]
+
+    async def generate(self, mode: str, gamma: int, max_tokens: int, after=None) -> float:
+        return await self.link.send(wire.Generate(self.link.next_seq(), self.session, mode,
+                                                  gamma if get_mode(mode).speculative else 0, max_tokens))
 
     async def poll(self) -> list[Arrival]:
         arrivals = []
@@ -490,6 +498,9 @@ class SessionTransport:
         if isinstance(m, wire.Opened):
             self.opened = True
             return None
+        if isinstance(m, wire.Tokens):
+            return Arrival(None, t_receive_s, m.queue_s, m.compute_s, m,
+                           served=ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done))
         if not isinstance(m, wire.Verified):
             raise RunError(f"unexpected {type(m).__name__} in a DSD session")
         self.in_flight -= 1

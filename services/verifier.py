@@ -86,6 +86,7 @@ class Served:
     task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
     busy: bool = False
     closed: bool = False
+    handover_generator: torch.Generator | None = None     # co-located hand-overs' draft (see _generate)
 
     @property
     def seq_id(self) -> str:
@@ -363,6 +364,8 @@ class Verifier:
             low = 1 if get_mode(m.mode).speculative else 0
             _require(low <= m.gamma <= limits.max_gamma, "gamma",
                      f"must be in [{low}, {limits.max_gamma}] for {m.mode}, got {m.gamma}")
+            _require(m.max_tokens is None or 1 <= m.max_tokens <= limits.max_tokens_per_session, "max_tokens",
+                     f"must be in [1, {limits.max_tokens_per_session}] or absent, got {m.max_tokens}")
 
     async def _reply_error(self, conn: Connection, error: wire.WireError) -> None:
         self.errors[error.code] += 1
@@ -445,9 +448,17 @@ class Verifier:
         round_index = 0
         ready_s, arrived_s = t_arrival_s, served.conn.held.get(m.seq)
         drafts = get_mode(m.mode).drafts
+        generator = served.draft_generator
+        if m.max_tokens is not None:
+            # a hand-over: the edge drafted this request with seed + 1; the same stream here would
+            # correlate these drafts with its earlier ones, and sampling would not be exact
+            if served.handover_generator is None:
+                served.handover_generator = torch.Generator().manual_seed(state.sampling.seed + 2)
+            generator = served.handover_generator
         if drafts == SERVER:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
-        while not state.finished and not served.closed:
+        end = math.inf if m.max_tokens is None else len(state.committed) + m.max_tokens     # a hand-over's segment
+        while not state.finished and not served.closed and len(state.committed) < end:
             before = len(state.committed)
             if drafts == NOWHERE:
                 _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
@@ -457,7 +468,7 @@ class Verifier:
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, DraftJob(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    served.draft_generator), served.conn.number, ready_s, on_loop=self._alone(served),
+                    generator), served.conn.number, ready_s, on_loop=self._alone(served),
                     arrived_s=arrived_s)
                 verdict, timing = await self.scheduler.submit(
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,

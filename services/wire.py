@@ -103,11 +103,14 @@ def probs_encoding(temperature: float, top_k: int | None, top_p: float) -> str:
 
 @dataclass(frozen=True)
 class Generate:
-    """Run the request on the verifier: a mode of ``dsd.modes.server_modes()`` (cloud AR, co-located SD)."""
+    """Run the request on the verifier: a mode of ``dsd.modes.server_modes()`` (cloud AR, co-located SD).
+    With ``max_tokens`` (a hand-over, dsd/driver.py) only until that many more tokens are generated
+    (a round may overshoot by its accepted drafts); the session stays open for Verify and Generate."""
     seq: int
     session: int
     mode: str
     gamma: int
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

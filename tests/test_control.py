@@ -1,6 +1,8 @@
 """Adaptive DSD (dsd/control.py): plans change between rounds of one request without changing the
 target's greedy output, bad plans are refused naming the field, and the policies decide as
 specified."""
+import itertools
+
 import pytest
 
 from dsd import latency_model as lm
@@ -137,14 +139,15 @@ def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
 
 
 def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
-    """Rounds stay DSD; the request-level choice goes to cloud AR past the boundary and back."""
+    """Past the boundary a round hands the request over to cloud AR (and the request-level
+    choice is cloud AR); back near, rounds and requests come back to DSD."""
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
     policy = ModelPolicy(config)
     assert policy.decide() == Decision(4, "sync")                     # nothing measured yet
     near = _feed(policy, 0.002, 40)
     assert near.mode == "sync" and policy.decide_request(0.002).mode == "sync"
     far = _feed(policy, 0.300, 40)
-    assert far.mode == "sync"                                         # a round cannot go to the server
+    assert far == Decision(1, "ar")                                   # a round hands over to the server
     assert policy.decide_request(0.300) == Decision(1, "ar")
     back = _feed(policy, 0.002, 40)
     # back near: the far plan is left for one within the switching margin of the best
@@ -328,7 +331,7 @@ def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_c
                                                 rtt_at=lambda t, r=rtt_ms: r / 1e3)
         assert tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         kinds = {r.mode for r in rounds}
-        assert len(kinds) == 1 or kinds <= {"sync", "pipelined"}
+        assert kinds <= {"ar", "sync", "pipelined"}        # a DSD request may hand over (and start on the server)
         modes.append(rounds[0].mode)
     assert modes[1:4] != ["ar"] * 3 and all(m == "ar" for m in modes[5:8])      # near, alpha 0.9: DSD; far: AR
     assert all(m == "ar" for m in modes[13:16])                               # far and alpha 0.3
@@ -342,3 +345,118 @@ def test_bandit_is_a_controller_the_driver_accepts():
                        controller=policy, gamma_max=8)
     assert run.generation.tokens == generate_ar(target, [3, 1, 4], stop, seq_id="x").tokens
     assert len({(r.gamma, r.mode) for r in run.generation.rounds}) > 1
+
+
+class ByPosition:
+    """A controller whose plan depends on how many tokens are committed: (from token n, plan)."""
+
+    def __init__(self, stop: StopRule, plans):
+        self.stop, self.plans, self.seen, self.generated = stop, plans, [], 0
+
+    def observe(self, observation):
+        self.seen.append(observation)
+        self.generated = self.stop.max_new_tokens - observation.remaining_tokens
+
+    def decide(self):
+        return [plan for start, plan in self.plans if start <= self.generated][-1]
+
+
+HANDOVER_PLANS = [(0, Decision(3, "sync")), (10, Decision(1, "ar")), (30, Decision(5, "pipelined")),
+                  (50, Decision(2, "colocated")), (70, Decision(2, "sync")), (85, Decision(1, "ar")),
+                  (100, Decision(4, "pipelined"))]
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("segment", [1, 4])
+def test_a_mid_request_hand_over_to_the_server_and_back_keeps_the_target_greedy_output(depth, segment):
+    """DSD -> cloud AR -> pipelined DSD -> co-located -> ... within one request (sim): every
+    token is the target's greedy one, each committed once (emitted counts add up to the output),
+    and the rounds say where each ran."""
+    draft, target = _pair()
+    stop = StopRule(120)
+    for i in range(3):
+        prompt = [i + 2, 9, 4]
+        expected = generate_ar(target, prompt, stop, seq_id=f"ar{i}").tokens
+        controller = ByPosition(stop, HANDOVER_PLANS)
+        run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01,
+                                                                     t_draft_server_s=0.0005),
+                           pipelined=False, max_in_flight=depth, seq_id=f"h{i}", controller=controller,
+                           gamma_max=8, handover_tokens=segment)
+        assert run.generation.tokens == expected
+        assert sum(r.emitted for r in run.generation.rounds) == len(expected)
+        modes = [r.mode for r in run.generation.rounds if not r.stale]
+        runs = [mode for mode, _ in itertools.groupby(modes)]
+        assert runs[0] == "sync" and {"ar", "colocated", "pipelined"} <= set(runs)
+        assert runs.index("pipelined") > runs.index("ar")                 # back to the edge after the server
+        assert len(controller.seen) == len(run.generation.rounds)
+        server = [o for o in controller.seen if o.mode in ("ar", "colocated")]
+        assert all(o.shadow_positions == o.tokens for o in server)          # greedy: drafted along the stream
+
+
+def test_a_server_plan_is_refused_naming_the_mode_where_the_link_cannot_hand_over():
+    draft, target = _pair()
+    with pytest.raises(ValueError, match="mode"):
+        simulate_dsd(draft, target, [1, 2], 4, StopRule(30), LinkCosts(0.001, 0.002, 0.01), False,
+                     controller=Scripted([Decision(4, "sync"), Decision(1, "ar")]), gamma_max=8)
+    with pytest.raises(ValueError, match="handover"):
+        ControllerConfig("model", handover="yes")
+
+
+def test_hand_overs_keep_speculative_sampling_exact():
+    """Sampled requests whose rounds move between edge DSD, cloud AR and co-located SD (segments
+    of one token) vs the exact distribution of the bigram target's 4-token continuations (vocab
+    3: 81 outcomes), 4k runs, chi-square at p > 1e-3 (fixed seeds)."""
+    import itertools
+
+    from scipy import stats
+
+    from dsd.backends.protocol import SamplingParams
+    from tests.toy_models import BigramLM, random_bigram
+
+    vocab, n_runs, length = 3, 4_000, 4
+    target_table = random_bigram(vocab, seed=1, sharpness=1.5)
+    target, draft = BigramLM(target_table, "t"), BigramLM(random_bigram(vocab, seed=2, sharpness=1.5), "d")
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, 0
+        for token in seq:
+            prob *= float(target_table[previous, token])
+            previous = token
+        exact[seq] = prob
+    counts, handed_over = dict.fromkeys(exact, 0), 0
+    plans = [Decision(1, "sync"), Decision(1, "ar"), Decision(2, "pipelined"), Decision(2, "colocated")] * 4
+    costs = LinkCosts(0.001, 0.002, 0.005, t_ar_s=0.002, t_draft_server_s=0.001)
+    for run in range(n_runs):
+        out = simulate_dsd(draft, target, [0], 2, StopRule(length), costs, False, max_in_flight=1 + run % 2,
+                           sampling=SamplingParams(temperature=1.0, seed=run), seq_id=str(run),
+                           controller=Scripted(plans[run % 4:]), gamma_max=3, handover_tokens=1)
+        handed_over += bool({r.mode for r in out.generation.rounds} & {"ar", "colocated"})
+        counts[tuple(out.generation.tokens)] += 1
+    assert handed_over > n_runs / 3
+    total = sum(exact.values())
+    _, p_value = stats.chisquare([counts[s] for s in exact], [exact[s] * n_runs / total for s in exact])
+    assert p_value > 1e-3
+
+
+def test_model_hands_a_low_acceptance_request_to_cloud_ar_mid_request_and_back_when_it_rises():
+    """A 60 ms link, t_ar = t_verify = 20 ms: at alpha 0.9 pipelined DSD pays, at 0.2 cloud AR does.
+    On a prompt of alpha 0.2 the model's rounds show the drop and it hands the rest of the request
+    to cloud AR; the next request (alpha 0.9) starts where it left off, on the server, and shadow
+    drafting shows the rise, so it comes back to DSD within that request (sim, known profile)."""
+    config = SyntheticConfig(alpha=0.5, seed=4, alpha_classes=((1, 0.9), (2, 0.2)))
+    draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+    policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined")))
+    costs = LinkCosts(0.001, 0.02, 0.06, t_ar_s=0.02, t_draft_server_s=0.001)
+    stop = StopRule(160)
+    runs = []
+    for i, cls in enumerate([1, 1, 2, 1]):
+        prompt = [cls, 40 + i, 7]
+        run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
+                           seq_id=f"m{i}", mode="pipelined")
+        assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
+        runs.append([r.mode for r in run.generation.rounds if not r.stale])
+    assert "ar" not in runs[1]                                   # alpha 0.9: DSD pays
+    assert runs[2][0] == "pipelined" and runs[2][-1] == "ar"     # alpha 0.2: handed over mid-request
+    assert runs[3][0] == "ar" and runs[3][-1] == "pipelined"     # alpha 0.9 again: back to the edge
+    for modes in runs[2:]:
+        assert sum((a == "ar") != (b == "ar") for a, b in zip(modes, modes[1:])) == 1    # no flapping

@@ -126,7 +126,8 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
             policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
                                                       run.first_token_s, rtt_s, *shadow))
         return run.generation.tokens, rounds, run.total_s, run.first_token_s
-    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s)
+    # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
+    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s)
     # The edge opens the session first: one round trip and the prefill before drafting pays off.
     open_s = rtt_s + prefill_s
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,

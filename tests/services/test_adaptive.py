@@ -61,16 +61,21 @@ def test_static_runs_record_their_fixed_plan_and_bad_controller_keys_are_refused
 
 def test_model_hands_far_requests_to_cloud_ar_and_keeps_the_greedy_output(synthetic):
     """controller_modes with "ar": the edge asks the controller per request. On a 200 ms link the
-    first request (nothing measured yet) runs DSD; what it measured puts the next on the server
-    (cloud AR: the AR step ~ one verification, far below a 200 ms round per few tokens). Every
-    output is the target's greedy one; rounds.csv says which mode each round ran in."""
+    first request (nothing measured yet) starts in DSD; what its first rounds measure makes it hand
+    the rest of the request to the server on the open session (a Generate with max_tokens; cloud
+    AR: the AR step ~ one verification, far below a 200 ms round per few tokens), and puts the
+    next request on the server. Every output is the target's greedy one, each token once;
+    rounds.csv says which mode each round ran in."""
     verifier, edge, target = synthetic
     run_ids = post_runs(edge, [run_body(verifier, "model-ar", "sync", PROMPTS[:2], 24, controller="model",
                                         gamma_max=8, controller_modes=["ar", "sync"], app_delay_ms=100.0)])
     check_greedy(edge, run_ids, synthetic_reference(target, PROMPTS, 24))
     rows = read_csv(edge, run_ids[0], "rounds.csv")
-    by_request = {i: {r["round_mode"] for r in rows if int(r["request_index"]) == i} for i in (0, 1)}
-    assert by_request == {0: {"sync"}, 1: {"ar"}}
+    by_request = {i: [r["round_mode"] for r in rows if int(r["request_index"]) == i] for i in (0, 1)}
+    assert by_request[0][0] == "sync" and by_request[0][-1] == "ar"      # handed over mid-request
+    assert set(by_request[1]) == {"ar"}
+    emitted = [int(r["emitted"]) for r in rows if int(r["request_index"]) == 0]
+    assert sum(emitted) == 24
     status, body = edge.post_json("/runs", {**run_body(verifier, "bad-modes", "sync", PROMPTS[:1], 20),
                                             "controller": "model", "controller_modes": ["sync", "beam"]})
     assert status == 400 and "modes" in body["error"], body
