@@ -289,13 +289,7 @@ def test_plan_changes_mid_request_keep_speculative_sampling_exact():
     vocab, n_runs, length = 3, 6_000, 4
     target_table = random_bigram(vocab, seed=1, sharpness=1.5)
     target, draft = BigramLM(target_table, "t"), BigramLM(random_bigram(vocab, seed=2, sharpness=1.5), "d")
-    exact = {}
-    for seq in itertools.product(range(vocab), repeat=length):
-        prob, previous = 1.0, 0
-        for token in seq:
-            prob *= float(target_table[previous, token])
-            previous = token
-        exact[seq] = prob
+    exact = _bigram_sequence_probs(target_table, vocab, length)
     counts = dict.fromkeys(exact, 0)
     plans = [Decision(1, "pipelined"), Decision(2, "sync"), Decision(1, "sync"), Decision(3, "pipelined")] * 4
     for run in range(n_runs):
@@ -416,13 +410,7 @@ def test_hand_overs_keep_speculative_sampling_exact():
     vocab, n_runs, length = 3, 4_000, 4
     target_table = random_bigram(vocab, seed=1, sharpness=1.5)
     target, draft = BigramLM(target_table, "t"), BigramLM(random_bigram(vocab, seed=2, sharpness=1.5), "d")
-    exact = {}
-    for seq in itertools.product(range(vocab), repeat=length):
-        prob, previous = 1.0, 0
-        for token in seq:
-            prob *= float(target_table[previous, token])
-            previous = token
-        exact[seq] = prob
+    exact = _bigram_sequence_probs(target_table, vocab, length)
     counts, handed_over = dict.fromkeys(exact, 0), 0
     plans = [Decision(1, "sync"), Decision(1, "ar"), Decision(2, "pipelined"), Decision(2, "colocated")] * 4
     costs = LinkCosts(0.001, 0.002, 0.005, t_ar_s=0.002, t_draft_server_s=0.001)
@@ -460,3 +448,16 @@ def test_model_hands_a_low_acceptance_request_to_cloud_ar_mid_request_and_back_w
     assert runs[3][0] == "ar" and runs[3][-1] == "pipelined"     # alpha 0.9 again: back to the edge
     for modes in runs[2:]:
         assert sum((a == "ar") != (b == "ar") for a, b in zip(modes, modes[1:])) == 1    # no flapping
+
+
+def _bigram_sequence_probs(target_table, vocab: int, length: int) -> dict:
+    """Every token sequence of the given length and its probability under the bigram target
+    (starting after token 0): the distribution exact sampling must reproduce."""
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, 0
+        for token in seq:
+            prob *= float(target_table[previous, token])
+            previous = token
+        exact[seq] = prob
+    return exact
