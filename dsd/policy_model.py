@@ -7,7 +7,7 @@ import math
 
 from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
-from dsd.estimators import Acceptance, Discounted, DiscountedLine, add_shadow_rate
+from dsd.estimators import Acceptance, Discounted, DiscountedLine, Level, add_shadow_rate
 from dsd.modes import edge_modes, get_mode, server_modes
 
 
@@ -19,17 +19,29 @@ def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_d
                                       t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
 
 
+def finite_request_factor(mode: str, gamma: int, alpha: float, tokens: int | None) -> float:
+    """The steady per-token time's factor over the ``tokens`` a request still has to emit: a
+    speculative round emits E tokens on average (E = expected_tokens_per_round), so the rounds
+    overshoot the budget by about (E - 1) / 2 tokens, each as dear as the rest (the last round is
+    cut to the budget but costs a whole round trip); AR emits one per step and wastes nothing.
+    None or 0 tokens: the steady state (factor 1)."""
+    if not tokens or not get_mode(mode).speculative:
+        return 1.0
+    return 1.0 + (lm.expected_tokens_per_round(alpha, gamma) - 1.0) / (2.0 * tokens)
+
+
 def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, modes: tuple[str, ...],
                   gamma_max: int, t_ar_s: float | None = None,
-                  t_draft_server_s: float | None = None) -> tuple[Decision, float]:
+                  t_draft_server_s: float | None = None, tokens: int | None = None) -> tuple[Decision, float]:
     """The plan of the lowest predicted per-token latency and that latency (ties: smaller gamma,
-    then the earlier mode in ``modes``). ``t_verify_s``: seconds, or a function of gamma."""
+    then the earlier mode in ``modes``). ``t_verify_s``: seconds, or a function of gamma;
+    ``tokens``: what the request still has to emit (``finite_request_factor``; None: steady state)."""
     verify = t_verify_s if callable(t_verify_s) else (lambda _g: t_verify_s)
     best, best_s = None, math.inf
     for mode in modes:
         for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
             cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
-                                           t_draft_server_s)
+                                           t_draft_server_s) * finite_request_factor(mode, gamma, alpha, tokens)
             if cost_s < best_s - 1e-15:
                 best, best_s = Decision(gamma, mode), cost_s
     return best, best_s
@@ -46,13 +58,11 @@ class ModelPolicy:
     requests in a row, where DSD at the best alpha seen so far would beat the server, one request
     runs DSD again to re-measure it."""
 
-    SESSION_RTTS = 4
-
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.current = config.dsd_start
         self.acceptance = Acceptance(config.discount)
-        self.rtt_s = Discounted(config.discount)
+        self.rtt_s = Level(config.discount)              # the link: follows its steps
         self.t_draft_s = Discounted(config.discount)
         self.t_verify_s = DiscountedLine(config.discount)     # against gamma
         self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
@@ -61,7 +71,7 @@ class ModelPolicy:
         self.server_streak = 0                            # server requests in a row
         self.last_request: Decision | None = None
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
-        self.request_tokens = 0                           # the last request's output length
+        self.request_tokens: int | None = None            # the last request's length (the next one's guess)
 
     def observe(self, observation: Observation) -> None:
         if observation.stale:
@@ -90,11 +100,12 @@ class ModelPolicy:
 
     def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
         return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self.t_draft_s.value,
-                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s())
+                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s()) \
+            * finite_request_factor(decision.mode, decision.gamma, alpha, self.remaining_tokens)
 
     def _best(self, modes: tuple[str, ...], alpha: float, rtt_s: float) -> tuple[Decision, float]:
         return best_decision(alpha, rtt_s, self.t_draft_s.value, self.t_verify_s.at, modes, self.config.gamma_max,
-                             self._t_ar_s(), self._t_draft_server_s())
+                             self._t_ar_s(), self._t_draft_server_s(), self.remaining_tokens)
 
     def _measured(self) -> bool:
         return not (self.alpha is None or self.rtt_s.value is None or self.t_draft_s.value is None
@@ -142,8 +153,9 @@ class ModelPolicy:
         """The request's mode (and start plan): the lowest predicted per-token time at the RTT
         just probed (else the running estimate), with the margin against the last choice."""
         c = self.config
+        self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
         if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
-            self.rtt_s = Discounted(c.discount)
+            self.rtt_s = Level(c.discount)
             self.rtt_s.add(rtt_s)
         if not self._measured():
             self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
@@ -167,22 +179,19 @@ class ModelPolicy:
         return best
 
     def _server_in_session(self, best: Decision, alpha: float, rtt_s: float) -> Decision:
-        """A server request that could come back: where DSD at the best alpha seen so far would
-        beat the server by more than a few round trips over a request's tokens (opening a DSD
-        session first may cost one; ``SESSION_RTTS`` leaves room for the chance that alpha did
-        not rise), the request runs as a DSD session whose first round hands over to the server
-        at once (``current``), so shadow drafting can bring it back mid-request."""
+        """A server request runs as a DSD session whose first round hands over to the server at
+        once (``current``): it costs what a plain server request does (the edge sends Open and
+        Generate back to back either way), and its rounds let the controller follow the request:
+        every segment measures the link, shadow drafting the acceptance, and a round may bring
+        the request back to the edge when either moves."""
         c = self.config
-        if not (c.handover and c.dsd_modes and self.request_tokens):
-            return best
-        dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
-        if (self._cost_s(best, alpha, rtt_s) - dsd_s) * self.request_tokens <= self.SESSION_RTTS * rtt_s:
+        if not (c.handover and c.dsd_modes):
             return best
         self.current = best
-        return dsd
+        return self._best(c.dsd_modes, alpha, rtt_s)[0]
 
     def observe_request(self, observation: RequestObservation) -> None:
-        self.request_tokens = observation.tokens
+        self.request_tokens = observation.tokens or None
         if observation.rtt_s is not None:
             self.rtt_s.add(observation.rtt_s)
         if observation.mode in edge_modes():

@@ -10,6 +10,8 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.control import (BanditPolicy, ControllerConfig, Decision, HeuristicPolicy, ModelPolicy, Observation,
                          RequestObservation, best_decision, check_decision, make_controller, shadow_matches)
 from dsd.decoding import generate_ar
+from dsd.modes import edge_modes, server_modes
+from dsd.policy_model import finite_request_factor
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 
@@ -129,6 +131,15 @@ def test_model_choice_grows_gamma_with_rtt_and_goes_to_ar_past_the_boundary():
     assert below.mode == "sync" and above == Decision(1, "ar")
 
 
+def _request_plan(policy, rtt_s):
+    """The plan a request starts in: decide_request's, or, where it runs a server request as a DSD
+    session that hands over at once (its ``current`` a server mode), that server plan."""
+    decision = policy.decide_request(rtt_s)
+    if decision.mode in edge_modes() and policy.current.mode in server_modes():
+        return policy.current
+    return decision
+
+
 def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
     """Rounds of gamma 4 with 18 accepted and one rejection per 5 rounds (alpha_measured 18/19)."""
     for i in range(rounds):
@@ -145,31 +156,34 @@ def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
     policy = ModelPolicy(config)
     assert policy.decide() == Decision(4, "sync")                     # nothing measured yet
     near = _feed(policy, 0.002, 40)
-    assert near.mode == "sync" and policy.decide_request(0.002).mode == "sync"
+    assert near.mode == "sync" and _request_plan(policy, 0.002).mode == "sync"
     far = _feed(policy, 0.300, 40)
     assert far == Decision(1, "ar")                                   # a round hands over to the server
-    assert policy.decide_request(0.300) == Decision(1, "ar")
+    assert _request_plan(policy, 0.300) == Decision(1, "ar")
     back = _feed(policy, 0.002, 40)
     # back near: the far plan is left for one within the switching margin of the best
     best = policy._best(("sync",), policy.alpha, policy.rtt_s.value)[1]
     assert back.mode == "sync"
     assert policy._cost_s(back, policy.alpha, policy.rtt_s.value) <= best * (1 + config.margin_pct / 100)
-    assert policy.decide_request(0.002).mode == "sync"
+    assert _request_plan(policy, 0.002).mode == "sync"
 
 
 def test_model_request_choice_crosses_the_closed_form_boundary_with_measured_t_ar():
     """No t_ar prior: the AR step is measured from AR requests; the choice flips where the
-    closed form says (best sync gamma vs the measured AR step), probed RTT either side."""
+    closed form says (best sync gamma vs the measured AR step, over a request as long as the
+    last: a sync round's cost is spread over E tokens less its overshoot of the budget, i.e. AR
+    at t_ar * factor), probed RTT either side."""
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), margin_pct=0.0)
     policy = ModelPolicy(config)
     _feed(policy, 0.010, 60)
     policy.observe_request(RequestObservation("ar", 1, 101, 0.010 + 100 * T_AR_S, 0.010, 0.010, 100, 95))
     assert policy._t_ar_s() == pytest.approx(T_AR_S)
     alpha = policy.alpha
-    boundary_s = max(lm.sync_dsd_beats_ar_rtt_s(alpha, g, PROFILE["t_draft_s"], PROFILE["t_verify_s"], T_AR_S)
+    boundary_s = max(lm.sync_dsd_beats_ar_rtt_s(alpha, g, PROFILE["t_draft_s"], PROFILE["t_verify_s"],
+                                                T_AR_S / finite_request_factor("sync", g, alpha, 101))
                      for g in range(1, 17))
-    assert policy.decide_request(0.95 * boundary_s).mode == "sync"
-    assert policy.decide_request(1.05 * boundary_s) == Decision(1, "ar")
+    assert _request_plan(policy, 0.95 * boundary_s).mode == "sync"
+    assert _request_plan(policy, 1.05 * boundary_s) == Decision(1, "ar")
 
 
 def test_model_sees_acceptance_rise_through_shadow_drafting_while_in_ar():
@@ -179,11 +193,11 @@ def test_model_sees_acceptance_rise_through_shadow_drafting_while_in_ar():
     for _ in range(30):                                               # alpha ~0.3: cloud AR
         policy.observe(Observation(4, "sync", 4, 0, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
         policy.observe(Observation(4, "sync", 4, 1, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
-    assert policy.decide_request(0.01) == Decision(1, "ar")
+    assert _request_plan(policy, 0.01) == Decision(1, "ar")
     for _ in range(3):                                                # the stream says alpha 0.95
         policy.observe_request(RequestObservation("ar", 1, 60, 1.2, 0.02, 0.01, 60, 57))
     assert policy.alpha > 0.9
-    assert policy.decide_request(0.01).mode in ("sync", "pipelined")
+    assert _request_plan(policy, 0.01).mode in ("sync", "pipelined")
 
 
 def test_shadow_matches_measure_the_drafts_acceptance_on_the_stream():
@@ -232,7 +246,9 @@ def test_bandit_follows_a_change_of_acceptance():
 
 
 def test_bandit_request_choice_prefers_the_server_where_it_earned_more():
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,))
+    # no hand-over: a server request is a plain stream, seen whole by observe_request
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,),
+                              handover=False)
     policy = BanditPolicy(config)
     kinds = []
     for _ in range(40):
