@@ -40,7 +40,7 @@ class BanditPolicy:
         self.current = config.dsd_start if config.dsd_start in self.arms else \
             next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
-        self.request_tokens = 0                           # the last request's output length
+        self.fresh = False                                # decide_request chose; no round asked since
 
     @staticmethod
     def rtt_bucket_of(rtt_s: float | None, default: int) -> int:
@@ -54,15 +54,24 @@ class BanditPolicy:
         return self.rtt_bucket, min(int((0.5 if alpha is None else alpha) * 5), 4)
 
     def _known(self) -> dict[Decision, list[float]]:
-        """The current context's table; while it has nothing, the nearest context's that has
-        (an alpha or RTT bucket away: a transition passes through buckets it will not stay in)."""
+        """The current context's table, an arm not tried in it taking what it earned in a
+        neighbouring context (one bucket away: the contexts are coarse, and an arm earns much the
+        same across a bucket's edge, so each arm need not be tried again in every bucket the
+        estimates pass through); while the context has nothing, the nearest context's that has."""
         table = self._table(self.context)
-        if any(v[1] > 0 for v in table.values()):
-            return table
         r, a = self.context
-        known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
-                 if any(v[1] > 0 for v in t.values())]
-        return self.stats[min(known)[1]] if known else table
+        if not any(v[1] > 0 for v in table.values()):
+            known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
+                     if any(v[1] > 0 for v in t.values())]
+            return self.stats[min(known)[1]] if known else table
+        merged = dict(table)
+        for arm, value in table.items():
+            if value[1] <= 0:
+                near = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
+                        if t[arm][1] > 0 and abs(r - kr) + abs(a - ka) <= 1]
+                if near:
+                    merged[arm] = self.stats[min(near)[1]][arm]
+        return merged
 
     def _table(self, context: tuple) -> dict[Decision, list[float]]:
         return self.stats.setdefault(context, {a: [0.0, 0.0, 0.0] for a in self.arms})
@@ -104,7 +113,11 @@ class BanditPolicy:
         arms = [a for a in self.arms if a.mode in modes]
         untried = [a for a in arms if table[a][1] <= 0]
         if untried:
-            return untried[0]
+            # the configured start first, then its neighbours (a kind is worth its best tried
+            # arm: trying its extreme first, gamma 1, makes a good kind look bad)
+            start = self.config.dsd_start
+            return min(untried, key=lambda a: (a.mode != start.mode,
+                                               abs(math.log2(a.gamma) - math.log2(start.gamma))))
         rates = {a: table[a][0] / table[a][1] for a in arms}
         total = sum(table[a][2] for a in arms)
         scale = self.config.exploration * max(rates.values())
@@ -113,12 +126,17 @@ class BanditPolicy:
 
     def _observe_server(self, context: tuple, o: Observation) -> None:
         """A server round of a hand-over earns its tokens over the time since the stream's last
-        arrival (the first: the hand-over's round trip too); shadow drafting moves the alpha context."""
+        arrival, less the link's round trip where the round measured one (a stream's first: the
+        hand-over's round trip is the cost of switching, which ``_worth_handing_over`` weighs, not
+        the arm's pace: charged to a short exploration it would make the server look as slow as
+        the link; at least the server's compute); shadow drafting moves the alpha context."""
         if o.shadow_positions:
             self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
         arm = self._arm_of(o.mode, o.gamma)
         if arm is not None and o.tokens and o.interval_s:
-            self._credit(context, arm, o.tokens, o.interval_s, o.interval_s / self.COUNT_UNIT_S)
+            seconds = o.interval_s if o.rtt_s is None else max(o.interval_s - o.rtt_s, o.t_verify_s or 0.0)
+            if seconds > 0:
+                self._credit(context, arm, o.tokens, seconds, seconds / self.COUNT_UNIT_S)
 
     def _arm_of(self, mode: str, gamma: int) -> Decision | None:
         if not get_mode(mode).speculative:
@@ -130,14 +148,18 @@ class BanditPolicy:
         allowed), leaving the current kind only for one whose rate is ``margin_pct`` higher and
         whose time saved over the remaining tokens outweighs the hand-over's round trip (so
         exploration does not make it flap between edge and server); then UCB within the kind."""
+        if self.fresh:                       # the request's first round: its start plan
+            self.fresh = False
+            return self.current
         kinds = self._kinds(self.config.round_modes)
         values = self._kind_values(kinds, borrow=True)
-        kind = self._ucb_kind(values)
         here = self._kind_of(self.current.mode)
+        kind = self._ucb_kind(values, here)
         if kind != here and here in kinds:
             new, old = values.get(kind), values.get(here)
-            # a kind not tried here is tried per request, not by a hand-over mid-request
-            if new is None or (old is not None and not self._worth_handing_over(new[0], old[0])):
+            # a kind never tried anywhere is explored by a hand-over (one segment or one round
+            # tells its rate); a tried one must be worth the hand-over
+            if new is not None and old is not None and not self._worth_handing_over(new[0], old[0]):
                 kind = here
         self.current = self._pick(tuple(kinds[kind]))
         return self.current
@@ -159,27 +181,31 @@ class BanditPolicy:
     def _kind_values(self, kinds: dict[str, list[str]],
                      borrow: bool = False) -> dict[str, tuple[float, float] | None]:
         """Per kind: (its best tried arm's rate, its arms' count), None if none was tried; with
-        ``borrow``, a kind not tried in this context is worth what it earned in the nearest one
-        (a server's rate hardly depends on the acceptance the edge would see)."""
+        ``borrow``, a kind not tried in this context is worth what it earned in the nearest one:
+        a server kind in any (its rate hardly depends on the acceptance the edge would see), DSD
+        only in a neighbouring one (one bucket away: its rate moves with both)."""
         table, values = self._known(), {}
         for kind, modes in kinds.items():
             arms = [a for a in self.arms if a.mode in modes]
             source = table
             if borrow and not any(table[a][1] > 0 for a in arms):
-                source = self._nearest_with(arms) or table
+                source = self._nearest_with(arms, 1 if kind == "dsd" else None) or table
             tried = [a for a in arms if source[a][1] > 0]
             values[kind] = (max(source[a][0] / source[a][1] for a in tried), sum(source[a][2] for a in arms)) \
                 if tried else None
         return values
 
-    def _nearest_with(self, arms: list[Decision]) -> dict[Decision, list[float]] | None:
+    def _nearest_with(self, arms: list[Decision], within: int | None = None) -> dict[Decision, list[float]] | None:
         r, a = self.context
         known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
                  if any(t[arm][1] > 0 for arm in arms)]
+        known = [k for k in known if within is None or k[0] <= within]
         return self.stats[min(known)[1]] if known else None
 
-    def _ucb_kind(self, values: dict[str, tuple[float, float] | None]) -> str:
-        untried = [k for k, v in values.items() if v is None]
+    def _ucb_kind(self, values: dict[str, tuple[float, float] | None], here: str = "dsd") -> str:
+        """UCB over kinds; an untried kind first (``here`` first of them, then DSD: trying the
+        kind a request is already in costs no hand-over)."""
+        untried = sorted((k for k, v in values.items() if v is None), key=lambda k: (k != here, k != "dsd"))
         if untried:
             return untried[0]
         total = sum(count for _, count in values.values())
@@ -191,33 +217,29 @@ class BanditPolicy:
         """Two levels, as a request is a long commitment: UCB over the kinds of request (DSD, cloud
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""
         self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
+        self.remaining_tokens = None
         kinds = self._kinds(self.config.modes)
-        values = self._kind_values(kinds)
+        values = self._kind_values(kinds, borrow=True)
         kind = self._ucb_kind(values)
         choice = self._pick(tuple(kinds[kind]))
+        self.fresh = True
         if choice.mode in edge_modes():
             self.current = choice
             return choice
         return self._server_in_session(choice, values[kind])
 
     def _server_in_session(self, choice: Decision, value: tuple[float, float] | None) -> Decision:
-        """As ModelPolicy's: a server request that could come back (DSD earned more at this RTT in
-        some acceptance context, by more than a round trip over a request's tokens) runs as a DSD
-        session whose first round hands over at once; the stream's shadow drafting moves the
-        context, and a round may then bring it back to the edge."""
+        """As ModelPolicy's: a server request runs as a DSD session whose first round hands over
+        at once (it costs what a plain server request does); every segment measures the link and
+        shadow drafting the acceptance, so the context can move and a round bring it back."""
         c = self.config
-        if not (c.handover and c.dsd_modes and self.request_tokens and value):
-            return choice
-        dsd_rates = [v[0] / v[1] for (r, _), table in self.stats.items() if r == self.rtt_bucket
-                     for arm, v in table.items() if arm.mode in c.dsd_modes and v[1] > 0]
-        if not dsd_rates or (1 / value[0] - 1 / max(dsd_rates)) * self.request_tokens <= 2.0 ** self.rtt_bucket / 1e3:
+        if not (c.handover and c.dsd_modes):
             return choice
         self.current = choice
         return self._pick(c.dsd_modes)
 
     def observe_request(self, observation: RequestObservation) -> None:
         o = observation
-        self.request_tokens = o.tokens
         if o.mode in edge_modes() or o.tokens < 1 or not (o.wall_s > 0):
             return
         context = self.context
