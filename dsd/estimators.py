@@ -39,20 +39,22 @@ class Level(Discounted):
 
     def __init__(self, discount: float) -> None:
         super().__init__(discount)
-        self.recent: deque[float] = deque(maxlen=self.STEP_RUN)
+        self.recent: deque[tuple[float, float | None]] = deque(maxlen=self.STEP_RUN)   # (value, level before)
 
     def add(self, value: float | None) -> None:
         if value is None or not math.isfinite(value):
             return
         level = self.value
-        self.recent.append(value)
+        self.recent.append((value, level))
         super().add(value)
-        if level is None or len(self.recent) < self.STEP_RUN:
+        if level is None:
             return
-        high = all(v > level * self.STEP_FACTOR for v in self.recent)
+        start = self.recent[0][1]             # the level before the run (the run itself moves it)
+        high = len(self.recent) == self.STEP_RUN and start is not None and \
+            all(v > start * self.STEP_FACTOR for v, _ in self.recent)
         if high or value * self.STEP_FACTOR < level:
             self.total, self.weight = 0.0, 0.0
-            for v in (self.recent if high else [value]):
+            for v, _ in (list(self.recent) if high else [(value, None)]):
                 super().add(v)
 
 

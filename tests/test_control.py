@@ -477,3 +477,130 @@ def _bigram_sequence_probs(target_table, vocab: int, length: int) -> dict:
             previous = token
         exact[seq] = prob
     return exact
+
+
+def test_a_stream_measures_the_link_on_every_segment_and_sees_it_fall():
+    """A request streamed from the server (cloud AR in a DSD session) over a link that falls from
+    150 to 10 ms mid-stream: the first tokens of every segment measure the RTT (not only the
+    first segment's), so the controller sees 150 ms, then 10 ms; each direction of the link stays
+    in order, so the output is still the target's greedy one."""
+    draft, target = _pair(alpha=0.8)
+    stop = StopRule(120)
+    prompt = [3, 9, 4]
+    expected = generate_ar(target, prompt, stop, seq_id="ar").tokens
+    controller = Scripted([Decision(1, "ar")])
+    run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02), False,
+                       controller=controller, gamma_max=8, rtt_at=lambda t: 0.150 if t < 1.0 else 0.010,
+                       t_open_s=0.0)
+    assert run.generation.tokens == expected
+    rtts = [o.rtt_s for o in controller.seen if o.rtt_s is not None]
+    assert len(rtts) >= 120 // 4 // 2                  # about one per 4-token segment, not one per stream
+    assert rtts[0] == pytest.approx(0.150, abs=1e-9)
+    assert rtts[-1] == pytest.approx(0.010, abs=1e-9)
+    assert all(b >= 0 for b in rtts)
+    shadow = [o for o in controller.seen if o.shadow_positions]
+    assert sum(o.shadow_matches for o in shadow) / sum(o.shadow_positions for o in shadow) > 0.6
+
+
+def test_a_session_that_hands_over_at_once_costs_about_a_plain_server_request():
+    """The edge sends Open and Generate back to back (it does not wait for Opened), so a request
+    that starts on the server inside a DSD session takes what cloud AR alone takes, not an extra
+    round trip (the sim used to charge one)."""
+    from dsd.simulate import ServerCosts, simulate_on_server
+
+    draft, target = _pair(alpha=0.8)
+    stop = StopRule(48)
+    rtt_s, t_ar_s, prefill_s = 0.150, 0.020, 0.005
+    plain = simulate_on_server(draft, target, [3, 9, 4], 1, stop, "ar",
+                               ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2), seq_id="plain")
+    session = simulate_dsd(draft, target, [3, 9, 4], 4, stop, LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s), False,
+                           controller=Scripted([Decision(1, "ar")]), gamma_max=8, t_open_s=prefill_s, seq_id="s")
+    assert session.generation.tokens == plain.generation.tokens
+    assert plain.total_s <= session.total_s < plain.total_s + rtt_s / 4
+
+
+def test_level_follows_a_step_of_the_link_but_not_one_outlier():
+    from dsd.estimators import Level
+
+    level = Level(0.9)
+    for _ in range(30):
+        level.add(0.010)
+    level.add(0.150)                                   # one spike: the discounted mean only
+    assert level.value < 0.030
+    level.add(0.010)
+    for _ in range(2):                                 # a step up: two in a row restart it
+        level.add(0.150)
+    assert level.value == pytest.approx(0.150)
+    level.add(0.010)                                   # a fall: one is enough (delays only add)
+    assert level.value == pytest.approx(0.010)
+
+
+def test_acceptance_change_test_finds_a_drop_within_a_few_rounds_and_holds_when_stationary():
+    import random
+
+    from dsd.estimators import Acceptance
+
+    def rounds(alpha, gamma, n, rng):
+        for _ in range(n):
+            accepted = 0
+            while accepted < gamma and rng.random() < alpha:
+                accepted += 1
+            yield accepted, float(accepted < gamma)
+
+    rng = random.Random(7)
+    acceptance = Acceptance(0.9)
+    for a, r in rounds(0.95, 16, 40, rng):
+        acceptance.add(a, r)
+    assert acceptance.value > 0.85
+    seen = []
+    for a, r in rounds(0.3, 16, 8, rng):
+        acceptance.add(a, r)
+        seen.append(acceptance.value)
+    assert min(seen[:6]) < 0.6                         # the running value alone: ~0.8 after six rounds
+    for alpha, gamma in ((0.3, 2), (0.9, 16), (0.6, 4)):
+        stationary = Acceptance(0.9)
+        restarts = 0
+        for a, r in rounds(alpha, gamma, 1000, random.Random(11)):
+            weight = stationary.accepted.weight + stationary.rejected.weight
+            stationary.add(a, r)
+            restarts += stationary.accepted.weight + stationary.rejected.weight < 0.9 * weight
+        assert restarts <= 3
+
+
+def test_model_hands_a_stream_back_to_dsd_when_the_link_falls_mid_request():
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), t_ar_s=T_AR_S)
+    policy = ModelPolicy(config)
+    assert _feed(policy, 0.300, 40) == Decision(1, "ar")
+    stream = dict(proposed=0, accepted=0, stale=False, t_draft_s=None, t_verify_s=T_AR_S, server_queue_s=0.0,
+                  tokens=1, interval_s=T_AR_S, remaining_tokens=60)
+    policy.observe(Observation(1, "ar", rtt_s=0.300, **stream))
+    assert policy.decide() == Decision(1, "ar")
+    policy.observe(Observation(1, "ar", rtt_s=0.002, **stream))          # a segment's first tokens: 2 ms
+    assert policy.decide().mode == "sync"
+
+
+def test_finite_request_factor_charges_the_budget_overshoot_of_long_rounds():
+    from dsd.policy_model import finite_request_factor
+
+    assert finite_request_factor("ar", 1, 0.9, 10) == 1.0
+    assert finite_request_factor("sync", 8, 0.9, None) == 1.0
+    e = lm.expected_tokens_per_round(0.9, 16)
+    assert finite_request_factor("pipelined", 16, 0.9, 48) == pytest.approx(1 + (e - 1) / 96)
+    assert finite_request_factor("sync", 16, 0.9, 48) > finite_request_factor("sync", 4, 0.9, 48)
+
+
+def test_bandit_explores_an_untried_server_kind_by_a_hand_over_and_credits_its_pace():
+    """Every request is a DSD session: the first round runs the request's start plan, a kind never
+    tried (cloud AR) is explored by a hand-over within the request, and its rate leaves out the
+    hand-over's round trip (1 token in 0.17 s of which 0.15 s was the link: 50 tokens/s)."""
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,))
+    policy = BanditPolicy(config)
+    start = policy.decide_request(0.010)
+    assert start == Decision(4, "sync") and policy.decide() == start     # DSD first: no hand-over to try it
+    _bandit_round(policy, start, 3)
+    assert policy.decide() == Decision(1, "ar")                         # untried: one segment on the server
+    policy.observe(Observation(1, "ar", 0, 0, False, 0.150, None, 0.020, 0.0, tokens=1, interval_s=0.170,
+                               remaining_tokens=40))
+    tokens, seconds, _ = policy._known()[Decision(1, "ar")]
+    assert tokens / seconds == pytest.approx(50.0)
+    assert policy.decide() == Decision(4, "sync")                       # DSD earned more: back to the edge
