@@ -36,22 +36,34 @@ class BanditPolicy:
             self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
         self.stats: dict[tuple, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
         self.rtt_bucket = 0
+        self.alpha_bucket = 2                             # alpha 0.5 until measured
         self.acceptance = Acceptance(config.discount)
         self.current = config.dsd_start if config.dsd_start in self.arms else \
             next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
         self.fresh = False                                # decide_request chose; no round asked since
 
-    @staticmethod
-    def rtt_bucket_of(rtt_s: float | None, default: int) -> int:
+    # A context moves only once its estimate is a quarter bucket past the bucket's edge: an RTT
+    # near a factor-2 edge (10-12 ms, from jitter and load) or an alpha estimate near a 0.2 edge
+    # (shadow drafting's estimate over some ten positions moves by +-0.15) would otherwise flip
+    # between two contexts, each with arms to try, and a request would flap between edge and server.
+    HYSTERESIS_BUCKETS = 0.25
+
+    @classmethod
+    def rtt_bucket_of(cls, rtt_s: float | None, default: int) -> int:
         if rtt_s is None or not math.isfinite(rtt_s):
             return default
-        return int(round(math.log2(max(rtt_s * 1e3, 0.5))))
+        x = math.log2(max(rtt_s * 1e3, 0.5))
+        return default if abs(x - default) <= 0.5 + cls.HYSTERESIS_BUCKETS else int(round(x))
+
+    def _note_alpha(self) -> None:
+        alpha = self.acceptance.value
+        if alpha is not None and abs(alpha * 5 - (self.alpha_bucket + 0.5)) > 0.5 + self.HYSTERESIS_BUCKETS:
+            self.alpha_bucket = min(int(alpha * 5), 4)
 
     @property
     def context(self) -> tuple[int, int]:
-        alpha = self.acceptance.value
-        return self.rtt_bucket, min(int((0.5 if alpha is None else alpha) * 5), 4)
+        return self.rtt_bucket, self.alpha_bucket
 
     def _known(self) -> dict[Decision, list[float]]:
         """The current context's table, an arm not tried in it taking what it earned in a
@@ -99,6 +111,7 @@ class BanditPolicy:
             self._observe_server(context, o)
             return
         self.acceptance.add(o.accepted, float(o.accepted < o.proposed))
+        self._note_alpha()
         t_draft_s = o.t_draft_s or 0.0
         wait_s = (o.rtt_s or 0.0) + (o.t_verify_s or 0.0) + (o.server_queue_s or 0.0)
         if get_mode(o.mode).pipelined:
@@ -132,6 +145,7 @@ class BanditPolicy:
         the link; at least the server's compute); shadow drafting moves the alpha context."""
         if o.shadow_positions:
             self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
+            self._note_alpha()
         arm = self._arm_of(o.mode, o.gamma)
         if arm is not None and o.tokens and o.interval_s:
             seconds = o.interval_s if o.rtt_s is None else max(o.interval_s - o.rtt_s, o.t_verify_s or 0.0)
@@ -245,6 +259,7 @@ class BanditPolicy:
         context = self.context
         if o.shadow_positions:
             add_shadow_rate(self.acceptance, o.shadow_positions, o.shadow_matches)
+            self._note_alpha()
         arm = self._arm_of(o.mode, o.gamma)
         if arm is not None:
             self._credit(context, arm, o.tokens, o.wall_s, o.wall_s / self.COUNT_UNIT_S)

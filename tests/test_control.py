@@ -604,3 +604,16 @@ def test_bandit_explores_an_untried_server_kind_by_a_hand_over_and_credits_its_p
     tokens, seconds, _ = policy._known()[Decision(1, "ar")]
     assert tokens / seconds == pytest.approx(50.0)
     assert policy.decide() == Decision(4, "sync")                       # DSD earned more: back to the edge
+
+
+def test_bandit_contexts_do_not_flip_on_jitter_at_a_bucket_edge():
+    """A 10 ms link measured at 10-13 ms (jitter, load) stays in one RTT context; a step to 150 ms
+    moves it at once; the alpha context moves only a quarter bucket past an edge."""
+    assert {BanditPolicy.rtt_bucket_of(ms / 1e3, 3) for ms in (9.0, 10.6, 11.7, 13.2)} == {3}
+    assert BanditPolicy.rtt_bucket_of(0.150, 3) == 7 and BanditPolicy.rtt_bucket_of(0.010, 7) == 3
+    policy = BanditPolicy(ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",)))
+    for accepted in (3, 3, 3, 2, 3, 3):                 # alpha ~0.62-0.66: bucket 3 (0.6-0.8)
+        _bandit_round(policy, Decision(4, "sync"), accepted)
+    assert policy.context[1] == 3
+    _bandit_round(policy, Decision(4, "sync"), 2)       # ~0.58: just under the edge, still 3
+    assert policy.context[1] == 3
