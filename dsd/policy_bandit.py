@@ -22,9 +22,12 @@ class BanditPolicy:
     survived, the wait plus a redraft when it did not); a server request earns its tokens over its
     wall time. Weights halve every ``horizon_s`` seconds of experience, so what an arm earned
     before the acceptance moved fades. The index is rate + exploration * best rate *
-    sqrt(log(total) / count), counts in rounds (a server request counts one per 0.05 s); an
-    untried arm comes first; a context not seen yet starts from the nearest one seen. Requests
-    pick among all arms, rounds among the DSD ones."""
+    sqrt(log(total) / count), counts in rounds (a server round or request counts one per 0.05
+    s). Two levels: UCB over kinds (DSD, cloud AR, co-located), a kind worth its best tried
+    arm, then UCB over the kind's arms; an untried arm is tried first, from the configured start
+    outwards; an arm untried in a context takes its statistics from a neighbouring context, and a
+    context not seen yet starts from the nearest one seen. A request starts as a DSD session
+    (``decide_request``), every round may change the arm and, by a hand-over, the kind."""
 
     COUNT_UNIT_S = 0.05
 
@@ -171,8 +174,9 @@ class BanditPolicy:
         kind = self._ucb_kind(values, here)
         if kind != here and here in kinds:
             new, old = values.get(kind), values.get(here)
-            # a kind never tried anywhere is explored by a hand-over (one segment or one round
-            # tells its rate); a tried one must be worth the hand-over
+            # a kind with no statistics here (nor, for DSD, in a neighbouring context; for the
+            # server, anywhere) is explored by a hand-over: a segment or a round tells its rate;
+            # a tried one must be worth the hand-over
             if new is not None and old is not None and not self._worth_handing_over(new[0], old[0]):
                 kind = here
         self.current = self._pick(tuple(kinds[kind]))
@@ -240,9 +244,9 @@ class BanditPolicy:
         if choice.mode in edge_modes():
             self.current = choice
             return choice
-        return self._server_in_session(choice, values[kind])
+        return self._server_in_session(choice)
 
-    def _server_in_session(self, choice: Decision, value: tuple[float, float] | None) -> Decision:
+    def _server_in_session(self, choice: Decision) -> Decision:
         """As ModelPolicy's: a server request runs as a DSD session whose first round hands over
         at once (it costs what a plain server request does); every segment measures the link and
         shadow drafting the acceptance, so the context can move and a round bring it back."""
