@@ -204,6 +204,20 @@ def sim_oracle(scenario: Scenario, profile, seed: int) -> dict:
     return best
 
 
+def check_netns_oracle(seed: int, results: dict, best_s: dict, scenario: Scenario) -> None:
+    """The netns oracle's estimators (benchmarks/adaptive_oracle.py) on the sim's static runs under
+    the schedule, beside the sim's oracle at constant conditions (the truth they estimate): each
+    condition's ms/token (split, in-sample), and the policies' vs_oracle with the split one."""
+    from benchmarks.adaptive_oracle import in_sample_oracle, print_oracle, split_oracle
+
+    statics = {k: v for k, v in results.items() if k.startswith("static")}
+    split = split_oracle(statics, scenario)
+    print_oracle(f"seed {seed} constant-condition (split, in-sample)", best_s, split, in_sample_oracle(statics, scenario))
+    if all(k in split for k in best_s):
+        print(f"  seed {seed} vs the split oracle: " + " ".join(
+            f"{name}={vs_oracle_pct(results[name], split, scenario):.1f}%" for name in POLICIES), flush=True)
+
+
 # ---- report ----------------------------------------------------------------------------------------
 
 def summarise(per_seed: list[tuple[dict, dict]], scenario: Scenario) -> dict[str, float]:
@@ -298,7 +312,9 @@ def main(argv=None) -> None:
     per_seed = []
     for seed in range(args.seeds):
         if args.launcher == "sim":
-            per_seed.append((sim_seed(scenario, profile, seed), sim_oracle(scenario, profile, seed)))
+            results, best = sim_seed(scenario, profile, seed), sim_oracle(scenario, profile, seed)
+            check_netns_oracle(seed, results, best, scenario)
+            per_seed.append((results, best))
         else:
             from benchmarks.adaptive_netns import netns_seed
             per_seed.append(netns_seed(scenario, args, seed))
