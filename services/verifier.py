@@ -200,6 +200,7 @@ class Verifier:
             "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
             "passes": dict(self.scheduler.passes),
             "passes_on_loop": self.scheduler.loop_passes,
+            "verifies_inline": self.counts["inline"],
             "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
             "busy_s": self.device.busy_s,
             "queued": self.scheduler.queued,
@@ -431,6 +432,7 @@ class Verifier:
         and alone (``_alone``): its task waits on an empty inbox, and the reader would read
         nothing during the pass anyway (it runs on the loop's thread). Same replies and errors as
         the task; a failure that ends the session hands the ending to its task."""
+        self.counts["inline"] += 1
         if not await self._serve_one(served, m, t_arrival_s):
             served.closed = True
             served.inbox.put_nowait((time.perf_counter(), None))     # the task frees the session
