@@ -83,13 +83,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96, help="tokens per request")
     parser.add_argument("--requests", type=int, default=4, help="requests per mode, one after another")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both services")
+    parser.add_argument("--spin-us", type=int, default=0,
+                        help="both services poll for an expected message up to this long (services/spinwait.py; 0: off)")
+    parser.add_argument("--spin-lead-us", type=int, default=300, help="from this long before it is due")
     parser.add_argument("--echo-messages", type=int, default=200,
                         help="messages of the paced echo (the floor under the server overhead)")
     args = parser.parse_args()
     if args.tokens < 8 or args.requests < 1 or args.echo_messages < 1:
         parser.error("--tokens must be >= 8, --requests >= 1 and --echo-messages >= 1")
     prompts = make_prompts(HfBackendConfig(pair_path=args.pair), args.requests, 24, seed=7)
-    backend = ["--backend-json", HfBackendConfig(pair_path=args.pair).to_json(), "--threads", str(args.threads)]
+    backend = ["--backend-json", HfBackendConfig(pair_path=args.pair).to_json(), "--threads", str(args.threads),
+               "--spin-us", str(args.spin_us), "--spin-lead-us", str(args.spin_lead_us)]
     overheads: dict[str, list[float]] = {part: [] for part in MODES}
     cadence: EchoCadence | None = None
     with tempfile.TemporaryDirectory(prefix="dsd-hf-overhead-") as tmp:
@@ -113,7 +117,9 @@ def main() -> None:
                     cadence = sync_cadence(rows)
                 passes = verifier.get_json("/metrics")
                 print(f"{mode}: {len(rows)} rounds; verifier passes so far {sum(passes['passes'].values())}, "
-                      f"on the loop's thread {passes.get('passes_on_loop', 0)}", file=sys.stderr)
+                      f"on the loop's thread {passes.get('passes_on_loop', 0)}, verifies served by the reader "
+                      f"{passes.get('verifies_inline', 0)}; polling: verifier {passes.get('spin')}, "
+                      f"edge {summaries[run['run_id']].get('spin')}", file=sys.stderr)
     # The floor: two processes that only echo, at the sync rounds' own cadence, right after them.
     echo_ms = paced_echo_ms(cadence, args.echo_messages)
     print(f"paced echo (aiohttp WebSocket, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
@@ -131,6 +137,7 @@ def main() -> None:
     results["server_over_floor_p50_ms"] = results["hf_overhead_server_p50_ms"] - results["echo_floor_p50_ms"]
     print(f"{'echo floor':10s} {len(echo_ms):7d} {statistics.median(echo_ms):8.3f} "
           f"{sorted(echo_ms)[round(0.9 * (len(echo_ms) - 1))]:8.3f} {statistics.mean(echo_ms):8.3f}")
+    results["spin_us"] = args.spin_us
     results["load_avg_1m"], results["cpus"] = os.getloadavg()[0], os.cpu_count()
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
 

@@ -40,7 +40,7 @@ from dsd.drafting import DraftJob, begin_request
 from dsd.modes import AR, NOWHERE, SERVER, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
-from services import access, arrival, wire
+from services import access, arrival, spinwait, wire
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
 from services.scheduler import PassTiming, Scheduler, SchedulerConfig
 
@@ -108,6 +108,9 @@ class Connection:
         # A request came in during a pass on the loop's thread (a pipelined edge's next block):
         # its passes go to the device thread from then on, so that it is read when it arrives.
         self.overlapped = False
+        # services.spinwait: when its last verdict went out, and the gaps to the next block
+        self.replied_s: float | None = None
+        self.block_gaps = spinwait.Gaps()
 
     @property
     def busy(self) -> bool:
@@ -145,8 +148,10 @@ INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_c
 
 class Verifier:
     def __init__(self, draft: LanguageModel, target: LanguageModel, device, scheduler: Scheduler,
-                 limits: VerifierLimits, backend_info: dict, token: str | None = None) -> None:
+                 limits: VerifierLimits, backend_info: dict, token: str | None = None,
+                 spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
         self.draft, self.target, self.device = draft, target, device
+        self.spin = spin        # services.spinwait: the loop polls for a lone session's next block
         self.scheduler = scheduler
         scheduler.after_loop_pass = self.after_loop_pass
         self.limits = limits
@@ -201,6 +206,7 @@ class Verifier:
             "passes": dict(self.scheduler.passes),
             "passes_on_loop": self.scheduler.loop_passes,
             "verifies_inline": self.counts["inline"],
+            "spin": selector.stats() if (selector := spinwait.selector_of()) else asdict(self.spin),
             "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
             "busy_s": self.device.busy_s,
             "queued": self.scheduler.queued,
@@ -287,6 +293,11 @@ class Verifier:
                 del conn.sessions[message.session]   # the id is free again at once
             else:
                 self._admit(conn)
+            if isinstance(message, wire.Verify) and conn.replied_s is not None:
+                conn.block_gaps.add(t_arrival_s - conn.replied_s)      # the edge's drafting, and the way
+                conn.replied_s = None
+                if (selector := spinwait.selector_of()) is not None:
+                    selector.cancel()
             if (isinstance(message, wire.Verify) and not served.busy and served.inbox.empty() and not served.closed
                     and self._alone(served) and self.scheduler.runs_on_loop):
                 await self._serve_inline(served, message, t_arrival_s)
@@ -436,6 +447,12 @@ class Verifier:
         if not await self._serve_one(served, m, t_arrival_s):
             served.closed = True
             served.inbox.put_nowait((time.perf_counter(), None))     # the task frees the session
+            return
+        conn = served.conn
+        conn.replied_s = time.perf_counter()
+        expected_s = conn.block_gaps.expected_s()
+        if expected_s is not None and (selector := spinwait.selector_of()) is not None:
+            selector.expect(conn.replied_s + expected_s)     # poll for the next block when it is due
 
     async def _prefill(self, served: Served, m: wire.Open, t_arrival_s: float) -> None:
         positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
@@ -588,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
     web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None)
+                print=None, access_log=None, loop=spinwait.new_event_loop(args.spin))
 
 
 def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
@@ -600,6 +617,7 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     add_backend_args(parser)
     access.add_access_args(parser)
+    spinwait.add_spin_args(parser)
     limits_defaults = VerifierLimits()
     parser.add_argument("--max-batch", type=int, default=1)
     parser.add_argument("--batch-window-ms", type=float, default=0.0)
@@ -622,6 +640,7 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
                                 args.max_tokens_per_connection)
         scheduler_config = SchedulerConfig(args.max_batch, args.batch_window_ms)
         token = access.load_token(args.token_file, log=log)
+        args.spin = spinwait.spin_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     access.check_host(args.host, args.allow_any_host, log)
@@ -630,9 +649,10 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     backend_info = {"kind": backend.kind, "target": target.name, "draft": draft.name,
                     "profile": asdict(profile) if profile else None}
     verifier = Verifier(draft, target, device, Scheduler(scheduler_config, device, profile), limits, backend_info,
-                        token)
-    log.info("verifier on %s:%s backend=%s token=%s limits=%s scheduler=%s", args.host, args.port, backend.kind,
-             "required" if token else "none", json.dumps(asdict(limits)), json.dumps(asdict(scheduler_config)))
+                        token, args.spin)
+    log.info("verifier on %s:%s backend=%s token=%s limits=%s scheduler=%s spin=%s", args.host, args.port,
+             backend.kind, "required" if token else "none", json.dumps(asdict(limits)),
+             json.dumps(asdict(scheduler_config)), json.dumps(asdict(args.spin)))
     return verifier.app(), args
 
 
