@@ -92,7 +92,7 @@ class SpinSelector(selectors.EpollSelector):
             polled_s = time.perf_counter()
             if ready or polled_s >= end_s:
                 break
-        self.spun_s += polled_s - now_s
+        self.spun_s += min(polled_s, end_s) - now_s     # the window's share (a preempted last poll: not ours)
         if ready:
             self.caught += 1
             self.cancel()
