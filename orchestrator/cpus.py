@@ -73,8 +73,8 @@ def pin(pid: int, cpus: list[int]) -> list[int]:
 
 
 def pin_testbed(testbed, plan: dict) -> dict:
-    """Apply the plan to a testbed's running processes (services and shaping daemons); with an
-    unpinned plan, give them every usable CPU back. Returns {process name: mask read back}."""
+    """Apply the plan to a testbed's running processes (services and shaping daemons; compose:
+    its containers' cpusets); with an unpinned plan, give them every usable CPU back. Returns {process name: mask read back}."""
     applied = {}
     everything = plan.get("cpus") or usable_cpus()
     for process in getattr(testbed, "_processes", []):
@@ -82,6 +82,8 @@ def pin_testbed(testbed, plan: dict) -> dict:
             role = "verifier" if process.name == "verifier" else process.name
             cpus = plan["sets"].get(role, everything) if plan["pinned"] else everything
             applied[process.name] = pin(process.proc.pid, cpus)
+    if hasattr(testbed, "pin_containers"):          # compose: a cpuset per container
+        applied.update(testbed.pin_containers(plan["sets"] if plan["pinned"] else {}, everything))
     shaper = getattr(testbed, "_shaper", None)
     for i, daemon in enumerate(getattr(shaper, "daemons", []) if shaper is not None else []):
         if daemon.child.alive():

@@ -152,14 +152,11 @@ class Progress:
 
 
 def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
-    """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/cpus.py).
-    NOTE: compose would take `cpuset` per service; not wired yet, so compose runs unpinned."""
+    """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/cpus.py); on
+    compose the verifier's and the edges' sets are their containers' cpusets."""
     if launcher == "sim":
         return {"pinned": False, "disjoint": False, "sets": {},
                 "reason": "sim launcher: one process on virtual time, nothing to isolate"}
-    if launcher == "compose":
-        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
-                "reason": "compose launcher: cpuset per service not wired yet; not pinned"}
     if launcher in ("swarm", "external"):
         return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
                 "reason": f"{launcher} launcher: the services run in containers or on other machines; not pinned"}

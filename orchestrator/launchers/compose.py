@@ -227,6 +227,7 @@ class ComposeTestbed(ControlApiTestbed):
         self.owned = False                   # we ran `compose up`, so close() runs `compose down`
         self.up_s = float("nan")             # from `compose up` until every service answered /health
         self._shaper: Shaper | None = None
+        self._cpusets_before: dict[str, str] = {}     # container -> its cpuset before pin_containers
         # The verifier and the edges share it through compose.yaml's DSD_TOKEN; an adopted project
         # keeps the one it was started with, which the edges' handles read from their containers.
         self._token = secrets.token_urlsafe(32)
@@ -381,6 +382,24 @@ class ComposeTestbed(ControlApiTestbed):
                 "verifier": self.verifier_container.name if self.verifier_container else None,
                 "edges": [h.name for h in self.edges]}
 
+    def pin_containers(self, sets: dict, everything: list[int]) -> dict:
+        """Each container's cpuset (`docker update --cpuset-cpus`, the cgroup a container's every
+        process lives in, kept across a restart): the verifier's set, edge i's ("edge{i}") set,
+        every usable CPU for a role the plan has none for. Returns {container: the CPUs its main
+        process may run on, read back from the kernel}."""
+        applied = {}
+        for role, container in [("verifier", self.verifier_container),
+                                *((f"edge{h.client_id}", x) for h, x in zip(self.edges, self.edge_containers))]:
+            if container is None:
+                continue
+            cpus = sets.get(role, everything)
+            self._cpusets_before.setdefault(container.name, container.attrs["HostConfig"].get("CpusetCpus") or "")
+            container.update(cpuset_cpus=",".join(str(c) for c in cpus))
+            container.reload()
+            pid = container.attrs["State"].get("Pid") or 0
+            applied[container.name] = sorted(os.sched_getaffinity(pid)) if pid else []
+        return applied
+
     # ---- links -----------------------------------------------------------------------------------
 
     def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
@@ -460,6 +479,8 @@ class ComposeTestbed(ControlApiTestbed):
         project up; every step runs even if one before it failed."""
         errors: list[str] = []
         _step(errors, "shaper", self._close_shaper)
+        if not self.owned:
+            _step(errors, "restoring the cpusets", self._restore_cpusets)
         if self.owned:
             _step(errors, "saving the logs", self._save_logs)
             _step(errors, "compose down", self.compose, "down", "--remove-orphans", "--timeout", "10",
@@ -472,6 +493,15 @@ class ComposeTestbed(ControlApiTestbed):
         self._client.close()
         if errors:
             raise ComposeError("teardown incomplete: " + "; ".join(errors))
+
+    def _restore_cpusets(self) -> None:
+        """An adopted project's containers get back the cpusets they had before pin_containers
+        (an empty one meant every online CPU; this process's own mask may be pinned narrower)."""
+        everything = Path("/sys/devices/system/cpu/online").read_text().strip()
+        for container in [self.verifier_container, *self.edge_containers]:
+            if container is not None and container.name in self._cpusets_before:
+                container.update(cpuset_cpus=self._cpusets_before[container.name] or everything)
+        self._cpusets_before = {}
 
     def _save_logs(self) -> None:
         if self.config.log_dir:

@@ -20,9 +20,10 @@ from dsd.decoding import generate_ar
 from dsd.profiles import HardwareProfile
 from dsd.stopping import StopRule
 from netem.probe import BACKENDS
+from orchestrator import cpus
 from orchestrator.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
-from tests.compose.edge_runs import check_greedy, run_waves
+from tests.compose.edge_runs import check_greedy, read_csv, run_waves, wait_for
 from tests.compose.host import host_state, new_since
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
@@ -122,6 +123,29 @@ def test_traffic_between_the_containers_takes_the_configured_rtt(testbed, runs):
     # And the links themselves still hold their RTT after all that traffic.
     for state, rtt_ms in zip(testbed[0].measure(), RTTS_MS):
         assert abs(state.rtt_measured_p50_ms - rtt_ms) < LINK_P50_TOLERANCE_MS, state
+
+
+def test_a_cpu_plan_becomes_the_containers_cpusets_and_unpinning_gives_every_cpu_back(testbed, runs):
+    tb = testbed[0]
+    usable = cpus.usable_cpus()
+    plan = cpus.plan_cpus(usable, len(tb.edges), "on")       # on 2 CPUs too: the verifier alone on the last
+    applied = cpus.pin_testbed(tb, plan)
+    assert applied[tb.verifier_container.name] == plan["sets"]["verifier"]
+    for handle, container in zip(tb.edges, tb.edge_containers):
+        assert applied[container.name] == plan["sets"][f"edge{handle.client_id}"]
+        assert container.attrs["HostConfig"]["CpusetCpus"] == ",".join(map(str, plan["sets"][f"edge{handle.client_id}"]))
+    # A pinned testbed still runs: one sync run on the first edge, the target's greedy tokens.
+    edge = tb.edges[0]
+    call("POST", f"{edge.control_url}/runs", token=edge.token, body={
+        "run_id": "pinned-sync", "client_id": "pinned-sync", "mode": "sync", "gamma": GAMMA, "prompts": PROMPTS[:1],
+        "max_new_tokens": MAX_NEW_TOKENS, "verifier_url": tb.verifier_url, "app_delay_ms": tb.app_delay_ms(0)})
+    summary = wait_for({(0, "sync"): (edge, "pinned-sync")}, RUNS_TIMEOUT_S)[0, "sync"]
+    _, target = load_pair(BACKEND)
+    expected = generate_ar(target, PROMPTS[0], StopRule(MAX_NEW_TOKENS, target.eos_token_id), seq_id="pinned").tokens
+    check_greedy({(0, "sync"): (summary, read_csv(edge, "pinned-sync", "rounds.csv"),
+                                read_csv(edge, "pinned-sync", "requests.csv"))}, [expected])
+    unpinned = cpus.pin_testbed(tb, cpus.plan_cpus(usable, len(tb.edges), "off"))
+    assert all(mask == usable for mask in unpinned.values()), unpinned
 
 
 def test_close_saves_the_logs_and_leaves_nothing_behind(testbed):
