@@ -14,8 +14,18 @@ window from ``lead_us`` before that time for ``spin_us`` at most. A timer (Linux
 the loop at the window's start; inside it, a wait polls without blocking until something is
 ready or the window closes, then blocks as usual. At most ``spin_us`` of busy polling per
 ``expect``; off (``spin_us = 0``) by default, and the services only aim it when one client is
-served (one run on the edge, one session on the verifier), so concurrent clients never poll.
-What it did is counted (``SpinSelector.stats``) for the trace and the metrics.
+served: the verifier when one session is open; the edge when its run is the only one of the
+process and none of its last verdicts waited in the verifier's queue or shared a pass (other
+clients are being served). What it did is counted (``SpinSelector.stats``) for the trace and the
+metrics.
+
+Measured with the quiet lock held (benchmarks/hf_overhead.py, default pair, one client): server
+overhead p50 0.62 ms with ``--spin-us 5000 --spin-lead-us 2500`` (80 of 83 verifier windows and 78
+of 87 edge windows caught their message; 2.1-2.3 ms of polling per round in each process, about
+10% of a core) against 0.83-0.89 ms without in the same batch; a 2000 us window caught only
+46-67% (the verify pass alone varies by +-1 ms round to round here) and gained nothing. Two sync
+clients, one edge process each, polling on before the shared-verifier check: 161 -> 137 tok/s per
+client (benchmarks/spin_clients.py): the reason for that check.
 """
 from __future__ import annotations
 

@@ -173,3 +173,40 @@ def test_a_polling_sync_run_emits_the_greedy_tokens_and_records_its_polling(spin
         assert stats["spin_us"] == 1500 and stats["windows"] > 0       # it aimed windows at the messages
         assert stats["spun_ms"] <= 1.5 * stats["windows"] + 1e-6        # bounded: spin_us a window
     assert metrics["verifies_inline"] > 0
+
+
+def test_the_edge_aims_only_while_its_run_is_alone_and_the_verifier_serves_nobody_else():
+    from dsd.backends.protocol import SamplingParams
+    from services import wire
+    from services.compute import PreciseTimer
+    from services.edge import SessionTransport, VerifierLink
+
+    loop = spinwait.new_event_loop(spinwait.SpinConfig(spin_us=2000, lead_us=1000))
+    selector = spinwait.selector_of(loop)
+
+    async def main() -> list[int]:
+        # an app delay: frames wait in the link's own queue (no socket needed to send them)
+        link = VerifierLink("ws://127.0.0.1:9/ws", 0.001, PreciseTimer())
+        link.alone = lambda: True
+        transport = SessionTransport(link, 1, asyncio.Queue(), None, SamplingParams())
+        transport.arrival(time.perf_counter(), wire.Opened(1, 1, 3, 0.0, 0.0))
+        windows = []
+
+        async def block(queue_s: float = 0.0, batch_size: int = 1) -> None:
+            (sent_s,) = await transport.send([b"block"])
+            windows.append(selector.windows)
+            transport.arrival(sent_s + 0.01, wire.Verified(2, 1, 3, 4, 4, 7, False, queue_s, 0.009, batch_size))
+
+        await block()                   # no verdict timed yet: nothing to aim at
+        await block()                   # aimed at 10 ms after the send
+        await block(queue_s=0.003)      # aimed; its verdict waited behind another client's pass
+        await block()                   # the verifier serves someone else lately: not aimed
+        link.verdicts_shared.clear()
+        link.alone = lambda: False
+        await block()                   # another run in this process: not aimed
+        return windows
+
+    try:
+        assert loop.run_until_complete(main()) == [0, 1, 2, 2, 2]
+    finally:
+        loop.close()
