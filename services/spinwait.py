@@ -20,12 +20,12 @@ clients are being served). What it did is counted (``SpinSelector.stats``) for t
 metrics.
 
 Measured with the quiet lock held (benchmarks/hf_overhead.py, default pair, one client): server
-overhead p50 0.62 ms with ``--spin-us 5000 --spin-lead-us 2500`` (80 of 83 verifier windows and 78
-of 87 edge windows caught their message; 2.1-2.3 ms of polling per round in each process, about
-10% of a core) against 0.83-0.89 ms without in the same batch; a 2000 us window caught only
-46-67% (the verify pass alone varies by +-1 ms round to round here) and gained nothing. Two sync
-clients, one edge process each, polling on before the shared-verifier check: 161 -> 137 tok/s per
-client (benchmarks/spin_clients.py): the reason for that check.
+overhead p50 0.62 and 0.81 ms with ``--spin-us 5000 --spin-lead-us 2500`` (66-96% of the windows
+caught their message; 2.1-2.3 ms of polling per round in each process, about 10% of a core)
+against 0.83-0.97 ms without in the same batches; a 2000 us window caught only 46-67% (the verify
+pass alone moves +-1 ms round to round here) and gained nothing. Two sync clients, one edge
+process each (benchmarks/spin_clients.py): with polling aimed regardless, 161 -> 137 tok/s per
+client, the reason for the shared-verifier check; with it, 6 windows in the whole run.
 """
 from __future__ import annotations
 
