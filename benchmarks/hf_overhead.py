@@ -37,7 +37,8 @@ Server compute is what the verifier measured around its passes (the forward pass
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
 prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's
 ``passes_on_loop`` metric, printed to stderr, counts them). Progress goes to stderr; the
-last stdout line is key=value pairs. This host is shared: the load average is reported with it.
+last stdout line is key=value pairs. This host is shared: the load average is reported with it,
+and ``steal_pct``, the share of CPU time the hypervisor gave other guests during the run.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.echo_floor import EchoCadence, paced_echo_ms  # noqa: E402
+from benchmarks.overhead import cpu_times, steal_pct  # noqa: E402
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
 from orchestrator.workload import make_prompts    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
@@ -103,6 +105,7 @@ def main() -> None:
     backend = ["--backend-json", HfBackendConfig(pair_path=args.pair).to_json(), "--threads", str(args.threads),
                "--spin-us", str(args.spin_us), "--spin-lead-us", str(args.spin_lead_us)]
     overheads: dict[str, list[float]] = {part: [] for part in MODES}
+    cpu_before = cpu_times()
     cadence: EchoCadence | None = None
     with tempfile.TemporaryDirectory(prefix="dsd-hf-overhead-") as tmp:
         edge_args = backend + ["--out-dir", str(Path(tmp) / "edge")]
@@ -146,6 +149,8 @@ def main() -> None:
     print(f"{'echo floor':10s} {len(echo_ms):7d} {statistics.median(echo_ms):8.3f} "
           f"{sorted(echo_ms)[round(0.9 * (len(echo_ms) - 1))]:8.3f} {statistics.mean(echo_ms):8.3f}")
     results["spin_us"] = args.spin_us
+    # On a VM the hypervisor may run other guests on our CPUs: then everything wakes late.
+    results["steal_pct"] = steal_pct(cpu_before, cpu_times())
     results["load_avg_1m"], results["cpus"] = os.getloadavg()[0], os.cpu_count()
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
 
