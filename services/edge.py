@@ -471,7 +471,9 @@ class SessionTransport:
         self.ready_s = time.perf_counter()
         self.opened = False        # the verifier's Opened is in
         self.in_flight = 0         # blocks sent and not yet answered
-        self._sent_s: list[float] = []     # when each of them went out, oldest first
+        # services.spinwait (None: the loop never polls, and nothing below is tracked)
+        self._selector = spinwait.selector_of()
+        self._sent_s: list[float] = []     # when each block in flight went out, oldest first
 
     @property
     def quiet(self) -> bool:
@@ -486,12 +488,11 @@ class SessionTransport:
     async def send(self, frames: list[bytes], after=None) -> list[float]:
         self.in_flight += len(frames)
         sent = [await self.link.send_encoded(data) for data in frames]
-        self._sent_s += sent
-        expected_s = self.link.verdict_gaps.expected_s()
-        selector = spinwait.selector_of()
-        if (selector is not None and expected_s is not None and self.in_flight == 1 and self.link.alone()
-                and not self.link.shared_lately()):
-            selector.expect(sent[-1] + expected_s)      # a sync block: poll for its verdict when due
+        if self._selector is not None:
+            self._sent_s += sent
+            expected_s = self.link.verdict_gaps.expected_s()
+            if expected_s is not None and self.in_flight == 1 and self.link.alone() and not self.link.shared_lately():
+                self._selector.expect(sent[-1] + expected_s)      # a sync block: poll for its verdict when due
         return sent
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after=None) -> float:
@@ -527,12 +528,12 @@ class SessionTransport:
         if not isinstance(m, wire.Verified):
             raise RunError(f"unexpected {type(m).__name__} in a DSD session")
         self.in_flight -= 1
-        if self._sent_s:
-            self.link.verdict_gaps.add(t_receive_s - self._sent_s.pop(0))
-        if not m.stale:
-            self.link.note_verdict(m.queue_s, m.batch_size)
-        if (selector := spinwait.selector_of()) is not None:
-            selector.cancel()
+        if self._selector is not None:
+            if self._sent_s:
+                self.link.verdict_gaps.add(t_receive_s - self._sent_s.pop(0))
+            if not m.stale:
+                self.link.note_verdict(m.queue_s, m.batch_size)
+            self._selector.cancel()
         return Arrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
                        m.queue_s, m.compute_s, m)
 

@@ -152,6 +152,7 @@ class Verifier:
                  spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
         self.draft, self.target, self.device = draft, target, device
         self.spin = spin        # services.spinwait: the loop polls for a lone session's next block
+        self.selector: spinwait.SpinSelector | None = None     # the serving loop's, if it polls
         self.scheduler = scheduler
         scheduler.after_loop_pass = self.after_loop_pass
         self.limits = limits
@@ -173,6 +174,7 @@ class Verifier:
         app.router.add_get("/ws", self.websocket)
 
         async def start(_app):
+            self.selector = spinwait.selector_of()
             self.scheduler.start()
 
         async def stop(_app):
@@ -206,7 +208,7 @@ class Verifier:
             "passes": dict(self.scheduler.passes),
             "passes_on_loop": self.scheduler.loop_passes,
             "verifies_inline": self.counts["inline"],
-            "spin": selector.stats() if (selector := spinwait.selector_of()) else asdict(self.spin),
+            "spin": self.selector.stats() if self.selector else asdict(self.spin),
             "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
             "busy_s": self.device.busy_s,
             "queued": self.scheduler.queued,
@@ -293,11 +295,10 @@ class Verifier:
                 del conn.sessions[message.session]   # the id is free again at once
             else:
                 self._admit(conn)
-            if isinstance(message, wire.Verify) and conn.replied_s is not None:
+            if isinstance(message, wire.Verify) and conn.replied_s is not None:     # set only if polling
                 conn.block_gaps.add(t_arrival_s - conn.replied_s)      # the edge's drafting, and the way
                 conn.replied_s = None
-                if (selector := spinwait.selector_of()) is not None:
-                    selector.cancel()
+                self.selector.cancel()
             if (isinstance(message, wire.Verify) and not served.busy and served.inbox.empty() and not served.closed
                     and self._alone(served) and self.scheduler.runs_on_loop):
                 await self._serve_inline(served, message, t_arrival_s)
@@ -448,11 +449,12 @@ class Verifier:
             served.closed = True
             served.inbox.put_nowait((time.perf_counter(), None))     # the task frees the session
             return
-        conn = served.conn
-        conn.replied_s = time.perf_counter()
-        expected_s = conn.block_gaps.expected_s()
-        if expected_s is not None and (selector := spinwait.selector_of()) is not None:
-            selector.expect(conn.replied_s + expected_s)     # poll for the next block when it is due
+        if self.selector is not None:
+            conn = served.conn
+            conn.replied_s = time.perf_counter()
+            expected_s = conn.block_gaps.expected_s()
+            if expected_s is not None:
+                self.selector.expect(conn.replied_s + expected_s)     # poll for the next block when it is due
 
     async def _prefill(self, served: Served, m: wire.Open, t_arrival_s: float) -> None:
         positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
