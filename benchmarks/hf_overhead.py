@@ -26,12 +26,13 @@ round but a request's first (it also waits for the prefill), the same quantities
                                 is what the services add beyond it.
 
 Measured with the quiet lock held (``flock /tmp/dsd-quiet.lock python benchmarks/hf_overhead.py``,
-three batches, 2026-12-01 20:22-20:37 UTC, load average 1.0-2.0 left from before the lock, 2 vCPUs):
-server p50 0.68, 0.83, 0.89, 0.97 ms (one outlier 1.82), main's tree in the same batches 0.77,
-0.87, 1.17 ms; echo floor 0.51-0.98 ms (it drifts with the host), server minus floor 0.09-0.32 ms;
-edge 0.25-0.34, co-located 0.34-0.49, AR 0.17-0.37 ms. The 0.3 ms goal is met by the edge part
-only: the server part's floor alone (two processes that only echo) is above it on this host.
-With ``--spin-us 5000 --spin-lead-us 2500`` (services/spinwait.py): server 0.62 and 0.81 ms.
+five batches, 2026-12-01 20:22-20:57 UTC, load average 0.6-2.0 left from before the lock, steal
+0.04-2.5%, 2 vCPUs): server p50 0.55-0.97 ms over 8 runs (one outlier 1.82), main's tree in the
+same batches 0.76-1.17 ms; echo floor 0.43-0.98 ms (it drifts with the host), server minus floor
+0.09-0.43 ms; edge 0.21-0.34, co-located 0.31-0.49, AR 0.15-0.37 ms. The 0.3 ms goal is met by
+the edge part in some runs only and not by the server part: its floor alone (two processes that
+only echo) is above it on this host. With ``--spin-us 5000 --spin-lead-us 2500``
+(services/spinwait.py): server 0.62 and 0.81 ms.
 
 Server compute is what the verifier measured around its passes (the forward pass and the
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
