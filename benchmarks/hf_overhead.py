@@ -26,10 +26,10 @@ round but a request's first (it also waits for the prefill), the same quantities
                                 is what the services add beyond it.
 
 Measured with the quiet lock held (``flock /tmp/dsd-quiet.lock python benchmarks/hf_overhead.py``,
-five batches, 2026-12-01 20:22-20:57 UTC, load average 0.6-2.0 left from before the lock, steal
-0.04-2.5%, 2 vCPUs): server p50 0.55-0.97 ms over 8 runs (one outlier 1.82), main's tree in the
-same batches 0.76-1.17 ms; echo floor 0.43-0.98 ms (it drifts with the host), server minus floor
-0.09-0.43 ms; edge 0.21-0.34, co-located 0.31-0.49, AR 0.15-0.37 ms. The 0.3 ms goal is met by
+six batches, 2026-12-01 20:22-21:08 UTC, load average 0.3-2.0 left from before the lock, steal
+0.04-2.5%, 2 vCPUs): server p50 0.55-0.97 ms over 10 runs (one outlier 1.82), main's tree in the
+same batches 0.68-1.17 ms; echo floor 0.38-0.98 ms (it drifts with the host), server minus floor
+0.07-0.43 ms; edge 0.21-0.34, co-located 0.31-0.49, AR 0.15-0.37 ms. The 0.3 ms goal is met by
 the edge part in some runs only and not by the server part: its floor alone (two processes that
 only echo) is above it on this host. With ``--spin-us 5000 --spin-lead-us 2500``
 (services/spinwait.py): server 0.62 and 0.81 ms.
