@@ -24,23 +24,41 @@ Prints last: model_vs_oracle_pct= bandit_vs_oracle_pct= heuristic_vs_oracle_pct=
 best_static_vs_oracle_pct= switches_per_100_rounds= (plan changes of the model policy per 100
 rounds, request-level mode changes included) and goals_met=.
 
-Measured 2026-12-01 (the sim is virtual time, so load does not move it; netns ran at load
-average 5-10 from other jobs, so its numbers are noisy):
+Measured 2026-12-01 (the sim is virtual time, so load does not move it; netns times are real):
   before the mid-request hand-over (dsd/driver.py):
   sim, 3 seeds:   model 10.7, bandit 20.4, heuristic 52.0, best static 58.6 (pipelined 8), switches 2.0
-  netns, 2 seeds: model 28.2, bandit 72.9, heuristic 73.2, best static 58.6, switches 4.4
+  netns, 2 seeds: model 28.2, bandit 72.9, heuristic 73.2, best static 58.6, switches 4.4 (load 5-10)
   with it (a round may hand the request to cloud AR and back; the alpha estimate's change test):
   sim, 3 seeds:   model 6.1, bandit 20.6, heuristic 52.0, best static 58.6 (pipelined 8), switches 2.5
   netns, 1 seed:  model 16.1, bandit 44.1, heuristic 49.5, best static 52.6 (pipelined 8), switches 3.0
                   (load average 2.5 at the start, 1.8 at the end; 5 minutes)
-The model is 1.49x (sim) / 1.31x (netns) better per token than the best single static choice
-and both policies beat the heuristic; the 5% / 10% goals are not met. What is left of the model's gap: a
-request that starts on the server (cloud AR) just before the RTT falls cannot notice it (the
-stream measures no round trip), and pipelined DSD near the AR boundary at 150 ms runs slower
-than the closed form predicts (start-up of a 48-token request). The bandit's is mostly its
-exploration of arms (a whole request per untried kind) and context buckets that change when the
-acceptance does. Tried and not kept: scaling the model's DSD costs by measured over predicted
-round time (seeds 5.0 / 4.8 / 9.4, mean 6.4, against 4.9 / 7.4 / 6.0 without).
+  session 8 (every hand-over segment measures the link; server requests always in a session; the
+  sim's Open pipelined and its link FIFO; the model's GLR change test, RTT steps and finite-request
+  factor; the bandit's in-request exploration, arm sharing and context hysteresis):
+  sim, 3 seeds:   model 3.8, bandit 11.9, heuristic 47.6, best static 57.4 (pipelined 8), switches 3.0
+                  (per seed: model 2.5 / 4.6 / 4.4, bandit 9.3 / 14.7 / 11.6)
+  netns, 2 seeds: model 8.7 (5.6 / 11.8), bandit 19.8 (20.5 / 19.1), heuristic 48.1, best static 49.5
+                  (pipelined 8), switches 3.4; the quiet lock held exclusively, 9 minutes, load
+                  average 1.35 before, 0.28 / 0.47 / 0.96 after
+  netns, 1 seed:  model 4.8, bandit 12.3, heuristic 47.7, best static 53.6 (pipelined 4), switches 3.2
+                  (the same way, 5 minutes earlier; load 1.4 before, 0.25 / 0.97 / 1.53 after;
+                  seed 0 again in the 2-seed run: model 5.6, bandit 20.5 -- netns runs of one
+                  seed differ by this much, and its oracle is a minimum over few requests)
+Where the regret went before these changes (sim, per request against the oracle): the model lost
+most on streams that started in cloud AR at 150 ms and ran into the 10 ms segment (0.4-0.7 s each:
+only a stream's first segment measured the RTT), on pipelined 16 at 150 ms / alpha 0.9 picked on
+alpha estimates of 0.93-0.95 where the steady state puts AR just ahead (0.2-0.56 s; the rounds'
+overshoot of the token budget fixes it), and on the first request after alpha fell (the 6-position
+change test never fired once the running value had drifted); the bandit on whole requests spent
+exploring a kind (0.7 s for AR as the very first request), on DSD arms tried in every context an
+estimate passed through, and on AR streams across 150 -> 10 ms. The sim also charged a whole extra
+RTT to open every DSD session (the real edge does not wait for Opened), and let a falling link
+reorder a stream's tokens. What is left: the model's losses are now mostly the inherent ones
+(the first requests, the request an alpha or RTT step lands in: a stream queued for 150 ms drains
+after the link falls); the bandit's are exploration (each kind and arm once per context; at 150 ms
+a DSD round plus the hand-over back costs ~0.3 s) and per-seed variance (one early unlucky round
+moves a seed by 5 points). Tried and not kept: scaling the model's DSD costs by measured over
+predicted round time (6.4 against 6.1); unimodal-in-gamma arm exploration (stuck: 30% on a seed).
 """
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ stops drafting, waits until no block is in flight, and asks the server to genera
 ``max_tokens`` tokens on the open session (a segment); each of the server's steps comes back as an
 arrival whose ``served`` is a ``ServerRound``, its tokens committed as they are (the server owns
 the committed prefix while it generates, so nothing is drafted meanwhile and no token is counted
-twice). While the controller keeps a server mode the next segment is asked for as soon as the
-current one's first tokens arrive, so the server never idles between them; once it picks a DSD
+twice). While the controller keeps a server mode the next segment is asked for once what is
+still due from the asked ones would run out within a round trip (every segment's first tokens
+measure the link's RTT), so the server never idles between them; once it picks a DSD
 mode again, drafting resumes after the last asked-for segment ends. Under greedy decoding the
 edge drafts along the stream (shadow drafting: its guess at every position, charged on the
 device) so the controller keeps measuring alpha while the server generates.
@@ -105,7 +106,6 @@ class Segment:
     mode: str
     remaining: int
     t_send_s: float
-    alone: bool                      # asked with none ahead: its first round trip is the link's
     rounds: int = 0
 
 
@@ -151,7 +151,7 @@ class DsdDriver:
                 break
             if self.server_plan is not None and not self.segments and not self.edge.in_flight \
                     and self.edge.held is None:
-                await self.hand_over(None)
+                await self.keep_server_busy(None)
             request = None if self.segments else self.edge.next_draft()
             if request is None:
                 await self.handle(await self.transport.wait())
@@ -235,32 +235,48 @@ class DsdDriver:
         self.on_round(Round(self.rounds, arrival, emitted, segment.gamma, segment.mode, None, None,
                             segment.t_send_s))
         self.rounds += 1
-        seen = server_observation(arrival, segment, interval_s, first and segment.alone, shadow,
-                                  self.remaining_tokens)
+        seen = server_observation(arrival, segment, interval_s, first, shadow, self.remaining_tokens)
         if seen.rtt_s is not None:
             self._rtt_s = seen.rtt_s
         elif not first and served.tokens:
             self._step_s = interval_s / len(served.tokens)
+        if self._step_s is None and served.tokens and arrival.compute_s:
+            self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
         self.controller.observe(seen)
         self.mode = self.plan()
-        if self.server_plan is not None and len(self.segments) < 2:
-            await self.hand_over(arrival)
+        if self.server_plan is not None:
+            await self.keep_server_busy(arrival)
+
+    async def keep_server_busy(self, after: Arrival | None) -> None:
+        """Ask for segments while the tokens still due from those asked would run out within a
+        round trip (and a step) at the server's measured rate, so the next Generate reaches the
+        server before it idles; while the link or the rate is not measured yet (a request that
+        starts on the server), keep two segments asked. Segments stay short (``handover_tokens``):
+        each one's first tokens measure the link, so a long stream sees the RTT move within a few
+        tokens, and a plan back to the edge waits only for what is due."""
+        for _ in range(self.remaining_tokens + 1):          # each segment asks for one token or more
+            due = sum(s.remaining for s in self.segments)
+            if self._rtt_s is not None and self._step_s:
+                if due * self._step_s > self._rtt_s + self._step_s:
+                    return
+            elif len(self.segments) >= 2:
+                return
+            asked = len(self.segments)
+            await self.hand_over(after)
+            if len(self.segments) == asked:
+                return
 
     async def hand_over(self, after: Arrival | None) -> None:
-        """Ask the server for the next segment of the request (none past the token budget). A
-        segment lasts at least a round trip at the server's measured rate, so the next one,
-        asked when its first tokens arrive, reaches the server before it ends."""
+        """Ask the server for the next segment of the request: ``handover_tokens``, none past the
+        token budget."""
         due = self.remaining_tokens - sum(s.remaining for s in self.segments)
         if due <= 0 or self.edge.done:
             return
-        n_tokens = self.handover_tokens
-        if self._rtt_s is not None and self._step_s:
-            n_tokens = max(n_tokens, math.ceil(self._rtt_s / self._step_s) + 2)
-        plan, n_tokens = self.server_plan, min(n_tokens, due)
+        plan, n_tokens = self.server_plan, min(self.handover_tokens, due)
         t_send_s = await self.transport.generate(plan.mode, plan.gamma, n_tokens, after)
         if not self.segments:
             self._stream_s = t_send_s
-        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, not self.segments))
+        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s))
 
     async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]:
         """(positions, matches): the draft's greedy guess at each streamed token given the true
@@ -304,15 +320,18 @@ def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float,
                        arrival.compute_s, arrival.queue_s, remaining_tokens=remaining_tokens)
 
 
-def server_observation(arrival: Arrival, segment: Segment, interval_s: float, round_trip: bool,
+def server_observation(arrival: Arrival, segment: Segment, interval_s: float, first: bool,
                        shadow: tuple[int, int], remaining_tokens: int) -> Observation:
     """A server round of a hand-over: its tokens over the time since the stream's previous arrival
-    (the hand-over's send, for its first round: the hand-over's cost included); the link's RTT only
-    from that first round (a segment asked while another runs waits behind it)."""
+    (the hand-over's send, for the first round of a stream: the hand-over's cost included). The
+    first round of every segment measures the link: its Generate's send to its first tokens, less
+    the server's queueing (which, for a segment asked while another runs, is the wait behind it)
+    and compute, as a DSD round does; so a stream sees the link move, once per segment."""
     s = arrival.served
     server_s = (arrival.queue_s or 0.0) + (arrival.compute_s or 0.0)
     return Observation(segment.gamma, segment.mode, s.proposed, s.accepted, False,
-                       max(interval_s - server_s, 0.0) if round_trip else None, None, arrival.compute_s,
+                       max(arrival.t_receive_s - segment.t_send_s - server_s, 0.0) if first else None, None,
+                       arrival.compute_s,
                        arrival.queue_s, tokens=len(s.tokens), interval_s=interval_s,
                        shadow_positions=shadow[0], shadow_matches=shadow[1], remaining_tokens=remaining_tokens)
 

@@ -110,12 +110,14 @@ class VirtualLink:
     ``draft`` under the session's own id, then a verification), back to back, each sent at once."""
 
     def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts, rtt_at=None,
-                 t_verify_of=None, draft: LanguageModel | None = None) -> None:
+                 t_verify_of=None, draft: LanguageModel | None = None, t_open_s: float | None = None) -> None:
         self.clock, self.session, self.costs = clock, session, costs
         self.rtt_at, self.t_verify_of = rtt_at, t_verify_of
         self.arrivals: list[tuple[float, int, Arrival]] = []   # (time at the edge, send order, arrival)
         self.order = itertools.count()
-        self.verifier_free_at_s = 0.0
+        # the session's Open, sent at 0 ahead of everything: the verifier prefills it on arrival
+        self.verifier_free_at_s = 0.0 if t_open_s is None else self.one_way_s(0.0) + t_open_s
+        self.last_out_s = self.last_back_s = 0.0     # one connection: each direction is FIFO
         self.hands_over = costs.t_ar_s is not None
         self.draft, self.server_seq_id = draft, f"{session.seq_id}/server"
         # as the verifier's hand-over generator: not the edge's seed (seed + 1), whose draws a
@@ -125,6 +127,17 @@ class VirtualLink:
     def one_way_s(self, at_s: float) -> float:
         return self.costs.one_way_s if self.rtt_at is None else self.rtt_at(at_s) / 2
 
+    def to_server_s(self, sent_s: float) -> float:
+        """When a message sent at sent_s reaches the verifier: a link whose delay falls does not
+        let it overtake the one before (a TCP connection delivers in order)."""
+        self.last_out_s = max(sent_s + self.one_way_s(sent_s), self.last_out_s)
+        return self.last_out_s
+
+    def to_edge_s(self, sent_s: float) -> float:
+        """When the verifier's message sent at sent_s reaches the edge, in order likewise."""
+        self.last_back_s = max(sent_s + self.one_way_s(sent_s), self.last_back_s)
+        return self.last_back_s
+
     def prepare(self, proposals: list[Proposal]) -> list[Proposal]:
         return proposals
 
@@ -132,13 +145,13 @@ class VirtualLink:
         # A verdict's consequences leave when it arrives, even if the step it interrupted runs on.
         sent_s = self.clock.now_s if after is None else after.t_receive_s
         for proposal in proposals:
-            arrive_s = sent_s + self.one_way_s(sent_s)
+            arrive_s = self.to_server_s(sent_s)
             start_s = max(arrive_s, self.verifier_free_at_s)
             verdict = self.session.verify(proposal)
             compute_s = 0.0 if verdict.stale else (self.costs.t_verify_s if self.t_verify_of is None
                                                    else self.t_verify_of(proposal.gamma))
             self.verifier_free_at_s = start_s + compute_s
-            back_s = self.verifier_free_at_s + self.one_way_s(self.verifier_free_at_s)
+            back_s = self.to_edge_s(self.verifier_free_at_s)
             heapq.heappush(self.arrivals, (back_s, next(self.order),
                                            Arrival(verdict, back_s, start_s - arrive_s, compute_s)))
         return [sent_s] * len(proposals)
@@ -148,7 +161,7 @@ class VirtualLink:
         if not self.hands_over:
             raise RuntimeError("this virtual link was given no t_ar_s: it cannot hand over")
         sent_s = self.clock.now_s if after is None else after.t_receive_s
-        arrive_s = sent_s + self.one_way_s(sent_s)
+        arrive_s = self.to_server_s(sent_s)
         t_s = max(arrive_s, self.verifier_free_at_s)
         if get_mode(mode).drafts == SERVER:
             begin_request(self.draft, self.server_seq_id, self.session.committed.tokens, gamma)
@@ -158,7 +171,7 @@ class VirtualLink:
             served, step_s = self._server_step(mode, gamma)
             t_s += step_s
             produced, steps = produced + len(served.tokens), steps + 1
-            back_s = t_s + self.one_way_s(t_s)
+            back_s = self.to_edge_s(t_s)
             heapq.heappush(self.arrivals, (back_s, next(self.order), Arrival(
                 None, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s, served=served)))
         self.verifier_free_at_s = t_s
@@ -197,7 +210,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
-                 t_verify_of=None, mode: str | None = None, handover_tokens: int = 4) -> SimulatedRun:
+                 t_verify_of=None, mode: str | None = None, handover_tokens: int = 4,
+                 t_open_s: float | None = None) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
     dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
     None: gamma and the mode stay) is asked for the next plan before the first block and after
@@ -206,11 +220,14 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     request; ``t_verify_of(n_drafted)`` (optional) the verification time of a block, for plans
     whose gamma changes (default: ``costs.t_verify_s`` for every block). With ``costs.t_ar_s`` the
     controller may also hand the request to the server mid-way, ``handover_tokens`` at a time
-    (dsd.driver)."""
+    (dsd.driver). ``t_open_s`` (the prefill): the session's Open goes out at time 0 and the edge
+    drafts at once, as services/edge.py does (it does not wait for Opened): the verifier serves
+    nothing before the Open arrived and was prefilled, and the times include it (without it the
+    session is already open at time 0)."""
     clock = VirtualClock()
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
-    link = VirtualLink(clock, session, costs, rtt_at, t_verify_of, draft)
+    link = VirtualLink(clock, session, costs, rtt_at, t_verify_of, draft, t_open_s)
     generation = Generation([])
     emits_s: list[float] = []
 

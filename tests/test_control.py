@@ -10,6 +10,8 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.control import (BanditPolicy, ControllerConfig, Decision, HeuristicPolicy, ModelPolicy, Observation,
                          RequestObservation, best_decision, check_decision, make_controller, shadow_matches)
 from dsd.decoding import generate_ar
+from dsd.modes import edge_modes, server_modes
+from dsd.policy_model import finite_request_factor
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 
@@ -129,6 +131,15 @@ def test_model_choice_grows_gamma_with_rtt_and_goes_to_ar_past_the_boundary():
     assert below.mode == "sync" and above == Decision(1, "ar")
 
 
+def _request_plan(policy, rtt_s):
+    """The plan a request starts in: decide_request's, or, where it runs a server request as a DSD
+    session that hands over at once (its ``current`` a server mode), that server plan."""
+    decision = policy.decide_request(rtt_s)
+    if decision.mode in edge_modes() and policy.current.mode in server_modes():
+        return policy.current
+    return decision
+
+
 def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
     """Rounds of gamma 4 with 18 accepted and one rejection per 5 rounds (alpha_measured 18/19)."""
     for i in range(rounds):
@@ -145,31 +156,34 @@ def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
     policy = ModelPolicy(config)
     assert policy.decide() == Decision(4, "sync")                     # nothing measured yet
     near = _feed(policy, 0.002, 40)
-    assert near.mode == "sync" and policy.decide_request(0.002).mode == "sync"
+    assert near.mode == "sync" and _request_plan(policy, 0.002).mode == "sync"
     far = _feed(policy, 0.300, 40)
     assert far == Decision(1, "ar")                                   # a round hands over to the server
-    assert policy.decide_request(0.300) == Decision(1, "ar")
+    assert _request_plan(policy, 0.300) == Decision(1, "ar")
     back = _feed(policy, 0.002, 40)
     # back near: the far plan is left for one within the switching margin of the best
     best = policy._best(("sync",), policy.alpha, policy.rtt_s.value)[1]
     assert back.mode == "sync"
     assert policy._cost_s(back, policy.alpha, policy.rtt_s.value) <= best * (1 + config.margin_pct / 100)
-    assert policy.decide_request(0.002).mode == "sync"
+    assert _request_plan(policy, 0.002).mode == "sync"
 
 
 def test_model_request_choice_crosses_the_closed_form_boundary_with_measured_t_ar():
     """No t_ar prior: the AR step is measured from AR requests; the choice flips where the
-    closed form says (best sync gamma vs the measured AR step), probed RTT either side."""
+    closed form says (best sync gamma vs the measured AR step, over a request as long as the
+    last: a sync round's cost is spread over E tokens less its overshoot of the budget, i.e. AR
+    at t_ar * factor), probed RTT either side."""
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), margin_pct=0.0)
     policy = ModelPolicy(config)
     _feed(policy, 0.010, 60)
     policy.observe_request(RequestObservation("ar", 1, 101, 0.010 + 100 * T_AR_S, 0.010, 0.010, 100, 95))
     assert policy._t_ar_s() == pytest.approx(T_AR_S)
     alpha = policy.alpha
-    boundary_s = max(lm.sync_dsd_beats_ar_rtt_s(alpha, g, PROFILE["t_draft_s"], PROFILE["t_verify_s"], T_AR_S)
+    boundary_s = max(lm.sync_dsd_beats_ar_rtt_s(alpha, g, PROFILE["t_draft_s"], PROFILE["t_verify_s"],
+                                                T_AR_S / finite_request_factor("sync", g, alpha, 101))
                      for g in range(1, 17))
-    assert policy.decide_request(0.95 * boundary_s).mode == "sync"
-    assert policy.decide_request(1.05 * boundary_s) == Decision(1, "ar")
+    assert _request_plan(policy, 0.95 * boundary_s).mode == "sync"
+    assert _request_plan(policy, 1.05 * boundary_s) == Decision(1, "ar")
 
 
 def test_model_sees_acceptance_rise_through_shadow_drafting_while_in_ar():
@@ -179,11 +193,11 @@ def test_model_sees_acceptance_rise_through_shadow_drafting_while_in_ar():
     for _ in range(30):                                               # alpha ~0.3: cloud AR
         policy.observe(Observation(4, "sync", 4, 0, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
         policy.observe(Observation(4, "sync", 4, 1, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
-    assert policy.decide_request(0.01) == Decision(1, "ar")
+    assert _request_plan(policy, 0.01) == Decision(1, "ar")
     for _ in range(3):                                                # the stream says alpha 0.95
         policy.observe_request(RequestObservation("ar", 1, 60, 1.2, 0.02, 0.01, 60, 57))
     assert policy.alpha > 0.9
-    assert policy.decide_request(0.01).mode in ("sync", "pipelined")
+    assert _request_plan(policy, 0.01).mode in ("sync", "pipelined")
 
 
 def test_shadow_matches_measure_the_drafts_acceptance_on_the_stream():
@@ -232,7 +246,9 @@ def test_bandit_follows_a_change_of_acceptance():
 
 
 def test_bandit_request_choice_prefers_the_server_where_it_earned_more():
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,))
+    # no hand-over: a server request is a plain stream, seen whole by observe_request
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,),
+                              handover=False)
     policy = BanditPolicy(config)
     kinds = []
     for _ in range(40):
@@ -461,3 +477,143 @@ def _bigram_sequence_probs(target_table, vocab: int, length: int) -> dict:
             previous = token
         exact[seq] = prob
     return exact
+
+
+def test_a_stream_measures_the_link_on_every_segment_and_sees_it_fall():
+    """A request streamed from the server (cloud AR in a DSD session) over a link that falls from
+    150 to 10 ms mid-stream: the first tokens of every segment measure the RTT (not only the
+    first segment's), so the controller sees 150 ms, then 10 ms; each direction of the link stays
+    in order, so the output is still the target's greedy one."""
+    draft, target = _pair(alpha=0.8)
+    stop = StopRule(120)
+    prompt = [3, 9, 4]
+    expected = generate_ar(target, prompt, stop, seq_id="ar").tokens
+    controller = Scripted([Decision(1, "ar")])
+    run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02), False,
+                       controller=controller, gamma_max=8, rtt_at=lambda t: 0.150 if t < 1.0 else 0.010,
+                       t_open_s=0.0)
+    assert run.generation.tokens == expected
+    rtts = [o.rtt_s for o in controller.seen if o.rtt_s is not None]
+    assert len(rtts) >= 120 // 4 // 2                  # about one per 4-token segment, not one per stream
+    assert rtts[0] == pytest.approx(0.150, abs=1e-9)
+    assert rtts[-1] == pytest.approx(0.010, abs=1e-9)
+    assert all(b >= 0 for b in rtts)
+    shadow = [o for o in controller.seen if o.shadow_positions]
+    assert sum(o.shadow_matches for o in shadow) / sum(o.shadow_positions for o in shadow) > 0.6
+
+
+def test_a_session_that_hands_over_at_once_costs_about_a_plain_server_request():
+    """The edge sends Open and Generate back to back (it does not wait for Opened), so a request
+    that starts on the server inside a DSD session takes what cloud AR alone takes, not an extra
+    round trip (the sim used to charge one)."""
+    from dsd.simulate import ServerCosts, simulate_on_server
+
+    draft, target = _pair(alpha=0.8)
+    stop = StopRule(48)
+    rtt_s, t_ar_s, prefill_s = 0.150, 0.020, 0.005
+    plain = simulate_on_server(draft, target, [3, 9, 4], 1, stop, "ar",
+                               ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2), seq_id="plain")
+    session = simulate_dsd(draft, target, [3, 9, 4], 4, stop, LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s), False,
+                           controller=Scripted([Decision(1, "ar")]), gamma_max=8, t_open_s=prefill_s, seq_id="s")
+    assert session.generation.tokens == plain.generation.tokens
+    assert plain.total_s <= session.total_s < plain.total_s + rtt_s / 4
+
+
+def test_level_follows_a_step_of_the_link_but_not_one_outlier():
+    from dsd.estimators import Level
+
+    level = Level(0.9)
+    for _ in range(30):
+        level.add(0.010)
+    level.add(0.150)                                   # one spike: the discounted mean only
+    assert level.value < 0.030
+    level.add(0.010)
+    for _ in range(2):                                 # a step up: two in a row restart it
+        level.add(0.150)
+    assert level.value == pytest.approx(0.150)
+    level.add(0.010)                                   # a fall: one is enough (delays only add)
+    assert level.value == pytest.approx(0.010)
+
+
+def test_acceptance_change_test_finds_a_drop_within_a_few_rounds_and_holds_when_stationary():
+    import random
+
+    from dsd.estimators import Acceptance
+
+    def rounds(alpha, gamma, n, rng):
+        for _ in range(n):
+            accepted = 0
+            while accepted < gamma and rng.random() < alpha:
+                accepted += 1
+            yield accepted, float(accepted < gamma)
+
+    rng = random.Random(7)
+    acceptance = Acceptance(0.9)
+    for a, r in rounds(0.95, 16, 40, rng):
+        acceptance.add(a, r)
+    assert acceptance.value > 0.85
+    seen = []
+    for a, r in rounds(0.3, 16, 8, rng):
+        acceptance.add(a, r)
+        seen.append(acceptance.value)
+    assert min(seen[:6]) < 0.6                         # the running value alone: ~0.8 after six rounds
+    for alpha, gamma in ((0.3, 2), (0.9, 16), (0.6, 4)):
+        stationary = Acceptance(0.9)
+        restarts = 0
+        for a, r in rounds(alpha, gamma, 1000, random.Random(11)):
+            weight = stationary.accepted.weight + stationary.rejected.weight
+            stationary.add(a, r)
+            restarts += stationary.accepted.weight + stationary.rejected.weight < 0.9 * weight
+        assert restarts <= 3
+
+
+def test_model_hands_a_stream_back_to_dsd_when_the_link_falls_mid_request():
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), t_ar_s=T_AR_S)
+    policy = ModelPolicy(config)
+    assert _feed(policy, 0.300, 40) == Decision(1, "ar")
+    stream = dict(proposed=0, accepted=0, stale=False, t_draft_s=None, t_verify_s=T_AR_S, server_queue_s=0.0,
+                  tokens=1, interval_s=T_AR_S, remaining_tokens=60)
+    policy.observe(Observation(1, "ar", rtt_s=0.300, **stream))
+    assert policy.decide() == Decision(1, "ar")
+    policy.observe(Observation(1, "ar", rtt_s=0.002, **stream))          # a segment's first tokens: 2 ms
+    assert policy.decide().mode == "sync"
+
+
+def test_finite_request_factor_charges_the_budget_overshoot_of_long_rounds():
+    from dsd.policy_model import finite_request_factor
+
+    assert finite_request_factor("ar", 1, 0.9, 10) == 1.0
+    assert finite_request_factor("sync", 8, 0.9, None) == 1.0
+    e = lm.expected_tokens_per_round(0.9, 16)
+    assert finite_request_factor("pipelined", 16, 0.9, 48) == pytest.approx(1 + (e - 1) / 96)
+    assert finite_request_factor("sync", 16, 0.9, 48) > finite_request_factor("sync", 4, 0.9, 48)
+
+
+def test_bandit_explores_an_untried_server_kind_by_a_hand_over_and_credits_its_pace():
+    """Every request is a DSD session: the first round runs the request's start plan, a kind never
+    tried (cloud AR) is explored by a hand-over within the request, and its rate leaves out the
+    hand-over's round trip (1 token in 0.17 s of which 0.15 s was the link: 50 tokens/s)."""
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,))
+    policy = BanditPolicy(config)
+    start = policy.decide_request(0.010)
+    assert start == Decision(4, "sync") and policy.decide() == start     # DSD first: no hand-over to try it
+    _bandit_round(policy, start, 3)
+    assert policy.decide() == Decision(1, "ar")                         # untried: one segment on the server
+    policy.observe(Observation(1, "ar", 0, 0, False, 0.150, None, 0.020, 0.0, tokens=1, interval_s=0.170,
+                               remaining_tokens=40))
+    tokens, seconds, _ = policy._known()[Decision(1, "ar")]
+    assert tokens / seconds == pytest.approx(50.0)
+    assert policy.decide() == Decision(4, "sync")                       # DSD earned more: back to the edge
+
+
+def test_bandit_contexts_do_not_flip_on_jitter_at_a_bucket_edge():
+    """A 10 ms link measured at 10-13 ms (jitter, load) stays in one RTT context; a step to 150 ms
+    moves it at once; the alpha context moves only a quarter bucket past an edge."""
+    assert {BanditPolicy.rtt_bucket_of(ms / 1e3, 3) for ms in (9.0, 10.6, 11.7, 13.2)} == {3}
+    assert BanditPolicy.rtt_bucket_of(0.150, 3) == 7 and BanditPolicy.rtt_bucket_of(0.010, 7) == 3
+    policy = BanditPolicy(ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",)))
+    for accepted in (3, 3, 3, 2, 3, 3):                 # alpha ~0.62-0.66: bucket 3 (0.6-0.8)
+        _bandit_round(policy, Decision(4, "sync"), accepted)
+    assert policy.context[1] == 3
+    _bandit_round(policy, Decision(4, "sync"), 2)       # ~0.58: just under the edge, still 3
+    assert policy.context[1] == 3

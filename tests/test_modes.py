@@ -12,7 +12,8 @@ import pytest
 from dsd import latency_model as lm
 from dsd import modes
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.control import ControllerConfig, Decision, best_decision
+from dsd.control import ControllerConfig, Decision
+from dsd.policy_model import best_decision
 from dsd.decoding import generate_ar
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule

@@ -128,17 +128,16 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
         return run.generation.tokens, rounds, run.total_s, run.first_token_s
     # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
     link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s)
-    # The edge opens the session first: one round trip and the prefill before drafting pays off.
-    open_s = rtt_s + prefill_s
+    # The edge sends the session's Open and drafts at once (services/edge.py does not wait for
+    # Opened): the verifier prefills the Open before it serves the first block or hand-over.
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,
                        max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
-                       controller=policy, gamma_max=max(gamma_max, gamma),
-                       rtt_at=None if rtt_at is None else lambda t: rtt_at(open_s + t),
+                       controller=policy, gamma_max=max(gamma_max, gamma), rtt_at=rtt_at,
                        # a block is charged its own gamma's t_verify (an adaptive plan or a mode's
                        # own policy may draft other than the configured gamma)
                        t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
-                       mode=mode)
+                       mode=mode, t_open_s=prefill_s)
     if policy is not None:
-        policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), open_s + run.total_s,
-                                                  open_s + run.first_token_s, rtt_s))
-    return run.generation.tokens, run.generation.rounds, open_s + run.total_s, open_s + run.first_token_s
+        policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
+                                                  run.first_token_s, rtt_s))
+    return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s

@@ -1,0 +1,162 @@
+"""Running estimates the adaptive policies (dsd/policy_model.py, dsd/policy_bandit.py) keep:
+a discounted mean, a discounted least-squares line, and the acceptance rate with a change test."""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from dsd import latency_model as lm
+
+
+class Discounted:
+    """A discounted running mean: recent rounds count more, so it follows a moving link."""
+
+    def __init__(self, discount: float) -> None:
+        self.discount, self.total, self.weight = discount, 0.0, 0.0
+
+    def add(self, value: float | None) -> None:
+        if value is not None and math.isfinite(value):
+            self.total = self.discount * self.total + value
+            self.weight = self.discount * self.weight + 1.0
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.weight if self.weight else None
+
+
+class Level(Discounted):
+    """A discounted mean of a quantity that moves in steps, the link's RTT (a move from Wi-Fi to
+    LTE, a congested hour): once the latest ``STEP_RUN`` measurements all lie more than a factor
+    ``STEP_FACTOR`` above the running value, or the latest one that far below it, the mean
+    restarts from them. With the discount alone a step from 10 to 150 ms takes some ten rounds to
+    pass 75 ms; with the test, two. A factor 2 is far outside one path's jitter yet well inside the
+    steps that change the best plan (the bandit's RTT contexts are factor-2 buckets too); two in a
+    row above, so one outlier (a queueing spike) does not restart it, while delays only ever add:
+    a measurement that low is the link having become faster."""
+
+    STEP_FACTOR = 2.0
+    STEP_RUN = 2
+
+    def __init__(self, discount: float) -> None:
+        super().__init__(discount)
+        self.recent: deque[tuple[float, float | None]] = deque(maxlen=self.STEP_RUN)   # (value, level before)
+
+    def add(self, value: float | None) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        level = self.value
+        self.recent.append((value, level))
+        super().add(value)
+        if level is None:
+            return
+        start = self.recent[0][1]             # the level before the run (the run itself moves it)
+        high = len(self.recent) == self.STEP_RUN and start is not None and \
+            all(v > start * self.STEP_FACTOR for v, _ in self.recent)
+        if high or value * self.STEP_FACTOR < level:
+            self.total, self.weight = 0.0, 0.0
+            for v, _ in (list(self.recent) if high else [(value, None)]):
+                super().add(v)
+
+
+class DiscountedLine:
+    """A discounted least-squares line y = a + b*x (b >= 0; 0 while x has not varied): the
+    verification time against the block's gamma."""
+
+    def __init__(self, discount: float) -> None:
+        self.discount = discount
+        self.sums = [0.0] * 5                    # weight, x, y, xx, xy
+
+    def add(self, x: float, y: float | None) -> None:
+        if y is not None and math.isfinite(y):
+            self.sums = [self.discount * s + v for s, v in zip(self.sums, (1.0, x, y, x * x, x * y))]
+
+    def at(self, x: float) -> float | None:
+        w, sx, sy, sxx, sxy = self.sums
+        if not w:
+            return None
+        var = sxx / w - (sx / w) ** 2
+        slope = max((sxy / w - sx * sy / w ** 2) / var, 0.0) if var > 1e-9 else 0.0
+        return sy / w + slope * (x - sx / w)
+
+
+class Acceptance:
+    """The acceptance rate alpha, discounted per observation: each adds its accepted drafts
+    (successes) and rejections (failures: 1 unless a round's drafts were all accepted; shadow
+    drafting adds its matches and misses), and alpha is their ratio (the maximum-likelihood rate
+    of i.i.d. positions, as ``Generation.alpha_measured``).
+
+    A change test keeps the discount from lagging behind a new prompt: among the latest
+    observations (up to ``WINDOW_POSITIONS`` positions), every run of the most recent ones that
+    covers ``MIN_POSITIONS`` positions or more is scored by how much likelier it is under its own
+    rate than under the running one (a log-likelihood ratio: at alpha 0.9, three rejections in
+    six positions score 3.1); once the best run scores more than ``RESET_NATS``, the estimate
+    restarts from it (a generalised likelihood-ratio test for a change point). A high-alpha
+    history holds many accepted drafts, so without this a drop to 0.3 takes some thirty rounds
+    to show; with it, a few. The window is longer than the shortest run because the running
+    value drifts towards the new rate meanwhile: a fixed run of six positions then never scores
+    enough (seen in the sim: 0.95 -> 0.3 took 30 rounds); 32 positions is a few rounds at any
+    gamma, within one request."""
+
+    MIN_POSITIONS = 6
+    WINDOW_POSITIONS = 32
+    RESET_NATS = 4.0
+
+    def __init__(self, discount: float) -> None:
+        self.discount = discount
+        self.accepted, self.rejected = Discounted(discount), Discounted(discount)
+        self.recent: deque[tuple[float, float]] = deque()
+
+    def add(self, accepted: float, rejected: float) -> None:
+        self.accepted.add(accepted)
+        self.rejected.add(rejected)
+        self.recent.append((accepted, rejected))
+        while len(self.recent) > 1 and sum(a + r for a, r in list(self.recent)[1:]) >= self.WINDOW_POSITIONS:
+            self.recent.popleft()
+        run = self._changed_run()
+        if run:
+            self.accepted, self.rejected = Discounted(self.discount), Discounted(self.discount)
+            self.recent = deque(run)
+            for a, r in run:
+                self.accepted.add(a)
+                self.rejected.add(r)
+
+    def _changed_run(self) -> list[tuple[float, float]] | None:
+        """The latest run of observations that scores highest above ``RESET_NATS``, if any."""
+        running = self.value
+        if running is None:
+            return None
+
+        def log_likelihood(a: float, r: float, p: float) -> float:
+            p = min(max(p, 1e-3), 1 - 1e-3)
+            return a * math.log(p) + r * math.log(1 - p)
+
+        best, best_score, a, r = None, self.RESET_NATS, 0.0, 0.0
+        items = list(self.recent)
+        for k in range(len(items) - 1, -1, -1):
+            a, r = a + items[k][0], r + items[k][1]
+            if a + r < self.MIN_POSITIONS:
+                continue
+            score = log_likelihood(a, r, a / (a + r)) - log_likelihood(a, r, running)
+            if score > best_score:
+                best, best_score = items[k:], score
+        return best
+
+    @property
+    def value(self) -> float | None:
+        a, r = self.accepted.value, self.rejected.value
+        if a is None or a + r == 0:
+            return None
+        return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
+
+    @property
+    def weight(self) -> float:
+        return self.accepted.weight
+
+
+def add_shadow_rate(acceptance: Acceptance, positions: int, matches: int) -> None:
+    """Shadow drafting over a whole server request as rounds of gamma 4 would have gone at that
+    per-position rate: each adds its expected accepted drafts and chance of a rejection (keeps the
+    estimator's form)."""
+    rate = matches / positions
+    for _ in range(max(positions // 4, 1)):
+        acceptance.add(lm.expected_accepted_per_round(rate, 4), 1.0 - rate ** 4)

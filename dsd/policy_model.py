@@ -1,0 +1,214 @@
+"""The ``model`` policy of dsd/control.py: the closed form of dsd/latency_model on running
+estimates of alpha, the RTT, t_draft and t_verify picks the plan of the lowest predicted
+per-token latency, with a switching margin so it does not flap."""
+from __future__ import annotations
+
+import math
+
+from dsd import latency_model as lm
+from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
+from dsd.estimators import Acceptance, Discounted, DiscountedLine, Level, add_shadow_rate
+from dsd.modes import edge_modes, get_mode, server_modes
+
+
+def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_draft_s: float,
+                          t_verify_s: float, t_ar_s: float | None, t_draft_server_s: float | None = None) -> float:
+    """The closed form's steady-state time per token of one plan (the mode's predictor in
+    dsd/modes.py; t_draft_s is the edge's, t_draft_server_s the server's where a mode drafts there)."""
+    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_s,
+                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
+
+
+def finite_request_factor(mode: str, gamma: int, alpha: float, tokens: int | None) -> float:
+    """The steady per-token time's factor over the ``tokens`` a request still has to emit: a
+    speculative round emits E tokens on average (E = expected_tokens_per_round), so the rounds
+    overshoot the budget by about (E - 1) / 2 tokens, each as dear as the rest (the last round is
+    cut to the budget but costs a whole round trip); AR emits one per step and wastes nothing.
+    None or 0 tokens: the steady state (factor 1)."""
+    if not tokens or not get_mode(mode).speculative:
+        return 1.0
+    return 1.0 + (lm.expected_tokens_per_round(alpha, gamma) - 1.0) / (2.0 * tokens)
+
+
+def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, modes: tuple[str, ...],
+                  gamma_max: int, t_ar_s: float | None = None,
+                  t_draft_server_s: float | None = None, tokens: int | None = None) -> tuple[Decision, float]:
+    """The plan of the lowest predicted per-token latency and that latency (ties: smaller gamma,
+    then the earlier mode in ``modes``). ``t_verify_s``: seconds, or a function of gamma;
+    ``tokens``: what the request still has to emit (``finite_request_factor``; None: steady state)."""
+    verify = t_verify_s if callable(t_verify_s) else (lambda _g: t_verify_s)
+    best, best_s = None, math.inf
+    for mode in modes:
+        for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
+            cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
+                                           t_draft_server_s) * finite_request_factor(mode, gamma, alpha, tokens)
+            if cost_s < best_s - 1e-15:
+                best, best_s = Decision(gamma, mode), cost_s
+    return best, best_s
+
+
+class ModelPolicy:
+    """The closed form on running estimates, with a switching margin.
+
+    Per round it picks among the DSD modes of ``config.modes``; per request (``decide_request``)
+    among all of them, cloud AR and co-located SD included. The server's AR step is measured from
+    AR requests (before any: the ``t_ar_s`` prior, else the verification of one token as
+    measured, which is what a memory-bound target's AR step costs); the server's draft step from
+    co-located requests likewise. Alpha is only measured in DSD: after ``explore_after`` server
+    requests in a row, where DSD at the best alpha seen so far would beat the server, one request
+    runs DSD again to re-measure it."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.current = config.dsd_start
+        self.acceptance = Acceptance(config.discount)
+        self.rtt_s = Level(config.discount)              # the link: follows its steps
+        self.t_draft_s = Discounted(config.discount)
+        self.t_verify_s = DiscountedLine(config.discount)     # against gamma
+        self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
+        self.t_draft_server_s = Discounted(0.5)
+        self.alpha_best = 0.0                             # the highest alpha estimate so far
+        self.server_streak = 0                            # server requests in a row
+        self.last_request: Decision | None = None
+        self.remaining_tokens: int | None = None          # the request's budget, as last observed
+        self.request_tokens: int | None = None            # the last request's length (the next one's guess)
+
+    def observe(self, observation: Observation) -> None:
+        if observation.stale:
+            return
+        self.remaining_tokens = observation.remaining_tokens
+        if observation.mode in server_modes():
+            self._observe_server(observation)
+            return
+        self.acceptance.add(observation.accepted, float(observation.accepted < observation.proposed))
+        self.rtt_s.add(observation.rtt_s)
+        self.t_draft_s.add(observation.t_draft_s)
+        self.t_verify_s.add(observation.proposed, observation.t_verify_s)
+        if self.alpha is not None and self.acceptance.weight >= 5:
+            self.alpha_best = max(self.alpha_best, self.alpha)
+
+    @property
+    def alpha(self) -> float | None:
+        """Maximum likelihood under i.i.d. acceptance (as ``Generation.alpha_measured``), discounted."""
+        return self.acceptance.value
+
+    def _t_ar_s(self) -> float | None:
+        return self.t_ar_s.value or self.config.t_ar_s or self.t_verify_s.at(1)
+
+    def _t_draft_server_s(self) -> float | None:
+        return self.t_draft_server_s.value or self.config.t_draft_server_s or self.t_draft_s.value
+
+    def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
+        return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self.t_draft_s.value,
+                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s()) \
+            * finite_request_factor(decision.mode, decision.gamma, alpha, self.remaining_tokens)
+
+    def _best(self, modes: tuple[str, ...], alpha: float, rtt_s: float) -> tuple[Decision, float]:
+        return best_decision(alpha, rtt_s, self.t_draft_s.value, self.t_verify_s.at, modes, self.config.gamma_max,
+                             self._t_ar_s(), self._t_draft_server_s(), self.remaining_tokens)
+
+    def _measured(self) -> bool:
+        return not (self.alpha is None or self.rtt_s.value is None or self.t_draft_s.value is None
+                    or self.t_verify_s.at(1) is None)
+
+    def decide(self) -> Decision:
+        """The next round's plan: the best predicted, if at least ``margin_pct`` faster than the
+        current one and, for a hand-over (to the server or back), if the time it saves over the
+        request's remaining tokens outweighs the round trip the hand-over costs."""
+        if not self._measured():
+            return self.current                  # nothing measured yet: the configured start
+        alpha, rtt_s, modes = self.alpha, self.rtt_s.value, self.config.round_modes
+        best, best_s = self._best(modes, alpha, rtt_s)
+        if self.current.mode not in modes:
+            self.current = best
+            return self.current
+        current_s = self._cost_s(self.current, alpha, rtt_s)
+        hands_over = (best.mode in server_modes()) != (self.current.mode in server_modes())
+        pays_off = not hands_over or self.remaining_tokens is None or \
+            (current_s - best_s) * self.remaining_tokens > rtt_s
+        if best_s < current_s * (1 - self.config.margin_pct / 100) and pays_off:
+            self.current = best
+        return self.current
+
+    def _observe_server(self, o: Observation) -> None:
+        """A server round of a hand-over: shadow drafting's positions as draws of alpha (co-located
+        rounds without them: the server's own draft rounds), the hand-over's round trip as the
+        link's, the round's compute as the server's AR step (or draft steps, co-located)."""
+        self.rtt_s.add(o.rtt_s)
+        if o.shadow_positions:
+            self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
+        speculative = get_mode(o.mode).speculative
+        if speculative and o.proposed and not o.shadow_positions:
+            self.acceptance.add(o.accepted, float(o.accepted < o.proposed))
+        if o.t_verify_s is None or not o.tokens:
+            return
+        if not speculative:
+            self.t_ar_s.add(o.t_verify_s / o.tokens)      # the server's step (arrival gaps are the link's)
+        elif self.t_verify_s.at(o.gamma) is not None and o.proposed:
+            t_ds = (o.t_verify_s - self.t_verify_s.at(o.gamma)) / o.proposed     # compute = drafts + verify
+            if t_ds > 0:
+                self.t_draft_server_s.add(t_ds)
+
+    def decide_request(self, rtt_s: float | None = None) -> Decision:
+        """The request's mode (and start plan): the lowest predicted per-token time at the RTT
+        just probed (else the running estimate), with the margin against the last choice."""
+        c = self.config
+        self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
+        if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
+            self.rtt_s = Level(c.discount)
+            self.rtt_s.add(rtt_s)
+        if not self._measured():
+            self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
+            return self.last_request
+        rtt_s = self.rtt_s.value
+        alpha = self.alpha
+        best, best_s = self._best(c.modes, alpha, rtt_s)
+        last = self.last_request
+        if last is not None and last.mode in c.modes and \
+                best_s >= self._cost_s(last, alpha, rtt_s) * (1 - c.margin_pct / 100):
+            best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
+        if best.mode in server_modes() and c.dsd_modes and self.server_streak >= c.explore_after:
+            # alpha may have risen while the server generated: look again where it could pay off
+            dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
+            if dsd_s < self._cost_s(best, alpha, rtt_s):
+                best = dsd
+        self.last_request = best
+        if best.mode in server_modes():
+            return self._server_in_session(best, alpha, rtt_s)
+        self.current = best
+        return best
+
+    def _server_in_session(self, best: Decision, alpha: float, rtt_s: float) -> Decision:
+        """A server request runs as a DSD session whose first round hands over to the server at
+        once (``current``): it costs what a plain server request does (the edge sends Open and
+        Generate back to back either way), and its rounds let the controller follow the request:
+        every segment measures the link, shadow drafting the acceptance, and a round may bring
+        the request back to the edge when either moves."""
+        c = self.config
+        if not (c.handover and c.dsd_modes):
+            return best
+        self.current = best
+        return self._best(c.dsd_modes, alpha, rtt_s)[0]
+
+    def observe_request(self, observation: RequestObservation) -> None:
+        self.request_tokens = observation.tokens or None
+        if observation.rtt_s is not None:
+            self.rtt_s.add(observation.rtt_s)
+        if observation.mode in edge_modes():
+            self.server_streak = 0
+            return
+        self.server_streak += 1
+        if observation.shadow_positions:
+            self.server_streak = 0                # alpha is measured along the stream: no need to look
+            add_shadow_rate(self.acceptance, observation.shadow_positions, observation.shadow_matches)
+        per_token_s = observation.steady_per_token_s
+        if per_token_s is None:
+            return
+        if not get_mode(observation.mode).speculative:
+            self.t_ar_s.add(per_token_s)
+        elif self.alpha is not None and self.t_verify_s.at(observation.gamma) is not None:
+            # (gamma*t_ds + t_v)/E = per token  ->  t_ds
+            e = lm.expected_tokens_per_round(self.alpha, observation.gamma)
+            t_ds = (per_token_s * e - self.t_verify_s.at(observation.gamma)) / observation.gamma
+            if t_ds > 0:
+                self.t_draft_server_s.add(t_ds)
