@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import logging
 import math
 import re
@@ -45,7 +46,7 @@ from dsd.control import CONTROLLERS, ControllerConfig, RequestObservation, check
 from dsd.driver import Arrival, DsdDriver, Round, ServerRound
 from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
-from services import access, wire
+from services import access, spinwait, wire
 from services.link import LinkControl
 from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args,
                               freeze_startup_heap)
@@ -181,6 +182,20 @@ class VerifierLink:
         self._http: aiohttp.ClientSession | None = None
         self._ws = None
         self.closed_reason: str | None = None
+        # services.spinwait: how long a block's verdict took lately, and whether this link's run
+        # is the only one of the process (only then may the loop poll for the verdict)
+        self.verdict_gaps = spinwait.Gaps()
+        self.alone = lambda: False
+        # and whether the verifier served another client lately: a verdict that waited in its
+        # queue or shared its pass (then its timing is not ours to predict, and polling would
+        # take CPU from the other clients on a small host: -15% token rate at 2 clients here)
+        self.verdicts_shared: list[bool] = []
+
+    def shared_lately(self) -> bool:
+        return any(self.verdicts_shared)
+
+    def note_verdict(self, queue_s: float, batch_size: int) -> None:
+        self.verdicts_shared = (self.verdicts_shared + [queue_s > 1e-4 or batch_size > 1])[-self.verdict_gaps.keep:]
 
     async def connect(self, client_id: str, timeout_s: float = 30.0) -> wire.Welcome:
         self._http = aiohttp.ClientSession()
@@ -456,6 +471,9 @@ class SessionTransport:
         self.ready_s = time.perf_counter()
         self.opened = False        # the verifier's Opened is in
         self.in_flight = 0         # blocks sent and not yet answered
+        # services.spinwait (None: the loop never polls, and nothing below is tracked)
+        self._selector = spinwait.selector_of()
+        self._sent_s: list[float] = []     # when each block in flight went out, oldest first
 
     @property
     def quiet(self) -> bool:
@@ -469,7 +487,13 @@ class SessionTransport:
 
     async def send(self, frames: list[bytes], after=None) -> list[float]:
         self.in_flight += len(frames)
-        return [await self.link.send_encoded(data) for data in frames]
+        sent = [await self.link.send_encoded(data) for data in frames]
+        if self._selector is not None:
+            self._sent_s += sent
+            expected_s = self.link.verdict_gaps.expected_s()
+            if expected_s is not None and self.in_flight == 1 and self.link.alone() and not self.link.shared_lately():
+                self._selector.expect(sent[-1] + expected_s)      # a sync block: poll for its verdict when due
+        return sent
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after=None) -> float:
         return await self.link.send(wire.Generate(self.link.next_seq(), self.session, mode,
@@ -504,6 +528,12 @@ class SessionTransport:
         if not isinstance(m, wire.Verified):
             raise RunError(f"unexpected {type(m).__name__} in a DSD session")
         self.in_flight -= 1
+        if self._selector is not None:
+            if self._sent_s:
+                self.link.verdict_gaps.add(t_receive_s - self._sent_s.pop(0))
+            if not m.stale:
+                self.link.note_verdict(m.queue_s, m.batch_size)
+            self._selector.cancel()
         return Arrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
                        m.queue_s, m.compute_s, m)
 
@@ -564,8 +594,10 @@ class Run:
 
 class Edge:
     def __init__(self, draft: LanguageModel, emulated: bool, t_draft_s: float, out_dir: Path,
-                 backend_info: dict, token: str | None = None, shape_link: bool = False) -> None:
+                 backend_info: dict, token: str | None = None, shape_link: bool = False,
+                 spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
         self.draft = draft
+        self.spin = spin            # services.spinwait: the loop polls for a lone run's verdicts
         self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
         self.token = token          # sent to the verifier, and required on /runs
         self.t_draft_s = t_draft_s
@@ -636,7 +668,8 @@ class Edge:
         run = self.runs.get(request.match_info["run_id"])
         if run is None:
             return web.json_response({"error": "no such run"}, status=404)
-        return web.json_response(run.summary())
+        selector = spinwait.selector_of()      # what the loop's polling did so far (the process's)
+        return web.json_response({**run.summary(), "spin": selector.stats() if selector else asdict(self.spin)})
 
     async def get_csv(self, request: web.Request) -> web.StreamResponse:
         run = self.runs.get(request.match_info["run_id"])
@@ -649,8 +682,9 @@ class Edge:
         config = run.config
         clock = EdgeClock()
         writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
-                                          "t_draft_edge_s": self.t_draft_s})
+                                          "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
         link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token)
+        link.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
         device = self._thread_device or EmulatedDevice(self._timer)
         request = None
         probing = None
@@ -751,7 +785,7 @@ def main(argv: list[str] | None = None) -> None:
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
     web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None)
+                print=None, access_log=None, loop=spinwait.new_event_loop(args.spin))
 
 
 def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
@@ -766,12 +800,14 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
                              "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)")
     add_backend_args(parser)
     access.add_access_args(parser)
+    spinwait.add_spin_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     try:
         backend, profile = backend_from_args(args)
         token = access.load_token(args.token_file, log=log)
+        args.spin = spinwait.spin_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     access.check_host(args.host, args.allow_any_host, log)
@@ -783,8 +819,10 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     trace = backend.trace() if isinstance(backend, SyntheticBackendConfig) else None
     edge = Edge(draft, backend.emulated, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
-                 "acceptance_trace": trace.summary() if trace else None}, token, shape_link=args.shape_link)
-    log.info("edge on %s:%s backend=%s out_dir=%s", args.host, args.port, backend.kind, out_dir)
+                 "acceptance_trace": trace.summary() if trace else None}, token, shape_link=args.shape_link,
+                spin=args.spin)
+    log.info("edge on %s:%s backend=%s out_dir=%s spin=%s", args.host, args.port, backend.kind, out_dir,
+             json.dumps(asdict(args.spin)))
     return edge.app(), args
 
 

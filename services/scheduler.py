@@ -146,7 +146,7 @@ class Scheduler:
         if arrived_s is not None:
             submitted_s = min(arrived_s, submitted_s)
         job = _Job(kind, size, work, submitted_s, asyncio.get_running_loop().create_future(), client, prepare)
-        if self.config.max_batch == 1 and not self._busy and not self._queues:
+        if self._runs_now:
             # The device is free, nobody waits and nothing could join a batch: run the pass
             # here, which saves the hand-off to the worker task and back (one loop turn each).
             # On the loop's thread the caller gets the result without a loop turn, so that it can
@@ -160,6 +160,17 @@ class Scheduler:
         self._queues[client].append(job)
         self._wake.set()
         return await job.future
+
+    @property
+    def _runs_now(self) -> bool:
+        """A job submitted now would run at once, in the submitting task (strictly serial, the
+        device free, nobody waiting)."""
+        return self.config.max_batch == 1 and not self._busy and not self._queues
+
+    @property
+    def runs_on_loop(self) -> bool:
+        """A job submitted now with ``on_loop`` would run on the loop's own thread (a real device)."""
+        return self.profile is None and self._runs_now
 
     def _pop_fair(self) -> _Job:
         """The oldest job of the client served least recently (every queue in _queues holds one)."""

@@ -86,3 +86,26 @@ def test_batched_verify_prints_the_capacity_figures_and_their_predictions(tmp_pa
     for key in ("capacity_ratio_batched", "capacity_ratio_serial", "predicted", "predicted_batched",
                 "predicted_claim4", "predicted_closed_serial", "gap_ms"):
         assert math.isfinite(figures[key]), (key, figures)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_hf_overhead_prints_every_part_and_the_echo_floor_measured_beside_it(tmp_path):
+    figures = _run(["benchmarks/hf_overhead.py", "--requests", "1", "--tokens", "16", "--echo-messages", "20"],
+                   tmp_path)
+    for key in ("hf_overhead_server_p50_ms", "hf_overhead_edge_p50_ms", "hf_overhead_colocated_p50_ms",
+                "hf_overhead_ar_p50_ms", "echo_floor_p50_ms"):
+        assert math.isfinite(figures[key]), (key, figures)
+    assert figures["echo_floor_p50_ms"] > 0 and figures["spin_us"] == 0
+    assert figures["server_over_floor_p50_ms"] == pytest.approx(
+        figures["hf_overhead_server_p50_ms"] - figures["echo_floor_p50_ms"], abs=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_spin_clients_runs_both_settings_with_the_same_tokens(tmp_path):
+    figures = _run(["benchmarks/spin_clients.py", "--tokens", "8", "--spin-us", "1000", "--spin-lead-us", "500"],
+                   tmp_path)
+    assert figures["same_tokens"] == 1 and figures["clients"] == 2
+    assert figures["tok_s_off"] > 0 and figures["tok_s_on"] > 0
+    assert figures["spun_ms_on"] <= figures["windows_on"] * 1.0 + 1e-6       # bounded: spin_us a window

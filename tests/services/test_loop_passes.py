@@ -15,7 +15,8 @@ from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.sequence import TokenSequence
 from dsd.stopping import StopRule
 from services import arrival, wire
-from services.compute import ThreadDevice
+from dsd.profiles import get_profile
+from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
 from services.scheduler import Scheduler, SchedulerConfig
 from tests.services.harness import RawClient, post_runs, read_csv, wait_for_runs
 from tests.torch_pairs import tiny_pair
@@ -114,6 +115,50 @@ def test_one_client_on_loop_passes_emit_the_target_greedy_tokens(tiny, mode):
     assert all(float(r["server_queue_s"]) >= 0 and float(r["rtt_probe_ms"]) >= 0 for r in rounds)
     if mode != "pipelined":      # one session, nothing sent during a pass: the loop's own thread
         assert verifier.get_json("/metrics")["passes_on_loop"] > before
+
+
+def test_a_lone_sessions_verify_is_served_by_the_reader_with_the_same_replies(tiny):
+    """The reader serves a lone idle session's Verify itself (no hand-over to the session's task):
+    verdicts, stale answers, errors and the Close that follows are what the task would send."""
+    verifier, _edge, target = tiny
+    prompt = [5, 17, 42, 8]
+    expected = generate_ar(target, prompt, StopRule(8, None), seq_id="ref-inline").tokens
+
+    async def main():
+        async with RawClient(verifier.url) as client:
+            await open_session(client, 1, prompt)
+            before = verifier.get_json("/metrics")
+            await client.send(verify(client, 1, prompt, [], expected[:3]))
+            verdict = await client.receive()
+            await client.send(verify(client, 1, prompt, [], expected[:3]))        # sent again: stale now
+            stale = await client.receive()
+            bad = verify(client, 1, prompt, [], [target.vocab_size])              # out of the vocabulary
+            await client.send(bad)
+            error = await client.receive()
+            await client.send(wire.Close(client.next_seq(), 1))
+            closed = await client.receive()
+            return before, verdict, stale, error, closed, verifier.get_json("/metrics")
+
+    before, verdict, stale, error, closed, after = asyncio.run(main())
+    assert (verdict.accepted, verdict.next_token, verdict.stale) == (3, expected[3], False)
+    assert stale.stale and stale.batch_size == 0
+    assert isinstance(error, wire.Error) and error.code == wire.OUT_OF_RANGE and error.field == "draft_tokens"
+    assert isinstance(closed, wire.Closed) and closed.generated == 4
+    assert after["verifies_inline"] - before["verifies_inline"] == 2       # the verdict and the stale one
+    assert after["passes_on_loop"] - before["passes_on_loop"] == 1
+    assert after["sessions_open"] == 0
+
+
+def test_runs_on_loop_only_for_a_free_strictly_serial_real_device():
+    async def main():
+        real = Scheduler(SchedulerConfig(max_batch=1), ThreadDevice(), None)
+        batching = Scheduler(SchedulerConfig(max_batch=2), ThreadDevice(), None)
+        emulated = Scheduler(SchedulerConfig(max_batch=1), EmulatedDevice(PreciseTimer()), get_profile("toy-edge-cloud"))
+        seen = []
+        await real.submit("verify", 4, lambda: seen.append(real.runs_on_loop), "c", on_loop=True)
+        return real.runs_on_loop, batching.runs_on_loop, emulated.runs_on_loop, seen
+
+    assert asyncio.run(main()) == (True, False, False, [False])      # not while its own pass runs
 
 
 # ---- what comes in during a loop pass (the default pair: a pass long enough to send into) -----

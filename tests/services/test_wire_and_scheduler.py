@@ -312,3 +312,22 @@ def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_els
     assert asyncio.run(main(SchedulerConfig(max_batch=1), False))[0] != [loop_thread]
     assert asyncio.run(main(SchedulerConfig(max_batch=4), True))[0] != [loop_thread]      # batching: the worker's
     assert asyncio.run(main(SchedulerConfig(max_batch=1), True, busy_first=True))[0][1] != loop_thread
+
+
+def test_the_fast_decoder_keeps_the_exact_types_and_converts_ints_to_float_fields():
+    import msgpack
+
+    def packed(**body):
+        return msgpack.packb({"v": wire.VERSION, **body}, use_bin_type=True)
+
+    pong = wire.decode(packed(type="Pong", seq=1, t_send_s=3, t_server_s=2.5))       # held_s: its default
+    assert pong == wire.Pong(1, 3.0, 2.5) and type(pong.t_send_s) is float
+    with pytest.raises(wire.WireError, match=r"Verify.seq: expected int, got bool"):
+        wire.decode(packed(type="Verify", seq=True, session=1, start_pos=0, base_digest=0, draft_tokens=[1]))
+    with pytest.raises(wire.WireError, match=r"Verify.draft_tokens: expected list, got list \[1, 2.0\]"):
+        wire.decode(packed(type="Verify", seq=1, session=1, start_pos=0, base_digest=0, draft_tokens=[1, 2.0]))
+    with pytest.raises(wire.WireError, match=r"Verify.probs_ids: expected"):
+        wire.decode(packed(type="Verify", seq=1, session=1, start_pos=0, base_digest=0, draft_tokens=[1],
+                           probs_ids=[[1, "x"]]))
+    with pytest.raises(wire.WireError, match=r"Verify: missing field 'start_pos'"):
+        wire.decode(packed(type="Verify", seq=1, session=1, base_digest=0, draft_tokens=[1]))
