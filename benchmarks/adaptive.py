@@ -60,7 +60,12 @@ Measured 2026-12-01 (the sim is virtual time, so load does not move it; netns ti
                   model 0.4 / 3.9 / 5.4 (mean 3.2), bandit 6.0 / 10.8 / 11.4 (mean 9.4): within
                   ~0.7 points of the true oracle on average, +-2 points per seed -- the remaining
                   netns noise is the runs', not only the oracle's
-  netns, 2 seeds: NETNS_8B
+  netns, 2 seeds: model 6.1 (3.2 / 9.1), bandit 16.7 (7.6 / 25.7), heuristic 45.8, best static 48.6
+                  (pipelined 4 / 8), switches 3.4; quiet lock exclusive, 9 minutes, load average
+                  1.02 before, 0.32 / 0.41 / 1.29 after (with issue 18's transport merged). The
+                  bandit ran 16.6 / 17.3 s, the model 16.7 / 16.4 s: seed 0's statics were slower
+                  at (10 ms, 0.9) (oracle 7.76 ms/token split, 7.29 in-sample) than seed 1's (6.09),
+                  so one seed's figure moves with its statics' noise as much as with the policy
 Where the regret went before these changes (sim, per request against the oracle): the model lost
 most on streams that started in cloud AR at 150 ms and ran into the 10 ms segment (0.4-0.7 s each:
 only a stream's first segment measured the RTT), on pipelined 16 at 150 ms / alpha 0.9 picked on
