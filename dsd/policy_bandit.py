@@ -198,26 +198,41 @@ class BanditPolicy:
 
     def _kind_values(self, kinds: dict[str, list[str]],
                      borrow: bool = False) -> dict[str, tuple[float, float] | None]:
-        """Per kind: (its best tried arm's rate, its arms' count), None if none was tried; with
-        ``borrow``, a kind not tried in this context is worth what it earned in the nearest one:
-        a server kind in any (its rate hardly depends on the acceptance the edge would see), DSD
-        only in a neighbouring one (one bucket away: its rate moves with both)."""
+        """Per kind: (its best tried arm's rate, shrunk toward the kind's pooled rate by one
+        observation, and its arms' count), None if none was tried; with ``borrow``, a kind not
+        tried in this context is worth what it earned in the nearest one: a server kind in any (its
+        rate hardly depends on the acceptance the edge would see), DSD in a neighbouring one (one
+        bucket away: its rate moves with both) or in one that dominates this one (an RTT bucket no
+        higher, an acceptance bucket no lower: DSD is no faster on a slower link or at a lower
+        acceptance, so that rate is an optimistic initialisation, not a guess; if even it loses to
+        the server kind there is nothing to explore -- a hand-over to try DSD at 150 ms costs a
+        round trip and a round, ~0.3 s)."""
         table, values = self._known(), {}
         for kind, modes in kinds.items():
             arms = [a for a in self.arms if a.mode in modes]
             source = table
             if borrow and not any(table[a][1] > 0 for a in arms):
-                source = self._nearest_with(arms, 1 if kind == "dsd" else None) or table
+                source = self._nearest_with(arms, 1 if kind == "dsd" else None, dominating=True) or table
             tried = [a for a in arms if source[a][1] > 0]
-            values[kind] = (max(source[a][0] / source[a][1] for a in tried), sum(source[a][2] for a in arms)) \
-                if tried else None
+            if not tried:
+                values[kind] = None
+                continue
+            # each arm's rate shrunk toward the kind's pooled rate by one observation's weight:
+            # a kind worth its best arm's raw rate is worth the luckiest single round (at 150 ms
+            # one sync 8 round of 9 tokens made DSD look faster than cloud AR and kept a request
+            # exploring DSD arms for a second); shrunk, one lucky round moves it halfway
+            pooled = sum(source[a][0] for a in tried) / sum(source[a][1] for a in tried)
+            values[kind] = (max((source[a][0] / source[a][1] * source[a][2] + pooled) / (source[a][2] + 1)
+                                for a in tried), sum(source[a][2] for a in arms))
         return values
 
-    def _nearest_with(self, arms: list[Decision], within: int | None = None) -> dict[Decision, list[float]] | None:
+    def _nearest_with(self, arms: list[Decision], within: int | None = None,
+                      dominating: bool = False) -> dict[Decision, list[float]] | None:
         r, a = self.context
         known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
                  if any(t[arm][1] > 0 for arm in arms)]
-        known = [k for k in known if within is None or k[0] <= within]
+        known = [k for k in known if within is None or k[0] <= within
+                 or (dominating and k[1][0] <= r and k[1][1] >= a)]
         return self.stats[min(known)[1]] if known else None
 
     def _ucb_kind(self, values: dict[str, tuple[float, float] | None], here: str = "dsd") -> str:

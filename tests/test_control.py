@@ -617,3 +617,40 @@ def test_bandit_contexts_do_not_flip_on_jitter_at_a_bucket_edge():
     assert policy.context[1] == 3
     _bandit_round(policy, Decision(4, "sync"), 2)       # ~0.58: just under the edge, still 3
     assert policy.context[1] == 3
+
+
+def _far_policy():
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("ar", "sync"), gammas=(2, 8))
+    policy = BanditPolicy(config)
+    policy.rtt_bucket, policy.alpha_bucket = 7, 4                          # 150 ms, alpha 0.8-1
+    policy._credit((7, 4), Decision(1, "ar"), 50.0, 1.0, 20.0)           # cloud AR: 50 tokens/s
+    return policy
+
+
+def test_bandit_kind_is_not_worth_its_luckiest_single_round():
+    """At 150 ms sync 2 earned 29 tokens/s over ten rounds, sync 8 once 9 tokens in 0.178 s (50.6/s,
+    above cloud AR's 50): the kind's value shrinks that one round toward the kind's pooled rate, so
+    the request stays on the server instead of exploring DSD arms there."""
+    policy = _far_policy()
+    for _ in range(10):
+        policy._credit((7, 4), Decision(2, "sync"), 5.0, 5 / 29.0, 1.0)
+    policy._credit((7, 4), Decision(8, "sync"), 9.0, 0.178, 1.0)
+    values = policy._kind_values(policy._kinds(policy.config.modes))
+    assert values["dsd"][0] == pytest.approx((9 / 0.178 + 59 / (50 / 29.0 + 0.178)) / 2, rel=0.01)  # (discounting)
+    assert values["dsd"][0] < 45.0
+    assert policy._ucb_kind(values, "ar") == "ar"
+
+
+def test_bandit_borrows_dsd_only_from_a_neighbouring_or_a_dominating_context():
+    """DSD untried at (150 ms, alpha 0.2-0.4): what it earned at 10 ms and alpha 0.8-1 bounds it
+    from above (a faster link, a higher acceptance), so that optimistic rate stands in for it; if
+    it is below cloud AR there is nothing to explore. A context with a faster link but a lower
+    acceptance bounds nothing: DSD stays untried there."""
+    policy = _far_policy()
+    policy.alpha_bucket = 1
+    policy._credit((3, 0), Decision(8, "sync"), 60.0, 1.0, 30.0)
+    assert policy._kind_values(policy._kinds(policy.config.modes), borrow=True)["dsd"] is None
+    policy._credit((3, 4), Decision(8, "sync"), 40.0, 1.0, 30.0)
+    values = policy._kind_values(policy._kinds(policy.config.modes), borrow=True)
+    assert values["dsd"][0] == pytest.approx(40.0)          # a rate: the discount cancels
+    assert policy._ucb_kind(values, "ar") == "ar"

@@ -1,0 +1,105 @@
+"""The per-segment oracle from static runs under the schedule (benchmarks/adaptive_netns.py): each
+static arm's per-token time in each (RTT, alpha) condition, from every piece of every request, the
+best arm chosen on one half of the requests and scored on the other.
+
+Why not the minimum over each arm's requests that fell wholly inside one segment (what netns used
+before): that is a minimum over noisy estimates of few requests (the winner's curse), so biased
+low, which inflates every policy's ``vs_oracle`` and moves it from seed to seed.
+
+- ``condition_rates``: an arm's requests of one alpha class span one or more RTT pieces; a request
+  that spent t_i seconds in condition i emitted its n tokens at the conditions' rates, so its
+  tokens are shared out in proportion to t_i * rate_i (rates from the previous pass, equal at
+  first; a few passes settle) and a condition's rate is its tokens over its seconds. A request
+  wholly inside one condition counts exactly as before; a straddling one no longer is dropped.
+- ``split_oracle``: per condition, the requests that touched it split alternately in two halves
+  (by their order, so each half spans the whole run); the arm best on one half is scored on the other, and
+  the two scores averaged. The choice no longer sees the noise it is scored on, so the oracle is no
+  longer biased low; it is biased high only by as much as noise makes the choice miss the best arm
+  (small when the arms are close, which is when a miss is likely). An arm competes in a condition
+  of a half only with at least a median request's worth of seconds there (a sliver of a straddling
+  request alone says little).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+PASSES = 20
+
+
+def condition_rates(runs, scenario) -> dict[tuple[float, float], tuple[float, float]]:
+    """(rtt_ms, alpha) -> (tokens, seconds) of one arm's ``runs`` (RequestRun: start_s, wall_s,
+    tokens, alpha), every piece of every request, tokens shared by time times rate."""
+    pieces = [(r.tokens, [((rtt, r.alpha), s) for rtt, s in scenario.pieces(r.start_s, r.start_s + r.wall_s)])
+              for r in runs]
+    seconds: dict = {}
+    for _, parts in pieces:
+        for key, s in parts:
+            seconds[key] = seconds.get(key, 0.0) + s
+    rate = {key: 1.0 for key in seconds}
+    tokens: dict = {}
+    for _ in range(PASSES):
+        tokens = {key: 0.0 for key in seconds}
+        for n, parts in pieces:
+            weight = sum(s * rate[key] for key, s in parts)
+            for key, s in parts:
+                tokens[key] += n * s * rate[key] / weight if weight > 0 else n * s / sum(x for _, x in parts)
+        rate = {key: tokens[key] / seconds[key] if seconds[key] > 0 else 0.0 for key in seconds}
+    return {key: (tokens[key], seconds[key]) for key in seconds}
+
+
+def _keys(r, scenario) -> set:
+    return {(rtt, r.alpha) for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)}
+
+
+def _per_token(runs, scenario, half: int | None = None) -> dict:
+    """Condition -> seconds per token, only where the arm spent at least its median request's
+    wall time there; with ``half`` (0 or 1), per condition from every other one of the requests
+    that touched it (by their order), starting with the first or the second."""
+    if not runs:
+        return {}
+    least_s = statistics.median(r.wall_s for r in runs)
+    if half is None:
+        rates = condition_rates(runs, scenario)
+    else:
+        rates = {}
+        for key in set().union(*(_keys(r, scenario) for r in runs)):
+            mine = [r for r in runs if key in _keys(r, scenario)][half::2]
+            if mine:
+                rates[key] = condition_rates(mine, scenario)[key]
+    return {key: s / n for key, (n, s) in rates.items() if n > 0 and s >= least_s}
+
+
+def in_sample_oracle(statics: dict, scenario) -> dict:
+    """The best arm's per-token time per condition over all requests (chosen and scored on the
+    same data: biased low; printed beside ``split_oracle`` for comparison)."""
+    best: dict = {}
+    for runs in statics.values():
+        for key, value in _per_token(runs, scenario).items():
+            best[key] = min(best.get(key, math.inf), value)
+    return best
+
+
+def split_oracle(statics: dict, scenario) -> dict:
+    """Condition -> the oracle's seconds per token: per half of the requests (of those that touched
+    the condition, every other one),
+    the arm best there scored on the other half; the two scores averaged. A condition no arm
+    can be cross-scored in falls back to ``in_sample_oracle``'s value."""
+    halves = [{arm: _per_token(runs, scenario, h) for arm, runs in statics.items()} for h in (0, 1)]
+    fallback = in_sample_oracle(statics, scenario)
+    best: dict = {}
+    for key in fallback:
+        scores = []
+        for h in (0, 1):
+            chosen = [(est[key], arm) for arm, est in halves[h].items() if key in est and key in halves[1 - h][arm]]
+            if chosen:
+                scores.append(halves[1 - h][min(chosen)[1]][key])
+        best[key] = statistics.mean(scores) if scores else fallback[key]
+    return best
+
+
+def print_oracle(label: str, best: dict, *others: dict) -> None:
+    """One line: each condition's oracle ms/token, then each of ``others``' in parentheses."""
+    print(f"  {label} oracle ms/token: " + " ".join(
+        f"{k}={v * 1e3:.2f}" + "".join(f" ({o[k] * 1e3:.2f})" for o in others if k in o) for k, v in sorted(best.items())),
+        flush=True)
