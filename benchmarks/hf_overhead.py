@@ -88,7 +88,7 @@ def sync_cadence(rows: list[dict]) -> EchoCadence:
     return EchoCadence("ws", draft_s, verify_s)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", default=str(DEFAULT_PAIR))
     parser.add_argument("--tokens", type=int, default=96, help="tokens per request")
@@ -99,14 +99,19 @@ def main() -> None:
     parser.add_argument("--spin-lead-us", type=int, default=300, help="from this long before it is due")
     parser.add_argument("--echo-messages", type=int, default=200,
                         help="messages of the paced echo (the floor under the server overhead)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.tokens < 8 or args.requests < 1 or args.echo_messages < 1:
         parser.error("--tokens must be >= 8, --requests >= 1 and --echo-messages >= 1")
+    return args
+
+
+def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
+    """One verifier and one edge, each mode's requests in turn: every part's per-round overheads
+    and the sync rounds' cadence (for the echo floor)."""
     prompts = make_prompts(HfBackendConfig(pair_path=args.pair), args.requests, 24, seed=7)
     backend = ["--backend-json", HfBackendConfig(pair_path=args.pair).to_json(), "--threads", str(args.threads),
                "--spin-us", str(args.spin_us), "--spin-lead-us", str(args.spin_lead_us)]
     overheads: dict[str, list[float]] = {part: [] for part in MODES}
-    cpu_before = cpu_times()
     cadence: EchoCadence | None = None
     with tempfile.TemporaryDirectory(prefix="dsd-hf-overhead-") as tmp:
         edge_args = backend + ["--out-dir", str(Path(tmp) / "edge")]
@@ -132,11 +137,11 @@ def main() -> None:
                       f"on the loop's thread {passes.get('passes_on_loop', 0)}, verifies served by the reader "
                       f"{passes.get('verifies_inline', 0)}; polling: verifier {passes.get('spin')}, "
                       f"edge {summaries[run['run_id']].get('spin')}", file=sys.stderr)
-    # The floor: two processes that only echo, at the sync rounds' own cadence, right after them.
-    echo_ms = paced_echo_ms(cadence, args.echo_messages)
-    print(f"paced echo (aiohttp WebSocket, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
-          f"message, the server {1e3 * cadence.verify_s:.2f} ms before each answer): {len(echo_ms)} messages",
-          file=sys.stderr)
+    return overheads, cadence
+
+
+def report(overheads: dict[str, list[float]], echo_ms: list[float]) -> dict[str, float | int]:
+    """The table of every part and the echo floor; the results' overhead and floor keys."""
     results: dict[str, float | int] = {}
     print(f"{'part':10s} {'rounds':>7s} {'p50 ms':>8s} {'p90 ms':>8s} {'mean ms':>8s}")
     for part, values in overheads.items():
@@ -149,6 +154,19 @@ def main() -> None:
     results["server_over_floor_p50_ms"] = results["hf_overhead_server_p50_ms"] - results["echo_floor_p50_ms"]
     print(f"{'echo floor':10s} {len(echo_ms):7d} {statistics.median(echo_ms):8.3f} "
           f"{sorted(echo_ms)[round(0.9 * (len(echo_ms) - 1))]:8.3f} {statistics.mean(echo_ms):8.3f}")
+    return results
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    cpu_before = cpu_times()
+    overheads, cadence = measure_modes(args)
+    # The floor: two processes that only echo, at the sync rounds' own cadence, right after them.
+    echo_ms = paced_echo_ms(cadence, args.echo_messages)
+    print(f"paced echo (aiohttp WebSocket, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
+          f"message, the server {1e3 * cadence.verify_s:.2f} ms before each answer): {len(echo_ms)} messages",
+          file=sys.stderr)
+    results = report(overheads, echo_ms)
     results["spin_us"] = args.spin_us
     # On a VM the hypervisor may run other guests on our CPUs: then everything wakes late.
     results["steal_pct"] = steal_pct(cpu_before, cpu_times())
