@@ -65,6 +65,9 @@ def check_before_start(experiment: Experiment, out: Path, resume: bool) -> str:
     check_out_dir(out, experiment, resume)
     launcher = choose_launcher(experiment.launcher)
     check_launcher(experiment, launcher)
+    if launcher == "sim" and max(experiment.clients) > 1:
+        raise ValueError(f"clients must be [1] on the sim launcher (it runs one client per point), got "
+                         f"{list(experiment.clients)}; use a network launcher (loopback, netns, compose) for more")
     if launcher in ("netns", "compose"):
         leftovers.refuse_if_any(services=launcher == "netns")
     if launcher == "compose":
