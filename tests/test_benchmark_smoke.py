@@ -70,10 +70,15 @@ def test_link_schedule_follows_its_schedule(tmp_path):
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-def test_step_reorder_measures_the_link_on_both_sides_of_its_step(tmp_path):
-    figures = _run(["benchmarks/step_reorder.py", "--step-after-s", "1.5", "--duration-s", "3"], tmp_path)
-    assert 148 < figures["before_ms"] < 160 and 9 < figures["after_ms"] < 20, figures
-    assert figures["worst_after_step_ms"] >= figures["after_ms"] and figures["tcp_timeouts"] >= 0
+def test_step_reorder_measures_the_link_on_both_sides_of_its_step_and_a_queue_step_never_stalls(tmp_path):
+    """Both orders run; with the order kept (a queue draining) no message waits longer than the
+    old RTT and TCP times nothing out. (The path order's stall is TCP's answer to reordering,
+    which depends on the kernel's TCP: printed, not asserted.)"""
+    for order in ("path", "queue"):
+        figures = _run(["benchmarks/step_reorder.py", "--step-after-s", "1.5", "--duration-s", "3",
+                        "--order", order], tmp_path)
+        assert 148 < figures["before_ms"] < 160 and 9 < figures["after_ms"] < 20, figures
+    assert figures["worst_after_step_ms"] < figures["before_ms"] + 15 and figures["tcp_timeouts"] == 0, figures
 
 
 @pytest.mark.parametrize("script", ["benchmarks/shaper_fidelity.py", "benchmarks/compose_scale.py"])
