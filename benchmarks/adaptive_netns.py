@@ -4,13 +4,17 @@ every policy run through the edges' control API under the same schedule (orchest
 the same prompts for all. Times come from the traces: each request's start and wall time on the
 edge's epoch clock, the schedule's start from links.csv (change_t_unix_s - change_at_s).
 
-The per-segment oracle is measured from the static arms' own runs under the schedule
-(benchmarks/adaptive_oracle.py): each arm's per-token time in each (RTT, alpha) condition from
-every piece of every request (a straddling request's tokens shared out by time times rate), the
-best arm chosen on the even requests and scored on the odd ones and vice versa, the two averaged.
-Before, it was the minimum over the arms of their requests that fell wholly inside one segment:
-chosen and scored on the same few noisy requests, so biased low (the in-sample figure is still
-printed beside it for comparison).
+The per-segment oracle is measured with the link held still (``--oracle constant``, the default):
+every static arm of the grid at each of the schedule's RTTs, no schedule, on the run's own
+prompts -- first 2 of each class (the pilot), then the rest of the class's prompts for the arms
+within 1.25x of the pilot's best in that condition (``constant_runs``; the eliminated ones are
+slower on the same prompts by more than the arms ever differ by luck of timing) -- and per
+condition the best arm chosen on every other prompt and scored on the others, the two averaged
+(benchmarks/adaptive_oracle.py ``constant_oracle``). About 4-5 minutes a seed on top of the
+schedule's 12 runs. The estimate from the static arms' runs under the schedule (every piece of
+every request, split by request; the judged one before) is printed beside it, with the policies
+scored against it too: those arms ran other prompts in each condition than the policies, so
+it moved with the prompts' luck from seed to seed.
 """
 from __future__ import annotations
 
