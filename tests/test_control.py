@@ -702,3 +702,41 @@ def test_bandit_prior_is_outweighed_by_what_an_arm_earns():
     assert picks[:2] == [8, 8]
     assert 2 in picks[:12]
     assert sum(g == 2 for g in picks[-20:]) >= 18
+
+
+class _BackWhenNear:
+    """Cloud AR until a round measures the link under 50 ms, then sync DSD (gamma 4)."""
+
+    def __init__(self):
+        self.near, self.seen = False, []
+
+    def observe(self, observation):
+        self.seen.append(observation)
+        self.near = self.near or (observation.rtt_s is not None and observation.rtt_s < 0.05)
+
+    def decide(self):
+        return Decision(4, "sync") if self.near else Decision(1, "ar")
+
+
+def test_a_stream_does_not_ask_for_the_rest_of_the_request_when_the_link_falls():
+    """An AR stream at 150 ms whose link falls to 10 ms (over 80 ms): the tokens the slow link
+    held back arrive in a burst, whose gaps are not the server's pace (its compute per token bounds
+    the step), so the stream keeps asking only a round trip's worth ahead and the request is back
+    on the edge within a few segments (36 of 96 tokens on the server). With the burst's gaps of a
+    few ms taken as the server's step it asked for the whole rest of the request at once and
+    finished it on the server (84), as on netns. (A step fall in the sim delivers the burst with
+    gaps of exactly 0, which the driver never took as a step.)"""
+    draft, target = _pair(alpha=0.9)
+    stop, prompt = StopRule(96), [3, 9, 4]
+
+    def rtt_at(t_s):
+        return 0.150 if t_s < 0.5 else 0.010 if t_s >= 0.58 else 0.150 - 0.140 * (t_s - 0.5) / 0.08
+
+    controller = _BackWhenNear()
+    run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02),
+                       pipelined=False, seq_id="fall", controller=controller, gamma_max=8, handover_tokens=4,
+                       rtt_at=rtt_at)
+    assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id="fall-ar").tokens
+    rounds = [r for r in run.generation.rounds if not r.stale]
+    assert controller.near and rounds[-1].mode == "sync"
+    assert sum(r.emitted for r in rounds if r.mode == "ar") <= 44
