@@ -100,6 +100,40 @@ than rounds (9.2 / 15.4 / 10.6), exploration 0.05 (9.9 / 12.1 / 11.1), gammas (2
 (9.1 / 10.4 / 12.2) and (1, 4, 16) (21.5 / 8.8 / 7.9 before the changes). What is left of the
 bandit's: the first request's exploration (0.24-0.38 s), AR streams across 150 -> 10 ms at alpha
 0.9 (0.45 s: the model's too), one DSD try in an AR stream per new context.
+
+Session 9 (the bandit's informed prior: the closed form on the model's running estimates as 6
+pseudo-rounds per arm, 6 chosen among 1.5 / 3 / 6 / 12 on sim seeds 3-5 -- bandit there 6.0 /
+5.7 / 4.1 / 6.1, 12.3 uninformed -- not on the seeds reported; the netns oracle measured with the
+link held still, every arm on the run's own prompts, split by prompt; the driver's stream step
+floored by the server's compute per token):
+  sim, 3 seeds (0-2):  model 3.8 (2.5 / 4.6 / 4.4), bandit 7.9 (7.2 / 8.9 / 7.4), heuristic 47.6,
+                  best static 57.4 (pipelined 8), switches 3.0 (virtual time: load does not move
+                  it; 7 minutes beside the other helper's tests). Scored with netns's constant-
+                  condition split estimator instead: model 2.5 / 4.6 / 3.8, bandit 7.2 / 8.9 / 6.8.
+                  The prior alone (before the step floor): bandit 9.6 / 8.9 / 7.4
+  netns, first pair (the prior and the constant-condition oracle, before the step floor; quiet
+  lock exclusive, one seed per command, 9.7 / 9.5 minutes, load average 2.38 / 1.65 before,
+  0.21 / 0.70 / 1.44 and 0.15 / 0.39 / 0.94 after):
+                  seed 0: model 4.0, bandit 4.8, heuristic 46.1, best static 53.5 (pipelined 4)
+                  seed 1: model 12.3, bandit 14.7, heuristic 47.7, best static 50.4 (pipelined 8)
+                  (scored with the older estimate under the schedule: 2.1 / 2.9 and 10.5 / 13.0;
+                  with the constant-condition in-sample best: 4.8 / 5.7 and 12.4 / 14.9)
+                  Seed 1's regret, per request: the bandit's AR stream that began at 150 ms ran
+                  0.5 s into the 10 ms segment (0.49 s lost): the burst of tokens the slow link had
+                  held back arrived with gaps of ~0.1 ms, which the driver took as the server's
+                  step, so it asked for the rest of the request at once (four segments in 1 ms)
+                  just as the link fell -- a bug, fixed by the step floor (tests/test_control.py);
+                  the model lost 0.55 s on its first three requests (alpha still being estimated,
+                  gammas 8-12 on prompts whose acceptance pattern made them slow) and 0.2 s on a
+                  request begun in DSD at 150 ms on a probe from before the step.
+  netns, judged pair: NETNS_FINAL
+Seed 0's oracle at (10 ms, 0.9) is again slower than seed 1's (7.65 against 6.06 ms/token) with
+every arm on the same prompts at a constant 10 ms: its prompts are the unlucky ones, so the 27%
+of session 8b was the prompts, not the estimator; what the constant-condition oracle removes is
+the mismatch of prompts between the arms and the policies.
+Not done: an in-stream RTT probe (a Ping while streaming) to see a fall before the queued
+segments drain. Worth at most the prefetch a round trip keeps asked (8-9 tokens at 150 ms, ~0.1 s
+at alpha 0.9) per fall; the floor above removed the larger loss, the stream asking the whole tail.
 """
 from __future__ import annotations
 
