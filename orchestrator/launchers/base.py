@@ -54,6 +54,7 @@ class PointSettings:
     max_in_flight: int
     controller: str = "static"
     gamma_max: int = 16
+    controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
     run_prefix: str = "run"
     link_options: Any = None                  # orchestrator.links.LinkOptions
     after_shape: Callable | None = None
@@ -102,4 +103,5 @@ class ControlApiTestbed:
         return run_net_point(point, self, prompts, warmup=settings.warmup, max_new_tokens=settings.max_new_tokens,
                              max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
                              link_options=settings.link_options, after_shape=settings.after_shape,
-                             controller=settings.controller, gamma_max=settings.gamma_max)
+                             controller=settings.controller, gamma_max=settings.gamma_max,
+                             controller_modes=settings.controller_modes)
