@@ -126,7 +126,26 @@ floored by the server's compute per token):
                   the model lost 0.55 s on its first three requests (alpha still being estimated,
                   gammas 8-12 on prompts whose acceptance pattern made them slow) and 0.2 s on a
                   request begun in DSD at 150 ms on a probe from before the step.
-  netns, judged pair: NETNS_FINAL
+  netns, judged (this code, the quiet lock exclusive, one seed per command):
+                  seed 0: model 3.7, bandit 21.9, heuristic 45.5, best static 59.5 (sync 8),
+                  switches 3.6 (9.4 minutes; load average 1.55 before, 0.14 / 0.77 / 1.39 after;
+                  scored with the constant-condition in-sample best 4.6 / 23.3, with the estimate
+                  under the schedule 1.7 / 19.3)
+                  seed 1: model 14.1, bandit 13.9, heuristic 53.6, best static 48.9 (pipelined 8),
+                  switches 3.1 (9.6 minutes, after merging main; load average 1.55 before, 0.12 /
+                  0.51 / 1.21 after; in-sample constant 14.3 / 14.1, under the schedule 15.5 / 15.4)
+                  mean of the two: model 8.9, bandit 17.9, heuristic 49.6, best static 54.2,
+                  switches 3.4. The model's seed 1: 0.66 of its 1.19 s lost on one AR stream across
+                  150 -> 10 ms whose tokens stalled 0.29 s at the step, exactly as the bandit's below
+                  The bandit's seed-0 figure, per request: 0.64 of its 1.88 s lost on one AR stream
+                  across 150 -> 10 ms whose tokens stalled 0.31 s at the link's step (tokens 1-11
+                  arrived at once, 0.31 s late: the schedule's step held packets in flight -- netem,
+                  left alone; session 8b's netns seed 1 showed the same 0.31 s stall at a step),
+                  so the segment asked meanwhile measured a 230-285 ms RTT and the stream asked its
+                  whole tail before the 17 ms measurement came; and 0.7 s in its first seven requests
+                  (trying pipelined 4 / 8 and sync 16 on the seed's unlucky prompts). The same seed
+                  in the first pair: 4.8. One netns seed of the bandit moves by this much between
+                  runs; the model's stayed within 0.3 points (4.0, 3.7).
 Seed 0's oracle at (10 ms, 0.9) is again slower than seed 1's (7.65 against 6.06 ms/token) with
 every arm on the same prompts at a constant 10 ms: its prompts are the unlucky ones, so the 27%
 of session 8b was the prompts, not the estimator; what the constant-condition oracle removes is
