@@ -172,7 +172,8 @@ def _analyze(out: Path) -> int:
     for row in summary.get("gamma_opt", {}).get("rows", []):
         print(f"optimal gamma {row['mode']} at {row['rtt_ms']:g} ms: measured {row['gamma_best']} "
               f"(bootstrap set {row['gamma_set']}), closed form on the grid {row['gamma_best_predicted_grid_oos']:g} "
-              f"(out of sample), over 1..64 {row['gamma_model_oos']:g}; penalty {row['penalty_pct']:.1f}%")
+              f"({'in sample: calibration points' if row.get('predicted_from_calibration_points') else 'out of sample'}), "
+              f"over 1..64 {row['gamma_model_oos']:g}; penalty {row['penalty_pct']:.1f}%")
     files = ["points.csv", "summary.json", *(["gamma_opt.csv"] if summary.get("gamma_opt") else []),
              *summary["plots"]]
     print("results: " + ", ".join(f"{out}/{name}" for name in files))

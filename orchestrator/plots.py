@@ -250,8 +250,8 @@ def plot_gamma_opt(table: pd.DataFrame, path: Path, title: str, launcher: str) -
     """The optimal gamma against the RTT (orchestrator/gamma_opt.py), one panel per mode: the
     measured best swept gamma with the set of gammas chosen in >= 2.5% of the bootstrap
     replicates as its bar; the out-of-sample grid argmin and the closed form's unrestricted
-    argmin (calibrated: out of sample; dotted: in sample) as lines. Several groups: one line
-    style each is too much to read, so each group's curve is drawn in the same colour, thinner."""
+    argmin (calibrated: out of sample; dotted: in sample) as lines. Several groups (alpha,
+    profile, link, clients): each group's curves in the same styles, labelled once."""
     kind = "simulated" if launcher == "sim" else "measured"
     modes = [m for m in names() if m in set(table["mode"])]
     fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), dpi=120, squeeze=False)
@@ -263,7 +263,8 @@ def plot_gamma_opt(table: pd.DataFrame, path: Path, title: str, launcher: str) -
             g = g.sort_values("rtt_ms")
             label = (lambda text: text) if i == 0 else (lambda text: None)
             ax.errorbar(g.rtt_ms, g.gamma_best, yerr=[g.gamma_best - g.gamma_set_low, g.gamma_set_high - g.gamma_best],
-                        fmt="o", color=_color(mode), capsize=3, ms=5, label=label(f"{kind} best (bar: gammas in >= 2.5% of replicates)"))
+                        fmt="o", color=_color(mode), capsize=3, ms=5,
+                        label=label(f"{kind} best (bar: gammas in >= 2.5% of replicates)"))
             ax.plot(g.rtt_ms, g.gamma_best_predicted_grid_oos, "s-", mfc="none", color="k", lw=0.8, ms=7,
                     label=label("closed form, swept gammas (out of sample)"))
             ax.plot(g.rtt_ms, g.gamma_model_oos, "--", color="0.35", lw=1.2,

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from dsd import latency_model as lm
+from dsd.times import ComputeTimes
 from orchestrator import gamma_opt
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.report import write_report
@@ -90,3 +91,14 @@ def test_a_sweep_with_one_gamma_writes_no_gamma_opt_files(tmp_path):
     assert not (out / "gamma_opt.csv").exists() and not (out / "gamma_opt.png").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert "gamma_opt" not in summary and "gamma_opt.png" not in summary["plots"]
+
+
+def test_the_unrestricted_argmin_uses_one_verify_line_not_a_fitted_table_beside_an_assumed_line():
+    # fitted t_verify 11 ms at the swept gammas (client view: overhead), the profile's line says 10 ms
+    fitted = ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.010, t_verify_base_s=0.010,
+                          t_verify_per_position_s=0.0, t_verify_by_gamma_s={1: 0.011, 2: 0.011, 4: 0.011, 8: 0.011})
+    times = gamma_opt.times_for_any_gamma(fitted)
+    assert times.t_verify_s(3) == pytest.approx(0.011) and times.t_verify_s(4) == pytest.approx(0.011)
+    gamma, ms = gamma_opt.model_gamma_s("sync", 80.0, 0.8, fitted)
+    assert gamma == gamma_opt.model_argmin(
+        lambda g: lm.per_token_sync_dsd_s(0.8, g, 0.004, 0.011, 0.080))[0]
