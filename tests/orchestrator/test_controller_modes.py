@@ -2,6 +2,7 @@
 server (cloud AR), on the sim launcher and on a network launcher alike, each client on its own
 link deciding for itself; greedy output stays the target's."""
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -60,12 +61,12 @@ def test_the_sim_sweeps_controller_hands_far_requests_to_cloud_ar_and_learns_acr
     _assert_greedy(pd.read_csv(out / "requests.csv"), _target_tokens(experiment))
 
 
-def test_each_client_on_a_network_launcher_adapts_to_its_own_link(tmp_path):
-    """Loopback, two clients on two edges, one at 5 ms and one at 300 ms: only the far one's
-    controller moves its requests to cloud AR; its requests are faster than DSD's first one."""
-    experiment = experiment_from_dict({**BASE, "launcher": "loopback", "rtt_ms": [5], "clients": [2], "edges": 2,
+def run_two_links(launcher: str, out) -> None:
+    """Two clients on two edges of one verifier, one at 5 ms and one at 300 ms: only the far one's
+    controller moves its requests to cloud AR, and its AR requests are faster than its first
+    (DSD) one; every request emits the target's greedy tokens."""
+    experiment = experiment_from_dict({**BASE, "launcher": launcher, "rtt_ms": [5], "clients": [2], "edges": 2,
                                        "link": {"edges": [{"rtt_ms": 5}, {"rtt_ms": 300}]}})
-    out = tmp_path / "lo"
     run_experiment(experiment, out, resume=False)
     modes = _modes_by_request(pd.read_csv(out / "rounds.csv"), "client_id")
     assert all(modes[(1, i)] == ["ar"] for i in (1, 2, 3)), modes
@@ -74,3 +75,13 @@ def test_each_client_on_a_network_launcher_adapts_to_its_own_link(tmp_path):
     far = requests[requests["client_id"] == 1].set_index("request_index")["wall_s"]
     assert far.loc[[1, 2, 3]].max() < far.loc[0]
     _assert_greedy(requests, _target_tokens(experiment))
+
+
+def test_each_client_on_loopback_adapts_to_its_own_link(tmp_path):
+    run_two_links("loopback", tmp_path / "lo")
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_each_client_on_netns_adapts_to_its_own_shaped_link(tmp_path):
+    run_two_links("netns", tmp_path / "ns")
