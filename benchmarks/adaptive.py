@@ -404,11 +404,16 @@ def main(argv=None) -> None:
     parser.add_argument("--oracle", choices=("constant", "schedule"), default="constant",
                         help="netns: measure each static arm at each condition held constant (default), or "
                         "estimate the oracle from the static runs under the schedule only (quicker, noisier)")
+    parser.add_argument("--schedule-order", choices=("path", "queue"), default="path",
+                        help="netns: what the schedule's RTT cuts mean (orchestrator/links.py): path = packets "
+                             "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in order")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--save", default="", help="a pickle of every seed's runs and oracle (for analysis)")
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
     sim = args.launcher == "sim"
+    if sim and args.schedule_order != "path":
+        parser.error("--schedule-order applies to netns only (the sim has no packets to reorder)")
     for name, on_sim, on_netns in (("segment_s", 6.0, 4.0), ("alpha_requests", 12, 6), ("requests", 48, 24),
                                    ("tokens", 48, 32)):
         if getattr(args, name) is None:
@@ -432,7 +437,8 @@ def main(argv=None) -> None:
         Path(args.save).write_bytes(pickle.dumps({"scenario": scenario, "first_seed": args.first_seed,
                                                   "per_seed": per_seed}))
     s = summarise(per_seed, scenario, args.first_seed)
-    print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher} goals_met={goals_met(s)}")
+    print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher}"
+          + ("" if sim else f" schedule_order={args.schedule_order}") + f" goals_met={goals_met(s)}")
 
 
 if __name__ == "__main__":

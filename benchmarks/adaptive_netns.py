@@ -55,6 +55,8 @@ def netns_seed(scenario, args, seed: int):
     from orchestrator.sweep import plan_points
 
     experiment = load_experiment(EXPERIMENT)
+    order = getattr(args, "schedule_order", "path")
+    experiment = dataclasses.replace(experiment, link=dataclasses.replace(experiment.link, schedule_order=order))
     classes = dict(parse_alpha_classes(experiment.backend.alpha_classes))
     prompts = scenario.prompts(seed)
     if any(classes.get(CLASS_TOKEN + k) != alpha for k, alpha in enumerate(scenario.alphas)):
@@ -89,7 +91,7 @@ def netns_seed(scenario, args, seed: int):
             print(f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in "
                   f"{time.monotonic() - t_s:.1f} s", flush=True)
         if args.oracle == "constant":
-            constant = {**common, "link_options": dataclasses.replace(experiment.link,
+            constant = {**common, "link_options": dataclasses.replace(experiment.link, schedule_order="path",
                                                                       schedule=type(experiment.link.schedule)())}
             split_c, in_sample_c = constant_oracle(constant_runs(plan, scenario, prompts, alpha_of, constant, seed))
     statics = {k: v for k, v in results.items() if k.startswith("static")}
