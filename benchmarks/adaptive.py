@@ -146,6 +146,14 @@ floored by the server's compute per token):
                   (trying pipelined 4 / 8 and sync 16 on the seed's unlucky prompts). The same seed
                   in the first pair: 4.8. One netns seed of the bandit moves by this much between
                   runs; the model's stayed within 0.3 points (4.0, 3.7).
+  netns, judged, the schedule's cuts draining in order (schedule_order = "queue", now the
+                  experiment file's; the lead, 00:39-00:59 UTC 2026-12-02, quiet lock exclusive):
+                  seed 0: model 3.6, bandit 6.1, heuristic 46.7, best static 53.1 (pipelined 8),
+                  switches 3.6 (load average 0.35 after); seed 1: model 3.0, bandit 12.5, heuristic
+                  48.6, best static 47.7 (pipelined 8), switches 3.3 (0.19 after); mean: model 3.3,
+                  bandit 9.3, heuristic 47.7, best static 50.4. The stalls above were TCP: with
+                  "path" a 150 -> 10 ms cut lets later packets overtake held ones and Linux answers
+                  with a spurious RTO (benchmarks/step_reorder.py), which no oracle arm pays.
 Seed 0's oracle at (10 ms, 0.9) is again slower than seed 1's (7.65 against 6.06 ms/token) with
 every arm on the same prompts at a constant 10 ms: its prompts are the unlucky ones, so the 27%
 of session 8b was the prompts, not the estimator; what the constant-condition oracle removes is
@@ -404,16 +412,21 @@ def main(argv=None) -> None:
     parser.add_argument("--oracle", choices=("constant", "schedule"), default="constant",
                         help="netns: measure each static arm at each condition held constant (default), or "
                         "estimate the oracle from the static runs under the schedule only (quicker, noisier)")
-    parser.add_argument("--schedule-order", choices=("path", "queue"), default="path",
+    parser.add_argument("--schedule-order", choices=("path", "queue"), default=None,
                         help="netns: what the schedule's RTT cuts mean (orchestrator/links.py): path = packets "
-                             "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in order")
+                             "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in "
+                             "order; default: experiments/adaptive-netns.toml's (queue)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--save", default="", help="a pickle of every seed's runs and oracle (for analysis)")
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
     sim = args.launcher == "sim"
-    if sim and args.schedule_order != "path":
+    if sim and args.schedule_order is not None:
         parser.error("--schedule-order applies to netns only (the sim has no packets to reorder)")
+    if not sim and args.schedule_order is None:
+        from benchmarks.adaptive_netns import EXPERIMENT
+        from orchestrator.experiment import load_experiment
+        args.schedule_order = load_experiment(EXPERIMENT).link.schedule_order
     for name, on_sim, on_netns in (("segment_s", 6.0, 4.0), ("alpha_requests", 12, 6), ("requests", 48, 24),
                                    ("tokens", 48, 32)):
         if getattr(args, name) is None:

@@ -55,7 +55,7 @@ def netns_seed(scenario, args, seed: int):
     from orchestrator.sweep import plan_points
 
     experiment = load_experiment(EXPERIMENT)
-    order = getattr(args, "schedule_order", "path")
+    order = getattr(args, "schedule_order", None) or experiment.link.schedule_order      # the file's by default
     experiment = dataclasses.replace(experiment, link=dataclasses.replace(experiment.link, schedule_order=order))
     classes = dict(parse_alpha_classes(experiment.backend.alpha_classes))
     prompts = scenario.prompts(seed)
