@@ -56,6 +56,7 @@ from benchmarks.echo_floor import EchoCadence, paced_echo_ms  # noqa: E402
 from benchmarks.overhead import cpu_times, steal_pct  # noqa: E402
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
 from orchestrator.workload import make_prompts    # noqa: E402
+from services.frames import DEFAULT_TRANSPORT, TRANSPORTS    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
 
 GAMMA = 4
@@ -78,14 +79,14 @@ def round_overheads_ms(rows: list[dict], part: str) -> list[float]:
     return out
 
 
-def sync_cadence(rows: list[dict]) -> EchoCadence:
+def sync_cadence(rows: list[dict], transport: str = "ws") -> EchoCadence:
     """The paced echo's cadence from a sync run's rounds: the median drafting and verify pass."""
     steady = [r for r in rows if r["round_index"] != "0" and r.get("t_draft_start_s") not in (None, "")]
     if not steady:
         raise ValueError("no steady sync round to take the echo's cadence from")
     draft_s = statistics.median(float(r["t_draft_end_s"]) - float(r["t_draft_start_s"]) for r in steady)
     verify_s = statistics.median(float(r["server_compute_s"]) for r in steady)
-    return EchoCadence("ws", draft_s, verify_s)
+    return EchoCadence(transport, draft_s, verify_s)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pair", default=str(DEFAULT_PAIR))
     parser.add_argument("--tokens", type=int, default=96, help="tokens per request")
     parser.add_argument("--requests", type=int, default=4, help="requests per mode, one after another")
+    parser.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
+                        help="how the per-round messages travel (services/frames.py); the echo floor uses the same")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both services")
     parser.add_argument("--spin-us", type=int, default=0,
                         help="both services poll for an expected message up to this long (services/spinwait.py; 0: off)")
@@ -119,7 +122,7 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
             for mode in ("sync", "colocated", "ar"):
                 run = {"run_id": f"hf-overhead-{mode}", "client_id": "client-0", "mode": mode, "gamma": GAMMA,
                        "prompts": prompts, "max_new_tokens": args.tokens, "verifier_url": verifier.url,
-                       "probe_count": 1, "probe_interval_ms": 1000}
+                       "probe_count": 1, "probe_interval_ms": 1000, "transport": args.transport}
                 summaries = wait_for_runs(edge, post_runs(edge, [run]), timeout_s=900)
                 if any(s["status"] != "done" for s in summaries.values()):
                     raise RuntimeError(f"{mode} run failed: {summaries}")
@@ -131,7 +134,7 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
                         if part_mode == mode:
                             overheads[part] += round_overheads_ms(mine, part)
                 if mode == "sync":
-                    cadence = sync_cadence(rows)
+                    cadence = sync_cadence(rows, args.transport)
                 passes = verifier.get_json("/metrics")
                 print(f"{mode}: {len(rows)} rounds; verifier passes so far {sum(passes['passes'].values())}, "
                       f"on the loop's thread {passes.get('passes_on_loop', 0)}, verifies served by the reader "
@@ -163,10 +166,11 @@ def main(argv=None) -> None:
     overheads, cadence = measure_modes(args)
     # The floor: two processes that only echo, at the sync rounds' own cadence, right after them.
     echo_ms = paced_echo_ms(cadence, args.echo_messages)
-    print(f"paced echo (aiohttp WebSocket, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
+    print(f"paced echo ({'aiohttp WebSocket' if cadence.transport == 'ws' else 'raw blocking TCP'}, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
           f"message, the server {1e3 * cadence.verify_s:.2f} ms before each answer): {len(echo_ms)} messages",
           file=sys.stderr)
     results = report(overheads, echo_ms)
+    results["transport"] = args.transport
     results["spin_us"] = args.spin_us
     # On a VM the hypervisor may run other guests on our CPUs: then everything wakes late.
     results["steal_pct"] = steal_pct(cpu_before, cpu_times())

@@ -40,7 +40,7 @@ from dsd.drafting import DraftJob, begin_request
 from dsd.modes import AR, NOWHERE, SERVER, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
-from services import access, arrival, spinwait, wire
+from services import access, arrival, frames, spinwait, wire
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
 from services.scheduler import PassTiming, Scheduler, SchedulerConfig
 
@@ -94,9 +94,11 @@ class Served:
 
 
 class Connection:
-    def __init__(self, number: int, ws: web.WebSocketResponse) -> None:
+    def __init__(self, number: int, channel, transport: str = "ws") -> None:
         self.number = number
-        self.ws = ws
+        # the WebSocket (aiohttp's) or a frames.FrameProtocol: both have .closed and send_bytes()
+        self.channel = channel
+        self.transport = transport
         self.sessions: dict[int, Served] = {}    # open, by the client's id
         self.sessions_live = 0                   # not yet freed (closing ones too)
         self.tokens_live = 0                     # their Served.tokens
@@ -135,15 +137,17 @@ class Connection:
         await self.send_encoded(wire.encode(message))
 
     async def send_encoded(self, data: bytes) -> None:
-        if self.ws.closed:
+        if self.channel.closed:
             return
         try:
-            await self.ws.send_bytes(data)
+            await self.channel.send_bytes(data)
         except (ConnectionError, RuntimeError):
             pass    # the client went away; its sessions are being dropped
 
 
 INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_connection counts
+_TEXT = object()        # a WebSocket text frame (the messages are binary)
+VERIFIER_KEY = web.AppKey("verifier", object)
 
 
 class Verifier:
@@ -172,6 +176,7 @@ class Verifier:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/ws", self.websocket)
+        app[VERIFIER_KEY] = self
 
         async def start(_app):
             self.selector = spinwait.selector_of()
@@ -202,6 +207,7 @@ class Verifier:
             "uptime_s": time.perf_counter() - self.started_s,
             "connections_open": len(self._connections),
             "connections_total": self.counts["connections"],
+            "connections_by_transport": {t: self.counts[f"connections_{t}"] for t in frames.TRANSPORTS},
             "sessions_open": self.sessions_open,
             "sessions_total": self.counts["sessions"],
             "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
@@ -226,33 +232,90 @@ class Verifier:
         # so aiohttp's is only the backstop against a frame far too large to read at all.
         ws = web.WebSocketResponse(max_msg_size=4 * self.limits.max_message_bytes)
         await ws.prepare(request)
-        conn = Connection(next(self._numbers), ws)
-        conn.watched = arrival.watch(request.transport.get_extra_info("socket") if request.transport else None)
+
+        async def receive():
+            msg = await ws.receive(timeout=self.limits.idle_timeout_s)
+            if msg.type == WSMsgType.BINARY:
+                return msg.data
+            return _TEXT if msg.type == WSMsgType.TEXT else None    # None: close, error (beyond aiohttp's limit)
+
+        try:
+            await self._serve_connection(Connection(next(self._numbers), ws, "ws"), receive,
+                                         request.transport.get_extra_info("socket") if request.transport else None)
+        finally:
+            await ws.close()
+        return ws
+
+    def frame_protocol(self) -> frames.FrameProtocol:
+        """A connection to the data port that opened with frames.MAGIC (services/frames.py)."""
+        limit = self.limits.max_message_bytes
+
+        def serve(channel: frames.FrameProtocol) -> None:
+            channel.task = asyncio.create_task(self._frame_connection(channel))
+
+        return frames.FrameProtocol(limit, 4 * limit, on_made=serve)
+
+    async def _frame_connection(self, channel: frames.FrameProtocol) -> None:
+        """The frame transport: the first frame is the token (checked as the WebSocket upgrade's
+        header is: refused before anything is allocated), then the same messages as on /ws."""
+        peer = channel.transport.get_extra_info("peername")
+        try:
+            first = await channel.receive(timeout=self.limits.idle_timeout_s)
+        except TimeoutError:
+            channel.abort("no token frame")
+            return
+        if first is None:
+            return
+        given = first[1]
+        if isinstance(given, frames.Oversize) or not frames.token_matches(given, self.token):
+            reason = "no token" if given == b"" else "wrong token"
+            self.errors[wire.UNAUTHORIZED] += 1
+            log.warning("refused a frame connection from %s: %s", peer, reason)
+            channel.write(wire.encode(wire.Error(None, None, wire.UNAUTHORIZED, "token",
+                                                 f"{reason}: this verifier requires its token as the first frame")))
+            channel.close(reason)
+            return
+
+        async def receive():
+            item = await channel.receive(timeout=self.limits.idle_timeout_s)
+            return None if item is None else item[1]
+
+        try:
+            await self._serve_connection(Connection(next(self._numbers), channel, "tcp"), receive,
+                                         channel.transport.get_extra_info("socket"))
+        finally:
+            channel.close()
+
+    async def _serve_connection(self, conn: Connection, receive, sock) -> None:
+        """One client's connection, whichever the transport: ``receive()`` gives the next frame's
+        bytes (or frames.Oversize, or _TEXT), None once it is closed, TimeoutError when idle."""
+        conn.watched = arrival.watch(sock)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1
+        self.counts[f"connections_{conn.transport}"] += 1
         try:
             while True:
                 try:
-                    msg = await ws.receive(timeout=self.limits.idle_timeout_s)
+                    data = await receive()
                 except TimeoutError:
                     if conn.busy:
                         continue
                     await self._reply_error(conn, wire.WireError(
                         wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s"))
                     break
-                if msg.type == WSMsgType.BINARY:
-                    await self._on_frame(conn, msg.data, *conn.stamp())
-                elif msg.type == WSMsgType.TEXT:
+                if data is None:
+                    break
+                if data is _TEXT:
                     await self._reply_error(conn, wire.WireError(
                         wire.MALFORMED, "text frame: messages are binary msgpack"))
-                else:        # close, error (including a frame beyond aiohttp's limit)
-                    break
+                elif isinstance(data, frames.Oversize):
+                    await self._reply_error(conn, self._too_large(data.n_bytes))
+                else:
+                    await self._on_frame(conn, data, *conn.stamp())
         finally:
             self._drop(conn)
             if conn.watched is not None:
                 conn.watched.close()
-            await ws.close()
-        return ws
 
     # ---- messages --------------------------------------------------------------------------
 
@@ -261,9 +324,7 @@ class Verifier:
         pass on the loop's thread held it unread for ``held_s``: its passes are ready then."""
         try:
             if len(data) > self.limits.max_message_bytes:
-                raise wire.WireError(wire.LIMIT, f"message of {len(data)} bytes exceeds "
-                                     f"max_message_bytes {self.limits.max_message_bytes}",
-                                     limit="max_message_bytes")
+                raise self._too_large(len(data))
             message = wire.decode(data)
         except wire.WireError as error:
             await self._reply_error(conn, error)
@@ -273,6 +334,10 @@ class Verifier:
         except wire.WireError as error:
             error.seq, error.session = message.seq, getattr(message, "session", None)
             await self._reply_error(conn, error)
+
+    def _too_large(self, n_bytes: int) -> wire.WireError:
+        return wire.WireError(wire.LIMIT, f"message of {n_bytes} bytes exceeds max_message_bytes "
+                              f"{self.limits.max_message_bytes}", limit="max_message_bytes")
 
     async def _dispatch(self, conn: Connection, message, t_arrival_s: float, held_s: float = 0.0) -> None:
         if isinstance(message, wire.Ping):      # held_s: the prober subtracts it from the round trip
@@ -606,8 +671,9 @@ def main(argv: list[str] | None = None) -> None:
     app, args = build(argv)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
-    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None, loop=spinwait.new_event_loop(args.spin))
+    # The TCP port serves HTTP (/ws among it) and the frame transport (services/frames.py).
+    frames.run_app(app, args.host, args.port, args.unix_socket or None, app[VERIFIER_KEY].frame_protocol,
+                   spinwait.new_event_loop(args.spin))
 
 
 def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
