@@ -32,6 +32,7 @@ import hmac
 import socket
 import struct
 import time
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -128,6 +129,7 @@ class FrameProtocol(asyncio.Protocol):
         self._waiter: asyncio.Future | None = None
         self._writable: asyncio.Future | None = None    # set while the kernel's buffer is full
         self.task: asyncio.Task | None = None           # a server's task serving it (held here)
+        self.timer: asyncio.TimerHandle | None = None   # a server's timeout on it
 
     # ---- asyncio.Protocol --------------------------------------------------------------
 
@@ -224,6 +226,77 @@ class FrameProtocol(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+class InlineRunner:
+    """Runs coroutines one after another in order, each started at once on the caller's stack
+    (a frame's handling starts inside data_received: no hop to a reader task, one loop turn less
+    per message). Python 3.11 has no eager tasks: what does not finish without suspending is
+    handed to a Task at its first suspension (``_resume`` passes what it awaits up to the Task),
+    and later submissions wait behind it. Code run this way must not need ``current_task()``
+    before its first suspension (``asyncio.timeout`` does). ``on_error(exc)`` gets what a
+    coroutine raised."""
+
+    def __init__(self, on_error: Callable[[BaseException], None]) -> None:
+        self.on_error = on_error
+        self._pending: collections.deque = collections.deque()     # zero-argument coroutine makers
+        self.task: asyncio.Task | None = None       # the one that finishes a suspended coroutine
+
+    def submit(self, make: Callable) -> None:
+        if self.task is not None:
+            self._pending.append(make)
+            return
+        coro = make()
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+        except Exception as exc:         # noqa: BLE001 - handed to on_error, as a task's failure
+            self.on_error(exc)
+            return
+        self.task = asyncio.get_running_loop().create_task(self._finish(coro, yielded))
+
+    async def _finish(self, coro, yielded) -> None:
+        try:
+            await _resume(coro, yielded)
+            while self._pending:
+                await self._pending.popleft()()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:         # noqa: BLE001
+            self.on_error(exc)
+        finally:
+            self.task = None
+            while self._pending and self.task is None:    # after a failure: the rest, in order
+                self.submit(self._pending.popleft())
+
+    def cancel(self) -> None:
+        self._pending.clear()
+        if self.task is not None:
+            self.task.cancel()
+
+
+@types.coroutine
+def _resume(coro, yielded):
+    """Go on with a started coroutine that yielded ``yielded``: what it yields goes up to the
+    Task that awaits this, what the Task sends or throws goes down to it (``yield from`` for a
+    coroutine that is already past its start)."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:     # noqa: BLE001 - thrown in by the Task: passed down
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
 
 
 def token_matches(given: bytes, token: str | None) -> bool:

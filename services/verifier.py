@@ -4,7 +4,8 @@
         --profile-json '{"t_draft_edge_s": 0.004, ...}' [--max-batch 1 --batch-window-ms 0]
 
 GET /health, GET /metrics (JSON), GET /ws (one WebSocket per edge client; services.wire messages;
-services/README.md describes the interface).
+services/README.md describes the interface). The same TCP port also takes the frame transport
+(services/frames.py): the same messages as length-prefixed frames on a plain TCP connection.
 
 A connection holds sessions, one per request. The messages of one session are served in order by
 that session's own task; sessions run concurrently and meet in the scheduler, which owns the one
@@ -113,6 +114,7 @@ class Connection:
         # services.spinwait: when its last verdict went out, and the gaps to the next block
         self.replied_s: float | None = None
         self.block_gaps = spinwait.Gaps()
+        self.last_message_s = 0.0                # loop.time() of its last frame (the frame transport's idle check)
 
     @property
     def busy(self) -> bool:
@@ -247,52 +249,102 @@ class Verifier:
         return ws
 
     def frame_protocol(self) -> frames.FrameProtocol:
-        """A connection to the data port that opened with frames.MAGIC (services/frames.py)."""
+        """A connection to the TCP port that opened with frames.MAGIC (services/frames.py). Its
+        first frame is the token, checked as the WebSocket upgrade's header is (refused before
+        anything is allocated); then the same messages as on /ws, each handled from the moment
+        it is read (frames.InlineRunner: in order, without a hop to a reader task)."""
         limit = self.limits.max_message_bytes
+        conn: Connection | None = None
+        loop = asyncio.get_running_loop()
 
-        def serve(channel: frames.FrameProtocol) -> None:
-            channel.task = asyncio.create_task(self._frame_connection(channel))
+        def on_error(exc: BaseException) -> None:
+            log.error("frame connection failed", exc_info=exc)
+            channel.abort(f"{type(exc).__name__}: {exc}")
 
-        return frames.FrameProtocol(limit, 4 * limit, on_made=serve)
+        runner = frames.InlineRunner(on_error)
 
-    async def _frame_connection(self, channel: frames.FrameProtocol) -> None:
-        """The frame transport: the first frame is the token (checked as the WebSocket upgrade's
-        header is: refused before anything is allocated), then the same messages as on /ws."""
-        peer = channel.transport.get_extra_info("peername")
-        try:
-            first = await channel.receive(timeout=self.limits.idle_timeout_s)
-        except TimeoutError:
-            channel.abort("no token frame")
-            return
-        if first is None:
-            return
-        given = first[1]
-        if isinstance(given, frames.Oversize) or not frames.token_matches(given, self.token):
-            reason = "no token" if given == b"" else "wrong token"
+        def on_made(_channel) -> None:
+            channel.timer = loop.call_later(self.limits.idle_timeout_s, channel.abort, "no token frame")
+
+        def on_frame(_t_read_s: float, data) -> None:
+            nonlocal conn
+            if conn is None:
+                channel.timer.cancel()
+                conn = self._accept_frames(channel, data)
+                return
+            conn.last_message_s = loop.time()
+            runner.submit(lambda: self._on_item(conn, data))
+
+        def on_lost(_reason: str) -> None:
+            channel.timer.cancel()
+            runner.cancel()
+            if conn is not None:
+                self._close_connection(conn)
+
+        channel = frames.FrameProtocol(limit, 4 * limit, on_frame, on_lost, on_made)
+        return channel
+
+    def _accept_frames(self, channel: frames.FrameProtocol, token) -> Connection | None:
+        if isinstance(token, frames.Oversize) or not frames.token_matches(token, self.token):
+            reason = "no token" if token == b"" else "wrong token"
             self.errors[wire.UNAUTHORIZED] += 1
-            log.warning("refused a frame connection from %s: %s", peer, reason)
+            log.warning("refused a frame connection from %s: %s", channel.transport.get_extra_info("peername"),
+                        reason)
             channel.write(wire.encode(wire.Error(None, None, wire.UNAUTHORIZED, "token",
                                                  f"{reason}: this verifier requires its token as the first frame")))
             channel.close(reason)
-            return
+            return None
+        conn = Connection(next(self._numbers), channel, "tcp")
+        self._open_connection(conn, channel.transport.get_extra_info("socket"))
+        conn.last_message_s = asyncio.get_running_loop().time()
+        self._watch_idle(conn, channel)
+        return conn
 
-        async def receive():
-            item = await channel.receive(timeout=self.limits.idle_timeout_s)
-            return None if item is None else item[1]
+    def _watch_idle(self, conn: Connection, channel: frames.FrameProtocol, due: float | None = None) -> None:
+        """The frame connection's idle timeout, as the WebSocket's: a connection with no message
+        for idle_timeout_s is told and closed, unless it has something to do (then it is looked
+        at again idle_timeout_s later)."""
+        loop = asyncio.get_running_loop()
+        idle_s = self.limits.idle_timeout_s
 
-        try:
-            await self._serve_connection(Connection(next(self._numbers), channel, "tcp"), receive,
-                                         channel.transport.get_extra_info("socket"))
-        finally:
-            channel.close()
+        async def expire() -> None:
+            await self._reply_error(conn, wire.WireError(wire.IDLE_TIMEOUT, f"no message for {idle_s} s"))
+            channel.close("idle")
 
-    async def _serve_connection(self, conn: Connection, receive, sock) -> None:
-        """One client's connection, whichever the transport: ``receive()`` gives the next frame's
-        bytes (or frames.Oversize, or _TEXT), None once it is closed, TimeoutError when idle."""
+        def check() -> None:
+            if channel.closed:
+                return
+            if loop.time() < conn.last_message_s + idle_s:
+                self._watch_idle(conn, channel)
+            elif conn.busy:
+                self._watch_idle(conn, channel, loop.time() + idle_s)
+            else:
+                channel.task = loop.create_task(expire())
+
+        channel.timer = loop.call_at(conn.last_message_s + idle_s if due is None else due, check)
+
+    async def _on_item(self, conn: Connection, data) -> None:
+        if isinstance(data, frames.Oversize):
+            await self._reply_error(conn, self._too_large(data.n_bytes))
+        else:
+            await self._on_frame(conn, data, *conn.stamp())
+
+    def _open_connection(self, conn: Connection, sock) -> None:
         conn.watched = arrival.watch(sock)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1
         self.counts[f"connections_{conn.transport}"] += 1
+
+    def _close_connection(self, conn: Connection) -> None:
+        self._drop(conn)
+        if conn.watched is not None:
+            conn.watched.close()
+            conn.watched = None
+
+    async def _serve_connection(self, conn: Connection, receive, sock) -> None:
+        """One WebSocket connection: ``receive()`` gives the next frame's bytes (or _TEXT), None
+        once it is closed, TimeoutError when idle."""
+        self._open_connection(conn, sock)
         try:
             while True:
                 try:
@@ -308,14 +360,10 @@ class Verifier:
                 if data is _TEXT:
                     await self._reply_error(conn, wire.WireError(
                         wire.MALFORMED, "text frame: messages are binary msgpack"))
-                elif isinstance(data, frames.Oversize):
-                    await self._reply_error(conn, self._too_large(data.n_bytes))
                 else:
                     await self._on_frame(conn, data, *conn.stamp())
         finally:
-            self._drop(conn)
-            if conn.watched is not None:
-                conn.watched.close()
+            self._close_connection(conn)
 
     # ---- messages --------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ class PointSettings:
     max_in_flight: int
     controller: str = "static"
     gamma_max: int = 16
+    transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
     run_prefix: str = "run"
     link_options: Any = None                  # orchestrator.links.LinkOptions
     after_shape: Callable | None = None
@@ -102,4 +103,5 @@ class ControlApiTestbed:
         return run_net_point(point, self, prompts, warmup=settings.warmup, max_new_tokens=settings.max_new_tokens,
                              max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
                              link_options=settings.link_options, after_shape=settings.after_shape,
-                             controller=settings.controller, gamma_max=settings.gamma_max)
+                             controller=settings.controller, gamma_max=settings.gamma_max,
+                             transport=settings.transport)
