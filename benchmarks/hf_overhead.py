@@ -34,6 +34,31 @@ the edge part in some runs only and not by the server part: its floor alone (two
 only echo) is above it on this host. With ``--spin-us 5000 --spin-lead-us 2500``
 (services/spinwait.py): server 0.62 and 0.81 ms.
 
+``--transport tcp`` sends the per-round messages over the frame transport instead of the
+verifier's aiohttp WebSocket (services/frames.py: the same msgpack messages as length-prefixed
+frames on a plain TCP connection to the same port, TCP_NODELAY; the verifier handles a frame
+from inside the read, without a reader task; the edge delivers it from the read to the waiting
+session). The echo floor is then the raw blocking-TCP echo (the kernel's part alone), and
+``transport=`` is printed with the keys. Judged with the quiet lock held exclusively
+(``flock /tmp/dsd-quiet.lock``, ws and tcp alternated run by run in one batch, 2026-12-02
+00:26:50-00:30:56 UTC, 4 requests x 96 tokens per mode, load average 0.12 before and 1.35 after
+(the benchmark's own two processes), steal 0.1-6.9%): server p50 ws 1.085, 0.984, 0.927, 0.997 ms;
+tcp 0.684, 0.628, 0.863, 0.973 ms (median 0.99 -> 0.77); edge ws 0.31-0.32, tcp 0.30-0.40;
+co-located ws 0.44-0.46, tcp 0.37-0.45; AR ws 0.23-0.27, tcp 0.17-0.27 ms; echo floors (their
+own transport's) ws 0.55-0.88, raw TCP 0.25-0.39 ms. With ``--spin-us 5000 --spin-lead-us 2500``
+in the same batch: server tcp 0.438, ws 0.683 ms (edge 0.31/0.32, co-located 0.39/0.46, AR
+0.21/0.31). An earlier batch with the lock only shared (load 1.7-2.9): ws 1.16, 0.87, 1.18; tcp
+0.76, 0.62, 0.70; spin tcp 0.59, ws 0.66 ms.  Where a
+tcp round's server figure goes (perf_counter stamps in both processes, one shared clock, load
+about 1, p50, the stamps themselves add a little): the block's write to the verifier's read
+0.23-0.27 ms (loopback and waking the idle verifier: the floor's part), the read to the handler
+0.025 (was 0.07-0.09 through a reader task), decoding 0.07, dispatch 0.04-0.06, building the
+job 0.02, the scheduler up to the pass 0.05, the pass's end to the verdict's write 0.11-0.13,
+the write itself 0.11-0.14 (the send syscall, which wakes the idle edge) and on to the edge's
+read 0.10 ms. So the 0.3 ms goal is not reached over either transport: the wake-ups alone (a
+raw TCP echo paced like the rounds, ``echo_floor_p50_ms``) take 0.2-0.4 ms here, and the
+Python work around the pass, 0.3 ms cold after a pass, is what is left above them.
+
 Server compute is what the verifier measured around its passes (the forward pass and the
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
 prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's

@@ -227,10 +227,13 @@ class VerifierLink:
         if self.delay_s > 0:
             self._tasks += [asyncio.create_task(self._release_outgoing()),
                             asyncio.create_task(self._release_incoming())]
-        _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
+        token_note = (" (token sent)" if self.token else " (no token)") if self._frames else ""
+        try:
+            _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
+        except RunError:      # a frame connection's refusal may close the link before the Hello goes out
+            raise RunError(f"verifier refused the connection: {self.closed_reason}{token_note}") from None
         if isinstance(welcome, wire.Error):
-            raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}"
-                           f"{(' (token sent)' if self.token else ' (no token)') if self._frames else ''}")
+            raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}{token_note}")
         self.welcome = welcome
         return welcome
 

@@ -20,9 +20,9 @@ answers it with an Error naming ``max_message_bytes``, as on the WebSocket); one
 ``drop_beyond_bytes`` closes the connection (aiohttp's backstop does the same).
 
 ``FrameProtocol`` is one end of a connection (either side): frames arrive by a callback
-(``on_frame``, called from the transport's data_received: no queue, no task hop) or, without
-one, through ``receive()``; ``send()`` writes one frame (one write, so one segment for a small
-message with TCP_NODELAY) and waits only if the kernel's buffer is full.
+(``on_frame``, called from the transport's data_received: no queue, no task hop); ``send()``
+writes one frame (one write, so one segment for a small message with TCP_NODELAY) and waits
+only if the kernel's buffer is full.
 """
 from __future__ import annotations
 
@@ -114,19 +114,17 @@ class Deframer:
 
 class FrameProtocol(asyncio.Protocol):
     """One end of a frame connection. ``on_frame(t_read_s, item)`` (item: bytes or Oversize) is
-    called for every frame as it is read; without it frames queue for ``receive()``.
+    called for every frame as it is read.
     ``on_lost(reason)`` is called once when the connection ends, ``on_made(self)`` when it starts."""
 
     def __init__(self, max_frame_bytes: int, drop_beyond_bytes: int,
-                 on_frame: Callable | None = None, on_lost: Callable[[str], None] | None = None,
+                 on_frame: Callable, on_lost: Callable[[str], None] | None = None,
                  on_made: Callable[["FrameProtocol"], None] | None = None) -> None:
         self.deframer = Deframer(max_frame_bytes, drop_beyond_bytes)
         self.on_frame, self.on_lost, self.on_made = on_frame, on_lost, on_made
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.close_reason: str | None = None
-        self._frames: collections.deque = collections.deque()
-        self._waiter: asyncio.Future | None = None
         self._writable: asyncio.Future | None = None    # set while the kernel's buffer is full
         self.task: asyncio.Task | None = None           # a server's task serving it (held here)
         self.timer: asyncio.TimerHandle | None = None   # a server's timeout on it
@@ -148,22 +146,16 @@ class FrameProtocol(asyncio.Protocol):
         except FrameTooLarge as exc:
             self.abort(str(exc))
             return
-        if self.on_frame is not None:
-            for item in items:
-                if self.closed:
-                    break
-                self.on_frame(t_read_s, item)
-            return
-        self._frames.extend((t_read_s, item) for item in items)
-        if items:
-            self._wake()
+        for item in items:
+            if self.closed:
+                break
+            self.on_frame(t_read_s, item)
 
     def connection_lost(self, exc) -> None:
         if not self.closed:
             self.closed = True
             self.close_reason = self.close_reason or ("connection closed by the peer" if exc is None
                                                       else f"connection lost: {type(exc).__name__}: {exc}")
-        self._wake()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         if self.on_lost is not None:
@@ -179,24 +171,6 @@ class FrameProtocol(asyncio.Protocol):
             self._writable.set_result(None)
 
     # ---- use -----------------------------------------------------------------------------
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def receive(self, timeout: float | None = None):
-        """The next (t_read_s, bytes or Oversize); None once the connection is closed.
-        TimeoutError if nothing came within ``timeout`` seconds."""
-        while not self._frames:
-            if self.closed:
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._waiter
-            finally:
-                self._waiter = None
-        return self._frames.popleft()
 
     def write(self, data: bytes) -> None:
         """One frame, written at once (one segment for a small message)."""

@@ -2,8 +2,8 @@
 over it -- the same tokens as over the WebSocket, the token checked on the first frame, the
 message size limit named, a dropped connection surfacing as the same link_down error."""
 import asyncio
-import random
 import os
+import random
 import signal
 import time
 
