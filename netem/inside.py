@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netem import kernel, names, nsutil, rules
+from netem import kernel, names, nsutil, owners, rules
 from netem.daemon import NfqueueDaemon, QueueAssignment
 from netem.measure import PROBE_IP_BYTES, LinkMeasurement, RttTarget, probe_rtts, summarize
 from netem.model import queue_limit_pkts
@@ -197,6 +197,7 @@ class InsideShaper:
         self.ifb: str | None = None
         self._ingress_on: str | None = None
         self._lock = threading.Lock()
+        self._claimed = False
 
     def __enter__(self) -> "InsideShaper":
         return self
@@ -210,6 +211,10 @@ class InsideShaper:
         socket.inet_aton(peer_ip)           # an IPv4 address (the rules are IPv4 only)
         tolerance_ms = self.config.verify_tolerance_ms if tolerance_ms is None else tolerance_ms
         ifname = route_interface(peer_ip)
+        with self._lock:
+            if not self._claimed:            # the probe's and the shaping's objects are ours from here
+                owners.claim(self.config.tag)
+                self._claimed = True
         backend, reason = choose_here(self.config.backend, self.config.tag)
         if backend == KERNEL_NETEM and spec.distribution != "uniform":
             raise ShaperFailed(f"distribution {spec.distribution!r} needs the nfqueue backend here")
@@ -316,6 +321,9 @@ class InsideShaper:
             if self.ifb is not None:
                 _step(errors, _remove_link, self.ifb)
                 self.ifb = None
+            if self._claimed:
+                owners.release(self.config.tag)
+                self._claimed = False
             if errors:
                 raise ShaperFailed("teardown incomplete: " + "; ".join(errors))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netem import names, nsutil
+from netem import names, nsutil, owners
 from netem.endpoints import ifindex, open_iproute
 from netem.topology import remove_netns
 
@@ -39,13 +39,17 @@ def probe_backends() -> ProbeResult:
     """Probe once per process: the answer does not change while we run."""
     tag = names.new_tag()
     name = names.netns_name(tag, "probe")
-    pyroute2_netns.create(name)
+    owners.claim(tag)
     try:
-        path = nsutil.netns_path(name)
-        netem_ok, netem_detail = _probe_netem(path)
-        nfq_ok, nfq_detail = _probe_nfqueue(path)
+        pyroute2_netns.create(name)
+        try:
+            path = nsutil.netns_path(name)
+            netem_ok, netem_detail = _probe_netem(path)
+            nfq_ok, nfq_detail = _probe_nfqueue(path)
+        finally:
+            remove_netns(name)
     finally:
-        remove_netns(name)
+        owners.release(tag)
     result = ProbeResult(netem_ok, nfq_ok, f"{netem_detail}; {nfq_detail}")
     log.info("backend probe: %s", result)
     return result

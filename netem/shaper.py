@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from netem import kernel, names, rules
+from netem import kernel, names, owners, rules
 from netem.daemon import DaemonDied, NfqueueDaemon, QueueAssignment
 from netem.endpoints import Link
 from netem.measure import LinkMeasurement, measure_links
@@ -112,6 +112,7 @@ class Shaper:
         self._stop_watchdog = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._schedule_threads: list[threading.Thread] = []
+        self._claimed = False
 
     def __enter__(self) -> "Shaper":
         return self
@@ -126,6 +127,8 @@ class Shaper:
             raise RuntimeError("apply() was called already: use one Shaper per set of links")
         _check_links(links)
         self.links = list(links)
+        owners.claim(self.config.tag)        # its chains and daemons are a live run's from here
+        self._claimed = True
         unusable = _kernel_unusable_reason(links)
         self.backend, reason = choose_backend(self.config.backend, unusable)
         log.info("shaping %d links with %s (%s)", len(links), self.backend, reason)
@@ -320,6 +323,9 @@ class Shaper:
         if self.tc_plan:
             _collect(errors, kernel.remove_plan, self.tc_plan)
             self.tc_plan = []
+        if self._claimed:                   # what teardown missed is a dead run's from here
+            owners.release(self.config.tag)
+            self._claimed = False
         if errors:
             raise ShaperFailed("teardown incomplete (run cleanup_leftovers): " + "; ".join(errors))
 

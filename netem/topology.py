@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pyroute2 import netns as pyroute2_netns
 
-from netem import names, nsutil
+from netem import names, nsutil, owners
 from netem.endpoints import Endpoint, Link, ifindex, open_iproute
 from netem.spec import LinkSpec
 
@@ -93,6 +93,7 @@ class Topology:
         self.verifier: Endpoint | None = None
         self.edges: list[Endpoint] = []
         self._created: list[str] = []
+        self._claimed = False
 
     @property
     def bridge_netns(self) -> str:
@@ -119,6 +120,8 @@ class Topology:
 
     def _realise(self) -> None:
         plan = self.plan
+        owners.claim(self.config.tag)       # before the first namespace: ours while we run
+        self._claimed = True
         for name in plan.all_netns:
             if os.path.exists(nsutil.netns_path(name)):
                 raise RuntimeError(f"network namespace {name} exists already (tag reused?)")
@@ -157,6 +160,9 @@ class Topology:
         for name in reversed(self._created):
             remove_netns(name)
         self._created.clear()
+        if self._claimed:
+            owners.release(self.config.tag)
+            self._claimed = False
 
 
 def remove_netns(name: str) -> None:

@@ -104,8 +104,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "cleanup":
         from orchestrator import leftovers
+        from netem.cleanup import live_runs
         removed = leftovers.clean()
         print("\n".join(removed) if removed else "nothing to clean up")
+        for run in live_runs():
+            print(f"left alone, still running: {run}")
         return 0
     return 0
 

@@ -69,6 +69,10 @@ class Experiment:
     # and the largest gamma it may pick. The point's gamma and mode are where it starts.
     controller: str = "static"
     gamma_max: int = 16
+    # what the controller may pick (empty: the edge modes, per round). Listing ar or colocated lets
+    # it hand a request, or the rest of one, to the server (dsd/driver.py); the points' modes are
+    # where it starts and must be among them.
+    controller_modes: tuple[str, ...] = ()
     # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
     hardware_profiles: tuple[HardwareProfile, ...] = ()
     external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
@@ -163,6 +167,14 @@ class Experiment:
                    f"only modes where the edge drafts {edge_modes()} with controller {self.controller!r}")
             _check(max(self.gamma) <= self.gamma_max, "gamma", self.gamma,
                    f"at most gamma_max {self.gamma_max} with controller {self.controller!r}")
+        if self.controller_modes:
+            _check(self.controller != "static", "controller_modes", self.controller_modes,
+                   "none with controller 'static' (it always runs the point's mode)")
+            _check(all(m in names() for m in self.controller_modes)
+                   and len(set(self.controller_modes)) == len(self.controller_modes), "controller_modes",
+                   self.controller_modes, f"distinct modes from {names()}")
+            _check(all(m in self.controller_modes for m in self.modes), "controller_modes", self.controller_modes,
+                   f"every mode of modes {list(self.modes)} (a point's mode is where its controller starts)")
 
     def profiles(self) -> tuple[str, ...]:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
@@ -269,7 +281,7 @@ def experiment_from_dict(data: dict, source: str = "experiment",
         data["profile"] = tuple(data["profile"])
     if "rtt_ms" in data and ("delay_up_ms" in data or "delay_down_ms" in data):
         raise ValueError(f"{source}: give rtt_ms or delay_up_ms/delay_down_ms, not both")
-    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *links.LINK_KEYS, "delay_down_ms"):
+    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *links.LINK_KEYS, "delay_down_ms", "controller_modes"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)

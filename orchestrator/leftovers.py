@@ -20,6 +20,10 @@ class LeftoversFound(RuntimeError):
     pass
 
 
+class AnotherRunLive(LeftoversFound):
+    """Another process's network run is going on: not leftovers, and not to be cleaned up."""
+
+
 def find(docker: bool = True, services: bool = True) -> list[str]:
     from netem.cleanup import find_leftovers
 
@@ -37,7 +41,16 @@ def refuse_if_any(services: bool = True) -> None:
     judge (it uses a matching project that is up, and refuses one that does not match), so they
     are not counted here; nor, with services=False (compose), service processes on the host,
     which containers do not meet. Services of a live orchestrator (a sweep or test running
-    beside this one) are never leftovers (``service_processes``)."""
+    beside this one) are never leftovers (``service_processes``); nor are the namespaces, rules
+    and daemons of another live run (``netem.owners``), but two network runs at once would
+    distort each other's timing, so this one waits for that one instead of starting beside it."""
+    from netem.cleanup import live_runs
+
+    others = live_runs()
+    if others:
+        raise AnotherRunLive(f"another network run is going on: {'; '.join(others)}; wait for it to end "
+                             "(two at once would distort each other's timing). `dsdbed cleanup` leaves a live "
+                             "run alone; stop its process to end it")
     found = find(docker=False, services=services)
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")

@@ -65,6 +65,9 @@ def check_before_start(experiment: Experiment, out: Path, resume: bool) -> str:
     check_out_dir(out, experiment, resume)
     launcher = choose_launcher(experiment.launcher)
     check_launcher(experiment, launcher)
+    if launcher == "sim" and max(experiment.clients) > 1:
+        raise ValueError(f"clients must be [1] on the sim launcher (it runs one client per point), got "
+                         f"{list(experiment.clients)}; use a network launcher (loopback, netns, compose) for more")
     if launcher in ("netns", "compose"):
         leftovers.refuse_if_any(services=launcher == "netns")
     if launcher == "compose":
@@ -123,7 +126,8 @@ def point_settings(experiment: Experiment, pinning: dict | None = None) -> Point
     pinned = pinning is not None and pinning["pinned"]
     return PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
                          max_in_flight=experiment.max_in_flight, controller=experiment.controller,
-                         gamma_max=experiment.gamma_max, transport=experiment.transport,
+                         gamma_max=experiment.gamma_max, controller_modes=experiment.controller_modes,
+                         transport=experiment.transport,
                          run_prefix=time.strftime("%Y%m%dT%H%M%S"),
                          link_options=experiment.link,
                          after_shape=(lambda bed: cpus.pin_testbed(bed, pinning)) if pinned else None)

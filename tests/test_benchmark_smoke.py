@@ -68,6 +68,14 @@ def test_link_schedule_follows_its_schedule(tmp_path):
     assert figures["backend"] in ("nfqueue", "kernel-netem") and "goals_met" in figures
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_step_reorder_measures_the_link_on_both_sides_of_its_step(tmp_path):
+    figures = _run(["benchmarks/step_reorder.py", "--step-after-s", "1.5", "--duration-s", "3"], tmp_path)
+    assert 148 < figures["before_ms"] < 160 and 9 < figures["after_ms"] < 20, figures
+    assert figures["worst_after_step_ms"] >= figures["after_ms"] and figures["tcp_timeouts"] >= 0
+
+
 @pytest.mark.parametrize("script", ["benchmarks/shaper_fidelity.py", "benchmarks/compose_scale.py"])
 def test_dry_runs_print_their_plan(script, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}

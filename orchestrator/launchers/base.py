@@ -54,6 +54,7 @@ class PointSettings:
     max_in_flight: int
     controller: str = "static"
     gamma_max: int = 16
+    controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
     run_prefix: str = "run"
     link_options: Any = None                  # orchestrator.links.LinkOptions
@@ -104,4 +105,4 @@ class ControlApiTestbed:
                              max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
                              link_options=settings.link_options, after_shape=settings.after_shape,
                              controller=settings.controller, gamma_max=settings.gamma_max,
-                             transport=settings.transport)
+                             controller_modes=settings.controller_modes, transport=settings.transport)

@@ -22,23 +22,12 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
+from netem.owners import process_identity
 from orchestrator import http_client
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_MARK = "DSDBED_SERVICE"      # environment variable every service process carries
 OWNER_MARK = "DSDBED_OWNER"          # and the orchestrator that started it: "pid:start time"
-
-
-def process_identity(pid: int) -> str | None:
-    """"pid:start time in clock ticks since boot" (/proc/PID/stat field 22): a pid alone may be
-    reused by another process; None if no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()        # after "pid (comm) ": field 3 onwards
-    return f"{pid}:{int(fields[19])}"
 
 
 def free_port() -> int:

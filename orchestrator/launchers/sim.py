@@ -64,11 +64,16 @@ class SimTestbed:
             raise ValueError("the sim launcher runs one client per point; use a network launcher for more")
         stop = StopRule(settings.max_new_tokens, self.target.eos_token_id)
         round_rows, request_rows = [], []
+        # As on an edge (services/edge.py): one controller for the client's run, which picks each
+        # request's mode among its modes and learns across the requests.
+        policy = None if settings.controller == "static" else make_controller(ControllerConfig(
+            settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
+            settings.controller_modes or edge_modes()))
         for index, prompt in enumerate(prompts):
             tokens, records, wall_s, ttft_s = run_request(
                 point.mode, self.draft, self.target, prompt, point.gamma, point.rtt_ms / 1e3, stop, self.times,
                 settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
-                settings.controller, settings.gamma_max)
+                settings.controller, settings.gamma_max, policy=policy)
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
                     "request_index": index}
             round_rows += [as_dict(round_row(keys, record)) for record in records]

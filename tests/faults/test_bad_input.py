@@ -104,3 +104,14 @@ def test_the_good_file_passes_the_same_checks(tmp_path):
     result = run_cli(["sweep", str(path), "--out", str(tmp_path / "out"), "--dry-run"])
     assert result.returncode == 0, result.stderr
     assert "sync_rtt10ms_g3_c1_r0" in result.stdout
+
+
+def test_many_clients_on_the_sim_launcher_are_refused_before_anything_starts(tmp_path):
+    """The sim runs one client per point: before, every point failed on its own after the sweep
+    had started; now the whole sweep is refused in one line naming the key."""
+    path = tmp_path / "experiment.toml"
+    path.write_text(GOOD.replace("clients = [1]", "clients = [1, 2]"))
+    out = tmp_path / "out"
+    before = our_namespaces() if os.geteuid() == 0 else []
+    assert_refused_before_start(run_cli(["sweep", str(path), "--out", str(out), "--launcher", "sim"]),
+                                "clients", out, before)

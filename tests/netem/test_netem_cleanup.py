@@ -13,7 +13,7 @@ import pytest
 from pyroute2 import netns as pyroute2_netns
 
 from netem import kernel, names, nsutil, rules
-from netem.cleanup import cleanup_leftovers, our_processes
+from netem.cleanup import cleanup_leftovers, find_leftovers, live_runs, our_processes
 from netem.endpoints import ifindex, open_iproute
 from netem.shaper import Shaper, ShaperConfig
 from netem.spec import LinkSpec
@@ -129,3 +129,57 @@ def test_remove_chain_removes_jumps_and_chain_and_is_idempotent():
         assert names.CHAIN_PREFIX not in nsutil.run(["iptables", "-S"], netns=netns).stdout
     finally:
         pyroute2_netns.remove(name)
+
+
+def test_a_live_runs_objects_are_not_leftovers_until_its_process_dies():
+    """Another process's run is going on: nothing of it is found or removed, a sweep is refused
+    naming it as live (not as leftovers to clean up); once that process is killed, it is all
+    leftovers and cleanup removes it, its owner file too."""
+    from netem import owners
+    from orchestrator import leftovers as orchestrator_leftovers
+
+    script = textwrap.dedent("""
+        import time
+        from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
+        with Topology(TopologyConfig(n_edges=1)) as topo, Shaper(ShaperConfig(verify_count=0)) as shaper:
+            shaper.apply(topo.links(LinkSpec(rtt_ms=10)))
+            print(topo.config.tag, shaper.config.tag, flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        topo_tag, shaper_tag = proc.stdout.readline().split()
+        assert set(owners.live_tags()) >= {topo_tag, shaper_tag}
+        theirs = [n for n in leftovers()["netns"] if topo_tag in n]
+        assert theirs                                               # the run is there
+        assert not [item for item in find_leftovers() if topo_tag in item or shaper_tag in item]
+        assert any(topo_tag in line and str(proc.pid) in line for line in live_runs())
+        assert not [item for item in cleanup_leftovers() if topo_tag in item or shaper_tag in item]
+        assert [n for n in leftovers()["netns"] if topo_tag in n] == theirs  # untouched
+        with pytest.raises(orchestrator_leftovers.AnotherRunLive, match="another network run is going on"):
+            orchestrator_leftovers.refuse_if_any(services=False)
+        proc.kill()                                                 # a crash: no teardown
+        proc.wait(timeout=10)
+        assert [item for item in find_leftovers() if topo_tag in item]
+        assert live_runs() == []
+        removed = cleanup_leftovers()
+        assert sorted(r for r in removed if r.startswith("netns") and topo_tag in r) == sorted(f"netns {n}" for n in theirs)
+        assert any(r.endswith(f"{topo_tag}{owners.OWNER_SUFFIX}") for r in removed)
+        assert leftovers() == NOTHING and owners.live_tags() == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup_leftovers()
+
+
+def test_a_run_that_ends_normally_leaves_no_owner_file():
+    from netem import owners
+
+    with Topology(TopologyConfig(n_edges=1)) as topo, Shaper(ShaperConfig(verify_count=0)) as shaper:
+        shaper.apply(topo.links(LinkSpec(rtt_ms=10)))
+        files = {p.name for p in owners.owners_dir().glob(f"*{owners.OWNER_SUFFIX}")}
+        assert {f"{topo.config.tag}{owners.OWNER_SUFFIX}", f"{shaper.config.tag}{owners.OWNER_SUFFIX}"} <= files
+        assert owners.live_tags() == {}             # our own run is ours to clean, not another's
+    files = {p.name for p in owners.owners_dir().glob(f"*{owners.OWNER_SUFFIX}")}
+    assert not {f"{topo.config.tag}{owners.OWNER_SUFFIX}", f"{shaper.config.tag}{owners.OWNER_SUFFIX}"} & files
