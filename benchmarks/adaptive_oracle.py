@@ -1,6 +1,16 @@
-"""The per-segment oracle from static runs under the schedule (benchmarks/adaptive_netns.py): each
-static arm's per-token time in each (RTT, alpha) condition, from every piece of every request, the
-best arm chosen on one half of the requests and scored on the other.
+"""The per-segment oracle's estimators (benchmarks/adaptive.py, benchmarks/adaptive_netns.py).
+
+``constant_oracle`` (the judged one on netns since session 9): every static arm measured with the
+link held at each condition's RTT on the run's own prompts of each class, every arm on the same
+prompts (``pilot_survivors``: after a pilot of 2 prompts per class only the arms within 1.25x of
+the pilot's best there go on); per condition the best arm chosen on every other prompt and
+scored on the others (and vice versa, averaged), the in-sample best beside it.
+
+The estimators below it, from the static runs under the schedule (the judged netns oracle of
+session 8b, still printed beside): each static arm's per-token time in each (RTT, alpha)
+condition, from every piece of every request, the best arm chosen on one half of the requests
+and scored on the other. Their weakness: each arm runs different prompts in each condition than
+the policies (their timing differs), so a seed's unlucky prompts move the oracle.
 
 Why not the minimum over each arm's requests that fell wholly inside one segment (what netns used
 before): that is a minimum over noisy estimates of few requests (the winner's curse), so biased
@@ -103,3 +113,57 @@ def print_oracle(label: str, best: dict, *others: dict) -> None:
     print(f"  {label} oracle ms/token: " + " ".join(
         f"{k}={v * 1e3:.2f}" + "".join(f" ({o[k] * 1e3:.2f})" for o in others if k in o) for k, v in sorted(best.items())),
         flush=True)
+
+
+# ---- the constant-condition oracle (netns): each arm measured at each condition held still ------
+
+PILOT_PROMPTS = 2          # per class: every arm runs these first, at each RTT
+ELIMINATE_FACTOR = 1.25    # an arm slower than this times the pilot's best is not measured further
+
+
+def per_token_s(rows) -> float:
+    """Pooled seconds per token of ``rows`` ((prompt index, seconds, tokens), ...)."""
+    tokens = sum(n for _, _, n in rows)
+    return sum(s for _, s, _ in rows) / tokens if tokens else math.inf
+
+
+def pilot_survivors(pilot: dict, factor: float = ELIMINATE_FACTOR) -> dict:
+    """Condition -> the arms worth measuring on the rest of its prompts: those whose pilot per-token
+    time (every arm on the same prompts at the same constant condition, so the prompts' acceptance
+    luck is common to all: the synthetic draft matches by position) is within ``factor`` of the
+    pilot's best. ``pilot``: arm -> condition -> rows."""
+    times: dict = {}
+    for arm, conditions in pilot.items():
+        for key, rows in conditions.items():
+            times.setdefault(key, {})[arm] = per_token_s(rows)
+    return {key: sorted(arm for arm, t in arms.items() if t <= factor * min(arms.values()))
+            for key, arms in times.items()}
+
+
+def constant_oracle(measured: dict) -> tuple[dict, dict]:
+    """(split, in_sample): condition -> the oracle's seconds per token from arms run at that
+    constant condition (``measured``: arm -> condition -> rows (prompt index, seconds, tokens)).
+    Only the arms measured on every prompt the condition was measured on compete (the pilot's
+    eliminated ones ran a few); all of them on the same prompts. ``split``: the prompts in index
+    order split alternately in two halves, the arm best on one half scored on the other, the two
+    averaged (the choice does not see the timing noise it is scored on); ``in_sample``: the best
+    arm over all the prompts (chosen and scored on the same data)."""
+    by_key: dict = {}
+    for arm, conditions in measured.items():
+        for key, rows in conditions.items():
+            by_key.setdefault(key, {})[arm] = {p: (p, s, n) for p, s, n in rows}
+    split, in_sample = {}, {}
+    for key, arms in by_key.items():
+        prompts = set().union(*(set(rows) for rows in arms.values()))
+        full = {arm: rows for arm, rows in arms.items() if set(rows) == prompts}
+        order = sorted(prompts)
+        in_sample[key] = min(per_token_s(rows.values()) for rows in full.values())
+        halves = [order[0::2], order[1::2]]
+        scores = []
+        for h in (0, 1):
+            if not halves[h] or not halves[1 - h]:
+                continue
+            chosen = min(full, key=lambda arm: per_token_s([full[arm][p] for p in halves[h]]))
+            scores.append(per_token_s([full[chosen][p] for p in halves[1 - h]]))
+        split[key] = statistics.mean(scores) if scores else in_sample[key]
+    return split, in_sample

@@ -2,7 +2,7 @@
 --from-ms to --to-ms RTT mid-stream (netns, `Shaper.schedule`), the worst message latency after the
 step, and the two namespaces' TCP counters.
 
-    flock /tmp/dsd-netns.lock python benchmarks/step_reorder.py [--from-ms 150] [--to-ms 10]
+    flock /tmp/dsd-netns.lock python benchmarks/step_reorder.py [--from-ms 150] [--to-ms 10] [--order queue]
 
 A step changes the delay of packets sent from then on; packets already held keep their release
 times (netem/model.py, like kernel netem's tfifo without a rate). After a cut, new packets
@@ -16,7 +16,8 @@ as when a queue drains) the latency fell smoothly from 150 to 10 ms and no messa
 schedule's RTT cut costs a DSD client a stall of about twice the old RTT (kernel netem orders its
 tfifo the same way without a rate, so it should too; not measured: this kernel has no netem);
 whether that is the experiment's intent (a path change) or not (a queue draining) is for the
-schedule to say, which it cannot yet.
+schedule to say: `--order queue` (an experiment's `[link] schedule_order = "queue"`) keeps the
+FIFO floor across the step.
 
 The last line: ``worst_after_step_ms= before_ms= after_ms= tcp_timeouts= spurious_rtos=`` (timeouts
 and spurious RTOs summed over both namespaces).
@@ -77,7 +78,7 @@ def tcp_counters(netns: str) -> dict[str, int]:
     return {name: values.get(name, 0) for name in COUNTERS}
 
 
-def run(from_ms: float, to_ms: float, step_after_s: float, duration_s: float) -> dict:
+def run(from_ms: float, to_ms: float, step_after_s: float, duration_s: float, order: str = "path") -> dict:
     with Topology(TopologyConfig(n_edges=1)) as topo, Shaper(ShaperConfig(verify_count=5)) as shaper:
         shaper.apply(topo.links(LinkSpec(rtt_ms=from_ms)))
         server = subprocess.Popen(nsutil.in_netns(topo.verifier.netns, [sys.executable, "-c", SERVER]))
@@ -87,7 +88,7 @@ def run(from_ms: float, to_ms: float, step_after_s: float, duration_s: float) ->
                                                                             topo.verifier.ip, str(duration_s)]),
                                       stdout=subprocess.PIPE, text=True)
             step_s = time.monotonic() + step_after_s
-            shaper.schedule([(step_s, [LinkSpec(rtt_ms=to_ms)])])
+            shaper.schedule([(step_s, [LinkSpec(rtt_ms=to_ms)])], keep_order=order == "queue")
             out, _ = client.communicate(timeout=duration_s + 30)
             counters = [tcp_counters(ns) for ns in (topo.verifier.netns, topo.edges[0].netns)]
         finally:
@@ -109,12 +110,14 @@ def main() -> None:
     parser.add_argument("--to-ms", type=float, default=10.0)
     parser.add_argument("--step-after-s", type=float, default=2.5, help="after the client starts (about)")
     parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--order", choices=("path", "queue"), default="path",
+                        help="path: packets after the step may overtake held ones; queue: never")
     args = parser.parse_args()
     if not 0 <= args.to_ms < args.from_ms <= 2000:
         raise SystemExit(f"--to-ms must be below --from-ms (both in 0..2000), got {args.to_ms} and {args.from_ms}")
     if not 1.5 <= args.step_after_s <= args.duration_s - 1.5 or args.duration_s > 60:
         raise SystemExit("--step-after-s must leave 1.5 s either side within --duration-s (at most 60)")
-    result = run(args.from_ms, args.to_ms, args.step_after_s, args.duration_s)
+    result = run(args.from_ms, args.to_ms, args.step_after_s, args.duration_s, args.order)
     print(f"backend: {result.pop('backend')}", file=sys.stderr)
     print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
 

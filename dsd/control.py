@@ -21,7 +21,8 @@ Policies (``CONTROLLERS``), each in its own module (``make_controller`` builds t
   per-token latency, and leaves the current plan only for one predicted at least ``margin_pct``
   faster (so noise in the estimates does not make it flap).
 - ``bandit`` (dsd/policy_bandit.py): discounted UCB over (mode, gamma) arms, the reward a round's (or a server request's)
-  tokens per second; the past is forgotten with time (``horizon_s``), so it follows a moving link.
+  tokens per second; the past is forgotten with time (``horizon_s``), so it follows a moving link; each arm
+  starts from an informed prior (the closed form's predicted rate as ``prior_rounds`` pseudo-rounds).
 
 Request-level choice: a driver that can also hand a request to the server (cloud AR, co-located
 SD) asks ``decide_request(rtt_s)`` before the request (rtt_s: the link as last probed) and, once
@@ -139,6 +140,7 @@ class ControllerConfig:
     horizon_s: float = 12.0         # bandit: an observation's weight halves every horizon_s seconds
     exploration: float = 0.1        # bandit: UCB bonus scale (a share of the best arm's rate)
     handover: bool = True           # model, bandit: a round may hand the request to a server mode of ``modes``
+    prior_rounds: float = 6.0       # bandit: the model's prediction as this many pseudo-rounds per arm (0: none)
 
     def __post_init__(self) -> None:
         if self.name not in CONTROLLERS:
@@ -170,6 +172,9 @@ class ControllerConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if not (isinstance(self.prior_rounds, (int, float)) and not isinstance(self.prior_rounds, bool)
+                and math.isfinite(self.prior_rounds) and self.prior_rounds >= 0):
+            raise ValueError(f"prior_rounds must be a number >= 0, got {self.prior_rounds!r}")
         if not isinstance(self.handover, bool):
             raise ValueError(f"handover must be true or false, got {self.handover!r}")
 

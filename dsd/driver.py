@@ -239,7 +239,7 @@ class DsdDriver:
         if seen.rtt_s is not None:
             self._rtt_s = seen.rtt_s
         elif not first and served.tokens:
-            self._step_s = interval_s / len(served.tokens)
+            self._step_s = server_step_s(interval_s, arrival.compute_s, len(served.tokens))
         if self._step_s is None and served.tokens and arrival.compute_s:
             self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
         self.controller.observe(seen)
@@ -306,6 +306,17 @@ class DsdDriver:
         self.server_plan = decision if on_server else None
         self.edge.set_plan(decision.gamma, not on_server and get_mode(decision.mode).pipelined)
         return decision.mode
+
+
+def server_step_s(interval_s: float, compute_s: float | None, tokens: int) -> float:
+    """A hand-over stream's time per token, from the gap since the previous arrival, at least the
+    server's own compute per token. The gap is the server's pace only while the link holds still:
+    tokens held back by a slow link arrive in a burst once it gets faster (gaps near 0, as on
+    netns when the RTT falls from 150 to 10 ms), and a step that small made ``keep_server_busy``
+    ask for the whole rest of the request at once -- committing it to the server just when the
+    link had become fast enough to take it back (a 32-token AR stream ran 0.5 s into the 10 ms
+    segment)."""
+    return max(interval_s / tokens, (compute_s or 0.0) / tokens)
 
 
 def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
 from dsd.estimators import Acceptance, add_shadow_rate
 from dsd.modes import edge_modes, get_mode, server_modes
+from dsd.policy_model import ModelPolicy, predicted_per_token_s
 
 
 class BanditPolicy:
@@ -27,7 +29,18 @@ class BanditPolicy:
     arm, then UCB over the kind's arms; an untried arm is tried first, from the configured start
     outwards; an arm untried in a context takes its statistics from a neighbouring context, and a
     context not seen yet starts from the nearest one seen. A request starts as a DSD session
-    (``decide_request``), every round may change the arm and, by a hand-over, the kind."""
+    (``decide_request``), every round may change the arm and, by a hand-over, the kind.
+
+    Informed prior (``prior_rounds``, default 6; 0 turns it off): every arm's statistics in the
+    current context carry ``prior_rounds`` pseudo-rounds at the rate the closed form of
+    dsd/latency_model predicts for it from the running estimates (alpha, the link's RTT, t_draft,
+    t_verify's line, the server's step: the model policy's estimators, fed every observation).
+    This is a prediction, not a measurement, and is documented as such: it only decides where
+    exploring is worth it (an arm predicted far behind is not tried in every new context; the
+    uninformed bandit tried every arm and kind in the first request and again whenever the
+    acceptance moved, and under-sampled the large gammas whose rounds vary most), while what an arm
+    earns outweighs its prior after a few rounds. The value 6 was chosen among 1.5 / 3 / 6 / 12 on
+    the sim's seeds 3-5 (benchmarks/adaptive.py), not on the seeds reported."""
 
     COUNT_UNIT_S = 0.05
 
@@ -45,6 +58,10 @@ class BanditPolicy:
             next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
         self.fresh = False                                # decide_request chose; no round asked since
+        # the informed prior: the model policy's estimates (it sees every observation; its own
+        # decisions are not used), whose closed-form prediction of each arm's rate counts as
+        # ``prior_rounds`` pseudo-rounds of that arm in whatever context is current
+        self.model = ModelPolicy(config)
 
     # A context moves only once its estimate is a quarter bucket past the bucket's edge: an RTT
     # near a factor-2 edge (10-12 ms, from jitter and load) or an alpha estimate near a 0.2 edge
@@ -78,7 +95,7 @@ class BanditPolicy:
         if not any(v[1] > 0 for v in table.values()):
             known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
                      if any(v[1] > 0 for v in t.values())]
-            return self.stats[min(known)[1]] if known else table
+            return self._with_prior(self.stats[min(known)[1]] if known else table)
         merged = dict(table)
         for arm, value in table.items():
             if value[1] <= 0:
@@ -86,7 +103,36 @@ class BanditPolicy:
                         if t[arm][1] > 0 and abs(r - kr) + abs(a - ka) <= 1]
                 if near:
                     merged[arm] = self.stats[min(near)[1]][arm]
-        return merged
+        return self._with_prior(merged)
+
+    def _with_prior(self, table: dict[Decision, list[float]]) -> dict[Decision, list[float]]:
+        """``table`` with every arm's prior added (new lists: the statistics stay what was earned)."""
+        priors = {arm: self._prior(arm) for arm in table}
+        return {arm: [v + p for v, p in zip(value, priors[arm])] if priors[arm] else value
+                for arm, value in table.items()}
+
+    def _prior(self, arm: Decision) -> tuple[float, float, float] | None:
+        """An informed prior, NOT a measurement of the arm: the closed form of dsd/latency_model on
+        the running estimates of alpha, the link's RTT, t_draft, t_verify and the server's step
+        (those of the model policy), as ``prior_rounds`` pseudo-rounds (tokens, seconds, count):
+        a DSD arm's rounds of E(alpha, gamma) tokens at its predicted time per token, a server
+        arm's counting units (``COUNT_UNIT_S``) at its predicted step. So an arm the prediction
+        puts far behind is not explored by trying it in every new context (at 150 ms a DSD try
+        costs a round trip and a round; the first request tried every arm), the arms it puts near
+        the best are, and what an arm earns outweighs its prior after a few rounds. None until the
+        estimates exist (the first round of a run), or with ``prior_rounds`` 0."""
+        m, n = self.model, self.config.prior_rounds
+        if not n or not m._measured():
+            return None
+        alpha = min(max(m.alpha, 0.0), 0.999)
+        per_token_s = predicted_per_token_s(arm.mode, arm.gamma, alpha, m.rtt_s.value, m.t_draft_s.value,
+                                            m.t_verify_s.at(arm.gamma), m._t_ar_s(), m._t_draft_server_s())
+        if not (per_token_s and per_token_s > 0 and math.isfinite(per_token_s)):
+            return None
+        if get_mode(arm.mode).speculative:
+            tokens = lm.expected_tokens_per_round(alpha, arm.gamma)
+            return n * tokens, n * tokens * per_token_s, n
+        return n * self.COUNT_UNIT_S / per_token_s, n * self.COUNT_UNIT_S, n
 
     def _table(self, context: tuple) -> dict[Decision, list[float]]:
         return self.stats.setdefault(context, {a: [0.0, 0.0, 0.0] for a in self.arms})
@@ -105,6 +151,7 @@ class BanditPolicy:
 
     def observe(self, observation: Observation) -> None:
         o = observation
+        self.model.observe(o)
         if o.stale:
             return
         context = self.context                  # the one the round was planned in
@@ -251,6 +298,7 @@ class BanditPolicy:
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""
         self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
         self.remaining_tokens = None
+        self.model.decide_request(rtt_s)          # only for its estimates: a probe restarts the RTT's
         kinds = self._kinds(self.config.modes)
         values = self._kind_values(kinds, borrow=True)
         kind = self._ucb_kind(values)
@@ -273,6 +321,7 @@ class BanditPolicy:
 
     def observe_request(self, observation: RequestObservation) -> None:
         o = observation
+        self.model.observe_request(o)
         if o.mode in edge_modes() or o.tokens < 1 or not (o.wall_s > 0):
             return
         context = self.context

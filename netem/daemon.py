@@ -102,15 +102,16 @@ class NfqueueDaemon:
                 f"(socket full) packets; raise max_pps" for s in status.values()
                 if s.queue_num in {q.queue_num for q in self.queues} and (s.queue_dropped or s.user_dropped)]
 
-    def schedule(self, changes: list[tuple[float, int, DirectionSpec]]) -> None:
+    def schedule(self, changes: list[tuple[float, int, DirectionSpec]], keep_order: bool = False) -> None:
         """Switch queues' settings at given times: (CLOCK_MONOTONIC seconds, queue_num, settings).
-        The daemon times each switch itself (see netem.nfqueue_daemon)."""
+        The daemon times each switch itself (see netem.nfqueue_daemon); keep_order: packets after
+        a switch never overtake those held before it (netem.model)."""
         ours = {q.queue_num for q in self.queues}
         for _, queue_num, _ in changes:
             if queue_num not in ours:
                 raise ValueError(f"queue {queue_num} is not served by this daemon (it serves {sorted(ours)})")
-        self.child.send({"changes": [{"at_mono_s": at_s, "queue_num": q, "direction": d.as_dict()}
-                                     for at_s, q, d in changes]})
+        self.child.send({"changes": [{"at_mono_s": at_s, "queue_num": q, "direction": d.as_dict(),
+                                      "keep_order": bool(keep_order)} for at_s, q, d in changes]})
 
     def check(self) -> None:
         failures = self.failures()

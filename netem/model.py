@@ -18,7 +18,10 @@ A packet that arrives at ``arrival_s``:
 `update(direction)` changes the settings from then on (a link schedule): packets already held
 keep their release times (nothing is dropped or re-timed); the FIFO floor starts afresh, so after
 a cut in delay new packets may overtake held ones, as the new delay implies, and are never held
-back by the old delay. The random state, a loss burst and the wire's backlog carry over.
+back by the old delay: a path change (TCP may answer the reordering with a spurious timeout;
+benchmarks/step_reorder.py). `update(direction, keep_order=True)` keeps the floor: a new packet
+never leaves before one sent ahead of it, so after a cut the delay falls as the held packets
+drain, as when a queue empties. The random state, a loss burst and the wire's backlog carry over.
 """
 from __future__ import annotations
 
@@ -83,10 +86,11 @@ class DirectionScheduler:
         self._p_loss = direction.loss_pct / 100.0
         self._rate_bytes_s = direction.rate_bytes_s
 
-    def update(self, direction: DirectionSpec) -> None:
+    def update(self, direction: DirectionSpec, keep_order: bool = False) -> None:
         """New settings for packets arriving from now on (see the module docstring)."""
         self._set(direction)
-        self._last_release_s = -math.inf
+        if not keep_order:
+            self._last_release_s = -math.inf
         self.n_updates += 1
 
     def on_arrival(self, arrival_s: float, size_bytes: int) -> float | None:

@@ -220,7 +220,7 @@ class Control:
 
     def __init__(self, queues: list[Queue]):
         self.by_num = {q.queue_num: q for q in queues}
-        self.pending: list = []  # (at_mono_s, seq, queue, DirectionSpec)
+        self.pending: list = []  # (at_mono_s, seq, queue, DirectionSpec, keep_order)
         self._seq = itertools.count()
         self._buffer = b""
         self.n_applied = 0
@@ -238,7 +238,8 @@ class Control:
                 for change in json.loads(line)["changes"]:
                     queue = self.by_num[int(change["queue_num"])]
                     heapq.heappush(self.pending, (float(change["at_mono_s"]), next(self._seq), queue,
-                                                  DirectionSpec(**change["direction"])))
+                                                  DirectionSpec(**change["direction"]),
+                                                  bool(change.get("keep_order", False))))
         return True
 
     def next_s(self) -> float:
@@ -246,8 +247,8 @@ class Control:
 
     def apply_due(self, now_s: float) -> None:
         while self.pending and self.pending[0][0] <= now_s:
-            at_s, _, queue, direction = heapq.heappop(self.pending)
-            queue.scheduler.update(direction)
+            at_s, _, queue, direction, keep_order = heapq.heappop(self.pending)
+            queue.scheduler.update(direction, keep_order)
             self.late.add(now_s - at_s)
             self.n_applied += 1
 

@@ -202,13 +202,18 @@ class Shaper:
 
     # ---- change while running (link schedules) --------------------------------------------------
 
-    def schedule(self, changes: list[tuple[float, list[LinkSpec | None]]]) -> None:
+    def schedule(self, changes: list[tuple[float, list[LinkSpec | None]]], keep_order: bool = False) -> None:
         """Change links while they run, without restarting anything: each (at CLOCK_MONOTONIC
         seconds, one LinkSpec per link or None = unchanged). NFQUEUE: the daemon switches each queue
         at its time (held packets kept as they were). Kernel: a thread replaces the netem qdiscs in
-        place at each time (`kernel.apply_plan` with "replace" changes a qdisc, keeping its queue)."""
+        place at each time (`kernel.apply_plan` with "replace" changes a qdisc, keeping its queue).
+        After a cut in delay new packets overtake held ones (a path change), unless keep_order
+        (a queue draining; NFQUEUE only: netem's tfifo orders by release time)."""
         if not self.records:
             raise RuntimeError("schedule() needs apply() first")
+        if keep_order and self.backend != NFQUEUE:
+            raise ShaperFailed(f"keep_order (schedule_order = \"queue\") needs the nfqueue backend; this "
+                               f"run shapes with {self.backend}, whose netem orders packets by release time")
         for _, specs in changes:
             if len(specs) != len(self.links):
                 raise ValueError(f"one LinkSpec (or None) per link ({len(self.links)}), got {len(specs)}")
@@ -219,7 +224,7 @@ class Shaper:
                          for at_s, specs in changes for record, spec in zip(self.records, specs) if spec is not None
                          for queue_num, direction in zip(record.queues, (spec.up, spec.down)) if queue_num in by_queue]
                 if timed:
-                    daemon.schedule(timed)
+                    daemon.schedule(timed, keep_order)
             return
         unusable = _kernel_unusable_reason([dataclasses.replace(link, spec=spec) for _, specs in changes
                                             for link, spec in zip(self.links, specs) if spec is not None])

@@ -169,7 +169,13 @@ def _analyze(out: Path) -> int:
     for row in summary.get("capacity", []):
         print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
               f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")
-    files = ["points.csv", "summary.json", *summary["plots"]]
+    for row in summary.get("gamma_opt", {}).get("rows", []):
+        print(f"optimal gamma {row['mode']} at {row['rtt_ms']:g} ms: measured {row['gamma_best']} "
+              f"(bootstrap set {row['gamma_set']}), closed form on the grid {row['gamma_best_predicted_grid_oos']:g} "
+              f"({'in sample: calibration points' if row.get('predicted_from_calibration_points') else 'out of sample'}), "
+              f"over 1..64 {row['gamma_model_oos']:g}; penalty {row['penalty_pct']:.1f}%")
+    files = ["points.csv", "summary.json", *(["gamma_opt.csv"] if summary.get("gamma_opt") else []),
+             *summary["plots"]]
     print("results: " + ", ".join(f"{out}/{name}" for name in files))
     from orchestrator.report import write_report
     print(f"report: {write_report(out)}")      # rewritten, so it never shows an older analysis

@@ -35,6 +35,10 @@ Link schedules (netns, compose): the link changes during every point, from when 
     at_s = 5
     rtt_ms = 150
     # or: trace_csv = "traces/wan.csv"   (t_s, rtt_ms[, jitter_ms, loss_pct, rate_mbit])
+    # [link] schedule_order = "path" (default) | "queue": after a cut in delay, may packets sent
+    # after it overtake those sent before? path: yes, as on a route change (TCP may answer the
+    # reordering with a spurious timeout: benchmarks/step_reorder.py); queue: no, the delay falls
+    # as the held packets drain, as when a queue empties (NFQUEUE backend only)
 
 links.csv gets one row per change and edge (change_index 1, 2, ...; the point's own link is
 change 0) with its scheduled time and the time it took effect as an echo probe beside the run saw
@@ -238,6 +242,7 @@ def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: lis
 EDGE_KEYS = ("rtt_ms", "delay_up_ms", "delay_down_ms", "jitter_ms", "delay_distribution", "correlation_pct",
              "loss_pct", "rate_mbit", "edge_country", "cloud_country")
 COUNTRY_KEYS = ("edge_country", "cloud_country")
+SCHEDULE_ORDERS = ("path", "queue")
 
 
 @dataclass(frozen=True)
@@ -249,8 +254,13 @@ class LinkOptions:
     seed: int = 0
     schedule: LinkSchedule = field(default_factory=LinkSchedule)   # steps, or the trace's rows
     trace_csv: str = ""                                             # where schedule came from, if a trace
+    schedule_order: str = "path"             # "queue": packets never overtake across a step
 
     def __post_init__(self) -> None:
+        if self.schedule_order not in SCHEDULE_ORDERS:
+            _fail("link.schedule_order", self.schedule_order, f"one of {list(SCHEDULE_ORDERS)}")
+        if self.schedule_order != "path" and not self.schedule:
+            _fail("link.schedule_order", self.schedule_order, "only with a link schedule ([[link.schedule]] or trace_csv)")
         if self.edges and self.draw_rtt_ms:
             _fail("link.draw_rtt_ms", list(self.draw_rtt_ms), "not given together with link.edges (choose one)")
         for i, entry in enumerate(self.edges):
@@ -360,8 +370,8 @@ class ScheduledPoint:
         rows = scheduled.rows()                                      # links.csv rows, one per change
     """
 
-    def __init__(self, shaper, specs: list[LinkSpec], schedule: LinkSchedule):
-        self.shaper, self.specs, self.schedule = shaper, specs, schedule
+    def __init__(self, shaper, specs: list[LinkSpec], schedule: LinkSchedule, keep_order: bool = False):
+        self.shaper, self.specs, self.schedule, self.keep_order = shaper, specs, schedule, keep_order
         self.t0_s = math.nan                           # CLOCK_MONOTONIC
         self.unix_minus_mono_s = 0.0
         self.t_end_s = math.nan
@@ -377,7 +387,7 @@ class ScheduledPoint:
         self.unix_minus_mono_s = time.time() - time.monotonic()
         per_edge = [self.schedule.specs(spec) for spec in self.specs]
         self.shaper.schedule([(self.t0_s + at_s, [steps[k][1] for steps in per_edge])
-                              for k, (at_s, _) in enumerate(per_edge[0])])
+                              for k, (at_s, _) in enumerate(per_edge[0])], keep_order=self.keep_order)
         targets = [measure.RttTarget(link.name, link.edge.netns, link.verifier.ip) for link in self.shaper.links]
         n = int(3600 / PROBE_INTERVAL_S)               # bounded: an hour, or until the point ends
         self._prober = threading.Thread(

@@ -40,7 +40,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     runs: list = []
     scheduled = None
     if link_options is not None and link_options.schedule:
-        scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule)
+        scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule,
+                                   keep_order=link_options.schedule_order == "queue")
     wire_before = _wire_counters(testbed)
     with scheduled or contextlib.nullcontext():
         _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, run_prefix, timeout_s, runs,

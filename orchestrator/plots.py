@@ -244,3 +244,49 @@ def _finish_latency_axes(ax, title: str, notes: list[str]) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
+
+
+def plot_gamma_opt(table: pd.DataFrame, path: Path, title: str, launcher: str) -> Path:
+    """The optimal gamma against the RTT (orchestrator/gamma_opt.py), one panel per mode: the
+    measured best swept gamma with the set of gammas chosen in >= 2.5% of the bootstrap
+    replicates as its bar; the out-of-sample grid argmin and the closed form's unrestricted
+    argmin (calibrated: out of sample; dotted: in sample) as lines. Several groups (alpha,
+    profile, link, clients): each group's curves in the same styles, labelled once."""
+    kind = "simulated" if launcher == "sim" else "measured"
+    modes = [m for m in names() if m in set(table["mode"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), dpi=120, squeeze=False)
+    group_keys = [k for k in table.columns if k not in _GAMMA_OPT_VALUE_COLUMNS and k not in ("mode", "rtt_ms")]
+    for ax, mode in zip(axes[0], modes):
+        rows = table[table["mode"] == mode]
+        groups = rows.groupby(group_keys) if group_keys else [((), rows)]
+        for i, (_, g) in enumerate(groups):
+            g = g.sort_values("rtt_ms")
+            label = (lambda text: text) if i == 0 else (lambda text: None)
+            ax.errorbar(g.rtt_ms, g.gamma_best, yerr=[g.gamma_best - g.gamma_set_low, g.gamma_set_high - g.gamma_best],
+                        fmt="o", color=_color(mode), capsize=3, ms=5,
+                        label=label(f"{kind} best (bar: gammas in >= 2.5% of replicates)"))
+            ax.plot(g.rtt_ms, g.gamma_best_predicted_grid_oos, "s-", mfc="none", color="k", lw=0.8, ms=7,
+                    label=label("closed form, swept gammas (out of sample)"))
+            ax.plot(g.rtt_ms, g.gamma_model_oos, "--", color="0.35", lw=1.2,
+                    label=label("closed form, gamma 1..64 (calibrated, out of sample)"))
+            ax.plot(g.rtt_ms, g.gamma_model_insample, ":", color="0.35", lw=1.0,
+                    label=label("closed form, gamma 1..64 (in sample)"))
+        ax.set_title(_label(mode), fontsize=9)
+        ax.set_xlabel("RTT (ms)")
+        ax.set_ylabel("gamma")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# gamma_opt.csv's value columns: everything else but mode and rtt_ms is a group key
+_GAMMA_OPT_VALUE_COLUMNS = {
+    "gamma_best", "per_token_ms_measured_best", "gammas_swept", "gamma_shares", "gamma_set", "gamma_set_low",
+    "gamma_set_high", "gamma_best_predicted_grid_oos", "per_token_ms_predicted_grid_oos",
+    "per_token_ms_measured_at_predicted", "penalty_ms", "penalty_pct", "predicted_in_set", "gamma_model_oos",
+    "per_token_ms_model_oos", "gamma_model_insample", "per_token_ms_model_insample",
+    "predicted_from_calibration_points"}

@@ -60,6 +60,7 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     sections += _paper_sections(summary)
     sections += _gain_window_sections(summary)
     sections += _capacity_sections(summary)
+    sections += _gamma_opt_sections(summary)
     if summary.get("acceptance"):
         sections.append(("Workload: acceptance and repetition", [("table", ["", ""], _acceptance_rows(sweep, summary))]))
     sections.append(("Plots", [("image", name) for name in summary.get("plots", [])] or
@@ -132,6 +133,21 @@ def _capacity_sections(summary: dict) -> list:
                    "ratio measured", "ratio predicted"],
          [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
            _num(r["ratio_measured"]), _num(r["ratio_predicted"])] for r in summary["capacity"]]),
+    ])]
+
+
+def _gamma_opt_sections(summary: dict) -> list:
+    if not summary.get("gamma_opt"):
+        return []
+    return [("Optimal gamma vs RTT: measured against the closed form", [
+        ("text", summary["gamma_opt"]["what"] + "; every column is in gamma_opt.csv."),
+        ("table", ["mode", "RTT (ms)", "measured best", "bootstrap set", "closed form, swept (oos)",
+                   "penalty (ms, %)", "closed form 1..64 (oos)", "closed form 1..64 (in sample)"],
+         [[r["mode"], _num(r["rtt_ms"]), str(r["gamma_best"]), str(r["gamma_set"]),
+           _num(r["gamma_best_predicted_grid_oos"], 0) + (" (calibration)" if r.get("predicted_from_calibration_points")
+                                                         else ""),
+           f"{_num(r['penalty_ms'])}, {_num(r['penalty_pct'], 1)}%", _num(r["gamma_model_oos"], 0),
+           _num(r["gamma_model_insample"], 0)] for r in summary["gamma_opt"]["rows"]]),
     ])]
 
 

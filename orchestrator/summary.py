@@ -13,7 +13,7 @@ import pandas as pd
 from dsd import latency_model as lm
 from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
-from orchestrator import analysis, bootstrap, capacity, cpus, paper, plots
+from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, paper, plots
 from orchestrator import links as link_columns
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
                                       read_predictions)
@@ -107,14 +107,20 @@ def analyze_sweep(out: Path) -> dict:
         groups.append(group)
     points = analysis.add_speedups(pd.concat(tables, ignore_index=True))
     points, evidence = out_of_sample_and_intervals(out, requests, rounds, points, groups, gamma)
+    cell_keys, cell_reps = evidence.pop("_cell_replicates")
     points, evidence["cpu"] = add_point_conditions(out, points, sweep)
     points.to_csv(out / "points.csv", index=False)
     summary = {**_summary_head(sweep, gamma, group_keys, groups, fits), **evidence}
+    optimum = write_gamma_opt(out, sweep, points, summary["latency_cells"], cell_keys, cell_reps, groups, fits)
+    if optimum:
+        summary["gamma_opt"] = optimum
     params = {profile: fit.params for profile, fit in fits.items()}
     if len(params) > 1:
         summary["params_by_profile"] = {profile: times.to_dict() for profile, times in params.items()}
     compute = {profile: fit.compute for profile, fit in fits.items()}
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
+    if optimum:
+        summary["plots"].append(optimum["plot"])
     summary.update(_acceptance(out, sweep, requests, rounds, gamma, summary["plots"]))
     assumed = {profile: fit.assumed for profile, fit in fits.items()}
     summary["paper"] = {"crossovers": paper.crossover_rows(summary["groups"], assumed, gamma),
@@ -238,8 +244,64 @@ def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.Da
         "bootstrap": {"replicates": bootstrap.N_BOOT, "seed": bootstrap.SEED, "level": bootstrap.LEVEL,
                       "method": "percentile bootstrap over repeats (drawn jointly for all modes) then requests"},
         "latency_cells": cells.to_dict("records"),
+        "_cell_replicates": (cell_keys, cell_reps),         # for the optimal gamma; not in the JSON
     }
     return points, evidence
+
+
+def write_gamma_opt(out: Path, sweep: dict, points: pd.DataFrame, latency_cells: list[dict], cell_keys: list[str],
+                    cell_reps: dict, groups: list[dict], fits: dict[str, ProfileFit]) -> dict:
+    """gamma_opt.csv and gamma_opt.png (orchestrator/gamma_opt.py): per speculative mode, group and
+    RTT the measured optimal gamma with its bootstrap set, beside the closed form's argmin. The
+    summary's entry ({} where the sweep has fewer than two gammas or RTTs)."""
+    # the analysis's cell statistic (bootstrap.cell_replicates), speculative modes only
+    cells = pd.DataFrame(latency_cells, columns=cell_keys + ["per_token_ms"])
+    cells = cells.loc[cells["mode"].isin(speculative_modes()), cell_keys + ["per_token_ms"]]
+    measured = points[points["mode"].isin(speculative_modes())]
+    if not gamma_opt.applies(cells):
+        return {}
+    predicted = measured.groupby(cell_keys, as_index=False).agg(
+        per_token_ms_predicted_oos=("per_token_ms_predicted_oos", "first"),
+        calibration=("calibration", "any"))
+    calibration = _read_calibration(out)
+    predictions = read_predictions(out)
+
+    def oos_fit(row: dict):
+        record = calibration.get(_calibration_group(predictions, row) or "all", {})
+        if not record.get("predicted") or not math.isfinite(record.get("alpha", math.nan)):
+            return None
+        return record["alpha"], ComputeTimes.from_dict(record["params"])
+
+    def insample_fit(row: dict):
+        group = next((g for g in groups if all(g[k] == row[k] for k in analysis.GROUP_KEYS if k in g and k in row)),
+                     groups[0])
+        return (group["alpha_measured"], fits[group["profile"]].params) if math.isfinite(group["alpha_measured"]) \
+            else None
+
+    table = gamma_opt.gamma_opt_table(cells, cell_reps, cell_keys, predicted[cell_keys + ["per_token_ms_predicted_oos"]]
+                                      if predicted["per_token_ms_predicted_oos"].notna().any() else None,
+                                      {"oos": oos_fit, "insample": insample_fit})
+    keys = [k for k in cell_keys if k != "gamma"]
+    in_calibration = predicted.groupby(keys)["calibration"].any().rename("predicted_from_calibration_points")
+    table = table.merge(in_calibration.reset_index(), on=keys, how="left")
+    table.to_csv(out / "gamma_opt.csv", index=False)
+    plots.plot_gamma_opt(table, out / "gamma_opt.png",
+                         f"{sweep['experiment']['name']}: optimal gamma vs RTT (launcher={sweep['launcher']})",
+                         sweep["launcher"])
+    return {"what": gamma_opt.WHAT, "file": "gamma_opt.csv", "plot": "gamma_opt.png",
+            "rows": table.to_dict("records")}
+
+
+def _calibration_group(predictions: pd.DataFrame | None, row: dict) -> str | None:
+    """The calibration record (calibration.json) of the group a gamma_opt row belongs to."""
+    if predictions is None or "group" not in predictions:
+        return None
+    match = predictions
+    for key in analysis.GROUP_KEYS:
+        if key in row and key in match.columns:
+            match = match[match[key] == row[key]]
+    groups = match["group"].astype(object).fillna("").astype(str)
+    return (groups.iloc[0] or "all") if len(groups) else None
 
 
 def _add_point_cis(points: pd.DataFrame, latencies: pd.DataFrame, point_keys: list[str]) -> pd.DataFrame:

@@ -311,6 +311,8 @@ def experiment_record(experiment: Experiment) -> dict:
                 "hardware_profiles", "external", "controller", "gamma_max", "controller_modes"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
+    if isinstance(record.get("link"), dict) and record["link"].get("schedule_order") == "path":
+        del record["link"]["schedule_order"]                   # likewise, in [link]
     for key in ("acceptance_trace", "acceptance_rounds"):      # likewise, in [backend]
         if not record["backend"].get(key, "x"):
             del record["backend"][key]

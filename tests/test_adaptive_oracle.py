@@ -65,3 +65,46 @@ def test_split_oracle_finds_a_clearly_better_arm():
     best = split_oracle(statics, sc)
     assert best[(10.0, 0.9)] == pytest.approx(0.05, rel=0.2)
     assert best[(150.0, 0.9)] == pytest.approx(0.2, rel=0.2)
+
+
+# ---- the constant-condition oracle (netns) ------------------------------------------------------
+
+def test_pilot_survivors_keep_only_arms_near_the_pilots_best():
+    from benchmarks.adaptive_oracle import pilot_survivors
+    pilot = {"ar": {(150.0, 0.3): [(6, 0.8, 32), (7, 0.8, 32)], (10.0, 0.3): [(6, 0.66, 32)]},
+             "sync 16": {(150.0, 0.3): [(6, 3.2, 32), (7, 3.0, 32)], (10.0, 0.3): [(6, 0.70, 32)]},
+             "sync 2": {(150.0, 0.3): [(6, 0.95, 32), (7, 0.99, 32)], (10.0, 0.3): [(6, 1.1, 32)]}}
+    got = pilot_survivors(pilot, factor=1.25)
+    assert got[(150.0, 0.3)] == ["ar", "sync 2"]           # 0.97 / 0.8 = 1.21 within, 3.1 / 0.8 not
+    assert got[(10.0, 0.3)] == ["ar", "sync 16"]
+
+
+def test_constant_oracle_compares_only_arms_measured_on_every_prompt_and_splits_by_prompt():
+    from benchmarks.adaptive_oracle import constant_oracle
+    key = (10.0, 0.9)
+    prompts = range(8)
+    # the prompts' luck is common to every arm (paired); "fast" is 20% quicker on each of them;
+    # "eliminated" ran only the pilot's two prompts, where it was quickest: it does not compete
+    luck = [1.0, 1.6, 0.8, 1.2, 1.1, 0.9, 1.4, 1.0]
+    measured = {"fast": {key: [(p, 0.8 * luck[p], 32) for p in prompts]},
+                "slow": {key: [(p, 1.0 * luck[p], 32) for p in prompts]},
+                "eliminated": {key: [(p, 0.1, 32) for p in prompts[:2]]}}
+    split, in_sample = constant_oracle(measured)
+    assert in_sample[key] == pytest.approx(0.8 * sum(luck) / (32 * 8))
+    assert split[key] == pytest.approx(statistics.mean([0.8 * sum(luck[1::2]) / (32 * 4),
+                                                        0.8 * sum(luck[0::2]) / (32 * 4)]))
+
+
+def test_constant_split_oracle_is_not_biased_low_by_timing_noise():
+    """Five equal arms whose per-prompt times carry independent timing noise: the in-sample
+    minimum over them is below the truth, the split choice averages to it."""
+    from benchmarks.adaptive_oracle import constant_oracle
+    rng, key = random.Random(3), (10.0, 0.9)
+    split, in_sample = [], []
+    for _ in range(200):
+        measured = {f"arm {a}": {key: [(p, rng.uniform(0.8, 1.2), 1) for p in range(12)]} for a in range(5)}
+        s, i = constant_oracle(measured)
+        split.append(s[key])
+        in_sample.append(i[key])
+    assert statistics.mean(in_sample) < 0.97
+    assert statistics.mean(split) == pytest.approx(1.0, abs=0.015)

@@ -70,10 +70,15 @@ def test_link_schedule_follows_its_schedule(tmp_path):
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-def test_step_reorder_measures_the_link_on_both_sides_of_its_step(tmp_path):
-    figures = _run(["benchmarks/step_reorder.py", "--step-after-s", "1.5", "--duration-s", "3"], tmp_path)
-    assert 148 < figures["before_ms"] < 160 and 9 < figures["after_ms"] < 20, figures
-    assert figures["worst_after_step_ms"] >= figures["after_ms"] and figures["tcp_timeouts"] >= 0
+def test_step_reorder_measures_the_link_on_both_sides_of_its_step_and_a_queue_step_never_stalls(tmp_path):
+    """Both orders run; with the order kept (a queue draining) no message waits longer than the
+    old RTT and TCP times nothing out. (The path order's stall is TCP's answer to reordering,
+    which depends on the kernel's TCP: printed, not asserted.)"""
+    for order in ("path", "queue"):
+        figures = _run(["benchmarks/step_reorder.py", "--step-after-s", "1.5", "--duration-s", "3",
+                        "--order", order], tmp_path)
+        assert 148 < figures["before_ms"] < 160 and 9 < figures["after_ms"] < 20, figures
+    assert figures["worst_after_step_ms"] < figures["before_ms"] + 15 and figures["tcp_timeouts"] == 0, figures
 
 
 @pytest.mark.parametrize("script", ["benchmarks/shaper_fidelity.py", "benchmarks/compose_scale.py"])
@@ -119,3 +124,17 @@ def test_spin_clients_runs_both_settings_with_the_same_tokens(tmp_path):
     assert figures["same_tokens"] == 1 and figures["clients"] == 2
     assert figures["tok_s_off"] > 0 and figures["tok_s_on"] > 0
     assert figures["spun_ms_on"] <= figures["windows_on"] * 1.0 + 1e-6       # bounded: spin_us a window
+
+
+def test_adaptive_on_sim_prints_every_policy_against_the_oracle(tmp_path):
+    """benchmarks/adaptive.py in a small sim scenario (two seeds from seed 3, a short schedule):
+    the issue's keys last, every figure finite, and the oracle at least as fast as any policy
+    (virtual time, so deterministic; the informed bandit and the model beat the heuristic here)."""
+    figures = _run(["benchmarks/adaptive.py", "--launcher", "sim", "--seeds", "1", "--first-seed", "3",
+                    "--requests", "8", "--alpha-requests", "4", "--tokens", "16", "--segment-s", "1"], tmp_path)
+    keys = ("model_vs_oracle_pct", "bandit_vs_oracle_pct", "heuristic_vs_oracle_pct", "best_static_vs_oracle_pct",
+            "switches_per_100_rounds")
+    assert all(math.isfinite(figures[k]) for k in keys), figures
+    assert figures["launcher"] == "sim" and figures["goals_met"] in ("True", "False")
+    assert figures["model_vs_oracle_pct"] < figures["heuristic_vs_oracle_pct"], figures
+    assert figures["bandit_vs_oracle_pct"] < figures["heuristic_vs_oracle_pct"], figures

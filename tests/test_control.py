@@ -215,7 +215,9 @@ def _bandit_round(policy, decision, accepted, rtt_s=0.01):
 
 
 def test_bandit_tries_every_arm_then_settles_on_the_best_rate():
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",), gammas=(1, 2, 4, 8))
+    # the uninformed bandit (no prior from the closed form): every arm is tried
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",), gammas=(1, 2, 4, 8),
+                              prior_rounds=0)
     policy = BanditPolicy(config)
     seen = []
     for _ in range(300):                       # every draft accepted: the largest gamma earns most per second
@@ -593,7 +595,8 @@ def test_bandit_explores_an_untried_server_kind_by_a_hand_over_and_credits_its_p
     """Every request is a DSD session: the first round runs the request's start plan, a kind never
     tried (cloud AR) is explored by a hand-over within the request, and its rate leaves out the
     hand-over's round trip (1 token in 0.17 s of which 0.15 s was the link: 50 tokens/s)."""
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,))
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,),
+                              prior_rounds=0)
     policy = BanditPolicy(config)
     start = policy.decide_request(0.010)
     assert start == Decision(4, "sync") and policy.decide() == start     # DSD first: no hand-over to try it
@@ -654,3 +657,86 @@ def test_bandit_borrows_dsd_only_from_a_neighbouring_or_a_dominating_context():
     values = policy._kind_values(policy._kinds(policy.config.modes), borrow=True)
     assert values["dsd"][0] == pytest.approx(40.0)          # a rate: the discount cancels
     assert policy._ucb_kind(values, "ar") == "ar"
+
+
+def test_bandit_prior_skips_arms_the_closed_form_puts_far_behind():
+    """With the informed prior (the closed form on the measured estimates, as pseudo-rounds), a
+    bandit at 10 ms whose drafts are all accepted does not spend rounds on gamma 1 or on cloud AR
+    (predicted two to six times slower) nor hand over to try the server; without it every arm and
+    kind is tried once."""
+    def first_picks(prior_rounds):
+        config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("ar", "sync"),
+                                  gammas=(1, 2, 4, 8), prior_rounds=prior_rounds)
+        policy = BanditPolicy(config)
+        policy.decide_request(0.010)
+        seen = []
+        for _ in range(30):
+            d = policy.decide()
+            seen.append(d)
+            if d.mode == "ar":
+                policy.observe(Observation(1, "ar", 0, 0, False, 0.010, None, 0.020, 0.0, tokens=1,
+                                           interval_s=0.030, remaining_tokens=40))
+            else:
+                _bandit_round(policy, d, d.gamma)
+        return seen
+
+    informed = first_picks(6.0)
+    assert Decision(1, "sync") not in informed and all(d.mode == "sync" for d in informed)
+    assert sum(d.gamma == 8 for d in informed[-10:]) >= 9
+    uninformed = first_picks(0)
+    assert Decision(1, "sync") in uninformed and Decision(1, "ar") in uninformed
+
+
+def test_bandit_prior_is_outweighed_by_what_an_arm_earns():
+    """The prior is a prediction, not a measurement: gamma 8 is predicted best (every draft is
+    accepted), but its rounds wait 0.3 s in the verifier's queue (which the closed form leaves
+    out), so it earns less than gamma 2 would; the bandit leaves it within a few rounds."""
+    config = ControllerConfig("bandit", gamma=8, mode="sync", gamma_max=8, modes=("sync",), gammas=(2, 8))
+    policy = BanditPolicy(config)
+    picks = []
+    for _ in range(60):
+        d = policy.decide()
+        picks.append(d.gamma)
+        queue_s = 0.3 if d.gamma == 8 else 0.0
+        policy.observe(Observation(d.gamma, "sync", d.gamma, d.gamma, False, 0.01, 0.001, 0.02, queue_s))
+    assert picks[:2] == [8, 8]
+    assert 2 in picks[:12]
+    assert sum(g == 2 for g in picks[-20:]) >= 18
+
+
+class _BackWhenNear:
+    """Cloud AR until a round measures the link under 50 ms, then sync DSD (gamma 4)."""
+
+    def __init__(self):
+        self.near, self.seen = False, []
+
+    def observe(self, observation):
+        self.seen.append(observation)
+        self.near = self.near or (observation.rtt_s is not None and observation.rtt_s < 0.05)
+
+    def decide(self):
+        return Decision(4, "sync") if self.near else Decision(1, "ar")
+
+
+def test_a_stream_does_not_ask_for_the_rest_of_the_request_when_the_link_falls():
+    """An AR stream at 150 ms whose link falls to 10 ms (over 80 ms): the tokens the slow link
+    held back arrive in a burst, whose gaps are not the server's pace (its compute per token bounds
+    the step), so the stream keeps asking only a round trip's worth ahead and the request is back
+    on the edge within a few segments (36 of 96 tokens on the server). With the burst's gaps of a
+    few ms taken as the server's step it asked for the whole rest of the request at once and
+    finished it on the server (84), as on netns. (A step fall in the sim delivers the burst with
+    gaps of exactly 0, which the driver never took as a step.)"""
+    draft, target = _pair(alpha=0.9)
+    stop, prompt = StopRule(96), [3, 9, 4]
+
+    def rtt_at(t_s):
+        return 0.150 if t_s < 0.5 else 0.010 if t_s >= 0.58 else 0.150 - 0.140 * (t_s - 0.5) / 0.08
+
+    controller = _BackWhenNear()
+    run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02),
+                       pipelined=False, seq_id="fall", controller=controller, gamma_max=8, handover_tokens=4,
+                       rtt_at=rtt_at)
+    assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id="fall-ar").tokens
+    rounds = [r for r in run.generation.rounds if not r.stale]
+    assert controller.near and rounds[-1].mode == "sync"
+    assert sum(r.emitted for r in rounds if r.mode == "ar") <= 44

@@ -121,6 +121,8 @@ def test_drawn_edge_rtts_are_seeded_in_range_and_the_same_at_every_point():
     ({"draw_rtt_ms": [10, 20], "edges": [{"rtt_ms": 1}]}, r"'link.draw_rtt_ms'.*choose one"),
     ({"seed": -1}, r"'link.seed'"),
     ({"edge": []}, r"unknown key.*\[link\].*edge"),
+    ({"schedule": [{"at_s": 1, "rtt_ms": 5}], "schedule_order": "fifo"}, r"'link.schedule_order'.*path"),
+    ({"schedule_order": "queue"}, r"'link.schedule_order'.*only with a link schedule"),
 ])
 def test_bad_per_edge_links_fail_in_one_line_naming_the_key(link, message):
     with pytest.raises(ValueError, match=message) as info:

@@ -113,3 +113,27 @@ def test_netns_point_mixes_a_near_and_a_far_client(tmp_path):
     assert by_client["link_rtt_configured_ms"].round().tolist() == [5, 60]
     assert by_client.loc[1, "rtt_probe_ms"] > 50 > 15 > by_client.loc[0, "rtt_probe_ms"]
     assert by_client.loc[1, "wall_s"] > by_client.loc[0, "wall_s"]          # the far client is slower
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_netns_schedule_order_queue_lets_pipelined_rounds_cross_delay_cuts_without_a_stall(tmp_path):
+    """schedule_order = "queue": pipelined DSD (blocks in flight up, verdicts down) across
+    150 -> 10 ms cuts; a block sent after a cut waits behind those held before it (at most the old
+    one-way delay), never for a TCP timeout. With the default "path" order the same sweep had 4
+    rounds of 0.29-0.48 s (TCP's spurious timeouts after the reordering; benchmarks/step_reorder.py)."""
+    steps = [{"at_s": at_s, "rtt_ms": rtt} for at_s, rtt in ((1.5, 10), (2.5, 150), (3.5, 10), (4.5, 150), (5.5, 10))]
+    experiment = experiment_from_dict({
+        "name": "order", "launcher": "netns", "modes": ["pipelined"], "rtt_ms": [150], "gamma": [3], "clients": [1],
+        "edges": 1, "requests": 6, "warmup_requests": 0, "max_new_tokens": 64, "prompt_tokens": 8,
+        "max_in_flight": 4, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7},
+        "link": {"schedule": steps, "schedule_order": "queue"}})
+    out = tmp_path / "order"
+    run_experiment(experiment, out, resume=False)
+    rounds = pd.read_csv(out / "rounds.csv")
+    assert set(rounds["link_rtt_configured_ms"]) == {10, 150}               # rounds on both sides of cuts
+    wall_s = rounds["t_receive_s"] - rounds["t_send_s"]
+    # 150 ms RTT + a verify pass, + up to 75 ms behind the packets held at a cut; a TCP timeout
+    # would add >= 200 ms.
+    assert wall_s.max() < 0.25, wall_s.sort_values().tail(5).tolist()
+    assert pd.read_csv(out / "requests.csv")["tokens"].eq(64).all()
