@@ -292,7 +292,11 @@ class Verifier:
                         reason)
             channel.write(wire.encode(wire.Error(None, None, wire.UNAUTHORIZED, "token",
                                                  f"{reason}: this verifier requires its token as the first frame")))
-            channel.close(reason)
+            # Half-close and read no more: closing with the client's next frames unread would send
+            # a reset, which can destroy the Error before the client reads it.
+            channel.closed, channel.close_reason = True, reason
+            channel.transport.write_eof()
+            asyncio.get_running_loop().call_later(5.0, channel.transport.abort)
             return None
         conn = Connection(next(self._numbers), channel, "tcp")
         self._open_connection(conn, channel.transport.get_extra_info("socket"))
