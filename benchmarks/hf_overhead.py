@@ -34,6 +34,31 @@ the edge part in some runs only and not by the server part: its floor alone (two
 only echo) is above it on this host. With ``--spin-us 5000 --spin-lead-us 2500``
 (services/spinwait.py): server 0.62 and 0.81 ms.
 
+``--transport tcp`` sends the per-round messages over the frame transport instead of the
+verifier's aiohttp WebSocket (services/frames.py: the same msgpack messages as length-prefixed
+frames on a plain TCP connection to the same port, TCP_NODELAY; the verifier handles a frame
+from inside the read, without a reader task; the edge delivers it from the read to the waiting
+session). The echo floor is then the raw blocking-TCP echo (the kernel's part alone), and
+``transport=`` is printed with the keys. Judged with the quiet lock held exclusively
+(``flock /tmp/dsd-quiet.lock``, ws and tcp alternated run by run in one batch, 2026-12-02
+00:26:50-00:30:56 UTC, 4 requests x 96 tokens per mode, load average 0.12 before and 1.35 after
+(the benchmark's own two processes), steal 0.1-6.9%): server p50 ws 1.085, 0.984, 0.927, 0.997 ms;
+tcp 0.684, 0.628, 0.863, 0.973 ms (median 0.99 -> 0.77); edge ws 0.31-0.32, tcp 0.30-0.40;
+co-located ws 0.44-0.46, tcp 0.37-0.45; AR ws 0.23-0.27, tcp 0.17-0.27 ms; echo floors (their
+own transport's) ws 0.55-0.88, raw TCP 0.25-0.39 ms. With ``--spin-us 5000 --spin-lead-us 2500``
+in the same batch: server tcp 0.438, ws 0.683 ms (edge 0.31/0.32, co-located 0.39/0.46, AR
+0.21/0.31). An earlier batch with the lock only shared (load 1.7-2.9): ws 1.16, 0.87, 1.18; tcp
+0.76, 0.62, 0.70; spin tcp 0.59, ws 0.66 ms.  Where a
+tcp round's server figure goes (perf_counter stamps in both processes, one shared clock, load
+about 1, p50, the stamps themselves add a little): the block's write to the verifier's read
+0.23-0.27 ms (loopback and waking the idle verifier: the floor's part), the read to the handler
+0.025 (was 0.07-0.09 through a reader task), decoding 0.07, dispatch 0.04-0.06, building the
+job 0.02, the scheduler up to the pass 0.05, the pass's end to the verdict's write 0.11-0.13,
+the write itself 0.11-0.14 (the send syscall, which wakes the idle edge) and on to the edge's
+read 0.10 ms. So the 0.3 ms goal is not reached over either transport: the wake-ups alone (a
+raw TCP echo paced like the rounds, ``echo_floor_p50_ms``) take 0.2-0.4 ms here, and the
+Python work around the pass, 0.3 ms cold after a pass, is what is left above them.
+
 Server compute is what the verifier measured around its passes (the forward pass and the
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
 prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's
@@ -56,6 +81,7 @@ from benchmarks.echo_floor import EchoCadence, paced_echo_ms  # noqa: E402
 from benchmarks.overhead import cpu_times, steal_pct  # noqa: E402
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
 from orchestrator.workload import make_prompts    # noqa: E402
+from services.frames import DEFAULT_TRANSPORT, TRANSPORTS    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
 
 GAMMA = 4
@@ -78,14 +104,14 @@ def round_overheads_ms(rows: list[dict], part: str) -> list[float]:
     return out
 
 
-def sync_cadence(rows: list[dict]) -> EchoCadence:
+def sync_cadence(rows: list[dict], transport: str = "ws") -> EchoCadence:
     """The paced echo's cadence from a sync run's rounds: the median drafting and verify pass."""
     steady = [r for r in rows if r["round_index"] != "0" and r.get("t_draft_start_s") not in (None, "")]
     if not steady:
         raise ValueError("no steady sync round to take the echo's cadence from")
     draft_s = statistics.median(float(r["t_draft_end_s"]) - float(r["t_draft_start_s"]) for r in steady)
     verify_s = statistics.median(float(r["server_compute_s"]) for r in steady)
-    return EchoCadence("ws", draft_s, verify_s)
+    return EchoCadence(transport, draft_s, verify_s)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,6 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pair", default=str(DEFAULT_PAIR))
     parser.add_argument("--tokens", type=int, default=96, help="tokens per request")
     parser.add_argument("--requests", type=int, default=4, help="requests per mode, one after another")
+    parser.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
+                        help="how the per-round messages travel (services/frames.py); the echo floor uses the same")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both services")
     parser.add_argument("--spin-us", type=int, default=0,
                         help="both services poll for an expected message up to this long (services/spinwait.py; 0: off)")
@@ -119,7 +147,7 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
             for mode in ("sync", "colocated", "ar"):
                 run = {"run_id": f"hf-overhead-{mode}", "client_id": "client-0", "mode": mode, "gamma": GAMMA,
                        "prompts": prompts, "max_new_tokens": args.tokens, "verifier_url": verifier.url,
-                       "probe_count": 1, "probe_interval_ms": 1000}
+                       "probe_count": 1, "probe_interval_ms": 1000, "transport": args.transport}
                 summaries = wait_for_runs(edge, post_runs(edge, [run]), timeout_s=900)
                 if any(s["status"] != "done" for s in summaries.values()):
                     raise RuntimeError(f"{mode} run failed: {summaries}")
@@ -131,7 +159,7 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
                         if part_mode == mode:
                             overheads[part] += round_overheads_ms(mine, part)
                 if mode == "sync":
-                    cadence = sync_cadence(rows)
+                    cadence = sync_cadence(rows, args.transport)
                 passes = verifier.get_json("/metrics")
                 print(f"{mode}: {len(rows)} rounds; verifier passes so far {sum(passes['passes'].values())}, "
                       f"on the loop's thread {passes.get('passes_on_loop', 0)}, verifies served by the reader "
@@ -163,10 +191,11 @@ def main(argv=None) -> None:
     overheads, cadence = measure_modes(args)
     # The floor: two processes that only echo, at the sync rounds' own cadence, right after them.
     echo_ms = paced_echo_ms(cadence, args.echo_messages)
-    print(f"paced echo (aiohttp WebSocket, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
+    print(f"paced echo ({'aiohttp WebSocket' if cadence.transport == 'ws' else 'raw blocking TCP'}, the client computes {1e3 * cadence.draft_s:.2f} ms before each "
           f"message, the server {1e3 * cadence.verify_s:.2f} ms before each answer): {len(echo_ms)} messages",
           file=sys.stderr)
     results = report(overheads, echo_ms)
+    results["transport"] = args.transport
     results["spin_us"] = args.spin_us
     # On a VM the hypervisor may run other guests on our CPUs: then everything wakes late.
     results["steal_pct"] = steal_pct(cpu_before, cpu_times())

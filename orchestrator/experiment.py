@@ -32,6 +32,9 @@ class Experiment:
     max_new_tokens: int = 64
     prompt_tokens: int = 32
     max_in_flight: int = 1
+    # how the edges' per-round messages reach the verifier (services/frames.py): "ws", its
+    # WebSocket, or "tcp", length-prefixed frames on a plain TCP connection to the same port
+    transport: str = "ws"
     edges: int = 4                     # edge processes/containers; clients share them round-robin
     max_batch: int = 1                 # verifier: sequences per verification pass (1 = serial)
     batch_window_ms: float = 0.0       # verifier: how long a pass waits to fill its batch
@@ -87,6 +90,7 @@ class Experiment:
 
     def _check_grid(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
+        _check(self.transport in ("ws", "tcp"), "transport", self.transport, "one of ws, tcp")
         _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
         _check(len(self.modes) > 0 and all(m in names() for m in self.modes), "modes", self.modes,
                f"a non-empty list from {names()}")

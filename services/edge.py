@@ -38,6 +38,7 @@ from pathlib import Path
 
 import aiohttp
 import torch
+import yarl
 from aiohttp import web
 
 from dsd.backends.factory import SyntheticBackendConfig, load_pair
@@ -46,13 +47,14 @@ from dsd.control import CONTROLLERS, ControllerConfig, RequestObservation, check
 from dsd.driver import Arrival, DsdDriver, Round, ServerRound
 from dsd.modes import SYNC, edge_modes, get_mode
 from dsd.stopping import StopRule
-from services import access, spinwait, wire
+from services import access, frames, spinwait, wire
 from services.link import LinkControl
 from services.compute import (EmulatedDevice, PreciseTimer, ThreadDevice, add_backend_args, backend_from_args,
                               freeze_startup_heap)
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
 
 log = logging.getLogger("services.edge")
+MAX_RECEIVE_BYTES = 64 << 20       # the largest message this client takes from the verifier
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -80,6 +82,9 @@ class RunConfig:
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
     # server) and per round (sync/pipelined)
     controller_modes: tuple[str, ...] = edge_modes()
+    # how the per-round messages travel (services/frames.py): "ws", the verifier's /ws WebSocket,
+    # or "tcp", length-prefixed frames on a plain TCP connection to the same port
+    transport: str = frames.DEFAULT_TRANSPORT
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
@@ -111,6 +116,7 @@ class RunConfig:
             raise ValueError("prompts must be a non-empty list of non-empty lists of token ids >= 0")
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
+        frames.check_transport(self.transport)
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
         if self.controller != "static" and self.mode not in edge_modes():
@@ -162,11 +168,15 @@ def ws_url(verifier_url: str) -> str:
 # ---- the link to the verifier ----------------------------------------------------------------
 
 class VerifierLink:
-    """One WebSocket to the verifier: replies routed to their session (or to the request that
-    waits for them), each direction delayed by ``delay_s`` in order, RTT probes."""
+    """One connection to the verifier (its WebSocket, or a frame connection: ``transport``):
+    replies routed to their session (or to the request that waits for them), each direction
+    delayed by ``delay_s`` in order, RTT probes."""
 
-    def __init__(self, url: str, delay_s: float, timer: PreciseTimer, token: str | None = None) -> None:
+    def __init__(self, url: str, delay_s: float, timer: PreciseTimer, token: str | None = None,
+                 transport: str = "ws") -> None:
         self.url = url
+        self.transport = frames.check_transport(transport)
+        self._frames: frames.FrameProtocol | None = None
         self.token = token
         self.delay_s = delay_s
         self.timer = timer
@@ -198,20 +208,32 @@ class VerifierLink:
         self.verdicts_shared = (self.verdicts_shared + [queue_s > 1e-4 or batch_size > 1])[-self.verdict_gaps.keep:]
 
     async def connect(self, client_id: str, timeout_s: float = 30.0) -> wire.Welcome:
-        self._http = aiohttp.ClientSession()
-        try:
-            self._ws = await asyncio.wait_for(self._http.ws_connect(
-                self.url, max_msg_size=64 << 20, headers=access.bearer_header(self.token)), timeout_s)
-        except aiohttp.WSServerHandshakeError as exc:
-            raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
-                           f"{' (token sent)' if self.token else ' (no token)'}") from None
-        self._tasks = [asyncio.create_task(self._read())]
+        if self.transport == "tcp":
+            url = yarl.URL(self.url)
+            try:
+                self._frames = await asyncio.wait_for(frames.open_connection(
+                    url.host, url.port, self.token, MAX_RECEIVE_BYTES, self._on_frame, self._fail), timeout_s)
+            except OSError as exc:
+                raise RunError(f"cannot connect to the verifier's data port {url.host}:{url.port}: {exc}") from None
+        else:
+            self._http = aiohttp.ClientSession()
+            try:
+                self._ws = await asyncio.wait_for(self._http.ws_connect(
+                    self.url, max_msg_size=MAX_RECEIVE_BYTES, headers=access.bearer_header(self.token)), timeout_s)
+            except aiohttp.WSServerHandshakeError as exc:
+                raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
+                               f"{' (token sent)' if self.token else ' (no token)'}") from None
+            self._tasks = [asyncio.create_task(self._read())]
         if self.delay_s > 0:
             self._tasks += [asyncio.create_task(self._release_outgoing()),
                             asyncio.create_task(self._release_incoming())]
-        _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
+        token_note = (" (token sent)" if self.token else " (no token)") if self._frames else ""
+        try:
+            _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
+        except RunError:      # a frame connection's refusal may close the link before the Hello goes out
+            raise RunError(f"verifier refused the connection: {self.closed_reason}{token_note}") from None
         if isinstance(welcome, wire.Error):
-            raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}")
+            raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}{token_note}")
         self.welcome = welcome
         return welcome
 
@@ -221,6 +243,8 @@ class VerifierLink:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._ws is not None:
             await self._ws.close()
+        if self._frames is not None:
+            self._frames.close()
         if self._http is not None:
             await self._http.close()
 
@@ -250,6 +274,8 @@ class VerifierLink:
         t_send_s = time.perf_counter()
         if self.delay_s > 0:
             self._outgoing.put_nowait((t_send_s + self.delay_s, data))
+        elif self._frames is not None:
+            await self._frames.send(data)
         else:
             await self._ws.send_bytes(data)
         return t_send_s
@@ -283,6 +309,20 @@ class VerifierLink:
         except Exception as exc:        # anything that ends the reader ends the link
             self._fail(f"{type(exc).__name__}: {exc}")
 
+    def _on_frame(self, t_receive_s: float, data) -> None:
+        """A frame as the frame connection reads it (no reader task: straight from the socket)."""
+        try:
+            if isinstance(data, frames.Oversize):
+                raise RunError(f"a message of {data.n_bytes} bytes from the verifier exceeds this client's "
+                               f"limit of {MAX_RECEIVE_BYTES} bytes")
+            if self.delay_s > 0:
+                self._incoming.put_nowait((t_receive_s + self.delay_s, data))
+            else:
+                self._deliver(t_receive_s, data)
+        except Exception as exc:        # as in _read: anything that ends the reader ends the link
+            self._fail(f"{type(exc).__name__}: {exc}")
+            self._frames.abort(self.closed_reason)
+
     def _deliver(self, t_receive_s: float, data: bytes) -> None:
         message = wire.decode(data)
         session = getattr(message, "session", None)
@@ -310,7 +350,7 @@ class VerifierLink:
             due_s, data = await self._outgoing.get()
             await self.timer.sleep_until(due_s)
             try:
-                await self._ws.send_bytes(data)
+                await (self._frames.send(data) if self._frames is not None else self._ws.send_bytes(data))
             except Exception as exc:
                 self._fail(f"send failed: {type(exc).__name__}: {exc}")
 
@@ -639,7 +679,8 @@ class Edge:
 
     async def probe_rtts(self, verifier_url: str, count: int, interval_s: float, app_delay_ms: float) -> list[float]:
         """RTTs (ms) of `count` Ping/Pong probes on a WebSocket of their own, as a run measures."""
-        link = VerifierLink(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token)
+        link = VerifierLink(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token,
+                            frames.DEFAULT_TRANSPORT)
         try:
             await link.connect("link-probe")
             rtts_ms = []
@@ -683,7 +724,7 @@ class Edge:
         clock = EdgeClock()
         writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
                                           "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
-        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token)
+        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
         link.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
         device = self._thread_device or EmulatedDevice(self._timer)
         request = None

@@ -4,7 +4,8 @@
         --profile-json '{"t_draft_edge_s": 0.004, ...}' [--max-batch 1 --batch-window-ms 0]
 
 GET /health, GET /metrics (JSON), GET /ws (one WebSocket per edge client; services.wire messages;
-services/README.md describes the interface).
+services/README.md describes the interface). The same TCP port also takes the frame transport
+(services/frames.py): the same messages as length-prefixed frames on a plain TCP connection.
 
 A connection holds sessions, one per request. The messages of one session are served in order by
 that session's own task; sessions run concurrently and meet in the scheduler, which owns the one
@@ -40,7 +41,7 @@ from dsd.drafting import DraftJob, begin_request
 from dsd.modes import AR, NOWHERE, SERVER, get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
-from services import access, arrival, spinwait, wire
+from services import access, arrival, frames, spinwait, wire
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
 from services.scheduler import PassTiming, Scheduler, SchedulerConfig
 
@@ -94,9 +95,11 @@ class Served:
 
 
 class Connection:
-    def __init__(self, number: int, ws: web.WebSocketResponse) -> None:
+    def __init__(self, number: int, channel, transport: str = "ws") -> None:
         self.number = number
-        self.ws = ws
+        # the WebSocket (aiohttp's) or a frames.FrameProtocol: both have .closed and send_bytes()
+        self.channel = channel
+        self.transport = transport
         self.sessions: dict[int, Served] = {}    # open, by the client's id
         self.sessions_live = 0                   # not yet freed (closing ones too)
         self.tokens_live = 0                     # their Served.tokens
@@ -111,6 +114,7 @@ class Connection:
         # services.spinwait: when its last verdict went out, and the gaps to the next block
         self.replied_s: float | None = None
         self.block_gaps = spinwait.Gaps()
+        self.last_message_s = 0.0                # loop.time() of its last frame (the frame transport's idle check)
 
     @property
     def busy(self) -> bool:
@@ -135,15 +139,17 @@ class Connection:
         await self.send_encoded(wire.encode(message))
 
     async def send_encoded(self, data: bytes) -> None:
-        if self.ws.closed:
+        if self.channel.closed:
             return
         try:
-            await self.ws.send_bytes(data)
+            await self.channel.send_bytes(data)
         except (ConnectionError, RuntimeError):
             pass    # the client went away; its sessions are being dropped
 
 
 INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_connection counts
+_TEXT = object()        # a WebSocket text frame (the messages are binary)
+VERIFIER_KEY = web.AppKey("verifier", object)
 
 
 class Verifier:
@@ -172,6 +178,7 @@ class Verifier:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/ws", self.websocket)
+        app[VERIFIER_KEY] = self
 
         async def start(_app):
             self.selector = spinwait.selector_of()
@@ -202,6 +209,7 @@ class Verifier:
             "uptime_s": time.perf_counter() - self.started_s,
             "connections_open": len(self._connections),
             "connections_total": self.counts["connections"],
+            "connections_by_transport": {t: self.counts[f"connections_{t}"] for t in frames.TRANSPORTS},
             "sessions_open": self.sessions_open,
             "sessions_total": self.counts["sessions"],
             "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
@@ -226,33 +234,140 @@ class Verifier:
         # so aiohttp's is only the backstop against a frame far too large to read at all.
         ws = web.WebSocketResponse(max_msg_size=4 * self.limits.max_message_bytes)
         await ws.prepare(request)
-        conn = Connection(next(self._numbers), ws)
-        conn.watched = arrival.watch(request.transport.get_extra_info("socket") if request.transport else None)
+
+        async def receive():
+            msg = await ws.receive(timeout=self.limits.idle_timeout_s)
+            if msg.type == WSMsgType.BINARY:
+                return msg.data
+            return _TEXT if msg.type == WSMsgType.TEXT else None    # None: close, error (beyond aiohttp's limit)
+
+        try:
+            await self._serve_connection(Connection(next(self._numbers), ws, "ws"), receive,
+                                         request.transport.get_extra_info("socket") if request.transport else None)
+        finally:
+            await ws.close()
+        return ws
+
+    def frame_protocol(self) -> frames.FrameProtocol:
+        """A connection to the TCP port that opened with frames.MAGIC (services/frames.py). Its
+        first frame is the token, checked as the WebSocket upgrade's header is (refused before
+        anything is allocated); then the same messages as on /ws, each handled from the moment
+        it is read (frames.InlineRunner: in order, without a hop to a reader task)."""
+        limit = self.limits.max_message_bytes
+        conn: Connection | None = None
+        loop = asyncio.get_running_loop()
+
+        def on_error(exc: BaseException) -> None:
+            log.error("frame connection failed", exc_info=exc)
+            channel.abort(f"{type(exc).__name__}: {exc}")
+
+        runner = frames.InlineRunner(on_error)
+
+        def on_made(_channel) -> None:
+            channel.timer = loop.call_later(self.limits.idle_timeout_s, channel.abort, "no token frame")
+
+        def on_frame(_t_read_s: float, data) -> None:
+            nonlocal conn
+            if conn is None:
+                channel.timer.cancel()
+                conn = self._accept_frames(channel, data)
+                return
+            conn.last_message_s = loop.time()
+            runner.submit(lambda: self._on_item(conn, data))
+
+        def on_lost(_reason: str) -> None:
+            channel.timer.cancel()
+            runner.cancel()
+            if conn is not None:
+                self._close_connection(conn)
+
+        channel = frames.FrameProtocol(limit, 4 * limit, on_frame, on_lost, on_made)
+        return channel
+
+    def _accept_frames(self, channel: frames.FrameProtocol, token) -> Connection | None:
+        if isinstance(token, frames.Oversize) or not frames.token_matches(token, self.token):
+            reason = "no token" if token == b"" else "wrong token"
+            self.errors[wire.UNAUTHORIZED] += 1
+            log.warning("refused a frame connection from %s: %s", channel.transport.get_extra_info("peername"),
+                        reason)
+            channel.write(wire.encode(wire.Error(None, None, wire.UNAUTHORIZED, "token",
+                                                 f"{reason}: this verifier requires its token as the first frame")))
+            # Half-close and read no more: closing with the client's next frames unread would send
+            # a reset, which can destroy the Error before the client reads it.
+            channel.closed, channel.close_reason = True, reason
+            channel.transport.write_eof()
+            asyncio.get_running_loop().call_later(5.0, channel.transport.abort)
+            return None
+        conn = Connection(next(self._numbers), channel, "tcp")
+        self._open_connection(conn, channel.transport.get_extra_info("socket"))
+        conn.last_message_s = asyncio.get_running_loop().time()
+        self._watch_idle(conn, channel)
+        return conn
+
+    def _watch_idle(self, conn: Connection, channel: frames.FrameProtocol, due: float | None = None) -> None:
+        """The frame connection's idle timeout, as the WebSocket's: a connection with no message
+        for idle_timeout_s is told and closed, unless it has something to do (then it is looked
+        at again idle_timeout_s later)."""
+        loop = asyncio.get_running_loop()
+        idle_s = self.limits.idle_timeout_s
+
+        async def expire() -> None:
+            await self._reply_error(conn, wire.WireError(wire.IDLE_TIMEOUT, f"no message for {idle_s} s"))
+            channel.close("idle")
+
+        def check() -> None:
+            if channel.closed:
+                return
+            if loop.time() < conn.last_message_s + idle_s:
+                self._watch_idle(conn, channel)
+            elif conn.busy:
+                self._watch_idle(conn, channel, loop.time() + idle_s)
+            else:
+                channel.task = loop.create_task(expire())
+
+        channel.timer = loop.call_at(conn.last_message_s + idle_s if due is None else due, check)
+
+    async def _on_item(self, conn: Connection, data) -> None:
+        if isinstance(data, frames.Oversize):
+            await self._reply_error(conn, self._too_large(data.n_bytes))
+        else:
+            await self._on_frame(conn, data, *conn.stamp())
+
+    def _open_connection(self, conn: Connection, sock) -> None:
+        conn.watched = arrival.watch(sock)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1
+        self.counts[f"connections_{conn.transport}"] += 1
+
+    def _close_connection(self, conn: Connection) -> None:
+        self._drop(conn)
+        if conn.watched is not None:
+            conn.watched.close()
+            conn.watched = None
+
+    async def _serve_connection(self, conn: Connection, receive, sock) -> None:
+        """One WebSocket connection: ``receive()`` gives the next frame's bytes (or _TEXT), None
+        once it is closed, TimeoutError when idle."""
+        self._open_connection(conn, sock)
         try:
             while True:
                 try:
-                    msg = await ws.receive(timeout=self.limits.idle_timeout_s)
+                    data = await receive()
                 except TimeoutError:
                     if conn.busy:
                         continue
                     await self._reply_error(conn, wire.WireError(
                         wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s"))
                     break
-                if msg.type == WSMsgType.BINARY:
-                    await self._on_frame(conn, msg.data, *conn.stamp())
-                elif msg.type == WSMsgType.TEXT:
+                if data is None:
+                    break
+                if data is _TEXT:
                     await self._reply_error(conn, wire.WireError(
                         wire.MALFORMED, "text frame: messages are binary msgpack"))
-                else:        # close, error (including a frame beyond aiohttp's limit)
-                    break
+                else:
+                    await self._on_frame(conn, data, *conn.stamp())
         finally:
-            self._drop(conn)
-            if conn.watched is not None:
-                conn.watched.close()
-            await ws.close()
-        return ws
+            self._close_connection(conn)
 
     # ---- messages --------------------------------------------------------------------------
 
@@ -261,9 +376,7 @@ class Verifier:
         pass on the loop's thread held it unread for ``held_s``: its passes are ready then."""
         try:
             if len(data) > self.limits.max_message_bytes:
-                raise wire.WireError(wire.LIMIT, f"message of {len(data)} bytes exceeds "
-                                     f"max_message_bytes {self.limits.max_message_bytes}",
-                                     limit="max_message_bytes")
+                raise self._too_large(len(data))
             message = wire.decode(data)
         except wire.WireError as error:
             await self._reply_error(conn, error)
@@ -273,6 +386,10 @@ class Verifier:
         except wire.WireError as error:
             error.seq, error.session = message.seq, getattr(message, "session", None)
             await self._reply_error(conn, error)
+
+    def _too_large(self, n_bytes: int) -> wire.WireError:
+        return wire.WireError(wire.LIMIT, f"message of {n_bytes} bytes exceeds max_message_bytes "
+                              f"{self.limits.max_message_bytes}", limit="max_message_bytes")
 
     async def _dispatch(self, conn: Connection, message, t_arrival_s: float, held_s: float = 0.0) -> None:
         if isinstance(message, wire.Ping):      # held_s: the prober subtracts it from the round trip
@@ -606,8 +723,9 @@ def main(argv: list[str] | None = None) -> None:
     app, args = build(argv)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
-    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None, loop=spinwait.new_event_loop(args.spin))
+    # The TCP port serves HTTP (/ws among it) and the frame transport (services/frames.py).
+    frames.run_app(app, args.host, args.port, args.unix_socket or None, app[VERIFIER_KEY].frame_protocol,
+                   spinwait.new_event_loop(args.spin))
 
 
 def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:

@@ -20,6 +20,7 @@ def test_shipped_experiment_files_are_valid():
     ({"modes": ["sync", "async"]}, "'modes'"),
     ({"requests": 0}, "'requests'"),
     ({"launcher": "k8s"}, "'launcher'"),
+    ({"transport": "udp"}, "'transport'.*one of ws, tcp.*'udp'"),
     ({"backend": {"kind": "synthetic", "alpha": 1.5}}, "alpha"),
     ({"backend": {"kind": "onnx"}}, "backend kind"),
     ({"profile": ""}, "'profile'"),

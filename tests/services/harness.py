@@ -1,6 +1,6 @@
 """Verifier and edge as real child processes on free loopback ports (services.launch: own
 process group, readiness poll that notices a crash, timeout, the group killed by the fixture's
-finalizer), and a bare WebSocket client of the verifier."""
+finalizer), and a bare client of the verifier (WebSocket or frames)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +9,9 @@ import time
 
 import aiohttp
 import pytest
+import yarl
 
-from services import wire
+from services import frames, wire
 from services.access import bearer_header
 from services.launch import Service, launch, post_runs, read_csv, wait_for_runs, wait_ready  # noqa: F401
 
@@ -45,15 +46,32 @@ def synthetic_args(alpha: float = 0.7, seed: int = 3, profile: dict = TEST_PROFI
             "--profile-json", json.dumps(profile)]
 
 
-class RawClient:
-    """A bare WebSocket client of the verifier, for tests that speak the wire protocol directly."""
+class ConnectionEnd:
+    """What RawClient.receive returns when the frame connection ended (like a WebSocket close,
+    it has no seq)."""
 
-    def __init__(self, url: str, token: str | None = None) -> None:
+    def __repr__(self) -> str:
+        return "ConnectionEnd()"
+
+
+class RawClient:
+    """A bare client of the verifier, for tests that speak the wire protocol directly: over its
+    WebSocket (``transport="ws"``) or the frame transport (``"tcp"``, services/frames.py)."""
+
+    def __init__(self, url: str, token: str | None = None, transport: str = "ws") -> None:
         self.url = url.replace("http://", "ws://") + "/ws"
         self.headers = bearer_header(token)
+        self.token = token
+        self.transport = transport
         self.seq = 0
 
     async def __aenter__(self) -> "RawClient":
+        if self.transport == "tcp":
+            address = yarl.URL(self.url)
+            self.reader, self.writer = await asyncio.wait_for(
+                asyncio.open_connection(address.host, address.port), 10)
+            self.writer.write(frames.MAGIC + frames.frame((self.token or "").encode()))
+            return self
         self.http = aiohttp.ClientSession()
         try:
             self.ws = await asyncio.wait_for(self.http.ws_connect(self.url, headers=self.headers), 10)
@@ -63,6 +81,9 @@ class RawClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self.transport == "tcp":
+            self.writer.close()
+            return
         await self.ws.close()
         await self.http.close()
 
@@ -71,9 +92,21 @@ class RawClient:
         return self.seq
 
     async def send(self, message) -> None:
-        await self.ws.send_bytes(message if isinstance(message, bytes) else wire.encode(message))
+        data = message if isinstance(message, bytes) else wire.encode(message)
+        if self.transport == "tcp":
+            self.writer.write(frames.frame(data))
+            await self.writer.drain()
+        else:
+            await self.ws.send_bytes(data)
 
     async def receive(self, timeout_s: float = 10.0):
+        if self.transport == "tcp":
+            try:
+                header = await asyncio.wait_for(self.reader.readexactly(4), timeout_s)
+                data = await asyncio.wait_for(self.reader.readexactly(frames.HEADER.unpack(header)[0]), timeout_s)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return ConnectionEnd()
+            return wire.decode(data)
         msg = await self.ws.receive(timeout=timeout_s)
         if msg.type != aiohttp.WSMsgType.BINARY:
             return msg
@@ -88,6 +121,8 @@ class RawClient:
             received.append(message)
             if predicate(message):
                 return received
+            if isinstance(message, ConnectionEnd) or time.monotonic() > deadline:
+                raise TimeoutError(f"no message satisfied the predicate; received {received[-3:]}")
 
     async def ask(self, message, timeout_s: float = 10.0):
         """Send a request and return the first reply that carries its seq."""

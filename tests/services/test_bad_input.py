@@ -37,10 +37,10 @@ def body(message, **changes) -> dict:
 
 # ---- named cases ---------------------------------------------------------------------------
 
-async def expect_errors(url):
+async def expect_errors(url, transport="ws"):
     """(what was sent, code and field expected) for each case, on one connection."""
     results = []
-    async with RawClient(url) as c:
+    async with RawClient(url, transport=transport) as c:
         assert isinstance(await c.ask(open_message(1, 1)), wire.Opened)
         assert isinstance(await c.ask(open_message(2, 2, temperature=0.5)), wire.Opened)
         verify = wire.Verify(0, 1, 3, prefix_digest([1, 2, 3]), [5, 6])
@@ -84,19 +84,23 @@ async def expect_errors(url):
             await c.send(message)
             reply = await c.receive()
             results.append((name, reply, code, field))
-        await c.ws.send_str("hello")
-        results.append(("text frame", await c.receive(), wire.MALFORMED, None))
+        if transport == "ws":         # frames have no text kind
+            await c.ws.send_str("hello")
+            results.append(("text frame", await c.receive(), wire.MALFORMED, None))
         pong = await c.ask(wire.Ping(c.next_seq() + 1000, 1.0))
     return results, pong
 
 
-def test_each_bad_message_gets_an_error_naming_the_problem(services):
+@pytest.mark.parametrize("transport", ["ws", "tcp"])
+def test_each_bad_message_gets_an_error_naming_the_problem(services, transport):
     verifier = services[0]
-    results, pong = run(expect_errors(verifier.url))
+    results, pong = run(expect_errors(verifier.url, transport))
     for name, reply, code, field in results:
         assert isinstance(reply, wire.Error), f"{name}: {reply}"
         assert (reply.code, reply.field) == (code, field), f"{name}: {reply}"
         assert reply.message, name
+        if name == "oversized frame":           # on either transport: the limit, named
+            assert reply.limit == "max_message_bytes" and f"max_message_bytes {MAX_BYTES}" in reply.message
     assert isinstance(pong, wire.Pong)        # the connection survived all of it
 
 
@@ -225,15 +229,16 @@ def test_fuzzed_frames_get_structured_errors_and_other_sessions_are_unchanged(se
 
 # ---- limits and lifetimes ------------------------------------------------------------------
 
-async def open_many(url, n):
-    async with RawClient(url) as c:
+async def open_many(url, n, transport="ws"):
+    async with RawClient(url, transport=transport) as c:
         return [await c.ask(open_message(c.next_seq(), session)) for session in range(n)]
 
 
-def test_sessions_beyond_max_sessions_are_refused_and_freed_on_disconnect(services):
+@pytest.mark.parametrize("transport", ["ws", "tcp"])
+def test_sessions_beyond_max_sessions_are_refused_and_freed_on_disconnect(services, transport):
     verifier = services[0]
     assert sessions_open(verifier) == 0
-    replies = run(open_many(verifier.url, MAX_SESSIONS + 2))
+    replies = run(open_many(verifier.url, MAX_SESSIONS + 2, transport))
     assert all(isinstance(r, wire.Opened) for r in replies[:MAX_SESSIONS])
     assert all(isinstance(r, wire.Error) and (r.code, r.field) == (wire.LIMIT, "session")
                for r in replies[MAX_SESSIONS:])
@@ -241,14 +246,15 @@ def test_sessions_beyond_max_sessions_are_refused_and_freed_on_disconnect(servic
     assert verifier.get_json("/metrics")["connections_open"] == 0
 
 
-async def idle(url):
-    async with RawClient(url) as c:
+async def idle(url, transport="ws"):
+    async with RawClient(url, transport=transport) as c:
         welcome = await c.ask(wire.Hello(1, "idle"))
         return welcome, await c.receive(timeout_s=5), await c.receive(timeout_s=5)
 
 
-def test_an_idle_connection_is_told_and_closed(services):
-    welcome, error, closing = run(idle(services[2].url))
+@pytest.mark.parametrize("transport", ["ws", "tcp"])
+def test_an_idle_connection_is_told_and_closed(services, transport):
+    welcome, error, closing = run(idle(services[2].url, transport))
     assert isinstance(welcome, wire.Welcome)
     assert isinstance(error, wire.Error) and error.code == wire.IDLE_TIMEOUT
     assert not hasattr(closing, "seq")           # the WebSocket close, not another message

@@ -49,10 +49,12 @@ def synthetic_reference(target, prompts, max_new_tokens):
     return lambda i: generate_ar(target, prompts[i], stop, seq_id=f"ref-{i}").tokens
 
 
+@pytest.mark.parametrize("transport", ["ws", "tcp"])     # services/frames.py
 @pytest.mark.parametrize("mode", MODES)
-def test_one_client_emits_the_target_greedy_tokens_in_every_mode(synthetic, mode):
+def test_one_client_emits_the_target_greedy_tokens_in_every_mode(synthetic, mode, transport):
     verifier, edge, target = synthetic
-    run_ids = post_runs(edge, [run_body(verifier, f"one-{mode}", mode, PROMPTS[:3], 40)])
+    run_ids = post_runs(edge, [run_body(verifier, f"one-{mode}-{transport}", mode, PROMPTS[:3], 40,
+                                        transport=transport)])
     check_greedy(edge, run_ids, synthetic_reference(target, PROMPTS, 40))
 
 
@@ -152,9 +154,11 @@ def hf_reference(target, prompts, max_new_tokens, stop_at_eos):
 HF_PROMPTS = [[5, 17, 42, 8], [60, 3, 9], [1, 2, 3, 4, 5, 6, 7], [88, 12]]
 
 
-def test_tiny_real_pair_one_client_every_mode_emits_the_target_greedy_tokens(hf):
+@pytest.mark.parametrize("transport", ["ws", "tcp"])
+def test_tiny_real_pair_one_client_every_mode_emits_the_target_greedy_tokens(hf, transport):
     verifier, edge, target = hf
-    runs = [run_body(verifier, f"hf-one-{mode}", mode, HF_PROMPTS, 24, stop_at_eos=False) for mode in MODES]
+    runs = [run_body(verifier, f"hf-one-{mode}-{transport}", mode, HF_PROMPTS, 24, stop_at_eos=False,
+                     transport=transport) for mode in MODES]
     for run in runs:     # one client at a time
         check_greedy(edge, post_runs(edge, [run]), hf_reference(target, HF_PROMPTS, 24, False))
 
