@@ -47,31 +47,40 @@ def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of)
             for q in sorted(requests, key=lambda q: q["request_index"])]
 
 
-def netns_seed(scenario, args, seed: int):
-    from benchmarks.adaptive import CLASS_TOKEN, POLICIES, policy_config
+def scenario_experiment(scenario, schedule_order: str | None):
+    """EXPERIMENT with the schedule's order (None: the file's), checked against the scenario: its
+    prompt classes' alphas and its link schedule must be the scenario's."""
+    from benchmarks.adaptive import CLASS_TOKEN
     from orchestrator.experiment import load_experiment
-    from orchestrator.net_point import run_net_point
-    from orchestrator.run import GroupTestbeds
-    from orchestrator.sweep import plan_points
 
     experiment = load_experiment(EXPERIMENT)
-    order = getattr(args, "schedule_order", None) or experiment.link.schedule_order      # the file's by default
+    order = schedule_order or experiment.link.schedule_order
     experiment = dataclasses.replace(experiment, link=dataclasses.replace(experiment.link, schedule_order=order))
     classes = dict(parse_alpha_classes(experiment.backend.alpha_classes))
-    prompts = scenario.prompts(seed)
     if any(classes.get(CLASS_TOKEN + k) != alpha for k, alpha in enumerate(scenario.alphas)):
         raise ValueError(f"--alphas {scenario.alphas} must match {EXPERIMENT.name}'s backend.alpha_classes "
                          f"{experiment.backend.alpha_classes!r}")
-
-    def alpha_of(index: int) -> float:
-        return classes.get(prompts[index][0], experiment.backend.alpha)
-
     base = experiment.rtt_ms[0]
     for step in experiment.link.schedule.steps:
         rtt = dict(step.changes).get("rtt_ms", base)
         if rtt != scenario.rtt_at_ms(step.at_s) or scenario.rtt_at_ms(0.0) != base:
             raise ValueError(f"{EXPERIMENT.name}'s link schedule ({step.at_s} s: {rtt} ms) is not the scenario's "
                              f"(--rtt-ms {scenario.rtts_ms} every --segment-s {scenario.segment_s})")
+    return experiment, classes
+
+
+def netns_seed(scenario, args, seed: int):
+    from benchmarks.adaptive import POLICIES, policy_config
+    from orchestrator.net_point import run_net_point
+    from orchestrator.run import GroupTestbeds
+    from orchestrator.sweep import plan_points
+
+    experiment, classes = scenario_experiment(scenario, getattr(args, "schedule_order", None))
+    prompts = scenario.prompts(seed)
+
+    def alpha_of(index: int) -> float:
+        return classes.get(prompts[index][0], experiment.backend.alpha)
+
     plan = [p for p in plan_points(experiment) if p.mode in scenario.modes]
     work = Path(f"/tmp/dsd-adaptive-netns-{seed}-{int(time.time())}")
     results: dict = {}
