@@ -55,8 +55,11 @@ def test_context_managers_leave_nothing_after_an_error():
 
 
 def test_ctrl_c_unwinds_and_leaves_nothing():
+    # Ctrl-C as in a terminal: a run started in the background of a non-interactive shell (CI
+    # under nohup ... &) inherits SIGINT ignored, and Python then raises no KeyboardInterrupt.
     script = textwrap.dedent("""
-        import time
+        import signal, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig
         with Topology(TopologyConfig(n_edges=1)) as topo, Shaper(ShaperConfig(verify_count=0)) as shaper:
             shaper.apply(topo.links(LinkSpec(rtt_ms=10)))
