@@ -24,9 +24,9 @@ _lock = threading.Lock()
 
 def owners_dir() -> Path:
     """/run/dsdbed where we may write there (root: the same place /run/netns is), else a temp dir."""
-    run = Path("/run")
-    base = run / names.PREFIX if os.access(run, os.W_OK) else Path(tempfile.gettempdir()) / f"{names.PREFIX}-owners"
-    return base
+    if os.access("/run", os.W_OK):
+        return Path("/run") / names.PREFIX
+    return Path(tempfile.gettempdir()) / f"{names.PREFIX}-owners"
 
 
 def process_identity(pid: int) -> str | None:
@@ -66,7 +66,8 @@ def live_tags() -> dict[str, int]:
     """{tag: owner pid} for every tag whose owner runs and is not this process."""
     live = {}
     for tag, identity in _owner_files().items():
-        pid = int(identity.split(":")[0]) if identity.split(":")[0].isdigit() else 0
+        head = identity.split(":")[0]
+        pid = int(head) if head.isdigit() else 0
         if pid and pid != os.getpid() and process_identity(pid) == identity:
             live[tag] = pid
     return live
