@@ -147,23 +147,33 @@ def expected_rtt_at_ms(schedule: LinkSchedule, base: LinkSpec, sent_s: float, pr
     return up_ms + down_ms
 
 
-def effect_times(changes: list[tuple[float, float, float]], samples: list[tuple[float, float]],
-                 tolerance_ms: float) -> list[float]:
-    """When each change took effect as a probe saw it: for (at_s, old_rtt_ms, new_rtt_ms), the send
-    time of the first probe at or after at_s whose RTT is within tolerance_ms of the new RTT and
-    nearer the new than the old one; NaN if none did before the next change. `samples` are
+def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tuple[float, float]],
+                    tolerance_ms: float) -> list[tuple[float, float]]:
+    """When each change took effect as probes saw it, bracketed: for (at_s, old_rtt_ms, new_rtt_ms),
+    (not_before_s, seen_s). seen_s is the send time of the first probe at or after at_s whose RTT is
+    within tolerance_ms of the new RTT and nearer the new than the old one (NaN if none did before the
+    next change); not_before_s is the send time of the last probe sent in [at_s, seen_s), which did
+    not see it yet, else at_s. The change was in force somewhere in between: a probe thread that is
+    late to send widens the bracket, only a late link moves not_before_s. `samples` are
     (sent_s, rtt_ms), lost probes left out, in any order (replies come back in their own)."""
     out = []
     samples = sorted(samples)
     sent = [s for s, _ in samples]
     for i, (at_s, old_ms, new_ms) in enumerate(changes):
         until_s = changes[i + 1][0] if i + 1 < len(changes) else math.inf
-        found = math.nan
+        not_before_s, found = at_s, math.nan
         for sent_s, rtt_ms in samples[bisect.bisect_left(sent, at_s):]:
             if sent_s >= until_s:
                 break
             if abs(rtt_ms - new_ms) <= tolerance_ms and abs(rtt_ms - new_ms) <= abs(rtt_ms - old_ms):
                 found = sent_s
                 break
-        out.append(found)
+            not_before_s = sent_s
+        out.append((not_before_s, found))
     return out
+
+
+def effect_times(changes: list[tuple[float, float, float]], samples: list[tuple[float, float]],
+                 tolerance_ms: float) -> list[float]:
+    """The upper ends (seen_s) of `effect_brackets`: when a probe first saw each change."""
+    return [seen_s for _, seen_s in effect_brackets(changes, samples, tolerance_ms)]

@@ -42,7 +42,10 @@ Link schedules (netns, compose): the link changes during every point, from when 
 
 links.csv gets one row per change and edge (change_index 1, 2, ...; the point's own link is
 change 0) with its scheduled time and the time it took effect as an echo probe beside the run saw
-it (change_t_unix_s, change_seen_t_unix_s, change_settle_ms; epoch seconds, as rounds.csv); rounds.csv rows
+it (change_t_unix_s, change_seen_t_unix_s, change_settle_ms; epoch seconds, as rounds.csv), and
+change_settle_min_ms, when the last probe that still saw the old link was sent: the change took
+effect between the two (a probe thread late to send widens the bracket; only a late link raises the
+minimum); rounds.csv rows
 carry the change in force when the round was sent (`link_change_index`, `link_rtt_configured_ms`).
 """
 from __future__ import annotations
@@ -58,7 +61,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dsd import modes
-from netem.schedule import LinkSchedule, apply_changes, effect_times
+from netem.schedule import LinkSchedule, apply_changes, effect_brackets
 from netem.spec import DISTRIBUTIONS, LinkSpec, check_known_keys
 from services import wire_size
 
@@ -415,13 +418,14 @@ class ScheduledPoint:
                 new = new_spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
                 changes.append((self.t0_s + at_s, old, new))
                 old = new
-            seen = effect_times(changes, self._timeline[edge_index], EFFECT_TOLERANCE_MS)
-            for k, ((at_s, new_spec), t_seen) in enumerate(zip(steps, seen), start=1):
+            seen = effect_brackets(changes, self._timeline[edge_index], EFFECT_TOLERANCE_MS)
+            for k, ((at_s, new_spec), (t_not_before, t_seen)) in enumerate(zip(steps, seen), start=1):
                 out.append({**dataclasses.asdict(link_state_of(state.edge, state.shaper, new_spec)),
                             "change_index": k, "change_at_s": at_s, "change_source": self.schedule.source,
                             "change_t_unix_s": self.t0_s + at_s + self.unix_minus_mono_s,
                             "change_seen_t_unix_s": t_seen + self.unix_minus_mono_s,
-                            "change_settle_ms": 1000 * (t_seen - self.t0_s - at_s)})
+                            "change_settle_ms": 1000 * (t_seen - self.t0_s - at_s),
+                            "change_settle_min_ms": 1000 * (t_not_before - self.t0_s - at_s)})
         return out
 
     def annotate_rounds(self, rounds: pd.DataFrame, n_edges: int) -> pd.DataFrame:

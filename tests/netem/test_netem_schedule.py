@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from netem.schedule import LinkSchedule, effect_times, expected_rtt_at_ms
+from netem.schedule import LinkSchedule, effect_brackets, effect_times, expected_rtt_at_ms
 from netem.spec import LinkSpec
 
 BASE = LinkSpec(rtt_ms=20, jitter_ms=2)
@@ -79,3 +79,7 @@ def test_effect_time_is_the_first_probe_after_the_change_that_sees_the_new_rtt()
     changes = [(1.0, 20.0, 60.0), (2.0, 60.0, 20.0), (3.0, 20.0, 99.0)]
     got = effect_times(changes, samples, tolerance_ms=1.0)
     assert got[:2] == [1.003, 2.5] and math.isnan(got[2])
+    brackets = effect_brackets(changes, samples, tolerance_ms=1.0)
+    # 1.002 still saw (part of) the old link; nothing was sent between 2.0 and 2.5: no evidence of lateness.
+    assert brackets[:2] == [(1.002, 1.003), (2.0, 2.5)]
+    assert brackets[2][0] == 3.0 and math.isnan(brackets[2][1])

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from netem import measure
-from netem.schedule import LinkSchedule, effect_times, expected_rtt_at_ms
+from netem.schedule import LinkSchedule, effect_brackets, expected_rtt_at_ms
 from netem.shaper import Shaper, ShaperConfig
 from netem.spec import LinkSpec
 from netem.topology import Topology, TopologyConfig
@@ -36,12 +36,18 @@ def test_scheduled_changes_take_effect_on_time_without_losing_held_packets(recor
     assert len(samples) == 800                                  # nothing dropped across the changes
     bytes_ = measure.PROBE_IP_BYTES
     errors = sorted(abs(rtt - expected_rtt_at_ms(schedule, base, sent - t0, bytes_)) for sent, rtt in samples)
-    assert errors[len(errors) // 2] < 0.5 and errors[int(0.95 * len(errors))] < 2.0, errors[-10:]
+    # Quiet, p95 is 0.2-0.3 ms (also beside two busy loops); a starved probe thread on a loaded CI
+    # host has put 5% of samples over 2 ms. A change applied late or a held packet re-timed would
+    # be off by 20-60 ms for a whole segment.
+    quantiles = [errors[int(q * len(errors))] for q in (0.5, 0.9, 0.99)]
+    assert quantiles[0] < 0.5 and quantiles[1] < 2.0 and quantiles[2] < 10.0, (quantiles, errors[-10:])
     changes, old = [], base.expected_rtt_ms()
     for at_s, spec in schedule.specs(base):
         changes.append((t0 + at_s, old, spec.expected_rtt_ms()))
         old = spec.expected_rtt_ms()
-    settle_ms = [1000 * (e - at) for e, (at, _, _) in zip(effect_times(changes, samples, 1.0), changes)]
-    assert all(0 <= s < 10 for s in settle_ms), settle_ms
+    # (last probe still seeing the old link, first seeing the new), ms after the change was due
+    settle_ms = [(1000 * (lo - at), 1000 * (hi - at))
+                 for (lo, hi), (at, _, _) in zip(effect_brackets(changes, samples, 1.0), changes)]
+    assert all(0 <= lo < 10 and lo <= hi < 100 for lo, hi in settle_ms), settle_ms
     if stats:                                                    # NFQUEUE: the daemon's own count
         assert stats[0]["changes_applied"] == 2 * len(schedule.steps)

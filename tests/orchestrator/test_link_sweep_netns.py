@@ -23,7 +23,11 @@ def test_netns_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(tm
     jittered = links[links["jitter_configured_ms"] == 4]
     # pareto, 4 ms per direction: RTT stdev 0.82 * 4 * sqrt(2) = 4.6 ms; 100 probes.
     assert jittered["rtt_measured_stdev_ms"].between(3.0, 6.5).all(), jittered["rtt_measured_stdev_ms"]
-    assert (links.loc[links["jitter_configured_ms"] == 0, "rtt_measured_stdev_ms"] < 1.0).all()
+    # Unjittered: 0.16-0.18 ms, but one late probe of 100 (a busy host) lifts a stdev to 1.3 ms; the
+    # bound stays far below the jittered 3.0.
+    steady = links[links["jitter_configured_ms"] == 0]
+    assert (steady["rtt_measured_stdev_ms"] < 2.0).all(), steady["rtt_measured_stdev_ms"]
+    assert ((steady["rtt_measured_p50_ms"] - 20).abs() < 1.0).all(), steady["rtt_measured_p50_ms"]
     assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
 
 
@@ -47,7 +51,11 @@ def test_netns_link_schedule_mid_request_keeps_tokens_exact_and_records_each_cha
     changes = links[links["change_index"].fillna(0) > 0]
     assert len(changes) == 3 * 2                             # every point lasts past 0.8 s
     assert sorted(set(changes["rtt_configured_ms"])) == [5, 80]
-    assert changes["change_settle_ms"].between(0, 25).all(), changes["change_settle_ms"]
+    # The link itself was late by at most 25 ms (the last probe still seeing the old link); the first
+    # probe seeing the new one may come later when the probe thread is starved on a busy machine.
+    settle = changes[["change_settle_min_ms", "change_settle_ms"]]
+    assert changes["change_settle_min_ms"].between(0, 25).all(), settle
+    assert changes["change_settle_ms"].between(changes["change_settle_min_ms"], 250).all(), settle
     rounds = pd.read_csv(out / "rounds.csv")
     sync = rounds[rounds["mode"] == "sync"]
     # A round that starts at 80 ms takes more than 80 ms, one at 10 ms much less.
