@@ -115,6 +115,7 @@ class Connection:
         self.replied_s: float | None = None
         self.block_gaps = spinwait.Gaps()
         self.last_message_s = 0.0                # loop.time() of its last frame (the frame transport's idle check)
+        self.sending: set[asyncio.Task] = set()     # sends started by send_now that wait for the kernel
 
     @property
     def busy(self) -> bool:
@@ -145,6 +146,15 @@ class Connection:
             await self.channel.send_bytes(data)
         except (ConnectionError, RuntimeError):
             pass    # the client went away; its sessions are being dropped
+
+    def send_now(self, data: bytes) -> None:
+        """send_encoded from synchronous code (a reply written from inside its pass on the loop's
+        thread): the bytes are written before this returns; a send that then waits for room in
+        the kernel's buffer finishes in a task (held here: the loop holds tasks only weakly)."""
+        task = frames.start_now(self.send_encoded(data))
+        if task is not None:
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
 
 
 INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_connection counts
@@ -586,10 +596,16 @@ class Verifier:
         live = (not state.finished and m.start_pos == len(state.committed)
                 and state.committed.matches(m.start_pos, m.base_digest))
 
-        def reply(verdict, timing: PassTiming) -> bytes:    # encoded while the pass's modelled time runs
-            return wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
+        def reply(verdict, timing: PassTiming) -> bytes | None:
+            """The verdict, encoded while the pass's modelled time runs; after a pass on the loop's
+            own thread, sent at once (None), before the scheduler's bookkeeping."""
+            data = wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
                                              verdict.accepted, verdict.next_token, verdict.stale,
                                              timing.queue_s, timing.compute_s, timing.batch_size))
+            if not timing.on_loop:
+                return data
+            served.conn.send_now(data)
+            return None
 
         if live:
             data, _ = await self.scheduler.submit("verify", proposal.gamma, state.verify_job(proposal),
@@ -598,7 +614,8 @@ class Verifier:
         else:
             data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))      # stale: no compute
         self.counts["verify" if live else "stale"] += 1
-        await served.conn.send_encoded(data)
+        if data is not None:
+            await served.conn.send_encoded(data)
 
     async def _generate(self, served: Served, m: wire.Generate, t_arrival_s: float) -> None:
         """Passes back to back: each is ready when the one before it ended (the first, when the
