@@ -133,7 +133,9 @@ class Scheduler:
         thread wake-ups of the hand-off to the device thread and back (about 0.2-0.5 ms a pass on
         a busy 2-core host, more than all the Python work around it). It returns without a loop
         turn: the caller must yield to the loop before its next such pass (e.g. await its reply's
-        send, then the next message), or nothing that came in would be read meanwhile.
+        send, then the next message), or nothing that came in would be read meanwhile. Such a
+        pass's ``prepare`` sees ``timing.on_loop`` true and may send its reply from inside the
+        pass (nothing else runs on the loop meanwhile; ``after_loop_pass`` has run before it).
         ``arrived_s``: when the job's message reached this process if the loop read it late
         (it came in during a pass on the loop's thread, services.arrival); its queue wait counts
         from there on any device, as it would have had the loop been free to read it.
