@@ -187,8 +187,9 @@ Atlas country-pair means; 48 segments of 3 s + Exp(mean 3 s)):
                   average 1.03 before, 0.45 after): model 10.7, bandit 11.8, heuristic 135.9, best
                   static 35.6 (cloud AR), switches 3.5. A policy's run lasts 13 s, so only the
                   trace's first segments (27 -> 174 -> 114 ms at 8.6 and 11.7 s) and four alpha
-                  changes: the model lost 1.03 s, 0.21 s on its first request and 0.85 s on the
-                  requests an alpha change or the RTT step landed in; oracle ms/token (27, 0.9)
+                  changes: the model lost 1.03 s in 11.6, 0.21 s on its first request and 0.97 s
+                  on the four requests an alpha change or the RTT step landed in (the rest -0.15 s:
+                  prompt luck either way); oracle ms/token (27, 0.9)
                   10.26, (27 / 114 / 174, 0.3) 21.11 / 23.91 / 25.64 (AR), (114 / 174, 0.9) 24.52 /
                   25.75
 """
