@@ -192,6 +192,15 @@ Atlas country-pair means; 48 segments of 3 s + Exp(mean 3 s)):
                   prompt luck either way); oracle ms/token (27, 0.9)
                   10.26, (27 / 114 / 174, 0.3) 21.11 / 23.91 / 25.64 (AR), (114 / 174, 0.9) 24.52 /
                   25.75
+The default scenario on netns, a third seed (this code: the model's queueing term measured 0 --
+a hand-over segment's first step waits 7-80 ms behind the segment before, which it leaves out):
+  seed 2:         model 10.8, bandit 8.4, heuristic 50.7, best static 47.7 (pipelined 8), switches
+                  3.2 (quiet lock exclusive, 13.6 minutes, load average 0.77 before, 0.11 after;
+                  in-sample constant 10.8 / 8.4, under the schedule 5.2 / 3.0). The model lost 1.14 s
+                  in 13.2: 0.35 s on two AR streams at alpha 0.3 caught by a 10 -> 150 ms step (the
+                  tokens in flight arrive 140 ms late; no constant-condition arm pays that), ~0.24 s
+                  on the requests after an alpha change, the rest spread. Seeds 0-2 (0-1 from the
+                  lead's run above): model 5.8, bandit 9.0, heuristic 48.7, best static 49.5
 """
 from __future__ import annotations
 
