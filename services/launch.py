@@ -2,7 +2,10 @@
 
 For tests, benchmarks and anything else that needs a verifier and an edge on this host: each
 child gets its own process group, a readiness poll on /health that also notices a crash, a start
-timeout, and is stopped by signalling its whole group (SIGTERM, then SIGKILL).
+timeout, and is stopped by signalling its whole group (SIGTERM, then SIGKILL). A child also gets
+SIGTERM when the thread that started it dies (setpriv's parent-death signal: a killed pytest
+leaves no services behind) and carries the orchestrator's service and owner marks, so `dsdbed
+cleanup` would find one that outlived its owner anyway.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,9 +90,13 @@ class Service:
 def launch(module: str, args: list[str], log_dir: Path, host: str = "127.0.0.1") -> Service:
     port = free_port(host)
     log_path = Path(log_dir) / f"{module.rsplit('.', 1)[-1]}-{port}.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1")
+    from orchestrator.launchers.processes import OWNER_MARK, SERVICE_MARK, process_identity  # host side only
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
+               **{SERVICE_MARK: f"{module}-{port}", OWNER_MARK: process_identity(os.getpid()) or ""})
+    prefix = ["setpriv", "--pdeathsig", "SIGTERM", "--"] if shutil.which("setpriv") else []
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", module, "--host", host, "--port", str(port), *args],
+        process = subprocess.Popen([*prefix, sys.executable, "-m", module, "--host", host, "--port", str(port), *args],
                                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     return Service(module, f"http://{host}:{port}", process, log_path)
