@@ -5,6 +5,16 @@ pipelined DSD; co-located with --modes) and every round's gamma and mode.
     python benchmarks/adaptive.py --launcher sim [--seeds 3]
     flock /tmp/dsd-netns.lock python benchmarks/adaptive.py --launcher netns --seeds 1 --first-seed K   (root;
         about 9 minutes a seed: one seed per command, so a command stays under the quiet lock's ~12 minutes)
+    python benchmarks/adaptive.py --launcher sim|netns --rtt-trace experiments/traces/roaming-de.csv
+
+A replayed RTT trace (``--rtt-trace``: t_s, rtt_ms from t_s 0, netem/schedule.py's trace format)
+replaces the two-level alternation: the link follows the trace from every run's start (netns: the
+trace's first RTT is the points' link and its later rows the schedule's steps, in the experiment
+file's schedule_order), the prompts alternate as before, and the oracle is measured at each of
+the trace's RTT levels with each alpha, held still, exactly as for the alternation (so a trace
+should have few levels: experiments/traces/roaming-de.csv, from benchmarks/roaming_trace.py, has
+three, RIPE Atlas country-pair means). The printed keys are the same; ``--plot`` draws the RTT the
+runs saw and every policy's chosen gamma and mode over time.
 
 Scenario (defaults): hardware profile paper-cap-td1 (edge draft 1 ms, t_verify = t_ar = 20 ms);
 the RTT alternates 10 / 150 ms every --segment-s seconds of the run; the prompts alternate between
@@ -161,10 +171,42 @@ the mismatch of prompts between the arms and the policies.
 Not done: an in-stream RTT probe (a Ping while streaming) to see a fall before the queued
 segments drain. Worth at most the prefetch a round trip keeps asked (8-9 tokens at 150 ms, ~0.1 s
 at alpha 0.9) per fall; the floor above removed the larger loss, the stream asking the whole tail.
+
+Session 10 (2026-12-02): the model adds the verifier's queueing per server pass to its predictions
+(dsd/policy_model.py); a single client measures none, and the default sim reads as before: model
+3.8 (2.5 / 4.6 / 4.4), bandit 7.9 (7.2 / 8.9 / 7.4), heuristic 47.6, best static 57.4, switches 3.0.
+The replayed trace, ``--rtt-trace experiments/traces/roaming-de.csv`` (27 / 114 / 174 ms, RIPE
+Atlas country-pair means; 48 segments of 3 s + Exp(mean 3 s)):
+  sim, 3 seeds:   model 4.9 (5.9 / 4.6 / 4.2), bandit 5.6 (6.3 / 5.0 / 5.6), heuristic 117.2 (it has
+                  no cloud AR: alpha 0.3 at 114-174 ms costs it double), best static 38.9 (cloud AR),
+                  switches 1.1, goals_met=True (virtual time; 5.5 minutes beside CI). Oracle ms/token
+                  (seed 0): (27, 0.9) 8.32, (114, 0.9) 20.10, (174, 0.9) 23.63 (= AR), (27 / 114 /
+                  174, 0.3) 20.56 / 22.38 / 23.63 (AR; its request's first round trip included)
+  netns, seed 0 (--requests 20 --alpha-requests 5; quiet lock exclusive, 14.4 minutes, over the
+                  ~12 a command should hold it: three levels' constant-condition oracle; load
+                  average 1.03 before, 0.45 after): model 10.7, bandit 11.8, heuristic 135.9, best
+                  static 35.6 (cloud AR), switches 3.5. A policy's run lasts 13 s, so only the
+                  trace's first segments (27 -> 174 -> 114 ms at 8.6 and 11.7 s) and four alpha
+                  changes: the model lost 1.03 s in 11.6, 0.21 s on its first request and 0.97 s
+                  on the four requests an alpha change or the RTT step landed in (the rest -0.15 s:
+                  prompt luck either way); oracle ms/token (27, 0.9)
+                  10.26, (27 / 114 / 174, 0.3) 21.11 / 23.91 / 25.64 (AR), (114 / 174, 0.9) 24.52 /
+                  25.75
+The default scenario on netns, a third seed (this code: the model's queueing term measured 0 --
+a hand-over segment's first step waits 7-80 ms behind the segment before, which it leaves out):
+  seed 2:         model 10.8, bandit 8.4, heuristic 50.7, best static 47.7 (pipelined 8), switches
+                  3.2 (quiet lock exclusive, 13.6 minutes, load average 0.77 before, 0.11 after;
+                  in-sample constant 10.8 / 8.4, under the schedule 5.2 / 3.0). The model lost 1.14 s
+                  in 13.2: 0.35 s on two AR streams at alpha 0.3 caught by a 10 -> 150 ms step (the
+                  tokens in flight arrive 140 ms late; no constant-condition arm pays that), ~0.24 s
+                  on the requests after an alpha change, the rest spread. Seeds 0-2 (0-1 from the
+                  lead's run above): model 5.8, bandit 9.0, heuristic 48.7, best static 49.5
 """
 from __future__ import annotations
 
 import argparse
+import bisect
+import math
 import random
 import statistics
 import sys
@@ -196,9 +238,23 @@ class Scenario:
     prompt_tokens: int
     modes: tuple[str, ...]
     gamma_max: int
+    trace: tuple[tuple[float, float], ...] = ()    # (t_s, rtt_ms) from 0: replaces the alternation
+    trace_name: str = ""
 
     def rtt_at_ms(self, t_s: float) -> float:
+        if self.trace:
+            return self.trace[max(bisect.bisect_right([t for t, _ in self.trace], t_s) - 1, 0)][1]
         return self.rtts_ms[int(t_s // self.segment_s) % len(self.rtts_ms)]
+
+    def levels_ms(self) -> list[float]:
+        """The RTTs the link takes: the oracle's conditions (with each alpha)."""
+        return sorted({rtt for _, rtt in self.trace} if self.trace else set(self.rtts_ms))
+
+    def next_change_s(self, t_s: float) -> float:
+        if self.trace:
+            later = [t for t, _ in self.trace if t > t_s]
+            return later[0] if later else math.inf
+        return (int(t_s // self.segment_s) + 1) * self.segment_s
 
     def alpha_class(self, index: int) -> int:
         return (index // self.alpha_requests) % len(self.alphas)
@@ -215,10 +271,28 @@ class Scenario:
         """(rtt_ms, seconds) of [start, end) in each RTT segment."""
         out, t_s = [], start_s
         while t_s < end_s - 1e-12:
-            boundary_s = (int(t_s // self.segment_s) + 1) * self.segment_s
+            boundary_s = self.next_change_s(t_s)
             out.append((self.rtt_at_ms(t_s), min(boundary_s, end_s) - t_s))
             t_s = boundary_s
         return out
+
+
+def load_rtt_trace(path: str) -> tuple[tuple[float, float], ...]:
+    """--rtt-trace: a link trace (netem/schedule.py's format) of t_s and rtt_ms only, from t_s 0."""
+    from netem.schedule import LinkSchedule
+
+    schedule = LinkSchedule.from_trace_csv(path)
+    trace = []
+    for step in schedule.steps:
+        changes = dict(step.changes)
+        if set(changes) != {"rtt_ms"}:
+            raise ValueError(f"--rtt-trace {path}: only the columns t_s, rtt_ms are replayed here, got "
+                             f"{sorted(changes)} at t_s {step.at_s}")
+        trace.append((float(step.at_s), float(changes["rtt_ms"])))
+    if trace[0][0] != 0:
+        raise ValueError(f"--rtt-trace {path}: the first row must be at t_s 0 (the link from the start), "
+                         f"got {trace[0][0]}")
+    return tuple(trace)
 
 
 @dataclass
@@ -303,7 +377,7 @@ def sim_oracle(scenario: Scenario, profile, seed: int) -> tuple[dict, dict]:
     measured: dict = {}
     for k, alpha in enumerate(scenario.alphas):
         mine = [i for i in range(len(prompts)) if scenario.alpha_class(i) == k]
-        for rtt in set(scenario.rtts_ms):
+        for rtt in scenario.levels_ms():
             for a in arms(scenario):
                 runs = sim_run(scenario, pair, costs, [prompts[i] for i in mine], arm=a, rtt_ms=rtt)
                 measured.setdefault(a, {})[(rtt, alpha)] = [(i, r.wall_s, r.tokens) for i, r in zip(mine, runs)]
@@ -353,14 +427,14 @@ def summarise(per_seed: list[tuple[dict, dict]], scenario: Scenario, first_seed:
 
 def plot(results: dict, scenario: Scenario, path: Path) -> None:
     """The chosen gamma (and mode, by colour) of every live round over the run, against the RTT
-    schedule and the prompts' alpha, for the model and the bandit (rounds placed evenly within
+    schedule (or trace) and the prompts' alpha, for every policy (rounds placed evenly within
     their request's wall time)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colours = {"sync": "tab:blue", "pipelined": "tab:green", "ar": "tab:red", "colocated": "tab:purple"}
-    names = [n for n in ("model", "bandit") if n in results]
+    names = [n for n in POLICIES if n in results]
     fig, axes = plt.subplots(len(names) + 1, 1, figsize=(11, 2.4 * (len(names) + 1)), sharex=True)
     end_s = max(r.start_s + r.wall_s for n in names for r in results[n])
     ts = [i * end_s / 2000 for i in range(2001)]
@@ -394,11 +468,14 @@ def goals_met(s: dict[str, float]) -> bool:
             and model < heur and bandit < heur)
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with the launcher's defaults filled in."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--launcher", choices=("sim", "netns"), default="sim")
     parser.add_argument("--profile", default="paper-cap-td1")
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[10.0, 150.0])
+    parser.add_argument("--rtt-trace", default="", help="a trace CSV (t_s, rtt_ms from t_s 0, e.g. "
+                        "experiments/traces/roaming-de.csv) the link follows instead of --rtt-ms/--segment-s")
     parser.add_argument("--segment-s", type=float, default=None, help="default 6 (sim), 4 (netns: its schedule)")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.9, 0.3])
     parser.add_argument("--alpha-requests", type=int, default=None, help="requests per prompt class, in turn "
@@ -421,6 +498,8 @@ def main(argv=None) -> None:
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
     sim = args.launcher == "sim"
+    if args.rtt_trace and args.segment_s is not None:
+        parser.error("--segment-s applies to the --rtt-ms alternation, not to --rtt-trace (its rows are the segments)")
     if sim and args.schedule_order is not None:
         parser.error("--schedule-order applies to netns only (the sim has no packets to reorder)")
     if not sim and args.schedule_order is None:
@@ -431,8 +510,23 @@ def main(argv=None) -> None:
                                    ("tokens", 48, 32)):
         if getattr(args, name) is None:
             setattr(args, name, on_sim if sim else on_netns)
+    return args
+
+
+def scenario_of(args: argparse.Namespace) -> Scenario:
     scenario = Scenario(args.rtt_ms, args.segment_s, args.alphas, args.alpha_requests, args.requests, args.tokens,
                         args.prompt_tokens, tuple(args.modes), args.gamma_max)
+    if args.rtt_trace:
+        scenario.trace, scenario.trace_name = load_rtt_trace(args.rtt_trace), Path(args.rtt_trace).name
+        print(f"link: {scenario.trace_name}, {len(scenario.trace)} segments, levels {scenario.levels_ms()} ms "
+              f"(the oracle measured at each, with each alpha)", flush=True)
+    return scenario
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    sim = args.launcher == "sim"
+    scenario = scenario_of(args)
     profile = get_profile(args.profile)
     per_seed = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):

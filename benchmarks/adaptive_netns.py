@@ -60,6 +60,8 @@ def scenario_experiment(scenario, schedule_order: str | None):
     if any(classes.get(CLASS_TOKEN + k) != alpha for k, alpha in enumerate(scenario.alphas)):
         raise ValueError(f"--alphas {scenario.alphas} must match {EXPERIMENT.name}'s backend.alpha_classes "
                          f"{experiment.backend.alpha_classes!r}")
+    if scenario.trace:
+        return _with_trace(experiment, scenario), classes
     base = experiment.rtt_ms[0]
     for step in experiment.link.schedule.steps:
         rtt = dict(step.changes).get("rtt_ms", base)
@@ -67,6 +69,17 @@ def scenario_experiment(scenario, schedule_order: str | None):
             raise ValueError(f"{EXPERIMENT.name}'s link schedule ({step.at_s} s: {rtt} ms) is not the scenario's "
                              f"(--rtt-ms {scenario.rtts_ms} every --segment-s {scenario.segment_s})")
     return experiment, classes
+
+
+def _with_trace(experiment, scenario):
+    """EXPERIMENT with the link following ``scenario.trace`` (--rtt-trace) in place of its
+    schedule: the trace's first RTT is the points' link, its later rows the schedule's steps."""
+    from netem.schedule import LinkSchedule, LinkStep
+
+    steps = tuple(LinkStep(t_s, (("rtt_ms", rtt),)) for t_s, rtt in scenario.trace[1:])
+    link = dataclasses.replace(experiment.link, schedule=LinkSchedule(steps, scenario.trace_name),
+                               trace_csv=scenario.trace_name)
+    return dataclasses.replace(experiment, rtt_ms=(scenario.trace[0][1],), link=link)
 
 
 def netns_seed(scenario, args, seed: int):
@@ -105,7 +118,7 @@ def netns_seed(scenario, args, seed: int):
             split_c, in_sample_c = constant_oracle(constant_runs(plan, scenario, prompts, alpha_of, constant, seed))
     statics = {k: v for k, v in results.items() if k.startswith("static")}
     best = split_oracle(statics, scenario)
-    missing = [(rtt, a) for rtt in set(scenario.rtts_ms) for a in scenario.alphas if (rtt, a) not in best]
+    missing = [(rtt, a) for rtt in scenario.levels_ms() for a in scenario.alphas if (rtt, a) not in best]
     if missing and args.oracle == "schedule":
         raise RuntimeError(f"no static arm spent a request's worth of time in the conditions {missing}: "
                            "lengthen --segment-s or --requests")
@@ -149,11 +162,11 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int) ->
         print(f"  seed {seed} constant {int(rtt)} ms static {point.mode} {point.gamma}: {len(indices)} prompts "
               f"in {time.monotonic() - t_s:.1f} s", flush=True)
 
-    for rtt in sorted(set(scenario.rtts_ms)):
+    for rtt in scenario.levels_ms():
         for point in plan:
             run(point, rtt, sorted(i for ids in by_alpha.values() for i in ids[:PILOT_PROMPTS]))
     survivors = pilot_survivors(measured)
-    for rtt in sorted(set(scenario.rtts_ms)):
+    for rtt in scenario.levels_ms():
         for point in plan:
             arm = f"static {point.mode} {point.gamma}"
             run(point, rtt, sorted(i for alpha, ids in by_alpha.items() if arm in survivors.get((rtt, alpha), ())

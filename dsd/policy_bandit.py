@@ -126,7 +126,8 @@ class BanditPolicy:
             return None
         alpha = min(max(m.alpha, 0.0), 0.999)
         per_token_s = predicted_per_token_s(arm.mode, arm.gamma, alpha, m.rtt_s.value, m.t_draft_s.value,
-                                            m.t_verify_s.at(arm.gamma), m._t_ar_s(), m._t_draft_server_s())
+                                            m.t_verify_s.at(arm.gamma), m._t_ar_s(), m._t_draft_server_s(),
+                                            m.server_queue_s)
         if not (per_token_s and per_token_s > 0 and math.isfinite(per_token_s)):
             return None
         if get_mode(arm.mode).speculative:

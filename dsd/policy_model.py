@@ -1,6 +1,19 @@
 """The ``model`` policy of dsd/control.py: the closed form of dsd/latency_model on running
 estimates of alpha, the RTT, t_draft and t_verify picks the plan of the lowest predicted
-per-token latency, with a switching margin so it does not flap."""
+per-token latency, with a switching margin so it does not flap.
+
+The verifier's queueing (other clients' passes ahead of ours: ``Observation.server_queue_s``) is
+paid per server pass, whatever the mode: a DSD round's verification, every step of cloud AR, a
+co-located round's draft block and its verification (``passes_per_round``). So the predictions
+add a running estimate of it per pass: a loaded verifier makes every mode dearer, AR (one pass
+per token) more than DSD (one per round of E tokens), small gammas more than large. Left out, a
+DSD round was predicted too cheap by the queueing per round, and AR by the queueing per token
+where t_ar came from the server's compute (a hand-over's steps) but not where it came from a
+whole AR request's pace (which includes it; now taken out of it): the model leaned to AR or to
+DSD depending on where its t_ar came from. Only rounds whose queueing cannot be the edge's own work
+ahead of them are counted (``_queue_sample``): a sync round after a sync round of the request, a
+hand-over stream's later steps; a pipelined block queues behind the edge's previous block, a
+request's first round behind its own Open, a segment's first step behind the segment before."""
 from __future__ import annotations
 
 import math
@@ -8,13 +21,27 @@ import math
 from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
 from dsd.estimators import Acceptance, Discounted, DiscountedLine, Level, add_shadow_rate
-from dsd.modes import edge_modes, get_mode, server_modes
+from dsd.modes import SERVER, SYNC, edge_modes, get_mode, server_modes
+
+
+def passes_per_round(mode: str) -> int:
+    """The server passes one round of ``mode`` queues for (AR: a step): a verification or an AR
+    step; co-located, a draft block and then its verification."""
+    return 2 if get_mode(mode).drafts == SERVER else 1
 
 
 def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_draft_s: float,
-                          t_verify_s: float, t_ar_s: float | None, t_draft_server_s: float | None = None) -> float:
+                          t_verify_s: float, t_ar_s: float | None, t_draft_server_s: float | None = None,
+                          queue_s: float = 0.0) -> float:
     """The closed form's steady-state time per token of one plan (the mode's predictor in
-    dsd/modes.py; t_draft_s is the edge's, t_draft_server_s the server's where a mode drafts there)."""
+    dsd/modes.py; t_draft_s is the edge's, t_draft_server_s the server's where a mode drafts there),
+    with ``queue_s`` of the verifier's queueing per server pass added to the server's part of a
+    round (a DSD round's wait for its verdict; an AR step)."""
+    wait_s = queue_s * passes_per_round(mode)
+    if get_mode(mode).speculative:
+        t_verify_s = t_verify_s + wait_s
+    elif t_ar_s is not None:
+        t_ar_s = t_ar_s + wait_s
     return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_s,
                                       t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
 
@@ -32,16 +59,18 @@ def finite_request_factor(mode: str, gamma: int, alpha: float, tokens: int | Non
 
 def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, modes: tuple[str, ...],
                   gamma_max: int, t_ar_s: float | None = None,
-                  t_draft_server_s: float | None = None, tokens: int | None = None) -> tuple[Decision, float]:
+                  t_draft_server_s: float | None = None, tokens: int | None = None,
+                  queue_s: float = 0.0) -> tuple[Decision, float]:
     """The plan of the lowest predicted per-token latency and that latency (ties: smaller gamma,
     then the earlier mode in ``modes``). ``t_verify_s``: seconds, or a function of gamma;
-    ``tokens``: what the request still has to emit (``finite_request_factor``; None: steady state)."""
+    ``tokens``: what the request still has to emit (``finite_request_factor``; None: steady state);
+    ``queue_s``: the verifier's queueing per pass (``predicted_per_token_s``)."""
     verify = t_verify_s if callable(t_verify_s) else (lambda _g: t_verify_s)
     best, best_s = None, math.inf
     for mode in modes:
         for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
             cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
-                                           t_draft_server_s) * finite_request_factor(mode, gamma, alpha, tokens)
+                                           t_draft_server_s, queue_s) * finite_request_factor(mode, gamma, alpha, tokens)
             if cost_s < best_s - 1e-15:
                 best, best_s = Decision(gamma, mode), cost_s
     return best, best_s
@@ -67,6 +96,8 @@ class ModelPolicy:
         self.t_verify_s = DiscountedLine(config.discount)     # against gamma
         self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
         self.t_draft_server_s = Discounted(0.5)
+        self.queue_s = Discounted(config.discount)       # the verifier's queueing per pass (others' work)
+        self.last_round_mode: str | None = None           # the request's previous round's mode
         self.alpha_best = 0.0                             # the highest alpha estimate so far
         self.server_streak = 0                            # server requests in a row
         self.last_request: Decision | None = None
@@ -77,6 +108,8 @@ class ModelPolicy:
         if observation.stale:
             return
         self.remaining_tokens = observation.remaining_tokens
+        self.queue_s.add(self._queue_sample(observation))
+        self.last_round_mode = observation.mode
         if observation.mode in server_modes():
             self._observe_server(observation)
             return
@@ -86,6 +119,20 @@ class ModelPolicy:
         self.t_verify_s.add(observation.proposed, observation.t_verify_s)
         if self.alpha is not None and self.acceptance.weight >= 5:
             self.alpha_best = max(self.alpha_best, self.alpha)
+
+    def _queue_sample(self, o: Observation) -> float | None:
+        """The verifier's queueing per pass this round saw from other clients' work, where nothing
+        of the edge's own can have been ahead of it (module docstring); else None."""
+        if o.server_queue_s is None:
+            return None
+        if o.mode in server_modes():     # a segment's later steps (rtt_s None) are ready at our previous pass's end
+            return o.server_queue_s / passes_per_round(o.mode) if o.rtt_s is None and o.tokens else None
+        return o.server_queue_s if o.mode == SYNC and self.last_round_mode == SYNC else None
+
+    @property
+    def server_queue_s(self) -> float:
+        """The running estimate of the verifier's queueing per pass (0 before any sample)."""
+        return self.queue_s.value or 0.0
 
     @property
     def alpha(self) -> float | None:
@@ -100,12 +147,13 @@ class ModelPolicy:
 
     def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
         return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self.t_draft_s.value,
-                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s()) \
+                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s(),
+                                     self.server_queue_s) \
             * finite_request_factor(decision.mode, decision.gamma, alpha, self.remaining_tokens)
 
     def _best(self, modes: tuple[str, ...], alpha: float, rtt_s: float) -> tuple[Decision, float]:
         return best_decision(alpha, rtt_s, self.t_draft_s.value, self.t_verify_s.at, modes, self.config.gamma_max,
-                             self._t_ar_s(), self._t_draft_server_s(), self.remaining_tokens)
+                             self._t_ar_s(), self._t_draft_server_s(), self.remaining_tokens, self.server_queue_s)
 
     def _measured(self) -> bool:
         return not (self.alpha is None or self.rtt_s.value is None or self.t_draft_s.value is None
@@ -154,6 +202,7 @@ class ModelPolicy:
         just probed (else the running estimate), with the margin against the last choice."""
         c = self.config
         self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
+        self.last_round_mode = None                     # its first round queues behind its own Open
         if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
             self.rtt_s = Level(c.discount)
             self.rtt_s.add(rtt_s)
@@ -204,11 +253,13 @@ class ModelPolicy:
         per_token_s = observation.steady_per_token_s
         if per_token_s is None:
             return
+        queued_s = self.server_queue_s * passes_per_round(observation.mode)    # per step or round: not compute
         if not get_mode(observation.mode).speculative:
-            self.t_ar_s.add(per_token_s)
+            if per_token_s > queued_s:
+                self.t_ar_s.add(per_token_s - queued_s)
         elif self.alpha is not None and self.t_verify_s.at(observation.gamma) is not None:
-            # (gamma*t_ds + t_v)/E = per token  ->  t_ds
+            # (gamma*t_ds + t_v + queueing)/E = per token  ->  t_ds
             e = lm.expected_tokens_per_round(self.alpha, observation.gamma)
-            t_ds = (per_token_s * e - self.t_verify_s.at(observation.gamma)) / observation.gamma
+            t_ds = (per_token_s * e - self.t_verify_s.at(observation.gamma) - queued_s) / observation.gamma
             if t_ds > 0:
                 self.t_draft_server_s.add(t_ds)

@@ -689,16 +689,18 @@ def test_bandit_prior_skips_arms_the_closed_form_puts_far_behind():
 
 def test_bandit_prior_is_outweighed_by_what_an_arm_earns():
     """The prior is a prediction, not a measurement: gamma 8 is predicted best (every draft is
-    accepted), but its rounds wait 0.3 s in the verifier's queue (which the closed form leaves
-    out), so it earns less than gamma 2 would; the bandit leaves it within a few rounds."""
-    config = ControllerConfig("bandit", gamma=8, mode="sync", gamma_max=8, modes=("sync",), gammas=(2, 8))
+    accepted), but its pipelined blocks wait 0.3 s in the verifier's queue (which the model leaves
+    out of its estimate of the queueing: a pipelined block may be waiting behind the edge's own
+    previous one), so it earns less than gamma 2 would; the bandit leaves it within a few rounds."""
+    config = ControllerConfig("bandit", gamma=8, mode="pipelined", gamma_max=8, modes=("pipelined",),
+                              gammas=(2, 8))
     policy = BanditPolicy(config)
     picks = []
     for _ in range(60):
         d = policy.decide()
         picks.append(d.gamma)
         queue_s = 0.3 if d.gamma == 8 else 0.0
-        policy.observe(Observation(d.gamma, "sync", d.gamma, d.gamma, False, 0.01, 0.001, 0.02, queue_s))
+        policy.observe(Observation(d.gamma, "pipelined", d.gamma, d.gamma, False, 0.01, 0.001, 0.02, queue_s))
     assert picks[:2] == [8, 8]
     assert 2 in picks[:12]
     assert sum(g == 2 for g in picks[-20:]) >= 18
@@ -740,3 +742,52 @@ def test_a_stream_does_not_ask_for_the_rest_of_the_request_when_the_link_falls()
     rounds = [r for r in run.generation.rounds if not r.stale]
     assert controller.near and rounds[-1].mode == "sync"
     assert sum(r.emitted for r in rounds if r.mode == "ar") <= 44
+
+
+def _feed_queued(policy, rtt_s, rounds, queue_s, mode="sync"):
+    """Rounds of gamma 4 as ``_feed``'s, each having waited ``queue_s`` in the verifier's queue."""
+    for i in range(rounds):
+        accepted = (4, 4, 4, 4, 2)[i % 5]
+        policy.observe(Observation(4, mode, 4, accepted, False, rtt_s, PROFILE["t_draft_s"], PROFILE["t_verify_s"],
+                                   queue_s))
+    return policy.decide()
+
+
+def test_model_charges_the_verifiers_queueing_per_pass_so_a_loaded_server_moves_it_off_cloud_ar():
+    """Far (300 ms) at alpha ~0.95, cloud AR (20 ms a step) beats sync DSD on an idle verifier.
+    With 30 ms of queueing per pass, AR pays it on every token and a sync round once per ~11
+    tokens: the model measures the queueing and picks sync DSD at the gamma the closed form with
+    the queueing added says, in its rounds and for the next request."""
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
+    idle, loaded = ModelPolicy(config), ModelPolicy(config)
+    assert _feed_queued(idle, 0.300, 40, 0.0) == Decision(1, "ar")
+    assert _request_plan(idle, 0.300) == Decision(1, "ar")
+    plan = _feed_queued(loaded, 0.300, 40, 0.030)
+    assert plan.mode == "sync" and _request_plan(loaded, 0.300).mode == "sync"
+    assert loaded.server_queue_s == pytest.approx(0.030)
+    expected, _ = best_decision(loaded.alpha, loaded.rtt_s.value, PROFILE["t_draft_s"], PROFILE["t_verify_s"],
+                                ("sync", "ar"), 16, T_AR_S, queue_s=0.030)
+    assert plan == expected
+    # among sync plans, a fixed cost per round wants longer rounds: the queueing grows gamma as RTT does
+    near = [best_decision(rtt_s=0.010, modes=("sync",), gamma_max=16, t_ar_s=T_AR_S, queue_s=q, **PROFILE)[0].gamma
+            for q in (0.0, 0.050)]
+    assert near[0] < near[1]
+
+
+def test_model_counts_only_queueing_behind_other_clients_not_its_own_work():
+    """A pipelined block waits behind the edge's previous block, a request's first round behind its
+    own Open, a hand-over segment's first step behind the segment before: none of that is load.
+    A sync round after a sync round, and a stream's later steps (per pass), are."""
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "pipelined", "ar"),
+                              t_ar_s=T_AR_S)
+    policy = ModelPolicy(config)
+    _feed_queued(policy, 0.010, 10, 0.015, mode="pipelined")
+    assert policy.server_queue_s == 0.0
+    policy.decide_request(0.010)
+    _feed_queued(policy, 0.010, 1, 0.015)                    # the request's first round
+    assert policy.server_queue_s == 0.0
+    step = dict(gamma=1, mode="ar", proposed=0, accepted=0, stale=False, t_draft_s=None, t_verify_s=0.02, tokens=1)
+    policy.observe(Observation(rtt_s=0.010, server_queue_s=0.05, **step))      # a segment's first step
+    assert policy.server_queue_s == 0.0
+    policy.observe(Observation(rtt_s=None, server_queue_s=0.004, **step))      # a later step: others' passes
+    assert policy.server_queue_s == pytest.approx(0.004)
