@@ -59,6 +59,24 @@ read 0.10 ms. So the 0.3 ms goal is not reached over either transport: the wake-
 raw TCP echo paced like the rounds, ``echo_floor_p50_ms``) take 0.2-0.4 ms here, and the
 Python work around the pass, 0.3 ms cold after a pass, is what is left above them.
 
+Cold, not slow: stamped with ``time.thread_time`` beside perf_counter, every step around the
+pass is CPU work, and it costs 3-6x its warm time right after a model pass (a Verify's decode
+60-70 us against 10 warm, a Verified's encode 25-48 against 4). So the path was cut to fewer
+steps (2026-12-02): a lone pass on the loop's thread runs without a job or a future
+(services.scheduler's ``_run_on_loop``), its verdict, or a Generate round's Tokens, is written
+from inside the pass before the scheduler's bookkeeping, the wire messages have a generated
+encoder and decoder per type (hot: decode 10.3 -> 6.7 us, encode 4.2 -> 2.6 us), the edge
+builds a round's trace row when it writes it and chains digests unrolled. Traced (tcp, load 3-4
+from a CI run, p50): the verifier's submit to its pass 26 -> 11 us, the pass's end to the
+verdict's write 99 -> 79 us, the edge's verdict handling up to its next draft 97 -> 72 us of
+its 0.4 ms. A co-located round's residual depends on where the scheduler wakes the edge: when
+it lands on the verifier's vCPU it preempts the stream (the Tokens write then takes 0.41 ms
+instead of 0.05; with the two services pinned to different vCPUs the round's overhead was
+0.38 ms against 0.68 in the same session); that is placement, not harness work. Judged
+(quiet lock, main's tree alternated with this one, load 1.1-1.4): server tcp 0.63/0.55 -> 0.69/0.70,
+ws 0.95 -> 0.92, edge 0.33/0.31 -> 0.27/0.31, co-located 0.45/0.34 -> 0.39/0.35, AR 0.19-0.22 ms;
+one tree's server p50 moves 0.15-0.3 ms run to run, more than the CPU work removed (README).
+
 Server compute is what the verifier measured around its passes (the forward pass and the
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
 prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's

@@ -413,14 +413,14 @@ class Client:
     def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
                   stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
                   plan: tuple[int, str] | None = None) -> None:
-        e, c = self.clock.epoch_s, self.config
+        e, c, rtt_probe_ms = self.clock.epoch_s, self.config, self.link.rtt_probe_ms
         round_gamma, round_mode = plan or (None, "")
-        self.writer.round(RoundRow(
+        self.writer.round(lambda: RoundRow(       # built when written: after the next block is out
             run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=request.index,
             round_index=round_index, proposed=proposed, accepted=accepted, emitted=emitted, stale=stale,
             t_draft_start_s=e(t_draft_start_s), t_draft_end_s=e(t_draft_end_s), t_send_s=e(t_send_s),
             t_receive_s=e(t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
-            server_batch_size=m.batch_size, rtt_probe_ms=self.link.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
+            server_batch_size=m.batch_size, rtt_probe_ms=rtt_probe_ms, app_delay_ms=c.app_delay_ms,
             round_gamma=round_gamma, round_mode=round_mode))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:

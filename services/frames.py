@@ -250,6 +250,23 @@ class InlineRunner:
             self.task.cancel()
 
 
+def start_now(coro) -> asyncio.Task | None:
+    """Run a coroutine at once on the caller's stack up to its first suspension; None if it
+    finished (what it raised is raised here), else the Task that finishes it. A WebSocket's or a
+    frame connection's send writes its bytes before it can suspend (only to wait while the
+    kernel's buffer is full), so a send started this way is on its way when this returns, in
+    order with every later send."""
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return None
+
+    async def finish():
+        return await _resume(coro, yielded)
+
+    return asyncio.get_running_loop().create_task(finish())
+
+
 @types.coroutine
 def _resume(coro, yielded):
     """Go on with a started coroutine that yielded ``yielded``: what it yields goes up to the

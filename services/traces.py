@@ -2,9 +2,9 @@
 
 Rows are written and flushed as rounds happen, so a crashed run keeps what it measured; a
 failure is a row too, with the ``error`` column set. Inside an event loop a round's row is
-written at the loop's next turn (all rows due then, one flush): not between a verdict and the
-next block, where it would count as the harness's overhead, but while the edge waits (a request
-row, and closing, write the rounds due first). ``run.json`` beside them records the run's
+built and written at the loop's next turn (all rows due then, one flush): not between a verdict
+and the next block, where it would count as the harness's overhead, but while the edge waits (a
+request row, and closing, write the rounds due first). ``run.json`` beside them records the run's
 config, the backend, package versions and the git commit.
 
 Words of REFERENCE.md: ``proposed`` draft tokens sent, ``accepted`` of them, ``emitted`` =
@@ -36,6 +36,7 @@ import json
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
@@ -127,7 +128,7 @@ class TraceWriter:
         (folder / "run.json").write_text(json.dumps({**sidecar, "environment": environment()}, indent=2))
         self._rounds = self._open("rounds.csv", ROUND_COLUMNS)
         self._requests = self._open("requests.csv", REQUEST_COLUMNS)
-        self._due: list[RoundRow] = []        # round rows to write at the loop's next turn
+        self._due: list = []        # round rows (or what builds them) to write at the loop's next turn
 
     def _open(self, name: str, columns: tuple[str, ...]):
         handle = open(self.folder / name, "w", newline="")
@@ -136,7 +137,9 @@ class TraceWriter:
         handle.flush()
         return handle, writer
 
-    def round(self, row: RoundRow) -> None:
+    def round(self, row: RoundRow | Callable[[], RoundRow]) -> None:
+        """A round's row, or what builds it (called when the row is written, at the loop's next
+        turn: building a row of 22 fields also costs tens of microseconds right after a verdict)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:          # no event loop (a script): write it now
@@ -159,6 +162,7 @@ class TraceWriter:
     def _write(target, rows: list) -> None:
         handle, writer = target
         # Not astuple: it deep-copies every value, 40 us a row here, paid on every round.
+        rows = [row() if callable(row) else row for row in rows]
         writer.writerows([_cell(getattr(row, name)) for name in _COLUMNS[type(row)]] for row in rows)
         handle.flush()
 

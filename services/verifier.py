@@ -115,6 +115,7 @@ class Connection:
         self.replied_s: float | None = None
         self.block_gaps = spinwait.Gaps()
         self.last_message_s = 0.0                # loop.time() of its last frame (the frame transport's idle check)
+        self.sending: set[asyncio.Task] = set()     # sends started by send_now that wait for the kernel
 
     @property
     def busy(self) -> bool:
@@ -145,6 +146,15 @@ class Connection:
             await self.channel.send_bytes(data)
         except (ConnectionError, RuntimeError):
             pass    # the client went away; its sessions are being dropped
+
+    def send_now(self, data: bytes) -> None:
+        """send_encoded from synchronous code (a reply written from inside its pass on the loop's
+        thread): the bytes are written before this returns; a send that then waits for room in
+        the kernel's buffer finishes in a task (held here: the loop holds tasks only weakly)."""
+        task = frames.start_now(self.send_encoded(data))
+        if task is not None:
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
 
 
 INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_connection counts
@@ -586,10 +596,16 @@ class Verifier:
         live = (not state.finished and m.start_pos == len(state.committed)
                 and state.committed.matches(m.start_pos, m.base_digest))
 
-        def reply(verdict, timing: PassTiming) -> bytes:    # encoded while the pass's modelled time runs
-            return wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
+        def reply(verdict, timing: PassTiming) -> bytes | None:
+            """The verdict, encoded while the pass's modelled time runs; after a pass on the loop's
+            own thread, sent at once (None), before the scheduler's bookkeeping."""
+            data = wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
                                              verdict.accepted, verdict.next_token, verdict.stale,
                                              timing.queue_s, timing.compute_s, timing.batch_size))
+            if not timing.on_loop:
+                return data
+            served.conn.send_now(data)
+            return None
 
         if live:
             data, _ = await self.scheduler.submit("verify", proposal.gamma, state.verify_job(proposal),
@@ -598,7 +614,8 @@ class Verifier:
         else:
             data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))      # stale: no compute
         self.counts["verify" if live else "stale"] += 1
-        await served.conn.send_encoded(data)
+        if data is not None:
+            await served.conn.send_encoded(data)
 
     async def _generate(self, served: Served, m: wire.Generate, t_arrival_s: float) -> None:
         """Passes back to back: each is ready when the one before it ended (the first, when the
@@ -618,32 +635,51 @@ class Verifier:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
         end = math.inf if m.max_tokens is None else len(state.committed) + m.max_tokens     # a hand-over's segment
         while not state.finished and not served.closed and len(state.committed) < end:
-            before = len(state.committed)
+            reply = self._round_reply(served, m, round_index)
             if drafts == NOWHERE:
-                _, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
-                                                        on_loop=self._alone(served), arrived_s=arrived_s)
-                proposed = accepted = 0
-                queue_s, compute_s = timing.queue_s, timing.compute_s
+                data, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
+                                                           reply(None), self._alone(served), arrived_s)
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, DraftJob(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
                     generator), served.conn.number, ready_s, on_loop=self._alone(served),
                     arrived_s=arrived_s)
-                verdict, timing = await self.scheduler.submit(
+                data, timing = await self.scheduler.submit(
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
-                    drafting.end_s, on_loop=self._alone(served))
-                proposed, accepted = m.gamma, verdict.accepted
-                queue_s, compute_s = drafting.queue_s + timing.queue_s, drafting.compute_s + timing.compute_s
+                    drafting.end_s, reply(drafting), self._alone(served))
             ready_s, arrived_s = timing.end_s, None
             self.counts[m.mode] += 1
-            await served.conn.send(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
-                                               state.committed.tokens[before:], state.finished,
-                                               queue_s, compute_s, timing.batch_size))
+            if data is not None:
+                await served.conn.send_encoded(data)
             if timing.on_loop:
                 await asyncio.sleep(0)      # a loop turn: read what came in during the passes (a ping, a Close)
             round_index += 1
         if round_index == 0:      # nothing left to generate: still end the stream
             await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))
+
+    @staticmethod
+    def _round_reply(served: Served, m: wire.Generate, round_index: int):
+        """For a Generate's round: ``reply(drafting)`` is the prepare of the round's last pass (its
+        draft pass's timing, None for AR), which encodes the round's Tokens (the pass's times plus
+        the draft's) and, after a pass on the loop's own thread, sends them at once (None)."""
+        state, before = served.state, len(served.state.committed)
+
+        def reply(drafting: PassTiming | None):
+            def prepare(result, timing: PassTiming) -> bytes | None:
+                queue_s, compute_s, proposed, accepted = timing.queue_s, timing.compute_s, 0, 0
+                if drafting is not None:
+                    queue_s, compute_s = queue_s + drafting.queue_s, compute_s + drafting.compute_s
+                    proposed, accepted = m.gamma, result.accepted
+                data = wire.encode(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
+                                               state.committed.tokens[before:], state.finished,
+                                               queue_s, compute_s, timing.batch_size))
+                if not timing.on_loop:
+                    return data
+                served.conn.send_now(data)
+                return None
+            return prepare
+
+        return reply
 
     def _alone(self, served: Served) -> bool:
         """Whether this session's next pass may run on the loop's own thread (Scheduler.submit's

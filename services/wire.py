@@ -206,10 +206,7 @@ MESSAGES = {cls.__name__: cls for cls in (Hello, Ping, Open, Verify, Generate, C
 
 
 def encode(message) -> bytes:
-    body = {"v": VERSION, "type": type(message).__name__}
-    for name in _SCHEMAS[type(message).__name__].names:
-        body[name] = getattr(message, name)
-    return msgpack.packb(body, use_bin_type=True)
+    return _SCHEMAS[type(message).__name__].encode(message)
 
 
 def decode(data: bytes):
@@ -233,9 +230,9 @@ def decode(data: bytes):
     if len(body) - 2 > len(schema.names) or not schema.known.issuperset(body):
         field = sorted(map(str, set(body) - schema.known))[0]
         raise WireError(BAD_FIELD, f"{name}: unknown field {field!r}", field, seq, session)
-    values = schema.read(body)
-    if values is not None:
-        return schema.cls(**values)
+    message = schema.read(body)
+    if message is not None:
+        return message
     values = {}              # something is wrong: find the first bad field, as documented
     for field, check, required, type_name in schema.fields:
         if field not in body:
@@ -256,7 +253,8 @@ class _Schema:
     names: tuple[str, ...]
     known: frozenset
     fields: tuple            # (name, check, required, type name) per field
-    read: typing.Callable    # body -> the fields' values, or None if any is missing or mistyped
+    read: typing.Callable    # body -> the message, or None if a field is missing or mistyped
+    encode: typing.Callable  # message -> bytes
 
 
 def _checker(tp):
@@ -284,7 +282,8 @@ def _schema(cls) -> _Schema:
     names = tuple(f.name for f in fields(cls))
     checks = tuple((f.name, _checker(hints[f.name]), f.default is MISSING, _type_name(hints[f.name]))
                    for f in fields(cls))
-    return _Schema(cls, names, frozenset(names) | {"v", "type"}, checks, _reader(cls.__name__, checks, hints))
+    return _Schema(cls, names, frozenset(names) | {"v", "type"}, checks, _reader(cls, checks, hints),
+                   _encoder(cls.__name__, names))
 
 
 _ABSENT = object()
@@ -309,24 +308,35 @@ def _check_source(tp, namespace: dict, check) -> str:
     return f"{name}(v)"
 
 
-def _reader(name: str, checks: tuple, hints: dict):
+def _reader(cls, checks: tuple, hints: dict):
     """decode's fast path for one message type, generated once: each field's presence and type
-    checked inline, in order; None at the first problem (decode then names it)."""
-    namespace = {"_ABSENT": _ABSENT}
-    lines = [f"def read_{name}(body):", "    out = {}"]
-    for field, check, required, type_name in checks:
+    checked inline, in order, and the message built from them (an absent optional field: its
+    default); None at the first problem (decode then names it)."""
+    namespace = {"_ABSENT": _ABSENT, "_cls": cls}
+    lines = [f"def read_{cls.__name__}(body):"]
+    for i, (field, check, required, type_name) in enumerate(checks):
         lines.append(f"    v = body.get({field!r}, _ABSENT)")
         test = _check_source(hints[field], namespace, check)
         value = "float(v)" if type_name == "float" else "v"
         if required:
-            lines += ["    if v is _ABSENT or not " + test + ":", "        return None",
-                      f"    out[{field!r}] = {value}"]
+            lines += ["    if v is _ABSENT or not " + test + ":", "        return None", f"    v{i} = {value}"]
         else:
-            lines += ["    if v is not _ABSENT:", "        if not " + test + ":", "            return None",
-                      f"        out[{field!r}] = {value}"]
-    lines.append("    return out")
+            namespace[f"_default{i}"] = cls.__dataclass_fields__[field].default
+            lines += ["    if v is _ABSENT:", f"        v{i} = _default{i}", "    elif not " + test + ":",
+                      "        return None", "    else:", f"        v{i} = {value}"]
+    lines.append("    return _cls(" + ", ".join(f"v{i}" for i in range(len(checks))) + ")")
     exec("\n".join(lines), namespace)      # noqa: S102 -- our own schema's source, no input in it
-    return namespace[f"read_{name}"]
+    return namespace[f"read_{cls.__name__}"]
+
+
+def _encoder(name: str, names: tuple[str, ...]):
+    """encode for one message type, generated once: the map as one literal (the same keys in the
+    same order as a loop over the fields would give; right after a model pass every step of
+    Python costs several times its usual time, so fewer is faster)."""
+    namespace = {"_packb": msgpack.packb}
+    items = ", ".join([f'"v": {VERSION}', f'"type": {name!r}'] + [f"{n!r}: m.{n}" for n in names])
+    exec(f"def encode_{name}(m):\n    return _packb({{{items}}}, use_bin_type=True)", namespace)   # noqa: S102
+    return namespace[f"encode_{name}"]
 
 
 

@@ -56,3 +56,31 @@ def test_round_rows_are_written_at_the_loops_next_turn_in_order_and_before_a_req
     with open(tmp_path / "no-loop" / "rounds.csv") as f:
         assert len(list(csv.DictReader(f))) == 1
     writer.close()
+
+
+def test_a_round_row_given_as_its_builder_is_built_when_written_and_written_alike(tmp_path):
+    import asyncio
+    import csv
+
+    from services.traces import TraceWriter
+
+    built = []
+
+    def round_row(i):
+        built.append(i)
+        return RoundRow(run_id="run", client_id="0", mode="sync", gamma=4, request_index=0, round_index=i,
+                        proposed=4, accepted=2, emitted=3, stale=False, t_send_s=1.5)
+
+    async def main():
+        writer = TraceWriter(tmp_path / "run", {})
+        writer.round(lambda: round_row(0))
+        writer.round(round_row(1))
+        assert built == [1]                         # the builder waits for the write
+        await asyncio.sleep(0)
+        assert built == [1, 0]
+        writer.close()
+
+    asyncio.run(main())
+    with open(tmp_path / "run" / "rounds.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["round_index"] for r in rows] == ["0", "1"] and rows[0] == {**rows[1], "round_index": "0"}
