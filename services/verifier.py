@@ -156,6 +156,15 @@ class Connection:
             self.sending.add(task)
             task.add_done_callback(self.sending.discard)
 
+    def send_if_on_loop(self, data: bytes, on_loop: bool) -> bytes | None:
+        """A pass's encoded reply (its prepare): after a pass on the loop's own thread sent at once,
+        before the scheduler's bookkeeping (None: nothing left for the caller to send); else
+        returned for the caller to send."""
+        if not on_loop:
+            return data
+        self.send_now(data)
+        return None
+
 
 INFLIGHT = (wire.Open, wire.Verify, wire.Generate)     # what max_inflight_per_connection counts
 _TEXT = object()        # a WebSocket text frame (the messages are binary)
@@ -602,10 +611,7 @@ class Verifier:
             data = wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
                                              verdict.accepted, verdict.next_token, verdict.stale,
                                              timing.queue_s, timing.compute_s, timing.batch_size))
-            if not timing.on_loop:
-                return data
-            served.conn.send_now(data)
-            return None
+            return served.conn.send_if_on_loop(data, timing.on_loop)
 
         if live:
             data, _ = await self.scheduler.submit("verify", proposal.gamma, state.verify_job(proposal),
@@ -673,10 +679,7 @@ class Verifier:
                 data = wire.encode(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
                                                state.committed.tokens[before:], state.finished,
                                                queue_s, compute_s, timing.batch_size))
-                if not timing.on_loop:
-                    return data
-                served.conn.send_now(data)
-                return None
+                return served.conn.send_if_on_loop(data, timing.on_loop)
             return prepare
 
         return reply
