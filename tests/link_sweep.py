@@ -30,3 +30,13 @@ def check_tokens_exact_and_link_columns(requests: pd.DataFrame, points: pd.DataF
     for column in ("jitter_ms", "loss_pct", "loss_link_pct", "loss_link_expected_pct", "rtt_link_stdev_ms",
                    "rtt_link_expected_p50_ms"):
         assert points[column].notna().all(), column
+
+
+def check_links_shaped(out: Path) -> pd.DataFrame:
+    """links.csv of a shaped network sweep: every link shaped by one of our backends, its probed
+    p50 RTT within 1.5 ms of the configured one. Returns links.csv."""
+    links = pd.read_csv(out / "links.csv")
+    assert set(links["shaper"]) <= {"nfqueue", "kernel-netem"}
+    error_ms = (links["rtt_measured_p50_ms"] - links["rtt_configured_ms"]).abs()
+    assert error_ms.max() < 1.5, links[["rtt_configured_ms", "rtt_measured_p50_ms"]]
+    return links

@@ -13,6 +13,7 @@ from dsd.stopping import StopRule
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.run import run_experiment
 from orchestrator.workload import make_prompts
+from tests.link_sweep import check_links_shaped
 
 RTT_MS = 20.0
 BASE = {"modes": ["ar", "sync", "pipelined"], "rtt_ms": [RTT_MS], "gamma": [3], "clients": [1], "edges": 1,
@@ -52,6 +53,4 @@ def test_netns_sweep_over_frames_is_shaped_like_the_websocket(tmp_path):
     experiment = experiment_from_dict({"name": "ns-tcp", "launcher": "netns", **BASE})
     run_experiment(experiment, tmp_path / "ns", resume=False)
     check(experiment, tmp_path / "ns")
-    links = pd.read_csv(tmp_path / "ns" / "links.csv")
-    assert set(links["shaper"]) <= {"nfqueue", "kernel-netem"}
-    assert (links["rtt_measured_p50_ms"] - links["rtt_configured_ms"]).abs().max() < 1.5
+    check_links_shaped(tmp_path / "ns")
