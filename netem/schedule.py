@@ -152,10 +152,12 @@ def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tup
     """When each change took effect as probes saw it, bracketed: for (at_s, old_rtt_ms, new_rtt_ms),
     (not_before_s, seen_s). seen_s is the send time of the first probe at or after at_s whose RTT is
     within tolerance_ms of the new RTT and nearer the new than the old one (NaN if none did before the
-    next change); not_before_s is the send time of the last probe sent in [at_s, seen_s), which did
-    not see it yet, else at_s. The change was in force somewhere in between: a probe thread that is
-    late to send widens the bracket, only a late link moves not_before_s. `samples` are
-    (sent_s, rtt_ms), lost probes left out, in any order (replies come back in their own)."""
+    next change); not_before_s is the send time of the last probe sent in [at_s, seen_s) whose RTT was
+    nearer the old than the new one (it still saw the old link), else at_s. The change was in force
+    somewhere in between. A probe held up on the way (a stalled host: its RTT is the new one plus the
+    stall, beyond the tolerance) or a probe thread late to send widens the bracket at its upper end;
+    only a late link moves not_before_s. `samples` are (sent_s, rtt_ms), lost probes left out, in any
+    order (replies come back in their own)."""
     out = []
     samples = sorted(samples)
     sent = [s for s, _ in samples]
@@ -165,10 +167,12 @@ def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tup
         for sent_s, rtt_ms in samples[bisect.bisect_left(sent, at_s):]:
             if sent_s >= until_s:
                 break
-            if abs(rtt_ms - new_ms) <= tolerance_ms and abs(rtt_ms - new_ms) <= abs(rtt_ms - old_ms):
+            nearer_new = abs(rtt_ms - new_ms) <= abs(rtt_ms - old_ms)
+            if nearer_new and abs(rtt_ms - new_ms) <= tolerance_ms:
                 found = sent_s
                 break
-            not_before_s = sent_s
+            if not nearer_new:
+                not_before_s = sent_s
         out.append((not_before_s, found))
     return out
 

@@ -15,6 +15,8 @@ from tests.link_sweep import check_tokens_exact_and_link_columns, run_loss_jitte
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
+HOST_EXCESS_MS = 2.0  # what a busy 2-core host may add to a shaped link's median RTT
+
 
 def test_compose_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(docker_engine, tmp_path):
     assert project_containers() == [], "a dsdbed compose project is up already: `docker compose down` it first"
@@ -29,6 +31,13 @@ def test_compose_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(
     # normal, 4 ms per direction: RTT stdev 4 * sqrt(2) = 5.7 ms (a loose band: few probes, and
     # the containers share 2 busy cores).
     assert links["rtt_measured_stdev_ms"].between(3.0, 9.0).all(), links["rtt_measured_stdev_ms"]
-    assert (links["rtt_measured_p50_ms"] - links["rtt_expected_p50_ms"]).abs().max() < 3.0, links
+    # The median of n probes is off by 1.25 * stdev / sqrt(n) (0.7 ms here) by chance alone; the host
+    # only ever adds delay: +0.2-0.3 ms unjittered, and up to +2 ms for a point measured while its
+    # containers were busy (mean excess +1.0-1.2 ms quiet; one CI run had p50s of +1.1 to +3.3 ms).
+    n_probes = 100 * (1 - links["loss_measured_pct"] / 100)
+    chance_ms = 3 * 1.2533 * links["rtt_expected_stdev_ms"] / n_probes ** 0.5
+    excess_ms = links["rtt_measured_p50_ms"] - links["rtt_expected_p50_ms"]
+    assert (excess_ms > -chance_ms).all() and (excess_ms < chance_ms + HOST_EXCESS_MS).all(), \
+        links[["rtt_measured_p50_ms", "rtt_expected_p50_ms", "rtt_measured_stdev_ms", "loss_measured_pct"]]
     assert set(points["loss_link_expected_pct"].round(2)) == {0.0, 5.91}   # 1 - 0.97^2
     assert project_containers() == [] and find_leftovers() == []            # brought up, and down

@@ -83,3 +83,14 @@ def test_effect_time_is_the_first_probe_after_the_change_that_sees_the_new_rtt()
     # 1.002 still saw (part of) the old link; nothing was sent between 2.0 and 2.5: no evidence of lateness.
     assert brackets[:2] == [(1.002, 1.003), (2.0, 2.5)]
     assert brackets[2][0] == 3.0 and math.isnan(brackets[2][1])
+
+
+def test_a_probe_held_up_beyond_the_new_rtt_is_no_evidence_that_the_link_was_late():
+    """A stalled host holds a probe sent after a 10 -> 80 ms change: 130 ms is not 80 within the
+    tolerance, but nearer 80 than 10, so it widens the bracket's upper end, not the lower one; a
+    probe that saw 10 ms after the change does move the lower end (the link was late)."""
+    changes = [(1.0, 10.0, 80.0)]
+    stalled = [(0.99, 10.1), (1.01, 130.0), (1.05, 95.0), (1.09, 80.2)]
+    assert effect_brackets(changes, stalled, tolerance_ms=2.0) == [(1.0, 1.09)]
+    late = [(0.99, 10.1), (1.01, 10.2), (1.05, 10.1), (1.09, 80.2)]
+    assert effect_brackets(changes, late, tolerance_ms=2.0) == [(1.05, 1.09)]

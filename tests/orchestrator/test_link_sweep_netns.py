@@ -51,8 +51,10 @@ def test_netns_link_schedule_mid_request_keeps_tokens_exact_and_records_each_cha
     changes = links[links["change_index"].fillna(0) > 0]
     assert len(changes) == 3 * 2                             # every point lasts past 0.8 s
     assert sorted(set(changes["rtt_configured_ms"])) == [5, 80]
-    # The link itself was late by at most 25 ms (the last probe still seeing the old link); the first
-    # probe seeing the new one may come later when the probe thread is starved on a busy machine.
+    # The link itself was late by at most 25 ms (the last probe whose RTT was nearer the old link's);
+    # the first probe seeing the new one within 2 ms may come later when the probe thread is starved
+    # or the host stalls (CI once held every packet ~100 ms just after a change: such probes are
+    # nearer the new link's RTT, not the old one's).
     settle = changes[["change_settle_min_ms", "change_settle_ms"]]
     assert changes["change_settle_min_ms"].between(0, 25).all(), settle
     assert changes["change_settle_ms"].between(changes["change_settle_min_ms"], 250).all(), settle
