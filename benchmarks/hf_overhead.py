@@ -59,6 +59,13 @@ read 0.10 ms. So the 0.3 ms goal is not reached over either transport: the wake-
 raw TCP echo paced like the rounds, ``echo_floor_p50_ms``) take 0.2-0.4 ms here, and the
 Python work around the pass, 0.3 ms cold after a pass, is what is left above them.
 
+The wake-ups are the VM's: this guest's cpuidle driver is haltpoll with
+``/sys/module/haltpoll/parameters/guest_halt_poll_ns`` = 0 (it never polls before halting). Set to
+the kernel's default 200000 for a run and back (2026-12-02 07:28-07:31 UTC, ws, quiet lock, 0 /
+200000 alternated, load 0.2-1.1): server p50 0.90 / 2.04 / 1.15 / 1.33 ms, echo floor 0.71 / 1.39
+/ 0.77 / 0.90, steal 1.7 / 6.5 / 2.1 / 1.8%: polling gives the floor nothing here (the
+hypervisor takes the polling vCPU's time back), so the host is left as it is.
+
 Cold, not slow: stamped with ``time.thread_time`` beside perf_counter, every step around the
 pass is CPU work, and it costs 3-6x its warm time right after a model pass (a Verify's decode
 60-70 us against 10 warm, a Verified's encode 25-48 against 4). So the path was cut to fewer
