@@ -167,8 +167,9 @@ def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tup
         for sent_s, rtt_ms in samples[bisect.bisect_left(sent, at_s):]:
             if sent_s >= until_s:
                 break
-            nearer_new = abs(rtt_ms - new_ms) <= abs(rtt_ms - old_ms)
-            if nearer_new and abs(rtt_ms - new_ms) <= tolerance_ms:
+            to_new_ms = abs(rtt_ms - new_ms)
+            nearer_new = to_new_ms <= abs(rtt_ms - old_ms)
+            if nearer_new and to_new_ms <= tolerance_ms:
                 found = sent_s
                 break
             if not nearer_new:

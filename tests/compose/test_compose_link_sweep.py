@@ -10,6 +10,7 @@ import pytest
 
 from netem.cleanup import find_leftovers
 from netem.probe import BACKENDS
+from orchestrator.launchers.compose import ComposeConfig
 from tests.compose.test_compose_workflow import project_containers
 from tests.link_sweep import check_tokens_exact_and_link_columns, run_loss_jitter_sweep
 
@@ -34,7 +35,7 @@ def test_compose_sweep_over_loss_and_jitter_records_link_and_keeps_tokens_exact(
     # The median of n probes is off by 1.25 * stdev / sqrt(n) (0.7 ms here) by chance alone; the host
     # only ever adds delay: +0.2-0.3 ms unjittered, and up to +2 ms for a point measured while its
     # containers were busy (mean excess +1.0-1.2 ms quiet; one CI run had p50s of +1.1 to +3.3 ms).
-    n_probes = 100 * (1 - links["loss_measured_pct"] / 100)
+    n_probes = ComposeConfig.verify_count * (1 - links["loss_measured_pct"] / 100)
     chance_ms = 3 * 1.2533 * links["rtt_expected_stdev_ms"] / n_probes ** 0.5
     excess_ms = links["rtt_measured_p50_ms"] - links["rtt_expected_p50_ms"]
     assert (excess_ms > -chance_ms).all() and (excess_ms < chance_ms + HOST_EXCESS_MS).all(), \
