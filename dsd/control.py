@@ -28,7 +28,10 @@ Request-level choice: a driver that can also hand a request to the server (cloud
 SD) asks ``decide_request(rtt_s)`` before the request (rtt_s: the link as last probed) and, once
 it is done, hands ``observe_request`` a ``RequestObservation``. A decision of a DSD mode starts a
 DSD request (whose rounds then go through ``decide``/``observe``); ``ar``/``colocated`` runs it
-on the server. Which modes a policy may pick is ``ControllerConfig.modes``.
+on the server. Which modes a policy may pick is ``ControllerConfig.modes``. While a request is on
+the server, a policy may also have ``stream_ahead_s()`` say how long a round trip the driver
+should keep the stream asked ahead for (dsd/driver.py ``keep_server_busy``; None or absent: the
+link as last measured).
 """
 from __future__ import annotations
 

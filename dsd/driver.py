@@ -253,18 +253,28 @@ class DsdDriver:
         server before it idles; while the link or the rate is not measured yet (a request that
         starts on the server), keep two segments asked. Segments stay short (``handover_tokens``):
         each one's first tokens measure the link, so a long stream sees the RTT move within a few
-        tokens, and a plan back to the edge waits only for what is due."""
+        tokens, and a plan back to the edge waits only for what is due. A controller may ask for
+        a longer round trip than the last measured (``stream_ahead_s()``, e.g. the model policy,
+        the slowest link seen while no edge plan would take the request back): a link that slows
+        mid-stream then does not leave the server idle."""
+        ahead = getattr(self.controller, "stream_ahead_s", None)
+        ahead_s = ahead() if ahead else None
         for _ in range(self.remaining_tokens + 1):          # each segment asks for one token or more
-            due = sum(s.remaining for s in self.segments)
-            if self._rtt_s is not None and self._step_s:
-                if due * self._step_s > self._rtt_s + self._step_s:
-                    return
-            elif len(self.segments) >= 2:
+            if self._asked_enough(ahead_s):
                 return
             asked = len(self.segments)
             await self.hand_over(after)
             if len(self.segments) == asked:
                 return
+
+    def _asked_enough(self, ahead_s: float | None) -> bool:
+        """The tokens due from the asked segments last a round trip (the longer of the last
+        measured and ``ahead_s``) and a step; two segments while the link or the server's rate is
+        not measured."""
+        if self._rtt_s is not None and self._step_s:
+            rtt_s = max(self._rtt_s, ahead_s or 0.0)
+            return sum(s.remaining for s in self.segments) * self._step_s > rtt_s + self._step_s
+        return len(self.segments) >= 2
 
     async def hand_over(self, after: Arrival | None) -> None:
         """Ask the server for the next segment of the request: ``handover_tokens``, none past the

@@ -87,11 +87,17 @@ class ModelPolicy:
     requests in a row, where DSD at the best alpha seen so far would beat the server, one request
     runs DSD again to re-measure it."""
 
+    STREAM_AHEAD_POSITIONS = 12
+
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.current = config.dsd_start
         self.acceptance = Acceptance(config.discount)
         self.rtt_s = Level(config.discount)              # the link: follows its steps
+        self.rtt_floor_s: float | None = None             # the fastest the link has been measured
+        self.rtt_ceiling_s: float | None = None           # the slowest its running level has been
+        self.request_positions = 0                        # positions drafted or shadowed in this request
+        self.request_matches = 0                          # ... and those accepted or matched
         self.t_draft_s = Discounted(config.discount)
         self.t_verify_s = DiscountedLine(config.discount)     # against gamma
         self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
@@ -107,6 +113,9 @@ class ModelPolicy:
     def observe(self, observation: Observation) -> None:
         if observation.stale:
             return
+        if None not in (observation.remaining_tokens, self.remaining_tokens) \
+                and observation.remaining_tokens > self.remaining_tokens:
+            self._add_positions(None, None)    # a new request (a driver that did not ask decide_request)
         self.remaining_tokens = observation.remaining_tokens
         self.queue_s.add(self._queue_sample(observation))
         self.last_round_mode = observation.mode
@@ -114,11 +123,48 @@ class ModelPolicy:
             self._observe_server(observation)
             return
         self.acceptance.add(observation.accepted, float(observation.accepted < observation.proposed))
-        self.rtt_s.add(observation.rtt_s)
+        self._add_positions(observation.proposed, observation.accepted)
+        self._add_rtt(observation.rtt_s)
         self.t_draft_s.add(observation.t_draft_s)
         self.t_verify_s.add(observation.proposed, observation.t_verify_s)
         if self.alpha is not None and self.acceptance.weight >= 5:
             self.alpha_best = max(self.alpha_best, self.alpha)
+
+    def _add_rtt(self, rtt_s: float | None) -> None:
+        self.rtt_s.add(rtt_s)
+        if rtt_s is not None and math.isfinite(rtt_s) and rtt_s > 0:
+            self.rtt_floor_s = rtt_s if self.rtt_floor_s is None else min(self.rtt_floor_s, rtt_s)
+            self.rtt_ceiling_s = max(self.rtt_ceiling_s or 0.0, self.rtt_s.value)
+
+    def _add_positions(self, positions: int | None, matches: int | None) -> None:
+        """Count this request's drafted (or shadowed) positions and matches; None: a new request."""
+        if positions is None:
+            self.request_positions, self.request_matches = 0, 0
+        else:
+            self.request_positions += positions
+            self.request_matches += matches
+
+    def stream_ahead_s(self) -> float | None:
+        """The round trip a server stream should be kept asked ahead for (dsd/driver.py
+        ``keep_server_busy``; None: the link as last measured). Asked one round trip ahead, a stream
+        whose link slows mid-way (10 -> 150 ms) leaves the server idle until a segment's first
+        tokens show the new RTT: 0.17 s lost per such step on netns, where cloud AR was the best
+        plan on both links. So while the request is on the server and no edge plan would take it
+        back even on the fastest link measured so far (by the switching margin), the stream is
+        kept asked for the slowest link level seen: only a change of acceptance could end it early,
+        and then the tokens asked beyond the RTT are what the hand-back waits for. Not before the request's own drafts or shadow drafts
+        have covered ``STREAM_AHEAD_POSITIONS`` positions, and at the higher of the running alpha
+        and the request's own rate so far: a new prompt may bring a new alpha, and the running
+        estimate (discounted) follows a rise over many positions."""
+        if self.current.mode not in server_modes() or not self.config.dsd_modes or not self._measured() \
+                or self.rtt_floor_s is None or self.request_positions < self.STREAM_AHEAD_POSITIONS:
+            return None
+        alpha = max(self.alpha, self.request_matches / self.request_positions)
+        rtt_s = self.rtt_floor_s
+        _, edge_s = self._best(self.config.dsd_modes, alpha, rtt_s)
+        if edge_s < self._cost_s(self.current, alpha, rtt_s) * (1 - self.config.margin_pct / 100):
+            return None
+        return self.rtt_ceiling_s
 
     def _queue_sample(self, o: Observation) -> float | None:
         """The verifier's queueing per pass this round saw from other clients' work, where nothing
@@ -182,12 +228,14 @@ class ModelPolicy:
         """A server round of a hand-over: shadow drafting's positions as draws of alpha (co-located
         rounds without them: the server's own draft rounds), the hand-over's round trip as the
         link's, the round's compute as the server's AR step (or draft steps, co-located)."""
-        self.rtt_s.add(o.rtt_s)
+        self._add_rtt(o.rtt_s)
         if o.shadow_positions:
             self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
+            self._add_positions(o.shadow_positions, o.shadow_matches)
         speculative = get_mode(o.mode).speculative
         if speculative and o.proposed and not o.shadow_positions:
             self.acceptance.add(o.accepted, float(o.accepted < o.proposed))
+            self._add_positions(o.proposed, o.accepted)
         if o.t_verify_s is None or not o.tokens:
             return
         if not speculative:
@@ -203,9 +251,10 @@ class ModelPolicy:
         c = self.config
         self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
         self.last_round_mode = None                     # its first round queues behind its own Open
+        self._add_positions(None, None)
         if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
             self.rtt_s = Level(c.discount)
-            self.rtt_s.add(rtt_s)
+            self._add_rtt(rtt_s)
         if not self._measured():
             self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
             return self.last_request
@@ -242,7 +291,7 @@ class ModelPolicy:
     def observe_request(self, observation: RequestObservation) -> None:
         self.request_tokens = observation.tokens or None
         if observation.rtt_s is not None:
-            self.rtt_s.add(observation.rtt_s)
+            self._add_rtt(observation.rtt_s)
         if observation.mode in edge_modes():
             self.server_streak = 0
             return

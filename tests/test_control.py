@@ -791,3 +791,53 @@ def test_model_counts_only_queueing_behind_other_clients_not_its_own_work():
     assert policy.server_queue_s == 0.0
     policy.observe(Observation(rtt_s=None, server_queue_s=0.004, **step))      # a later step: others' passes
     assert policy.server_queue_s == pytest.approx(0.004)
+
+
+class _AskOneRoundTripAhead(ModelPolicy):
+    """The model policy without its longer look-ahead: streams asked one measured RTT ahead."""
+
+    def stream_ahead_s(self):
+        return None
+
+
+def test_a_stream_that_stays_on_the_server_is_asked_for_the_slowest_link_seen():
+    """t_ar = t_verify = 20 ms, alpha 0.2: cloud AR beats DSD on a 10 ms link and on a 150 ms one.
+    After a request on the 150 ms link, a request whose link steps 10 -> 150 ms mid-stream: asked
+    only one measured RTT (10 ms) ahead, the server runs dry until a segment's first tokens show
+    the new RTT; kept asked for the slowest level seen, it does not. Output stays the target's."""
+    config = SyntheticConfig(alpha=0.2, seed=4)
+    costs = LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02, t_draft_server_s=0.001)
+    stop = StopRule(64)
+    walls = {}
+    for policy_class in (ModelPolicy, _AskOneRoundTripAhead):
+        draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+        policy = policy_class(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined")))
+        for i, rtt_at in enumerate([lambda t: 0.150, lambda t: 0.010 if t < 0.6 else 0.150]):
+            prompt = [5, 40 + i, 7]
+            run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
+                               seq_id=f"{policy_class.__name__}{i}", mode="pipelined", rtt_at=rtt_at)
+            assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
+            modes = [r.mode for r in run.generation.rounds if not r.stale]
+            assert modes[-1] == "ar"
+        walls[policy_class] = run.total_s
+        if policy_class is ModelPolicy:
+            assert policy.stream_ahead_s() == pytest.approx(0.150, rel=0.05)
+    # the server idles about the step's 140 ms once when asked one (10 ms) round trip ahead
+    assert walls[_AskOneRoundTripAhead] - walls[ModelPolicy] > 0.08
+
+
+def test_stream_ahead_stays_off_while_an_edge_plan_could_take_the_request_back():
+    """At alpha 0.9 on a link measured at 10 ms DSD beats cloud AR, so a stream stays asked one
+    measured RTT ahead (None), as it does for a request's first positions."""
+    policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined")))
+    assert policy.stream_ahead_s() is None
+    for rtt_s in (0.150, 0.010):
+        for _ in range(10):
+            policy.observe(Observation(8, "pipelined", 8, 8 if _ % 3 else 5, False, rtt_s, 0.001, 0.02, 0.0))
+    policy.current = Decision(1, "ar")
+    policy.request_positions, policy.request_matches = 40, 36
+    assert policy.stream_ahead_s() is None
+    policy.request_matches = 4                       # this request's own positions: alpha 0.1
+    policy.acceptance = type(policy.acceptance)(0.9)
+    policy.acceptance.add(1, 9)
+    assert policy.stream_ahead_s() == pytest.approx(0.150, rel=0.05)
