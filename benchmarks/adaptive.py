@@ -211,6 +211,27 @@ mean over seeds 0-4 with its standard error:
                   / 8.9 / 6.7), heuristic 48.1, best static 49.8: the bandit's goal (10) is met, the
                   model's (5) is within one standard error and not shown; both beat the heuristic,
                   and the model is far more than 15% better than the best static choice
+Session 12 (2026-12-02, code 70dd45e): the model keeps a server stream asked for the slowest link
+level seen while no edge plan would take the request back even on the fastest link seen
+(dsd/policy_model.py ``stream_ahead_s``), instead of one measured RTT ahead: an AR stream at alpha
+0.3 caught by a 10 -> 150 ms step no longer leaves the server idle until a segment shows the new
+RTT (seed 2's request 21: 173 -> 61 ms lost).
+  sim, 3 seeds:   model 3.3 (2.1 / 3.7 / 4.0; was 2.5 / 4.6 / 4.4), bandit 7.9 (unchanged: it has
+                  no look-ahead), heuristic 47.6, best static 57.4, switches 2.6
+  netns, seeds 0-4 (written down before the runs: /work/notes/session12-plan.md; one seed per
+  command, quiet and netns locks held, 9.3-12.5 minutes each, load average 0.1-1.5 before):
+                  model 5.0 +- 0.2 (4.6 / 5.2 / 5.4 / 5.6 / 4.4; was 3.6 / 3.0 / 10.8 / 8.6 / 4.4,
+                  paired change -1.0 +- 1.4), bandit 7.2 +- 0.9 (9.9 / 6.8 / 5.5 / 8.5 / 5.2),
+                  heuristic 49.5 (seed 0: 66.1, its static sync arms 2-5 s slower than other seeds'),
+                  best static 48.6, switches 3.2-4.9. The model's spread fell from 3.0-10.8 to
+                  4.4-5.6, its mean from 6.1 to 5.0: the goal (5) is not shown (not below it).
+                  Where the rest goes (per request, against the oracle): the run's first 10 -> 150
+                  step in an AR stream, 0.15-0.23 s per seed (nothing slower seen yet to look
+                  ahead for); an alpha-0.9 AR stream begun at 150 ms that the link's fall to 10 ms
+                  leaves on the server, 0.17-0.37 s on four seeds of five (the stream is asked
+                  ~170 ms ahead, and the first segment that sees the fall is served after all of
+                  it: an acknowledgement of each Generate and a way to withdraw asked segments
+                  would let it come back); the first request after an alpha change, 0.06-0.24 s
 """
 from __future__ import annotations
 
