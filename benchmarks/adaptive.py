@@ -218,6 +218,8 @@ level seen while no edge plan would take the request back even on the fastest li
 RTT (seed 2's request 21: 173 -> 61 ms lost).
   sim, 3 seeds:   model 3.3 (2.1 / 3.7 / 4.0; was 2.5 / 4.6 / 4.4), bandit 7.9 (unchanged: it has
                   no look-ahead), heuristic 47.6, best static 57.4, switches 2.6
+  sim, 3 seeds, --rtt-trace experiments/traces/roaming-de.csv: model 4.6 (5.4 / 4.3 / 4.2; was
+                  5.9 / 4.6 / 4.2), bandit 5.6, heuristic 117.2, best static 38.9, switches 1.1
   netns, seeds 0-4 (written down before the runs: /work/notes/session12-plan.md; one seed per
   command, quiet and netns locks held, 9.3-12.5 minutes each, load average 0.1-1.5 before):
                   model 5.0 +- 0.2 (4.6 / 5.2 / 5.4 / 5.6 / 4.4; was 3.6 / 3.0 / 10.8 / 8.6 / 4.4,
