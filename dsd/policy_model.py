@@ -115,7 +115,7 @@ class ModelPolicy:
             return
         if None not in (observation.remaining_tokens, self.remaining_tokens) \
                 and observation.remaining_tokens > self.remaining_tokens:
-            self._add_positions(None, None)    # a new request (a driver that did not ask decide_request)
+            self._new_request_positions()    # a new request (a driver that did not ask decide_request)
         self.remaining_tokens = observation.remaining_tokens
         self.queue_s.add(self._queue_sample(observation))
         self.last_round_mode = observation.mode
@@ -136,13 +136,13 @@ class ModelPolicy:
             self.rtt_floor_s = rtt_s if self.rtt_floor_s is None else min(self.rtt_floor_s, rtt_s)
             self.rtt_ceiling_s = max(self.rtt_ceiling_s or 0.0, self.rtt_s.value)
 
-    def _add_positions(self, positions: int | None, matches: int | None) -> None:
-        """Count this request's drafted (or shadowed) positions and matches; None: a new request."""
-        if positions is None:
-            self.request_positions, self.request_matches = 0, 0
-        else:
-            self.request_positions += positions
-            self.request_matches += matches
+    def _add_positions(self, positions: int, matches: int) -> None:
+        """Count this request's drafted (or shadowed) positions and the accepted (matched) ones."""
+        self.request_positions += positions
+        self.request_matches += matches
+
+    def _new_request_positions(self) -> None:
+        self.request_positions, self.request_matches = 0, 0
 
     def stream_ahead_s(self) -> float | None:
         """The round trip a server stream should be kept asked ahead for (dsd/driver.py
@@ -152,10 +152,11 @@ class ModelPolicy:
         plan on both links. So while the request is on the server and no edge plan would take it
         back even on the fastest link measured so far (by the switching margin), the stream is
         kept asked for the slowest link level seen: only a change of acceptance could end it early,
-        and then the tokens asked beyond the RTT are what the hand-back waits for. Not before the request's own drafts or shadow drafts
-        have covered ``STREAM_AHEAD_POSITIONS`` positions, and at the higher of the running alpha
-        and the request's own rate so far: a new prompt may bring a new alpha, and the running
-        estimate (discounted) follows a rise over many positions."""
+        and then the tokens asked beyond the RTT are what the hand-back waits for. Not before the
+        request's own drafts or shadow drafts have covered ``STREAM_AHEAD_POSITIONS`` positions,
+        and at the higher of the running alpha and the request's own rate so far: a new prompt may
+        bring a new alpha, and the running estimate (discounted) follows a rise over many
+        positions. Asked once per stream arrival, beside ``decide``: about as dear (~0.12 ms here)."""
         if self.current.mode not in server_modes() or not self.config.dsd_modes or not self._measured() \
                 or self.rtt_floor_s is None or self.request_positions < self.STREAM_AHEAD_POSITIONS:
             return None
@@ -251,7 +252,7 @@ class ModelPolicy:
         c = self.config
         self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
         self.last_round_mode = None                     # its first round queues behind its own Open
-        self._add_positions(None, None)
+        self._new_request_positions()
         if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
             self.rtt_s = Level(c.discount)
             self._add_rtt(rtt_s)
