@@ -79,7 +79,7 @@ def tcp_counters(netns: str) -> dict[str, int]:
 
 
 def run(from_ms: float, to_ms: float, step_after_s: float, duration_s: float, order: str = "path") -> dict:
-    with Topology(TopologyConfig(n_edges=1)) as topo, Shaper(ShaperConfig(verify_count=5)) as shaper:
+    with Topology(TopologyConfig(n_edges=1)) as topo, Shaper(ShaperConfig(verify_count=20)) as shaper:
         shaper.apply(topo.links(LinkSpec(rtt_ms=from_ms)))
         server = subprocess.Popen(nsutil.in_netns(topo.verifier.netns, [sys.executable, "-c", SERVER]))
         try:

@@ -40,7 +40,7 @@ NOTHING = {"netns": [], "iptables": [], "processes": [], "logs": []}
 
 
 def test_context_managers_leave_nothing_after_normal_exit():
-    with Topology(TopologyConfig(n_edges=2)) as topo, Shaper(ShaperConfig(verify_count=5)) as shaper:
+    with Topology(TopologyConfig(n_edges=2)) as topo, Shaper(ShaperConfig(verify_count=20)) as shaper:
         shaper.apply(topo.links(LinkSpec(rtt_ms=10)))
         assert leftovers()["netns"]
     assert leftovers() == NOTHING
