@@ -151,8 +151,11 @@ class ModelPolicy:
         tokens show the new RTT: 0.17 s lost per such step on netns, where cloud AR was the best
         plan on both links. So while the request is on the server and no edge plan would take it
         back even on the fastest link measured so far (by the switching margin), the stream is
-        kept asked for the slowest link level seen: only a change of acceptance could end it early,
-        and then the tokens asked beyond the RTT are what the hand-back waits for. Not before the
+        kept asked for the slowest link level seen, and at least ``stream_ahead_floor_s`` (a slow
+        Internet path's RTT) for the step to a level not seen yet -- the run's first 10 -> 150 ms
+        step cost 0.15-0.23 s on every netns seed with the slowest seen alone: only a change of
+        acceptance could end such a stream early, and then the tokens asked beyond the RTT are
+        what the hand-back waits for (still tokens, at the server's pace). Not before the
         request's own drafts or shadow drafts have covered ``STREAM_AHEAD_POSITIONS`` positions,
         and at the higher of the running alpha and the request's own rate so far: a new prompt may
         bring a new alpha, and the running estimate (discounted) follows a rise over many
@@ -165,7 +168,7 @@ class ModelPolicy:
         _, edge_s = self._best(self.config.dsd_modes, alpha, rtt_s)
         if edge_s < self._cost_s(self.current, alpha, rtt_s) * (1 - self.config.margin_pct / 100):
             return None
-        return self.rtt_ceiling_s
+        return max(self.rtt_ceiling_s or 0.0, self.config.stream_ahead_floor_s)
 
     def _queue_sample(self, o: Observation) -> float | None:
         """The verifier's queueing per pass this round saw from other clients' work, where nothing

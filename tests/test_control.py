@@ -811,7 +811,8 @@ def test_a_stream_that_stays_on_the_server_is_asked_for_the_slowest_link_seen():
     walls = {}
     for policy_class in (ModelPolicy, _AskOneRoundTripAhead):
         draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
-        policy = policy_class(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined")))
+        policy = policy_class(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
+                                               stream_ahead_floor_s=0.0))
         for i, rtt_at in enumerate([lambda t: 0.150, lambda t: 0.010 if t < 0.6 else 0.150]):
             prompt = [5, 40 + i, 7]
             run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
@@ -829,7 +830,8 @@ def test_a_stream_that_stays_on_the_server_is_asked_for_the_slowest_link_seen():
 def test_stream_ahead_stays_off_while_an_edge_plan_could_take_the_request_back():
     """At alpha 0.9 on a link measured at 10 ms DSD beats cloud AR, so a stream stays asked one
     measured RTT ahead (None), as it does for a request's first positions."""
-    policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined")))
+    policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
+                                          stream_ahead_floor_s=0.0))
     assert policy.stream_ahead_s() is None
     for rtt_s in (0.150, 0.010):
         for _ in range(10):
@@ -841,3 +843,29 @@ def test_stream_ahead_stays_off_while_an_edge_plan_could_take_the_request_back()
     policy.acceptance = type(policy.acceptance)(0.9)
     policy.acceptance.add(1, 9)
     assert policy.stream_ahead_s() == pytest.approx(0.150, rel=0.05)
+    policy.config = ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"))
+    assert policy.stream_ahead_s() == pytest.approx(0.2)          # the default floor: above the slowest seen
+
+
+def test_the_floor_keeps_a_stream_asked_for_a_slower_link_than_any_seen_yet():
+    """The run's first step: two requests on a 10 ms link (alpha 0.2: cloud AR is the plan), the
+    second stepping to 150 ms mid-stream. No slower level has been seen, so without a floor the
+    stream is asked 10 ms ahead and the server runs dry at the step; with the default floor
+    (0.2 s) it does not. Output stays the target's."""
+    config = SyntheticConfig(alpha=0.2, seed=4)
+    costs = LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02, t_draft_server_s=0.001)
+    stop = StopRule(64)
+    walls = {}
+    for floor_s in (0.2, 0.0):
+        draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+        policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
+                                              stream_ahead_floor_s=floor_s))
+        for i, rtt_at in enumerate([lambda t: 0.010, lambda t: 0.010 if t < 0.6 else 0.150]):
+            prompt = [5, 40 + i, 7]
+            run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
+                               seq_id=f"floor{floor_s}-{i}", mode="pipelined", rtt_at=rtt_at)
+            assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"f{i}").tokens
+            assert [r.mode for r in run.generation.rounds if not r.stale][-1] == "ar"
+        walls[floor_s] = run.total_s
+    # the server idles about the step's 140 ms once when asked one (10 ms) round trip ahead
+    assert walls[0.0] - walls[0.2] > 0.08
