@@ -234,6 +234,24 @@ RTT (seed 2's request 21: 173 -> 61 ms lost).
                   ~170 ms ahead, and the first segment that sees the fall is served after all of
                   it: an acknowledgement of each Generate and a way to withdraw asked segments
                   would let it come back); the first request after an alpha change, 0.06-0.24 s
+Session 13 (2026-12-02, code b53dc2b): before a slower level is seen the look-ahead is at least
+``ControllerConfig.stream_ahead_floor_s`` = 0.2 s (RIPE Atlas's ping-weighted p90 country-pair mean
+RTT), so the run's first 10 -> 150 step is covered too.
+  sim, 3 seeds:   model 2.3 (1.3 / 2.7 / 2.8; was 2.1 / 3.7 / 4.0), bandit 7.9, heuristic 47.6, best
+                  static 57.4, switches 2.4 (2.4 minutes)
+  netns, seeds 0-4 (the rule of session 12, written down before the runs; one seed per command,
+  quiet and netns locks held, 9.8 minutes each, 11:47-12:36 UTC, load average 0.1-0.3 before):
+                  model 4.8 +- 1.5 (4.5 / 0.8 / 10.1 / 5.4 / 3.2), bandit 8.4 +- 0.4 (7.6 / 8.5 / 9.6
+                  / 8.8 / 7.3), heuristic 47.6, best static 51.5, switches 3.2-3.8: the model's goal
+                  (mean + SE <= 5) is not shown. Seed 1 on the code before the floor (69e95de), a
+                  diagnostic run at 11:36: model 2.2 (5.2 in session 12): one seed moves by 3
+                  points between runs. Per request: the run's first step cost <= 0.08 s on
+                  four seeds (the floor); three seeds lost 0.13-0.18 s at a 10 -> 150 step within
+                  a server request's first 12 positions (``STREAM_AHEAD_POSITIONS``: no look-ahead
+                  yet); the alpha-0.9 stream across 150 -> 10, 0.12-0.20 s on four seeds; the
+                  requests an alpha change lands in, 0.06-0.28 s. The positions gate on sim seeds
+                  3-5 (not the reported ones; sim requests are 48 tokens, segments 6 s): 12 -> 3.5,
+                  4 -> 3.3, 1 -> 3.5 (not judged on netns; left at 12)
 """
 from __future__ import annotations
 
