@@ -168,7 +168,7 @@ class ModelPolicy:
         _, edge_s = self._best(self.config.dsd_modes, alpha, rtt_s)
         if edge_s < self._cost_s(self.current, alpha, rtt_s) * (1 - self.config.margin_pct / 100):
             return None
-        return max(self.rtt_ceiling_s or 0.0, self.config.stream_ahead_floor_s)
+        return max(self.rtt_ceiling_s, self.config.stream_ahead_floor_s)     # set with rtt_floor_s
 
     def _queue_sample(self, o: Observation) -> float | None:
         """The verifier's queueing per pass this round saw from other clients' work, where nothing

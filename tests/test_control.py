@@ -800,31 +800,37 @@ class _AskOneRoundTripAhead(ModelPolicy):
         return None
 
 
-def test_a_stream_that_stays_on_the_server_is_asked_for_the_slowest_link_seen():
-    """t_ar = t_verify = 20 ms, alpha 0.2: cloud AR beats DSD on a 10 ms link and on a 150 ms one.
-    After a request on the 150 ms link, a request whose link steps 10 -> 150 ms mid-stream: asked
-    only one measured RTT (10 ms) ahead, the server runs dry until a segment's first tokens show
-    the new RTT; kept asked for the slowest level seen, it does not. Output stays the target's."""
+def _second_request_wall_s(policy: ModelPolicy, first_rtt_s: float) -> float:
+    """Two requests at alpha 0.2 (t_ar = t_verify = 20 ms: cloud AR beats DSD on a 10 ms link and
+    on a 150 ms one), the first on a link of ``first_rtt_s``, the second on a link that steps
+    10 -> 150 ms mid-stream; both end in cloud AR with the target's output. The second's wall time."""
     config = SyntheticConfig(alpha=0.2, seed=4)
     costs = LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02, t_draft_server_s=0.001)
     stop = StopRule(64)
-    walls = {}
-    for policy_class in (ModelPolicy, _AskOneRoundTripAhead):
-        draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
-        policy = policy_class(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
-                                               stream_ahead_floor_s=0.0))
-        for i, rtt_at in enumerate([lambda t: 0.150, lambda t: 0.010 if t < 0.6 else 0.150]):
-            prompt = [5, 40 + i, 7]
-            run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
-                               seq_id=f"{policy_class.__name__}{i}", mode="pipelined", rtt_at=rtt_at)
-            assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
-            modes = [r.mode for r in run.generation.rounds if not r.stale]
-            assert modes[-1] == "ar"
-        walls[policy_class] = run.total_s
-        if policy_class is ModelPolicy:
-            assert policy.stream_ahead_s() == pytest.approx(0.150, rel=0.05)
+    draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
+    for i, rtt_at in enumerate([lambda t: first_rtt_s, lambda t: 0.010 if t < 0.6 else 0.150]):
+        prompt = [5, 40 + i, 7]
+        run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
+                           seq_id=f"step{i}", mode="pipelined", rtt_at=rtt_at)
+        assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
+        assert [r.mode for r in run.generation.rounds if not r.stale][-1] == "ar"
+    return run.total_s
+
+
+def _look_ahead_config(floor_s: float) -> ControllerConfig:
+    return ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"), stream_ahead_floor_s=floor_s)
+
+
+def test_a_stream_that_stays_on_the_server_is_asked_for_the_slowest_link_seen():
+    """After a request on the 150 ms link, a request whose link steps 10 -> 150 ms mid-stream: asked
+    only one measured RTT (10 ms) ahead, the server runs dry until a segment's first tokens show
+    the new RTT; kept asked for the slowest level seen (no floor), it does not."""
+    policy = ModelPolicy(_look_ahead_config(0.0))
+    wall_s = _second_request_wall_s(policy, 0.150)
+    assert policy.stream_ahead_s() == pytest.approx(0.150, rel=0.05)
+    one_rtt_wall_s = _second_request_wall_s(_AskOneRoundTripAhead(_look_ahead_config(0.0)), 0.150)
     # the server idles about the step's 140 ms once when asked one (10 ms) round trip ahead
-    assert walls[_AskOneRoundTripAhead] - walls[ModelPolicy] > 0.08
+    assert one_rtt_wall_s - wall_s > 0.08
 
 
 def test_stream_ahead_stays_off_while_an_edge_plan_could_take_the_request_back():
@@ -848,24 +854,10 @@ def test_stream_ahead_stays_off_while_an_edge_plan_could_take_the_request_back()
 
 
 def test_the_floor_keeps_a_stream_asked_for_a_slower_link_than_any_seen_yet():
-    """The run's first step: two requests on a 10 ms link (alpha 0.2: cloud AR is the plan), the
-    second stepping to 150 ms mid-stream. No slower level has been seen, so without a floor the
-    stream is asked 10 ms ahead and the server runs dry at the step; with the default floor
-    (0.2 s) it does not. Output stays the target's."""
-    config = SyntheticConfig(alpha=0.2, seed=4)
-    costs = LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02, t_draft_server_s=0.001)
-    stop = StopRule(64)
-    walls = {}
-    for floor_s in (0.2, 0.0):
-        draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
-        policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
-                                              stream_ahead_floor_s=floor_s))
-        for i, rtt_at in enumerate([lambda t: 0.010, lambda t: 0.010 if t < 0.6 else 0.150]):
-            prompt = [5, 40 + i, 7]
-            run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
-                               seq_id=f"floor{floor_s}-{i}", mode="pipelined", rtt_at=rtt_at)
-            assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"f{i}").tokens
-            assert [r.mode for r in run.generation.rounds if not r.stale][-1] == "ar"
-        walls[floor_s] = run.total_s
+    """The run's first step: a request on a 10 ms link, then one stepping to 150 ms mid-stream. No
+    slower level has been seen, so without a floor the stream is asked 10 ms ahead and the server
+    runs dry at the step; with the default floor (0.2 s) it does not."""
+    walls = {floor_s: _second_request_wall_s(ModelPolicy(_look_ahead_config(floor_s)), 0.010)
+             for floor_s in (0.2, 0.0)}
     # the server idles about the step's 140 ms once when asked one (10 ms) round trip ahead
     assert walls[0.0] - walls[0.2] > 0.08
