@@ -419,13 +419,16 @@ class ScheduledPoint:
                 changes.append((self.t0_s + at_s, old, new))
                 old = new
             seen = effect_brackets(changes, self._timeline[edge_index], EFFECT_TOLERANCE_MS)
-            for k, ((at_s, new_spec), (t_not_before, t_seen)) in enumerate(zip(steps, seen), start=1):
+            # Settle times are taken from the very float the brackets were found against: a bracket
+            # that starts at the change is then exactly 0, not t0 + at - t0 - at (-7e-10 ms at CI's clock).
+            for k, ((at_s, new_spec), (t_change_s, _, _), (t_not_before, t_seen)) in enumerate(
+                    zip(steps, changes, seen), start=1):
                 out.append({**dataclasses.asdict(link_state_of(state.edge, state.shaper, new_spec)),
                             "change_index": k, "change_at_s": at_s, "change_source": self.schedule.source,
-                            "change_t_unix_s": self.t0_s + at_s + self.unix_minus_mono_s,
+                            "change_t_unix_s": t_change_s + self.unix_minus_mono_s,
                             "change_seen_t_unix_s": t_seen + self.unix_minus_mono_s,
-                            "change_settle_ms": 1000 * (t_seen - self.t0_s - at_s),
-                            "change_settle_min_ms": 1000 * (t_not_before - self.t0_s - at_s)})
+                            "change_settle_ms": 1000 * (t_seen - t_change_s),
+                            "change_settle_min_ms": 1000 * (t_not_before - t_change_s)})
         return out
 
     def annotate_rounds(self, rounds: pd.DataFrame, n_edges: int) -> pd.DataFrame:

@@ -168,6 +168,24 @@ def test_rounds_are_joined_to_the_link_change_in_force_when_sent():
     assert out["link_rtt_configured_ms"].tolist()[:3] == [20, 50, 100]
 
 
+def test_a_change_seen_by_its_first_probe_settles_in_exactly_zero_ms_at_any_clock():
+    """CI's monotonic clock (~1.8e6 s) once made a bracket that starts at the change read -7e-10 ms:
+    t0 + at - t0 - at is not 0 in floats. The settle times come from the change's own float."""
+    from types import SimpleNamespace
+
+    schedule = experiment_from_dict({**BASE, "link": {"schedule": [{"at_s": 0.3, "rtt_ms": 80},
+                                                                   {"at_s": 0.8, "rtt_ms": 5}]}}).link.schedule
+    for t0_s in (1796212.041, 900.0, 12345678.9):
+        scheduled = links.ScheduledPoint(None, [LinkSpec(rtt_ms=10)], schedule)
+        scheduled.t0_s, scheduled.t_end_s = t0_s, t0_s + 1.0
+        # Each change's first probe already sees the new link; the one before it saw the old one.
+        scheduled._timeline = [[(t0_s + 0.29, 10.0), (t0_s + 0.3 + 0.002, 80.1),
+                                (t0_s + 0.79, 80.0), (t0_s + 0.8 + 0.002, 5.1)]]
+        rows = scheduled.rows([SimpleNamespace(edge="edge0", shaper="nfqueue")])
+        assert [r["change_settle_min_ms"] for r in rows] == [0.0, 0.0], t0_s
+        assert [round(r["change_settle_ms"], 6) for r in rows] == [2.0, 2.0]
+
+
 def test_country_pair_links_draw_rtts_whose_mean_matches_the_data():
     from orchestrator import geography
 
