@@ -25,8 +25,12 @@ arrival whose ``served`` is a ``ServerRound``, its tokens committed as they are 
 the committed prefix while it generates, so nothing is drafted meanwhile and no token is counted
 twice). While the controller keeps a server mode the next segment is asked for once what is
 still due from the asked ones would run out within a round trip (every segment's first tokens
-measure the link's RTT), so the server never idles between them; once it picks a DSD
-mode again, drafting resumes after the last asked-for segment ends. Under greedy decoding the
+measure the link's RTT, and so does its acknowledgement, an arrival with ``link_rtt_s`` that the
+server sends as the segment arrives, ahead of the segments asked before it), so the server never
+idles between them; once it picks a DSD mode again, a transport that ``withdraws`` is asked
+(``withdraw(drop, after)``, answered by an arrival with ``withdrawn``) to drop the last segments
+asked beyond a round trip of the link as now measured, and drafting resumes after the last
+segment kept ends. Under greedy decoding the
 edge drafts along the stream (shadow drafting: its guess at every position, charged on the
 device) so the controller keeps measuring alpha while the server generates.
 """
@@ -67,6 +71,11 @@ class Arrival:
     compute_s: float | None = None
     message: Any = None              # the transport's own message (for its trace row)
     served: ServerRound | None = None
+    # a hand-over segment's acknowledgement (sent by the server as its Generate arrived): no
+    # verdict, no tokens; the link's round trip it measured
+    link_rtt_s: float | None = None
+    # the answer to a withdraw: how many of the last segments asked the server dropped unstarted
+    withdrawn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,12 @@ class Segment:
     remaining: int
     t_send_s: float
     rounds: int = 0
+    rtt_s: float | None = None       # the link as measured when it was asked
+
+
+# A stream is withdrawn only from a link at most this fraction of the one its segments were asked
+# on: a step in the link (150 -> 10 ms), not a plan that moved on the same link
+LINK_FELL_RATIO = 0.5
 
 
 class DsdDriver:
@@ -132,6 +147,7 @@ class DsdDriver:
         self._stream_s = 0.0             # the hand-over's send, then its last server round's arrival
         self._rtt_s: float | None = None     # the link, as last measured (sizes the segments)
         self._step_s: float | None = None    # a server round's steady time per token
+        self._withdrawing = False            # a withdraw of unstarted segments awaits its answer
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
@@ -152,7 +168,8 @@ class DsdDriver:
             if self.server_plan is not None and not self.segments and not self.edge.in_flight \
                     and self.edge.held is None:
                 await self.keep_server_busy(None)
-            request = None if self.segments else self.edge.next_draft()
+            # a withdraw's answer says which segments will still come: nothing is drafted before it
+            request = None if self.segments or self._withdrawing else self.edge.next_draft()
             if request is None:
                 await self.handle(await self.transport.wait())
                 continue
@@ -208,6 +225,12 @@ class DsdDriver:
         if arrival.served is not None:
             await self.handle_served(arrival)
             return
+        if arrival.link_rtt_s is not None:
+            await self.handle_acknowledged(arrival)
+            return
+        if arrival.withdrawn is not None:
+            await self.handle_withdrawn(arrival)
+            return
         emitted, to_send = self.edge.on_verdict(arrival.verdict)
         t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = self._sent.popleft()
         self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
@@ -244,7 +267,64 @@ class DsdDriver:
             self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
         self.controller.observe(seen)
         self.mode = self.plan()
+        await self.follow_plan(arrival)
+
+    async def handle_acknowledged(self, arrival: Arrival) -> None:
+        """A segment's acknowledgement: the link's round trip now. A segment's first tokens come
+        after every segment asked before it, so a link that gets faster mid-stream (150 -> 10 ms)
+        showed there only ~a round trip of the old link later, while the stream went on being
+        asked as far ahead as the old link needs. The controller sees it as a server round
+        without tokens (it may take the request back to the edge: nothing more is asked then)."""
+        if self.edge.done or not self.segments:
+            return                       # the end of a request, or a stream already served
+        self._rtt_s = arrival.link_rtt_s
+        segment = self.segments[-1]
+        self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, arrival.link_rtt_s, None,
+                                            None, None, remaining_tokens=self.remaining_tokens))
+        self.mode = self.plan()
+        await self.follow_plan(arrival)
+
+    async def follow_plan(self, after: Arrival) -> None:
+        """After a server round or an acknowledgement re-planned: on the server, keep the stream
+        asked ahead; back to the edge after the link fell (to ``LINK_FELL_RATIO`` of the link the
+        segments were asked on or less: 150 -> 10 ms), withdraw the segments asked beyond a
+        round trip of the link as now measured (where the transport can). The stream then comes
+        back after what the new link needs instead of after a round trip of the old one, at the
+        server's pace. On the same link the asked segments stay: the look-ahead's
+        (``stream_ahead_s``) also damp a plan moved by a noisy acceptance estimate, which often
+        turns back to the server before they are served (withdrawn, such flickers cost 1 point
+        on sim seed 2's run)."""
         if self.server_plan is not None:
+            await self.keep_server_busy(after)
+            return
+        drop = self._beyond_a_round_trip()
+        if drop and getattr(self.transport, "withdraws", False) and not self._withdrawing:
+            self._withdrawing = True
+            await self.transport.withdraw(drop, after)
+
+    def _beyond_a_round_trip(self) -> int:
+        """How many of the last segments asked are not needed to keep the server busy for a round
+        trip of the link as last measured (and a step; ``_asked_enough``'s measure, from the
+        first), if the link fell since they were asked; else 0."""
+        if self._rtt_s is None or not self._step_s:
+            return 0
+        due_s = 0.0
+        for kept, segment in enumerate(self.segments, start=1):
+            due_s += segment.remaining * self._step_s
+            if due_s > self._rtt_s + self._step_s:
+                beyond = list(self.segments)[kept:]
+                fell = any(s.rtt_s is not None and self._rtt_s <= LINK_FELL_RATIO * s.rtt_s for s in beyond)
+                return len(beyond) if fell else 0
+        return 0
+
+    async def handle_withdrawn(self, arrival: Arrival) -> None:
+        """The server dropped ``arrival.withdrawn`` of the last segments asked, unstarted."""
+        self._withdrawing = False
+        if self.edge.done:
+            return
+        for _ in range(min(arrival.withdrawn, len(self.segments))):
+            self.segments.pop()
+        if self.server_plan is not None:      # the plan went back to the server meanwhile
             await self.keep_server_busy(arrival)
 
     async def keep_server_busy(self, after: Arrival | None) -> None:
@@ -257,6 +337,8 @@ class DsdDriver:
         a longer round trip than the last measured (``stream_ahead_s()``, e.g. the model policy,
         the slowest link seen while no edge plan would take the request back): a link that slows
         mid-stream then does not leave the server idle."""
+        if self._withdrawing:
+            return                        # its answer counts the last segments asked: ask none meanwhile
         ahead = getattr(self.controller, "stream_ahead_s", None)
         ahead_s = ahead() if ahead else None
         for _ in range(self.remaining_tokens + 1):          # each segment asks for one token or more
@@ -286,7 +368,7 @@ class DsdDriver:
         t_send_s = await self.transport.generate(plan.mode, plan.gamma, n_tokens, after)
         if not self.segments:
             self._stream_s = t_send_s
-        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s))
+        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, rtt_s=self._rtt_s))
 
     async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]:
         """(positions, matches): the draft's greedy guess at each streamed token given the true

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -107,7 +109,9 @@ class VirtualLink:
     message takes half the round trip (``rtt_at(t)`` for links that change), each fresh block
     ``t_verify_of(n_drafted)``, a stale one nothing. With ``costs.t_ar_s`` it also takes hand-overs
     (``generate``): AR steps of t_ar_s, or co-located rounds (gamma steps of t_draft_server_s on
-    ``draft`` under the session's own id, then a verification), back to back, each sent at once."""
+    ``draft`` under the session's own id, then a verification), back to back, each sent at once,
+    each segment acknowledged as it arrives (the verifier's Queued: an arrival with ``link_rtt_s``),
+    and ``withdraw`` drops the segments not started when it arrives (an arrival with ``withdrawn``)."""
 
     def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts, rtt_at=None,
                  t_verify_of=None, draft: LanguageModel | None = None, t_open_s: float | None = None) -> None:
@@ -118,11 +122,17 @@ class VirtualLink:
         # the session's Open, sent at 0 ahead of everything: the verifier prefills it on arrival
         self.verifier_free_at_s = 0.0 if t_open_s is None else self.one_way_s(0.0) + t_open_s
         self.last_out_s = self.last_back_s = 0.0     # one connection: each direction is FIFO
+        self.back_log: list[tuple[float, float]] = []     # (sent by the verifier, reaches the edge)
         self.hands_over = costs.t_ar_s is not None
+        self.pending: deque[tuple[float, str, int, int]] = deque()    # segments asked, not started
         self.draft, self.server_seq_id = draft, f"{session.seq_id}/server"
         # as the verifier's hand-over generator: not the edge's seed (seed + 1), whose draws a
         # shared stream would correlate with the edge's earlier drafts (sampling would not be exact)
         self.draft_generator = torch.Generator().manual_seed(session.sampling.seed + 2)
+
+    @property
+    def withdraws(self) -> bool:
+        return self.hands_over
 
     def one_way_s(self, at_s: float) -> float:
         return self.costs.one_way_s if self.rtt_at is None else self.rtt_at(at_s) / 2
@@ -136,7 +146,20 @@ class VirtualLink:
     def to_edge_s(self, sent_s: float) -> float:
         """When the verifier's message sent at sent_s reaches the edge, in order likewise."""
         self.last_back_s = max(sent_s + self.one_way_s(sent_s), self.last_back_s)
+        self.back_log.append((sent_s, self.last_back_s))
         return self.last_back_s
+
+    def reply_to_edge_s(self, sent_s: float) -> float:
+        """When a reply sent at once (a Queued, a Withdrawn) at sent_s reaches the edge: behind what
+        the verifier sent before it, which the simulator may already have scheduled along with
+        messages it sends later (a started segment's rounds are laid out when it starts). Those
+        later ones are not held back behind it (they would be, on one TCP connection, only where
+        the link's delay fell between the two sends)."""
+        before = [back_s for s, back_s in self.back_log if s <= sent_s]
+        back_s = max([sent_s + self.one_way_s(sent_s)] + before)
+        self.back_log.append((sent_s, back_s))
+        self.last_back_s = max(self.last_back_s, back_s)
+        return back_s
 
     def prepare(self, proposals: list[Proposal]) -> list[Proposal]:
         return proposals
@@ -144,6 +167,7 @@ class VirtualLink:
     async def send(self, proposals: list[Proposal], after: Arrival | None) -> list[float]:
         # A verdict's consequences leave when it arrives, even if the step it interrupted runs on.
         sent_s = self.clock.now_s if after is None else after.t_receive_s
+        self._start_segments(math.inf)           # asked before: served before
         for proposal in proposals:
             arrive_s = self.to_server_s(sent_s)
             start_s = max(arrive_s, self.verifier_free_at_s)
@@ -157,11 +181,46 @@ class VirtualLink:
         return [sent_s] * len(proposals)
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after: Arrival | None) -> float:
-        """A hand-over segment: the server generates up to ``max_tokens`` tokens on the session."""
+        """A hand-over segment: the server generates up to ``max_tokens`` tokens on the session
+        once it has arrived and the segments before it are done (laid out when it starts: a
+        withdraw may drop it before)."""
         if not self.hands_over:
             raise RuntimeError("this virtual link was given no t_ar_s: it cannot hand over")
         sent_s = self.clock.now_s if after is None else after.t_receive_s
         arrive_s = self.to_server_s(sent_s)
+        self._start_segments(arrive_s)
+        self.acknowledge(sent_s, arrive_s)
+        self.pending.append((arrive_s, mode, gamma, max_tokens))
+        return sent_s
+
+    async def withdraw(self, drop: int, after: Arrival | None) -> float:
+        """Of the last ``drop`` segments asked, those not started when the withdraw arrives are
+        dropped; the answer (how many) is sent at once."""
+        sent_s = self.clock.now_s if after is None else after.t_receive_s
+        arrive_s = self.to_server_s(sent_s)
+        self._start_segments(arrive_s)
+        dropped, back_s = min(drop, len(self.pending)), self.reply_to_edge_s(arrive_s)
+        for _ in range(dropped):
+            self.pending.pop()
+        heapq.heappush(self.arrivals, (back_s, next(self.order), Arrival(None, back_s, withdrawn=dropped)))
+        return sent_s
+
+    def acknowledge(self, sent_s: float, arrive_s: float) -> None:
+        """The Queued the verifier sends as a segment's Generate (sent at sent_s) arrives."""
+        ack_s = self.reply_to_edge_s(arrive_s)
+        heapq.heappush(self.arrivals, (ack_s, next(self.order), Arrival(None, ack_s, link_rtt_s=ack_s - sent_s)))
+
+    def _next_start_s(self) -> float:
+        """When the first asked segment starts (inf if none is asked)."""
+        return max(self.pending[0][0], self.verifier_free_at_s) if self.pending else math.inf
+
+    def _start_segments(self, before_s: float) -> None:
+        """Lay out every asked segment that starts before ``before_s``, in order."""
+        while self.pending and self._next_start_s() < before_s:
+            self._run_segment(*self.pending.popleft())
+
+    def _run_segment(self, arrive_s: float, mode: str, gamma: int, max_tokens: int) -> None:
+        """One segment's steps, back to back from its start, each round's Tokens sent at once."""
         t_s = max(arrive_s, self.verifier_free_at_s)
         if get_mode(mode).drafts == SERVER:
             begin_request(self.draft, self.server_seq_id, self.session.committed.tokens, gamma)
@@ -175,7 +234,6 @@ class VirtualLink:
             heapq.heappush(self.arrivals, (back_s, next(self.order), Arrival(
                 None, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s, served=served)))
         self.verifier_free_at_s = t_s
-        return sent_s
 
     def _server_step(self, mode: str, gamma: int) -> tuple[ServerRound, float]:
         """One AR step or co-located round on the session (nothing once it is finished)."""
@@ -194,12 +252,16 @@ class VirtualLink:
                 gamma * (self.costs.t_draft_server_s or 0.0) + t_verify_s)
 
     async def poll(self) -> list[Arrival]:
+        self._start_segments(math.nextafter(self.clock.now_s, math.inf))    # those started by now
         ready = []
         while self.arrivals and self.arrivals[0][0] <= self.clock.now_s:
             ready.append(heapq.heappop(self.arrivals)[2])
         return ready
 
     async def wait(self) -> Arrival:
+        # a segment that starts before the next arrival may send one sooner
+        while self.pending and self._next_start_s() < (self.arrivals[0][0] if self.arrivals else math.inf):
+            self._run_segment(*self.pending.popleft())
         if not self.arrivals:
             raise RuntimeError("edge waits for a verdict but none is in flight")
         self.clock.now_s = max(self.clock.now_s, self.arrivals[0][0])

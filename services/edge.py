@@ -504,6 +504,7 @@ class SessionTransport:
     start a pass once the last message it depends on had arrived (``ready_s``)."""
 
     hands_over = True
+    withdraws = True
 
     def __init__(self, link: VerifierLink, session: int, inbox: asyncio.Queue, request: Request,
                  sampling: SamplingParams) -> None:
@@ -514,12 +515,16 @@ class SessionTransport:
         # services.spinwait (None: the loop never polls, and nothing below is tracked)
         self._selector = spinwait.selector_of()
         self._sent_s: list[float] = []     # when each block in flight went out, oldest first
+        self._segments_sent_s: dict[int, float] = {}    # a hand-over Generate's seq -> its send, until Queued
+        self._segments: list[int] = []                  # the seqs of the segments asked, oldest first
+        self._withdrawing = False                       # a Withdraw waits for its Withdrawn
 
     @property
     def quiet(self) -> bool:
         """Nothing can arrive for this session or its link until it sends again: its Opened and
-        every verdict are in, and no ping waits for its answer."""
-        return self.opened and self.in_flight == 0 and not self.link.awaiting_reply
+        every verdict and segment acknowledgement are in, and no ping waits for its answer."""
+        return (self.opened and self.in_flight == 0 and not self._segments_sent_s and not self._withdrawing
+                and not self.link.awaiting_reply)
 
     def prepare(self, proposals) -> list[bytes]:
         return [wire.encode(_verify_message(self.link.next_seq(), self.session, p, self.sampling))
@@ -536,8 +541,19 @@ class SessionTransport:
         return sent
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after=None) -> float:
-        return await self.link.send(wire.Generate(self.link.next_seq(), self.session, mode,
-                                                  gamma if get_mode(mode).speculative else 0, max_tokens))
+        seq = self.link.next_seq()
+        t_send_s = await self.link.send(wire.Generate(seq, self.session, mode,
+                                                      gamma if get_mode(mode).speculative else 0, max_tokens))
+        self._segments_sent_s[seq] = t_send_s
+        self._segments.append(seq)
+        return t_send_s
+
+    async def withdraw(self, drop: int, after=None) -> float:
+        """Ask the verifier to drop the last ``drop`` segments asked, those of them not yet
+        started (answered by a Withdrawn)."""
+        self._withdrawing = True
+        keep_through = self._segments[-drop - 1] if len(self._segments) > drop else -1
+        return await self.link.send(wire.Withdraw(self.link.next_seq(), self.session, keep_through))
 
     async def poll(self) -> list[Arrival]:
         arrivals = []
@@ -556,6 +572,18 @@ class SessionTransport:
     def arrival(self, t_receive_s: float, m) -> Arrival | None:
         """The verdict a message carries (None for the session's Opened); a verifier error ends
         the request."""
+        if isinstance(m, wire.Queued):          # a segment's acknowledgement: the link's round trip
+            t_send_s = self._segments_sent_s.pop(m.seq, None)     # (no draft pass waits for it)
+            if t_send_s is None:
+                raise RunError(f"request {self.request.index}: Queued for seq {m.seq}, no segment sent as it")
+            return Arrival(None, t_receive_s, message=m, link_rtt_s=max(t_receive_s - t_send_s - m.held_s, 0.0))
+        if isinstance(m, wire.Withdrawn):       # the last segments asked, dropped before they started
+            if not self._withdrawing or m.segments != self._segments[len(self._segments) - len(m.segments):]:
+                raise RunError(f"request {self.request.index}: Withdrawn {m.segments} is not the tail of the "
+                               f"segments asked ({self._segments})")
+            self._withdrawing = False
+            del self._segments[len(self._segments) - len(m.segments):]
+            return Arrival(None, t_receive_s, message=m, withdrawn=len(m.segments))
         self.ready_s = max(self.ready_s, t_receive_s)
         if isinstance(m, wire.Error):
             raise RunError(f"request {self.request.index}: verifier error {m.code} (field {m.field}): {m.message}")

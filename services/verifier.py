@@ -421,16 +421,23 @@ class Verifier:
             await conn.send(self._welcome(message.seq))
         elif isinstance(message, wire.Open):
             self._open(conn, message, t_arrival_s)
-        elif isinstance(message, (wire.Verify, wire.Generate, wire.Close)):
+        elif isinstance(message, (wire.Verify, wire.Generate, wire.Withdraw, wire.Close)):
             served = conn.sessions.get(message.session)
             if served is None:
                 raise wire.WireError(wire.UNKNOWN_SESSION, f"no open session {message.session} "
                                      "on this connection", "session")
+            if isinstance(message, wire.Withdraw):
+                await conn.send(wire.Withdrawn(message.seq, message.session,
+                                               _withdraw(served, message.keep_through), held_s))
+                return
             self._check(served, message)
             if isinstance(message, wire.Close):
                 del conn.sessions[message.session]   # the id is free again at once
             else:
                 self._admit(conn)
+            if isinstance(message, wire.Generate) and message.max_tokens is not None:
+                # a hand-over's segment: acknowledged on arrival, off the queue (the edge's early RTT)
+                await conn.send(wire.Queued(message.seq, message.session, held_s))
             if isinstance(message, wire.Verify) and conn.replied_s is not None:     # set only if polling
                 conn.block_gaps.add(t_arrival_s - conn.replied_s)      # the edge's drafting, and the way
                 conn.replied_s = None
@@ -707,6 +714,24 @@ class Verifier:
             served.closed = True
             served.inbox.put_nowait((time.perf_counter(), None))
         conn.sessions.clear()
+
+
+def _withdraw(served: Served, keep_through: int) -> list[int]:
+    """Drop the session's queued hand-over segments (Generates with max_tokens; the one being
+    served is not queued) asked after seq ``keep_through`` and return their seqs; everything else
+    stays queued, in order."""
+    kept, dropped = [], []
+    while not served.inbox.empty():
+        item = served.inbox.get_nowait()
+        m = item[1]
+        if isinstance(m, wire.Generate) and m.max_tokens is not None and m.seq > keep_through:
+            dropped.append(m.seq)
+            _settle(served.conn, m)
+        else:
+            kept.append(item)
+    for item in kept:
+        served.inbox.put_nowait(item)
+    return dropped
 
 
 def _settle(conn: Connection, m) -> None:

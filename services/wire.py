@@ -8,7 +8,9 @@ nothing received is unpickled or evaluated, an extension type is refused while u
 msgpack's timestamp (the one extension it decodes itself) fails every field's exact type check.
 
 ``seq`` is the client's request number, echoed in every reply to that request (a ``Generate``
-is answered by a stream of ``Tokens`` with its seq). ``session`` is the client's id for one
+is answered by a stream of ``Tokens`` with its seq; a hand-over's, with ``max_tokens``, first by a
+``Queued`` as it arrives; a ``Withdraw`` drops the last ones asked if not yet started, answered by
+``Withdrawn``). ``session`` is the client's id for one
 request (prompt) on its connection. Times are seconds, measured on the verifier's clock.
 """
 from __future__ import annotations
@@ -114,6 +116,16 @@ class Generate:
 
 
 @dataclass(frozen=True)
+class Withdraw:
+    """Drop the session's hand-over segments (Generates with max_tokens) asked after the Generate
+    ``keep_through`` (a seq; -1: every one) that have not started: the edge takes the request back.
+    A segment being served runs to its end; answered at once."""
+    seq: int
+    session: int
+    keep_through: int = -1
+
+
+@dataclass(frozen=True)
 class Close:
     seq: int
     session: int
@@ -141,6 +153,26 @@ class Pong:
     t_server_s: float
     # how long the ping waited unread behind a model pass on the verifier's event-loop thread
     # (services.arrival): not the link's, so the prober subtracts it from the round trip
+    held_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A hand-over's Generate (with max_tokens) has arrived: sent at once on its arrival, before it
+    is served and not behind the session's queue, so its round trip is the link's now (less held_s,
+    as a Pong's), where the segment's first Tokens come only after every segment asked before it."""
+    seq: int
+    session: int
+    held_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """A Withdraw's answer, sent as it arrives: the seqs of the segments dropped (the last ones
+    asked, in order; none if every segment had started)."""
+    seq: int
+    session: int
+    segments: list[int]
     held_s: float = 0.0
 
 
@@ -201,8 +233,8 @@ class Error:
     limit: str | None = None        # codes limit and busy: the limit's name, e.g. "max_sessions"
 
 
-MESSAGES = {cls.__name__: cls for cls in (Hello, Ping, Open, Verify, Generate, Close, Welcome, Pong,
-                                          Opened, Verified, Tokens, Closed, Error)}
+MESSAGES = {cls.__name__: cls for cls in (Hello, Ping, Open, Verify, Generate, Withdraw, Close, Welcome, Pong,
+                                          Queued, Withdrawn, Opened, Verified, Tokens, Closed, Error)}
 
 
 def encode(message) -> bytes:

@@ -400,9 +400,77 @@ def test_a_mid_request_hand_over_to_the_server_and_back_keeps_the_target_greedy_
         runs = [mode for mode, _ in itertools.groupby(modes)]
         assert runs[0] == "sync" and {"ar", "colocated", "pipelined"} <= set(runs)
         assert runs.index("pipelined") > runs.index("ar")                 # back to the edge after the server
-        assert len(controller.seen) == len(run.generation.rounds)
+        # every segment's acknowledgement is seen too: a server round without compute, the link's RTT
+        acks = [o for o in controller.seen if o.mode in ("ar", "colocated") and o.t_verify_s is None]
+        assert acks and all(o.tokens == 0 and o.rtt_s == pytest.approx(0.03) for o in acks)
+        assert len(controller.seen) == len(run.generation.rounds) + len(acks)
         server = [o for o in controller.seen if o.mode in ("ar", "colocated")]
         assert all(o.shadow_positions == o.tokens for o in server)          # greedy: drafted along the stream
+
+
+class ByRtt:
+    """Cloud AR while the link's last measured RTT is above 50 ms (or none is), else pipelined DSD."""
+
+    def __init__(self):
+        self.rtt_s = None
+
+    def observe(self, observation):
+        self.rtt_s = observation.rtt_s if observation.rtt_s is not None else self.rtt_s
+
+    def decide(self):
+        return Decision(1, "ar") if self.rtt_s is None or self.rtt_s > 0.05 else Decision(4, "pipelined")
+
+
+def _tokens_on_the_server_across_a_fall(new_protocol: bool, monkeypatch) -> tuple[int, float, list[int]]:
+    from dsd import simulate
+
+    if not new_protocol:       # a verifier without Queued and Withdraw: the segments' tokens show the link
+        monkeypatch.setattr(simulate.VirtualLink, "acknowledge", lambda *_: None)
+        monkeypatch.setattr(simulate.VirtualLink, "withdraws", False)
+    draft, target = _pair()
+    stop = StopRule(160)
+    run = simulate_dsd(draft, target, [5, 9, 4], 4, stop, LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01),
+                       pipelined=False, controller=ByRtt(), gamma_max=8, handover_tokens=4,
+                       rtt_at=lambda t_s: 0.15 if t_s < 0.6 else 0.01)
+    monkeypatch.undo()
+    return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.total_s, run.generation.tokens
+
+
+def test_withdrawing_asked_segments_brings_a_stream_back_soon_after_the_link_gets_faster(monkeypatch):
+    """The link falls 150 -> 10 ms while a request streams in cloud AR (sim). The stream is asked
+    a round trip of the old link ahead; once the new link shows (a segment's Queued, or its
+    tokens), the edge withdraws the segments not started and drafts again after the one being
+    served, instead of after all of them: fewer tokens at the server's AR pace, same output."""
+    ar_tokens, total_s, tokens = _tokens_on_the_server_across_a_fall(True, monkeypatch)
+    ar_without, total_without_s, tokens_without = _tokens_on_the_server_across_a_fall(False, monkeypatch)
+    draft, target = _pair()
+    assert tokens == tokens_without == generate_ar(target, [5, 9, 4], StopRule(160), seq_id="f").tokens
+    assert ar_tokens <= ar_without - 8, (ar_tokens, ar_without)
+    assert total_s < total_without_s - 0.01, (total_s, total_without_s)
+
+
+def test_a_plan_back_to_the_edge_on_a_link_that_held_still_withdraws_nothing(monkeypatch):
+    """Withdrawing is for a link that fell: on a steady link the segments asked stay (and the
+    output is the target's); across the fall of the test above, a withdraw is sent."""
+    from dsd import simulate
+
+    calls = []
+    real = simulate.VirtualLink.withdraw
+
+    async def spy(self, drop, after):
+        calls.append(drop)
+        return await real(self, drop, after)
+
+    monkeypatch.setattr(simulate.VirtualLink, "withdraw", spy)
+    draft, target = _pair()
+    stop = StopRule(120)
+    run = simulate_dsd(draft, target, [2, 9, 4], 4, stop, LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
+                       pipelined=False, controller=ByPosition(stop, HANDOVER_PLANS), gamma_max=8)
+    assert run.generation.tokens == generate_ar(target, [2, 9, 4], stop, seq_id="s").tokens
+    assert {r.mode for r in run.generation.rounds} >= {"ar", "pipelined"} and calls == []
+    simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(160), LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01),
+                 pipelined=False, controller=ByRtt(), gamma_max=8, rtt_at=lambda t_s: 0.15 if t_s < 0.6 else 0.01)
+    assert len(calls) == 1 and calls[0] >= 2, calls
 
 
 def test_a_server_plan_is_refused_naming_the_mode_where_the_link_cannot_hand_over():

@@ -143,6 +143,7 @@ REQUESTS = {
     "Open": wire.Open(1, 2, [1, 2, 3], 6, 0.0, None, 0, True),
     "Verify": wire.Verify(1, 1, 3, prefix_digest([1, 2, 3]), [5, 6, 7]),
     "Generate": wire.Generate(1, 1, "colocated", 2),
+    "Withdraw": wire.Withdraw(1, 1),
     "Close": wire.Close(1, 1),
 }
 ODD_VALUES = st.one_of(
@@ -206,8 +207,8 @@ def test_fuzzed_frames_get_structured_errors_and_other_sessions_are_unchanged(se
         replies = run(send_fuzz(verifier.url, frame))
         assert isinstance(replies[-1], wire.Pong), f"the connection did not survive: {replies[-1]}"
         for reply in replies[:-1]:
-            assert isinstance(reply, (wire.Error, wire.Welcome, wire.Pong, wire.Opened, wire.Verified,
-                                      wire.Tokens, wire.Closed)), reply
+            assert isinstance(reply, (wire.Error, wire.Welcome, wire.Pong, wire.Queued, wire.Withdrawn, wire.Opened,
+                                      wire.Verified, wire.Tokens, wire.Closed)), reply
             if isinstance(reply, wire.Error):
                 assert reply.code in STRUCTURED and reply.message, reply
 

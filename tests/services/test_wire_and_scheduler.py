@@ -19,10 +19,11 @@ EXAMPLES = [
     wire.Hello(1, "edge-7"), wire.Ping(2, 12.5), wire.Open(3, 1, [1, 2], 16, 0.7, 5, 9, False),
     wire.Verify(4, 1, 2, 2 ** 64 - 1, [5, 6, 7], probs_dense=b"\x00\x01"),
     wire.Verify(5, 1, 2, 0, [5], probs_ids=[[1, 2]], probs_values=[[0.25, 0.75]]),
-    wire.Generate(6, 1, "colocated", 4), wire.Close(7, 1),
+    wire.Generate(6, 1, "colocated", 4), wire.Generate(8, 1, "ar", 0, 4), wire.Withdraw(9, 1), wire.Close(7, 1),
     wire.Welcome(1, wire.VERSION, "t", "d", 512, None, 32, 4096, 1 << 20), wire.Pong(2, 12.5, 3.0),
     wire.Opened(3, 1, 1, 0.0, 0.001), wire.Verified(4, 1, 2, 3, 1, 42, False, 0.0, 0.002, 4),
     wire.Tokens(6, 1, 0, 4, 4, [1, 2, 3, 4, 5], True, 0.0, 0.01, 1), wire.Closed(7, 1, 5),
+    wire.Queued(8, 1, 0.0004), wire.Withdrawn(9, 1, [10, 11]), wire.Withdrawn(9, 1, []),
     wire.Error(None, None, wire.MALFORMED, None, "bad"),
 ]
 
