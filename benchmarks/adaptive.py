@@ -252,6 +252,24 @@ RTT), so the run's first 10 -> 150 step is covered too.
                   requests an alpha change lands in, 0.06-0.28 s. The positions gate on sim seeds
                   3-5 (not the reported ones; sim requests are 48 tokens, segments 6 s): 12 -> 3.5,
                   4 -> 3.3, 1 -> 3.5 (not judged on netns; left at 12)
+Session 14 (2026-12-02, code 9fb6ee7): every hand-over segment is acknowledged as it arrives
+(wire.Queued: an RTT sample within one round trip) and, after the link fell to half the RTT the
+asked segments were asked on or less, the driver withdraws those beyond a round trip of the new
+link (wire.Withdraw / Withdrawn; the sim lays segments out when they start).
+  sim, 3 seeds:   model 2.3 (1.3 / 2.7 / 2.9), bandit 6.7 (5.4 / 7.6 / 7.1; was 7.9), heuristic 47.6,
+                  best static 57.4, switches 2.4. Withdrawing on every plan back to the edge (also
+                  on a steady link) gave model 2.6 (seed 2: 3.9; the asked look-ahead tokens had
+                  damped plans moved by a noisy alpha estimate), hence the link-fell condition
+  netns, seeds 0-4 (the rule of sessions 12-13, written down before the runs: /work/notes/
+  session14-plan.md; one seed per command, quiet and netns locks held, 15:57-16:46 UTC):
+                  model 4.6 +- 1.2 (3.9 / 1.8 / 9.1 / 4.3 / 3.7), bandit 9.4 +- 1.8 (6.1 / 7.3 / 16.3 /
+                  8.2 / 8.9), heuristic 47.9, best static 52.4, switches 3.3-4.4: neither 5 (model)
+                  nor, this time, 10 (bandit) is shown by mean + SE. Seed 2's alpha-0.9 stream across
+                  the fall: 0.20 -> 0.09 s lost; on seeds 1, 3, 4 the fall came 0.06-0.07 s before
+                  that request's end (nothing to withdraw). The bandit's seed 2 diverged in request
+                  1 (DSD, no hand-over) by timing noise. Left: a request starting just after a
+                  fall is decided on the last periodic probe, which read 106 ms (sent while the
+                  old link's packets drained), and starts in AR (seed 3 request 14, 0.26 s)
 """
 from __future__ import annotations
 
