@@ -88,6 +88,7 @@ class ModelPolicy:
     runs DSD again to re-measure it."""
 
     STREAM_AHEAD_POSITIONS = 12
+    DRAFT_ROUNDS = 2          # rounds whose drafting is measured before the first decision
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -98,7 +99,11 @@ class ModelPolicy:
         self.rtt_ceiling_s: float | None = None           # the slowest its running level has been
         self.request_positions = 0                        # positions drafted or shadowed in this request
         self.request_matches = 0                          # ... and those accepted or matched
-        self.t_draft_s = Discounted(config.discount)
+        # the edge's draft step: a Level, as the link (a host stall only adds time, so a step
+        # far below restarts it), and no round is planned on it before two rounds measured it (a
+        # stall in the run's first block read 21 ms a step on a 1 ms device and sent a 5 ms edge
+        # to cloud AR for its whole run: CI's compose run of 1c2c999)
+        self.t_draft_s = Level(config.discount)
         self.t_verify_s = DiscountedLine(config.discount)     # against gamma
         self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
         self.t_draft_server_s = Discounted(0.5)
@@ -213,8 +218,8 @@ class ModelPolicy:
         """The next round's plan: the best predicted, if at least ``margin_pct`` faster than the
         current one and, for a hand-over (to the server or back), if the time it saves over the
         request's remaining tokens outweighs the round trip the hand-over costs."""
-        if not self._measured():
-            return self.current                  # nothing measured yet: the configured start
+        if not self._measured() or self.t_draft_s.weight < self.DRAFT_ROUNDS:
+            return self.current                  # not measured enough yet: the configured start
         alpha, rtt_s, modes = self.alpha, self.rtt_s.value, self.config.round_modes
         best, best_s = self._best(modes, alpha, rtt_s)
         if self.current.mode not in modes:

@@ -929,3 +929,15 @@ def test_the_floor_keeps_a_stream_asked_for_a_slower_link_than_any_seen_yet():
              for floor_s in (0.2, 0.0)}
     # the server idles about the step's 140 ms once when asked one (10 ms) round trip ahead
     assert walls[0.0] - walls[0.2] > 0.08
+
+
+def test_a_stalled_first_block_does_not_send_a_near_edge_to_the_server():
+    """The run's first block drafted at 21 ms a step on a 1 ms device (a host stall; CI's compose
+    run): the model plans nothing on one draft measurement, and the next, 1 ms, restarts the
+    estimate (a stall only adds time), so a 5 ms edge stays on DSD."""
+    policy = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync", gamma_max=8, modes=("ar", "sync")))
+    policy.decide_request(0.005)
+    for t_draft_s in (0.021, 0.001, 0.001):
+        policy.observe(Observation(4, "sync", 4, 3, False, 0.005, t_draft_s, 0.020, 0.0, remaining_tokens=40))
+        assert policy.decide().mode == "sync", t_draft_s
+    assert policy.t_draft_s.value == pytest.approx(0.001)
