@@ -270,6 +270,10 @@ link (wire.Withdraw / Withdrawn; the sim lays segments out when they start).
                   1 (DSD, no hand-over) by timing noise. Left: a request starting just after a
                   fall is decided on the last periodic probe, which read 106 ms (sent while the
                   old link's packets drained), and starts in AR (seed 3 request 14, 0.26 s)
+  then (e038958, after CI's compose run sent a 5 ms edge to AR on a stalled first block): the
+  model's draft-step estimate is a Level and no round is planned before two rounds measured it.
+  sim, 3 seeds:   model 2.1 (1.4 / 1.1 / 3.8), bandit 6.7, heuristic 47.6, best static 57.4 (not
+                  judged on netns; the figures above are 9fb6ee7's)
 """
 from __future__ import annotations
 
