@@ -167,6 +167,20 @@ def ws_url(verifier_url: str) -> str:
 
 # ---- the link to the verifier ----------------------------------------------------------------
 
+def probe_for_request_s(probe_ms: float | None, probe_sent_s: float | None,
+                        previous_end_s: float | None) -> float | None:
+    """The RTT (s) a request is decided on: the last periodic probe, if it was sent after the
+    previous request's last arrival; else None (the controller's running estimate, whose latest
+    samples are that request's own round trips, which a probe sent before them cannot be newer
+    than: a probe sent while a fallen link's old packets drained read 106 ms on a 10 ms link and
+    sent the next request to cloud AR)."""
+    if probe_ms is None:
+        return None
+    if previous_end_s is not None and (probe_sent_s is None or probe_sent_s < previous_end_s):
+        return None
+    return probe_ms / 1e3
+
+
 class VerifierLink:
     """One connection to the verifier (its WebSocket, or a frame connection: ``transport``):
     replies routed to their session (or to the request that waits for them), each direction
@@ -181,6 +195,7 @@ class VerifierLink:
         self.delay_s = delay_s
         self.timer = timer
         self.rtt_probe_ms: float | None = None
+        self.rtt_probe_sent_s: float | None = None     # perf_counter when that probe was sent
         self.welcome: wire.Welcome | None = None
         self._seqs = itertools.count(1)
         self._session_ids = itertools.count(1)
@@ -293,6 +308,7 @@ class VerifierLink:
     async def probe_ms(self) -> float:
         t_receive_s, pong = await self.request(wire.Ping(self.next_seq(), time.perf_counter()))
         self.rtt_probe_ms = (t_receive_s - pong.t_send_s - pong.held_s) * 1000
+        self.rtt_probe_sent_s = pong.t_send_s
         return self.rtt_probe_ms
 
     async def _read(self) -> None:
@@ -395,6 +411,7 @@ class Client:
         self.writer, self.clock = writer, clock
         # One controller per run: what it learnt in one request carries over to the next.
         self.controller = make_controller(config.controller_config())
+        self.last_request_end_s: float | None = None    # the previous request's last arrival
 
     def open_message(self, request: Request, session: int) -> wire.Open:
         c = self.config
@@ -803,7 +820,7 @@ class Edge:
         if config.controller == "static":
             await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
             return
-        rtt_s = link.rtt_probe_ms / 1e3 if link.rtt_probe_ms is not None else None
+        rtt_s = probe_for_request_s(link.rtt_probe_ms, link.rtt_probe_sent_s, client.last_request_end_s)
         choice = check_decision(client.controller.decide_request(rtt_s), max(config.gamma_max, config.gamma),
                                 config.controller_modes)
         if choice.mode in edge_modes():
@@ -811,6 +828,7 @@ class Edge:
         else:
             await client.on_server(request, (choice.gamma, choice.mode))
         wall_s = None if request.t_last_s is None else request.t_last_s - request.t_start_s
+        client.last_request_end_s = request.t_last_s or client.last_request_end_s
         if wall_s is not None:
             ttft_s = None if request.t_first_s is None else request.t_first_s - request.t_start_s
             shadow = (0, 0)
