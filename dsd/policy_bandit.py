@@ -157,6 +157,8 @@ class BanditPolicy:
             return
         context = self.context                  # the one the round was planned in
         self.rtt_bucket = self.rtt_bucket_of(o.rtt_s, self.rtt_bucket)
+        if None not in (o.remaining_tokens, self.remaining_tokens) and o.remaining_tokens > self.remaining_tokens:
+            self.acceptance.new_request()       # a driver that did not ask decide_request
         self.remaining_tokens = o.remaining_tokens
         if o.mode in server_modes():
             self._observe_server(context, o)
@@ -299,6 +301,7 @@ class BanditPolicy:
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""
         self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
         self.remaining_tokens = None
+        self.acceptance.new_request()
         self.model.decide_request(rtt_s)          # only for its estimates: a probe restarts the RTT's
         kinds = self._kinds(self.config.modes)
         values = self._kind_values(kinds, borrow=True)

@@ -148,6 +148,7 @@ class ModelPolicy:
 
     def _new_request_positions(self) -> None:
         self.request_positions, self.request_matches = 0, 0
+        self.acceptance.new_request()
 
     def stream_ahead_s(self) -> float | None:
         """The round trip a server stream should be kept asked ahead for (dsd/driver.py

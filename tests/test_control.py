@@ -637,6 +637,45 @@ def test_acceptance_change_test_finds_a_drop_within_a_few_rounds_and_holds_when_
         assert restarts <= 3
 
 
+def test_acceptance_restarts_sooner_on_a_drop_that_begins_with_a_request():
+    """A new prompt may bring a new alpha: the run of the whole current request needs fewer nats.
+    The rounds of netns seed 2's two alpha-drop requests (gamma 8-10) after a history at ~0.8."""
+    import random
+
+    from dsd.estimators import Acceptance
+
+    def first_below_half(sequence, boundary):
+        acceptance = Acceptance(0.9)
+        for i in range(30):
+            if i % 6 == 0:
+                acceptance.new_request()
+            acceptance.add(4, 1.0)
+        if boundary:
+            acceptance.new_request()
+        for k, accepted in enumerate(sequence):
+            acceptance.add(accepted, 1.0)
+            if acceptance.value < 0.5:
+                return k
+        return None
+
+    for sequence, at_boundary, mid_request in (([1, 0, 0, 1, 0, 1, 0, 1, 0], 4, None),
+                                               ([0, 0, 2, 0, 0, 0, 0, 0, 0], 4, 7)):
+        assert first_below_half(sequence, True) == at_boundary
+        assert first_below_half(sequence, False) == mid_request
+    for alpha, gamma in ((0.3, 2), (0.9, 16), (0.6, 4), (0.9, 8)):     # stationary, a request every 6 rounds
+        rng, stationary, restarts = random.Random(11), Acceptance(0.9), 0
+        for i in range(1000):
+            if i % 6 == 0:
+                stationary.new_request()
+            accepted = 0
+            while accepted < gamma and rng.random() < alpha:
+                accepted += 1
+            weight = stationary.accepted.weight + stationary.rejected.weight
+            stationary.add(accepted, float(accepted < gamma))
+            restarts += stationary.accepted.weight + stationary.rejected.weight < 0.9 * weight
+        assert restarts <= 5, (alpha, gamma, restarts)
+
+
 def test_model_hands_a_stream_back_to_dsd_when_the_link_falls_mid_request():
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), t_ar_s=T_AR_S)
     policy = ModelPolicy(config)
