@@ -25,7 +25,8 @@ Policies (``CONTROLLERS``), each in its own module (``make_controller`` builds t
   starts from an informed prior (the closed form's predicted rate as ``prior_rounds`` pseudo-rounds).
 
 Request-level choice: a driver that can also hand a request to the server (cloud AR, co-located
-SD) asks ``decide_request(rtt_s)`` before the request (rtt_s: the link as last probed) and, once
+SD) asks ``decide_request(rtt_s)`` before the request (rtt_s: the link as last probed, or None
+where no probe is newer than the previous request's round trips: the policy's running estimate) and, once
 it is done, hands ``observe_request`` a ``RequestObservation``. A decision of a DSD mode starts a
 DSD request (whose rounds then go through ``decide``/``observe``); ``ar``/``colocated`` runs it
 on the server. Which modes a policy may pick is ``ControllerConfig.modes``. While a request is on
