@@ -130,11 +130,23 @@ def test_adaptive_on_sim_prints_every_policy_against_the_oracle(tmp_path):
     """benchmarks/adaptive.py in a small sim scenario (two seeds from seed 3, a short schedule):
     the issue's keys last, every figure finite, and the oracle at least as fast as any policy
     (virtual time, so deterministic; the informed bandit and the model beat the heuristic here)."""
+    saved = tmp_path / "runs.pkl"
     figures = _run(["benchmarks/adaptive.py", "--launcher", "sim", "--seeds", "1", "--first-seed", "3",
-                    "--requests", "8", "--alpha-requests", "4", "--tokens", "16", "--segment-s", "1"], tmp_path)
+                    "--requests", "8", "--alpha-requests", "4", "--tokens", "16", "--segment-s", "1",
+                    "--save", str(saved)], tmp_path)
     keys = ("model_vs_oracle_pct", "bandit_vs_oracle_pct", "heuristic_vs_oracle_pct", "best_static_vs_oracle_pct",
             "switches_per_100_rounds")
     assert all(math.isfinite(figures[k]) for k in keys), figures
     assert figures["launcher"] == "sim" and figures["goals_met"] in ("True", "False")
     assert figures["model_vs_oracle_pct"] < figures["heuristic_vs_oracle_pct"], figures
     assert figures["bandit_vs_oracle_pct"] < figures["heuristic_vs_oracle_pct"], figures
+    # and benchmarks/adaptive_regret.py reads the saved runs back: a line per request, summing to the run's
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "benchmarks/adaptive_regret.py", str(saved), "model"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, *lines = done.stdout.strip().splitlines()
+    assert header.startswith("seed 3 model: lost ") and len(lines) == 8, done.stdout
+    losses = [float(line.split("lost=")[1].split("s ")[0]) for line in lines]
+    assert sum(losses) == pytest.approx(float(header.split("lost ")[1].split(" s")[0]), abs=0.01)
+    assert (sum(losses) > 0) == (figures["model_vs_oracle_pct"] > 0), (done.stdout, figures)
