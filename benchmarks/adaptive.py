@@ -300,8 +300,8 @@ Per request: benchmarks/adaptive_regret.py on the --save pickle.
                   idle server (0.17 and 0.13 s). Keeping the old rate as 2 positions beside a restarted
                   run was tried in a replay only (not kept): the estimate still climbed to 0.93-0.95 on
                   streaks of matches, where DSD at 150 ms is predicted faster than AR. Seed 3's request
-                  14 (0.26 s) is not what the probe rule addresses: the fall came as request 13's last
-                  token arrived (7 ms later; 14 began 77 ms after it), so no round trip had measured
+                  14 (0.26 s) is not what the probe rule addresses: the fall came 7 ms before request 13's
+                  last token arrived (a token the old link carried; 14 began 77 ms after the fall), so no round trip had measured
                   it yet and the running estimate still read 150 ms (the probe, 142 ms, was set
                   aside as older than request 13's end, as it should be); the request
                   starts in AR with two segments asked, the first acknowledgement shows 10 ms, and the
