@@ -410,10 +410,14 @@ class RequestRun:
     plans: list[tuple[int, str]] = field(default_factory=list)    # each live round's (gamma, mode)
 
 
+def oracle_tokens(run: RequestRun, best_s: dict, scenario: Scenario) -> float:
+    """The tokens the oracle emits in the request's wall time: each piece of the schedule it ran
+    in at that condition's best per-token time."""
+    return sum(seconds / best_s[(rtt, run.alpha)] for rtt, seconds in scenario.pieces(run.start_s, run.start_s + run.wall_s))
+
+
 def vs_oracle_pct(runs: list[RequestRun], best_s: dict, scenario: Scenario) -> float:
-    oracle_tokens = sum(seconds / best_s[(rtt, r.alpha)] for r in runs
-                        for rtt, seconds in scenario.pieces(r.start_s, r.start_s + r.wall_s))
-    return 100.0 * (oracle_tokens / sum(r.tokens for r in runs) - 1.0)
+    return 100.0 * (sum(oracle_tokens(r, best_s, scenario) for r in runs) / sum(r.tokens for r in runs) - 1.0)
 
 
 def switches_per_100(runs: list[RequestRun]) -> float:

@@ -15,27 +15,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.adaptive import oracle_tokens  # noqa: E402
+
 
 def lost_s(run, best_s: dict, scenario) -> float:
     """The request's seconds above the oracle: wall less its tokens at the oracle's pace over the
-    pieces it ran in (weighted by the time it spent in each)."""
-    pieces = scenario.pieces(run.start_s, run.start_s + run.wall_s)
-    oracle_tokens = sum(seconds / best_s[(rtt, run.alpha)] for rtt, seconds in pieces)
-    if oracle_tokens <= 0:
-        return 0.0
-    return run.wall_s - run.tokens * run.wall_s / oracle_tokens
+    pieces it ran in (benchmarks/adaptive.py ``oracle_tokens``)."""
+    oracle = oracle_tokens(run, best_s, scenario)
+    return run.wall_s - run.tokens * run.wall_s / oracle if oracle > 0 else 0.0
 
 
-def describe(index: int, run, best_s: dict, scenario) -> str:
-    pieces = scenario.pieces(run.start_s, run.start_s + run.wall_s)
-    link = " -> ".join(f"{rtt:g}" for rtt, _ in pieces)
+def describe(index: int, run, lost: float, scenario) -> str:
+    link = " -> ".join(f"{rtt:g}" for rtt, _ in scenario.pieces(run.start_s, run.start_s + run.wall_s))
     modes: list[str] = []
     for gamma, mode in run.plans:
         label = mode if mode in ("ar", "colocated") else f"{mode}{gamma}"
         if not modes or modes[-1] != label:
             modes.append(label)
     return (f"  request {index:2d} t={run.start_s:6.2f}s wall={run.wall_s:5.2f}s tokens={run.tokens:3d} "
-            f"rtt={link} ms alpha={run.alpha:g} lost={lost_s(run, best_s, scenario):+.3f}s "
+            f"rtt={link} ms alpha={run.alpha:g} lost={lost:+.3f}s "
             f"modes={' '.join(modes[:8])}{' ...' if len(modes) > 8 else ''}")
 
 
@@ -66,7 +64,7 @@ def main(argv=None) -> None:
         print(f"seed {seed} {args.policy}: lost {sum(losses):.3f} s of {wall:.2f} s")
         order = sorted(range(len(runs)), key=lambda i: -losses[i])[:args.top] if args.top else range(len(runs))
         for i in order:
-            print(describe(i, runs[i], best_s, scenario))
+            print(describe(i, runs[i], losses[i], scenario))
 
 
 if __name__ == "__main__":

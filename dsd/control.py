@@ -66,6 +66,11 @@ class Observation:
     shadow_matches: int = 0
     remaining_tokens: int | None = None    # what the request's token budget still allows
 
+    def starts_request_after(self, previous_remaining: int | None) -> bool:
+        """More budget left than the last round had: a new request began (from a driver that
+        did not ask ``decide_request``)."""
+        return None not in (self.remaining_tokens, previous_remaining) and self.remaining_tokens > previous_remaining
+
 
 @dataclass(frozen=True)
 class RequestObservation:

@@ -157,8 +157,8 @@ class BanditPolicy:
             return
         context = self.context                  # the one the round was planned in
         self.rtt_bucket = self.rtt_bucket_of(o.rtt_s, self.rtt_bucket)
-        if None not in (o.remaining_tokens, self.remaining_tokens) and o.remaining_tokens > self.remaining_tokens:
-            self.acceptance.new_request()       # a driver that did not ask decide_request
+        if o.starts_request_after(self.remaining_tokens):
+            self.acceptance.new_request()
         self.remaining_tokens = o.remaining_tokens
         if o.mode in server_modes():
             self._observe_server(context, o)

@@ -118,9 +118,8 @@ class ModelPolicy:
     def observe(self, observation: Observation) -> None:
         if observation.stale:
             return
-        if None not in (observation.remaining_tokens, self.remaining_tokens) \
-                and observation.remaining_tokens > self.remaining_tokens:
-            self._new_request_positions()    # a new request (a driver that did not ask decide_request)
+        if observation.starts_request_after(self.remaining_tokens):
+            self._new_request_positions()
         self.remaining_tokens = observation.remaining_tokens
         self.queue_s.add(self._queue_sample(observation))
         self.last_round_mode = observation.mode

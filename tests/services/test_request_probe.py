@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from services.edge import VerifierLink, probe_for_request_s, ws_url
 from services.compute import PreciseTimer
+from services.edge import VerifierLink, probe_for_request_s, ws_url
 from tests.services.harness import run, synthetic_args
 
 
