@@ -32,7 +32,9 @@ DSD request (whose rounds then go through ``decide``/``observe``); ``ar``/``colo
 on the server. Which modes a policy may pick is ``ControllerConfig.modes``. While a request is on
 the server, a policy may also have ``stream_ahead_s()`` say how long a round trip the driver
 should keep the stream asked ahead for (dsd/driver.py ``keep_server_busy``; None or absent: the
-link as last measured).
+link as last measured), and ``link_rtt_s()`` the RTT its plans were decided on (the driver's
+measure of the link a segment is asked on before the request's own rounds measured it, so a
+link that fell since shows as a fall: ``_asked_on_rtt_s``).
 """
 from __future__ import annotations
 

@@ -296,6 +296,10 @@ class BanditPolicy:
         return max(values, key=lambda k: values[k][0] + scale * math.sqrt(
             math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
 
+    def link_rtt_s(self) -> float | None:
+        """As ModelPolicy's: the link's RTT the plans are decided on."""
+        return self.model.link_rtt_s()
+
     def decide_request(self, rtt_s: float | None = None) -> Decision:
         """Two levels, as a request is a long commitment: UCB over the kinds of request (DSD, cloud
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""

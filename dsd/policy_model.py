@@ -88,6 +88,11 @@ class ModelPolicy:
     runs DSD again to re-measure it."""
 
     STREAM_AHEAD_POSITIONS = 12
+    # A request on the server comes back to the edge only if that pays off at alpha's lower
+    # confidence bound too (``Acceptance.lower_bound``, z standard errors): an estimate restarted at a
+    # prompt boundary on 6 shadow matches in 6 reads 1.0, and at 150 ms took netns seeds 0 and 4 of
+    # session 15 from cloud AR to pipelined 16 and back within one 0.9 request (0.17, 0.13 s)
+    HAND_BACK_Z = 1.0
     DRAFT_ROUNDS = 2          # rounds whose drafting is measured before the first decision
 
     def __init__(self, config: ControllerConfig) -> None:
@@ -155,7 +160,7 @@ class ModelPolicy:
         whose link slows mid-way (10 -> 150 ms) leaves the server idle until a segment's first
         tokens show the new RTT: 0.17 s lost per such step on netns, where cloud AR was the best
         plan on both links. So while the request is on the server and no edge plan would take it
-        back even on the fastest link measured so far (by the switching margin), the stream is
+        back even on the fastest link measured so far (``_hands_back``, as ``decide``), the stream is
         kept asked for the slowest link level seen, and at least ``stream_ahead_floor_s`` (a slow
         Internet path's RTT) for the step to a level not seen yet -- the run's first 10 -> 150 ms
         step cost 0.15-0.23 s on every netns seed with the slowest seen alone: only a change of
@@ -170,10 +175,15 @@ class ModelPolicy:
             return None
         alpha = max(self.alpha, self.request_matches / self.request_positions)
         rtt_s = self.rtt_floor_s
-        _, edge_s = self._best(self.config.dsd_modes, alpha, rtt_s)
-        if edge_s < self._cost_s(self.current, alpha, rtt_s) * (1 - self.config.margin_pct / 100):
+        if self._hands_back(self._best(self.config.dsd_modes, alpha, rtt_s)[0], alpha, rtt_s):
             return None
         return max(self.rtt_ceiling_s, self.config.stream_ahead_floor_s)     # set with rtt_floor_s
+
+    def link_rtt_s(self) -> float | None:
+        """The link's RTT as the plans are decided on (the probe before a request, then the
+        rounds' running level): the driver's measure of a segment asked before this request
+        measured the link itself (dsd/driver.py ``_asked_on_rtt_s``)."""
+        return self.rtt_s.value
 
     def _queue_sample(self, o: Observation) -> float | None:
         """The verifier's queueing per pass this round saw from other clients' work, where nothing
@@ -217,21 +227,35 @@ class ModelPolicy:
     def decide(self) -> Decision:
         """The next round's plan: the best predicted, if at least ``margin_pct`` faster than the
         current one and, for a hand-over (to the server or back), if the time it saves over the
-        request's remaining tokens outweighs the round trip the hand-over costs."""
+        request's remaining tokens outweighs the round trip the hand-over costs; a hand-back from
+        the server, also at alpha's lower confidence bound (``HAND_BACK_Z``)."""
         if not self._measured() or self.t_draft_s.weight < self.DRAFT_ROUNDS:
             return self.current                  # not measured enough yet: the configured start
         alpha, rtt_s, modes = self.alpha, self.rtt_s.value, self.config.round_modes
-        best, best_s = self._best(modes, alpha, rtt_s)
+        best, _ = self._best(modes, alpha, rtt_s)
         if self.current.mode not in modes:
             self.current = best
             return self.current
-        current_s = self._cost_s(self.current, alpha, rtt_s)
         hands_over = (best.mode in server_modes()) != (self.current.mode in server_modes())
-        pays_off = not hands_over or self.remaining_tokens is None or \
-            (current_s - best_s) * self.remaining_tokens > rtt_s
-        if best_s < current_s * (1 - self.config.margin_pct / 100) and pays_off:
+        if self._hands_back(best, alpha, rtt_s) if hands_over and self.current.mode in server_modes() \
+                else self._worth_switching(best, alpha, rtt_s, hands_over):
             self.current = best
         return self.current
+
+    def _hands_back(self, best: Decision, alpha: float, rtt_s: float) -> bool:
+        """A request on the server comes back to the edge for ``best`` only if that is worth it
+        (``_worth_switching``) at ``alpha`` and at alpha's lower confidence bound (``HAND_BACK_Z``)."""
+        cautious_alpha = min(alpha, self.acceptance.lower_bound(self.HAND_BACK_Z))
+        return self._worth_switching(best, alpha, rtt_s, True) and self._worth_switching(best, cautious_alpha, rtt_s, True)
+
+    def _worth_switching(self, best: Decision, alpha: float, rtt_s: float, hands_over: bool) -> bool:
+        """``best`` is predicted at least ``margin_pct`` faster than the current plan at ``alpha``,
+        and a hand-over (to the server or back) saves more over the request's remaining tokens
+        than the round trip it costs."""
+        best_s, current_s = self._cost_s(best, alpha, rtt_s), self._cost_s(self.current, alpha, rtt_s)
+        pays_off = not hands_over or self.remaining_tokens is None or \
+            (current_s - best_s) * self.remaining_tokens > rtt_s
+        return best_s < current_s * (1 - self.config.margin_pct / 100) and pays_off
 
     def _observe_server(self, o: Observation) -> None:
         """A server round of a hand-over: shadow drafting's positions as draws of alpha (co-located

@@ -473,6 +473,33 @@ def test_a_plan_back_to_the_edge_on_a_link_that_held_still_withdraws_nothing(mon
     assert len(calls) == 1 and calls[0] >= 2, calls
 
 
+class ByRttDecidedOnAProbe(ByRtt):
+    """ByRtt in a request sent to the server on a probe of 150 ms: the link the plan was decided on."""
+
+    def link_rtt_s(self):
+        return 0.15
+
+
+def _server_tokens_after_a_stale_probe(controller) -> tuple[int, list[int]]:
+    draft, target = _pair()
+    run = simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(60), LinkCosts(0.001, 0.002, 0.01, t_ar_s=0.01),
+                       pipelined=False, controller=controller, gamma_max=8, handover_tokens=4)
+    return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.generation.tokens
+
+
+def test_a_request_sent_to_the_server_on_a_stale_probe_comes_back_after_its_first_segment():
+    """A request starts in cloud AR, decided on a probe of 150 ms, but the link is at 10 ms by
+    then (sim). Its first two segments are asked before any tokens measure the server's pace;
+    the first acknowledgement shows the fall against the probe (``link_rtt_s``), so the second
+    segment is withdrawn and drafting resumes after the first one's 4 tokens. A controller that
+    says nothing of the RTT it decided on keeps both (the fall does not show: 8 tokens)."""
+    ar_tokens, tokens = _server_tokens_after_a_stale_probe(ByRttDecidedOnAProbe())
+    ar_without, tokens_without = _server_tokens_after_a_stale_probe(ByRtt())
+    draft, target = _pair()
+    assert tokens == tokens_without == generate_ar(target, [5, 9, 4], StopRule(60), seq_id="p").tokens
+    assert (ar_tokens, ar_without) == (4, 8)
+
+
 def test_a_server_plan_is_refused_naming_the_mode_where_the_link_cannot_hand_over():
     draft, target = _pair()
     with pytest.raises(ValueError, match="mode"):
@@ -686,6 +713,36 @@ def test_model_hands_a_stream_back_to_dsd_when_the_link_falls_mid_request():
     assert policy.decide() == Decision(1, "ar")
     policy.observe(Observation(1, "ar", rtt_s=0.002, **stream))          # a segment's first tokens: 2 ms
     assert policy.decide().mode == "sync"
+
+
+def _after_six_shadow_matches_at_a_new_prompt(rtt_s: float) -> tuple[ModelPolicy, Decision]:
+    """The benchmark's profile (draft 1 ms, verify = AR step = 20 ms): rounds at alpha 0.3, so a
+    new request at ``rtt_s`` goes to cloud AR; then its stream's first six tokens all match the
+    edge's shadow drafts (a new prompt: the estimate restarts from them at 1.0)."""
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined"),
+                              t_ar_s=0.02)
+    policy = ModelPolicy(config)
+    for accepted in [0, 0, 1, 0, 1] * 8:                           # alpha 2/7
+        policy.observe(Observation(4, "sync", 4, accepted, False, rtt_s, 0.001, 0.02, 0.0, remaining_tokens=32))
+    assert _request_plan(policy, rtt_s) == Decision(1, "ar")
+    for left in range(32, 26, -1):
+        policy.observe(Observation(1, "ar", 0, 0, False, None, None, 0.02, 0.0, tokens=1, interval_s=0.02,
+                                   shadow_positions=1, shadow_matches=1, remaining_tokens=left))
+    assert policy.alpha > 0.99
+    return policy, policy.decide()
+
+
+def test_a_request_comes_back_from_the_server_only_if_that_pays_off_at_alphas_lower_bound():
+    """Six matches in six read alpha 1.0, where pipelined 16 beats cloud AR even at 150 ms; at
+    the 0.9 such a prompt has, cloud AR is still ahead there (24.5 against 20 ms a token), so the
+    request stays on the server: the lower bound (0.82) does not pay for the hand-back. At 10 ms
+    the same six take it back to the edge (DSD is ahead from alpha ~0.45)."""
+    far, plan = _after_six_shadow_matches_at_a_new_prompt(0.15)
+    assert plan == Decision(1, "ar")
+    assert far._worth_switching(far._best(("pipelined",), far.alpha, 0.15)[0], far.alpha, 0.15, True)
+    assert far.acceptance.lower_bound(far.HAND_BACK_Z) < 0.9
+    _, plan = _after_six_shadow_matches_at_a_new_prompt(0.01)
+    assert plan.mode == "pipelined"
 
 
 def test_finite_request_factor_charges_the_budget_overshoot_of_long_rounds():
