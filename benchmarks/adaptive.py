@@ -44,6 +44,11 @@ t_i seconds in condition i could at best have emitted sum_i t_i / best_i tokens;
 is how many more tokens the oracle would have emitted in X's time, over the whole run, averaged
 over seeds (i.e. per-token latency above the oracle).
 
+Beside it (not judged): the policies against the prompt-matched oracle (benchmarks/adaptive_oracle.py
+``prompt_matched_oracle``: each request set beside the oracle's time on that very prompt, so the
+prompts' acceptance luck, which the class-average oracle leaves in, is common to both), mean +- SE
+and per seed.
+
 Prints last: model_vs_oracle_pct= bandit_vs_oracle_pct= heuristic_vs_oracle_pct=
 best_static_vs_oracle_pct= switches_per_100_rounds= (plan changes of the model policy per 100
 rounds, request-level mode changes included) and goals_met=.
@@ -420,6 +425,27 @@ def vs_oracle_pct(runs: list[RequestRun], best_s: dict, scenario: Scenario) -> f
     return 100.0 * (sum(oracle_tokens(r, best_s, scenario) for r in runs) / sum(r.tokens for r in runs) - 1.0)
 
 
+def matched_vs_oracle_pct(runs: list[RequestRun], matched: dict, scenario: Scenario) -> float:
+    """As ``vs_oracle_pct`` against the prompt-matched oracle (benchmarks/adaptive_oracle.py
+    ``prompt_matched_oracle``): request i's pieces at the oracle's per-token time on prompt i
+    (``runs[i]`` ran prompt i, as every run of the benchmark does)."""
+    oracle = sum(seconds / matched[(rtt, r.alpha)][i] for i, r in enumerate(runs)
+                 for rtt, seconds in scenario.pieces(r.start_s, r.start_s + r.wall_s))
+    return 100.0 * (oracle / sum(r.tokens for r in runs) - 1.0)
+
+
+def print_matched(per_seed: list[tuple[dict, dict]], matched: list[dict], scenario: Scenario, first_seed: int) -> None:
+    """The policies against the prompt-matched oracle, mean +- SE and per seed from ``first_seed``
+    (a diagnostic beside the judged figures: it takes the prompts' luck out of the comparison)."""
+    pct: dict[str, list[float]] = {name: [] for name in POLICIES}
+    for (results, _), oracle in zip(per_seed, matched):
+        for name in POLICIES:
+            pct[name].append(matched_vs_oracle_pct(results[name], oracle, scenario))
+    print(f"prompt-matched oracle (not judged; seeds {first_seed}-{first_seed + len(matched) - 1}): " + " ".join(
+        f"{name}={statistics.mean(v):.1f}+-{statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0:.1f}% "
+        f"({' / '.join(f'{x:.1f}' for x in v)})" for name, v in pct.items()), flush=True)
+
+
 def switches_per_100(runs: list[RequestRun]) -> float:
     plans = [p for r in runs for p in r.plans]
     return 100.0 * sum(a != b for a, b in zip(plans, plans[1:])) / max(len(plans), 1)
@@ -473,12 +499,13 @@ def sim_seed(scenario: Scenario, profile, seed: int) -> dict[str, list[RequestRu
     return results
 
 
-def sim_oracle(scenario: Scenario, profile, seed: int) -> tuple[dict, dict]:
+def sim_oracle(scenario: Scenario, profile, seed: int) -> tuple[dict, dict, dict]:
     """Each static arm at each constant (RTT, alpha), on the run's own prompts of that class: its
     per-token time; the best per condition (in-sample: chosen and scored on the same prompts,
-    the sim's oracle), and the netns estimator's split by prompts beside it
-    (benchmarks/adaptive_oracle.py ``constant_oracle``, every arm on every prompt here)."""
-    from benchmarks.adaptive_oracle import constant_oracle
+    the sim's oracle), the netns estimator's split by prompts beside it
+    (benchmarks/adaptive_oracle.py ``constant_oracle``, every arm on every prompt here), and the
+    prompt-matched oracle (``prompt_matched_oracle``)."""
+    from benchmarks.adaptive_oracle import constant_oracle, prompt_matched_oracle
 
     config = SyntheticConfig(alpha=scenario.alphas[0], seed=seed, alpha_classes=scenario.alpha_classes())
     pair = (SyntheticLM(config, "draft"), SyntheticLM(config, "target"))
@@ -492,7 +519,7 @@ def sim_oracle(scenario: Scenario, profile, seed: int) -> tuple[dict, dict]:
                 runs = sim_run(scenario, pair, costs, [prompts[i] for i in mine], arm=a, rtt_ms=rtt)
                 measured.setdefault(a, {})[(rtt, alpha)] = [(i, r.wall_s, r.tokens) for i, r in zip(mine, runs)]
     split, in_sample = constant_oracle(measured)
-    return in_sample, split
+    return in_sample, split, prompt_matched_oracle(measured)
 
 
 def check_netns_oracle(seed: int, results: dict, best_s: dict, split_c: dict, scenario: Scenario) -> None:
@@ -638,21 +665,24 @@ def main(argv=None) -> None:
     sim = args.launcher == "sim"
     scenario = scenario_of(args)
     profile = get_profile(args.profile)
-    per_seed = []
+    per_seed, matched = [], []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if args.launcher == "sim":
-            results, (best, split_c) = sim_seed(scenario, profile, seed), sim_oracle(scenario, profile, seed)
+            results, (best, split_c, by_prompt) = sim_seed(scenario, profile, seed), sim_oracle(scenario, profile, seed)
             check_netns_oracle(seed, results, best, split_c, scenario)
-            per_seed.append((results, best))
         else:
             from benchmarks.adaptive_netns import netns_seed
-            per_seed.append(netns_seed(scenario, args, seed))
+            results, best, by_prompt = netns_seed(scenario, args, seed)
+        per_seed.append((results, best))
+        matched.append(by_prompt)
     if args.plot:
         plot(per_seed[0][0], scenario, Path(args.plot))
     if args.save:
         import pickle
         Path(args.save).write_bytes(pickle.dumps({"scenario": scenario, "first_seed": args.first_seed,
-                                                  "per_seed": per_seed}))
+                                                  "per_seed": per_seed, "matched": matched}))
+    if all(matched):
+        print_matched(per_seed, matched, scenario, args.first_seed)
     s = summarise(per_seed, scenario, args.first_seed)
     print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher}"
           + ("" if sim else f" schedule_order={args.schedule_order}") + f" goals_met={goals_met(s)}")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.adaptive_oracle import (constant_oracle, in_sample_oracle, pilot_survivors, print_oracle,
-                                        split_oracle)
+                                        prompt_matched_oracle, split_oracle)
 from dsd.backends.synthetic import parse_alpha_classes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,8 @@ def netns_seed(scenario, args, seed: int):
         if args.oracle == "constant":
             constant = {**common, "link_options": dataclasses.replace(experiment.link, schedule_order="path",
                                                                       schedule=type(experiment.link.schedule)())}
-            split_c, in_sample_c = constant_oracle(constant_runs(plan, scenario, prompts, alpha_of, constant, seed))
+            measured = constant_runs(plan, scenario, prompts, alpha_of, constant, seed)
+            (split_c, in_sample_c), by_prompt = constant_oracle(measured), prompt_matched_oracle(measured)
     statics = {k: v for k, v in results.items() if k.startswith("static")}
     best = split_oracle(statics, scenario)
     missing = [(rtt, a) for rtt in scenario.levels_ms() for a in scenario.alphas if (rtt, a) not in best]
@@ -132,7 +133,7 @@ def netns_seed(scenario, args, seed: int):
             print(f"  seed {seed} scored with the oracle under the schedule: " + " ".join(
                 f"{name}={vs_oracle_pct(results[name], best, scenario):.1f}%" for name in POLICIES), flush=True)
         best = split_c
-    return results, best
+    return results, best, (by_prompt if args.oracle == "constant" else None)
 
 
 def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int) -> dict:

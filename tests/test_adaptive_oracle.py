@@ -108,3 +108,34 @@ def test_constant_split_oracle_is_not_biased_low_by_timing_noise():
         in_sample.append(i[key])
     assert statistics.mean(in_sample) < 0.97
     assert statistics.mean(split) == pytest.approx(1.0, abs=0.015)
+
+
+def test_prompt_matched_oracle_times_each_prompt_with_the_arm_chosen_on_the_other_half():
+    """Per prompt: the arm best on the other half of the prompts, timed on this one. "fast" wins
+    the even prompts, "slow" is never best; on the odd ones "odd" wins, so the even prompts are
+    timed with "odd" (chosen on the odd half) and the odd ones with "fast"."""
+    from benchmarks.adaptive_oracle import prompt_matched_oracle
+    key = (10.0, 0.9)
+    luck = [1.0, 1.6, 0.8, 1.2]
+    measured = {"fast": {key: [(p, 0.8 * luck[p] if p % 2 == 0 else 1.1 * luck[p], 32) for p in range(4)]},
+                "odd": {key: [(p, 0.9 * luck[p] if p % 2 == 0 else 0.7 * luck[p], 32) for p in range(4)]},
+                "slow": {key: [(p, 1.2 * luck[p], 32) for p in range(4)]}}
+    got = prompt_matched_oracle(measured)[key]
+    assert got == pytest.approx({0: 0.9 * 1.0 / 32, 2: 0.9 * 0.8 / 32, 1: 1.1 * 1.6 / 32, 3: 1.1 * 1.2 / 32})
+
+
+def test_a_policy_as_fast_as_the_oracle_on_its_own_prompts_scores_zero_against_the_matched_oracle():
+    """A policy that took exactly the oracle's time on each of its prompts scores 0 against the
+    prompt-matched oracle; against the class average over all the class's prompts it is credited
+    its prompts' luck (here it ran only the three lucky ones of four: 15% "faster" than the oracle)."""
+    from benchmarks.adaptive import RequestRun, Scenario, matched_vs_oracle_pct, vs_oracle_pct
+    scenario = Scenario([10.0], 100.0, [0.9], 4, 4, 32, 16, ("ar", "pipelined"), 16)
+    per_token = {0: 0.006, 1: 0.012, 2: 0.007, 3: 0.008}          # prompt 1 is the unlucky one
+    runs, t_s = [], 0.0
+    for p in (0, 2, 3):
+        runs.append(RequestRun(t_s, 32 * per_token[p], 32, 0.9))
+        t_s += 32 * per_token[p]
+    lucky = {(10.0, 0.9): {i: per_token[p] for i, p in enumerate((0, 2, 3))}}   # run index -> its prompt's time
+    assert matched_vs_oracle_pct(runs, lucky, scenario) == pytest.approx(0.0)
+    class_average = {(10.0, 0.9): statistics.mean(per_token.values())}
+    assert vs_oracle_pct(runs, class_average, scenario) == pytest.approx(-15.15, abs=0.01)
