@@ -91,7 +91,10 @@ class ModelPolicy:
     # A request on the server comes back to the edge only if that pays off at alpha's lower
     # confidence bound too (``Acceptance.lower_bound``, z standard errors): an estimate restarted at a
     # prompt boundary on 6 shadow matches in 6 reads 1.0, and at 150 ms took netns seeds 0 and 4 of
-    # session 15 from cloud AR to pipelined 16 and back within one 0.9 request (0.17, 0.13 s)
+    # session 15 from cloud AR to pipelined 16 and back within one 0.9 request (0.17, 0.13 s). The
+    # same holds for a request after one on the server (``decide_request``): a 0.3-class prompt's
+    # shadow drafts over ~10 positions of memory often read 0.5, enough for DSD at 10 ms (sim
+    # seeds 0-2: model 2.0 -> 1.7)
     HAND_BACK_Z = 1.0
     DRAFT_ROUNDS = 2          # rounds whose drafting is measured before the first decision
 
@@ -280,7 +283,8 @@ class ModelPolicy:
 
     def decide_request(self, rtt_s: float | None = None) -> Decision:
         """The request's mode (and start plan): the lowest predicted per-token time at the RTT
-        just probed (else the running estimate), with the margin against the last choice."""
+        just probed (else the running estimate), with the margin against the last choice; after a
+        request on the server, the edge only if it wins at alpha's lower bound too (``HAND_BACK_Z``)."""
         c = self.config
         self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
         self.last_round_mode = None                     # its first round queues behind its own Open
@@ -298,6 +302,10 @@ class ModelPolicy:
         if last is not None and last.mode in c.modes and \
                 best_s >= self._cost_s(last, alpha, rtt_s) * (1 - c.margin_pct / 100):
             best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
+        if last is not None and last.mode in c.modes and last.mode in server_modes() and best.mode in edge_modes():
+            cautious_alpha = min(alpha, self.acceptance.lower_bound(self.HAND_BACK_Z))
+            if self._best(c.modes, cautious_alpha, rtt_s)[0].mode in server_modes():
+                best = last          # back from the server only if the edge wins at alpha's lower bound too
         if best.mode in server_modes() and c.dsd_modes and self.server_streak >= c.explore_after:
             # alpha may have risen while the server generated: look again where it could pay off
             dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)

@@ -745,6 +745,31 @@ def test_a_request_comes_back_from_the_server_only_if_that_pays_off_at_alphas_lo
     assert plan.mode == "pipelined"
 
 
+def test_a_noisy_shadow_rate_does_not_take_requests_back_from_the_server(monkeypatch):
+    """A 0.3-class prompt on cloud AR at 10 ms: the shadow drafts match 12 of the last 22 tokens,
+    which the discounted estimate (about ten positions of memory) reads as alpha 0.53, where DSD
+    would win (from ~0.45); its lower bound, 0.38, says it may not. Neither the stream nor the
+    next request leaves the server; judged on the point estimate alone (z = 0), both would."""
+    def run(z: float) -> tuple[Decision, Decision]:
+        monkeypatch.setattr(ModelPolicy, "HAND_BACK_Z", z)
+        config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined"),
+                                  t_ar_s=0.02)
+        policy = ModelPolicy(config)
+        for accepted in [0, 0, 1, 0, 1] * 8:                        # alpha 2/7
+            policy.observe(Observation(4, "sync", 4, accepted, False, 0.01, 0.001, 0.02, 0.0, remaining_tokens=32))
+        assert _request_plan(policy, 0.01) == Decision(1, "ar")
+        for k, match in enumerate([1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 1, 0]):
+            policy.observe(Observation(1, "ar", 0, 0, False, None, None, 0.02, 0.0, tokens=1, interval_s=0.02,
+                                       shadow_positions=1, shadow_matches=match, remaining_tokens=31 - k))
+            policy.decide()
+        assert 0.5 < policy.alpha < 0.55 and policy.acceptance.lower_bound(1.0) < 0.4
+        return policy.current, _request_plan(policy, 0.01)
+
+    assert run(1.0) == (Decision(1, "ar"), Decision(1, "ar"))
+    stream, request = run(0.0)
+    assert stream.mode == request.mode == "pipelined"
+
+
 def test_finite_request_factor_charges_the_budget_overshoot_of_long_rounds():
     from dsd.policy_model import finite_request_factor
 
