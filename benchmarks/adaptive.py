@@ -312,6 +312,40 @@ Per request: benchmarks/adaptive_regret.py on the --save pickle.
                   starts in AR with two segments asked, the first acknowledgement shows 10 ms, and the
                   second segment is not withdrawn because a request's first segments carry no RTT and
                   no server step is measured yet (dsd/driver.py ``_beyond_a_round_trip``): the next fix
+
+Session 16 (2026-12-03, code 457d895): (1) a hand-over segment carries the RTT its plan was decided
+on (the controller's link_rtt_s()) until the request measures the link, and before the server's
+pace is known only the first segment is kept when the link has fallen (dsd/driver.py
+``_beyond_a_round_trip``); (2) a request on the server comes back to the edge, within the request
+(``ModelPolicy.decide``, and ``stream_ahead_s`` by the same rule) and at the next request
+(``decide_request``), only if that pays off at alpha's Wilson lower bound too (z = 1, on the
+discounted positions: ~10 for shadow drafts); (3) the policies also against a prompt-matched
+oracle (benchmarks/adaptive_oracle.py ``prompt_matched_oracle``), printed, not judged.
+  netns, seed 3, diagnostic: 0384f3d model 4.2, b3b850a (1 and the in-request part of 2) 4.3. Its
+                  request 14 (0.26 s both times) is the prompt, not the withdraw gap session 15 named:
+                  the fix did act (cloud AR for 4 tokens, not 8), but the prompt's realised
+                  acceptance is low (static pipelined 8 took 0.46 s on it, the class's oracle 0.25 s)
+  sim, 3 seeds:   model 1.7 (1.1 / 1.0 / 3.0; 0384f3d 1.9), bandit 6.8 (unchanged); prompt-matched
+                  model 2.3 +- 0.1. The flickers AR -> DSD -> AR at 10 ms on 0.3-class prompts are gone.
+  netns, seeds 0-4 (the rule of sessions 12-15, written down before the runs: /work/notes/
+  session16-plan.md; one seed per command, quiet and netns locks held, 18:48-19:36 UTC, load
+  average 0.05-0.5 before):
+                  model 5.3 +- 0.9 (6.2 / 2.4 / 7.5 / 4.2 / 6.3), bandit 7.3 +- 0.3 (6.1 / 7.7 / 7.2 /
+                  8.0 / 7.7), heuristic 47.4, best static 48.9, switches 3.0-4.0; prompt-matched:
+                  model 5.2 +- 1.0, bandit 6.8 +- 1.0. The bandit's goal is shown again (mean + SE
+                  7.7); the model's is not (6.2), and paired with session 15 seed by seed the model
+                  is worse by 1.1 +- 0.4 points (heuristic and best static moved < 0.5): the
+                  prediction (3.6 +- 0.9) was wrong. Where it went: the requests a 10 -> 150 ms step
+                  lands in, on 0.3-class prompts, lost 0.04-0.22 s a seed (mean 0.11 s, ~0.9 points);
+                  they now start in cloud AR (the lower-bound rule) where before they started in DSD
+                  and handed over, and a stream is kept asked ahead only once its shadow drafts
+                  (one position a token) have covered STREAM_AHEAD_POSITIONS = 12, so a step within
+                  its first ~0.25 s leaves the server idle for a round trip. Dropping that gate is
+                  not the fix: in the sim it costs the alpha-0.9 streams across 150 -> 10 ms (model
+                  1.7 -> 3.8). The 150 -> 10 ms streams at alpha 0.9 still lose 0.06-0.26 s (seed 2
+                  ran request 13 in cloud AR to its end, 0.15 s past the fall; not verified why: a
+                  Generate sent just before a fall measures about half the old RTT, at the edge of
+                  LINK_FELL_RATIO, so it may not have counted as a fall).
 """
 from __future__ import annotations
 
