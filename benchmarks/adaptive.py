@@ -331,7 +331,7 @@ oracle (benchmarks/adaptive_oracle.py ``prompt_matched_oracle``), printed, not j
   session16-plan.md; one seed per command, quiet and netns locks held, 18:48-19:36 UTC, load
   average 0.05-0.5 before):
                   model 5.3 +- 0.9 (6.2 / 2.4 / 7.5 / 4.2 / 6.3), bandit 7.3 +- 0.3 (6.1 / 7.7 / 7.2 /
-                  8.0 / 7.7), heuristic 47.4, best static 48.9, switches 3.0-4.0; prompt-matched:
+                  8.0 / 7.7), heuristic 47.4, best static 48.9, switches 2.7-4.0; prompt-matched:
                   model 5.2 +- 1.0, bandit 6.8 +- 1.0. The bandit's goal is shown again (mean + SE
                   7.7); the model's is not (6.2), and paired with session 15 seed by seed the model
                   is worse by 1.1 +- 0.4 points (heuristic and best static moved < 0.5): the
