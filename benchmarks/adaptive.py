@@ -342,10 +342,13 @@ oracle (benchmarks/adaptive_oracle.py ``prompt_matched_oracle``), printed, not j
                   (one position a token) have covered STREAM_AHEAD_POSITIONS = 12, so a step within
                   its first ~0.25 s leaves the server idle for a round trip. Dropping that gate is
                   not the fix: in the sim it costs the alpha-0.9 streams across 150 -> 10 ms (model
-                  1.7 -> 3.8). The 150 -> 10 ms streams at alpha 0.9 still lose 0.06-0.26 s (seed 2
-                  ran request 13 in cloud AR to its end, 0.15 s past the fall; not verified why: a
-                  Generate sent just before a fall measures about half the old RTT, at the edge of
-                  LINK_FELL_RATIO, so it may not have counted as a fall).
+                  1.7 -> 3.8). The 150 -> 10 ms streams at alpha 0.9 still lose 0.06-0.26 s. Seed 2
+                  ran request 13 in cloud AR to its end, 0.15 s past the fall: its last segment
+                  (tokens 28-31) was asked at +0.679 s, the tokens the old link held arrived in a
+                  burst at +0.699 s, and no Generate was sent after the fall (the whole budget was
+                  asked), so nothing measured the new link (a Generate sent before a fall measures
+                  old one-way + new one-way, ~80 ms, not a fall by LINK_FELL_RATIO). Next: take such
+                  a burst, or a probe, as the measurement.
 """
 from __future__ import annotations
 
