@@ -466,8 +466,8 @@ def matched_vs_oracle_pct(runs: list[RequestRun], matched: dict, scenario: Scena
     """As ``vs_oracle_pct`` against the prompt-matched oracle (benchmarks/adaptive_oracle.py
     ``prompt_matched_oracle``): request i's pieces at the oracle's per-token time on prompt i
     (``runs[i]`` ran prompt i, as every run of the benchmark does)."""
-    oracle = sum(seconds / matched[(rtt, r.alpha)][i] for i, r in enumerate(runs)
-                 for rtt, seconds in scenario.pieces(r.start_s, r.start_s + r.wall_s))
+    oracle = sum(oracle_tokens(r, {key: times[i] for key, times in matched.items() if i in times}, scenario)
+                 for i, r in enumerate(runs))
     return 100.0 * (oracle / sum(r.tokens for r in runs) - 1.0)
 
 

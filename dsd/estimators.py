@@ -171,7 +171,7 @@ class Acceptance:
         a long run of rounds at 0.9 stays near 0.9."""
         a, r = self.accepted.total, self.rejected.total
         n = a + r
-        if self.value is None or n <= 0:
+        if n <= 0:
             return None
         p = a / n
         centre, spread = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))

@@ -239,17 +239,25 @@ class ModelPolicy:
         if self.current.mode not in modes:
             self.current = best
             return self.current
-        hands_over = (best.mode in server_modes()) != (self.current.mode in server_modes())
-        if self._hands_back(best, alpha, rtt_s) if hands_over and self.current.mode in server_modes() \
-                else self._worth_switching(best, alpha, rtt_s, hands_over):
+        on_server = self.current.mode in server_modes()
+        hands_over = (best.mode in server_modes()) != on_server
+        if hands_over and on_server:
+            switch = self._hands_back(best, alpha, rtt_s)
+        else:
+            switch = self._worth_switching(best, alpha, rtt_s, hands_over)
+        if switch:
             self.current = best
         return self.current
 
+    def _cautious_alpha(self, alpha: float) -> float:
+        """``alpha``, or alpha's lower confidence bound (``HAND_BACK_Z``) where that is lower."""
+        return min(alpha, self.acceptance.lower_bound(self.HAND_BACK_Z))
+
     def _hands_back(self, best: Decision, alpha: float, rtt_s: float) -> bool:
         """A request on the server comes back to the edge for ``best`` only if that is worth it
-        (``_worth_switching``) at ``alpha`` and at alpha's lower confidence bound (``HAND_BACK_Z``)."""
-        cautious_alpha = min(alpha, self.acceptance.lower_bound(self.HAND_BACK_Z))
-        return self._worth_switching(best, alpha, rtt_s, True) and self._worth_switching(best, cautious_alpha, rtt_s, True)
+        (``_worth_switching``) at ``alpha`` and at alpha's lower confidence bound."""
+        return self._worth_switching(best, alpha, rtt_s, True) and \
+            self._worth_switching(best, self._cautious_alpha(alpha), rtt_s, True)
 
     def _worth_switching(self, best: Decision, alpha: float, rtt_s: float, hands_over: bool) -> bool:
         """``best`` is predicted at least ``margin_pct`` faster than the current plan at ``alpha``,
@@ -303,8 +311,7 @@ class ModelPolicy:
                 best_s >= self._cost_s(last, alpha, rtt_s) * (1 - c.margin_pct / 100):
             best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
         if last is not None and last.mode in c.modes and last.mode in server_modes() and best.mode in edge_modes():
-            cautious_alpha = min(alpha, self.acceptance.lower_bound(self.HAND_BACK_Z))
-            if self._best(c.modes, cautious_alpha, rtt_s)[0].mode in server_modes():
+            if self._best(c.modes, self._cautious_alpha(alpha), rtt_s)[0].mode in server_modes():
                 best = last          # back from the server only if the edge wins at alpha's lower bound too
         if best.mode in server_modes() and c.dsd_modes and self.server_streak >= c.explore_after:
             # alpha may have risen while the server generated: look again where it could pay off
