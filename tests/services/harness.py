@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import aiohttp
@@ -98,6 +99,17 @@ class RawClient:
             await self.writer.drain()
         else:
             await self.ws.send_bytes(data)
+
+    async def send_together(self, *messages) -> None:
+        """Send the messages in one TCP segment (the socket corked around them), so the verifier
+        reads all or none of them: none can arrive after a pass that the first arrived during."""
+        sock = (self.writer if self.transport == "tcp" else self.ws).get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        try:
+            for message in messages:
+                await self.send(message)
+        finally:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
 
     async def receive(self, timeout_s: float = 10.0):
         if self.transport == "tcp":
