@@ -36,6 +36,7 @@ device) so the controller keeps measuring alpha while the server generates.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ from dsd.drafting import begin_request, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
 from dsd.modes import SYNC, edge_modes, get_mode, server_modes
 from dsd.stopping import StopRule
+from dsd.stream_drift import ArrivalDrift, fallen_rtt_s
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class Segment:
     t_send_s: float
     rounds: int = 0
     rtt_s: float | None = None       # the link as measured when it was asked
+    ahead: bool = False              # asked only for the controller's look-ahead (stream_ahead_s)
 
 
 # A stream is withdrawn only from a link at most this fraction of the one its segments were asked
@@ -148,6 +151,8 @@ class DsdDriver:
         self._rtt_s: float | None = None     # the link, as last measured (sizes the segments)
         self._step_s: float | None = None    # a server round's steady time per token
         self._withdrawing = False            # a withdraw of unstarted segments awaits its answer
+        self._drift: ArrivalDrift | None = None     # the stream's arrivals after its first
+        self._burst_rtt_s: float | None = None      # the link a burst of them is read against
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
@@ -252,6 +257,7 @@ class DsdDriver:
         segment.remaining -= len(served.tokens)
         interval_s, first = arrival.t_receive_s - self._stream_s, segment.rounds == 0
         self._stream_s, segment.rounds = arrival.t_receive_s, segment.rounds + 1
+        fell_to_s = self._link_fell_to_s(interval_s, arrival)
         if segment.remaining <= 0 or served.done or self.edge.done:
             self.segments.popleft()
         shadow = await self.shadow(prefix, emitted)
@@ -266,8 +272,31 @@ class DsdDriver:
         if self._step_s is None and served.tokens and arrival.compute_s:
             self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
         self.controller.observe(seen)
+        if fell_to_s is not None:           # a burst: the link got faster (dsd/stream_drift.py)
+            self._rtt_s = fell_to_s
+            self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, fell_to_s, None, None,
+                                                None, remaining_tokens=self.remaining_tokens))
         self.mode = self.plan()
         await self.follow_plan(arrival)
+
+    def _link_fell_to_s(self, gap_s: float, arrival: Arrival) -> float | None:
+        """The link's RTT now if this arrival ends a burst that shows it fell (to ``LINK_FELL_RATIO``
+        of the link last measured or decided on before the burst, or less; each arrival of the
+        burst reads it lower); else None. The stream's first arrival starts the count (its gap is
+        from the hand-over's send)."""
+        if self._drift is None:
+            self._drift = ArrivalDrift()
+            return None
+        fall_s = self._drift.add(gap_s, arrival.compute_s or 0.0)
+        if fall_s <= 0:
+            self._burst_rtt_s = None
+            return None
+        if self._burst_rtt_s is None:            # the whole burst is read against the link before it
+            self._burst_rtt_s = self._asked_on_rtt_s()
+        fell_to_s = fallen_rtt_s(self._burst_rtt_s, fall_s, LINK_FELL_RATIO)
+        if fell_to_s is not None:
+            self._drift.settle()
+        return fell_to_s
 
     async def handle_acknowledged(self, arrival: Arrival) -> None:
         """A segment's acknowledgement: the link's round trip now. A segment's first tokens come
@@ -290,10 +319,11 @@ class DsdDriver:
         segments were asked on or less: 150 -> 10 ms), withdraw the segments asked beyond a
         round trip of the link as now measured (where the transport can). The stream then comes
         back after what the new link needs instead of after a round trip of the old one, at the
-        server's pace. On the same link the asked segments stay: the look-ahead's
-        (``stream_ahead_s``) also damp a plan moved by a noisy acceptance estimate, which often
-        turns back to the server before they are served (withdrawn, such flickers cost 1 point
-        on sim seed 2's run)."""
+        server's pace. On the same link only the segments asked for the controller's look-ahead
+        (``stream_ahead_s``: a slower link than this one) are withdrawn, so a request asked ahead
+        from its start (a step of the link in its first tokens then leaves the server busy)
+        comes back to the edge after a round trip of this link when its prompt turns out to
+        draft well; the segments of the link's own round trip stay."""
         if self.server_plan is not None:
             await self.keep_server_busy(after)
             return
@@ -305,15 +335,17 @@ class DsdDriver:
     def _beyond_a_round_trip(self) -> int:
         """How many of the last segments asked are not needed to keep the server busy for a round
         trip of the link as last measured (and a step; ``_asked_enough``'s measure, from the
-        first), if the link fell since they were asked; else 0. Before the server's pace is
+        first), if the link fell since they were asked; else the last ones asked for the
+        controller's look-ahead only (``Segment.ahead``). Before the server's pace is
         measured (no tokens yet: a request that started on the server), only the first segment
         is kept: seed 3 of session 15's netns run waited 0.26 s for two segments asked on a
         150 ms probe after the link had fallen to 10 ms."""
         if self._rtt_s is None:
             return 0
         beyond = list(self.segments)[self._segments_for_a_round_trip():]
-        fell = any(s.rtt_s is not None and self._rtt_s <= LINK_FELL_RATIO * s.rtt_s for s in beyond)
-        return len(beyond) if fell else 0
+        if any(s.rtt_s is not None and self._rtt_s <= LINK_FELL_RATIO * s.rtt_s for s in beyond):
+            return len(beyond)
+        return len(list(itertools.takewhile(lambda s: s.ahead, reversed(beyond))))
 
     def _segments_for_a_round_trip(self) -> int:
         """How many of the segments asked, from the first, keep the server busy for a round trip
@@ -355,7 +387,7 @@ class DsdDriver:
             if self._asked_enough(ahead_s):
                 return
             asked = len(self.segments)
-            await self.hand_over(after)
+            await self.hand_over(after, ahead=self._asked_enough(None))
             if len(self.segments) == asked:
                 return
 
@@ -368,17 +400,18 @@ class DsdDriver:
             return sum(s.remaining for s in self.segments) * self._step_s > rtt_s + self._step_s
         return len(self.segments) >= 2
 
-    async def hand_over(self, after: Arrival | None) -> None:
+    async def hand_over(self, after: Arrival | None, ahead: bool = False) -> None:
         """Ask the server for the next segment of the request: ``handover_tokens``, none past the
-        token budget."""
+        token budget; ``ahead``: only for the controller's look-ahead, beyond the link's round trip."""
         due = self.remaining_tokens - sum(s.remaining for s in self.segments)
         if due <= 0 or self.edge.done:
             return
         plan, n_tokens = self.server_plan, min(self.handover_tokens, due)
         t_send_s = await self.transport.generate(plan.mode, plan.gamma, n_tokens, after)
         if not self.segments:
-            self._stream_s = t_send_s
-        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, rtt_s=self._asked_on_rtt_s()))
+            self._stream_s, self._drift = t_send_s, None
+        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, rtt_s=self._asked_on_rtt_s(),
+                                     ahead=ahead))
 
     def _asked_on_rtt_s(self) -> float | None:
         """The link a segment is asked on: as last measured in this request; before any

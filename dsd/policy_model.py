@@ -87,7 +87,6 @@ class ModelPolicy:
     requests in a row, where DSD at the best alpha seen so far would beat the server, one request
     runs DSD again to re-measure it."""
 
-    STREAM_AHEAD_POSITIONS = 12
     # A request on the server comes back to the edge only if that pays off at alpha's lower
     # confidence bound too (``Acceptance.lower_bound``, z standard errors): an estimate restarted at a
     # prompt boundary on 6 shadow matches in 6 reads 1.0, and at 150 ms took netns seeds 0 and 4 of
@@ -167,16 +166,18 @@ class ModelPolicy:
         kept asked for the slowest link level seen, and at least ``stream_ahead_floor_s`` (a slow
         Internet path's RTT) for the step to a level not seen yet -- the run's first 10 -> 150 ms
         step cost 0.15-0.23 s on every netns seed with the slowest seen alone: only a change of
-        acceptance could end such a stream early, and then the tokens asked beyond the RTT are
-        what the hand-back waits for (still tokens, at the server's pace). Not before the
-        request's own drafts or shadow drafts have covered ``STREAM_AHEAD_POSITIONS`` positions,
-        and at the higher of the running alpha and the request's own rate so far: a new prompt may
-        bring a new alpha, and the running estimate (discounted) follows a rise over many
-        positions. Asked once per stream arrival, beside ``decide``: about as dear (~0.12 ms here)."""
+        acceptance could end such a stream early, and then the segments asked beyond the RTT are
+        withdrawn when the plan goes back to the edge (dsd/driver.py ``Segment.ahead``). So it is
+        asked from the request's first segment: gated on 12 positions of the request's own drafts
+        (session 16), a step in a request's first ~0.25 s idled the server a round trip of the new
+        link (0.04-0.22 s a netns seed). Judged at the higher of the running alpha and the
+        request's own rate so far: a new prompt may bring a new alpha, and the running estimate
+        (discounted) follows a rise over many positions. Asked once per stream arrival, beside
+        ``decide``: about as dear (~0.12 ms here)."""
         if self.current.mode not in server_modes() or not self.config.dsd_modes or not self._measured() \
-                or self.rtt_floor_s is None or self.request_positions < self.STREAM_AHEAD_POSITIONS:
+                or self.rtt_floor_s is None:
             return None
-        alpha = max(self.alpha, self.request_matches / self.request_positions)
+        alpha = max(self.alpha, self.request_matches / max(self.request_positions, 1))
         rtt_s = self.rtt_floor_s
         if self._hands_back(self._best(self.config.dsd_modes, alpha, rtt_s)[0], alpha, rtt_s):
             return None

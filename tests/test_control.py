@@ -473,6 +473,63 @@ def test_a_plan_back_to_the_edge_on_a_link_that_held_still_withdraws_nothing(mon
     assert len(calls) == 1 and calls[0] >= 2, calls
 
 
+class ByPositionLookingAhead(ByPosition):
+    """ByPosition, whose streams are asked ahead for a 0.3 s link (a slower one than the test's)."""
+
+    def stream_ahead_s(self):
+        return 0.3
+
+
+def test_a_plan_back_to_the_edge_withdraws_the_segments_asked_only_for_the_look_ahead():
+    """On a steady 30 ms link (sim), cloud AR from token 10 to 30 is asked 0.3 s ahead (a
+    controller's ``stream_ahead_s``): some 30 tokens, 8 segments of 4. When the plan goes back
+    to the edge, the segments asked for the look-ahead alone are withdrawn: the server serves
+    the 20 tokens planned and what a round trip of this link keeps asked, not the 30 beyond."""
+    draft, target = _pair()
+    stop = StopRule(120)
+    plans = [(0, Decision(3, "sync")), (10, Decision(1, "ar")), (30, Decision(5, "pipelined"))]
+    run = simulate_dsd(draft, target, [2, 9, 4], 4, stop, LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
+                       pipelined=False, controller=ByPositionLookingAhead(stop, plans), gamma_max=8,
+                       handover_tokens=4)
+    assert run.generation.tokens == generate_ar(target, [2, 9, 4], stop, seq_id="l").tokens
+    ar_tokens = sum(r.emitted for r in run.generation.rounds if r.mode == "ar")
+    assert 20 <= ar_tokens <= 20 + 3 * 4, ar_tokens       # a round trip of 30 ms and a step: 2 segments, and 1 serving
+
+
+class ByRttLookingAhead(ByRtt):
+    """ByRtt, whose streams are asked 0.4 s ahead (as the model policy's for a link that may slow)."""
+
+    def stream_ahead_s(self):
+        return 0.4
+
+
+def _ar_tokens_across_a_late_fall(infer: bool, monkeypatch) -> tuple[int, float, list[int]]:
+    from dsd import driver
+
+    if not infer:
+        monkeypatch.setattr(driver, "fallen_rtt_s", lambda *args: None)
+    draft, target = _pair()
+    run = simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(60), LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02),
+                       pipelined=False, controller=ByRttLookingAhead(), gamma_max=8, handover_tokens=4,
+                       rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01)
+    monkeypatch.undo()
+    return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.total_s, run.generation.tokens
+
+
+def test_a_burst_of_stream_tokens_shows_a_fall_that_no_segment_was_left_to_measure(monkeypatch):
+    """The link falls 150 -> 10 ms after a 60-token cloud-AR stream, asked 0.4 s ahead, has asked
+    its whole budget (sim): no Generate is left whose acknowledgement could show the new link. The tokens sent
+    after the fall catch up with those on the old path and arrive in a burst; its drift below the
+    server's pace reads as a link about 110 ms faster, so the plan goes back to the edge and the
+    segments not started are withdrawn: fewer tokens at the server's pace, sooner, same output."""
+    ar_tokens, total_s, tokens = _ar_tokens_across_a_late_fall(True, monkeypatch)
+    ar_without, total_without_s, tokens_without = _ar_tokens_across_a_late_fall(False, monkeypatch)
+    draft, target = _pair()
+    assert tokens == tokens_without == generate_ar(target, [5, 9, 4], StopRule(60), seq_id="b").tokens
+    assert ar_without == 60 and ar_tokens <= ar_without - 4, (ar_tokens, ar_without)
+    assert total_s < total_without_s - 0.01, (total_s, total_without_s)
+
+
 class ByRttDecidedOnAProbe(ByRtt):
     """ByRtt in a request sent to the server on a probe of 150 ms: the link the plan was decided on."""
 
