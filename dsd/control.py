@@ -67,6 +67,7 @@ class Observation:
     shadow_positions: int = 0
     shadow_matches: int = 0
     remaining_tokens: int | None = None    # what the request's token budget still allows
+    rtt_inferred: bool = False     # rtt_s is a guess from a burst of stream arrivals (dsd/stream_drift.py)
 
     def starts_request_after(self, previous_remaining: int | None) -> bool:
         """More budget left than the last round had: a new request began (from a driver that

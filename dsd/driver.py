@@ -275,7 +275,7 @@ class DsdDriver:
         if fell_to_s is not None:           # a burst: the link got faster (dsd/stream_drift.py)
             self._rtt_s = fell_to_s
             self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, fell_to_s, None, None,
-                                                None, remaining_tokens=self.remaining_tokens))
+                                                None, remaining_tokens=self.remaining_tokens, rtt_inferred=True))
         self.mode = self.plan()
         await self.follow_plan(arrival)
 

@@ -141,9 +141,11 @@ class ModelPolicy:
         if self.alpha is not None and self.acceptance.weight >= 5:
             self.alpha_best = max(self.alpha_best, self.alpha)
 
-    def _add_rtt(self, rtt_s: float | None) -> None:
+    def _add_rtt(self, rtt_s: float | None, measured: bool = True) -> None:
+        """A sample of the link; only a measured one moves the fastest and slowest levels seen (a
+        burst's guess, symmetric, may read a 10 ms link as 7.5)."""
         self.rtt_s.add(rtt_s)
-        if rtt_s is not None and math.isfinite(rtt_s) and rtt_s > 0:
+        if measured and rtt_s is not None and math.isfinite(rtt_s) and rtt_s > 0:
             self.rtt_floor_s = rtt_s if self.rtt_floor_s is None else min(self.rtt_floor_s, rtt_s)
             self.rtt_ceiling_s = max(self.rtt_ceiling_s or 0.0, self.rtt_s.value)
 
@@ -273,7 +275,7 @@ class ModelPolicy:
         """A server round of a hand-over: shadow drafting's positions as draws of alpha (co-located
         rounds without them: the server's own draft rounds), the hand-over's round trip as the
         link's, the round's compute as the server's AR step (or draft steps, co-located)."""
-        self._add_rtt(o.rtt_s)
+        self._add_rtt(o.rtt_s, not o.rtt_inferred)
         if o.shadow_positions:
             self.acceptance.add(o.shadow_matches, o.shadow_positions - o.shadow_matches)
             self._add_positions(o.shadow_positions, o.shadow_matches)

@@ -168,6 +168,21 @@ def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
     assert _request_plan(policy, 0.002).mode == "sync"
 
 
+def test_a_guessed_rtt_moves_the_models_link_level_but_not_the_fastest_link_measured():
+    """A burst's guess (``rtt_inferred``) is a sample of the link's level, so a plan can follow a
+    fall at once; but not a measurement of the fastest link (``rtt_floor_s``, which the stream's
+    look-ahead is judged on)."""
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
+    policy = ModelPolicy(config)
+    _feed(policy, 0.010, 20)
+    _feed(policy, 0.150, 20)
+    guess = Observation(1, "ar", 0, 0, False, 0.0075, None, None, None, rtt_inferred=True)
+    policy.observe(guess)
+    assert policy.rtt_floor_s == pytest.approx(0.010) and policy.link_rtt_s() < 0.150
+    policy.observe(Observation(1, "ar", 0, 0, False, 0.0075, None, None, None))
+    assert policy.rtt_floor_s == pytest.approx(0.0075)
+
+
 def test_model_request_choice_crosses_the_closed_form_boundary_with_measured_t_ar():
     """No t_ar prior: the AR step is measured from AR requests; the choice flips where the
     closed form says (best sync gamma vs the measured AR step, over a request as long as the
