@@ -106,6 +106,12 @@ class Acceptance:
     ms a token; netns seed 2 of session 15, twice a run); with 2.5, three or four."""
 
     MIN_POSITIONS = 6
+    # A request's first positions may restart the estimate from fewer, at ``RESET_NATS``: three
+    # rejections in its first three positions after a run at 0.9 score 4.4 above it (at 0.9 one
+    # request in a thousand starts so), and a 0.3-class prompt had drafted two more rounds of
+    # gamma 12 (42 ms a token against cloud AR's 20) before six positions came (netns seed 0,
+    # session 17, its first 0.3-class request)
+    MIN_REQUEST_POSITIONS = 3
     WINDOW_POSITIONS = 32
     RESET_NATS = 4.0
     REQUEST_RESET_NATS = 2.5
@@ -149,9 +155,10 @@ class Acceptance:
         items = list(self.recent)
         for k in range(len(items) - 1, -1, -1):
             a, r = a + items[k][0], r + items[k][1]
-            if a + r < self.MIN_POSITIONS:
+            whole_request = len(items) - k == self.request_observations
+            if a + r < (self.MIN_REQUEST_POSITIONS if whole_request else self.MIN_POSITIONS):
                 continue
-            threshold = self.REQUEST_RESET_NATS if len(items) - k == self.request_observations else self.RESET_NATS
+            threshold = self.REQUEST_RESET_NATS if whole_request and a + r >= self.MIN_POSITIONS else self.RESET_NATS
             excess = log_likelihood(a, r, a / (a + r)) - log_likelihood(a, r, running) - threshold
             if excess > best_excess:
                 best, best_excess = items[k:], excess

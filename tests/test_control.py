@@ -757,8 +757,11 @@ def test_acceptance_restarts_sooner_on_a_drop_that_begins_with_a_request():
                 return k
         return None
 
+    # the third: netns seed 0's first 0.3-class request of session 17 (gamma 12): three rejections
+    # in the request's first three positions restart it (MIN_REQUEST_POSITIONS), not two rounds later
     for sequence, at_boundary, mid_request in (([1, 0, 0, 1, 0, 1, 0, 1, 0], 4, None),
-                                               ([0, 0, 2, 0, 0, 0, 0, 0, 0], 4, 7)):
+                                               ([0, 0, 2, 0, 0, 0, 0, 0, 0], 4, 7),
+                                               ([0, 0, 0, 1, 1, 0, 0, 0, 0], 2, 7)):
         assert first_below_half(sequence, True) == at_boundary
         assert first_below_half(sequence, False) == mid_request
     for alpha, gamma in ((0.3, 2), (0.9, 16), (0.6, 4), (0.9, 8)):     # stationary, a request every 6 rounds
