@@ -40,7 +40,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -153,6 +153,7 @@ class DsdDriver:
         self._withdrawing = False            # a withdraw of unstarted segments awaits its answer
         self._drift: ArrivalDrift | None = None     # the stream's arrivals after its first
         self._burst_rtt_s: float | None = None      # the link a burst of them is read against
+        self._fell_read_s: float | None = None      # when a burst was read as a fall (this request)
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
@@ -265,6 +266,8 @@ class DsdDriver:
                             segment.t_send_s))
         self.rounds += 1
         seen = server_observation(arrival, segment, interval_s, first, shadow, self.remaining_tokens)
+        if seen.rtt_s is not None and self._asked_before_the_fall(segment.t_send_s):
+            seen = replace(seen, rtt_s=None)
         if seen.rtt_s is not None:
             self._rtt_s = seen.rtt_s
         elif not first and served.tokens:
@@ -273,11 +276,19 @@ class DsdDriver:
             self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
         self.controller.observe(seen)
         if fell_to_s is not None:           # a burst: the link got faster (dsd/stream_drift.py)
-            self._rtt_s = fell_to_s
+            self._rtt_s, self._fell_read_s = fell_to_s, arrival.t_receive_s
             self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, fell_to_s, None, None,
                                                 None, remaining_tokens=self.remaining_tokens, rtt_inferred=True))
         self.mode = self.plan()
         await self.follow_plan(arrival)
+
+    def _asked_before_the_fall(self, t_send_s: float) -> bool:
+        """Whether a segment sent at ``t_send_s`` was asked before a burst read as a fall arrived:
+        its round trip straddles the fall (out on the old link, back on the new: 80 ms across a
+        150 -> 10 ms fall on netns), no measure of either link. Such a one had pulled the model's
+        estimate back up from the burst's 10 ms to 47 ms, and the next request started in cloud AR
+        (netns seed 2 of session 17, request 14: +0.06 s)."""
+        return self._fell_read_s is not None and t_send_s < self._fell_read_s
 
     def _link_fell_to_s(self, gap_s: float, arrival: Arrival) -> float | None:
         """The link's RTT now if this arrival ends a burst that shows it fell (to ``LINK_FELL_RATIO``
@@ -304,8 +315,9 @@ class DsdDriver:
         showed there only ~a round trip of the old link later, while the stream went on being
         asked as far ahead as the old link needs. The controller sees it as a server round
         without tokens (it may take the request back to the edge: nothing more is asked then)."""
-        if self.edge.done or not self.segments:
-            return                       # the end of a request, or a stream already served
+        if self.edge.done or not self.segments or \
+                self._asked_before_the_fall(arrival.t_receive_s - arrival.link_rtt_s):
+            return                       # the end of a request, a stream already served, a stale measure
         self._rtt_s = arrival.link_rtt_s
         segment = self.segments[-1]
         self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, arrival.link_rtt_s, None,

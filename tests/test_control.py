@@ -545,6 +545,33 @@ def test_a_burst_of_stream_tokens_shows_a_fall_that_no_segment_was_left_to_measu
     assert total_s < total_without_s - 0.01, (total_s, total_without_s)
 
 
+class RecordingByRtt(ByRttLookingAhead):
+    """ByRttLookingAhead that keeps every RTT it is shown: (rtt_s, inferred)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rtts = []
+
+    def observe(self, observation):
+        super().observe(observation)
+        if observation.rtt_s is not None:
+            self.rtts.append((observation.rtt_s, observation.rtt_inferred))
+
+
+def test_after_a_burst_read_as_a_fall_no_segment_asked_before_it_measures_the_link():
+    """Across the late fall above, the segments asked before the burst showed it come back out on
+    the old link and back on the new one: their round trips are of neither link, and would pull
+    the estimate back up. Once the burst is read, the controller is shown only the new link."""
+    controller = RecordingByRtt()
+    draft, target = _pair()
+    simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(60), LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02),
+                 pipelined=False, controller=controller, gamma_max=8, handover_tokens=4,
+                 rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01)
+    first_guess = [inferred for _, inferred in controller.rtts].index(True)
+    assert all(rtt_s <= 0.075 for rtt_s, _ in controller.rtts[first_guess:]), controller.rtts[first_guess:]
+    assert all(rtt_s == pytest.approx(0.15) for rtt_s, _ in controller.rtts[:first_guess])
+
+
 class ByRttDecidedOnAProbe(ByRtt):
     """ByRtt in a request sent to the server on a probe of 150 ms: the link the plan was decided on."""
 
