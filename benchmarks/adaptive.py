@@ -349,6 +349,47 @@ oracle (benchmarks/adaptive_oracle.py ``prompt_matched_oracle``), printed, not j
                   asked), so nothing measured the new link (a Generate sent before a fall measures
                   old one-way + new one-way, ~80 ms, not a fall by LINK_FELL_RATIO). Next: take such
                   a burst, or a probe, as the measurement.
+
+Session 17 (2026-12-03/04, code ac91260 judged): (1) a server stream is kept asked ahead from its
+first segment (the 12-position gate dropped), and the segments asked only for that look-ahead
+(dsd/driver.py ``Segment.ahead``) are withdrawn when the plan goes back to the edge, which is what
+made dropping the gate cost the sim in session 16 (now sim model 1.7 both ways); (2) a burst of
+stream tokens arriving faster than the server's pace reads as a fall of the link
+(dsd/stream_drift.py: drift of the arrivals below the pace against the lowest before the burst,
+both directions assumed to have fallen alike), where no Generate is left to measure it; its guess
+moves the model's link level, not the fastest link measured; (3) a request's first 3-5 positions
+may restart the acceptance estimate at 4 nats (three rejections after a run at 0.9).
+  netns, seed 0, diagnostic: session 16's code 6.2; (1) and (2) 5.4, with the floor kept 5.2,
+                  with (3) 5.1. Requests 9 and 22 (10 -> 150 ms on 0.3-class prompts in cloud AR)
+                  lost -0.01 / -0.04 s instead of 0.10 / 0.12; the burst was read at 8.019 s in
+                  request 13 (40 ms, then 7.5 ms), the request came back to DSD after the segment
+                  being served, but that prompt's last 4 tokens drafted badly (2 tokens a round).
+  sim, 3 seeds:   model 1.7 (1.1 / 0.9 / 3.0), bandit 6.6; the sim's steps do not land early in
+                  cloud-AR requests, so (1) shows only on netns.
+  netns, seeds 0-4 (the rule of sessions 12-16, written down before the runs: /work/notes/
+  session17-plan.md; one seed per command, quiet and netns locks held, 23:26-00:13 UTC, load
+  average 0.04-0.9 before):
+                  model 4.9 +- 1.0 (5.3 / 2.1 / 8.2 / 3.9 / 5.2), bandit 7.4 +- 0.6 (7.2 / 9.0 / 8.0 /
+                  7.4 / 5.6), heuristic 47.4, best static 48.1, switches 2.5-4.0; prompt-matched:
+                  model 4.7 +- 1.0, bandit 6.9 +- 1.0. The bandit's goal is shown (mean + SE 8.0);
+                  the model's is not (5.9). Paired with session 16 seed by seed: model -0.4 +- 0.3,
+                  bandit +0.1 +- 0.6 points; the prediction (4.3 +- 0.9) was optimistic. Seconds
+                  lost a seed, session 16 -> 17, by the requests' condition: 10 -> 150 ms at 0.3
+                  0.112 -> 0.041 (what (1) is for), 150 -> 10 ms at 0.9 0.128 -> 0.106, the first
+                  request 0.082 both, 10 ms at 0.3 (the alpha drops) 0.141 -> 0.123, 10 ms at 0.9
+                  0.047 -> 0.065 (prompts and timing), 150 ms at 0.3 0.042 -> 0.053. Seed 2's
+                  request 14 started in cloud AR (+0.06 s; DSD in session 16): after the burst read
+                  the link at 10 ms, the first tokens of a segment asked before the fall measured
+                  80 ms (out on the old link, back on the new) and pulled the estimate to 47 ms,
+                  where at alpha's lower bound cloud AR won. Since then (034d3c8, not judged) a
+                  segment asked before a burst read as a fall does not measure the link
+                  (dsd/driver.py ``_asked_before_the_fall``): netns seed 2 again, diagnostic, 5.9
+                  (its request 14 in DSD, +0.01 s), prompt-matched 4.7; sim unchanged (1.7, 6.6).
+                  Left: the segment being served when the plan goes back (up to handover_tokens at
+                  the server's pace, 80 ms here: a Withdraw cannot cut it), the first request's
+                  cold start (0.08 s a seed), and draft blocks longer than the budget left (the
+                  model drafted 90 steps past its requests' ends on seed 0; static pipelined 8 ~6 a
+                  request).
 """
 from __future__ import annotations
 
