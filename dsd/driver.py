@@ -276,9 +276,8 @@ class DsdDriver:
             self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
         self.controller.observe(seen)
         if fell_to_s is not None:           # a burst: the link got faster (dsd/stream_drift.py)
-            self._rtt_s, self._fell_read_s = fell_to_s, arrival.t_receive_s
-            self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, fell_to_s, None, None,
-                                                None, remaining_tokens=self.remaining_tokens, rtt_inferred=True))
+            self._fell_read_s = arrival.t_receive_s
+            self._observe_link(segment, fell_to_s, inferred=True)
         self.mode = self.plan()
         await self.follow_plan(arrival)
 
@@ -318,12 +317,16 @@ class DsdDriver:
         if self.edge.done or not self.segments or \
                 self._asked_before_the_fall(arrival.t_receive_s - arrival.link_rtt_s):
             return                       # the end of a request, a stream already served, a stale measure
-        self._rtt_s = arrival.link_rtt_s
-        segment = self.segments[-1]
-        self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, arrival.link_rtt_s, None,
-                                            None, None, remaining_tokens=self.remaining_tokens))
+        self._observe_link(self.segments[-1], arrival.link_rtt_s)
         self.mode = self.plan()
         await self.follow_plan(arrival)
+
+    def _observe_link(self, segment: Segment, rtt_s: float, inferred: bool = False) -> None:
+        """The link measured (or, ``inferred``, guessed from a burst) outside a round: the
+        driver's link from now on, and a server round without tokens for the controller."""
+        self._rtt_s = rtt_s
+        self.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, rtt_s, None, None, None,
+                                            remaining_tokens=self.remaining_tokens, rtt_inferred=inferred))
 
     async def follow_plan(self, after: Arrival) -> None:
         """After a server round or an acknowledgement re-planned: on the server, keep the stream

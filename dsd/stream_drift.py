@@ -32,7 +32,6 @@ class ArrivalDrift:
     def __init__(self) -> None:
         self.drift_s = 0.0
         self.before: deque[float] = deque([0.0], maxlen=BASELINE_ARRIVALS)   # drifts before the burst
-        self.burst = 0            # arrivals in the current burst
         self.settled = False      # the current burst was read as a fall (``settle``)
 
     def add(self, gap_s: float, compute_s: float) -> float:
@@ -40,13 +39,11 @@ class ArrivalDrift:
             return 0.0
         self.drift_s += gap_s - compute_s
         if gap_s >= BURST_FRACTION * compute_s:
-            self.burst = 0
             if self.settled:          # the first arrival at the new link's pace: its new baseline
                 self.before.clear()
                 self.settled = False
             self.before.append(self.drift_s)
             return 0.0
-        self.burst += 1
         return max(0.0, min(self.before) - self.drift_s)
 
     def settle(self) -> None:
