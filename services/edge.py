@@ -285,7 +285,8 @@ class VerifierLink:
 
     async def send_encoded(self, data: bytes) -> float:
         if self.closed_reason:
-            raise RunError(f"link to the verifier is down: {self.closed_reason}")
+            # the same code as the link_down error a waiting session is handed (_link_down)
+            raise RunError(f"verifier error link_down (link to the verifier is down): {self.closed_reason}")
         t_send_s = time.perf_counter()
         if self.delay_s > 0:
             self._outgoing.put_nowait((t_send_s + self.delay_s, data))

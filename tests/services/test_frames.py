@@ -222,3 +222,22 @@ def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_tra
         assert rows[-1]["error"] == summary["error"]         # recorded as a row, as always
     for transport, error in errors.items():
         assert "verifier error link_down" in error and "connection" in error, (transport, error)
+
+
+def test_a_dropped_link_reads_link_down_both_to_a_waiting_session_and_to_the_next_send():
+    """Which one sees the drop first is a race (the test above got either); the error is one."""
+    from services.edge import RunError, VerifierLink
+    from services.compute import PreciseTimer
+
+    async def main():
+        link = VerifierLink("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
+        session, inbox = link.open_inbox()
+        link._fail("connection closed (code 1006)")
+        _, waiting = inbox.get_nowait()
+        with pytest.raises(RunError) as sending:
+            await link.send(wire.Hello(1, "x"))
+        return waiting, str(sending.value)
+
+    waiting, sending = asyncio.run(main())
+    assert waiting.code == "link_down" and waiting.message == "connection closed (code 1006)"
+    assert "verifier error link_down" in sending and "connection closed (code 1006)" in sending
