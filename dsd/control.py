@@ -34,7 +34,9 @@ the server, a policy may also have ``stream_ahead_s()`` say how long a round tri
 should keep the stream asked ahead for (dsd/driver.py ``keep_server_busy``; None or absent: the
 link as last measured), and ``link_rtt_s()`` the RTT its plans were decided on (the driver's
 measure of the link a segment is asked on before the request's own rounds measured it, so a
-link that fell since shows as a fall: ``_asked_on_rtt_s``).
+link that fell since shows as a fall: ``_asked_on_rtt_s``), and ``server_step_s()`` the server's
+step per streamed token (with ``link_rtt_s()``, how far ahead a stream is asked before its own
+tokens measured the pace: ``_pace``).
 """
 from __future__ import annotations
 

@@ -300,6 +300,10 @@ class BanditPolicy:
         """As ModelPolicy's: the link's RTT the plans are decided on."""
         return self.model.link_rtt_s()
 
+    def server_step_s(self) -> float | None:
+        """As ModelPolicy's: the server's step per streamed token."""
+        return self.model.server_step_s()
+
     def decide_request(self, rtt_s: float | None = None) -> Decision:
         """Two levels, as a request is a long commitment: UCB over the kinds of request (DSD, cloud
         AR, co-located), a kind worth its best arm's rate; then UCB over the kind's own arms."""

@@ -191,6 +191,12 @@ class ModelPolicy:
         measured the link itself (dsd/driver.py ``_asked_on_rtt_s``)."""
         return self.rtt_s.value
 
+    def server_step_s(self) -> float | None:
+        """The server's step per streamed token as the plans are decided on (``t_ar_s``, from
+        earlier AR requests, else the prior): how far ahead the driver asks a stream before the
+        request measured it (dsd/driver.py ``_pace``)."""
+        return self._t_ar_s()
+
     def _queue_sample(self, o: Observation) -> float | None:
         """The verifier's queueing per pass this round saw from other clients' work, where nothing
         of the edge's own can have been ahead of it (module docstring); else None."""

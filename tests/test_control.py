@@ -715,6 +715,38 @@ def test_a_session_that_hands_over_at_once_costs_about_a_plain_server_request():
     assert plain.total_s <= session.total_s < plain.total_s + rtt_s / 4
 
 
+class ScriptedKnowingThePace(Scripted):
+    """Scripted, with the link and the server's step as learnt from earlier requests."""
+
+    def __init__(self, plans, rtt_s, step_s):
+        super().__init__(plans)
+        self.link_rtt_s, self.server_step_s = (lambda: rtt_s), (lambda: step_s)
+
+
+def test_a_stream_begun_on_the_server_is_asked_a_round_trip_ahead_on_the_pace_learnt_before():
+    """Before a request's first token measures the server's step, its stream used to be kept two
+    segments (8 tokens, 0.16 s at 20 ms) ahead: on a 150 ms link the server idled until the next
+    Generate came (~12 ms a request on netns). With the controller's pace from earlier requests it
+    is asked a round trip ahead from the start and takes what one plain server request takes."""
+    from dsd.simulate import ServerCosts, simulate_on_server
+
+    draft, target = _pair(alpha=0.8)
+    stop = StopRule(48)
+    rtt_s, t_ar_s, prefill_s = 0.150, 0.020, 0.005
+    plain = simulate_on_server(draft, target, [3, 9, 4], 1, stop, "ar",
+                               ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2), seq_id="plain")
+
+    def session_s(controller) -> float:
+        run = simulate_dsd(draft, target, [3, 9, 4], 4, stop, LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s),
+                           False, controller=controller, gamma_max=8, t_open_s=prefill_s, seq_id="s")
+        assert run.generation.tokens == plain.generation.tokens
+        return run.total_s
+
+    knowing = session_s(ScriptedKnowingThePace([Decision(1, "ar")], rtt_s, t_ar_s))
+    unknowing = session_s(Scripted([Decision(1, "ar")]))
+    assert knowing < plain.total_s + 0.002 < unknowing
+
+
 def test_level_follows_a_step_of_the_link_but_not_one_outlier():
     from dsd.estimators import Level
 
