@@ -390,6 +390,36 @@ may restart the acceptance estimate at 4 nats (three rejections after a run at 0
                   cold start (0.08 s a seed), and draft blocks longer than the budget left (the
                   model drafted 90 steps past its requests' ends on seed 0; static pipelined 8 ~6 a
                   request).
+
+Session 18 (2026-12-04, code cb9adca judged): a stream begun on the server is asked a round trip
+ahead on the pace the controller learnt in earlier requests (dsd/driver.py ``_pace``: the policy's
+``link_rtt_s()`` and ``server_step_s()``), not kept two segments ahead until its first token
+measured the step: 8 tokens of a 20 ms server are less than a 150 ms round trip and a step, so the
+server idled ~12 ms in every cloud AR request at 150 ms (session 17's "150 ms at 0.3" loss).
+  sim, 3 seeds:   model 1.3 (0.6 / 0.8 / 2.6), bandit 5.9 (ac91260: 1.7, 6.6). Tried, not kept: a
+                  longer memory for the acceptance estimate (discount 0.95 / 0.97 instead of the
+                  0.9 of the other estimates): model 1.8 both.
+  netns, seed 0, diagnostic: 4.6 (judged session 17: 5.3); its AR requests at 150 ms lost 0.000 s each.
+  netns, seeds 0-4 (the rule of sessions 12-17, written down before the runs: /work/notes/
+  session18-plan.md; one seed per command from a worktree of cb9adca, quiet and netns locks held,
+  03:54-04:45 UTC):
+                  model 4.5 +- 0.7 (4.9 / 2.5 / 5.7 / 3.2 / 6.2), bandit 6.8 +- 0.4 (7.2 / 6.4 / 8.0 /
+                  7.0 / 5.5), heuristic 47.2, best static 47.8, switches 2.5-3.7; prompt-matched:
+                  model 4.2 +- 1.1, bandit 6.0 +- 0.4. The bandit's goal is shown (mean + SE 7.2);
+                  the model's is not (5.2; predicted 4.0 +- 0.9). Paired with session 17 by seed:
+                  model -0.4 +- 0.6, bandit -0.6 +- 0.5 points. Seconds lost a seed, session 17 ->
+                  18, by the requests' condition: 150 ms at 0.3 0.053 -> 0.001 (the fix), 150 -> 10
+                  ms at 0.9 0.106 -> 0.067 (034d3c8), 10 -> 150 ms at 0.3 0.041 -> 0.026, the alpha
+                  drops 0.123 -> 0.110, the first request 0.082 both, 10 ms at 0.9 0.065 -> 0.083;
+                  total 0.47 -> 0.35 s. The figure moved less than the seconds because it counts
+                  tokens the oracle would have emitted: a second at 150 ms is worth 40 of them, one
+                  at (10 ms, 0.9) 130-170 (oracle 5.9-7.6 ms a token, which also moves by seed: seed
+                  4 lost 0.38 s both sessions and scored 5.2 then, 6.2 now). What is left is at 10
+                  ms: the first request (its prompt's luck and pipelined 16 planned on 12 accepted
+                  of 12), the alpha drops (three rounds before the estimate falls; two would need
+                  two rejections to restart at 0.9, one 0.9-class request in a hundred), the prompts
+                  of the 0.9 class, and the fall's in-flight tokens (a Withdraw cannot cut the
+                  segment being served: ~0.04 s when it lands late in a request).
 """
 from __future__ import annotations
 
