@@ -285,8 +285,8 @@ class VerifierLink:
 
     async def send_encoded(self, data: bytes) -> float:
         if self.closed_reason:
-            # the same code as the link_down error a waiting session is handed (_link_down)
-            raise RunError(f"verifier error link_down (link to the verifier is down): {self.closed_reason}")
+            # the code a waiting session is handed too (_fail): either may see the drop first
+            raise RunError(f"verifier error {wire.LINK_DOWN} (link to the verifier is down): {self.closed_reason}")
         t_send_s = time.perf_counter()
         if self.delay_s > 0:
             self._outgoing.put_nowait((t_send_s + self.delay_s, data))
@@ -355,7 +355,7 @@ class VerifierLink:
 
     def _fail(self, reason: str) -> None:
         self.closed_reason = self.closed_reason or reason
-        error = wire.Error(None, None, "link_down", None, self.closed_reason)
+        error = wire.Error(None, None, wire.LINK_DOWN, None, self.closed_reason)
         for inbox in self._inboxes.values():
             inbox.put_nowait((time.perf_counter(), error))
         for future in self._waiting.values():

@@ -37,6 +37,7 @@ BUSY = "busy"                      # max_inflight_per_connection requests in fli
 UNAUTHORIZED = "unauthorized"      # HTTP 401 body at the WebSocket upgrade, not a frame
 IDLE_TIMEOUT = "idle_timeout"
 INTERNAL = "internal"
+LINK_DOWN = "link_down"            # the edge's own, never sent: its connection to the verifier dropped
 
 
 class WireError(ValueError):

@@ -226,12 +226,12 @@ def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_tra
 
 def test_a_dropped_link_reads_link_down_both_to_a_waiting_session_and_to_the_next_send():
     """Which one sees the drop first is a race (the test above got either); the error is one."""
-    from services.edge import RunError, VerifierLink
     from services.compute import PreciseTimer
+    from services.edge import RunError, VerifierLink
 
     async def main():
         link = VerifierLink("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
-        session, inbox = link.open_inbox()
+        _, inbox = link.open_inbox()
         link._fail("connection closed (code 1006)")
         _, waiting = inbox.get_nowait()
         with pytest.raises(RunError) as sending:
