@@ -227,10 +227,12 @@ async def pipelined_block_and_ping(verifier) -> tuple:
 
 @pytest.mark.model
 def test_what_comes_in_during_a_loop_pass_counts_its_wait_as_queue_and_held(default_verifier):
-    for _ in range(3):       # a loaded host may wake the client after the pass: try again
+    for _ in range(3):       # a loaded host may wake the client after the pass, or read the pong
+        # milliseconds late (the clean-clone CI once: 4 ms of a 6 ms round trip): try again
         first, second, pong, rtt_s, loop_passes, wait_s = asyncio.run(pipelined_block_and_ping(default_verifier))
         assert (first.accepted, second.accepted, second.stale) == (BLOCK, BLOCK, False)
-        if pong.held_s > 0:
+        assert pong.held_s <= rtt_s
+        if pong.held_s > 0 and rtt_s - pong.held_s < 0.5 * rtt_s:
             break
     assert pong.held_s > 0, f"in 3 tries no ping came in during a pass of {first.compute_s:.4f} s"
     # The first block ran on the loop's thread; the second, read after it, on the device thread
@@ -239,7 +241,6 @@ def test_what_comes_in_during_a_loop_pass_counts_its_wait_as_queue_and_held(defa
     assert second.queue_s >= 0.5 * (first.compute_s - wait_s), (first, second)
     # The ping waited unread behind the first pass: its answer says so, and what is left of its
     # round trip is the link and the Python around it.
-    assert pong.held_s <= rtt_s
     assert rtt_s - pong.held_s < 0.5 * rtt_s, (rtt_s, pong)
 
 
