@@ -256,11 +256,29 @@ def test_saturated_clients_fall_into_two_groups_whose_passes_alternate(mode):
     them (a DSD client drafts on its edge, shorter than a pass here; a co-located client submits
     its next job only after its answer), so clients that did not arrive all at once settle into
     two groups that alternate: each client round holds two verification passes, of a and N - a."""
-    n_clients, rounds = 5, 24
+    n_clients = 5
     # DSD: long against a wake-up's lateness on a busy host (0.1-1 ms; at 1 ms a loaded run split
     # the groups). Co-located stays at 1 ms: its drafts share the device, and at 4 ms the clients
     # settle into three verification groups (3, 1, 1) instead, a structure the capacity model lacks.
     unit_s = 0.004 if mode == "dsd" else 0.001
+    # The first arrivals decide the grouping for the whole run: a host stall among them once set
+    # co-located at 1 ms in (3, 1, 1) from the start (clean-clone CI of af5f261), so such a run
+    # is tried again, up to three times
+    for _ in range(3):
+        steady = _steady_verify_batch_sizes(mode, n_clients, 24, unit_s)
+        assert len(steady) >= 20
+        # Mostly (a host stall can delay a drafting client past a pass start, splitting a group
+        # for a while): two neighbouring passes hold every client once, and no pass holds them all.
+        pairs = list(zip(steady, steady[1:]))
+        if sum(a + b == n_clients for a, b in pairs) >= 0.8 * len(pairs):
+            break
+    assert sum(a + b == n_clients for a, b in pairs) >= 0.8 * len(pairs), steady
+    assert sum(size == n_clients for size in steady) <= 0.2 * len(steady), steady
+
+
+def _steady_verify_batch_sizes(mode: str, n_clients: int, rounds: int, unit_s: float) -> list[int]:
+    """Saturated clients' verification passes on a real device, each pass's batch size, without
+    the first and last four passes."""
     verify_sizes: list[int] = []
 
     async def client(scheduler, i):
@@ -290,13 +308,7 @@ def test_saturated_clients_fall_into_two_groups_whose_passes_alternate(mode):
         if not passes or passes[-1][1] == passes[-1][0]:
             passes.append([size, 0])
         passes[-1][1] += 1
-    steady = [size for size, _ in passes[4:-4]]
-    assert len(steady) >= 20
-    # Mostly (a host stall can delay a drafting client past a pass start, splitting a group
-    # for a while): two neighbouring passes hold every client once, and no pass holds them all.
-    pairs = list(zip(steady, steady[1:]))
-    assert sum(a + b == n_clients for a, b in pairs) >= 0.8 * len(pairs), steady
-    assert sum(size == n_clients for size in steady) <= 0.2 * len(steady), steady
+    return [size for size, _ in passes[4:-4]]
 
 
 def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_else():
