@@ -13,11 +13,13 @@ class Discounted:
 
     def __init__(self, discount: float) -> None:
         self.discount, self.total, self.weight = discount, 0.0, 0.0
+        self.count = 0           # values added (since a Level's restart): the weight is discounted
 
     def add(self, value: float | None) -> None:
         if value is not None and math.isfinite(value):
             self.total = self.discount * self.total + value
             self.weight = self.discount * self.weight + 1.0
+            self.count += 1
 
     @property
     def value(self) -> float | None:
@@ -53,7 +55,7 @@ class Level(Discounted):
         high = len(self.recent) == self.STEP_RUN and start is not None and \
             all(v > start * self.STEP_FACTOR for v, _ in self.recent)
         if high or value * self.STEP_FACTOR < level:
-            self.total, self.weight = 0.0, 0.0
+            self.total, self.weight, self.count = 0.0, 0.0, 0
             for v, _ in (list(self.recent) if high else [(value, None)]):
                 super().add(v)
 

@@ -95,7 +95,9 @@ class ModelPolicy:
     # shadow drafts over ~10 positions of memory often read 0.5, enough for DSD at 10 ms (sim
     # seeds 0-2: model 2.0 -> 1.7)
     HAND_BACK_Z = 1.0
-    DRAFT_ROUNDS = 2          # rounds whose drafting is measured before the first decision
+    # rounds whose drafting is measured before the first decision: counted, not the Level's
+    # discounted weight (1.9 after two rounds: every run's first request waited a third sync round)
+    DRAFT_ROUNDS = 2
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -241,7 +243,7 @@ class ModelPolicy:
         current one and, for a hand-over (to the server or back), if the time it saves over the
         request's remaining tokens outweighs the round trip the hand-over costs; a hand-back from
         the server, also at alpha's lower confidence bound (``HAND_BACK_Z``)."""
-        if not self._measured() or self.t_draft_s.weight < self.DRAFT_ROUNDS:
+        if not self._measured() or self.t_draft_s.count < self.DRAFT_ROUNDS:
             return self.current                  # not measured enough yet: the configured start
         alpha, rtt_s, modes = self.alpha, self.rtt_s.value, self.config.round_modes
         best, _ = self._best(modes, alpha, rtt_s)

@@ -1196,3 +1196,18 @@ def test_a_stalled_first_block_does_not_send_a_near_edge_to_the_server():
         policy.observe(Observation(4, "sync", 4, 3, False, 0.005, t_draft_s, 0.020, 0.0, remaining_tokens=40))
         assert policy.decide().mode == "sync", t_draft_s
     assert policy.t_draft_s.value == pytest.approx(0.001)
+
+
+def test_the_first_plan_comes_after_two_measured_draft_rounds_not_three():
+    """DRAFT_ROUNDS counts rounds: two sync rounds of a 1 ms edge, all accepted, on a 10 ms link
+    are enough to leave the configured start (the discounted weight, 1.9 after two, held every
+    run's first request a third round in sync 4); a restart of the draft estimate counts again."""
+    policy = ModelPolicy(ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined")))
+    policy.decide_request(0.010)
+    plans = []
+    for _ in range(2):
+        policy.observe(Observation(4, "sync", 4, 4, False, 0.010, 0.001, 0.020, 0.0, remaining_tokens=40))
+        plans.append(policy.decide())
+    assert plans[0] == Decision(4, "sync") and plans[1].mode == "pipelined", plans
+    policy.observe(Observation(4, "sync", 4, 4, False, 0.010, 0.0004, 0.020, 0.0, remaining_tokens=30))
+    assert policy.t_draft_s.count == 1       # a step far below restarted it: one round measured
