@@ -420,6 +420,32 @@ server idled ~12 ms in every cloud AR request at 150 ms (session 17's "150 ms at
                   two rejections to restart at 0.9, one 0.9-class request in a hundred), the prompts
                   of the 0.9 class, and the fall's in-flight tokens (a Withdraw cannot cut the
                   segment being served: ~0.04 s when it lands late in a request).
+Session 19 (2026-12-04, code 6fb5c4d judged): the model's first plan comes after two measured
+draft rounds, counted (``Discounted.count``): the Level's discounted weight, 1.9 after two, held
+every run's first request a third round in sync 4; and while a request has not measured the link,
+its stream's first segment asks one token and the next the rest of ``handover_tokens`` (the first
+segment is the one a Withdraw cannot take back; a request sent to cloud AR on a stale 150 ms just
+after the link fell to 10 ms served its 4 tokens first: seeds 1, 3, 4 of session 18, request 14).
+  sim, 3 seeds:   model 1.2, bandit 5.9 (cb9adca: 1.3, 5.9); the sim decides each request on the
+                  link in force, so the stale case does not arise there: unchanged elsewhere.
+  netns, seed 4, diagnostic: model 5.7, bandit 5.4.
+  netns, seeds 0-4 (the rule of sessions 12-18, written down before the runs: /work/notes/
+  session19-plan.md; one seed per command from a worktree of 6fb5c4d, 10:13-11:00 UTC):
+                  model 4.5 +- 0.8 (4.4 / 1.8 / 6.2 / 4.0 / 6.2), bandit 6.9 +- 0.7 (7.2 / 8.1 / 8.5 /
+                  5.3 / 5.6), heuristic 47.3, best static 47.7, switches 2.3-3.2; prompt-matched:
+                  model 4.3 +- 1.2, bandit 6.3 +- 1.0. The bandit's goal is shown (mean + SE 7.6);
+                  the model's is not (5.3; predicted 4.1 +- 0.8). Paired with session 18 by seed:
+                  model +0.0 +- 0.3, bandit +0.1 +- 0.6. Seconds lost a seed, session 18 -> 19: the
+                  first request 0.081 -> 0.054, 10 -> 150 ms at 0.3 0.026 -> -0.001, the alpha drops
+                  0.108 -> 0.114, 10 ms at 0.9 0.084 -> 0.081, cloud AR across 150 -> 10 ms at 0.9
+                  0.067 -> 0.129 (four seeds of five had such a request this time, two before: where
+                  the fall lands among the requests moves a seed by 1-2 points). On seed 3 the
+                  model's request 14 began as the link fell: its first segment's round trip was
+                  half on each link (62 ms), so it stayed in AR, and with the stream asked 0.2 s
+                  ahead from the start the next measurement came with the next segment asked, 0.28
+                  s later (16 tokens on the server, 0.36 s lost). A Ping sent when a measurement
+                  lies between the levels seen (a link in motion) would confirm the new level in
+                  one round trip: not built yet.
 """
 from __future__ import annotations
 
