@@ -1215,3 +1215,40 @@ def test_the_first_plan_comes_after_two_measured_draft_rounds_not_three():
     policy.observe(Observation(4, "sync", 4, 4, False, 0.010, 0.0004, 0.020, 0.0, remaining_tokens=30))
     assert policy.t_draft_s.count == 1       # a step far below restarted it: one round measured
 
+
+
+class ByRttOnAStaleProbeWithThePace(ByRtt):
+    """ByRtt in a request sent to the server on a 300 ms probe, at the 10 ms step learnt before."""
+
+    def link_rtt_s(self):
+        return 0.30
+
+    def server_step_s(self):
+        return 0.01
+
+
+def _server_tokens_as_the_link_falls(monkeypatch, withdraw_on_the_server: bool) -> tuple[int, list[int]]:
+    from dsd import driver
+
+    if not withdraw_on_the_server:
+        monkeypatch.setattr(driver.DsdDriver, "_asked_for_a_fallen_link", lambda self: 0)
+    draft, target = _pair()
+    run = simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(60), LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01),
+                       pipelined=False, controller=ByRttOnAStaleProbeWithThePace(), gamma_max=8, handover_tokens=4,
+                       rtt_at=lambda t_s: 0.15 if t_s < 0.001 else 0.01)
+    monkeypatch.undo()
+    return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.generation.tokens
+
+
+def test_a_stream_that_stays_on_the_server_across_a_fall_withdraws_what_the_old_link_needed(monkeypatch):
+    """A request begins in cloud AR as the link falls 150 -> 10 ms (sim): its first round trip is
+    half on each link (~80 ms), under the 300 ms it was asked ahead for but still slow enough for
+    the plan to stay on the server. The segments asked beyond the new link's needs are withdrawn,
+    and asked again as the stream goes on, so the next asks measure the link and the plan goes back
+    to the edge after a few segments; kept, the stream served ~30 tokens before the next ask
+    measured it (netns seed 3 of session 19: 16 tokens, 0.28 s)."""
+    tokens_on_server, tokens = _server_tokens_as_the_link_falls(monkeypatch, True)
+    kept_on_server, tokens_kept = _server_tokens_as_the_link_falls(monkeypatch, False)
+    draft, target = _pair()
+    assert tokens == tokens_kept == generate_ar(target, [5, 9, 4], StopRule(60), seq_id="f").tokens
+    assert tokens_on_server <= kept_on_server - 10, (tokens_on_server, kept_on_server)
