@@ -443,9 +443,14 @@ after the link fell to 10 ms served its 4 tokens first: seeds 1, 3, 4 of session
                   model's request 14 began as the link fell: its first segment's round trip was
                   half on each link (62 ms), so it stayed in AR, and with the stream asked 0.2 s
                   ahead from the start the next measurement came with the next segment asked, 0.28
-                  s later (16 tokens on the server, 0.36 s lost). A Ping sent when a measurement
-                  lies between the levels seen (a link in motion) would confirm the new level in
-                  one round trip: not built yet.
+                  s later (16 tokens on the server, 0.36 s lost).
+  After the judged runs (4be4c66, not judged): a plan that stays on the server across a fall
+  withdraws the segments asked beyond the new link's needs and asks again as the stream goes on,
+  so the asks' acknowledgements measure the link (sim test: 8 tokens on the server instead of 28).
+  sim, 3 seeds:   model 1.2 (unchanged), bandit 6.0 (its exploration's paths move: -0.15 to +0.2 s
+                  a seed).
+  netns, seed 3, diagnostic: model 2.8, bandit 4.8 (judged 6fb5c4d: 4.0, 5.3); its request 14
+                  began at 10 ms this time and served one token on the server, then pipelined.
 """
 from __future__ import annotations
 
