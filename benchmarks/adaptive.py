@@ -451,6 +451,21 @@ after the link fell to 10 ms served its 4 tokens first: seeds 1, 3, 4 of session
                   a seed).
   netns, seed 3, diagnostic: model 2.8, bandit 4.8 (judged 6fb5c4d: 4.0, 5.3); its request 14
                   began at 10 ms this time and served one token on the server, then pipelined.
+Session 20 (2026-12-04, code 4272b63 = 4be4c66 and docs, judged).
+  netns, seeds 0-4 (the same rule, written down before the runs: /work/notes/session20-plan.md;
+  one seed per command from a worktree of 4272b63, 13:24-14:13 UTC):
+                  model 4.0 +- 1.0 (2.9 / 1.5 / 6.1 / 3.2 / 6.4), bandit 6.7 +- 0.9 (4.3 / 9.3 / 8.1 /
+                  6.3 / 5.5), heuristic 46.8, best static 47.9, switches 2.2-3.8; prompt-matched:
+                  model 4.3 +- 1.4, bandit 6.2 +- 1.4. Both goals are shown: the model's at its edge
+                  (mean + SE 4.98; predicted 4.0 +- 0.8), the bandit's (7.6). Paired with session 19
+                  by seed: model -0.5 +- 0.3, bandit -0.2 +- 0.7. Seconds lost a seed, session 19 ->
+                  20: total 0.365 -> 0.366; cloud AR across 150 -> 10 ms at 0.9 0.129 -> 0.105, 10 ms
+                  at 0.9 0.081 -> 0.048 (prompts), 150 ms at 0.3 0.001 -> 0.035 (three stalls of
+                  30-150 ms inside the model's AR streams: seed 0 request 10, seed 3 requests 22-23;
+                  tokens held, then a burst; none in any static AR run), 10 -> 150 ms at 0.3 -0.001
+                  -> 0.013, the alpha drops 0.114 -> 0.116, the first request 0.054 -> 0.052. The
+                  straddled fall is mostly the oracle's: it emits at the 10 ms pace from the fall's
+                  instant, while the tokens asked before it still come at the server's 20 ms.
 """
 from __future__ import annotations
 
