@@ -557,6 +557,9 @@ def load_rtt_trace(path: str) -> tuple[tuple[float, float], ...]:
     if trace[0][0] != 0:
         raise ValueError(f"--rtt-trace {path}: the first row must be at t_s 0 (the link from the start), "
                          f"got {trace[0][0]}")
+    if len({rtt for _, rtt in trace}) < 2:
+        raise ValueError(f"--rtt-trace {path}: one RTT level ({trace[0][1]:g} ms) is nothing to adapt to, and "
+                         f"the network runs place requests on the trace by its changes")
     return tuple(trace)
 
 

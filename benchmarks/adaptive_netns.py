@@ -34,6 +34,11 @@ def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of)
     from benchmarks.adaptive import RequestRun
 
     changes = [row for row in links if row.get("change_index", 0) and row.get("change_index") == row.get("change_index")]
+    if not changes:
+        raise ValueError("links.csv has no change of the link schedule within this run: the requests are "
+                         "placed on the schedule by its changes' times, so the RTT trace must change while "
+                         "every run lasts (a link held constant is the oracle's --rtt-ms condition, not a "
+                         "schedule)")
     t0_unix = min(row["change_t_unix_s"] - row["change_at_s"] for row in changes)
     plans: dict[int, list] = {}
     for r in sorted(rounds, key=lambda r: (r["request_index"], r["round_index"])):

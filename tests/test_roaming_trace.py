@@ -94,3 +94,14 @@ def test_adaptive_benchmark_refuses_a_trace_it_cannot_replay(tmp_path):
         adaptive.load_rtt_trace(str(jitter))
     with pytest.raises(SystemExit):
         adaptive.parse_args(["--rtt-trace", str(late), "--segment-s", "4"])
+    flat = tmp_path / "flat.csv"
+    flat.write_text("t_s,rtt_ms\n0,150\n1000,150\n")
+    with pytest.raises(ValueError, match="one RTT level"):
+        adaptive.load_rtt_trace(str(flat))
+
+
+def test_a_network_run_the_schedule_never_changed_in_is_refused_by_name():
+    from benchmarks.adaptive_netns import _runs
+
+    with pytest.raises(ValueError, match="no change of the link schedule"):
+        _runs([], [], [{"change_index": 0, "change_at_s": 0.0, "change_t_unix_s": 1.0}], lambda index: 0.9)
