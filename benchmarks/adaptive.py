@@ -463,8 +463,8 @@ Session 20 (2026-12-04, code 4272b63 = 4be4c66 and docs, judged).
                   at 0.9 0.081 -> 0.048 (prompts), 150 ms at 0.3 0.001 -> 0.035 (three stalls of
                   30-150 ms inside the model's AR streams: seed 0 request 10, seed 3 requests 22-23;
                   tokens held, then a burst, ACK-clocked at the verifier's TCP sender: the README's
-                  "Stalls in server streams"), 10 -> 150 ms at 0.3 -0.001
-                  -> 0.013, the alpha drops 0.114 -> 0.116, the first request 0.054 -> 0.052. The
+                  "Stalls in server streams"), 10 -> 150 ms at 0.3 -0.001 -> 0.013, the alpha
+                  drops 0.114 -> 0.116, the first request 0.054 -> 0.052. The
                   straddled fall is mostly the oracle's: it emits at the 10 ms pace from the fall's
                   instant, while the tokens asked before it still come at the server's 20 ms.
 """
