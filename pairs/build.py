@@ -1,8 +1,9 @@
 """Build a draft/target model pair, reproducibly, from text on every machine.
 
     python -m pairs.build --out models/default-pair [--quick] [--force]
-    python -m pairs.build --family smollm2 --out ~/.cache/dsd-testbed/smollm2-pair  (optional,
-        a pretrained target; see pairs.smollm2)
+    python -m pairs.build --family smollm2 --out models/smollm2-chat [--target-only]
+        (the main job's pair: a pretrained chat target and a draft distilled on its own
+        answers; see pairs.smollm2)
 
 The default family (stdlib-gpt2, pairs.stdlib_gpt2) trains a byte-level BPE tokenizer, a small
 GPT-2 target and a smaller distilled GPT-2 draft on the Python standard library's own sources.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pairs import smollm2, stdlib_gpt2
@@ -40,26 +42,48 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--draft-steps", type=int)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="stdlib-gpt2 only")
+    parser.add_argument("--epochs", type=float, help="smollm2 only")
+    parser.add_argument("--draft-layers", type=int, help="smollm2 only")
+    parser.add_argument("--vocab-keep", type=int, help="smollm2 only")
+    parser.add_argument("--data-cache", type=Path, help="smollm2 only: keep the target's answers here")
+    parser.add_argument("--target-only", action="store_true",
+                        help="smollm2 only: write target/ into a shipped pair folder and verify it")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in [("seed", args.seed), ("target_steps", args.target_steps),
                                    ("draft_steps", args.draft_steps), ("threads", args.threads),
                                    ("precision", args.precision)] if v is not None}
     overrides["overwrite"] = args.force
+    smollm2_only = {k: v for k, v in [("epochs", args.epochs), ("draft_layers", args.draft_layers),
+                                      ("vocab_keep", args.vocab_keep),
+                                      ("data_cache", args.data_cache)] if v is not None}
     if args.family == "smollm2":
-        for name in ("target_steps", "precision"):
+        for name in ("target_steps", "precision", "draft_steps"):
             if name in overrides:
                 parser.error(f"--{name.replace('_', '-')} does not apply to --family smollm2")
+        overrides.update(smollm2_only)
+        if args.target_only:
+            return TargetOnly(args.out)
         if args.quick:
             return smollm2.quick_config(args.out, **overrides)
         return smollm2.Smollm2PairConfig(out_dir=args.out, **overrides)
+    if smollm2_only or args.target_only:
+        parser.error(f"--{sorted(smollm2_only or ['target_only'])[0].replace('_', '-')} applies "
+                     f"to --family smollm2 only")
     if args.quick:
         return stdlib_gpt2.quick_config(args.out, **overrides)
     return stdlib_gpt2.PairBuildConfig(out_dir=args.out, **overrides)
 
 
+@dataclass(frozen=True)
+class TargetOnly:
+    out_dir: Path
+
+
 def summary_line(manifest: dict, out_dir: Path) -> str:
+    agreement = (manifest["heldout_alpha"]["greedy"] if "heldout_alpha" in manifest
+                 else manifest["greedy_agreement"])
     fields = {
-        "agreement": f"{manifest['greedy_agreement']:.4f}",
+        "agreement": f"{agreement:.4f}",
         "build_s": f"{manifest['build_s']:.1f}",
         **{f"{k}_s": f"{v:.1f}" for k, v in manifest["phases_s"].items()},
         "target_params": manifest["target"]["params"],
@@ -72,6 +96,10 @@ def summary_line(manifest: dict, out_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    if isinstance(config, TargetOnly):
+        manifest = smollm2.materialize_target(config.out_dir)
+        print(f"target=ok files={len(manifest['files'])} out={config.out_dir}", flush=True)
+        return 0
     if isinstance(config, smollm2.Smollm2PairConfig):
         manifest = smollm2.build_smollm2_pair(config)
     else:

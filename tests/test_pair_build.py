@@ -14,7 +14,7 @@ import transformers
 from tokenizers import Tokenizer
 
 from dsd.pair_manifest import PairIntegrityError, verify_pair
-from pairs import build, common, corpus, smollm2, stdlib_gpt2, train
+from pairs import build, chat_draft, common, corpus, smollm2, stdlib_gpt2, train
 from pairs.stdlib_gpt2 import PairBuildConfig, quick_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -281,17 +281,39 @@ def tiny_llama() -> transformers.LlamaForCausalLM:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def test_truncated_draft_copies_the_chosen_layers_and_freezes_the_embeddings():
+def test_new_draft_keeps_the_first_layers_and_the_kept_tokens_rows():
+    from dsd.backends.vocab_map import VocabMap
     target = tiny_llama()
-    ids = torch.tensor([[1, 5, 9, 2, 7]])
-    same = smollm2.truncated_draft(target, [0, 1, 2, 3]).eval()
-    assert torch.equal(same(input_ids=ids).logits, target(input_ids=ids).logits)
-    draft = smollm2.truncated_draft(target, [0, 1])
-    assert draft.config.num_hidden_layers == 2
+    vocab = VocabMap([2, 3, 5, 7, 11], 64)
+    draft = chat_draft.new_draft(target, chat_draft.ChatDraftConfig(layers=2, vocab_keep=5), vocab)
+    assert draft.config.num_hidden_layers == 2 and draft.config.vocab_size == 6
     assert torch.equal(draft.model.layers[1].mlp.up_proj.weight,
                        target.model.layers[1].mlp.up_proj.weight)
-    assert not draft.model.embed_tokens.weight.requires_grad
+    assert torch.equal(draft.model.embed_tokens.weight[:5], target.model.embed_tokens.weight[[2, 3, 5, 7, 11]])
     assert draft.lm_head.weight is draft.model.embed_tokens.weight
+
+
+def test_distillation_moves_a_draft_towards_the_target_answers():
+    """A few steps on the target's own (here: tiny, random) answers lower the distillation loss."""
+    from dsd.backends.vocab_map import VocabMap
+    from pairs.chat_data import ChatSample
+    target = tiny_llama()
+    rng = np.random.default_rng(0)
+    samples = []
+    with torch.no_grad():
+        for i in range(8):
+            prompt = rng.integers(1, 64, size=5).tolist()
+            answer = rng.integers(1, 64, size=6).tolist()
+            logits = target(input_ids=torch.tensor([prompt + answer[:-1]])).logits[0, 4:]
+            top = torch.topk(logits, 8, dim=-1)
+            samples.append(ChatSample(prompt, answer, top.indices.numpy().astype(np.int32),
+                                      top.values.numpy().astype(np.float16)))
+    vocab = VocabMap(chat_draft.frequent_tokens(samples, 48, [0]), 64)
+    config = chat_draft.ChatDraftConfig(layers=1, vocab_keep=48, epochs=30, batch_size=4, lr=3e-3,
+                                        warmup_steps=2)
+    draft = chat_draft.new_draft(target, config, vocab)
+    losses = chat_draft.train_draft(draft, samples, vocab, config)
+    assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
 
 
 def test_save_dequantized_round_trips_through_from_pretrained(tmp_path):
@@ -306,19 +328,38 @@ def test_save_dequantized_round_trips_through_from_pretrained(tmp_path):
 
 
 def test_smollm2_config_rejects_bad_values(tmp_path):
-    with pytest.raises(ValueError, match=r"draft_steps.*0"):
-        smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=0)
-    with pytest.raises(ValueError, match=r"distill_kl_weight.*2"):
-        smollm2.Smollm2PairConfig(out_dir=tmp_path, distill_kl_weight=2)
+    with pytest.raises(ValueError, match=r"draft_layers.*0"):
+        smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_layers=0)
+    with pytest.raises(ValueError, match=r"kl_weight.*2"):
+        smollm2.Smollm2PairConfig(out_dir=tmp_path, kl_weight=2)
 
 
 def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
-    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
-                                    "--draft-steps", "9"])
-    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_steps=9)
+    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--epochs", "2"])
+    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, epochs=2.0)
+    for option in (["--target-steps", "9"], ["--draft-steps", "9"]):
+        with pytest.raises(SystemExit):
+            build.parse_args(["--out", str(tmp_path), "--family", "smollm2", *option])
     with pytest.raises(SystemExit):
-        build.parse_args(["--out", str(tmp_path), "--family", "smollm2",
-                               "--target-steps", "9"])
+        build.parse_args(["--out", str(tmp_path), "--epochs", "2"])
+
+
+def test_training_and_evaluation_prompts_are_disjoint_and_large_enough():
+    from pairs import chat_data
+    train = chat_data.read_prompts(smollm2.TRAIN_PROMPTS)
+    evaluation = chat_data.read_prompts(smollm2.EVAL_PROMPTS)
+    assert len(set(train)) == len(train) >= 200 and len(set(evaluation)) == len(evaluation) >= 40
+    smollm2.check_prompts_apart(smollm2.TRAIN_PROMPTS, smollm2.EVAL_PROMPTS)
+
+
+def test_prompts_that_overlap_the_evaluation_set_are_refused(tmp_path):
+    from pairs import chat_data
+    leaked = tmp_path / "train.jsonl"
+    first_eval = chat_data.read_prompts(smollm2.EVAL_PROMPTS)[3]
+    leaked.write_text(json.dumps({"prompt": "Something else."}) + "\n"
+                      + json.dumps({"prompt": "  " + first_eval.upper()}) + "\n")
+    with pytest.raises(ValueError, match="shares 1 prompt"):
+        smollm2.check_prompts_apart(leaked, smollm2.EVAL_PROMPTS)
 
 
 @pytest.mark.model
@@ -328,12 +369,16 @@ def test_smollm2_quick_build_loads_and_verifies(tmp_path):
         smollm2.find_gguf()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    manifest = smollm2.build_smollm2_pair(smollm2.quick_config(tmp_path / "pair"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                               ["Name a colour.", "Say hello.", "Count to three.", "Name a fruit."]))
+    manifest = smollm2.build_smollm2_pair(smollm2.quick_config(tmp_path / "pair", prompts_path=prompts))
     tokenizer, target, draft, loaded = common.load_pair(tmp_path / "pair")
     assert loaded == manifest
-    assert target.config.num_hidden_layers == 30 and draft.config.num_hidden_layers == 4
+    assert target.config.num_hidden_layers == 30 and draft.config.num_hidden_layers == 1
     assert tokenizer.decode(tokenizer.encode(SNIPPET, add_special_tokens=False)) == SNIPPET
-    assert 0.0 <= manifest["greedy_agreement"] <= 1.0
+    assert 0.0 <= manifest["heldout_alpha"]["sampled"] <= 1.0
+    assert manifest["step_times"]["t_draft_over_t_ar"] > 0
 
 
 # ---- package boundaries ------------------------------------------------------------------------
@@ -356,7 +401,7 @@ def test_decoding_core_does_not_import_the_training_package():
 
 
 def test_pair_families_import_neither_each_other_nor_the_command_line():
-    for family in ["stdlib_gpt2", "smollm2", "common", "train", "corpus"]:
+    for family in ["stdlib_gpt2", "smollm2", "common", "train", "corpus", "chat_data", "chat_draft"]:
         imported = imported_modules(REPO / "pairs" / f"{family}.py")
         others = {"pairs.build", "pairs.stdlib_gpt2", "pairs.smollm2"} - {f"pairs.{family}"}
         assert not imported & others, family

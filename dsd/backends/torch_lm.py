@@ -27,6 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from dsd.backends.protocol import ForwardStats, LogitsRequest
+from dsd.backends.vocab_map import VocabMap
 from dsd.sequence import common_prefix_length
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -122,7 +123,8 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 class TorchLM:
     """A LanguageModel over a transformers causal LM."""
 
-    def __init__(self, model: PreTrainedModel, name: str, eos_token_id: int | None) -> None:
+    def __init__(self, model: PreTrainedModel, name: str, eos_token_id: int | None,
+                 vocab_map: VocabMap | None = None) -> None:
         self.model = model.eval()
         config = model.config
         # NOTE: the per-row attention has no sliding window and no logit soft-capping: a model
@@ -133,7 +135,10 @@ class TorchLM:
                                  "is not supported by the hf backend's attention")
         model.set_attn_implementation(ATTENTION)
         self.name = name
-        self.vocab_size = int(config.vocab_size)
+        # A draft over part of the target's vocabulary reads and answers in target ids.
+        self._vocab_map = vocab_map
+        self._to_model_ids = vocab_map.to_draft().to(model.device) if vocab_map else None
+        self.vocab_size = vocab_map.target_vocab_size if vocab_map else int(config.vocab_size)
         self.eos_token_id = eos_token_id
         self.device = next(model.parameters()).device
         self.stats = ForwardStats()
@@ -149,7 +154,8 @@ class TorchLM:
         model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
         model.to(config.device)
         eos = model.config.eos_token_id
-        return cls(model, name=Path(config.path).name, eos_token_id=eos)
+        return cls(model, name=Path(config.path).name, eos_token_id=eos,
+                   vocab_map=VocabMap.load(config.path))
 
     def cached_length(self, seq_id: str) -> int:
         cache = self._caches.get(seq_id)
@@ -186,6 +192,8 @@ class TorchLM:
             news.append(list(r.tokens[keep:]))
         lengths = [len(new) for new in news]
         input_ids = torch.tensor([[t for new in news for t in new]], device=self.device)          # [1, T]
+        if self._to_model_ids is not None:
+            input_ids = self._to_model_ids[input_ids]
         positions = torch.tensor([[p for start, n in zip(starts, lengths) for p in range(start, start + n)]],
                                  device=self.device)                                             # [1, T]
         rows = _Rows(caches, starts, lengths)
@@ -196,6 +204,8 @@ class TorchLM:
                       for p in range(offset + n - r.n_last, offset + n)]
             hidden = hidden[torch.tensor(wanted, device=self.device)]                             # [sum n_last, d]
         logits = self._head(hidden).float().cpu()                                                 # [sum n_last, vocab]
+        if self._vocab_map is not None:
+            logits = self._vocab_map.full_logits(logits)
         for cache, new in zip(caches, news):
             cache.tokens.extend(new)
         self.stats.passes += 1
