@@ -1,0 +1,25 @@
+"""The docs site builds strictly: a broken link, a missing page or a page left out of the nav
+fails the suite, not a reader."""
+from tests.docs.pages import DOCS, ROOT, build_site
+
+
+def test_the_docs_site_builds_with_strict_checks(tmp_path):
+    result = build_site(tmp_path / "site")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "site" / "index.html").exists()
+    assert (tmp_path / "site" / "concepts" / "index.html").exists()
+
+
+def test_every_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    assert [p for p in pages if p not in nav] == []
+
+
+def test_the_readme_links_only_to_files_that_exist():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)#]+)", readme) if not t.startswith("http")]
+    assert targets and [t for t in targets if not (ROOT / t).exists()] == []
+    assert len(readme.splitlines()) <= 150
