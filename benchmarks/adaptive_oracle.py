@@ -19,11 +19,11 @@ low, which inflates every policy's ``vs_oracle`` and moves it from seed to seed.
   that spent t_i seconds in condition i emitted its n tokens at the conditions' rates, so its
   tokens are shared out in proportion to t_i * rate_i (rates from the previous pass, equal at
   first; a few passes settle) and a condition's rate is its tokens over its seconds. A request
-  wholly inside one condition counts exactly as before; a straddling one no longer is dropped.
+  wholly inside one condition counts in full; a straddling one counts in each of its conditions.
 - ``split_oracle``: per condition, the requests that touched it split alternately in two halves
   (by their order, so each half spans the whole run); the arm best on one half is scored on the other, and
-  the two scores averaged. The choice no longer sees the noise it is scored on, so the oracle is no
-  longer biased low; it is biased high only by as much as noise makes the choice miss the best arm
+  the two scores averaged. The choice does not see the noise it is scored on, so the oracle is not
+  biased low; it is biased high only by as much as noise makes the choice miss the best arm
   (small when the arms are close, which is when a miss is likely). An arm competes in a condition
   of a half only with at least a median request's worth of seconds there (a sliver of a straddling
   request alone says little).
