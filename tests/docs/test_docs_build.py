@@ -23,3 +23,15 @@ def test_the_readme_links_only_to_files_that_exist():
     targets = [t for t in re.findall(r"\]\(([^)#]+)", readme) if not t.startswith("http")]
     assert targets and [t for t in targets if not (ROOT / t).exists()] == []
     assert len(readme.splitlines()) <= 150
+
+
+def test_the_readme_keeps_the_two_commands_at_the_top_and_a_quickstart_that_needs_nothing():
+    import tomllib
+
+    lines = (ROOT / "README.md").read_text().splitlines()
+    top = "\n".join(lines[:20])
+    assert "./scripts/main.sh" in top and "./scripts/test.sh" in top
+    quickstart = "dsdbed sweep experiments/crossover-synthetic.toml"
+    assert any(quickstart in line for line in lines)
+    experiment = tomllib.loads((ROOT / "experiments" / "crossover-synthetic.toml").read_text())
+    assert experiment["launcher"] == "sim" and experiment["backend"]["kind"] == "synthetic"
