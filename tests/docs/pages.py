@@ -44,6 +44,15 @@ def section(sections: dict[str, set[str]], marker: str) -> set[str]:
     return found[0]
 
 
+def section_text(page: str, marker: str) -> str:
+    """The text of the one section of a page whose heading contains marker, up to the next heading."""
+    lines = (DOCS / page).read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if _HEADING.match(line) and marker in line]
+    assert len(starts) == 1, f"expected one section heading containing {marker!r}, found {len(starts)}"
+    end = next((i for i in range(starts[0] + 1, len(lines)) if _HEADING.match(lines[i])), len(lines))
+    return "\n".join(lines[starts[0]:end])
+
+
 def small_sim_sweep(out: Path) -> Path:
     """A few seconds of the crossover grid on the synthetic backend and the sim launcher, analysed
     and reported: every output file a sweep writes on sim, report.html included."""

@@ -1,5 +1,6 @@
 """docs/experiments.md documents every experiment key, and only real ones: its tables are
 checked against the config dataclasses an experiment file is parsed into."""
+import re
 import typing
 from dataclasses import fields
 
@@ -8,7 +9,7 @@ import pytest
 from dsd.backends.factory import BACKEND_CONFIGS
 from dsd.profiles import HardwareProfile
 from orchestrator.experiment import Experiment
-from tests.docs.pages import documented_names, section
+from tests.docs.pages import documented_names, section, section_text
 
 PAGE = "experiments.md"
 
@@ -46,3 +47,13 @@ def test_backend_table_documents_every_kind_and_its_fields():
 def test_profile_table_documents_every_number_of_a_hardware_profile():
     expected = _names(HardwareProfile) - {"name", "sources"}
     assert section(documented_names(PAGE), "[profiles.NAME]") == expected
+
+
+def test_link_table_names_every_per_edge_key_schedule_key_and_trace_column():
+    from netem.schedule import STEP_KEYS, TRACE_COLUMNS
+    from orchestrator.links import EDGE_KEYS
+
+    text = section_text(PAGE, "[link]")
+    named = set(re.findall(r"[a-z_]+", text))
+    assert sorted((set(EDGE_KEYS) | set(STEP_KEYS) | {"at_s"}) - named) == []
+    assert all(column in text for column in TRACE_COLUMNS)
