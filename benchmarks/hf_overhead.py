@@ -36,8 +36,9 @@ Server compute is what the verifier measured around its passes (the forward pass
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
 prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's
 ``passes_on_loop`` metric, printed to stderr, counts them). Progress goes to stderr; the
-last stdout line is key=value pairs (measurements: docs/results/overhead.md). This host is shared: the load average is reported with it,
-and ``steal_pct``, the share of CPU time the hypervisor gave other guests during the run.
+last stdout line is key=value pairs (measurements: docs/results/overhead.md). A shared host
+moves these figures: the load average is reported with them, and ``steal_pct``, the share of
+CPU time the hypervisor gave other guests during the run.
 """
 from __future__ import annotations
 
