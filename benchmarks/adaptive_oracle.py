@@ -1,30 +1,29 @@
 """The per-segment oracle's estimators (benchmarks/adaptive.py, benchmarks/adaptive_netns.py).
 
-``constant_oracle`` (the judged one on netns since session 9): every static arm measured with the
+``constant_oracle`` (the judged one on netns): every static arm measured with the
 link held at each condition's RTT on the run's own prompts of each class, every arm on the same
 prompts (``pilot_survivors``: after a pilot of 2 prompts per class only the arms within 1.25x of
 the pilot's best there go on); per condition the best arm chosen on every other prompt and
 scored on the others (and vice versa, averaged), the in-sample best beside it.
 
-The estimators below it, from the static runs under the schedule (the judged netns oracle of
-session 8b, still printed beside): each static arm's per-token time in each (RTT, alpha)
+The estimators below it, from the static runs under the schedule (``--oracle schedule``, printed
+beside): each static arm's per-token time in each (RTT, alpha)
 condition, from every piece of every request, the best arm chosen on one half of the requests
 and scored on the other. Their weakness: each arm runs different prompts in each condition than
 the policies (their timing differs), so a seed's unlucky prompts move the oracle.
 
-Why not the minimum over each arm's requests that fell wholly inside one segment (what netns used
-before): that is a minimum over noisy estimates of few requests (the winner's curse), so biased
+Why not the minimum over each arm's requests that fell wholly inside one segment: that is a minimum over noisy estimates of few requests (the winner's curse), so biased
 low, which inflates every policy's ``vs_oracle`` and moves it from seed to seed.
 
 - ``condition_rates``: an arm's requests of one alpha class span one or more RTT pieces; a request
   that spent t_i seconds in condition i emitted its n tokens at the conditions' rates, so its
   tokens are shared out in proportion to t_i * rate_i (rates from the previous pass, equal at
   first; a few passes settle) and a condition's rate is its tokens over its seconds. A request
-  wholly inside one condition counts exactly as before; a straddling one no longer is dropped.
+  wholly inside one condition counts in full; a straddling one counts in each of its conditions.
 - ``split_oracle``: per condition, the requests that touched it split alternately in two halves
   (by their order, so each half spans the whole run); the arm best on one half is scored on the other, and
-  the two scores averaged. The choice no longer sees the noise it is scored on, so the oracle is no
-  longer biased low; it is biased high only by as much as noise makes the choice miss the best arm
+  the two scores averaged. The choice does not see the noise it is scored on, so the oracle is not
+  biased low; it is biased high only by as much as noise makes the choice miss the best arm
   (small when the arms are close, which is when a miss is likely). An arm competes in a condition
   of a half only with at least a median request's worth of seconds there (a sliver of a straddling
   request alone says little).

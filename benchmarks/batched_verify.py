@@ -29,7 +29,7 @@ Default pair, CPU, torch threads as the services use them (1). Four parts, each 
    where a configuration's per-client time per token over its points' targets crosses 1,
    interpolated between counts (orchestrator.capacity.capacity_at), so the ratio is continuous.
 
-Predictions, from the same runs (REFERENCE.md notation; E = tokens per round, r = the point's
+Predictions, from the same runs (docs/concepts.md notation; E = tokens per round, r = the point's
 target rate). Each point's rate is predicted from its own passes only, never from any capacity
 figure: t_v(1) and the verify slope s, t_d(1) and the draft slope s_d, from the cost line
 t(b) = t(1) * (1 + s * (b - 1)) through its passes' means by batch size

@@ -8,7 +8,7 @@ device). Every client must get the same token rate: a round at most every ``roun
 client count is sustained if the clients' steady-state round time, measured while all of them
 are running, is within that budget. The largest sustained count is found by doubling and then
 bisection, for synchronous DSD (the server spends t_v per client round) and co-located SD
-(gamma*t_d + t_v), first with batch 1 (strictly serial: REFERENCE.md claim 4 predicts the ratio
+(gamma*t_d + t_v), first with batch 1 (strictly serial: docs/concepts.md claim 4 predicts the ratio
 1 + gamma*t_d/t_v), then with batching on (max batch 64, t_verify scaled by the profile's
 batch_slope), reported beside it.
 

@@ -17,10 +17,7 @@ alone). Receives block in epoll / recv by default; ``spin`` receives poll withou
 to the expected wait plus a millisecond before they block (bounded: a busy loop at most that
 long per message), which takes the wake-up out where the CPU is free.
 
-Measured with the quiet lock held (8 ms / 10 ms, 300 messages, 2 vCPUs, p50): tcp back to back
-0.13 ms, paced 0.30, paced and polling 0.13; ws back to back 0.29, paced 0.81, paced and polling
-0.47. On a loaded host (load 3) polling was far worse: tcp 4.4, ws 3.6 ms (the poller takes a CPU
-slice from the process it waits for).
+Measurements: docs/results/overhead.md.
 
 ``benchmarks/hf_overhead.py`` measures ``paced_echo_ms(EchoCadence("ws", draft, verify))`` in
 its own run, at the cadence its rounds had: the floor under ``hf_overhead_server_p50_ms``.

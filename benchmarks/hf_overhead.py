@@ -25,71 +25,20 @@ round but a request's first (it also waits for the prefill), the same quantities
                                 round trip less the server's compute. ``server_over_floor_p50_ms``
                                 is what the services add beyond it.
 
-Measured with the quiet lock held (``flock /tmp/dsd-quiet.lock python benchmarks/hf_overhead.py``,
-six batches, 2026-12-01 20:22-21:08 UTC, load average 0.3-2.0 left from before the lock, steal
-0.04-2.5%, 2 vCPUs): server p50 0.55-0.97 ms over 10 runs (one outlier 1.82), main's tree in the
-same batches 0.68-1.17 ms; echo floor 0.38-0.98 ms (it drifts with the host), server minus floor
-0.07-0.43 ms; edge 0.21-0.34, co-located 0.31-0.49, AR 0.15-0.37 ms. The 0.3 ms goal is met by
-the edge part in some runs only and not by the server part: its floor alone (two processes that
-only echo) is above it on this host. With ``--spin-us 5000 --spin-lead-us 2500``
-(services/spinwait.py): server 0.62 and 0.81 ms.
-
 ``--transport tcp`` sends the per-round messages over the frame transport instead of the
 verifier's aiohttp WebSocket (services/frames.py: the same msgpack messages as length-prefixed
 frames on a plain TCP connection to the same port, TCP_NODELAY; the verifier handles a frame
 from inside the read, without a reader task; the edge delivers it from the read to the waiting
 session). The echo floor is then the raw blocking-TCP echo (the kernel's part alone), and
-``transport=`` is printed with the keys. Judged with the quiet lock held exclusively
-(``flock /tmp/dsd-quiet.lock``, ws and tcp alternated run by run in one batch, 2026-12-02
-00:26:50-00:30:56 UTC, 4 requests x 96 tokens per mode, load average 0.12 before and 1.35 after
-(the benchmark's own two processes), steal 0.1-6.9%): server p50 ws 1.085, 0.984, 0.927, 0.997 ms;
-tcp 0.684, 0.628, 0.863, 0.973 ms (median 0.99 -> 0.77); edge ws 0.31-0.32, tcp 0.30-0.40;
-co-located ws 0.44-0.46, tcp 0.37-0.45; AR ws 0.23-0.27, tcp 0.17-0.27 ms; echo floors (their
-own transport's) ws 0.55-0.88, raw TCP 0.25-0.39 ms. With ``--spin-us 5000 --spin-lead-us 2500``
-in the same batch: server tcp 0.438, ws 0.683 ms (edge 0.31/0.32, co-located 0.39/0.46, AR
-0.21/0.31). An earlier batch with the lock only shared (load 1.7-2.9): ws 1.16, 0.87, 1.18; tcp
-0.76, 0.62, 0.70; spin tcp 0.59, ws 0.66 ms.  Where a
-tcp round's server figure goes (perf_counter stamps in both processes, one shared clock, load
-about 1, p50, the stamps themselves add a little): the block's write to the verifier's read
-0.23-0.27 ms (loopback and waking the idle verifier: the floor's part), the read to the handler
-0.025 (was 0.07-0.09 through a reader task), decoding 0.07, dispatch 0.04-0.06, building the
-job 0.02, the scheduler up to the pass 0.05, the pass's end to the verdict's write 0.11-0.13,
-the write itself 0.11-0.14 (the send syscall, which wakes the idle edge) and on to the edge's
-read 0.10 ms. So the 0.3 ms goal is not reached over either transport: the wake-ups alone (a
-raw TCP echo paced like the rounds, ``echo_floor_p50_ms``) take 0.2-0.4 ms here, and the
-Python work around the pass, 0.3 ms cold after a pass, is what is left above them.
-
-The wake-ups are the VM's: this guest's cpuidle driver is haltpoll with
-``/sys/module/haltpoll/parameters/guest_halt_poll_ns`` = 0 (it never polls before halting). Set to
-the kernel's default 200000 for a run and back (2026-12-02 07:28-07:31 UTC, ws, quiet lock, 0 /
-200000 alternated, load 0.2-1.1): server p50 0.90 / 2.04 / 1.15 / 1.33 ms, echo floor 0.71 / 1.39
-/ 0.77 / 0.90, steal 1.7 / 6.5 / 2.1 / 1.8%: polling gives the floor nothing here (the
-hypervisor takes the polling vCPU's time back), so the host is left as it is.
-
-Cold, not slow: stamped with ``time.thread_time`` beside perf_counter, every step around the
-pass is CPU work, and it costs 3-6x its warm time right after a model pass (a Verify's decode
-60-70 us against 10 warm, a Verified's encode 25-48 against 4). So the path was cut to fewer
-steps (2026-12-02): a lone pass on the loop's thread runs without a job or a future
-(services.scheduler's ``_run_on_loop``), its verdict, or a Generate round's Tokens, is written
-from inside the pass before the scheduler's bookkeeping, the wire messages have a generated
-encoder and decoder per type (hot: decode 10.3 -> 6.7 us, encode 4.2 -> 2.6 us), the edge
-builds a round's trace row when it writes it and chains digests unrolled. Traced (tcp, load 3-4
-from a CI run, p50): the verifier's submit to its pass 26 -> 11 us, the pass's end to the
-verdict's write 99 -> 79 us, the edge's verdict handling up to its next draft 97 -> 72 us of
-its 0.4 ms. A co-located round's residual depends on where the scheduler wakes the edge: when
-it lands on the verifier's vCPU it preempts the stream (the Tokens write then takes 0.41 ms
-instead of 0.05; with the two services pinned to different vCPUs the round's overhead was
-0.38 ms against 0.68 in the same session); that is placement, not harness work. Judged
-(quiet lock, main's tree alternated with this one, load 1.1-1.4): server tcp 0.63/0.55 -> 0.69/0.70,
-ws 0.95 -> 0.92, edge 0.33/0.31 -> 0.27/0.31, co-located 0.45/0.34 -> 0.39/0.35, AR 0.19-0.22 ms;
-one tree's server p50 moves 0.15-0.3 ms run to run, more than the CPU work removed (README).
+``transport=`` is printed with the keys.
 
 Server compute is what the verifier measured around its passes (the forward pass and the
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
 prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's
 ``passes_on_loop`` metric, printed to stderr, counts them). Progress goes to stderr; the
-last stdout line is key=value pairs. This host is shared: the load average is reported with it,
-and ``steal_pct``, the share of CPU time the hypervisor gave other guests during the run.
+last stdout line is key=value pairs (measurements: docs/results/overhead.md). A shared host
+moves these figures: the load average is reported with them, and ``steal_pct``, the share of
+CPU time the hypervisor gave other guests during the run.
 """
 from __future__ import annotations
 

@@ -15,9 +15,7 @@ the configured alpha (configured compute times: the paper's setting).
 On netns, run it under `flock /tmp/dsd-netns.lock`. Prints a table, then last:
 cells= (cells where the closed form says DSD can win) cells_ok= max_err_pct= launcher=
 
-Measured (2026-12-01, quiet 2-core machine, load ~0.3, netns/nfqueue, 22 min): cells=12 cells_ok=12
-max_err_pct=10.6 (t_ar=20 ms, alpha 0.85: 13.0 vs 14.4 ms, ok by the 3 ms rule) max_alpha_err=0.0048;
-the 4 never-cells measured as never. Under load 8-11 the same run gave 10/12: run it alone.
+Run it alone: under load the cells' timing moves. Measurements: docs/results/paper.md.
 """
 from __future__ import annotations
 

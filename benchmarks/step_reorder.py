@@ -6,18 +6,13 @@ step, and the two namespaces' TCP counters.
 
 A step changes the delay of packets sent from then on; packets already held keep their release
 times (netem/model.py, like kernel netem's tfifo without a rate). After a cut, new packets
-overtake held ones, as on a path change. Measured here 2026-12-02 (NFQUEUE backend, 150 -> 10 ms,
-one message each way every 10 ms, two runs): the messages sent in the first ~0.4 s after the step
-all arrived together, worst latency 372 and 438 ms against 150 before and 10 after, and the
-namespaces counted TCP timeouts that TCP then judged spurious (TcpExtTCPTimeouts 2 and 1,
-TcpExtTCPSpuriousRTOs 2 and 1, after a fast retransmit and DSACKs): the reordering made TCP
-retransmit and then wait out an RTO (>= 200 ms + the old RTT's variance). With the FIFO floor kept across the step (new packets never overtake,
-as when a queue drains) the latency fell smoothly from 150 to 10 ms and no message stalled. So a
-schedule's RTT cut costs a DSD client a stall of about twice the old RTT (kernel netem orders its
-tfifo the same way without a rate, so it should too; not measured: this kernel has no netem);
-whether that is the experiment's intent (a path change) or not (a queue draining) is for the
-schedule to say: `--order queue` (an experiment's `[link] schedule_order = "queue"`) keeps the
-FIFO floor across the step.
+overtake held ones, as on a path change. Linux TCP answers that reordering with a fast
+retransmit and then a retransmission timeout it later judges spurious, so the messages sent just
+after the step stall for about twice the old RTT. With the FIFO floor kept across the step (new
+packets never overtake, as when a queue drains) the latency falls smoothly and no message
+stalls. Which one a schedule means (a path change, or a queue draining) is the experiment's
+choice: `--order queue` (an experiment's `[link] schedule_order = "queue"`) keeps the FIFO floor
+across the step. Measurements: docs/results/links.md.
 
 The last line: ``worst_after_step_ms= before_ms= after_ms= tcp_timeouts= spurious_rtos=`` (timeouts
 and spurious RTOs summed over both namespaces).

@@ -15,17 +15,15 @@ Two predictions are set beside the measurements:
   client view is what the harness itself costs per round.
 Per-token latency is the steady state: from a request's first round to its last full one.
 
-The headline since issue 14 is out of sample (oos_*): the sweep's calibration points (first
+The headline is out of sample (oos_*): the sweep's calibration points (first
 repeat of AR, co-located and sync at RTT 0) fix the parameters, every other point and the
 crossovers are predicted from them alone before they run (predictions.csv), and the error is
 taken over the non-calibration points only. crossover_ci_width_ms is the widest 95% bootstrap
 interval of a located crossover (crossover_ci_width_pct: relative to the crossover).
 
-Measured (2026-12-01, quiet 2-core machine, netns/nfqueue, --repeats 3, 5/84 points contended):
-stratified (the default): oos p50 0.26%, max 1.17%, crossover 4.4% (0.31 ms), widest CI 13.6%.
 The calibration's alpha is fitted to the tokens per round of the requests' steady windows (the
-rounds the per-token statistic counts); the pooled maximum-likelihood alpha of all rounds had put
-the crossover 0.7 ms (10.9%) early on the same kind of run.
+rounds the per-token statistic counts), not the pooled maximum-likelihood alpha of all rounds,
+which predicts the crossover early. Measurements: docs/results/theory-agreement.md.
 
     python benchmarks/theory_agreement.py [--launcher auto|netns|loopback|sim] [--repeats 3]
 """

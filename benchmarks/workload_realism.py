@@ -2,7 +2,7 @@
 (co-located SD, in process: the outputs and acceptances are those of every mode, the network only
 changes the time) and report how often drafts were accepted and whether the outputs loop.
 
-Goals (issue 15): alpha in 0.5..0.85 (published pairs: 0.6-0.8), distinct-4-gram p50 >= 0.6
+Goals: alpha in 0.5..0.85 (published pairs: 0.6-0.8), distinct-4-gram p50 >= 0.6
 (a looping output is near 0.1), at least 32 distinct prompts.
 
     python benchmarks/workload_realism.py [--experiment experiments/crossover.toml]

@@ -1,6 +1,6 @@
 """dsd: the decoding core shared by the verifier and edge services.
 
-Glossary (the words used in code, CSV columns and plots; notation of REFERENCE.md):
+Glossary (the words used in code, CSV columns and plots; notation of docs/concepts.md):
 
 round            the drafter proposes ``gamma`` tokens, the target verifies them in one forward
                  pass over gamma+1 positions and returns a verdict.

@@ -1,4 +1,4 @@
-"""The closed-form latency model of speculative decoding at a distance (REFERENCE.md).
+"""The closed-form latency model of speculative decoding at a distance (docs/concepts.md).
 
 Pure functions, seconds everywhere. Per-output-token times are steady state: a request's one-off
 costs (first round trip, prefill) are not in them.
@@ -88,7 +88,7 @@ def sync_dsd_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_v
     """The RTT below which synchronous DSD is faster per token than cloud AR.
 
     From T_sync = t_ar: rtt* = t_ar*E - gamma*t_draft - t_verify; with t_verify = t_ar this is
-    REFERENCE.md's t_ar*(E-1) - gamma*t_draft. Negative means DSD never wins.
+    docs/concepts.md's t_ar*(E-1) - gamma*t_draft. Negative means DSD never wins.
     """
     e = expected_tokens_per_round(alpha, gamma)
     return t_ar_s * e - gamma * t_draft_edge_s - t_verify_s
@@ -140,7 +140,7 @@ def bisect_increasing(f, level: float, lo: float, hi: float, tol: float = 1e-9) 
 def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float, gap_s: float = 0.0) -> float:
     """N_dsd / N_co = 1 + (gamma*t_draft + g)/(t_verify + g): clients a saturated serial server
     sustains, DSD over co-located. g is the device's idle gap between two passes (the serving
-    harness's hand-off from one pass to the next); g = 0 is REFERENCE.md claim 4,
+    harness's hand-off from one pass to the next); g = 0 is docs/concepts.md claim 4,
     1 + gamma*t_draft/t_verify. The ratio of ``serial_capacity``'s two counts."""
     if t_verify_s <= 0:
         raise ValueError(f"t_verify_s must be > 0, got {t_verify_s!r}")

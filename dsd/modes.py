@@ -7,7 +7,7 @@ and how plots label and colour it. Adding a mode is one ``register(Mode(...))`` 
 policy (what the edge or the server does in its rounds); the experiment's validation, the
 analysis, the predictions and the plots then know it.
 
-The names of the four modes of REFERENCE.md are constants (``AR``, ``COLOCATED``, ``SYNC``,
+The names of the four modes of docs/concepts.md are constants (``AR``, ``COLOCATED``, ``SYNC``,
 ``PIPELINED``) for the few places that treat one mode specially (a crossover between two
 named modes, the parameter a mode's rounds measure); everywhere else asks by property.
 """
@@ -103,7 +103,7 @@ register(Mode(AR, NOWHERE, False, _ar, "cloud AR", "tab:gray", plannable=True))
 register(Mode(COLOCATED, SERVER, False, _colocated, "co-located SD", "tab:green"))
 register(Mode(SYNC, EDGE, False, _sync, "synchronous DSD", "tab:blue", plannable=True))
 register(Mode(PIPELINED, EDGE, True, _pipelined, "pipelined DSD", "tab:orange", plannable=True))
-BUILTIN = tuple(MODES)              # the four modes of REFERENCE.md: an experiment's default
+BUILTIN = tuple(MODES)              # the four modes of docs/concepts.md: an experiment's default
 
 
 def get_mode(name: str) -> Mode:

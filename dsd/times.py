@@ -1,4 +1,4 @@
-"""One frozen type for the compute times of a model pair on some hardware (REFERENCE.md's t_d, t_v,
+"""One frozen type for the compute times of a model pair on some hardware (docs/concepts.md's t_d, t_v,
 t_ar), whoever produced them: a hardware profile, a measurement on this machine (dsd.timing),
 or a fit to a run's rounds (orchestrator/analysis.py).
 

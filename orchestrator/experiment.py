@@ -23,7 +23,7 @@ LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 class Experiment:
     name: str
     launcher: str = "sim"
-    modes: tuple[str, ...] = BUILTIN   # dsd/modes.py: the four of REFERENCE.md; any registered mode may be listed
+    modes: tuple[str, ...] = BUILTIN   # dsd/modes.py: the four of docs/concepts.md; any registered mode may be listed
     rtt_ms: tuple[float, ...] = (0.0, 10.0, 20.0, 40.0, 80.0)
     gamma: tuple[int, ...] = (4,)
     clients: tuple[int, ...] = (1,)

@@ -410,7 +410,7 @@ def _read_calibration(out: Path) -> dict:
 
 
 def capacity_factor(gamma: int, times: ComputeTimes) -> float:
-    """REFERENCE.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
+    """docs/concepts.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
     return lm.capacity_factor(gamma, times.t_draft_server_s, times.t_verify_s(gamma))
 
 

@@ -3,7 +3,7 @@ and the greedy agreement that says how well the draft imitates the target.
 
 Greedy agreement: the fraction of held-out positions where the draft's argmax equals the
 target's argmax, both teacher-forced on the same held-out text. Under greedy verification it
-approximates alpha of REFERENCE.md (the two differ once drafts leave the held-out text).
+approximates alpha of docs/concepts.md (the two differ once drafts leave the held-out text).
 """
 
 from __future__ import annotations

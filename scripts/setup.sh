@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(iproute2 iptables iputils-ping util-linux libnetfilter-queue-dev gcc python3-dev python3-venv)
+# chromium and chromium-driver: the browser test opens report.html and the docs site headless.
+APT_PACKAGES=(iproute2 iptables iputils-ping util-linux libnetfilter-queue-dev gcc python3-dev python3-venv
+  chromium chromium-driver)
 
 missing_apt() {
   local missing=()

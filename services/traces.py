@@ -7,7 +7,7 @@ and the next block, where it would count as the harness's overhead, but while th
 request row, and closing, write the rounds due first). ``run.json`` beside them records the run's
 config, the backend, package versions and the git commit.
 
-Words of REFERENCE.md: ``proposed`` draft tokens sent, ``accepted`` of them, ``emitted`` =
+Words of docs/concepts.md: ``proposed`` draft tokens sent, ``accepted`` of them, ``emitted`` =
 accepted + 1 (0 for a stale block); cloud AR rows have proposed = accepted = 0 and emitted = 1.
 
 Times ``t_*_s`` are on the edge's clock: epoch seconds carried forward by ``perf_counter``, so

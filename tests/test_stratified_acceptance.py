@@ -45,7 +45,7 @@ def test_every_request_realises_alpha_within_0_005(alpha, mode):
     |alpha_measured - alpha| <= 0.005 for every one, in every mode (pipelined: its live rounds)."""
     gamma = 5
     n_tokens = acc.tokens_needed(alpha, gamma)
-    assert n_tokens <= 320               # the length condition the README states for gamma 5
+    assert n_tokens <= 320               # the length condition docs/backends.md states for gamma 5
     draft, target = _pair(alpha)
     worst = 0.0
     for i in range(40):

@@ -1,10 +1,10 @@
-"""The README's compose workflow, as a user types it: build the image, `docker compose up -d
+"""The compose workflow of docs/launchers.md, as a user types it: build the image, `docker compose up -d
 --scale edge=4 --wait`, `dsdbed sweep experiments/compose-quick.toml` (no extra flag: the sweep
 uses the running project), look at the results, `docker compose down`. Also: a project started
 with another profile than the experiment's gets one line naming the difference and the fix, and
 the compose file's orchestrator service runs a sweep by itself, results on the host.
 
-DSD_HEALTH_INTERVAL=2s (README: optional) makes `up --wait` quick; nothing else differs.
+DSD_HEALTH_INTERVAL=2s (docs/launchers.md: optional) makes `up --wait` quick; nothing else differs.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def project_containers() -> list[str]:
 
 @pytest.fixture(scope="module")
 def image(docker_engine):
-    """The README's first step (seconds when the image is up to date)."""
+    """The workflow's first step (seconds when the image is up to date)."""
     assert project_containers() == [], "a dsdbed compose project is up already: `docker compose down` it first"
     build = subprocess.run(["bash", "scripts/build_images.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, build.stderr[-3000:]

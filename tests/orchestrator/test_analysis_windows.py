@@ -60,7 +60,7 @@ def test_gain_window_boundaries_agree_both_ways():
         inverse = analysis.predicted_ar_boundary_alpha("pipelined", rtt_ms, 4, TOY)
         assert inverse <= alpha + 1e-6
         assert analysis.predicted_ar_boundary_rtt_ms("pipelined", inverse, 4, TOY) == pytest.approx(rtt_ms, abs=1e-3)
-    # Sync: REFERENCE.md's window with t_verify = t_ar.
+    # Sync: docs/concepts.md's window with t_verify = t_ar.
     e = lm.expected_tokens_per_round(0.9, 4)
     assert analysis.predicted_ar_boundary_rtt_ms("sync", 0.9, 4, TOY) == pytest.approx(1e3 * (0.010 * (e - 1) - 0.016))
     assert analysis.predicted_ar_boundary_rtt_ms("sync", 0.5, 4, TOY) == -math.inf
