@@ -52,10 +52,10 @@ class Smollm2PairConfig:
     data_temperature: float = 0.7           # how the target answers the training prompts
     data_top_p: float = 0.9
     draft_layers: int = 6                   # the target's first layers
-    vocab_keep: int = 8192
+    vocab_keep: int = 12288
     epochs: float = 4.0
     batch_size: int = 16
-    lr: float = 3e-4
+    lr: float = 5e-4
     kl_weight: float = 0.8
     eval_temperature: float = 0.7           # the main job's sampling (experiments/crossover.toml)
     eval_top_p: float = 0.9

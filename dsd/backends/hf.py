@@ -9,14 +9,16 @@ from typing import ClassVar
 from dsd.backends.protocol import BackendConfig
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
-DEFAULT_PAIR = Path(__file__).resolve().parents[2] / "models" / "default-pair"
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PAIR = REPO / "models" / "default-pair"
 
 
 @dataclass(frozen=True)
 class HfBackendConfig(BackendConfig):
     kind: ClassVar[str] = "hf"
     # a folder with target/ and draft/ (Hugging Face model folders) and a manifest.json, or two
-    # explicit model paths that share a tokenizer
+    # explicit model paths that share a tokenizer; a relative pair_path is relative to the
+    # repository (models/...), so every launcher's services find the same folder
     pair_path: str = str(DEFAULT_PAIR)
     target_path: str = ""
     draft_path: str = ""
@@ -24,6 +26,9 @@ class HfBackendConfig(BackendConfig):
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        pair = Path(self.pair_path).expanduser()
+        if self.pair_path and not pair.is_absolute():
+            object.__setattr__(self, "pair_path", str(REPO / pair))
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
