@@ -285,9 +285,8 @@ class DsdDriver:
     def _asked_before_the_fall(self, t_send_s: float) -> bool:
         """Whether a segment sent at ``t_send_s`` was asked before a burst read as a fall arrived:
         its round trip straddles the fall (out on the old link, back on the new: 80 ms across a
-        150 -> 10 ms fall on netns), no measure of either link. Such a one had pulled the model's
-        estimate back up from the burst's 10 ms to 47 ms, and the next request started in cloud AR
-        (netns seed 2 of session 17, request 14: +0.06 s)."""
+        150 -> 10 ms fall on netns), no measure of either link: taken as one, it pulls the
+        estimate back up after the fall (docs/results/adaptive.md)."""
         return self._fell_read_s is not None and t_send_s < self._fell_read_s
 
     def _link_fell_to_s(self, gap_s: float, arrival: Arrival) -> float | None:
@@ -365,11 +364,9 @@ class DsdDriver:
         asked (to ``LINK_FELL_RATIO`` of it or less), are beyond what keeps the server busy for
         the longer of the new link's round trip and the controller's look-ahead (and a step, at
         the pace ``_pace`` knows); else 0. While the tokens of segments asked long ahead come,
-        no new segment is asked, so nothing measures the link: on netns seed 3 of session 19 a
-        request began in cloud AR as the link fell, its first round trip read 62 ms (half on each
-        link), the plan stayed on the server, and the next measurement came 0.28 s later with the
-        next segment asked (16 tokens at 20 ms a step). Withdrawn, they are asked again as the
-        stream goes on, and each ask's acknowledgement measures the link."""
+        no new segment is asked, so nothing measures the link; withdrawn, they are asked again
+        as the stream goes on, and each ask's acknowledgement measures the link
+        (docs/results/adaptive.md)."""
         step_s = self._pace()[1]
         if self._rtt_s is None or not step_s:
             return 0
@@ -391,8 +388,7 @@ class DsdDriver:
         first), if the link fell since they were asked; else the last ones asked for the
         controller's look-ahead only (``Segment.ahead``). Before the server's pace is
         measured (no tokens yet: a request that started on the server), only the first segment
-        is kept: seed 3 of session 15's netns run waited 0.26 s for two segments asked on a
-        150 ms probe after the link had fallen to 10 ms."""
+        is kept: segments asked on a slow probe after the link fell would hold the hand-back."""
         if self._rtt_s is None:
             return 0
         beyond = list(self.segments)[self._segments_for_a_round_trip():]
@@ -490,13 +486,10 @@ class DsdDriver:
     def _segment_tokens(self) -> int:
         """``handover_tokens``; one for a stream's first segment while this request has not
         measured the link: the first segment is the one a Withdraw cannot take back, and the link
-        the request was sent to the server on may have fallen since (a request begun in cloud AR
-        on a 150 ms estimate 17-57 ms after the link fell to 10 ms kept its first segment's 4
-        tokens, ~0.09 s at 20 ms a step, before the hand-back to the edge: netns seeds 1, 3, 4
-        of session 18, request 14). The next one is the rest of ``handover_tokens``, so the
-        segments end where they did: a hand-back at a later token waits for no more of them (one
-        segment of 4 and 4 after it had the sim's requests whose prompt drafts well after a class
-        at alpha 0.3 serve one token more on the server)."""
+        the request was sent to the server on may have fallen since (its whole first segment
+        would then be served before the hand-back; docs/results/adaptive.md). The next one is the
+        rest of ``handover_tokens``, so the segments end on multiples of it: a hand-back at a
+        later token waits for no more of them."""
         if self._stream_tokens == 0 and self._rtt_s is None:
             return 1
         return self.handover_tokens - self._stream_tokens % self.handover_tokens

@@ -222,7 +222,7 @@ def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: 
 
 def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.DataFrame, points: pd.DataFrame,
                                 groups: list[dict], gamma: int) -> tuple[pd.DataFrame, dict]:
-    """Issue 14's evidence: the out-of-sample comparison with the predictions written before
+    """The out-of-sample comparison with the predictions written before
     the measurements (orchestrator/predictions.py) and 95% bootstrap intervals
     (orchestrator/bootstrap.py). Adds points.csv columns, fills each group's crossovers with
     ci_low/ci_high and the out-of-sample prediction, and returns the summary's new keys."""
