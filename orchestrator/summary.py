@@ -14,7 +14,7 @@ from dsd import latency_model as lm
 from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, paper, plots
-from orchestrator import links as link_columns
+from orchestrator import link_rows, wire_prediction
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
                                       read_predictions)
 
@@ -139,9 +139,9 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
     spec_rounds = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
     points = analysis.point_table(requests, rounds, links)
-    points = link_columns.add_link_columns(points, links, analysis.point_keys(requests))
+    points = link_rows.add_link_columns(points, links, analysis.point_keys(requests))
     points = analysis.add_predictions(points, alpha, fit.params)
-    points = link_columns.add_wire_prediction(points, link_columns.experiment_vocab(sweep["experiment"]))
+    points = wire_prediction.add_wire_prediction(points, wire_prediction.experiment_vocab(sweep["experiment"]))
     points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
         points, alpha, fit.compute)["per_token_ms_predicted"]
     points["alpha_measured_group"] = alpha

@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from orchestrator.link_rows import LinkState
+
+__all__ = ["ControlApiTestbed", "EdgeHandle", "LauncherError", "LinkState", "PointSettings", "Testbed"]
+
 
 class LauncherError(RuntimeError):
     """A testbed could not be brought up, used or taken down. The CLI prints it as one line
@@ -17,30 +21,6 @@ class EdgeHandle:
     control_url: str          # the edge's HTTP control API, as the orchestrator reaches it
     name: str                 # netns or container name; for link records
     token: str | None = field(default=None, repr=False)   # the testbed's token: its control API requires it
-
-
-@dataclass
-class LinkState:
-    """The link of one edge as configured and as measured, a row of links.csv."""
-    edge: str
-    shaper: str               # "kernel-netem", "nfqueue", or "app-delay" (loopback)
-    rtt_configured_ms: float
-    jitter_configured_ms: float = 0.0
-    loss_configured_pct: float = 0.0
-    rate_configured_mbit: float = 0.0      # 0 = not limited
-    rtt_measured_p50_ms: float = float("nan")
-    rtt_measured_p99_ms: float = float("nan")
-    rtt_measured_stdev_ms: float = float("nan")
-    loss_measured_pct: float = float("nan")
-    # The rest of the link (orchestrator/links.py): what jitter, distribution and loss should give.
-    distribution_configured: str = "uniform"
-    correlation_configured_pct: float = 0.0
-    delay_up_configured_ms: float = float("nan")
-    delay_down_configured_ms: float = float("nan")
-    rtt_expected_p50_ms: float = float("nan")     # the median RTT the jitter distribution gives
-    rtt_expected_stdev_ms: float = 0.0
-    loss_expected_pct: float = 0.0                # a probe and its reply both get through
-    rtt_measured_mean_ms: float = float("nan")
 
 
 @dataclass(frozen=True)

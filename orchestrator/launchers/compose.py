@@ -49,6 +49,7 @@ from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
+from orchestrator import link_rows
 from orchestrator import links as link_keys
 from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LauncherError, LinkState
 from orchestrator.launchers.services_config import ServicesConfig
@@ -662,7 +663,7 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
 
 
 def _link_state(record: LinkRecord) -> LinkState:
-    return link_keys.link_state(record)
+    return link_rows.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:
