@@ -6,7 +6,7 @@ from typing import Any, Callable, Protocol
 
 from orchestrator.link_rows import LinkState
 
-__all__ = ["ControlApiTestbed", "EdgeHandle", "LauncherError", "LinkState", "PointSettings", "Testbed"]
+__all__ = ["EdgeHandle", "LauncherError", "LinkState", "PointSettings", "Testbed"]
 
 
 class LauncherError(RuntimeError):
@@ -72,17 +72,3 @@ class Testbed(Protocol):
         """Run one sweep point (orchestrator.sweep.Point), request i of each client on
         prompts[i]; return (rounds rows, request rows, link rows, facts) as run_sweep takes them,
         the rows of services/traces.py finished by orchestrator.request_stats.finish_point."""
-
-
-class ControlApiTestbed:
-    """Base of the network testbeds: a point's clients are runs on the edges, started and read
-    back through each edge's control API (orchestrator/net_point.py)."""
-
-    def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
-        from orchestrator.net_point import run_net_point     # net_point imports this module
-
-        return run_net_point(point, self, prompts, warmup=settings.warmup, max_new_tokens=settings.max_new_tokens,
-                             max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
-                             link_options=settings.link_options, after_shape=settings.after_shape,
-                             controller=settings.controller, gamma_max=settings.gamma_max,
-                             controller_modes=settings.controller_modes, transport=settings.transport)

@@ -51,7 +51,8 @@ from netem.probe import BACKENDS, choose_backend
 from dsd.profiles import get_profile
 from orchestrator import link_rows
 from orchestrator import links as link_keys
-from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LauncherError, LinkState
+from orchestrator.launchers.base import EdgeHandle, LauncherError, LinkState
+from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
 from orchestrator import link_rows
 from orchestrator import links as link_keys
-from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 
