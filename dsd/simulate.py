@@ -283,7 +283,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     whose gamma changes (default: ``costs.t_verify_s`` for every block). With ``costs.t_ar_s`` the
     controller may also hand the request to the server mid-way, ``handover_tokens`` at a time
     (dsd.driver). ``t_open_s`` (the prefill): the session's Open goes out at time 0 and the edge
-    drafts at once, as services/edge.py does (it does not wait for Opened): the verifier serves
+    drafts at once, as services/edge/ does (it does not wait for Opened): the verifier serves
     nothing before the Open arrived and was prefilled, and the times include it (without it the
     session is already open at time 0)."""
     clock = VirtualClock()
@@ -316,8 +316,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
 def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
                        stop: StopRule, mode: str, costs: ServerCosts,
                        sampling: SamplingParams = SamplingParams(), seq_id: str = "sim") -> SimulatedRun:
-    """Cloud AR or co-located SD as the services run it (services/edge.py Client.on_server,
-    services/verifier.py): at time 0 the client sends Open and Generate; each arrives one link
+    """Cloud AR or co-located SD as the services run it (services/edge/client.py Client.on_server,
+    services/verifier/): at time 0 the client sends Open and Generate; each arrives one link
     delay later; the verifier prefills, then runs one AR step (t_ar) or one co-located round
     (gamma draft steps on its own draft model, then one verification) after another and sends
     each step's tokens at once, which the client receives one link delay later. Times run from
