@@ -33,39 +33,28 @@ asked beyond a round trip of the link as now measured, and drafting resumes afte
 segment kept ends. Under greedy decoding the
 edge drafts along the stream (shadow drafting: its guess at every position, charged on the
 device) so the controller keeps measuring alpha while the server generates.
-The hand-over stream is ``dsd.handover.HandoverStream``; what arrives, ``dsd.arrivals``.
+The hand-over stream is ``dsd.handover.HandoverStream``; what arrives, ``dsd.arrivals``; the
+interfaces and a transport's optional abilities (``HandsOver``, ``Withdraws``), ``dsd.contracts``.
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
 
 import torch
 
 from dsd.arrivals import Arrival, Round, ServerRound
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
-from dsd.control import ControllerConfig, Decision, Observation, check_decision, make_controller
+from dsd.contracts import Device, HandsOver, Transport
+from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
 from dsd.drafting import begin_request, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
-from dsd.modes import SYNC, edge_modes, get_mode, server_modes
 from dsd.handover import HandoverStream
+from dsd.modes import SYNC, edge_modes, get_mode, server_modes
 from dsd.stopping import StopRule
 
 __all__ = ["Arrival", "Device", "DsdDriver", "Round", "ServerRound", "Transport", "observation", "run_to_end",
            "step_limit"]
-
-
-class Device(Protocol):
-    async def draft(self, work: Callable[[], None], n_steps: int,
-                    then: Callable[[], Any]) -> tuple[Any, float]: ...
-
-
-class Transport(Protocol):
-    def prepare(self, proposals: list[Proposal]) -> Any: ...
-    async def send(self, prepared: Any, after: Arrival | None) -> list[float]: ...
-    async def poll(self) -> list[Arrival]: ...
-    async def wait(self) -> Arrival: ...
 
 
 def step_limit(max_new_tokens: int, gamma_max: int) -> int:
@@ -81,7 +70,7 @@ class DsdDriver:
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
-                 controller=None, gamma_max: int | None = None, handover_tokens: int = 4) -> None:
+                 controller: Controller | None = None, gamma_max: int | None = None, handover_tokens: int = 4) -> None:
         if not (isinstance(handover_tokens, int) and handover_tokens >= 1):
             raise ValueError(f"handover_tokens must be a whole number >= 1, got {handover_tokens!r}")
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
@@ -89,7 +78,7 @@ class DsdDriver:
         self.gamma_max = max(gamma_max or gamma, gamma)
         self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max))
         # the modes a round may take: the server's too where the transport can hand over
-        self.modes = edge_modes() + (server_modes() if getattr(transport, "hands_over", False) else ())
+        self.modes = edge_modes() + (server_modes() if isinstance(transport, HandsOver) and transport.hands_over else ())
         self.server_plan: Decision | None = None
         self.stream = HandoverStream(self, handover_tokens)
         self.stop = stop

@@ -14,7 +14,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from dsd.arrivals import Arrival, Round
-from dsd.control import Observation
+from dsd.contracts import Withdraws
+from dsd.control import LinkRttHint, Observation, ServerStepHint, StreamAheadHint
 from dsd.stream_drift import ArrivalDrift, fallen_rtt_s
 
 
@@ -183,10 +184,11 @@ class HandoverStream:
     async def _withdraw(self, drop: int, after: Arrival) -> bool:
         """Withdraw the last ``drop`` segments asked, where the transport can and no withdraw
         awaits its answer; whether it was sent."""
-        if not getattr(self.driver.transport, "withdraws", False) or self.withdrawing:
+        transport = self.driver.transport
+        if not (isinstance(transport, Withdraws) and transport.withdraws) or self.withdrawing:
             return False
         self.withdrawing = True
-        await self.driver.transport.withdraw(drop, after)
+        await transport.withdraw(drop, after)
         return True
 
     def _asked_for_a_fallen_link(self) -> int:
@@ -200,8 +202,7 @@ class HandoverStream:
         step_s = self._pace()[1]
         if self.rtt_s is None or not step_s:
             return 0
-        ahead = getattr(self.driver.controller, "stream_ahead_s", None)
-        need_s = max(self.rtt_s, (ahead() if ahead else None) or 0.0) + step_s
+        need_s = max(self.rtt_s, self._stream_ahead_s() or 0.0) + step_s
         due_s, kept = 0.0, len(self.segments)
         for index, segment in enumerate(self.segments, start=1):
             due_s += segment.remaining * step_s
@@ -260,8 +261,7 @@ class HandoverStream:
         mid-stream then does not leave the server idle."""
         if self.withdrawing:
             return                        # its answer counts the last segments asked: ask none meanwhile
-        ahead = getattr(self.driver.controller, "stream_ahead_s", None)
-        ahead_s = ahead() if ahead else None
+        ahead_s = self._stream_ahead_s()
         for _ in range(self.driver.remaining_tokens + 1):          # each segment asks for one token or more
             if self._asked_enough(ahead_s):
                 return
@@ -290,12 +290,21 @@ class HandoverStream:
         ~12 ms in every cloud AR request at 150 ms on netns (~0.1 s a seed)."""
         rtt_s, step_s = self.rtt_s, self._step_s
         if rtt_s is None:
-            rtt_s = self._controller_hint("link_rtt_s")
-        return rtt_s, step_s or self._controller_hint("server_step_s")
+            rtt_s = self._link_rtt_hint_s()
+        return rtt_s, step_s or self._server_step_hint_s()
 
-    def _controller_hint(self, name: str) -> float | None:
-        hint = getattr(self.driver.controller, name, None)
-        return hint() if hint else None
+    # The controller's optional hints (dsd.control): None from a controller that gives none.
+    def _stream_ahead_s(self) -> float | None:
+        controller = self.driver.controller
+        return controller.stream_ahead_s() if isinstance(controller, StreamAheadHint) else None
+
+    def _link_rtt_hint_s(self) -> float | None:
+        controller = self.driver.controller
+        return controller.link_rtt_s() if isinstance(controller, LinkRttHint) else None
+
+    def _server_step_hint_s(self) -> float | None:
+        controller = self.driver.controller
+        return controller.server_step_s() if isinstance(controller, ServerStepHint) else None
 
     async def hand_over(self, after: Arrival | None, ahead: bool = False) -> None:
         """Ask the server for the next segment of the request (``_segment_tokens``), none past the
@@ -328,4 +337,4 @@ class HandoverStream:
         """The link a segment is asked on: as last measured in this request; before any
         measurement, the RTT the controller decided on (``link_rtt_s()``, e.g. the probe that
         sent the request to the server), so a link that has fallen since shows as a fall."""
-        return self.rtt_s if self.rtt_s is not None else self._controller_hint("link_rtt_s")
+        return self.rtt_s if self.rtt_s is not None else self._link_rtt_hint_s()
