@@ -1,6 +1,8 @@
 """What reaches the edge's DSD loop (dsd/driver.py) from a transport, and what the loop reports:
-an ``Arrival`` (a verdict, a server round of a hand-over, a segment's acknowledgement or a
-withdraw's answer), a hand-over's ``ServerRound``, and each answered ``Round``."""
+an ``Arrival``, a tagged union of a verdict (``VerdictArrival``), a server round of a hand-over
+(``ServedArrival``, carrying a ``ServerRound``), a segment's acknowledgement
+(``AcknowledgedArrival``) or a withdraw's answer (``WithdrawnArrival``); and each answered
+``Round``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,21 +20,52 @@ class ServerRound:
     done: bool = False               # the request is finished on the server
 
 
+# What reaches the edge, one of four kinds (``Arrival``), each with its receive time, the
+# verifier's account of its time where it has one, and the transport's own message (for its trace
+# row).
+
 @dataclass(frozen=True)
-class Arrival:
-    """A verdict (or, in a hand-over, a server round) as it reached the edge, with the verifier's
-    account of its time."""
-    verdict: Verdict | None
+class VerdictArrival:
+    """The verifier's verdict on a drafted block."""
+    verdict: Verdict
     t_receive_s: float
     queue_s: float | None = None
     compute_s: float | None = None
-    message: Any = None              # the transport's own message (for its trace row)
-    served: ServerRound | None = None
-    # a hand-over segment's acknowledgement (sent by the server as its Generate arrived): no
-    # verdict, no tokens; the link's round trip it measured
-    link_rtt_s: float | None = None
-    # the answer to a withdraw: how many of the last segments asked the server dropped unstarted
-    withdrawn: int | None = None
+    message: Any = None
+
+
+@dataclass(frozen=True)
+class ServedArrival:
+    """One server round of a hand-over segment: the tokens the server generated."""
+    served: ServerRound
+    t_receive_s: float
+    queue_s: float | None = None
+    compute_s: float | None = None
+    message: Any = None
+
+
+@dataclass(frozen=True)
+class AcknowledgedArrival:
+    """A hand-over segment's acknowledgement (sent by the server as its Generate arrived): no
+    verdict, no tokens; the link's round trip it measured."""
+    link_rtt_s: float
+    t_receive_s: float
+    queue_s: float | None = None
+    compute_s: float | None = None
+    message: Any = None
+
+
+@dataclass(frozen=True)
+class WithdrawnArrival:
+    """The answer to a withdraw: how many of the last segments asked the server dropped unstarted."""
+    withdrawn: int
+    t_receive_s: float
+    queue_s: float | None = None
+    compute_s: float | None = None
+    message: Any = None
+
+
+Arrival = VerdictArrival | ServedArrival | AcknowledgedArrival | WithdrawnArrival
 
 
 @dataclass(frozen=True)

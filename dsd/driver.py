@@ -43,7 +43,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dsd.arrivals import Arrival, Round, ServerRound
+from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
+                          WithdrawnArrival)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
@@ -53,8 +54,8 @@ from dsd.handover import HandoverStream
 from dsd.modes import SYNC, edge_modes, get_mode, server_modes
 from dsd.stopping import StopRule
 
-__all__ = ["Arrival", "Device", "DsdDriver", "Round", "ServerRound", "Transport", "observation", "run_to_end",
-           "step_limit"]
+__all__ = ["AcknowledgedArrival", "Arrival", "Device", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
+           "VerdictArrival", "WithdrawnArrival", "observation", "run_to_end", "step_limit"]
 
 
 def step_limit(max_new_tokens: int, gamma_max: int) -> int:
@@ -155,13 +156,13 @@ class DsdDriver:
 
     async def handle(self, arrival: Arrival) -> None:
         """Apply one verdict: emit, report the round, let the controller re-plan, send what is due."""
-        if arrival.served is not None:
+        if isinstance(arrival, ServedArrival):
             await self.stream.handle_served(arrival)
             return
-        if arrival.link_rtt_s is not None:
+        if isinstance(arrival, AcknowledgedArrival):
             await self.stream.handle_acknowledged(arrival)
             return
-        if arrival.withdrawn is not None:
+        if isinstance(arrival, WithdrawnArrival):
             await self.stream.handle_withdrawn(arrival)
             return
         emitted, to_send = self.edge.on_verdict(arrival.verdict)

@@ -7,7 +7,7 @@ import logging
 import time
 
 from dsd.backends.protocol import SamplingParams, Verdict
-from dsd.driver import Arrival, ServerRound
+from dsd.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
 from dsd.modes import get_mode
 from services import spinwait, wire
 from services.compute import ThreadDevice
@@ -97,14 +97,14 @@ class SessionTransport:
             t_send_s = self._segments_sent_s.pop(m.seq, None)     # (no draft pass waits for it)
             if t_send_s is None:
                 raise RunError(f"request {self.request.index}: Queued for seq {m.seq}, no segment sent as it")
-            return Arrival(None, t_receive_s, message=m, link_rtt_s=max(t_receive_s - t_send_s - m.held_s, 0.0))
+            return AcknowledgedArrival(max(t_receive_s - t_send_s - m.held_s, 0.0), t_receive_s, message=m)
         if isinstance(m, wire.Withdrawn):       # the last segments asked, dropped before they started
             if not self._withdrawing or m.segments != self._segments[len(self._segments) - len(m.segments):]:
                 raise RunError(f"request {self.request.index}: Withdrawn {m.segments} is not the tail of the "
                                f"segments asked ({self._segments})")
             self._withdrawing = False
             del self._segments[len(self._segments) - len(m.segments):]
-            return Arrival(None, t_receive_s, message=m, withdrawn=len(m.segments))
+            return WithdrawnArrival(len(m.segments), t_receive_s, message=m)
         self.ready_s = max(self.ready_s, t_receive_s)
         if isinstance(m, wire.Error):
             raise RunError(f"request {self.request.index}: verifier error {m.code} (field {m.field}): {m.message}")
@@ -112,8 +112,8 @@ class SessionTransport:
             self.opened = True
             return None
         if isinstance(m, wire.Tokens):
-            return Arrival(None, t_receive_s, m.queue_s, m.compute_s, m,
-                           served=ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done))
+            return ServedArrival(ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done), t_receive_s,
+                                 m.queue_s, m.compute_s, m)
         if not isinstance(m, wire.Verified):
             raise RunError(f"unexpected {type(m).__name__} in a DSD session")
         self.in_flight -= 1
@@ -123,8 +123,8 @@ class SessionTransport:
             if not m.stale:
                 self.link.note_verdict(m.queue_s, m.batch_size)
             self._selector.cancel()
-        return Arrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
-                       m.queue_s, m.compute_s, m)
+        return VerdictArrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
+                              m.queue_s, m.compute_s, m)
 
 
 class DraftDevice:
