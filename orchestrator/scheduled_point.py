@@ -13,7 +13,6 @@ from netem.schedule import LinkSchedule, effect_brackets
 from netem.spec import LinkSpec
 from orchestrator.link_rows import link_state_of
 
-
 PROBE_INTERVAL_S = 0.01
 EFFECT_TOLERANCE_MS = 2.0
 
