@@ -3,7 +3,6 @@ asked of the verifier, each recorded as trace rows."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
@@ -15,9 +14,6 @@ from services.traces import EdgeClock, RoundRow, TraceWriter
 from services.edge.config import Request, RunConfig, RunError
 from services.edge.transport import DraftDevice, SessionTransport
 from services.edge.verifier_link import VerifierLink
-
-
-log = logging.getLogger("services.edge")
 
 
 class Client:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
-from dsd.backends.protocol import SamplingParams, Verdict
 from dsd.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
+from dsd.backends.protocol import SamplingParams, Verdict
 from dsd.modes import get_mode
 from services import spinwait, wire
 from services.compute import ThreadDevice
 from services.edge.config import Request, RunError
 from services.edge.verifier_link import VerifierLink
-
-
-log = logging.getLogger("services.edge")
 
 
 class SessionTransport:

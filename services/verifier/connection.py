@@ -3,7 +3,6 @@ sends, and the bookkeeping of requests in flight and withdrawn segments."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 
@@ -12,9 +11,6 @@ import torch
 from dsd.verifier_session import VerifierSession
 from services import frames, spinwait, wire
 from services.verifier.limits import INFLIGHT
-
-
-log = logging.getLogger("services.verifier")
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 
@@ -16,9 +15,6 @@ from dsd.verifier_session import VerifierSession
 from services import wire
 from services.verifier.connection import Connection, Served, _withdraw
 from services.verifier.limits import INFLIGHT, INT63_MAX, _check_tokens, _draft_probs, _limit, _require
-
-
-log = logging.getLogger("services.verifier")
 
 
 class VerifierMessages:

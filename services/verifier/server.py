@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections import Counter
 
@@ -16,10 +15,9 @@ from services.verifier.messages import VerifierMessages
 from services.verifier.serving import VerifierServing
 
 
-log = logging.getLogger("services.verifier")
-
-
 class Verifier(VerifierHttp, VerifierMessages, VerifierServing):
+    """The verifier service's state; its roles are the three classes it is made of."""
+
     def __init__(self, draft: LanguageModel, target: LanguageModel, device, scheduler: Scheduler,
                  limits: VerifierLimits, backend_info: dict, token: str | None = None,
                  spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
