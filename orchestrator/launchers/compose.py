@@ -51,6 +51,9 @@ from orchestrator.launchers.compose_config import (COMPOSE_FILE, MODELS_DIR, REP
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.net_point import ControlApiTestbed
 
+__all__ = ["ADOPT_SETTINGS", "COMPOSE_DEFAULTS", "COMPOSE_FILE", "EDGE_SERVICE", "MODELS_DIR", "VERIFIER_SERVICE",
+           "ComposeConfig", "ComposeError", "ComposeTestbed", "adopt_mismatches", "cleanup_project", "docker_client",
+           "fix_command", "project_is_up", "project_labels"]
 log = logging.getLogger(__name__)
 
 BUILD_SCRIPT = REPO / "scripts" / "build_images.sh"
