@@ -31,7 +31,7 @@ EXPERIMENT = ROOT / "experiments" / "adaptive-netns.toml"
 
 
 def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of) -> list:
-    from benchmarks.adaptive import RequestRun
+    from benchmarks.adaptive_scenario import RequestRun
 
     changes = [row for row in links if row.get("change_index", 0) and row.get("change_index") == row.get("change_index")]
     if not changes:
@@ -55,7 +55,7 @@ def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of)
 def scenario_experiment(scenario, schedule_order: str | None):
     """EXPERIMENT with the schedule's order (None: the file's), checked against the scenario: its
     prompt classes' alphas and its link schedule must be the scenario's."""
-    from benchmarks.adaptive import CLASS_TOKEN
+    from benchmarks.adaptive_scenario import CLASS_TOKEN
     from orchestrator.experiment import load_experiment
 
     experiment = load_experiment(EXPERIMENT)
@@ -88,7 +88,7 @@ def _with_trace(experiment, scenario):
 
 
 def netns_seed(scenario, args, seed: int):
-    from benchmarks.adaptive import POLICIES, policy_config
+    from benchmarks.adaptive_scenario import POLICIES, policy_config
     from orchestrator.net_point import run_net_point
     from orchestrator.run import GroupTestbeds
     from orchestrator.sweep import plan_points
@@ -131,7 +131,7 @@ def netns_seed(scenario, args, seed: int):
     print_oracle(f"seed {seed} under the schedule (split, in-sample)", best, in_sample_oracle(statics, scenario))
     if args.oracle == "constant":
         print_oracle(f"seed {seed} constant-condition (split, in-sample)", split_c, in_sample_c)
-        from benchmarks.adaptive import POLICIES, vs_oracle_pct
+        from benchmarks.adaptive_scenario import POLICIES, vs_oracle_pct
         print(f"  seed {seed} scored with the in-sample constant-condition oracle: " + " ".join(
             f"{name}={vs_oracle_pct(results[name], in_sample_c, scenario):.1f}%" for name in POLICIES), flush=True)
         if all(k in best for k in split_c):

@@ -43,6 +43,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from dsd.modes import SYNC, edge_modes, get_mode, names
 
@@ -217,6 +218,32 @@ class ControllerConfig:
         return Decision(self.gamma, self.mode if self.mode in modes else modes[0])
 
 
+@runtime_checkable
+class Controller(Protocol):
+    """What a driver asks of every controller: ``decide()`` the next plan, ``observe()`` a round."""
+
+    def decide(self) -> Decision: ...
+
+    def observe(self, observation: Observation) -> None: ...
+
+
+# A controller's optional hints to the hand-over stream (dsd/handover.py), one Protocol each, so a
+# controller declares exactly the ones it gives (the module docstring says what each means).
+@runtime_checkable
+class StreamAheadHint(Protocol):
+    def stream_ahead_s(self) -> float | None: ...
+
+
+@runtime_checkable
+class LinkRttHint(Protocol):
+    def link_rtt_s(self) -> float | None: ...
+
+
+@runtime_checkable
+class ServerStepHint(Protocol):
+    def server_step_s(self) -> float | None: ...
+
+
 # The policies live in their own modules (which import the interface above); they are imported
 # when first asked for, so either side may be imported first.
 POLICY_MODULES = {"StaticPolicy": "dsd.policy_static", "HeuristicPolicy": "dsd.policy_static",
@@ -232,7 +259,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def make_controller(config: ControllerConfig):
+def make_controller(config: ControllerConfig) -> Controller:
     """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
     if config.name == "static" and get_mode(config.mode).policy is not None:
         return get_mode(config.mode).policy(config)

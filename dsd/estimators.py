@@ -103,16 +103,14 @@ class Acceptance:
     change is far likelier there than between two rounds of one prompt. So the run that begins
     with the request's first observation (``new_request``) needs only ``REQUEST_RESET_NATS``: the
     prior odds against a change at a prompt boundary (about 1 in 12) plus the half nat the fitted
-    rate gains by chance. With 4 for it too, a request at alpha 0.3 after six at 0.9 drafted 8-10
-    rounds of gamma 8-10 before the estimate fell (each ~1 token for ~39 ms against cloud AR's 20
-    ms a token; netns seed 2 of session 15, twice a run); with 2.5, three or four."""
+    rate gains by chance. With 4 for it too, a request at alpha 0.3 after several at 0.9 drafts about three times as
+    many long rounds before the estimate falls (docs/results/adaptive.md)."""
 
     MIN_POSITIONS = 6
     # A request's first positions may restart the estimate from fewer, at ``RESET_NATS``: three
     # rejections in its first three positions after a run at 0.9 score 4.4 above it (at 0.9 one
-    # request in a thousand starts so), and a 0.3-class prompt had drafted two more rounds of
-    # gamma 12 (42 ms a token against cloud AR's 20) before six positions came (netns seed 0,
-    # session 17, its first 0.3-class request)
+    # request in a thousand starts so); waiting for six positions costs a low-alpha prompt two
+    # more long rounds
     MIN_REQUEST_POSITIONS = 3
     WINDOW_POSITIONS = 32
     RESET_NATS = 4.0

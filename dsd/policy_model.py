@@ -89,11 +89,11 @@ class ModelPolicy:
 
     # A request on the server comes back to the edge only if that pays off at alpha's lower
     # confidence bound too (``Acceptance.lower_bound``, z standard errors): an estimate restarted at a
-    # prompt boundary on 6 shadow matches in 6 reads 1.0, and at 150 ms took netns seeds 0 and 4 of
-    # session 15 from cloud AR to pipelined 16 and back within one 0.9 request (0.17, 0.13 s). The
+    # prompt boundary on 6 shadow matches in 6 reads 1.0, enough to flip a request from cloud AR to a
+    # long DSD plan and back within it at a slow link (docs/results/adaptive.md). The
     # same holds for a request after one on the server (``decide_request``): a 0.3-class prompt's
-    # shadow drafts over ~10 positions of memory often read 0.5, enough for DSD at 10 ms (sim
-    # seeds 0-2: model 2.0 -> 1.7)
+    # shadow drafts over ~10 positions of memory often read 0.5, enough for DSD at 10 ms when it
+    # does not pay
     HAND_BACK_Z = 1.0
     # rounds whose drafting is measured before the first decision: counted, not the Level's
     # discounted weight (1.9 after two rounds: every run's first request waited a third sync round)
@@ -172,9 +172,8 @@ class ModelPolicy:
         step cost 0.15-0.23 s on every netns seed with the slowest seen alone: only a change of
         acceptance could end such a stream early, and then the segments asked beyond the RTT are
         withdrawn when the plan goes back to the edge (dsd/driver.py ``Segment.ahead``). So it is
-        asked from the request's first segment: gated on 12 positions of the request's own drafts
-        (session 16), a step in a request's first ~0.25 s idled the server a round trip of the new
-        link (0.04-0.22 s a netns seed). Judged at the higher of the running alpha and the
+        asked from the request's first segment: gated on the request's own drafts, a step in its
+        first tokens idles the server a round trip of the new link (docs/results/adaptive.md). Judged at the higher of the running alpha and the
         request's own rate so far: a new prompt may bring a new alpha, and the running estimate
         (discounted) follows a rise over many positions. Asked once per stream arrival, beside
         ``decide``: about as dear (~0.12 ms here)."""

@@ -24,7 +24,9 @@ import torch
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
-from dsd.driver import Arrival, DsdDriver, Round, ServerRound, run_to_end
+from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
+                          WithdrawnArrival)
+from dsd.driver import DsdDriver, run_to_end
 from dsd.edge import EdgeDecoder
 from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
 from dsd.stopping import StopRule
@@ -177,7 +179,7 @@ class VirtualLink:
             self.verifier_free_at_s = start_s + compute_s
             back_s = self.to_edge_s(self.verifier_free_at_s)
             heapq.heappush(self.arrivals, (back_s, next(self.order),
-                                           Arrival(verdict, back_s, start_s - arrive_s, compute_s)))
+                                           VerdictArrival(verdict, back_s, start_s - arrive_s, compute_s)))
         return [sent_s] * len(proposals)
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after: Arrival | None) -> float:
@@ -202,13 +204,13 @@ class VirtualLink:
         dropped, back_s = min(drop, len(self.pending)), self.reply_to_edge_s(arrive_s)
         for _ in range(dropped):
             self.pending.pop()
-        heapq.heappush(self.arrivals, (back_s, next(self.order), Arrival(None, back_s, withdrawn=dropped)))
+        heapq.heappush(self.arrivals, (back_s, next(self.order), WithdrawnArrival(dropped, back_s)))
         return sent_s
 
     def acknowledge(self, sent_s: float, arrive_s: float) -> None:
         """The Queued the verifier sends as a segment's Generate (sent at sent_s) arrives."""
         ack_s = self.reply_to_edge_s(arrive_s)
-        heapq.heappush(self.arrivals, (ack_s, next(self.order), Arrival(None, ack_s, link_rtt_s=ack_s - sent_s)))
+        heapq.heappush(self.arrivals, (ack_s, next(self.order), AcknowledgedArrival(ack_s - sent_s, ack_s)))
 
     def _next_start_s(self) -> float:
         """When the first asked segment starts (inf if none is asked)."""
@@ -231,8 +233,8 @@ class VirtualLink:
             t_s += step_s
             produced, steps = produced + len(served.tokens), steps + 1
             back_s = self.to_edge_s(t_s)
-            heapq.heappush(self.arrivals, (back_s, next(self.order), Arrival(
-                None, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s, served=served)))
+            heapq.heappush(self.arrivals, (back_s, next(self.order), ServedArrival(
+                served, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s)))
         self.verifier_free_at_s = t_s
 
     def _server_step(self, mode: str, gamma: int) -> tuple[ServerRound, float]:
@@ -283,7 +285,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     whose gamma changes (default: ``costs.t_verify_s`` for every block). With ``costs.t_ar_s`` the
     controller may also hand the request to the server mid-way, ``handover_tokens`` at a time
     (dsd.driver). ``t_open_s`` (the prefill): the session's Open goes out at time 0 and the edge
-    drafts at once, as services/edge.py does (it does not wait for Opened): the verifier serves
+    drafts at once, as services/edge/ does (it does not wait for Opened): the verifier serves
     nothing before the Open arrived and was prefilled, and the times include it (without it the
     session is already open at time 0)."""
     clock = VirtualClock()
@@ -294,10 +296,12 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     emits_s: list[float] = []
 
     def on_round(r: Round) -> None:
-        served = r.arrival.served
-        generation.rounds.append(
-            RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode) if served is None
-            else RoundRecord(r.index, served.proposed, served.accepted, len(r.emitted), False, r.gamma, r.mode))
+        if isinstance(r.arrival, ServedArrival):
+            served = r.arrival.served
+            record = RoundRecord(r.index, served.proposed, served.accepted, len(r.emitted), False, r.gamma, r.mode)
+        else:
+            record = RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode)
+        generation.rounds.append(record)
         if r.emitted:
             emits_s.append(r.arrival.t_receive_s)
 
@@ -316,8 +320,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
 def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
                        stop: StopRule, mode: str, costs: ServerCosts,
                        sampling: SamplingParams = SamplingParams(), seq_id: str = "sim") -> SimulatedRun:
-    """Cloud AR or co-located SD as the services run it (services/edge.py Client.on_server,
-    services/verifier.py): at time 0 the client sends Open and Generate; each arrives one link
+    """Cloud AR or co-located SD as the services run it (services/edge/client.py Client.on_server,
+    services/verifier/): at time 0 the client sends Open and Generate; each arrives one link
     delay later; the verifier prefills, then runs one AR step (t_ar) or one co-located round
     (gamma draft steps on its own draft model, then one verification) after another and sends
     each step's tokens at once, which the client receives one link delay later. Times run from

@@ -9,9 +9,8 @@ dropping below where it stood before the burst; a stall of the edge (or a retran
 it first and then brings it back, and so does not.
 
 This matters where no segment's acknowledgement can show the fall: when the stream's whole
-budget was asked before it (netns seed 0 of session 17: a 0.9-class request streamed its last 8
-tokens at the server's 20 ms pace on a 10 ms link, and the next request started in cloud AR on
-the running 150 ms estimate).
+budget was asked before it: the stream then ends on the fast link with the estimate still the
+slow one's, and the next request starts from it (docs/results/adaptive.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """One frozen type for the compute times of a model pair on some hardware (docs/concepts.md's t_d, t_v,
-t_ar), whoever produced them: a hardware profile, a measurement on this machine (dsd.timing),
-or a fit to a run's rounds (orchestrator/analysis.py).
+t_ar), whoever produced them: a hardware profile (``HardwareProfile.times``), a measurement on
+this machine (``dsd.timing.MeasuredTimes.times``), or a fit to a run's rounds
+(orchestrator/analysis.py). Those modules build it; this one imports neither.
 
 t_verify is the one time that depends on gamma. A profile gives it as a line,
 base + per_position * (gamma + 1); a measurement gives a table gamma -> seconds. Both are kept:
@@ -16,11 +17,6 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:                       # only for the annotations: profiles.py imports this module
-    from dsd.profiles import HardwareProfile
-    from dsd.timing import MeasuredTimes
 
 _OPTIONAL = ("t_prefill_per_token_s", "batch_slope", "t_verify_base_s", "t_verify_per_position_s")
 
@@ -118,16 +114,6 @@ class ComputeTimes:
         return dataclasses.replace(self, **changes)
 
     # --- conversions -------------------------------------------------------------------------------
-
-    @classmethod
-    def from_profile(cls, profile: HardwareProfile) -> ComputeTimes:
-        return profile.times
-
-    @classmethod
-    def from_measured(cls, measured: MeasuredTimes) -> ComputeTimes:
-        """dsd.timing's measurement: one machine drafts for edge and server alike; t_verify is its table."""
-        return cls(t_draft_edge_s=measured.t_draft_s, t_draft_server_s=measured.t_draft_s, t_ar_s=measured.t_ar_s,
-                   t_prefill_per_token_s=measured.t_prefill_per_token_s, t_verify_by_gamma_s=measured.t_verify_s)
 
     def to_dict(self) -> dict:
         """Plain data for JSON: every field (None where not known), the table as ``t_verify_s``

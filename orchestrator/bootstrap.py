@@ -17,7 +17,7 @@ redraws both levels the data came from:
 The 95% interval is the 2.5 and 97.5 percentiles of the replicates (percentile bootstrap; the
 order statistics themselves, not interpolated, so infinite crossings, "never wins" or "wins
 everywhere" in a replicate, are handled). Repeat-to-repeat drift is the larger noise on a
-shared machine (issue 14: -23% between two repeats of one point), which a bootstrap over
+shared machine (tens of percent between two repeats of one point), which a bootstrap over
 requests alone would hide; with one repeat it reduces to the request bootstrap. The seed is
 fixed, so the same data gives the same interval.
 """

@@ -14,7 +14,7 @@ from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from orchestrator import links
 from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
 from orchestrator.workload import Workload, parse_workload
-from orchestrator.launchers.external import ExternalConfig
+from orchestrator.launchers.external_config import ExternalConfig
 
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 

@@ -1,4 +1,4 @@
-"""The optimal gamma against the RTT (issue 17): measured beside the closed form's argmin.
+"""The optimal gamma against the RTT: measured beside the closed form's argmin.
 
 Per speculative mode, group (profile, alpha, link, sampling, clients) and RTT of a sweep with two
 gammas or more and two RTTs or more:

@@ -47,23 +47,18 @@ change_settle_min_ms, when the last probe that still saw the old link was sent: 
 effect between the two (a probe thread late to send widens the bracket; only a late link raises the
 minimum); rounds.csv rows
 carry the change in force when the round was sent (`link_change_index`, `link_rtt_configured_ms`).
+The schedule during a point runs in orchestrator/scheduled_point.py; the rows of links.csv are
+orchestrator/link_rows.py's, the wire-bytes prediction orchestrator/wire_prediction.py's.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import random
-import threading
-import time
 from dataclasses import dataclass, field
 
-import pandas as pd
-
-from dsd import modes
-from netem.schedule import LinkSchedule, apply_changes, effect_brackets
+from netem.schedule import LinkSchedule, apply_changes
 from netem.spec import DISTRIBUTIONS, LinkSpec, check_known_keys
-from services import wire_size
 
 # Sweep key -> its default (one value). Order = the order of the point key's suffix.
 LINK_DEFAULTS = {"jitter_ms": 0.0, "delay_distribution": "uniform", "correlation_pct": 0.0,
@@ -196,49 +191,6 @@ def check_launcher(experiment, launcher: str) -> None:
               f"its default on the {launcher} launcher, whose link is a constant RTT (use netns or compose)")
 
 
-def link_state(record):
-    """A netem LinkRecord as a row of links.csv: the link as configured and as measured."""
-    from orchestrator.launchers.base import LinkState
-
-    spec, m = record.spec, record.measured
-    nan = math.nan
-    return LinkState(
-        edge=record.edge, shaper=record.backend,
-        rtt_configured_ms=m.configured_rtt_ms if m else spec.expected_rtt_ms(),
-        jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
-        rate_configured_mbit=spec.rate_mbit or 0.0,
-        rtt_measured_p50_ms=m.rtt_p50_ms if m else nan, rtt_measured_p99_ms=m.rtt_p99_ms if m else nan,
-        rtt_measured_stdev_ms=m.rtt_stdev_ms if m else nan, loss_measured_pct=m.loss_pct if m else nan,
-        distribution_configured=spec.distribution, correlation_configured_pct=spec.correlation_pct,
-        delay_up_configured_ms=spec.up.delay_ms, delay_down_configured_ms=spec.down.delay_ms,
-        rtt_expected_p50_ms=m.expected_rtt_p50_ms if m else spec.expected_rtt_p50_ms(),
-        rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct,
-        rtt_measured_mean_ms=m.rtt_mean_ms if m else nan)
-
-
-# What points.csv adds per point from links.csv: the median over the point's edges.
-LINK_POINT_COLUMNS = {"rtt_expected_p50_ms": "rtt_link_expected_p50_ms",
-                      "rtt_measured_stdev_ms": "rtt_link_stdev_ms", "rtt_expected_stdev_ms": "rtt_link_expected_stdev_ms",
-                      "loss_measured_pct": "loss_link_pct", "loss_expected_pct": "loss_link_expected_pct",
-                      "wire_bytes_per_round_up": "wire_bytes_per_round_up",
-                      "wire_bytes_per_round_down": "wire_bytes_per_round_down"}
-
-
-def add_link_columns(points: pd.DataFrame, links: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
-    """points.csv with each point's link as configured and measured (links.csv, median over edges)."""
-    if links is None or links.empty or points.empty:
-        return points
-    if "change_index" in links:                     # the point's own links, not a schedule's later states
-        links = links[links["change_index"].fillna(0) == 0]
-    keys = [k for k in keys if k in links.columns and k in points.columns]
-    have = [c for c in LINK_POINT_COLUMNS if c in links.columns]
-    if not keys or not have:
-        return points
-    per_point = links.groupby(keys)[have].median().rename(columns=LINK_POINT_COLUMNS).reset_index()
-    per_point[keys] = per_point[keys].astype(points[keys].dtypes.to_dict())
-    return points.merge(per_point, on=keys, how="left")
-
-
 # ---- per-edge links -----------------------------------------------------------------------------
 
 # Keys an edge's entry may set (the point's link keys, in their experiment spelling).
@@ -356,168 +308,3 @@ def edge_specs(options: LinkOptions | None, point, n_edges: int) -> list[LinkSpe
         except ValueError as error:
             raise ValueError(f"experiment key 'link.edges[{i}]' at {point.key}: {error}") from None
     return out
-
-
-# ---- a schedule during a point ------------------------------------------------------------------
-
-PROBE_INTERVAL_S = 0.01
-EFFECT_TOLERANCE_MS = 2.0
-
-
-class ScheduledPoint:
-    """Runs a link schedule over one point: every change handed to the shaper at once (it times
-    them), and echo probes from every edge beside the run, to see when each took effect.
-
-        with ScheduledPoint(shaper, specs, schedule) as scheduled:   # starts the clock
-            ... the point's runs ...
-        rows = scheduled.rows()                                      # links.csv rows, one per change
-    """
-
-    def __init__(self, shaper, specs: list[LinkSpec], schedule: LinkSchedule, keep_order: bool = False):
-        self.shaper, self.specs, self.schedule, self.keep_order = shaper, specs, schedule, keep_order
-        self.t0_s = math.nan                           # CLOCK_MONOTONIC
-        self.unix_minus_mono_s = 0.0
-        self.t_end_s = math.nan
-        self._stop = threading.Event()
-        self._timeline: list[list] = [[] for _ in specs]
-        self._prober: threading.Thread | None = None
-
-    def __enter__(self) -> "ScheduledPoint":
-        from netem import measure
-
-        self.t0_s = time.monotonic() + 0.05           # the daemon gets the changes before the first
-        # The traces' clock: the edges write wall-clock (epoch) times, kept on perf_counter.
-        self.unix_minus_mono_s = time.time() - time.monotonic()
-        per_edge = [self.schedule.specs(spec) for spec in self.specs]
-        self.shaper.schedule([(self.t0_s + at_s, [steps[k][1] for steps in per_edge])
-                              for k, (at_s, _) in enumerate(per_edge[0])], keep_order=self.keep_order)
-        targets = [measure.RttTarget(link.name, link.edge.netns, link.verifier.ip) for link in self.shaper.links]
-        n = int(3600 / PROBE_INTERVAL_S)               # bounded: an hour, or until the point ends
-        self._prober = threading.Thread(
-            target=measure.probe_rtts, name="dsdbed-schedule-probe", daemon=True,
-            kwargs=dict(targets=targets, count=n, interval_s=PROBE_INTERVAL_S, timeout_s=1.0, stop=self._stop,
-                        timeline=self._timeline))
-        self._prober.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.t_end_s = time.monotonic()
-        self._stop.set()
-        if self._prober is not None:
-            self._prober.join(timeout=10)
-
-    def rows(self, link_states: list) -> list[dict]:
-        """One links.csv row per (change that was due before the point ended, edge)."""
-        from netem import measure
-
-        out = []
-        for edge_index, (spec, state) in enumerate(zip(self.specs, link_states)):
-            steps = [(at_s, s) for at_s, s in self.schedule.specs(spec) if self.t0_s + at_s <= self.t_end_s]
-            changes, old = [], spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
-            for at_s, new_spec in steps:
-                new = new_spec.expected_rtt_ms(measure.PROBE_IP_BYTES)
-                changes.append((self.t0_s + at_s, old, new))
-                old = new
-            seen = effect_brackets(changes, self._timeline[edge_index], EFFECT_TOLERANCE_MS)
-            # Settle times are taken from the very float the brackets were found against: a bracket
-            # that starts at the change is then exactly 0, not t0 + at - t0 - at (-7e-10 ms at CI's clock).
-            for k, ((at_s, new_spec), (t_change_s, _, _), (t_not_before, t_seen)) in enumerate(
-                    zip(steps, changes, seen), start=1):
-                out.append({**dataclasses.asdict(link_state_of(state.edge, state.shaper, new_spec)),
-                            "change_index": k, "change_at_s": at_s, "change_source": self.schedule.source,
-                            "change_t_unix_s": t_change_s + self.unix_minus_mono_s,
-                            "change_seen_t_unix_s": t_seen + self.unix_minus_mono_s,
-                            "change_settle_ms": 1000 * (t_seen - t_change_s),
-                            "change_settle_min_ms": 1000 * (t_not_before - t_change_s)})
-        return out
-
-    def annotate_rounds(self, rounds: pd.DataFrame, n_edges: int) -> pd.DataFrame:
-        """Each round with the link change in force when it was sent (t_send_s: the edges' epoch
-        seconds), on its client's edge."""
-        if rounds.empty or "t_send_s" not in rounds:
-            return rounds
-        rounds = rounds.copy()
-        since_s = rounds["t_send_s"] - (self.t0_s + self.unix_minus_mono_s)
-        edges = rounds["client_id"].astype(int) % n_edges
-        rounds["link_change_index"] = [self.schedule.index_at(t) if t == t else -1 for t in since_s]
-        rounds["link_rtt_configured_ms"] = [
-            self.schedule.state_at(self.specs[e], t).expected_rtt_ms() if t == t else math.nan
-            for e, t in zip(edges, since_s)]
-        return rounds
-
-
-def link_state_of(edge: str, shaper: str, spec: LinkSpec):
-    """A links.csv row for a configured link that has no measurement of its own."""
-    from orchestrator.launchers.base import LinkState
-
-    return LinkState(edge=edge, shaper=shaper, rtt_configured_ms=spec.expected_rtt_ms(),
-                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
-                     rate_configured_mbit=spec.rate_mbit or 0.0, distribution_configured=spec.distribution,
-                     correlation_configured_pct=spec.correlation_pct, delay_up_configured_ms=spec.up.delay_ms,
-                     delay_down_configured_ms=spec.down.delay_ms, rtt_expected_p50_ms=spec.expected_rtt_p50_ms(),
-                     rtt_expected_stdev_ms=spec.expected_rtt_stdev_ms, loss_expected_pct=spec.expected_rtt_loss_pct)
-
-
-def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.DataFrame:
-    """The closed form with a serialisation term: under a rate cap every round also waits for its
-    bytes to cross the wire each way, (bytes_up + bytes_down) / rate, shared by the tokens the
-    round emits. Bytes per round are predicted from what a round carries (services/wire_size.py:
-    a Verify's token ids, dense or sparse q rows, by gamma, vocab and sampling; a Tokens message
-    where the verifier runs the request: ar, colocated), in wire_bytes_per_round_{up,down}_predicted
-    beside the measured ones (links.csv; both count the pure ACKs, which the term leaves out: they
-    leave while the other side computes). Where no prediction is possible (vocab unknown, top-p
-    without top-k) the measured bytes stand in; with neither, or no cap, the column equals
-    per_token_ms_predicted.
-    per_token_ms_predicted_wire = per_token_ms_predicted + 8 (B_up + B_down) / (rate_mbit * 1e3) / tokens_per_round"""
-    if points.empty or "per_token_ms_predicted" not in points:
-        return points
-    points = points.copy()
-    predicted = [predicted_round_bytes(row, vocab) for row in points.to_dict("records")]
-    points["wire_bytes_per_round_up_predicted"] = [up for up, _ in predicted]
-    points["wire_bytes_per_round_down_predicted"] = [down for _, down in predicted]
-    wire_bytes = pd.Series([sum(predicted_round_bytes(row, vocab, acks=False)) for row in points.to_dict("records")],
-                           index=points.index)
-    if "wire_bytes_per_round_up" in points and "wire_bytes_per_round_down" in points:
-        wire_bytes = wire_bytes.fillna(points["wire_bytes_per_round_up"] + points["wire_bytes_per_round_down"])
-    rate = points["rate_mbit"] if "rate_mbit" in points else pd.Series(0.0, index=points.index)
-    per_round_ms = 8.0 * wire_bytes / (rate.where(rate > 0) * 1e3)
-    per_token_ms = per_round_ms / points["tokens_per_round"].where(points["tokens_per_round"] > 0, 1.0)
-    points["serialisation_ms_per_token"] = per_token_ms.fillna(0.0)
-    points["per_token_ms_predicted_wire"] = points["per_token_ms_predicted"] + points["serialisation_ms_per_token"]
-    return points
-
-
-def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True) -> tuple[float, float]:
-    """(up, down) IP bytes of one round of a points.csv row; NaN where they cannot be predicted.
-    Rows without sampling columns are greedy (every sweep before [sampling] was)."""
-    nan = (math.nan, math.nan)
-    get = lambda key, default: default if point.get(key) is None or point.get(key) != point.get(key) \
-        else point[key]  # noqa: E731
-    if not vocab or get("gamma", None) is None:
-        return nan
-    gamma, mode = int(point["gamma"]), point.get("mode")
-    if mode not in modes.names():
-        return nan
-    if mode not in modes.edge_modes():              # the verifier runs it: a Tokens message a round
-        tokens = get("tokens_per_round", 1.0)
-        return wire_size.stream_round_wire_bytes(max(1, round(tokens)), vocab, max(gamma, 1), acks)
-    temperature, top_k, top_p = float(get("temperature", 0.0)), int(get("top_k", 0)), float(get("top_p", 1.0))
-    if temperature > 0 and top_p < 1.0 and not top_k:
-        return nan                                  # a nucleus keeps what the drafter's q gives it
-    return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p, acks=acks)
-
-
-def experiment_vocab(experiment: dict) -> int | None:
-    """The vocabulary the sweep's models drafted over (sweep.json's experiment): the synthetic
-    backend's vocab_size, or the target model's config.json; None where it cannot be read."""
-    import json
-    from pathlib import Path
-
-    backend = experiment.get("backend") or {}
-    if backend.get("kind", "synthetic") == "synthetic":
-        return backend.get("vocab_size", 512)
-    folder = Path(backend["target_path"]) if backend.get("target_path") else Path(backend.get("pair_path", "")) / "target"
-    try:
-        return int(json.loads((folder / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

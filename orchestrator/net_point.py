@@ -20,8 +20,9 @@ import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
-from orchestrator.links import LinkOptions, ScheduledPoint, edge_specs
-from orchestrator.launchers.base import LinkState, Testbed
+from orchestrator.links import LinkOptions, edge_specs
+from orchestrator.scheduled_point import ScheduledPoint
+from orchestrator.launchers.base import LinkState, PointSettings, Testbed
 from orchestrator.request_stats import finish_point
 from orchestrator.sweep import Point
 
@@ -126,3 +127,14 @@ def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, m
             if status["status"] == "done":
                 pending.remove((edge, run_id))
 
+
+class ControlApiTestbed:
+    """Base of the network testbeds: a point's clients are runs on the edges, started and read
+    back through each edge's control API (orchestrator/net_point.py)."""
+
+    def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
+        return run_net_point(point, self, prompts, warmup=settings.warmup, max_new_tokens=settings.max_new_tokens,
+                             max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
+                             link_options=settings.link_options, after_shape=settings.after_shape,
+                             controller=settings.controller, gamma_max=settings.gamma_max,
+                             controller_modes=settings.controller_modes, transport=settings.transport)

@@ -64,7 +64,7 @@ def crossover_rows(groups: list[dict], assumed: dict, gamma: int) -> list[dict]:
 
 
 def _interval_of(crossover: dict) -> tuple[float, float, str]:
-    """The 95% bootstrap interval where the analysis found one (issue 14: ci_low/ci_high, nan
+    """The 95% bootstrap interval where the analysis found one (ci_low/ci_high, nan
     where none), else the range over repeats."""
     low, high = crossover.get("ci_low", math.nan), crossover.get("ci_high", math.nan)
     if not (math.isnan(low) or math.isnan(high)):

@@ -58,7 +58,7 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
 
 def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, in_sample: dict,
                             crossovers: dict, path: Path, title: str, launcher: str) -> Path:
-    """Latency vs RTT with the evidence of issue 14: each cell's median with its 95% bootstrap
+    """Latency vs RTT with its out-of-sample evidence: each cell's median with its 95% bootstrap
     interval; solid lines the closed form from the calibration points alone (written before the
     other points ran: out of sample); thin dotted lines the in-sample fit; the measured crossover
     with its interval shaded, the out-of-sample prediction dotted.

@@ -82,10 +82,8 @@ def _steady_alpha(spec: pd.DataFrame) -> tuple[float, str]:
     request's steady window, ``analysis.steady_windows``: neither its first round nor its final,
     cut-short one). The closed form predicts the steady state through E, and the first round's
     acceptance need not be the rest's (a prompt boundary; a stratified sequence's first draws).
-    On the quiet netns run of 2026-12-01 the first rounds emitted 2.5 tokens against 3.37 for the
-    others and the window's 3.41 per round was not what the pooled maximum-likelihood alpha
-    (0.8035: E = 3.38) gives, which put every speculative prediction 1-2% slow and the sync-vs-AR
-    crossover 0.7 ms early."""
+    The pooled maximum-likelihood alpha, first rounds included, reads the steady window's tokens per
+    round low enough to put speculative predictions a percent or two slow."""
     if spec.empty:
         return math.nan, "no speculative calibration rounds"
     window = analysis.steady_window_rounds(spec)

@@ -191,7 +191,7 @@ def _paper_sections(summary: dict) -> list:
 
 
 def evidence_sections(summary: dict) -> list[tuple[str, list]]:
-    """Issue 14: the out-of-sample headline, crossovers with their 95% intervals, and what the
+    """The out-of-sample headline, crossovers with their 95% intervals, and what the
     intervals are (orchestrator/predictions.py, orchestrator/bootstrap.py)."""
     oos, insample = summary.get("out_of_sample"), summary.get("in_sample", {})
     if not oos:
@@ -211,7 +211,7 @@ def evidence_sections(summary: dict) -> list[tuple[str, list]]:
                   "below compares each cell's median over its non-calibration repeats with that prediction; "
                   "calibration points are excluded.")
     else:
-        head = ("No out-of-sample figure: this sweep has no predictions.csv (written by sweeps since issue 14, "
+        head = ("No out-of-sample figure: this sweep has no predictions.csv (a sweep writes it "
                 "before the first non-calibration point). Only the in-sample fit below is available.")
         method = ""
     rows = []
@@ -246,7 +246,7 @@ def evidence_sections(summary: dict) -> list[tuple[str, list]]:
 
 
 def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
-    """Issue 14: how the processes were placed on the CPUs, and which points ran under contention."""
+    """How the processes were placed on the CPUs, and which points ran under contention."""
     cpu = summary.get("cpu")
     if not cpu:
         return []

@@ -25,8 +25,10 @@ from orchestrator.launchers.sim import SimTestbed
 from orchestrator.links import check_launcher
 from orchestrator.predictions import Predictor
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
-from orchestrator.sweep import check_out_dir, group_experiment, host_facts, plan_points, point_done, run_sweep
-from orchestrator.workload import describe, experiment_prompts, prompts_for_point
+from orchestrator.adaptive import run_adaptive
+from orchestrator.sweep import (check_out_dir, group_experiment, host_facts, merge, plan_points, point_done,
+                                prompts_for_point, record_point, run_sweep)
+from orchestrator.workload import describe, experiment_prompts
 
 
 def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
@@ -53,8 +55,13 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             def run_point(point):
                 return testbeds.for_point(point).run_point(point, prompts(point), settings)
 
-            return run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
+            done = run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
                              heal=testbeds.heal, predict=predict)
+            if experiment.adaptive_budget_points:     # repeats where a crossover's interval is wide
+                run_adaptive(experiment, out, lambda p: record_point(out, p, run_point, experiment, testbeds.heal),
+                             experiment.gamma[0], progress=lambda p: progress(len(plan), len(plan), p, "adaptive repeat"))
+                done = merge(out)
+            return done
     finally:
         os.sched_setaffinity(0, own_cpus)
         progress.close()

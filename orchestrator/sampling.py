@@ -44,7 +44,7 @@ class Setting:
         return SamplingParams(self.temperature, self.top_k or None, self.sampling_seed + request_index, self.top_p)
 
     def run_fields(self) -> dict:
-        """The edge's RunConfig fields (services/edge.py) for this setting."""
+        """The edge's RunConfig fields (services/edge/) for this setting."""
         return {"temperature": self.temperature, "top_k": self.top_k or None, "top_p": self.top_p,
                 "seed": self.sampling_seed}
 

@@ -14,7 +14,7 @@ from dsd import latency_model as lm
 from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, paper, plots
-from orchestrator import links as link_columns
+from orchestrator import link_rows, wire_prediction
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
                                       read_predictions)
 
@@ -139,9 +139,9 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
     spec_rounds = rounds[rounds["mode"].isin(speculative_modes())] if len(rounds) else rounds
     alpha = analysis.fit_alpha(spec_rounds) if len(spec_rounds) else math.nan
     points = analysis.point_table(requests, rounds, links)
-    points = link_columns.add_link_columns(points, links, analysis.point_keys(requests))
+    points = link_rows.add_link_columns(points, links, analysis.point_keys(requests))
     points = analysis.add_predictions(points, alpha, fit.params)
-    points = link_columns.add_wire_prediction(points, link_columns.experiment_vocab(sweep["experiment"]))
+    points = wire_prediction.add_wire_prediction(points, wire_prediction.experiment_vocab(sweep["experiment"]))
     points["per_token_ms_predicted_compute_only"] = analysis.add_predictions(
         points, alpha, fit.compute)["per_token_ms_predicted"]
     points["alpha_measured_group"] = alpha
@@ -222,7 +222,7 @@ def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: 
 
 def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.DataFrame, points: pd.DataFrame,
                                 groups: list[dict], gamma: int) -> tuple[pd.DataFrame, dict]:
-    """Issue 14's evidence: the out-of-sample comparison with the predictions written before
+    """The out-of-sample comparison with the predictions written before
     the measurements (orchestrator/predictions.py) and 95% bootstrap intervals
     (orchestrator/bootstrap.py). Adds points.csv columns, fills each group's crossovers with
     ci_low/ci_high and the out-of-sample prediction, and returns the summary's new keys."""

@@ -169,6 +169,18 @@ def point_done(out_dir: Path, point: Point) -> bool:
     return (Path(out_dir) / "points" / point.key / "done.json").exists()
 
 
+def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int]]:
+    """The prompts one point runs: the whole pool when it is one point's worth, else the slice
+    of its (repeat, RTT) slot, taken in turn around the pool."""
+    per_point = experiment.warmup_requests + experiment.requests
+    if len(pool) <= per_point:
+        return pool
+    rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
+    slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
+    start = slot * per_point
+    return [pool[(start + i) % len(pool)] for i in range(per_point)]
+
+
 def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
               progress=None, heal=None, predict=None) -> pd.DataFrame:
     """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
@@ -190,11 +202,6 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
         done = record_point(out_dir, point, run_point, experiment, heal)
         if progress:
             progress(index + 1, len(plan), point, done["status"] if not done["error"] else f"error: {done['error']}")
-    if experiment.adaptive_budget_points:
-        from orchestrator.adaptive import run_adaptive
-        run_adaptive(experiment, out_dir, lambda p: record_point(out_dir, p, run_point, experiment, heal),
-                     experiment.gamma[0], progress=(lambda p: progress(len(plan), len(plan), p, "adaptive repeat"))
-                     if progress else None)
     return merge(out_dir)
 
 

@@ -117,20 +117,6 @@ def make_prompts(backend: BackendConfig, n_prompts: int, prompt_tokens: int, see
     return load_prompts(backend, Workload(), n_prompts, prompt_tokens, seed)
 
 
-def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int]]:
-    """The prompts one point runs: the whole pool when it is one point's worth, else the slice
-    of its (repeat, RTT) slot, taken in turn around the pool."""
-    per_point = experiment.warmup_requests + experiment.requests
-    if len(pool) <= per_point:
-        return pool
-    from orchestrator.sweep import plan_points     # late: sweep imports the experiment, which imports this
-
-    rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
-    slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
-    start = slot * per_point
-    return [pool[(start + i) % len(pool)] for i in range(per_point)]
-
-
 def describe(pool: list[list[int]]) -> dict:
     """What sweep.json records about the prompts."""
     lengths = sorted(map(len, pool))

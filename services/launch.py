@@ -3,9 +3,9 @@
 For tests, benchmarks and anything else that needs a verifier and an edge on this host: each
 child gets its own process group, a readiness poll on /health that also notices a crash, a start
 timeout, and is stopped by signalling its whole group (SIGTERM, then SIGKILL). A child also gets
-SIGTERM when the thread that started it dies (setpriv's parent-death signal: a killed pytest
-leaves no services behind) and carries the orchestrator's service and owner marks, so `dsdbed
-cleanup` would find one that outlived its owner anyway.
+SIGTERM when the thread that started it dies (services.processes: a killed pytest leaves no
+services behind) and carries the service and owner marks, so `dsdbed cleanup` would find one
+that outlived its owner anyway.
 """
 from __future__ import annotations
 
@@ -14,11 +14,8 @@ import csv
 import io
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,15 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.access import bearer_header
+from services.processes import REPO, free_port, start_service
 
-REPO = Path(__file__).resolve().parents[1]
+__all__ = ["REPO", "Service", "free_port", "launch", "post_runs", "read_csv", "running", "wait_for_runs",
+           "wait_ready"]
 START_TIMEOUT_S = 60.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -90,15 +83,9 @@ class Service:
 def launch(module: str, args: list[str], log_dir: Path, host: str = "127.0.0.1") -> Service:
     port = free_port(host)
     log_path = Path(log_dir) / f"{module.rsplit('.', 1)[-1]}-{port}.log"
-    from orchestrator.launchers.processes import OWNER_MARK, SERVICE_MARK, process_identity  # host side only
-
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
-               **{SERVICE_MARK: f"{module}-{port}", OWNER_MARK: process_identity(os.getpid()) or ""})
-    prefix = ["setpriv", "--pdeathsig", "SIGTERM", "--"] if shutil.which("setpriv") else []
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([*prefix, sys.executable, "-m", module, "--host", host, "--port", str(port), *args],
-                                   cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        process = start_service([module, "--host", host, "--port", str(port), *args], f"{module}-{port}", log,
+                                env={"TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"})
     return Service(module, f"http://{host}:{port}", process, log_path)
 
 

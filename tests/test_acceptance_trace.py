@@ -1,5 +1,4 @@
 """Acceptance traces: the synthetic draft replays a real pair's per-round accepted counts."""
-import csv
 import random
 
 import pytest
@@ -10,17 +9,7 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
-
-
-def bimodal_trace(n_rounds=400, gamma=4, seed=1) -> AcceptanceTrace:
-    """Far from geometric: a round rejects at once or accepts everything, in bursts."""
-    rng = random.Random(seed)
-    rounds, easy = [], True
-    for _ in range(n_rounds):
-        if rng.random() < 0.15:
-            easy = not easy
-        rounds.append((gamma, gamma if easy and rng.random() < 0.9 else rng.choice((0, 0, 1))))
-    return AcceptanceTrace(tuple(rounds), "test")
+from tests.acceptance_traces import bimodal_trace, histogram, total_variation, write_rounds
 
 
 def pair(trace, seed=0):
@@ -31,17 +20,6 @@ def pair(trace, seed=0):
 def prompts(n, length=8, seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(1, 512) for _ in range(length)] for _ in range(n)]
-
-
-def histogram(accepted):
-    counts = {}
-    for a in accepted:
-        counts[a] = counts.get(a, 0) + 1
-    return {a: c / len(accepted) for a, c in counts.items()}
-
-
-def total_variation(p, q):
-    return 0.5 * sum(abs(p.get(k, 0) - q.get(k, 0)) for k in set(p) | set(q))
 
 
 def test_rounds_become_positions_with_the_bonus_position_untested():
@@ -57,15 +35,6 @@ def test_rounds_become_positions_with_the_bonus_position_untested():
 def test_bad_inline_rounds_are_refused(text):
     with pytest.raises(ValueError, match="acceptance"):
         AcceptanceTrace.from_text(text)
-
-
-def write_rounds(path, rows, columns=("point", "client_id", "request_index", "round_index", "proposed",
-                                      "accepted", "stale", "error")):
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(rows)
-    return path
 
 
 def test_a_rounds_csv_gives_its_live_rounds_request_by_request(tmp_path):

@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from orchestrator.link_rows import LinkState
+
+__all__ = ["EdgeHandle", "LauncherError", "LinkState", "PointSettings", "Testbed"]
+
 
 class LauncherError(RuntimeError):
     """A testbed could not be brought up, used or taken down. The CLI prints it as one line
@@ -17,30 +21,6 @@ class EdgeHandle:
     control_url: str          # the edge's HTTP control API, as the orchestrator reaches it
     name: str                 # netns or container name; for link records
     token: str | None = field(default=None, repr=False)   # the testbed's token: its control API requires it
-
-
-@dataclass
-class LinkState:
-    """The link of one edge as configured and as measured, a row of links.csv."""
-    edge: str
-    shaper: str               # "kernel-netem", "nfqueue", or "app-delay" (loopback)
-    rtt_configured_ms: float
-    jitter_configured_ms: float = 0.0
-    loss_configured_pct: float = 0.0
-    rate_configured_mbit: float = 0.0      # 0 = not limited
-    rtt_measured_p50_ms: float = float("nan")
-    rtt_measured_p99_ms: float = float("nan")
-    rtt_measured_stdev_ms: float = float("nan")
-    loss_measured_pct: float = float("nan")
-    # The rest of the link (orchestrator/links.py): what jitter, distribution and loss should give.
-    distribution_configured: str = "uniform"
-    correlation_configured_pct: float = 0.0
-    delay_up_configured_ms: float = float("nan")
-    delay_down_configured_ms: float = float("nan")
-    rtt_expected_p50_ms: float = float("nan")     # the median RTT the jitter distribution gives
-    rtt_expected_stdev_ms: float = 0.0
-    loss_expected_pct: float = 0.0                # a probe and its reply both get through
-    rtt_measured_mean_ms: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -92,17 +72,3 @@ class Testbed(Protocol):
         """Run one sweep point (orchestrator.sweep.Point), request i of each client on
         prompts[i]; return (rounds rows, request rows, link rows, facts) as run_sweep takes them,
         the rows of services/traces.py finished by orchestrator.request_stats.finish_point."""
-
-
-class ControlApiTestbed:
-    """Base of the network testbeds: a point's clients are runs on the edges, started and read
-    back through each edge's control API (orchestrator/net_point.py)."""
-
-    def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
-        from orchestrator.net_point import run_net_point     # net_point imports this module
-
-        return run_net_point(point, self, prompts, warmup=settings.warmup, max_new_tokens=settings.max_new_tokens,
-                             max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
-                             link_options=settings.link_options, after_shape=settings.after_shape,
-                             controller=settings.controller, gamma_max=settings.gamma_max,
-                             controller_modes=settings.controller_modes, transport=settings.transport)

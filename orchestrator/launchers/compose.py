@@ -19,7 +19,7 @@ with ``adopt=True``, or ``adopt="auto"`` (what a sweep passes: use it if it is u
 up), and is then left up on close, unshaped. Before it is used it must match the config: the
 backend config (field by field), the profile, threads, batching, and at least ``n_edges`` edges (the first ones by container number are used); a mismatch is one line
 naming each setting, its running value and the wanted one, and the `docker compose up` that
-fixes it. Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
+fixes it. (The diffing: compose_adopt.py; the config: compose_config.py.) Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
 removes the containers and the network. The sweep's ``ServicesConfig`` is accepted too.
 
 Shaping: a netem ``Shaper`` applies once, so each `shape` call closes the previous one and
@@ -27,186 +27,46 @@ applies a new one over endpoints resolved again (a restarted container has a new
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
-import math
 import os
-import re
 import secrets
-import shlex
 import signal
 import subprocess
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import docker
 
-from dsd.backends.factory import BackendConfig, HfBackendConfig, SyntheticBackendConfig, backend_from_json
-from dsd.profiles import HardwareProfile
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
-from netem.probe import BACKENDS, choose_backend
-from dsd.profiles import get_profile
+from netem.probe import choose_backend
+from orchestrator import link_rows
 from orchestrator import links as link_keys
-from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LauncherError, LinkState
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.launchers.compose_adopt import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, EDGE_SERVICE,  # noqa: F401
+                                                 VERIFIER_SERVICE, adopt_mismatches, fix_command)
+from orchestrator.launchers.compose_config import (COMPOSE_FILE, MODELS_DIR, REPO, ComposeConfig,  # noqa: F401
+                                                  ComposeError)
 from orchestrator.launchers.services_config import ServicesConfig
+from orchestrator.net_point import ControlApiTestbed
 
+__all__ = ["ADOPT_SETTINGS", "COMPOSE_DEFAULTS", "COMPOSE_FILE", "EDGE_SERVICE", "MODELS_DIR", "VERIFIER_SERVICE",
+           "ComposeConfig", "ComposeError", "ComposeTestbed", "adopt_mismatches", "cleanup_project", "docker_client",
+           "fix_command", "project_is_up", "project_labels"]
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-COMPOSE_FILE = REPO / "compose.yaml"
 BUILD_SCRIPT = REPO / "scripts" / "build_images.sh"
-MODELS_DIR = REPO / "models"
-CONTAINER_MODELS_DIR = PurePosixPath("/app/models")   # where compose.yaml mounts ./models
 
-VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"
 VERIFIER_PORT, EDGE_PORT = 8700, 8701
 NETWORK_KEY = "testbed"                                # compose.yaml's network; docker: PROJECT_testbed
 PROJECT_LABEL = "com.docker.compose.project"
 NUMBER_LABEL = "com.docker.compose.container-number"
 ROLE_LABEL = "dsdbed.role"                             # compose.yaml: "verifier" or "edge"
 
-BUILD_POLICIES = ("missing", "always", "never")
-ADOPT_POLICIES = (False, True, "auto")
-MAX_EDGES = 250
-_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HEALTH_TIMEOUT_S = 5.0
 _POLL_INTERVAL_S = 0.25
 
-
-class ComposeError(LauncherError):
-    """docker compose failed, or the project is not what was asked for."""
-
-
-# compose.yaml's defaults for the variables a user sets by hand (`DSD_PROFILE=... docker compose
-# up`); tests/compose/test_compose_config.py reads them back from the file.
-COMPOSE_DEFAULTS = {
-    "DSD_BACKEND_JSON": "", "DSD_PROFILE": "toy-edge-cloud", "DSD_PROFILE_JSON": "", "DSD_THREADS": "1",
-    "DSD_MAX_BATCH": "1", "DSD_BATCH_WINDOW_MS": "0",
-}
-# What an adopted project must match: (setting, the services' flag in compose.yaml's commands,
-# compose.yaml's variable, verifier only). The backend (--backend-json, field by field) and the
-# profile (by its numbers: a name or a JSON copy of the same profile is the same) are compared apart.
-ADOPT_SETTINGS = (
-    ("threads", "threads", "DSD_THREADS", False),
-    ("max_batch", "max-batch", "DSD_MAX_BATCH", True),
-    ("batch_window_ms", "batch-window-ms", "DSD_BATCH_WINDOW_MS", True),
-)
-
-
-@dataclass(frozen=True)
-class ComposeConfig:
-    n_edges: int
-    backend: BackendConfig = field(default_factory=SyntheticBackendConfig)
-    profile: HardwareProfile | None = None   # emulated backends: the compute times to emulate
-    threads: int = 1                  # torch intra-op threads per container
-    max_batch: int = 1                # verifier batching
-    batch_window_ms: float = 0.0
-    project: str = "dsdbed"
-    image: str = "dsdbed-app:latest"
-    subnet: str = "172.31.250.0/24"
-    # "always": run scripts/build_images.sh every time; incremental, ~1 s when nothing changed,
-    # and the containers never run a stale copy of the code. "missing": only if there is no image.
-    build: str = "always"
-    # True: use the project that is up (it must be), and leave it up; "auto": that if one is up,
-    # else bring one up (the sweep's choice); False: refuse a project that has containers.
-    adopt: bool | str = False
-    shaper_backend: str = "auto"      # netem: "auto", "kernel-netem" or "nfqueue"
-    verify_count: int = 100           # echo probes per link after shaping; 0 = do not measure
-    up_timeout_s: float = 600.0
-    down_timeout_s: float = 120.0
-    build_timeout_s: float = 1800.0
-    compose_file: str = str(COMPOSE_FILE)
-    log_dir: str = ""                 # where close() saves `compose logs`; "" = nowhere
-
-    @classmethod
-    def from_services(cls, services: ServicesConfig, **overrides) -> "ComposeConfig":
-        """The sweep's launcher config (services_config.ServicesConfig) as a compose config."""
-        if services.extra_verifier_args:
-            raise ValueError(f"extra_verifier_args: the compose launcher cannot pass them, got "
-                             f"{services.extra_verifier_args!r}")
-        return cls(**{"n_edges": services.n_edges, "backend": services.backend, "profile": services.profile,
-                      "max_batch": services.max_batch, "batch_window_ms": services.batch_window_ms,
-                      "log_dir": services.work_dir, **overrides})
-
-    def __post_init__(self) -> None:
-        _check_int("n_edges", self.n_edges, 1, MAX_EDGES)
-        _check_int("threads", self.threads, 1, 256)
-        _check_int("max_batch", self.max_batch, 1, 4096)
-        _check_int("verify_count", self.verify_count, 0, 100_000)
-        for name in ("batch_window_ms", "up_timeout_s", "down_timeout_s", "build_timeout_s"):
-            value = getattr(self, name)
-            low_ok = value >= 0 if name == "batch_window_ms" else value > 0
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low_ok:
-                raise ValueError(f"{name} must be a finite number {'>= 0' if name == 'batch_window_ms' else '> 0'}, "
-                                 f"got {value!r}")
-        if not isinstance(self.backend, BackendConfig):
-            raise ValueError(f"backend must be a BackendConfig, got {self.backend!r}")
-        if getattr(self.backend, "device", "cpu") != "cpu":
-            raise ValueError(f"backend.device must be 'cpu' in containers, got {self.backend.device!r}")
-        if self.profile is not None and not isinstance(self.profile, HardwareProfile):
-            raise ValueError(f"profile must be a HardwareProfile or None, got {self.profile!r}")
-        if self.backend.emulated and self.profile is None:
-            raise ValueError(f"profile: the {self.backend.kind} backend emulates its compute and needs a HardwareProfile, "
-                             "got None (e.g. dsd.profiles.get_profile('toy-edge-cloud'))")
-        if not isinstance(self.project, str) or not _PROJECT_RE.match(self.project):
-            raise ValueError(f"project must be lowercase letters, digits, '-' or '_', got {self.project!r}")
-        if self.build not in BUILD_POLICIES:
-            raise ValueError(f"build must be one of {BUILD_POLICIES}, got {self.build!r}")
-        if self.shaper_backend not in ("auto", *BACKENDS):
-            raise ValueError(f"shaper_backend must be 'auto' or one of {BACKENDS}, got {self.shaper_backend!r}")
-        if not any(self.adopt is x if isinstance(x, bool) else self.adopt == x for x in ADOPT_POLICIES):
-            raise ValueError(f"adopt must be true, false or 'auto', got {self.adopt!r}")
-        try:
-            subnet = ipaddress.IPv4Network(self.subnet)
-        except ValueError as exc:
-            raise ValueError(f"subnet must be an IPv4 network, got {self.subnet!r}: {exc}") from None
-        if subnet.num_addresses - 3 < self.n_edges + 1:     # network, broadcast, Docker's gateway
-            raise ValueError(f"subnet {self.subnet!r} has too few addresses for {self.n_edges} edges and a verifier")
-        if not Path(self.compose_file).is_file():
-            raise ValueError(f"compose_file {self.compose_file!r} does not exist")
-        self.container_backend  # validates the pair's location
-
-    @property
-    def container_backend(self) -> BackendConfig:
-        """The backend as the containers see it: portable, an hf pair under /app/models (where
-        compose.yaml mounts ./models)."""
-        if not isinstance(self.backend, HfBackendConfig):
-            return self.backend.portable()
-        if self.backend.target_path:
-            raise ValueError("backend.target_path/draft_path: the compose launcher serves a pair folder under "
-                             f"{MODELS_DIR} (backend.pair_path), got target_path={self.backend.target_path!r}")
-        pair = Path(self.backend.pair_path).resolve()
-        if not pair.is_relative_to(MODELS_DIR.resolve()):
-            raise ValueError(f"backend.pair_path must lie under {MODELS_DIR} (mounted into the containers), "
-                             f"got {self.backend.pair_path!r}")
-        if not (pair / "manifest.json").is_file():
-            raise ValueError(f"backend.pair_path {self.backend.pair_path!r} holds no manifest.json; "
-                             "build it with `dsdbed build-pair`")
-        return replace(self.backend, pair_path=str(CONTAINER_MODELS_DIR / pair.relative_to(MODELS_DIR.resolve()).as_posix()))
-
-    @property
-    def profile_json(self) -> str:
-        if self.profile is None:
-            return ""
-        return json.dumps({k: v for k, v in asdict(self.profile).items() if k != "sources"})
-
-    def compose_env(self) -> dict[str, str]:
-        """The variables compose.yaml reads (its header lists them)."""
-        return {
-            "DSD_BACKEND_JSON": self.container_backend.to_json(),
-            "DSD_PROFILE": "", "DSD_PROFILE_JSON": self.profile_json,
-            "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
-            "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
-            "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
-        }
-
-
-def _check_int(name: str, value, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
 
 
 class ComposeTestbed(ControlApiTestbed):
@@ -548,110 +408,6 @@ def _edges_in_order(containers) -> list:
     return sorted(containers, key=lambda x: int(x.labels.get(NUMBER_LABEL, "0")))
 
 
-def _command_flags(container) -> dict[str, str]:
-    """compose.yaml writes every service flag as --name=value: {name: value}."""
-    flags = {}
-    for item in container.attrs.get("Config", {}).get("Cmd") or []:
-        if item.startswith("--") and "=" in item:
-            name, _, value = item[2:].partition("=")
-            flags[name] = value
-    return flags
-
-
-def _backend_differences(running_json: str, wanted: BackendConfig) -> list[tuple[str, object, object]]:
-    """(setting, running value, wanted value) for each field in which a service's --backend-json
-    differs from the wanted backend; empty when they are the same backend."""
-    try:
-        running = backend_from_json(running_json).to_dict()
-    except ValueError:
-        return [("backend", running_json, wanted.to_json())]
-    if running["kind"] != wanted.kind:
-        return [("backend.kind", running["kind"], wanted.kind)]
-    return [(f"backend.{key}", running[key], value) for key, value in wanted.to_dict().items()
-            if running[key] != value]
-
-
-def _same(running: str | None, wanted: str) -> bool:
-    if running is None:
-        return False
-    try:
-        return float(running) == float(wanted)
-    except ValueError:
-        return running == wanted
-
-
-def _profile_numbers(profile: HardwareProfile) -> dict:
-    return {k: v for k, v in asdict(profile).items() if k not in ("name", "sources")}
-
-
-def _running_profile(flags: dict[str, str]) -> tuple[str, dict | None]:
-    """(its name as shown, its numbers or None when unknown) from a service's flags."""
-    try:
-        if flags.get("profile-json"):
-            values = json.loads(flags["profile-json"])
-            return values.get("name", "?"), _profile_numbers(HardwareProfile(**values))
-        if flags.get("profile"):
-            return flags["profile"], _profile_numbers(get_profile(flags["profile"]))
-    except (ValueError, TypeError, KeyError):
-        return flags.get("profile") or "?", None
-    return "(none)", None
-
-
-def adopt_mismatches(config: ComposeConfig, verifier, edges: list) -> list[tuple[tuple[str, ...], str]]:
-    """Every setting in which a running project's services differ from the config: (compose.yaml's
-    variables that set it, "SETTING: running VALUE (CONTAINER), the experiment's VALUE")."""
-    wanted = config.compose_env()
-    problems = []
-    services = [x for x in [verifier, *edges] if x is not None]
-    flags = {x.name: _command_flags(x) for x in services}
-    for x in services:
-        differences = _backend_differences(flags[x.name].get("backend-json", ""), config.container_backend)
-        if differences:
-            problems += [(("DSD_BACKEND_JSON",), f"{setting}: running {running!r} ({x.name}), the experiment's {value!r}")
-                         for setting, running, value in differences]
-            break
-    for setting, flag, variable, verifier_only in ADOPT_SETTINGS:
-        for x in services[:1] if verifier_only else services:
-            running = flags[x.name].get(flag)
-            if not _same(running, wanted[variable]):
-                problems.append(((variable,), f"{setting}: running {running!r} ({x.name}), "
-                                              f"the experiment's {wanted[variable]!r}"))
-                break
-    if config.backend.emulated and config.profile is not None:
-        for x in services:
-            name, numbers = _running_profile(flags[x.name])
-            if numbers != _profile_numbers(config.profile):
-                problems.append((("DSD_PROFILE", "DSD_PROFILE_JSON"),
-                                 f"profile: running {name!r} ({x.name}), the experiment's {config.profile.name!r}"))
-                break
-    return problems
-
-
-def fix_command(config: ComposeConfig, n_edges: int, also=()) -> str:
-    """The `docker compose up` that starts the project as the config wants it: the variables that
-    differ from compose.yaml's defaults, and those named in `also` (a value found wrong may have
-    come from the user's shell, which a default would not override)."""
-    env = config.compose_env()
-    wanted = {}
-    if "DSD_BACKEND_JSON" in also or _backend_differences("", config.container_backend):
-        wanted["DSD_BACKEND_JSON"] = env["DSD_BACKEND_JSON"]      # else compose.yaml's default is it
-    wanted.update({variable: env[variable] for _, _, variable, _ in ADOPT_SETTINGS})
-    if config.backend.emulated and config.profile is not None:
-        try:
-            named = _profile_numbers(get_profile(config.profile.name)) == _profile_numbers(config.profile)
-        except (KeyError, ValueError):
-            named = False
-        if named:
-            wanted["DSD_PROFILE"] = config.profile.name
-        else:
-            wanted.update({"DSD_PROFILE": "", "DSD_PROFILE_JSON": config.profile_json})
-    parts = [f"{k}={shlex.quote(v)}" for k, v in wanted.items()
-             if k in also or k == "DSD_BACKEND_JSON" or not _same(v, COMPOSE_DEFAULTS[k])]
-    project = [] if config.project == "dsdbed" else ["-p", config.project]
-    return " ".join([*parts, "docker", "compose", *project, "up", "-d", "--scale", f"{EDGE_SERVICE}={n_edges}",
-                     "--wait"])
-
-
 def _step(errors: list[str], what: str, fn, *args, **kwargs):
     """One teardown step; a failure is noted and the next steps still run."""
     try:
@@ -662,7 +418,7 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
 
 
 def _link_state(record: LinkRecord) -> LinkState:
-    return link_keys.link_state(record)
+    return link_rows.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:

@@ -8,7 +8,8 @@ can reach 127.0.0.1 too."""
 from __future__ import annotations
 
 from netem.spec import LinkSpec
-from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.processes import ServiceProcess, free_port, heal_services, write_token_file
 from orchestrator.launchers.services_config import ServicesConfig
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
+from orchestrator import link_rows
 from orchestrator import links as link_keys
-from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 
@@ -24,7 +26,7 @@ EDGE_PORT = 8701
 
 
 def link_state(record) -> LinkState:
-    return link_keys.link_state(record)
+    return link_rows.link_state(record)
 
 
 class NetnsTestbed(ControlApiTestbed):

@@ -1,20 +1,14 @@
 """Service processes: started in their own process group (optionally inside a network
-namespace), polled until healthy or crashed, killed as a group on exit, restarted by a heal.
-
-Each dies with the orchestrator (a parent-death signal set by `setpriv`, kept across the exec of
-nsenter and python), and carries SERVICE_MARK in its environment so that `dsdbed cleanup` finds
-one that survived anyway.
+namespace; services.processes), polled until healthy or crashed, killed as a group on exit,
+restarted by a heal. Each dies with the orchestrator and carries SERVICE_MARK in its environment
+so that `dsdbed cleanup` finds one that survived anyway.
 """
 from __future__ import annotations
 
 import json
 import os
 import secrets
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -24,16 +18,10 @@ from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from netem.owners import process_identity
 from orchestrator import http_client
+from services.processes import OWNER_MARK, REPO, SERVICE_MARK, free_port, kill_group, start_service
 
-REPO = Path(__file__).resolve().parents[2]
-SERVICE_MARK = "DSDBED_SERVICE"      # environment variable every service process carries
-OWNER_MARK = "DSDBED_OWNER"          # and the orchestrator that started it: "pid:start time"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["OWNER_MARK", "REPO", "SERVICE_MARK", "ServiceProcess", "backend_args", "free_port", "heal_services",
+           "process_identity", "write_token_file"]
 
 
 def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> list[str]:
@@ -70,16 +58,8 @@ class ServiceProcess:
         self.proc = self._spawn()
 
     def _spawn(self) -> subprocess.Popen:
-        # NOTE: the parent-death signal fires when the *thread* that started us exits: start and
-        # restart services from the thread that runs the sweep.
-        prefix = ["setpriv", "--pdeathsig", "SIGTERM", "--"] if shutil.which("setpriv") else []
-        if self.netns:
-            prefix += ["nsenter", f"--net={self.netns}", "--"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), SERVICE_MARK: self.name,
-               OWNER_MARK: process_identity(os.getpid()) or ""}
-        return subprocess.Popen(prefix + [sys.executable, "-m", *self.argv], stdout=self._log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=REPO, env=env)
+        # start and restart services from the thread that runs the sweep (start_service's NOTE)
+        return start_service(self.argv, self.name, self._log, env={"PYTHONPATH": str(REPO)}, netns=self.netns)
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
         if self.proc.poll() is not None:
@@ -123,16 +103,7 @@ class ServiceProcess:
         self._log.close()
 
     def _kill_group(self, timeout_s: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout_s)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout_s)
+        kill_group(self.proc, timeout_s)
 
 
 def heal_services(processes: list[ServiceProcess], ready_timeout_s: float) -> list[str]:

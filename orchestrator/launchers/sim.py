@@ -64,7 +64,7 @@ class SimTestbed:
             raise ValueError("the sim launcher runs one client per point; use a network launcher for more")
         stop = StopRule(settings.max_new_tokens, self.target.eos_token_id)
         round_rows, request_rows = [], []
-        # As on an edge (services/edge.py): one controller for the client's run, which picks each
+        # As on an edge (services/edge/): one controller for the client's run, which picks each
         # request's mode among its modes and learns across the requests.
         policy = None if settings.controller == "static" else make_controller(ControllerConfig(
             settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
@@ -133,7 +133,7 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
         return run.generation.tokens, rounds, run.total_s, run.first_token_s
     # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
     link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s)
-    # The edge sends the session's Open and drafts at once (services/edge.py does not wait for
+    # The edge sends the session's Open and drafts at once (services/edge/ does not wait for
     # Opened): the verifier prefills the Open before it serves the first block or hand-over.
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,
                        max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,

@@ -52,7 +52,8 @@ import yaml
 from dsd.backends.factory import BackendConfig, SyntheticBackendConfig
 from dsd.profiles import HardwareProfile
 from orchestrator import http_client
-from orchestrator.launchers.base import ControlApiTestbed, EdgeHandle, LinkState
+from orchestrator.launchers.base import EdgeHandle, LinkState
+from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.services_config import ServicesConfig

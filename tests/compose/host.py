@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+import docker
+
 
 def host_state() -> dict[str, set[str]]:
     """What a testbed could leave behind, each as a set of lines."""
@@ -49,3 +51,14 @@ def _ppid(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+PROJECT_LABELS = ["com.docker.compose.project=dsdbed", "com.docker.compose.container-number"]
+
+
+def project_containers() -> list[str]:
+    client = docker.from_env()
+    try:
+        return [c.name for c in client.containers.list(all=True, filters={"label": PROJECT_LABELS})]
+    finally:
+        client.close()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from netem.cleanup import find_leftovers
-from tests.compose.test_compose_workflow import project_containers
-from tests.orchestrator.test_controller_modes import run_two_links
+from tests.compose.host import project_containers
+from tests.orchestrator.controller_runs import run_two_links
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 from netem.cleanup import find_leftovers
 from netem.probe import BACKENDS
 from orchestrator.launchers.compose import ComposeConfig
-from tests.compose.test_compose_workflow import project_containers
+from tests.compose.host import project_containers
 from tests.link_sweep import check_tokens_exact_and_link_columns, run_loss_jitter_sweep
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]

@@ -20,12 +20,12 @@ import pytest
 
 from netem.cleanup import find_leftovers
 from netem.probe import BACKENDS
+from tests.compose.host import PROJECT_LABELS, project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = "experiments/compose-quick.toml"
-PROJECT_LABELS = ["com.docker.compose.project=dsdbed", "com.docker.compose.container-number"]
 ENV = {**os.environ, "DSD_HEALTH_INTERVAL": "2s", "COMPOSE_BAKE": "false"}
 UP_TIMEOUT_S = 600
 SWEEP_TIMEOUT_S = 900
@@ -49,14 +49,6 @@ def running() -> dict[str, str]:
     client = docker.from_env()
     try:
         return {c.name: c.id for c in client.containers.list(filters={"label": PROJECT_LABELS})}
-    finally:
-        client.close()
-
-
-def project_containers() -> list[str]:
-    client = docker.from_env()
-    try:
-        return [c.name for c in client.containers.list(all=True, filters={"label": PROJECT_LABELS})]
     finally:
         client.close()
 

@@ -20,7 +20,7 @@ from orchestrator.report import write_report
 from orchestrator.run import analyze_sweep, run_experiment
 from orchestrator.sweep import experiment_record
 from orchestrator.workload import make_prompts
-from tests.test_acceptance_trace import bimodal_trace, histogram, total_variation, write_rounds
+from tests.acceptance_traces import bimodal_trace, histogram, total_variation, write_rounds
 
 REPO_TRACE = "experiments/traces/default-pair-rounds.csv"
 

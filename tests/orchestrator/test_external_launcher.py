@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.experiment import experiment_from_dict
-from orchestrator.launchers.external import ExternalConfig
+from orchestrator.launchers.external_config import ExternalConfig
 from orchestrator.launchers.processes import REPO, ServiceProcess, write_token_file
 
 pytestmark = pytest.mark.root

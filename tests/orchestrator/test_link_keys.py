@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from netem.spec import LinkSpec
-from orchestrator import links
+from orchestrator import link_rows, links, wire_prediction
+from orchestrator.scheduled_point import ScheduledPoint
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.sweep import Point, plan_points
 
@@ -81,7 +82,7 @@ def test_points_table_gets_each_points_link_configured_and_measured():
                          "edge": ["e0", "e1", "e0", "e1"], "loss_measured_pct": [0.0, 1.0, 9.0, 11.0],
                          "loss_expected_pct": [0.0, 0.0, 9.75, 9.75], "rtt_measured_stdev_ms": [0.1, 0.3, 0.2, 0.2],
                          "rtt_expected_p50_ms": [20.0] * 4, "rtt_expected_stdev_ms": [0.0] * 4})
-    table = links.add_link_columns(points, rows, ["mode", "rtt_ms", "loss_pct"])
+    table = link_rows.add_link_columns(points, rows, ["mode", "rtt_ms", "loss_pct"])
     assert table["loss_link_pct"].tolist() == [0.5, 10.0]
     assert table["loss_link_expected_pct"].tolist() == [0.0, 9.75]
     assert table["rtt_link_stdev_ms"].tolist() == [0.2, 0.2]
@@ -160,7 +161,7 @@ def test_link_schedule_steps_and_trace_are_read_and_checked_against_every_link(t
 
 def test_rounds_are_joined_to_the_link_change_in_force_when_sent():
     schedule = experiment_from_dict({**BASE, "link": {"schedule": [{"at_s": 1, "rtt_ms": 100}]}}).link.schedule
-    scheduled = links.ScheduledPoint(None, [LinkSpec(rtt_ms=20), LinkSpec(rtt_ms=50)], schedule)
+    scheduled = ScheduledPoint(None, [LinkSpec(rtt_ms=20), LinkSpec(rtt_ms=50)], schedule)
     scheduled.t0_s, scheduled.unix_minus_mono_s = 900.0, 100.0
     rounds = pd.DataFrame({"client_id": ["0", "1", "0", "1"], "t_send_s": [1000.5, 1000.5, 1001.2, float("nan")]})
     out = scheduled.annotate_rounds(rounds, 2)
@@ -176,7 +177,7 @@ def test_a_change_seen_by_its_first_probe_settles_in_exactly_zero_ms_at_any_cloc
     schedule = experiment_from_dict({**BASE, "link": {"schedule": [{"at_s": 0.3, "rtt_ms": 80},
                                                                    {"at_s": 0.8, "rtt_ms": 5}]}}).link.schedule
     for t0_s in (1796212.041, 900.0, 12345678.9):
-        scheduled = links.ScheduledPoint(None, [LinkSpec(rtt_ms=10)], schedule)
+        scheduled = ScheduledPoint(None, [LinkSpec(rtt_ms=10)], schedule)
         scheduled.t0_s, scheduled.t_end_s = t0_s, t0_s + 1.0
         # Each change's first probe already sees the new link; the one before it saw the old one.
         scheduled._timeline = [[(t0_s + 0.29, 10.0), (t0_s + 0.3 + 0.002, 80.1),
@@ -234,7 +235,7 @@ def test_serialisation_term_adds_the_wire_time_of_a_rounds_bytes_per_token():
     points = pd.DataFrame({"mode": ["sync", "sync"], "rate_mbit": [0.0, 1.0], "per_token_ms_predicted": [10.0, 10.0],
                            "tokens_per_round": [3.0, 3.0], "wire_bytes_per_round_up": [600.0, 600.0],
                            "wire_bytes_per_round_down": [150.0, 150.0]})
-    out = links.add_wire_prediction(points)
+    out = wire_prediction.add_wire_prediction(points)
     # 750 bytes at 1 Mbit/s = 6 ms a round, over 3 tokens.
     assert out["serialisation_ms_per_token"].tolist() == [0.0, pytest.approx(2.0)]
     assert out["per_token_ms_predicted_wire"].tolist() == [10.0, pytest.approx(12.0)]
@@ -250,7 +251,7 @@ def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense(
                            "tokens_per_round": 2.0, "wire_bytes_per_round_up": 1000.0, "wire_bytes_per_round_down": 250.0,
                            "temperature": [t for t, _, _ in sampling], "top_k": [k for _, k, _ in sampling],
                            "top_p": [p for _, _, p in sampling]})
-    out = links.add_wire_prediction(points, vocab=1000)
+    out = wire_prediction.add_wire_prediction(points, vocab=1000)
     for row, (t, k, p) in zip(out.itertuples(), sampling[:3]):
         up, down = wire_size.round_wire_bytes(4, 1000, t, k or None, p)
         assert (row.wire_bytes_per_round_up_predicted, row.wire_bytes_per_round_down_predicted) == (up, down)
@@ -261,25 +262,25 @@ def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense(
     assert greedy < sparse < dense and dense > 16 * 1000 * 8 / 10e3 / 2      # 16 kB of q a round
     assert math.isnan(out["wire_bytes_per_round_up_predicted"][3])
     assert nucleus == pytest.approx(8 * 1250 / 10e3 / 2)                      # the measured bytes
-    assert links.add_wire_prediction(points)["serialisation_ms_per_token"].tolist() == [nucleus] * 4  # no vocab
+    assert wire_prediction.add_wire_prediction(points)["serialisation_ms_per_token"].tolist() == [nucleus] * 4  # no vocab
 
 
 def test_a_verifier_run_mode_charges_its_tokens_message_down_and_acks_up():
     from services import wire_size
 
     point = {"mode": "ar", "gamma": 4, "tokens_per_round": 1.0, "temperature": 0.8, "top_k": 0, "top_p": 1.0}
-    assert links.predicted_round_bytes(point, 1000) == wire_size.stream_round_wire_bytes(1, 1000, 4)
-    up, down = links.predicted_round_bytes(point, 1000)
+    assert wire_prediction.predicted_round_bytes(point, 1000) == wire_size.stream_round_wire_bytes(1, 1000, 4)
+    up, down = wire_prediction.predicted_round_bytes(point, 1000)
     assert up == 52 and 52 + wire_size.tokens_bytes(1, 1000, 4) < down < 250    # no q travels
-    assert math.isnan(links.predicted_round_bytes({**point, "mode": "warp"}, 1000)[0])
+    assert math.isnan(wire_prediction.predicted_round_bytes({**point, "mode": "warp"}, 1000)[0])
 
 
 def test_the_vocabulary_comes_from_the_synthetic_backend_or_the_target_models_config(tmp_path):
-    assert links.experiment_vocab({"backend": {"kind": "synthetic", "vocab_size": 300}}) == 300
+    assert wire_prediction.experiment_vocab({"backend": {"kind": "synthetic", "vocab_size": 300}}) == 300
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text('{"vocab_size": 49152}')
-    assert links.experiment_vocab({"backend": {"kind": "hf", "pair_path": str(tmp_path)}}) == 49152
-    assert links.experiment_vocab({"backend": {"kind": "hf", "pair_path": str(tmp_path / "none")}}) is None
+    assert wire_prediction.experiment_vocab({"backend": {"kind": "hf", "pair_path": str(tmp_path)}}) == 49152
+    assert wire_prediction.experiment_vocab({"backend": {"kind": "hf", "pair_path": str(tmp_path / "none")}}) is None
 
 
 def test_rule_counters_are_read_per_queue():

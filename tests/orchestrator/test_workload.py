@@ -7,7 +7,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.sweep import plan_points
-from orchestrator.workload import SHIPPED_INSTRUCTIONS, experiment_prompts, prompts_for_point, target_tokenizer
+from orchestrator.sweep import prompts_for_point
+from orchestrator.workload import SHIPPED_INSTRUCTIONS, experiment_prompts, target_tokenizer
 
 VOCAB = 300
 TEXTS = ["the cat sat on the mat", "write a function that adds two numbers",

@@ -12,6 +12,8 @@ import aiohttp
 import pytest
 import yarl
 
+from dsd.decoding import generate_ar
+from dsd.stopping import StopRule
 from services import frames, wire
 from services.access import bearer_header
 from services.launch import Service, launch, post_runs, read_csv, wait_for_runs, wait_ready  # noqa: F401
@@ -160,3 +162,28 @@ def sessions_open(verifier: Service, timeout_s: float = 10.0) -> int:
     while verifier.get_json("/metrics")["sessions_open"] and time.monotonic() < deadline:
         time.sleep(0.02)
     return verifier.get_json("/metrics")["sessions_open"]
+
+
+PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(2 + i % 4)] for i in range(6)]
+
+
+def run_body(verifier, run_id, mode, prompts, max_new_tokens, **extra):
+    return {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
+            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
+            "probe_count": 2, "probe_interval_ms": 50, **extra}
+
+
+def check_greedy(edge, run_ids, reference):
+    summaries = wait_for_runs(edge, run_ids)
+    for run_id in run_ids:
+        assert summaries[run_id]["status"] == "done", summaries[run_id]
+        rows = read_csv(edge, run_id, "requests.csv")
+        assert len(rows) == summaries[run_id]["requests_total"]
+        for row in rows:
+            got = [int(t) for t in row["token_ids"].split()]
+            assert got == reference(int(row["request_index"])), f"{run_id} request {row['request_index']}"
+
+
+def synthetic_reference(target, prompts, max_new_tokens):
+    stop = StopRule(max_new_tokens, target.eos_token_id)
+    return lambda i: generate_ar(target, prompts[i], stop, seq_id=f"ref-{i}").tokens

@@ -5,7 +5,7 @@ import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from tests.services.harness import post_runs, read_csv, synthetic_args, wait_for_runs
-from tests.services.test_end_to_end import PROMPTS, check_greedy, run_body, synthetic_reference
+from tests.services.harness import PROMPTS, check_greedy, run_body, synthetic_reference
 
 ALPHA, SEED = 0.7, 3
 

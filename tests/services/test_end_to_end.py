@@ -10,29 +10,12 @@ from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.decoding import generate_ar
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.stopping import StopRule
-from tests.services.harness import TEST_PROFILE, post_runs, read_csv, synthetic_args, wait_for_runs
+from tests.services.harness import (PROMPTS, TEST_PROFILE, check_greedy, post_runs, read_csv, run_body,
+                                    synthetic_args, synthetic_reference, wait_for_runs)
 from tests.torch_pairs import tiny_pair
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 ALPHA, SEED = 0.7, 3
-PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(2 + i % 4)] for i in range(6)]
-
-
-def run_body(verifier, run_id, mode, prompts, max_new_tokens, **extra):
-    return {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
-            "probe_count": 2, "probe_interval_ms": 50, **extra}
-
-
-def check_greedy(edge, run_ids, reference):
-    summaries = wait_for_runs(edge, run_ids)
-    for run_id in run_ids:
-        assert summaries[run_id]["status"] == "done", summaries[run_id]
-        rows = read_csv(edge, run_id, "requests.csv")
-        assert len(rows) == summaries[run_id]["requests_total"]
-        for row in rows:
-            got = [int(t) for t in row["token_ids"].split()]
-            assert got == reference(int(row["request_index"])), f"{run_id} request {row['request_index']}"
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +25,6 @@ def synthetic(spawn, tmp_path_factory):
         ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]))
     target = SyntheticLM(SyntheticConfig(alpha=ALPHA, seed=SEED), "target")
     return verifier, edge, target
-
-
-def synthetic_reference(target, prompts, max_new_tokens):
-    stop = StopRule(max_new_tokens, target.eos_token_id)
-    return lambda i: generate_ar(target, prompts[i], stop, seq_id=f"ref-{i}").tokens
 
 
 @pytest.mark.parametrize("transport", ["ws", "tcp"])     # services/frames.py

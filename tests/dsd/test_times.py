@@ -55,7 +55,7 @@ def test_the_client_view_may_put_the_server_draft_step_below_zero():
 
 def test_a_profile_converts_without_losing_its_line_or_batch_slope():
     profile = get_profile("toy-edge-cloud")
-    times = ComputeTimes.from_profile(profile)
+    times = profile.times
     assert (times.t_verify_base_s, times.t_verify_per_position_s) == (profile.t_verify_base_s,
                                                                       profile.t_verify_per_position_s)
     assert times.batch_slope == profile.batch_slope
@@ -67,8 +67,7 @@ def test_a_profile_converts_without_losing_its_line_or_batch_slope():
 def test_a_measurement_converts_with_one_draft_time_for_both_sides_and_its_table():
     measured = MeasuredTimes(t_draft_s=0.004, t_ar_s=0.03, t_verify_s={1: 0.031, 4: 0.036},
                              t_prefill_per_token_s=2e-4, context_tokens=128, repeats=5)
-    times = ComputeTimes.from_measured(measured)
-    assert measured.times == times
+    times = measured.times
     assert times.t_draft_edge_s == times.t_draft_server_s == 0.004
     assert times.verify_table_s == {1: 0.031, 4: 0.036} and times.t_verify_base_s is None
 

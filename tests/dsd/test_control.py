@@ -519,10 +519,10 @@ class ByRttLookingAhead(ByRtt):
 
 
 def _ar_tokens_across_a_late_fall(infer: bool, monkeypatch) -> tuple[int, float, list[int]]:
-    from dsd import driver
+    from dsd import handover
 
     if not infer:
-        monkeypatch.setattr(driver, "fallen_rtt_s", lambda *args: None)
+        monkeypatch.setattr(handover, "fallen_rtt_s", lambda *args: None)
     draft, target = _pair()
     run = simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(60), LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02),
                        pipelined=False, controller=ByRttLookingAhead(), gamma_max=8, handover_tokens=4,
@@ -1228,10 +1228,10 @@ class ByRttOnAStaleProbeWithThePace(ByRtt):
 
 
 def _server_tokens_as_the_link_falls(monkeypatch, withdraw_on_the_server: bool) -> tuple[int, list[int]]:
-    from dsd import driver
+    from dsd import handover
 
     if not withdraw_on_the_server:
-        monkeypatch.setattr(driver.DsdDriver, "_asked_for_a_fallen_link", lambda self: 0)
+        monkeypatch.setattr(handover.HandoverStream, "_asked_for_a_fallen_link", lambda self: 0)
     draft, target = _pair()
     run = simulate_dsd(draft, target, [5, 9, 4], 4, StopRule(60), LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01),
                        pipelined=False, controller=ByRttOnAStaleProbeWithThePace(), gamma_max=8, handover_tokens=4,

@@ -1,0 +1,234 @@
+"""The edge's HTTP control API (``Edge``): runs started, read back and stopped, the link probed
+and shaped."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from aiohttp import web
+
+from dsd.backends.protocol import LanguageModel
+from dsd.control import RequestObservation, check_decision, shadow_matches
+from dsd.modes import edge_modes
+from dsd.stopping import StopRule
+from services import access, frames, spinwait
+from services.link import LinkControl
+from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
+from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
+from services.edge.client import Client
+from services.edge.config import Request, RunConfig, RunError, ws_url
+from services.edge.verifier_link import VerifierLink, probe_for_request_s
+
+
+log = logging.getLogger("services.edge")
+
+
+class Run:
+    def __init__(self, config: RunConfig, folder: Path) -> None:
+        self.config = config
+        self.folder = folder
+        self.status = "running"
+        self.error: str | None = None
+        self.requests_done = 0
+        self.tokens = 0
+        self.rtt_before_ms: list[float] = []
+        self.task: asyncio.Task | None = None
+
+    def summary(self) -> dict:
+        return {"run_id": self.config.run_id, "client_id": self.config.client_id, "mode": self.config.mode,
+                "status": self.status, "error": self.error, "requests_done": self.requests_done,
+                "requests_total": len(self.config.prompts), "tokens": self.tokens,
+                "rtt_before_ms": self.rtt_before_ms, "folder": str(self.folder)}
+
+
+class Edge:
+    def __init__(self, draft: LanguageModel, emulated: bool, t_draft_s: float, out_dir: Path,
+                 backend_info: dict, token: str | None = None, shape_link: bool = False,
+                 spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
+        self.draft = draft
+        self.spin = spin            # services.spinwait: the loop polls for a lone run's verdicts
+        self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
+        self.token = token          # sent to the verifier, and required on /runs
+        self.t_draft_s = t_draft_s
+        self.out_dir = out_dir
+        self.backend_info = backend_info
+        self.runs: dict[str, Run] = {}
+        self._thread_device = None if emulated else ThreadDevice()
+        self._timer = PreciseTimer()          # every run's emulated device waits on it
+
+    def app(self) -> web.Application:
+        @web.middleware
+        async def require_token(request: web.Request, handler):
+            """A run names the verifier this edge connects to: only a holder of the token may post
+            or read one. /health stays open for readiness polls."""
+            if request.path != "/health" and (refused := access.refusal(request, self.token, log)) is not None:
+                return refused
+            return await handler(request)
+
+        app = web.Application(middlewares=[require_token])
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/runs", self.post_run)
+        app.router.add_get("/runs/{run_id}", self.get_run)
+        app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
+        self.link.add_routes(app)
+
+        async def stop(_app):
+            tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        app.on_cleanup.append(stop)
+        return app
+
+    async def health(self, _request: web.Request) -> web.Response:
+        statuses = [r.status for r in self.runs.values()]
+        return web.json_response({"status": "ok", "role": "edge", "draft": self.draft.name,
+                                  "runs": {s: statuses.count(s) for s in set(statuses)}})
+
+    async def probe_rtts(self, verifier_url: str, count: int, interval_s: float, app_delay_ms: float) -> list[float]:
+        """RTTs (ms) of `count` Ping/Pong probes on a WebSocket of their own, as a run measures."""
+        link = VerifierLink(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token,
+                            frames.DEFAULT_TRANSPORT)
+        try:
+            await link.connect("link-probe")
+            rtts_ms = []
+            for i in range(count):
+                if i:
+                    await asyncio.sleep(interval_s)
+                rtts_ms.append(await link.probe_ms())
+            return rtts_ms
+        finally:
+            await link.close()
+
+    async def post_run(self, request: web.Request) -> web.Response:
+        try:
+            config = RunConfig.from_json(await request.json())
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        folder = self.out_dir / config.run_id
+        if config.run_id in self.runs or folder.exists():
+            return web.json_response({"error": f"run_id {config.run_id!r} exists"}, status=409)
+        run = Run(config, folder)
+        self.runs[config.run_id] = run
+        run.task = asyncio.create_task(self._run(run), name=f"run-{config.run_id}")
+        return web.json_response(run.summary(), status=201)
+
+    async def get_run(self, request: web.Request) -> web.Response:
+        run = self.runs.get(request.match_info["run_id"])
+        if run is None:
+            return web.json_response({"error": "no such run"}, status=404)
+        selector = spinwait.selector_of()      # what the loop's polling did so far (the process's)
+        return web.json_response({**run.summary(), "spin": selector.stats() if selector else asdict(self.spin)})
+
+    async def get_csv(self, request: web.Request) -> web.StreamResponse:
+        run = self.runs.get(request.match_info["run_id"])
+        path = run.folder / request.match_info["name"] if run else None
+        if path is None or not path.is_file():
+            return web.json_response({"error": "no such run"}, status=404)
+        return web.Response(body=path.read_bytes(), content_type="text/csv")
+
+    async def _run(self, run: Run) -> None:
+        config = run.config
+        clock = EdgeClock()
+        writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
+                                          "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
+        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
+        link.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
+        device = self._thread_device or EmulatedDevice(self._timer)
+        request = None
+        probing = None
+        device.runs += 1
+        try:
+            welcome = await link.connect(config.client_id)
+            if welcome.vocab_size != self.draft.vocab_size:
+                raise RunError(f"draft vocabulary {self.draft.vocab_size} != target vocabulary {welcome.vocab_size}")
+            for _ in range(config.probe_count):
+                run.rtt_before_ms.append(await link.probe_ms())
+            probing = asyncio.create_task(self._probe(link, config.probe_interval_ms / 1000))
+            client = Client(config, link, self.draft, device, self.t_draft_s, writer, clock)
+            stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
+            for index, prompt in enumerate(config.prompts):
+                request = Request(index, list(prompt), config, stop, t_start_s=time.perf_counter())
+                deadline = asyncio.timeout(config.request_timeout_s)
+                try:
+                    async with deadline:
+                        await self._dispatch(client, link, request)
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                    raise RunError(f"request {index}: not done within request_timeout_s "
+                                   f"{config.request_timeout_s}") from None
+                self._request_row(writer, clock, link, request)
+                run.requests_done += 1
+                run.tokens += len(request.tokens)
+                request = None
+            run.status = "done"
+        except Exception as exc:          # any failure ends the run and is recorded as rows
+            log.exception("run %s failed", config.run_id)
+            run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
+            self._error_rows(writer, link, run, request)
+        finally:
+            if probing is not None:
+                probing.cancel()
+                await asyncio.gather(probing, return_exceptions=True)
+            device.runs -= 1
+            await link.close()
+            writer.close()
+
+    @staticmethod
+    async def _dispatch(client: Client, link: VerifierLink, request: Request) -> None:
+        """One request in the run's mode; with an adaptive controller, in the mode it picks for
+        this request at the link's last probed RTT (it then sees how the request went)."""
+        config = request.config
+        if config.controller == "static":
+            await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
+            return
+        rtt_s = probe_for_request_s(link.rtt_probe_ms, link.rtt_probe_sent_s, client.last_request_end_s)
+        choice = check_decision(client.controller.decide_request(rtt_s), max(config.gamma_max, config.gamma),
+                                config.controller_modes)
+        if choice.mode in edge_modes():
+            await client.dsd(request)
+        else:
+            await client.on_server(request, (choice.gamma, choice.mode))
+        wall_s = None if request.t_last_s is None else request.t_last_s - request.t_start_s
+        client.last_request_end_s = request.t_last_s or client.last_request_end_s
+        if wall_s is not None:
+            ttft_s = None if request.t_first_s is None else request.t_first_s - request.t_start_s
+            shadow = (0, 0)
+            if choice.mode not in edge_modes() and config.temperature == 0:
+                shadow = shadow_matches(client.draft, f"{config.run_id}/{request.index}/shadow", request.prompt,
+                                        request.tokens)
+            client.controller.observe_request(RequestObservation(
+                choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow))
+
+    @staticmethod
+    async def _probe(link: VerifierLink, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await link.probe_ms()
+
+    def _request_row(self, writer: TraceWriter, clock: EdgeClock, link: VerifierLink, r: Request) -> None:
+        c = r.config
+        writer.request(RequestRow(
+            run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=r.index,
+            prompt_tokens=len(r.prompt), tokens=len(r.tokens), rounds=r.rounds, stale_rounds=r.stale_rounds,
+            wall_s=None if r.t_last_s is None else r.t_last_s - r.t_start_s,
+            ttft_s=None if r.t_first_s is None else r.t_first_s - r.t_start_s,
+            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, len(r.tokens) - r.first_emitted),
+            t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
+            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms, token_ids=" ".join(map(str, r.tokens))))
+
+    @staticmethod
+    def _error_rows(writer: TraceWriter, link: VerifierLink, run: Run, request: Request | None) -> None:
+        c = run.config
+        keys = {"run_id": c.run_id, "client_id": c.client_id, "mode": c.mode, "gamma": c.gamma,
+                "request_index": request.index if request else run.requests_done,
+                "rtt_probe_ms": link.rtt_probe_ms, "app_delay_ms": c.app_delay_ms, "error": run.error}
+        rounds = request.rounds if request else 0
+        writer.round(RoundRow(**keys, round_index=rounds, proposed=0, accepted=0, emitted=0, stale=False))
+        writer.request(RequestRow(**keys, prompt_tokens=len(request.prompt) if request else 0, tokens=0,
+                                  rounds=rounds, stale_rounds=0))

@@ -1,0 +1,68 @@
+"""The edge service (the device): the draft, an HTTP API for the orchestrator, and the client of
+every mode; its command line (``python -m services.edge``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from aiohttp import web
+
+from dsd.backends.factory import SyntheticBackendConfig, load_pair
+from services import access, spinwait
+from services.compute import add_backend_args, backend_from_args, freeze_startup_heap
+from services.edge.app import Edge
+
+
+log = logging.getLogger("services.edge")
+
+
+def main(argv: list[str] | None = None) -> None:
+    app, args = build(argv)
+    freeze_startup_heap()
+    # A Unix socket as well, for an orchestrator outside this process's network namespace.
+    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
+                print=None, access_log=None, loop=spinwait.new_event_loop(args.spin))
+
+
+def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
+    """The command line -> the edge's app, its draft loaded (what main serves)."""
+    parser = argparse.ArgumentParser(prog="python -m services.edge", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
+    parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
+    parser.add_argument("--shape-link", action="store_true",
+                        help="let the control API shape this edge's link from inside its network namespace "
+                             "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)")
+    add_backend_args(parser)
+    access.add_access_args(parser)
+    spinwait.add_spin_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    try:
+        backend, profile = backend_from_args(args)
+        token = access.load_token(args.token_file, log=log)
+        args.spin = spinwait.spin_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    access.check_host(args.host, args.allow_any_host, log)
+    draft, _target = load_pair(backend)
+    del _target      # the edge hosts the draft only
+    out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="dsd-edge-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_draft_s = profile.t_draft_edge_s if profile and backend.emulated else 0.0
+    trace = backend.trace() if isinstance(backend, SyntheticBackendConfig) else None
+    edge = Edge(draft, backend.emulated, t_draft_s, out_dir,
+                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
+                 "acceptance_trace": trace.summary() if trace else None}, token, shape_link=args.shape_link,
+                spin=args.spin)
+    log.info("edge on %s:%s backend=%s out_dir=%s spin=%s", args.host, args.port, backend.kind, out_dir,
+             json.dumps(asdict(args.spin)))
+    return edge.app(), args

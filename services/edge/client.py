@@ -1,0 +1,129 @@
+"""One request in each mode (``Client``): DSD through dsd.driver, cloud AR and co-located SD
+asked of the verifier, each recorded as trace rows."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dsd.backends.protocol import LanguageModel, SamplingParams
+from dsd.control import make_controller
+from dsd.driver import DsdDriver, Round
+from dsd.modes import get_mode
+from services import wire
+from services.traces import EdgeClock, RoundRow, TraceWriter
+from services.edge.config import Request, RunConfig, RunError
+from services.edge.transport import DraftDevice, SessionTransport
+from services.edge.verifier_link import VerifierLink
+
+
+class Client:
+    """A run's requests, one after another, over one link."""
+
+    def __init__(self, config: RunConfig, link: VerifierLink, draft: LanguageModel, device,
+                 t_draft_s: float, writer: TraceWriter, clock: EdgeClock) -> None:
+        self.config, self.link, self.draft, self.device = config, link, draft, device
+        self.t_draft_s = t_draft_s
+        self.writer, self.clock = writer, clock
+        # One controller per run: what it learnt in one request carries over to the next.
+        self.controller = make_controller(config.controller_config())
+        self.last_request_end_s: float | None = None    # the previous request's last arrival
+
+    def open_message(self, request: Request, session: int) -> wire.Open:
+        c = self.config
+        return wire.Open(self.link.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
+                         c.top_k, c.seed + request.index, c.stop_at_eos, c.top_p)
+
+    async def next_message(self, inbox: asyncio.Queue, request: Request):
+        """The session's next message (the request's deadline is set once, around it all: a
+        timeout per wait cost ~30 us between sending a block and falling idle, every round)."""
+        t_receive_s, message = await inbox.get()
+        if isinstance(message, wire.Error):
+            raise RunError(f"request {request.index}: verifier error {message.code} "
+                           f"(field {message.field}): {message.message}")
+        return t_receive_s, message
+
+    def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
+                  stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
+                  plan: tuple[int, str] | None = None) -> None:
+        e, c, rtt_probe_ms = self.clock.epoch_s, self.config, self.link.rtt_probe_ms
+        round_gamma, round_mode = plan or (None, "")
+        self.writer.round(lambda: RoundRow(       # built when written: after the next block is out
+            run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=request.index,
+            round_index=round_index, proposed=proposed, accepted=accepted, emitted=emitted, stale=stale,
+            t_draft_start_s=e(t_draft_start_s), t_draft_end_s=e(t_draft_end_s), t_send_s=e(t_send_s),
+            t_receive_s=e(t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
+            server_batch_size=m.batch_size, rtt_probe_ms=rtt_probe_ms, app_delay_ms=c.app_delay_ms,
+            round_gamma=round_gamma, round_mode=round_mode))
+
+    async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
+        await self.link.send(wire.Close(self.link.next_seq(), session))
+        while True:
+            t_receive_s, message = await self.next_message(inbox, request)
+            if isinstance(message, wire.Closed):
+                break
+            await on_message(t_receive_s, message)
+        self.link.close_inbox(session)
+
+    async def on_server(self, request: Request, plan: tuple[int, str] | None = None) -> None:
+        """Cloud AR and co-located SD: the verifier generates; every streamed round is a row.
+        ``plan`` (gamma, mode): a controller's choice for this request (default: the run's)."""
+        session, inbox = self.link.open_inbox()
+        gamma, mode = plan or (self.config.gamma, self.config.mode)
+        await self.link.send(self.open_message(request, session))
+        t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
+                                                      gamma if get_mode(mode).speculative else 0))
+        tokens: list[int] = []
+        while True:
+            t_receive_s, m = await self.next_message(inbox, request)
+            if isinstance(m, wire.Tokens):
+                tokens += m.tokens
+                request.emitted(t_receive_s, len(m.tokens))
+                if m.tokens or not m.done:
+                    self.round_row(request, m.round_index, m.proposed, m.accepted, len(m.tokens), False,
+                                   None, None, t_send_s, t_receive_s, m, plan)
+                    request.rounds += 1
+                if m.done:
+                    break
+        request.tokens = tokens
+
+        async def unexpected(_t, message):
+            raise RunError(f"unexpected {type(message).__name__} after the stream ended")
+
+        await self.close_session(session, inbox, request, unexpected)
+
+    async def dsd(self, request: Request) -> None:
+        """Sync and pipelined DSD: the edge drafts (dsd.driver, on this process's clock and device),
+        the verifier verifies."""
+        c = self.config
+        session, inbox = self.link.open_inbox()
+        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
+        transport = SessionTransport(self.link, session, inbox, request, sampling)
+        device = DraftDevice(self.device, self.t_draft_s, transport)
+
+        def on_round(r: Round) -> None:
+            m = r.arrival.message                       # Verified, or Tokens of a hand-over
+            stale = isinstance(m, wire.Verified) and m.stale
+            request.emitted(r.arrival.t_receive_s, len(r.emitted))
+            self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), stale, r.t_draft_start_s,
+                           r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode))
+            request.rounds += 1
+            request.stale_rounds += stale
+
+        driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, c.gamma, request.stop,
+                           sampling, device, transport, time.perf_counter, on_round, c.mode,
+                           max_in_flight=c.max_in_flight, controller=self.controller,
+                           gamma_max=max(c.gamma_max, c.gamma))
+        await self.link.send(self.open_message(request, session))
+        try:
+            request.tokens = await driver.run()
+        except RuntimeError as exc:
+            if isinstance(exc, RunError):
+                raise
+            raise RunError(f"request {request.index}: {exc}") from None
+
+        async def drain(t_receive_s, m) -> None:       # stale answers to blocks sent before the end
+            arrival = transport.arrival(t_receive_s, m)
+            if arrival is not None:
+                await driver.handle(arrival)
+
+        await self.close_session(session, inbox, request, drain)

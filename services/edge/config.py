@@ -1,0 +1,145 @@
+"""A run's config (``RunConfig``: the JSON body of POST /runs, validated on construction),
+the errors that end a run, and one request's record (``Request``)."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import MISSING, dataclass, fields
+
+from dsd.backends.protocol import SamplingParams
+from dsd.stopping import StopRule
+from dsd.control import CONTROLLERS, ControllerConfig
+from dsd.modes import SYNC, edge_modes, get_mode
+from services import frames
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str
+    client_id: str
+    mode: str
+    gamma: int
+    prompts: tuple[tuple[int, ...], ...]
+    max_new_tokens: int
+    verifier_url: str
+    max_in_flight: int = 1
+    seed: int = 0
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    app_delay_ms: float = 0.0
+    stop_at_eos: bool = True
+    probe_count: int = 5              # RTT probes before the run
+    probe_interval_ms: float = 500.0  # and one every so often during it
+    request_timeout_s: float = 600.0
+    controller: str = "static"        # dsd.control: who picks each round's gamma and mode
+    gamma_max: int = 16               # the largest gamma a controller may pick
+    # what an adaptive controller may pick per request (ar/colocated: the request runs on the
+    # server) and per round (sync/pipelined)
+    controller_modes: tuple[str, ...] = edge_modes()
+    # how the per-round messages travel (services/frames.py): "ws", the verifier's /ws WebSocket,
+    # or "tcp", length-prefixed frames on a plain TCP connection to the same port
+    transport: str = frames.DEFAULT_TRANSPORT
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
+            raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
+        if not isinstance(self.client_id, str) or not self.client_id:
+            raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
+        get_mode(self.mode)                 # dsd/modes.py: a ValueError naming the known modes
+        for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
+                          ("probe_count", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+                raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+        if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
+            raise ValueError(f"top_k must be a whole number >= 1 or null, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        object.__setattr__(self, "top_p", float(self.top_p))
+        for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
+                          ("request_timeout_s", 0.001)):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and value >= low):
+                raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
+            object.__setattr__(self, name, float(value))      # JSON may say 15 for 15.0
+        if not isinstance(self.stop_at_eos, bool):
+            raise ValueError(f"stop_at_eos must be true or false, got {self.stop_at_eos!r}")
+        if not self.prompts or not all(
+                isinstance(p, tuple) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in self.prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty lists of token ids >= 0")
+        if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
+            raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
+        frames.check_transport(self.transport)
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
+        if self.controller != "static" and self.mode not in edge_modes():
+            raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
+                             f"got {self.mode!r}")
+        if isinstance(self.controller_modes, list):
+            object.__setattr__(self, "controller_modes", tuple(self.controller_modes))
+        self.controller_config()            # gamma_max, controller_modes: checked there
+
+    def controller_config(self) -> ControllerConfig:
+        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in edge_modes()
+                                else SYNC, self.gamma_max, self.controller_modes)
+
+    @classmethod
+    def from_json(cls, body) -> "RunConfig":
+        if not isinstance(body, dict):
+            raise ValueError(f"a run is a JSON object, got {type(body).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(body) - names)
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
+        missing = [f.name for f in fields(cls) if f.name not in body and f.default is MISSING]
+        if missing:
+            raise ValueError(f"missing fields {missing}")
+        values = dict(body)
+        if isinstance(values.get("prompts"), list):
+            values["prompts"] = tuple(tuple(p) if isinstance(p, list) else p for p in values["prompts"])
+        return cls(**values)
+
+    @property
+    def ws_url(self) -> str:
+        return ws_url(self.verifier_url)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.seed, self.top_p)
+
+
+class RunError(RuntimeError):
+    pass
+
+
+def ws_url(verifier_url: str) -> str:
+    """The verifier's WebSocket URL from http://host:port or ws://host:port[/ws]."""
+    url = re.sub(r"^http", "ws", verifier_url)
+    return url if url.rstrip("/").endswith("/ws") else url.rstrip("/") + "/ws"
+
+
+@dataclass
+class Request:
+    """What a request needs and what it measured (times on perf_counter)."""
+    index: int
+    prompt: list[int]
+    config: RunConfig
+    stop: StopRule
+    t_start_s: float = 0.0
+    t_first_s: float | None = None
+    first_emitted: int = 0
+    t_last_s: float | None = None
+    tokens: list[int] | None = None
+    rounds: int = 0
+    stale_rounds: int = 0
+
+    def emitted(self, t_receive_s: float, n_tokens: int) -> None:
+        if n_tokens:
+            if self.t_first_s is None:
+                self.t_first_s, self.first_emitted = t_receive_s, n_tokens
+            self.t_last_s = t_receive_s
