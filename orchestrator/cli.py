@@ -139,6 +139,9 @@ def _run_sweep(args) -> int:
     if args.launcher:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
     out = args.out or REPO / "results" / experiment.name
+    if experiment.load is not None:          # open-loop arrivals: orchestrator/serving.py
+        from orchestrator.serving import run_serving_cli
+        return run_serving_cli(experiment, out, args.resume, args.dry_run)
     plan = plan_points(experiment)
     if args.dry_run:
         print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
