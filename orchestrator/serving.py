@@ -252,8 +252,9 @@ def refusal_reason(error: str) -> str:
 # ---- the sweep -------------------------------------------------------------------------------
 
 def run_serving(experiment: Experiment, out: Path, resume: bool = False, launcher: str | None = None,
-                progress=None) -> pd.DataFrame:
-    """Run the grid, then the rate search, into ``out``; analyse it. Returns points.csv's table."""
+                progress=None, plan: list[ServingPoint] | None = None) -> pd.DataFrame:
+    """Run the grid (or ``plan``: points of its own, e.g. each mode at its own rates), then the
+    rate search, into ``out``; analyse it. Returns points.csv's table."""
     from orchestrator.run import choose_launcher, times_for
 
     launcher = choose_launcher(launcher or experiment.launcher)
@@ -275,7 +276,7 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
             def run_point(point):
                 return run_net_point(experiment, point, testbed, prompts)
         done = []
-        for point in plan_serving(experiment):
+        for point in plan or plan_serving(experiment):
             done.append(_record(out, point, run_point, experiment, testbed, progress))
         for mode in experiment.modes:
             for _ in range(experiment.load.search_iterations):
