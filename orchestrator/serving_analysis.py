@@ -12,7 +12,8 @@ times; utilisation rho = rate * S; each job waits W for the device, M/D/1 for sy
 arrive after drafting and a round trip, a stream close to Poisson) and processor sharing for the
 server's own modes (cloud AR, co-located: each session always has its next job waiting), so
 W = rho t / (2 (1 - rho)) or rho t / (1 - rho) for the mean pass t; each edge's TPOT is its
-round's critical path plus W per pass, over the tokens a round emits; its TTFT is the request's
+round's critical path plus W per pass, over the tokens a round emits, spread by the variance of
+the round count and of the waits (taken as normal); its TTFT is the request's
 one-off path plus two waits (the prefill's, the first pass's) whose tail is taken as M/M/1's,
 P(W > x) = rho exp(-x / w) with w set so that the mean is right. The predicted attainment at a
 rate is the edges' probability of meeting the SLO, weighted by their share of arrivals, and the
@@ -205,6 +206,22 @@ class ServingModel:
         e2e_s = ttft_s + 2 * wait_s + tpot_s * (self.tokens - 1)
         return ttft_s, tpot_s, e2e_s
 
+    def tpot_sd_s(self, mode: str, round_s: float, wait_s: float) -> float:
+        """The spread of one request's TPOT: its round count varies (a renewal count of rounds of
+        E tokens on average, variance L Var(k) / E^3) and its waits average over its rounds (each
+        taken as exponential, variance W^2, passes per round of them)."""
+        rounds = self.rounds(mode)
+        var_rounds = 0.0 if mode == AR else self.tokens * _tokens_per_round_var(self.alpha, self.gamma) / \
+            lm.expected_tokens_per_round(self.alpha, self.gamma) ** 3
+        passes_per_round = 2 if mode == COLOCATED else 1
+        var_s2 = round_s ** 2 * var_rounds + max(rounds - 1, 1) * passes_per_round * wait_s ** 2
+        return math.sqrt(var_s2) / max(self.tokens - 1, 1)
+
+    def round_s(self, mode: str, rtt_s: float, wait_s: float) -> float:
+        """A round's mean time (TPOT times its tokens over the rounds after the first)."""
+        _, tpot_s, _ = self.edge_latency_s(mode, rtt_s, wait_s)
+        return tpot_s * max(self.tokens - 1, 1) / max(self.rounds(mode) - 1, 1)
+
     def attainment(self, mode: str, rate_rps: float, slo: SloConfig) -> float:
         """The predicted share of requests that meet the SLO at this rate."""
         wait_s = self.wait_s(mode, rate_rps)
@@ -214,14 +231,17 @@ class ServingModel:
         total = 0.0
         for rtt_ms, share in zip(self.rtt_ms_per_edge, self.share_per_edge):
             ttft_s, tpot_s, e2e_s = self.edge_latency_s(mode, rtt_ms / 1e3, wait_s)
-            if (slo.tpot_ms and tpot_s * 1e3 > slo.tpot_ms) or (slo.e2e_ms and e2e_s * 1e3 > slo.e2e_ms):
+            if slo.e2e_ms and e2e_s * 1e3 > slo.e2e_ms:
                 continue
             p = 1.0
+            if slo.tpot_ms:
+                sd_s = self.tpot_sd_s(mode, self.round_s(mode, rtt_ms / 1e3, wait_s), wait_s)
+                p = _normal_cdf((slo.tpot_ms / 1e3 - tpot_s) / sd_s) if sd_s > 0 else float(tpot_s * 1e3 <= slo.tpot_ms)
             if slo.ttft_ms:
                 slack_s = slo.ttft_ms / 1e3 - ttft_s
                 # two waits before the first token, their sum's tail as one M/M/1 wait of twice the mean
                 scale_s = 2 * wait_s * (1 - rho) / rho if rho > 0 else 0.0
-                p = 0.0 if slack_s < 0 else (1.0 if scale_s == 0 else 1 - rho * math.exp(-slack_s / scale_s))
+                p *= 0.0 if slack_s < 0 else (1.0 if scale_s == 0 else 1 - rho * math.exp(-slack_s / scale_s))
             total += share * p
         return total
 
@@ -232,3 +252,14 @@ class ServingModel:
             return 0.0
         return lm.bisect_increasing(lambda r: -self.attainment(mode, r, slo), -slo.attainment, 1e-9 * hi, hi,
                                     tol=1e-6 * hi)
+
+
+def _tokens_per_round_var(alpha: float, gamma: int) -> float:
+    """Variance of the tokens a round emits (accepted + 1, accepted truncated geometric)."""
+    probs = [alpha ** j * (1 - alpha) for j in range(gamma)] + [alpha ** gamma]
+    mean = sum((j + 1) * p for j, p in enumerate(probs))
+    return sum((j + 1 - mean) ** 2 * p for j, p in enumerate(probs))
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
