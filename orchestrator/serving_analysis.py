@@ -13,7 +13,9 @@ arrive after drafting and a round trip, a stream close to Poisson) and processor
 server's own modes (cloud AR, co-located: each session always has its next job waiting), so
 W = rho t / (2 (1 - rho)) or rho t / (1 - rho) for the mean pass t; each edge's TPOT is its
 round's critical path plus W per pass, over the tokens a round emits, spread by the variance of
-the round count and of the waits (taken as normal); its TTFT is the request's
+the round count and of the waits (taken as normal) for sync DSD, and under processor sharing its
+alone value times 1 + N, N the other sessions open during its life (geometric, P(N >= n) =
+rho^n); its TTFT is the request's
 one-off path plus two waits (the prefill's, the first pass's) whose tail is taken as M/M/1's,
 P(W > x) = rho exp(-x / w) with w set so that the mean is right. The predicted attainment at a
 rate is the edges' probability of meeting the SLO, weighted by their share of arrivals, and the
@@ -157,7 +159,9 @@ class ServingModel:
     gap_s: float = 0.0
 
     def rounds(self, mode: str) -> float:
-        return self.tokens if mode == AR else self.tokens / lm.expected_tokens_per_round(self.alpha, self.gamma)
+        """Expected rounds to emit the answer: exact for i.i.d. acceptance (the last round is cut
+        at the answer's end, so slightly more than tokens / E)."""
+        return self.tokens if mode == AR else expected_rounds(self.alpha, self.gamma, self.tokens)
 
     def passes(self, mode: str) -> tuple[float, float]:
         """(server passes per request after the prefill, mean pass time)."""
@@ -234,9 +238,14 @@ class ServingModel:
             if slo.e2e_ms and e2e_s * 1e3 > slo.e2e_ms:
                 continue
             p = 1.0
-            if slo.tpot_ms:
+            if slo.tpot_ms and mode == SYNC:
                 sd_s = self.tpot_sd_s(mode, self.round_s(mode, rtt_ms / 1e3, wait_s), wait_s)
                 p = _normal_cdf((slo.tpot_ms / 1e3 - tpot_s) / sd_s) if sd_s > 0 else float(tpot_s * 1e3 <= slo.tpot_ms)
+            elif slo.tpot_ms:
+                # processor sharing: a request's passes take turns with the N others open during
+                # its life, N geometric (P(N >= n) = rho^n), so TPOT = TPOT_alone * (1 + N)
+                alone_s = self.edge_latency_s(mode, rtt_ms / 1e3, 0.0)[1]
+                p = 1 - rho ** (slo.tpot_ms / 1e3 / alone_s) if alone_s > 0 else 1.0
             if slo.ttft_ms:
                 slack_s = slo.ttft_ms / 1e3 - ttft_s
                 # two waits before the first token, their sum's tail as one M/M/1 wait of twice the mean
@@ -263,3 +272,13 @@ def _tokens_per_round_var(alpha: float, gamma: int) -> float:
 
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+def expected_rounds(alpha: float, gamma: int, tokens: int) -> float:
+    """Expected rounds until a request has emitted ``tokens``, each round emitting accepted + 1
+    (accepted truncated geometric): N(l) = 1 + sum_k P(k) N(l - k), N(l <= 0) = 0."""
+    probs = [alpha ** j * (1 - alpha) for j in range(gamma)] + [alpha ** gamma]   # P(k = j + 1)
+    n = [0.0] * (tokens + 1)
+    for left in range(1, tokens + 1):
+        n[left] = 1.0 + sum(p * n[max(left - (j + 1), 0)] for j, p in enumerate(probs))
+    return n[tokens]
