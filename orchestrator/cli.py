@@ -90,6 +90,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sweep":
         return _run_sweep(args)
     if args.command == "analyze":
+        from orchestrator.serving import is_serving_sweep, reanalyze_serving
+        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/serving.py
+            return reanalyze_serving(args.out)
         return _analyze(args.out)
     if args.command == "report":
         from orchestrator.report import write_report

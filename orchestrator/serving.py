@@ -407,3 +407,38 @@ def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bo
               f"predicted {row.get('predicted_max_rate_rps')}")
     print(f"results: {out}/points.csv, {out}/requests.csv, {out}/serving.json, {out}/report.md")
     return 0
+
+
+def is_serving_sweep(out: Path) -> bool:
+    sidecar = Path(out) / "sweep.json"
+    return sidecar.exists() and bool(json.loads(sidecar.read_text()).get("serving"))
+
+
+def reanalyze_serving(out: Path) -> int:
+    """`dsdbed analyze` of an open-loop sweep: points.csv, serving.json and the report again, from
+    the experiment and compute times sweep.json recorded."""
+    from dsd.times import ComputeTimes
+    from orchestrator.experiment import experiment_from_dict
+
+    data = json.loads((Path(out) / "sweep.json").read_text())
+    record = dict(data["experiment"])
+    record.pop("hardware_profiles", None)
+    experiment = experiment_from_dict(_experiment_table(record), source=str(Path(out) / "sweep.json"))
+    analyze_serving(Path(out), experiment, ComputeTimes.from_dict(data["costs"]))
+    print(f"results: {out}/points.csv, {out}/serving.json, {out}/report.md")
+    return 0
+
+
+def _experiment_table(record: dict) -> dict:
+    """sweep.json's experiment record as an experiment file's tables (nested configs as tables,
+    the [link] per-edge entries as lists of tables)."""
+    table = {k: v for k, v in record.items() if v is not None}
+    link = table.get("link")
+    if isinstance(link, dict):
+        link = {k: v for k, v in link.items() if k not in ("schedule",) and v not in ((), [], "")}
+        if "edges" in link:
+            link["edges"] = [dict(entry) for entry in link["edges"]]
+        if link.get("schedule_order") == "path":
+            link.pop("schedule_order")
+        table["link"] = link
+    return table

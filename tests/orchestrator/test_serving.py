@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.load import SloConfig
-from orchestrator.serving import ServingPoint, arrivals_for, run_serving, run_sim_point, serving_model
+from orchestrator.serving import (ServingPoint, arrivals_for, is_serving_sweep, reanalyze_serving, run_serving,
+                                  run_sim_point, serving_model)
 from orchestrator.serving_analysis import crossing_rate, max_rate, next_search_rate, wilson_interval
 from orchestrator.run import times_for
 
@@ -66,6 +67,11 @@ def test_the_sweep_writes_points_and_the_largest_rate_beside_its_prediction(tmp_
         assert 5.0 <= row["max_rate_ci_low_rps"] <= row["max_rate_rps"] <= row["max_rate_ci_high_rps"] < 40.0
         assert abs(row["rate_err_pct"]) < 25
     assert (tmp_path / "out" / "goodput_vs_rate.png").exists() and (tmp_path / "out" / "report.md").exists()
+    # `dsdbed analyze` redoes the figures from what sweep.json recorded
+    before = (tmp_path / "out" / "serving.json").read_text()
+    (tmp_path / "out" / "serving.json").unlink()
+    assert is_serving_sweep(tmp_path / "out") and reanalyze_serving(tmp_path / "out") == 0
+    assert (tmp_path / "out" / "serving.json").read_text() == before
 
 
 def test_crossing_rate_interpolates_and_censors():
