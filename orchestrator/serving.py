@@ -28,12 +28,14 @@ from dataclasses import asdict, dataclass, replace
 from io import StringIO
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
 from dsd.modes import get_mode
 from orchestrator import links as link_keys
 from orchestrator.experiment import Experiment
+from orchestrator.http_client import call
 from orchestrator.load import Arrival, schedule
 from orchestrator.serving_analysis import ServingModel, add_slo, max_rate, next_search_rate, point_figures
 from orchestrator.serving_sim import SIM_MODES, ServingSetup, simulate_serving
@@ -147,8 +149,6 @@ def run_net_point(experiment: Experiment, point: ServingPoint, testbed, prompts:
     def post(a: Arrival) -> str:
         edge = testbed.edges[a.edge]
         run_id = f"serve-{point.key}-{attempt}-{a.index}"
-        from orchestrator.http_client import call
-
         call("POST", f"{edge.control_url}/runs", token=edge.token, body={
             "run_id": run_id, "client_id": f"req{a.index}", "mode": point.mode, "gamma": point.gamma,
             "prompts": [prompts[a.index % len(prompts)]], "max_new_tokens": a.max_tokens,
@@ -185,8 +185,6 @@ def _link_point(experiment: Experiment):
 
 def _wait_idle(testbed, deadline_unix_s: float) -> None:
     """Until no edge has a run going (bounded by the deadline)."""
-    from orchestrator.http_client import call
-
     while time.time() < deadline_unix_s:
         time.sleep(0.5)
         testbed.check()
@@ -200,8 +198,6 @@ def _wait_idle(testbed, deadline_unix_s: float) -> None:
 def _net_row(testbed, a: Arrival, posted: tuple, t0_unix_s: float, links) -> dict:
     """A request's row from its run's traces; a run that failed (a refusal by admission among
     them) is a row with its reason."""
-    from orchestrator.http_client import call
-
     run_id, error = posted
     link = links[a.edge]
     row = {"request_index": a.index, "edge": a.edge, "arrival_s": a.arrival_s, "warmup": a.warmup,
@@ -381,8 +377,19 @@ def analyze_serving(out: Path, experiment: Experiment, times, gap_s: float = 0.0
 
 
 def _jsonable(value):
-    return json.loads(json.dumps(value, default=lambda v: None if isinstance(v, float) and not math.isfinite(v)
-                                 else str(v)).replace("NaN", "null"))
+    """Plain JSON: tuples as lists, non-finite numbers as null, anything else as its text."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (float, np.floating, np.integer)):
+        if isinstance(value, np.integer):
+            return int(value)
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return value if value is None or isinstance(value, (str, int, bool)) else str(value)
 
 
 def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bool) -> int:
