@@ -11,6 +11,11 @@ rates around the sim's largest rate and one bisection step, so the search needs 
 on the slow launcher. The prediction is orchestrator/serving_analysis.py's queueing model
 (docs/serving.md) from the profile's pass times.
 
+The prediction is the steady state; at the default 30 s per point both launchers sustain more
+than it (the queue near saturation has not built up by the run's end), so rate_err_pct is large
+at this length while sim_vs_net_pct compares like with like (docs/serving.md, the figures in
+docs/results/serving.md).
+
 Prints a table to stderr; the last stdout line is key=value pairs: edges, the network launcher's
 largest rate per mode (max_rate_ar_rps, max_rate_colocated_rps, max_rate_dsd_rps; DSD is sync),
 dsd_over_colocated beside predicted_dsd_over_colocated, rate_err_pct (the worst of the three
