@@ -79,3 +79,13 @@ def test_slo_met_checks_every_bound_given():
     slo = SloConfig(ttft_ms=500, tpot_ms=60)
     assert slo.met(0.4, 0.05, 10.0) and not slo.met(0.6, 0.05, 1.0) and not slo.met(0.4, 0.07, 1.0)
     assert slo.met(0.4, float("nan"), 1.0)
+
+
+def test_output_lengths_are_drawn_from_an_earlier_runs_answers(tmp_path):
+    (tmp_path / "requests.csv").write_text("request_index,tokens\n0,10\n1,40\n2,200\n")
+    config = LoadConfig(rate_rps=(1.0,), requests=3000, output="lengths", lengths_csv=str(tmp_path / "requests.csv"))
+    lengths = [a.max_tokens for a in schedule(config, 1.0, 2, 64, seed=0)]
+    assert set(lengths) == {10, 40, 64}                  # drawn from the file, capped at max_new_tokens
+    assert lengths.count(64) == pytest.approx(1000, rel=0.1)
+    with pytest.raises(ValueError, match="load.lengths_csv"):
+        LoadConfig(rate_rps=(1.0,), requests=3, output="lengths", lengths_csv=str(tmp_path / "missing.csv"))
