@@ -90,6 +90,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sweep":
         return _run_sweep(args)
     if args.command == "analyze":
+        from orchestrator.serving import is_serving_sweep, reanalyze_serving
+        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/serving.py
+            return reanalyze_serving(args.out)
         return _analyze(args.out)
     if args.command == "report":
         from orchestrator.report import write_report
@@ -139,6 +142,9 @@ def _run_sweep(args) -> int:
     if args.launcher:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
     out = args.out or REPO / "results" / experiment.name
+    if experiment.load is not None:          # open-loop arrivals: orchestrator/serving.py
+        from orchestrator.serving import run_serving_cli
+        return run_serving_cli(experiment, out, args.resume, args.dry_run)
     plan = plan_points(experiment)
     if args.dry_run:
         print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")

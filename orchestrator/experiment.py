@@ -15,6 +15,7 @@ from orchestrator import links
 from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
 from orchestrator.workload import Workload, parse_workload
 from orchestrator.launchers.external_config import ExternalConfig
+from orchestrator.load import LoadConfig, SloConfig, parse_load, parse_slo
 
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 
@@ -76,6 +77,9 @@ class Experiment:
     # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
     hardware_profiles: tuple[HardwareProfile, ...] = ()
     external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
+    # [load]: open-loop arrivals (orchestrator/load.py); None keeps the closed-loop clients above.
+    load: LoadConfig | None = None
+    slo: SloConfig | None = None             # [slo]: what a served request must meet (with [load])
 
     def __post_init__(self) -> None:
         self._check_grid()
@@ -87,6 +91,8 @@ class Experiment:
         self._check_profiles()
         links.check_link_keys(self)
         self._check_controller()
+        _check(self.slo is None or self.load is not None, "slo", self.slo, "a [load] table beside it (an SLO "
+               "is judged on open-loop arrivals)")
 
     def _check_grid(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
@@ -255,6 +261,10 @@ def experiment_from_dict(data: dict, source: str = "experiment",
     if "workload" in data:
         data["workload"] = parse_workload(data.pop("workload"), source)
     external = data.pop("external", None)
+    if "load" in data:
+        data["load"] = parse_load(data.pop("load"), source, Path(source).parent if source != "experiment" else None)
+    if "slo" in data:
+        data["slo"] = parse_slo(data.pop("slo"), source)
     if "link" in data:
         if not isinstance(data["link"], dict):
             raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")

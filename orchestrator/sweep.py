@@ -315,7 +315,7 @@ def experiment_record(experiment: Experiment) -> dict:
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Experiment)}
     for key in ("alpha", "retries", "retry_backoff_s", *link_keys.LINK_KEYS, "delay_down_ms", "link",
                 "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "sampling", "workload",
-                "hardware_profiles", "external", "controller", "gamma_max", "controller_modes"):
+                "hardware_profiles", "external", "controller", "gamma_max", "controller_modes", "load", "slo"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     if isinstance(record.get("link"), dict) and record["link"].get("schedule_order") == "path":

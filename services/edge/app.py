@@ -148,6 +148,8 @@ class Edge:
                 raise RunError(f"draft vocabulary {self.draft.vocab_size} != target vocabulary {welcome.vocab_size}")
             for _ in range(config.probe_count):
                 run.rtt_before_ms.append(await link.probe_ms())
+            if config.start_at_unix_s:
+                await asyncio.sleep(max(0.0, config.start_at_unix_s - time.time()))
             probing = asyncio.create_task(self._probe(link, config.probe_interval_ms / 1000))
             client = Client(config, link, self.draft, device, self.t_draft_s, writer, clock)
             stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)

@@ -43,6 +43,9 @@ class RunConfig:
     # how the per-round messages travel (services/frames.py): "ws", the verifier's /ws WebSocket,
     # or "tcp", length-prefixed frames on a plain TCP connection to the same port
     transport: str = frames.DEFAULT_TRANSPORT
+    # open-loop load: the first request starts at this epoch time (0: at once), so a request's
+    # arrival does not move with how long the connection took to open
+    start_at_unix_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
@@ -61,7 +64,7 @@ class RunConfig:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "top_p", float(self.top_p))
         for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
-                          ("request_timeout_s", 0.001)):
+                          ("request_timeout_s", 0.001), ("start_at_unix_s", 0.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
                     and math.isfinite(value) and value >= low):

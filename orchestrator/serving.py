@@ -1,0 +1,451 @@
+"""Open-loop serving sweeps: the experiment's modes x [load] rates x repeats, each point one
+arrival process served by one verifier and the experiment's edges, then a rate search.
+
+    OUT/sweep.json, OUT/points/<key>/requests.csv (one row per request), done.json   as a sweep's
+    OUT/requests.csv, OUT/points.csv, OUT/serving.json, OUT/*.png, OUT/report.md
+
+A point's key is ``{mode}_rate{rate}rps_g{gamma}_r{repeat}``; its folder, resume, retries and
+failure rows are the sweep's (orchestrator/sweep.py). Every mode at one (rate, repeat) gets the
+same arrivals on the same edges (orchestrator/load.py, seeded by the experiment's seed and the
+repeat). Per request (requests.csv): arrival time, its edge and link, whether it was admitted
+and if not why (``refused_reason``; a refused request is a row, never dropped), queue time at
+the verifier, TTFT, TPOT, e2e, tokens and ``slo_met``.
+
+Launchers: ``sim`` serves on virtual time (orchestrator/serving_sim.py: seconds); ``loopback``
+and ``netns`` run the services, one edge run per request, each posted ahead of its arrival with
+the arrival as its start time (``start_at_unix_s``), so the edges issue requests at their
+arrival times whether or not earlier ones finished.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dsd import latency_model as lm
+from dsd.modes import get_mode
+from orchestrator import links as link_keys
+from orchestrator.experiment import Experiment
+from orchestrator.http_client import call
+from orchestrator.load import Arrival, schedule
+from orchestrator.serving_analysis import ServingModel, add_slo, max_rate, next_search_rate, point_figures
+from orchestrator.serving_sim import SIM_MODES, ServingSetup, simulate_serving
+from orchestrator.sweep import host_facts, merge, prepare_out_dir, point_done, record_point
+
+SERVING_LAUNCHERS = ("sim", "loopback", "netns")
+POST_LEAD_S = 2.0              # a run is posted this long before its arrival (connect, Hello)
+RUN_PROBE_INTERVAL_MS = 3_600_000.0    # one request per run: no pings during it
+
+
+@dataclass(frozen=True)
+class ServingPoint:
+    mode: str
+    rate_rps: float | None         # None: a replayed trace's own rate
+    gamma: int
+    repeat: int
+    searched: bool = False         # added by the rate search (not on the grid)
+
+    @property
+    def key(self) -> str:
+        rate = "trace" if self.rate_rps is None else f"rate{self.rate_rps:.6g}rps"
+        return f"{self.mode}_{rate}_g{self.gamma}_r{self.repeat}"
+
+    def columns(self) -> dict:
+        return {"mode": self.mode, "rate_rps": self.rate_rps, "gamma": self.gamma, "repeat": self.repeat,
+                "searched": self.searched}
+
+
+def plan_serving(experiment: Experiment) -> list[ServingPoint]:
+    """The grid: repeats outermost, then rates, modes innermost (modes at one rate run together)."""
+    rates = experiment.load.rate_rps or (None,)
+    gamma = experiment.gamma[0]
+    return [ServingPoint(mode, rate, gamma, repeat) for repeat in range(experiment.repeats) for rate in rates
+            for mode in experiment.modes]
+
+
+def check_serving(experiment: Experiment, launcher: str) -> None:
+    """What an open-loop experiment cannot run, refused before anything starts."""
+    if launcher not in SERVING_LAUNCHERS:
+        raise ValueError(f"experiment key 'launcher': open-loop load ([load]) runs on {SERVING_LAUNCHERS}, "
+                         f"got {launcher!r}")
+    if launcher == "sim":
+        bad = [m for m in experiment.modes if m not in SIM_MODES]
+        if bad:
+            raise ValueError(f"experiment key 'modes': the serving sim runs {SIM_MODES}, not {bad} "
+                             "(use a network launcher)")
+    if len(experiment.gamma) != 1 or experiment.alpha or isinstance(experiment.profile, tuple):
+        raise ValueError("experiment key 'gamma': one gamma, one alpha and one profile with [load] "
+                         "(the sweep's axes are mode and rate)")
+    if experiment.load.arrival == "trace" and experiment.load.search_iterations:
+        raise ValueError("experiment key 'load.search_iterations': no rate search with a trace (it has one rate)")
+
+
+def edge_rtts_ms(experiment: Experiment) -> tuple[float, ...]:
+    """Each edge's RTT: the experiment's first rtt_ms, or its [link] per-edge entries."""
+    from orchestrator.sweep import Point
+
+    axes = link_keys.link_axes(experiment)[0]
+    base = Point(experiment.modes[0], gamma=experiment.gamma[0], clients=1, repeat=0, **axes)
+    specs = link_keys.edge_specs(experiment.link, base, experiment.edges)
+    return tuple(s.rtt_ms if s.rtt_ms is not None else s.delay_up_ms + s.delay_down_ms for s in specs)
+
+
+def arrivals_for(experiment: Experiment, point: ServingPoint) -> list[Arrival]:
+    seed = (experiment.load.seed if experiment.load.seed >= 0 else experiment.seed) * 1009 + point.repeat
+    return schedule(experiment.load, point.rate_rps, experiment.edges, experiment.max_new_tokens, seed)
+
+
+def serving_model(experiment: Experiment, times, gap_s: float = 0.0) -> ServingModel:
+    """The prediction's inputs for this experiment (share per edge from the assignment)."""
+    n = experiment.edges
+    load = experiment.load
+    if load.assignment == "weighted":
+        weights = [load.weights[i % len(load.weights)] for i in range(n)]
+        shares = tuple(w / sum(weights) for w in weights)
+    else:
+        shares = (1.0 / n,) * n
+    lengths = [a.max_tokens for a in arrivals_for(experiment, ServingPoint(experiment.modes[0],
+                                                                           (load.rate_rps or (None,))[0],
+                                                                           experiment.gamma[0], 0))]
+    tokens = round(sum(lengths) / len(lengths)) if lengths else experiment.max_new_tokens
+    return ServingModel(times, experiment.gamma[0], experiment.backend.alpha, tokens, experiment.prompt_tokens,
+                        edge_rtts_ms(experiment), shares, gap_s)
+
+
+# ---- one point -------------------------------------------------------------------------------
+
+def run_sim_point(experiment: Experiment, point: ServingPoint, times) -> tuple:
+    setup = ServingSetup(point.mode, point.gamma, experiment.backend.alpha, times, edge_rtts_ms(experiment),
+                         experiment.prompt_tokens, experiment.max_batch,
+                         experiment.load.max_sessions or 256)
+    rows = simulate_serving(setup, arrivals_for(experiment, point), seed=experiment.seed * 7919 + point.repeat)
+    return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), [], {}
+
+
+def finish_rows(requests: pd.DataFrame, experiment: Experiment) -> pd.DataFrame:
+    return add_slo(requests, experiment.slo)
+
+
+def run_net_point(experiment: Experiment, point: ServingPoint, testbed, prompts: list[list[int]],
+                  timeout_s: float = 900.0) -> tuple:
+    """One open-loop point on a network testbed: each request a run on its edge, posted
+    POST_LEAD_S before its arrival and started at it (the edge's start_at_unix_s), from a pool of
+    posting threads, so a slow answer never delays a later arrival."""
+    arrivals = arrivals_for(experiment, point)
+    links = testbed.shape(link_keys.edge_specs(experiment.link, _link_point(experiment), len(testbed.edges)))
+    attempt = os.urandom(3).hex()
+    t0_unix_s = time.time() + POST_LEAD_S + 1.0
+    runs = {}
+
+    def post(a: Arrival) -> str:
+        edge = testbed.edges[a.edge]
+        run_id = f"serve-{point.key}-{attempt}-{a.index}"
+        call("POST", f"{edge.control_url}/runs", token=edge.token, body={
+            "run_id": run_id, "client_id": f"req{a.index}", "mode": point.mode, "gamma": point.gamma,
+            "prompts": [prompts[a.index % len(prompts)]], "max_new_tokens": a.max_tokens,
+            "verifier_url": testbed.verifier_url, "app_delay_ms": testbed.app_delay_ms(a.edge),
+            "probe_count": 0, "probe_interval_ms": RUN_PROBE_INTERVAL_MS, "seed": experiment.seed + a.index,
+            "start_at_unix_s": t0_unix_s + a.arrival_s, "stop_at_eos": False,
+            **({"transport": experiment.transport} if experiment.transport != "ws" else {})})
+        return run_id
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        futures = {}
+        for a in arrivals:                  # bounded: one post per arrival
+            wait_s = t0_unix_s + a.arrival_s - POST_LEAD_S - time.time()
+            if wait_s > 0:
+                time.sleep(wait_s)
+            futures[a.index] = pool.submit(post, a)
+        for index, future in futures.items():
+            try:
+                runs[index] = (future.result(timeout=60), None)
+            except Exception as exc:  # noqa: BLE001 - a post refused is the request's row
+                runs[index] = (None, f"not posted: {type(exc).__name__}: {exc}")
+    _wait_idle(testbed, t0_unix_s + (arrivals[-1].arrival_s if arrivals else 0.0) + timeout_s)
+    rows = [_net_row(testbed, a, runs[a.index], t0_unix_s, links) for a in arrivals]
+    return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), \
+        [asdict(link) for link in links], {"t0_unix_s": t0_unix_s}
+
+
+def _link_point(experiment: Experiment):
+    from orchestrator.sweep import Point
+
+    return Point(experiment.modes[0], gamma=experiment.gamma[0], clients=1, repeat=0,
+                 **link_keys.link_axes(experiment)[0])
+
+
+def _wait_idle(testbed, deadline_unix_s: float) -> None:
+    """Until no edge has a run going (bounded by the deadline)."""
+    while time.time() < deadline_unix_s:
+        time.sleep(0.5)
+        testbed.check()
+        busy = [json.loads(call("GET", f"{e.control_url}/health", token=e.token))["runs"].get("running", 0)
+                for e in testbed.edges]
+        if not any(busy):
+            return
+    raise TimeoutError("open-loop runs unfinished at the point's deadline")
+
+
+def _net_row(testbed, a: Arrival, posted: tuple, t0_unix_s: float, links) -> dict:
+    """A request's row from its run's traces; a run that failed (a refusal by admission among
+    them) is a row with its reason."""
+    run_id, error = posted
+    link = links[a.edge]
+    row = {"request_index": a.index, "edge": a.edge, "arrival_s": a.arrival_s, "warmup": a.warmup,
+           "link_rtt_configured_ms": link.rtt_configured_ms, "max_tokens": a.max_tokens, "admitted": False,
+           "refused_reason": error or "", "start_lag_s": math.nan, "queue_s": math.nan, "ttft_s": math.nan,
+           "tpot_s": math.nan, "e2e_s": math.nan, "tokens": 0, "rounds": 0, "server_passes": 0,
+           "run_id": run_id or ""}
+    if run_id is None:
+        return row
+    edge = testbed.edges[a.edge]
+    try:
+        requests = pd.read_csv(StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/requests.csv",
+                                             token=edge.token).decode()))
+        rounds = pd.read_csv(StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv",
+                                           token=edge.token).decode()))
+    except Exception as exc:  # noqa: BLE001 - recorded as the row's reason
+        row["refused_reason"] = f"no trace: {type(exc).__name__}: {exc}"
+        return row
+    if requests.empty:
+        row["refused_reason"] = "no request row"
+        return row
+    r = requests.iloc[0]
+    if isinstance(r.get("error"), str) and r["error"]:
+        row["refused_reason"] = refusal_reason(r["error"])
+        return row
+    live = rounds[rounds["emitted"] > 0] if len(rounds) else rounds
+    lag_s = float(r["t_start_s"]) - (t0_unix_s + a.arrival_s)
+    tokens = int(r["tokens"])
+    first_s, last_s = (float(live["t_receive_s"].min()), float(live["t_receive_s"].max())) if len(live) \
+        else (math.nan, math.nan)
+    row.update(admitted=True, start_lag_s=lag_s, tokens=tokens, rounds=int(r["rounds"]),
+               queue_s=float(rounds["server_queue_s"].fillna(0).sum()) if len(rounds) else 0.0,
+               server_passes=len(rounds),
+               ttft_s=lag_s + float(r["ttft_s"]), e2e_s=lag_s + float(r["wall_s"]),
+               tpot_s=(last_s - first_s) / (tokens - 1) if tokens > 1 else math.nan)
+    return row
+
+
+def refusal_reason(error: str) -> str:
+    """A run's error as a refusal reason: the verifier limit it names, else the error itself."""
+    for limit in ("max_sessions_per_connection", "max_sessions", "max_inflight_per_connection",
+                  "max_tokens_per_connection"):
+        if limit in error:
+            return f"limit {limit}"
+    return error.strip().splitlines()[0][:300]
+
+
+# ---- the sweep -------------------------------------------------------------------------------
+
+def run_serving(experiment: Experiment, out: Path, resume: bool = False, launcher: str | None = None,
+                progress=None, plan: list[ServingPoint] | None = None) -> pd.DataFrame:
+    """Run the grid (or ``plan``: points of its own, e.g. each mode at its own rates), then the
+    rate search, into ``out``; analyse it. Returns points.csv's table."""
+    from orchestrator.run import choose_launcher, times_for
+
+    launcher = choose_launcher(launcher or experiment.launcher)
+    check_serving(experiment, launcher)
+    out = Path(out)
+    times = times_for(experiment.for_group(experiment.profiles()[0], experiment.alphas()[0]), out)
+    facts = {**host_facts(), "launcher": launcher, "costs": times.to_dict(), "serving": True,
+             "edge_rtt_ms": list(edge_rtts_ms(experiment))}
+    prepare_out_dir(out, experiment, resume, facts)
+    testbed = None
+    try:
+        if launcher == "sim":
+            def run_point(point):
+                return run_sim_point(experiment, point, times)
+        else:
+            testbed = open_serving_testbed(experiment, launcher, out / "services")
+            prompts = _prompts(experiment)
+
+            def run_point(point):
+                return run_net_point(experiment, point, testbed, prompts)
+        done = []
+        for point in plan or plan_serving(experiment):
+            done.append(_record(out, point, run_point, experiment, testbed, progress))
+        for mode in experiment.modes:
+            for _ in range(experiment.load.search_iterations):
+                rate = next_search_rate(_mode_points(out, experiment, mode), experiment.slo.attainment) \
+                    if experiment.slo else None
+                if rate is None:
+                    break
+                for repeat in range(experiment.repeats):
+                    point = ServingPoint(mode, round(rate, 4), experiment.gamma[0], repeat, searched=True)
+                    done.append(_record(out, point, run_point, experiment, testbed, progress))
+    finally:
+        if testbed is not None:
+            testbed.close()
+    merge(out)
+    return analyze_serving(out, experiment, times)
+
+
+def _record(out: Path, point: ServingPoint, run_point, experiment, testbed, progress) -> dict:
+    if point_done(out, point):
+        return {}
+    done = record_point(out, point, run_point, experiment, testbed.heal if testbed is not None else None)
+    if progress:
+        progress(point, done)
+    return done
+
+
+def _mode_points(out: Path, experiment: Experiment, mode: str) -> pd.DataFrame:
+    rows = []
+    for done_path in sorted((out / "points").glob(f"{mode}_*/done.json")):
+        path = done_path.parent / "requests.csv"
+        if path.exists() and path.stat().st_size:
+            requests = pd.read_csv(path)
+            rows.append({"rate_rps": float(requests["rate_rps"].iloc[0]), **point_figures(requests)})
+    return pd.DataFrame(rows)
+
+
+def _prompts(experiment: Experiment) -> list[list[int]]:
+    from orchestrator.workload import load_prompts
+
+    return load_prompts(experiment.backend, experiment.workload, 64, experiment.prompt_tokens, experiment.seed)
+
+
+def open_serving_testbed(experiment: Experiment, launcher: str, work_dir: Path):
+    """The services for an open-loop run: every edge of the experiment, the verifier's admission
+    limit from [load] max_sessions."""
+    from orchestrator.launchers.services_config import ServicesConfig
+    from orchestrator.run import launcher_errors
+
+    profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
+    extra = ("--max-sessions", str(experiment.load.max_sessions)) if experiment.load.max_sessions else ()
+    config = ServicesConfig(experiment.backend, profile, n_edges=experiment.edges, max_batch=experiment.max_batch,
+                            batch_window_ms=experiment.batch_window_ms, work_dir=str(work_dir),
+                            extra_verifier_args=extra)
+    with launcher_errors(launcher, "to start"):
+        if launcher == "loopback":
+            from orchestrator.launchers.loopback import LoopbackTestbed
+            return LoopbackTestbed(config)
+        from orchestrator import leftovers
+        from orchestrator.launchers.netns import NetnsTestbed
+        leftovers.refuse_if_any(services=True)
+        return NetnsTestbed(config)
+
+
+# ---- analysis --------------------------------------------------------------------------------
+
+def analyze_serving(out: Path, experiment: Experiment, times, gap_s: float = 0.0) -> pd.DataFrame:
+    """points.csv (one row per point), serving.json (per mode: the largest rate at the attainment
+    level with its CI, beside the prediction), the plots and report.md."""
+    out = Path(out)
+    requests = pd.read_csv(out / "requests.csv") if (out / "requests.csv").stat().st_size else pd.DataFrame()
+    rows = []
+    for key, group in requests.groupby("point", sort=False):
+        first = group.iloc[0]
+        rows.append({"point": key, "mode": first["mode"], "rate_rps": first["rate_rps"], "gamma": first["gamma"],
+                     "repeat": first["repeat"], "searched": first["searched"], **point_figures(group)})
+    points = pd.DataFrame(rows).sort_values(["mode", "rate_rps", "repeat"]) if rows else pd.DataFrame()
+    points.to_csv(out / "points.csv", index=False)
+    summary = {"slo": asdict(experiment.slo) if experiment.slo else None, "load": _jsonable(asdict(experiment.load)),
+               "modes": {}}
+    if experiment.slo is not None and not points.empty:
+        model = serving_model(experiment, times, gap_s)
+        for mode in experiment.modes:
+            mine = points[points["mode"] == mode]
+            measured = max_rate(mine, experiment.slo.attainment) if len(mine) else {}
+            predicted = model.max_rate_rps(mode, experiment.slo) if mode in SIM_MODES else math.nan
+            summary["modes"][mode] = {**measured, "predicted_max_rate_rps": predicted,
+                                      "predicted_saturation_rps": model.saturation_rps(mode)
+                                      if mode in SIM_MODES else math.nan,
+                                      "rate_err_pct": 100 * (measured.get("max_rate_rps", math.nan) - predicted) / predicted
+                                      if predicted else math.nan}
+            at = mine.loc[(mine["rate_rps"] - measured.get("max_rate_rps", math.nan)).abs().idxmin()] \
+                if len(mine) and math.isfinite(measured.get("max_rate_rps", math.nan)) else None
+            summary["modes"][mode]["goodput_at_max_rps"] = float(at["goodput_rps"]) if at is not None else math.nan
+        e, gamma = lm.expected_tokens_per_round(experiment.backend.alpha, experiment.gamma[0]), experiment.gamma[0]
+        summary["capacity_factor_closed_form"] = lm.capacity_factor(gamma, times.t_draft_server_s,
+                                                                    times.t_verify_s(gamma))
+        summary["tokens_per_round"] = e
+    (out / "serving.json").write_text(json.dumps(_jsonable(summary), indent=2))
+    from orchestrator.serving_report import write_serving_report
+    write_serving_report(out, points, summary)
+    return points
+
+
+def _jsonable(value):
+    """Plain JSON: tuples as lists, non-finite numbers as null, anything else as its text."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (float, np.floating, np.integer)):
+        if isinstance(value, np.integer):
+            return int(value)
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return value if value is None or isinstance(value, (str, int, bool)) else str(value)
+
+
+def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bool) -> int:
+    """`dsdbed sweep` of an experiment with [load]: the plan, or the run and its figures."""
+    if dry_run:
+        plan = plan_serving(experiment)
+        print(f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode), "
+              f"launcher {experiment.launcher}, into {out}:")
+        for point in plan:
+            print(f"  {point.key}")
+        return 0
+
+    def progress(point, done):
+        print(f"{experiment.name}: {point.key}: {done['status']}{' ' + done['error'] if done['error'] else ''}",
+              file=sys.stderr, flush=True)
+
+    run_serving(experiment, out, resume, progress=progress)
+    summary = json.loads((Path(out) / "serving.json").read_text())
+    for mode, row in summary["modes"].items():
+        print(f"{mode}: largest rate at {experiment.slo.attainment:.0%} attainment {row.get('max_rate_rps')} req/s "
+              f"[95% CI {row.get('max_rate_ci_low_rps')} .. {row.get('max_rate_ci_high_rps')}], "
+              f"predicted {row.get('predicted_max_rate_rps')}")
+    print(f"results: {out}/points.csv, {out}/requests.csv, {out}/serving.json, {out}/report.md")
+    return 0
+
+
+def is_serving_sweep(out: Path) -> bool:
+    sidecar = Path(out) / "sweep.json"
+    return sidecar.exists() and bool(json.loads(sidecar.read_text()).get("serving"))
+
+
+def reanalyze_serving(out: Path) -> int:
+    """`dsdbed analyze` of an open-loop sweep: points.csv, serving.json and the report again, from
+    the experiment and compute times sweep.json recorded."""
+    from dsd.times import ComputeTimes
+    from orchestrator.experiment import experiment_from_dict
+
+    data = json.loads((Path(out) / "sweep.json").read_text())
+    record = dict(data["experiment"])
+    record.pop("hardware_profiles", None)
+    experiment = experiment_from_dict(_experiment_table(record), source=str(Path(out) / "sweep.json"))
+    analyze_serving(Path(out), experiment, ComputeTimes.from_dict(data["costs"]))
+    print(f"results: {out}/points.csv, {out}/serving.json, {out}/report.md")
+    return 0
+
+
+def _experiment_table(record: dict) -> dict:
+    """sweep.json's experiment record as an experiment file's tables (nested configs as tables,
+    the [link] per-edge entries as lists of tables)."""
+    table = {k: v for k, v in record.items() if v is not None}
+    link = table.get("link")
+    if isinstance(link, dict):
+        link = {k: v for k, v in link.items() if k not in ("schedule",) and v not in ((), [], "")}
+        if "edges" in link:
+            link["edges"] = [dict(entry) for entry in link["edges"]]
+        if link.get("schedule_order") == "path":
+            link.pop("schedule_order")
+        table["link"] = link
+    return table

@@ -1,0 +1,99 @@
+"""Open-loop serving: arrivals keep their times when the server saturates (queue time grows
+instead), refused requests are rows with their reason, and the analysis finds the rate at the
+attainment level."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orchestrator.experiment import experiment_from_dict
+from orchestrator.load import SloConfig
+from orchestrator.serving import (ServingPoint, arrivals_for, is_serving_sweep, reanalyze_serving, run_serving,
+                                  run_sim_point, serving_model)
+from orchestrator.serving_analysis import crossing_rate, max_rate, next_search_rate, wilson_interval
+from orchestrator.run import times_for
+
+BASE = {"name": "serve", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
+        "edges": 4, "rtt_ms": [20], "max_new_tokens": 24, "prompt_tokens": 8,
+        "backend": {"kind": "synthetic", "alpha": 0.8},
+        "load": {"rate_rps": [2.0, 40.0], "duration_s": 20, "warmup_s": 2},
+        "slo": {"ttft_ms": 300, "tpot_ms": 30, "attainment": 0.9}}
+
+
+def experiment(**load):
+    return experiment_from_dict({**BASE, "load": {**BASE["load"], **load}})
+
+
+def run(exp, mode, rate, tmp_path):
+    rows = run_sim_point(exp, ServingPoint(mode, rate, 4, 0), times_for(exp, tmp_path))[1]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("mode", ["ar", "colocated", "sync"])
+def test_open_loop_arrivals_keep_their_times_when_the_server_saturates(mode, tmp_path):
+    exp = experiment(max_sessions=5000)          # no refusals: every request waits its turn
+    light, heavy = run(exp, mode, 2.0, tmp_path), run(exp, mode, 40.0, tmp_path)
+    scheduled = [a.arrival_s for a in arrivals_for(exp, ServingPoint(mode, 40.0, 4, 0))]
+    assert list(heavy["arrival_s"]) == scheduled          # not one arrival moved
+    assert heavy["admitted"].all()
+    # saturated: the queue, not the arrivals, absorbs the load, and it grows through the run
+    assert heavy["queue_s"].median() > 20 * max(light["queue_s"].median(), 1e-3)
+    # ... and grows through the run: a later arrival waits behind more open sessions
+    late, early = heavy.tail(50)["ttft_s"].mean(), heavy.head(20)["ttft_s"].mean()
+    assert late > 3 * early
+    assert heavy["e2e_s"].notna().all()
+
+
+def test_a_refused_request_is_a_row_with_its_reason_and_none_is_lost(tmp_path):
+    exp = experiment(max_sessions=3)
+    rows = run(exp, "sync", 40.0, tmp_path)
+    assert len(rows) == len(arrivals_for(exp, ServingPoint("sync", 40.0, 4, 0)))
+    refused = rows[~rows["admitted"]]
+    assert len(refused) > 0 and set(refused["refused_reason"]) == {"limit max_sessions"}
+    assert not refused["slo_met"].any() and refused["e2e_s"].isna().all()
+    assert (rows[rows["admitted"]]["refused_reason"] == "").all()
+
+
+def test_the_sweep_writes_points_and_the_largest_rate_beside_its_prediction(tmp_path):
+    exp = experiment_from_dict({**BASE, "modes": ["colocated", "sync"],
+                                "load": {"rate_rps": [5.0, 40.0], "duration_s": 30, "warmup_s": 3,
+                                         "search_iterations": 4}})
+    points = run_serving(exp, tmp_path / "out")
+    assert {"throughput_rps", "goodput_rps", "ttft_p99_ms", "tpot_p90_ms", "e2e_p50_ms"} <= set(points.columns)
+    summary = pd.read_json(tmp_path / "out" / "serving.json", typ="series")
+    for mode in ("colocated", "sync"):
+        row = summary["modes"][mode]
+        assert 5.0 <= row["max_rate_ci_low_rps"] <= row["max_rate_rps"] <= row["max_rate_ci_high_rps"] < 40.0
+        assert abs(row["rate_err_pct"]) < 25
+    assert (tmp_path / "out" / "goodput_vs_rate.png").exists() and (tmp_path / "out" / "report.md").exists()
+    # `dsdbed analyze` redoes the figures from what sweep.json recorded
+    before = (tmp_path / "out" / "serving.json").read_text()
+    (tmp_path / "out" / "serving.json").unlink()
+    assert is_serving_sweep(tmp_path / "out") and reanalyze_serving(tmp_path / "out") == 0
+    assert (tmp_path / "out" / "serving.json").read_text() == before
+
+
+def test_crossing_rate_interpolates_and_censors():
+    assert crossing_rate(np.array([1, 2, 3]), np.array([1.0, 0.95, 0.85]), 0.9) == pytest.approx(2.5)
+    assert crossing_rate(np.array([1, 2]), np.array([1.0, 0.95]), 0.9) == 2.0
+    assert math.isnan(crossing_rate(np.array([1, 2]), np.array([0.5, 0.4]), 0.9))
+    low, high = wilson_interval(90, 100)
+    assert low < 0.9 < high
+
+
+def test_the_rate_search_bisects_between_meeting_and_missing():
+    points = pd.DataFrame({"rate_rps": [1.0, 4.0], "requests_good": [100, 10], "requests_measured": [100, 100]})
+    assert next_search_rate(points, 0.9) == 2.5
+    assert next_search_rate(points.iloc[:1], 0.9) == 2.0
+    assert next_search_rate(pd.DataFrame({"rate_rps": [1.0, 1.01], "requests_good": [100, 1],
+                                          "requests_measured": [100, 100]}), 0.9) is None
+
+
+def test_the_predicted_attainment_falls_with_the_rate(tmp_path):
+    exp = experiment()
+    model = serving_model(exp, times_for(exp, tmp_path))
+    slo = SloConfig(ttft_ms=300, tpot_ms=30, attainment=0.9)
+    values = [model.attainment("sync", r, slo) for r in (1.0, 10.0, 20.0, 40.0)]
+    assert values == sorted(values, reverse=True) and values[0] == pytest.approx(1.0)
+    assert model.max_rate_rps("colocated", slo) < model.max_rate_rps("sync", slo) < model.saturation_rps("sync")
