@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator import analysis
 from orchestrator.launchers.base import LinkState
-from orchestrator.links import LINK_POINT_COLUMNS
+from orchestrator.link_rows import LINK_POINT_COLUMNS
 from services.traces import RequestRow, RoundRow
 from tests.docs.pages import documented_names, section, small_sim_sweep
 

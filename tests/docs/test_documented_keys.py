@@ -30,11 +30,11 @@ def _names(cls) -> set[str]:
 
 def test_top_level_keys_match_the_experiment_dataclass():
     # The file's tables are documented in their own sections; `profiles` fills hardware_profiles.
-    tables = {"backend", "sampling", "workload", "link", "external", "hardware_profiles"}
+    tables = {"backend", "sampling", "workload", "link", "external", "hardware_profiles", "load", "slo"}
     assert section(documented_names(PAGE), "Top-level keys") == _names(Experiment) - tables
 
 
-@pytest.mark.parametrize("table", ["sampling", "workload", "link", "external"])
+@pytest.mark.parametrize("table", ["sampling", "workload", "link", "external", "load", "slo"])
 def test_each_table_documents_its_dataclass_fields(table):
     assert section(documented_names(PAGE), f"[{table}]") == _names(_table_class(table))
 
@@ -51,7 +51,7 @@ def test_profile_table_documents_every_number_of_a_hardware_profile():
 
 def test_link_table_names_every_per_edge_key_schedule_key_and_trace_column():
     from netem.schedule import STEP_KEYS, TRACE_COLUMNS
-    from orchestrator.links import EDGE_KEYS
+    from orchestrator.links import EDGE_KEYS  # noqa: I001
 
     text = section_text(PAGE, "[link]")
     named = set(re.findall(r"[a-z_]+", text))
