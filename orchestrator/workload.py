@@ -11,7 +11,8 @@ Sources: ``heldout`` windows of the Python standard library files the default pa
 trained on (pairs/corpus.py); ``jsonl`` one object per line, ``{"prompt": "..."}``, chat
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` or MT-Bench / Spec-Bench
 ``{"turns": ["...", ...]}`` (first turn), chat rendered with the target tokenizer's chat template
-when it has one; ``lines`` a text file, one prompt per non-empty line; ``document`` a text file
+when it has one (a ``{"prompt": ...}`` too, as one user turn: an instruction-tuned target answers
+instructions as a chat; without a template it is the text itself); ``lines`` a text file, one prompt per non-empty line; ``document`` a text file
 cut into windows of max_prompt_tokens; ``datasets`` a Hugging Face ``datasets`` folder
 (``save_to_disk``) with ``column`` (and ``split`` for a DatasetDict).
 
@@ -188,9 +189,14 @@ def _records(workload: Workload) -> list:
     return records
 
 
+class Instruction(str):
+    """A jsonl ``{"prompt": ...}``: one user turn where the target has a chat template, else the
+    text itself."""
+
+
 def _record(obj):
     if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-        return obj["prompt"]
+        return Instruction(obj["prompt"])
     if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
         return _messages(obj["messages"])
     if isinstance(obj, dict) and isinstance(obj.get("turns"), list) and obj["turns"]:
@@ -222,6 +228,8 @@ def _dataset_records(path: Path, column: str, split: str) -> list:
 
 
 def _encode(tokenizer, record) -> list[int]:
+    if isinstance(record, Instruction) and getattr(tokenizer, "chat_template", None):
+        record = [{"role": "user", "content": str(record)}]
     if isinstance(record, str):
         ids = tokenizer.encode(record, add_special_tokens=True)
     elif getattr(tokenizer, "chat_template", None):
