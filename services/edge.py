@@ -76,7 +76,10 @@ class RunConfig:
     stop_at_eos: bool = True
     probe_count: int = 5              # RTT probes before the run
     probe_interval_ms: float = 500.0  # and one every so often during it
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # a request not done by then fails the run (a hung service)
+    # 0 = none; else a request not done this long after its start is given up as a real client
+    # would: its row says why (gave_up), its session is closed, and the run goes on with the next
+    request_deadline_s: float = 0.0
     controller: str = "static"        # dsd.control: who picks each round's gamma and mode
     gamma_max: int = 16               # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
@@ -103,7 +106,7 @@ class RunConfig:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "top_p", float(self.top_p))
         for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
-                          ("request_timeout_s", 0.001)):
+                          ("request_timeout_s", 0.001), ("request_deadline_s", 0.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
                     and math.isfinite(value) and value >= low):
@@ -200,6 +203,7 @@ class VerifierLink:
         self._seqs = itertools.count(1)
         self._session_ids = itertools.count(1)
         self._inboxes: dict[int, asyncio.Queue] = {}
+        self._abandoned: set[int] = set()     # sessions given up: what still comes for them is dropped
         self._waiting: dict[int, asyncio.Future] = {}
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._incoming: asyncio.Queue = asyncio.Queue()
@@ -274,6 +278,15 @@ class VerifierLink:
     def close_inbox(self, session: int) -> None:
         self._inboxes.pop(session, None)
 
+    async def abandon(self, session: int) -> None:
+        """Give a session up: drop its inbox and what still comes for it, and ask the verifier to
+        close it without waiting for the answer (the link may be down: then the verifier frees it
+        when the connection ends)."""
+        self.close_inbox(session)
+        self._abandoned.add(session)
+        if not self.closed_reason:
+            await self.send(wire.Close(self.next_seq(), session))
+
     @property
     def awaiting_reply(self) -> bool:
         """A request (a ping) waits for its reply, which may come at any moment."""
@@ -345,6 +358,8 @@ class VerifierLink:
         session = getattr(message, "session", None)
         if session is not None and session in self._inboxes:
             self._inboxes[session].put_nowait((t_receive_s, message))
+        elif session is not None and session in self._abandoned:
+            pass
         elif message.seq in self._waiting:
             if not self._waiting[message.seq].done():      # its waiter may have been cancelled
                 self._waiting[message.seq].set_result((t_receive_s, message))
@@ -394,8 +409,12 @@ class Request:
     tokens: list[int] | None = None
     rounds: int = 0
     stale_rounds: int = 0
+    session: int | None = None         # its session on the link, once opened
+    n_emitted: int = 0                 # tokens received so far (what a request given up got)
+    gave_up: str = ""                  # why the client gave it up (its deadline), else empty
 
     def emitted(self, t_receive_s: float, n_tokens: int) -> None:
+        self.n_emitted += n_tokens
         if n_tokens:
             if self.t_first_s is None:
                 self.t_first_s, self.first_emitted = t_receive_s, n_tokens
@@ -454,6 +473,7 @@ class Client:
         """Cloud AR and co-located SD: the verifier generates; every streamed round is a row.
         ``plan`` (gamma, mode): a controller's choice for this request (default: the run's)."""
         session, inbox = self.link.open_inbox()
+        request.session = session
         gamma, mode = plan or (self.config.gamma, self.config.mode)
         await self.link.send(self.open_message(request, session))
         t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
@@ -482,6 +502,7 @@ class Client:
         the verifier verifies."""
         c = self.config
         session, inbox = self.link.open_inbox()
+        request.session = session
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
         transport = SessionTransport(self.link, session, inbox, request, sampling)
         device = DraftDevice(self.device, self.t_draft_s, transport)
@@ -787,18 +808,23 @@ class Edge:
             stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
             for index, prompt in enumerate(config.prompts):
                 request = Request(index, list(prompt), config, stop, t_start_s=time.perf_counter())
-                deadline = asyncio.timeout(config.request_timeout_s)
+                deadline = asyncio.timeout(config.request_deadline_s or config.request_timeout_s)
                 try:
                     async with deadline:
                         await self._dispatch(client, link, request)
                 except TimeoutError:
                     if not deadline.expired():
                         raise
-                    raise RunError(f"request {index}: not done within request_timeout_s "
-                                   f"{config.request_timeout_s}") from None
+                    if not config.request_deadline_s:
+                        raise RunError(f"request {index}: not done within request_timeout_s "
+                                       f"{config.request_timeout_s}") from None
+                    request.gave_up = (f"deadline: not done within request_deadline_s {config.request_deadline_s:g} "
+                                       f"({request.n_emitted} tokens received, link {link.closed_reason or 'up'})")
+                    if request.session is not None:
+                        await link.abandon(request.session)
                 self._request_row(writer, clock, link, request)
                 run.requests_done += 1
-                run.tokens += len(request.tokens)
+                run.tokens += request.n_emitted if request.gave_up else len(request.tokens)
                 request = None
             run.status = "done"
         except Exception as exc:          # any failure ends the run and is recorded as rows
@@ -847,14 +873,16 @@ class Edge:
 
     def _request_row(self, writer: TraceWriter, clock: EdgeClock, link: VerifierLink, r: Request) -> None:
         c = r.config
+        n_tokens = r.n_emitted if r.gave_up else len(r.tokens)
         writer.request(RequestRow(
             run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=r.index,
-            prompt_tokens=len(r.prompt), tokens=len(r.tokens), rounds=r.rounds, stale_rounds=r.stale_rounds,
+            prompt_tokens=len(r.prompt), tokens=n_tokens, rounds=r.rounds, stale_rounds=r.stale_rounds,
             wall_s=None if r.t_last_s is None else r.t_last_s - r.t_start_s,
             ttft_s=None if r.t_first_s is None else r.t_first_s - r.t_start_s,
-            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, len(r.tokens) - r.first_emitted),
+            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, n_tokens - r.first_emitted),
             t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
-            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms, token_ids=" ".join(map(str, r.tokens))))
+            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
+            token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up))
 
     @staticmethod
     def _error_rows(writer: TraceWriter, link: VerifierLink, run: Run, request: Request | None) -> None:
