@@ -56,6 +56,7 @@ class PointSettings:
     gamma_max: int = 16
     controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
+    request_deadline_s: float = 0.0           # services/edge.py RunConfig: 0 = none
     run_prefix: str = "run"
     link_options: Any = None                  # orchestrator.links.LinkOptions
     after_shape: Callable | None = None
@@ -105,4 +106,5 @@ class ControlApiTestbed:
                              max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
                              link_options=settings.link_options, after_shape=settings.after_shape,
                              controller=settings.controller, gamma_max=settings.gamma_max,
-                             controller_modes=settings.controller_modes, transport=settings.transport)
+                             controller_modes=settings.controller_modes, transport=settings.transport,
+                             request_deadline_s=settings.request_deadline_s)
