@@ -112,3 +112,16 @@ def test_the_cli_writes_the_trace_and_refuses_to_overwrite(tmp_path, capsys):
     assert (tmp_path / "out" / "r.csv").read_text() == "t_s,rtt_ms\n0,20\n0.055,25\n"
     assert "rows=2" in capsys.readouterr().out
     assert measured.main([str(raw), "--out-dir", str(tmp_path / "out")]) == 2
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("measured-*.toml")), ids=lambda p: p.stem)
+def test_each_scenario_experiment_loads_its_trace_and_runs_on_the_sim_and_netns(path, monkeypatch):
+    from orchestrator.experiment import load_experiment
+    from orchestrator.links import check_launcher
+
+    monkeypatch.chdir(ROOT)                 # trace_csv is read from the working directory
+    experiment = load_experiment(path)
+    assert experiment.link.trace_csv.startswith("data/cicv5g/") and len(experiment.link.schedule.steps) > 1000
+    assert set(experiment.modes) == {"ar", "sync", "pipelined", "colocated"} and experiment.request_deadline_s > 0
+    check_launcher(experiment, "sim")
+    check_launcher(experiment, "netns")
