@@ -80,6 +80,9 @@ class RunConfig:
     # 0 = none; else a request not done this long after its start is given up as a real client
     # would: its row says why (gave_up), its session is closed, and the run goes on with the next
     request_deadline_s: float = 0.0
+    # cap TCP's retransmission backoff on the link (frames.cap_retransmission_backoff): after an
+    # outage the request resumes within this of the link's return; 0 = the kernel's backoff
+    tcp_rto_max_ms: int = 0
     controller: str = "static"        # dsd.control: who picks each round's gamma and mode
     gamma_max: int = 16               # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
@@ -96,7 +99,7 @@ class RunConfig:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
         get_mode(self.mode)                 # dsd/modes.py: a ValueError naming the known modes
         for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
-                          ("probe_count", 0)):
+                          ("probe_count", 0), ("tcp_rto_max_ms", 0)):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
@@ -211,6 +214,7 @@ class VerifierLink:
         self._http: aiohttp.ClientSession | None = None
         self._ws = None
         self.closed_reason: str | None = None
+        self.rto_max_ms = 0                    # RunConfig.tcp_rto_max_ms
         # services.spinwait: how long a block's verdict took lately, and whether this link's run
         # is the only one of the process (only then may the loop poll for the verdict)
         self.verdict_gaps = spinwait.Gaps()
@@ -243,6 +247,9 @@ class VerifierLink:
                 raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
                                f"{' (token sent)' if self.token else ' (no token)'}") from None
             self._tasks = [asyncio.create_task(self._read())]
+        frames.cap_retransmission_backoff(
+            self._ws.get_extra_info("socket") if self._ws is not None else self._frames.transport.get_extra_info("socket"),
+            self.rto_max_ms)
         if self.delay_s > 0:
             self._tasks += [asyncio.create_task(self._release_outgoing()),
                             asyncio.create_task(self._release_incoming())]
@@ -792,6 +799,7 @@ class Edge:
         writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
                                           "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
         link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
+        link.rto_max_ms = config.tcp_rto_max_ms
         link.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
         device = self._thread_device or EmulatedDevice(self._timer)
         request = None

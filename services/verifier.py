@@ -61,6 +61,7 @@ class VerifierLimits:
     max_inflight_per_connection: int = 32     # Open, Verify, Generate queued or being served
     max_prompt_tokens: int = 2048
     max_tokens_per_connection: int = 65536    # prompt + max_new_tokens over its open sessions
+    tcp_rto_max_ms: int = 0                   # frames.cap_retransmission_backoff on every connection
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_gamma", "max_tokens_per_session", "max_message_bytes",
@@ -69,6 +70,9 @@ class VerifierLimits:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not (isinstance(self.tcp_rto_max_ms, int) and not isinstance(self.tcp_rto_max_ms, bool)
+                and self.tcp_rto_max_ms >= 0):
+            raise ValueError(f"tcp_rto_max_ms must be a whole number >= 0 (0: the kernel's), got {self.tcp_rto_max_ms!r}")
         if not (isinstance(self.idle_timeout_s, (int, float)) and math.isfinite(self.idle_timeout_s)
                 and self.idle_timeout_s > 0):
             raise ValueError(f"idle_timeout_s must be a finite number > 0, got {self.idle_timeout_s!r}")
@@ -353,6 +357,7 @@ class Verifier:
             await self._on_frame(conn, data, *conn.stamp())
 
     def _open_connection(self, conn: Connection, sock) -> None:
+        frames.cap_retransmission_backoff(sock, self.limits.tcp_rto_max_ms)
         conn.watched = arrival.watch(sock)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1
@@ -810,6 +815,8 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     parser.add_argument("--max-tokens-per-session", type=int, default=limits_defaults.max_tokens_per_session)
     parser.add_argument("--max-message-bytes", type=int, default=limits_defaults.max_message_bytes)
     parser.add_argument("--idle-timeout-s", type=float, default=limits_defaults.idle_timeout_s)
+    parser.add_argument("--tcp-rto-max-ms", type=int, default=limits_defaults.tcp_rto_max_ms,
+                        help="cap TCP's retransmission backoff per connection (0: the kernel's; Linux >= 6.15)")
     for name in ("max_sessions_per_connection", "max_inflight_per_connection", "max_prompt_tokens",
                  "max_tokens_per_connection"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(limits_defaults, name))
@@ -821,7 +828,7 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
         limits = VerifierLimits(args.max_sessions, args.max_gamma, args.max_tokens_per_session,
                                 args.max_message_bytes, args.idle_timeout_s, args.max_sessions_per_connection,
                                 args.max_inflight_per_connection, args.max_prompt_tokens,
-                                args.max_tokens_per_connection)
+                                args.max_tokens_per_connection, tcp_rto_max_ms=args.tcp_rto_max_ms)
         scheduler_config = SchedulerConfig(args.max_batch, args.batch_window_ms)
         token = access.load_token(args.token_file, log=log)
         args.spin = spinwait.spin_from_args(args)
