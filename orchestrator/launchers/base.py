@@ -57,6 +57,7 @@ class PointSettings:
     controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
     request_deadline_s: float = 0.0           # services/edge.py RunConfig: 0 = none
+    tcp_rto_max_ms: int = 0                   # services/edge.py RunConfig: 0 = the kernel's
     run_prefix: str = "run"
     link_options: Any = None                  # orchestrator.links.LinkOptions
     after_shape: Callable | None = None
@@ -107,4 +108,5 @@ class ControlApiTestbed:
                              link_options=settings.link_options, after_shape=settings.after_shape,
                              controller=settings.controller, gamma_max=settings.gamma_max,
                              controller_modes=settings.controller_modes, transport=settings.transport,
-                             request_deadline_s=settings.request_deadline_s)
+                             request_deadline_s=settings.request_deadline_s,
+                             tcp_rto_max_ms=settings.tcp_rto_max_ms)
