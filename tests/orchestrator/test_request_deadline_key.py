@@ -12,3 +12,16 @@ def test_the_deadline_is_checked_and_reaches_the_point_settings():
     for bad in (-1, "20", float("inf")):
         with pytest.raises(ValueError, match="request_deadline_s"):
             experiment_from_dict({"name": "d", "profile": "toy-edge-cloud", "request_deadline_s": bad})
+
+
+def test_the_backoff_cap_reaches_the_runs_and_the_verifier_and_is_checked():
+    from orchestrator.run import verifier_link_args
+
+    experiment = experiment_from_dict({"name": "d", "launcher": "netns", "profile": "toy-edge-cloud",
+                                       "tcp_rto_max_ms": 1000})
+    assert point_settings(experiment).tcp_rto_max_ms == 1000
+    assert verifier_link_args(experiment) == ("--tcp-rto-max-ms", "1000")
+    assert verifier_link_args(experiment_from_dict({"name": "d", "profile": "toy-edge-cloud"})) == ()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="tcp_rto_max_ms"):
+            experiment_from_dict({"name": "d", "profile": "toy-edge-cloud", "tcp_rto_max_ms": bad})
