@@ -826,8 +826,10 @@ class Edge:
                     if not config.request_deadline_s:
                         raise RunError(f"request {index}: not done within request_timeout_s "
                                        f"{config.request_timeout_s}") from None
-                    request.gave_up = (f"deadline: not done within request_deadline_s {config.request_deadline_s:g} "
-                                       f"({request.n_emitted} tokens received, link {link.closed_reason or 'up'})")
+                    if request.tokens is None:      # else only the session's Close was still on its way
+                        request.gave_up = (f"deadline: not done within request_deadline_s "
+                                           f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
+                                           f"link {link.closed_reason or 'up'})")
                     if request.session is not None:
                         await link.abandon(request.session)
                 self._request_row(writer, clock, link, request)
