@@ -15,8 +15,12 @@ import time
 import pandas as pd
 import pytest
 
+from dsd.profiles import get_profile
 from netem import nsutil
+from orchestrator.launchers.netns import NetnsTestbed
+from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.net_point import run_net_point
+from orchestrator.run import verifier_link_args
 from orchestrator.sweep import plan_points, run_sweep
 from orchestrator.workload import make_prompts
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
@@ -39,7 +43,7 @@ def sweep_with_schedule(testbed, experiment, out):
     run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
                                   warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
                                   max_in_flight=experiment.max_in_flight, run_prefix="stall", timeout_s=240.0,
-                                  link_options=experiment.link)
+                                  link_options=experiment.link, tcp_rto_max_ms=experiment.tcp_rto_max_ms)
     return run_sweep(experiment, out, run_point, {"launcher": "test"}, heal=testbed.heal)
 
 
@@ -108,3 +112,20 @@ def test_a_scheduled_ten_second_stall_keeps_every_output_exact(tmp_path, kind, m
             assert STALL_S - 0.5 <= gaps[point] <= 2 * STALL_S + 1.0, (point, gaps[point])
     assert_nothing_left()
     survived(len(modes))
+
+
+def test_a_capped_retransmission_backoff_resumes_a_lossy_stall_within_the_cap(tmp_path):
+    """With tcp_rto_max_ms at both ends the first retransmission after the loss ends comes within
+    the cap, not up to a stall's length later (15.3 s for this stall uncapped)."""
+    experiment = small_experiment(modes=["sync"], max_new_tokens=240, requests=3, retries=0, tcp_rto_max_ms=1000,
+                                  link={"schedule": STALLS["loss"], "schedule_order": "queue"})
+    config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=1,
+                            work_dir=str(tmp_path / "services"), extra_verifier_args=verifier_link_args(experiment))
+    with NetnsTestbed(config) as testbed:
+        sweep_with_schedule(testbed, experiment, tmp_path / "out")
+        (record,) = check_sweep(experiment, tmp_path / "out").values()
+    assert record["status"] == "ok" and len(record["attempts"]) == 1, record
+    (gap_s,) = longest_gap_in_a_request_s(pd.read_csv(tmp_path / "out" / "rounds.csv")).tolist()
+    print(f"loss stall of {STALL_S} s with tcp_rto_max_ms 1000: longest gap inside a request {gap_s:.2f} s")
+    assert STALL_S - 0.5 <= gap_s <= STALL_S + 1.5, gap_s
+    assert_nothing_left()
