@@ -12,7 +12,7 @@ import pandas as pd
 from dsd import latency_model as lm
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, get_mode
 from dsd.times import ComputeTimes
-from orchestrator import capacity
+from orchestrator import capacity, request_stats
 from orchestrator.rounds import rounds_with_receipts
 from services import traces
 
@@ -208,12 +208,28 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
             "per_token_ms_p50": per_token_ms.quantile(0.5),
             "per_token_ms_p99": per_token_ms.quantile(0.99),
             "ttft_ms_p50": 1e3 * group["ttft_s"].quantile(0.5),
+            **user_latency(group, point_rounds),
             "throughput_tok_s": group["tokens"].sum() / group["wall_s"].sum() * point["clients"],
             "tok_s_per_client": group["tokens"].sum() / group["wall_s"].sum(),
             "tok_s_per_client_overlap": capacity.overlap_tok_s_per_client(point_rounds),
             **measured_compute_ms(point_rounds),
         })
     return pd.DataFrame(rows)
+
+
+def user_latency(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict:
+    """Latency as the point's users feel it: per-token latency p50/p99 over every token of its
+    requests together (request_stats.token_latencies_ms: a stall's tokens are a few among many,
+    so it moves the p99, not the p50), time to first token p99, the longest gap between arrivals in
+    any request, and how many requests were given up at their deadline (requests.csv gave_up)."""
+    pooled = [ms for arrivals in request_stats.request_arrivals(rounds).values()
+              for ms in request_stats.token_latencies_ms(arrivals)]
+    gave_up = requests["gave_up"].fillna("").astype(str).ne("") if "gave_up" in requests else pd.Series(False)
+    return {"token_latency_ms_p50": request_stats.percentile(pooled, 50),
+            "token_latency_ms_p99": request_stats.percentile(pooled, 99),
+            "ttft_ms_p99": 1e3 * requests["ttft_s"].quantile(0.99),
+            "longest_gap_ms_max": (requests["longest_gap_ms"].max() if "longest_gap_ms" in requests else math.nan),
+            "requests_gave_up": int(gave_up.sum())}
 
 
 def steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:

@@ -36,6 +36,12 @@ class Experiment:
     # how the edges' per-round messages reach the verifier (services/frames.py): "ws", its
     # WebSocket, or "tcp", length-prefixed frames on a plain TCP connection to the same port
     transport: str = "ws"
+    # network launchers: a request not done this long after its start is given up (its row's
+    # gave_up says why, the point goes on); 0 = none (a stalled request waits for the link)
+    request_deadline_s: float = 0.0
+    # network launchers: cap TCP's retransmission backoff on the edges' links, both ends, in ms
+    # (services/frames.py cap_retransmission_backoff; Linux >= 6.15); 0 = the kernel's
+    tcp_rto_max_ms: int = 0
     edges: int = 4                     # edge processes/containers; clients share them round-robin
     max_batch: int = 1                 # verifier: sequences per verification pass (1 = serial)
     batch_window_ms: float = 0.0       # verifier: how long a pass waits to fill its batch
@@ -97,6 +103,12 @@ class Experiment:
     def _check_grid(self) -> None:
         _check(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {LAUNCHERS}")
         _check(self.transport in ("ws", "tcp"), "transport", self.transport, "one of ws, tcp")
+        _check(isinstance(self.request_deadline_s, (int, float)) and not isinstance(self.request_deadline_s, bool)
+               and math.isfinite(self.request_deadline_s) and self.request_deadline_s >= 0,
+               "request_deadline_s", self.request_deadline_s, "a number of seconds >= 0 (0 = none)")
+        _check(isinstance(self.tcp_rto_max_ms, int) and not isinstance(self.tcp_rto_max_ms, bool)
+               and self.tcp_rto_max_ms >= 0, "tcp_rto_max_ms", self.tcp_rto_max_ms,
+               "a whole number of ms >= 0 (0 = the kernel's backoff)")
         _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
         _check(len(self.modes) > 0 and all(m in names() for m in self.modes), "modes", self.modes,
                f"a non-empty list from {names()}")

@@ -28,7 +28,8 @@ An entry sets the keys it gives for its edge and takes the rest from the point (
 rtt_ms replaces the point's rtt_ms for that edge; the point keeps its key). The draws are the same
 at every point and repeat: edge i is the same near or far client throughout the sweep.
 
-Link schedules (netns, compose): the link changes during every point, from when its runs start
+Link schedules (netns, compose; sim: RTT steps only, on virtual time with the point's requests
+back to back): the link changes during every point, from when its runs start
 (warm-up requests included), without restarting anything (`netem.schedule`, `Shaper.schedule`):
 
     [[link.schedule]]          # steps: each changes the keys it names, for every edge
@@ -177,7 +178,14 @@ def check_launcher(experiment, launcher: str) -> None:
     if launcher in SHAPING_LAUNCHERS:
         return
     options = experiment.link
-    if options.schedule:
+    if options.schedule and launcher == "sim":
+        other = sorted({k for step in options.schedule.steps for k, _ in step.changes} - {"rtt_ms"})
+        if other:
+            _fail("link.schedule", options.trace_csv or "steps",
+                  f"only rtt_ms steps on the sim launcher (its link is an RTT on virtual time), not {other}")
+        if options.schedule_order != "path":
+            _fail("link.schedule_order", options.schedule_order, "the default on the sim launcher (no packets)")
+    elif options.schedule:
         _fail("link.schedule", options.trace_csv or "steps",
               f"none on the {launcher} launcher, which shapes no link (use netns or compose)")
     if launcher == "sim" and options.per_edge:

@@ -31,8 +31,8 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
                   max_new_tokens: int, max_in_flight: int, run_prefix: str,
                   timeout_s: float = 900.0, link_options: LinkOptions | None = None, after_shape=None,
                   controller: str = "static", gamma_max: int = 16,
-                  controller_modes: tuple[str, ...] = (), transport: str = "ws"
-                  ) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+                  controller_modes: tuple[str, ...] = (), transport: str = "ws",
+                  request_deadline_s: float = 0.0, tcp_rto_max_ms: int = 0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
     """after_shape(testbed): called once the links are shaped (and any shaping daemon runs),
     before the runs start; the CPU pinning uses it (orchestrator/cpus.py)."""
     specs = edge_specs(link_options, point, len(testbed.edges))
@@ -46,7 +46,7 @@ def run_net_point(point: Point, testbed: Testbed, prompts: list[list[int]], warm
     wire_before = _wire_counters(testbed)
     with scheduled or contextlib.nullcontext():
         _run_clients(point, testbed, prompts, max_new_tokens, max_in_flight, run_prefix, timeout_s, runs,
-                     controller, gamma_max, controller_modes, transport)
+                     controller, gamma_max, controller_modes, transport, request_deadline_s, tcp_rto_max_ms)
     wire_after = _wire_counters(testbed)
     testbed.check()
     round_frames, request_frames, dropped = [], [], 0
@@ -95,7 +95,8 @@ def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict],
 
 def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, max_in_flight: int,
                  run_prefix: str, timeout_s: float, runs: list, controller: str = "static",
-                 gamma_max: int = 16, controller_modes: tuple[str, ...] = (), transport: str = "ws") -> None:
+                 gamma_max: int = 16, controller_modes: tuple[str, ...] = (), transport: str = "ws",
+                 request_deadline_s: float = 0.0, tcp_rto_max_ms: int = 0) -> None:
     """Start one run per client on its edge and wait for all of them; `runs` gets (edge, run id)."""
     attempt_id = os.urandom(3).hex()
     for client in range(point.clients):
@@ -111,6 +112,8 @@ def _run_clients(point: Point, testbed: Testbed, prompts, max_new_tokens: int, m
             **({"controller": controller, "gamma_max": gamma_max} if controller != "static" else {}),
             **({"controller_modes": list(controller_modes)} if controller != "static" and controller_modes else {}),
             **({"transport": transport} if transport != "ws" else {}),     # likewise
+            **({"request_deadline_s": request_deadline_s} if request_deadline_s else {}),
+            **({"tcp_rto_max_ms": tcp_rto_max_ms} if tcp_rto_max_ms else {}),
         })
         runs.append((edge, run_id))
     deadline = time.monotonic() + timeout_s
@@ -137,4 +140,6 @@ class ControlApiTestbed:
                              max_in_flight=settings.max_in_flight, run_prefix=settings.run_prefix,
                              link_options=settings.link_options, after_shape=settings.after_shape,
                              controller=settings.controller, gamma_max=settings.gamma_max,
-                             controller_modes=settings.controller_modes, transport=settings.transport)
+                             controller_modes=settings.controller_modes, transport=settings.transport,
+                             request_deadline_s=settings.request_deadline_s,
+                             tcp_rto_max_ms=settings.tcp_rto_max_ms)

@@ -1,7 +1,8 @@
 """A point's trace tables as every launcher finishes them (``finish_point``): warm-up requests
 dropped, per-request figures of what the pair did added (alpha fitted over the request's own
 rounds, and how repetitive its output was: distinct 4-grams; a looping output accepts nearly
-every draft and says nothing about a real workload), and the link each client ran on."""
+every draft and says nothing about a real workload), latency as the request's user feels it
+(``token_latencies_ms``), and the link each client ran on."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,54 @@ def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
     """Distinct n-grams over all n-grams of a token sequence: 1 never repeats, near 0 loops."""
     grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else math.nan
+
+
+def token_latencies_ms(arrivals: list[tuple[float, int]]) -> list[float]:
+    """Each token's latency after the request's first arrival, from its arrivals in time order,
+    (receipt time s, tokens received): an arrival of k tokens g after the previous one charges
+    each of its k tokens g / k (tokens that come together are shown together; the charges sum to
+    the time from the first arrival to the last, so their mean is the steady time per token).
+    The first arrival's tokens are the time to first token's, not here."""
+    out: list[float] = []
+    for (t_before_s, _), (t_s, k) in zip(arrivals, arrivals[1:]):
+        out += [1e3 * (t_s - t_before_s) / k] * k
+    return out
+
+
+def longest_gap_ms(arrivals: list[tuple[float, int]]) -> float:
+    """The longest wait between two arrivals of tokens (a stall shows here whole); NaN with one."""
+    return max((1e3 * (b - a) for (a, _), (b, _) in zip(arrivals, arrivals[1:])), default=math.nan)
+
+
+def request_arrivals(rounds: pd.DataFrame) -> dict:
+    """(client_id, request_index) -> [(t_receive_s, emitted)] of its rounds that brought tokens,
+    in time order; empty where the rounds carry no receipt times (the sim launcher's)."""
+    if rounds.empty or "t_receive_s" not in rounds or rounds["t_receive_s"].isna().all():
+        return {}
+    live = rounds[(rounds["emitted"] > 0) & rounds["t_receive_s"].notna()].sort_values("t_receive_s")
+    return {(str(c), int(r)): list(zip(g["t_receive_s"].astype(float), g["emitted"].astype(int)))
+            for (c, r), g in live.groupby(["client_id", "request_index"])}
+
+
+def add_latency_stats(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """requests with ``token_latency_ms_p50``/``_p99`` (over ``token_latencies_ms``, inverted-CDF
+    percentiles: always a latency a token had) and ``longest_gap_ms``; NaN without receipt times."""
+    requests = requests.copy()
+    arrivals = request_arrivals(rounds)
+    keys = [(str(c), int(r)) for c, r in zip(requests["client_id"], requests["request_index"])]
+    latencies = [token_latencies_ms(arrivals.get(key, [])) for key in keys]
+    requests["token_latency_ms_p50"] = [percentile(x, 50) for x in latencies]
+    requests["token_latency_ms_p99"] = [percentile(x, 99) for x in latencies]
+    requests["longest_gap_ms"] = [longest_gap_ms(arrivals.get(key, [])) for key in keys]
+    return requests
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Inverted-CDF percentile (the smallest value with at least q% at or below it); NaN if empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered), max(1, math.ceil(q / 100.0 * len(ordered) - 1e-9))) - 1]
 
 
 def request_alpha(rounds: pd.DataFrame) -> float:
@@ -49,6 +98,7 @@ def finish_point(rounds: pd.DataFrame, requests: pd.DataFrame, warmup: int, shap
     rounds["request_index"] -= warmup
     requests["request_index"] -= warmup
     requests = add_request_stats(requests, rounds)
+    requests = add_latency_stats(requests, rounds)
     requests["shaper"] = shaper
     links_of = [links[int(client) % len(links)] for client in requests["client_id"]]
     requests["link_edge"] = [link.edge for link in links_of]

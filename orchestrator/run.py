@@ -134,7 +134,8 @@ def point_settings(experiment: Experiment, pinning: dict | None = None) -> Point
     return PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
                          max_in_flight=experiment.max_in_flight, controller=experiment.controller,
                          gamma_max=experiment.gamma_max, controller_modes=experiment.controller_modes,
-                         transport=experiment.transport,
+                         transport=experiment.transport, request_deadline_s=experiment.request_deadline_s,
+                         tcp_rto_max_ms=experiment.tcp_rto_max_ms,
                          run_prefix=time.strftime("%Y%m%dT%H%M%S"),
                          link_options=experiment.link,
                          after_shape=(lambda bed: cpus.pin_testbed(bed, pinning)) if pinned else None)
@@ -262,11 +263,16 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, times: d
         return _open_testbed(launcher, experiment, work_dir)
 
 
+def verifier_link_args(experiment: Experiment) -> tuple[str, ...]:
+    """The verifier's end of the experiment's link settings (the edges' come with each run)."""
+    return ("--tcp-rto-max-ms", str(experiment.tcp_rto_max_ms)) if experiment.tcp_rto_max_ms else ()
+
+
 def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
     config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
                             max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
-                            work_dir=str(work_dir))
+                            work_dir=str(work_dir), extra_verifier_args=verifier_link_args(experiment))
     if launcher == "loopback":
         return LoopbackTestbed(config)
     if launcher == "netns":

@@ -297,6 +297,20 @@ def token_matches(given: bytes, token: str | None) -> bool:
 
 # ---- the client ----------------------------------------------------------------------------
 
+# linux/tcp.h (Linux >= 6.15); the socket module has no name for it yet
+TCP_RTO_MAX_MS = 44
+
+
+def cap_retransmission_backoff(sock, rto_max_ms: int) -> None:
+    """Cap TCP's retransmission timeout on a connection at rto_max_ms (0: the kernel's,
+    net.ipv4.tcp_rto_max_ms, 120 s by default). The timeout doubles with every retransmission
+    into a link that is down, so after an outage of S s the next one, the first the returned
+    link carries, comes up to about S s late; capped, it comes within rto_max_ms. Raises OSError
+    where the kernel has no such option."""
+    if rto_max_ms and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, int(rto_max_ms))
+
+
 async def open_connection(host: str, port: int, token: str | None, max_frame_bytes: int,
                           on_frame: Callable, on_lost: Callable[[str], None]) -> FrameProtocol:
     """A frame connection to a verifier at host:port, its token already sent."""

@@ -21,7 +21,9 @@ message in each direction.
 requests.csv: ``wall_s`` from the request's start (before its Open is sent) to its last token;
 ``ttft_s`` to the first emitted token; ``steady_per_token_s`` the steady-state time per token,
 after the first emission (``steady_per_token_s`` below), empty if undefined. ``token_ids`` are
-the generated ids, space-separated.
+the generated ids, space-separated. ``gave_up``: why the client gave the request up before it
+ended (``deadline: ...``, RunConfig.request_deadline_s), else empty; such a row is not an error
+(the run goes on), its ``tokens`` are those received by then and ``token_ids`` is empty.
 
 These two row types are the columns of every launcher's traces: the sim launcher
 (orchestrator/launchers/sim.py) builds the same rows on virtual time and leaves empty what it
@@ -88,6 +90,7 @@ class RequestRow:
     app_delay_ms: float | None = None
     token_ids: str = ""
     error: str = ""
+    gave_up: str = ""     # why the client gave the request up (its deadline; tokens = those received)
 
 
 def steady_per_token_s(t_first_s: float | None, t_last_s: float | None, tokens_after_first: int) -> float | None:

@@ -36,6 +36,8 @@ class PointSettings:
     gamma_max: int = 16
     controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
+    request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
+    tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
     run_prefix: str = "run"
     link_options: Any = None                  # orchestrator.links.LinkOptions
     after_shape: Callable | None = None

@@ -13,6 +13,7 @@ empty, never filled with a configured value.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import pandas as pd
@@ -25,6 +26,7 @@ from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_serve
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
+from netem.spec import LinkSpec
 from orchestrator.request_stats import finish_point
 from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, steady_per_token_s
 
@@ -69,11 +71,16 @@ class SimTestbed:
         policy = None if settings.controller == "static" else make_controller(ControllerConfig(
             settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
             settings.controller_modes or edge_modes()))
+        schedule = getattr(settings.link_options, "schedule", None)
+        link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
+        t_point_s = 0.0            # virtual time since the point's first request (warm-up included)
         for index, prompt in enumerate(prompts):
+            rtt_at = (lambda t, start=t_point_s: link_at(start + t))
             tokens, records, wall_s, ttft_s = run_request(
-                point.mode, self.draft, self.target, prompt, point.gamma, point.rtt_ms / 1e3, stop, self.times,
+                point.mode, self.draft, self.target, prompt, point.gamma, rtt_at(0.0), stop, self.times,
                 settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
-                settings.controller, settings.gamma_max, policy=policy)
+                settings.controller, settings.gamma_max, policy=policy, rtt_at=rtt_at if schedule else None)
+            t_point_s += wall_s
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
                     "request_index": index}
             round_rows += [as_dict(round_row(keys, record)) for record in records]
@@ -82,6 +89,22 @@ class SimTestbed:
                                         pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
                                         self.shaper, self.shape([point.rtt_ms]))
         return rounds.to_dict("records"), requests.to_dict("records"), [], {}
+
+
+def rtt_schedule_s(schedule, base_rtt_ms: float):
+    """The RTT (s) a link schedule (RTT steps) gives t_s after the point's start, by bisection: a
+    measured trace has thousands of steps and a point asks once per round.
+    NOTE: cloud AR and co-located SD keep the RTT in force at their request's start for the whole
+    request (dsd.simulate's server streams have one link cost), so a stall inside such a request
+    is not simulated; sync and pipelined DSD follow the schedule round by round."""
+    steps = schedule.specs(LinkSpec(rtt_ms=base_rtt_ms))
+    times_s = [at_s for at_s, _ in steps]
+    rtts_s = [spec.expected_rtt_ms() / 1e3 for _, spec in steps]
+
+    def rtt_at(t_s: float) -> float:
+        i = bisect.bisect_right(times_s, t_s)
+        return rtts_s[i - 1] if i else base_rtt_ms / 1e3
+    return rtt_at
 
 
 def round_row(keys: dict, record) -> RoundRow:

@@ -137,6 +137,7 @@ class Edge:
         writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
                                           "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
         link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
+        link.rto_max_ms = config.tcp_rto_max_ms
         link.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
         device = self._thread_device or EmulatedDevice(self._timer)
         request = None
@@ -155,18 +156,25 @@ class Edge:
             stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
             for index, prompt in enumerate(config.prompts):
                 request = Request(index, list(prompt), config, stop, t_start_s=time.perf_counter())
-                deadline = asyncio.timeout(config.request_timeout_s)
+                deadline = asyncio.timeout(config.request_deadline_s or config.request_timeout_s)
                 try:
                     async with deadline:
                         await self._dispatch(client, link, request)
                 except TimeoutError:
                     if not deadline.expired():
                         raise
-                    raise RunError(f"request {index}: not done within request_timeout_s "
-                                   f"{config.request_timeout_s}") from None
+                    if not config.request_deadline_s:
+                        raise RunError(f"request {index}: not done within request_timeout_s "
+                                       f"{config.request_timeout_s}") from None
+                    if request.tokens is None:      # else only the session's Close was still on its way
+                        request.gave_up = (f"deadline: not done within request_deadline_s "
+                                           f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
+                                           f"link {link.closed_reason or 'up'})")
+                    if request.session is not None:
+                        await link.abandon(request.session)
                 self._request_row(writer, clock, link, request)
                 run.requests_done += 1
-                run.tokens += len(request.tokens)
+                run.tokens += request.n_emitted if request.gave_up else len(request.tokens)
                 request = None
             run.status = "done"
         except Exception as exc:          # any failure ends the run and is recorded as rows
@@ -215,14 +223,16 @@ class Edge:
 
     def _request_row(self, writer: TraceWriter, clock: EdgeClock, link: VerifierLink, r: Request) -> None:
         c = r.config
+        n_tokens = r.n_emitted if r.gave_up else len(r.tokens)
         writer.request(RequestRow(
             run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=r.index,
-            prompt_tokens=len(r.prompt), tokens=len(r.tokens), rounds=r.rounds, stale_rounds=r.stale_rounds,
+            prompt_tokens=len(r.prompt), tokens=n_tokens, rounds=r.rounds, stale_rounds=r.stale_rounds,
             wall_s=None if r.t_last_s is None else r.t_last_s - r.t_start_s,
             ttft_s=None if r.t_first_s is None else r.t_first_s - r.t_start_s,
-            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, len(r.tokens) - r.first_emitted),
+            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, n_tokens - r.first_emitted),
             t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
-            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms, token_ids=" ".join(map(str, r.tokens))))
+            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
+            token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up))
 
     @staticmethod
     def _error_rows(writer: TraceWriter, link: VerifierLink, run: Run, request: Request | None) -> None:

@@ -68,6 +68,7 @@ class Client:
         """Cloud AR and co-located SD: the verifier generates; every streamed round is a row.
         ``plan`` (gamma, mode): a controller's choice for this request (default: the run's)."""
         session, inbox = self.link.open_inbox()
+        request.session = session
         gamma, mode = plan or (self.config.gamma, self.config.mode)
         await self.link.send(self.open_message(request, session))
         t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
@@ -96,6 +97,7 @@ class Client:
         the verifier verifies."""
         c = self.config
         session, inbox = self.link.open_inbox()
+        request.session = session
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
         transport = SessionTransport(self.link, session, inbox, request, sampling)
         device = DraftDevice(self.device, self.t_draft_s, transport)

@@ -34,7 +34,13 @@ class RunConfig:
     stop_at_eos: bool = True
     probe_count: int = 5              # RTT probes before the run
     probe_interval_ms: float = 500.0  # and one every so often during it
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # a request not done by then fails the run (a hung service)
+    # 0 = none; else a request not done this long after its start is given up as a real client
+    # would: its row says why (gave_up), its session is closed, and the run goes on with the next
+    request_deadline_s: float = 0.0
+    # cap TCP's retransmission backoff on the link (frames.cap_retransmission_backoff): after an
+    # outage the request resumes within this of the link's return; 0 = the kernel's backoff
+    tcp_rto_max_ms: int = 0
     controller: str = "static"        # dsd.control: who picks each round's gamma and mode
     gamma_max: int = 16               # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
@@ -54,7 +60,7 @@ class RunConfig:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
         get_mode(self.mode)                 # dsd/modes.py: a ValueError naming the known modes
         for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
-                          ("probe_count", 0)):
+                          ("probe_count", 0), ("tcp_rto_max_ms", 0)):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
@@ -64,7 +70,8 @@ class RunConfig:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "top_p", float(self.top_p))
         for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
-                          ("request_timeout_s", 0.001), ("start_at_unix_s", 0.0)):
+                          ("request_timeout_s", 0.001), ("start_at_unix_s", 0.0),
+                          ("request_deadline_s", 0.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
                     and math.isfinite(value) and value >= low):
@@ -140,8 +147,12 @@ class Request:
     tokens: list[int] | None = None
     rounds: int = 0
     stale_rounds: int = 0
+    session: int | None = None         # its session on the link, once opened
+    n_emitted: int = 0                 # tokens received so far (what a request given up got)
+    gave_up: str = ""                  # why the client gave it up (its deadline), else empty
 
     def emitted(self, t_receive_s: float, n_tokens: int) -> None:
+        self.n_emitted += n_tokens
         if n_tokens:
             if self.t_first_s is None:
                 self.t_first_s, self.first_emitted = t_receive_s, n_tokens

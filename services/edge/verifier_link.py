@@ -52,6 +52,7 @@ class VerifierLink:
         self._seqs = itertools.count(1)
         self._session_ids = itertools.count(1)
         self._inboxes: dict[int, asyncio.Queue] = {}
+        self._abandoned: set[int] = set()     # sessions given up: what still comes for them is dropped
         self._waiting: dict[int, asyncio.Future] = {}
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._incoming: asyncio.Queue = asyncio.Queue()
@@ -59,6 +60,7 @@ class VerifierLink:
         self._http: aiohttp.ClientSession | None = None
         self._ws = None
         self.closed_reason: str | None = None
+        self.rto_max_ms = 0                    # RunConfig.tcp_rto_max_ms
         # services.spinwait: how long a block's verdict took lately, and whether this link's run
         # is the only one of the process (only then may the loop poll for the verdict)
         self.verdict_gaps = spinwait.Gaps()
@@ -91,6 +93,9 @@ class VerifierLink:
                 raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
                                f"{' (token sent)' if self.token else ' (no token)'}") from None
             self._tasks = [asyncio.create_task(self._read())]
+        frames.cap_retransmission_backoff(
+            self._ws.get_extra_info("socket") if self._ws is not None else self._frames.transport.get_extra_info("socket"),
+            self.rto_max_ms)
         if self.delay_s > 0:
             self._tasks += [asyncio.create_task(self._release_outgoing()),
                             asyncio.create_task(self._release_incoming())]
@@ -125,6 +130,15 @@ class VerifierLink:
 
     def close_inbox(self, session: int) -> None:
         self._inboxes.pop(session, None)
+
+    async def abandon(self, session: int) -> None:
+        """Give a session up: drop its inbox and what still comes for it, and ask the verifier to
+        close it without waiting for the answer (the link may be down: then the verifier frees it
+        when the connection ends)."""
+        self.close_inbox(session)
+        self._abandoned.add(session)
+        if not self.closed_reason:
+            await self.send(wire.Close(self.next_seq(), session))
 
     @property
     def awaiting_reply(self) -> bool:
@@ -197,6 +211,8 @@ class VerifierLink:
         session = getattr(message, "session", None)
         if session is not None and session in self._inboxes:
             self._inboxes[session].put_nowait((t_receive_s, message))
+        elif session is not None and session in self._abandoned:
+            pass
         elif message.seq in self._waiting:
             if not self._waiting[message.seq].done():      # its waiter may have been cancelled
                 self._waiting[message.seq].set_result((t_receive_s, message))

@@ -50,6 +50,8 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     parser.add_argument("--max-tokens-per-session", type=int, default=limits_defaults.max_tokens_per_session)
     parser.add_argument("--max-message-bytes", type=int, default=limits_defaults.max_message_bytes)
     parser.add_argument("--idle-timeout-s", type=float, default=limits_defaults.idle_timeout_s)
+    parser.add_argument("--tcp-rto-max-ms", type=int, default=limits_defaults.tcp_rto_max_ms,
+                        help="cap TCP's retransmission backoff per connection (0: the kernel's; Linux >= 6.15)")
     for name in ("max_sessions_per_connection", "max_inflight_per_connection", "max_prompt_tokens",
                  "max_tokens_per_connection"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(limits_defaults, name))
@@ -61,7 +63,7 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
         limits = VerifierLimits(args.max_sessions, args.max_gamma, args.max_tokens_per_session,
                                 args.max_message_bytes, args.idle_timeout_s, args.max_sessions_per_connection,
                                 args.max_inflight_per_connection, args.max_prompt_tokens,
-                                args.max_tokens_per_connection)
+                                args.max_tokens_per_connection, tcp_rto_max_ms=args.tcp_rto_max_ms)
         scheduler_config = SchedulerConfig(args.max_batch, args.batch_window_ms)
         token = access.load_token(args.token_file, log=log)
         args.spin = spinwait.spin_from_args(args)

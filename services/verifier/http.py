@@ -183,6 +183,7 @@ class VerifierHttp:
             await self._on_frame(conn, data, *conn.stamp())
 
     def _open_connection(self, conn: Connection, sock) -> None:
+        frames.cap_retransmission_backoff(sock, self.limits.tcp_rto_max_ms)
         conn.watched = arrival.watch(sock)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1

@@ -26,6 +26,7 @@ class VerifierLimits:
     max_inflight_per_connection: int = 32     # Open, Verify, Generate queued or being served
     max_prompt_tokens: int = 2048
     max_tokens_per_connection: int = 65536    # prompt + max_new_tokens over its open sessions
+    tcp_rto_max_ms: int = 0                   # frames.cap_retransmission_backoff on every connection
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_gamma", "max_tokens_per_session", "max_message_bytes",
@@ -34,6 +35,9 @@ class VerifierLimits:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not (isinstance(self.tcp_rto_max_ms, int) and not isinstance(self.tcp_rto_max_ms, bool)
+                and self.tcp_rto_max_ms >= 0):
+            raise ValueError(f"tcp_rto_max_ms must be a whole number >= 0 (0: the kernel's), got {self.tcp_rto_max_ms!r}")
         if not (isinstance(self.idle_timeout_s, (int, float)) and math.isfinite(self.idle_timeout_s)
                 and self.idle_timeout_s > 0):
             raise ValueError(f"idle_timeout_s must be a finite number > 0, got {self.idle_timeout_s!r}")

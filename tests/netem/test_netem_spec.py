@@ -17,7 +17,7 @@ from netem.spec import DirectionSpec, LinkSpec
         ({"rtt_ms": True}, "rtt_ms", "True"),
         ({"rtt_ms": 20, "jitter_ms": -0.5}, "jitter_ms", "-0.5"),
         ({"rtt_ms": 20, "jitter_ms": 11}, "jitter_ms", "11"),
-        ({"rtt_ms": 20, "loss_pct": 100}, "loss_pct", "100"),
+        ({"rtt_ms": 20, "loss_pct": 100.5}, "loss_pct", "100.5"),
         ({"rtt_ms": 20, "loss_pct": -1}, "loss_pct", "-1"),
         ({"rtt_ms": 20, "rate_mbit": 0}, "rate_mbit", "0"),
         ({"rtt_ms": 20, "rate_mbit": math.inf}, "rate_mbit", "inf"),
@@ -30,6 +30,11 @@ def test_invalid_field_raises_value_error_naming_field_and_value(kwargs, field, 
     with pytest.raises(ValueError) as info:
         LinkSpec(**kwargs)
     assert field in str(info.value) and value in str(info.value)
+
+
+def test_a_link_that_is_down_is_a_valid_link_of_a_schedule():
+    down = LinkSpec(rtt_ms=20, loss_pct=100)
+    assert down.up.loss_pct == down.down.loss_pct == 100.0 and down.expected_rtt_loss_pct == 100.0
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"delay_up_ms": 5}, {"rtt_ms": 10, "delay_up_ms": 5, "delay_down_ms": 5}])
