@@ -60,7 +60,8 @@ def test_every_documented_trace_column_is_real(docs):
     """The rounds.csv and requests.csv tables name nothing that neither the row type nor the
     analysis adds (the analysis's additions are listed here so a rename shows up)."""
     added = {"rounds.csv": {"link_change_index", "link_rtt_configured_ms"},
-             "requests.csv": {"alpha_measured", "distinct_4gram", "shaper", "link_edge", "link_rtt_configured_ms"}}
+             "requests.csv": {"alpha_measured", "distinct_4gram", "shaper", "link_edge", "link_rtt_configured_ms",
+                              "token_latency_ms_p50", "token_latency_ms_p99", "longest_gap_ms"}}
     for file, row in (("rounds.csv", RoundRow), ("requests.csv", RequestRow)):
         assert sorted(section(docs, f"`{file}`") - _names(row) - added[file]) == []
 
