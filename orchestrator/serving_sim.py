@@ -188,81 +188,92 @@ def simulate_serving(setup: ServingSetup, arrivals: list[Arrival], seed: int) ->
 
 
 def _starter(sim: _Sim, verifier: _Verifier, setup: ServingSetup, r: Served, draws: np.ndarray):
-    one_way_s = r.rtt_ms / 2e3
-    gamma, times = setup.gamma, setup.times
-    remaining = [r.arrival.max_tokens]
-    block_at = [math.nan]            # sync DSD: when the edge's current block reaches the verifier
-    session_free_at = [math.nan]     # when the session's previous job ended (nan: still running)
+    return _RequestEvents(sim, verifier, setup, r, draws).start
 
-    def emit(t_edge_s: float, n: int) -> None:
-        n = min(n, remaining[0])
+
+class _RequestEvents:
+    """One request's events on the virtual clock: its Open, prefill, rounds and Close."""
+
+    def __init__(self, sim: _Sim, verifier: _Verifier, setup: ServingSetup, r: Served, draws: np.ndarray) -> None:
+        self.sim, self.verifier, self.setup, self.r, self.draws = sim, verifier, setup, r, draws
+        self.one_way_s = r.rtt_ms / 2e3
+        self.gamma, self.times = setup.gamma, setup.times
+        self.remaining = r.arrival.max_tokens
+        self.block_at = math.nan             # sync DSD: when the edge's current block reaches the verifier
+        self.session_free_at = math.nan      # when the session's previous job ended (nan: still running)
+
+    def emit(self, t_edge_s: float, n: int) -> None:
+        r = self.r
+        n = min(n, self.remaining)
         if n <= 0:
             return
         if math.isnan(r.first_token_s):
             r.first_token_s = t_edge_s
         r.last_token_s, r.tokens, r.rounds = t_edge_s, r.tokens + n, r.rounds + 1
-        remaining[0] -= n
+        self.remaining -= n
 
-    def close(t_server_s: float) -> None:
+    def close(self, t_server_s: float) -> None:
         # the edge sends Close when the last tokens reach it; the verifier frees the session on arrival
-        sim.at(t_server_s + 2 * one_way_s, lambda _t: _closed())
+        self.sim.at(t_server_s + 2 * self.one_way_s, lambda _t: self._closed())
 
-    def _closed() -> None:
-        verifier.open_sessions -= 1
+    def _closed(self) -> None:
+        self.verifier.open_sessions -= 1
 
-    def on_server_step(t_s: float) -> None:      # AR step or co-located round: next job at once
-        if setup.mode == AR:
-            emit(t_s + one_way_s, 1)
-            if remaining[0] > 0:
-                verifier.submit(t_s, AR, 1, r, on_server_step)
+    def _server_round(self, t_s: float) -> None:
+        self.verifier.submit(t_s, "draft", self.gamma, self.r,
+                             lambda t: self.verifier.submit(t, "verify", self.gamma, self.r, self.on_server_step))
+
+    def on_server_step(self, t_s: float) -> None:      # AR step or co-located round: next job at once
+        if self.setup.mode == AR:
+            self.emit(t_s + self.one_way_s, 1)
+            if self.remaining > 0:
+                self.verifier.submit(t_s, AR, 1, self.r, self.on_server_step)
             else:
-                close(t_s)
+                self.close(t_s)
             return
-        emit(t_s + one_way_s, int(draws[r.rounds]) + 1)
-        if remaining[0] > 0:
-            verifier.submit(t_s, "draft", gamma, r, lambda t: verifier.submit(t, "verify", gamma, r, on_server_step))
+        self.emit(t_s + self.one_way_s, int(self.draws[self.r.rounds]) + 1)
+        if self.remaining > 0:
+            self._server_round(t_s)
         else:
-            close(t_s)
+            self.close(t_s)
 
-    def on_verdict(t_s: float) -> None:          # sync DSD: the verdict goes back, the edge drafts on
-        session_free_at[0] = t_s
-        edge_s = t_s + one_way_s
-        emit(edge_s, int(draws[r.rounds]) + 1)
-        if remaining[0] <= 0:
-            close(t_s)
+    def on_verdict(self, t_s: float) -> None:          # sync DSD: the verdict goes back, the edge drafts on
+        self.session_free_at = t_s
+        edge_s = t_s + self.one_way_s
+        self.emit(edge_s, int(self.draws[self.r.rounds]) + 1)
+        if self.remaining <= 0:
+            self.close(t_s)
             return
-        send_block(edge_s + gamma * times.t_draft_edge_s)
+        self.send_block(edge_s + self.gamma * self.times.t_draft_edge_s)
 
-    def send_block(t_edge_s: float) -> None:
-        block_at[0] = t_edge_s + one_way_s
-        sim.at(block_at[0], lambda t: maybe_verify(t))
+    def send_block(self, t_edge_s: float) -> None:
+        self.block_at = t_edge_s + self.one_way_s
+        self.sim.at(self.block_at, lambda t: self.maybe_verify(t))
 
-    def maybe_verify(_t: float) -> None:
-        if math.isnan(session_free_at[0]) or math.isnan(block_at[0]):
+    def maybe_verify(self, _t: float) -> None:
+        if math.isnan(self.session_free_at) or math.isnan(self.block_at):
             return                               # the other of (block, session free) comes later
-        ready_s = max(block_at[0], session_free_at[0])
-        block_at[0] = session_free_at[0] = math.nan
-        verifier.submit(ready_s, "verify", gamma, r, on_verdict)
+        ready_s = max(self.block_at, self.session_free_at)
+        self.block_at = self.session_free_at = math.nan
+        self.verifier.submit(ready_s, "verify", self.gamma, self.r, self.on_verdict)
 
-    def after_prefill(t_s: float) -> None:
-        if setup.mode == SYNC:
-            session_free_at[0] = t_s
-            maybe_verify(t_s)
-        elif setup.mode == AR:
-            verifier.submit(t_s, AR, 1, r, on_server_step)
+    def after_prefill(self, t_s: float) -> None:
+        if self.setup.mode == SYNC:
+            self.session_free_at = t_s
+            self.maybe_verify(t_s)
+        elif self.setup.mode == AR:
+            self.verifier.submit(t_s, AR, 1, self.r, self.on_server_step)
         else:
-            verifier.submit(t_s, "draft", gamma, r, lambda t: verifier.submit(t, "verify", gamma, r, on_server_step))
+            self._server_round(t_s)
 
-    def open_arrives(t_s: float) -> None:
-        if verifier.open_sessions >= setup.max_sessions:
-            r.refused = REFUSED_MAX_SESSIONS      # the edge hears so one link delay later; no tokens
+    def open_arrives(self, t_s: float) -> None:
+        if self.verifier.open_sessions >= self.setup.max_sessions:
+            self.r.refused = REFUSED_MAX_SESSIONS      # the edge hears so one link delay later; no tokens
             return
-        verifier.open_sessions += 1
-        verifier.submit(t_s, "prefill", setup.prompt_tokens, r, after_prefill)
+        self.verifier.open_sessions += 1
+        self.verifier.submit(t_s, "prefill", self.setup.prompt_tokens, self.r, self.after_prefill)
 
-    def start(t_s: float) -> None:
-        sim.at(t_s + one_way_s, open_arrives)
-        if setup.mode == SYNC:                   # the edge drafts at once, not waiting for Opened
-            send_block(t_s + gamma * times.t_draft_edge_s)
-
-    return start
+    def start(self, t_s: float) -> None:
+        self.sim.at(t_s + self.one_way_s, self.open_arrives)
+        if self.setup.mode == SYNC:                   # the edge drafts at once, not waiting for Opened
+            self.send_block(t_s + self.gamma * self.times.t_draft_edge_s)
