@@ -44,6 +44,10 @@ def experiment(root, workload=None, **extra):
     return experiment_from_dict(data)
 
 
+def _ids(rendered) -> list[int]:
+    return list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+
+
 def test_an_explicit_pair_is_prompted_with_its_own_tokenizer(own_pair, tmp_path):
     root, tokenizer = own_pair
     assert target_tokenizer(experiment(root).backend).vocab_size == tokenizer.vocab_size < 4096
@@ -51,9 +55,12 @@ def test_an_explicit_pair_is_prompted_with_its_own_tokenizer(own_pair, tmp_path)
     prompts_file.write_text("\n".join(json.dumps({"prompt": t}) for t in TEXTS[:4]) + "\n")
     prompts = experiment_prompts(experiment(root, {"source": "jsonl", "path": str(prompts_file), "n_prompts": 4,
                                                    "max_prompt_tokens": 32}))
-    expected = sorted(tokenizer.encode(t) for t in TEXTS[:4])
+    # The pair's tokenizer has a chat template: each instruction is one user turn of it.
+    expected = sorted(_ids(tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                                         add_generation_prompt=True, tokenize=True))
+                      for t in TEXTS[:4])
     assert sorted(prompts) == expected
-    assert all(0 <= t < tokenizer.vocab_size and t != 0 for p in prompts for t in p)   # 0 is [UNK]
+    assert all(0 <= t < tokenizer.vocab_size for p in prompts for t in p)
     # The held-out windows too are the pair's own ids.
     windows = experiment_prompts(experiment(root))
     assert len(windows) == 4 and all(len(w) == 8 and max(w) < tokenizer.vocab_size for w in windows)
