@@ -85,7 +85,7 @@ from dsd.decoding import generate_ar    # noqa: E402
 from dsd import latency_model as lm    # noqa: E402
 from dsd.drafting import DraftJob, draft_block    # noqa: E402
 from dsd.stopping import StopRule    # noqa: E402
-from dsd.timing import _step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
+from dsd.timing import step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
 from dsd.verifier_session import VerifierSession    # noqa: E402
 from orchestrator.capacity import (backlogged_gaps_s, capacity_at, fit_cost_line, overlap_counts,    # noqa: E402
                                    overlap_window)
@@ -405,7 +405,7 @@ def _batch8(backend, draft, target, args, results: dict) -> None:
 def _capacity(backend, draft, target, args, counts: list[int], results: dict) -> None:
     log("4. capacity")
     context = [(i * 31 + 11) % target.vocab_size for i in range(24 + args.tokens // 2)]
-    t_d_edge = _step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
+    t_d_edge = step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
     prompts = make_prompts(backend, max(counts), 24, seed=3)
     tables = draft_tables(draft, target, prompts, args.tokens)
     kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge)

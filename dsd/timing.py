@@ -40,7 +40,7 @@ def _median_s(fn: Callable[[], None], repeats: int) -> float:
     return statistics.median(samples)
 
 
-def _step_time_s(model: LanguageModel, context: list[int], n_positions: int, repeats: int) -> float:
+def step_time_s(model: LanguageModel, context: list[int], n_positions: int, repeats: int) -> float:
     """Time of one pass over n_positions new positions after a cached ``context``."""
     seq_id = f"timing-{n_positions}"
     extra = [(t * 7 + 3) % model.vocab_size for t in range(n_positions)]
@@ -62,9 +62,9 @@ def measure_times(draft: LanguageModel, target: LanguageModel, gammas: tuple[int
     prefill_s = _median_s(lambda: (target.logits("timing-prefill", context, 1),
                                    target.release("timing-prefill")), max(3, repeats // 5))
     return MeasuredTimes(
-        t_draft_s=_step_time_s(draft, context, 1, repeats),
-        t_ar_s=_step_time_s(target, context, 1, repeats),
-        t_verify_s={g: _step_time_s(target, context, g + 1, repeats) for g in gammas},
+        t_draft_s=step_time_s(draft, context, 1, repeats),
+        t_ar_s=step_time_s(target, context, 1, repeats),
+        t_verify_s={g: step_time_s(target, context, g + 1, repeats) for g in gammas},
         t_prefill_per_token_s=prefill_s / context_tokens,
         context_tokens=context_tokens,
         repeats=repeats,

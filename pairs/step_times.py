@@ -5,13 +5,12 @@ main job pins: the verifier and the edge on a core of their own)."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+from dsd.timing import step_time_s
 
 
 @dataclass(frozen=True)
@@ -28,20 +27,6 @@ class StepTimes:
                 "t_draft_over_t_ar": round(self.t_draft_s / self.t_ar_s, 4)}
 
 
-def _median_pass_s(lm: TorchLM, context: list[int], new: int, passes: int) -> float:
-    """Median wall time of one pass feeding `new` positions after `context` (cached)."""
-    times = []
-    for i in range(passes + 2):                       # two warm-up passes
-        seq_id = f"timing-{i}"
-        lm.logits(seq_id, context, 1)                 # the context, cached
-        tokens = context + [(t * 7 + 11) % lm.vocab_size for t in range(new)]
-        start = time.perf_counter()
-        lm.logits(seq_id, tokens, new)
-        times.append(time.perf_counter() - start)
-        lm.release(seq_id)
-    return statistics.median(times[2:])
-
-
 def measure_step_times(target_path: str, draft_path: str, context: list[int], gamma: int,
                        passes: int = 30, threads: int = 1) -> StepTimes:
     old = torch.get_num_threads()
@@ -49,9 +34,9 @@ def measure_step_times(target_path: str, draft_path: str, context: list[int], ga
     try:
         target = TorchLM.load(TorchLMConfig(target_path))
         draft = TorchLM.load(TorchLMConfig(draft_path))
-        return StepTimes(t_ar_s=_median_pass_s(target, context, 1, passes),
-                         t_verify_s=_median_pass_s(target, context, gamma + 1, passes),
-                         t_draft_s=_median_pass_s(draft, context, 1, passes),
+        return StepTimes(t_ar_s=step_time_s(target, context, 1, passes),
+                         t_verify_s=step_time_s(target, context, gamma + 1, passes),
+                         t_draft_s=step_time_s(draft, context, 1, passes),
                          gamma=gamma, context_tokens=len(context), threads=threads)
     finally:
         torch.set_num_threads(old)
