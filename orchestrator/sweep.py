@@ -171,12 +171,16 @@ def point_done(out_dir: Path, point: Point) -> bool:
 
 def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int]]:
     """The prompts one point runs: the whole pool when it is one point's worth, else the slice
-    of its (repeat, RTT) slot, taken in turn around the pool."""
+    of its slot, taken in turn around the pool: a (repeat, RTT) slot, or with the workload's
+    rotate = "repeat" the repeat alone."""
     per_point = experiment.warmup_requests + experiment.requests
     if len(pool) <= per_point:
         return pool
-    rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
-    slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
+    if experiment.workload.rotate == "repeat":
+        slot = point.repeat
+    else:
+        rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
+        slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
     start = slot * per_point
     return [pool[(start + i) % len(pool)] for i in range(per_point)]
 

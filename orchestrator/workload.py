@@ -18,7 +18,9 @@ cut into windows of max_prompt_tokens; ``datasets`` a Hugging Face ``datasets`` 
 
 When the pool holds more prompts than a point runs, the points take turns through it: every
 (repeat, RTT) slot gets the next prompts, and the modes, gammas and sampling settings of one
-slot share them, so comparisons at one RTT stay paired.
+slot share them, so comparisons at one RTT stay paired. With ``rotate = "repeat"`` every RTT of
+a repeat runs the same prompts too, so a comparison across RTTs (a crossover, a prediction from
+the RTT-0 calibration points) is paired as well.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from dsd.backends.factory import BackendConfig, HfBackendConfig
 from orchestrator.tables import config_from_table
 
 SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
+ROTATIONS = ("rtt", "repeat")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_INSTRUCTIONS = PROJECT_ROOT / "workloads" / "instructions.jsonl"
 
@@ -44,9 +47,11 @@ class Workload:
     n_prompts: int = 0               # 0: warmup_requests + requests
     max_prompt_tokens: int = 0       # 0: the experiment's prompt_tokens
     shuffle_seed: int = -1           # -1: the experiment's seed
+    rotate: str = "rtt"              # "rtt": each (repeat, RTT) slot its own prompts; "repeat": every RTT of a repeat the same
 
     def __post_init__(self) -> None:
         _check(self.source in SOURCES, "source", self.source, f"one of {SOURCES}")
+        _check(self.rotate in ROTATIONS, "rotate", self.rotate, f"one of {ROTATIONS}")
         if self.source == "heldout":
             _check(not self.path, "path", self.path, "empty for source 'heldout'")
         else:

@@ -154,3 +154,19 @@ def test_a_pool_larger_than_a_point_is_shared_out_by_repeat_and_rtt_and_kept_pai
     assert by_point["ar_rtt0ms_g4_c1_r0"] != by_point["ar_rtt10ms_g4_c1_r0"]
     used = {tuple(p) for prompts in by_point.values() for p in prompts}
     assert used == {tuple(p) for p in pool}                                                # all 10 used
+
+
+def test_rotate_by_repeat_gives_every_rtt_of_a_repeat_the_same_prompts():
+    exp = experiment_from_dict({"name": "pool", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"},
+                                "rtt_ms": [0, 10, 20], "repeats": 2, "requests": 3, "warmup_requests": 1,
+                                "workload": {"n_prompts": 10, "rotate": "repeat"}})
+    pool = experiment_prompts(exp)
+    by_point = {p.key: prompts_for_point(pool, exp, p) for p in plan_points(exp)}
+    assert by_point["ar_rtt0ms_g4_c1_r0"] == by_point["sync_rtt20ms_g4_c1_r0"]           # paired RTTs
+    assert by_point["ar_rtt0ms_g4_c1_r0"] != by_point["ar_rtt0ms_g4_c1_r1"]              # repeats differ
+
+
+def test_an_unknown_rotation_is_an_error_naming_the_key():
+    with pytest.raises(ValueError, match="rotate"):
+        experiment_from_dict({"name": "pool", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"},
+                              "workload": {"rotate": "mode"}})
