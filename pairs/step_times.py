@@ -21,6 +21,7 @@ class StepTimes:
     gamma: int
     context_tokens: int
     threads: int
+    dtype: str = "float32"
 
     def ratios(self) -> dict:
         return {"t_verify_over_t_ar": round(self.t_verify_s / self.t_ar_s, 4),
@@ -28,15 +29,16 @@ class StepTimes:
 
 
 def measure_step_times(target_path: str, draft_path: str, context: list[int], gamma: int,
-                       passes: int = 30, threads: int = 1) -> StepTimes:
+                       passes: int = 30, threads: int = 1, dtype: str = "float32") -> StepTimes:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        target = TorchLM.load(TorchLMConfig(target_path))
-        draft = TorchLM.load(TorchLMConfig(draft_path))
+        target = TorchLM.load(TorchLMConfig(target_path, dtype))
+        draft = TorchLM.load(TorchLMConfig(draft_path, dtype))
         return StepTimes(t_ar_s=step_time_s(target, context, 1, passes),
                          t_verify_s=step_time_s(target, context, gamma + 1, passes),
                          t_draft_s=step_time_s(draft, context, 1, passes),
-                         gamma=gamma, context_tokens=len(context), threads=threads)
+                         gamma=gamma, context_tokens=len(context), threads=threads,
+                         dtype=dtype)
     finally:
         torch.set_num_threads(old)
