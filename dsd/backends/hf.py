@@ -9,6 +9,7 @@ from typing import ClassVar
 from dsd.backends.protocol import BackendConfig
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
+AUTO = "auto"        # bfloat16 where it is fast (a GPU, or a CPU with AMX), else float32
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PAIR = REPO / "models" / "default-pair"
 
@@ -22,15 +23,17 @@ class HfBackendConfig(BackendConfig):
     pair_path: str = str(DEFAULT_PAIR)
     target_path: str = ""
     draft_path: str = ""
-    dtype: str = "float32"
+    dtype: str = "float32"          # or "auto", resolved here so that every service gets the same
     device: str = "cpu"
 
     def __post_init__(self) -> None:
         pair = Path(self.pair_path).expanduser()
         if self.pair_path and not pair.is_absolute():
             object.__setattr__(self, "pair_path", str(REPO / pair))
+        if self.dtype == AUTO:
+            object.__setattr__(self, "dtype", fast_dtype(self.device))
         if self.dtype not in DTYPE_NAMES:
-            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES} or {AUTO!r}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
 
@@ -66,3 +69,16 @@ class HfBackendConfig(BackendConfig):
             raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
                              "the pair must share a tokenizer")
         return draft, target
+
+
+def fast_dtype(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """bfloat16 on a GPU or on a CPU with AMX tiles for it (there a pass over a few positions
+    costs about one decode step); float32 on other CPUs, where bfloat16 matmuls are emulated and
+    slower than float32."""
+    if device.startswith("cuda"):
+        return "bfloat16"
+    try:
+        flags = Path(cpuinfo).read_text()
+    except OSError:
+        return "float32"
+    return "bfloat16" if " amx_bf16" in flags else "float32"
