@@ -418,3 +418,10 @@ def test_dsdbed_build_pair_hands_every_option_to_the_build(capsys):
     with pytest.raises(SystemExit):
         cli.main(["analyze", "results/x", "--no-such-option"])
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+def test_scoring_a_folder_without_target_and_draft_is_one_clear_error(tmp_path, capsys):
+    from pairs import score
+    with pytest.raises(SystemExit):
+        score.main(["--pair", str(tmp_path), "--prompts", str(smollm2.EVAL_PROMPTS)])
+    assert "expected target/ and draft/" in capsys.readouterr().err
