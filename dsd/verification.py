@@ -72,9 +72,28 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | Non
     return probs
 
 
+NUCLEUS_FIRST_K = 1024     # look for the nucleus among this many top tokens before sorting all
+
+
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep, per row, the most probable tokens until their mass reaches top_p (the token that
-    crosses top_p is kept, so at least one always is); renormalise. probs: [n, vocab]."""
+    crosses top_p is kept, so at least one always is); renormalise. probs: [n, vocab].
+
+    The nucleus is looked for among the top NUCLEUS_FIRST_K tokens first: when the mass ahead of
+    the last of them already reaches top_p in every row, no token outside them is kept and the
+    result is the full sort's (a sort of a 49,152-token row is most of a draft step's sampling)."""
+    k = min(NUCLEUS_FIRST_K, probs.shape[-1])
+    if k < probs.shape[-1]:
+        top_probs, top_ids = torch.topk(probs, k, dim=-1)            # [n, k], descending
+        mass_before = torch.cumsum(top_probs, dim=-1) - top_probs
+        if bool((mass_before[..., -1] >= top_p).all()):
+            kept = top_probs * (mass_before < top_p)
+            out = torch.zeros_like(probs).scatter(-1, top_ids, kept)
+            return out / kept.sum(dim=-1, keepdim=True)
+    return _nucleus_by_sort(probs, top_p)
+
+
+def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [n, vocab]
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs   # mass of the tokens ahead
     keep_sorted = mass_before < top_p

@@ -125,3 +125,15 @@ def test_colocated_sampling_with_truncation_reproduces_the_targets_truncated_dis
     expected = [e * n_runs / sum(expected) for e in expected]
     _, p_value = stats.chisquare(observed, expected)
     assert p_value > 1e-3
+
+
+@pytest.mark.parametrize("scale", [8.0, 3.0, 0.01])      # peaked rows (nucleus in the top 1,024) .. flat (it is not)
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
+def test_the_nucleus_found_among_the_top_tokens_is_the_full_sorts(scale, top_p):
+    from dsd.verification import _nucleus, _nucleus_by_sort
+    generator = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
+    probs = torch.softmax(torch.randn(4, 49152, generator=generator) * scale, dim=-1)
+    fast, full = _nucleus(probs, top_p), _nucleus_by_sort(probs, top_p)
+    assert torch.equal(fast > 0, full > 0)
+    assert torch.allclose(fast, full, rtol=1e-5, atol=1e-9)
+    assert torch.allclose(fast.sum(-1), torch.ones(4))

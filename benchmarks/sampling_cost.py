@@ -1,0 +1,71 @@
+"""What sampling costs per row on the real pair's vocabulary (49,152 tokens): the nucleus found
+among the top tokens first (dsd.verification._nucleus) against sorting the whole row.
+
+    python benchmarks/sampling_cost.py [--pair models/smollm2-chat] [--passes 200]
+
+Rows: the target's logits over one evaluation instruction's answer (bfloat16 target, greedy
+answer of 48 tokens), at the main job's sampling (temperature 0.7, top-p 0.9). Prints last
+``rows= full_sort_ms= top_first_ms= ratio= fast_path_share=`` (per row, medians of the passes;
+ratio = top_first / full_sort, below 1 is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
+from dsd.decoding import generate_ar  # noqa: E402
+from dsd.stopping import StopRule  # noqa: E402
+from dsd.verification import NUCLEUS_FIRST_K, _nucleus, _nucleus_by_sort  # noqa: E402
+
+TEMPERATURE, TOP_P = 0.7, 0.9
+
+
+def answer_rows(pair: Path) -> torch.Tensor:
+    from transformers import AutoTokenizer
+    from pairs import chat_data, smollm2
+    tokenizer = AutoTokenizer.from_pretrained(str(pair))
+    prompt = chat_data.render(tokenizer, chat_data.read_prompts(smollm2.EVAL_PROMPTS)[0])
+    target = TorchLM.load(TorchLMConfig(str(pair / "target"), "bfloat16"))
+    answer = generate_ar(target, prompt, StopRule(max_new_tokens=48)).tokens
+    return target.logits("rows", prompt + answer, len(answer))
+
+
+def per_row_ms(nucleus, probs: torch.Tensor, passes: int) -> float:
+    times = []
+    for _ in range(passes):
+        row = probs[len(times) % len(probs)].unsqueeze(0)
+        start = time.perf_counter()
+        nucleus(row, TOP_P)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", type=Path, default=Path("models/smollm2-chat"))
+    parser.add_argument("--passes", type=int, default=200)
+    args = parser.parse_args(argv)
+    if not (args.pair / "target").is_dir():
+        parser.error(f"{args.pair}/target missing: python -m pairs.build --family smollm2 "
+                     f"--out {args.pair} --target-only")
+    torch.set_num_threads(1)
+    probs = torch.softmax(answer_rows(args.pair).float() / TEMPERATURE, dim=-1)
+    sorted_mass = torch.sort(probs, dim=-1, descending=True).values.cumsum(-1)
+    fast_share = float((sorted_mass[:, NUCLEUS_FIRST_K - 2] >= TOP_P).float().mean())
+    full_ms = per_row_ms(_nucleus_by_sort, probs, args.passes)
+    fast_ms = per_row_ms(_nucleus, probs, args.passes)
+    print(f"rows={len(probs)} full_sort_ms={full_ms:.3f} top_first_ms={fast_ms:.3f} "
+          f"ratio={fast_ms / full_ms:.3f} fast_path_share={fast_share:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
