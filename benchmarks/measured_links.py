@@ -57,9 +57,10 @@ RURAL = ROOT / "data" / "cicv5g" / "south_n8_v10_02.csv"
 EXPERIMENT = ROOT / "experiments" / "measured-rural-n8-v10.toml"
 STALL_MIN_MS = 5000.0
 PARTS = ("replay", "stalls", "adaptive")
-# Where each trace's adaptive slice starts: the rural trace's first 20 s hold no RTT above 53 ms;
-# from 20 s it holds packets for 0.3-1 s at a time (its 12-s stall at 84 s is the stall part's).
-ADAPTIVE_FROM_S = {"south_n8_v10_02.csv": 20.0}
+# Where each trace's adaptive slice starts (the others: at 0). The rural trace's first 20 s hold no
+# RTT above 53 ms; from 12 s a run of 12 requests sees 10 s of that, then its first holds of packets
+# (0.95 s at 22.8 s, 0.3 and 0.7 s at 26.2 and 27.2 s); its 12-s stall at 84 s is the stall part's.
+ADAPTIVE_FROM_S = {"south_n8_v10_02.csv": 12.0}
 PROBE_INTERVAL_S = 0.01
 SETTLE_S = 0.002
 
@@ -230,13 +231,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--traces", nargs="+", choices=[p.name for p in TRACES], default=[],
                         help="adaptive: only these traces (default: every one)")
     parser.add_argument("--adaptive-slice-s", type=float, default=30.0,
-                        help="seconds of each trace the adaptive runs follow (from ADAPTIVE_FROM_S: 0, the rural 20)")
+                        help="seconds of each trace the adaptive runs follow (from ADAPTIVE_FROM_S: 0, the rural 12)")
     parser.add_argument("--level-window-s", type=float, default=1.0, help="the level rule's windows")
     parser.add_argument("--level-factor", type=float, default=1.25, help="the level rule's bins")
     parser.add_argument("--seeds", type=int, default=1, help="adaptive: seeds per trace")
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--adaptive-requests", type=int, default=24, help="adaptive: requests per run")
-    parser.add_argument("--alpha-requests", type=int, default=6, help="adaptive: requests per prompt class, in turn")
+    parser.add_argument("--adaptive-requests", type=int, default=12, help="adaptive: requests per run")
+    parser.add_argument("--alpha-requests", type=int, default=6,
+                        help="adaptive: requests per prompt class, in turn (default: 6 at alpha 0.9, then 6 at 0.3)")
     parser.add_argument("--adaptive-tokens", type=int, default=32, help="adaptive: tokens per request")
     parser.add_argument("--out", default="", help="where the sweep and slices go (default: a temp folder)")
     return parser.parse_args(argv)

@@ -38,4 +38,4 @@ def test_the_adaptive_part_prints_finite_figures_against_the_oracle_on_every_tra
     assert figures["replay_err_p50_ms"] == "nan" and figures["stall_requests"] == "nan"
     table = [line for line in out if line.split()[:1] and line.split()[0] in {p.name for p in measured_links.TRACES}]
     assert len(table) == 5 and all(len(line.split()) == 8 for line in table), table
-    assert sorted(tmp_path.glob("adaptive-*.csv"))[0].name == "adaptive-south_n8_v10_02-20s.csv"
+    assert sorted(tmp_path.glob("adaptive-*.csv"))[0].name == "adaptive-south_n8_v10_02-12s.csv"

@@ -81,11 +81,13 @@ def test_the_oracle_scores_a_run_over_the_segments_it_spent_time_in():
 
 
 def test_the_levels_check_is_each_arms_run_against_its_own_times_at_the_levels():
-    """An arm measured at 10 ms a token at the 20-ms level, whose run there emitted 80 tokens in 1 s:
-    its own times put it 25% faster than it ran. An arm not measured on every prompt of a condition
-    it touched (a pilot's eliminated arm) is left out."""
+    """An arm measured at 10 ms a token at the 20-ms level, whose request there emitted 80 tokens in
+    1 s: its own times put it 25% faster than it ran. Its request at the 100-ms level, where it was
+    not measured on every prompt (the pilot dropped it there), is left out; an arm with no request
+    left is left out."""
     sc = scenario(level_segments(TRACE, LevelRule(1.0, 1.25)))
-    statics = {"static sync 4": [RequestRun(0.0, 1.0, 80, 0.9)], "static ar 1": [RequestRun(0.0, 1.0, 50, 0.9)]}
-    measured = {"static sync 4": {(20.0, 0.9): [(0, 0.5, 50), (1, 0.5, 50)]},
-                "static ar 1": {(20.0, 0.9): [(0, 1.0, 50)]}}
+    statics = {"static sync 4": [RequestRun(0.0, 1.0, 80, 0.9), RequestRun(3.0, 1.0, 10, 0.9)],
+               "static ar 1": [RequestRun(0.0, 1.0, 50, 0.9)]}
+    measured = {"static sync 4": {(20.0, 0.9): [(0, 0.5, 50), (1, 0.5, 50)], (100.0, 0.9): [(0, 1.0, 20)]},
+                "static ar 1": {(20.0, 0.9): [(0, 1.0, 50)], (100.0, 0.9): [(0, 1.0, 30), (1, 1.0, 30)]}}
     assert levels_err_pct(statics, measured, sc) == {"static sync 4": pytest.approx(25.0)}
