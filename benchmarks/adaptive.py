@@ -6,15 +6,19 @@ pipelined DSD; co-located with --modes) and every round's gamma and mode.
     flock /tmp/dsd-netns.lock python benchmarks/adaptive.py --launcher netns --seeds 1 --first-seed K   (root;
         about 9 minutes a seed: one seed per command, so a command stays under the quiet lock's ~12 minutes)
     python benchmarks/adaptive.py --launcher sim|netns --rtt-trace experiments/traces/roaming-de.csv
+    python benchmarks/adaptive.py --launcher sim --rtt-trace SLICE.csv --level-window-s 1   (a measured trace)
 
 A replayed RTT trace (``--rtt-trace``: t_s, rtt_ms from t_s 0, netem/schedule.py's trace format)
 replaces the two-level alternation: the link follows the trace from every run's start (netns: the
 trace's first RTT is the points' link and its later rows the schedule's steps, in the experiment
 file's schedule_order), the prompts alternate as before, and the oracle is measured at each of
-the trace's RTT levels with each alpha, held still, exactly as for the alternation (so a trace
-should have few levels: experiments/traces/roaming-de.csv, from benchmarks/roaming_trace.py, has
-three, RIPE Atlas country-pair means). The printed keys are the same; ``--plot`` draws the RTT the
-runs saw and every policy's chosen gamma and mode over time.
+the trace's RTT levels with each alpha, held still, exactly as for the alternation. A step trace
+has few levels (experiments/traces/roaming-de.csv, from benchmarks/roaming_trace.py, has three,
+RIPE Atlas country-pair means); a measured one (data/cicv5g/) has a new RTT at every echo, and
+``--level-window-s`` groups it into the oracle's segments and levels (benchmarks/trace_levels.py)
+while the link still follows every row. The printed keys are the same, with a levels check per
+seed beside them (each static arm's run under the trace against its own times at the levels);
+``--plot`` draws the RTT the runs saw and every policy's chosen gamma and mode over time.
 
 Scenario (defaults): hardware profile paper-cap-td1 (edge draft 1 ms, t_verify = t_ar = 20 ms);
 the RTT alternates 10 / 150 ms every --segment-s seconds of the run; the prompts alternate between
