@@ -205,7 +205,7 @@ def adaptive_part(launcher: str, args: argparse.Namespace, out: Path) -> dict[st
 
     figures = {}
     for path in [p for p in TRACES if not args.traces or p.name in args.traces]:
-        from_s = ADAPTIVE_FROM_S.get(path.name, 0.0)
+        from_s = ADAPTIVE_FROM_S.get(path.name, 0.0) if args.adaptive_from_s is None else args.adaptive_from_s
         trace_csv = out / f"adaptive-{path.stem}-{from_s:g}s.csv"
         trace_csv.write_text(measured.format_trace(trace_slice(path, from_s, args.adaptive_slice_s)))
         print(f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py "
@@ -232,6 +232,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="adaptive: only these traces (default: every one)")
     parser.add_argument("--adaptive-slice-s", type=float, default=30.0,
                         help="seconds of each trace the adaptive runs follow (from ADAPTIVE_FROM_S: 0, the rural 12)")
+    parser.add_argument("--adaptive-from-s", type=float, default=None,
+                        help="where every chosen trace's adaptive slice starts (default: ADAPTIVE_FROM_S)")
     parser.add_argument("--level-window-s", type=float, default=1.0, help="the level rule's windows")
     parser.add_argument("--level-factor", type=float, default=1.25, help="the level rule's bins")
     parser.add_argument("--seeds", type=int, default=1, help="adaptive: seeds per trace")
