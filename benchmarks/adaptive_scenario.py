@@ -4,6 +4,7 @@ oracle, the static arms and the policies' configs."""
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -35,34 +36,39 @@ class Scenario:
     def rtt_at_ms(self, t_s: float) -> float:
         """The link's RTT at t_s."""
         if self.trace:
-            return _row_at(self.trace, self._times(self.trace), t_s)
+            return _row_at(self.trace, self._trace_times, t_s)
         return self.rtts_ms[int(t_s // self.segment_s) % len(self.rtts_ms)]
 
     def level_at_ms(self, t_s: float) -> float:
         """The oracle's RTT level at t_s: the link's own RTT unless the trace has levels."""
-        segments = self.levels or self.trace
-        return _row_at(segments, self._times(segments), t_s) if segments else self.rtt_at_ms(t_s)
+        if self._segments:
+            return _row_at(self._segments, self._segment_times, t_s)
+        return self.rtt_at_ms(t_s)
 
     def levels_ms(self) -> list[float]:
         """The RTT levels of the link: the oracle's conditions (with each alpha)."""
-        segments = self.levels or self.trace
-        return sorted({rtt for _, rtt in segments} if segments else set(self.rtts_ms))
+        return sorted({rtt for _, rtt in self._segments} if self._segments else set(self.rtts_ms))
 
     def next_change_s(self, t_s: float) -> float:
         """The next change of the oracle's level after t_s."""
-        segments = self.levels or self.trace
-        if segments:
-            times = self._times(segments)
-            i = bisect.bisect_right(times, t_s)
-            return times[i] if i < len(times) else math.inf
+        if self._segments:
+            i = bisect.bisect_right(self._segment_times, t_s)
+            return self._segment_times[i] if i < len(self._segment_times) else math.inf
         return (int(t_s // self.segment_s) + 1) * self.segment_s
 
-    def _times(self, rows: tuple) -> list[float]:
-        """The rows' times, kept per rows (the sim asks the link's RTT at every message)."""
-        cache = self.__dict__.setdefault("_times_cache", {})
-        if id(rows) not in cache or cache[id(rows)][0] is not rows:
-            cache[id(rows)] = (rows, [t for t, _ in rows])
-        return cache[id(rows)][1]
+    # The rows' times, worked out once (a scenario's trace and levels are set when it is made; the
+    # sim asks the link's RTT at every message).
+    @functools.cached_property
+    def _trace_times(self) -> list[float]:
+        return [t for t, _ in self.trace]
+
+    @functools.cached_property
+    def _segments(self) -> tuple[tuple[float, float], ...]:
+        return self.levels or self.trace
+
+    @functools.cached_property
+    def _segment_times(self) -> list[float]:
+        return [t for t, _ in self._segments]
 
     def alpha_class(self, index: int) -> int:
         return (index // self.alpha_requests) % len(self.alphas)
