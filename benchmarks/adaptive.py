@@ -6,15 +6,19 @@ pipelined DSD; co-located with --modes) and every round's gamma and mode.
     flock /tmp/dsd-netns.lock python benchmarks/adaptive.py --launcher netns --seeds 1 --first-seed K   (root;
         about 9 minutes a seed: one seed per command, so a command stays under the quiet lock's ~12 minutes)
     python benchmarks/adaptive.py --launcher sim|netns --rtt-trace experiments/traces/roaming-de.csv
+    python benchmarks/adaptive.py --launcher sim --rtt-trace SLICE.csv --level-window-s 1   (a measured trace)
 
 A replayed RTT trace (``--rtt-trace``: t_s, rtt_ms from t_s 0, netem/schedule.py's trace format)
 replaces the two-level alternation: the link follows the trace from every run's start (netns: the
 trace's first RTT is the points' link and its later rows the schedule's steps, in the experiment
 file's schedule_order), the prompts alternate as before, and the oracle is measured at each of
-the trace's RTT levels with each alpha, held still, exactly as for the alternation (so a trace
-should have few levels: experiments/traces/roaming-de.csv, from benchmarks/roaming_trace.py, has
-three, RIPE Atlas country-pair means). The printed keys are the same; ``--plot`` draws the RTT the
-runs saw and every policy's chosen gamma and mode over time.
+the trace's RTT levels with each alpha, held still, exactly as for the alternation. A step trace
+has few levels (experiments/traces/roaming-de.csv, from benchmarks/roaming_trace.py, has three,
+RIPE Atlas country-pair means); a measured one (data/cicv5g/) has a new RTT at every echo, and
+``--level-window-s`` groups it into the oracle's segments and levels (benchmarks/trace_levels.py)
+while the link still follows every row. The printed keys are the same, with a levels check per
+seed beside them (each static arm's run under the trace against its own times at the levels);
+``--plot`` draws the RTT the runs saw and every policy's chosen gamma and mode over time.
 
 Scenario (defaults): hardware profile paper-cap-td1 (edge draft 1 ms, t_verify = t_ar = 20 ms);
 the RTT alternates 10 / 150 ms every --segment-s seconds of the run; the prompts alternate between
@@ -73,7 +77,8 @@ from dsd.times import ComputeTimes  # noqa: E402
 from orchestrator.launchers.sim import run_request  # noqa: E402
 from benchmarks.adaptive_scenario import (CLASS_TOKEN, GAMMAS, POLICIES, RequestRun, Scenario,  # noqa: E402,F401
                                           arms, load_rtt_trace, matched_vs_oracle_pct, oracle_tokens,
-                                          policy_config, vs_oracle_pct)
+                                          policy_config, touched_levels_ms, vs_oracle_pct)
+from benchmarks.trace_levels import LevelRule, level_segments  # noqa: E402
 
 
 def print_matched(per_seed: list[tuple[dict, dict]], matched: list[dict], scenario: Scenario, first_seed: int) -> None:
@@ -129,12 +134,13 @@ def sim_seed(scenario: Scenario, profile, seed: int) -> dict[str, list[RequestRu
     return results
 
 
-def sim_oracle(scenario: Scenario, profile, seed: int) -> tuple[dict, dict, dict]:
-    """Each static arm at each constant (RTT, alpha), on the run's own prompts of that class: its
-    per-token time; the best per condition (in-sample: chosen and scored on the same prompts,
-    the sim's oracle), the netns estimator's split by prompts beside it
-    (benchmarks/adaptive_oracle.py ``constant_oracle``, every arm on every prompt here), and the
-    prompt-matched oracle (``prompt_matched_oracle``)."""
+def sim_oracle(scenario: Scenario, profile, seed: int, levels_ms: list[float]) -> tuple[dict, dict, dict, dict]:
+    """Each static arm at each constant (RTT level of ``levels_ms``, alpha), on the run's own prompts
+    of that class: its per-token time; the best per condition (in-sample: chosen and scored on the
+    same prompts, the sim's oracle), the netns estimator's split by prompts beside it
+    (benchmarks/adaptive_oracle.py ``constant_oracle``, every arm on every prompt here), the
+    prompt-matched oracle (``prompt_matched_oracle``), and the measurements (arm -> condition ->
+    (prompt index, seconds, tokens))."""
     from benchmarks.adaptive_oracle import constant_oracle, prompt_matched_oracle
 
     config = SyntheticConfig(alpha=scenario.alphas[0], seed=seed, alpha_classes=scenario.alpha_classes())
@@ -144,12 +150,29 @@ def sim_oracle(scenario: Scenario, profile, seed: int) -> tuple[dict, dict, dict
     measured: dict = {}
     for k, alpha in enumerate(scenario.alphas):
         mine = [i for i in range(len(prompts)) if scenario.alpha_class(i) == k]
-        for rtt in scenario.levels_ms():
-            for a in arms(scenario):
-                runs = sim_run(scenario, pair, costs, [prompts[i] for i in mine], arm=a, rtt_ms=rtt)
-                measured.setdefault(a, {})[(rtt, alpha)] = [(i, r.wall_s, r.tokens) for i, r in zip(mine, runs)]
+        for rtt in levels_ms:
+            for mode, gamma in arms(scenario):
+                runs = sim_run(scenario, pair, costs, [prompts[i] for i in mine], arm=(mode, gamma), rtt_ms=rtt)
+                measured.setdefault(f"static {mode} {gamma}", {})[(rtt, alpha)] = [
+                    (i, r.wall_s, r.tokens) for i, r in zip(mine, runs)]
     split, in_sample = constant_oracle(measured)
-    return in_sample, split, prompt_matched_oracle(measured)
+    return in_sample, split, prompt_matched_oracle(measured), measured
+
+
+def print_levels_check(seed: int, results: dict, measured: dict | None, scenario: Scenario) -> dict[str, float]:
+    """Each static arm's run under the link beside its own times at the oracle's levels held still
+    (benchmarks/adaptive_oracle.py ``levels_err_pct``): one line, and arm -> %."""
+    from benchmarks.adaptive_oracle import levels_err_pct
+
+    if not measured:
+        return {}
+    errors = levels_err_pct({k: v for k, v in results.items() if k.startswith("static")}, measured, scenario)
+    if errors:
+        low, high = min(errors, key=errors.get), max(errors, key=errors.get)
+        print(f"  seed {seed} levels check (static arms under the link against their own times at the levels): "
+              f"median {statistics.median(errors.values()):+.1f}%, {low} {errors[low]:+.1f}% .. {high} "
+              f"{errors[high]:+.1f}% ({len(errors)} arms)", flush=True)
+    return errors
 
 
 def check_netns_oracle(seed: int, results: dict, best_s: dict, split_c: dict, scenario: Scenario) -> None:
@@ -243,6 +266,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[10.0, 150.0])
     parser.add_argument("--rtt-trace", default="", help="a trace CSV (t_s, rtt_ms from t_s 0, e.g. "
                         "experiments/traces/roaming-de.csv) the link follows instead of --rtt-ms/--segment-s")
+    parser.add_argument("--level-window-s", type=float, default=0.0, help="with --rtt-trace: the oracle's segments "
+                        "are windows of this many seconds grouped into levels (benchmarks/trace_levels.py; a measured "
+                        "trace needs it); 0 (default): each of the trace's RTTs is a level")
+    parser.add_argument("--level-factor", type=float, default=1.25, help="with --level-window-s: the levels' bins "
+                        "on a geometric grid of this factor")
     parser.add_argument("--segment-s", type=float, default=None, help="default 6 (sim), 4 (netns: its schedule)")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.9, 0.3])
     parser.add_argument("--alpha-requests", type=int, default=None, help="requests per prompt class, in turn "
@@ -265,6 +293,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
     sim = args.launcher == "sim"
+    if args.level_window_s and not args.rtt_trace:
+        parser.error("--level-window-s applies to --rtt-trace only (the --rtt-ms alternation's levels are its RTTs)")
     if args.rtt_trace and args.segment_s is not None:
         parser.error("--segment-s applies to the --rtt-ms alternation, not to --rtt-trace (its rows are the segments)")
     if sim and args.schedule_order is not None:
@@ -281,30 +311,42 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def scenario_of(args: argparse.Namespace) -> Scenario:
-    scenario = Scenario(args.rtt_ms, args.segment_s, args.alphas, args.alpha_requests, args.requests, args.tokens,
-                        args.prompt_tokens, tuple(args.modes), args.gamma_max)
+    trace, levels = (), ()
     if args.rtt_trace:
-        scenario.trace, scenario.trace_name = load_rtt_trace(args.rtt_trace), Path(args.rtt_trace).name
-        print(f"link: {scenario.trace_name}, {len(scenario.trace)} segments, levels {scenario.levels_ms()} ms "
-              f"(the oracle measured at each, with each alpha)", flush=True)
+        trace = load_rtt_trace(args.rtt_trace)
+        if args.level_window_s:
+            levels = level_segments(trace, LevelRule(args.level_window_s, args.level_factor))
+    scenario = Scenario(args.rtt_ms, args.segment_s, args.alphas, args.alpha_requests, args.requests, args.tokens,
+                        args.prompt_tokens, tuple(args.modes), args.gamma_max, trace,
+                        Path(args.rtt_trace).name if args.rtt_trace else "", levels)
+    if args.rtt_trace:
+        rule = (f"windows of {args.level_window_s:g} s at their median RTT, levels in bins of x{args.level_factor:g}"
+                if levels else "each RTT of the trace a level")
+        print(f"link: {scenario.trace_name}, {len(trace)} rows; the oracle's segments: {len(levels or trace)} "
+              f"({rule}), levels {scenario.levels_ms()} ms (the oracle measured at each, with each alpha)", flush=True)
     return scenario
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict[str, float]:
+    """Runs the benchmark; returns the last line's figures and the levels check's range over
+    every static arm and seed (``levels_err_pct_min``/``_max``)."""
     args = parse_args(argv)
     sim = args.launcher == "sim"
     scenario = scenario_of(args)
     profile = get_profile(args.profile)
-    per_seed, matched = [], []
+    per_seed, matched, level_errors = [], [], []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if args.launcher == "sim":
-            results, (best, split_c, by_prompt) = sim_seed(scenario, profile, seed), sim_oracle(scenario, profile, seed)
+            results = sim_seed(scenario, profile, seed)
+            levels = touched_levels_ms(results, scenario)
+            best, split_c, by_prompt, measured = sim_oracle(scenario, profile, seed, levels)
             check_netns_oracle(seed, results, best, split_c, scenario)
         else:
             from benchmarks.adaptive_netns import netns_seed
-            results, best, by_prompt = netns_seed(scenario, args, seed)
+            results, best, by_prompt, measured = netns_seed(scenario, args, seed)
         per_seed.append((results, best))
         matched.append(by_prompt)
+        level_errors += print_levels_check(seed, results, measured, scenario).values()
     if args.plot:
         plot(per_seed[0][0], scenario, Path(args.plot))
     if args.save:
@@ -316,6 +358,8 @@ def main(argv=None) -> None:
     s = summarise(per_seed, scenario, args.first_seed)
     print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher}"
           + ("" if sim else f" schedule_order={args.schedule_order}") + f" goals_met={goals_met(s)}")
+    return {**s, "levels_err_pct_min": min(level_errors, default=math.nan),
+            "levels_err_pct_max": max(level_errors, default=math.nan)}
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def _with_trace(experiment, scenario):
 
 
 def netns_seed(scenario, args, seed: int):
-    from benchmarks.adaptive_scenario import POLICIES, policy_config
+    from benchmarks.adaptive_scenario import POLICIES, policy_config, touched_levels_ms
     from orchestrator.net_point import run_net_point
     from orchestrator.run import GroupTestbeds
     from orchestrator.sweep import plan_points
@@ -120,11 +120,13 @@ def netns_seed(scenario, args, seed: int):
         if args.oracle == "constant":
             constant = {**common, "link_options": dataclasses.replace(experiment.link, schedule_order="path",
                                                                       schedule=type(experiment.link.schedule)())}
-            measured = constant_runs(plan, scenario, prompts, alpha_of, constant, seed)
+            levels = touched_levels_ms(results, scenario)
+            measured = constant_runs(plan, scenario, prompts, alpha_of, constant, seed, levels)
             (split_c, in_sample_c), by_prompt = constant_oracle(measured), prompt_matched_oracle(measured)
     statics = {k: v for k, v in results.items() if k.startswith("static")}
     best = split_oracle(statics, scenario)
-    missing = [(rtt, a) for rtt in scenario.levels_ms() for a in scenario.alphas if (rtt, a) not in best]
+    missing = [(rtt, a) for rtt in touched_levels_ms(results, scenario) for a in scenario.alphas
+               if (rtt, a) not in best]
     if missing and args.oracle == "schedule":
         raise RuntimeError(f"no static arm spent a request's worth of time in the conditions {missing}: "
                            "lengthen --segment-s or --requests")
@@ -138,14 +140,16 @@ def netns_seed(scenario, args, seed: int):
             print(f"  seed {seed} scored with the oracle under the schedule: " + " ".join(
                 f"{name}={vs_oracle_pct(results[name], best, scenario):.1f}%" for name in POLICIES), flush=True)
         best = split_c
-    return results, best, (by_prompt if args.oracle == "constant" else None)
+    if args.oracle == "constant":
+        return results, best, by_prompt, measured
+    return results, best, None, None
 
 
-def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int) -> dict:
-    """Every static arm at each RTT held constant (no schedule), on the run's own prompts: first
-    ``PILOT_PROMPTS`` of each class, then the rest of the class's prompts for the arms within
-    ``ELIMINATE_FACTOR`` of the pilot's best there (benchmarks/adaptive_oracle.py). Returns arm ->
-    (rtt_ms, alpha) -> [(prompt index, wall_s, tokens), ...]."""
+def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int, levels_ms: list[float]) -> dict:
+    """Every static arm at each RTT of ``levels_ms`` held constant (no schedule), on the run's own
+    prompts: first ``PILOT_PROMPTS`` of each class, then the rest of the class's prompts for the
+    arms within ``ELIMINATE_FACTOR`` of the pilot's best there (benchmarks/adaptive_oracle.py).
+    Returns arm -> (rtt_ms, alpha) -> [(prompt index, wall_s, tokens), ...]."""
     from benchmarks.adaptive_oracle import PILOT_PROMPTS
     from orchestrator.net_point import run_net_point
 
@@ -159,7 +163,7 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int) ->
             return
         t_s = time.monotonic()
         _, requests, _, _ = run_net_point(dataclasses.replace(point, rtt_ms=rtt), prompts=[prompts[i] for i in indices],
-                                          run_prefix=common["run_prefix"] + f"-const{int(rtt)}", **{
+                                          run_prefix=common["run_prefix"] + f"-const{round(rtt * 10)}", **{
                                               k: v for k, v in common.items() if k not in ("prompts", "run_prefix")})
         for q in requests:
             i = indices[int(q["request_index"])]
@@ -168,11 +172,11 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int) ->
         print(f"  seed {seed} constant {int(rtt)} ms static {point.mode} {point.gamma}: {len(indices)} prompts "
               f"in {time.monotonic() - t_s:.1f} s", flush=True)
 
-    for rtt in scenario.levels_ms():
+    for rtt in levels_ms:
         for point in plan:
             run(point, rtt, sorted(i for ids in by_alpha.values() for i in ids[:PILOT_PROMPTS]))
     survivors = pilot_survivors(measured)
-    for rtt in scenario.levels_ms():
+    for rtt in levels_ms:
         for point in plan:
             arm = f"static {point.mode} {point.gamma}"
             run(point, rtt, sorted(i for alpha, ids in by_alpha.items() if arm in survivors.get((rtt, alpha), ())

@@ -183,6 +183,27 @@ def constant_oracle(measured: dict) -> tuple[dict, dict]:
     return split, in_sample
 
 
+def levels_err_pct(statics: dict, measured: dict, scenario) -> dict[str, float]:
+    """How well the oracle's levels stand for the link the runs saw: static arm -> the tokens its own
+    per-token times at the levels held still (``measured``: arm -> condition -> rows) give for its
+    run's pieces under the link (``statics``: arm -> [RequestRun]), over the tokens it emitted there,
+    less 1, in % (``vs_oracle_pct`` with the arm as its own oracle). 0: the levels are the link for
+    that arm; above 0: they are faster than the link was (a policy is charged that much of the
+    link's variation against the oracle too). Only the requests whose every condition the arm was
+    measured in on every prompt (on netns, where the pilot kept it); an arm with none is left out."""
+    from benchmarks.adaptive_scenario import vs_oracle_pct
+
+    full = _full_arms(measured)
+    out = {}
+    for arm, runs in statics.items():
+        own = {key: per_token_s(arms[arm].values()) for key, arms in full.items() if arm in arms}
+        mine = [r for r in runs if {(rtt, r.alpha) for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)}
+                <= set(own)]
+        if mine:
+            out[arm] = vs_oracle_pct(mine, own, scenario)
+    return out
+
+
 def prompt_matched_oracle(measured: dict) -> dict:
     """Condition -> prompt -> the oracle's seconds per token on that very prompt: the arm chosen on
     the other half of the prompts (as ``constant_oracle``'s split), timed on this one at the

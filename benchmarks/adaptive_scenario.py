@@ -4,6 +4,7 @@ oracle, the static arms and the policies' configs."""
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -26,23 +27,48 @@ class Scenario:
     prompt_tokens: int
     modes: tuple[str, ...]
     gamma_max: int
-    trace: tuple[tuple[float, float], ...] = ()    # (t_s, rtt_ms) from 0: replaces the alternation
+    trace: tuple[tuple[float, float], ...] = ()    # (t_s, rtt_ms) from 0: the link, in place of the alternation
     trace_name: str = ""
+    # (t_s, rtt_ms) from 0: the oracle's segments of the trace, each at its level
+    # (benchmarks/trace_levels.py); empty: the trace's own rows
+    levels: tuple[tuple[float, float], ...] = ()
 
     def rtt_at_ms(self, t_s: float) -> float:
+        """The link's RTT at t_s."""
         if self.trace:
-            return self.trace[max(bisect.bisect_right([t for t, _ in self.trace], t_s) - 1, 0)][1]
+            return _row_at(self.trace, self._trace_times, t_s)
         return self.rtts_ms[int(t_s // self.segment_s) % len(self.rtts_ms)]
 
+    def level_at_ms(self, t_s: float) -> float:
+        """The oracle's RTT level at t_s: the link's own RTT unless the trace has levels."""
+        if self._segments:
+            return _row_at(self._segments, self._segment_times, t_s)
+        return self.rtt_at_ms(t_s)
+
     def levels_ms(self) -> list[float]:
-        """The RTTs the link takes: the oracle's conditions (with each alpha)."""
-        return sorted({rtt for _, rtt in self.trace} if self.trace else set(self.rtts_ms))
+        """The RTT levels of the link: the oracle's conditions (with each alpha)."""
+        return sorted({rtt for _, rtt in self._segments} if self._segments else set(self.rtts_ms))
 
     def next_change_s(self, t_s: float) -> float:
-        if self.trace:
-            later = [t for t, _ in self.trace if t > t_s]
-            return later[0] if later else math.inf
+        """The next change of the oracle's level after t_s."""
+        if self._segments:
+            i = bisect.bisect_right(self._segment_times, t_s)
+            return self._segment_times[i] if i < len(self._segment_times) else math.inf
         return (int(t_s // self.segment_s) + 1) * self.segment_s
+
+    # The rows' times, worked out once (a scenario's trace and levels are set when it is made; the
+    # sim asks the link's RTT at every message).
+    @functools.cached_property
+    def _trace_times(self) -> list[float]:
+        return [t for t, _ in self.trace]
+
+    @functools.cached_property
+    def _segments(self) -> tuple[tuple[float, float], ...]:
+        return self.levels or self.trace
+
+    @functools.cached_property
+    def _segment_times(self) -> list[float]:
+        return [t for t, _ in self._segments]
 
     def alpha_class(self, index: int) -> int:
         return (index // self.alpha_requests) % len(self.alphas)
@@ -56,13 +82,17 @@ class Scenario:
                 for i in range(self.requests)]
 
     def pieces(self, start_s: float, end_s: float) -> list[tuple[float, float]]:
-        """(rtt_ms, seconds) of [start, end) in each RTT segment."""
+        """(level rtt_ms, seconds) of [start, end) in each of the oracle's segments."""
         out, t_s = [], start_s
         while t_s < end_s - 1e-12:
             boundary_s = self.next_change_s(t_s)
-            out.append((self.rtt_at_ms(t_s), min(boundary_s, end_s) - t_s))
+            out.append((self.level_at_ms(t_s), min(boundary_s, end_s) - t_s))
             t_s = boundary_s
         return out
+
+
+def _row_at(rows: tuple, times: list[float], t_s: float) -> float:
+    return rows[max(bisect.bisect_right(times, t_s) - 1, 0)][1]
 
 
 def load_rtt_trace(path: str) -> tuple[tuple[float, float], ...]:
@@ -112,6 +142,13 @@ def matched_vs_oracle_pct(runs: list[RequestRun], matched: dict, scenario: Scena
     oracle = sum(oracle_tokens(r, {key: times[i] for key, times in matched.items() if i in times}, scenario)
                  for i, r in enumerate(runs))
     return 100.0 * (oracle / sum(r.tokens for r in runs) - 1.0)
+
+
+def touched_levels_ms(results: dict, scenario: Scenario) -> list[float]:
+    """The levels some request of ``results`` (name -> [RequestRun]) spent time at: the only ones the
+    oracle is needed at (a trace's slice may hold levels past where the runs end)."""
+    return sorted({rtt for runs in results.values() for r in runs
+                   for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)})
 
 
 def arms(scenario: Scenario) -> list[tuple[str, int]]:

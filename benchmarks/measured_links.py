@@ -12,17 +12,24 @@ whether requests in flight through its stalls complete exactly.
    trace round by round). A stall request is one whose longest gap between arrivals is >= 5 s;
    it is exact when its tokens are the target's greedy tokens for its prompt. rows_lost counts
    requests missing from requests.csv.
-3. The adaptive controller against the per-segment oracle (`benchmarks/adaptive.py
-   --rtt-trace`) is not run here: its oracle is measured at each RTT level of a trace, and these
-   traces have hundreds of levels; the two figures are printed as nan.
+3. The adaptive controller against the per-segment oracle on every trace (``benchmarks/adaptive.py
+   --rtt-trace``, sim or netns): a slice of each trace (``--adaptive-slice-s`` from
+   ``ADAPTIVE_FROM_S``) is the link, the prompts alternate between alpha 0.9 and 0.3, and the
+   oracle's segments are the trace's windows grouped into RTT levels (benchmarks/trace_levels.py),
+   every static arm timed with the link held at each level. Per trace: the policies and the best
+   static arm above the oracle, and the levels check (each static arm's run under the trace against
+   its own times at the levels: how far the levels stand from the trace).
 
-Prints a table, then as the LAST line:
+Prints a table per part, then as the LAST line:
 ``traces= replay_err_p50_ms= replay_err_p99_ms= stall_requests= stall_requests_exact= rows_lost=
-model_vs_oracle_pct_max= best_static_vs_oracle_pct_min=`` (goals: replay error p50 <= 1 ms and
-p99 <= 5 ms, every stall request exact with at least 3 stalls of >= 5 s crossed, 0 rows lost).
+model_vs_oracle_pct_max= best_static_vs_oracle_pct_min=`` (the model policy's per-token time above
+the oracle on its worst trace, the best static arm's on its best; goals: replay error p50 <= 1 ms
+and p99 <= 5 ms, every stall request exact with at least 3 stalls of >= 5 s crossed, 0 rows lost,
+the model within 10% of the oracle on every trace while the best static is further on at least
+one). A part left out (``--parts``) prints nan.
 
     flock /tmp/dsd-netns.lock python benchmarks/measured_links.py [--launcher auto|netns|sim]
-        [--slice-s 20] [--stall-from-s 80]
+        [--parts replay stalls adaptive] [--slice-s 20] [--stall-from-s 80] [--adaptive-slice-s 30]
 """
 from __future__ import annotations
 
@@ -49,6 +56,11 @@ TRACES = sorted((ROOT / "data" / "cicv5g").glob("*.csv"))
 RURAL = ROOT / "data" / "cicv5g" / "south_n8_v10_02.csv"
 EXPERIMENT = ROOT / "experiments" / "measured-rural-n8-v10.toml"
 STALL_MIN_MS = 5000.0
+PARTS = ("replay", "stalls", "adaptive")
+# Where each trace's adaptive slice starts (the others: at 0). The rural trace's first 20 s hold no
+# RTT above 53 ms; from 12 s a run of 12 requests sees 10 s of that, then its first holds of packets
+# (0.95 s at 22.8 s, 0.3 and 0.7 s at 26.2 and 27.2 s); its 12-s stall at 84 s is the stall part's.
+ADAPTIVE_FROM_S = {"south_n8_v10_02.csv": 12.0}
 PROBE_INTERVAL_S = 0.01
 SETTLE_S = 0.002
 
@@ -155,38 +167,102 @@ def netns_available() -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--launcher", choices=("auto", "netns", "sim"), default="auto")
-    parser.add_argument("--slice-s", type=float, default=20.0, help="seconds of each trace replayed (0 = whole)")
-    parser.add_argument("--stall-from-s", type=float, default=80.0,
-                        help="where the rural slice starts (its 12-s stall is at 84.1 s)")
-    parser.add_argument("--requests", type=int, default=24, help="requests per mode through the rural slice")
-    parser.add_argument("--out", default="", help="where the sweep goes (default: a temp folder)")
-    args = parser.parse_args(argv)
-    launcher = ("netns" if netns_available() else "sim") if args.launcher == "auto" else args.launcher
-
+def replay_part(launcher: str, slice_s: float) -> list[float]:
+    """Every trace's first ``slice_s`` replayed on netns: the probes' errors (none on the sim)."""
     errors: list[float] = []
     print(f"{'trace':<28}{'probes':>8}{'err p50 ms':>12}{'err p99 ms':>12}")
     for path in TRACES:
         if launcher != "netns":
             print(f"{path.name:<28}{'-':>8}{'(sim: no packets)':>24}")
             continue
-        mine = replay_errors_ms(trace_slice(path, 0.0, args.slice_s))
+        mine = replay_errors_ms(trace_slice(path, 0.0, slice_s))
         errors += mine
         print(f"{path.name:<28}{len(mine):>8}{measured.percentile(mine, 50):>12.3f}{measured.percentile(mine, 99):>12.3f}")
+    return errors
 
-    out = Path(args.out or tempfile.mkdtemp(prefix="dsd-measured-links-"))
-    out.mkdir(parents=True, exist_ok=True)
+
+def stall_part(launcher: str, args: argparse.Namespace, out: Path) -> dict:
     sweep = run_stall_sweep(launcher, trace_slice(RURAL, args.stall_from_s, args.slice_s), out, args.requests)
     expected = greedy_tokens(out / "experiment.toml", args.requests)
     stalls = stall_figures(sweep, expected, n_modes=4)
     print(f"rural slice {args.stall_from_s:g}+{args.slice_s:g} s on {launcher}: {stalls}; sweep in {sweep}")
+    return stalls
+
+
+def adaptive_argv(launcher: str, trace_csv: Path, args: argparse.Namespace) -> list[str]:
+    """benchmarks/adaptive.py's command line for one trace's slice: the oracle's segments by the
+    level rule (benchmarks/trace_levels.py), the same scenario on either launcher."""
+    return ["--launcher", launcher, "--rtt-trace", str(trace_csv), "--level-window-s", f"{args.level_window_s:g}",
+            "--level-factor", f"{args.level_factor:g}", "--seeds", str(args.seeds), "--first-seed",
+            str(args.first_seed), "--requests", str(args.adaptive_requests), "--alpha-requests",
+            str(args.alpha_requests), "--tokens", str(args.adaptive_tokens)]
+
+
+def adaptive_part(launcher: str, args: argparse.Namespace, out: Path) -> dict[str, dict]:
+    """The adaptive controller against the per-segment oracle on each trace's slice: trace name ->
+    benchmarks/adaptive.py's figures."""
+    from benchmarks import adaptive
+
+    figures = {}
+    for path in [p for p in TRACES if not args.traces or p.name in args.traces]:
+        from_s = ADAPTIVE_FROM_S.get(path.name, 0.0) if args.adaptive_from_s is None else args.adaptive_from_s
+        trace_csv = out / f"adaptive-{path.stem}-{from_s:g}s.csv"
+        trace_csv.write_text(measured.format_trace(trace_slice(path, from_s, args.adaptive_slice_s)))
+        print(f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py "
+              + " ".join(adaptive_argv(launcher, trace_csv, args)), flush=True)
+        figures[path.name] = {**adaptive.main(adaptive_argv(launcher, trace_csv, args)), "from_s": from_s}
+    print(f"{'trace':<28}{'from s':>7}{'model %':>9}{'bandit %':>10}{'best static %':>15}{'levels check %':>20}")
+    for name, f in figures.items():
+        check = f"{f['levels_err_pct_min']:+.1f} .. {f['levels_err_pct_max']:+.1f}"
+        print(f"{name:<28}{f['from_s']:>7g}{f['model_vs_oracle_pct']:>9.1f}{f['bandit_vs_oracle_pct']:>10.1f}"
+              f"{f['best_static_vs_oracle_pct']:>15.1f}{check:>20}")
+    return figures
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--launcher", choices=("auto", "netns", "sim"), default="auto")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to measure (default: all); a part not run prints nan")
+    parser.add_argument("--slice-s", type=float, default=20.0, help="seconds of each trace replayed (0 = whole)")
+    parser.add_argument("--stall-from-s", type=float, default=80.0,
+                        help="where the rural slice starts (its 12-s stall is at 84.1 s)")
+    parser.add_argument("--requests", type=int, default=24, help="requests per mode through the rural slice")
+    parser.add_argument("--traces", nargs="+", choices=[p.name for p in TRACES], default=[],
+                        help="adaptive: only these traces (default: every one)")
+    parser.add_argument("--adaptive-slice-s", type=float, default=30.0,
+                        help="seconds of each trace the adaptive runs follow (from ADAPTIVE_FROM_S: 0, the rural 12)")
+    parser.add_argument("--adaptive-from-s", type=float, default=None,
+                        help="where every chosen trace's adaptive slice starts (default: ADAPTIVE_FROM_S)")
+    parser.add_argument("--level-window-s", type=float, default=1.0, help="the level rule's windows")
+    parser.add_argument("--level-factor", type=float, default=1.25, help="the level rule's bins")
+    parser.add_argument("--seeds", type=int, default=1, help="adaptive: seeds per trace")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--adaptive-requests", type=int, default=12, help="adaptive: requests per run")
+    parser.add_argument("--alpha-requests", type=int, default=6,
+                        help="adaptive: requests per prompt class, in turn (default: 6 at alpha 0.9, then 6 at 0.3)")
+    parser.add_argument("--adaptive-tokens", type=int, default=32, help="adaptive: tokens per request")
+    parser.add_argument("--out", default="", help="where the sweep and slices go (default: a temp folder)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    launcher = ("netns" if netns_available() else "sim") if args.launcher == "auto" else args.launcher
+    out = Path(args.out or tempfile.mkdtemp(prefix="dsd-measured-links-"))
+    out.mkdir(parents=True, exist_ok=True)
+    errors = replay_part(launcher, args.slice_s) if "replay" in args.parts else []
+    nan = {"stall_requests": math.nan, "stall_requests_exact": math.nan, "rows_lost": math.nan}
+    stalls = stall_part(launcher, args, out) if "stalls" in args.parts else nan
+    adaptive = adaptive_part(launcher, args, out) if "adaptive" in args.parts else {}
 
     pct = lambda q: measured.percentile(errors, q) if errors else math.nan  # noqa: E731
+    model = max((f["model_vs_oracle_pct"] for f in adaptive.values()), default=math.nan)
+    static = min((f["best_static_vs_oracle_pct"] for f in adaptive.values()), default=math.nan)
     print(f"traces={len(TRACES)} replay_err_p50_ms={pct(50):.3f} replay_err_p99_ms={pct(99):.3f} "
           f"stall_requests={stalls['stall_requests']} stall_requests_exact={stalls['stall_requests_exact']} "
-          f"rows_lost={stalls['rows_lost']} model_vs_oracle_pct_max=nan best_static_vs_oracle_pct_min=nan")
+          f"rows_lost={stalls['rows_lost']} model_vs_oracle_pct_max={model:.1f} "
+          f"best_static_vs_oracle_pct_min={static:.1f}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Plots (PNG): latency vs RTT per mode, the gain window over (alpha, RTT), capacity vs clients."""
+"""Plots (PNG): latency vs RTT per mode, the gain window over (alpha, RTT), capacity vs clients, and
+the latency of each request under a link schedule on the schedule's time axis."""
 from __future__ import annotations
 
 import math
@@ -290,3 +291,34 @@ _GAMMA_OPT_VALUE_COLUMNS = {
     "per_token_ms_measured_at_predicted", "penalty_ms", "penalty_pct", "predicted_in_set", "gamma_model_oos",
     "per_token_ms_model_oos", "gamma_model_insample", "per_token_ms_model_insample",
     "predicted_from_calibration_points"}
+
+
+def plot_latency_over_link(link_ms: list[tuple[float, float]], times: pd.DataFrame, path: Path, title: str,
+                           launcher: str) -> Path:
+    """The link's RTT over time (a schedule, or a replayed trace: ``link_ms`` as (t_s, rtt_ms) steps)
+    above each point's requests (``times``: orchestrator/link_timeline.py ``request_times``), each
+    drawn across the time it ran at its wall time per token, on one time axis."""
+    end_s = max(float((times["t_s"] + times["wall_s"]).max()), link_ms[-1][0]) if len(times) else link_ms[-1][0]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.6), dpi=120, sharex=True,
+                                      gridspec_kw={"height_ratios": [1, 1.6]})
+    steps = [(t, rtt) for t, rtt in link_ms if t <= end_s]
+    top.step([t for t, _ in steps] + [end_s], [r for _, r in steps] + [steps[-1][1]], where="post", color="k", lw=0.8)
+    top.set_yscale("log")
+    top.set_ylabel("link RTT (ms)")
+    top.grid(alpha=0.3)
+    top.set_title(title, fontsize=10)
+    keys = times[["mode", "gamma"]].drop_duplicates().itertuples(index=False)
+    for mode, gamma in sorted(keys, key=lambda k: (names().index(k[0]) if k[0] in names() else 99, k[1])):
+        mine = times[(times["mode"] == mode) & (times["gamma"] == gamma)]
+        label = _label(mode) + ("" if mode in gammaless_modes() else f" (gamma={gamma})")
+        bottom.hlines(mine["per_token_ms"], mine["t_s"], mine["t_s"] + mine["wall_s"], color=_color(mode), lw=2,
+                      label=label)
+    bottom.set_yscale("log")
+    bottom.set_xlabel(f"time since the point's link started (s; {'virtual' if launcher == 'sim' else 'wall'} time)")
+    bottom.set_ylabel("request's wall time per token (ms)")
+    bottom.grid(alpha=0.3, which="both")
+    bottom.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

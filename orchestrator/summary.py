@@ -13,7 +13,7 @@ import pandas as pd
 from dsd import latency_model as lm
 from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
-from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, paper, plots
+from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, link_timeline, paper, plots
 from orchestrator import link_rows, wire_prediction
 from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
                                       read_predictions)
@@ -119,6 +119,7 @@ def analyze_sweep(out: Path) -> dict:
         summary["params_by_profile"] = {profile: times.to_dict() for profile, times in params.items()}
     compute = {profile: fit.compute for profile, fit in fits.items()}
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary)
+    summary["plots"] += _link_timeline_plot(out, sweep, requests, links)
     if optimum:
         summary["plots"].append(optimum["plot"])
     summary.update(_acceptance(out, sweep, requests, rounds, gamma, summary["plots"]))
@@ -421,6 +422,21 @@ def _crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
                    "measured_rtt_ms_max": measured.get(name, {}).get("rtt_ms_max", math.nan),
                    "predicted_rtt_ms": predicted[name]["rtt_ms"]}
             for name, pair in analysis.CROSSOVERS.items() if set(pair) <= modes}
+
+
+def _link_timeline_plot(out: Path, sweep: dict, requests: pd.DataFrame, links: pd.DataFrame) -> list[str]:
+    """With a link schedule (or a replayed trace): the link's RTT and every request's per-token
+    latency over the run's time (orchestrator/link_timeline.py)."""
+    experiment = sweep["experiment"]
+    link_ms = link_timeline.schedule_rtt_ms(experiment)
+    times = link_timeline.request_times(requests, links, int(experiment.get("warmup_requests", 0))) \
+        if link_ms else pd.DataFrame()
+    if times.empty:
+        return []
+    plots.plot_latency_over_link(link_ms, times, out / "latency_over_link.png",
+                                 f"{experiment['name']}: the link and each request's latency "
+                                 f"(launcher={sweep['launcher']})", sweep["launcher"])
+    return ["latency_over_link.png"]
 
 
 def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], params: dict[str, ComputeTimes],

@@ -1,5 +1,8 @@
-"""benchmarks/measured_links.py on a short slice of the rural trace, on the sim launcher: it runs
-the four modes through the 12-s stall and prints its keys last, every stall request exact."""
+"""benchmarks/measured_links.py on the sim launcher: on a short slice of the rural trace it runs the
+four modes through the 12-s stall and prints its keys last, every stall request exact; on a few
+seconds of every trace the adaptive controller against the per-segment oracle."""
+import math
+
 from benchmarks import measured_links
 
 
@@ -20,3 +23,19 @@ def test_a_slice_starts_with_the_row_in_force_and_is_timed_from_zero():
     rows = measured_links.trace_slice(measured_links.RURAL, 84.0, 1.0)
     assert rows[0][0] == 0.0 and (0.149, 12066.0) in rows
     assert all(t < 1.0 for t, _ in rows)
+
+
+def test_the_adaptive_part_prints_finite_figures_against_the_oracle_on_every_trace(tmp_path, capsys):
+    """The adaptive controller on a few seconds of each trace (sim, a small scenario): the last line
+    carries the model's worst trace and the best static's best, both finite; the parts not run, nan."""
+    assert measured_links.main(["--launcher", "sim", "--parts", "adaptive", "--adaptive-slice-s", "6",
+                                "--adaptive-requests", "4", "--alpha-requests", "2", "--adaptive-tokens", "8",
+                                "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = dict(item.split("=") for item in out[-1].split())
+    assert math.isfinite(float(figures["model_vs_oracle_pct_max"]))
+    assert math.isfinite(float(figures["best_static_vs_oracle_pct_min"]))
+    assert figures["replay_err_p50_ms"] == "nan" and figures["stall_requests"] == "nan"
+    table = [line for line in out if line.split()[:1] and line.split()[0] in {p.name for p in measured_links.TRACES}]
+    assert len(table) == 5 and all(len(line.split()) == 8 for line in table), table
+    assert sorted(tmp_path.glob("adaptive-*.csv"))[0].name == "adaptive-south_n8_v10_02-12s.csv"
