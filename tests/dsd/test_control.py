@@ -9,6 +9,7 @@ from dsd import latency_model as lm
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.control import (BanditPolicy, ControllerConfig, Decision, HeuristicPolicy, ModelPolicy, Observation,
                          RequestObservation, best_decision, check_decision, make_controller, shadow_matches)
+from dsd.policy_configs import BanditConfig, ModelPolicyConfig, StaticConfig
 from dsd.decoding import generate_ar
 from dsd.modes import edge_modes, server_modes
 from dsd.policy_model import finite_request_factor
@@ -152,7 +153,8 @@ def _feed(policy, rtt_s, rounds, seed_pattern=(4, 4, 4, 4, 2)):
 def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
     """Past the boundary a round hands the request over to cloud AR (and the request-level
     choice is cloud AR); back near, rounds and requests come back to DSD."""
-    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"),
+                              settings=ModelPolicyConfig(t_ar_s=T_AR_S))
     policy = ModelPolicy(config)
     assert policy.decide() == Decision(4, "sync")                     # nothing measured yet
     near = _feed(policy, 0.002, 40)
@@ -164,7 +166,7 @@ def test_model_policy_follows_the_rtt_across_the_ar_boundary_and_back():
     # back near: the far plan is left for one within the switching margin of the best
     best = policy._best(("sync",), policy.alpha, policy.rtt_s.value)[1]
     assert back.mode == "sync"
-    assert policy._cost_s(back, policy.alpha, policy.rtt_s.value) <= best * (1 + config.margin_pct / 100)
+    assert policy._cost_s(back, policy.alpha, policy.rtt_s.value) <= best * (1 + config.settings.margin_pct / 100)
     assert _request_plan(policy, 0.002).mode == "sync"
 
 
@@ -172,7 +174,8 @@ def test_a_guessed_rtt_moves_the_models_link_level_but_not_the_fastest_link_meas
     """A burst's guess (``rtt_inferred``) is a sample of the link's level, so a plan can follow a
     fall at once; but not a measurement of the fastest link (``rtt_floor_s``, which the stream's
     look-ahead is judged on)."""
-    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"),
+                              settings=ModelPolicyConfig(t_ar_s=T_AR_S))
     policy = ModelPolicy(config)
     _feed(policy, 0.010, 20)
     _feed(policy, 0.150, 20)
@@ -188,7 +191,8 @@ def test_model_request_choice_crosses_the_closed_form_boundary_with_measured_t_a
     closed form says (best sync gamma vs the measured AR step, over a request as long as the
     last: a sync round's cost is spread over E tokens less its overshoot of the budget, i.e. AR
     at t_ar * factor), probed RTT either side."""
-    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), margin_pct=0.0)
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"),
+                              settings=ModelPolicyConfig(margin_pct=0.0))
     policy = ModelPolicy(config)
     _feed(policy, 0.010, 60)
     policy.observe_request(RequestObservation("ar", 1, 101, 0.010 + 100 * T_AR_S, 0.010, 0.010, 100, 95))
@@ -203,7 +207,7 @@ def test_model_request_choice_crosses_the_closed_form_boundary_with_measured_t_a
 
 def test_model_sees_acceptance_rise_through_shadow_drafting_while_in_ar():
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined"),
-                              t_ar_s=T_AR_S)
+                              settings=ModelPolicyConfig(t_ar_s=T_AR_S))
     policy = ModelPolicy(config)
     for _ in range(30):                                               # alpha ~0.3: cloud AR
         policy.observe(Observation(4, "sync", 4, 0, False, 0.01, PROFILE["t_draft_s"], PROFILE["t_verify_s"], 0.0))
@@ -231,8 +235,8 @@ def _bandit_round(policy, decision, accepted, rtt_s=0.01):
 
 def test_bandit_tries_every_arm_then_settles_on_the_best_rate():
     # the uninformed bandit (no prior from the closed form): every arm is tried
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",), gammas=(1, 2, 4, 8),
-                              prior_rounds=0)
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",),
+                              settings=BanditConfig(gammas=(1, 2, 4, 8), prior_rounds=0))
     policy = BanditPolicy(config)
     seen = []
     for _ in range(300):                       # every draft accepted: the largest gamma earns most per second
@@ -244,7 +248,8 @@ def test_bandit_tries_every_arm_then_settles_on_the_best_rate():
 
 
 def test_bandit_follows_a_change_of_acceptance():
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",), gammas=(1, 8))
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("sync",),
+                              settings=BanditConfig(gammas=(1, 8)))
     policy = BanditPolicy(config)
     for _ in range(200):
         d = policy.decide()
@@ -264,8 +269,8 @@ def test_bandit_follows_a_change_of_acceptance():
 
 def test_bandit_request_choice_prefers_the_server_where_it_earned_more():
     # no hand-over: a server request is a plain stream, seen whole by observe_request
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,),
-                              handover=False)
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), handover=False,
+                              settings=BanditConfig(gammas=(4,)))
     policy = BanditPolicy(config)
     kinds = []
     for _ in range(40):
@@ -281,15 +286,44 @@ def test_bandit_request_choice_prefers_the_server_where_it_earned_more():
 
 
 def test_controller_config_refuses_bad_bandit_and_model_settings():
-    for bad in (dict(gammas=()), dict(gammas=(0, 2)), dict(horizon_s=0), dict(exploration=-1.0),
-                dict(explore_after=0), dict(t_ar_s=-0.1), dict(modes=("sync", "beam"))):
-        field = next(iter(bad))
-        with pytest.raises(ValueError, match=field):
-            ControllerConfig("bandit", **bad)
+    for bad in (dict(gammas=()), dict(gammas=(0, 2)), dict(horizon_s=0), dict(exploration=-1.0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ControllerConfig("bandit", settings=BanditConfig(**bad))
+    for bad in (dict(explore_after=0), dict(t_ar_s=-0.1), dict(margin_pct=100), dict(stream_ahead_floor_s=11)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ControllerConfig("model", settings=ModelPolicyConfig(**bad))
+    with pytest.raises(ValueError, match="t_ar_s"):
+        BanditConfig(model={"t_ar_s": -0.1})                  # the model policy beside the bandit
+    with pytest.raises(ValueError, match="modes"):
+        ControllerConfig("bandit", modes=("sync", "beam"))
+
+
+def test_a_setting_of_another_policy_is_refused_naming_the_key_and_its_policy():
+    for policy, key, owner in (("bandit", "margin_pct", "model"), ("model", "gammas", "bandit"),
+                               ("static", "prior_rounds", "bandit"), ("heuristic", "explore_after", "model")):
+        with pytest.raises(ValueError, match=f"{key} is a setting of the {owner} policy, not of controller '{policy}'"):
+            ControllerConfig(policy, settings={key: 1})
+    with pytest.raises(ValueError, match="set it in its 'model' table"):
+        ControllerConfig("bandit", settings={"discount": 0.5})
+    with pytest.raises(ValueError, match="unknown setting 'margin' of controller 'model'"):
+        ControllerConfig("model", settings={"margin": 5.0})
+    with pytest.raises(ValueError, match="handover is shared by every policy"):
+        ControllerConfig("model", settings={"handover": False})
+    with pytest.raises(ValueError, match="settings of controller 'bandit' must be a BanditConfig"):
+        ControllerConfig("bandit", settings=ModelPolicyConfig())
+
+
+def test_policy_settings_from_keys_are_the_policys_dataclass_and_default_when_absent():
+    bandit = ControllerConfig("bandit", 4, "sync", 8, settings={"gammas": [2, 8], "model": {"margin_pct": 2.0}})
+    assert bandit.settings == BanditConfig(gammas=(2, 8), model=ModelPolicyConfig(margin_pct=2.0))
+    assert ControllerConfig("model").settings == ModelPolicyConfig()
+    assert ControllerConfig("static").settings == StaticConfig()
+    assert BanditPolicy(bandit).model.settings.margin_pct == 2.0      # its model policy runs on its table
 
 
 def test_model_policy_does_not_flap_within_its_margin():
-    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, margin_pct=10.0)
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16,
+                              settings=ModelPolicyConfig(margin_pct=10.0))
     policy = ModelPolicy(config)
     settled = _feed(policy, 0.020, 40)
     decisions = set()
@@ -841,7 +875,8 @@ def test_acceptance_restarts_sooner_on_a_drop_that_begins_with_a_request():
 
 
 def test_model_hands_a_stream_back_to_dsd_when_the_link_falls_mid_request():
-    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"), t_ar_s=T_AR_S)
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync"),
+                              settings=ModelPolicyConfig(t_ar_s=T_AR_S))
     policy = ModelPolicy(config)
     assert _feed(policy, 0.300, 40) == Decision(1, "ar")
     stream = dict(proposed=0, accepted=0, stale=False, t_draft_s=None, t_verify_s=T_AR_S, server_queue_s=0.0,
@@ -857,7 +892,7 @@ def _after_six_shadow_matches_at_a_new_prompt(rtt_s: float) -> tuple[ModelPolicy
     new request at ``rtt_s`` goes to cloud AR; then its stream's first six tokens all match the
     edge's shadow drafts (a new prompt: the estimate restarts from them at 1.0)."""
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined"),
-                              t_ar_s=0.02)
+                              settings=ModelPolicyConfig(t_ar_s=0.02))
     policy = ModelPolicy(config)
     for accepted in [0, 0, 1, 0, 1] * 8:                           # alpha 2/7
         policy.observe(Observation(4, "sync", 4, accepted, False, rtt_s, 0.001, 0.02, 0.0, remaining_tokens=32))
@@ -890,7 +925,7 @@ def test_a_noisy_shadow_rate_does_not_take_requests_back_from_the_server(monkeyp
     def run(z: float) -> tuple[Decision, Decision]:
         monkeypatch.setattr(ModelPolicy, "HAND_BACK_Z", z)
         config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("ar", "sync", "pipelined"),
-                                  t_ar_s=0.02)
+                                  settings=ModelPolicyConfig(t_ar_s=0.02))
         policy = ModelPolicy(config)
         for accepted in [0, 0, 1, 0, 1] * 8:                        # alpha 2/7
             policy.observe(Observation(4, "sync", 4, accepted, False, 0.01, 0.001, 0.02, 0.0, remaining_tokens=32))
@@ -921,8 +956,8 @@ def test_bandit_explores_an_untried_server_kind_by_a_hand_over_and_credits_its_p
     """Every request is a DSD session: the first round runs the request's start plan, a kind never
     tried (cloud AR) is explored by a hand-over within the request, and its rate leaves out the
     hand-over's round trip (1 token in 0.17 s of which 0.15 s was the link: 50 tokens/s)."""
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"), gammas=(4,),
-                              prior_rounds=0)
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=4, modes=("ar", "sync"),
+                              settings=BanditConfig(gammas=(4,), prior_rounds=0))
     policy = BanditPolicy(config)
     start = policy.decide_request(0.010)
     assert start == Decision(4, "sync") and policy.decide() == start     # DSD first: no hand-over to try it
@@ -949,7 +984,8 @@ def test_bandit_contexts_do_not_flip_on_jitter_at_a_bucket_edge():
 
 
 def _far_policy():
-    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("ar", "sync"), gammas=(2, 8))
+    config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("ar", "sync"),
+                              settings=BanditConfig(gammas=(2, 8)))
     policy = BanditPolicy(config)
     policy.rtt_bucket, policy.alpha_bucket = 7, 4                          # 150 ms, alpha 0.8-1
     policy._credit((7, 4), Decision(1, "ar"), 50.0, 1.0, 20.0)           # cloud AR: 50 tokens/s
@@ -992,7 +1028,7 @@ def test_bandit_prior_skips_arms_the_closed_form_puts_far_behind():
     kind is tried once."""
     def first_picks(prior_rounds):
         config = ControllerConfig("bandit", gamma=4, mode="sync", gamma_max=8, modes=("ar", "sync"),
-                                  gammas=(1, 2, 4, 8), prior_rounds=prior_rounds)
+                                  settings=BanditConfig(gammas=(1, 2, 4, 8), prior_rounds=prior_rounds))
         policy = BanditPolicy(config)
         policy.decide_request(0.010)
         seen = []
@@ -1019,7 +1055,7 @@ def test_bandit_prior_is_outweighed_by_what_an_arm_earns():
     out of its estimate of the queueing: a pipelined block may be waiting behind the edge's own
     previous one), so it earns less than gamma 2 would; the bandit leaves it within a few rounds."""
     config = ControllerConfig("bandit", gamma=8, mode="pipelined", gamma_max=8, modes=("pipelined",),
-                              gammas=(2, 8))
+                              settings=BanditConfig(gammas=(2, 8)))
     policy = BanditPolicy(config)
     picks = []
     for _ in range(60):
@@ -1084,7 +1120,8 @@ def test_model_charges_the_verifiers_queueing_per_pass_so_a_loaded_server_moves_
     With 30 ms of queueing per pass, AR pays it on every token and a sync round once per ~11
     tokens: the model measures the queueing and picks sync DSD at the gamma the closed form with
     the queueing added says, in its rounds and for the next request."""
-    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"), t_ar_s=T_AR_S)
+    config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "ar"),
+                              settings=ModelPolicyConfig(t_ar_s=T_AR_S))
     idle, loaded = ModelPolicy(config), ModelPolicy(config)
     assert _feed_queued(idle, 0.300, 40, 0.0) == Decision(1, "ar")
     assert _request_plan(idle, 0.300) == Decision(1, "ar")
@@ -1105,7 +1142,7 @@ def test_model_counts_only_queueing_behind_other_clients_not_its_own_work():
     own Open, a hand-over segment's first step behind the segment before: none of that is load.
     A sync round after a sync round, and a stream's later steps (per pass), are."""
     config = ControllerConfig("model", gamma=4, mode="sync", gamma_max=16, modes=("sync", "pipelined", "ar"),
-                              t_ar_s=T_AR_S)
+                              settings=ModelPolicyConfig(t_ar_s=T_AR_S))
     policy = ModelPolicy(config)
     _feed_queued(policy, 0.010, 10, 0.015, mode="pipelined")
     assert policy.server_queue_s == 0.0
@@ -1144,7 +1181,8 @@ def _second_request_wall_s(policy: ModelPolicy, first_rtt_s: float) -> float:
 
 
 def _look_ahead_config(floor_s: float) -> ControllerConfig:
-    return ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"), stream_ahead_floor_s=floor_s)
+    return ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
+                            settings=ModelPolicyConfig(stream_ahead_floor_s=floor_s))
 
 
 def test_a_stream_that_stays_on_the_server_is_asked_for_the_slowest_link_seen():
@@ -1163,7 +1201,7 @@ def test_stream_ahead_stays_off_while_an_edge_plan_could_take_the_request_back()
     """At alpha 0.9 on a link measured at 10 ms DSD beats cloud AR, so a stream stays asked one
     measured RTT ahead (None), as it does for a request's first positions."""
     policy = ModelPolicy(ControllerConfig("model", 8, "pipelined", 16, ("ar", "sync", "pipelined"),
-                                          stream_ahead_floor_s=0.0))
+                                          settings=ModelPolicyConfig(stream_ahead_floor_s=0.0)))
     assert policy.stream_ahead_s() is None
     for rtt_s in (0.150, 0.010):
         for _ in range(10):
