@@ -15,7 +15,7 @@ from dsd.control import RequestObservation, check_decision, shadow_matches
 from dsd.modes import edge_modes
 from dsd.stopping import StopRule
 from services import access, frames, spinwait
-from services.link import LinkControl
+from services.shaping_api import ShapingApi
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
 from services.edge.client import Client
@@ -50,7 +50,7 @@ class Edge:
                  spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
         self.draft = draft
         self.spin = spin            # services.spinwait: the loop polls for a lone run's verdicts
-        self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
+        self.shaping = ShapingApi(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
         self.token = token          # sent to the verifier, and required on /runs
         self.t_draft_s = t_draft_s
         self.out_dir = out_dir
@@ -73,7 +73,7 @@ class Edge:
         app.router.add_post("/runs", self.post_run)
         app.router.add_get("/runs/{run_id}", self.get_run)
         app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
-        self.link.add_routes(app)
+        self.shaping.add_routes(app)
 
         async def stop(_app):
             tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
