@@ -22,7 +22,7 @@ from orchestrator.launchers.base import LauncherError, PointSettings
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.sim import SimTestbed
-from orchestrator.links import check_launcher
+from orchestrator.link_keys import check_launcher
 from orchestrator.predictions import Predictor
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
 from orchestrator.adaptive import run_adaptive

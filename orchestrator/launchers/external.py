@@ -39,7 +39,7 @@ from orchestrator import http_client
 from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.net_point import ControlApiTestbed
-from orchestrator.links import as_spec
+from orchestrator.link_keys import as_spec
 from orchestrator.launchers.external_config import ExternalConfig
 
 _CHECK_INTERVAL_S = 1.0

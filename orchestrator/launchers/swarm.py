@@ -57,7 +57,7 @@ from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.links import as_spec
+from orchestrator.link_keys import as_spec
 
 log = logging.getLogger(__name__)
 
