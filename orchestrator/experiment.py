@@ -55,7 +55,7 @@ class Experiment:
     # network launchers: pin verifier, edges, shaper, orchestrator to disjoint CPU sets
     # (orchestrator/cpus.py): auto = where there are >= 4 CPUs, on = always, off = never
     cpu_pinning: str = "auto"
-    # repeats where they matter (orchestrator/adaptive.py): after the grid, add repeats of the
+    # repeats where they matter (orchestrator/repeat_until_ci.py): after the grid, add repeats of the
     # points bracketing a crossover until its 95% CI is at most adaptive_ci_target_pct of it,
     # spending at most adaptive_budget_points extra points (0: off)
     adaptive_budget_points: int = 0
