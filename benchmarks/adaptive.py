@@ -285,7 +285,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="netns: measure each static arm at each condition held constant (default), or "
                         "estimate the oracle from the static runs under the schedule only (quicker, noisier)")
     parser.add_argument("--schedule-order", choices=("path", "queue"), default=None,
-                        help="netns: what the schedule's RTT cuts mean (orchestrator/links.py): path = packets "
+                        help="netns: what the schedule's RTT cuts mean (orchestrator/link_keys.py): path = packets "
                              "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in "
                              "order; default: experiments/adaptive-netns.toml's (queue)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")

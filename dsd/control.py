@@ -11,7 +11,8 @@ A plan changes only what is drafted next: blocks already in flight keep their ow
 verdict is applied to the block it answers), and a switch from pipelined to sync only stops new
 speculation, so no token is lost or duplicated and greedy output stays the target's.
 
-Policies (``CONTROLLERS``), each in its own module (``make_controller`` builds the run's):
+Policies (``CONTROLLERS``), each in its own module (``make_controller`` builds the run's) with
+its own settings (dsd/policy_configs.py; ``ControllerConfig`` holds what they share and names one):
 - ``static`` (dsd/policy_static.py): the configured gamma and mode, every round (the behaviour without a controller).
 - ``heuristic`` (dsd/policy_static.py): transformers' assisted-generation schedule on acceptance alone: every draft
   accepted -> gamma + 2, otherwise gamma - 1, clamped to 1..gamma_max; the mode stays.
@@ -41,13 +42,15 @@ tokens measured the pace: ``_pace``).
 from __future__ import annotations
 
 import importlib
-import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
 from dsd.modes import SYNC, edge_modes, get_mode, names
+from dsd.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, StaticConfig,
+                                policy_config)
 
-CONTROLLERS = ("static", "heuristic", "model", "bandit")
+CONTROLLERS = tuple(POLICY_CONFIGS)
 
 
 @dataclass(frozen=True)
@@ -141,25 +144,15 @@ def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision
 
 @dataclass(frozen=True)
 class ControllerConfig:
+    """What every policy shares, the policy's name, and its own ``settings`` (dsd/policy_configs.py:
+    the policy's dataclass; None for its defaults; a dict of its keys is built and checked)."""
     name: str = "static"
     gamma: int = 4                  # the first round's gamma (every round's, for static)
     mode: str = SYNC                # the first round's mode
     gamma_max: int = 16
     modes: tuple[str, ...] = edge_modes()   # what a policy may choose from (server modes: per request)
-    margin_pct: float = 5.0         # model: switch only for a plan predicted this much faster
-    discount: float = 0.9           # model: weight of the past in the running estimates, per round
-    t_ar_s: float | None = None     # model: the server's AR step (prior; default: t_verify(1) as measured)
-    t_draft_server_s: float | None = None   # model: the server's draft step (prior; default: the edge's)
-    explore_after: int = 4          # model: after this many server requests in a row, one DSD request
-    gammas: tuple[int, ...] = (1, 2, 4, 8, 16)   # bandit: the gamma arms (those <= gamma_max)
-    horizon_s: float = 12.0         # bandit: an observation's weight halves every horizon_s seconds
-    exploration: float = 0.1        # bandit: UCB bonus scale (a share of the best arm's rate)
-    handover: bool = True           # model, bandit: a round may hand the request to a server mode of ``modes``
-    prior_rounds: float = 6.0       # bandit: the model's prediction as this many pseudo-rounds per arm (0: none)
-    # model: a server stream no edge plan could take back is kept asked at least this round trip
-    # ahead before any slower link is seen (ModelPolicy.stream_ahead_s): 0.2 s is the 90th
-    # percentile, weighted by pings, of RIPE Atlas's country-pair mean RTTs (data/, 201.5 ms)
-    stream_ahead_floor_s: float = 0.2
+    handover: bool = True           # a round may hand the request to a server mode of ``modes``
+    settings: StaticConfig | HeuristicConfig | ModelPolicyConfig | BanditConfig | None = None
 
     def __post_init__(self) -> None:
         if self.name not in CONTROLLERS:
@@ -174,32 +167,24 @@ class ControllerConfig:
             raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
         if not self.modes or any(m not in names() for m in self.modes):
             raise ValueError(f"modes must be a non-empty list from {names()}, got {self.modes!r}")
-        if not (0 <= self.margin_pct < 100):
-            raise ValueError(f"margin_pct must be in [0, 100), got {self.margin_pct!r}")
-        if not (0 <= self.discount < 1):
-            raise ValueError(f"discount must be in [0, 1), got {self.discount!r}")
-        for name in ("t_ar_s", "t_draft_server_s"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
-        if not (isinstance(self.explore_after, int) and self.explore_after >= 1):
-            raise ValueError(f"explore_after must be a whole number >= 1, got {self.explore_after!r}")
-        if not self.gammas or any(not (isinstance(g, int) and not isinstance(g, bool) and g >= 1)
-                                  for g in self.gammas):
-            raise ValueError(f"gammas must be a non-empty list of whole numbers >= 1, got {self.gammas!r}")
-        for name in ("horizon_s", "exploration"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        if not (isinstance(self.prior_rounds, (int, float)) and not isinstance(self.prior_rounds, bool)
-                and math.isfinite(self.prior_rounds) and self.prior_rounds >= 0):
-            raise ValueError(f"prior_rounds must be a number >= 0, got {self.prior_rounds!r}")
-        if not (isinstance(self.stream_ahead_floor_s, (int, float)) and not isinstance(self.stream_ahead_floor_s, bool)
-                and math.isfinite(self.stream_ahead_floor_s) and 0 <= self.stream_ahead_floor_s <= 10):
-            raise ValueError(f"stream_ahead_floor_s must be a number of seconds in [0, 10], got "
-                             f"{self.stream_ahead_floor_s!r}")
         if not isinstance(self.handover, bool):
             raise ValueError(f"handover must be true or false, got {self.handover!r}")
+        object.__setattr__(self, "settings", self._checked_settings())
+
+    def _checked_settings(self):
+        kind = POLICY_CONFIGS[self.name]
+        if self.settings is None:
+            return kind()
+        if isinstance(self.settings, Mapping):
+            shared = sorted(set(self.settings) & {f.name for f in fields(self)})
+            if shared:
+                raise ValueError(f"{shared[0]} is shared by every policy: a field of the controller config, "
+                                 f"not a setting of controller {self.name!r}")
+            return policy_config(self.name, self.settings)
+        if not isinstance(self.settings, kind):
+            raise ValueError(f"settings of controller {self.name!r} must be a {kind.__name__}, "
+                             f"got {type(self.settings).__name__}")
+        return self.settings
 
     @property
     def dsd_modes(self) -> tuple[str, ...]:

@@ -2,12 +2,14 @@
 a round's (or a server request's) tokens per second, with no latency model inside."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
 from dsd.estimators import Acceptance, add_shadow_rate
 from dsd.modes import edge_modes, get_mode, server_modes
+from dsd.policy_configs import BanditConfig
 from dsd.policy_model import ModelPolicy, predicted_per_token_s
 
 
@@ -46,14 +48,14 @@ class BanditPolicy:
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        gammas = sorted({g for g in config.gammas if g <= config.gamma_max}) or [config.gamma_max]
+        gammas = sorted({g for g in config.settings.gammas if g <= config.gamma_max}) or [config.gamma_max]
         self.arms: list[Decision] = []
         for mode in config.modes:
             self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
         self.stats: dict[tuple, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
         self.rtt_bucket = 0
         self.alpha_bucket = 2                             # alpha 0.5 until measured
-        self.acceptance = Acceptance(config.discount)
+        self.acceptance = Acceptance(config.settings.model.discount)
         self.current = config.dsd_start if config.dsd_start in self.arms else \
             next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
@@ -61,7 +63,12 @@ class BanditPolicy:
         # the informed prior: the model policy's estimates (it sees every observation; its own
         # decisions are not used), whose closed-form prediction of each arm's rate counts as
         # ``prior_rounds`` pseudo-rounds of that arm in whatever context is current
-        self.model = ModelPolicy(config)
+        self.model = ModelPolicy(dataclasses.replace(config, name="model", settings=config.settings.model))
+
+    @property
+    def settings(self) -> BanditConfig:
+        """This policy's own settings; ``settings.model``: those of the model policy beside it."""
+        return self.config.settings
 
     # A context moves only once its estimate is a quarter bucket past the bucket's edge: an RTT
     # near a factor-2 edge (10-12 ms, from jitter and load) or an alpha estimate near a 0.2 edge
@@ -121,7 +128,7 @@ class BanditPolicy:
         costs a round trip and a round; the first request tried every arm), the arms it puts near
         the best are, and what an arm earns outweighs its prior after a few rounds. None until the
         estimates exist (the first round of a run), or with ``prior_rounds`` 0."""
-        m, n = self.model, self.config.prior_rounds
+        m, n = self.model, self.settings.prior_rounds
         if not n or not m._measured():
             return None
         alpha = min(max(m.alpha, 0.0), 0.999)
@@ -141,7 +148,7 @@ class BanditPolicy:
     def _credit(self, context: tuple, arm: Decision, tokens: float, seconds: float, count: float) -> None:
         if arm not in self.arms or not (seconds > 0 and math.isfinite(seconds)):
             return
-        keep = 0.5 ** (seconds / self.config.horizon_s)
+        keep = 0.5 ** (seconds / self.settings.horizon_s)
         for table in self.stats.values():
             for value in table.values():
                 value[:] = [v * keep for v in value]
@@ -186,7 +193,7 @@ class BanditPolicy:
                                                abs(math.log2(a.gamma) - math.log2(start.gamma))))
         rates = {a: table[a][0] / table[a][1] for a in arms}
         total = sum(table[a][2] for a in arms)
-        scale = self.config.exploration * max(rates.values())
+        scale = self.settings.exploration * max(rates.values())
         return max(arms, key=lambda a: rates[a] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0)
                                                                     / max(table[a][2], 1e-9)))
 
@@ -234,7 +241,8 @@ class BanditPolicy:
 
     def _worth_handing_over(self, new_rate: float, old_rate: float) -> bool:
         saved_s = (1 / old_rate - 1 / new_rate) * (self.remaining_tokens or 0)
-        return new_rate >= old_rate * (1 + self.config.margin_pct / 100) and saved_s >= 2.0 ** self.rtt_bucket / 1e3
+        margin = 1 + self.settings.model.margin_pct / 100
+        return new_rate >= old_rate * margin and saved_s >= 2.0 ** self.rtt_bucket / 1e3
 
     @staticmethod
     def _kind_of(mode: str) -> str:
@@ -292,7 +300,7 @@ class BanditPolicy:
         if untried:
             return untried[0]
         total = sum(count for _, count in values.values())
-        scale = self.config.exploration * max(rate for rate, _ in values.values())
+        scale = self.settings.exploration * max(rate for rate, _ in values.values())
         return max(values, key=lambda k: values[k][0] + scale * math.sqrt(
             math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
 

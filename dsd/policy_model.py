@@ -22,6 +22,7 @@ from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
 from dsd.estimators import Acceptance, Discounted, DiscountedLine, Level, add_shadow_rate
 from dsd.modes import SERVER, SYNC, edge_modes, get_mode, server_modes
+from dsd.policy_configs import ModelPolicyConfig
 
 
 def passes_per_round(mode: str) -> int:
@@ -101,9 +102,10 @@ class ModelPolicy:
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
+        discount = self.settings.discount
         self.current = config.dsd_start
-        self.acceptance = Acceptance(config.discount)
-        self.rtt_s = Level(config.discount)              # the link: follows its steps
+        self.acceptance = Acceptance(discount)
+        self.rtt_s = Level(discount)                     # the link: follows its steps
         self.rtt_floor_s: float | None = None             # the fastest the link has been measured
         self.rtt_ceiling_s: float | None = None           # the slowest its running level has been
         self.request_positions = 0                        # positions drafted or shadowed in this request
@@ -112,17 +114,22 @@ class ModelPolicy:
         # far below restarts it), and no round is planned on it before two rounds measured it (a
         # stall in the run's first block read 21 ms a step on a 1 ms device and sent a 5 ms edge
         # to cloud AR for its whole run: CI's compose run of 1c2c999)
-        self.t_draft_s = Level(config.discount)
-        self.t_verify_s = DiscountedLine(config.discount)     # against gamma
+        self.t_draft_s = Level(discount)
+        self.t_verify_s = DiscountedLine(discount)       # against gamma
         self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
         self.t_draft_server_s = Discounted(0.5)
-        self.queue_s = Discounted(config.discount)       # the verifier's queueing per pass (others' work)
+        self.queue_s = Discounted(discount)              # the verifier's queueing per pass (others' work)
         self.last_round_mode: str | None = None           # the request's previous round's mode
         self.alpha_best = 0.0                             # the highest alpha estimate so far
         self.server_streak = 0                            # server requests in a row
         self.last_request: Decision | None = None
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
         self.request_tokens: int | None = None            # the last request's length (the next one's guess)
+
+    @property
+    def settings(self) -> ModelPolicyConfig:
+        """This policy's own settings (the config's, so a config replaced on a live policy counts)."""
+        return self.config.settings
 
     def observe(self, observation: Observation) -> None:
         if observation.stale:
@@ -184,7 +191,7 @@ class ModelPolicy:
         rtt_s = self.rtt_floor_s
         if self._hands_back(self._best(self.config.dsd_modes, alpha, rtt_s)[0], alpha, rtt_s):
             return None
-        return max(self.rtt_ceiling_s, self.config.stream_ahead_floor_s)     # set with rtt_floor_s
+        return max(self.rtt_ceiling_s, self.settings.stream_ahead_floor_s)     # set with rtt_floor_s
 
     def link_rtt_s(self) -> float | None:
         """The link's RTT as the plans are decided on (the probe before a request, then the
@@ -218,10 +225,10 @@ class ModelPolicy:
         return self.acceptance.value
 
     def _t_ar_s(self) -> float | None:
-        return self.t_ar_s.value or self.config.t_ar_s or self.t_verify_s.at(1)
+        return self.t_ar_s.value or self.settings.t_ar_s or self.t_verify_s.at(1)
 
     def _t_draft_server_s(self) -> float | None:
-        return self.t_draft_server_s.value or self.config.t_draft_server_s or self.t_draft_s.value
+        return self.t_draft_server_s.value or self.settings.t_draft_server_s or self.t_draft_s.value
 
     def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
         return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self.t_draft_s.value,
@@ -276,7 +283,7 @@ class ModelPolicy:
         best_s, current_s = self._cost_s(best, alpha, rtt_s), self._cost_s(self.current, alpha, rtt_s)
         pays_off = not hands_over or self.remaining_tokens is None or \
             (current_s - best_s) * self.remaining_tokens > rtt_s
-        return best_s < current_s * (1 - self.config.margin_pct / 100) and pays_off
+        return best_s < current_s * (1 - self.settings.margin_pct / 100) and pays_off
 
     def _observe_server(self, o: Observation) -> None:
         """A server round of a hand-over: shadow drafting's positions as draws of alpha (co-located
@@ -308,7 +315,7 @@ class ModelPolicy:
         self.last_round_mode = None                     # its first round queues behind its own Open
         self._new_request_positions()
         if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
-            self.rtt_s = Level(c.discount)
+            self.rtt_s = Level(self.settings.discount)
             self._add_rtt(rtt_s)
         if not self._measured():
             self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
@@ -318,12 +325,12 @@ class ModelPolicy:
         best, best_s = self._best(c.modes, alpha, rtt_s)
         last = self.last_request
         if last is not None and last.mode in c.modes and \
-                best_s >= self._cost_s(last, alpha, rtt_s) * (1 - c.margin_pct / 100):
+                best_s >= self._cost_s(last, alpha, rtt_s) * (1 - self.settings.margin_pct / 100):
             best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
         if last is not None and last.mode in c.modes and last.mode in server_modes() and best.mode in edge_modes():
             if self._best(c.modes, self._cautious_alpha(alpha), rtt_s)[0].mode in server_modes():
                 best = last          # back from the server only if the edge wins at alpha's lower bound too
-        if best.mode in server_modes() and c.dsd_modes and self.server_streak >= c.explore_after:
+        if best.mode in server_modes() and c.dsd_modes and self.server_streak >= self.settings.explore_after:
             # alpha may have risen while the server generated: look again where it could pay off
             dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
             if dsd_s < self._cost_s(best, alpha, rtt_s):

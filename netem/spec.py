@@ -58,7 +58,7 @@ class DirectionSpec:
     def __post_init__(self):
         _check_number("delay_ms", self.delay_ms, lo=0.0)
         _check_number("jitter_ms", self.jitter_ms, lo=0.0)
-        # 100 is a link that is down: a schedule's stall (a sweep point refuses it: orchestrator/links.py)
+        # 100 is a link that is down: a schedule's stall (a sweep point refuses it: orchestrator/link_keys.py)
         _check_number("loss_pct", self.loss_pct, lo=0.0, hi=100.0)
         _check_number("correlation_pct", self.correlation_pct, lo=0.0, hi=100.0, hi_open=True)
         if self.rate_mbit is not None:

@@ -17,7 +17,7 @@ from orchestrator.rounds import rounds_with_receipts
 from services import traces
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
-# Point keys only in sweeps that vary them; the link's keys (orchestrator/links.py) make groups of
+# Point keys only in sweeps that vary them; the link's keys (orchestrator/link_keys.py) make groups of
 # their own, each with its crossovers over RTT.
 GROUP_KEYS = ["profile", "alpha", "jitter_ms", "delay_distribution", "correlation_pct", "loss_pct", "rate_mbit",
               "delay_up_ms"]

@@ -11,7 +11,7 @@ from dsd.backends.factory import BackendConfig, SyntheticBackendConfig, backend_
 from dsd.control import CONTROLLERS
 from dsd.modes import BUILTIN, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
-from orchestrator import links
+from orchestrator import link_keys
 from orchestrator.sampling import SamplingSweep, Setting, parse_sampling
 from orchestrator.workload import Workload, parse_workload
 from orchestrator.launchers.external_config import ExternalConfig
@@ -55,7 +55,7 @@ class Experiment:
     # network launchers: pin verifier, edges, shaper, orchestrator to disjoint CPU sets
     # (orchestrator/cpus.py): auto = where there are >= 4 CPUs, on = always, off = never
     cpu_pinning: str = "auto"
-    # repeats where they matter (orchestrator/adaptive.py): after the grid, add repeats of the
+    # repeats where they matter (orchestrator/repeat_until_ci.py): after the grid, add repeats of the
     # points bracketing a crossover until its 95% CI is at most adaptive_ci_target_pct of it,
     # spending at most adaptive_budget_points extra points (0: off)
     adaptive_budget_points: int = 0
@@ -63,7 +63,7 @@ class Experiment:
     backend: BackendConfig = field(default_factory=SyntheticBackendConfig)   # [backend]: kind and its fields
     sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/sampling.py
     workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/workload.py
-    # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links.py.
+    # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/link_keys.py.
     jitter_ms: tuple[float, ...] = (0.0,)
     delay_distribution: tuple[str, ...] = ("uniform",)
     correlation_pct: tuple[float, ...] = (0.0,)
@@ -71,7 +71,7 @@ class Experiment:
     rate_mbit: tuple[float, ...] = (0.0,)          # 0 = no cap
     delay_up_ms: tuple[float, ...] = ()            # with delay_down_ms: one-way delays instead of rtt_ms
     delay_down_ms: tuple[float, ...] = ()
-    link: links.LinkOptions = field(default_factory=links.LinkOptions)   # [link]: per-edge links
+    link: link_keys.LinkOptions = field(default_factory=link_keys.LinkOptions)   # [link]: per-edge links
     # Adaptive DSD (dsd/control.py): who picks each round's gamma and mode (static: the point's),
     # and the largest gamma it may pick. The point's gamma and mode are where it starts.
     controller: str = "static"
@@ -95,7 +95,7 @@ class Experiment:
         self._check_external()
         self._check_tables()
         self._check_profiles()
-        links.check_link_keys(self)
+        link_keys.check_link_keys(self)
         self._check_controller()
         _check(self.slo is None or self.load is not None, "slo", self.slo, "a [load] table beside it (an SLO "
                "is judged on open-loop arrivals)")
@@ -281,7 +281,7 @@ def experiment_from_dict(data: dict, source: str = "experiment",
         if not isinstance(data["link"], dict):
             raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
         try:
-            data["link"] = links.LinkOptions.from_dict(data["link"])
+            data["link"] = link_keys.LinkOptions.from_dict(data["link"])
         except (TypeError, ValueError) as error:
             raise ValueError(f"{source}: {error}") from None
     known = {f.name for f in fields(Experiment)} - {"backend", "hardware_profiles", "external"}
@@ -303,7 +303,8 @@ def experiment_from_dict(data: dict, source: str = "experiment",
         data["profile"] = tuple(data["profile"])
     if "rtt_ms" in data and ("delay_up_ms" in data or "delay_down_ms" in data):
         raise ValueError(f"{source}: give rtt_ms or delay_up_ms/delay_down_ms, not both")
-    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *links.LINK_KEYS, "delay_down_ms", "controller_modes"):
+    for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *link_keys.LINK_KEYS, "delay_down_ms",
+                "controller_modes"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)

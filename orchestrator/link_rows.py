@@ -23,7 +23,7 @@ class LinkState:
     rtt_measured_p99_ms: float = float("nan")
     rtt_measured_stdev_ms: float = float("nan")
     loss_measured_pct: float = float("nan")
-    # The rest of the link (orchestrator/links.py): what jitter, distribution and loss should give.
+    # The rest of the link (orchestrator/link_keys.py): what jitter, distribution and loss should give.
     distribution_configured: str = "uniform"
     correlation_configured_pct: float = 0.0
     delay_up_configured_ms: float = float("nan")

@@ -20,7 +20,7 @@ import pandas as pd
 
 from orchestrator.csv_rows import read_whole_rows
 from orchestrator.http_client import call
-from orchestrator.links import LinkOptions, edge_specs
+from orchestrator.link_keys import LinkOptions, edge_specs
 from orchestrator.scheduled_point import ScheduledPoint
 from orchestrator.launchers.base import LinkState, PointSettings, Testbed
 from orchestrator.request_stats import finish_point

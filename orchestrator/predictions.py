@@ -246,7 +246,7 @@ def add_out_of_sample(points: pd.DataFrame, predictions: pd.DataFrame | None) ->
     matched = predictions.set_index(keys).reindex(pd.MultiIndex.from_frame(points[keys]))
     points["calibration"] = matched["calibration"].astype(object).fillna(False).astype(bool).to_numpy()
     # The prediction of a cell is the same for all its repeats, also for repeats added after the
-    # plan (orchestrator/adaptive.py), which have no row of their own.
+    # plan (orchestrator/repeat_until_ci.py), which have no row of their own.
     cell_keys = [k for k in keys if k != "repeat"]
     by_cell = predictions.drop_duplicates(cell_keys).set_index(cell_keys)["per_token_ms_predicted"]
     points["per_token_ms_predicted_oos"] = by_cell.reindex(

@@ -22,10 +22,10 @@ from orchestrator.launchers.base import LauncherError, PointSettings
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.sim import SimTestbed
-from orchestrator.links import check_launcher
+from orchestrator.link_keys import check_launcher
 from orchestrator.predictions import Predictor
+from orchestrator.repeat_until_ci import run_repeats_until_ci
 from orchestrator.summary import analyze_sweep  # noqa: F401  (the CLI's and tests' entry point)
-from orchestrator.adaptive import run_adaptive
 from orchestrator.sweep import (check_out_dir, group_experiment, host_facts, merge, plan_points, point_done,
                                 prompts_for_point, record_point, run_sweep)
 from orchestrator.workload import describe, experiment_prompts
@@ -58,8 +58,10 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             done = run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
                              heal=testbeds.heal, predict=predict)
             if experiment.adaptive_budget_points:     # repeats where a crossover's interval is wide
-                run_adaptive(experiment, out, lambda p: record_point(out, p, run_point, experiment, testbeds.heal),
-                             experiment.gamma[0], progress=lambda p: progress(len(plan), len(plan), p, "adaptive repeat"))
+                run_repeats_until_ci(experiment, out,
+                                     lambda p: record_point(out, p, run_point, experiment, testbeds.heal),
+                                     experiment.gamma[0],
+                                     progress=lambda p: progress(len(plan), len(plan), p, "repeat until CI"))
                 done = merge(out)
             return done
     finally:

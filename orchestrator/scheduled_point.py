@@ -1,5 +1,5 @@
 """A link schedule during one point: the changes handed to the shaper, and echo probes beside
-the run to see when each took effect (orchestrator/links.py describes the schedule keys)."""
+the run to see when each took effect (orchestrator/link_keys.py describes the schedule keys)."""
 from __future__ import annotations
 
 import dataclasses

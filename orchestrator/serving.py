@@ -33,7 +33,7 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from dsd.modes import get_mode
-from orchestrator import links as link_keys
+from orchestrator import link_keys
 from orchestrator.experiment import Experiment
 from orchestrator.http_client import call
 from orchestrator.load import Arrival, schedule

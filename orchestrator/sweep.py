@@ -31,7 +31,7 @@ from dsd.backends.factory import BACKEND_CONFIGS
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode
 from orchestrator import cpus
 from orchestrator.csv_rows import read_whole_rows
-from orchestrator import links as link_keys
+from orchestrator import link_keys
 from orchestrator.experiment import Experiment
 from orchestrator.sampling import Setting
 
@@ -47,7 +47,7 @@ class Point:
     # stay what they were, so their sweep folders still resume.
     alpha: float | None = None
     profile: str | None = None
-    # The link beyond its RTT (orchestrator/links.py), likewise set only when the experiment sweeps it.
+    # The link beyond its RTT (orchestrator/link_keys.py), likewise set only when the experiment sweeps it.
     jitter_ms: float | None = None
     delay_distribution: str | None = None
     correlation_pct: float | None = None

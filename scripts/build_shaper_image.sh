@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The edge image that can shape its own link from inside its container (services/link.py,
+# The edge image that can shape its own link from inside its container (services/shaping_api.py,
 # netem/inside.py): dsdbed-app plus iptables, libnetfilter-queue and the NetfilterQueue module.
 # Swarm edges need it (the orchestrator cannot reach a remote container's veth); so does any
 # container edge started with --shape-link.

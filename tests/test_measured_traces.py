@@ -117,7 +117,7 @@ def test_the_cli_writes_the_trace_and_refuses_to_overwrite(tmp_path, capsys):
 @pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("measured-*.toml")), ids=lambda p: p.stem)
 def test_each_scenario_experiment_loads_its_trace_and_runs_on_the_sim_and_netns(path, monkeypatch):
     from orchestrator.experiment import load_experiment
-    from orchestrator.links import check_launcher
+    from orchestrator.link_keys import check_launcher
 
     monkeypatch.chdir(ROOT)                 # trace_csv is read from the working directory
     experiment = load_experiment(path)

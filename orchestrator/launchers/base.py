@@ -39,7 +39,7 @@ class PointSettings:
     request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
     tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
     run_prefix: str = "run"
-    link_options: Any = None                  # orchestrator.links.LinkOptions
+    link_options: Any = None                  # orchestrator.link_keys.LinkOptions
     after_shape: Callable | None = None
 
     def __post_init__(self) -> None:

@@ -41,8 +41,7 @@ import docker
 
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import choose_backend
-from orchestrator import link_rows
-from orchestrator import links as link_keys
+from orchestrator import link_keys, link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.compose_adopt import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, EDGE_SERVICE,  # noqa: F401
                                                  VERIFIER_SERVICE, adopt_mismatches, fix_command)
@@ -270,7 +269,6 @@ class ComposeTestbed(ControlApiTestbed):
         specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
-        # not `links`: that name is the orchestrator.links module, which this function uses above
         edge_links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
                       for h, x, spec in zip(self.edges, self.edge_containers, specs)]
         shaper = Shaper(ShaperConfig(backend=self.config.shaper_backend, verify_count=self.config.verify_count))

@@ -39,7 +39,7 @@ from orchestrator import http_client
 from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.net_point import ControlApiTestbed
-from orchestrator.links import as_spec
+from orchestrator.link_keys import as_spec
 from orchestrator.launchers.external_config import ExternalConfig
 
 _CHECK_INTERVAL_S = 1.0
@@ -191,7 +191,7 @@ class ExternalTestbed(ControlApiTestbed):
 
 
 def shape_in_edge(edge: EdgeHandle, spec: LinkSpec, body: dict, token: str | None, timeout_s: float) -> LinkState:
-    """PUT /link on one edge: it shapes its own link to `spec` and verifies it (services/link.py).
+    """PUT /link on one edge: it shapes its own link to `spec` and verifies it (services/shaping_api.py).
     The configured RTT recorded is the edge's base RTT (measured just before) plus the spec's."""
     fields_ = {k: v for k, v in spec.as_dict().items() if v is not None}
     verify_count = body.get("verify_count", 100)

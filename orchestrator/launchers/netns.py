@@ -14,8 +14,7 @@ from pathlib import Path
 
 from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
-from orchestrator import link_rows
-from orchestrator import links as link_keys
+from orchestrator import link_keys, link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.services_config import ServicesConfig

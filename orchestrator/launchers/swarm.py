@@ -1,6 +1,6 @@
 """The ``swarm`` launcher: the services of compose.yaml as a Docker Swarm stack, one verifier
 placed on the node labelled ``dsdbed.role=verifier`` (the GPU host), N edges spread over the
-nodes, every edge shaping its own link from inside its container (services/link.py).
+nodes, every edge shaping its own link from inside its container (services/shaping_api.py).
 
     config = SwarmConfig(n_edges=8, profile=get_profile("toy-edge-cloud"))
     with SwarmTestbed(config) as testbed:           # stack deployed, every task healthy
@@ -57,7 +57,7 @@ from orchestrator.net_point import ControlApiTestbed
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.links import as_spec
+from orchestrator.link_keys import as_spec
 
 log = logging.getLogger(__name__)
 

@@ -21,16 +21,16 @@ The link is measured with application-level pings on the same WebSocket, before 
 run; ``app_delay_ms`` delays every message in each direction (for hosts whose link cannot be
 shaped), in order, and is recorded in every row.
 
-The package, by role: ``config`` (RunConfig, a request's record), ``verifier_link`` (the WebSocket
-to the verifier), ``transport`` (dsd.driver's transport and device), ``client`` (one request in
-each mode), ``app`` (the HTTP API and its runs), ``cli`` (the command line; ``__main__``).
+The package, by role: ``config`` (RunConfig, a request's record), ``verifier_channel`` (the
+connection to the verifier), ``transport`` (dsd.driver's transport and device), ``client`` (one
+request in each mode), ``app`` (the HTTP API and its runs), ``cli`` (the command line; ``__main__``).
 """
 from services.edge.app import Edge, Run
 from services.edge.cli import build, main
 from services.edge.client import Client
 from services.edge.config import Request, RunConfig, RunError, ws_url
 from services.edge.transport import DraftDevice, SessionTransport, _verify_message
-from services.edge.verifier_link import MAX_RECEIVE_BYTES, VerifierLink, probe_for_request_s
+from services.edge.verifier_channel import MAX_RECEIVE_BYTES, VerifierChannel, probe_for_request_s
 
 __all__ = ["MAX_RECEIVE_BYTES", "Client", "DraftDevice", "Edge", "Request", "Run", "RunConfig", "RunError",
-           "SessionTransport", "VerifierLink", "_verify_message", "build", "main", "probe_for_request_s", "ws_url"]
+           "SessionTransport", "VerifierChannel", "_verify_message", "build", "main", "probe_for_request_s", "ws_url"]

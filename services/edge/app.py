@@ -15,12 +15,12 @@ from dsd.control import RequestObservation, check_decision, shadow_matches
 from dsd.modes import edge_modes
 from dsd.stopping import StopRule
 from services import access, frames, spinwait
-from services.link import LinkControl
+from services.shaping_api import ShapingApi
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
 from services.edge.client import Client
 from services.edge.config import Request, RunConfig, RunError, ws_url
-from services.edge.verifier_link import VerifierLink, probe_for_request_s
+from services.edge.verifier_channel import VerifierChannel, probe_for_request_s
 
 
 log = logging.getLogger("services.edge")
@@ -50,7 +50,7 @@ class Edge:
                  spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
         self.draft = draft
         self.spin = spin            # services.spinwait: the loop polls for a lone run's verdicts
-        self.link = LinkControl(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
+        self.shaping = ShapingApi(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
         self.token = token          # sent to the verifier, and required on /runs
         self.t_draft_s = t_draft_s
         self.out_dir = out_dir
@@ -73,7 +73,7 @@ class Edge:
         app.router.add_post("/runs", self.post_run)
         app.router.add_get("/runs/{run_id}", self.get_run)
         app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
-        self.link.add_routes(app)
+        self.shaping.add_routes(app)
 
         async def stop(_app):
             tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
@@ -91,18 +91,18 @@ class Edge:
 
     async def probe_rtts(self, verifier_url: str, count: int, interval_s: float, app_delay_ms: float) -> list[float]:
         """RTTs (ms) of `count` Ping/Pong probes on a WebSocket of their own, as a run measures."""
-        link = VerifierLink(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token,
+        channel = VerifierChannel(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token,
                             frames.DEFAULT_TRANSPORT)
         try:
-            await link.connect("link-probe")
+            await channel.connect("link-probe")
             rtts_ms = []
             for i in range(count):
                 if i:
                     await asyncio.sleep(interval_s)
-                rtts_ms.append(await link.probe_ms())
+                rtts_ms.append(await channel.probe_ms())
             return rtts_ms
         finally:
-            await link.close()
+            await channel.close()
 
     async def post_run(self, request: web.Request) -> web.Response:
         try:
@@ -136,30 +136,30 @@ class Edge:
         clock = EdgeClock()
         writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
                                           "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
-        link = VerifierLink(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
-        link.rto_max_ms = config.tcp_rto_max_ms
-        link.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
+        channel = VerifierChannel(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
+        channel.rto_max_ms = config.tcp_rto_max_ms
+        channel.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
         device = self._thread_device or EmulatedDevice(self._timer)
         request = None
         probing = None
         device.runs += 1
         try:
-            welcome = await link.connect(config.client_id)
+            welcome = await channel.connect(config.client_id)
             if welcome.vocab_size != self.draft.vocab_size:
                 raise RunError(f"draft vocabulary {self.draft.vocab_size} != target vocabulary {welcome.vocab_size}")
             for _ in range(config.probe_count):
-                run.rtt_before_ms.append(await link.probe_ms())
+                run.rtt_before_ms.append(await channel.probe_ms())
             if config.start_at_unix_s:
                 await asyncio.sleep(max(0.0, config.start_at_unix_s - time.time()))
-            probing = asyncio.create_task(self._probe(link, config.probe_interval_ms / 1000))
-            client = Client(config, link, self.draft, device, self.t_draft_s, writer, clock)
+            probing = asyncio.create_task(self._probe(channel, config.probe_interval_ms / 1000))
+            client = Client(config, channel, self.draft, device, self.t_draft_s, writer, clock)
             stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
             for index, prompt in enumerate(config.prompts):
                 request = Request(index, list(prompt), config, stop, t_start_s=time.perf_counter())
                 deadline = asyncio.timeout(config.request_deadline_s or config.request_timeout_s)
                 try:
                     async with deadline:
-                        await self._dispatch(client, link, request)
+                        await self._dispatch(client, channel, request)
                 except TimeoutError:
                     if not deadline.expired():
                         raise
@@ -169,10 +169,10 @@ class Edge:
                     if request.tokens is None:      # else only the session's Close was still on its way
                         request.gave_up = (f"deadline: not done within request_deadline_s "
                                            f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
-                                           f"link {link.closed_reason or 'up'})")
+                                           f"link {channel.closed_reason or 'up'})")
                     if request.session is not None:
-                        await link.abandon(request.session)
-                self._request_row(writer, clock, link, request)
+                        await channel.abandon(request.session)
+                self._request_row(writer, clock, channel, request)
                 run.requests_done += 1
                 run.tokens += request.n_emitted if request.gave_up else len(request.tokens)
                 request = None
@@ -180,24 +180,24 @@ class Edge:
         except Exception as exc:          # any failure ends the run and is recorded as rows
             log.exception("run %s failed", config.run_id)
             run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
-            self._error_rows(writer, link, run, request)
+            self._error_rows(writer, channel, run, request)
         finally:
             if probing is not None:
                 probing.cancel()
                 await asyncio.gather(probing, return_exceptions=True)
             device.runs -= 1
-            await link.close()
+            await channel.close()
             writer.close()
 
     @staticmethod
-    async def _dispatch(client: Client, link: VerifierLink, request: Request) -> None:
+    async def _dispatch(client: Client, channel: VerifierChannel, request: Request) -> None:
         """One request in the run's mode; with an adaptive controller, in the mode it picks for
         this request at the link's last probed RTT (it then sees how the request went)."""
         config = request.config
         if config.controller == "static":
             await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
             return
-        rtt_s = probe_for_request_s(link.rtt_probe_ms, link.rtt_probe_sent_s, client.last_request_end_s)
+        rtt_s = probe_for_request_s(channel.rtt_probe_ms, channel.rtt_probe_sent_s, client.last_request_end_s)
         choice = check_decision(client.controller.decide_request(rtt_s), max(config.gamma_max, config.gamma),
                                 config.controller_modes)
         if choice.mode in edge_modes():
@@ -216,12 +216,12 @@ class Edge:
                 choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow))
 
     @staticmethod
-    async def _probe(link: VerifierLink, interval_s: float) -> None:
+    async def _probe(channel: VerifierChannel, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            await link.probe_ms()
+            await channel.probe_ms()
 
-    def _request_row(self, writer: TraceWriter, clock: EdgeClock, link: VerifierLink, r: Request) -> None:
+    def _request_row(self, writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel, r: Request) -> None:
         c = r.config
         n_tokens = r.n_emitted if r.gave_up else len(r.tokens)
         writer.request(RequestRow(
@@ -231,15 +231,15 @@ class Edge:
             ttft_s=None if r.t_first_s is None else r.t_first_s - r.t_start_s,
             steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, n_tokens - r.first_emitted),
             t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
-            rtt_probe_ms=link.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
+            rtt_probe_ms=channel.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
             token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up))
 
     @staticmethod
-    def _error_rows(writer: TraceWriter, link: VerifierLink, run: Run, request: Request | None) -> None:
+    def _error_rows(writer: TraceWriter, channel: VerifierChannel, run: Run, request: Request | None) -> None:
         c = run.config
         keys = {"run_id": c.run_id, "client_id": c.client_id, "mode": c.mode, "gamma": c.gamma,
                 "request_index": request.index if request else run.requests_done,
-                "rtt_probe_ms": link.rtt_probe_ms, "app_delay_ms": c.app_delay_ms, "error": run.error}
+                "rtt_probe_ms": channel.rtt_probe_ms, "app_delay_ms": c.app_delay_ms, "error": run.error}
         rounds = request.rounds if request else 0
         writer.round(RoundRow(**keys, round_index=rounds, proposed=0, accepted=0, emitted=0, stale=False))
         writer.request(RequestRow(**keys, prompt_tokens=len(request.prompt) if request else 0, tokens=0,

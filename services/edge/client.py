@@ -13,15 +13,15 @@ from services import wire
 from services.traces import EdgeClock, RoundRow, TraceWriter
 from services.edge.config import Request, RunConfig, RunError
 from services.edge.transport import DraftDevice, SessionTransport
-from services.edge.verifier_link import VerifierLink
+from services.edge.verifier_channel import VerifierChannel
 
 
 class Client:
-    """A run's requests, one after another, over one link."""
+    """A run's requests, one after another, over one channel to the verifier."""
 
-    def __init__(self, config: RunConfig, link: VerifierLink, draft: LanguageModel, device,
+    def __init__(self, config: RunConfig, channel: VerifierChannel, draft: LanguageModel, device,
                  t_draft_s: float, writer: TraceWriter, clock: EdgeClock) -> None:
-        self.config, self.link, self.draft, self.device = config, link, draft, device
+        self.config, self.channel, self.draft, self.device = config, channel, draft, device
         self.t_draft_s = t_draft_s
         self.writer, self.clock = writer, clock
         # One controller per run: what it learnt in one request carries over to the next.
@@ -30,7 +30,7 @@ class Client:
 
     def open_message(self, request: Request, session: int) -> wire.Open:
         c = self.config
-        return wire.Open(self.link.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
+        return wire.Open(self.channel.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
                          c.top_k, c.seed + request.index, c.stop_at_eos, c.top_p)
 
     async def next_message(self, inbox: asyncio.Queue, request: Request):
@@ -45,7 +45,7 @@ class Client:
     def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
                   stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
                   plan: tuple[int, str] | None = None) -> None:
-        e, c, rtt_probe_ms = self.clock.epoch_s, self.config, self.link.rtt_probe_ms
+        e, c, rtt_probe_ms = self.clock.epoch_s, self.config, self.channel.rtt_probe_ms
         round_gamma, round_mode = plan or (None, "")
         self.writer.round(lambda: RoundRow(       # built when written: after the next block is out
             run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=request.index,
@@ -56,22 +56,22 @@ class Client:
             round_gamma=round_gamma, round_mode=round_mode))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
-        await self.link.send(wire.Close(self.link.next_seq(), session))
+        await self.channel.send(wire.Close(self.channel.next_seq(), session))
         while True:
             t_receive_s, message = await self.next_message(inbox, request)
             if isinstance(message, wire.Closed):
                 break
             await on_message(t_receive_s, message)
-        self.link.close_inbox(session)
+        self.channel.close_inbox(session)
 
     async def on_server(self, request: Request, plan: tuple[int, str] | None = None) -> None:
         """Cloud AR and co-located SD: the verifier generates; every streamed round is a row.
         ``plan`` (gamma, mode): a controller's choice for this request (default: the run's)."""
-        session, inbox = self.link.open_inbox()
+        session, inbox = self.channel.open_inbox()
         request.session = session
         gamma, mode = plan or (self.config.gamma, self.config.mode)
-        await self.link.send(self.open_message(request, session))
-        t_send_s = await self.link.send(wire.Generate(self.link.next_seq(), session, mode,
+        await self.channel.send(self.open_message(request, session))
+        t_send_s = await self.channel.send(wire.Generate(self.channel.next_seq(), session, mode,
                                                       gamma if get_mode(mode).speculative else 0))
         tokens: list[int] = []
         while True:
@@ -96,10 +96,10 @@ class Client:
         """Sync and pipelined DSD: the edge drafts (dsd.driver, on this process's clock and device),
         the verifier verifies."""
         c = self.config
-        session, inbox = self.link.open_inbox()
+        session, inbox = self.channel.open_inbox()
         request.session = session
         sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
-        transport = SessionTransport(self.link, session, inbox, request, sampling)
+        transport = SessionTransport(self.channel, session, inbox, request, sampling)
         device = DraftDevice(self.device, self.t_draft_s, transport)
 
         def on_round(r: Round) -> None:
@@ -115,7 +115,7 @@ class Client:
                            sampling, device, transport, time.perf_counter, on_round, c.mode,
                            max_in_flight=c.max_in_flight, controller=self.controller,
                            gamma_max=max(c.gamma_max, c.gamma))
-        await self.link.send(self.open_message(request, session))
+        await self.channel.send(self.open_message(request, session))
         try:
             request.tokens = await driver.run()
         except RuntimeError as exc:

@@ -1,4 +1,4 @@
-"""dsd.driver's transport and device on the edge: a DSD session on the verifier link
+"""dsd.driver's transport and device on the edge: a DSD session on the verifier channel
 (``SessionTransport``) and the draft device (``DraftDevice``, emulated or real)."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from dsd.modes import get_mode
 from services import spinwait, wire
 from services.compute import ThreadDevice
 from services.edge.config import Request, RunError
-from services.edge.verifier_link import VerifierLink
+from services.edge.verifier_channel import VerifierChannel
 
 
 class SessionTransport:
-    """A DSD session on the verifier link, as dsd.driver's transport: blocks go out as Verify
+    """A DSD session on the verifier channel, as dsd.driver's transport: blocks go out as Verify
     frames, Verified replies come back as arrivals; a hand-over goes out as a Generate with
     max_tokens on the open session, its Tokens come back as server rounds. The draft device may
     start a pass once the last message it depends on had arrived (``ready_s``)."""
@@ -23,9 +23,9 @@ class SessionTransport:
     hands_over = True
     withdraws = True
 
-    def __init__(self, link: VerifierLink, session: int, inbox: asyncio.Queue, request: Request,
+    def __init__(self, channel: VerifierChannel, session: int, inbox: asyncio.Queue, request: Request,
                  sampling: SamplingParams) -> None:
-        self.link, self.session, self.inbox, self.request, self.sampling = link, session, inbox, request, sampling
+        self.channel, self.session, self.inbox, self.request, self.sampling = channel, session, inbox, request, sampling
         self.ready_s = time.perf_counter()
         self.opened = False        # the verifier's Opened is in
         self.in_flight = 0         # blocks sent and not yet answered
@@ -38,28 +38,28 @@ class SessionTransport:
 
     @property
     def quiet(self) -> bool:
-        """Nothing can arrive for this session or its link until it sends again: its Opened and
+        """Nothing can arrive for this session or its channel until it sends again: its Opened and
         every verdict and segment acknowledgement are in, and no ping waits for its answer."""
         return (self.opened and self.in_flight == 0 and not self._segments_sent_s and not self._withdrawing
-                and not self.link.awaiting_reply)
+                and not self.channel.awaiting_reply)
 
     def prepare(self, proposals) -> list[bytes]:
-        return [wire.encode(_verify_message(self.link.next_seq(), self.session, p, self.sampling))
+        return [wire.encode(_verify_message(self.channel.next_seq(), self.session, p, self.sampling))
                 for p in proposals]
 
     async def send(self, frames: list[bytes], after=None) -> list[float]:
         self.in_flight += len(frames)
-        sent = [await self.link.send_encoded(data) for data in frames]
+        sent = [await self.channel.send_encoded(data) for data in frames]
         if self._selector is not None:
             self._sent_s += sent
-            expected_s = self.link.verdict_gaps.expected_s()
-            if expected_s is not None and self.in_flight == 1 and self.link.alone() and not self.link.shared_lately():
+            expected_s = self.channel.verdict_gaps.expected_s()
+            if expected_s is not None and self.in_flight == 1 and self.channel.alone() and not self.channel.shared_lately():
                 self._selector.expect(sent[-1] + expected_s)      # a sync block: poll for its verdict when due
         return sent
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after=None) -> float:
-        seq = self.link.next_seq()
-        t_send_s = await self.link.send(wire.Generate(seq, self.session, mode,
+        seq = self.channel.next_seq()
+        t_send_s = await self.channel.send(wire.Generate(seq, self.session, mode,
                                                       gamma if get_mode(mode).speculative else 0, max_tokens))
         self._segments_sent_s[seq] = t_send_s
         self._segments.append(seq)
@@ -70,7 +70,7 @@ class SessionTransport:
         started (answered by a Withdrawn)."""
         self._withdrawing = True
         keep_through = self._segments[-drop - 1] if len(self._segments) > drop else -1
-        return await self.link.send(wire.Withdraw(self.link.next_seq(), self.session, keep_through))
+        return await self.channel.send(wire.Withdraw(self.channel.next_seq(), self.session, keep_through))
 
     async def poll(self) -> list[Arrival]:
         arrivals = []
@@ -115,9 +115,9 @@ class SessionTransport:
         self.in_flight -= 1
         if self._selector is not None:
             if self._sent_s:
-                self.link.verdict_gaps.add(t_receive_s - self._sent_s.pop(0))
+                self.channel.verdict_gaps.add(t_receive_s - self._sent_s.pop(0))
             if not m.stale:
-                self.link.note_verdict(m.queue_s, m.batch_size)
+                self.channel.note_verdict(m.queue_s, m.batch_size)
             self._selector.cancel()
         return VerdictArrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
                               m.queue_s, m.compute_s, m)

@@ -51,7 +51,7 @@ def test_profile_table_documents_every_number_of_a_hardware_profile():
 
 def test_link_table_names_every_per_edge_key_schedule_key_and_trace_column():
     from netem.schedule import STEP_KEYS, TRACE_COLUMNS
-    from orchestrator.links import EDGE_KEYS  # noqa: I001
+    from orchestrator.link_keys import EDGE_KEYS  # noqa: I001
 
     text = section_text(PAGE, "[link]")
     named = set(re.findall(r"[a-z_]+", text))

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from netem.spec import LinkSpec
-from orchestrator import link_rows, links, wire_prediction
+from orchestrator import link_keys, link_rows, wire_prediction
 from orchestrator.scheduled_point import ScheduledPoint
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.sweep import Point, plan_points
@@ -43,7 +43,7 @@ def test_link_keys_sweep_as_a_product_and_name_their_points():
     assert len(points) == 2 * 2 * 2
     assert points[0].key == "sync_rtt20ms_j0ms_normal_corr25_loss0_rate10mbit_g4_c1_r0"
     assert len({p.key for p in points}) == len(points)
-    spec = links.point_spec(points[-1])
+    spec = link_keys.point_spec(points[-1])
     assert spec == LinkSpec(rtt_ms=40, jitter_ms=4, loss_pct=1, rate_mbit=10, correlation_pct=25,
                             distribution="normal")
 
@@ -55,7 +55,7 @@ def test_default_link_keys_leave_point_keys_as_they_were():
     # The sampling setting is a column of every row (orchestrator/sampling.py), never of a greedy key.
     assert set(point.columns()) == {"mode", "rtt_ms", "gamma", "clients", "repeat",
                                     "temperature", "top_k", "top_p", "sampling_seed"}
-    assert links.point_spec(point) == LinkSpec(rtt_ms=20)
+    assert link_keys.point_spec(point) == LinkSpec(rtt_ms=20)
 
 
 def test_asymmetric_delays_give_the_rtt_and_each_direction():
@@ -63,7 +63,7 @@ def test_asymmetric_delays_give_the_rtt_and_each_direction():
                                        "delay_up_ms": [5], "delay_down_ms": [45, 95]})
     points = plan_points(experiment)
     assert [(p.rtt_ms, p.delay_up_ms) for p in points] == [(50, 5), (100, 5)]
-    spec = links.point_spec(points[1])
+    spec = link_keys.point_spec(points[1])
     assert (spec.up.delay_ms, spec.down.delay_ms) == (5, 95)
 
 
@@ -71,9 +71,9 @@ def test_asymmetric_delays_give_the_rtt_and_each_direction():
 def test_launchers_without_shaping_refuse_link_keys_naming_them(launcher):
     experiment = experiment_from_dict({**BASE, "loss_pct": [1]})
     with pytest.raises(ValueError, match=f"'loss_pct'.*{launcher} launcher"):
-        links.check_launcher(experiment, launcher)
-    links.check_launcher(experiment, "netns")
-    links.check_launcher(experiment_from_dict(BASE), launcher)
+        link_keys.check_launcher(experiment, launcher)
+    link_keys.check_launcher(experiment, "netns")
+    link_keys.check_launcher(experiment_from_dict(BASE), launcher)
 
 
 def test_points_table_gets_each_points_link_configured_and_measured():
@@ -97,20 +97,20 @@ def test_per_edge_links_mix_near_and_far_clients_over_the_points_link():
     experiment = experiment_from_dict({**BASE, "edges": 3, "jitter_ms": [0, 2], "link": {
         "edges": [{"rtt_ms": 10}, {"rtt_ms": 150, "loss_pct": 1}]}})
     point = plan_points(experiment)[-1]                       # rtt 40, jitter 2
-    specs = links.edge_specs(experiment.link, point, 3)
+    specs = link_keys.edge_specs(experiment.link, point, 3)
     assert specs == [LinkSpec(rtt_ms=10, jitter_ms=2), LinkSpec(rtt_ms=150, jitter_ms=2, loss_pct=1),
                      LinkSpec(rtt_ms=10, jitter_ms=2)]        # edge 2 takes entry 2 mod 2
-    assert links.edge_specs(None, point, 2) == [LinkSpec(rtt_ms=40, jitter_ms=2)] * 2
+    assert link_keys.edge_specs(None, point, 2) == [LinkSpec(rtt_ms=40, jitter_ms=2)] * 2
 
 
 def test_drawn_edge_rtts_are_seeded_in_range_and_the_same_at_every_point():
     experiment = experiment_from_dict({**BASE, "edges": 8, "link": {"draw_rtt_ms": [10, 200], "seed": 3}})
     first, last = plan_points(experiment)[0], plan_points(experiment)[-1]
-    rtts = [s.rtt_ms for s in links.edge_specs(experiment.link, first, 8)]
+    rtts = [s.rtt_ms for s in link_keys.edge_specs(experiment.link, first, 8)]
     assert all(10 <= r <= 200 for r in rtts) and len(set(rtts)) == 8
-    assert rtts == [s.rtt_ms for s in links.edge_specs(experiment.link, last, 8)]
+    assert rtts == [s.rtt_ms for s in link_keys.edge_specs(experiment.link, last, 8)]
     other = experiment_from_dict({**BASE, "edges": 8, "link": {"draw_rtt_ms": [10, 200], "seed": 4}})
-    assert rtts != [s.rtt_ms for s in links.edge_specs(other.link, first, 8)]
+    assert rtts != [s.rtt_ms for s in link_keys.edge_specs(other.link, first, 8)]
 
 
 @pytest.mark.parametrize("link,message", [
@@ -133,12 +133,12 @@ def test_bad_per_edge_links_fail_in_one_line_naming_the_key(link, message):
 
 def test_loopback_takes_per_edge_rtts_only_and_sim_none():
     experiment = experiment_from_dict({**BASE, "link": {"edges": [{"rtt_ms": 10}, {"rtt_ms": 90}]}})
-    links.check_launcher(experiment, "loopback")
+    link_keys.check_launcher(experiment, "loopback")
     with pytest.raises(ValueError, match="'link'.*sim"):
-        links.check_launcher(experiment, "sim")
+        link_keys.check_launcher(experiment, "sim")
     lossy = experiment_from_dict({**BASE, "link": {"edges": [{"rtt_ms": 10, "loss_pct": 1}]}})
     with pytest.raises(ValueError, match=r"'link.edges\[0\]'.*loopback"):
-        links.check_launcher(lossy, "loopback")
+        link_keys.check_launcher(lossy, "loopback")
 
 
 def test_link_schedule_steps_and_trace_are_read_and_checked_against_every_link(tmp_path):
@@ -156,7 +156,7 @@ def test_link_schedule_steps_and_trace_are_read_and_checked_against_every_link(t
     with pytest.raises(ValueError, match=r"'link.trace_csv'.*No such file"):
         experiment_from_dict({**BASE, "link": {"trace_csv": str(tmp_path / "missing.csv")}})
     with pytest.raises(ValueError, match=r"'link.schedule'.*loopback"):
-        links.check_launcher(experiment, "loopback")
+        link_keys.check_launcher(experiment, "loopback")
 
 
 def test_rounds_are_joined_to_the_link_change_in_force_when_sent():
@@ -214,8 +214,8 @@ def test_edges_given_as_country_pairs_get_seeded_drawn_rtts():
     experiment = experiment_from_dict({**BASE, "edges": 4, "link": {"seed": 2, "edges": [
         {"edge_country": "IN", "cloud_country": "US"}, {"edge_country": "DE", "cloud_country": "DE", "jitter_ms": 1}]}})
     point = plan_points(experiment)[0]
-    specs = links.edge_specs(experiment.link, point, 4)
-    assert specs == links.edge_specs(experiment.link, point, 4)
+    specs = link_keys.edge_specs(experiment.link, point, 4)
+    assert specs == link_keys.edge_specs(experiment.link, point, 4)
     assert 53 < specs[0].rtt_ms < 849 and specs[1].jitter_ms == 1 and specs[0].rtt_ms != specs[2].rtt_ms
 
 

@@ -163,14 +163,14 @@ def test_bootstrap_repeats_are_drawn_jointly_so_a_shared_drift_cancels_in_a_cros
     assert math.isclose(ci["ci_low"], 10.0) and math.isclose(ci["ci_high"], 10.0)
 
 
-ADAPTIVE = {"name": "adaptive", "profile": "toy-edge-cloud", "modes": ["ar", "sync"], "rtt_ms": [0, 4, 8, 12, 16],
+REPEATS = {"name": "repeats", "profile": "toy-edge-cloud", "modes": ["ar", "sync"], "rtt_ms": [0, 4, 8, 12, 16],
             "gamma": [4], "requests": 3, "max_new_tokens": 80, "prompt_tokens": 8,
             "backend": {"kind": "synthetic", "alpha": 0.8}}
 
 
-def test_adaptive_repeats_bracket_the_crossover_and_stop_at_the_budget(tmp_path):
+def test_repeats_until_ci_bracket_the_crossover_and_stop_at_the_budget(tmp_path):
     out = tmp_path / "s"
-    experiment = experiment_from_dict({**ADAPTIVE, "adaptive_budget_points": 6, "adaptive_ci_target_pct": 1.0})
+    experiment = experiment_from_dict({**REPEATS, "adaptive_budget_points": 6, "adaptive_ci_target_pct": 1.0})
     run_experiment(experiment, out, resume=False)
     planned = {p.key for p in plan_points(experiment)}
     done = _done(out)
@@ -189,13 +189,13 @@ def test_adaptive_repeats_bracket_the_crossover_and_stop_at_the_budget(tmp_path)
     assert len(_done(out)) == len(done)
 
 
-def test_adaptive_repeats_add_nothing_when_every_interval_is_narrow_enough(tmp_path):
+def test_repeats_until_ci_add_nothing_when_every_interval_is_narrow_enough(tmp_path):
     out = tmp_path / "s"
-    experiment = experiment_from_dict({**ADAPTIVE, "adaptive_budget_points": 6, "adaptive_ci_target_pct": 1000.0})
+    experiment = experiment_from_dict({**REPEATS, "adaptive_budget_points": 6, "adaptive_ci_target_pct": 1000.0})
     run_experiment(experiment, out, resume=False)
     assert len(_done(out)) == len(plan_points(experiment))
     with pytest.raises(ValueError, match="adaptive_ci_target_pct"):
-        experiment_from_dict({**ADAPTIVE, "adaptive_ci_target_pct": 0})
+        experiment_from_dict({**REPEATS, "adaptive_ci_target_pct": 0})
 
 
 def test_a_sweep_over_link_keys_calibrates_on_the_first_link_of_the_smallest_rtt():

@@ -227,15 +227,15 @@ def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_tra
 def test_a_dropped_link_reads_link_down_both_to_a_waiting_session_and_to_the_next_send():
     """Which one sees the drop first is a race (the test above got either); the error is one."""
     from services.compute import PreciseTimer
-    from services.edge import RunError, VerifierLink
+    from services.edge import RunError, VerifierChannel
 
     async def main():
-        link = VerifierLink("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
-        _, inbox = link.open_inbox()
-        link._fail("connection closed (code 1006)")
+        channel = VerifierChannel("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
+        _, inbox = channel.open_inbox()
+        channel._fail("connection closed (code 1006)")
         _, waiting = inbox.get_nowait()
         with pytest.raises(RunError) as sending:
-            await link.send(wire.Hello(1, "x"))
+            await channel.send(wire.Hello(1, "x"))
         return waiting, str(sending.value)
 
     waiting, sending = asyncio.run(main())

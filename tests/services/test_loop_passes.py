@@ -267,12 +267,12 @@ def test_the_edge_drafts_on_the_loop_thread_only_when_nothing_can_arrive_meanwhi
 
     from dsd.backends.protocol import SamplingParams
     from services.compute import PreciseTimer
-    from services.edge import DraftDevice, SessionTransport, VerifierLink
+    from services.edge import DraftDevice, SessionTransport, VerifierChannel
 
     async def main():
         device = ThreadDevice()
-        link = VerifierLink("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
-        transport = SessionTransport(link, 1, asyncio.Queue(), None, SamplingParams())
+        channel = VerifierChannel("ws://127.0.0.1:9/ws", 0.0, PreciseTimer())
+        transport = SessionTransport(channel, 1, asyncio.Queue(), None, SamplingParams())
         drafter = DraftDevice(device, 0.0, transport)
         where = []
 
@@ -286,9 +286,9 @@ def test_the_edge_drafts_on_the_loop_thread_only_when_nothing_can_arrive_meanwhi
         await draft()                                        # its Opened may come any moment
         transport.arrival(time.perf_counter(), wire.Opened(1, 1, 3, 0.0, 0.0))
         await draft()                                        # quiet: the loop's own thread
-        link._waiting[7] = asyncio.get_running_loop().create_future()
+        channel._waiting[7] = asyncio.get_running_loop().create_future()
         await draft()                                        # a ping waits for its Pong
-        link._waiting.clear()
+        channel._waiting.clear()
         device.runs = 2
         await draft()                                        # another run shares the process
         device.executor.shutdown()

@@ -1,12 +1,12 @@
 """The RTT an adaptive edge decides a request on: the last periodic probe only if it was sent after
 the previous request ended (a probe sent while a fallen link's old packets drained is older than
-that request's own round trips), and the link records when its probe was sent."""
+that request's own round trips), and the channel records when its probe was sent."""
 import time
 
 import pytest
 
 from services.compute import PreciseTimer
-from services.edge import VerifierLink, probe_for_request_s, ws_url
+from services.edge import VerifierChannel, probe_for_request_s, ws_url
 from tests.services.harness import run, synthetic_args
 
 
@@ -34,17 +34,17 @@ def verifier(spawn):
 
 
 async def probe_twice(url: str):
-    link = VerifierLink(url, 0.0, PreciseTimer())
-    await link.connect("probe-time")
+    channel = VerifierChannel(url, 0.0, PreciseTimer())
+    await channel.connect("probe-time")
     try:
         before_s = time.perf_counter()
-        rtt_ms = await link.probe_ms()
+        rtt_ms = await channel.probe_ms()
         after_s = time.perf_counter()
-        first_sent_s = link.rtt_probe_sent_s
-        await link.probe_ms()
-        return before_s, first_sent_s, after_s, rtt_ms, link.rtt_probe_sent_s
+        first_sent_s = channel.rtt_probe_sent_s
+        await channel.probe_ms()
+        return before_s, first_sent_s, after_s, rtt_ms, channel.rtt_probe_sent_s
     finally:
-        await link.close()
+        await channel.close()
 
 
 def test_the_link_records_when_its_last_probe_was_sent(verifier):

@@ -1,4 +1,4 @@
-"""TCP's retransmission backoff capped on the verifier link (services/frames.py
+"""TCP's retransmission backoff capped on the link to the verifier (services/frames.py
 cap_retransmission_backoff; RunConfig.tcp_rto_max_ms, verifier --tcp-rto-max-ms): the option
 lands on a TCP socket, and runs over both transports complete with it at both ends."""
 import socket

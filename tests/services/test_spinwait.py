@@ -179,16 +179,16 @@ def test_the_edge_aims_only_while_its_run_is_alone_and_the_verifier_serves_nobod
     from dsd.backends.protocol import SamplingParams
     from services import wire
     from services.compute import PreciseTimer
-    from services.edge import SessionTransport, VerifierLink
+    from services.edge import SessionTransport, VerifierChannel
 
     loop = spinwait.new_event_loop(spinwait.SpinConfig(spin_us=2000, lead_us=1000))
     selector = spinwait.selector_of(loop)
 
     async def main() -> list[int]:
-        # an app delay: frames wait in the link's own queue (no socket needed to send them)
-        link = VerifierLink("ws://127.0.0.1:9/ws", 0.001, PreciseTimer())
-        link.alone = lambda: True
-        transport = SessionTransport(link, 1, asyncio.Queue(), None, SamplingParams())
+        # an app delay: frames wait in the channel's own queue (no socket needed to send them)
+        channel = VerifierChannel("ws://127.0.0.1:9/ws", 0.001, PreciseTimer())
+        channel.alone = lambda: True
+        transport = SessionTransport(channel, 1, asyncio.Queue(), None, SamplingParams())
         transport.arrival(time.perf_counter(), wire.Opened(1, 1, 3, 0.0, 0.0))
         windows = []
 
@@ -201,8 +201,8 @@ def test_the_edge_aims_only_while_its_run_is_alone_and_the_verifier_serves_nobod
         await block()                   # aimed at 10 ms after the send
         await block(queue_s=0.003)      # aimed; its verdict waited behind another client's pass
         await block()                   # the verifier serves someone else lately: not aimed
-        link.verdicts_shared.clear()
-        link.alone = lambda: False
+        channel.verdicts_shared.clear()
+        channel.alone = lambda: False
         await block()                   # another run in this process: not aimed
         return windows
 

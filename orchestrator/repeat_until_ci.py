@@ -1,5 +1,5 @@
-"""Repeats where they matter: after the planned grid, add repeats of the points that bracket a
-crossover until its 95% interval is narrower than a target or the budget of extra points is spent.
+"""Repeats until CI: after the planned grid, add repeats of the points that bracket a crossover
+until its 95% interval is narrower than a target or the budget of extra points is spent.
 
 Experiment keys: ``adaptive_budget_points`` (extra points at most; 0, the default, turns this
 off) and ``adaptive_ci_target_pct`` (an interval is narrow enough when its width is at most this
@@ -84,7 +84,7 @@ def next_points(experiment, states: list[dict], target_pct: float, taken: set[st
             if m in experiment.modes]
 
 
-def run_adaptive(experiment, out_dir, run_one, gamma: int, progress=None) -> list[Point]:
+def run_repeats_until_ci(experiment, out_dir, run_one, gamma: int, progress=None) -> list[Point]:
     """After the planned grid: run_one(point) runs (and records) one point. Returns the extra
     points run now (those of an earlier, resumed, run are on disk and count against the budget)."""
     budget = experiment.adaptive_budget_points

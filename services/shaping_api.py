@@ -1,5 +1,6 @@
-"""The edge's own link, through its control API: shape it from inside the edge's network
-namespace (`netem.inside`), read it, remove it; and measure it with the edge's RTT probes.
+"""The edge's shaping API (``ShapingApi``): the edge's own link through its control API, shaped
+from inside the edge's network namespace (`netem.inside`), read, removed, and measured with the
+edge's RTT probes.
 
     GET    /link          {"shaping_allowed", "record" (what is applied, or null), "failures"}
     PUT    /link          {"verifier_url", LinkSpec fields ("rtt_ms", ...), "backend", "verify_count",
@@ -31,7 +32,7 @@ from aiohttp import web
 
 from netem.spec import LinkSpec
 
-log = logging.getLogger("services.link")
+log = logging.getLogger("services.shaping_api")
 SPEC_FIELDS = tuple(f.name for f in fields(LinkSpec))
 PUT_FIELDS = ("verifier_url", "backend", "verify_count", "tolerance_ms", *SPEC_FIELDS)
 PROBE_FIELDS = ("verifier_url", "count", "interval_ms", "app_delay_ms")
@@ -70,7 +71,9 @@ def _check_keys(body, known: tuple[str, ...]) -> dict:
     return body
 
 
-class LinkControl:
+class ShapingApi:
+    """The edge's shaping API: GET/PUT/DELETE /link and POST /link/probe on the edge's control API."""
+
     def __init__(self, shaping_allowed: bool, probe) -> None:
         """``probe(verifier_url, count, interval_s, app_delay_ms)``: an async function returning
         the RTTs in ms (the edge's WebSocket probes)."""
@@ -78,7 +81,7 @@ class LinkControl:
         self.probe = probe
         self.shaper = None                  # netem.inside.InsideShaper while shaping
         self._record: dict | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-link")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-shaping")
         self._lock = asyncio.Lock()
 
     def add_routes(self, app: web.Application) -> None:

@@ -1,5 +1,5 @@
-"""The link as an experiment dimension: its sweep keys, the link of each point and edge, and the
-link columns of the traces.
+"""The experiment's link keys: the link as a dimension of the sweep (its keys), the link of each
+point and edge, and the link columns of the traces.
 
 Sweep keys (each a list, or one value, like rtt_ms; the sweep is their product):
 

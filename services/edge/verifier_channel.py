@@ -1,5 +1,6 @@
-"""The edge's one WebSocket to the verifier (``VerifierLink``): replies routed to their session,
-probes of the link's RTT, and ``app_delay_ms`` in each direction."""
+"""The edge's one channel to the verifier (``VerifierChannel``: its WebSocket, or a frame
+connection): replies routed to their session, probes of the link's RTT, and ``app_delay_ms`` in
+each direction."""
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,7 @@ def probe_for_request_s(probe_ms: float | None, probe_sent_s: float | None,
     return probe_ms / 1e3
 
 
-class VerifierLink:
+class VerifierChannel:
     """One connection to the verifier (its WebSocket, or a frame connection: ``transport``):
     replies routed to their session (or to the request that waits for them), each direction
     delayed by ``delay_s`` in order, RTT probes."""
@@ -61,7 +62,7 @@ class VerifierLink:
         self._ws = None
         self.closed_reason: str | None = None
         self.rto_max_ms = 0                    # RunConfig.tcp_rto_max_ms
-        # services.spinwait: how long a block's verdict took lately, and whether this link's run
+        # services.spinwait: how long a block's verdict took lately, and whether this channel's run
         # is the only one of the process (only then may the loop poll for the verdict)
         self.verdict_gaps = spinwait.Gaps()
         self.alone = lambda: False
@@ -102,7 +103,7 @@ class VerifierLink:
         token_note = (" (token sent)" if self.token else " (no token)") if self._frames else ""
         try:
             _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
-        except RunError:      # a frame connection's refusal may close the link before the Hello goes out
+        except RunError:      # a frame connection's refusal may close the channel before the Hello goes out
             raise RunError(f"verifier refused the connection: {self.closed_reason}{token_note}") from None
         if isinstance(welcome, wire.Error):
             raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}{token_note}")
@@ -189,7 +190,7 @@ class VerifierLink:
                 else:
                     self._deliver(t_receive_s, msg.data)
             self._fail(f"connection closed (code {self._ws.close_code})")
-        except Exception as exc:        # anything that ends the reader ends the link
+        except Exception as exc:        # anything that ends the reader ends the channel
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _on_frame(self, t_receive_s: float, data) -> None:
@@ -202,7 +203,7 @@ class VerifierLink:
                 self._incoming.put_nowait((t_receive_s + self.delay_s, data))
             else:
                 self._deliver(t_receive_s, data)
-        except Exception as exc:        # as in _read: anything that ends the reader ends the link
+        except Exception as exc:        # as in _read: anything that ends the reader ends the channel
             self._fail(f"{type(exc).__name__}: {exc}")
             self._frames.abort(self.closed_reason)
 
