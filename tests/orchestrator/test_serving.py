@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.load import SloConfig
-from orchestrator.serving import (ServingPoint, arrivals_for, is_serving_sweep, reanalyze_serving, run_serving,
-                                  run_sim_point, serving_model)
+from orchestrator.serving import ServingPoint, arrivals_for, run_serving, run_sim_point, serving_model
+from orchestrator.serving_cli import is_serving_sweep, reanalyze_serving
 from orchestrator.serving_analysis import crossing_rate, max_rate, next_search_rate, wilson_interval
 from orchestrator.run import times_for
 
