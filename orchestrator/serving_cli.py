@@ -30,7 +30,8 @@ def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bo
     for mode, row in summary["modes"].items():
         print(f"{mode}: largest rate at {experiment.slo.attainment:.0%} attainment {row.get('max_rate_rps')} req/s "
               f"[95% CI {row.get('max_rate_ci_low_rps')} .. {row.get('max_rate_ci_high_rps')}], "
-              f"predicted {row.get('predicted_max_rate_rps')}")
+              f"predicted for this run {row.get('predicted_max_rate_rps')}, "
+              f"steady state {row.get('steady_max_rate_rps')}")
     print(f"results: {out}/points.csv, {out}/requests.csv, {out}/serving.json, {out}/report.md")
     return 0
 

@@ -65,7 +65,7 @@ def test_the_sweep_writes_points_and_the_largest_rate_beside_its_prediction(tmp_
     for mode in ("colocated", "sync"):
         row = summary["modes"][mode]
         assert 5.0 <= row["max_rate_ci_low_rps"] <= row["max_rate_rps"] <= row["max_rate_ci_high_rps"] < 40.0
-        assert abs(row["rate_err_pct"]) < 25
+        assert abs(row["steady_err_pct"]) < 25
     assert (tmp_path / "out" / "goodput_vs_rate.png").exists() and (tmp_path / "out" / "report.md").exists()
     # `dsdbed analyze` redoes the figures from what sweep.json recorded
     before = (tmp_path / "out" / "serving.json").read_text()

@@ -1,11 +1,14 @@
-"""The check that a point's queue was still building at its end."""
+"""What an open-loop sweep predicts before it runs, and the check that a point's queue was still
+building at its end."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.run import times_for
-from orchestrator.serving import ServingPoint, run_sim_point
+from orchestrator.serving import PREDICTION, ServingPoint, run_serving, run_sim_point, write_prediction
 from orchestrator.serving_analysis import add_slo, in_system_at, point_figures, queue_growing, queue_growth
 
 BASE = {"name": "predict", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
@@ -42,3 +45,34 @@ def test_a_saturated_sim_point_is_flagged_as_still_building_and_a_light_one_is_n
             rows = add_slo(pd.DataFrame(run_sim_point(exp, ServingPoint(mode, rate, 4, 0),
                                                       times_for(exp, tmp_path))[1]), exp.slo)
             assert point_figures(rows)["queue_growing"] == growing, (mode, rate)
+
+
+def test_the_run_prediction_is_the_virtual_time_model_on_the_sweeps_own_arrivals(tmp_path):
+    exp = experiment_from_dict(BASE)
+    times = times_for(exp, tmp_path)
+    # as a network sweep writes it before its first point ...
+    (tmp_path / "net").mkdir()
+    write_prediction(tmp_path / "net", exp, times, "netns")
+    predicted = json.loads((tmp_path / "net" / PREDICTION).read_text())
+    # ... against the sim launcher's measurement on the same arrivals: the same model, searched apart
+    run_serving(exp, tmp_path / "sim")
+    measured = json.loads((tmp_path / "sim" / "serving.json").read_text())
+    for mode in ("ar", "colocated", "sync"):
+        row = predicted["modes"][mode]
+        assert row["run_max_rate_ci_low_rps"] <= row["run_max_rate_rps"] <= row["run_max_rate_ci_high_rps"]
+        assert row["run_max_rate_rps"] == pytest.approx(measured["modes"][mode]["max_rate_rps"], rel=0.05)
+        assert 0 < row["steady_max_rate_rps"] < row["saturation_rps"]
+    # the sim launcher's own file has the closed form alone (the run is the model), made before its points
+    own = json.loads((tmp_path / "sim" / PREDICTION).read_text())
+    assert "run_max_rate_rps" not in own["modes"]["sync"] and measured["prediction_made_before_points"]
+    assert measured["modes"]["sync"]["predicted_max_rate_rps"] is None
+    assert measured["modes"]["sync"]["steady_max_rate_rps"] == own["modes"]["sync"]["steady_max_rate_rps"]
+
+
+def test_a_resumed_sweep_keeps_the_prediction_it_made_first(tmp_path):
+    exp = experiment_from_dict({**BASE, "modes": ["sync"]})
+    times = times_for(exp, tmp_path)
+    write_prediction(tmp_path, exp, times, "netns")
+    first = (tmp_path / PREDICTION).read_text()
+    write_prediction(tmp_path, exp, times, "netns")
+    assert (tmp_path / PREDICTION).read_text() == first
