@@ -17,7 +17,7 @@ out of the figures:
 2. The run, on the network launcher (netns as root, else loopback): first its prediction,
    written to OUT/LAUNCHER/prediction.json before any of its points runs: the virtual-time model
    (the sim) on this run's own arrival schedule, searched to 0.5%. Then each mode at 0.9, 1.0 and
-   1.1 times its predicted rate and up to two steps of the rate search, which stops at a rate whose
+   1.1 times its predicted rate and up to three steps of the rate search, which stops at a rate whose
    attainment is within 2 points of the level. ``rate_err_pct`` compares this run with its own
    prediction; that prediction is the simulator (docs/serving.md says why a prediction of the
    process cannot be held to 10% on one run of 30 s).
@@ -62,7 +62,7 @@ EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "serving.toml
 MODES = {"ar": "ar", "colocated": "colocated", "dsd": "sync"}
 ENSEMBLE_GRID = (0.5, 0.65, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.7)   # x the closed form's rate
 NET_BRACKET = (0.9, 1.0, 1.1)                                          # x the run's predicted rate
-NET_SEARCH_STEPS = 2
+NET_SEARCH_STEPS = 3
 
 
 def with_load(experiment, launcher: str, repeats: int = 1, **load):
