@@ -41,7 +41,8 @@ def virtual_points(setup: ServingSetup, schedules: Schedules, rate_rps: float, s
     """The virtual-time model's good and measured requests at one rate, one row per repeat."""
     rows = []
     for repeat, (arrivals, seed) in enumerate(schedules(rate_rps)):
-        figures = point_figures(add_slo(pd.DataFrame(simulate_serving(setup, arrivals, seed)), slo))
+        figures = point_figures(add_slo(pd.DataFrame(simulate_serving(setup, arrivals, seed)), slo)) \
+            if arrivals else {"requests_good": 0, "requests_measured": 0}     # a rate too low for one arrival
         rows.append({"rate_rps": rate_rps, "repeat": repeat, "requests_good": figures["requests_good"],
                      "requests_measured": figures["requests_measured"]})
     return rows

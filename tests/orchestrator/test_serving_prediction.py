@@ -76,3 +76,12 @@ def test_a_resumed_sweep_keeps_the_prediction_it_made_first(tmp_path):
     first = (tmp_path / PREDICTION).read_text()
     write_prediction(tmp_path, exp, times, "netns")
     assert (tmp_path / PREDICTION).read_text() == first
+
+
+def test_a_run_whose_level_is_out_of_reach_is_predicted_as_none_rather_than_failing(tmp_path):
+    # one session at a time and a 1 ms TTFT bound: no rate meets the level, down to no arrival at all
+    exp = experiment_from_dict({**BASE, "modes": ["ar"], "load": {**BASE["load"], "max_sessions": 1},
+                                "slo": {"ttft_ms": 1, "attainment": 0.9}})
+    write_prediction(tmp_path, exp, times_for(exp, tmp_path), "netns")
+    row = json.loads((tmp_path / PREDICTION).read_text())["modes"]["ar"]
+    assert row["run_max_rate_rps"] is None and row["steady_max_rate_rps"] == 0.0
