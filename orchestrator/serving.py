@@ -421,8 +421,8 @@ def _prediction(out: Path, experiment: Experiment, times) -> dict:
 def _mode_summary(mine: pd.DataFrame, level: float, predicted: dict) -> dict:
     """One mode's row of serving.json: the measured largest rate and its CI; the run's prediction
     (``predicted_*``, ``rate_err_pct``) where one was made, the closed form's steady state
-    (``steady_*``) beside it; the goodput and the stationarity check at the evaluated rate nearest
-    the measured largest rate."""
+    (``steady_*``) beside it; the goodput and the stationarity check (the share of repeats still
+    building their queue) at the evaluated rate nearest the measured largest rate."""
     measured = max_rate(mine, level) if len(mine) else {}
     rate = measured.get("max_rate_rps", math.nan)
 
@@ -438,7 +438,8 @@ def _mode_summary(mine: pd.DataFrame, level: float, predicted: dict) -> dict:
            "saturation_rps": predicted.get("saturation_rps")}
     at = mine.loc[(mine["rate_rps"] - rate).abs().idxmin()] if len(mine) and math.isfinite(rate) else None
     row["goodput_at_max_rps"] = float(at["goodput_rps"]) if at is not None else math.nan
-    row["queue_growing_at_max"] = bool(mine[mine["rate_rps"] == at["rate_rps"]]["queue_growing"].any()) \
+    # the share of the repeats there whose queue was still building (each flags by chance ~4%)
+    row["queue_growing_at_max"] = float(mine[mine["rate_rps"] == at["rate_rps"]]["queue_growing"].mean()) \
         if at is not None else None
     return row
 
