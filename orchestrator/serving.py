@@ -2,6 +2,7 @@
 arrival process served by one verifier and the experiment's edges, then a rate search.
 
     OUT/sweep.json, OUT/points/<key>/requests.csv (one row per request), done.json   as a sweep's
+    OUT/prediction.json                        written before the first point (serving_prediction.py)
     OUT/requests.csv, OUT/points.csv, OUT/serving.json, OUT/*.png, OUT/report.md
 
 A point's key is ``{mode}_rate{rate}rps_g{gamma}_r{repeat}``; its folder, resume, retries and
