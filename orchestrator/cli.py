@@ -90,8 +90,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sweep":
         return _run_sweep(args)
     if args.command == "analyze":
-        from orchestrator.serving import is_serving_sweep, reanalyze_serving
-        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/serving.py
+        from orchestrator.serving_cli import is_serving_sweep, reanalyze_serving
+        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/serving_cli.py
             return reanalyze_serving(args.out)
         return _analyze(args.out)
     if args.command == "report":
@@ -143,7 +143,7 @@ def _run_sweep(args) -> int:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
     out = args.out or REPO / "results" / experiment.name
     if experiment.load is not None:          # open-loop arrivals: orchestrator/serving.py
-        from orchestrator.serving import run_serving_cli
+        from orchestrator.serving_cli import run_serving_cli
         return run_serving_cli(experiment, out, args.resume, args.dry_run)
     plan = plan_points(experiment)
     if args.dry_run:

@@ -11,7 +11,7 @@
     output = "fixed"             # fixed (max_new_tokens each) | lengths (drawn from lengths_csv)
     lengths_csv = ""             # a CSV with a ``tokens`` column, e.g. an earlier run's requests.csv
     max_sessions = 0             # the verifier's admission limit (0: its default); beyond it a request is refused
-    search_iterations = 0        # > 0: after the grid, bisect each mode's largest rate at the SLO
+    search_iterations = 0        # > 0: after the grid, search each mode's largest rate at the SLO
     seed = -1                    # -1: the experiment's seed
 
 Without a ``[load]`` table an experiment stays closed-loop (each client sends its next request

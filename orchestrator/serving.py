@@ -2,6 +2,7 @@
 arrival process served by one verifier and the experiment's edges, then a rate search.
 
     OUT/sweep.json, OUT/points/<key>/requests.csv (one row per request), done.json   as a sweep's
+    OUT/prediction.json                        written before the first point (serving_prediction.py)
     OUT/requests.csv, OUT/points.csv, OUT/serving.json, OUT/*.png, OUT/report.md
 
 A point's key is ``{mode}_rate{rate}rps_g{gamma}_r{repeat}``; its folder, resume, retries and
@@ -22,9 +23,8 @@ import concurrent.futures
 import json
 import math
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from io import StringIO
 from pathlib import Path
 
@@ -32,16 +32,17 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
-from dsd.modes import get_mode
 from orchestrator import link_keys
 from orchestrator.experiment import Experiment
 from orchestrator.http_client import call
 from orchestrator.load import Arrival, schedule
 from orchestrator.serving_analysis import ServingModel, add_slo, max_rate, next_search_rate, point_figures
+from orchestrator.serving_prediction import predict_serving
 from orchestrator.serving_sim import SIM_MODES, ServingSetup, simulate_serving
 from orchestrator.sweep import host_facts, merge, prepare_out_dir, point_done, record_point
 
 SERVING_LAUNCHERS = ("sim", "loopback", "netns")
+PREDICTION = "prediction.json"
 POST_LEAD_S = 2.0              # a run is posted this long before its arrival (connect, Hello)
 RUN_PROBE_INTERVAL_MS = 3_600_000.0    # one request per run: no pings during it
 
@@ -123,12 +124,38 @@ def serving_model(experiment: Experiment, times, gap_s: float = 0.0) -> ServingM
 
 # ---- one point -------------------------------------------------------------------------------
 
+def sim_setup(experiment: Experiment, mode: str, times) -> ServingSetup:
+    return ServingSetup(mode, experiment.gamma[0], experiment.backend.alpha, times, edge_rtts_ms(experiment),
+                        experiment.prompt_tokens, experiment.max_batch, experiment.load.max_sessions or 256)
+
+
+def sim_seed(experiment: Experiment, repeat: int) -> int:
+    return experiment.seed * 7919 + repeat
+
+
 def run_sim_point(experiment: Experiment, point: ServingPoint, times) -> tuple:
-    setup = ServingSetup(point.mode, point.gamma, experiment.backend.alpha, times, edge_rtts_ms(experiment),
-                         experiment.prompt_tokens, experiment.max_batch,
-                         experiment.load.max_sessions or 256)
-    rows = simulate_serving(setup, arrivals_for(experiment, point), seed=experiment.seed * 7919 + point.repeat)
+    rows = simulate_serving(sim_setup(experiment, point.mode, times), arrivals_for(experiment, point),
+                            seed=sim_seed(experiment, point.repeat))
     return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), [], {}
+
+
+def write_prediction(out: Path, experiment: Experiment, times, launcher: str) -> None:
+    """OUT/prediction.json before the first point: the closed form's steady state per mode and, on
+    a network launcher, the virtual-time model on the sweep's own arrival schedules (on the sim
+    launcher that would be the run itself). A resumed sweep keeps the one it has."""
+    path = Path(out) / PREDICTION
+    if experiment.slo is None or path.exists():
+        return
+    modes = [m for m in experiment.modes if m in SIM_MODES]
+    runs = {}
+    if launcher != "sim" and experiment.load.arrival != "trace":
+        for mode in modes:
+            def schedules(rate_rps, mode=mode):
+                return [(arrivals_for(experiment, ServingPoint(mode, rate_rps, experiment.gamma[0], r)),
+                         sim_seed(experiment, r)) for r in range(experiment.repeats)]
+            runs[mode] = (sim_setup(experiment, mode, times), schedules)
+    prediction = predict_serving(serving_model(experiment, times), experiment.slo, modes, runs)
+    path.write_text(json.dumps(_jsonable(prediction), indent=2))
 
 
 def finish_rows(requests: pd.DataFrame, experiment: Experiment) -> pd.DataFrame:
@@ -251,15 +278,16 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
                 progress=None, plan: list[ServingPoint] | None = None) -> pd.DataFrame:
     """Run the grid (or ``plan``: points of its own, e.g. each mode at its own rates), then the
     rate search, into ``out``; analyse it. Returns points.csv's table."""
-    from orchestrator.run import choose_launcher, times_for
+    from orchestrator.run import choose_launcher
 
     launcher = choose_launcher(launcher or experiment.launcher)
     check_serving(experiment, launcher)
     out = Path(out)
-    times = times_for(experiment.for_group(experiment.profiles()[0], experiment.alphas()[0]), out)
+    times = serving_times(experiment, out)
     facts = {**host_facts(), "launcher": launcher, "costs": times.to_dict(), "serving": True,
              "edge_rtt_ms": list(edge_rtts_ms(experiment))}
     prepare_out_dir(out, experiment, resume, facts)
+    write_prediction(out, experiment, times, launcher)
     testbed = None
     try:
         if launcher == "sim":
@@ -288,6 +316,13 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
             testbed.close()
     merge(out)
     return analyze_serving(out, experiment, times)
+
+
+def serving_times(experiment: Experiment, out: Path):
+    """The compute times an open-loop sweep runs and predicts with (recorded ones on resume)."""
+    from orchestrator.run import times_for
+
+    return times_for(experiment.for_group(experiment.profiles()[0], experiment.alphas()[0]), Path(out))
 
 
 def _record(out: Path, point: ServingPoint, run_point, experiment, testbed, progress) -> dict:
@@ -338,9 +373,10 @@ def open_serving_testbed(experiment: Experiment, launcher: str, work_dir: Path):
 
 # ---- analysis --------------------------------------------------------------------------------
 
-def analyze_serving(out: Path, experiment: Experiment, times, gap_s: float = 0.0) -> pd.DataFrame:
+def analyze_serving(out: Path, experiment: Experiment, times) -> pd.DataFrame:
     """points.csv (one row per point), serving.json (per mode: the largest rate at the attainment
-    level with its CI, beside the prediction), the plots and report.md."""
+    level with its CI, beside what prediction.json predicted before the points ran), the plots and
+    report.md."""
     out = Path(out)
     requests = pd.read_csv(out / "requests.csv") if (out / "requests.csv").stat().st_size else pd.DataFrame()
     rows = []
@@ -353,27 +389,60 @@ def analyze_serving(out: Path, experiment: Experiment, times, gap_s: float = 0.0
     summary = {"slo": asdict(experiment.slo) if experiment.slo else None, "load": _jsonable(asdict(experiment.load)),
                "modes": {}}
     if experiment.slo is not None and not points.empty:
-        model = serving_model(experiment, times, gap_s)
+        prediction = _prediction(out, experiment, times)
         for mode in experiment.modes:
-            mine = points[points["mode"] == mode]
-            measured = max_rate(mine, experiment.slo.attainment) if len(mine) else {}
-            predicted = model.max_rate_rps(mode, experiment.slo) if mode in SIM_MODES else math.nan
-            summary["modes"][mode] = {**measured, "predicted_max_rate_rps": predicted,
-                                      "predicted_saturation_rps": model.saturation_rps(mode)
-                                      if mode in SIM_MODES else math.nan,
-                                      "rate_err_pct": 100 * (measured.get("max_rate_rps", math.nan) - predicted) / predicted
-                                      if predicted else math.nan}
-            at = mine.loc[(mine["rate_rps"] - measured.get("max_rate_rps", math.nan)).abs().idxmin()] \
-                if len(mine) and math.isfinite(measured.get("max_rate_rps", math.nan)) else None
-            summary["modes"][mode]["goodput_at_max_rps"] = float(at["goodput_rps"]) if at is not None else math.nan
-        e, gamma = lm.expected_tokens_per_round(experiment.backend.alpha, experiment.gamma[0]), experiment.gamma[0]
+            summary["modes"][mode] = _mode_summary(points[points["mode"] == mode], experiment.slo.attainment,
+                                                   prediction["modes"].get(mode, {}))
+        summary["prediction_made_before_points"] = prediction["made_before_points"]
+        gamma = experiment.gamma[0]
         summary["capacity_factor_closed_form"] = lm.capacity_factor(gamma, times.t_draft_server_s,
                                                                     times.t_verify_s(gamma))
-        summary["tokens_per_round"] = e
+        summary["tokens_per_round"] = lm.expected_tokens_per_round(experiment.backend.alpha, gamma)
     (out / "serving.json").write_text(json.dumps(_jsonable(summary), indent=2))
     from orchestrator.serving_report import write_serving_report
     write_serving_report(out, points, summary)
     return points
+
+
+def _prediction(out: Path, experiment: Experiment, times) -> dict:
+    """prediction.json, with whether it was made before the first point; a folder without one
+    (an older version's) gets the closed form now, marked as made after."""
+    path = out / PREDICTION
+    if path.exists():
+        prediction = json.loads(path.read_text())
+        first_s = [json.loads(p.read_text()).get("started_s") for p in (out / "points").glob("*/done.json")]
+        first_s = [t for t in first_s if t is not None]
+        prediction["made_before_points"] = not first_s or prediction["made_unix_s"] <= min(first_s)
+        return prediction
+    modes = [m for m in experiment.modes if m in SIM_MODES]
+    prediction = predict_serving(serving_model(experiment, times), experiment.slo, modes, {})
+    return {**_jsonable(prediction), "made_before_points": False}
+
+
+def _mode_summary(mine: pd.DataFrame, level: float, predicted: dict) -> dict:
+    """One mode's row of serving.json: the measured largest rate and its CI; the run's prediction
+    (``predicted_*``, ``rate_err_pct``) where one was made, the closed form's steady state
+    (``steady_*``) beside it; the goodput and the stationarity check (the share of repeats still
+    building their queue) at the evaluated rate nearest the measured largest rate."""
+    measured = max_rate(mine, level) if len(mine) else {}
+    rate = measured.get("max_rate_rps", math.nan)
+
+    def err_pct(reference) -> float:
+        return 100 * (rate - reference) / reference if reference else math.nan
+
+    row = {**measured, "predicted_max_rate_rps": predicted.get("run_max_rate_rps"),
+           "predicted_ci_low_rps": predicted.get("run_max_rate_ci_low_rps"),
+           "predicted_ci_high_rps": predicted.get("run_max_rate_ci_high_rps"),
+           "rate_err_pct": err_pct(predicted.get("run_max_rate_rps")),
+           "steady_max_rate_rps": predicted.get("steady_max_rate_rps"),
+           "steady_err_pct": err_pct(predicted.get("steady_max_rate_rps")),
+           "saturation_rps": predicted.get("saturation_rps")}
+    at = mine.loc[(mine["rate_rps"] - rate).abs().idxmin()] if len(mine) and math.isfinite(rate) else None
+    row["goodput_at_max_rps"] = float(at["goodput_rps"]) if at is not None else math.nan
+    # the share of the repeats there whose queue was still building (each flags by chance ~4%)
+    row["queue_growing_at_max"] = float(mine[mine["rate_rps"] == at["rate_rps"]]["queue_growing"].mean()) \
+        if at is not None else None
+    return row
 
 
 def _jsonable(value):
@@ -390,62 +459,3 @@ def _jsonable(value):
         number = float(value)
         return number if math.isfinite(number) else None
     return value if value is None or isinstance(value, (str, int, bool)) else str(value)
-
-
-def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bool) -> int:
-    """`dsdbed sweep` of an experiment with [load]: the plan, or the run and its figures."""
-    if dry_run:
-        plan = plan_serving(experiment)
-        print(f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode), "
-              f"launcher {experiment.launcher}, into {out}:")
-        for point in plan:
-            print(f"  {point.key}")
-        return 0
-
-    def progress(point, done):
-        print(f"{experiment.name}: {point.key}: {done['status']}{' ' + done['error'] if done['error'] else ''}",
-              file=sys.stderr, flush=True)
-
-    run_serving(experiment, out, resume, progress=progress)
-    summary = json.loads((Path(out) / "serving.json").read_text())
-    for mode, row in summary["modes"].items():
-        print(f"{mode}: largest rate at {experiment.slo.attainment:.0%} attainment {row.get('max_rate_rps')} req/s "
-              f"[95% CI {row.get('max_rate_ci_low_rps')} .. {row.get('max_rate_ci_high_rps')}], "
-              f"predicted {row.get('predicted_max_rate_rps')}")
-    print(f"results: {out}/points.csv, {out}/requests.csv, {out}/serving.json, {out}/report.md")
-    return 0
-
-
-def is_serving_sweep(out: Path) -> bool:
-    sidecar = Path(out) / "sweep.json"
-    return sidecar.exists() and bool(json.loads(sidecar.read_text()).get("serving"))
-
-
-def reanalyze_serving(out: Path) -> int:
-    """`dsdbed analyze` of an open-loop sweep: points.csv, serving.json and the report again, from
-    the experiment and compute times sweep.json recorded."""
-    from dsd.times import ComputeTimes
-    from orchestrator.experiment import experiment_from_dict
-
-    data = json.loads((Path(out) / "sweep.json").read_text())
-    record = dict(data["experiment"])
-    record.pop("hardware_profiles", None)
-    experiment = experiment_from_dict(_experiment_table(record), source=str(Path(out) / "sweep.json"))
-    analyze_serving(Path(out), experiment, ComputeTimes.from_dict(data["costs"]))
-    print(f"results: {out}/points.csv, {out}/serving.json, {out}/report.md")
-    return 0
-
-
-def _experiment_table(record: dict) -> dict:
-    """sweep.json's experiment record as an experiment file's tables (nested configs as tables,
-    the [link] per-edge entries as lists of tables)."""
-    table = {k: v for k, v in record.items() if v is not None}
-    link = table.get("link")
-    if isinstance(link, dict):
-        link = {k: v for k, v in link.items() if k not in ("schedule",) and v not in ((), [], "")}
-        if "edges" in link:
-            link["edges"] = [dict(entry) for entry in link["edges"]]
-        if link.get("schedule_order") == "path":
-            link.pop("schedule_order")
-        table["link"] = link
-    return table

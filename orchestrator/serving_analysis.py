@@ -35,6 +35,12 @@ from dsd.times import ComputeTimes
 from orchestrator.load import SloConfig
 
 PERCENTILES = (50, 90, 99)
+GROWTH_BATCHES = 4              # the stationarity check: batches of a point's requests, in arrival order
+MIN_PER_BATCH = 5
+GROWTH_FACTOR = 1.5             # the last batch's mean of requests in the system at least this times the first's
+GROWTH_FLOOR = 1.0              # ... and this many requests above it
+SEARCH_TOLERANCE = 0.02         # the rate search stops at a rate this close to the attainment level
+SEARCH_RESOLUTION = 0.01        # ... or once its bracket is this narrow (relative to its low end)
 
 
 def add_slo(requests: pd.DataFrame, slo: SloConfig | None) -> pd.DataFrame:
@@ -71,7 +77,49 @@ def point_figures(requests: pd.DataFrame) -> dict:
         values = served[column].dropna().to_numpy(dtype=float)
         for q in PERCENTILES:
             out[f"{column[:-2]}_p{q}_ms"] = float(np.percentile(values, q)) * 1e3 if len(values) else math.nan
+    seen = in_system_at(requests["arrival_s"].to_numpy(dtype=float),
+                        (requests["arrival_s"] + requests["e2e_s"]).to_numpy(dtype=float),
+                        np.sort(measured["arrival_s"].to_numpy(dtype=float)))
+    out["in_system_growth"] = queue_growth(seen)
+    out["queue_growing"] = queue_growing(seen)
     return out
+
+
+def in_system_at(arrival_s: np.ndarray, end_s: np.ndarray, at_s: np.ndarray) -> np.ndarray:
+    """How many requests are in the system (arrived before, not yet answered) at each time of
+    ``at_s``; a request without an end (refused, failed) never entered it."""
+    entered = np.isfinite(end_s)
+    starts, ends = np.sort(arrival_s[entered]), np.sort(end_s[entered])
+    return np.searchsorted(starts, at_s, side="left") - np.searchsorted(ends, at_s, side="right")
+
+
+def batch_means(values: np.ndarray, batches: int = GROWTH_BATCHES) -> np.ndarray:
+    """Means of ``batches`` consecutive, equal-count slices of ``values`` (empty if too few)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if len(values) < MIN_PER_BATCH * batches:
+        return np.array([])
+    return np.array([chunk.mean() for chunk in np.array_split(values, batches)])
+
+
+def queue_growth(in_system: np.ndarray) -> float:
+    """The last batch's mean of the requests in the system at arrivals over the first's (in order
+    of arrival; nan when there are too few arrivals to batch or the first batch found it empty)."""
+    means = batch_means(in_system)
+    return float(means[-1] / means[0]) if len(means) and means[0] > 0 else math.nan
+
+
+def queue_growing(in_system: np.ndarray, factor: float = GROWTH_FACTOR, floor: float = GROWTH_FLOOR) -> bool:
+    """The stationarity check: is the queue still building at the run's end? ``in_system`` is the
+    number of requests in the system each measured arrival found, in order of arrival. True when
+    its means over consecutive batches rise through every batch and the last is at least
+    ``factor`` times the first and ``floor`` requests above it. A stationary series whose batches
+    are long enough to be independent rises through all four by chance 1/4! (4%); a queue still
+    relaxing from empty towards its steady state, or past saturation, rises through all of them."""
+    means = batch_means(in_system)
+    if not len(means):
+        return False
+    return bool(np.all(np.diff(means) > 0) and means[-1] >= factor * means[0] and means[-1] - means[0] >= floor)
 
 
 def wilson_interval(good: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -99,23 +147,45 @@ def crossing_rate(rates: np.ndarray, attainment: np.ndarray, level: float) -> fl
 
 def max_rate(points: pd.DataFrame, level: float, n_boot: int = 400, seed: int = 0) -> dict:
     """One mode's largest sustainable rate at the attainment level, from its points (repeats
-    pooled per rate), with a 95% CI by parametric bootstrap: each rate's good count redrawn as
+    pooled per rate), with a 95% CI by bootstrap: the repeats (independent arrival realisations,
+    each shared by every rate) redrawn with replacement, then each rate's good count redrawn as
     binomial(measured, attainment), the crossing found again, the 2.5th and 97.5th percentiles
-    taken (a redraw where even the smallest rate misses counts as that rate, one that never
-    falls below the level as the largest)."""
-    by_rate = points.groupby("rate_rps")[["requests_good", "requests_measured"]].sum().reset_index()
-    rates = by_rate["rate_rps"].to_numpy(dtype=float)
-    good, n = by_rate["requests_good"].to_numpy(), by_rate["requests_measured"].to_numpy()
-    attainment = np.where(n > 0, good / np.maximum(n, 1), 0.0)
+    taken (a redraw where even the smallest rate misses counts as that rate, one that never falls
+    below the level as the largest). With one repeat the interval is the binomial noise of a
+    finite number of requests alone, given that run's arrivals."""
+    good, n, rates = _by_rate_and_repeat(points)
+    pooled_good, pooled_n = good.sum(axis=1), n.sum(axis=1)
+    attainment = np.where(pooled_n > 0, pooled_good / np.maximum(pooled_n, 1), 0.0)
     rate = crossing_rate(rates, attainment, level)
     rng = np.random.default_rng(seed)
-    draws = rng.binomial(np.maximum(n, 1), attainment, size=(n_boot, len(n))) / np.maximum(n, 1)
-    crossings = [crossing_rate(rates, row, level) for row in draws] if len(rates) else []
+    crossings = []
+    for _ in range(n_boot if len(rates) else 0):
+        pick = rng.integers(0, good.shape[1], good.shape[1])
+        g, m = good[:, pick].sum(axis=1), np.maximum(n[:, pick].sum(axis=1), 1)
+        drawn = rng.binomial(m, np.minimum(g / m, 1.0)) / m
+        crossings.append(crossing_rate(rates, drawn, level))
     crossings = np.array([c if math.isfinite(c) else rates.min() for c in crossings])
     low, high = np.percentile(crossings, [2.5, 97.5]) if len(crossings) else (math.nan, math.nan)
     return {"max_rate_rps": rate, "max_rate_ci_low_rps": float(low), "max_rate_ci_high_rps": float(high),
             "censored": bool(len(rates) and attainment[np.argmax(rates)] >= level),
-            "attainment_at_max": _attainment_near(rates, attainment, rate)}
+            "attainment_at_max": _attainment_near(rates, attainment, rate), "repeats": int(good.shape[1])}
+
+
+def per_repeat_max_rates(points: pd.DataFrame, level: float) -> np.ndarray:
+    """Each repeat's own largest rate at the level (its arrival realisation alone, not pooled):
+    how far one run's figure scatters."""
+    good, n, rates = _by_rate_and_repeat(points)
+    return np.array([crossing_rate(rates[n[:, k] > 0], good[n[:, k] > 0, k] / n[n[:, k] > 0, k], level)
+                     for k in range(good.shape[1])])
+
+
+def _by_rate_and_repeat(points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(good, measured) as rates x repeats arrays (0 where a repeat did not run a rate), and the rates."""
+    frame = points.assign(repeat=points["repeat"] if "repeat" in points else 0)
+    table = frame.pivot_table(index="rate_rps", columns="repeat", values=["requests_good", "requests_measured"],
+                              aggfunc="sum", fill_value=0)
+    return (table["requests_good"].to_numpy(dtype=int), table["requests_measured"].to_numpy(dtype=int),
+            table.index.to_numpy(dtype=float))
 
 
 def _attainment_near(rates: np.ndarray, attainment: np.ndarray, rate: float) -> float:
@@ -126,10 +196,15 @@ def _attainment_near(rates: np.ndarray, attainment: np.ndarray, rate: float) -> 
     return float(attainment[int(np.argmin(np.abs(rates - rate)))])
 
 
-def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 10_000.0) -> float | None:
-    """Bisection on attainment: the midpoint between the largest rate that met the level and the
-    smallest larger rate that did not; double past the largest if none failed, halve below the
-    smallest if none met. None once both sides are within 2% of each other."""
+def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 10_000.0,
+                     tolerance: float = SEARCH_TOLERANCE, resolution: float = SEARCH_RESOLUTION) -> float | None:
+    """The rate search on attainment (repeats pooled per rate): the next rate lies between the
+    largest rate that met the level and the smallest larger rate that did not, at their
+    interpolated crossing, kept a tenth of the bracket in from either end so that a lopsided
+    bracket still narrows; double past the largest if none failed, halve below the smallest if
+    none met. None once either end's attainment is within ``tolerance`` of the level (the rate
+    reported has been run, and its attainment is the level's within the tolerance) or the bracket
+    is narrower than ``resolution`` times its low end."""
     by_rate = points.groupby("rate_rps")[["requests_good", "requests_measured"]].sum()
     att = (by_rate["requests_good"] / by_rate["requests_measured"].clip(lower=1)).sort_index()
     meeting = att[att >= level]
@@ -140,7 +215,12 @@ def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 1
     if failing.empty:
         return min(2 * low, max_rate_rps)
     high = float(failing.index.min())
-    return None if (high - low) <= 0.02 * low else (low + high) / 2
+    a_low, a_high = float(att[low]), float(att[high])
+    if a_low - level <= tolerance or level - a_high <= tolerance or high <= low * (1 + resolution) + 1e-12:
+        return None
+    crossing = low + (high - low) * (a_low - level) / (a_low - a_high)
+    margin = 0.1 * (high - low)
+    return min(max(crossing, low + margin), high - margin)
 
 
 # ---- the prediction ---------------------------------------------------------------------------

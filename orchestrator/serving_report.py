@@ -38,7 +38,7 @@ def plot_latency_vs_rate(points: pd.DataFrame, out: Path) -> Path:
 
 def plot_goodput_vs_rate(points: pd.DataFrame, summary: dict, out: Path) -> Path:
     """Goodput and throughput per mode against the rate; the measured largest rate at the level
-    as a vertical line, the predicted one dotted."""
+    as a vertical line, the run's prediction dashed, the closed form's steady state dotted."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, group in points.groupby("mode"):
         by_rate = group.groupby("rate_rps")[["goodput_rps", "throughput_rps"]].median()
@@ -48,8 +48,9 @@ def plot_goodput_vs_rate(points: pd.DataFrame, summary: dict, out: Path) -> Path
         row = summary.get("modes", {}).get(mode, {})
         if row.get("max_rate_rps") is not None and math.isfinite(row["max_rate_rps"]):
             ax.axvline(row["max_rate_rps"], color=m.color, alpha=0.5)
-        if row.get("predicted_max_rate_rps") is not None and math.isfinite(row["predicted_max_rate_rps"]):
-            ax.axvline(row["predicted_max_rate_rps"], color=m.color, linestyle=":", alpha=0.8)
+        for key, style in (("predicted_max_rate_rps", "--"), ("steady_max_rate_rps", ":")):
+            if row.get(key) is not None and math.isfinite(row[key]):
+                ax.axvline(row[key], color=m.color, linestyle=style, alpha=0.8)
     ax.set_xlabel("arrival rate (requests/s)")
     ax.set_ylabel("requests/s (goodput solid, throughput dotted)")
     ax.grid(alpha=0.3)
@@ -68,20 +69,24 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
         slo = summary["slo"]
         bounds = ", ".join(f"{k} <= {slo[k]:g}" for k in ("ttft_ms", "tpot_ms", "e2e_ms") if slo[k])
         lines += [f"SLO: {bounds}; attainment level {slo['attainment']:.0%}.", ""]
-        lines += ["| mode | largest rate at the level (95% CI), req/s | predicted | error | goodput there |",
-                  "|---|---|---|---|---|"]
+        lines += ["| mode | largest rate at the level (95% CI), req/s | predicted for this run (95% CI) | error | "
+                  "steady state (closed form) | error | goodput there |", "|---|---|---|---|---|---|---|"]
         for mode, row in summary["modes"].items():
             lines.append(f"| {mode} | {_f(row.get('max_rate_rps'))} ({_f(row.get('max_rate_ci_low_rps'))} .. "
                          f"{_f(row.get('max_rate_ci_high_rps'))}){' (censored)' if row.get('censored') else ''} | "
-                         f"{_f(row.get('predicted_max_rate_rps'))} | {_f(row.get('rate_err_pct'), '%')} | "
+                         f"{_f(row.get('predicted_max_rate_rps'))} ({_f(row.get('predicted_ci_low_rps'))} .. "
+                         f"{_f(row.get('predicted_ci_high_rps'))}) | {_f(row.get('rate_err_pct'), '%')} | "
+                         f"{_f(row.get('steady_max_rate_rps'))} | {_f(row.get('steady_err_pct'), '%')} | "
                          f"{_f(row.get('goodput_at_max_rps'))} |")
-        lines.append("")
+        lines += ["", "Predicted for this run: the virtual-time model on this sweep's own arrivals, made before "
+                  "its first point (network launchers; on the sim the run is that model). Steady state: the "
+                  "closed-form queueing model (docs/serving.md).", ""]
     if not points.empty:
         lines += [f"![latency vs rate]({plot_latency_vs_rate(points, out).name})",
                   f"![goodput vs rate]({plot_goodput_vs_rate(points, summary, out).name})", ""]
         columns = ["mode", "rate_rps", "repeat", "requests_measured", "requests_refused", "attainment",
                    "throughput_rps", "goodput_rps", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms",
-                   "queue_p50_ms"]
+                   "queue_p50_ms", "queue_growing"]
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for _, row in points[columns].iterrows():
             lines.append("| " + " | ".join(_f(v) if isinstance(v, float) else str(v) for v in row) + " |")

@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.load import SloConfig
-from orchestrator.serving import (ServingPoint, arrivals_for, is_serving_sweep, reanalyze_serving, run_serving,
-                                  run_sim_point, serving_model)
+from orchestrator.serving import ServingPoint, arrivals_for, run_serving, run_sim_point, serving_model
+from orchestrator.serving_cli import is_serving_sweep, reanalyze_serving
 from orchestrator.serving_analysis import crossing_rate, max_rate, next_search_rate, wilson_interval
 from orchestrator.run import times_for
 
@@ -65,7 +65,7 @@ def test_the_sweep_writes_points_and_the_largest_rate_beside_its_prediction(tmp_
     for mode in ("colocated", "sync"):
         row = summary["modes"][mode]
         assert 5.0 <= row["max_rate_ci_low_rps"] <= row["max_rate_rps"] <= row["max_rate_ci_high_rps"] < 40.0
-        assert abs(row["rate_err_pct"]) < 25
+        assert abs(row["steady_err_pct"]) < 25
     assert (tmp_path / "out" / "goodput_vs_rate.png").exists() and (tmp_path / "out" / "report.md").exists()
     # `dsdbed analyze` redoes the figures from what sweep.json recorded
     before = (tmp_path / "out" / "serving.json").read_text()
@@ -82,12 +82,37 @@ def test_crossing_rate_interpolates_and_censors():
     assert low < 0.9 < high
 
 
-def test_the_rate_search_bisects_between_meeting_and_missing():
+def test_the_rate_search_aims_at_the_interpolated_crossing_between_meeting_and_missing():
     points = pd.DataFrame({"rate_rps": [1.0, 4.0], "requests_good": [100, 10], "requests_measured": [100, 100]})
-    assert next_search_rate(points, 0.9) == 2.5
+    assert next_search_rate(points, 0.9) == pytest.approx(1.0 + 3.0 * 0.1 / 0.9)
     assert next_search_rate(points.iloc[:1], 0.9) == 2.0
-    assert next_search_rate(pd.DataFrame({"rate_rps": [1.0, 1.01], "requests_good": [100, 1],
-                                          "requests_measured": [100, 100]}), 0.9) is None
+    # a lopsided bracket still narrows: the next rate stays a tenth of the bracket inside it
+    lopsided = pd.DataFrame({"rate_rps": [1.0, 2.0], "requests_good": [100, 89], "requests_measured": [100, 100]})
+    assert next_search_rate(lopsided, 0.9, tolerance=0.0) == pytest.approx(1.9)
+
+
+def test_the_rate_search_stops_at_a_rate_within_the_tolerance_of_the_level_or_a_narrow_bracket():
+    def points(rates, good):
+        return pd.DataFrame({"rate_rps": rates, "requests_good": good, "requests_measured": [100] * len(rates)})
+
+    assert next_search_rate(points([1.0, 2.0], [91, 50]), 0.9) is None          # 91% is within 2 points
+    assert next_search_rate(points([1.0, 2.0], [100, 89]), 0.9) is None         # so is 89%
+    assert next_search_rate(points([1.0, 2.0], [93, 50]), 0.9) is not None
+    assert next_search_rate(points([1.0, 1.01], [100, 1]), 0.9) is None         # bracket within 1%
+    assert next_search_rate(points([1.0, 1.01], [100, 1]), 0.9, resolution=0.001) is not None
+
+
+def test_the_ci_covers_the_spread_between_repeats_not_only_the_binomial_noise():
+    # two arrival realisations that disagree about the crossing, against one with the same totals
+    rates = [1.0, 2.0, 3.0]
+    two = pd.DataFrame({"rate_rps": rates * 2, "repeat": [0] * 3 + [1] * 3,
+                        "requests_good": [100, 100, 60, 100, 60, 40], "requests_measured": [100] * 6})
+    one = two.groupby("rate_rps")[["requests_good", "requests_measured"]].sum().reset_index()
+    pooled, single = max_rate(two, 0.9), max_rate(one, 0.9)
+    assert pooled["max_rate_rps"] == pytest.approx(single["max_rate_rps"])
+    assert pooled["repeats"] == 2 and single["repeats"] == 1
+    width = lambda r: r["max_rate_ci_high_rps"] - r["max_rate_ci_low_rps"]   # noqa: E731
+    assert width(pooled) > 2 * width(single)
 
 
 def test_the_predicted_attainment_falls_with_the_rate(tmp_path):
