@@ -143,3 +143,13 @@ def whole_trace_rows(path: Path) -> tuple[int, int]:
     """(whole rows, partial rows dropped) of an edge's live trace on disk."""
     frame, dropped = read_whole_rows(path.read_bytes())
     return len(frame), dropped
+
+
+def netns_testbed(tmp_path, experiment, **kwargs):
+    """A netns testbed (not started) for one small experiment's services."""
+    from dsd.profiles import get_profile
+    from orchestrator.launchers.netns import NetnsTestbed
+    from orchestrator.launchers.services_config import ServicesConfig
+    config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=experiment.edges,
+                            work_dir=str(tmp_path / "services"))
+    return NetnsTestbed(config, **kwargs)

@@ -13,21 +13,12 @@ import pandas as pd
 import pytest
 
 from netem import nsutil
-from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.launchers.netns import NetnsTestbed
 from dsd.backends.factory import BackendConfig
-from dsd.profiles import get_profile
 from orchestrator.sweep import plan_points
-from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
-                                 survived, sweep_on, whole_trace_rows)
+from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, netns_testbed,
+                                 small_experiment, survived, sweep_on, whole_trace_rows)
 
 pytestmark = pytest.mark.root
-
-
-def netns_testbed(tmp_path, experiment, **kwargs) -> NetnsTestbed:
-    config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=experiment.edges,
-                            work_dir=str(tmp_path / "services"))
-    return NetnsTestbed(config, **kwargs)
 
 
 def only_point(done: dict) -> dict:

@@ -25,7 +25,7 @@ from orchestrator.sweep import plan_points, run_sweep
 from orchestrator.workload import make_prompts
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
                                  survived)
-from tests.faults.test_faults_netns import netns_testbed
+from tests.faults.faults import netns_testbed
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
