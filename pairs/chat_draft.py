@@ -9,7 +9,10 @@ target's residual covers whatever the draft cannot propose.
 
 Loss on each answer position: KL(target || draft) over the target's kept top-k logits (the part of
 them inside the draft's vocabulary, renormalised) plus a little cross-entropy on the token the
-target sampled.
+target sampled, plus the acceptance term: the total-variation distance between the two
+distributions at the deployment's temperature, 1 - sum_x min(p_T(x), q_T(x)), which is one minus
+the probability that speculative sampling accepts the draft's token (the quantity the draft is
+for; DistillSpec, Zhou et al. 2024, distil with it).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class ChatDraftConfig:
     lr: float = 3e-4
     warmup_steps: int = 20
     kl_weight: float = 0.8
+    tvd_weight: float = 4.0      # of the acceptance term, added to the KL + CE mix
+    tvd_temperature: float = 0.7
     seed: int = 1234
 
     def __post_init__(self) -> None:
@@ -52,6 +57,9 @@ class ChatDraftConfig:
                              f"{self.epochs!r}, {self.lr!r}")
         if not 0 <= self.kl_weight <= 1:
             raise ValueError(f"ChatDraftConfig.kl_weight must be in [0, 1], got {self.kl_weight!r}")
+        if not self.tvd_weight >= 0 or not self.tvd_temperature > 0:
+            raise ValueError(f"ChatDraftConfig: tvd_weight must be >= 0 and tvd_temperature > 0, "
+                             f"got {self.tvd_weight!r}, {self.tvd_temperature!r}")
 
 
 def frequent_tokens(samples: list[ChatSample], keep: int, always: list[int]) -> list[int]:
@@ -117,9 +125,10 @@ def make_batch(samples: list[ChatSample], to_draft: torch.Tensor) -> Batch:
                  top_logits, to_draft[sampled])
 
 
-def distill_loss(logits: torch.Tensor, batch: Batch, unknown_id: int,
-                 kl_weight: float) -> torch.Tensor:
-    """logits: [B, L, K+1] -> KL over the target's in-vocabulary top tokens + CE on the sampled."""
+def distill_loss(logits: torch.Tensor, batch: Batch, unknown_id: int, kl_weight: float,
+                 tvd_weight: float = 0.0, tvd_temperature: float = 1.0) -> torch.Tensor:
+    """logits: [B, L, K+1] -> kl_weight * KL over the target's in-vocabulary top tokens
+    + (1 - kl_weight) * CE on the sampled token + tvd_weight * (1 - acceptance at tvd_temperature)."""
     picked = logits[batch.rows, batch.cols, :unknown_id].float()            # [N, K]
     log_q = F.log_softmax(picked, dim=-1)                                    # [N, K]
     known = batch.top_ids != unknown_id                                      # [N, k]
@@ -129,7 +138,20 @@ def distill_loss(logits: torch.Tensor, batch: Batch, unknown_id: int,
     kl = (p * (log_p.masked_fill(~known, 0.0) - log_q.gather(1, safe_ids))).sum(-1).mean()
     sampled_known = batch.sampled != unknown_id
     ce = F.nll_loss(log_q[sampled_known], batch.sampled[sampled_known])
-    return kl_weight * kl + (1 - kl_weight) * ce
+    loss = kl_weight * kl + (1 - kl_weight) * ce
+    if tvd_weight > 0:
+        loss = loss + tvd_weight * (1 - acceptance(picked, batch.top_logits, safe_ids, known,
+                                                   tvd_temperature)).mean()
+    return loss
+
+
+def acceptance(draft_logits: torch.Tensor, top_logits: torch.Tensor, top_ids: torch.Tensor,
+               known: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[N] sum_x min(p_T(x), q_T(x)): p over the target's known top tokens (top_ids [N, k] into
+    the draft's [N, K] logits), q the draft's whole distribution; 1 where the two agree."""
+    q = F.softmax(draft_logits / temperature, dim=-1).gather(1, top_ids)     # [N, k]
+    p = F.softmax((top_logits / temperature).masked_fill(~known, float("-inf")), dim=-1)
+    return torch.minimum(p, q).masked_fill(~known, 0.0).sum(-1)
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -158,7 +180,8 @@ def train_draft(draft: transformers.PreTrainedModel, samples: list[ChatSample], 
             group["lr"] = lr_at(step, steps, config.lr, config.warmup_steps)
         batch = make_batch([samples[i] for i in batches[step % len(batches)]], to_draft)
         logits = draft(input_ids=batch.input_ids, attention_mask=batch.attention).logits
-        loss = distill_loss(logits, batch, vocab.unknown_id, config.kl_weight)
+        loss = distill_loss(logits, batch, vocab.unknown_id, config.kl_weight, config.tvd_weight,
+                            config.tvd_temperature)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)

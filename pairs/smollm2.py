@@ -58,6 +58,7 @@ class Smollm2PairConfig:
     batch_size: int = 16
     lr: float = 5e-4
     kl_weight: float = 0.8
+    tvd_weight: float = 4.0                 # the acceptance term (pairs.chat_draft.distill_loss)
     eval_temperature: float = 0.7           # the main job's sampling (experiments/crossover.toml)
     eval_top_p: float = 0.9
     gamma: int = 4                          # for the verification pass timed
@@ -77,6 +78,7 @@ class Smollm2PairConfig:
                 raise ValueError(f"Smollm2PairConfig.{name} must be a positive int, "
                                  f"got {value!r}")
         for name, low, high in [("heldout_pct", 0.0, 50.0), ("kl_weight", 0.0, 1.0),
+                                ("tvd_weight", 0.0, 100.0),
                                 ("data_top_p", 1e-9, 1.0), ("eval_top_p", 1e-9, 1.0)]:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not low <= value <= high:
@@ -158,7 +160,8 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
                 draft_config = chat_draft.ChatDraftConfig(
                     layers=config.draft_layers, vocab_keep=config.vocab_keep,
                     epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-                    kl_weight=config.kl_weight, seed=config.seed)
+                    kl_weight=config.kl_weight, tvd_weight=config.tvd_weight,
+                    tvd_temperature=config.eval_temperature, seed=config.seed)
                 torch.manual_seed(config.seed)
                 draft = chat_draft.new_draft(target, draft_config, vocab).to(torch.float32)
                 losses = chat_draft.train_draft(draft, train, vocab, draft_config)

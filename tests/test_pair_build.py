@@ -316,6 +316,29 @@ def test_distillation_moves_a_draft_towards_the_target_answers():
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
 
 
+def test_acceptance_term_is_the_overlap_of_the_two_tempered_distributions():
+    """sum_x min(p_T, q_T): 1 for equal logits, the closed form for two tokens, and the loss's
+    term falls as the draft's logits move towards the target's."""
+    from pairs.chat_draft import Batch, acceptance, distill_loss
+    logits = torch.tensor([[2.0, 0.0, -1.0]])
+    ids, known = torch.tensor([[0, 1, 2]]), torch.ones(1, 3, dtype=torch.bool)
+    assert acceptance(logits, logits, ids, known, 0.7).item() == pytest.approx(1.0)
+    p = torch.softmax(torch.tensor([1.0, 0.0]) / 0.5, 0)
+    q = torch.softmax(torch.tensor([0.0, 1.0]) / 0.5, 0)
+    two = acceptance(torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0, 1]]),
+                     torch.ones(1, 2, dtype=torch.bool), 0.5)
+    assert two.item() == pytest.approx(torch.minimum(p, q).sum().item())
+    batch = Batch(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long),
+                  torch.tensor([0]), torch.tensor([0]), ids, logits, torch.tensor([0]))
+    far = torch.tensor([[[-1.0, 0.0, 2.0, 0.0]]])
+    near = torch.tensor([[[1.5, 0.0, -0.5, 0.0]]])
+    only_tvd = [distill_loss(x, batch, 3, 0.0, 1.0, 0.7) - distill_loss(x, batch, 3, 0.0, 0.0)
+                for x in (far, near)]
+    assert 0 < only_tvd[1] < only_tvd[0] <= 1.0
+    with pytest.raises(ValueError, match="tvd_weight"):
+        chat_draft.ChatDraftConfig(tvd_weight=-1.0)
+
+
 def test_save_dequantized_round_trips_through_from_pretrained(tmp_path):
     target = tiny_llama()
     target.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}
@@ -332,6 +355,8 @@ def test_smollm2_config_rejects_bad_values(tmp_path):
         smollm2.Smollm2PairConfig(out_dir=tmp_path, draft_layers=0)
     with pytest.raises(ValueError, match=r"kl_weight.*2"):
         smollm2.Smollm2PairConfig(out_dir=tmp_path, kl_weight=2)
+    with pytest.raises(ValueError, match=r"tvd_weight.*-1"):
+        smollm2.Smollm2PairConfig(out_dir=tmp_path, tvd_weight=-1.0)
 
 
 def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
