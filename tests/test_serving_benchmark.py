@@ -52,7 +52,7 @@ def test_realisations_are_pooled_until_a_rate_measures_about_the_requests_asked(
     assert bench.realisations(math.nan, 100, 25) == bench.MAX_REALISATIONS
 
 
-@pytest.mark.parametrize("server_factor", [0.95, 1.04])
+@pytest.mark.parametrize("server_factor", [0.95, 1.0, 1.04])
 def test_the_network_procedure_ends_within_two_points_when_the_server_is_off_its_prediction(
         tmp_path, monkeypatch, server_factor):
     # the prediction on the profile's pass times; the "network" (the sim) serves with every
