@@ -2,7 +2,8 @@
 measured on real packets against what was predicted for that run before it ran.
 
     python benchmarks/serving.py [--launcher auto|netns|loopback|sim] [--duration-s 30]
-                                 [--warmup-s 5] [--ensemble-repeats 16] [--out DIR]
+                                 [--warmup-s 5] [--ensemble-repeats 16] [--requests-per-rate 100]
+                                 [--out DIR]
 
 experiments/serving.toml (synthetic backend, the Orin-edge / A100-target field profile, 16 edges
 on RIPE Atlas country-pair links to a cloud in Germany, Poisson arrivals, SLO TTFT <= 1 s and
@@ -14,13 +15,17 @@ out of the figures:
    arrival *process* at this run length, with a 95% CI over realisations, beside the closed
    form's steady state (``steady_err_pct``); and how far one realisation's own largest rate
    scatters around it (``single_run_sd_pct``).
-2. The run, on the network launcher (netns as root, else loopback): first its prediction,
-   written to OUT/LAUNCHER/prediction.json before any of its points runs: the virtual-time model
-   (the sim) on this run's own arrival schedule, searched to 0.5%. Then each mode at 0.9, 1.0 and
-   1.1 times its predicted rate and up to three steps of the rate search, which stops at a rate whose
-   attainment is within 2 points of the level. ``rate_err_pct`` compares this run with its own
-   prediction; that prediction is the simulator (docs/serving.md says why a prediction of the
-   process cannot be held to 10% on one run of 30 s).
+2. The run, on the network launcher (netns as root, else loopback). Each mode pools enough
+   independent arrival realisations per rate to measure about ``--requests-per-rate`` requests
+   there (from the ensemble's rate: one 30-s run of cloud AR near its knee measures ~25, and a
+   busy period failing five moves its attainment 17 points). First the run's prediction, written
+   to OUT/LAUNCHER/prediction.json before any of its points runs: the virtual-time model (the
+   sim) on those same realisations, searched to 0.5%. Then each mode at its predicted rate over
+   its realisations and up to four steps of the rate search (3% steps until the level is
+   bracketed, then the interpolated crossing), which stops at a rate whose pooled attainment is
+   within 2 points of the level. ``rate_err_pct`` compares this run with its own prediction; that
+   prediction is the simulator (docs/serving.md says why a prediction of the process cannot be
+   held to 10% on one run of 30 s).
 
 With ``--launcher sim`` there is no network run: the measured figures are the ensemble's and the
 prediction the closed form's.
@@ -30,8 +35,9 @@ largest rate per mode (max_rate_ar_rps, max_rate_colocated_rps, max_rate_dsd_rps
 dsd_over_colocated beside predicted_dsd_over_colocated, rate_err_pct (the worst of the three
 modes' measured-vs-predicted errors), goodput_at_max_dsd, attainment_at_max_dsd and
 attainment_err_pts (the worst mode's distance in points between the attainment at the evaluated
-rate nearest its largest rate and the level), each mode's prediction and the closed form's
-steady state, the ensemble's figures, steady_err_pct, single_run_sd_pct, queue_growing_at_max
+rate nearest its largest rate and the level), per mode that attainment, its Wilson 95% CI and
+the realisations pooled (attainment_*, attainment_ci_*, realisations_*), each mode's prediction
+and the closed form's steady state, the ensemble's figures, steady_err_pct, single_run_sd_pct, queue_growing_at_max
 (modes whose point nearest the largest rate was still building its queue, in at least half of
 its repeats), the load average and the wall time.
 """
