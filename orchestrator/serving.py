@@ -139,10 +139,12 @@ def run_sim_point(experiment: Experiment, point: ServingPoint, times) -> tuple:
     return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), [], {}
 
 
-def write_prediction(out: Path, experiment: Experiment, times, launcher: str) -> None:
+def write_prediction(out: Path, experiment: Experiment, times, launcher: str,
+                     repeats: dict[str, int] | None = None) -> None:
     """OUT/prediction.json before the first point: the closed form's steady state per mode and, on
     a network launcher, the virtual-time model on the sweep's own arrival schedules (on the sim
-    launcher that would be the run itself). A resumed sweep keeps the one it has."""
+    launcher that would be the run itself), each mode's over its ``repeats`` realisations (the
+    experiment's repeats by default). A resumed sweep keeps the one it has."""
     path = Path(out) / PREDICTION
     if experiment.slo is None or path.exists():
         return
@@ -152,7 +154,7 @@ def write_prediction(out: Path, experiment: Experiment, times, launcher: str) ->
         for mode in modes:
             def schedules(rate_rps, mode=mode):
                 return [(arrivals_for(experiment, ServingPoint(mode, rate_rps, experiment.gamma[0], r)),
-                         sim_seed(experiment, r)) for r in range(experiment.repeats)]
+                         sim_seed(experiment, r)) for r in range((repeats or {}).get(mode, experiment.repeats))]
             runs[mode] = (sim_setup(experiment, mode, times), schedules)
     prediction = predict_serving(serving_model(experiment, times), experiment.slo, modes, runs)
     path.write_text(json.dumps(_jsonable(prediction), indent=2))
@@ -275,9 +277,12 @@ def refusal_reason(error: str) -> str:
 # ---- the sweep -------------------------------------------------------------------------------
 
 def run_serving(experiment: Experiment, out: Path, resume: bool = False, launcher: str | None = None,
-                progress=None, plan: list[ServingPoint] | None = None) -> pd.DataFrame:
-    """Run the grid (or ``plan``: points of its own, e.g. each mode at its own rates), then the
-    rate search, into ``out``; analyse it. Returns points.csv's table."""
+                progress=None, plan: list[ServingPoint] | None = None, open_step: float = 1.0) -> pd.DataFrame:
+    """Run the grid (or ``plan``: points of its own, e.g. each mode at its own rates over its own
+    realisations), then the rate search, into ``out``; analyse it. The search runs each new rate
+    over the realisations (repeats) its mode's planned points ran, so every rate of a mode pools
+    the same ones; ``open_step`` is its step while no bracket is open (``next_search_rate``).
+    Returns points.csv's table."""
     from orchestrator.run import choose_launcher
 
     launcher = choose_launcher(launcher or experiment.launcher)
@@ -299,18 +304,19 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
 
             def run_point(point):
                 return run_net_point(experiment, point, testbed, prompts)
-        done = []
-        for point in plan or plan_serving(experiment):
-            done.append(_record(out, point, run_point, experiment, testbed, progress))
+        plan = plan or plan_serving(experiment)
+        for point in plan:
+            _record(out, point, run_point, experiment, testbed, progress)
         for mode in experiment.modes:
-            for _ in range(experiment.load.search_iterations):
-                rate = next_search_rate(_mode_points(out, experiment, mode), experiment.slo.attainment) \
-                    if experiment.slo else None
+            repeats = sorted({p.repeat for p in plan if p.mode == mode}) or range(experiment.repeats)
+            for _ in range(experiment.load.search_iterations if experiment.slo else 0):
+                rate = next_search_rate(_mode_points(out, experiment, mode), experiment.slo.attainment,
+                                        open_step=open_step)
                 if rate is None:
                     break
-                for repeat in range(experiment.repeats):
+                for repeat in repeats:
                     point = ServingPoint(mode, round(rate, 4), experiment.gamma[0], repeat, searched=True)
-                    done.append(_record(out, point, run_point, experiment, testbed, progress))
+                    _record(out, point, run_point, experiment, testbed, progress)
     finally:
         if testbed is not None:
             testbed.close()

@@ -168,7 +168,7 @@ def max_rate(points: pd.DataFrame, level: float, n_boot: int = 400, seed: int = 
     low, high = np.percentile(crossings, [2.5, 97.5]) if len(crossings) else (math.nan, math.nan)
     return {"max_rate_rps": rate, "max_rate_ci_low_rps": float(low), "max_rate_ci_high_rps": float(high),
             "censored": bool(len(rates) and attainment[np.argmax(rates)] >= level),
-            "attainment_at_max": _attainment_near(rates, attainment, rate), "repeats": int(good.shape[1])}
+            **_attainment_near(rates, pooled_good, pooled_n, rate), "repeats": int(good.shape[1])}
 
 
 def per_repeat_max_rates(points: pd.DataFrame, level: float) -> np.ndarray:
@@ -188,32 +188,38 @@ def _by_rate_and_repeat(points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, n
             table.index.to_numpy(dtype=float))
 
 
-def _attainment_near(rates: np.ndarray, attainment: np.ndarray, rate: float) -> float:
-    """The measured attainment at the evaluated rate nearest the crossing (the rate search puts
-    one there)."""
+def _attainment_near(rates: np.ndarray, good: np.ndarray, measured: np.ndarray, rate: float) -> dict:
+    """The attainment measured at the evaluated rate nearest the crossing (the rate search puts
+    one there), that rate, the requests pooled there and their Wilson 95% interval."""
     if not len(rates) or not math.isfinite(rate):
-        return math.nan
-    return float(attainment[int(np.argmin(np.abs(rates - rate)))])
+        return {"attainment_at_max": math.nan, "attainment_rate_rps": math.nan, "attainment_requests": 0,
+                "attainment_ci_low": math.nan, "attainment_ci_high": math.nan}
+    i = int(np.argmin(np.abs(rates - rate)))
+    low, high = wilson_interval(int(good[i]), int(measured[i]))
+    return {"attainment_at_max": float(good[i] / max(measured[i], 1)), "attainment_rate_rps": float(rates[i]),
+            "attainment_requests": int(measured[i]), "attainment_ci_low": low, "attainment_ci_high": high}
 
 
 def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 10_000.0,
-                     tolerance: float = SEARCH_TOLERANCE, resolution: float = SEARCH_RESOLUTION) -> float | None:
+                     tolerance: float = SEARCH_TOLERANCE, resolution: float = SEARCH_RESOLUTION,
+                     open_step: float = 1.0) -> float | None:
     """The rate search on attainment (repeats pooled per rate): the next rate lies between the
     largest rate that met the level and the smallest larger rate that did not, at their
     interpolated crossing, kept a tenth of the bracket in from either end so that a lopsided
-    bracket still narrows; double past the largest if none failed, halve below the smallest if
-    none met. None once either end's attainment is within ``tolerance`` of the level (the rate
+    bracket still narrows; while no bracket is open, ``1 + open_step`` times past the largest
+    rate if none failed, or that much below the smallest if none met (1: double and halve, for a
+    coarse grid; a few percent when the first rate is a close prediction). None once either end's attainment is within ``tolerance`` of the level (the rate
     reported has been run, and its attainment is the level's within the tolerance) or the bracket
     is narrower than ``resolution`` times its low end."""
     by_rate = points.groupby("rate_rps")[["requests_good", "requests_measured"]].sum()
     att = (by_rate["requests_good"] / by_rate["requests_measured"].clip(lower=1)).sort_index()
     meeting = att[att >= level]
     if meeting.empty:
-        return float(att.index.min()) / 2
+        return float(att.index.min()) / (1 + open_step)
     low = float(meeting.index.max())
     failing = att[(att.index > low) & (att < level)]
     if failing.empty:
-        return min(2 * low, max_rate_rps)
+        return min((1 + open_step) * low, max_rate_rps)
     high = float(failing.index.min())
     a_low, a_high = float(att[low]), float(att[high])
     if a_low - level <= tolerance or level - a_high <= tolerance or high <= low * (1 + resolution) + 1e-12:

@@ -122,3 +122,35 @@ def test_the_predicted_attainment_falls_with_the_rate(tmp_path):
     values = [model.attainment("sync", r, slo) for r in (1.0, 10.0, 20.0, 40.0)]
     assert values == sorted(values, reverse=True) and values[0] == pytest.approx(1.0)
     assert model.max_rate_rps("colocated", slo) < model.max_rate_rps("sync", slo) < model.saturation_rps("sync")
+
+
+def test_an_open_bracket_steps_by_the_open_step_from_a_close_start():
+    meeting = pd.DataFrame({"rate_rps": [2.0], "requests_good": [95], "requests_measured": [100]})
+    missing = meeting.assign(requests_good=[80])
+    assert next_search_rate(meeting, 0.9, open_step=0.03) == pytest.approx(2.06)
+    assert next_search_rate(missing, 0.9, open_step=0.03) == pytest.approx(2.0 / 1.03)
+    assert next_search_rate(missing, 0.9) == pytest.approx(1.0)                # the default halves
+
+
+def test_the_attainment_reported_is_the_one_measured_at_the_nearest_rate_over_every_realisation():
+    # two realisations per rate: the crossing lies nearer 2.0 (91%) than 3.0 (60%)
+    points = pd.DataFrame({"rate_rps": [1.0, 2.0, 3.0] * 2, "repeat": [0] * 3 + [1] * 3,
+                           "requests_good": [50, 46, 30, 50, 45, 30], "requests_measured": [50] * 6})
+    found = max_rate(points, 0.9)
+    assert 2.0 < found["max_rate_rps"] < 2.5
+    assert found["attainment_rate_rps"] == 2.0 and found["attainment_requests"] == 100
+    assert found["attainment_at_max"] == pytest.approx(0.91)
+    assert (found["attainment_ci_low"], found["attainment_ci_high"]) == pytest.approx(wilson_interval(91, 100))
+
+
+def test_the_search_runs_each_new_rate_over_the_realisations_its_modes_plan_ran(tmp_path):
+    # the experiment's own repeats (1) do not decide it: cloud AR planned over three, sync over one
+    exp = experiment_from_dict({**BASE, "modes": ["ar", "sync"], "load": {**BASE["load"], "search_iterations": 3}})
+    plan = [ServingPoint("ar", 20.0, 4, r) for r in range(3)] + [ServingPoint("sync", 20.0, 4, 0)]
+    run_serving(exp, tmp_path, plan=plan)
+    points = pd.read_csv(tmp_path / "points.csv")
+    searched = points[points["searched"]]
+    assert set(searched["mode"]) == {"ar", "sync"}
+    for mode, realisations in (("ar", {0, 1, 2}), ("sync", {0})):
+        mine = searched[searched["mode"] == mode]
+        assert all(set(group["repeat"]) == realisations for _, group in mine.groupby("rate_rps")), mode

@@ -85,3 +85,24 @@ def test_a_run_whose_level_is_out_of_reach_is_predicted_as_none_rather_than_fail
     write_prediction(tmp_path, exp, times_for(exp, tmp_path), "netns")
     row = json.loads((tmp_path / PREDICTION).read_text())["modes"]["ar"]
     assert row["run_max_rate_rps"] is None and row["steady_max_rate_rps"] == 0.0
+
+
+def test_the_prediction_pools_each_modes_own_realisations_as_its_measurement_does(tmp_path):
+    exp = experiment_from_dict({**BASE, "modes": ["ar", "sync"]})
+    times = times_for(exp, tmp_path)
+    (tmp_path / "net").mkdir()
+    write_prediction(tmp_path / "net", exp, times, "netns", repeats={"ar": 3, "sync": 1})
+    predicted = json.loads((tmp_path / "net" / PREDICTION).read_text())["modes"]
+    # the sim launcher over the same realisations per mode: the same model, searched apart
+    plan = [ServingPoint("ar", 5.0, 4, r) for r in range(3)] + [ServingPoint("sync", 5.0, 4, 0)]
+    run_serving(exp, tmp_path / "sim", plan=plan)
+    measured = json.loads((tmp_path / "sim" / "serving.json").read_text())["modes"]
+    assert measured["ar"]["repeats"] == 3 and measured["sync"]["repeats"] == 1
+    for mode in ("ar", "sync"):
+        assert predicted[mode]["run_max_rate_rps"] == pytest.approx(measured[mode]["max_rate_rps"], rel=0.05), mode
+    # one realisation of cloud AR is not what three pool to
+    (tmp_path / "one").mkdir()
+    write_prediction(tmp_path / "one", exp, times, "netns", repeats={"ar": 1, "sync": 1})
+    single = json.loads((tmp_path / "one" / PREDICTION).read_text())["modes"]
+    assert single["ar"]["run_max_rate_rps"] != predicted["ar"]["run_max_rate_rps"]
+    assert single["sync"]["run_max_rate_rps"] == predicted["sync"]["run_max_rate_rps"]
