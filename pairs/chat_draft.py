@@ -43,7 +43,7 @@ class ChatDraftConfig:
     lr: float = 3e-4
     warmup_steps: int = 20
     kl_weight: float = 0.8
-    tvd_weight: float = 4.0      # of the acceptance term, added to the KL + CE mix
+    tvd_weight: float = 0.0      # of the acceptance term, added to the KL + CE mix
     tvd_temperature: float = 0.7
     seed: int = 1234
 
