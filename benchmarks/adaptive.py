@@ -45,7 +45,9 @@ policies do, so a seed's unlucky prompts move it. Both estimates are printed, an
 both netns estimators beside its own oracle as a check. A request that spent
 t_i seconds in condition i could at best have emitted sum_i t_i / best_i tokens; ``X_vs_oracle_pct``
 is how many more tokens the oracle would have emitted in X's time, over the whole run, averaged
-over seeds (i.e. per-token latency above the oracle).
+over seeds (i.e. per-token latency above the oracle). ``--warmup-requests N`` scores every run
+from request N on, the policies', the static arms' and the oracle's prompts alike (the controller's
+cold start left out; docs/controller.md), the every-request score printed beside.
 
 Beside it (not judged): the policies against the prompt-matched oracle (benchmarks/adaptive_oracle.py
 ``prompt_matched_oracle``: each request set beside the oracle's time on that very prompt, so the
