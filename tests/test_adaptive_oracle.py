@@ -163,3 +163,14 @@ def test_the_warmup_cut_leaves_the_first_requests_out_of_every_run_and_their_pro
     assert oracle[key] == pytest.approx(0.4 / 32) and oracle[key] > in_sample[key]
     assert vs_oracle_pct(cut["model"], oracle, sc) == pytest.approx(0.0)
     assert after_warmup(results, measured, 0, split=True)[1] == constant_oracle(measured)[0]
+
+
+@pytest.mark.parametrize("argv", [["--warmup-requests", "6", "--alpha-requests", "6"],
+                                  ["--warmup-requests", "-1"],
+                                  ["--launcher", "netns", "--oracle", "schedule", "--warmup-requests", "1"]])
+def test_a_warmup_that_leaves_a_class_without_prompts_or_has_no_oracle_to_remeasure_is_refused(argv, capsys):
+    from benchmarks.adaptive import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert "--warmup-requests" in capsys.readouterr().err
