@@ -45,7 +45,9 @@ policies do, so a seed's unlucky prompts move it. Both estimates are printed, an
 both netns estimators beside its own oracle as a check. A request that spent
 t_i seconds in condition i could at best have emitted sum_i t_i / best_i tokens; ``X_vs_oracle_pct``
 is how many more tokens the oracle would have emitted in X's time, over the whole run, averaged
-over seeds (i.e. per-token latency above the oracle).
+over seeds (i.e. per-token latency above the oracle). ``--warmup-requests N`` scores every run
+from request N on, the policies', the static arms' and the oracle's prompts alike (the controller's
+cold start left out; docs/controller.md), the every-request score printed beside.
 
 Beside it (not judged): the policies against the prompt-matched oracle (benchmarks/adaptive_oracle.py
 ``prompt_matched_oracle``: each request set beside the oracle's time on that very prompt, so the
@@ -289,6 +291,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in "
                              "order; default: experiments/adaptive-netns.toml's (queue)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
+    parser.add_argument("--warmup-requests", type=int, default=0, help="score every run from this request on, "
+                        "policies, static arms and the oracle's prompts alike (the controller's cold start left out); "
+                        "the score over every request is printed beside")
     parser.add_argument("--save", default="", help="a pickle of every seed's runs and oracle (for analysis)")
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
@@ -297,6 +302,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--level-window-s applies to --rtt-trace only (the --rtt-ms alternation's levels are its RTTs)")
     if args.rtt_trace and args.segment_s is not None:
         parser.error("--segment-s applies to the --rtt-ms alternation, not to --rtt-trace (its rows are the segments)")
+    if args.warmup_requests and not sim and args.oracle != "constant":
+        parser.error("--warmup-requests needs the constant-condition oracle (it is re-measured without those prompts)")
     if sim and args.schedule_order is not None:
         parser.error("--schedule-order applies to netns only (the sim has no packets to reorder)")
     if not sim and args.schedule_order is None:
@@ -307,6 +314,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                    ("tokens", 48, 32)):
         if getattr(args, name) is None:
             setattr(args, name, on_sim if sim else on_netns)
+    if not 0 <= args.warmup_requests < args.alpha_requests:
+        parser.error(f"--warmup-requests {args.warmup_requests}: must be >= 0 and below --alpha-requests "
+                     f"{args.alpha_requests} (the oracle needs prompts of each class after it)")
     return args
 
 
@@ -334,7 +344,7 @@ def main(argv=None) -> dict[str, float]:
     sim = args.launcher == "sim"
     scenario = scenario_of(args)
     profile = get_profile(args.profile)
-    per_seed, matched, level_errors = [], [], []
+    per_seed, matched, level_errors, measured_per_seed = [], [], [], []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if args.launcher == "sim":
             results = sim_seed(scenario, profile, seed)
@@ -345,6 +355,7 @@ def main(argv=None) -> dict[str, float]:
             from benchmarks.adaptive_netns import netns_seed
             results, best, by_prompt, measured = netns_seed(scenario, args, seed)
         per_seed.append((results, best))
+        measured_per_seed.append(measured)
         matched.append(by_prompt)
         level_errors += print_levels_check(seed, results, measured, scenario).values()
     if args.plot:
@@ -355,11 +366,28 @@ def main(argv=None) -> dict[str, float]:
                                                   "per_seed": per_seed, "matched": matched}))
     if all(matched):
         print_matched(per_seed, matched, scenario, args.first_seed)
-    s = summarise(per_seed, scenario, args.first_seed)
+    if args.warmup_requests:
+        print("every request (the cold start in):")
+    every = s = summarise(per_seed, scenario, args.first_seed)
+    if args.warmup_requests:
+        print("every request: " + " ".join(f"{k}={v:.1f}" for k, v in every.items()))
+        print(f"scored from request {args.warmup_requests} (policies, static arms and the oracle's prompts alike):")
+        s = summarise(scored_after_warmup(per_seed, measured_per_seed, args.warmup_requests, sim), scenario,
+                      args.first_seed)
     print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher}"
           + ("" if sim else f" schedule_order={args.schedule_order}") + f" goals_met={goals_met(s)}")
     return {**s, "levels_err_pct_min": min(level_errors, default=math.nan),
-            "levels_err_pct_max": max(level_errors, default=math.nan)}
+            "levels_err_pct_max": max(level_errors, default=math.nan),
+            **{f"{k}_every_request": v for k, v in every.items()}}
+
+
+def scored_after_warmup(per_seed: list, measured_per_seed: list, warmup: int, sim: bool) -> list[tuple[dict, dict]]:
+    """Every seed's runs and oracle from request ``warmup`` on (benchmarks/adaptive_oracle.py
+    ``after_warmup``; the sim's oracle in-sample, netns's split, as without the cut)."""
+    from benchmarks.adaptive_oracle import after_warmup
+
+    return [after_warmup(results, measured, warmup, split=not sim)
+            for (results, _), measured in zip(per_seed, measured_per_seed)]
 
 
 if __name__ == "__main__":

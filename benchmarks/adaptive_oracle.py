@@ -219,3 +219,16 @@ def prompt_matched_oracle(measured: dict) -> dict:
                 _, seconds, tokens = full[arm][p]
                 out.setdefault(key, {})[p] = seconds / tokens if tokens else math.inf
     return out
+
+
+def after_warmup(results: dict, measured: dict, warmup: int, split: bool) -> tuple[dict, dict]:
+    """The run scored from request ``warmup`` on, the same cut for everyone: every policy's and
+    static arm's first ``warmup`` requests left out (``results``: name -> [RequestRun], request i
+    on prompt i), and the oracle re-measured without those prompts (``measured``: arm -> condition
+    -> rows, ``constant_oracle``'s split if ``split``, else its in-sample best). A policy's cold
+    start (its estimates forming on its first request) then weighs as it would in a long session
+    rather than as one twelfth of a short run. Returns (results, oracle)."""
+    kept = {arm: {key: mine for key, rows in conditions.items() if (mine := [row for row in rows if row[0] >= warmup])}
+            for arm, conditions in measured.items()}
+    split_s, in_sample_s = constant_oracle(kept)
+    return {name: runs[warmup:] for name, runs in results.items()}, (split_s if split else in_sample_s)

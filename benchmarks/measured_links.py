@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -195,27 +196,48 @@ def adaptive_argv(launcher: str, trace_csv: Path, args: argparse.Namespace) -> l
     return ["--launcher", launcher, "--rtt-trace", str(trace_csv), "--level-window-s", f"{args.level_window_s:g}",
             "--level-factor", f"{args.level_factor:g}", "--seeds", str(args.seeds), "--first-seed",
             str(args.first_seed), "--requests", str(args.adaptive_requests), "--alpha-requests",
-            str(args.alpha_requests), "--tokens", str(args.adaptive_tokens)]
+            str(args.alpha_requests), "--tokens", str(args.adaptive_tokens), "--warmup-requests",
+            str(args.warmup_requests)]
+
+
+def adaptive_trace(path: Path, launcher: str, args: argparse.Namespace, out: Path) -> dict:
+    """One trace's slice through benchmarks/adaptive.py (its runs pickled beside), or its figures
+    read back from ``out`` when a run with the same command line finished there (a run with
+    another one is refused: a different --out is needed)."""
+    from benchmarks import adaptive
+
+    from_s = ADAPTIVE_FROM_S.get(path.name, 0.0) if args.adaptive_from_s is None else args.adaptive_from_s
+    stem = f"adaptive-{path.stem}-{from_s:g}s"
+    trace_csv, done = out / f"{stem}.csv", out / f"{stem}.json"
+    argv = adaptive_argv(launcher, trace_csv, args)
+    if done.exists():
+        saved = json.loads(done.read_text())
+        if saved["argv"] != argv:
+            raise SystemExit(f"{done} holds a run of other arguments ({' '.join(saved['argv'])}); choose another --out")
+        print(f"--- {path.name}: read back from {done} (commit {saved['commit']})", flush=True)
+        return saved["figures"]
+    trace_csv.write_text(measured.format_trace(trace_slice(path, from_s, args.adaptive_slice_s)))
+    print(f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py "
+          + " ".join(argv), flush=True)
+    figures = {**adaptive.main(argv + ["--save", str(out / f"{stem}.pkl")]), "from_s": from_s}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    done.write_text(json.dumps({"argv": argv, "commit": commit.strip(), "figures": figures}, indent=1) + "\n")
+    return figures
 
 
 def adaptive_part(launcher: str, args: argparse.Namespace, out: Path) -> dict[str, dict]:
     """The adaptive controller against the per-segment oracle on each trace's slice: trace name ->
-    benchmarks/adaptive.py's figures."""
-    from benchmarks import adaptive
-
-    figures = {}
-    for path in [p for p in TRACES if not args.traces or p.name in args.traces]:
-        from_s = ADAPTIVE_FROM_S.get(path.name, 0.0) if args.adaptive_from_s is None else args.adaptive_from_s
-        trace_csv = out / f"adaptive-{path.stem}-{from_s:g}s.csv"
-        trace_csv.write_text(measured.format_trace(trace_slice(path, from_s, args.adaptive_slice_s)))
-        print(f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py "
-              + " ".join(adaptive_argv(launcher, trace_csv, args)), flush=True)
-        figures[path.name] = {**adaptive.main(adaptive_argv(launcher, trace_csv, args)), "from_s": from_s}
-    print(f"{'trace':<28}{'from s':>7}{'model %':>9}{'bandit %':>10}{'best static %':>15}{'levels check %':>20}")
+    benchmarks/adaptive.py's figures (scored from request --warmup-requests on; "every request"
+    beside)."""
+    figures = {path.name: adaptive_trace(path, launcher, args, out)
+               for path in TRACES if not args.traces or path.name in args.traces}
+    print(f"{'trace':<28}{'from s':>7}{'model %':>9}{'bandit %':>10}{'best static %':>15}{'levels check %':>20}"
+          f"{'every request: model %':>24}{'best static %':>15}")
     for name, f in figures.items():
         check = f"{f['levels_err_pct_min']:+.1f} .. {f['levels_err_pct_max']:+.1f}"
         print(f"{name:<28}{f['from_s']:>7g}{f['model_vs_oracle_pct']:>9.1f}{f['bandit_vs_oracle_pct']:>10.1f}"
-              f"{f['best_static_vs_oracle_pct']:>15.1f}{check:>20}")
+              f"{f['best_static_vs_oracle_pct']:>15.1f}{check:>20}{f['model_vs_oracle_pct_every_request']:>24.1f}"
+              f"{f['best_static_vs_oracle_pct_every_request']:>15.1f}")
     return figures
 
 
@@ -242,6 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--alpha-requests", type=int, default=6,
                         help="adaptive: requests per prompt class, in turn (default: 6 at alpha 0.9, then 6 at 0.3)")
     parser.add_argument("--adaptive-tokens", type=int, default=32, help="adaptive: tokens per request")
+    parser.add_argument("--warmup-requests", type=int, default=1,
+                        help="adaptive: every run scored from this request on, the oracle's prompts too (the "
+                             "controller's cold start left out; every request's score printed beside)")
     parser.add_argument("--out", default="", help="where the sweep and slices go (default: a temp folder)")
     return parser.parse_args(argv)
 

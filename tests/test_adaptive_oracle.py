@@ -139,3 +139,38 @@ def test_a_policy_as_fast_as_the_oracle_on_its_own_prompts_scores_zero_against_t
     assert matched_vs_oracle_pct(runs, lucky, scenario) == pytest.approx(0.0)
     class_average = {(10.0, 0.9): statistics.mean(per_token.values())}
     assert vs_oracle_pct(runs, class_average, scenario) == pytest.approx(-15.15, abs=0.01)
+
+
+def test_the_warmup_cut_leaves_the_first_requests_out_of_every_run_and_their_prompts_out_of_the_oracle():
+    """A policy that loses its first request (cold start) and then runs at the oracle's pace scores
+    0 from request 1 on; the oracle is re-measured without prompt 0 (here prompt 0 was quick for the
+    best arm, so the oracle without it is slower than with it)."""
+    from benchmarks.adaptive_oracle import after_warmup, constant_oracle
+    from benchmarks.adaptive_scenario import vs_oracle_pct
+
+    sc = scenario()
+    key = (10.0, 0.9)
+    times = [0.1, 0.4, 0.4, 0.4]                     # arm "fast", per prompt, 32 tokens each
+    measured = {"fast": {key: [(p, times[p], 32) for p in range(4)]},
+                "slow": {key: [(p, 2 * times[p], 32) for p in range(4)]}}
+    starts = [0.0, 1.0, 1.4, 1.8]                    # all inside the first 10-ms segment of 4 s
+    policy = [RequestRun(starts[0], 1.0, 32, 0.9)] + [RequestRun(starts[p], 0.4, 32, 0.9) for p in range(1, 4)]
+    results = {"model": policy, "static fast": [RequestRun(starts[p], times[p], 32, 0.9) for p in range(4)]}
+    _, in_sample = constant_oracle(measured)
+    assert vs_oracle_pct(results["model"], in_sample, sc) > 50
+    cut, oracle = after_warmup(results, measured, 1, split=False)
+    assert [len(runs) for runs in cut.values()] == [3, 3] and cut["model"][0].start_s == 1.0
+    assert oracle[key] == pytest.approx(0.4 / 32) and oracle[key] > in_sample[key]
+    assert vs_oracle_pct(cut["model"], oracle, sc) == pytest.approx(0.0)
+    assert after_warmup(results, measured, 0, split=True)[1] == constant_oracle(measured)[0]
+
+
+@pytest.mark.parametrize("argv", [["--warmup-requests", "6", "--alpha-requests", "6"],
+                                  ["--warmup-requests", "-1"],
+                                  ["--launcher", "netns", "--oracle", "schedule", "--warmup-requests", "1"]])
+def test_a_warmup_that_leaves_a_class_without_prompts_or_has_no_oracle_to_remeasure_is_refused(argv, capsys):
+    from benchmarks.adaptive import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert "--warmup-requests" in capsys.readouterr().err

@@ -3,6 +3,8 @@ four modes through the 12-s stall and prints its keys last, every stall request 
 seconds of every trace the adaptive controller against the per-segment oracle."""
 import math
 
+import pytest
+
 from benchmarks import measured_links
 
 
@@ -37,5 +39,21 @@ def test_the_adaptive_part_prints_finite_figures_against_the_oracle_on_every_tra
     assert math.isfinite(float(figures["best_static_vs_oracle_pct_min"]))
     assert figures["replay_err_p50_ms"] == "nan" and figures["stall_requests"] == "nan"
     table = [line for line in out if line.split()[:1] and line.split()[0] in {p.name for p in measured_links.TRACES}]
-    assert len(table) == 5 and all(len(line.split()) == 8 for line in table), table
+    assert len(table) == 5 and all(len(line.split()) == 10 for line in table), table
     assert sorted(tmp_path.glob("adaptive-*.csv"))[0].name == "adaptive-south_n8_v10_02-12s.csv"
+
+
+def test_an_adaptive_trace_finished_in_out_is_read_back_and_one_of_other_arguments_refused(tmp_path, capsys):
+    """Resume by what is on disk: the same command again reads the trace's figures back instead of
+    running it; the same --out with another scenario is refused rather than mixed in."""
+    argv = ["--launcher", "sim", "--parts", "adaptive", "--traces", "urban_n78_v0_run01.csv", "--adaptive-slice-s",
+            "6", "--adaptive-requests", "4", "--alpha-requests", "2", "--adaptive-tokens", "8", "--out", str(tmp_path)]
+    assert measured_links.main(argv) == 0
+    first = capsys.readouterr().out.strip().splitlines()
+    assert (tmp_path / "adaptive-urban_n78_v0_run01-0s.pkl").exists()
+    assert measured_links.main(argv) == 0
+    again = capsys.readouterr().out.strip().splitlines()
+    assert any("read back from" in line for line in again) and not any("link:" in line for line in again)
+    assert again[-1] == first[-1]
+    with pytest.raises(SystemExit, match="other arguments"):
+        measured_links.main(argv[:-2] + ["--warmup-requests", "0", "--out", str(tmp_path)])
