@@ -300,6 +300,8 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
                 return run_sim_point(experiment, point, times)
         else:
             testbed = open_serving_testbed(experiment, launcher, out / "services")
+            if launcher == "compose":       # project, image, engine, adopted or brought up
+                _add_facts(out, {"testbed": testbed.facts()})
             prompts = _prompts(experiment)
 
             def run_point(point):
@@ -329,6 +331,11 @@ def serving_times(experiment: Experiment, out: Path):
     from orchestrator.run import times_for
 
     return times_for(experiment.for_group(experiment.profiles()[0], experiment.alphas()[0]), Path(out))
+
+
+def _add_facts(out: Path, facts: dict) -> None:
+    path = out / "sweep.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **_jsonable(facts)}, indent=2))
 
 
 def _record(out: Path, point: ServingPoint, run_point, experiment, testbed, progress) -> dict:

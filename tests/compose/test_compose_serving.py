@@ -4,6 +4,8 @@ admission limit the experiment sets reaches the verifier container (a refused re
 with its reason). The sweep brings its own project up and takes it down."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -46,4 +48,6 @@ def test_compose_arrivals_keep_their_times_on_per_edge_links_and_refusals_are_ro
     assert sorted(set(zip(links["edge"], links["rtt_configured_ms"]))) == [("edge0", 10.0), ("edge1", 60.0)]
     excess_ms = links["rtt_measured_p50_ms"] - links["rtt_configured_ms"]
     assert excess_ms.between(-0.5, 3.0).all(), links[["edge", "rtt_configured_ms", "rtt_measured_p50_ms"]]
+    testbed = json.loads((tmp_path / "out" / "sweep.json").read_text())["testbed"]
+    assert (testbed["launcher"], testbed["adopted"], len(testbed["edges"])) == ("compose", False, 2)
     assert project_containers() == [] and find_leftovers() == []            # brought up, and down
