@@ -43,9 +43,10 @@ def test_compose_arrivals_keep_their_times_on_per_edge_links_and_refusals_are_ro
     assert admitted["start_lag_s"].astype(float).median() < 0.5
     links = {int(e): float(r) for e, r in zip(rows["edge"], rows["link_rtt_configured_ms"])}
     assert links == {0: 10.0, 1: 60.0}
-    # each container's link was shaped to its own RTT and measured so (a busy host only adds)
+    # each container's link was shaped to its own RTT (edge i is container number i + 1) and
+    # measured so (a busy host only adds)
     links = pd.read_csv(tmp_path / "out" / "links.csv")
-    assert sorted(set(zip(links["edge"], links["rtt_configured_ms"]))) == [("edge0", 10.0), ("edge1", 60.0)]
+    assert sorted(zip(links["edge"], links["rtt_configured_ms"])) == [("dsdbed-edge-1", 10.0), ("dsdbed-edge-2", 60.0)]
     excess_ms = links["rtt_measured_p50_ms"] - links["rtt_configured_ms"]
     assert excess_ms.between(-0.5, 3.0).all(), links[["edge", "rtt_configured_ms", "rtt_measured_p50_ms"]]
     testbed = json.loads((tmp_path / "out" / "sweep.json").read_text())["testbed"]
