@@ -1,7 +1,7 @@
 """Serving under load: the largest arrival rate each mode sustains at the SLO's attainment level,
 measured on real packets against what was predicted for that run before it ran.
 
-    python benchmarks/serving.py [--launcher auto|netns|loopback|sim] [--duration-s 30]
+    python benchmarks/serving.py [--launcher auto|netns|compose|loopback|sim] [--duration-s 30]
                                  [--warmup-s 5] [--ensemble-repeats 16] [--requests-per-rate 100]
                                  [--out DIR]
 
@@ -15,7 +15,7 @@ out of the figures:
    arrival *process* at this run length, with a 95% CI over realisations, beside the closed
    form's steady state (``steady_err_pct``); and how far one realisation's own largest rate
    scatters around it (``single_run_sd_pct``).
-2. The run, on the network launcher (netns as root, else loopback). Each mode pools enough
+2. The run, on the network launcher (``--launcher``: netns, compose; auto is netns as root, else loopback). Each mode pools enough
    independent arrival realisations per rate to measure about ``--requests-per-rate`` requests
    there (from the ensemble's rate: one 30-s run of cloud AR near its knee measures ~25, and a
    busy period failing five moves its attainment 17 points). First the run's prediction, written
@@ -126,7 +126,7 @@ def network(base, launcher: str, out: Path, duration_s: float, warmup_s: float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--launcher", default="auto", choices=("auto", "netns", "loopback", "sim"))
+    parser.add_argument("--launcher", default="auto", choices=("auto", "netns", "compose", "loopback", "sim"))
     parser.add_argument("--duration-s", type=float, default=30.0, help="arrivals per point")
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--ensemble-repeats", type=int, default=16, help="arrival realisations per sim rate")

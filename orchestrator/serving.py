@@ -12,10 +12,10 @@ repeat). Per request (requests.csv): arrival time, its edge and link, whether it
 and if not why (``refused_reason``; a refused request is a row, never dropped), queue time at
 the verifier, TTFT, TPOT, e2e, tokens and ``slo_met``.
 
-Launchers: ``sim`` serves on virtual time (orchestrator/serving_sim.py: seconds); ``loopback``
-and ``netns`` run the services, one edge run per request, each posted ahead of its arrival with
-the arrival as its start time (``start_at_unix_s``), so the edges issue requests at their
-arrival times whether or not earlier ones finished.
+Launchers: ``sim`` serves on virtual time (orchestrator/serving_sim.py: seconds); ``loopback``,
+``netns`` and ``compose`` run the services, one edge run per request, each posted ahead of its
+arrival with the arrival as its start time (``start_at_unix_s``; containers read the host's
+clock), so the edges issue requests at their arrival times whether or not earlier ones finished.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from orchestrator.serving_prediction import predict_serving
 from orchestrator.serving_sim import SIM_MODES, ServingSetup, simulate_serving
 from orchestrator.sweep import host_facts, merge, prepare_out_dir, point_done, record_point
 
-SERVING_LAUNCHERS = ("sim", "loopback", "netns")
+SERVING_LAUNCHERS = ("sim", "loopback", "netns", "compose")
 PREDICTION = "prediction.json"
 POST_LEAD_S = 2.0              # a run is posted this long before its arrival (connect, Hello)
 RUN_PROBE_INTERVAL_MS = 3_600_000.0    # one request per run: no pings during it
@@ -300,6 +300,8 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
                 return run_sim_point(experiment, point, times)
         else:
             testbed = open_serving_testbed(experiment, launcher, out / "services")
+            if launcher == "compose":       # project, image, engine, adopted or brought up
+                _add_facts(out, {"testbed": testbed.facts()})
             prompts = _prompts(experiment)
 
             def run_point(point):
@@ -331,6 +333,11 @@ def serving_times(experiment: Experiment, out: Path):
     return times_for(experiment.for_group(experiment.profiles()[0], experiment.alphas()[0]), Path(out))
 
 
+def _add_facts(out: Path, facts: dict) -> None:
+    path = out / "sweep.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **_jsonable(facts)}, indent=2))
+
+
 def _record(out: Path, point: ServingPoint, run_point, experiment, testbed, progress) -> dict:
     if point_done(out, point):
         return {}
@@ -358,12 +365,14 @@ def _prompts(experiment: Experiment) -> list[list[int]]:
 
 def open_serving_testbed(experiment: Experiment, launcher: str, work_dir: Path):
     """The services for an open-loop run: every edge of the experiment, the verifier's admission
-    limit from [load] max_sessions."""
+    limit from [load] max_sessions (a flag on loopback and netns, DSD_MAX_SESSIONS on compose)."""
+    from orchestrator import leftovers
     from orchestrator.launchers.services_config import ServicesConfig
     from orchestrator.run import launcher_errors
 
     profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
-    extra = ("--max-sessions", str(experiment.load.max_sessions)) if experiment.load.max_sessions else ()
+    max_sessions = experiment.load.max_sessions
+    extra = ("--max-sessions", str(max_sessions)) if max_sessions and launcher != "compose" else ()
     config = ServicesConfig(experiment.backend, profile, n_edges=experiment.edges, max_batch=experiment.max_batch,
                             batch_window_ms=experiment.batch_window_ms, work_dir=str(work_dir),
                             extra_verifier_args=extra)
@@ -371,9 +380,13 @@ def open_serving_testbed(experiment: Experiment, launcher: str, work_dir: Path):
         if launcher == "loopback":
             from orchestrator.launchers.loopback import LoopbackTestbed
             return LoopbackTestbed(config)
-        from orchestrator import leftovers
+        leftovers.refuse_if_any(services=launcher == "netns")
+        if launcher == "compose":
+            from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
+            # a project that is up is used if it matches (admission limit included), and left up
+            return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto",
+                                                              **({"max_sessions": max_sessions} if max_sessions else {})))
         from orchestrator.launchers.netns import NetnsTestbed
-        leftovers.refuse_if_any(services=True)
         return NetnsTestbed(config)
 
 

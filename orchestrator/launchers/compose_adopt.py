@@ -20,7 +20,7 @@ VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"      # compose.yaml's servic
 # up`); tests/compose/test_compose_config.py reads them back from the file.
 COMPOSE_DEFAULTS = {
     "DSD_BACKEND_JSON": "", "DSD_PROFILE": "toy-edge-cloud", "DSD_PROFILE_JSON": "", "DSD_THREADS": "1",
-    "DSD_MAX_BATCH": "1", "DSD_BATCH_WINDOW_MS": "0",
+    "DSD_MAX_BATCH": "1", "DSD_BATCH_WINDOW_MS": "0", "DSD_MAX_SESSIONS": "256",
 }
 # What an adopted project must match: (setting, the services' flag in compose.yaml's commands,
 # compose.yaml's variable, verifier only). The backend (--backend-json, field by field) and the
@@ -29,6 +29,7 @@ ADOPT_SETTINGS = (
     ("threads", "threads", "DSD_THREADS", False),
     ("max_batch", "max-batch", "DSD_MAX_BATCH", True),
     ("batch_window_ms", "batch-window-ms", "DSD_BATCH_WINDOW_MS", True),
+    ("max_sessions", "max-sessions", "DSD_MAX_SESSIONS", True),
 )
 
 

@@ -37,6 +37,7 @@ class ComposeConfig:
     threads: int = 1                  # torch intra-op threads per container
     max_batch: int = 1                # verifier batching
     batch_window_ms: float = 0.0
+    max_sessions: int = 256           # the verifier's admission limit (open sessions, all connections)
     project: str = "dsdbed"
     image: str = "dsdbed-app:latest"
     subnet: str = "172.31.250.0/24"
@@ -68,6 +69,7 @@ class ComposeConfig:
         _check_int("n_edges", self.n_edges, 1, MAX_EDGES)
         _check_int("threads", self.threads, 1, 256)
         _check_int("max_batch", self.max_batch, 1, 4096)
+        _check_int("max_sessions", self.max_sessions, 1, 1_000_000)
         _check_int("verify_count", self.verify_count, 0, 100_000)
         for name in ("batch_window_ms", "up_timeout_s", "down_timeout_s", "build_timeout_s"):
             value = getattr(self, name)
@@ -132,7 +134,7 @@ class ComposeConfig:
             "DSD_BACKEND_JSON": self.container_backend.to_json(),
             "DSD_PROFILE": "", "DSD_PROFILE_JSON": self.profile_json,
             "DSD_THREADS": str(self.threads), "DSD_MAX_BATCH": str(self.max_batch),
-            "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)),
+            "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)), "DSD_MAX_SESSIONS": str(self.max_sessions),
             "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
         }
 

@@ -19,7 +19,7 @@ TOY = get_profile("toy-edge-cloud")
 
 @pytest.mark.parametrize("field, value", [
     ("n_edges", 0), ("n_edges", 251), ("n_edges", True), ("threads", 0), ("max_batch", 0),
-    ("batch_window_ms", -1.0), ("up_timeout_s", 0), ("verify_count", -1), ("project", "Bad Name"),
+    ("batch_window_ms", -1.0), ("max_sessions", 0), ("up_timeout_s", 0), ("verify_count", -1), ("project", "Bad Name"),
     ("build", "sometimes"), ("subnet", "10.0.0.0/30"), ("subnet", "nonsense"), ("shaper_backend", "tc"), ("adopt", "yes"), ("adopt", 1), ("compose_file", "/nonexistent.yaml"),
 ])
 def test_a_bad_value_is_refused_naming_its_field(field, value):
@@ -71,7 +71,7 @@ class Service:
 
     def __init__(self, name: str, **flags) -> None:
         defaults = {"backend-json": "", "profile": "toy-edge-cloud", "profile-json": "", "threads": "1",
-                    "max-batch": "1", "batch-window-ms": "0"}
+                    "max-batch": "1", "batch-window-ms": "0", "max-sessions": "256"}
         defaults.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.name = name
         self.attrs = {"Config": {"Cmd": ["python3", "-m", "services.x", *(f"--{k}={v}" for k, v in defaults.items())]}}
@@ -118,3 +118,12 @@ def test_the_containers_get_the_backend_whole_with_the_pair_where_they_mount_it(
     assert [text for _, text in adopt_mismatches(config, Service("v"), [])] == \
         ["backend.kind: running 'synthetic' (v), the experiment's 'hf'"]
     assert fix_command(config, 1).startswith("DSD_BACKEND_JSON=" + shlex.quote(sent.to_json()) + " docker compose")
+
+
+def test_the_admission_limit_reaches_the_verifier_and_a_project_running_another_is_not_adopted():
+    config = ComposeConfig.from_services(ServicesConfig(SyntheticBackendConfig(), TOY, n_edges=1), max_sessions=3)
+    assert config.compose_env()["DSD_MAX_SESSIONS"] == "3"
+    assert re.search(r"- --max-sessions=\$\{DSD_MAX_SESSIONS:-256\}", COMPOSE_FILE.read_text())
+    found = adopt_mismatches(config, Service("v"), [Service("e1", max_sessions="3")])
+    assert [text for _, text in found] == ["max_sessions: running '256' (v), the experiment's '3'"]
+    assert fix_command(config, 1, also=found[0][0]) == "DSD_MAX_SESSIONS=3 docker compose up -d --scale edge=1 --wait"

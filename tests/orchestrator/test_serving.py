@@ -154,3 +154,21 @@ def test_the_search_runs_each_new_rate_over_the_realisations_its_modes_plan_ran(
     for mode, realisations in (("ar", {0, 1, 2}), ("sync", {0})):
         mine = searched[searched["mode"] == mode]
         assert all(set(group["repeat"]) == realisations for _, group in mine.groupby("rate_rps")), mode
+
+
+def test_compose_serves_open_loop_and_gets_the_admission_limit_as_its_own_setting(tmp_path, monkeypatch):
+    from orchestrator import leftovers
+    from orchestrator.launchers import compose
+    from orchestrator.serving import check_serving, open_serving_testbed
+
+    made = []
+    monkeypatch.setattr(compose, "ComposeTestbed", lambda config: made.append(config) or config)
+    monkeypatch.setattr(leftovers, "refuse_if_any", lambda services: made.append(("leftovers", services)))
+    exp = experiment(max_sessions=7)
+    check_serving(exp, "compose")
+    open_serving_testbed(exp, "compose", tmp_path)
+    assert made[0] == ("leftovers", False)
+    assert (made[1].n_edges, made[1].max_sessions, made[1].adopt) == (4, 7, "auto")
+    assert made[1].compose_env()["DSD_MAX_SESSIONS"] == "7"
+    with pytest.raises(ValueError, match="launcher"):
+        check_serving(exp, "swarm")
