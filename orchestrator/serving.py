@@ -39,7 +39,7 @@ from orchestrator.load import Arrival, schedule
 from orchestrator.serving_analysis import ServingModel, add_slo, max_rate, next_search_rate, point_figures
 from orchestrator.serving_prediction import predict_serving
 from orchestrator.serving_sim import SIM_MODES, ServingSetup, simulate_serving
-from orchestrator.sweep import host_facts, merge, prepare_out_dir, point_done, record_point
+from orchestrator.sweep import add_facts, host_facts, merge, prepare_out_dir, point_done, record_point
 
 SERVING_LAUNCHERS = ("sim", "loopback", "netns", "compose")
 PREDICTION = "prediction.json"
@@ -301,7 +301,7 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
         else:
             testbed = open_serving_testbed(experiment, launcher, out / "services")
             if launcher == "compose":       # project, image, engine, adopted or brought up
-                _add_facts(out, {"testbed": testbed.facts()})
+                add_facts(out, _jsonable({"testbed": testbed.facts()}))
             prompts = _prompts(experiment)
 
             def run_point(point):
@@ -331,11 +331,6 @@ def serving_times(experiment: Experiment, out: Path):
     from orchestrator.run import times_for
 
     return times_for(experiment.for_group(experiment.profiles()[0], experiment.alphas()[0]), Path(out))
-
-
-def _add_facts(out: Path, facts: dict) -> None:
-    path = out / "sweep.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **_jsonable(facts)}, indent=2))
 
 
 def _record(out: Path, point: ServingPoint, run_point, experiment, testbed, progress) -> dict:

@@ -208,9 +208,10 @@ def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 1
     interpolated crossing, kept a tenth of the bracket in from either end so that a lopsided
     bracket still narrows; while no bracket is open, ``1 + open_step`` times past the largest
     rate if none failed, or that much below the smallest if none met (1: double and halve, for a
-    coarse grid; a few percent when the first rate is a close prediction). None once either end's attainment is within ``tolerance`` of the level (the rate
-    reported has been run, and its attainment is the level's within the tolerance) or the bracket
-    is narrower than ``resolution`` times its low end."""
+    coarse grid; a few percent when the first rate is a close prediction). None once either end's
+    attainment is within ``tolerance`` of the level (the rate reported has been run, and its
+    attainment is the level's within the tolerance) or the bracket is narrower than
+    ``resolution`` times its low end."""
     by_rate = points.groupby("rate_rps")[["requests_good", "requests_measured"]].sum()
     att = (by_rate["requests_good"] / by_rate["requests_measured"].clip(lower=1)).sort_index()
     meeting = att[att >= level]

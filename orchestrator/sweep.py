@@ -164,6 +164,12 @@ def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: 
     _write_atomic(out_dir / "sweep.json", json.dumps({"experiment": experiment_record(experiment), **facts}, indent=2))
 
 
+def add_facts(out_dir: Path, facts: dict) -> None:
+    """Add facts known only once the run has started (e.g. the testbed's) to sweep.json."""
+    path = Path(out_dir) / "sweep.json"
+    _write_atomic(path, json.dumps({**json.loads(path.read_text()), **facts}, indent=2))
+
+
 def point_done(out_dir: Path, point: Point) -> bool:
     """The point's folder holds a finished result (its done.json is written last)."""
     return (Path(out_dir) / "points" / point.key / "done.json").exists()
