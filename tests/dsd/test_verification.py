@@ -8,6 +8,7 @@ from dsd.backends.protocol import SamplingParams
 from dsd.decoding import generate_colocated
 from dsd.stopping import StopRule
 from dsd.verification import greedy_verify, probs_from_logits, speculative_sample
+from tests.dsd.control_helpers import bigram_sequence_probs
 from tests.toy_models import BigramLM, random_bigram
 
 
@@ -105,14 +106,7 @@ def test_colocated_sampling_with_truncation_reproduces_the_targets_truncated_dis
     draft_table = random_bigram(vocab, seed=4, sharpness=1.5)
     target, draft = BigramLM(target_table, "t"), BigramLM(draft_table, "d")
     step = probs_from_logits(torch.log(target_table), temperature, top_k, top_p)   # [vocab, vocab]
-    exact = {}
-    for seq in itertools.product(range(vocab), repeat=length):
-        prob, previous = 1.0, 0
-        for token in seq:
-            prob *= float(step[previous, token])
-            previous = token
-        if prob > 0:
-            exact[seq] = prob
+    exact = {seq: prob for seq, prob in bigram_sequence_probs(step, vocab, length).items() if prob > 0}
     counts = dict.fromkeys(exact, 0)
     for run in range(n_runs):
         sampling = SamplingParams(temperature, top_k, run, top_p)
