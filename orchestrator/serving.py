@@ -379,8 +379,8 @@ def open_serving_testbed(experiment: Experiment, launcher: str, work_dir: Path):
         if launcher == "compose":
             from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
             # a project that is up is used if it matches (admission limit included), and left up
-            return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto",
-                                                              **({"max_sessions": max_sessions} if max_sessions else {})))
+            return ComposeTestbed(ComposeConfig.from_services(
+                config, adopt="auto", max_sessions=max_sessions or ComposeConfig.max_sessions))
         from orchestrator.launchers.netns import NetnsTestbed
         return NetnsTestbed(config)
 
