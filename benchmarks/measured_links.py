@@ -52,6 +52,7 @@ import pandas as pd  # noqa: E402
 
 from netem import measured  # noqa: E402
 from netem.schedule import LinkSchedule  # noqa: E402
+from services.traces import git_commit  # noqa: E402
 
 TRACES = sorted((ROOT / "data" / "cicv5g").glob("*.csv"))
 RURAL = ROOT / "data" / "cicv5g" / "south_n8_v10_02.csv"
@@ -220,8 +221,8 @@ def adaptive_trace(path: Path, launcher: str, args: argparse.Namespace, out: Pat
     print(f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py "
           + " ".join(argv), flush=True)
     figures = {**adaptive.main(argv + ["--save", str(out / f"{stem}.pkl")]), "from_s": from_s}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    done.write_text(json.dumps({"argv": argv, "commit": commit.strip(), "figures": figures}, indent=1) + "\n")
+    commit = (git_commit() or "")[:7]
+    done.write_text(json.dumps({"argv": argv, "commit": commit, "figures": figures}, indent=1) + "\n")
     return figures
 
 
