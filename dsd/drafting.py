@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.protocol import LanguageModel, LogitsRequest, SamplingParams
-from dsd.verification import sampling_probs
+from dsd.verification import sample_index, sampling_probs
 
 
 def begin_request(model: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
@@ -40,7 +40,7 @@ def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.
     if sampling.greedy:
         return int(logits[0].argmax()), None
     q = sampling_probs(logits, sampling)[0]                           # [vocab]
-    return int(torch.multinomial(q, 1, generator=generator)), q
+    return sample_index(q, generator), q
 
 
 def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_tokens: int,

@@ -13,7 +13,7 @@ import torch
 from dsd.backends.protocol import ForwardJob, LanguageModel, LogitsRequest, Proposal, SamplingParams, Verdict
 from dsd.sequence import TokenSequence
 from dsd.stopping import StopRule, round_tokens
-from dsd.verification import greedy_verify, sampling_probs, speculative_sample
+from dsd.verification import greedy_verify, sample_index, sampling_probs, speculative_sample
 
 
 class VerifierSession:
@@ -97,7 +97,7 @@ class VerifierSession:
         if self.sampling.greedy:
             return logits.argmax(dim=-1).tolist()
         p = sampling_probs(logits, self.sampling)
-        return torch.multinomial(p, 1, generator=self.generator)[:, 0].tolist()
+        return [sample_index(row, self.generator) for row in p]
 
     def _commit(self, new_tokens: list[int]) -> list[int]:
         emitted = self.stop.clip(new_tokens, len(self.generated))

@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--vocab-keep", type=int, help="smollm2 only")
     parser.add_argument("--tvd-weight", type=float,
                         help="smollm2 only: weight of the acceptance term in the draft's loss (0: off)")
+    parser.add_argument("--data-rounds", type=int,
+                        help="smollm2 only: answer every training prompt this often, a new seed each")
     parser.add_argument("--data-cache", type=Path, help="smollm2 only: keep the target's answers here")
     parser.add_argument("--target-only", action="store_true",
                         help="smollm2 only: write target/ into a shipped pair folder and verify it")
@@ -57,7 +59,7 @@ def parse_args(argv: list[str] | None):
     overrides["overwrite"] = args.force
     smollm2_only = {k: v for k, v in [("epochs", args.epochs), ("draft_layers", args.draft_layers),
                                       ("vocab_keep", args.vocab_keep), ("tvd_weight", args.tvd_weight),
-                                      ("data_cache", args.data_cache)] if v is not None}
+                                      ("data_rounds", args.data_rounds), ("data_cache", args.data_cache)] if v is not None}
     if args.family == "smollm2":
         for name in ("target_steps", "precision", "draft_steps"):
             if name in overrides:

@@ -360,13 +360,17 @@ def test_smollm2_config_rejects_bad_values(tmp_path):
 
 
 def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
-    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--epochs", "2"])
-    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, epochs=2.0)
+    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--epochs", "2",
+                               "--data-rounds", "2", "--tvd-weight", "4"])
+    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, epochs=2.0, data_rounds=2,
+                                               tvd_weight=4.0)
     for option in (["--target-steps", "9"], ["--draft-steps", "9"]):
         with pytest.raises(SystemExit):
             build.parse_args(["--out", str(tmp_path), "--family", "smollm2", *option])
     with pytest.raises(SystemExit):
         build.parse_args(["--out", str(tmp_path), "--epochs", "2"])
+    with pytest.raises(SystemExit):
+        build.parse_args(["--out", str(tmp_path), "--data-rounds", "2"])
 
 
 def test_training_and_evaluation_prompts_are_disjoint_and_large_enough():

@@ -7,7 +7,7 @@ from scipy import stats
 from dsd.backends.protocol import SamplingParams
 from dsd.decoding import generate_colocated
 from dsd.stopping import StopRule
-from dsd.verification import greedy_verify, probs_from_logits, speculative_sample
+from dsd.verification import greedy_verify, probs_from_logits, sample_index, speculative_sample
 from tests.dsd.control_helpers import bigram_sequence_probs
 from tests.toy_models import BigramLM, random_bigram
 
@@ -31,6 +31,25 @@ def test_greedy_full_acceptance_returns_the_bonus_token():
 def test_greedy_rejects_the_first_token():
     outcome = greedy_verify(_one_hot_logits([0, 2]), torch.tensor([1]))
     assert (outcome.accepted, outcome.next_token) == (0, 0)
+
+
+def test_sample_index_draws_from_the_weights_support_in_proportion():
+    """Weights with most entries zero, as after nucleus truncation of a large vocabulary:
+    only non-zero entries come out, at their normalised weights (chi-square, 20k draws)."""
+    weights = torch.zeros(1000)
+    support = torch.tensor([3, 500, 501, 998])
+    weights[support] = torch.tensor([0.5, 1.0, 2.0, 0.5])
+    g = torch.Generator().manual_seed(3)
+    draws = [sample_index(weights, g) for _ in range(20_000)]
+    assert set(draws) <= set(support.tolist())
+    counts = [draws.count(int(i)) for i in support]
+    expected = (weights[support] / weights.sum() * len(draws)).tolist()
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
+
+
+def test_sample_index_refuses_all_zero_weights():
+    with pytest.raises(ValueError, match="all zero"):
+        sample_index(torch.zeros(5), torch.Generator().manual_seed(0))
 
 
 def test_speculative_sampling_first_token_has_the_target_distribution():
