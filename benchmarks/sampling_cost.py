@@ -1,12 +1,14 @@
 """What sampling costs per row on the real pair's vocabulary (49,152 tokens): the nucleus found
-among the top tokens first (dsd.verification._nucleus) against sorting the whole row.
+among the top tokens first (dsd.verification._nucleus) against sorting the whole row, and the
+draw over the nucleus (dsd.verification.sample_index) against torch.multinomial over the row.
 
     python benchmarks/sampling_cost.py [--pair models/smollm2-chat] [--passes 200]
 
 Rows: the target's logits over one evaluation instruction's answer (bfloat16 target, greedy
 answer of 48 tokens), at the main job's sampling (temperature 0.7, top-p 0.9). Prints last
-``rows= full_sort_ms= top_first_ms= ratio= fast_path_share=`` (per row, medians of the passes;
-ratio = top_first / full_sort, below 1 is faster).
+``rows= full_sort_ms= top_first_ms= ratio= share_top64= share_top1024= row_draw_ms=
+support_draw_ms= draw_ratio=`` (per row, medians of the passes; the ratios are the new way over the
+old, below 1 is faster; share_topK: rows whose nucleus lies in their top K tokens).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.decoding import generate_ar  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
-from dsd.verification import NUCLEUS_FIRST_K, _nucleus, _nucleus_by_sort  # noqa: E402
+from dsd.verification import NUCLEUS_FIRST_KS, _nucleus, _nucleus_by_sort, sample_index  # noqa: E402
 
 TEMPERATURE, TOP_P = 0.7, 0.9
 
@@ -38,12 +40,12 @@ def answer_rows(pair: Path) -> torch.Tensor:
     return target.logits("rows", prompt + answer, len(answer))
 
 
-def per_row_ms(nucleus, probs: torch.Tensor, passes: int) -> float:
+def per_row_ms(work, rows: torch.Tensor, passes: int) -> float:
     times = []
     for _ in range(passes):
-        row = probs[len(times) % len(probs)].unsqueeze(0)
+        row = rows[len(times) % len(rows)].unsqueeze(0)
         start = time.perf_counter()
-        nucleus(row, TOP_P)
+        work(row)
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1000
 
@@ -59,11 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     probs = torch.softmax(answer_rows(args.pair).float() / TEMPERATURE, dim=-1)
     sorted_mass = torch.sort(probs, dim=-1, descending=True).values.cumsum(-1)
-    fast_share = float((sorted_mass[:, NUCLEUS_FIRST_K - 2] >= TOP_P).float().mean())
-    full_ms = per_row_ms(_nucleus_by_sort, probs, args.passes)
-    fast_ms = per_row_ms(_nucleus, probs, args.passes)
+    shares = " ".join(f"share_top{k}={float((sorted_mass[:, k - 2] >= TOP_P).float().mean()):.3f}"
+                      for k in NUCLEUS_FIRST_KS)
+    full_ms = per_row_ms(lambda row: _nucleus_by_sort(row, TOP_P), probs, args.passes)
+    fast_ms = per_row_ms(lambda row: _nucleus(row, TOP_P), probs, args.passes)
+    nuclei = _nucleus(probs, TOP_P)
+    generator = torch.Generator().manual_seed(0)
+    row_draw_ms = per_row_ms(lambda row: torch.multinomial(row[0], 1, generator=generator), nuclei,
+                             args.passes)
+    support_draw_ms = per_row_ms(lambda row: sample_index(row[0], generator), nuclei, args.passes)
     print(f"rows={len(probs)} full_sort_ms={full_ms:.3f} top_first_ms={fast_ms:.3f} "
-          f"ratio={fast_ms / full_ms:.3f} fast_path_share={fast_share:.3f}")
+          f"ratio={fast_ms / full_ms:.3f} {shares} row_draw_ms={row_draw_ms:.3f} "
+          f"support_draw_ms={support_draw_ms:.3f} draw_ratio={support_draw_ms / row_draw_ms:.3f}")
     return 0
 
 

@@ -77,18 +77,20 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | Non
     return probs
 
 
-NUCLEUS_FIRST_K = 1024     # look for the nucleus among this many top tokens before sorting all
+NUCLEUS_FIRST_KS = (64, 1024)   # look for the nucleus among this many top tokens before sorting all
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep, per row, the most probable tokens until their mass reaches top_p (the token that
     crosses top_p is kept, so at least one always is); renormalise. probs: [n, vocab].
 
-    The nucleus is looked for among the top NUCLEUS_FIRST_K tokens first: when the mass ahead of
-    the last of them already reaches top_p in every row, no token outside them is kept and the
-    result is the full sort's (a sort of a 49,152-token row is most of a draft step's sampling)."""
-    k = min(NUCLEUS_FIRST_K, probs.shape[-1])
-    if k < probs.shape[-1]:
+    The nucleus is looked for among the top k tokens first, for each k of NUCLEUS_FIRST_KS: when
+    the mass ahead of the last of them already reaches top_p in every row, no token outside them
+    is kept and the result is the full sort's. A chat answer's nucleus is mostly a few tokens, and
+    a top-64 of a 49,152-token row costs a quarter of a top-1024, itself a fifth of the sort."""
+    for k in NUCLEUS_FIRST_KS:
+        if k >= probs.shape[-1]:
+            break
         top_probs, top_ids = torch.topk(probs, k, dim=-1)            # [n, k], descending
         mass_before = torch.cumsum(top_probs, dim=-1) - top_probs
         if bool((mass_before[..., -1] >= top_p).all()):
