@@ -58,7 +58,7 @@ class Smollm2PairConfig:
     batch_size: int = 16
     lr: float = 5e-4
     kl_weight: float = 0.8
-    tvd_weight: float = 0.0                 # the acceptance term (pairs.chat_draft.distill_loss)
+    tvd_weight: float = 4.0                 # the acceptance term (pairs.chat_draft.distill_loss)
     eval_temperature: float = 0.7           # the main job's sampling (experiments/crossover.toml)
     eval_top_p: float = 0.9
     gamma: int = 4                          # for the verification pass timed
