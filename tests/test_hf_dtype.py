@@ -19,20 +19,3 @@ def test_auto_is_resolved_in_the_config_so_every_service_loads_the_same_dtype():
     assert HfBackendConfig(dtype="auto").dtype in ("bfloat16", "float32")
     with pytest.raises(ValueError, match="dtype"):
         HfBackendConfig(dtype="int4")
-
-
-def test_the_draft_takes_the_targets_dtype_unless_given_its_own():
-    assert HfBackendConfig(dtype="bfloat16").draft_dtype == "bfloat16"
-    assert HfBackendConfig(dtype="bfloat16", draft_dtype="float32").draft_dtype == "float32"
-    assert HfBackendConfig(draft_dtype="auto").draft_dtype in ("bfloat16", "float32")
-    with pytest.raises(ValueError, match="draft_dtype.*int8"):
-        HfBackendConfig(draft_dtype="int8")
-
-
-def test_each_model_is_loaded_in_its_own_dtype():
-    import torch
-
-    from dsd.backends.factory import load_pair
-    draft, target = load_pair(HfBackendConfig(dtype="bfloat16", draft_dtype="float32"))
-    assert next(target.model.parameters()).dtype == torch.bfloat16
-    assert next(draft.model.parameters()).dtype == torch.float32

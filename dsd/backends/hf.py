@@ -24,21 +24,16 @@ class HfBackendConfig(BackendConfig):
     target_path: str = ""
     draft_path: str = ""
     dtype: str = "float32"          # or "auto", resolved here so that every service gets the same
-    draft_dtype: str = ""           # the draft's own, where it differs ("": dtype; "auto" as dtype)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
         pair = Path(self.pair_path).expanduser()
         if self.pair_path and not pair.is_absolute():
             object.__setattr__(self, "pair_path", str(REPO / pair))
-        for name in ("dtype", "draft_dtype"):
-            value = getattr(self, name)
-            if value == AUTO:
-                object.__setattr__(self, name, value := fast_dtype(self.device))
-            if name == "draft_dtype" and not value:
-                object.__setattr__(self, name, value := self.dtype)
-            if value not in DTYPE_NAMES:
-                raise ValueError(f"{name} must be one of {DTYPE_NAMES} or {AUTO!r}, got {value!r}")
+        if self.dtype == AUTO:
+            object.__setattr__(self, "dtype", fast_dtype(self.device))
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES} or {AUTO!r}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
 
@@ -69,7 +64,7 @@ class HfBackendConfig(BackendConfig):
             verify_pair(pair)
             target_path, draft_path = str(pair / "target"), str(pair / "draft")
         target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device))
-        draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device))
+        draft = TorchLM.load(TorchLMConfig(draft_path, self.dtype, self.device))
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
                              "the pair must share a tokenizer")
