@@ -93,27 +93,49 @@ def answer_batch(target, tokenizer, prompts_ids: list[list[int]], config: ChatDa
     return samples
 
 
-def answer_prompts(target, tokenizer, config: ChatDataConfig) -> list[ChatSample]:
+def answer_prompts(target, tokenizer, config: ChatDataConfig, partial: Path | None = None
+                   ) -> list[ChatSample]:
+    """Every prompt answered samples_per_prompt times, batch by batch (each batch seeded on its
+    own, so a run resumed from ``partial`` answers exactly as one that was never stopped). With
+    ``partial``, the answers so far are kept there after every batch and read back on a rerun."""
     prompts = read_prompts(config.prompts_path)
     rendered = [render(tokenizer, p) for p in prompts for _ in range(config.samples_per_prompt)]
-    samples: list[ChatSample] = []
-    for start in range(0, len(rendered), config.batch_size):
+    samples = _resumed(partial, rendered, config.batch_size)
+    for start in range(len(samples), len(rendered), config.batch_size):
         batch = rendered[start:start + config.batch_size]
         samples += answer_batch(target, tokenizer, batch, config, config.seed + start)
+        if partial is not None:
+            save_samples(samples, partial, compress=False)
         log(f"[chat-data] {len(samples)}/{len(rendered)} answers, "
             f"{sum(len(s.answer_ids) for s in samples)} tokens")
     return samples
 
 
-def save_samples(samples: list[ChatSample], path: Path) -> None:
-    np.savez_compressed(
-        path,
+def _resumed(partial: Path | None, rendered: list[list[int]], batch_size: int) -> list[ChatSample]:
+    if partial is None or not Path(partial).is_file():
+        return []
+    samples = load_samples(partial)
+    if (len(samples) % batch_size and len(samples) != len(rendered)) or len(samples) > len(rendered) \
+            or any(s.prompt_ids != r for s, r in zip(samples, rendered)):
+        raise ValueError(f"{partial}: {len(samples)} answers that are not the first batches of "
+                         f"these {len(rendered)} prompts; delete it to answer from the start")
+    log(f"[chat-data] resuming after {len(samples)} answers kept in {partial}")
+    return samples
+
+
+def save_samples(samples: list[ChatSample], path: Path, compress: bool = True) -> None:
+    """Written to a temporary file, then renamed: a stop mid-write leaves the old file whole."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".tmp.npz")
+    (np.savez_compressed if compress else np.savez)(
+        partial,
         prompt_lengths=np.array([len(s.prompt_ids) for s in samples], dtype=np.int32),
         answer_lengths=np.array([len(s.answer_ids) for s in samples], dtype=np.int32),
         prompt_ids=np.array([t for s in samples for t in s.prompt_ids], dtype=np.int32),
         answer_ids=np.array([t for s in samples for t in s.answer_ids], dtype=np.int32),
         top_ids=np.concatenate([s.top_ids for s in samples]),
         top_logits=np.concatenate([s.top_logits for s in samples]))
+    partial.replace(path)
 
 
 def load_samples(path: Path) -> list[ChatSample]:

@@ -240,7 +240,9 @@ def chat_samples(config: Smollm2PairConfig, tokenizer, target, timer: PhaseTimer
 
 def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, tokenizer, target,
              timer: PhaseTimer):
-    cache = None
+    """The answers of one round, from data_cache when it holds them; a round stopped part-way
+    resumes from its partial file there."""
+    cache = partial = None
     if config.data_cache is not None:
         key = hashlib.sha256(repr((data_config, config.dtype, sha256_file(config.prompts_path),
                                    sha256_file(config.gguf_path or find_gguf()))).encode())
@@ -248,11 +250,13 @@ def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, t
         if cache.is_file():
             log(f"[chat-data] reusing {cache}")
             return chat_data.load_samples(cache)
-    with timer.phase(f"chat_data_seed{data_config.seed}"):
-        samples = chat_data.answer_prompts(target, tokenizer, data_config)
-    if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_name(cache.stem + ".partial.npz")
+    with timer.phase(f"chat_data_seed{data_config.seed}"):
+        samples = chat_data.answer_prompts(target, tokenizer, data_config, partial)
+    if cache is not None:
         chat_data.save_samples(samples, cache)
+        partial.unlink(missing_ok=True)
     return samples
 
 

@@ -454,3 +454,42 @@ def test_scoring_a_folder_without_target_and_draft_is_one_clear_error(tmp_path, 
     with pytest.raises(SystemExit):
         score.main(["--pair", str(tmp_path), "--prompts", str(smollm2.EVAL_PROMPTS)])
     assert "expected target/ and draft/" in capsys.readouterr().err
+
+
+class _ToyChatTokenizer:
+    """The two things chat_data needs of a tokenizer, over tiny_llama's 64 ids."""
+    pad_token_id, eos_token_id = 0, 1
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return [2 + ord(c) % 60 for c in messages[0]["content"][:8]]
+
+
+def test_answering_resumes_from_its_partial_file_exactly_where_it_stopped(tmp_path, monkeypatch):
+    from pairs import chat_data
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["one", "two two", "three"]))
+    config = chat_data.ChatDataConfig(prompts, samples_per_prompt=2, max_new_tokens=4, top_logits=4,
+                                      batch_size=2, seed=5)
+    target, tokenizer = tiny_llama(), _ToyChatTokenizer()
+    whole = chat_data.answer_prompts(target, tokenizer, config)
+
+    partial, real_batch, calls = tmp_path / "answers.partial.npz", chat_data.answer_batch, []
+
+    def stop_at_the_third_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(chat_data, "answer_batch", stop_at_the_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        chat_data.answer_prompts(target, tokenizer, config, partial)
+    monkeypatch.undo()
+    assert len(chat_data.load_samples(partial)) == 4
+    resumed = chat_data.answer_prompts(target, tokenizer, config, partial)
+    assert [s.answer_ids for s in resumed] == [s.answer_ids for s in whole]
+    assert all(np.array_equal(a.top_ids, b.top_ids) for a, b in zip(resumed, whole))
+
+    prompts.write_text(json.dumps({"prompt": "another"}) + "\n")
+    with pytest.raises(ValueError, match="delete it"):
+        chat_data.answer_prompts(target, tokenizer, config, partial)
