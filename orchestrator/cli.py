@@ -171,7 +171,9 @@ def _analyze(out: Path) -> int:
     oos = summary.get("out_of_sample", {})
     if oos.get("available"):
         print(f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
-              f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded)")
+              f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded); "
+              f"the server's compute per pass moved p50 {oos.get('compute_drift_p50_pct', math.nan):.1f}%, "
+              f"max {oos.get('compute_drift_max_pct', math.nan):.1f}% from the calibration")
     for row in summary.get("capacity", []):
         print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
               f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")

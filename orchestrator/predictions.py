@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsd.modes import COLOCATED, get_mode, speculative_modes
+from dsd.modes import COLOCATED, PIPELINED, SYNC, get_mode, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis
 from orchestrator.csv_rows import read_whole_rows
@@ -256,17 +256,42 @@ def add_out_of_sample(points: pd.DataFrame, predictions: pd.DataFrame | None) ->
     return points
 
 
+def add_compute_drift(points: pd.DataFrame) -> pd.DataFrame:
+    """points.csv's compute_drift_pct: the server's compute per pass at the point
+    (server_compute_ms_p50) against the calibration point of its group and mode (pipelined DSD,
+    which has none while sync DSD calibrates, against sync DSD's: both time the verification pass).
+    It is how far the machine itself moved between the calibration and the point; a prediction
+    made from the calibration cannot know it."""
+    points = points.copy()
+    points["compute_drift_pct"] = math.nan
+    if "server_compute_ms_p50" not in points or not points["calibration"].any():
+        return points
+    group_keys = [k for k in analysis.GROUP_KEYS if k in points.columns]
+    for _, group in points.groupby(group_keys, dropna=False) if group_keys else [(None, points)]:
+        reference = group[group["calibration"]].groupby("mode")["server_compute_ms_p50"].first()
+        if PIPELINED not in reference and SYNC in reference:
+            reference[PIPELINED] = reference[SYNC]
+        ratio = group["server_compute_ms_p50"] / group["mode"].astype(str).map(reference)
+        points.loc[group.index, "compute_drift_pct"] = (100 * (ratio - 1)).where(~group["calibration"])
+    return points
+
+
 def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
     """Per (group, mode, RTT, gamma) cell of one-client points: the median over its
-    non-calibration repeats of per_token_ms_p50 against the prediction, and the error."""
+    non-calibration repeats of per_token_ms_p50 against the prediction, the error, and the
+    median compute drift of those points (add_compute_drift)."""
     single = points[(points["clients"] == points["clients"].min()) & ~points["calibration"]
                     & points["per_token_ms_predicted_oos"].notna()]
     keys = [k for k in analysis.GROUP_KEYS if k in single.columns] + ["mode", "rtt_ms", "gamma"]
     if single.empty:
-        return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats"])
+        return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats",
+                                            "compute_drift_pct"])
+    if "compute_drift_pct" not in single:
+        single = single.assign(compute_drift_pct=math.nan)
     cells = (single.groupby(keys).agg(measured_ms=("per_token_ms_p50", "median"),
                                       predicted_ms=("per_token_ms_predicted_oos", "first"),
-                                      repeats=("repeat", "nunique")).reset_index())
+                                      repeats=("repeat", "nunique"),
+                                      compute_drift_pct=("compute_drift_pct", "median")).reset_index())
     cells["err_pct"] = 100 * (cells["measured_ms"] / cells["predicted_ms"] - 1)
     return cells
 

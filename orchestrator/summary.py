@@ -15,8 +15,8 @@ from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, link_timeline, paper, plots
 from orchestrator import link_rows, wire_prediction
-from orchestrator.predictions import (CALIBRATION, add_out_of_sample, crossover_err_pct, oos_cells, oos_crossovers,
-                                      read_predictions)
+from orchestrator.predictions import (CALIBRATION, add_compute_drift, add_out_of_sample, crossover_err_pct,
+                                      oos_cells, oos_crossovers, read_predictions)
 
 
 def read_sweep(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -228,7 +228,7 @@ def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.Da
     (orchestrator/bootstrap.py). Adds points.csv columns, fills each group's crossovers with
     ci_low/ci_high and the out-of-sample prediction, and returns the summary's new keys."""
     predictions = read_predictions(out)
-    points = add_out_of_sample(points, predictions)
+    points = add_compute_drift(add_out_of_sample(points, predictions))
     latencies = bootstrap.request_latencies(requests, rounds)
     point_keys = analysis.point_keys(latencies)
     points = _add_point_cis(points, latencies, point_keys)
@@ -239,7 +239,7 @@ def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.Da
     oos_crossover_errs = [_fill_crossovers(group, predictions, cell_reps, cell_keys, points, gamma)
                           for group in groups]
     evidence = {
-        "out_of_sample": _out_of_sample_evidence(out, predictions, points, oos["err_pct"].abs(),
+        "out_of_sample": _out_of_sample_evidence(out, predictions, points, oos,
                                                  [e for errs in oos_crossover_errs for e in errs]),
         "in_sample": _in_sample_evidence(points),
         "bootstrap": {"replicates": bootstrap.N_BOOT, "seed": bootstrap.SEED, "level": bootstrap.LEVEL,
@@ -343,8 +343,9 @@ def _fill_crossovers(group: dict, predictions: pd.DataFrame | None, cell_reps, c
 
 
 def _out_of_sample_evidence(out: Path, predictions: pd.DataFrame | None, points: pd.DataFrame,
-                            errors: pd.Series, crossover_errs: list[float]) -> dict:
+                            oos: pd.DataFrame, crossover_errs: list[float]) -> dict:
     calibration = points["calibration"]
+    errors, drift = oos["err_pct"].abs(), oos["compute_drift_pct"].abs().dropna()
     return {
         "available": predictions is not None,
         "what": "measured per-token latency (median over the non-calibration repeats of each cell's per-point "
@@ -353,6 +354,11 @@ def _out_of_sample_evidence(out: Path, predictions: pd.DataFrame | None, points:
         "latency_err_p50_pct": float(errors.median()) if len(errors) else math.nan,
         "latency_err_max_pct": float(errors.max()) if len(errors) else math.nan,
         "cells": int(len(errors)),
+        "compute_drift_p50_pct": float(drift.median()) if len(drift) else math.nan,
+        "compute_drift_max_pct": float(drift.max()) if len(drift) else math.nan,
+        "compute_drift_what": "the same cells' server compute per pass against their mode's calibration "
+                              "point (points.csv compute_drift_pct): how far the machine moved after the "
+                              "prediction was written; an error of that size is the machine's, not the model's",
         "crossover_err_max_pct": max(crossover_errs) if crossover_errs else math.nan,
         "calibration_points": sorted(points.loc[calibration, "mode"].astype(str) + "@" +
                                      points.loc[calibration, "rtt_ms"].map("{:g} ms".format)),

@@ -203,3 +203,19 @@ def test_a_sweep_over_link_keys_calibrates_on_the_first_link_of_the_smallest_rtt
     calibration = [p for p in plan_points(experiment) if is_calibration(p, experiment)]
     assert len(calibration) == 3
     assert {(p.rtt_ms, p.jitter_ms) for p in calibration} == {(8.0, 0.0)}
+
+
+def test_compute_drift_is_each_points_server_compute_against_its_modes_calibration_point():
+    from orchestrator.predictions import add_compute_drift, oos_cells
+    points = pd.DataFrame({
+        "mode": ["ar", "ar", "ar", "sync", "sync", "pipelined", "colocated"],
+        "rtt_ms": [0.0, 10.0, 10.0, 0.0, 10.0, 10.0, 10.0],
+        "repeat": [0, 0, 1, 0, 0, 0, 0], "gamma": 2, "clients": 1,
+        "calibration": [True, False, False, True, False, False, False],
+        "server_compute_ms_p50": [100.0, 80.0, 90.0, 50.0, 60.0, 55.0, 70.0],
+        "per_token_ms_p50": 1.0, "per_token_ms_predicted_oos": 1.0})
+    drift = add_compute_drift(points)["compute_drift_pct"]
+    assert drift.iloc[[1, 2, 4, 5]].round(6).tolist() == [-20.0, -10.0, 20.0, 10.0]
+    assert drift.iloc[[0, 3, 6]].isna().all()      # calibration points, and a mode without one
+    cells = oos_cells(add_compute_drift(points)).set_index(["mode", "rtt_ms"])
+    assert cells.loc[("ar", 10.0), "compute_drift_pct"] == pytest.approx(-15.0)
