@@ -37,9 +37,10 @@ def test_scheduled_changes_take_effect_on_time_without_losing_held_packets(recor
     bytes_ = measure.PROBE_IP_BYTES
     errors = sorted(abs(rtt - expected_rtt_at_ms(schedule, base, sent - t0, bytes_)) for sent, rtt in samples)
     # Quiet, p95 is 0.2-0.3 ms (also beside two busy loops); a starved probe thread on a loaded CI
-    # host has put 5% of samples over 2 ms. A change applied late or a held packet re-timed would
-    # be off by 20-60 ms for a whole segment.
-    quantiles = [errors[int(q * len(errors))] for q in (0.5, 0.9, 0.99)]
+    # host has put 5% of samples over 2 ms, and on a host whose speed moved during the suite, 1%
+    # (eight probes around the changes) 14-30 ms off. A change applied late or a held packet
+    # re-timed would be off by 20-60 ms for a whole segment: a quarter of the samples.
+    quantiles = [errors[int(q * len(errors))] for q in (0.5, 0.9, 0.97)]
     assert quantiles[0] < 0.5 and quantiles[1] < 2.0 and quantiles[2] < 10.0, (quantiles, errors[-10:])
     changes, old = [], base.expected_rtt_ms()
     for at_s, spec in schedule.specs(base):
