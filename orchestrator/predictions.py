@@ -286,8 +286,6 @@ def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
     if single.empty:
         return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats",
                                             "compute_drift_pct"])
-    if "compute_drift_pct" not in single:
-        single = single.assign(compute_drift_pct=math.nan)
     cells = (single.groupby(keys).agg(measured_ms=("per_token_ms_p50", "median"),
                                       predicted_ms=("per_token_ms_predicted_oos", "first"),
                                       repeats=("repeat", "nunique"),

@@ -59,7 +59,8 @@ def parse_args(argv: list[str] | None):
     overrides["overwrite"] = args.force
     smollm2_only = {k: v for k, v in [("epochs", args.epochs), ("draft_layers", args.draft_layers),
                                       ("vocab_keep", args.vocab_keep), ("tvd_weight", args.tvd_weight),
-                                      ("data_rounds", args.data_rounds), ("data_cache", args.data_cache)] if v is not None}
+                                      ("data_rounds", args.data_rounds), ("data_cache", args.data_cache)]
+                    if v is not None}
     if args.family == "smollm2":
         for name in ("target_steps", "precision", "draft_steps"):
             if name in overrides:

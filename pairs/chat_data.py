@@ -126,16 +126,16 @@ def _resumed(partial: Path | None, rendered: list[list[int]], batch_size: int) -
 def save_samples(samples: list[ChatSample], path: Path, compress: bool = True) -> None:
     """Written to a temporary file, then renamed: a stop mid-write leaves the old file whole."""
     path = Path(path)
-    partial = path.with_name(path.name + ".tmp.npz")
+    temporary = path.with_name(path.name + ".tmp.npz")
     (np.savez_compressed if compress else np.savez)(
-        partial,
+        temporary,
         prompt_lengths=np.array([len(s.prompt_ids) for s in samples], dtype=np.int32),
         answer_lengths=np.array([len(s.answer_ids) for s in samples], dtype=np.int32),
         prompt_ids=np.array([t for s in samples for t in s.prompt_ids], dtype=np.int32),
         answer_ids=np.array([t for s in samples for t in s.answer_ids], dtype=np.int32),
         top_ids=np.concatenate([s.top_ids for s in samples]),
         top_logits=np.concatenate([s.top_logits for s in samples]))
-    partial.replace(path)
+    temporary.replace(path)
 
 
 def load_samples(path: Path) -> list[ChatSample]:
