@@ -18,6 +18,7 @@ from orchestrator.launchers.external_config import ExternalConfig
 from orchestrator.load import LoadConfig, SloConfig, parse_load, parse_slo
 
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
+CALIBRATE = ("first_repeat", "every_repeat")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Experiment:
     max_batch: int = 1                 # verifier: sequences per verification pass (1 = serial)
     batch_window_ms: float = 0.0       # verifier: how long a pass waits to fill its batch
     repeats: int = 1
+    # which repeats calibrate (orchestrator/predictions.py): "first_repeat", repeat 0's calibration
+    # points predict every other point; "every_repeat", each planned repeat's own calibration
+    # points predict that repeat's other points (with workload rotate = "repeat", the same requests)
+    calibrate: str = "first_repeat"
     seed: int = 0
     retries: int = 1                   # a failed point is run again this often, after healing the testbed
     retry_backoff_s: float = 2.0       # wait before a retry (times the attempt number)
@@ -109,6 +114,7 @@ class Experiment:
         _check(isinstance(self.tcp_rto_max_ms, int) and not isinstance(self.tcp_rto_max_ms, bool)
                and self.tcp_rto_max_ms >= 0, "tcp_rto_max_ms", self.tcp_rto_max_ms,
                "a whole number of ms >= 0 (0 = the kernel's backoff)")
+        _check(self.calibrate in CALIBRATE, "calibrate", self.calibrate, f"one of {CALIBRATE}")
         _check(self.cpu_pinning in ("auto", "on", "off"), "cpu_pinning", self.cpu_pinning, "one of auto, on, off")
         _check(len(self.modes) > 0 and all(m in names() for m in self.modes), "modes", self.modes,
                f"a non-empty list from {names()}")

@@ -39,7 +39,7 @@ from dsd.modes import COLOCATED, PIPELINED, SYNC, get_mode, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis
 from orchestrator.csv_rows import read_whole_rows
-from orchestrator.sweep import Point, is_calibration, point_done
+from orchestrator.sweep import Point, calibration_unit, is_calibration, point_done
 
 PREDICTIONS = "predictions.csv"
 CALIBRATION = "calibration.json"
@@ -154,38 +154,55 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
 
 
 class Predictor:
-    """The sweep's predict hook (``run_sweep(predict=...)``): called with a group's planned points
-    once its calibration points are done and before any other of its points runs."""
+    """The sweep's predict hook (``run_sweep(predict=...)``): called with a calibration unit's
+    planned points (``orchestrator.sweep.calibration_unit``) once its calibration points are done
+    and before any other of its points runs."""
 
     def __init__(self, experiment, out_dir: Path, assumed_for) -> None:
         """assumed_for(point) -> the ComputeTimes the point's group runs with."""
         self.experiment, self.out_dir, self.assumed_for = experiment, Path(out_dir), assumed_for
 
-    def __call__(self, group_points: list[Point]) -> None:
-        group = group_points[0].group
-        existing = read_predictions(self.out_dir)
-        if existing is not None and (existing["group"].astype(object).fillna("").astype(str) == group).any():
+    def __call__(self, unit_points: list[Point]) -> None:
+        group = unit_points[0].group
+        repeat = calibration_unit(unit_points[0], self.experiment)[1]
+        if _already_predicted(read_predictions(self.out_dir), group, {p.repeat for p in unit_points}):
             return                                    # resume: the original predictions stand
-        calibration_points = [p for p in group_points if is_calibration(p, self.experiment)]
-        measured_first = [p.key for p in group_points
+        calibration_points = [p for p in unit_points if is_calibration(p, self.experiment)]
+        measured_first = [p.key for p in unit_points
                           if not is_calibration(p, self.experiment) and point_done(self.out_dir, p)]
-        record = _read_json(self.out_dir / CALIBRATION)
         if measured_first:
-            record[group or "all"] = {"predicted": False, "reason": (
+            self._record(group, repeat, {"predicted": False, "reason": (
                 f"{len(measured_first)} point(s) of this group were measured before any prediction "
-                "was written (a folder from an older version); no post-hoc predictions")}
-            _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=str))
+                "was written (a folder from an older version); no post-hoc predictions")})
             return
         rounds = _read_points_csv(self.out_dir, calibration_points, "rounds")
-        calibration = calibrate(rounds, self.assumed_for(group_points[0]))
+        calibration = calibrate(rounds, self.assumed_for(unit_points[0]))
         now_s = time.time()
-        rows = prediction_rows(group_points, calibration, lambda p: is_calibration(p, self.experiment), now_s)
+        rows = prediction_rows(unit_points, calibration, lambda p: is_calibration(p, self.experiment), now_s)
         append_predictions(self.out_dir, rows)
-        record[group or "all"] = {"predicted": True, "predicted_at_s": now_s,
-                                  "calibration_points": [p.key for p in calibration_points], **calibration,
-                                  "params": calibration["params"].to_dict(),
-                                  "params_compute": calibration["params_compute"].to_dict()}
+        self._record(group, repeat, {"predicted": True, "predicted_at_s": now_s,
+                                     "calibration_points": [p.key for p in calibration_points], **calibration,
+                                     "params": calibration["params"].to_dict(),
+                                     "params_compute": calibration["params_compute"].to_dict()})
+
+    def _record(self, group: str, repeat: int | None, entry: dict) -> None:
+        """calibration.json: per group its first calibration's record; a later repeat's (calibrate =
+        "every_repeat") under the group's "by_repeat"."""
+        record = _read_json(self.out_dir / CALIBRATION)
+        key = group or "all"
+        if repeat:
+            record.setdefault(key, {}).setdefault("by_repeat", {})[str(repeat)] = entry
+        else:
+            record[key] = {**entry, **({"by_repeat": record[key]["by_repeat"]}
+                                       if "by_repeat" in record.get(key, {}) else {})}
         _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=_json_default))
+
+
+def _already_predicted(existing: pd.DataFrame | None, group: str, repeats: set[int]) -> bool:
+    if existing is None:
+        return False
+    rows = existing[existing["group"].astype(object).fillna("").astype(str) == group]
+    return bool(rows["repeat"].isin(repeats).any()) if "repeat" in rows else not rows.empty
 
 
 def append_predictions(out_dir: Path, rows: list[dict]) -> None:
@@ -245,12 +262,13 @@ def add_out_of_sample(points: pd.DataFrame, predictions: pd.DataFrame | None) ->
     keys = [k for k in analysis.point_keys(points) if k in predictions.columns]
     matched = predictions.set_index(keys).reindex(pd.MultiIndex.from_frame(points[keys]))
     points["calibration"] = matched["calibration"].astype(object).fillna(False).astype(bool).to_numpy()
-    # The prediction of a cell is the same for all its repeats, also for repeats added after the
-    # plan (orchestrator/repeat_until_ci.py), which have no row of their own.
+    # A point's own prediction; a repeat added after the plan (orchestrator/repeat_until_ci.py) has
+    # no row of its own and takes its cell's (the median over the repeats' calibrations).
     cell_keys = [k for k in keys if k != "repeat"]
-    by_cell = predictions.drop_duplicates(cell_keys).set_index(cell_keys)["per_token_ms_predicted"]
-    points["per_token_ms_predicted_oos"] = by_cell.reindex(
-        pd.MultiIndex.from_frame(points[cell_keys])).to_numpy(dtype=float)
+    by_cell = predictions.groupby(cell_keys, dropna=False)["per_token_ms_predicted"].median()
+    own = matched["per_token_ms_predicted"].to_numpy(dtype=float)
+    cell = by_cell.reindex(pd.MultiIndex.from_frame(points[cell_keys])).to_numpy(dtype=float)
+    points["per_token_ms_predicted_oos"] = np.where(np.isnan(own), cell, own)
     err = 100 * (points["per_token_ms_p50"] / points["per_token_ms_predicted_oos"] - 1)
     points["latency_err_oos_pct"] = err.where(~points["calibration"])
     return points
@@ -268,17 +286,22 @@ def add_compute_drift(points: pd.DataFrame) -> pd.DataFrame:
         return points
     group_keys = [k for k in analysis.GROUP_KEYS if k in points.columns]
     for _, group in points.groupby(group_keys, dropna=False) if group_keys else [(None, points)]:
-        reference = group[group["calibration"]].groupby("mode")["server_compute_ms_p50"].first()
-        if PIPELINED not in reference and SYNC in reference:
-            reference[PIPELINED] = reference[SYNC]
-        ratio = group["server_compute_ms_p50"] / group["mode"].astype(str).map(reference)
-        points.loc[group.index, "compute_drift_pct"] = (100 * (ratio - 1)).where(~group["calibration"])
+        calibrations = group[group["calibration"]]
+        for repeat, rows in group.groupby("repeat"):
+            # the repeat's own calibration (calibrate = "every_repeat"), else the group's first
+            own = calibrations[calibrations["repeat"] == repeat]
+            reference = (own if not own.empty else calibrations).groupby("mode")["server_compute_ms_p50"].first()
+            if PIPELINED not in reference and SYNC in reference:
+                reference[PIPELINED] = reference[SYNC]
+            ratio = rows["server_compute_ms_p50"] / rows["mode"].astype(str).map(reference)
+            points.loc[rows.index, "compute_drift_pct"] = (100 * (ratio - 1)).where(~rows["calibration"])
     return points
 
 
 def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
     """Per (group, mode, RTT, gamma) cell of one-client points: the median over its
-    non-calibration repeats of per_token_ms_p50 against the prediction, the error, and the
+    non-calibration repeats of per_token_ms_p50 against the median of their predictions, the
+    error, and the
     median compute drift of those points (add_compute_drift)."""
     single = points[(points["clients"] == points["clients"].min()) & ~points["calibration"]
                     & points["per_token_ms_predicted_oos"].notna()]
@@ -287,7 +310,7 @@ def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats",
                                             "compute_drift_pct"])
     cells = (single.groupby(keys).agg(measured_ms=("per_token_ms_p50", "median"),
-                                      predicted_ms=("per_token_ms_predicted_oos", "first"),
+                                      predicted_ms=("per_token_ms_predicted_oos", "median"),
                                       repeats=("repeat", "nunique"),
                                       compute_drift_pct=("compute_drift_pct", "median")).reset_index())
     cells["err_pct"] = 100 * (cells["measured_ms"] / cells["predicted_ms"] - 1)
@@ -295,7 +318,8 @@ def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int) -> dict:
-    """The group's crossovers as predicted from calibration alone (name -> RTT in ms)."""
+    """The group's crossovers as predicted from calibration alone (name -> RTT in ms; with a
+    calibration per repeat, the median over them)."""
     if predictions is None:
         return {}
     rows = predictions[predictions["gamma"] == gamma]
@@ -304,8 +328,9 @@ def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int) ->
             rows = rows[rows[key] == value]
     if rows.empty:
         return {}
-    return {name: float(rows[f"crossover_{name}_rtt_ms"].iloc[0]) for name in analysis.CROSSOVERS
-            if f"crossover_{name}_rtt_ms" in rows.columns}
+    per_unit = rows.groupby("repeat").first() if "repeat" in rows else rows.iloc[:1]   # one per calibration
+    return {name: float(np.median(per_unit[f"crossover_{name}_rtt_ms"].to_numpy(dtype=float)))
+            for name in analysis.CROSSOVERS if f"crossover_{name}_rtt_ms" in rows.columns}
 
 
 def crossover_err_pct(measured_ms: float, predicted_ms: float) -> float:

@@ -83,8 +83,9 @@ class Point:
 
 
 # Calibration (see orchestrator/predictions.py): per (profile, alpha) group, the first repeat of
-# these modes at the smallest RTT and client count of the grid. They run first in their group;
-# the parameters fitted from them alone predict every other point before it runs.
+# these modes at the smallest RTT and client count of the grid (with calibrate = "every_repeat",
+# every planned repeat's). They run first in their repeat; the parameters fitted from them alone
+# predict the other points of their calibration unit (calibration_unit) before any of them runs.
 CALIBRATION_MODES = (AR, COLOCATED, SYNC)
 
 
@@ -92,20 +93,30 @@ def is_calibration(point: Point, experiment: Experiment) -> bool:
     modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
     if SYNC not in experiment.modes and PIPELINED in experiment.modes:
         modes.append(PIPELINED)            # t_verify and t_draft_edge then come from pipelined rounds
-    if point.repeat != 0 or point.mode not in modes or point.clients != min(experiment.clients):
+    calibrating = (point.repeat < experiment.repeats if experiment.calibrate == "every_repeat"
+                   else point.repeat == 0)
+    if not calibrating or point.mode not in modes or point.clients != min(experiment.clients):
         return False
     # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
     link = min(link_keys.link_axes(experiment), key=lambda axes: axes["rtt_ms"])
     return all(getattr(point, key) == value for key, value in link.items())
 
 
+def calibration_unit(point: Point, experiment: Experiment) -> tuple:
+    """The points one calibration predicts: the point's group, and with calibrate = "every_repeat"
+    its planned repeat (repeats added after the plan, orchestrator/repeat_until_ci.py, have none)."""
+    if experiment.calibrate == "every_repeat" and point.repeat < experiment.repeats:
+        return point.group, point.repeat
+    return point.group, None
+
+
 def plan_points(experiment: Experiment) -> list[Point]:
-    """Every point of the grid; within each (profile, alpha) group the calibration points first."""
+    """Every point of the grid; within each calibration unit the calibration points first."""
     ordered = []
-    for _, group in itertools.groupby(_grid_points(experiment), key=lambda p: p.group):
-        group = list(group)
-        ordered += [p for p in group if is_calibration(p, experiment)]
-        ordered += [p for p in group if not is_calibration(p, experiment)]
+    for _, unit in itertools.groupby(_grid_points(experiment), key=lambda p: calibration_unit(p, experiment)):
+        unit = list(unit)
+        ordered += [p for p in unit if is_calibration(p, experiment)]
+        ordered += [p for p in unit if not is_calibration(p, experiment)]
     return ordered
 
 
@@ -195,16 +206,18 @@ def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, res
               progress=None, heal=None, predict=None) -> pd.DataFrame:
     """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
     done.json table. heal() -> list of what it repaired, called before each retry.
-    predict(group's points) is called once per (profile, alpha) group, after its calibration
-    points and before any other of its points runs (also on resume: it keeps what it wrote)."""
+    predict(unit's points) is called once per calibration unit (calibration_unit), after its
+    calibration points and before any other of its points runs (also on resume: it keeps what
+    it wrote)."""
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, experiment, resume, facts)
     plan = plan_points(experiment)
-    predicted_groups = set()
+    predicted_units = set()
     for index, point in enumerate(plan):
-        if predict is not None and point.group not in predicted_groups and not is_calibration(point, experiment):
-            predict([p for p in plan if p.group == point.group])
-            predicted_groups.add(point.group)
+        unit = calibration_unit(point, experiment)
+        if predict is not None and unit not in predicted_units and not is_calibration(point, experiment):
+            predict([p for p in plan if calibration_unit(p, experiment) == unit])
+            predicted_units.add(unit)
         if point_done(out_dir, point):
             if progress:
                 progress(index + 1, len(plan), point, "skipped (done)")

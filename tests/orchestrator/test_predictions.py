@@ -219,3 +219,88 @@ def test_compute_drift_is_each_points_server_compute_against_its_modes_calibrati
     assert drift.iloc[[0, 3, 6]].isna().all()      # calibration points, and a mode without one
     cells = oos_cells(add_compute_drift(points)).set_index(["mode", "rtt_ms"])
     assert cells.loc[("ar", 10.0), "compute_drift_pct"] == pytest.approx(-15.0)
+
+
+def test_every_repeat_calibrates_each_planned_repeat_first_and_no_added_one():
+    from orchestrator.sweep import Point, calibration_unit
+    experiment = experiment_from_dict({**SMALL, "rtt_ms": [8, 0, 4], "calibrate": "every_repeat"})
+    plan = plan_points(experiment)
+    for repeat in (0, 1):
+        block = [p for p in plan if p.repeat == repeat]
+        assert [p.key for p in block[:3]] == [f"{m}_rtt0ms_g4_c1_r{repeat}" for m in ("ar", "colocated", "sync")]
+        assert sum(is_calibration(p, experiment) for p in block) == 3
+        assert {calibration_unit(p, experiment) for p in block} == {("", repeat)}
+    added = Point("ar", 0.0, 4, 1, 2)                    # a repeat after the plan (repeat_until_ci)
+    assert not is_calibration(added, experiment) and calibration_unit(added, experiment) == ("", None)
+    with pytest.raises(ValueError, match="calibrate"):
+        experiment_from_dict({**SMALL, "calibrate": "each"})
+
+
+def test_every_repeat_predicts_each_repeat_from_its_own_calibration_before_it_runs(tmp_path):
+    out = tmp_path / "s"
+    experiment = experiment_from_dict({**SMALL, "calibrate": "every_repeat"})
+    run_experiment(experiment, out, resume=False)
+    predictions, done = pd.read_csv(out / "predictions.csv"), _done(out)
+    record = json.loads((out / "calibration.json").read_text())["all"]
+    assert record["predicted"] and record["by_repeat"]["1"]["predicted"]
+    assert record["by_repeat"]["1"]["calibration_points"] == [f"{m}_rtt0ms_g4_c1_r1" for m in ("ar", "colocated", "sync")]
+    for repeat in (0, 1):
+        rows = predictions[predictions["repeat"] == repeat]
+        predicted_at_s = rows["predicted_at_s"].max()
+        assert rows["predicted_at_s"].nunique() == 1
+        calibration = set(rows.loc[rows["calibration"], "point"])
+        assert len(calibration) == 3 and all(done[k]["finished_s"] <= predicted_at_s for k in calibration)
+        assert predicted_at_s < min(done[k]["started_s"] for k in rows["point"] if k not in calibration)
+    analyze_sweep(out)
+    own = predictions.set_index("point")["per_token_ms_predicted"]
+    measured = pd.read_csv(out / "points.csv")
+    keys = [f"{m}_rtt{r:g}ms_g4_c1_r{k}" for m, r, k in zip(measured["mode"], measured["rtt_ms"], measured["repeat"])]
+    assert measured["per_token_ms_predicted_oos"].tolist() == pytest.approx(own.reindex(keys).tolist())
+
+
+@pytest.mark.parametrize("calibrate", ["first_repeat", "every_repeat"])
+def test_a_repeat_whose_requests_accept_less_is_predicted_from_its_own_calibration(tmp_path, monkeypatch, calibrate):
+    """Repeat 1's requests accept at alpha 0.5 instead of 0.8 (as a repeat whose prompts suit the
+    draft less): its own calibration predicts it; repeat 0's misses it by more than a fifth."""
+    from dataclasses import replace
+    from dsd.backends.factory import load_pair
+    run_point = SimTestbed.run_point
+    pairs = {}
+
+    def accepts_less_in_repeat_1(self, point, prompts, settings):
+        own = self.draft, self.target
+        if point.repeat == 1:
+            pairs.setdefault(1, load_pair(replace(experiment.backend, alpha=0.5)))
+            self.draft, self.target = pairs[1]
+        try:
+            return run_point(self, point, prompts, settings)
+        finally:
+            self.draft, self.target = own
+
+    monkeypatch.setattr(SimTestbed, "run_point", accepts_less_in_repeat_1)
+    out = tmp_path / "s"
+    experiment = experiment_from_dict({**SMALL, "calibrate": calibrate})
+    run_experiment(experiment, out, resume=False)
+    analyze_sweep(out)
+    points = pd.read_csv(out / "points.csv")
+    late = points[points["mode"].isin(["sync", "colocated"]) & (points["rtt_ms"] > 0)]
+    err = late.groupby("repeat")["latency_err_oos_pct"].apply(lambda e: e.abs().max())
+    assert err[0] < 3
+    if calibrate == "every_repeat":
+        assert err[1] < 3
+    else:
+        assert err[1] > 20
+
+
+def test_compute_drift_with_a_calibration_per_repeat_is_against_the_repeats_own():
+    from orchestrator.predictions import add_compute_drift, oos_crossovers
+    points = pd.DataFrame({
+        "mode": ["ar", "ar", "ar", "ar", "ar"], "rtt_ms": [0.0, 10.0, 0.0, 10.0, 10.0],
+        "repeat": [0, 0, 1, 1, 2], "gamma": 2, "clients": 1,
+        "calibration": [True, False, True, False, False],
+        "server_compute_ms_p50": [100.0, 110.0, 50.0, 60.0, 120.0]})
+    drift = add_compute_drift(points)["compute_drift_pct"]
+    assert drift.iloc[[1, 3, 4]].round(6).tolist() == [10.0, 20.0, 20.0]   # repeat 2 has none: repeat 0's
+    predictions = pd.DataFrame({"gamma": 2, "repeat": [0, 0, 1, 1, 2, 2],
+                                "crossover_sync_vs_ar_rtt_ms": [4.0, 4.0, 8.0, 8.0, 30.0, 30.0]})
+    assert oos_crossovers(predictions, {}, 2)["sync_vs_ar"] == 8.0
