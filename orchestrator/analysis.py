@@ -120,7 +120,8 @@ def fit_effective_params(rounds: pd.DataFrame, compute: ComputeTimes) -> tuple[C
     of round times over a sum of tokens, so a skewed harness (a loaded machine's late wake-ups)
     counts with its tail.
     t_ar: mean time between AR tokens at the client (streamed: no RTT in it).
-    t_verify: mean (receive - send - configured RTT - server queue) over sync rounds.
+    t_verify: mean (receive - send - configured RTT - server queue) over sync rounds after each
+    request's first.
     t_draft_edge: mean (send - previous receipt) / gamma over sync rounds: drafting and the
     edge's own work between a verdict and the next block.
     t_draft_server: (mean time between co-located rounds - t_verify) / gamma, so that the
@@ -152,6 +153,10 @@ def _client_view_ar(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTim
 def _client_view_sync(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
                       overhead_ms: dict) -> ComputeTimes:
     sync = live[live["mode"] == SYNC]
+    # A request's first round also waits for its prompt's prefill; the steady state the per-token
+    # statistic measures (steady_windows) leaves it out, and so does the fit where it can.
+    if sync["send_since_previous_s"].notna().any():
+        sync = sync[sync["send_since_previous_s"].notna()]
     if not len(sync):
         return times
     wait_s = sync["t_receive_s"] - sync["t_send_s"] - sync["rtt_ms"] / 1e3 - sync["server_queue_s"].fillna(0.0)

@@ -130,6 +130,20 @@ def test_client_view_parameters_add_the_measured_harness_overhead():
     assert compute.verify_table_s == {4: 0.010}           # the compute-only parameters are left alone
 
 
+def test_a_requests_first_round_and_its_prefill_stay_out_of_the_sync_fit():
+    rows, receive_s = [], 0.0
+    for i in range(6):          # sync: 8 ms of drafts, RTT 0, 10 ms pass + 1 ms; the first round also prefills 40 ms
+        send_s = receive_s + 0.008
+        prefill_s = 0.040 if i == 0 else 0.0
+        rows.append({"point": "sync", "mode": "sync", "gamma": 4, "rtt_ms": 0.0, "client_id": 0, "request_index": 0,
+                     "round_index": i, "proposed": 4, "accepted": 2, "emitted": 3, "stale": False,
+                     "t_draft_start_s": receive_s, "t_draft_end_s": send_s, "t_send_s": send_s,
+                     "t_receive_s": send_s + prefill_s + 0.011, "server_queue_s": 0.0, "server_compute_s": 0.010})
+        receive_s = rows[-1]["t_receive_s"]
+    params, _, overhead_ms = analysis.fit_effective_params(pd.DataFrame(rows), TOY)
+    assert params.t_verify_s(4) == pytest.approx(0.011) and overhead_ms["dsd_round_server_side"] == pytest.approx(1.0)
+
+
 def test_backlogged_gaps_are_the_idle_time_before_passes_whose_work_was_waiting():
     # Passes [0, 10], [10.5, 20], [25, 30], [30.2, 31] (ms); the third's job arrived at 24,
     # after the second ended: idle for want of work, not a hand-off. Order of rows is free.
