@@ -301,8 +301,7 @@ def add_compute_drift(points: pd.DataFrame) -> pd.DataFrame:
 def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
     """Per (group, mode, RTT, gamma) cell of one-client points: the median over its
     non-calibration repeats of per_token_ms_p50 against the median of their predictions, the
-    error, and the
-    median compute drift of those points (add_compute_drift)."""
+    error, and the median compute drift of those points (add_compute_drift)."""
     single = points[(points["clients"] == points["clients"].min()) & ~points["calibration"]
                     & points["per_token_ms_predicted_oos"].notna()]
     keys = [k for k in analysis.GROUP_KEYS if k in single.columns] + ["mode", "rtt_ms", "gamma"]
