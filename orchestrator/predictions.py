@@ -190,11 +190,11 @@ class Predictor:
         "every_repeat") under the group's "by_repeat"."""
         record = _read_json(self.out_dir / CALIBRATION)
         key = group or "all"
+        previous = record.setdefault(key, {})
         if repeat:
-            record.setdefault(key, {}).setdefault("by_repeat", {})[str(repeat)] = entry
+            previous.setdefault("by_repeat", {})[str(repeat)] = entry
         else:
-            record[key] = {**entry, **({"by_repeat": record[key]["by_repeat"]}
-                                       if "by_repeat" in record.get(key, {}) else {})}
+            record[key] = entry | {k: v for k, v in previous.items() if k == "by_repeat"}
         _write_atomic(self.out_dir / CALIBRATION, json.dumps(record, indent=2, default=_json_default))
 
 
@@ -202,7 +202,7 @@ def _already_predicted(existing: pd.DataFrame | None, group: str, repeats: set[i
     if existing is None:
         return False
     rows = existing[existing["group"].astype(object).fillna("").astype(str) == group]
-    return bool(rows["repeat"].isin(repeats).any()) if "repeat" in rows else not rows.empty
+    return bool(rows["repeat"].isin(repeats).any())         # every row has its point's repeat
 
 
 def append_predictions(out_dir: Path, rows: list[dict]) -> None:
@@ -327,7 +327,7 @@ def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int) ->
             rows = rows[rows[key] == value]
     if rows.empty:
         return {}
-    per_unit = rows.groupby("repeat").first() if "repeat" in rows else rows.iloc[:1]   # one per calibration
+    per_unit = rows.groupby("repeat").first()                     # one row per calibration
     return {name: float(np.median(per_unit[f"crossover_{name}_rtt_ms"].to_numpy(dtype=float)))
             for name in analysis.CROSSOVERS if f"crossover_{name}_rtt_ms" in rows.columns}
 
