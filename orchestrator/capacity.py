@@ -90,13 +90,51 @@ def capacity_ratio(table: pd.DataFrame, dsd_mode: str = SYNC, reference: str = C
     mine, ref = table[table["mode"] == dsd_mode], table[table["mode"] == reference]
     if mine.empty or ref.empty:
         return {}
-    if rate_tok_s is None:
-        rate_tok_s = float(mine.loc[mine.clients.idxmax(), "tok_s_per_client"])
-    n_dsd = capacity_at(mine.clients.values, 1 / mine.tok_s_per_client.values, 1 / rate_tok_s)
-    n_ref = capacity_at(ref.clients.values, 1 / ref.tok_s_per_client.values, 1 / rate_tok_s)
+    rate_tok_s, n_dsd, n_ref = _clients_at_rate(mine.clients.values, mine.tok_s_per_client.values,
+                                                ref.clients.values, ref.tok_s_per_client.values, rate_tok_s)
     return {"mode": dsd_mode, "reference": reference, "rate_tok_s_per_client": rate_tok_s,
-            "clients_dsd": n_dsd, "clients_reference": n_ref,
-            "ratio_measured": n_dsd / n_ref if n_ref and math.isfinite(n_ref) else math.nan}
+            "clients_dsd": n_dsd, "clients_reference": n_ref, "ratio_measured": _ratio(n_dsd, n_ref)}
+
+
+def capacity_ratio_replicates(points: pd.DataFrame, dsd_mode: str = SYNC, reference: str = COLOCATED,
+                              rate_tok_s: float | None = None, *, n_boot: int, seed: int) -> np.ndarray:
+    """Bootstrap replicates of capacity_ratio over the repeats of one subset's points: each
+    replicate draws the repeats with replacement, the same draw for every (mode, clients) point
+    (repeat r of all of them ran in one pass over the machine), takes each point's median over
+    the drawn repeats, and recomputes the ratio, its rate included. Empty with fewer than two
+    repeats or without both modes; nan where a replicate's ratio is undefined."""
+    wide = points[points["mode"].isin([dsd_mode, reference])].pivot_table(
+        index=["mode", "clients"], columns="repeat", values="tok_s_per_client_overlap", aggfunc="median")
+    modes = wide.index.get_level_values("mode")
+    mine, ref = np.asarray(modes == dsd_mode), np.asarray(modes == reference)
+    if wide.shape[1] < 2 or not mine.any() or not ref.any():
+        return np.array([])
+    clients = wide.index.get_level_values("clients").to_numpy(dtype=float)
+    rates_by_repeat = wide.to_numpy(dtype=float)
+    n_repeats = rates_by_repeat.shape[1]
+    rng = np.random.default_rng(seed)
+    replicates = np.empty(n_boot)
+    for b in range(n_boot):
+        drawn = rates_by_repeat[:, rng.integers(0, n_repeats, n_repeats)]
+        rates = np.array([np.median(row[~np.isnan(row)]) if (~np.isnan(row)).any() else math.nan
+                          for row in drawn])
+        _, n_dsd, n_ref = _clients_at_rate(clients[mine], rates[mine], clients[ref], rates[ref], rate_tok_s)
+        replicates[b] = _ratio(n_dsd, n_ref)
+    return replicates
+
+
+def _clients_at_rate(dsd_clients: np.ndarray, dsd_tok_s: np.ndarray, ref_clients: np.ndarray,
+                     ref_tok_s: np.ndarray, rate_tok_s: float | None) -> tuple[float, float, float]:
+    dsd_clients, dsd_tok_s = np.asarray(dsd_clients, dtype=float), np.asarray(dsd_tok_s, dtype=float)
+    if rate_tok_s is None:
+        rate_tok_s = float(dsd_tok_s[np.argmax(dsd_clients)])
+    return (rate_tok_s, capacity_at(dsd_clients, 1 / dsd_tok_s, 1 / rate_tok_s),
+            capacity_at(np.asarray(ref_clients, dtype=float), 1 / np.asarray(ref_tok_s, dtype=float),
+                        1 / rate_tok_s))
+
+
+def _ratio(n_dsd: float, n_ref: float) -> float:
+    return n_dsd / n_ref if n_ref and math.isfinite(n_ref) else math.nan
 
 
 def backlogged_gaps_s(starts_s: np.ndarray, ends_s: np.ndarray, ready_s: np.ndarray) -> np.ndarray:

@@ -84,8 +84,18 @@ def capacity_rows(capacity: list[dict], assumed: dict, gamma_default: int, main_
         rows.append({"comparison": "capacity", "profile": profile, "mode": entry["mode"], **setting(params, gamma),
                      "td_over_tv": params.t_draft_server_s / params.t_verify_s(gamma),
                      "closed_form_configured": factor, "closed_form_fitted": entry["ratio_predicted"],
-                     "measured": entry["ratio_measured"]})
+                     "measured": entry["ratio_measured"], "measured_interval": ratio_interval(entry)})
     return rows
+
+
+def ratio_interval(entry: dict) -> str:
+    """A capacity ratio's 95% interval over repeats as text, or why there is none."""
+    low, high = entry.get("ratio_ci_low", math.nan), entry.get("ratio_ci_high", math.nan)
+    if entry.get("ratio_repeats", 1) < 2:
+        return "one repeat: no interval"
+    if math.isnan(low) or math.isnan(high):
+        return "interval undefined"
+    return f"95% CI {low:.2f} .. {high:.2f}, {entry['ratio_repeats']} repeats"
 
 
 def cell(value: float, digits: int = 1) -> str:
@@ -122,6 +132,7 @@ def crossover_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 def capacity_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     header = ["profile", "DSD mode", "t_draft/t_verify", "closed form 1 + gamma*t_d/t_v (configured)",
-              "closed form (fitted compute)", "measured"]
+              "closed form (fitted compute)", "measured", "interval over repeats"]
     return header, [[r["profile"], r["mode"], f"{r['td_over_tv']:.3g}", f"{r['closed_form_configured']:.2f}",
-                     f"{r['closed_form_fitted']:.2f}", f"{r['measured']:.2f}"] for r in rows]
+                     f"{r['closed_form_fitted']:.2f}", f"{r['measured']:.2f}", r.get("measured_interval", "")]
+                    for r in rows]

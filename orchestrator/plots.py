@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dsd.modes import SYNC, gammaless_modes, get_mode, names, speculative_modes  # noqa: E402
+from orchestrator import paper  # noqa: E402
 from orchestrator.analysis import predict_per_token_s  # noqa: E402
 
 
@@ -173,7 +174,7 @@ def plot_capacity(table: pd.DataFrame, ratios: list[dict], path: Path, title: st
         notes.append(f"{_label(ratio['mode'])} / {_label(ratio['reference'])} at "
                      f"{ratio['rate_tok_s_per_client']:.1f} tok/s per client: {ratio['clients_dsd']:.2f} / "
                      f"{ratio['clients_reference']:.2f} clients = {ratio['ratio_measured']:.2f} "
-                     f"(predicted {ratio['ratio_predicted']:.2f})")
+                     f"[{paper.ratio_interval(ratio)}] (predicted {ratio['ratio_predicted']:.2f})")
     if notes:
         ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=7,
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator import paper
+
 FORMATS = ("html", "md")
 POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms",
                  "gamma", "clients", "repeat", "alpha_configured", "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured",
@@ -130,9 +132,10 @@ def _capacity_sections(summary: dict) -> list:
                  "the client count each mode sustains, interpolated; their ratio beside "
                  "1 + gamma*t_draft,server/t_verify."),
         ("table", ["DSD mode", "rate (tok/s per client)", "clients DSD", "clients co-located",
-                   "ratio measured", "ratio predicted"],
+                   "ratio measured", "interval over repeats", "ratio predicted"],
          [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
-           _num(r["ratio_measured"]), _num(r["ratio_predicted"])] for r in summary["capacity"]]),
+           _num(r["ratio_measured"]), paper.ratio_interval(r), _num(r["ratio_predicted"])]
+          for r in summary["capacity"]]),
     ])]
 
 
@@ -175,8 +178,6 @@ def _acceptance_rows(sweep: dict, summary: dict) -> list[list[str]]:
 def _paper_sections(summary: dict) -> list:
     """The paper's comparisons (orchestrator/paper.py): configured setting, closed form at the
     configured and at the measured alpha (configured compute times), measured."""
-    from orchestrator import paper
-
     tables = summary.get("paper", {})
     blocks = []
     if tables.get("crossovers"):

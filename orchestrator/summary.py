@@ -416,6 +416,14 @@ def _read_calibration(out: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def capacity_ratio_interval(points: pd.DataFrame, mode: str) -> dict:
+    """The capacity ratio's 95% interval over the repeats (nan with one repeat)."""
+    replicates = capacity.capacity_ratio_replicates(points, mode, n_boot=bootstrap.N_BOOT, seed=bootstrap.SEED)
+    low, high = bootstrap.interval(replicates, bootstrap.LEVEL)
+    return {"ratio_ci_low": low, "ratio_ci_high": high, "ratio_repeats": int(points["repeat"].nunique()),
+            "ratio_replicates_undefined": float(np.isnan(replicates).mean()) if len(replicates) else math.nan}
+
+
 def capacity_factor(gamma: int, times: ComputeTimes) -> float:
     """docs/concepts.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
     return lm.capacity_factor(gamma, times.t_draft_server_s, times.t_verify_s(gamma))
@@ -481,11 +489,13 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         for values, rows in _groups(table, subset_keys):
             subset = dict(zip(subset_keys, values))
             subset_params = compute[subset.get("profile", groups[0]["profile"])]
+            subset_points = _select(points, subset_keys, values)
             for mode in edge_modes():
                 ratio = capacity.capacity_ratio(rows, mode)
                 if ratio:
-                    summary["capacity"].append({**subset, **ratio, "ratio_predicted":
-                                                capacity_factor(int(subset["gamma"]), subset_params)})
+                    summary["capacity"].append({**subset, **ratio, **capacity_ratio_interval(subset_points, mode),
+                                                "ratio_predicted": capacity_factor(int(subset["gamma"]),
+                                                                                   subset_params)})
         g = groups[0]
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 

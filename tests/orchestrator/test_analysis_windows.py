@@ -7,7 +7,7 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.times import ComputeTimes
-from orchestrator import analysis, capacity
+from orchestrator import analysis, capacity, paper, summary
 
 TOY = ComputeTimes.from_dict({"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010,
                               "t_verify_s": {4: 0.010}})
@@ -48,6 +48,44 @@ def test_capacity_ratio_of_saturated_curves_is_one_plus_gamma_td_over_tv():
     ratio = capacity.capacity_ratio(pd.DataFrame(rows), "sync")
     assert ratio["clients_dsd"] == 8
     assert ratio["ratio_measured"] == pytest.approx(lm.capacity_factor(gamma, t_d, t_v))
+
+
+def _saturated_points(t_v_by_repeat: list[float], gamma=4, t_d=0.002, e=3.0) -> pd.DataFrame:
+    """points.csv rows of a capacity sweep whose server took t_v per pass in repeat r."""
+    rows = []
+    for repeat, t_v in enumerate(t_v_by_repeat):
+        for n in (1, 2, 4, 6, 8):
+            rows.append({"mode": "colocated", "clients": n, "repeat": repeat,
+                         "tok_s_per_client_overlap": e / (n * (gamma * t_d + t_v))})
+            rows.append({"mode": "sync", "clients": n, "repeat": repeat,
+                         "tok_s_per_client_overlap": e / max(0.036, n * t_v)})
+    return pd.DataFrame(rows)
+
+
+def test_capacity_ratio_replicates_redraw_the_repeats_jointly():
+    gamma, t_d = 4, 0.002
+    points = _saturated_points([0.008, 0.010, 0.012])
+    replicates = capacity.capacity_ratio_replicates(points, "sync", n_boot=400, seed=3)
+    assert len(replicates) == 400 and not np.isnan(replicates).any()
+    # A joint draw keeps each replicate's curves those of one machine speed or a mix of them, so
+    # every ratio lies between the slowest and the fastest repeat's own 1 + gamma*t_d/t_v.
+    slowest, fastest = lm.capacity_factor(gamma, t_d, 0.012), lm.capacity_factor(gamma, t_d, 0.008)
+    assert replicates.min() >= slowest - 1e-9 and replicates.max() <= fastest + 1e-9
+    assert np.unique(replicates.round(6)).size > 2                      # the draw varies
+    same = capacity.capacity_ratio_replicates(_saturated_points([0.010] * 3), "sync", n_boot=50, seed=3)
+    assert same == pytest.approx(np.full(50, lm.capacity_factor(gamma, t_d, 0.010)))
+    assert capacity.capacity_ratio_replicates(_saturated_points([0.010]), "sync", n_boot=50, seed=3).size == 0
+    assert capacity.capacity_ratio_replicates(points, "pipelined", n_boot=50, seed=3).size == 0
+
+
+def test_summary_capacity_interval_names_its_repeats():
+    entry = summary.capacity_ratio_interval(_saturated_points([0.008, 0.010, 0.012]), "sync")
+    assert entry["ratio_repeats"] == 3 and entry["ratio_replicates_undefined"] == 0.0
+    assert entry["ratio_ci_low"] < entry["ratio_ci_high"]
+    assert paper.ratio_interval(entry).startswith("95% CI ") and paper.ratio_interval(entry).endswith(", 3 repeats")
+    single = summary.capacity_ratio_interval(_saturated_points([0.010]), "sync")
+    assert single["ratio_repeats"] == 1 and math.isnan(single["ratio_ci_low"])
+    assert paper.ratio_interval(single) == "one repeat: no interval"
 
 
 def test_gain_window_boundaries_agree_both_ways():

@@ -3,6 +3,7 @@
 Checks what a user relies on: every mode's tokens are the target's greedy tokens, the traces are
 whole, and on netns the measured RTT is near the configured one and nothing is left behind.
 """
+import math
 import os
 import subprocess
 
@@ -109,6 +110,7 @@ def test_loopback_capacity_sweep_shows_dsd_sustaining_more_clients(tmp_path):
     assert rate["colocated", 1] > 1.5 * rate["colocated", 3], seen       # the server is shared
     ratio = summary["capacity"][0]
     assert ratio["mode"] == "sync" and ratio["clients_dsd"] == 3 and ratio["ratio_measured"] > 1.2, (ratio, seen)
+    assert ratio["ratio_repeats"] == 1 and math.isnan(ratio["ratio_ci_low"])     # one repeat: no interval
     assert (tmp_path / "cap" / "capacity_vs_clients.png").stat().st_size > 10_000
 
 
