@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+from orchestrator import paper
 from orchestrator.experiment import LAUNCHERS, load_experiment
 from orchestrator.launchers.base import LauncherError
 from orchestrator.leftovers import LeftoversFound
@@ -128,6 +129,10 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--launcher", choices=LAUNCHERS, help="run on this launcher instead of the file's")
+    parser.add_argument("--repeat-until-ci", type=int, metavar="POINTS",
+                        help="after the grid, spend up to POINTS extra points on repeats of the least certain "
+                             "crossover's cells (the file's adaptive_budget_points); with --resume, also on a "
+                             "finished sweep")
     parser.add_argument("--profiles", type=Path, metavar="FILE",
                         help="hardware profiles in the format of dsd/profiles.toml (every number with its source), "
                              "usable by name beside the packaged ones and the file's [profiles.NAME]")
@@ -141,6 +146,8 @@ def _run_sweep(args) -> int:
     experiment = load_experiment(args.experiment, args.profiles)
     if args.launcher:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
+    if args.repeat_until_ci is not None:
+        experiment = dataclasses.replace(experiment, adaptive_budget_points=args.repeat_until_ci)
     out = args.out or REPO / "results" / experiment.name
     if experiment.load is not None:          # open-loop arrivals: orchestrator/serving.py
         from orchestrator.serving_cli import run_serving_cli
@@ -176,7 +183,8 @@ def _analyze(out: Path) -> int:
               f"max {oos.get('compute_drift_max_pct', math.nan):.1f}% from the calibration")
     for row in summary.get("capacity", []):
         print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
-              f"measured {row['ratio_measured']:.2f}, predicted {row['ratio_predicted']:.2f}")
+              f"measured {row['ratio_measured']:.2f} [{paper.ratio_interval(row)}], "
+              f"predicted {row['ratio_predicted']:.2f}")
     for row in summary.get("gamma_opt", {}).get("rows", []):
         print(f"optimal gamma {row['mode']} at {row['rtt_ms']:g} ms: measured {row['gamma_best']} "
               f"(bootstrap set {row['gamma_set']}), closed form on the grid {row['gamma_best_predicted_grid_oos']:g} "

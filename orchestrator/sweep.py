@@ -162,10 +162,16 @@ def check_out_dir(out_dir: Path, experiment: Experiment, resume: bool) -> bool:
         raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
                           "or choose another --out")
     recorded = json.loads(sidecar.read_text())["experiment"]
-    if _current_backend_keys(recorded) != experiment_record(experiment):
+    if _planned_part(_current_backend_keys(recorded)) != _planned_part(experiment_record(experiment)):
         raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
                           "resume needs the same experiment file")
     return True
+
+
+def _planned_part(record: dict) -> dict:
+    """What fixes the planned points: a resumed sweep may spend another budget on repeats until
+    CI, which only adds points after the plan."""
+    return {k: v for k, v in record.items() if k not in ("adaptive_budget_points", "adaptive_ci_target_pct")}
 
 
 def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: dict) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.profiles import get_profile
-from orchestrator import bootstrap
+from orchestrator import bootstrap, cli
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.predictions import Predictor
 from orchestrator.launchers.sim import SimTestbed
@@ -187,6 +187,25 @@ def test_repeats_until_ci_bracket_the_crossover_and_stop_at_the_budget(tmp_path)
     # Resume: the budget counts what is on disk; nothing more runs.
     run_experiment(experiment, out, resume=True)
     assert len(_done(out)) == len(done)
+
+
+def test_a_finished_sweep_resumed_with_repeat_until_ci_adds_repeats_and_nothing_else(tmp_path):
+    toml = tmp_path / "repeats.toml"
+    toml.write_text('name = "repeats"\nprofile = "toy-edge-cloud"\nmodes = ["ar", "sync"]\n'
+                    'rtt_ms = [0, 4, 8, 12, 16]\ngamma = [4]\nrequests = 3\nmax_new_tokens = 80\n'
+                    'prompt_tokens = 8\nadaptive_ci_target_pct = 1.0\n[backend]\nkind = "synthetic"\nalpha = 0.8\n')
+    out = tmp_path / "s"
+    assert cli.main(["sweep", str(toml), "--out", str(out)]) == 0
+    planned = dict(_done(out))
+    predictions = (out / "predictions.csv").read_bytes()
+    assert cli.main(["sweep", str(toml), "--out", str(out), "--resume", "--repeat-until-ci", "6"]) == 0
+    extra = {k: d for k, d in _done(out).items() if k not in planned}
+    assert 0 < len(extra) <= 6 and all(d["repeat"] >= 1 for d in extra.values())
+    assert (out / "predictions.csv").read_bytes() == predictions      # written before, kept
+    # Only the repeat-until-CI keys may change on resume; a different grid is refused.
+    toml.write_text(toml.read_text().replace("[0, 4, 8, 12, 16]", "[0, 4, 8]"))
+    assert cli.main(["sweep", str(toml), "--out", str(out), "--resume", "--repeat-until-ci", "6"]) == 2
+    assert cli.main(["sweep", str(toml), "--out", str(out), "--repeat-until-ci", "-1"]) == 2
 
 
 def test_repeats_until_ci_add_nothing_when_every_interval_is_narrow_enough(tmp_path):
