@@ -15,6 +15,8 @@ never calibration points, and they are out of sample: predictions.csv was writte
 from __future__ import annotations
 
 import math
+import numbers
+from dataclasses import replace
 
 import pandas as pd
 
@@ -74,14 +76,31 @@ def next_points(experiment, states: list[dict], target_pct: float, taken: set[st
         return []
     worst = max(open_, key=lambda s: s["width_relative"] if not math.isnan(s["width_relative"]) else -1)
     mode, reference = analysis.CROSSOVERS[worst["name"]]
-    rtts = bracketing_rtts(list(experiment.rtt_ms), worst["ci_low"], worst["ci_high"])
+    rtts = set(bracketing_rtts(list(experiment.rtt_ms), worst["ci_low"], worst["ci_high"]))
     gamma, clients = experiment.gamma[0], min(experiment.clients)
     repeat = experiment.repeats
     while any(key.endswith(f"_r{repeat}") for key in taken):
         repeat += 1
-    group = {k: worst["group"].get(k) for k in ("alpha", "profile")}
-    return [Point(m, float(r), gamma, clients, repeat, **group) for m in (mode, reference) for r in rtts
-            if m in experiment.modes]
+    # Copies of the planned repeat-0 points of those cells: the same sampling, link and group.
+    return [replace(p, repeat=repeat) for p in plan_points(experiment)
+            if p.repeat == 0 and p.mode in (mode, reference) and p.rtt_ms in rtts and p.clients == clients
+            and (p.gamma == gamma or p.mode in gammaless_modes()) and in_group(p, worst["group"])]
+
+
+def in_group(point: Point, group: dict) -> bool:
+    """Whether the point has the group's values (read back from the traces: a key the sweep does
+    not vary is None on the point and empty or nan in the traces)."""
+    for key, value in group.items():
+        mine = getattr(point, key)
+        if mine is None:
+            if not (value is None or value == "" or (isinstance(value, float) and math.isnan(value))):
+                return False
+        elif isinstance(mine, numbers.Real):
+            if not (isinstance(value, numbers.Real) and math.isclose(float(mine), float(value), abs_tol=1e-9)):
+                return False
+        elif mine != value:
+            return False
+    return True
 
 
 def run_repeats_until_ci(experiment, out_dir, run_one, gamma: int, progress=None) -> list[Point]:

@@ -2,12 +2,13 @@
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from dsd import latency_model as lm
 from dsd.profiles import get_profile
-from orchestrator import bootstrap, cli
+from orchestrator import bootstrap, cli, repeat_until_ci
 from orchestrator.experiment import experiment_from_dict
 from orchestrator.predictions import Predictor
 from orchestrator.launchers.sim import SimTestbed
@@ -187,6 +188,21 @@ def test_repeats_until_ci_bracket_the_crossover_and_stop_at_the_budget(tmp_path)
     # Resume: the budget counts what is on disk; nothing more runs.
     run_experiment(experiment, out, resume=True)
     assert len(_done(out)) == len(done)
+
+
+def test_repeat_until_ci_points_are_the_planned_cells_with_their_sampling_and_link():
+    experiment = experiment_from_dict({**REPEATS, "launcher": "netns", "rtt_ms": [4, 8, 12, 16], "jitter_ms": [0, 1],
+                                       "sampling": {"temperature": 0.7, "top_p": 0.9}})
+    group = {"jitter_ms": 1.0, "temperature": 0.7, "top_k": np.int64(0), "top_p": 0.9, "sampling_seed": np.int64(0),
+             "profile": math.nan}
+    state = {"group": group, "name": "sync_vs_ar", "measured_rtt_ms": 6.0, "ci_low": -math.inf, "ci_high": 9.0,
+             "ci_covers_grid": False, "width_relative": math.inf}
+    points = repeat_until_ci.next_points(experiment, [state], 20.0, {"ar_rtt4ms_r1"})
+    planned = {p.key for p in plan_points(experiment)}
+    assert {p.rtt_ms for p in points} == {4.0, 8.0, 12.0} and {p.mode for p in points} == {"ar", "sync"}
+    assert len(points) == 6
+    assert all(p.repeat == 2 and p.jitter_ms == 1.0 and p.temperature == 0.7 and p.top_p == 0.9 for p in points)
+    assert {p.key.replace("_r2", "_r0") for p in points} <= planned
 
 
 def test_a_finished_sweep_resumed_with_repeat_until_ci_adds_repeats_and_nothing_else(tmp_path):
