@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from dsd.modes import get_mode
-from orchestrator import analysis
+from orchestrator import analysis, capacity
 
 N_BOOT = 2000
 SEED = 14
@@ -159,3 +159,12 @@ def _bound(value: float) -> str:
     if math.isinf(value):
         return "-inf" if value < 0 else "+inf"
     return f"{value:.2f}"
+
+
+def capacity_ratio_interval(points: pd.DataFrame, mode: str) -> dict:
+    """The capacity ratio's 95% interval over the repeats (nan with one repeat): the repeats
+    redrawn jointly for every point, as above (capacity.capacity_ratio_replicates)."""
+    replicates = capacity.capacity_ratio_replicates(points, mode, n_boot=N_BOOT, seed=SEED)
+    low, high = interval(replicates, LEVEL)
+    return {"ratio_ci_low": low, "ratio_ci_high": high, "ratio_repeats": int(points["repeat"].nunique()),
+            "ratio_replicates_undefined": float(np.isnan(replicates).mean()) if len(replicates) else math.nan}

@@ -46,6 +46,11 @@ def overlap_tok_s_per_client(rounds: pd.DataFrame) -> float:
     return tokens / (len(clients) * window_s) if window_s > 0 else math.nan
 
 
+def capacity_factor(gamma: int, times: ComputeTimes) -> float:
+    """docs/concepts.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
+    return lm.capacity_factor(gamma, times.t_draft_server_s, times.t_verify_s(gamma))
+
+
 def capacity_at(clients: np.ndarray, per_token_s: np.ndarray, target_s: float) -> float:
     """The largest client count whose per-client time per token is within target_s, linearly
     interpolated between measured counts (saturated, time per token grows linearly with the

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsd import latency_model as lm
 from dsd.modes import AR, PIPELINED, SYNC, edge_modes, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator import analysis, bootstrap, capacity, cpus, gamma_opt, link_timeline, paper, plots
@@ -171,7 +170,7 @@ def _summary_head(sweep: dict, gamma: int, group_keys: list[str], groups: list[d
             "params": main.params.to_dict(), "params_source": main.params_source,
             "params_compute": main.compute.to_dict(), "params_compute_source": main.compute_source,
             "params_assumed": main.assumed.to_dict(), "harness_overhead_ms": main.overhead_ms,
-            "capacity_factor_predicted": capacity_factor(gamma, main.compute),
+            "capacity_factor_predicted": capacity.capacity_factor(gamma, main.compute),
             "prediction_alpha": PREDICTION_ALPHA,
             "crossovers": groups[0]["crossovers"] if len(groups) == 1 else {},
             "groups": [{k: v for k, v in g.items() if not k.startswith("_")} for g in groups]}
@@ -416,19 +415,6 @@ def _read_calibration(out: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def capacity_ratio_interval(points: pd.DataFrame, mode: str) -> dict:
-    """The capacity ratio's 95% interval over the repeats (nan with one repeat)."""
-    replicates = capacity.capacity_ratio_replicates(points, mode, n_boot=bootstrap.N_BOOT, seed=bootstrap.SEED)
-    low, high = bootstrap.interval(replicates, bootstrap.LEVEL)
-    return {"ratio_ci_low": low, "ratio_ci_high": high, "ratio_repeats": int(points["repeat"].nunique()),
-            "ratio_replicates_undefined": float(np.isnan(replicates).mean()) if len(replicates) else math.nan}
-
-
-def capacity_factor(gamma: int, times: ComputeTimes) -> float:
-    """docs/concepts.md claim 4 from a parameter set: the server's own draft steps are what DSD takes off it."""
-    return lm.capacity_factor(gamma, times.t_draft_server_s, times.t_verify_s(gamma))
-
-
 def _crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
     """Crossovers between modes the sweep ran."""
     return {name: {"measured_rtt_ms": measured.get(name, {}).get("rtt_ms", math.nan),
@@ -489,13 +475,12 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[dict], par
         for values, rows in _groups(table, subset_keys):
             subset = dict(zip(subset_keys, values))
             subset_params = compute[subset.get("profile", groups[0]["profile"])]
-            subset_points = _select(points, subset_keys, values)
+            factor = {"ratio_predicted": capacity.capacity_factor(int(subset["gamma"]), subset_params)}
             for mode in edge_modes():
                 ratio = capacity.capacity_ratio(rows, mode)
                 if ratio:
-                    summary["capacity"].append({**subset, **ratio, **capacity_ratio_interval(subset_points, mode),
-                                                "ratio_predicted": capacity_factor(int(subset["gamma"]),
-                                                                                   subset_params)})
+                    interval = bootstrap.capacity_ratio_interval(_select(points, subset_keys, values), mode)
+                    summary["capacity"].append({**subset, **ratio, **interval, **factor})
         g = groups[0]
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 

@@ -7,7 +7,7 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.times import ComputeTimes
-from orchestrator import analysis, capacity, paper, summary
+from orchestrator import analysis, bootstrap, capacity, paper
 
 TOY = ComputeTimes.from_dict({"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010,
                               "t_verify_s": {4: 0.010}})
@@ -79,11 +79,11 @@ def test_capacity_ratio_replicates_redraw_the_repeats_jointly():
 
 
 def test_summary_capacity_interval_names_its_repeats():
-    entry = summary.capacity_ratio_interval(_saturated_points([0.008, 0.010, 0.012]), "sync")
+    entry = bootstrap.capacity_ratio_interval(_saturated_points([0.008, 0.010, 0.012]), "sync")
     assert entry["ratio_repeats"] == 3 and entry["ratio_replicates_undefined"] == 0.0
     assert entry["ratio_ci_low"] < entry["ratio_ci_high"]
     assert paper.ratio_interval(entry).startswith("95% CI ") and paper.ratio_interval(entry).endswith(", 3 repeats")
-    single = summary.capacity_ratio_interval(_saturated_points([0.010]), "sync")
+    single = bootstrap.capacity_ratio_interval(_saturated_points([0.010]), "sync")
     assert single["ratio_repeats"] == 1 and math.isnan(single["ratio_ci_low"])
     assert paper.ratio_interval(single) == "one repeat: no interval"
 
