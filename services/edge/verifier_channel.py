@@ -151,17 +151,18 @@ class VerifierChannel:
         return await self.send_encoded(wire.encode(message))
 
     async def send_encoded(self, data: bytes) -> float:
-        if self.closed_reason:
-            # the code a waiting session is handed too (_fail): either may see the drop first
-            raise RunError(f"verifier error {wire.LINK_DOWN} (link to the verifier is down): {self.closed_reason}")
-        t_send_s = time.perf_counter()
-        if self.delay_s > 0:
-            self._outgoing.put_nowait((t_send_s + self.delay_s, data))
-        elif self._frames is not None:
-            await self._frames.send(data)
-        else:
-            await self._ws.send_bytes(data)
-        return t_send_s
+        if not self.closed_reason:
+            t_send_s = time.perf_counter()
+            if self.delay_s > 0:
+                self._outgoing.put_nowait((t_send_s + self.delay_s, data))
+                return t_send_s
+            try:
+                await (self._frames.send(data) if self._frames is not None else self._ws.send_bytes(data))
+                return t_send_s
+            except (OSError, aiohttp.ClientError) as exc:    # the drop, seen by the writer before the reader
+                self._fail(f"send failed, connection lost: {type(exc).__name__}: {exc}")
+        # the code a waiting session is handed too (_fail): either may see the drop first
+        raise RunError(f"verifier error {wire.LINK_DOWN} (link to the verifier is down): {self.closed_reason}")
 
     async def request(self, message) -> tuple[float, object]:
         """Send a message whose reply carries its seq and no session; returns (t_receive, reply)."""

@@ -7,12 +7,15 @@ import random
 import signal
 import time
 
+import aiohttp
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
 from services import frames, wire
+from services.edge import VerifierChannel
+from services.edge.config import RunError
 from tests.services.harness import (ConnectionEnd, RawClient, post_runs, read_csv, run, sessions_open,
                                     synthetic_args, wait_for_runs)
 
@@ -222,6 +225,27 @@ def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_tra
         assert rows[-1]["error"] == summary["error"]         # recorded as a row, as always
     for transport, error in errors.items():
         assert "verifier error link_down" in error and "connection" in error, (transport, error)
+
+
+def test_a_send_that_meets_the_drop_before_the_reader_does_reads_link_down():
+    """The writer may see the verifier's death first (aiohttp: "Cannot write to closing
+    transport"): the run still fails with link_down, and a waiting session hears it too."""
+    class ClosingSocket:
+        async def send_bytes(self, data):
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+    async def scenario():
+        channel = VerifierChannel("ws://127.0.0.1:9/", 0.0, timer=None)
+        channel._ws = ClosingSocket()
+        inbox = channel._inboxes[7] = asyncio.Queue()
+        with pytest.raises(RunError) as raised:
+            await channel.send(wire.Ping(channel.next_seq(), 0.0))
+        _, error = inbox.get_nowait()
+        return str(raised.value), error
+
+    message, error = asyncio.run(scenario())
+    assert message.startswith(f"verifier error {wire.LINK_DOWN}") and "connection lost" in message, message
+    assert error.code == wire.LINK_DOWN and "ClientConnectionResetError" in error.message
 
 
 def test_a_dropped_link_reads_link_down_both_to_a_waiting_session_and_to_the_next_send():
