@@ -130,12 +130,11 @@ def capacity_ratio_replicates(points: pd.DataFrame, dsd_mode: str = SYNC, refere
 
 def _clients_at_rate(dsd_clients: np.ndarray, dsd_tok_s: np.ndarray, ref_clients: np.ndarray,
                      ref_tok_s: np.ndarray, rate_tok_s: float | None) -> tuple[float, float, float]:
-    dsd_clients, dsd_tok_s = np.asarray(dsd_clients, dtype=float), np.asarray(dsd_tok_s, dtype=float)
+    """(rate, clients DSD sustains at it, clients the reference sustains); capacity_at converts."""
     if rate_tok_s is None:
         rate_tok_s = float(dsd_tok_s[np.argmax(dsd_clients)])
     return (rate_tok_s, capacity_at(dsd_clients, 1 / dsd_tok_s, 1 / rate_tok_s),
-            capacity_at(np.asarray(ref_clients, dtype=float), 1 / np.asarray(ref_tok_s, dtype=float),
-                        1 / rate_tok_s))
+            capacity_at(ref_clients, 1 / ref_tok_s, 1 / rate_tok_s))
 
 
 def _ratio(n_dsd: float, n_ref: float) -> float:
