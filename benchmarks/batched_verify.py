@@ -110,7 +110,7 @@ def speedup_8(draft, target, prompts: list[list[int]], repeats: int) -> tuple[fl
     for i, (prompt, gamma) in enumerate(zip(prompts, MIXED_GAMMAS)):
         seq_id = f"speed-{i}"
         target.logits(seq_id, prompt, 1)                               # the session's cache: its prompt
-        drafted, _ = draft_block(draft, seq_id, prompt, gamma, GREEDY, torch.Generator())
+        drafted, _ = draft_block(draft, seq_id, prompt, gamma, GREEDY, None)
         requests.append(LogitsRequest(seq_id, prompt + drafted, gamma + 1))
     serial, batched = [], []
     for _ in range(repeats + 1):          # the first of each is a warm-up, dropped
@@ -144,7 +144,7 @@ def batched_equal(draft, target, prompts: list[list[int]], max_new_tokens: int) 
             jobs = []
             for s, gamma in zip(sessions, MIXED_GAMMAS):
                 if not s.finished:
-                    drafted, _ = draft_block(draft, s.seq_id, s.committed.tokens, gamma, GREEDY, torch.Generator())
+                    drafted, _ = draft_block(draft, s.seq_id, s.committed.tokens, gamma, GREEDY, None)
                     jobs.append(s.verify_job(s.proposal_for(drafted, None)))
             if not jobs:
                 break
@@ -175,7 +175,7 @@ def draft_tables(draft, target, prompts: list[list[int]], tokens: int) -> list[d
         target.release(f"stream-{i}")
         table = {}
         for k in range(len(prompt), len(stream)):
-            table[k], _ = draft_block(draft, f"table-{i}", stream[:k], GAMMA, GREEDY, torch.Generator())
+            table[k], _ = draft_block(draft, f"table-{i}", stream[:k], GAMMA, GREEDY, None)
         draft.release(f"table-{i}")
         tables.append(table)
     return tables
@@ -216,7 +216,7 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
                 drafted = tables[i][len(session.committed)]
             else:
                 (drafted, _), timing = await scheduler.submit("draft", GAMMA, DraftJob(
-                    draft, seq_id, session.committed.tokens, GAMMA, GREEDY, torch.Generator()), i)
+                    draft, seq_id, session.committed.tokens, GAMMA, GREEDY, None), i)
                 note("draft", timing)
             verdict, timing = await scheduler.submit("verify", GAMMA, session.verify_job(session.proposal_for(drafted, None)), i)
             note("verify", timing)

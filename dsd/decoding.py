@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
 
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.drafting import begin_request, draft_block
@@ -68,12 +67,10 @@ def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     """Co-located SD: each round drafts gamma tokens and verifies them in one target pass."""
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
-    draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
     begin_request(draft, seq_id, prompt, gamma)
     generation = Generation([])
     while not session.finished:
-        drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling,
-                                 draft_generator)
+        drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling, session.draws)
         before = len(session.committed)
         verdict = session.verify(session.proposal_for(drafted, q))
         generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict,

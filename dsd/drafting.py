@@ -4,8 +4,9 @@ A ``DraftJob`` is one session's draft block; several sessions' blocks on one mod
 with ``run_draft_jobs``: one batched pass of the draft (``logits_batch``) per draft step, each
 session on its own KV cache, so a co-located server that drafts for many sessions at once pays
 one pass per step, not one per session and step. Each session draws its tokens from its own
-logits with its own generator in the same order as alone, so batched drafting is the unbatched
-one: greedy token for token, sampled the same draws from the same q (to float rounding).
+logits with its own draws in the same order as alone, so batched drafting is the unbatched
+one: greedy token for token, sampled the same draws from the same q (to float rounding). A
+block's draws are keyed by where it starts (dsd.draws).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.protocol import LanguageModel, LogitsRequest, SamplingParams
+from dsd.draws import DRAFT, Draws
 from dsd.verification import sample_index, sampling_probs
 
 
@@ -28,13 +30,13 @@ def begin_request(model: LanguageModel, seq_id: str, prompt: Sequence[int], gamm
 
 
 def draft_step(model: LanguageModel, seq_id: str, tokens: Sequence[int], sampling: SamplingParams,
-               generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
+               generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
     """One draft token after ``tokens``, and the distribution q it was drawn from ([vocab], or
     None under greedy decoding)."""
     return pick_token(model.logits(seq_id, tokens, 1), sampling, generator)
 
 
-def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
                ) -> tuple[int, torch.Tensor | None]:
     """The draft token from one position's logits [1, vocab], and its q ([vocab] or None)."""
     if sampling.greedy:
@@ -44,9 +46,10 @@ def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.
 
 
 def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_tokens: int,
-                sampling: SamplingParams, generator: torch.Generator
-                ) -> tuple[list[int], torch.Tensor | None]:
-    """n_tokens draft tokens after ``prefix`` and their q ([n_tokens, vocab] or None)."""
+                sampling: SamplingParams, draws: Draws | None) -> tuple[list[int], torch.Tensor | None]:
+    """n_tokens draft tokens after ``prefix`` and their q ([n_tokens, vocab] or None); greedy
+    drafting draws nothing (draws may be None)."""
+    generator = None if sampling.greedy else draws.at(len(prefix), DRAFT)
     tokens = list(prefix)
     probs = []
     for _ in range(n_tokens):
@@ -66,10 +69,10 @@ class DraftJob:
     prefix: Sequence[int]
     n_tokens: int
     sampling: SamplingParams
-    generator: torch.Generator
+    draws: Draws | None               # None: greedy
 
     def run(self) -> tuple[list[int], torch.Tensor | None]:
-        return draft_block(self.model, self.seq_id, self.prefix, self.n_tokens, self.sampling, self.generator)
+        return draft_block(self.model, self.seq_id, self.prefix, self.n_tokens, self.sampling, self.draws)
 
     __call__ = run
 
@@ -85,6 +88,7 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
     if len({job.seq_id for job in jobs}) != len(jobs):
         raise ValueError(f"a batch holds each sequence once, got {[job.seq_id for job in jobs]}")
     tokens = [list(job.prefix) for job in jobs]
+    generators = [None if job.sampling.greedy else job.draws.at(len(job.prefix), DRAFT) for job in jobs]
     probs: list[list[torch.Tensor | None]] = [[] for _ in jobs]
     alone: list[int] = []                        # jobs whose batched pass failed
     for step in range(max(job.n_tokens for job in jobs)):
@@ -95,10 +99,10 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
             alone.extend(live)
             continue
         for i, logits in zip(live, rows):                               # logits [1, vocab]
-            token, q = pick_token(logits, jobs[i].sampling, jobs[i].generator)
+            token, q = pick_token(logits, jobs[i].sampling, generators[i])
             tokens[i].append(token)
             probs[i].append(q)
-    return [_finish(job, tokens[i], probs[i]) if i in alone else (True, _block(job, tokens[i], probs[i]))
+    return [_finish(job, tokens[i], probs[i], generators[i]) if i in alone else (True, _block(job, tokens[i], probs[i]))
             for i, job in enumerate(jobs)]
 
 
@@ -107,11 +111,12 @@ def _block(job: DraftJob, tokens: list[int], probs: list) -> tuple[list[int], to
     return tokens[len(job.prefix):], (torch.stack(probs) if not job.sampling.greedy else None)
 
 
-def _finish(job: DraftJob, tokens: list[int], probs: list) -> tuple[bool, object]:
+def _finish(job: DraftJob, tokens: list[int], probs: list, generator: torch.Generator | None
+            ) -> tuple[bool, object]:
     """The rest of a job's block, drafted alone, as (ok, result or the exception it raised)."""
     try:
         while len(tokens) - len(job.prefix) < job.n_tokens:
-            token, q = draft_step(job.model, job.seq_id, tokens, job.sampling, job.generator)
+            token, q = draft_step(job.model, job.seq_id, tokens, job.sampling, generator)
             tokens.append(token)
             probs.append(q)
         return True, _block(job, tokens, probs)

@@ -48,6 +48,7 @@ from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, Se
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
+from dsd.draws import DRAFT, Draws
 from dsd.drafting import begin_request, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
 from dsd.handover import HandoverStream
@@ -87,7 +88,7 @@ class DsdDriver:
         self.rounds = 0
         self.edge = EdgeDecoder(prompt, gamma, stop, max_in_flight=max_in_flight)
         self.mode = self.plan()
-        self.generator = torch.Generator().manual_seed(sampling.seed + 1)
+        self.draws = Draws(sampling.seed)
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
         begin_request(draft, seq_id, prompt, gamma)
@@ -120,9 +121,10 @@ class DsdDriver:
     async def draft_block(self, request: DraftRequest) -> None:
         tokens, probs = list(request.prefix), []
         plan = (request.n_tokens, self.mode)
+        generator = self.draws.at(len(request.prefix), DRAFT)
 
         def step() -> None:
-            token, q = draft_step(self.draft, self.seq_id, tokens, self.sampling, self.generator)
+            token, q = draft_step(self.draft, self.seq_id, tokens, self.sampling, generator)
             tokens.append(token)
             probs.append(q)
 

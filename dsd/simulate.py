@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
@@ -128,9 +127,6 @@ class VirtualLink:
         self.hands_over = costs.t_ar_s is not None
         self.pending: deque[tuple[float, str, int, int]] = deque()    # segments asked, not started
         self.draft, self.server_seq_id = draft, f"{session.seq_id}/server"
-        # as the verifier's hand-over generator: not the edge's seed (seed + 1), whose draws a
-        # shared stream would correlate with the edge's earlier drafts (sampling would not be exact)
-        self.draft_generator = torch.Generator().manual_seed(session.sampling.seed + 2)
 
     @property
     def withdraws(self) -> bool:
@@ -246,7 +242,7 @@ class VirtualLink:
             tokens = session.ar_step()
             return ServerRound(0, 0, tuple(tokens), session.finished), self.costs.t_ar_s
         drafted, q = draft_block(self.draft, self.server_seq_id, session.committed.tokens, gamma, session.sampling,
-                                 self.draft_generator)
+                                 session.draws)
         before = len(session.committed)
         verdict = session.verify(session.proposal_for(drafted, q))
         t_verify_s = self.costs.t_verify_s if self.t_verify_of is None else self.t_verify_of(gamma)
@@ -333,7 +329,6 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     clock_s = costs.one_way_s                     # the Open (and the Generate behind it) arrives
     session.prefill()
     clock_s += costs.t_prefill_s
-    draft_generator = torch.Generator().manual_seed(sampling.seed + 1)
     if drafts:
         begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
     generation = Generation([])
@@ -345,7 +340,7 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
             clock_s += costs.t_ar_s
             record = RoundRecord(len(generation.rounds), 0, 0, len(emitted))
         else:
-            drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling, draft_generator)
+            drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling, session.draws)
             clock_s += gamma * costs.t_draft_s
             draft_steps += gamma
             before = len(session.committed)

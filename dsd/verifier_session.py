@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from dsd.backends.protocol import ForwardJob, LanguageModel, LogitsRequest, Proposal, SamplingParams, Verdict
+from dsd.draws import TARGET, VERIFY, Draws
 from dsd.sequence import TokenSequence
 from dsd.stopping import StopRule, round_tokens
 from dsd.verification import greedy_verify, sample_index, sampling_probs, speculative_sample
@@ -27,7 +28,7 @@ class VerifierSession:
         self.stop = stop
         self.committed = TokenSequence(prompt)
         self.prompt_length = len(prompt)
-        self.generator = torch.Generator().manual_seed(sampling.seed)
+        self.draws = Draws(sampling.seed)
         self.prefilled = False
 
     @property
@@ -78,7 +79,8 @@ class VerifierSession:
                 outcome = greedy_verify(logits, draft)
             else:
                 p = sampling_probs(logits, self.sampling)
-                outcome = speculative_sample(p, proposal.draft_probs.float(), draft, self.generator)
+                outcome = speculative_sample(p, proposal.draft_probs.float(), draft,
+                                             self.draws.at(proposal.start_pos, VERIFY))
             self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
             return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token)
 
@@ -97,7 +99,8 @@ class VerifierSession:
         if self.sampling.greedy:
             return logits.argmax(dim=-1).tolist()
         p = sampling_probs(logits, self.sampling)
-        return [sample_index(row, self.generator) for row in p]
+        start = len(self.committed)
+        return [sample_index(row, self.draws.at(start + i, TARGET)) for i, row in enumerate(p)]
 
     def _commit(self, new_tokens: list[int]) -> list[int]:
         emitted = self.stop.clip(new_tokens, len(self.generated))

@@ -6,7 +6,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import torch
 
 from dsd.verifier_session import VerifierSession
 from services import frames, spinwait, wire
@@ -20,13 +19,11 @@ class Served:
     conn: "Connection"
     session: int                    # the client's id for it
     state: VerifierSession
-    draft_generator: torch.Generator
     tokens: int                     # prompt + max_new_tokens: what it counts against its connection
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (t_arrival_s, message or None)
     task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
     busy: bool = False
     closed: bool = False
-    handover_generator: torch.Generator | None = None     # co-located hand-overs' draft (see _generate)
 
     @property
     def seq_id(self) -> str:

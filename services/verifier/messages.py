@@ -6,7 +6,6 @@ import asyncio
 import math
 import time
 
-import torch
 
 from dsd.backends.protocol import SamplingParams
 from dsd.modes import get_mode, server_modes
@@ -126,7 +125,7 @@ class VerifierMessages:
         number = next(self._numbers)
         state = VerifierSession(self.target, f"v{number}", m.prompt, sampling, stop)
         self._admit(conn)
-        served = Served(number, conn, m.session, state, torch.Generator().manual_seed(m.seed + 1), total)
+        served = Served(number, conn, m.session, state, total)
         conn.sessions[m.session] = served
         conn.sessions_live += 1
         conn.tokens_live += total

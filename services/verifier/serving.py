@@ -7,7 +7,6 @@ import logging
 import math
 import time
 
-import torch
 
 from dsd.backends.protocol import Proposal
 from dsd.drafting import DraftJob, begin_request
@@ -128,13 +127,6 @@ class VerifierServing:
         round_index = 0
         ready_s, arrived_s = t_arrival_s, served.conn.held.get(m.seq)
         drafts = get_mode(m.mode).drafts
-        generator = served.draft_generator
-        if m.max_tokens is not None:
-            # a hand-over: the edge drafted this request with seed + 1; the same stream here would
-            # correlate these drafts with its earlier ones, and sampling would not be exact
-            if served.handover_generator is None:
-                served.handover_generator = torch.Generator().manual_seed(state.sampling.seed + 2)
-            generator = served.handover_generator
         if drafts == SERVER:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
         end = math.inf if m.max_tokens is None else len(state.committed) + m.max_tokens     # a hand-over's segment
@@ -146,7 +138,7 @@ class VerifierServing:
             else:
                 (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, DraftJob(
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    generator), served.conn.number, ready_s, on_loop=self._alone(served),
+                    state.draws), served.conn.number, ready_s, on_loop=self._alone(served),
                     arrived_s=arrived_s)
                 data, timing = await self.scheduler.submit(
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,

@@ -9,6 +9,7 @@ import torch
 
 from dsd.backends.protocol import SamplingParams
 from dsd.backends.torch_lm import TorchLM
+from dsd.draws import Draws
 from dsd.drafting import DraftJob, draft_block, run_draft_jobs
 from services.compute import ThreadDevice
 from services.scheduler import Scheduler, SchedulerConfig
@@ -25,8 +26,8 @@ def _twins(seed: int = 3):
     return draft, TorchLM(draft.model, "tiny-draft-alone", None)
 
 
-def _jobs(model, prefixes, blocks, sampling, generators):
-    return [DraftJob(model, f"s{i}", prefix, n, sampling[i], generators[i])
+def _jobs(model, prefixes, blocks, sampling, draws):
+    return [DraftJob(model, f"s{i}", prefix, n, sampling[i], draws[i])
             for i, (prefix, n) in enumerate(zip(prefixes, blocks))]
 
 
@@ -35,10 +36,10 @@ def _rounds(model, batched: bool, sampling, seeds, rounds: int = 5):
     prefix, keeps the first half of its block (the rest rejected: its cache holds stale drafts)
     and one corrected token. Returns every round's blocks (tokens, q)."""
     prefixes = [list(p) for p in PREFIXES]
-    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    draws = [Draws(seed) for seed in seeds]
     out = []
     for r in range(rounds):
-        jobs = _jobs(model, prefixes, BLOCKS, sampling, generators)
+        jobs = _jobs(model, prefixes, BLOCKS, sampling, draws)
         results = [value for ok, value in run_draft_jobs(jobs)] if batched else [job.run() for job in jobs]
         out.append(results)
         for i, (drafted, _) in enumerate(results):
@@ -61,7 +62,7 @@ def test_batched_greedy_drafting_equals_drafting_alone_token_for_token():
 
 
 def test_batched_sampled_drafting_makes_the_same_draws_from_the_same_q():
-    """Each session samples from its own q with its own generator in the order it would alone:
+    """Each session samples from its own q with its own draws in the order it would alone:
     the same seeds give the same tokens, and q rows equal to float rounding."""
     batched_lm, alone_lm = _twins(seed=4)
     sampling = [SamplingParams(temperature=t, top_k=k, seed=0) for t, k in
@@ -79,14 +80,14 @@ def test_batched_sampled_drafting_makes_the_same_draws_from_the_same_q():
 def test_a_failing_draft_job_fails_alone_and_the_others_finish_their_blocks():
     batched_lm, alone_lm = _twins()
     good = [[5, 17, 42], [9] * 7]
-    jobs = _jobs(batched_lm, good + [[1, 10_000]], [3, 5, 2], [GREEDY] * 3, [torch.Generator()] * 3)
+    jobs = _jobs(batched_lm, good + [[1, 10_000]], [3, 5, 2], [GREEDY] * 3, [None] * 3)
     outcomes = run_draft_jobs(jobs)
     assert [ok for ok, _ in outcomes] == [True, True, False]
     assert isinstance(outcomes[2][1], Exception)
     for (_, (tokens, _)), prefix, n in zip(outcomes, good, (3, 5)):
-        assert tokens == draft_block(alone_lm, f"ref{n}", prefix, n, GREEDY, torch.Generator())[0]
+        assert tokens == draft_block(alone_lm, f"ref{n}", prefix, n, GREEDY, None)[0]
     with pytest.raises(ValueError, match="each sequence once"):
-        run_draft_jobs(_jobs(batched_lm, [[1], [2]], [1, 1], [GREEDY] * 2, [torch.Generator()] * 2)[:1] * 2)
+        run_draft_jobs(_jobs(batched_lm, [[1], [2]], [1, 1], [GREEDY] * 2, [None] * 2)[:1] * 2)
 
 
 def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
@@ -99,7 +100,7 @@ def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
         scheduler = Scheduler(SchedulerConfig(max_batch=8), device, None)
         scheduler.start()
         try:
-            jobs = _jobs(batched_lm, PREFIXES, BLOCKS, [GREEDY] * len(PREFIXES), [torch.Generator()] * len(PREFIXES))
+            jobs = _jobs(batched_lm, PREFIXES, BLOCKS, [GREEDY] * len(PREFIXES), [None] * len(PREFIXES))
             return await asyncio.gather(*(scheduler.submit("draft", job.n_tokens, job, i) for i, job in enumerate(jobs)))
         finally:
             await scheduler.stop()
@@ -108,7 +109,7 @@ def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
     answers = asyncio.run(main())
     assert max(timing.batch_size for _, timing in answers) > 1
     for ((tokens, _), _), prefix, n in zip(answers, PREFIXES, BLOCKS):
-        assert tokens == draft_block(alone_lm, f"ref-{len(prefix)}", prefix, n, GREEDY, torch.Generator())[0]
+        assert tokens == draft_block(alone_lm, f"ref-{len(prefix)}", prefix, n, GREEDY, None)[0]
 
 
 @pytest.mark.model

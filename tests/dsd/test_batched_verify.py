@@ -8,6 +8,7 @@ from scipy import stats
 from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs
 from dsd.backends.torch_lm import TorchLM
 from dsd.decoding import generate_ar
+from dsd.draws import Draws
 from dsd.drafting import draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -32,7 +33,7 @@ def _round_jobs(draft, sessions, gammas):
     jobs = []
     for s, gamma in zip(sessions, gammas):
         if not s.finished:
-            drafted, _ = draft_block(draft, s.seq_id, s.committed.tokens, gamma, GREEDY, torch.Generator())
+            drafted, _ = draft_block(draft, s.seq_id, s.committed.tokens, gamma, GREEDY, None)
             jobs.append(s.verify_job(s.proposal_for(drafted, None)))
     return jobs
 
@@ -133,14 +134,13 @@ def test_batched_speculative_sampling_keeps_the_target_distribution():
     prompt, gamma, n_sessions, n_passes = [3, 7, 2], 2, 8, 400
     p = torch.softmax(target.logits("p", prompt, 1)[0], dim=-1)            # [vocab]
     sampling = [SamplingParams(temperature=1.0, seed=1000 + i) for i in range(n_sessions)]
-    draft_generator = torch.Generator().manual_seed(11)
     counts = torch.zeros(target.vocab_size)
     for round_ in range(n_passes):
         jobs, firsts = [], []
         for i in range(n_sessions):
             session = VerifierSession(target, f"v{i}", prompt, sampling[i], StopRule(gamma + 1))
-            session.generator.manual_seed(round_ * n_sessions + i)
-            drafted, q = draft_block(draft, f"d{i}", prompt, gamma, sampling[i], draft_generator)
+            session.draws = Draws(round_ * n_sessions + i)
+            drafted, q = draft_block(draft, f"d{i}", prompt, gamma, sampling[i], session.draws)
             jobs.append(session.verify_job(session.proposal_for(drafted, q)))
             firsts.append(drafted[0])
         for (ok, verdict), first in zip(run_jobs(jobs), firsts):

@@ -15,14 +15,13 @@ def test_cache_holds_the_accepted_prefix_and_nothing_is_recomputed():
     session = VerifierSession(target, "s", prompt, SamplingParams(), StopRule(80))
     session.prefill()
     assert target.cached_length("s") == len(prompt) - 1
-    generator = torch.Generator()
     target_positions = len(prompt) - 1
     rejections = 0
     for _ in range(200):
         if session.finished:
             break
         before = list(session.committed.tokens)
-        drafted, _ = draft_block(draft, "s", before, gamma, SamplingParams(), generator)
+        drafted, _ = draft_block(draft, "s", before, gamma, SamplingParams(), None)
         verdict = session.verify(session.proposal_for(drafted, None))
         target_positions += gamma + 1
         rejections += verdict.accepted < gamma
@@ -49,7 +48,7 @@ def test_draft_model_feeds_each_position_once():
     for _ in range(100):
         if session.finished:
             break
-        drafted, _ = draft_block(draft, "d", session.committed.tokens, gamma, SamplingParams(), torch.Generator())
+        drafted, _ = draft_block(draft, "d", session.committed.tokens, gamma, SamplingParams(), None)
         # Each step feeds one position; a round after a fully accepted block also feeds the
         # block's last draft token, which the draft produced but never consumed.
         expected += gamma + (1 if previous_full else 0)

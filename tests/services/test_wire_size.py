@@ -7,9 +7,9 @@ import random
 
 import msgpack
 import pytest
-import torch
 
 from dsd.backends.protocol import Proposal, SamplingParams
+from dsd.draws import Draws
 from dsd.drafting import draft_block
 from dsd.sequence import prefix_digest
 from services import wire, wire_size
@@ -24,11 +24,10 @@ PROMPT_TOKENS = 300          # start_pos in uint16, as the prediction assumes
 def encoded_verify_bytes(vocab: int, sampling: SamplingParams) -> tuple[float, float | None]:
     """Mean size of BLOCKS encoded Verify messages, and the mean kept ids per sparse row."""
     drafter = BigramLM(random_bigram(vocab, seed=1, sharpness=3.0))
-    generator = torch.Generator().manual_seed(0)
     sizes, kept = [], []
     for block in range(BLOCKS):
         prefix = [random.Random(block).randrange(vocab) for _ in range(PROMPT_TOKENS)]
-        tokens, probs = draft_block(drafter, f"s{block}", prefix, GAMMA, sampling, generator)
+        tokens, probs = draft_block(drafter, f"s{block}", prefix, GAMMA, sampling, Draws(block))
         proposal = Proposal(len(prefix), prefix_digest(prefix), tuple(tokens), probs)
         message = _verify_message(1000 + block, 3, proposal, sampling)
         sizes.append(len(wire.encode(message)))
