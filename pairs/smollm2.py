@@ -48,7 +48,7 @@ class Smollm2PairConfig:
     seed: int = 1234
     heldout_pct: float = 10.0               # of the training prompts, kept out to score the draft
     samples_per_prompt: int = 2
-    data_rounds: int = 3                    # answer every prompt this often, a new seed each
+    data_rounds: int = 4                    # answer every prompt this often, a new seed each
     max_new_tokens: int = 128
     data_temperature: float = 0.7           # how the target answers the training prompts
     data_top_p: float = 0.9
