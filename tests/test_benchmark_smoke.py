@@ -150,3 +150,34 @@ def test_adaptive_on_sim_prints_every_policy_against_the_oracle(tmp_path):
     losses = [float(line.split("lost=")[1].split("s ")[0]) for line in lines]
     assert sum(losses) == pytest.approx(float(header.split("lost ")[1].split(" s")[0]), abs=0.01)
     assert (sum(losses) > 0) == (figures["model_vs_oracle_pct"] > 0), (done.stdout, figures)
+
+
+def _real_pair_target() -> None:
+    from pairs import smollm2
+    try:
+        smollm2.materialize_target(REPO / "models" / "smollm2-chat")
+    except FileNotFoundError as exc:
+        pytest.skip(f"the real pair's target cannot be made here: {exc}")
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_common_draws_alpha_prints_both_rates_on_the_same_requests(tmp_path):
+    _real_pair_target()
+    figures = _run(["benchmarks/common_draws_alpha.py", "--prompts", "1", "--seeds", "2"], tmp_path)
+    assert figures["requests"] == 2
+    for key in ("keyed_accept_rate", "sequential_accept_rate"):
+        assert 0.0 < figures[key] < 1.0, figures
+    assert figures["diff"] == pytest.approx(figures["keyed_accept_rate"] - figures["sequential_accept_rate"], abs=2e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_draft_step_gap_prints_a_ratio_per_gap_against_back_to_back_steps(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "benchmarks/draft_step_gap.py", "--gaps-ms", "0,20"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("gap_ms=")]
+    assert [line.split()[0] for line in lines] == ["gap_ms=0", "gap_ms=20"]
+    assert lines[0].endswith("ratio=1.000")

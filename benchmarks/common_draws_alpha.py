@@ -1,0 +1,90 @@
+"""Do keyed draws (dsd.draws) change acceptance? Co-located SD in process on the real pair, each
+request once with draws keyed by block position and once with one sequential generator, on the
+same prompts and seeds: the two acceptance rates should agree within their noise.
+
+    python benchmarks/common_draws_alpha.py [--pair models/smollm2-chat] [--prompts 8] [--seeds 5]
+
+bfloat16, one thread, gamma 2, the main job's sampling (temperature 0.7, top-p 0.9), answers of
+at most 48 tokens to the first --prompts evaluation instructions. Prints last
+``requests= keyed_accept_rate= sequential_accept_rate= diff= diff_se=`` (accepted over proposed
+draft tokens; diff_se: the standard error of the per-request paired difference).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsd.backends.hf import HfBackendConfig  # noqa: E402
+from dsd.backends.protocol import SamplingParams  # noqa: E402
+from dsd.draws import Draws  # noqa: E402
+from dsd.drafting import draft_block  # noqa: E402
+from dsd.stopping import StopRule  # noqa: E402
+from dsd.verifier_session import VerifierSession  # noqa: E402
+
+GAMMA, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS = 2, 48, 96
+
+
+class SequentialDraws:
+    """One generator for the whole request, whatever the position: the draws before dsd.draws."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def at(self, position: int, role: str) -> torch.Generator:
+        return self.generator
+
+
+def accept_counts(draft, target, prompt: list[int], seed: int, draws, seq_id: str) -> tuple[int, int]:
+    sampling = SamplingParams(temperature=0.7, seed=seed, top_p=0.9)
+    session = VerifierSession(target, seq_id, prompt, sampling, StopRule(MAX_NEW_TOKENS, target.eos_token_id))
+    session.draws = draws
+    session.prefill()
+    accepted = proposed = 0
+    while not session.finished:
+        drafted, q = draft_block(draft, seq_id, session.committed.tokens, GAMMA, sampling, draws)
+        verdict = session.verify(session.proposal_for(drafted, q))
+        accepted, proposed = accepted + verdict.accepted, proposed + verdict.proposed
+    session.close()
+    draft.release(seq_id)
+    return accepted, proposed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="models/smollm2-chat")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from transformers import AutoTokenizer
+    from pairs import chat_data, smollm2
+    draft, target = HfBackendConfig(pair_path=args.pair, dtype="bfloat16").load()
+    tokenizer = AutoTokenizer.from_pretrained(args.pair)
+    prompts = [chat_data.render(tokenizer, p)[:MAX_PROMPT_TOKENS]
+               for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:args.prompts]]
+    totals = {"keyed": [0, 0], "sequential": [0, 0]}
+    diffs = []
+    for i, prompt in enumerate(prompts):
+        for s in range(args.seeds):
+            seed = 1000 * i + s
+            rates = {}
+            for name, draws in (("keyed", Draws(seed)), ("sequential", SequentialDraws(seed))):
+                accepted, proposed = accept_counts(draft, target, prompt, seed, draws, f"{name}-{i}-{s}")
+                totals[name][0] += accepted
+                totals[name][1] += proposed
+                rates[name] = accepted / proposed
+            diffs.append(rates["keyed"] - rates["sequential"])
+    keyed, sequential = (totals[k][0] / totals[k][1] for k in ("keyed", "sequential"))
+    print(f"requests={len(diffs)} keyed_accept_rate={keyed:.4f} sequential_accept_rate={sequential:.4f} "
+          f"diff={keyed - sequential:+.4f} diff_se={statistics.stdev(diffs) / math.sqrt(len(diffs)):.4f}")
+
+
+if __name__ == "__main__":
+    main()
