@@ -68,10 +68,10 @@ def bracketing_rtts(rtt_grid_ms: list[float], low: float, high: float) -> list[f
 
 
 def next_points(experiment, states: list[dict], target_pct: float, taken: set[str]) -> list[Point]:
-    """One more repeat of the worst crossover's bracketing points; [] when every located
-    crossover is narrow enough."""
-    open_ = [s for s in states if (math.isfinite(s["measured_rtt_ms"]) or s["ci_covers_grid"])
-             and not (s["width_relative"] <= target_pct / 100)]
+    """One more repeat of the worst crossover's bracketing points; [] when every crossover that
+    may lie in the grid is narrow enough. A crossover measured "never" (or "always") whose
+    interval still has a finite end may lie in the grid, so it is open too."""
+    open_ = [s for s in states if may_cross_in_grid(s) and not (s["width_relative"] <= target_pct / 100)]
     if not open_:
         return []
     worst = max(open_, key=lambda s: s["width_relative"] if not math.isnan(s["width_relative"]) else -1)
@@ -85,6 +85,11 @@ def next_points(experiment, states: list[dict], target_pct: float, taken: set[st
     return [replace(p, repeat=repeat) for p in plan_points(experiment)
             if p.repeat == 0 and p.mode in (mode, reference) and p.rtt_ms in rtts and p.clients == clients
             and (p.gamma == gamma or p.mode in gammaless_modes()) and in_group(p, worst["group"])]
+
+
+def may_cross_in_grid(state: dict) -> bool:
+    return (state["ci_covers_grid"]
+            or any(math.isfinite(state[k]) for k in ("measured_rtt_ms", "ci_low", "ci_high")))
 
 
 def in_group(point: Point, group: dict) -> bool:

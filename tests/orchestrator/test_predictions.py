@@ -339,3 +339,15 @@ def test_compute_drift_with_a_calibration_per_repeat_is_against_the_repeats_own(
     predictions = pd.DataFrame({"gamma": 2, "repeat": [0, 0, 1, 1, 2, 2],
                                 "crossover_sync_vs_ar_rtt_ms": [4.0, 4.0, 8.0, 8.0, 30.0, 30.0]})
     assert oos_crossovers(predictions, {}, 2)["sync_vs_ar"] == 8.0
+
+
+def test_repeat_until_ci_keeps_narrowing_a_crossover_measured_never_whose_interval_reaches_into_the_grid():
+    """"never wins [95% CI -inf .. 9]" is as uncertain as a located crossover: more repeats at the
+    RTTs up to 9 ms and the next one; "never [-inf .. -inf]" (no replicate crosses) needs none."""
+    experiment = experiment_from_dict({**REPEATS, "launcher": "netns", "rtt_ms": [4, 8, 12, 16]})
+    state = {"group": {}, "name": "sync_vs_ar", "measured_rtt_ms": -math.inf, "ci_low": -math.inf, "ci_high": 9.0,
+             "ci_covers_grid": False, "width_relative": math.nan}
+    points = repeat_until_ci.next_points(experiment, [state], 20.0, set())
+    assert {p.rtt_ms for p in points} == {4.0, 8.0, 12.0} and {p.mode for p in points} == {"ar", "sync"}
+    settled = {**state, "ci_high": -math.inf}
+    assert repeat_until_ci.next_points(experiment, [settled], 20.0, set()) == []
