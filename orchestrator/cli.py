@@ -163,6 +163,19 @@ def _run_sweep(args) -> int:
     return _analyze(out)
 
 
+def out_of_sample_line(oos: dict) -> str:
+    """The CLI's line on the out-of-sample error ('' when there is no prediction at all)."""
+    if not oos.get("available"):
+        return ""
+    if not oos.get("cells"):
+        return ("out-of-sample per-token latency error: no cell to judge (every one-client point is a "
+                "calibration point, and only one-client points are predicted)")
+    return (f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
+            f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded); "
+            f"the server's compute per pass moved p50 {oos.get('compute_drift_p50_pct', math.nan):.1f}%, "
+            f"max {oos.get('compute_drift_max_pct', math.nan):.1f}% from the calibration")
+
+
 def _analyze(out: Path) -> int:
     from orchestrator.summary import analyze_sweep
 
@@ -175,12 +188,9 @@ def _analyze(out: Path) -> int:
             print(f"{name}{' (' + label + ')' if label else ''}: "
                   f"measured {values.get('text') or _ms(measured)}, predicted before measuring {_ms(oos)}, "
                   f"in-sample fit {_ms(predicted)}")
-    oos = summary.get("out_of_sample", {})
-    if oos.get("available"):
-        print(f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
-              f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded); "
-              f"the server's compute per pass moved p50 {oos.get('compute_drift_p50_pct', math.nan):.1f}%, "
-              f"max {oos.get('compute_drift_max_pct', math.nan):.1f}% from the calibration")
+    line = out_of_sample_line(summary.get("out_of_sample", {}))
+    if line:
+        print(line)
     for row in summary.get("capacity", []):
         print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
               f"measured {row['ratio_measured']:.2f} [{paper.ratio_interval(row)}], "

@@ -351,3 +351,14 @@ def test_repeat_until_ci_keeps_narrowing_a_crossover_measured_never_whose_interv
     assert {p.rtt_ms for p in points} == {4.0, 8.0, 12.0} and {p.mode for p in points} == {"ar", "sync"}
     settled = {**state, "ci_high": -math.inf}
     assert repeat_until_ci.next_points(experiment, [settled], 20.0, set()) == []
+
+
+def test_the_out_of_sample_line_says_when_no_cell_is_left_to_judge():
+    from orchestrator.cli import out_of_sample_line
+    assert out_of_sample_line({"available": False}) == ""
+    empty = out_of_sample_line({"available": True, "cells": 0, "latency_err_p50_pct": math.nan,
+                                "latency_err_max_pct": math.nan})
+    assert "no cell to judge" in empty and "nan" not in empty
+    full = out_of_sample_line({"available": True, "cells": 21, "latency_err_p50_pct": 3.39, "latency_err_max_pct": 8.88,
+                               "compute_drift_p50_pct": 2.8, "compute_drift_max_pct": 8.9})
+    assert "p50 3.39%, max 8.88% over 21 cells" in full and "moved p50 2.8%, max 8.9%" in full
