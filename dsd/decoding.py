@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.drafting import begin_request, draft_block
 from dsd.stopping import StopRule

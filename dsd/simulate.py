@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block

@@ -6,7 +6,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-
 from dsd.verifier_session import VerifierSession
 from services import frames, spinwait, wire
 from services.verifier.limits import INFLIGHT

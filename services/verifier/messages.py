@@ -6,7 +6,6 @@ import asyncio
 import math
 import time
 
-
 from dsd.backends.protocol import SamplingParams
 from dsd.modes import get_mode, server_modes
 from dsd.stopping import StopRule

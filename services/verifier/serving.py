@@ -7,7 +7,6 @@ import logging
 import math
 import time
 
-
 from dsd.backends.protocol import Proposal
 from dsd.drafting import DraftJob, begin_request
 from dsd.modes import AR, NOWHERE, SERVER, get_mode
