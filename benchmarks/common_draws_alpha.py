@@ -23,10 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.hf import HfBackendConfig  # noqa: E402
 from dsd.backends.protocol import SamplingParams  # noqa: E402
+from dsd.decoding import generate_colocated  # noqa: E402
 from dsd.draws import Draws  # noqa: E402
-from dsd.drafting import draft_block  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
-from dsd.verifier_session import VerifierSession  # noqa: E402
 
 GAMMA, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS = 2, 48, 96
 
@@ -43,17 +42,9 @@ class SequentialDraws:
 
 def accept_counts(draft, target, prompt: list[int], seed: int, draws, seq_id: str) -> tuple[int, int]:
     sampling = SamplingParams(temperature=0.7, seed=seed, top_p=0.9)
-    session = VerifierSession(target, seq_id, prompt, sampling, StopRule(MAX_NEW_TOKENS, target.eos_token_id))
-    session.draws = draws
-    session.prefill()
-    accepted = proposed = 0
-    while not session.finished:
-        drafted, q = draft_block(draft, seq_id, session.committed.tokens, GAMMA, sampling, draws)
-        verdict = session.verify(session.proposal_for(drafted, q))
-        accepted, proposed = accepted + verdict.accepted, proposed + verdict.proposed
-    session.close()
-    draft.release(seq_id)
-    return accepted, proposed
+    rounds = generate_colocated(draft, target, prompt, GAMMA, StopRule(MAX_NEW_TOKENS, target.eos_token_id),
+                                sampling, seq_id, draws).rounds
+    return sum(r.accepted for r in rounds), sum(r.proposed for r in rounds)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
+from dsd.draws import Draws
 from dsd.drafting import begin_request, draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -62,9 +63,11 @@ def generate_ar(target: LanguageModel, prompt: Sequence[int], stop: StopRule,
 
 def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int],
                        gamma: int, stop: StopRule, sampling: SamplingParams = SamplingParams(),
-                       seq_id: str = "co") -> Generation:
-    """Co-located SD: each round drafts gamma tokens and verifies them in one target pass."""
+                       seq_id: str = "co", draws: Draws | None = None) -> Generation:
+    """Co-located SD: each round drafts gamma tokens and verifies them in one target pass.
+    ``draws``: the request's random draws (default: dsd.draws keyed by the sampling seed)."""
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
+    session.draws = draws or session.draws
     session.prefill()
     begin_request(draft, seq_id, prompt, gamma)
     generation = Generation([])

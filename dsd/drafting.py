@@ -45,11 +45,16 @@ def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.
     return sample_index(q, generator), q
 
 
+def block_generator(draws: Draws | None, prefix: Sequence[int], sampling: SamplingParams) -> torch.Generator | None:
+    """The generator of a draft block that starts after ``prefix`` (None under greedy decoding,
+    which draws nothing; draws may then be None)."""
+    return None if sampling.greedy else draws.at(len(prefix), DRAFT)
+
+
 def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_tokens: int,
                 sampling: SamplingParams, draws: Draws | None) -> tuple[list[int], torch.Tensor | None]:
-    """n_tokens draft tokens after ``prefix`` and their q ([n_tokens, vocab] or None); greedy
-    drafting draws nothing (draws may be None)."""
-    generator = None if sampling.greedy else draws.at(len(prefix), DRAFT)
+    """n_tokens draft tokens after ``prefix`` and their q ([n_tokens, vocab] or None)."""
+    generator = block_generator(draws, prefix, sampling)
     tokens = list(prefix)
     probs = []
     for _ in range(n_tokens):
@@ -88,7 +93,7 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
     if len({job.seq_id for job in jobs}) != len(jobs):
         raise ValueError(f"a batch holds each sequence once, got {[job.seq_id for job in jobs]}")
     tokens = [list(job.prefix) for job in jobs]
-    generators = [None if job.sampling.greedy else job.draws.at(len(job.prefix), DRAFT) for job in jobs]
+    generators = [block_generator(job.draws, job.prefix, job.sampling) for job in jobs]
     probs: list[list[torch.Tensor | None]] = [[] for _ in jobs]
     alone: list[int] = []                        # jobs whose batched pass failed
     for step in range(max(job.n_tokens for job in jobs)):
@@ -102,8 +107,8 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
             token, q = pick_token(logits, jobs[i].sampling, generators[i])
             tokens[i].append(token)
             probs[i].append(q)
-    return [_finish(job, tokens[i], probs[i], generators[i]) if i in alone else (True, _block(job, tokens[i], probs[i]))
-            for i, job in enumerate(jobs)]
+    return [_finish(job, tokens[i], probs[i], generators[i]) if i in alone
+            else (True, _block(job, tokens[i], probs[i])) for i, job in enumerate(jobs)]
 
 
 def _block(job: DraftJob, tokens: list[int], probs: list) -> tuple[list[int], torch.Tensor | None]:

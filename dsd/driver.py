@@ -48,8 +48,8 @@ from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, Se
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
-from dsd.draws import DRAFT, Draws
-from dsd.drafting import begin_request, draft_step
+from dsd.draws import Draws
+from dsd.drafting import begin_request, block_generator, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
 from dsd.handover import HandoverStream
 from dsd.modes import SYNC, edge_modes, get_mode, server_modes
@@ -121,7 +121,7 @@ class DsdDriver:
     async def draft_block(self, request: DraftRequest) -> None:
         tokens, probs = list(request.prefix), []
         plan = (request.n_tokens, self.mode)
-        generator = self.draws.at(len(request.prefix), DRAFT)
+        generator = block_generator(self.draws, request.prefix, self.sampling)
 
         def step() -> None:
             token, q = draft_step(self.draft, self.seq_id, tokens, self.sampling, generator)

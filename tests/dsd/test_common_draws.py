@@ -12,6 +12,7 @@ from tests.toy_models import BigramLM, random_bigram
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
 PROMPT = [3, 14, 15]
+SERVER = ServerCosts(t_ar_s=0.02, t_draft_s=0.01, t_verify_s=0.03, t_prefill_s=0.0, one_way_s=0.025)
 
 
 def _pair(seed: int):
@@ -30,8 +31,9 @@ def _outputs(seed: int, sampling: SamplingParams):
     return {
         "colocated": generate_colocated(draft, target, PROMPT, GAMMA, stop, sampling).tokens,
         "colocated, as the services run it": simulate_on_server(
-            draft, target, PROMPT, GAMMA, stop, "colocated", ServerCosts(t_ar_s=0.02, t_draft_s=0.01, t_verify_s=0.03, t_prefill_s=0.0, one_way_s=0.025), sampling).generation.tokens,
-        "sync": simulate_dsd(draft, target, PROMPT, GAMMA, stop, link, pipelined=False, sampling=sampling).generation.tokens,
+            draft, target, PROMPT, GAMMA, stop, "colocated", SERVER, sampling).generation.tokens,
+        "sync": simulate_dsd(draft, target, PROMPT, GAMMA, stop, link, pipelined=False,
+                             sampling=sampling).generation.tokens,
         "pipelined": pipelined.generation.tokens,
     }, pipelined
 
