@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dsd.backends.hf import fast_dtype
+from dsd.backends.hf import HfBackendConfig
 from dsd.backends.vocab_map import VocabMap
 from pairs import chat_data, chat_draft
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pair {args.pair}: expected target/ and draft/ inside (for the shipped pair, "
                      f"python -m pairs.build --family smollm2 --out {args.pair} --target-only)")
     torch.set_num_threads(args.threads)
-    dtype = fast_dtype("cpu") if args.dtype == "auto" else args.dtype
+    dtype = HfBackendConfig(str(args.pair.resolve()), dtype=args.dtype).dtype
     print(json.dumps(score_pair(args.pair, args.prompts, args.max_new_tokens, args.temperature,
                                 args.top_p, args.seed, dtype)))
     return 0

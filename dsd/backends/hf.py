@@ -2,6 +2,7 @@
 a tokenizer, run with torch (dsd/backends/torch_lm.py)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -9,7 +10,8 @@ from typing import ClassVar
 from dsd.backends.protocol import BackendConfig
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
-AUTO = "auto"        # bfloat16 where it is fast (a GPU, or a CPU with AMX), else float32
+AUTO = "auto"        # timed on this machine (dsd.backends.precision)
+KERNEL_CHOICES = ("auto", "aten")   # dsd.backends.kernels: measured paths, or PyTorch's default
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PAIR = REPO / "models" / "default-pair"
 
@@ -23,19 +25,49 @@ class HfBackendConfig(BackendConfig):
     pair_path: str = str(DEFAULT_PAIR)
     target_path: str = ""
     draft_path: str = ""
-    dtype: str = "float32"          # or "auto", resolved here so that every service gets the same
+    # "auto" is resolved here, by timing the pair on this machine, so that every service gets the
+    # same precision (the launchers pass the resolved config on); draft_dtype "" follows dtype
+    dtype: str = "float32"
+    draft_dtype: str = ""
     device: str = "cpu"
+    kernels: str = "auto"           # "auto": each linear layer's fastest path, timed at load; "aten"
 
     def __post_init__(self) -> None:
         pair = Path(self.pair_path).expanduser()
         if self.pair_path and not pair.is_absolute():
             object.__setattr__(self, "pair_path", str(REPO / pair))
-        if self.dtype == AUTO:
-            object.__setattr__(self, "dtype", fast_dtype(self.device))
-        if self.dtype not in DTYPE_NAMES:
-            raise ValueError(f"dtype must be one of {DTYPE_NAMES} or {AUTO!r}, got {self.dtype!r}")
         if bool(self.target_path) != bool(self.draft_path):
             raise ValueError("target_path and draft_path go together: give both or neither")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
+        for key in ("dtype", "draft_dtype"):
+            value = getattr(self, key)
+            if value not in (*DTYPE_NAMES, AUTO) and not (key == "draft_dtype" and value == ""):
+                raise ValueError(f"{key} must be one of {DTYPE_NAMES} or {AUTO!r}, got {value!r}")
+        draft_dtype = self.draft_dtype or self.dtype
+        if AUTO in (self.dtype, draft_dtype):
+            choice = self.precision_choice()
+            object.__setattr__(self, "dtype", choice.target_dtype if self.dtype == AUTO else self.dtype)
+            draft_dtype = choice.draft_dtype if draft_dtype == AUTO else draft_dtype
+        object.__setattr__(self, "draft_dtype", draft_dtype)
+
+    def model_paths(self) -> tuple[str, str]:
+        """(target folder, draft folder)."""
+        if self.target_path:
+            return self.target_path, self.draft_path
+        pair = Path(self.pair_path).expanduser()
+        return str(pair / "target"), str(pair / "draft")
+
+    def precision_choice(self):
+        """What "auto" resolves to here, with the timings behind it (dsd.backends.precision)."""
+        from dsd.backends.precision import resolve
+
+        target, draft = self.model_paths()
+        for folder in (target, draft):
+            if not (Path(folder).expanduser() / "config.json").is_file():
+                raise ValueError(f"dtype/draft_dtype 'auto' times the pair on this machine, but {folder} holds no "
+                                 "model (build it first, e.g. `python -m pairs.build`), or give a dtype")
+        return resolve(target, draft, self.device, log=_log)
 
     def check_files(self) -> None:
         if not self.target_path:
@@ -50,11 +82,10 @@ class HfBackendConfig(BackendConfig):
 
     def load(self):
         # transformers is imported only here: a synthetic-only service starts in a second, not five.
+        from dsd.backends.kernels import ATEN, PATHS
         from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 
-        if self.target_path:
-            target_path, draft_path = self.target_path, self.draft_path
-        else:
+        if not self.target_path:
             pair = Path(self.pair_path).expanduser()
             if not (pair / "manifest.json").is_file():
                 raise FileNotFoundError(
@@ -62,23 +93,15 @@ class HfBackendConfig(BackendConfig):
                     f"`dsdbed build-pair --out {pair}`")
             from dsd.pair_manifest import verify_pair
             verify_pair(pair)
-            target_path, draft_path = str(pair / "target"), str(pair / "draft")
-        target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device))
-        draft = TorchLM.load(TorchLMConfig(draft_path, self.dtype, self.device))
+        target_path, draft_path = self.model_paths()
+        paths = PATHS if self.kernels == "auto" else (ATEN,)
+        target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device, paths))
+        draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device, paths))
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
                              "the pair must share a tokenizer")
         return draft, target
 
 
-def fast_dtype(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """bfloat16 on a GPU or on a CPU with AMX tiles for it (there a pass over a few positions
-    costs about one decode step); float32 on other CPUs, where bfloat16 matmuls are emulated and
-    slower than float32."""
-    if device.startswith("cuda"):
-        return "bfloat16"
-    try:
-        flags = Path(cpuinfo).read_text()
-    except OSError:
-        return "float32"
-    return "bfloat16" if " amx_bf16" in flags else "float32"
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

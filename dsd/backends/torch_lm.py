@@ -26,6 +26,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedMod
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from dsd.backends.kernels import ATEN, PATHS, KernelChoice, KernelConfig, choose_paths, install_paths
 from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.backends.vocab_map import VocabMap
 from dsd.sequence import common_prefix_length
@@ -41,8 +42,13 @@ class TorchLMConfig:
     path: str                   # a local Hugging Face model folder (or a hub id where online)
     dtype: str = "float32"
     device: str = "cpu"
+    # matrix-product paths to choose from by measurement at load (dsd.backends.kernels); ("aten",)
+    # keeps PyTorch's default; a GPU always does
+    kernel_paths: tuple[str, ...] = PATHS
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kernel_paths", tuple(self.kernel_paths))
+        KernelConfig(self.kernel_paths)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -148,14 +154,20 @@ class TorchLM:
         # A 4D mask makes transformers skip building one: _Rows.attend masks each row itself.
         self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         self._caches: dict[str, _SeqCache] = {}
+        self.kernel_choice: KernelChoice | None = None     # the paths chosen at load, if any
 
     @classmethod
     def load(cls, config: TorchLMConfig) -> "TorchLM":
         model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
         model.to(config.device)
+        choice = None
+        if config.device == "cpu" and config.kernel_paths != (ATEN,):
+            kernels = KernelConfig(config.kernel_paths)
+            choice = choose_paths(install_paths(model, kernels), kernels, config.dtype)
         eos = model.config.eos_token_id
-        return cls(model, name=Path(config.path).name, eos_token_id=eos,
-                   vocab_map=VocabMap.load(config.path))
+        lm = cls(model, name=Path(config.path).name, eos_token_id=eos, vocab_map=VocabMap.load(config.path))
+        lm.kernel_choice = choice
+        return lm
 
     def cached_length(self, seq_id: str) -> int:
         cache = self._caches.get(seq_id)

@@ -1,0 +1,174 @@
+"""Matrix-product paths for a model's linear layers, chosen per pass size by measurement.
+
+A decode step multiplies one row by every weight matrix; a verification multiplies a few rows.
+Both should cost about one read of the weights (the memory-bound regime). Which library call
+gets there depends on the CPU and the precision: on some CPUs the default float32 GEMM for 2-8
+rows repacks every weight matrix on every call and costs twice a one-row pass. So each linear
+layer keeps its weights in the forms the candidate paths want:
+
+- ``aten``: ``torch.nn.functional.linear`` (MKL or oneDNN chosen by PyTorch per call);
+- ``mkl_packed``: MKL's GEMM on weights packed once at load (float32 only);
+- ``onednn_packed``: oneDNN's matmul on weights reordered once at load to its blocked layout;
+
+and ``choose_paths`` times every path on the model's own weights, per group of equally shaped
+matrices and per bucket of row counts, and keeps the fastest (``aten`` unless another is faster
+by more than ``KernelConfig.margin``). Passes of more rows than the largest bucket (a prefill)
+stay on ``aten``. All paths compute the same products up to float rounding.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATEN, MKL_PACKED, ONEDNN_PACKED = "aten", "mkl_packed", "onednn_packed"
+PATHS = (ATEN, MKL_PACKED, ONEDNN_PACKED)
+BUCKETS = (1, 2, 3, 4, 8, 16)            # a pass of n rows runs as the smallest bucket >= n
+# oneDNN lays packed weights out for an expected row count: 4 serves 1-16 rows within a few
+# percent of the best layout for each, where a layout for 1 row costs up to 1.5x at 2-3 rows
+ONEDNN_ROWS_HINT = 4
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    paths: tuple[str, ...] = PATHS       # the candidates; ("aten",) keeps PyTorch's default
+    repeats: int = 5                     # timings per (group, bucket, path); the minimum counts
+    margin: float = 0.03                 # another path must beat aten by this share to be chosen
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.paths if p not in PATHS]
+        if unknown or ATEN not in self.paths:
+            raise ValueError(f"paths must be a subset of {PATHS} that holds {ATEN!r}, got {self.paths!r}")
+        if not (isinstance(self.repeats, int) and self.repeats >= 1):
+            raise ValueError(f"repeats must be a whole number >= 1, got {self.repeats!r}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin!r}")
+
+
+def bucket_of(rows: int) -> int | None:
+    """The bucket a pass of ``rows`` rows runs in; None beyond the largest (aten)."""
+    return next((b for b in BUCKETS if rows <= b), None)
+
+
+def available_paths(dtype: torch.dtype, wanted: tuple[str, ...] = PATHS) -> tuple[str, ...]:
+    """The paths this PyTorch build can run for weights of ``dtype`` on the CPU."""
+    found = [ATEN]
+    if MKL_PACKED in wanted and dtype == torch.float32 and torch._C.has_mkl:
+        found.append(MKL_PACKED)
+    if ONEDNN_PACKED in wanted and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
+        found.append(ONEDNN_PACKED)
+    return tuple(found)
+
+
+class PathLinear(nn.Module):
+    """A linear layer that runs each pass on the path chosen for its row count."""
+
+    def __init__(self, linear: nn.Linear, paths: tuple[str, ...]) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias          # shared: tied weights stay tied
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.forms: dict[str, torch.Tensor] = {}
+        weight = linear.weight.detach()
+        if MKL_PACKED in paths:
+            self.forms[MKL_PACKED] = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
+        if ONEDNN_PACKED in paths:
+            self.forms[ONEDNN_PACKED] = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
+        self.choice: dict[int, str] = {}                              # bucket -> path
+
+    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in_features] -> [..., out_features] on the given path."""
+        if path == MKL_PACKED:
+            rows = x.reshape(-1, self.in_features)
+            out = torch.ops.mkl._mkl_linear(rows, self.forms[MKL_PACKED], self.weight, self.bias, rows.shape[0])
+            return out.reshape(*x.shape[:-1], self.out_features)
+        if path == ONEDNN_PACKED:
+            return torch.ops.mkldnn._linear_pointwise(x, self.forms[ONEDNN_PACKED], self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bucket = bucket_of(x.numel() // self.in_features)
+        return self.run(self.choice.get(bucket, ATEN) if bucket is not None else ATEN, x)
+
+    def keep(self, choice: dict[int, str]) -> None:
+        """Take the chosen paths and free the forms no bucket uses."""
+        self.choice = dict(choice)
+        for path in [p for p in self.forms if p not in self.choice.values()]:
+            del self.forms[path]
+
+
+@dataclass
+class KernelChoice:
+    """What ``choose_paths`` measured and chose: per shape group 'out x in', per bucket, the
+    path and every candidate's time (milliseconds for the whole group)."""
+    dtype: str
+    choice: dict[str, dict[int, str]] = field(default_factory=dict)
+    times_ms: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype,
+                "choice": {g: {str(b): p for b, p in c.items()} for g, c in self.choice.items()},
+                "times_ms": {g: {str(b): {p: round(t, 4) for p, t in ts.items()} for b, ts in by.items()}
+                             for g, by in self.times_ms.items()}}
+
+    def summary(self) -> str:
+        """One line: per bucket, how many shape groups use each non-default path."""
+        used = sorted({(b, p) for c in self.choice.values() for b, p in c.items() if p != ATEN})
+        return ", ".join(f"{b} rows: {p}" for b, p in used) or "aten everywhere"
+
+
+def install_paths(model: nn.Module, config: KernelConfig) -> list[PathLinear]:
+    """Replace every nn.Linear of ``model`` by a PathLinear (aten for every bucket until chosen)."""
+    dtype = next(model.parameters()).dtype
+    paths = available_paths(dtype, config.paths)
+    installed = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                layer = PathLinear(child, paths)
+                setattr(parent, name, layer)
+                installed.append(layer)
+    return installed
+
+
+def choose_paths(layers: list[PathLinear], config: KernelConfig, dtype: str,
+                 clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
+    """Time every path on each group of equally shaped layers (all of them in a row, as a pass
+    streams them) for every bucket, keep the fastest per (group, bucket), free the rest."""
+    groups: dict[str, list[PathLinear]] = {}
+    for layer in layers:
+        groups.setdefault(f"{layer.out_features}x{layer.in_features}", []).append(layer)
+    result = KernelChoice(dtype)
+    with torch.inference_mode():
+        for name, group in groups.items():
+            paths = [ATEN, *group[0].forms]
+            times = {b: _time_paths(group, paths, b, config.repeats, clock) for b in BUCKETS}
+            choice = {b: _fastest(t, config.margin) for b, t in times.items()}
+            for layer in group:
+                layer.keep(choice)
+            result.choice[name], result.times_ms[name] = choice, times
+    return result
+
+
+def _time_paths(group: list[PathLinear], paths: list[str], rows: int, repeats: int,
+                clock: Callable[[], float]) -> dict[str, float]:
+    """Milliseconds for the whole group at ``rows`` rows per path: the minimum over repeats,
+    the paths interleaved so that a drift of the machine's speed meets them all alike."""
+    x = torch.randn(1, rows, group[0].in_features, dtype=group[0].weight.dtype)   # as a pass feeds it
+    best = {p: float("inf") for p in paths}
+    for _ in range(repeats + 1):                    # the first round warms caches and packs
+        for path in paths:
+            start = clock()
+            for layer in group:
+                layer.run(path, x)
+            best[path] = min(best[path], clock() - start)
+    return {p: 1e3 * t for p, t in best.items()}
+
+
+def _fastest(times_ms: dict[str, float], margin: float) -> str:
+    """aten unless another path beats it by more than ``margin``."""
+    path = min(times_ms, key=times_ms.get)
+    return path if times_ms[path] < (1.0 - margin) * times_ms[ATEN] else ATEN

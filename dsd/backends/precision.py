@@ -1,0 +1,208 @@
+"""``dtype = "auto"``: the precision a model pair runs in, chosen by timing it on this machine.
+
+Speculative decoding pays only where a verification pass over a few positions costs about one
+decode step. Whether it does in a given precision depends on the CPU's kernels, not on one
+flag: bfloat16 is fast with AMX and with AVX512-BF16 alone, emulated and slow elsewhere;
+float32's small-batch GEMM doubles on some CPUs. So every candidate precision that is exact for
+speculative decoding (the target's own passes decide every committed token) is loaded with its
+kernel paths chosen (dsd.backends.kernels) and timed:
+
+- the target: one position (t_ar) and passes of ``VERIFY_POSITIONS`` (gamma 2 and 4);
+- the draft: one position (t_draft).
+
+``choose`` picks the target's precision: the one whose verification passes are fastest, if they
+beat float32's by more than ``tie_margin`` while its decode step is at most ``ar_slack`` slower
+than float32's; else float32. The draft's: its fastest step, a tie keeping the target's. The
+CPU-flag rule (``first_guess``) is recorded beside the measurement, never used in its place.
+Both run on one torch thread, as the services do by default and the main job pins them. A choice
+is kept on disk per (CPU, PyTorch, pair), so the services and the orchestrator of one machine
+resolve "auto" alike and the timing runs once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CANDIDATES = ("float32", "bfloat16")
+VERIFY_POSITIONS = (3, 5)
+CONTEXT_TOKENS = 100
+TIMED_PASSES = 12
+
+
+@dataclass(frozen=True)
+class PrecisionTimes:
+    """One candidate's measured times (medians, seconds)."""
+    dtype: str
+    t_ar_s: float
+    t_verify_s: dict[int, float]       # positions -> one target pass over that many new positions
+    t_draft_s: float
+    kernels: str = ""                  # the kernel paths chosen (KernelChoice.summary)
+
+    @property
+    def verify_s(self) -> float:
+        """The mean of the verification passes: what the target's choice minimises."""
+        return statistics.fmean(self.t_verify_s.values())
+
+    def ratios(self) -> dict[str, float]:
+        return {f"verify{n}_over_ar": round(t / self.t_ar_s, 4) for n, t in self.t_verify_s.items()} | \
+               {"draft_step_over_ar": round(self.t_draft_s / self.t_ar_s, 4)}
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    target_dtype: str
+    draft_dtype: str
+    first_guess: str                   # what the CPU-flag rule would have said
+    times: tuple[PrecisionTimes, ...]
+    machine: str
+
+    def to_dict(self) -> dict:
+        return {"target_dtype": self.target_dtype, "draft_dtype": self.draft_dtype,
+                "first_guess": self.first_guess, "machine": self.machine,
+                "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "PrecisionChoice":
+        times = tuple(PrecisionTimes(c["dtype"], c["t_ar_s"], {int(n): t for n, t in c["t_verify_s"].items()},
+                                     c["t_draft_s"], c.get("kernels", "")) for c in values["candidates"])
+        return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"])
+
+
+def choose(times: list[PrecisionTimes], tie_margin: float = 0.03, ar_slack: float = 0.05) -> tuple[str, str]:
+    """(target dtype, draft dtype) from the measured table; float32 must be in it."""
+    by_dtype = {t.dtype: t for t in times}
+    if "float32" not in by_dtype:
+        raise ValueError(f"the table must hold float32 (the reference), got {sorted(by_dtype)}")
+    base = by_dtype["float32"]
+    better = [t for t in times if t.verify_s < (1.0 - tie_margin) * base.verify_s
+              and t.t_ar_s <= (1.0 + ar_slack) * base.t_ar_s]
+    target = min(better, key=lambda t: t.verify_s).dtype if better else "float32"
+    fastest = min(times, key=lambda t: t.t_draft_s)
+    draft = fastest.dtype if fastest.t_draft_s < (1.0 - tie_margin) * by_dtype[target].t_draft_s else target
+    return target, draft
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def first_guess(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The flag rule: bfloat16 on a GPU or where the CPU has bfloat16 instructions (AMX or
+    AVX512-BF16), else float32. A guess to record beside the measurement."""
+    if device.startswith("cuda"):
+        return "bfloat16"
+    return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16"} else "float32"
+
+
+def machine_key(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and its flags, as the kernels see them."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        text = ""
+    model = next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    flags = " ".join(sorted(cpu_flags(cpuinfo)))
+    isa = ",".join(f"{k}={os.environ[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                                    "ATEN_CPU_CAPABILITY") if os.environ.get(k))
+    return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:12]}]" + (f" {isa}" if isa else "")
+
+
+def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CANDIDATES, threads: int = 1,
+            kernel_paths: tuple[str, ...] | None = None) -> list[PrecisionTimes]:
+    """Time every candidate precision of the pair on this machine on ``threads`` torch threads,
+    the passes interleaved across candidates so that a drift of the machine's speed meets all."""
+    import torch
+
+    from dsd.backends.kernels import PATHS
+    from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        paths = PATHS if kernel_paths is None else kernel_paths
+        models = {d: (TorchLM.load(TorchLMConfig(target_path, d, kernel_paths=paths)),
+                      TorchLM.load(TorchLMConfig(draft_path, d, kernel_paths=paths))) for d in candidates}
+        samples = _interleaved_samples(models)
+        out = []
+        for dtype, (target, _) in models.items():
+            choice = target.kernel_choice
+            out.append(PrecisionTimes(dtype, samples[(dtype, "target", 1)],
+                                      {n: samples[(dtype, "target", n)] for n in VERIFY_POSITIONS},
+                                      samples[(dtype, "draft", 1)], choice.summary() if choice else "aten"))
+        return out
+    finally:
+        torch.set_num_threads(old)
+
+
+def _interleaved_samples(models: dict) -> dict[tuple[str, str, int], float]:
+    """Median seconds per (dtype, role, positions), every candidate's passes in turn per round."""
+    vocab = min(m.vocab_size for pair in models.values() for m in pair)
+    context = [(7 * i + 11) % vocab for i in range(CONTEXT_TOKENS)]
+    jobs = [(d, role, n) for d in models for role, n in [("target", 1), *[("target", n) for n in VERIFY_POSITIONS],
+                                                         ("draft", 1)]]
+    samples: dict[tuple[str, str, int], list[float]] = {job: [] for job in jobs}
+    for dtype, (target, draft) in models.items():
+        for model in (target, draft):
+            model.logits("precision", context, 1)
+    for round_index in range(TIMED_PASSES + 1):            # the first round warms up
+        for dtype, role, n in jobs:
+            model = models[dtype][0 if role == "target" else 1]
+            extra = [(3 * j + round_index) % vocab for j in range(n)]
+            start = time.perf_counter()
+            model.logits("precision", context + extra, n)
+            if round_index:
+                samples[(dtype, role, n)].append(time.perf_counter() - start)
+    return {job: statistics.median(values) for job, values in samples.items()}
+
+
+def cache_path(target_path: str, draft_path: str) -> Path:
+    """Where this machine keeps the choice for this pair (XDG cache, or DSD_CACHE_DIR)."""
+    import torch
+
+    root = Path(os.environ.get("DSD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                / "dsd-testbed")
+    key = json.dumps([machine_key(), torch.__version__, _weights_digest(target_path), _weights_digest(draft_path),
+                      CANDIDATES, VERIFY_POSITIONS])
+    return root / "precision" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _weights_digest(path: str) -> str:
+    """Names, sizes and modification times of a model folder's files: a rebuilt model is new."""
+    folder = Path(path)
+    parts = sorted(f"{p.name}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in folder.glob("*") if p.is_file())
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def resolve(target_path: str, draft_path: str, device: str = "cpu", log=None) -> PrecisionChoice:
+    """The pair's precision choice on this machine: from the disk cache, else measured and kept."""
+    if device.startswith("cuda"):
+        guess = first_guess(device)
+        return PrecisionChoice(guess, guess, guess, (), device)
+    path = cache_path(target_path, draft_path)
+    if path.is_file():
+        try:
+            return PrecisionChoice.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass                                        # unreadable: measure again
+    if log is not None:
+        log(f"dtype auto: timing the pair in {', '.join(CANDIDATES)} on this CPU (once; kept in {path})")
+    times = measure(target_path, draft_path)
+    target, draft = choose(times)
+    choice = PrecisionChoice(target, draft, first_guess(device), tuple(times), machine_key())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(choice.to_dict(), indent=1))
+    tmp.replace(path)
+    return choice
