@@ -150,7 +150,8 @@ class ControllerConfig:
     gamma: int = 4                  # the first round's gamma (every round's, for static)
     mode: str = SYNC                # the first round's mode
     gamma_max: int = 16
-    modes: tuple[str, ...] = edge_modes()   # what a policy may choose from (server modes: per request)
+    # what a policy may choose from (server modes: per request); an adaptive policy only plannable ones
+    modes: tuple[str, ...] = tuple(m for m in edge_modes() if get_mode(m).plannable)
     handover: bool = True           # a round may hand the request to a server mode of ``modes``
     settings: StaticConfig | HeuristicConfig | ModelPolicyConfig | BanditConfig | None = None
 
@@ -167,6 +168,10 @@ class ControllerConfig:
             raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
         if not self.modes or any(m not in names() for m in self.modes):
             raise ValueError(f"modes must be a non-empty list from {names()}, got {self.modes!r}")
+        unplannable = [m for m in self.modes if self.name != "static" and not get_mode(m).plannable]
+        if unplannable:
+            raise ValueError(f"modes: controller {self.name!r} cannot plan {unplannable[0]!r} (dsd/modes.py: not "
+                             f"plannable); plannable: {[m for m in names() if get_mode(m).plannable]}")
         if not isinstance(self.handover, bool):
             raise ValueError(f"handover must be true or false, got {self.handover!r}")
         object.__setattr__(self, "settings", self._checked_settings())

@@ -78,7 +78,8 @@ class DsdDriver:
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
         self.gamma_max = max(gamma_max or gamma, gamma)
-        self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max))
+        self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max,
+                                                                         modes=(mode,)))
         # the modes a round may take: the server's too where the transport can hand over
         self.modes = edge_modes() + (server_modes() if isinstance(transport, HandsOver) and transport.hands_over else ())
         self.server_plan: Decision | None = None

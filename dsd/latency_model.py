@@ -22,6 +22,20 @@ average, so
 This is exact for constant times and one block in flight; ``dsd.simulate`` runs the real
 protocol code on virtual time for everything else (several blocks in flight, real models) and the
 tests check the two against each other.
+
+Cached pipelined DSD (``dsd.spec_cache``) keeps one block in flight and, while it is verified,
+drafts next blocks for the likely verdicts (the fill, ``fill_s`` of device time: a step for the
+distribution after the block, then gamma batched passes over the branches). A verdict among them
+(probability h, the cache's hit rate) lets the next block go out at once, otherwise the edge
+drafts it from the corrected prefix:
+
+    hit:  next send after max(W, fill_s)
+    miss: next send after W + gamma*t_draft          (the fill is abandoned at the verdict)
+
+    T_cache = (h*max(W, fill_s) + (1-h)*(W + gamma*t_draft)) / E
+
+so with the fill inside the wait it beats co-located SD below rtt* = gamma*t_draft_server -
+(1-h)*gamma*t_draft_edge: the paper's drafting window gamma*t_draft as h -> 1.
 """
 from __future__ import annotations
 
@@ -76,6 +90,29 @@ def per_token_pipelined_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t
     fail_cycle_s = notice_s + gamma * t_draft_edge_s
     cycle_s = pi * survive_cycle_s + (1.0 - pi) * fail_cycle_s
     return cycle_s / expected_tokens_per_round(alpha, gamma)
+
+
+def per_token_cached_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, rtt_s: float,
+                           hit_rate: float, fill_s: float = 0.0) -> float:
+    if not 0.0 <= hit_rate <= 1.0:
+        raise ValueError(f"hit_rate must be in [0, 1], got {hit_rate!r}")
+    wait_s = rtt_s + t_verify_s
+    cycle_s = hit_rate * max(wait_s, fill_s) + (1.0 - hit_rate) * (wait_s + gamma * t_draft_edge_s)
+    return cycle_s / expected_tokens_per_round(alpha, gamma)
+
+
+def cached_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_draft_server_s: float,
+                                 t_verify_s: float, hit_rate: float, fill_s: float = 0.0) -> float:
+    """The RTT below which cached pipelined DSD is at least as fast as co-located SD; -inf if
+    even rtt = 0 loses (T_cache is non-decreasing in the RTT: bisection)."""
+    target_s = per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
+
+    def t_cache(rtt_s: float) -> float:
+        return per_token_cached_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, hit_rate, fill_s)
+
+    if t_cache(0.0) > target_s:
+        return -math.inf
+    return bisect_increasing(t_cache, target_s, 0.0, target_s * expected_tokens_per_round(alpha, gamma))
 
 
 def colocated_speedup(alpha: float, gamma: int, c: float) -> float:

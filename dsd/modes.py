@@ -18,14 +18,16 @@ from dataclasses import dataclass
 
 from dsd import latency_model as lm
 
-AR, COLOCATED, SYNC, PIPELINED = "ar", "colocated", "sync", "pipelined"
+AR, COLOCATED, SYNC, PIPELINED, CACHED = "ar", "colocated", "sync", "pipelined", "cached"
 EDGE, SERVER, NOWHERE = "edge", "server", "nowhere"
 DRAFT_SITES = (EDGE, SERVER, NOWHERE)
 
 # A predictor: the closed form's steady-state seconds per output token of one mode, from alpha,
 # gamma, the RTT (seconds) and the compute times, all four always passed by keyword:
 # t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s (a mode reads the ones it needs; a caller
-# that cannot know one passes None, and a misspelt name is a TypeError, never ignored).
+# that cannot know one passes None, and a misspelt name is a TypeError, never ignored); and
+# cache_hit_rate, the share of verdicts a speculation cache held (None where unknown: only the
+# cached mode reads it).
 Predictor = Callable[..., float]
 
 
@@ -33,7 +35,7 @@ Predictor = Callable[..., float]
 class Mode:
     name: str
     drafts: str                     # EDGE, SERVER or NOWHERE (no drafts: gamma does not apply)
-    pipelined: bool                 # the edge drafts ahead while a block is in flight
+    pipelined: bool                 # the edge drafts ahead and sends while a block is in flight
     per_token_s: Predictor          # (alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s)
     label: str                      # plots and reports
     color: str                      # matplotlib colour
@@ -42,6 +44,9 @@ class Mode:
     # (dsd.control: decide() / observe()) that plans each round; None: every round drafts the
     # configured gamma in this mode.
     policy: Callable | None = None
+    # while its one block is in flight the edge drafts next blocks for the likely verdicts
+    # (dsd.spec_cache) and sends one when its verdict comes
+    cache: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and self.name.isidentifier()):
@@ -52,6 +57,8 @@ class Mode:
             raise ValueError(f"pipelined must be a bool, True only when the edge drafts, got {self.pipelined!r}")
         if not callable(self.per_token_s):
             raise ValueError(f"per_token_s must be callable, got {self.per_token_s!r}")
+        if not isinstance(self.cache, bool) or (self.cache and (self.drafts != EDGE or self.pipelined)):
+            raise ValueError(f"cache must be a bool, True only for an edge mode that does not pipeline, got {self.cache!r}")
         if self.policy is not None and not (callable(self.policy) and self.drafts == EDGE):
             raise ValueError(f"policy must be callable, and only for a mode the edge drafts in, got {self.policy!r}")
         for name in ("label", "color"):
@@ -64,20 +71,31 @@ class Mode:
         return self.drafts != NOWHERE
 
 
-def _ar(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s) -> float:
+def _ar(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
+        cache_hit_rate=None) -> float:
     return t_ar_s                      # one target step per token
 
 
-def _colocated(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s) -> float:
+def _colocated(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
+               cache_hit_rate=None) -> float:
     return lm.per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
 
 
-def _sync(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s) -> float:
+def _sync(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
+          cache_hit_rate=None) -> float:
     return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
-def _pipelined(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s) -> float:
+def _pipelined(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
+               cache_hit_rate=None) -> float:
     return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
+
+
+def _cached(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
+            cache_hit_rate=None) -> float:
+    if cache_hit_rate is None:
+        raise ValueError("the cached mode's closed form needs the cache's hit rate (cache_hit_rate)")
+    return lm.per_token_cached_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, cache_hit_rate)
 
 
 MODES: dict[str, Mode] = {}       # name -> Mode, in registration order (the order of plots and grids)
@@ -104,6 +122,9 @@ register(Mode(COLOCATED, SERVER, False, _colocated, "co-located SD", "tab:green"
 register(Mode(SYNC, EDGE, False, _sync, "synchronous DSD", "tab:blue", plannable=True))
 register(Mode(PIPELINED, EDGE, True, _pipelined, "pipelined DSD", "tab:orange", plannable=True))
 BUILTIN = tuple(MODES)              # the four modes of docs/concepts.md: an experiment's default
+# NOTE: not plannable: an adaptive controller has no estimate of the cache's hit rate yet, so it
+# cannot weigh this mode against the others.
+register(Mode(CACHED, EDGE, False, _cached, "cached pipelined DSD", "tab:red", cache=True))
 
 
 def get_mode(name: str) -> Mode:
@@ -144,7 +165,8 @@ def plan_modes() -> tuple[str, ...]:
 
 def predict_per_token_s(name: str, alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float | None,
                         t_draft_edge_s: float | None, t_draft_server_s: float | None,
-                        t_verify_s: float | None) -> float:
+                        t_verify_s: float | None, cache_hit_rate: float | None = None) -> float:
     """The named mode's closed-form seconds per token (see ``Predictor``)."""
     return get_mode(name).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_edge_s,
-                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
+                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s,
+                                      cache_hit_rate=cache_hit_rate)

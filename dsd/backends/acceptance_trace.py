@@ -197,5 +197,10 @@ class TraceReplay:
             return 1.0 if outcome == ACCEPT else 0.0 if outcome == REJECT else alpha_measured
         return alpha_at
 
+    def fork(self, seq_id: str, new_seq_id: str) -> None:
+        """new_seq_id replays the trace where seq_id does (a branch of its speculation cache)."""
+        if seq_id in self._anchors:
+            self._anchors[new_seq_id] = self._anchors[seq_id]
+
     def release(self, seq_id: str) -> None:
         self._anchors.pop(seq_id, None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -57,6 +57,21 @@ class LanguageModel(Protocol):
 
     def release(self, seq_id: str) -> None:
         """Forget the sequence and free its cache."""
+
+
+@runtime_checkable
+class ForksCaches(Protocol):
+    """An optional ability: start a sequence from another's cached prefix without recomputing it
+    (the branches of a speculation cache, dsd.spec_cache), and hand a sequence's cache to another
+    id (the branch that hit becomes the request's)."""
+
+    def fork(self, seq_id: str, new_seq_id: str, length: int) -> None:
+        """``new_seq_id`` starts with the first ``length`` cached positions of ``seq_id`` (fewer if
+        fewer are cached); whatever ``new_seq_id`` held is dropped."""
+
+    def move(self, seq_id: str, new_seq_id: str) -> None:
+        """``new_seq_id`` takes over ``seq_id``'s cache (whatever it held is dropped); ``seq_id`` is
+        forgotten."""
 
 
 class BackendConfig:

@@ -224,6 +224,24 @@ class SyntheticLM:
         if seq_id in self._cached:
             del self._cached[seq_id][length:]
 
+    def fork(self, seq_id: str, new_seq_id: str, length: int) -> None:
+        """A branch shares its source's acceptance layout and trace position (the draft's tokens
+        depend on them, and a branch must draft what its source would have)."""
+        self._cached[new_seq_id] = list(self._cached.get(seq_id, ())[:length])
+        if seq_id in self._layouts:
+            self._layouts[new_seq_id] = self._layouts[seq_id]
+        if self._replay is not None:
+            self._replay.fork(seq_id, new_seq_id)
+
+    def move(self, seq_id: str, new_seq_id: str) -> None:
+        for table in (self._cached, self._layouts):
+            table.pop(new_seq_id, None)
+            if seq_id in table:
+                table[new_seq_id] = table.pop(seq_id)
+        if self._replay is not None:
+            self._replay.fork(seq_id, new_seq_id)
+            self._replay.release(seq_id)
+
     def release(self, seq_id: str) -> None:
         self._cached.pop(seq_id, None)
         self._layouts.pop(seq_id, None)

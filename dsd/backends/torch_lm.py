@@ -35,6 +35,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
           "float16": torch.float16}
 ATTENTION = "dsd_rows"
 _MIN_CAPACITY = 64
+_FORK_HEADROOM = 32        # room a forked cache gets for a branch's block before it must grow
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,25 @@ class TorchLM:
         cache = self._caches.get(seq_id)
         if cache is not None:
             del cache.tokens[length:]        # the buffers' later positions are overwritten next
+
+    def fork(self, seq_id: str, new_seq_id: str, length: int) -> None:
+        source = self._caches.get(seq_id)
+        keep = min(length, len(source.tokens)) if source is not None else 0
+        copy = self._caches[new_seq_id] = _SeqCache(self._n_layers)
+        copy.tokens = list(source.tokens[:keep]) if source is not None else []
+        for layer in range(self._n_layers if keep else 0):
+            keys, values = source.keys[layer], source.values[layer]
+            capacity = max(_MIN_CAPACITY, keep + _FORK_HEADROOM)
+            copy.keys[layer] = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
+            copy.values[layer] = values.new_empty((values.shape[0], capacity, values.shape[2]))
+            copy.keys[layer][:, :keep] = keys[:, :keep]
+            copy.values[layer][:, :keep] = values[:, :keep]
+
+    def move(self, seq_id: str, new_seq_id: str) -> None:
+        cache = self._caches.pop(seq_id, None)
+        self._caches.pop(new_seq_id, None)
+        if cache is not None:
+            self._caches[new_seq_id] = cache
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
         return self.logits_batch([LogitsRequest(seq_id, tokens, n_last)])[0]

@@ -17,7 +17,7 @@ from dsd.policy_model import best_decision
 from dsd.decoding import generate_ar
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
-from dsd.modes import AR, COLOCATED, EDGE, NOWHERE, PIPELINED, SERVER, SYNC, Mode, get_mode, register
+from dsd.modes import AR, CACHED, COLOCATED, EDGE, NOWHERE, PIPELINED, SERVER, SYNC, Mode, get_mode, register
 from dsd.times import ComputeTimes
 from orchestrator import analysis, plots
 from orchestrator.experiment import Experiment
@@ -27,7 +27,8 @@ TIMES = {"t_ar_s": 0.010, "t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t
 PARAMS = ComputeTimes.from_dict({**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}})
 
 
-def _toy_per_token_s(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s):
+def _toy_per_token_s(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
+                     cache_hit_rate=None):
     """Synchronous DSD that always proposes one token."""
     return lm.per_token_sync_dsd_s(alpha, 1, t_draft_edge_s, t_verify_s, rtt_s)
 
@@ -61,12 +62,13 @@ def toy():
 def test_the_four_modes_of_reference_md_and_where_they_draft():
     assert modes.names()[:4] == modes.BUILTIN == (AR, COLOCATED, SYNC, PIPELINED)
     assert [get_mode(n).drafts for n in modes.BUILTIN] == [NOWHERE, SERVER, EDGE, EDGE]
-    assert modes.edge_modes() == (SYNC, PIPELINED)
+    assert modes.edge_modes() == (SYNC, PIPELINED, CACHED)
     assert modes.server_modes() == (AR, COLOCATED)
-    assert modes.speculative_modes() == (COLOCATED, SYNC, PIPELINED)
+    assert modes.speculative_modes() == (COLOCATED, SYNC, PIPELINED, CACHED)
     assert modes.gammaless_modes() == (AR,)
     assert modes.plan_modes() == (AR, SYNC, PIPELINED)
     assert [n for n in modes.BUILTIN if get_mode(n).pipelined] == [PIPELINED]
+    assert [n for n in modes.names() if get_mode(n).cache] == [CACHED], "the cached mode: not one of the four"
 
 
 def test_each_mode_predicts_with_its_closed_form():
