@@ -79,3 +79,4 @@ class Round:
     t_draft_start_s: float | None    # None for a server round
     t_draft_end_s: float | None
     t_send_s: float
+    cache: Any = None                # the cached mode: what the verdict met (dsd.cache_fill.CacheRecord)

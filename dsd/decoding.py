@@ -23,11 +23,12 @@ class RoundRecord:
     stale: bool = False
     gamma: int = 0              # the block's planned gamma and mode (dsd.control); 0/"" where unplanned
     mode: str = ""
+    cache: object = None         # the cached mode: what the verdict met (dsd.cache_fill.CacheRecord)
 
     @classmethod
     def from_verdict(cls, round_index: int, verdict: Verdict, emitted: int, gamma: int = 0,
-                     mode: str = "") -> "RoundRecord":
-        return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale, gamma, mode)
+                     mode: str = "", cache: object = None) -> "RoundRecord":
+        return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale, gamma, mode, cache)
 
 
 @dataclass

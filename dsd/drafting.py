@@ -45,6 +45,14 @@ def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.
     return sample_index(q, generator), q
 
 
+def ranking_row(logits: torch.Tensor, sampling: SamplingParams, q: torch.Tensor | None = None) -> torch.Tensor:
+    """The draft's distribution at one position [vocab], as a speculation cache ranks what the
+    verifier may send back (dsd.spec_cache): q where the draft samples, else softmax(logits)."""
+    if not sampling.greedy:
+        return q if q is not None else sampling_probs(logits, sampling)[0]
+    return torch.softmax(logits[0].float(), dim=-1)
+
+
 def block_generator(draws: Draws | None, prefix: Sequence[int], sampling: SamplingParams) -> torch.Generator | None:
     """The generator of a draft block that starts after ``prefix`` (None under greedy decoding,
     which draws nothing; draws may then be None)."""

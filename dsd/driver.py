@@ -46,13 +46,15 @@ import torch
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
+from dsd.cache_fill import CacheFiller
 from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
 from dsd.draws import Draws
-from dsd.drafting import begin_request, block_generator, draft_step
+from dsd.drafting import begin_request, block_generator, pick_token, ranking_row
 from dsd.edge import DraftRequest, EdgeDecoder
 from dsd.handover import HandoverStream
 from dsd.modes import SYNC, edge_modes, get_mode, server_modes
+from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 
 __all__ = ["AcknowledgedArrival", "Arrival", "Device", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
@@ -72,7 +74,8 @@ class DsdDriver:
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
-                 controller: Controller | None = None, gamma_max: int | None = None, handover_tokens: int = 4) -> None:
+                 controller: Controller | None = None, gamma_max: int | None = None, handover_tokens: int = 4,
+                 cache: CacheConfig | None = None) -> None:
         if not (isinstance(handover_tokens, int) and handover_tokens >= 1):
             raise ValueError(f"handover_tokens must be a whole number >= 1, got {handover_tokens!r}")
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
@@ -90,6 +93,9 @@ class DsdDriver:
         self.edge = EdgeDecoder(prompt, gamma, stop, max_in_flight=max_in_flight)
         self.mode = self.plan()
         self.draws = Draws(sampling.seed)
+        # the cached mode's speculation cache (dsd.cache_fill), made when a round first plans it
+        self.cache_config = cache or CacheConfig()
+        self.filler: CacheFiller | None = None
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
         begin_request(draft, seq_id, prompt, gamma)
@@ -107,11 +113,16 @@ class DsdDriver:
             # a withdraw's answer says which segments will still come: nothing is drafted before it
             request = None if self.stream.segments or self.stream.withdrawing else self.edge.next_draft()
             if request is None:
-                await self.handle(await self.transport.wait())
+                if self.filler is not None and self.filler.wants_work and self.edge.in_flight:
+                    await self.fill_step()
+                else:
+                    await self.handle(await self.transport.wait())
                 continue
             await self.draft_block(request)
             if self.draft_steps > limit:
                 raise RuntimeError(f"more than {limit} draft steps in one request")
+        if self.filler is not None:
+            self.filler.release()
         self.draft.release(self.seq_id)
         return self.edge.generated
 
@@ -120,27 +131,42 @@ class DsdDriver:
             await self.handle(arrival)
 
     async def draft_block(self, request: DraftRequest) -> None:
-        tokens, probs = list(request.prefix), []
+        tokens, probs, rows = list(request.prefix), [], []
         plan = (request.n_tokens, self.mode)
+        keeps_rows = get_mode(self.mode).cache
         generator = block_generator(self.draws, request.prefix, self.sampling)
+        branch = self.filler.take(request.prefix) if self.filler is not None and not request.with_guess else None
+        if branch is not None:           # the speculation cache drafted (part of) this block already
+            tokens, probs, rows = tokens + branch.tokens[:request.n_tokens], branch.probs[:request.n_tokens], \
+                branch.rows[:request.n_tokens]
+            generator = branch.generator
 
         def step() -> None:
-            token, q = draft_step(self.draft, self.seq_id, tokens, self.sampling, generator)
+            logits = self.draft.logits(self.seq_id, tokens, 1)                       # [1, vocab]
+            token, q = pick_token(logits, self.sampling, generator)
             tokens.append(token)
             probs.append(q)
+            if keeps_rows:
+                rows.append(ranking_row(logits, self.sampling, q))
 
         def finish():
             drafted = tokens[len(request.prefix):]
             q_stack = None if self.sampling.greedy or not probs else torch.stack(probs)
             to_send = self.edge.add_draft(request, drafted, q_stack)
+            if to_send and self._fills_cache():
+                self.filler.block_sent(request.prefix, drafted, rows)
             return to_send, self.transport.prepare(to_send)
 
-        if not self.edge.in_flight:     # no verdict can arrive that cuts this block short
+        remaining = request.n_tokens - (len(tokens) - len(request.prefix))
+        if remaining == 0:              # a complete cached block: out at once
+            t_start_s = self.clock()
+            to_send, prepared = finish()
+        elif not self.edge.in_flight:     # no verdict can arrive that cuts this block short
             (to_send, prepared), t_start_s = await self.device.draft(
-                lambda: [step() for _ in range(request.n_tokens)], request.n_tokens, finish)
-            self.draft_steps += request.n_tokens
+                lambda: [step() for _ in range(remaining)], remaining, finish)
+            self.draft_steps += remaining
         else:                           # a verdict may refute the prefix mid-block: look after every step
-            for i in range(request.n_tokens):
+            for i in range(remaining):
                 _, step_start_s = await self.device.draft(step, 1, lambda: None)
                 t_start_s = step_start_s if i == 0 else t_start_s
                 self.draft_steps += 1
@@ -152,6 +178,21 @@ class DsdDriver:
         if block is not None and not request.with_guess:
             self._drafted[(block.start_pos, block.base_digest)] = (t_start_s, self.clock(), *plan)
         await self.send(to_send, prepared)
+
+    def _fills_cache(self) -> bool:
+        """Whether this round's mode keeps a speculation cache (made at its first such round)."""
+        if not get_mode(self.mode).cache:
+            return False
+        if self.filler is None:
+            self.filler = CacheFiller(self.draft, self.seq_id, self.sampling, self.draws, self.cache_config)
+        return True
+
+    async def fill_step(self) -> None:
+        """One device pass of the speculation cache's fill (dsd.cache_fill)."""
+        work, n_steps, branches = self.filler.next_work()
+        _, t_start_s = await self.device.draft(work, n_steps, lambda: None)
+        self.filler.note_pass(branches, self.clock() - t_start_s)
+        self.draft_steps += 1
 
     async def send(self, proposals: list[Proposal], prepared, after: Arrival | None = None) -> None:
         for proposal, t_send_s in zip(proposals, await self.transport.send(prepared, after)):
@@ -170,7 +211,11 @@ class DsdDriver:
             return
         emitted, to_send = self.edge.on_verdict(arrival.verdict)
         t_draft_start_s, t_draft_end_s, gamma, mode, t_send_s = self._sent.popleft()
-        self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s))
+        cache = None
+        if self.filler is not None and not arrival.verdict.stale:
+            cache = self.filler.on_verdict(arrival.verdict, self.edge.committed.tokens, arrival.t_receive_s - t_send_s)
+        self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s,
+                            cache))
         self.rounds += 1
         seen = observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, self.remaining_tokens)
         self.stream.rtt_s = self.stream.rtt_s if arrival.verdict.stale else seen.rtt_s

@@ -27,6 +27,7 @@ from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, Se
 from dsd.driver import DsdDriver, run_to_end
 from dsd.edge import EdgeDecoder
 from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
+from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -99,8 +100,11 @@ class VirtualDevice:
     async def draft(self, work, n_steps: int, then):
         start_s = self.clock.now_s
         work()
-        for _ in range(n_steps):        # step by step: the same sums as a clock that ticks per step
+        whole = int(n_steps)
+        for _ in range(whole):          # step by step: the same sums as a clock that ticks per step
             self.clock.now_s += self.t_draft_s
+        if n_steps > whole:             # a batched pass (a speculation cache's) costs a fraction more
+            self.clock.now_s += (n_steps - whole) * self.t_draft_s
         return then(), start_s
 
 
@@ -270,7 +274,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
                  t_verify_of=None, mode: str | None = None, handover_tokens: int = 4,
-                 t_open_s: float | None = None) -> SimulatedRun:
+                 t_open_s: float | None = None, cache: CacheConfig | None = None) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
     dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
     None: gamma and the mode stay) is asked for the next plan before the first block and after
@@ -295,14 +299,14 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
             served = r.arrival.served
             record = RoundRecord(r.index, served.proposed, served.accepted, len(r.emitted), False, r.gamma, r.mode)
         else:
-            record = RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode)
+            record = RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma, r.mode, r.cache)
         generation.rounds.append(record)
         if r.emitted:
             emits_s.append(r.arrival.t_receive_s)
 
     driver = DsdDriver(draft, seq_id, prompt, gamma, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link,
                        clock, on_round, mode or (PIPELINED if pipelined else SYNC), max_in_flight, controller,
-                       gamma_max, handover_tokens)
+                       gamma_max, handover_tokens, cache)
     generation.tokens = run_to_end(driver.run())
     session.close()
     draft.release(link.server_seq_id)

@@ -124,7 +124,8 @@ class Branch:
     seq_id: str
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
-    probs: list[torch.Tensor | None] = field(default_factory=list)
+    probs: list[torch.Tensor | None] = field(default_factory=list)     # q of each token (None: greedy)
+    rows: list[torch.Tensor] = field(default_factory=list)            # ranking rows (dsd.drafting.ranking_row)
 
 
 @dataclass

@@ -1,0 +1,168 @@
+"""Filling a speculation cache (dsd.spec_cache) while a block is verified: the cached mode's
+drafting, for dsd.driver.
+
+After a block goes out, ``next_work`` hands the driver one device pass at a time: first one
+draft step after the block (the draft's distribution over the bonus token; the block's own
+positions' distributions were kept while it was drafted), which ranks the outcomes and starts a
+branch per chosen outcome on a fork of the request's KV cache; then, per depth, one batched pass
+over every branch. Between passes the driver delivers what has arrived, so a verdict stops the
+fill: ``on_verdict`` records what the cache held and keeps the branch drafted on the committed
+prefix, if any, for ``take``, which hands it (complete, or part-way with its generator to go on)
+to the next block. Everything else is released.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsd.backends.protocol import ForksCaches, LanguageModel, LogitsRequest, SamplingParams, Verdict
+from dsd.drafting import block_generator, pick_token, ranking_row
+from dsd.draws import Draws
+from dsd.spec_cache import Branch, CacheConfig, SpeculationCache, fanout, rank_outcomes
+
+_EMA = 0.3          # weight of the newest sample in the running wait and step-time estimates
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """What one round's verdict met in the cache (a rounds.csv row's cache_* columns)."""
+    hit: bool               # a branch was drafted on the committed prefix
+    depth: int              # its tokens drafted by the verdict (0 at a miss)
+    rank: int               # the verdict's outcome among the ranked candidates (-1: not a candidate)
+    branches: int           # branches drafted for this block
+    fill_s: float           # device time spent on the fill by the verdict
+    predicted_hit: float    # the estimated probability of a hit, summed over the branches
+
+
+@dataclass
+class _Sent:
+    base: list[int]                  # committed tokens the block was drafted on
+    block: list[int]
+    rows: list[torch.Tensor]         # the draft's distribution at each block position
+
+
+class CacheFiller:
+    def __init__(self, draft: LanguageModel, seq_id: str, sampling: SamplingParams, draws: Draws | None,
+                 config: CacheConfig, t_draft_s: float | None = None) -> None:
+        if not isinstance(draft, ForksCaches):
+            raise ValueError(f"the cached mode needs a draft that can fork its KV cache; {draft.name!r} cannot")
+        self.draft, self.seq_id, self.sampling, self.draws, self.config = draft, seq_id, sampling, draws, config
+        self.sent: _Sent | None = None
+        self.spec: SpeculationCache | None = None
+        self.hit: Branch | None = None
+        self.accepted, self.proposed = 0, 0
+        self.wait_s: float | None = None             # send -> verdict, running estimate
+        self.step_s: dict[int, float] = {}           # branches -> one batched pass, running estimate
+        self.t_draft_s = t_draft_s                   # one step alone, until measured
+
+    @property
+    def alpha(self) -> float:
+        c = self.config
+        return (self.accepted + c.alpha_prior * c.alpha_prior_tokens) / (self.proposed + c.alpha_prior_tokens)
+
+    def block_sent(self, base: Sequence[int], block: Sequence[int], rows: Sequence[torch.Tensor]) -> None:
+        """The block on ``base`` just went out; ``rows`` [gamma] are the draft's distributions it was
+        drawn from (dsd.drafting.ranking_row)."""
+        self.release()
+        self.sent = _Sent(list(base), list(block), list(rows))
+
+    @property
+    def wants_work(self) -> bool:
+        if self.sent is None:
+            return False
+        gamma = len(self.sent.block)
+        return self.spec is None or any(len(b.tokens) < gamma for b in self.spec.branches)
+
+    def next_work(self) -> tuple[Callable[[], None], float, int]:
+        """One device pass of the fill, its cost in draft steps (for an emulated device), and the
+        branches it drafts (0: the step after the block, which starts them)."""
+        if self.spec is None:
+            return self._rank, 1.0, 0
+        live = [b for b in self.spec.branches if len(b.tokens) < len(self.sent.block)]
+        return (lambda: self._depth(live)), 1.0 + self.config.batch_slope * (len(live) - 1), len(live)
+
+    def note_pass(self, branches: int, elapsed_s: float) -> None:
+        """A fill pass over ``branches`` branches (0: the bonus step) took ``elapsed_s`` on the device."""
+        if self.spec is not None:
+            self.spec.fill_s += elapsed_s
+        key = max(branches, 1)
+        old = self.step_s.get(key)
+        self.step_s[key] = elapsed_s if old is None else (1 - _EMA) * old + _EMA * elapsed_s
+        if branches == 0:
+            self.t_draft_s = self.step_s[1]
+
+    def on_verdict(self, verdict: Verdict, committed: Sequence[int], wait_s: float) -> CacheRecord | None:
+        """Apply a verdict of the block in flight: what the cache held (None if none was
+        started), and the branch drafted on ``committed`` kept for ``take``."""
+        self.accepted += verdict.accepted
+        self.proposed += verdict.proposed
+        self.wait_s = wait_s if self.wait_s is None else (1 - _EMA) * self.wait_s + _EMA * wait_s
+        spec, sent, self.sent = self.spec, self.sent, None
+        if spec is None:                 # the verdict came before the fill began
+            return None if sent is None else CacheRecord(False, 0, -1, 0, 0.0, 0.0)
+        branch = spec.branch_for(committed)
+        record = CacheRecord(branch is not None, len(branch.tokens) if branch else 0,
+                             spec.rank_of(spec.outcome_of(committed)), len(spec.branches), spec.fill_s,
+                             spec.predicted_hit)
+        self.hit = branch
+        self._release_branches(keep=branch)
+        self.spec = None
+        return record
+
+    def take(self, prefix: Sequence[int]) -> Branch | None:
+        """The branch drafted on ``prefix``, its KV cache now the request's; None at a miss."""
+        branch, self.hit = self.hit, None
+        if branch is None or branch.prefix != list(prefix):
+            if branch is not None:
+                self.draft.release(branch.seq_id)
+            return None
+        self.draft.move(branch.seq_id, self.seq_id)
+        return branch
+
+    def release(self) -> None:
+        """Drop every branch (the request ends, or a new block starts a new cache)."""
+        if self.hit is not None:
+            self.draft.release(self.hit.seq_id)
+            self.hit = None
+        self._release_branches(keep=None)
+        self.spec, self.sent = None, None
+
+    def _release_branches(self, keep: Branch | None) -> None:
+        for branch in self.spec.branches if self.spec is not None else ():
+            if branch is not keep:
+                self.draft.release(branch.seq_id)
+
+    def _rank(self) -> None:
+        """The draft's step after the block, the ranking, and a fork per chosen outcome."""
+        sent = self.sent
+        tokens = sent.base + sent.block
+        bonus_row = ranking_row(self.draft.logits(self.seq_id, tokens, 1), self.sampling)
+        rows = torch.stack([*sent.rows, bonus_row])                         # [gamma + 1, vocab]
+        candidates = rank_outcomes(sent.block, rows, self.alpha, self.config.tokens_per_position)
+        wait_s = None if self.wait_s is None else self.wait_s - (self.t_draft_s or 0.0)
+        n = fanout(self.config, len(candidates), wait_s, len(sent.block), self._step_s_of)
+        branches = []
+        for i, candidate in enumerate(candidates[:n]):
+            j, t = candidate.outcome.accepted, candidate.outcome.token
+            prefix = sent.base + sent.block[:j] + [t]
+            seq_id = f"{self.seq_id}#cache{i}"
+            self.draft.fork(self.seq_id, seq_id, len(sent.base) + j)
+            branches.append(Branch(candidate, i, prefix, seq_id, block_generator(self.draws, prefix, self.sampling)))
+        self.spec = SpeculationCache(sent.base, sent.block, candidates, branches)
+
+    def _depth(self, live: list[Branch]) -> None:
+        """One batched draft pass: the next token of every live branch."""
+        rows = self.draft.logits_batch([LogitsRequest(b.seq_id, b.prefix + b.tokens, 1) for b in live])
+        for branch, logits in zip(live, rows):                              # logits [1, vocab]
+            token, q = pick_token(logits, self.sampling, branch.generator)
+            branch.tokens.append(token)
+            branch.probs.append(q)
+            branch.rows.append(ranking_row(logits, self.sampling, q))
+
+    def _step_s_of(self, branches: int) -> float:
+        """A batched pass over ``branches``: measured, else the single step scaled by the slope."""
+        if branches in self.step_s:
+            return self.step_s[branches]
+        return (self.t_draft_s or 0.0) * (1.0 + self.config.batch_slope * (branches - 1))
