@@ -142,7 +142,7 @@ class CacheFiller:
         rows = torch.stack([*sent.rows, bonus_row])                         # [gamma + 1, vocab]
         candidates = rank_outcomes(sent.block, rows, self.alpha, self.config.tokens_per_position)
         wait_s = None if self.wait_s is None else self.wait_s - (self.t_draft_s or 0.0)
-        n = fanout(self.config, len(candidates), wait_s, len(sent.block), self._step_s_of)
+        n = fanout(self.config, [c.probability for c in candidates], wait_s, len(sent.block), self._step_s_of)
         branches = []
         for i, candidate in enumerate(candidates[:n]):
             j, t = candidate.outcome.accepted, candidate.outcome.token

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
-from dsd.modes import SYNC, edge_modes, get_mode, names
+from dsd.modes import SYNC, edge_modes, get_mode, names, plannable_edge_modes
 from dsd.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, StaticConfig,
                                 policy_config)
 
@@ -151,7 +151,7 @@ class ControllerConfig:
     mode: str = SYNC                # the first round's mode
     gamma_max: int = 16
     # what a policy may choose from (server modes: per request); an adaptive policy only plannable ones
-    modes: tuple[str, ...] = tuple(m for m in edge_modes() if get_mode(m).plannable)
+    modes: tuple[str, ...] = plannable_edge_modes()
     handover: bool = True           # a round may hand the request to a server mode of ``modes``
     settings: StaticConfig | HeuristicConfig | ModelPolicyConfig | BanditConfig | None = None
 

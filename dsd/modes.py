@@ -163,6 +163,11 @@ def plan_modes() -> tuple[str, ...]:
     return tuple(n for n, m in MODES.items() if m.plannable)
 
 
+def plannable_edge_modes() -> tuple[str, ...]:
+    """The DSD modes an adaptive controller may pick for a round: its default choice."""
+    return tuple(n for n, m in MODES.items() if m.plannable and m.drafts == EDGE)
+
+
 def predict_per_token_s(name: str, alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float | None,
                         t_draft_edge_s: float | None, t_draft_server_s: float | None,
                         t_verify_s: float | None, cache_hit_rate: float | None = None) -> float:

@@ -100,18 +100,27 @@ def rank_outcomes(block: Sequence[int], rows: torch.Tensor, alpha: float, k: int
     return sorted(out, key=lambda c: (-c.probability, c.outcome.accepted, c.outcome.token))
 
 
-def fanout(config: CacheConfig, candidates: int, wait_s: float | None, gamma: int,
+def fanout(config: CacheConfig, probabilities: Sequence[float], wait_s: float | None, gamma: int,
            step_s_of_batch) -> int:
-    """How many branches to draft: the configured fan-out, or under "auto" the most whose batched
-    drafting (gamma passes of ``step_s_of_batch(b)`` seconds) fits in the expected wait; all of
-    them before the first wait is known. Never more than the candidates or max_branches."""
-    limit = min(config.max_branches, candidates)
+    """How many branches to draft, the ranked candidates' estimated ``probabilities`` given: the
+    configured fan-out, or under "auto" the count that saves the most drafting in expectation,
+    the hit mass of the first b candidates times the depth b branches reach in the expected wait
+    (gamma passes of ``step_s_of_batch(b)`` seconds at most; a verdict mid-fill uses a branch as
+    far as it got), the smaller count on a tie; all it may before the first wait is known. Never
+    more than the candidates or max_branches."""
+    limit = min(config.max_branches, len(probabilities))
     if config.fanout != AUTO:
         return min(config.fanout, limit)
     if wait_s is None:
         return limit
-    fits = [b for b in range(1, limit + 1) if gamma * step_s_of_batch(b) <= wait_s]
-    return max(fits) if fits else 1
+    best, best_value, mass = 1, -1.0, 0.0
+    for b in range(1, limit + 1):
+        mass += probabilities[b - 1]
+        step_s = step_s_of_batch(b)
+        depth = gamma if step_s <= 0 else min(gamma, int(max(wait_s, 0.0) / step_s + 1e-9))
+        if mass * depth > best_value + 1e-12:
+            best, best_value = b, mass * depth
+    return best
 
 
 @dataclass

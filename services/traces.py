@@ -68,6 +68,23 @@ class RoundRow:
     error: str = ""
     round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.control);
     round_mode: str = ""             # empty for the modes the server runs alone
+    # the cached mode (dsd.cache_fill.CacheRecord): what the verdict met in the speculation cache;
+    # empty for the other modes
+    cache_hit: bool | None = None
+    cache_depth: int | None = None
+    cache_rank: int | None = None
+    cache_branches: int | None = None
+    cache_fill_s: float | None = None
+    cache_hit_predicted: float | None = None
+
+
+def cache_columns(record) -> dict:
+    """A CacheRecord (or None) as RoundRow's cache_* fields."""
+    if record is None:
+        return {}
+    return {"cache_hit": record.hit, "cache_depth": record.depth, "cache_rank": record.rank,
+            "cache_branches": record.branches, "cache_fill_s": record.fill_s,
+            "cache_hit_predicted": record.predicted_hit}
 
 
 @dataclass(frozen=True, kw_only=True)

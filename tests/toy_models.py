@@ -36,6 +36,14 @@ class BigramLM:
     def release(self, seq_id):
         self._cached.pop(seq_id, None)
 
+    def fork(self, seq_id, new_seq_id, length):
+        self._cached[new_seq_id] = min(self._cached.get(seq_id, 0), length)
+
+    def move(self, seq_id, new_seq_id):
+        self._cached.pop(new_seq_id, None)
+        if seq_id in self._cached:
+            self._cached[new_seq_id] = self._cached.pop(seq_id)
+
 
 def random_bigram(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

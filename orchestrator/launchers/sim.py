@@ -21,14 +21,15 @@ import pandas as pd
 from dsd.backends.protocol import SamplingParams
 from dsd.control import (ControllerConfig, RequestObservation, check_decision, make_controller,
                          shadow_matches)
-from dsd.modes import edge_modes, get_mode, server_modes
+from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
 from netem.spec import LinkSpec
 from orchestrator.request_stats import finish_point
-from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, steady_per_token_s
+from services.traces import (REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, cache_columns,
+                             steady_per_token_s)
 
 SHAPER = "none (virtual link)"
 
@@ -70,7 +71,7 @@ class SimTestbed:
         # request's mode among its modes and learns across the requests.
         policy = None if settings.controller == "static" else make_controller(ControllerConfig(
             settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
-            settings.controller_modes or edge_modes()))
+            settings.controller_modes or plannable_edge_modes()))
         schedule = getattr(settings.link_options, "schedule", None)
         link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
         t_point_s = 0.0            # virtual time since the point's first request (warm-up included)
@@ -111,7 +112,7 @@ def round_row(keys: dict, record) -> RoundRow:
     """A simulated round (dsd.decoding.RoundRecord) as a trace row; it keeps no clock."""
     return RoundRow(**keys, round_index=record.round_index, proposed=record.proposed, accepted=record.accepted,
                     emitted=record.emitted, stale=record.stale, round_gamma=record.gamma or None,
-                    round_mode=record.mode)
+                    round_mode=record.mode, **cache_columns(record.cache))
 
 
 def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, wall_s: float,

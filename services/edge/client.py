@@ -10,7 +10,7 @@ from dsd.control import make_controller
 from dsd.driver import DsdDriver, Round
 from dsd.modes import get_mode
 from services import wire
-from services.traces import EdgeClock, RoundRow, TraceWriter
+from services.traces import EdgeClock, RoundRow, TraceWriter, cache_columns
 from services.edge.config import Request, RunConfig, RunError
 from services.edge.transport import DraftDevice, SessionTransport
 from services.edge.verifier_channel import VerifierChannel
@@ -44,7 +44,7 @@ class Client:
 
     def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
                   stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
-                  plan: tuple[int, str] | None = None) -> None:
+                  plan: tuple[int, str] | None = None, cache=None) -> None:
         e, c, rtt_probe_ms = self.clock.epoch_s, self.config, self.channel.rtt_probe_ms
         round_gamma, round_mode = plan or (None, "")
         self.writer.round(lambda: RoundRow(       # built when written: after the next block is out
@@ -53,7 +53,7 @@ class Client:
             t_draft_start_s=e(t_draft_start_s), t_draft_end_s=e(t_draft_end_s), t_send_s=e(t_send_s),
             t_receive_s=e(t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
             server_batch_size=m.batch_size, rtt_probe_ms=rtt_probe_ms, app_delay_ms=c.app_delay_ms,
-            round_gamma=round_gamma, round_mode=round_mode))
+            round_gamma=round_gamma, round_mode=round_mode, **cache_columns(cache)))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
         await self.channel.send(wire.Close(self.channel.next_seq(), session))
@@ -107,7 +107,7 @@ class Client:
             stale = isinstance(m, wire.Verified) and m.stale
             request.emitted(r.arrival.t_receive_s, len(r.emitted))
             self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), stale, r.t_draft_start_s,
-                           r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode))
+                           r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode), r.cache)
             request.rounds += 1
             request.stale_rounds += stale
 

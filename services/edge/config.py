@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, fields
 from dsd.backends.protocol import SamplingParams
 from dsd.stopping import StopRule
 from dsd.control import CONTROLLERS, ControllerConfig
-from dsd.modes import SYNC, edge_modes, get_mode
+from dsd.modes import SYNC, edge_modes, get_mode, plannable_edge_modes
 from services import frames
 
 
@@ -45,7 +45,7 @@ class RunConfig:
     gamma_max: int = 16               # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
     # server) and per round (sync/pipelined)
-    controller_modes: tuple[str, ...] = edge_modes()
+    controller_modes: tuple[str, ...] = plannable_edge_modes()
     # how the per-round messages travel (services/frames.py): "ws", the verifier's /ws WebSocket,
     # or "tcp", length-prefixed frames on a plain TCP connection to the same port
     transport: str = frames.DEFAULT_TRANSPORT
