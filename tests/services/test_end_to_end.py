@@ -14,7 +14,7 @@ from tests.services.harness import (PROMPTS, TEST_PROFILE, check_greedy, post_ru
                                     synthetic_args, synthetic_reference, wait_for_runs)
 from tests.torch_pairs import tiny_pair
 
-MODES = ("ar", "colocated", "sync", "pipelined")
+MODES = ("ar", "colocated", "sync", "pipelined", "cached")
 ALPHA, SEED = 0.7, 3
 
 
@@ -38,7 +38,7 @@ def test_one_client_emits_the_target_greedy_tokens_in_every_mode(synthetic, mode
 
 def test_sixteen_concurrent_clients_emit_the_target_greedy_tokens(synthetic):
     verifier, edge = synthetic[:2]
-    runs = [run_body(verifier, f"many-{i}", MODES[i % 4], [PROMPTS[i % 6], PROMPTS[(i + 1) % 6]], 32)
+    runs = [run_body(verifier, f"many-{i}", MODES[i % len(MODES)], [PROMPTS[i % 6], PROMPTS[(i + 1) % 6]], 32)
             for i in range(16)]
     run_ids = post_runs(edge, runs)
     reference = synthetic_reference(synthetic[2], PROMPTS, 32)
@@ -64,13 +64,15 @@ def test_rounds_csv_accounts_for_every_token_and_time(synthetic):
                 assert float(r["server_compute_s"]) >= 0 and r["rtt_probe_ms"] != ""
                 if r["stale"] == "1":
                     assert r["emitted"] == "0" and r["server_batch_size"] == "0"
-                elif mode in ("sync", "pipelined"):
+                elif mode in ("sync", "pipelined", "cached"):
                     assert int(r["emitted"]) == int(r["accepted"]) + 1
                     assert float(r["t_draft_start_s"]) <= float(r["t_draft_end_s"]) <= float(r["t_send_s"])
-                    # gamma emulated draft steps, charged per step or in one wait, never less
+                    # gamma emulated draft steps, charged per step or in one wait, never less;
+                    # a cached block the cache held whole went out with no drafting after its verdict
                     drafting_s = float(r["t_draft_end_s"]) - float(r["t_draft_start_s"])
-                    assert drafting_s >= 3 * TEST_PROFILE["t_draft_edge_s"] - 2e-6, r
+                    assert drafting_s >= 3 * TEST_PROFILE["t_draft_edge_s"] - 2e-6 or mode == "cached", r
                     assert int(r["server_batch_size"]) >= 1
+                assert (r["cache_hit"] != "") == (mode == "cached" and r["stale"] != "1"), r
         if mode == "ar":
             assert all(r["proposed"] == "0" and r["emitted"] == "1" for r in rounds)
 
@@ -143,7 +145,7 @@ def test_tiny_real_pair_one_client_every_mode_emits_the_target_greedy_tokens(hf,
 
 def test_tiny_real_pair_sixteen_concurrent_clients_emit_the_target_greedy_tokens(hf):
     verifier, edge, target = hf
-    runs = [run_body(verifier, f"hf-many-{i}", MODES[i % 4], [HF_PROMPTS[i % 4]], 16, stop_at_eos=True)
+    runs = [run_body(verifier, f"hf-many-{i}", MODES[i % len(MODES)], [HF_PROMPTS[i % 4]], 16, stop_at_eos=True)
             for i in range(16)]
     run_ids = post_runs(edge, runs)
     reference = hf_reference(target, HF_PROMPTS, 16, True)
