@@ -159,7 +159,7 @@ class CacheFiller:
             token, q = pick_token(logits, self.sampling, branch.generator)
             branch.tokens.append(token)
             branch.probs.append(q)
-            branch.rows.append(ranking_row(logits, self.sampling, q))
+            branch.rows.append(ranking_row(logits, self.sampling))
 
     def _step_s_of(self, branches: int) -> float:
         """A batched pass over ``branches``: measured, else the single step scaled by the slope."""

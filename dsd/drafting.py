@@ -45,12 +45,13 @@ def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.
     return sample_index(q, generator), q
 
 
-def ranking_row(logits: torch.Tensor, sampling: SamplingParams, q: torch.Tensor | None = None) -> torch.Tensor:
+def ranking_row(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """The draft's distribution at one position [vocab], as a speculation cache ranks what the
-    verifier may send back (dsd.spec_cache): q where the draft samples, else softmax(logits)."""
-    if not sampling.greedy:
-        return q if q is not None else sampling_probs(logits, sampling)[0]
-    return torch.softmax(logits[0].float(), dim=-1)
+    verifier may send back (dsd.spec_cache): softmax(logits / temperature), greedy as temperature
+    1, with no nucleus cut: a correction comes from where the target puts more mass than the
+    draft, which is often outside the draft's own nucleus."""
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    return torch.softmax(logits[0].float() / temperature, dim=-1)
 
 
 def block_generator(draws: Draws | None, prefix: Sequence[int], sampling: SamplingParams) -> torch.Generator | None:

@@ -147,7 +147,7 @@ class DsdDriver:
             tokens.append(token)
             probs.append(q)
             if keeps_rows:
-                rows.append(ranking_row(logits, self.sampling, q))
+                rows.append(ranking_row(logits, self.sampling))
 
         def finish():
             drafted = tokens[len(request.prefix):]
