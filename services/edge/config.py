@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 
 from dsd.backends.protocol import SamplingParams
@@ -150,9 +151,20 @@ class Request:
     session: int | None = None         # its session on the link, once opened
     n_emitted: int = 0                 # tokens received so far (what a request given up got)
     gave_up: str = ""                  # why the client gave it up (its deadline), else empty
+    seed: int | None = None            # its sampling seed; None: the run's seed + its index
+    request_id: str = ""               # the HTTP client's X-Request-ID (the OpenAI-compatible API)
+    # who reads the tokens as they are committed (the OpenAI-compatible API streams them)
+    on_tokens: Callable[[float, Sequence[int]], None] | None = None
 
-    def emitted(self, t_receive_s: float, n_tokens: int) -> None:
+    @property
+    def sampling_seed(self) -> int:
+        return self.config.seed + self.index if self.seed is None else self.seed
+
+    def emitted(self, t_receive_s: float, tokens: Sequence[int]) -> None:
+        n_tokens = len(tokens)
         self.n_emitted += n_tokens
+        if self.on_tokens is not None and n_tokens:
+            self.on_tokens(t_receive_s, tokens)
         if n_tokens:
             if self.t_first_s is None:
                 self.t_first_s, self.first_emitted = t_receive_s, n_tokens
