@@ -159,20 +159,21 @@ class OpenAIServing:
     def _run_config(self, serving: _Serving, request: GenerateRequest, prompt: list[int],
                     channel: VerifierChannel) -> RunConfig:
         config, welcome = serving.config, channel.welcome
-        context = min(welcome.max_tokens_per_session, self.model_context)
-        param = "messages" if request.kind == "chat" else "prompt"
-        if len(prompt) >= context:
-            raise ApiError(400, f"the prompt is {len(prompt)} tokens; this edge's context is {context} tokens",
-                           param=param, code="context_length_exceeded")
-        max_tokens = request.max_tokens or min(config.default_max_tokens, context - len(prompt))
-        if len(prompt) + max_tokens > context:
-            raise ApiError(400, f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) exceed this "
-                                f"edge's context of {context} tokens", param="max_tokens",
-                           code="context_length_exceeded")
         gamma = request.gamma or config.gamma
         if gamma > welcome.max_gamma:
             raise ApiError(422, f"dsd.gamma: {gamma} is over the verifier's max_gamma {welcome.max_gamma}",
                            param="dsd.gamma", code="invalid_value")
+        # the model's positions hold the prompt, the output and a block of gamma drafts past it
+        context = min(welcome.max_tokens_per_session, self.model_context - gamma)
+        param = "messages" if request.kind == "chat" else "prompt"
+        if len(prompt) >= context:
+            raise ApiError(400, f"the prompt is {len(prompt)} tokens; this edge's context leaves room for "
+                                f"{context} tokens at gamma {gamma}", param=param, code="context_length_exceeded")
+        max_tokens = request.max_tokens or min(config.default_max_tokens, context - len(prompt))
+        if len(prompt) + max_tokens > context:
+            raise ApiError(400, f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) exceed this "
+                                f"edge's context: room for {context} tokens at gamma {gamma}", param="max_tokens",
+                           code="context_length_exceeded")
         return RunConfig(run_id=config.run_id, client_id=config.client_id, mode=request.mode or config.mode,
                          gamma=gamma, prompts=(tuple(prompt),), max_new_tokens=max_tokens,
                          verifier_url=config.verifier_url, max_in_flight=config.max_in_flight,
