@@ -237,7 +237,10 @@ class Generation:
         self.error: ApiError | None = None
         self._closed = False
         owner.active += 1
-        owner.device.runs += 1
+        # two users of the device: its decoding, and its stream, which writes between passes; so no
+        # pass runs on the event loop's own thread (DraftDevice's shortcut for a lone run), where it
+        # would hold a chunk back for a whole draft block
+        owner.device.runs += 2
         client = Client(config, channel, owner.draft, owner.device, owner.t_draft_s, serving.writer, serving.clock)
         self.task = asyncio.create_task(self._decode(client), name=f"openai-{config.run_id}-{self.index}")
 
@@ -294,7 +297,7 @@ class Generation:
             await owner.device.run(lambda: owner.draft.release(f"{record.config.run_id}/{record.index}"), 0.0)
             self._write_row()
         finally:
-            owner.device.runs -= 1
+            owner.device.runs -= 2
             owner.active -= 1
             owner.done += 1
             owner._slots.release()
