@@ -86,8 +86,14 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
 
 def openai_text(backend) -> dict:
     """The tokenizer and model name the OpenAI-compatible API serves with: a pair of real models
-    has them (its folder's name); an emulated backend has no text, and no such API."""
+    with a tokenizer has them (its folder's name); an emulated backend, or a pair without a
+    tokenizer, has no text, and no such API."""
     if not isinstance(backend, HfBackendConfig):
         return {}
+    try:
+        tokenizer = target_tokenizer(backend)
+    except ValueError as exc:
+        log.info("no OpenAI-compatible API: %s", exc)
+        return {}
     folder = Path(backend.target_path).parent if backend.target_path else Path(backend.pair_path)
-    return {"tokenizer": target_tokenizer(backend), "model_name": folder.expanduser().resolve().name}
+    return {"tokenizer": tokenizer, "model_name": folder.expanduser().resolve().name}

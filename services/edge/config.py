@@ -101,15 +101,7 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, body) -> "RunConfig":
-        if not isinstance(body, dict):
-            raise ValueError(f"a run is a JSON object, got {type(body).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(body) - names)
-        if unknown:
-            raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
-        missing = [f.name for f in fields(cls) if f.name not in body and f.default is MISSING]
-        if missing:
-            raise ValueError(f"missing fields {missing}")
+        check_json_fields(cls, body, "a run")
         values = dict(body)
         if isinstance(values.get("prompts"), list):
             values["prompts"] = tuple(tuple(p) if isinstance(p, list) else p for p in values["prompts"])
@@ -126,6 +118,20 @@ class RunConfig:
 
 class RunError(RuntimeError):
     pass
+
+
+def check_json_fields(cls, body, what: str) -> None:
+    """A JSON body for the config dataclass ``cls``: an object, no unknown field, no required one
+    missing (ValueErrors naming them)."""
+    if not isinstance(body, dict):
+        raise ValueError(f"{what} is a JSON object, got {type(body).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
+    missing = [f.name for f in fields(cls) if f.name not in body and f.default is MISSING]
+    if missing:
+        raise ValueError(f"missing fields {missing}")
 
 
 def ws_url(verifier_url: str) -> str:

@@ -8,8 +8,12 @@ import json
 import aiohttp
 import pytest
 
+from dsd.backends.factory import HfBackendConfig
 from services.access import bearer_header
+from services.edge.cli import openai_text
+from services.edge.openai_api import ServeConfig, TextStream
 from services.edge.openai_api.routes import DISCONNECTED, STOPPED
+from services.edge.openai_api.text import REPLACEMENT
 from tests.services.harness import sessions_open
 from tests.services.openai_harness import (MODEL, TOKEN, call, configure, served, serving_rows,  # noqa: F401
                                            serving_status, wait_idle)
@@ -189,3 +193,33 @@ def test_fifty_clients_gone_mid_stream_leave_no_session_on_the_verifier_or_the_e
     assert len(rows) == 50 and all(r["gave_up"] == DISCONNECTED and int(r["tokens"]) < 300 for r in rows)
     status, _headers, whole = call(edge, "POST", TEXT, GOOD)         # and it serves on
     assert status == 200 and json.loads(whole)["usage"]["completion_tokens"] == 8
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"mode": "beam"}, "mode"), ({"gamma": 0}, "gamma"), ({"max_queue": -1}, "max_queue"),
+    ({"run_id": "../x"}, "run_id"), ({"verifier_url": "ftp://x"}, "verifier_url"), ({"gama": 3}, "gama"),
+    ({"probe_interval_ms": float("nan")}, "probe_interval_ms"), ({"transport": "udp"}, "transport"),
+])
+def test_serving_settings_errors_name_the_field(change, field):
+    with pytest.raises(ValueError, match=field):
+        ServeConfig.from_json({"verifier_url": "http://127.0.0.1:8700", **change})
+
+
+def test_the_text_stream_never_sends_half_a_character_and_adds_up_to_the_whole_text():
+    tokenizer = openai_text(HfBackendConfig(pair_path="models/default-pair"))["tokenizer"]
+    ids = tokenizer.encode("naïve café — größer ✓ 日本語 done", add_special_tokens=False)
+    stream = TextStream(tokenizer)
+    pieces = [stream.add([token]) for token in ids] + [stream.finish()]
+    assert all(REPLACEMENT not in piece for piece in pieces)
+    assert "".join(pieces) == tokenizer.decode(ids) and pieces.count("") > 0    # some tokens end mid-character
+
+
+def test_the_text_stream_holds_back_what_may_begin_a_stop_string_and_cuts_before_it():
+    tokenizer = openai_text(HfBackendConfig(pair_path="models/default-pair"))["tokenizer"]
+    ids = tokenizer.encode("alpha beta gamma delta", add_special_tokens=False)
+    stream = TextStream(tokenizer, stop=("gamma",))
+    pieces = []
+    for token in ids:
+        pieces.append(stream.add([token]))
+        assert "gam" not in "".join(pieces)        # never half of the stop string
+    assert stream.stopped and "".join(pieces) + stream.finish() == "alpha beta "

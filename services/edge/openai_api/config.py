@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from dsd.modes import get_mode
 from services import frames
+from services.edge.config import check_json_fields
 
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -56,12 +57,5 @@ class ServeConfig:
 
     @classmethod
     def from_json(cls, body) -> "ServeConfig":
-        if not isinstance(body, dict):
-            raise ValueError(f"the serving settings are a JSON object, got {type(body).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(body) - names)
-        if unknown:
-            raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
-        if "verifier_url" not in body:
-            raise ValueError("missing field verifier_url")
+        check_json_fields(cls, body, "a serving config")
         return cls(**body)
