@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig, HfBackendConfig
+from dsd.text import encode_prompt, target_tokenizer  # noqa: F401 - target_tokenizer re-exported
 from orchestrator.tables import config_from_table
 
 SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
@@ -132,23 +133,6 @@ def describe(pool: list[list[int]]) -> dict:
 
 # ---- sources ------------------------------------------------------------------------------------
 
-def target_tokenizer(backend: BackendConfig):
-    """The target's own tokenizer: from its model folder, else from the pair folder around it."""
-    from transformers import AutoTokenizer
-
-    if backend.target_path:
-        target = Path(backend.target_path).expanduser()
-        candidates = [target, target.parent]
-    else:
-        pair = Path(backend.pair_path).expanduser()
-        candidates = [pair / "target", pair]
-    for folder in candidates:
-        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(str(folder))
-    raise ValueError(f"no tokenizer beside the target: looked for tokenizer.json or tokenizer_config.json "
-                     f"in {', '.join(map(str, candidates))}")
-
-
 def _heldout_texts(backend: BackendConfig) -> list[str]:
     from pairs import corpus
 
@@ -235,16 +219,4 @@ def _dataset_records(path: Path, column: str, split: str) -> list:
 def _encode(tokenizer, record) -> list[int]:
     if isinstance(record, Instruction) and getattr(tokenizer, "chat_template", None):
         record = [{"role": "user", "content": str(record)}]
-    if isinstance(record, str):
-        ids = tokenizer.encode(record, add_special_tokens=True)
-    elif getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(record, add_generation_prompt=True, tokenize=True)
-        ids = list(ids if isinstance(ids, list) else ids["input_ids"])     # newer transformers: a mapping
-    else:
-        # No chat template: a plain transcript that ends where the assistant would speak.
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in record) + "assistant:"
-        ids = tokenizer.encode(text, add_special_tokens=True)
-    if not ids:
-        raise ValueError(f"a prompt tokenizes to nothing: {record!r}")
-    return list(ids)
-
+    return encode_prompt(tokenizer, record)

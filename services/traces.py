@@ -24,6 +24,8 @@ after the first emission (``steady_per_token_s`` below), empty if undefined. ``t
 the generated ids, space-separated. ``gave_up``: why the client gave the request up before it
 ended (``deadline: ...``, RunConfig.request_deadline_s), else empty; such a row is not an error
 (the run goes on), its ``tokens`` are those received by then and ``token_ids`` is empty.
+``request_id``: the ``X-Request-ID`` header of a request through the OpenAI-compatible API
+(services/edge/openai_api), so a load generator's records join ours; else empty.
 
 These two row types are the columns of every launcher's traces: the sim launcher
 (orchestrator/launchers/sim.py) builds the same rows on virtual time and leaves empty what it
@@ -108,6 +110,7 @@ class RequestRow:
     token_ids: str = ""
     error: str = ""
     gave_up: str = ""     # why the client gave the request up (its deadline; tokens = those received)
+    request_id: str = ""  # the HTTP client's X-Request-ID, for requests through the OpenAI-compatible API
 
 
 def steady_per_token_s(t_first_s: float | None, t_last_s: float | None, tokens_after_first: int) -> float | None:

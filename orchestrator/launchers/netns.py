@@ -111,6 +111,12 @@ class NetnsTestbed(ControlApiTestbed):
     def app_delay_ms(self, client_id: int) -> float:
         return 0.0
 
+    def edge_endpoint(self, client_id: int) -> tuple[str, str]:
+        """(network namespace path, IP) of edge ``client_id``: where a program that stands for the
+        device's own app runs to reach the edge's HTTP API (benchmarks/openai_peer.py)."""
+        endpoint = self._topology.edges[client_id]
+        return endpoint.netns, endpoint.ip
+
     def close(self) -> None:
         if self._shaper is not None:
             self._shaper.close()

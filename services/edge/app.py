@@ -47,7 +47,7 @@ class Run:
 class Edge:
     def __init__(self, draft: LanguageModel, emulated: bool, t_draft_s: float, out_dir: Path,
                  backend_info: dict, token: str | None = None, shape_link: bool = False,
-                 spin: spinwait.SpinConfig = spinwait.SpinConfig()) -> None:
+                 spin: spinwait.SpinConfig = spinwait.SpinConfig(), tokenizer=None, model_name: str = "") -> None:
         self.draft = draft
         self.spin = spin            # services.spinwait: the loop polls for a lone run's verdicts
         self.shaping = ShapingApi(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
@@ -58,13 +58,17 @@ class Edge:
         self.runs: dict[str, Run] = {}
         self._thread_device = None if emulated else ThreadDevice()
         self._timer = PreciseTimer()          # every run's emulated device waits on it
+        self.tokenizer, self.model_name = tokenizer, model_name    # the OpenAI-compatible API's (None: none)
+        self.openai = None
 
     def app(self) -> web.Application:
         @web.middleware
         async def require_token(request: web.Request, handler):
             """A run names the verifier this edge connects to: only a holder of the token may post
-            or read one. /health stays open for readiness polls."""
-            if request.path != "/health" and (refused := access.refusal(request, self.token, log)) is not None:
+            or read one. /health stays open for readiness polls; /v1/ checks the token itself, answering
+            in the OpenAI-compatible API's own error shape."""
+            if request.path != "/health" and not request.path.startswith("/v1/") \
+                    and (refused := access.refusal(request, self.token, log)) is not None:
                 return refused
             return await handler(request)
 
@@ -74,15 +78,31 @@ class Edge:
         app.router.add_get("/runs/{run_id}", self.get_run)
         app.router.add_get("/runs/{run_id}/{name:(rounds|requests)\\.csv}", self.get_csv)
         self.shaping.add_routes(app)
+        if self.tokenizer is not None:
+            self._add_openai(app)
 
         async def stop(_app):
             tasks = [r.task for r in self.runs.values() if r.task and not r.task.done()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.openai is not None:
+                await self.openai.close()
 
         app.on_cleanup.append(stop)
         return app
+
+    def _add_openai(self, app: web.Application) -> None:
+        """/v1/ (the OpenAI-compatible API) and GET/PUT /openai (its settings), decoding on this
+        edge's draft and device."""
+        # imported here: the API builds on this module's Edge (its rows and probes)
+        from services.edge.openai_api import routes
+        from services.edge.openai_api.serving import OpenAIServing
+
+        self.openai = OpenAIServing(self.draft, self._thread_device or EmulatedDevice(self._timer), self.t_draft_s,
+                                    self._timer, self.token, self.out_dir, self.backend_info, self.tokenizer,
+                                    self.model_name, lambda: sum(r.status == "running" for r in self.runs.values()))
+        routes.add_routes(app, self.openai, self.token)
 
     async def health(self, _request: web.Request) -> web.Response:
         statuses = [r.status for r in self.runs.values()]
@@ -126,7 +146,8 @@ class Edge:
 
     async def get_csv(self, request: web.Request) -> web.StreamResponse:
         run = self.runs.get(request.match_info["run_id"])
-        path = run.folder / request.match_info["name"] if run else None
+        folder = run.folder if run else self.openai and self.openai.folder_of(request.match_info["run_id"])
+        path = folder / request.match_info["name"] if folder else None
         if path is None or not path.is_file():
             return web.json_response({"error": "no such run"}, status=404)
         return web.Response(body=path.read_bytes(), content_type="text/csv")
@@ -221,7 +242,8 @@ class Edge:
             await asyncio.sleep(interval_s)
             await channel.probe_ms()
 
-    def _request_row(self, writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel, r: Request) -> None:
+    @staticmethod
+    def _request_row(writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel, r: Request) -> None:
         c = r.config
         n_tokens = r.n_emitted if r.gave_up else len(r.tokens)
         writer.request(RequestRow(
@@ -232,7 +254,7 @@ class Edge:
             steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, n_tokens - r.first_emitted),
             t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
             rtt_probe_ms=channel.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
-            token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up))
+            token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up, request_id=r.request_id))
 
     @staticmethod
     def _error_rows(writer: TraceWriter, channel: VerifierChannel, run: Run, request: Request | None) -> None:

@@ -13,10 +13,12 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
-from dsd.backends.factory import SyntheticBackendConfig, load_pair
+from dsd.backends.factory import HfBackendConfig, SyntheticBackendConfig, load_pair
+from dsd.text import target_tokenizer
 from services import access, spinwait
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap
 from services.edge.app import Edge
+from services.edge.openai_api.config import ServeConfig
 
 
 log = logging.getLogger("services.edge")
@@ -37,6 +39,10 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
+    parser.add_argument("--openai-json", default="",
+                        help="serve the OpenAI-compatible API (/v1/) with these settings from the start, "
+                             "a JSON object of services/edge/openai_api/config.py ServeConfig's fields "
+                             "(verifier_url, mode, gamma, ...); else PUT /openai sets them")
     parser.add_argument("--shape-link", action="store_true",
                         help="let the control API shape this edge's link from inside its network namespace "
                              "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)")
@@ -50,6 +56,7 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
         backend, profile = backend_from_args(args)
         token = access.load_token(args.token_file, log=log)
         args.spin = spinwait.spin_from_args(args)
+        serve = ServeConfig.from_json(json.loads(args.openai_json)) if args.openai_json else None
     except ValueError as exc:
         parser.error(str(exc))
     access.check_host(args.host, args.allow_any_host, log)
@@ -62,7 +69,31 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     edge = Edge(draft, backend.emulated, t_draft_s, out_dir,
                 {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
                  "acceptance_trace": trace.summary() if trace else None}, token, shape_link=args.shape_link,
-                spin=args.spin)
+                spin=args.spin, **openai_text(backend))
     log.info("edge on %s:%s backend=%s out_dir=%s spin=%s", args.host, args.port, backend.kind, out_dir,
              json.dumps(asdict(args.spin)))
-    return edge.app(), args
+    app = edge.app()
+    if serve is not None:
+        if edge.openai is None:
+            parser.error(f"--openai-json: the {backend.kind} backend has no tokenizer to serve text with")
+
+        async def serve_from_start(_app) -> None:
+            await edge.openai.configure(serve)
+
+        app.on_startup.append(serve_from_start)
+    return app, args
+
+
+def openai_text(backend) -> dict:
+    """The tokenizer and model name the OpenAI-compatible API serves with: a pair of real models
+    with a tokenizer has them (its folder's name); an emulated backend, or a pair without a
+    tokenizer, has no text, and no such API."""
+    if not isinstance(backend, HfBackendConfig):
+        return {}
+    try:
+        tokenizer = target_tokenizer(backend)
+    except ValueError as exc:
+        log.info("no OpenAI-compatible API: %s", exc)
+        return {}
+    folder = Path(backend.target_path).parent if backend.target_path else Path(backend.pair_path)
+    return {"tokenizer": tokenizer, "model_name": folder.expanduser().resolve().name}

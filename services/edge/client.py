@@ -31,7 +31,7 @@ class Client:
     def open_message(self, request: Request, session: int) -> wire.Open:
         c = self.config
         return wire.Open(self.channel.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
-                         c.top_k, c.seed + request.index, c.stop_at_eos, c.top_p)
+                         c.top_k, request.sampling_seed, c.stop_at_eos, c.top_p)
 
     async def next_message(self, inbox: asyncio.Queue, request: Request):
         """The session's next message (the request's deadline is set once, around it all: a
@@ -78,7 +78,7 @@ class Client:
             t_receive_s, m = await self.next_message(inbox, request)
             if isinstance(m, wire.Tokens):
                 tokens += m.tokens
-                request.emitted(t_receive_s, len(m.tokens))
+                request.emitted(t_receive_s, m.tokens)
                 if m.tokens or not m.done:
                     self.round_row(request, m.round_index, m.proposed, m.accepted, len(m.tokens), False,
                                    None, None, t_send_s, t_receive_s, m, plan)
@@ -98,14 +98,14 @@ class Client:
         c = self.config
         session, inbox = self.channel.open_inbox()
         request.session = session
-        sampling = SamplingParams(c.temperature, c.top_k, c.seed + request.index, c.top_p)
+        sampling = SamplingParams(c.temperature, c.top_k, request.sampling_seed, c.top_p)
         transport = SessionTransport(self.channel, session, inbox, request, sampling)
         device = DraftDevice(self.device, self.t_draft_s, transport)
 
         def on_round(r: Round) -> None:
             m = r.arrival.message                       # Verified, or Tokens of a hand-over
             stale = isinstance(m, wire.Verified) and m.stale
-            request.emitted(r.arrival.t_receive_s, len(r.emitted))
+            request.emitted(r.arrival.t_receive_s, r.emitted)
             self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), stale, r.t_draft_start_s,
                            r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode), r.cache)
             request.rounds += 1

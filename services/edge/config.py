@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 
 from dsd.backends.protocol import SamplingParams
@@ -100,15 +101,7 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, body) -> "RunConfig":
-        if not isinstance(body, dict):
-            raise ValueError(f"a run is a JSON object, got {type(body).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(body) - names)
-        if unknown:
-            raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
-        missing = [f.name for f in fields(cls) if f.name not in body and f.default is MISSING]
-        if missing:
-            raise ValueError(f"missing fields {missing}")
+        check_json_fields(cls, body, "a run")
         values = dict(body)
         if isinstance(values.get("prompts"), list):
             values["prompts"] = tuple(tuple(p) if isinstance(p, list) else p for p in values["prompts"])
@@ -125,6 +118,20 @@ class RunConfig:
 
 class RunError(RuntimeError):
     pass
+
+
+def check_json_fields(cls, body, what: str) -> None:
+    """A JSON body for the config dataclass ``cls``: an object, no unknown field, no required one
+    missing (ValueErrors naming them)."""
+    if not isinstance(body, dict):
+        raise ValueError(f"{what} is a JSON object, got {type(body).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}; known: {sorted(names)}")
+    missing = [f.name for f in fields(cls) if f.name not in body and f.default is MISSING]
+    if missing:
+        raise ValueError(f"missing fields {missing}")
 
 
 def ws_url(verifier_url: str) -> str:
@@ -150,9 +157,20 @@ class Request:
     session: int | None = None         # its session on the link, once opened
     n_emitted: int = 0                 # tokens received so far (what a request given up got)
     gave_up: str = ""                  # why the client gave it up (its deadline), else empty
+    seed: int | None = None            # its sampling seed; None: the run's seed + its index
+    request_id: str = ""               # the HTTP client's X-Request-ID (the OpenAI-compatible API)
+    # who reads the tokens as they are committed (the OpenAI-compatible API streams them)
+    on_tokens: Callable[[float, Sequence[int]], None] | None = None
 
-    def emitted(self, t_receive_s: float, n_tokens: int) -> None:
+    @property
+    def sampling_seed(self) -> int:
+        return self.config.seed + self.index if self.seed is None else self.seed
+
+    def emitted(self, t_receive_s: float, tokens: Sequence[int]) -> None:
+        n_tokens = len(tokens)
         self.n_emitted += n_tokens
+        if self.on_tokens is not None and n_tokens:
+            self.on_tokens(t_receive_s, tokens)
         if n_tokens:
             if self.t_first_s is None:
                 self.t_first_s, self.first_emitted = t_receive_s, n_tokens
