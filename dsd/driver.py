@@ -47,7 +47,8 @@ from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, Se
                           WithdrawnArrival)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.contracts import Device, HandsOver, Transport
-from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
+from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision
+from dsd.policies import make_controller
 from dsd.draws import Draws
 from dsd.drafting import begin_request, block_generator, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder

@@ -41,14 +41,15 @@ import docker
 
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import choose_backend
-from orchestrator import link_keys, link_rows
+from orchestrator.links import keys as link_keys
+from orchestrator.links import rows as link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.compose_adopt import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, EDGE_SERVICE,  # noqa: F401
                                                  VERIFIER_SERVICE, adopt_mismatches, fix_command)
 from orchestrator.launchers.compose_config import (COMPOSE_FILE, MODELS_DIR, REPO, ComposeConfig,  # noqa: F401
                                                   ComposeError)
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.net_point import ControlApiTestbed
+from orchestrator.launchers.control_api import ControlApiTestbed
 
 __all__ = ["ADOPT_SETTINGS", "COMPOSE_DEFAULTS", "COMPOSE_FILE", "EDGE_SERVICE", "MODELS_DIR", "VERIFIER_SERVICE",
            "ComposeConfig", "ComposeError", "ComposeTestbed", "adopt_mismatches", "cleanup_project", "docker_client",

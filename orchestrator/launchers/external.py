@@ -35,12 +35,12 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestrator import http_client
+from orchestrator.common import http_client
 from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.net_point import ControlApiTestbed
-from orchestrator.link_keys import as_spec
-from orchestrator.launchers.external_config import ExternalConfig
+from orchestrator.launchers.control_api import ControlApiTestbed
+from orchestrator.links.keys import as_spec
+from orchestrator.spec.external import ExternalConfig
 
 _CHECK_INTERVAL_S = 1.0
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
-from orchestrator import link_keys, link_rows
+from orchestrator.links import keys as link_keys
+from orchestrator.links import rows as link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.net_point import ControlApiTestbed
+from orchestrator.launchers.control_api import ControlApiTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 

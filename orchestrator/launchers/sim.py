@@ -19,15 +19,15 @@ import dataclasses
 import pandas as pd
 
 from dsd.backends.protocol import SamplingParams
-from dsd.control import (ControllerConfig, RequestObservation, check_decision, make_controller,
-                         shadow_matches)
+from dsd.control import ControllerConfig, RequestObservation, check_decision, shadow_matches
 from dsd.modes import edge_modes, get_mode, server_modes
+from dsd.policies import make_controller
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
 from netem.spec import LinkSpec
-from orchestrator.request_stats import finish_point
+from orchestrator.records.request_stats import finish_point
 from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, steady_per_token_s
 
 SHAPER = "none (virtual link)"

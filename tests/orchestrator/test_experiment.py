@@ -1,6 +1,6 @@
 import pytest
 
-from orchestrator.experiment import experiment_from_dict, load_experiment
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
 
 BASE = {"name": "t", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}}
 

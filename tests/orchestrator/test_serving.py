@@ -7,12 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.load import SloConfig
-from orchestrator.serving import ServingPoint, arrivals_for, run_serving, run_sim_point, serving_model
-from orchestrator.serving_cli import is_serving_sweep, reanalyze_serving
-from orchestrator.serving_analysis import crossing_rate, max_rate, next_search_rate, wilson_interval
-from orchestrator.run import times_for
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.spec.arrivals import SloConfig
+from orchestrator.open_loop.plan import ServingPoint, arrivals_for, serving_model
+from orchestrator.open_loop.sweep import run_serving, run_sim_point
+from orchestrator.open_loop.commands import is_serving_sweep, reanalyze_serving
+from orchestrator.open_loop.figures import crossing_rate, max_rate, next_search_rate, wilson_interval
+from orchestrator.running.run import times_for
+from tests.checks import every
 
 BASE = {"name": "serve", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
         "edges": 4, "rtt_ms": [20], "max_new_tokens": 24, "prompt_tokens": 8,
@@ -153,13 +155,14 @@ def test_the_search_runs_each_new_rate_over_the_realisations_its_modes_plan_ran(
     assert set(searched["mode"]) == {"ar", "sync"}
     for mode, realisations in (("ar", {0, 1, 2}), ("sync", {0})):
         mine = searched[searched["mode"] == mode]
-        assert all(set(group["repeat"]) == realisations for _, group in mine.groupby("rate_rps")), mode
+        assert every(set(group["repeat"]) == realisations for _, group in mine.groupby("rate_rps")), mode
 
 
 def test_compose_serves_open_loop_and_gets_the_admission_limit_as_its_own_setting(tmp_path, monkeypatch):
-    from orchestrator import leftovers
+    from orchestrator.launchers import leftovers
     from orchestrator.launchers import compose
-    from orchestrator.serving import check_serving, open_serving_testbed
+    from orchestrator.open_loop.plan import check_serving
+    from orchestrator.open_loop.sweep import open_serving_testbed
 
     made = []
     monkeypatch.setattr(compose, "ComposeTestbed", lambda config: made.append(config) or config)

@@ -1,0 +1,1 @@
+"""Running: an experiment on its launcher (`dsdbed sweep`), repeats until CI, and measuring a hardware profile."""
