@@ -7,7 +7,7 @@ Every launcher returns a ``Testbed`` (base.py) and is used the same way by the s
     rows = testbed.run_point(point, prompts, settings)   # rounds, requests, links, facts
     testbed.close()                               # everything the launcher started is gone
 
-The network testbeds run a point through their edges (net_point.ControlApiTestbed,
+The network testbeds run a point through their edges (control_api.ControlApiTestbed,
 orchestrator/launchers/control_api.py): shape(specs) sets each edge's link, then a POST to
 testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url} per client
 (with Authorization: Bearer testbed.edges[i].token when it is set). The sim testbed runs the

@@ -277,14 +277,14 @@ class ComposeTestbed(ControlApiTestbed):
         self._shaper = shaper
         self.shaper = self.link_records[0].backend
         self.shaper_reason = self.link_records[0].backend_reason
-        return [_link_state(r) for r in self.link_records]
+        return [link_rows.link_state(r) for r in self.link_records]
 
     def measure(self) -> list[LinkState]:
         """Measure the shaped links again now (echo probes from each edge), e.g. after a run."""
         if self._shaper is None:
             raise RuntimeError("no links are shaped: call shape() first")
         self.link_records = self._shaper.verify()
-        return [_link_state(r) for r in self.link_records]
+        return [link_rows.link_state(r) for r in self.link_records]
 
     @property
     def link_shaper(self):
@@ -414,10 +414,6 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
     except Exception as exc:  # noqa: BLE001 - reported together at the end
         errors.append(f"{what}: {exc}")
         return None
-
-
-def _link_state(record: LinkRecord) -> LinkState:
-    return link_rows.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:

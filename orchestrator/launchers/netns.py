@@ -25,10 +25,6 @@ VERIFIER_PORT = 8700
 EDGE_PORT = 8701
 
 
-def link_state(record) -> LinkState:
-    return link_rows.link_state(record)
-
-
 class NetnsTestbed(ControlApiTestbed):
     def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None,
                  loss_pct: float = 0.0) -> None:
@@ -84,7 +80,7 @@ class NetnsTestbed(ControlApiTestbed):
         if self.loss_pct:
             specs = [dataclasses.replace(s, loss_pct=self.loss_pct) for s in specs]
         records = shaper.apply(self._topology.links(specs))
-        return [link_state(r) for r in records]
+        return [link_rows.link_state(r) for r in records]
 
     @property
     def link_shaper(self):

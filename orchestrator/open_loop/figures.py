@@ -32,6 +32,7 @@ import pandas as pd
 from dsd import latency_model as lm
 from dsd.modes import AR, COLOCATED, SYNC
 from dsd.times import ComputeTimes
+from netem.distributions import normal_cdf
 from orchestrator.spec.arrivals import SloConfig
 
 PERCENTILES = (50, 90, 99)
@@ -327,7 +328,7 @@ class ServingModel:
             p = 1.0
             if slo.tpot_ms and mode == SYNC:
                 sd_s = self.tpot_sd_s(mode, self.round_s(mode, rtt_ms / 1e3, wait_s), wait_s)
-                p = _normal_cdf((slo.tpot_ms / 1e3 - tpot_s) / sd_s) if sd_s > 0 else float(tpot_s * 1e3 <= slo.tpot_ms)
+                p = normal_cdf((slo.tpot_ms / 1e3 - tpot_s) / sd_s) if sd_s > 0 else float(tpot_s * 1e3 <= slo.tpot_ms)
             elif slo.tpot_ms:
                 # processor sharing: a request's passes take turns with the N others open during
                 # its life, N geometric (P(N >= n) = rho^n), so TPOT = TPOT_alone * (1 + N)
@@ -355,10 +356,6 @@ def _tokens_per_round_var(alpha: float, gamma: int) -> float:
     probs = [alpha ** j * (1 - alpha) for j in range(gamma)] + [alpha ** gamma]
     mean = sum((j + 1) * p for j, p in enumerate(probs))
     return sum((j + 1 - mean) ** 2 * p for j, p in enumerate(probs))
-
-
-def _normal_cdf(z: float) -> float:
-    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
 def expected_rounds(alpha: float, gamma: int, tokens: int) -> float:

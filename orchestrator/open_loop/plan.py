@@ -3,7 +3,7 @@ run (refused before anything starts), each point's arrivals, and the inputs of i
 closed form's steady state, the virtual-time serving sim)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from orchestrator.links import keys as link_keys
 from orchestrator.open_loop.figures import ServingModel
@@ -67,6 +67,14 @@ def check_serving(experiment: Experiment, launcher: str) -> None:
     if experiment.adaptive_budget_points:
         raise ValueError("experiment key 'adaptive_budget_points': repeats until CI narrow crossovers of a closed-"
                          "loop sweep; none with [load]")
+    defaults = {f.name: f.default for f in fields(Experiment)}
+    closed_loop = {"clients": experiment.clients != (1,), "requests": experiment.requests != defaults["requests"],
+                   "warmup_requests": experiment.warmup_requests != defaults["warmup_requests"],
+                   "rtt_ms": len(link_keys.link_axes(experiment)) > 1}
+    for key, set_ in closed_loop.items():
+        if set_:
+            raise ValueError(f"experiment key {key!r}: a closed-loop sweep's; an open-loop one takes its load from "
+                             "[load] (rate_rps, duration_s or requests, warmup_s) and one link per edge")
     if launcher == "sim":
         _check_sim_serving(experiment)
 

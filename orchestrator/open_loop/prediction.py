@@ -3,11 +3,11 @@ it to OUT/prediction.json with the time it was made, and judges its measurements
 
 Two figures per mode, for two different questions:
 
-- ``steady``: the closed-form queueing model (``serving_analysis.ServingModel``, written out in
+- ``steady``: the closed-form queueing model (``figures.ServingModel``, written out in
   docs/serving.md): the largest rate whose attainment in the steady state is at the level, from
   the profile's pass times alone. It is a property of the arrival *process*: the rate at which
   the expected share of requests meeting the SLO, over many independent runs, crosses the level.
-- ``run``: the virtual-time model (``serving_sim.simulate_serving``: the scheduler's rules, the
+- ``run``: the virtual-time model (``sim.simulate_serving``: the scheduler's rules, the
   profile's pass times, i.i.d. acceptance, each edge's constant RTT) run on the sweep's *own*
   arrival schedules (the same seeds, the same edges, the same warm-up and duration, from an empty
   server), searched on rate until its bracket is 0.5% wide. This is what one finite run is judged

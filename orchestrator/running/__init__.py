@@ -1,1 +1,2 @@
-"""Running: an experiment on its launcher (`dsdbed sweep`), repeats until CI, and measuring a hardware profile."""
+"""Running: an experiment on its launcher (`dsdbed sweep`), repeats until CI, and measuring a
+hardware profile."""

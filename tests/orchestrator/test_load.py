@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
 from orchestrator.spec.arrivals import LoadConfig, SloConfig, arrival_times_s, assign_edges, gamma_gaps_s, schedule
 from tests.checks import every
 
@@ -46,10 +46,10 @@ def test_weighted_assignment_follows_the_weights():
 
 
 def test_a_trace_gives_its_own_times(tmp_path):
-    path = tmp_path / "arrivals.csv"
-    path.write_text("arrival_s\n0.5\n0.1\n2.0\n")
-    data = {**BASE, "load": {"arrival": "trace", "trace": "arrivals.csv"}}
-    experiment = experiment_from_dict(data, source=str(tmp_path / "serve.toml"))
+    (tmp_path / "arrivals.csv").write_text("arrival_s\n0.5\n0.1\n2.0\n")
+    (tmp_path / "serve.toml").write_text('name = "serve"\nprofile = "toy-edge-cloud"\nmodes = ["sync"]\n'
+                                         '[load]\narrival = "trace"\ntrace = "arrivals.csv"\n')   # beside the file
+    experiment = load_experiment(tmp_path / "serve.toml")
     assert list(arrival_times_s(experiment.load, None, 0)) == [0.1, 0.5, 2.0]
 
 

@@ -175,3 +175,23 @@ def test_compose_serves_open_loop_and_gets_the_admission_limit_as_its_own_settin
     assert made[1].compose_env()["DSD_MAX_SESSIONS"] == "7"
     with pytest.raises(ValueError, match="launcher"):
         check_serving(exp, "swarm")
+
+
+@pytest.mark.parametrize("launcher, keys, named", [
+    ("loopback", {"sampling": {"temperature": [0.0, 0.8]}}, "'sampling'"),
+    ("loopback", {"link": {"schedule": [{"at_s": 1.0, "rtt_ms": 80}]}}, "'link.schedule'"),
+    ("loopback", {"adaptive_budget_points": 10}, "'adaptive_budget_points'"),
+    ("loopback", {"clients": [1, 4]}, "'clients'"),
+    ("loopback", {"requests": 40}, "'requests'"),
+    ("loopback", {"rtt_ms": [20, 40]}, "'rtt_ms'"),
+    ("sim", {"modes": ["sync"], "sampling": {"temperature": 0.8}}, "'sampling.temperature'"),
+    ("sim", {"modes": ["sync"], "controller": "model"}, "'controller'"),
+    ("sim", {"request_deadline_s": 5.0}, "'request_deadline_s'"),
+    ("sim", {"transport": "tcp"}, "'transport'"),
+])
+def test_what_an_open_loop_sweep_cannot_run_is_refused_in_one_line_naming_the_key(launcher, keys, named):
+    from orchestrator.open_loop.plan import check_serving
+
+    with pytest.raises(ValueError, match=named) as refused:
+        check_serving(experiment_from_dict({**BASE, **keys}), launcher)
+    assert "\n" not in str(refused.value)
