@@ -12,6 +12,7 @@ import pandas as pd
 from dsd import latency_model as lm
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
 from dsd.times import ComputeTimes
+from netem.measure import percentile
 from orchestrator.analysis import capacity
 from orchestrator.records import request_stats
 from orchestrator.analysis.rounds import rounds_with_receipts
@@ -231,8 +232,8 @@ def user_latency(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict:
     pooled = [ms for arrivals in request_stats.request_arrivals(rounds).values()
               for ms in request_stats.token_latencies_ms(arrivals)]
     gave_up = requests["gave_up"].fillna("").astype(str).ne("") if "gave_up" in requests else pd.Series(False)
-    return {"token_latency_ms_p50": request_stats.percentile(pooled, 50),
-            "token_latency_ms_p99": request_stats.percentile(pooled, 99),
+    return {"token_latency_ms_p50": percentile(pooled, 50),
+            "token_latency_ms_p99": percentile(pooled, 99),
             "ttft_ms_p99": 1e3 * requests["ttft_s"].quantile(0.99),
             "longest_gap_ms_max": (requests["longest_gap_ms"].max() if "longest_gap_ms" in requests else math.nan),
             "requests_gave_up": int(gave_up.sum())}

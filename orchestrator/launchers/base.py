@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
+from orchestrator.links.keys import LinkOptions
 from orchestrator.links.rows import LinkState
 
 __all__ = ["EdgeHandle", "LauncherError", "LinkState", "PointSettings", "Testbed"]
@@ -39,7 +40,7 @@ class PointSettings:
     request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
     tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
     run_prefix: str = "run"
-    link_options: Any = None                  # orchestrator.links.keys.LinkOptions
+    link_options: LinkOptions | None = None   # the experiment's [link]
     after_shape: Callable | None = None
 
     def __post_init__(self) -> None:

@@ -71,7 +71,7 @@ class SimTestbed:
         policy = None if settings.controller == "static" else make_controller(ControllerConfig(
             settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
             settings.controller_modes or edge_modes()))
-        schedule = getattr(settings.link_options, "schedule", None)
+        schedule = settings.link_options.schedule if settings.link_options is not None else None
         link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
         t_point_s = 0.0            # virtual time since the point's first request (warm-up included)
         for index, prompt in enumerate(prompts):

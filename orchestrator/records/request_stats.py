@@ -9,6 +9,8 @@ import math
 
 import pandas as pd
 
+from netem.measure import percentile
+
 
 def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
     """Distinct n-grams over all n-grams of a token sequence: 1 never repeats, near 0 loops."""
@@ -54,14 +56,6 @@ def add_latency_stats(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFr
     requests["token_latency_ms_p99"] = [percentile(x, 99) for x in latencies]
     requests["longest_gap_ms"] = [longest_gap_ms(arrivals.get(key, [])) for key in keys]
     return requests
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Inverted-CDF percentile (the smallest value with at least q% at or below it); NaN if empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered), max(1, math.ceil(q / 100.0 * len(ordered) - 1e-9))) - 1]
 
 
 def request_alpha(rounds: pd.DataFrame) -> float:

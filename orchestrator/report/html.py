@@ -82,7 +82,7 @@ def _what_ran_section(sweep: dict) -> tuple[str, list]:
             ["backend", _backend_text(experiment)],
             ["grid", _grid_text(experiment)],
             ["compute costs", sweep.get("costs_source", "")],
-            *[[key, str(sweep.get(key, ""))] for key in HOST_FACTS if key in sweep],
+            *[[key, "unknown" if sweep[key] is None else str(sweep[key])] for key in HOST_FACTS if key in sweep],
         ]),
     ])
 

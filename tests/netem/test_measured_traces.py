@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from netem.measure import percentile
 from netem import measured
 from netem.schedule import LinkSchedule
 
@@ -89,10 +90,10 @@ def test_resampling_keeps_the_largest_rtt_of_a_bin_and_holds_over_empty_bins():
         measured.resample(trace, 0)
 
 
-def test_percentile_is_the_inverted_cdf():
-    assert measured.percentile([1, 2, 3, 4], 50) == 2
-    assert measured.percentile([1, 2, 3, 4], 51) == 3
-    assert measured.percentile(list(range(1, 101)), 99) == 99
+def test_the_traces_percentile_is_the_inverted_cdf():
+    assert percentile([1, 2, 3, 4], 50) == 2
+    assert percentile([1, 2, 3, 4], 51) == 3
+    assert percentile(list(range(1, 101)), 99) == 99
 
 
 def test_a_raw_file_with_a_wrong_header_or_an_inconsistent_delay_is_refused(tmp_path):
@@ -119,9 +120,10 @@ def test_each_scenario_experiment_loads_its_trace_and_runs_on_the_sim_and_netns(
     from orchestrator.spec.experiment import load_experiment
     from orchestrator.links.keys import check_launcher
 
-    monkeypatch.chdir(ROOT)                 # trace_csv is read from the working directory
+    monkeypatch.chdir(Path("/"))            # trace_csv is taken from the file's folder, wherever one runs it
     experiment = load_experiment(path)
-    assert experiment.link.trace_csv.startswith("data/cicv5g/") and len(experiment.link.schedule.steps) > 1000
+    assert experiment.link.trace_csv.startswith(str(ROOT / "data" / "cicv5g"))
+    assert len(experiment.link.schedule.steps) > 1000
     assert set(experiment.modes) == {"ar", "sync", "pipelined", "colocated"} and experiment.request_deadline_s > 0
     check_launcher(experiment, "sim")
     check_launcher(experiment, "netns")
