@@ -72,7 +72,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM  # noqa: E402
-from dsd.control import make_controller  # noqa: E402
+from dsd.policies import make_controller  # noqa: E402
 from dsd.profiles import get_profile  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
 from dsd.times import ComputeTimes  # noqa: E402
@@ -287,7 +287,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="netns: measure each static arm at each condition held constant (default), or "
                         "estimate the oracle from the static runs under the schedule only (quicker, noisier)")
     parser.add_argument("--schedule-order", choices=("path", "queue"), default=None,
-                        help="netns: what the schedule's RTT cuts mean (orchestrator/link_keys.py): path = packets "
+                        help="netns: what the schedule's RTT cuts mean (orchestrator/links/keys.py): path = packets "
                              "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in "
                              "order; default: experiments/adaptive-netns.toml's (queue)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
@@ -308,7 +308,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--schedule-order applies to netns only (the sim has no packets to reorder)")
     if not sim and args.schedule_order is None:
         from benchmarks.adaptive_netns import EXPERIMENT
-        from orchestrator.experiment import load_experiment
+        from orchestrator.spec.experiment import load_experiment
         args.schedule_order = load_experiment(EXPERIMENT).link.schedule_order
     for name, on_sim, on_netns in (("segment_s", 6.0, 4.0), ("alpha_requests", 12, 6), ("requests", 48, 24),
                                    ("tokens", 48, 32)):

@@ -1,6 +1,6 @@
 """benchmarks/adaptive.py on real packets: one netns testbed (experiments/adaptive-netns.toml:
 profile, backend with its alpha classes, the link schedule), every static point of its grid and
-every policy run through the edges' control API under the same schedule (orchestrator.net_point),
+every policy run through the edges' control API under the same schedule (orchestrator.launchers.control_api),
 the same prompts for all. Times come from the traces: each request's start and wall time on the
 edge's epoch clock, the schedule's start from links.csv (change_t_unix_s - change_at_s).
 
@@ -56,7 +56,7 @@ def scenario_experiment(scenario, schedule_order: str | None):
     """EXPERIMENT with the schedule's order (None: the file's), checked against the scenario: its
     prompt classes' alphas and its link schedule must be the scenario's."""
     from benchmarks.adaptive_scenario import CLASS_TOKEN
-    from orchestrator.experiment import load_experiment
+    from orchestrator.spec.experiment import load_experiment
 
     experiment = load_experiment(EXPERIMENT)
     order = schedule_order or experiment.link.schedule_order
@@ -87,11 +87,19 @@ def _with_trace(experiment, scenario):
     return dataclasses.replace(experiment, rtt_ms=(scenario.trace[0][1],), link=link)
 
 
+def run_common(run, point, common: dict, **settings):
+    """run(point, testbed, prompts, PointSettings) with the scenario's common keys and these."""
+    from orchestrator.launchers.base import PointSettings
+
+    keys = {k: v for k, v in common.items() if k not in ("testbed", "prompts")}
+    return run(point, common["testbed"], common["prompts"], PointSettings(**keys, **settings), timeout_s=300.0)
+
+
 def netns_seed(scenario, args, seed: int):
     from benchmarks.adaptive_scenario import POLICIES, policy_config, touched_levels_ms
-    from orchestrator.net_point import run_net_point
-    from orchestrator.run import GroupTestbeds
-    from orchestrator.sweep import plan_points
+    from orchestrator.launchers.control_api import run_point_on_edges
+    from orchestrator.running.run import GroupTestbeds
+    from orchestrator.spec.plan import plan_points
 
     experiment, classes = scenario_experiment(scenario, getattr(args, "schedule_order", None))
     prompts = scenario.prompts(seed)
@@ -106,14 +114,14 @@ def netns_seed(scenario, args, seed: int):
         testbed = testbeds.for_point(plan[0])
         prefix = time.strftime("%Y%m%dT%H%M%S") + f"-s{seed}"
         common = dict(testbed=testbed, prompts=prompts, warmup=0, max_new_tokens=scenario.tokens, max_in_flight=1,
-                      run_prefix=prefix, link_options=experiment.link, timeout_s=300.0)
+                      run_prefix=prefix, link_options=experiment.link)
         jobs = [(f"static {p.mode} {p.gamma}", p, "static", ()) for p in plan]
         start = dataclasses.replace(plan[0], mode="sync", gamma=4)
         jobs += [(name, start, name, policy_config(name, scenario).modes) for name in POLICIES]
         for label, point, controller, modes in jobs:
             t_s = time.monotonic()
-            rounds, requests, links, _ = run_net_point(point, controller=controller, gamma_max=scenario.gamma_max,
-                                                       controller_modes=modes, **common)
+            rounds, requests, links, _ = run_common(run_point_on_edges, point, common, controller=controller,
+                                                    gamma_max=scenario.gamma_max, controller_modes=modes)
             results[label] = _runs(requests, rounds, links, alpha_of)
             print(f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in "
                   f"{time.monotonic() - t_s:.1f} s", flush=True)
@@ -151,7 +159,7 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int, le
     arms within ``ELIMINATE_FACTOR`` of the pilot's best there (benchmarks/adaptive_oracle.py).
     Returns arm -> (rtt_ms, alpha) -> [(prompt index, wall_s, tokens), ...]."""
     from benchmarks.adaptive_oracle import PILOT_PROMPTS
-    from orchestrator.net_point import run_net_point
+    from orchestrator.launchers.control_api import run_point_on_edges
 
     by_alpha: dict = {}
     for i in range(len(prompts)):
@@ -162,9 +170,9 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int, le
         if not indices:
             return
         t_s = time.monotonic()
-        _, requests, _, _ = run_net_point(dataclasses.replace(point, rtt_ms=rtt), prompts=[prompts[i] for i in indices],
-                                          run_prefix=common["run_prefix"] + f"-const{round(rtt * 10)}", **{
-                                              k: v for k, v in common.items() if k not in ("prompts", "run_prefix")})
+        _, requests, _, _ = run_common(run_point_on_edges, dataclasses.replace(point, rtt_ms=rtt),
+                                       {**common, "prompts": [prompts[i] for i in indices],
+                                        "run_prefix": common["run_prefix"] + f"-const{round(rtt * 10)}"})
         for q in requests:
             i = indices[int(q["request_index"])]
             measured.setdefault(f"static {point.mode} {point.gamma}", {}).setdefault((rtt, alpha_of(i)), []).append(

@@ -21,21 +21,21 @@ Default pair, CPU, torch threads as the services use them (1). Four parts, each 
    CPU does only the server's work; co-located drafting runs on the server, the draft blocks of
    the sessions waiting together batched like verifications (one draft pass per step,
    dsd.drafting.run_draft_jobs). Each client count runs every client to the end; a client's
-   rate is the tokens it received while all of them ran (orchestrator.capacity.overlap_counts).
+   rate is the tokens it received while all of them ran (orchestrator.analysis.capacity.overlap_counts).
    Drift-immune target: the host's speed drifts (other jobs load it), so the target rate is not
    measured once but around every point: one co-located client alone on a serial server (median
    of 3 runs) runs before the first configuration of a count and after each, and a point's
    target is a third of the mean of the two references around it. The clients sustained are
    where a configuration's per-client time per token over its points' targets crosses 1,
-   interpolated between counts (orchestrator.capacity.capacity_at), so the ratio is continuous.
+   interpolated between counts (orchestrator.analysis.capacity.capacity_at), so the ratio is continuous.
 
 Predictions, from the same runs (docs/concepts.md notation; E = tokens per round, r = the point's
 target rate). Each point's rate is predicted from its own passes only, never from any capacity
 figure: t_v(1) and the verify slope s, t_d(1) and the draft slope s_d, from the cost line
 t(b) = t(1) * (1 + s * (b - 1)) through its passes' means by batch size
-(orchestrator.capacity.fit_cost_line; with one batch size only, the configuration's median slope),
+(orchestrator.analysis.capacity.fit_cost_line; with one batch size only, the configuration's median slope),
 and the idle gap g: the mean time the device sat idle between two passes while the second's
-work was already waiting (orchestrator.capacity.backlogged_gaps_s: the harness's hand-off, about
+work was already waiting (orchestrator.analysis.capacity.backlogged_gaps_s: the harness's hand-off, about
 0.5-6 ms a pass on this loaded host). The point's round (dsd.latency_model):
   serial:  N * (t_v + g) for DSD, N * (gamma * t_d + t_v + 2g) co-located (serial_round_s)
   batched: two alternating groups (logged as the verify batch sizes):
@@ -87,9 +87,9 @@ from dsd.drafting import DraftJob, draft_block    # noqa: E402
 from dsd.stopping import StopRule    # noqa: E402
 from dsd.timing import step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
 from dsd.verifier_session import VerifierSession    # noqa: E402
-from orchestrator.capacity import (backlogged_gaps_s, capacity_at, fit_cost_line, overlap_counts,    # noqa: E402
+from orchestrator.analysis.capacity import (backlogged_gaps_s, capacity_at, fit_cost_line, overlap_counts,    # noqa: E402
                                    overlap_window)
-from orchestrator.workload import make_prompts    # noqa: E402
+from orchestrator.spec.workload import make_prompts    # noqa: E402
 from services.compute import PreciseTimer, ThreadDevice    # noqa: E402
 from services.scheduler import Scheduler, SchedulerConfig    # noqa: E402
 
@@ -439,7 +439,7 @@ def _print_curves(configs, counts: list[int], points: dict, models: dict) -> Non
 def _capacities(configs, points: dict, models: dict, results: dict) -> tuple[dict, dict]:
     """Per configuration, clients sustained at the target rate, measured and predicted: where the
     per-client time per token over the target's (each point against its own moment's target)
-    crosses 1, interpolated between counts (orchestrator.capacity.capacity_at). The prediction
+    crosses 1, interpolated between counts (orchestrator.analysis.capacity.capacity_at). The prediction
     runs the same interpolation on the points' modelled rates. At the largest count run, a figure
     is a lower bound (flagged)."""
     measured, predicted = {}, {}

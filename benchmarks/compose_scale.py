@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsd.backends.factory import backend_from_dict  # noqa: E402
 from dsd.profiles import get_profile  # noqa: E402
-from orchestrator.http_client import call  # noqa: E402
+from orchestrator.common.http_client import call  # noqa: E402
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed  # noqa: E402
 
 RUN_TIMEOUT_S = 600.0

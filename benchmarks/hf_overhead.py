@@ -6,7 +6,7 @@ The sibling of benchmarks/overhead.py (synthetic backend) for the hf backend: on
 one edge over loopback (no added delay), the default pair, one client, one request after another
 in each mode (sync DSD, co-located SD, cloud AR), greedy, gamma 4. From rounds.csv, for every
 round but a request's first (it also waits for the prefill), the same quantities as the sweep's
-``harness_overhead_ms`` (orchestrator.analysis.fit_effective_params), as medians:
+``harness_overhead_ms`` (orchestrator.analysis.points.fit_effective_params), as medians:
 
   hf_overhead_server_p50_ms     sync DSD: receive - send - server queue - server compute
                                 (the round trip beyond the verifier's pass: both event loops,
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.echo_floor import EchoCadence, paced_echo_ms  # noqa: E402
 from benchmarks.overhead import cpu_times, steal_pct  # noqa: E402
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
-from orchestrator.workload import make_prompts    # noqa: E402
+from orchestrator.spec.workload import make_prompts    # noqa: E402
 from services.frames import DEFAULT_TRANSPORT, TRANSPORTS    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
 

@@ -127,8 +127,8 @@ def main() -> None:
     print(f"{'case':<28}{'measured':>12}{'configured':>12}")
     print(f"{'steps seen':<28}{len(seen):>12}{len(settle_ms):>12}")
     print(f"{'settle ms p50 / max':<28}{statistics.median(seen):>12.3f}{max(seen):>12.3f}")
-    print(f"{'trace |err| ms p50 / p99':<28}{measure.percentile(trace_err_ms, 50):>12.3f}"
-          f"{measure.percentile(trace_err_ms, 99):>12.3f}   ({len(trace_err_ms)} probes)")
+    print(f"{'trace |err| ms p50 / p99':<28}{measure.percentile(trace_err_ms, 50, 'linear'):>12.3f}"
+          f"{measure.percentile(trace_err_ms, 99, 'linear'):>12.3f}   ({len(trace_err_ms)} probes)")
     for key, (got, want) in fidelity.items():
         print(f"{key:<28}{got:>12.3f}{want:>12.3f}")
     stdev_err_pct = max(abs(got / want - 1) * 100 for k, (got, want) in fidelity.items() if k.startswith("stdev"))
@@ -136,8 +136,8 @@ def main() -> None:
     figures = {
         "step_settle_ms_p50": statistics.median(seen) if seen else math.nan,
         "step_settle_ms_max": max(seen) if seen else math.nan,
-        "trace_rtt_err_p50_ms": measure.percentile(trace_err_ms, 50),
-        "trace_rtt_err_p99_ms": measure.percentile(trace_err_ms, 99),
+        "trace_rtt_err_p50_ms": measure.percentile(trace_err_ms, 50, "linear"),
+        "trace_rtt_err_p99_ms": measure.percentile(trace_err_ms, 99, "linear"),
         "jitter_stdev_err_pct": stdev_err_pct,
         "loss_err_pct_points": abs(loss_got - loss_want),
     }

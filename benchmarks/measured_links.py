@@ -51,8 +51,9 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 from netem import measured  # noqa: E402
+from netem.measure import percentile  # noqa: E402
 from netem.schedule import LinkSchedule  # noqa: E402
-from services.traces import git_commit  # noqa: E402
+from dsd.provenance import git_commit  # noqa: E402
 
 TRACES = sorted((ROOT / "data" / "cicv5g").glob("*.csv"))
 RURAL = ROOT / "data" / "cicv5g" / "south_n8_v10_02.csv"
@@ -117,7 +118,7 @@ def run_stall_sweep(launcher: str, trace: list[tuple[float, float]], out: Path, 
     csv_path = out / "slice.csv"
     csv_path.write_text(measured.format_trace(trace))
     text = EXPERIMENT.read_text()
-    text = text.replace('trace_csv = "data/cicv5g/south_n8_v10_02.csv"', f'trace_csv = "{csv_path}"')
+    text = text.replace('trace_csv = "../data/cicv5g/south_n8_v10_02.csv"', f'trace_csv = "{csv_path}"')
     text = "\n".join(f"requests = {requests}" if line.startswith("requests = ") else line for line in text.splitlines())
     if launcher == "netns":
         text += '\nschedule_order = "queue"\n'          # the stall's packets leave together, as measured
@@ -132,8 +133,8 @@ def greedy_tokens(toml: Path, n: int) -> list[list[int]]:
     from dsd.backends.factory import load_pair
     from dsd.decoding import generate_ar
     from dsd.stopping import StopRule
-    from orchestrator.experiment import load_experiment
-    from orchestrator.workload import make_prompts
+    from orchestrator.spec.experiment import load_experiment
+    from orchestrator.spec.workload import make_prompts
 
     experiment = load_experiment(toml)
     _, target = load_pair(experiment.backend)
@@ -179,7 +180,7 @@ def replay_part(launcher: str, slice_s: float) -> list[float]:
             continue
         mine = replay_errors_ms(trace_slice(path, 0.0, slice_s))
         errors += mine
-        print(f"{path.name:<28}{len(mine):>8}{measured.percentile(mine, 50):>12.3f}{measured.percentile(mine, 99):>12.3f}")
+        print(f"{path.name:<28}{len(mine):>8}{percentile(mine, 50):>12.3f}{percentile(mine, 99):>12.3f}")
     return errors
 
 
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     stalls = stall_part(launcher, args, out) if "stalls" in args.parts else nan
     adaptive = adaptive_part(launcher, args, out) if "adaptive" in args.parts else {}
 
-    pct = lambda q: measured.percentile(errors, q) if errors else math.nan  # noqa: E731
+    pct = lambda q: percentile(errors, q) if errors else math.nan  # noqa: E731
     model = max((f["model_vs_oracle_pct"] for f in adaptive.values()), default=math.nan)
     static = min((f["best_static_vs_oracle_pct"] for f in adaptive.values()), default=math.nan)
     print(f"traces={len(TRACES)} replay_err_p50_ms={pct(50):.3f} replay_err_p99_ms={pct(99):.3f} "

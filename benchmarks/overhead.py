@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.latency_model import expected_tokens_per_round  # noqa: E402
 from dsd.profiles import HardwareProfile  # noqa: E402
+from netem.measure import percentile  # noqa: E402
 from services.launch import free_port, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 
 GAMMA, ALPHA = 4, 0.8
@@ -68,11 +69,6 @@ PROFILE = {"name": "overhead", "t_draft_edge_s": 0.001, "t_draft_server_s": 0.00
 
 def backend_args() -> list[str]:
     return ["--backend-json", json.dumps({"kind": "synthetic", "alpha": ALPHA}), "--profile-json", json.dumps(PROFILE)]
-
-
-def percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 PARTS = ("draft", "wire", "edge")

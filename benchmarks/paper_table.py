@@ -29,10 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import leftovers, paper  # noqa: E402
-from orchestrator.experiment import experiment_from_dict  # noqa: E402
-from orchestrator.run import analyze_sweep, choose_launcher, run_experiment  # noqa: E402
-from orchestrator.summary import assumed_params  # noqa: E402
+from orchestrator.launchers import leftovers
+
+from orchestrator.analysis import paper
+from orchestrator.spec.experiment import experiment_from_dict  # noqa: E402
+from orchestrator.report.analyze import analyze_sweep  # noqa: E402
+from orchestrator.running.run import choose_launcher, run_experiment  # noqa: E402
+from orchestrator.analysis.groups import assumed_params  # noqa: E402
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "paper-sync-vs-ar.toml"
 NEVER_RTTS_MS = [0.0, 10.0]

@@ -1,7 +1,7 @@
 """Repeat-to-repeat spread of one point, pinned against unpinned CPUs.
 
 The default model pair, synchronous DSD at RTT 10 ms (gamma 4, the crossover experiment's
-requests), run --runs times with the services pinned (orchestrator/cpus.py, plan "on": disjoint
+requests), run --runs times with the services pinned (orchestrator/common/cpus.py, plan "on": disjoint
 sets where the machine has >= 4 CPUs; on 2 CPUs the verifier alone on one CPU and the edge and
 the orchestrator on the other) and --runs times unpinned (every process may use every CPU),
 interleaved on one testbed (pinned first in even rounds, unpinned first in odd ones, so a slow
@@ -29,23 +29,25 @@ import pandas as pd    # noqa: E402
 
 from dsd.backends.factory import HfBackendConfig  # noqa: E402
 from dsd.modes import SYNC  # noqa: E402
-from orchestrator import analysis, cpus    # noqa: E402
+from orchestrator.analysis.points import steady_per_token_s
+from orchestrator.common import cpus
 from orchestrator.launchers.loopback import LoopbackTestbed    # noqa: E402
 from orchestrator.launchers.services_config import ServicesConfig    # noqa: E402
-from orchestrator.net_point import run_net_point    # noqa: E402
-from orchestrator.sweep import Point    # noqa: E402
-from orchestrator.workload import make_prompts    # noqa: E402
+from orchestrator.launchers.base import PointSettings    # noqa: E402
+from orchestrator.launchers.control_api import run_point_on_edges    # noqa: E402
+from orchestrator.records.sweep_folder import Point    # noqa: E402
+from orchestrator.spec.workload import make_prompts    # noqa: E402
 
 
 def run_once(testbed, plan: dict, repeat: int, prompts, args) -> dict:
     cpus.pin_self(plan)
     before = cpus.CpuSample.now()
-    rounds, requests, _links, extra = run_net_point(
-        Point(SYNC, args.rtt_ms, args.gamma, 1, repeat), testbed, prompts, warmup=1,
-        max_new_tokens=args.max_new_tokens, max_in_flight=1, run_prefix=f"rep{os.getpid()}",
-        after_shape=lambda bed: cpus.pin_testbed(bed, plan))
+    settings = PointSettings(warmup=1, max_new_tokens=args.max_new_tokens, max_in_flight=1,
+                             run_prefix=f"rep{os.getpid()}", after_shape=lambda bed: cpus.pin_testbed(bed, plan))
+    rounds, requests, _links, extra = run_point_on_edges(Point(SYNC, args.rtt_ms, args.gamma, 1, repeat), testbed,
+                                                         prompts, settings)
     conditions = cpus.conditions(before, cpus.CpuSample.now())
-    per_token_ms = 1e3 * analysis.steady_per_token_s(pd.DataFrame(requests), pd.DataFrame(rounds))
+    per_token_ms = 1e3 * steady_per_token_s(pd.DataFrame(requests), pd.DataFrame(rounds))
     return {"pinned": plan["pinned"], "repeat": repeat, "per_token_ms_p50": float(per_token_ms.median()),
             "masks": extra.get("cpu_masks", {}), **conditions}
 

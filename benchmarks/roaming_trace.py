@@ -10,7 +10,7 @@ data/README.md; the file's ``rtt_avg``), rounded to whole milliseconds. The leve
 as few as the pairs, so every (level, prompt class) condition recurs and the per-segment oracle
 can be measured at each one with the link held still (benchmarks/adaptive.py --rtt-trace).
 Why the mean and not a draw: one trace level stands for one path, and the data's spread is over
-many paths (orchestrator/geography.py draws a path; here the level is the pairs' typical path).
+many paths (orchestrator/links/geography.py draws a path; here the level is the pairs' typical path).
 
 Segments: the first is on the first pair (the client's home network); every later one on a pair
 drawn uniformly from the OTHER pairs (each boundary is a real change). Lengths: min_segment_s
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.geography import DATA_PATH, pair_stats  # noqa: E402
+from orchestrator.links.geography import DATA_PATH, pair_stats  # noqa: E402
 
 
 def _number(value) -> bool:

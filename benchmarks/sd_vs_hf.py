@@ -23,7 +23,7 @@ import torch    # noqa: E402
 from dsd.backends.factory import HfBackendConfig, load_pair  # noqa: E402
 from dsd.decoding import generate_ar, generate_colocated    # noqa: E402
 from dsd.stopping import StopRule    # noqa: E402
-from orchestrator.workload import make_prompts    # noqa: E402
+from orchestrator.spec.workload import make_prompts    # noqa: E402
 
 
 def hf_generate(target, draft, prompt, gamma, max_new_tokens, eos):

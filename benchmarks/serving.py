@@ -58,11 +58,11 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.experiment import load_experiment  # noqa: E402
-from orchestrator.run import choose_launcher  # noqa: E402
-from orchestrator.serving import (PREDICTION, ServingPoint, run_serving, serving_model, serving_times,  # noqa: E402
-                                  write_prediction)
-from orchestrator.serving_analysis import per_repeat_max_rates  # noqa: E402
+from orchestrator.open_loop.figures import per_repeat_max_rates  # noqa: E402
+from orchestrator.open_loop.plan import PREDICTION, ServingPoint, serving_model  # noqa: E402
+from orchestrator.open_loop.sweep import run_serving, serving_times, write_prediction  # noqa: E402
+from orchestrator.running.run import choose_launcher  # noqa: E402
+from orchestrator.spec.experiment import load_experiment  # noqa: E402
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "serving.toml"
 MODES = {"ar": "ar", "colocated": "colocated", "dsd": "sync"}
@@ -80,7 +80,7 @@ def with_load(experiment, launcher: str, repeats: int = 1, **load):
 def run(experiment, out: Path, label: str, plan=None, open_step: float = 1.0) -> dict:
     t0 = time.monotonic()
     run_serving(experiment, out, plan=plan, open_step=open_step,
-                progress=lambda p, d: print(f"  {label} {p.key}: {d['status']} {d['error']}", file=sys.stderr,
+                on_point_done=lambda p, d: print(f"  {label} {p.key}: {d['status']} {d['error']}", file=sys.stderr,
                                             flush=True))
     print(f"{label}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return json.loads((out / "serving.json").read_text())["modes"]

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
-from orchestrator.workload import make_prompts    # noqa: E402
+from orchestrator.spec.workload import make_prompts    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
 
 

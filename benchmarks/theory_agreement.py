@@ -42,9 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from dsd.times import ComputeTimes  # noqa: E402
-from orchestrator import analysis  # noqa: E402
-from orchestrator.experiment import experiment_from_dict  # noqa: E402
-from orchestrator.run import analyze_sweep, choose_launcher, run_experiment  # noqa: E402
+from orchestrator.analysis import points as analysis  # noqa: E402
+from orchestrator.spec.experiment import experiment_from_dict  # noqa: E402
+from orchestrator.report.analyze import analyze_sweep  # noqa: E402
+from orchestrator.running.run import choose_launcher, run_experiment  # noqa: E402
 
 
 PROFILE, GAMMA = "toy-edge-cloud", 4

@@ -23,8 +23,9 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
-from orchestrator.experiment import load_experiment  # noqa: E402
-from orchestrator.run import analyze_sweep, run_experiment  # noqa: E402
+from orchestrator.spec.experiment import load_experiment  # noqa: E402
+from orchestrator.report.analyze import analyze_sweep  # noqa: E402
+from orchestrator.running.run import run_experiment  # noqa: E402
 
 
 def iid_twin(experiment):

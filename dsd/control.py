@@ -11,7 +11,7 @@ A plan changes only what is drafted next: blocks already in flight keep their ow
 verdict is applied to the block it answers), and a switch from pipelined to sync only stops new
 speculation, so no token is lost or duplicated and greedy output stays the target's.
 
-Policies (``CONTROLLERS``), each in its own module (``make_controller`` builds the run's) with
+Policies (``CONTROLLERS``), each in its own module (dsd/policies.py ``make_controller`` builds the run's) with
 its own settings (dsd/policy_configs.py; ``ControllerConfig`` holds what they share and names one):
 - ``static`` (dsd/policy_static.py): the configured gamma and mode, every round (the behaviour without a controller).
 - ``heuristic`` (dsd/policy_static.py): transformers' assisted-generation schedule on acceptance alone: every draft
@@ -41,7 +41,6 @@ tokens measured the pace: ``_pace``).
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
@@ -232,25 +231,3 @@ class LinkRttHint(Protocol):
 @runtime_checkable
 class ServerStepHint(Protocol):
     def server_step_s(self) -> float | None: ...
-
-
-# The policies live in their own modules (which import the interface above); they are imported
-# when first asked for, so either side may be imported first.
-POLICY_MODULES = {"StaticPolicy": "dsd.policy_static", "HeuristicPolicy": "dsd.policy_static",
-                  "ModelPolicy": "dsd.policy_model", "predicted_per_token_s": "dsd.policy_model",
-                  "best_decision": "dsd.policy_model", "BanditPolicy": "dsd.policy_bandit"}
-POLICY_CLASSES = {"static": "StaticPolicy", "heuristic": "HeuristicPolicy", "model": "ModelPolicy",
-                  "bandit": "BanditPolicy"}
-
-
-def __getattr__(name: str):
-    if name in POLICY_MODULES:
-        return getattr(importlib.import_module(POLICY_MODULES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def make_controller(config: ControllerConfig) -> Controller:
-    """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
-    if config.name == "static" and get_mode(config.mode).policy is not None:
-        return get_mode(config.mode).policy(config)
-    return __getattr__(POLICY_CLASSES[config.name])(config)

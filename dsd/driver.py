@@ -48,7 +48,8 @@ from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, Se
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.cache_fill import CacheFiller
 from dsd.contracts import Device, HandsOver, Transport
-from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
+from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision
+from dsd.policies import make_controller
 from dsd.draws import Draws
 from dsd.drafting import begin_request, block_generator, pick_token, ranking_row
 from dsd.edge import DraftRequest, EdgeDecoder

@@ -7,17 +7,14 @@ Settings given as keys (a dict: a JSON body, a TOML table) go through ``policy_c
 refuses a key of another policy naming the key and the policy it belongs to."""
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+from dsd.checks import is_int, is_number
 
 
 def _is_whole(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return is_int(value) and value >= low
 
 
 @dataclass(frozen=True)
@@ -45,17 +42,17 @@ class ModelPolicyConfig:
     stream_ahead_floor_s: float = 0.2
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.margin_pct) and 0 <= self.margin_pct < 100):
+        if not (is_number(self.margin_pct) and 0 <= self.margin_pct < 100):
             raise ValueError(f"margin_pct must be in [0, 100), got {self.margin_pct!r}")
-        if not (_is_number(self.discount) and 0 <= self.discount < 1):
+        if not (is_number(self.discount) and 0 <= self.discount < 1):
             raise ValueError(f"discount must be in [0, 1), got {self.discount!r}")
         for name in ("t_ar_s", "t_draft_server_s"):
             value = getattr(self, name)
-            if value is not None and not (_is_number(value) and value > 0):
+            if value is not None and not (is_number(value) and value > 0):
                 raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
         if not _is_whole(self.explore_after, 1):
             raise ValueError(f"explore_after must be a whole number >= 1, got {self.explore_after!r}")
-        if not (_is_number(self.stream_ahead_floor_s) and 0 <= self.stream_ahead_floor_s <= 10):
+        if not (is_number(self.stream_ahead_floor_s) and 0 <= self.stream_ahead_floor_s <= 10):
             raise ValueError(f"stream_ahead_floor_s must be a number of seconds in [0, 10], got "
                              f"{self.stream_ahead_floor_s!r}")
 
@@ -81,9 +78,9 @@ class BanditConfig:
             raise ValueError(f"gammas must be a non-empty list of whole numbers >= 1, got {self.gammas!r}")
         for name in ("horizon_s", "exploration"):
             value = getattr(self, name)
-            if not (_is_number(value) and value > 0):
+            if not (is_number(value) and value > 0):
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        if not (_is_number(self.prior_rounds) and self.prior_rounds >= 0):
+        if not (is_number(self.prior_rounds) and self.prior_rounds >= 0):
             raise ValueError(f"prior_rounds must be a number >= 0, got {self.prior_rounds!r}")
         if not isinstance(self.model, ModelPolicyConfig):
             raise ValueError(f"model must be the model policy's settings (ModelPolicyConfig or a table), "

@@ -1,7 +1,7 @@
 """One frozen type for the compute times of a model pair on some hardware (docs/concepts.md's t_d, t_v,
 t_ar), whoever produced them: a hardware profile (``HardwareProfile.times``), a measurement on
 this machine (``dsd.timing.MeasuredTimes.times``), or a fit to a run's rounds
-(orchestrator/analysis.py). Those modules build it; this one imports neither.
+(orchestrator/analysis/points.py). Those modules build it; this one imports neither.
 
 t_verify is the one time that depends on gamma. A profile gives it as a line,
 base + per_position * (gamma + 1); a measurement gives a table gamma -> seconds. Both are kept:
@@ -14,15 +14,16 @@ and summary.json's ``params``: ``t_verify_s`` is the table (gamma -> seconds), a
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from dsd.checks import is_number
 
 _OPTIONAL = ("t_prefill_per_token_s", "batch_slope", "t_verify_base_s", "t_verify_per_position_s")
 
 
-def _number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+def _finite(name: str, value) -> float:
+    if not is_number(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
@@ -31,7 +32,7 @@ def _number(name: str, value) -> float:
 class ComputeTimes:
     t_draft_edge_s: float                 # one draft step on the edge device
     # One draft step on the server (co-located SD). NOTE: may be below 0: the client-view fit
-    # (orchestrator/analysis.py fit_effective_params, predictions.calibrate) derives it as
+    # (orchestrator/analysis/points.py fit_effective_params, predictions.calibrate) derives it as
     # (co-located round - DSD's t_verify) / gamma, and DSD's t_verify carries message overhead a
     # co-located round does not pay; refusing it would stop a sweep's predictions.
     t_draft_server_s: float
@@ -46,7 +47,7 @@ class ComputeTimes:
     def __post_init__(self) -> None:
         for name in ("t_draft_edge_s", "t_draft_server_s", "t_ar_s") + _OPTIONAL:
             if getattr(self, name) is not None or name not in _OPTIONAL:
-                object.__setattr__(self, name, _number(name, getattr(self, name)))
+                object.__setattr__(self, name, _finite(name, getattr(self, name)))
         for name in ("t_draft_edge_s",) + _OPTIONAL:
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -81,6 +82,12 @@ class ComputeTimes:
         else:
             raise ValueError(f"gamma {gamma!r}: t_verify was measured only for gamma {sorted(table)}")
         return single_s * self._batch_factor(batch_size)
+
+    def closed_form_terms(self, gamma: int) -> dict[str, float]:
+        """The compute terms of the closed form at this gamma, as dsd.modes.predict_per_token_s
+        takes them."""
+        return {"t_ar_s": self.t_ar_s, "t_draft_edge_s": self.t_draft_edge_s,
+                "t_draft_server_s": self.t_draft_server_s, "t_verify_s": self.t_verify_s(gamma)}
 
     def t_ar_batch_s(self, batch_size: int = 1) -> float:
         return self.t_ar_s * self._batch_factor(batch_size)
@@ -183,7 +190,7 @@ def _verify_table(table) -> tuple[tuple[int, float], ...]:
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise ValueError(f"t_verify_by_gamma_s must map gamma to seconds, got {table!r}")
         gamma = _gamma(pair[0])
-        seconds = _number(f"t_verify_by_gamma_s[{gamma}]", pair[1])
+        seconds = _finite(f"t_verify_by_gamma_s[{gamma}]", pair[1])
         if seconds < 0:
             raise ValueError(f"t_verify_by_gamma_s[{gamma}] must be >= 0, got {seconds!r}")
         out[gamma] = seconds

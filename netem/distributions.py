@@ -42,7 +42,8 @@ def _rint(x: float) -> float:
     return float(round(x))
 
 
-def _normal_cdf(x: float) -> float:
+def normal_cdf(x: float) -> float:
+    """The standard normal distribution function."""
     return 0.5 + 0.5 * math.erf(x / math.sqrt(2.0))
 
 
@@ -68,7 +69,7 @@ def _normal_grid_quantile(i: int) -> float:
     lo, hi = 0, n_grid  # largest k with index(k) <= i
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _rint(_TABLESIZE * _normal_cdf(-10.0 + mid * step)) <= i:
+        if _rint(_TABLESIZE * normal_cdf(-10.0 + mid * step)) <= i:
             lo = mid
         else:
             hi = mid - 1

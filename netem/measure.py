@@ -269,11 +269,19 @@ def _send_paced(sock: socket.socket, dst: tuple[str, int], rate_mbit: float, dur
 
 # ---- statistics (pure) --------------------------------------------------------------------------
 
-def percentile(values: list[float], pct: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+def percentile(values: list[float], pct: float, method: str = "inverted_cdf") -> float:
+    """The pct-th percentile of values, NaN if there are none; the testbed's one definition.
+    ``inverted_cdf``: the smallest value with at least pct% of the values at or below it (always a
+    value that occurred: a latency a token had, an RTT a probe saw). ``linear``: interpolation
+    between the closest ranks (numpy's default), for a configured figure to compare against."""
     if not values:
         return math.nan
     ordered = sorted(values)
+    if method == "inverted_cdf":
+        rank = max(1, math.ceil(pct / 100.0 * len(ordered) - 1e-9))
+        return ordered[min(rank, len(ordered)) - 1]
+    if method != "linear":
+        raise ValueError(f"method must be 'inverted_cdf' or 'linear', got {method!r}")
     rank = (len(ordered) - 1) * pct / 100.0
     lo = math.floor(rank)
     hi = min(lo + 1, len(ordered) - 1)
@@ -286,7 +294,7 @@ def summarize(rtts_ms: list[float], n_sent: int) -> RttStats:
     var = sum((x - mean) ** 2 for x in rtts_ms) / (n - 1) if n > 1 else math.nan
     return RttStats(
         n_sent=n_sent, n_received=n, loss_pct=100.0 * (n_sent - n) / n_sent if n_sent else math.nan,
-        p50_ms=percentile(rtts_ms, 50), p99_ms=percentile(rtts_ms, 99), mean_ms=mean,
+        p50_ms=percentile(rtts_ms, 50, "linear"), p99_ms=percentile(rtts_ms, 99, "linear"), mean_ms=mean,
         stdev_ms=math.sqrt(var) if n > 1 else math.nan,
         min_ms=min(rtts_ms) if n else math.nan, max_ms=max(rtts_ms) if n else math.nan,
     )

@@ -34,6 +34,8 @@ import math
 import sys
 from pathlib import Path
 
+from netem.measure import percentile
+
 RAW_COLUMNS = ("pub_time(ms)", "sub_time(ms)", "delay(ms)")
 MAX_ROWS = 10_000_000
 
@@ -86,13 +88,6 @@ def resample(trace: list[tuple[float, float]], step_s: float) -> list[tuple[floa
         if not out or bins[k] != out[-1][1]:
             out.append((round(k * step_s, 9), bins[k]))
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The inverted-CDF percentile: the smallest value with at least q% of the values at or below."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered) - 1e-9))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 def figures(trace: list[tuple[float, float]]) -> dict:

@@ -60,10 +60,6 @@ def queue_limit_pkts(direction: DirectionSpec, max_pps: int, backlog_pkts: int =
     return backlog_pkts + math.ceil(pps * hold_time_s(direction) * _HEADROOM)
 
 
-def _normal_cdf(z: float) -> float:
-    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
-
-
 class DirectionScheduler:
     """Loss, serialisation, delay and FIFO order for one direction of one link."""
 
@@ -126,9 +122,9 @@ class DirectionScheduler:
         rho = self._rho
         self._z = rho * self._z + math.sqrt(1.0 - rho * rho) * self._rng.gauss(0.0, 1.0)
         if d.distribution == "uniform":
-            jitter_ms = d.jitter_ms * (2.0 * _normal_cdf(self._z) - 1.0)
+            jitter_ms = d.jitter_ms * (2.0 * distributions.normal_cdf(self._z) - 1.0)
         elif d.distribution == "normal":
             jitter_ms = d.jitter_ms * self._z
         else:
-            jitter_ms = d.jitter_ms * distributions.draw(d.distribution, _normal_cdf(self._z))
+            jitter_ms = d.jitter_ms * distributions.draw(d.distribution, distributions.normal_cdf(self._z))
         return max(0.0, d.delay_ms + jitter_ms) / 1000.0

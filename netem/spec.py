@@ -58,7 +58,7 @@ class DirectionSpec:
     def __post_init__(self):
         _check_number("delay_ms", self.delay_ms, lo=0.0)
         _check_number("jitter_ms", self.jitter_ms, lo=0.0)
-        # 100 is a link that is down: a schedule's stall (a sweep point refuses it: orchestrator/link_keys.py)
+        # 100 is a link that is down: a schedule's stall (a sweep point refuses it: orchestrator/links/keys.py)
         _check_number("loss_pct", self.loss_pct, lo=0.0, hi=100.0)
         _check_number("correlation_pct", self.correlation_pct, lo=0.0, hi=100.0, hi_open=True)
         if self.rate_mbit is not None:
@@ -131,7 +131,8 @@ class LinkSpec:
             name, delay_ms = "half of rtt_ms", self.rtt_ms / 2.0
         else:
             _check_number(name, delay_ms, lo=0.0)
-        if _is_number(self.jitter_ms) and self.jitter_ms > delay_ms:
+        _check_number("jitter_ms", self.jitter_ms, lo=0.0)
+        if self.jitter_ms > delay_ms:
             raise ValueError(
                 f"jitter_ms must not exceed the one-way delay ({name} = {delay_ms} ms), got {self.jitter_ms!r}"
             )
@@ -211,7 +212,3 @@ def _sum_median(dist_a: str, jitter_a: float, dist_b: str, jitter_b: float) -> f
         below = sum(bisect.bisect_right(b, mid - x) for x in a) / (len(a) * len(b))
         lo, hi = (lo, mid) if below >= 0.5 else (mid, hi)
     return hi
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

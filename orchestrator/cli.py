@@ -7,11 +7,12 @@ import math
 import sys
 from pathlib import Path
 
-from orchestrator import paper
-from orchestrator.experiment import LAUNCHERS, load_experiment
+from orchestrator.analysis import paper
+from orchestrator.spec.experiment import LAUNCHERS, load_experiment
 from orchestrator.launchers.base import LauncherError
-from orchestrator.leftovers import LeftoversFound
-from orchestrator.sweep import SweepExists, plan_points
+from orchestrator.launchers.leftovers import LeftoversFound
+from orchestrator.records.sweep_folder import SweepExists
+from orchestrator.spec.plan import plan_points
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,23 +92,23 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sweep":
         return _run_sweep(args)
     if args.command == "analyze":
-        from orchestrator.serving_cli import is_serving_sweep, reanalyze_serving
-        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/serving_cli.py
+        from orchestrator.open_loop.commands import is_serving_sweep, reanalyze_serving
+        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/open_loop/commands.py
             return reanalyze_serving(args.out)
         return _analyze(args.out)
     if args.command == "report":
-        from orchestrator.report import write_report
+        from orchestrator.report.html import write_report
         print(f"report: {write_report(args.out, args.format)}")
         return 0
     if args.command == "build-pair":
         from pairs import build
         return build.main(args.rest)
     if args.command == "measure-profile":
-        from orchestrator.profile_cmd import measure_profile_toml
+        from orchestrator.running.measure_profile import measure_profile_toml
         print(measure_profile_toml(args.pair, args.name, args.threads))
         return 0
     if args.command == "cleanup":
-        from orchestrator import leftovers
+        from orchestrator.launchers import leftovers
         from netem.cleanup import live_runs
         removed = leftovers.clean()
         print("\n".join(removed) if removed else "nothing to clean up")
@@ -139,7 +140,7 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_sweep(args) -> int:
-    from orchestrator.run import run_experiment
+    from orchestrator.running.run import run_experiment
 
     if not Path(args.experiment).is_file():
         raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
@@ -149,13 +150,13 @@ def _run_sweep(args) -> int:
     if args.repeat_until_ci is not None:
         experiment = dataclasses.replace(experiment, adaptive_budget_points=args.repeat_until_ci)
     out = args.out or REPO / "results" / experiment.name
-    if experiment.load is not None:          # open-loop arrivals: orchestrator/serving.py
-        from orchestrator.serving_cli import run_serving_cli
+    if experiment.load is not None:          # open-loop arrivals: orchestrator/open_loop/sweep.py
+        from orchestrator.open_loop.commands import run_serving_cli
         return run_serving_cli(experiment, out, args.resume, args.dry_run)
     plan = plan_points(experiment)
     if args.dry_run:
         print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
-        from orchestrator.sweep import is_calibration
+        from orchestrator.spec.plan import is_calibration
         for point in plan:
             print(f"  {point.key}" + ("  (calibration: predicts the rest)" if is_calibration(point, experiment) else ""))
         return 0
@@ -177,7 +178,7 @@ def out_of_sample_line(oos: dict) -> str:
 
 
 def _analyze(out: Path) -> int:
-    from orchestrator.summary import analyze_sweep
+    from orchestrator.report.analyze import analyze_sweep
 
     summary = analyze_sweep(out)
     for group in summary["groups"]:
@@ -203,7 +204,7 @@ def _analyze(out: Path) -> int:
     files = ["points.csv", "summary.json", *(["gamma_opt.csv"] if summary.get("gamma_opt") else []),
              *summary["plots"]]
     print("results: " + ", ".join(f"{out}/{name}" for name in files))
-    from orchestrator.report import write_report
+    from orchestrator.report.html import write_report
     print(f"report: {write_report(out)}")      # rewritten, so it never shows an older analysis
     return 0
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,15 +52,6 @@ def versions() -> dict:
         "machine": platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def warmup_steps(steps: int, warmup_pct: float) -> int:

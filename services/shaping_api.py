@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import socket
 import urllib.parse
@@ -30,6 +29,7 @@ from dataclasses import fields
 
 from aiohttp import web
 
+from dsd.checks import is_number
 from netem.spec import LinkSpec
 
 log = logging.getLogger("services.shaping_api")
@@ -52,10 +52,9 @@ def peer_ip(verifier_url: str) -> str:
         raise ValueError(f"verifier_url: cannot resolve {host!r}: {exc}") from None
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+def _number_in(body: dict, name: str, default: float, low: float, high: float) -> float:
     value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
+    if not (is_number(value) and low <= value <= high):
         raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
     return value
 
@@ -112,8 +111,8 @@ class ShapingApi:
         try:
             body = _check_keys(await request.json(), PUT_FIELDS)
             spec = LinkSpec.from_dict({k: body[k] for k in SPEC_FIELDS if k in body})
-            verify_count = int(_number(body, "verify_count", 100, 0, 100_000))
-            tolerance_ms = _number(body, "tolerance_ms", 2.0, 0.001, 10_000)
+            verify_count = int(_number_in(body, "verify_count", 100, 0, 100_000))
+            tolerance_ms = _number_in(body, "tolerance_ms", 2.0, 0.001, 10_000)
             backend = body.get("backend", "auto")
             from netem.probe import BACKENDS
             if backend not in ("auto", *BACKENDS):
@@ -140,9 +139,9 @@ class ShapingApi:
     async def post_probe(self, request: web.Request) -> web.Response:
         try:
             body = _check_keys(await request.json(), PROBE_FIELDS)
-            count = int(_number(body, "count", 20, 1, MAX_PROBES))
-            interval_s = _number(body, "interval_ms", 50.0, 1.0, 10_000) / 1000
-            app_delay_ms = _number(body, "app_delay_ms", 0.0, 0.0, 10_000)
+            count = int(_number_in(body, "count", 20, 1, MAX_PROBES))
+            interval_s = _number_in(body, "interval_ms", 50.0, 1.0, 10_000) / 1000
+            app_delay_ms = _number_in(body, "app_delay_ms", 0.0, 0.0, 10_000)
             peer_ip(body["verifier_url"])
         except (ValueError, TypeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)

@@ -38,12 +38,13 @@ import asyncio
 import csv
 import json
 import platform
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
+
+from dsd.provenance import git_commit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,12 +215,3 @@ def environment() -> dict:
             versions[package] = None
     return {"python": platform.python_version(), "platform": platform.platform(),
             "packages": versions, "git_commit": git_commit()}
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None

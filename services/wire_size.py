@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
+from dsd.checks import is_int
 from services import wire
 
 MSS_BYTES = 1448                 # Ethernet MTU 1500 - IPv4 20 - TCP 20 - timestamps option 12
@@ -70,7 +71,7 @@ def _envelope_bytes(cls) -> int:
 def verify_bytes(gamma: int, vocab: int, temperature: float, top_k: int | None = None, top_p: float = 1.0,
                  kept_per_row: float | None = None) -> float:
     """The msgpack size of one Verify with a gamma-token block (the expected size, see the module)."""
-    _check(gamma, vocab)
+    _check_gamma_vocab(gamma, vocab)
     encoding = wire.probs_encoding(temperature, top_k, top_p)
     ids = mean_id_bytes(vocab)
     size = (_envelope_bytes(wire.Verify) + 2 * SMALL_INT_BYTES + 1 + DIGEST_BYTES   # seq, start_pos, session
@@ -86,15 +87,15 @@ def verify_bytes(gamma: int, vocab: int, temperature: float, top_k: int | None =
 
 def verified_bytes(vocab: int, gamma: int) -> float:
     """The msgpack size of one Verified (independent of the sampling: a verdict is a count and a token)."""
-    _check(gamma, vocab)
+    _check_gamma_vocab(gamma, vocab)
     return (_envelope_bytes(wire.Verified) + 2 * SMALL_INT_BYTES + 1 + 2 * uint_bytes(gamma)  # seq, start_pos,
             + mean_id_bytes(vocab) + 1 + len(TIME_FIELDS) * FLOAT_BYTES + 1)   # session, counts, token, stale, batch
 
 
 def tokens_bytes(n_tokens: int, vocab: int, gamma: int) -> float:
     """The msgpack size of one Tokens (a round of a Generate: AR's one token, co-located SD's accepted + 1)."""
-    _check(gamma, vocab)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+    _check_gamma_vocab(gamma, vocab)
+    if not (is_int(n_tokens) and n_tokens >= 1):
         raise ValueError(f"n_tokens must be a whole number >= 1, got {n_tokens!r}")
     return (_envelope_bytes(wire.Tokens) + 2 * SMALL_INT_BYTES + 1 + 2 * uint_bytes(gamma)  # seq, round, session
             + header_bytes(n_tokens, 16) + n_tokens * mean_id_bytes(vocab) + 1              # tokens, done
@@ -142,8 +143,8 @@ def _kept(vocab: int, top_k: int | None, top_p: float) -> float:
                      f"keeps depends on the drafter's distribution), got None")
 
 
-def _check(gamma: int, vocab: int) -> None:
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+def _check_gamma_vocab(gamma: int, vocab: int) -> None:
+    if not (is_int(gamma) and gamma >= 1):
         raise ValueError(f"gamma must be a whole number >= 1, got {gamma!r}")
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
+    if not (is_int(vocab) and vocab >= 2):
         raise ValueError(f"vocab must be a whole number >= 2, got {vocab!r}")

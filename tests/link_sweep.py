@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import analyze_sweep, run_experiment
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
 
 
 def run_loss_jitter_sweep(out: Path, launcher: str, **keys) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -1,14 +1,14 @@
 """Launchers bring up a testbed (one verifier, N edges), shape its links and tear it down.
 
 Every launcher returns a ``Testbed`` (base.py) and is used the same way by the sweep
-(orchestrator/run.py), one (profile, alpha) group at a time:
+(orchestrator/running/run.py), one (profile, alpha) group at a time:
 
     testbed = open_testbed(launcher, group, ...)  # verifier + edges up and healthy
     rows = testbed.run_point(point, prompts, settings)   # rounds, requests, links, facts
     testbed.close()                               # everything the launcher started is gone
 
-The network testbeds run a point through their edges (net_point.ControlApiTestbed,
-orchestrator/net_point.py): shape(specs) sets each edge's link, then a POST to
+The network testbeds run a point through their edges (control_api.ControlApiTestbed,
+orchestrator/launchers/control_api.py): shape(specs) sets each edge's link, then a POST to
 testbed.edges[i].control_url + "/runs" {..., "verifier_url": testbed.verifier_url} per client
 (with Authorization: Bearer testbed.edges[i].token when it is set). The sim testbed runs the
 same protocol code in this process on virtual time.

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
-from orchestrator.link_rows import LinkState
+from orchestrator.links.keys import LinkOptions
+from orchestrator.links.rows import LinkState
 
 __all__ = ["EdgeHandle", "LauncherError", "LinkState", "PointSettings", "Testbed"]
 
 
 class LauncherError(RuntimeError):
     """A testbed could not be brought up, used or taken down. The CLI prints it as one line
-    (`dsdbed --debug` shows the traceback); orchestrator.run wraps whatever else a launcher
+    (`dsdbed --debug` shows the traceback); orchestrator.running.run wraps whatever else a launcher
     raises while starting or stopping in one of these."""
 
 
@@ -25,7 +26,7 @@ class EdgeHandle:
 
 @dataclass(frozen=True)
 class PointSettings:
-    """What every point of a sweep runs with, whatever the launcher (orchestrator/run.py makes
+    """What every point of a sweep runs with, whatever the launcher (orchestrator/running/run.py makes
     it from the experiment). The network launchers also use run_prefix (the start of their run
     ids), link_options and after_shape(testbed) (called once the links are shaped, before the
     runs start: the CPU pinning); the sim launcher has no link and nothing to pin."""
@@ -39,13 +40,24 @@ class PointSettings:
     request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
     tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
     run_prefix: str = "run"
-    link_options: Any = None                  # orchestrator.link_keys.LinkOptions
+    link_options: LinkOptions | None = None   # the experiment's [link]
     after_shape: Callable | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("warmup", 0), ("max_new_tokens", 1), ("max_in_flight", 1), ("gamma_max", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+
+    def run_fields(self) -> dict:
+        """The keys of an edge run (services/edge/config.py RunConfig) these settings set; a key
+        at the edge's own default stays out, so an edge built before it still takes the run."""
+        adaptive = self.controller != "static"
+        return {"max_in_flight": self.max_in_flight,
+                **({"controller": self.controller, "gamma_max": self.gamma_max} if adaptive else {}),
+                **({"controller_modes": list(self.controller_modes)} if adaptive and self.controller_modes else {}),
+                **({"transport": self.transport} if self.transport != "ws" else {}),
+                **({"request_deadline_s": self.request_deadline_s} if self.request_deadline_s else {}),
+                **({"tcp_rto_max_ms": self.tcp_rto_max_ms} if self.tcp_rto_max_ms else {})}
 
 
 class Testbed(Protocol):
@@ -71,6 +83,6 @@ class Testbed(Protocol):
         """Stop everything this launcher started; idempotent."""
 
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
-        """Run one sweep point (orchestrator.sweep.Point), request i of each client on
+        """Run one sweep point (orchestrator.spec.plan.Point), request i of each client on
         prompts[i]; return (rounds rows, request rows, link rows, facts) as run_sweep takes them,
-        the rows of services/traces.py finished by orchestrator.request_stats.finish_point."""
+        the rows of services/traces.py finished by orchestrator.records.request_stats.finish_point."""

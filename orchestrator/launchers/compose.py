@@ -41,14 +41,15 @@ import docker
 
 from netem import Link, LinkRecord, Shaper, ShaperConfig, endpoint_from_container
 from netem.probe import choose_backend
-from orchestrator import link_keys, link_rows
+from orchestrator.links import keys as link_keys
+from orchestrator.links import rows as link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.compose_adopt import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, EDGE_SERVICE,  # noqa: F401
                                                  VERIFIER_SERVICE, adopt_mismatches, fix_command)
 from orchestrator.launchers.compose_config import (COMPOSE_FILE, MODELS_DIR, REPO, ComposeConfig,  # noqa: F401
                                                   ComposeError)
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.net_point import ControlApiTestbed
+from orchestrator.launchers.control_api import ControlApiTestbed
 
 __all__ = ["ADOPT_SETTINGS", "COMPOSE_DEFAULTS", "COMPOSE_FILE", "EDGE_SERVICE", "MODELS_DIR", "VERIFIER_SERVICE",
            "ComposeConfig", "ComposeError", "ComposeTestbed", "adopt_mismatches", "cleanup_project", "docker_client",
@@ -276,14 +277,14 @@ class ComposeTestbed(ControlApiTestbed):
         self._shaper = shaper
         self.shaper = self.link_records[0].backend
         self.shaper_reason = self.link_records[0].backend_reason
-        return [_link_state(r) for r in self.link_records]
+        return [link_rows.link_state(r) for r in self.link_records]
 
     def measure(self) -> list[LinkState]:
         """Measure the shaped links again now (echo probes from each edge), e.g. after a run."""
         if self._shaper is None:
             raise RuntimeError("no links are shaped: call shape() first")
         self.link_records = self._shaper.verify()
-        return [_link_state(r) for r in self.link_records]
+        return [link_rows.link_state(r) for r in self.link_records]
 
     @property
     def link_shaper(self):
@@ -413,10 +414,6 @@ def _step(errors: list[str], what: str, fn, *args, **kwargs):
     except Exception as exc:  # noqa: BLE001 - reported together at the end
         errors.append(f"{what}: {exc}")
         return None
-
-
-def _link_state(record: LinkRecord) -> LinkState:
-    return link_rows.link_state(record)
 
 
 def _answers_health(url: str, role: str) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from dsd.checks import is_int, is_number
 from dsd.backends.factory import BackendConfig, HfBackendConfig, SyntheticBackendConfig
 from dsd.profiles import HardwareProfile
 from netem.probe import BACKENDS
@@ -66,15 +66,15 @@ class ComposeConfig:
                       "log_dir": services.work_dir, **overrides})
 
     def __post_init__(self) -> None:
-        _check_int("n_edges", self.n_edges, 1, MAX_EDGES)
-        _check_int("threads", self.threads, 1, 256)
-        _check_int("max_batch", self.max_batch, 1, 4096)
-        _check_int("max_sessions", self.max_sessions, 1, 1_000_000)
-        _check_int("verify_count", self.verify_count, 0, 100_000)
+        for name, low, high in (("n_edges", 1, MAX_EDGES), ("threads", 1, 256), ("max_batch", 1, 4096),
+                                ("max_sessions", 1, 1_000_000), ("verify_count", 0, 100_000)):
+            value = getattr(self, name)
+            if not (is_int(value) and low <= value <= high):
+                raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
         for name in ("batch_window_ms", "up_timeout_s", "down_timeout_s", "build_timeout_s"):
             value = getattr(self, name)
             low_ok = value >= 0 if name == "batch_window_ms" else value > 0
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low_ok:
+            if not (is_number(value) and low_ok):
                 raise ValueError(f"{name} must be a finite number {'>= 0' if name == 'batch_window_ms' else '> 0'}, "
                                  f"got {value!r}")
         if not isinstance(self.backend, BackendConfig):
@@ -137,8 +137,3 @@ class ComposeConfig:
             "DSD_BATCH_WINDOW_MS": repr(float(self.batch_window_ms)), "DSD_MAX_SESSIONS": str(self.max_sessions),
             "DSD_IMAGE": self.image, "DSD_SUBNET": self.subnet,
         }
-
-
-def _check_int(name: str, value, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")

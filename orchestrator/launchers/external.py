@@ -35,12 +35,13 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestrator import http_client
+from orchestrator.common import http_client
+from netem.measure import percentile
 from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.net_point import ControlApiTestbed
-from orchestrator.link_keys import as_spec
-from orchestrator.launchers.external_config import ExternalConfig
+from orchestrator.launchers.control_api import ControlApiTestbed
+from orchestrator.links.keys import as_spec
+from orchestrator.spec.external import ExternalConfig
 
 _CHECK_INTERVAL_S = 1.0
 
@@ -122,7 +123,8 @@ class ExternalTestbed(ControlApiTestbed):
         rtts = json.loads(http_client.call("POST", edge.control_url + "/link/probe", body, timeout_s,
                                            self.token))["rtt_ms"]
         return LinkState(edge=edge.name, shaper=self.shaper, rtt_configured_ms=float(rtt_ms),
-                         rtt_measured_p50_ms=_pct(rtts, 50), rtt_measured_p99_ms=_pct(rtts, 99),
+                         rtt_measured_p50_ms=percentile(rtts, 50, "linear"),
+                         rtt_measured_p99_ms=percentile(rtts, 99, "linear"),
                          rtt_measured_stdev_ms=statistics.stdev(rtts) if len(rtts) > 1 else float("nan"),
                          loss_measured_pct=100.0 * (1 - len(rtts) / c.probe_count))
 
@@ -235,8 +237,3 @@ def _plain_rtt_ms(link) -> float:
         raise ValueError(f"[external] shaping 'off' or 'app-delay' can only give an RTT; got {link} "
                          "(shaping = 'edge' shapes the rest)")
     return link.rtt_ms
-
-
-def _pct(values: list[float], pct: float) -> float:
-    from netem.measure import percentile
-    return percentile(values, pct)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from netem.spec import LinkSpec
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.net_point import ControlApiTestbed
+from orchestrator.launchers.control_api import ControlApiTestbed
 from orchestrator.launchers.processes import ServiceProcess, free_port, heal_services, write_token_file
 from orchestrator.launchers.services_config import ServicesConfig
 

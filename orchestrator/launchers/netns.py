@@ -14,18 +14,15 @@ from pathlib import Path
 
 from netem import Shaper, ShaperConfig, Topology, TopologyConfig
 from netem.probe import choose_backend
-from orchestrator import link_keys, link_rows
+from orchestrator.links import keys as link_keys
+from orchestrator.links import rows as link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.net_point import ControlApiTestbed
+from orchestrator.launchers.control_api import ControlApiTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.processes import ServiceProcess, heal_services, write_token_file
 
 VERIFIER_PORT = 8700
 EDGE_PORT = 8701
-
-
-def link_state(record) -> LinkState:
-    return link_rows.link_state(record)
 
 
 class NetnsTestbed(ControlApiTestbed):
@@ -83,7 +80,7 @@ class NetnsTestbed(ControlApiTestbed):
         if self.loss_pct:
             specs = [dataclasses.replace(s, loss_pct=self.loss_pct) for s in specs]
         records = shaper.apply(self._topology.links(specs))
-        return [link_state(r) for r in records]
+        return [link_rows.link_state(r) for r in records]
 
     @property
     def link_shaper(self):

@@ -17,7 +17,7 @@ from pathlib import Path
 from dsd.backends.factory import BackendConfig
 from dsd.profiles import HardwareProfile
 from netem.owners import process_identity
-from orchestrator import http_client
+from orchestrator.common import http_client
 from services.processes import OWNER_MARK, REPO, SERVICE_MARK, free_port, kill_group, start_service
 
 __all__ = ["OWNER_MARK", "REPO", "SERVICE_MARK", "ServiceProcess", "backend_args", "free_port", "heal_services",

@@ -19,15 +19,15 @@ import dataclasses
 import pandas as pd
 
 from dsd.backends.protocol import SamplingParams
-from dsd.control import (ControllerConfig, RequestObservation, check_decision, make_controller,
-                         shadow_matches)
+from dsd.control import ControllerConfig, RequestObservation, check_decision, shadow_matches
 from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
+from dsd.policies import make_controller
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
 from netem.spec import LinkSpec
-from orchestrator.request_stats import finish_point
+from orchestrator.records.request_stats import finish_point
 from services.traces import (REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, cache_columns,
                              steady_per_token_s)
 
@@ -72,7 +72,7 @@ class SimTestbed:
         policy = None if settings.controller == "static" else make_controller(ControllerConfig(
             settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
             settings.controller_modes or plannable_edge_modes()))
-        schedule = getattr(settings.link_options, "schedule", None)
+        schedule = settings.link_options.schedule if settings.link_options is not None else None
         link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
         t_point_s = 0.0            # virtual time since the point's first request (warm-up included)
         for index, prompt in enumerate(prompts):

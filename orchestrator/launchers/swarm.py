@@ -19,7 +19,7 @@ Declared, realised, read back:
    crashed service is a failed point, not a silent replacement).
 2. `docker stack deploy`, then a small control container (``sleep``) on the overlay: the
    orchestrator, on a manager node, reaches every task's control API with TCP sockets opened in
-   that container's network namespace (``netns:`` URLs, orchestrator/http_client.py), on the
+   that container's network namespace (``netns:`` URLs, orchestrator/common/http_client.py), on the
    overlay itself, from any node of the swarm.
 3. The tasks are read back (one verifier, N edges, running, each with its overlay address) and
    polled for /health until all answer.
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -49,15 +48,16 @@ from pathlib import Path
 import docker
 import yaml
 
+from dsd.checks import is_int, is_number
 from dsd.backends.factory import BackendConfig, SyntheticBackendConfig
 from dsd.profiles import HardwareProfile
-from orchestrator import http_client
+from orchestrator.common import http_client
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.net_point import ControlApiTestbed
+from orchestrator.launchers.control_api import ControlApiTestbed
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.link_keys import as_spec
+from orchestrator.links.keys import as_spec
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,10 @@ class SwarmConfig:
             raise ValueError(f"stack must be 1-31 lowercase letters, digits, '-' or '_', got {self.stack!r}")
         for name, low, high in (("verify_count", 0, 100_000),):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            if not (is_int(value) and low <= value <= high):
                 raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
         value = self.verify_tolerance_ms
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if not (is_number(value) and value > 0):
             raise ValueError(f"verify_tolerance_ms must be a number > 0, got {value!r}")
 
     @property

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
-from dsd.control import make_controller
+from dsd.policies import make_controller
 from dsd.driver import DsdDriver, Round
 from dsd.modes import get_mode
 from services import wire

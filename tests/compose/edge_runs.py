@@ -6,7 +6,7 @@ import io
 import json
 import time
 
-from orchestrator.http_client import call
+from orchestrator.common.http_client import call
 
 MODES = ("ar", "colocated", "sync", "pipelined")
 

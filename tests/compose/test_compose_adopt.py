@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dsd.profiles import get_profile
-from orchestrator import cpus
-from orchestrator.http_client import call
+from orchestrator.common import cpus
+from orchestrator.common.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeError, ComposeTestbed, cleanup_project
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]

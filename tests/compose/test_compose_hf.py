@@ -11,6 +11,7 @@ from dsd.stopping import StopRule
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.edge_runs import check_greedy, run_waves
 from tests.compose.host import host_state, new_since
+from tests.checks import every
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.model, pytest.mark.slow,
               pytest.mark.skipif(not (DEFAULT_PAIR / "manifest.json").is_file(),
@@ -27,7 +28,7 @@ def test_every_mode_emits_the_target_greedy_tokens_with_the_default_pair(docker_
     before = host_state()
     with ComposeTestbed(ComposeConfig(n_edges=len(RTTS_MS), backend=BACKEND, verify_count=20)) as testbed:
         links = testbed.shape(list(RTTS_MS))
-        assert all(abs(s.rtt_measured_p50_ms - s.rtt_configured_ms) < 2.0 for s in links), links
+        assert every(abs(s.rtt_measured_p50_ms - s.rtt_configured_ms) < 2.0 for s in links), links
         runs = run_waves(testbed, PROMPTS, MAX_NEW_TOKENS, GAMMA, timeout_s=600.0, probe_count=2)
         testbed.check()
     _, target = load_pair(BACKEND)

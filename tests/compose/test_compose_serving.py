@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from netem.cleanup import find_leftovers
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.serving import ServingPoint, arrivals_for, run_serving
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.open_loop.plan import ServingPoint, arrivals_for
+from orchestrator.open_loop.sweep import run_serving
 from tests.compose.host import project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]

@@ -20,11 +20,12 @@ from dsd.decoding import generate_ar
 from dsd.profiles import HardwareProfile
 from dsd.stopping import StopRule
 from netem.probe import BACKENDS
-from orchestrator import cpus
-from orchestrator.http_client import call
+from orchestrator.common import cpus
+from orchestrator.common.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.edge_runs import check_greedy, read_csv, run_waves, wait_for
 from tests.compose.host import host_state, new_since
+from tests.checks import every
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
@@ -145,7 +146,7 @@ def test_a_cpu_plan_becomes_the_containers_cpusets_and_unpinning_gives_every_cpu
     check_greedy({(0, "sync"): (summary, read_csv(edge, "pinned-sync", "rounds.csv"),
                                 read_csv(edge, "pinned-sync", "requests.csv"))}, [expected])
     unpinned = cpus.pin_testbed(tb, cpus.plan_cpus(usable, len(tb.edges), "off"))
-    assert all(mask == usable for mask in unpinned.values()), unpinned
+    assert every(mask == usable for mask in unpinned.values()), unpinned
 
 
 def test_close_saves_the_logs_and_leaves_nothing_behind(testbed):

@@ -56,9 +56,9 @@ def section_text(page: str, marker: str) -> str:
 def small_sim_sweep(out: Path) -> Path:
     """A few seconds of the crossover grid on the synthetic backend and the sim launcher, analysed
     and reported: every output file a sweep writes on sim, report.html included."""
-    from orchestrator.experiment import experiment_from_dict
-    from orchestrator.report import write_report
-    from orchestrator.run import run_experiment
+    from orchestrator.spec.experiment import experiment_from_dict
+    from orchestrator.report.html import write_report
+    from orchestrator.running.run import run_experiment
 
     experiment = experiment_from_dict({
         "name": "docs-check", "launcher": "sim", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 20],

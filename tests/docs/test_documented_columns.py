@@ -7,9 +7,9 @@ from dataclasses import fields
 import pandas as pd
 import pytest
 
-from orchestrator import analysis
+from orchestrator.analysis.points import GROUP_KEYS, POINT_KEYS
 from orchestrator.launchers.base import LinkState
-from orchestrator.link_rows import LINK_POINT_COLUMNS
+from orchestrator.links.rows import LINK_POINT_COLUMNS
 from services.traces import RequestRow, RoundRow
 from tests.docs.pages import documented_names, section, small_sim_sweep
 
@@ -31,7 +31,7 @@ def _names(cls) -> set[str]:
 
 
 def test_point_columns_are_the_analysis_point_and_group_keys(docs):
-    assert set(analysis.POINT_KEYS) | set(analysis.GROUP_KEYS) <= section(docs, "Point columns")
+    assert set(POINT_KEYS) | set(GROUP_KEYS) <= section(docs, "Point columns")
 
 
 @pytest.mark.parametrize("file, row", [("rounds.csv", RoundRow), ("requests.csv", RequestRow)])

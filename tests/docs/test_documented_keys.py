@@ -2,14 +2,15 @@
 checked against the config dataclasses an experiment file is parsed into."""
 import re
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 import pytest
 
 from dsd.backends.factory import BACKEND_CONFIGS
 from dsd.profiles import HardwareProfile
-from orchestrator.experiment import Experiment
+from orchestrator.spec.experiment import Experiment
 from tests.docs.pages import documented_names, section, section_text
+from tests.checks import every
 
 PAGE = "experiments.md"
 
@@ -51,9 +52,45 @@ def test_profile_table_documents_every_number_of_a_hardware_profile():
 
 def test_link_table_names_every_per_edge_key_schedule_key_and_trace_column():
     from netem.schedule import STEP_KEYS, TRACE_COLUMNS
-    from orchestrator.link_keys import EDGE_KEYS  # noqa: I001
+    from orchestrator.links.keys import EDGE_KEYS  # noqa: I001
 
     text = section_text(PAGE, "[link]")
     named = set(re.findall(r"[a-z_]+", text))
     assert sorted((set(EDGE_KEYS) | set(STEP_KEYS) | {"at_s"}) - named) == []
-    assert all(column in text for column in TRACE_COLUMNS)
+    assert every(column in text for column in TRACE_COLUMNS)
+
+
+def _documented_defaults(marker: str) -> dict[str, object]:
+    """key -> the default a section's table gives as a TOML literal in backticks (rows that give
+    prose, such as "(required)", are left out)."""
+    import tomllib
+
+    defaults = {}
+    for line in section_text(PAGE, marker).splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 4 or not re.fullmatch(r"`[^`]+`", cells[1]) or not re.fullmatch(r"`[^`]+`", cells[2]):
+            continue
+        defaults[cells[1].strip("`")] = tomllib.loads(f"v = {cells[2].strip('`')}")["v"]
+    return defaults
+
+
+def _same_default(documented, default) -> bool:
+    if isinstance(default, tuple):
+        return list(default) == (documented if isinstance(documented, list) else [documented])
+    if not isinstance(default, (str, int, float, bool, type(None))):
+        return isinstance(documented, list) and not documented and not default     # an empty table or list
+    return documented == default
+
+
+@pytest.mark.parametrize("marker, table", [("Top-level keys", None), ("[sampling]", "sampling"),
+                                           ("[workload]", "workload"), ("[link]", "link"), ("[load]", "load"),
+                                           ("[slo]", "slo"), ("[external]", "external")])
+def test_each_documented_default_is_its_dataclass_default(marker, table):
+    cls = Experiment if table is None else _table_class(table)
+    declared = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)
+                if f.default is not MISSING or f.default_factory is not MISSING}
+    documented = _documented_defaults(marker)
+    assert documented
+    wrong = {key: (value, declared.get(key, "no default")) for key, value in documented.items()
+             if key not in declared or not _same_default(value, declared[key])}
+    assert wrong == {}

@@ -3,6 +3,7 @@ import pytest
 
 from dsd.timing import batched_verify_times_s, fit_batch_slope
 from tests.torch_pairs import tiny_pair
+from tests.checks import every
 
 
 def test_fit_recovers_the_slope_of_an_exact_linear_curve():
@@ -24,7 +25,7 @@ def test_the_curve_is_measured_for_every_gamma_and_batch_and_leaves_no_cache_beh
     _, target = tiny_pair(seed=2)
     times = batched_verify_times_s(target, gammas=(1, 3), batch_sizes=(1, 4), context_tokens=16, repeats=3)
     assert set(times) == {(1, 1), (1, 4), (3, 1), (3, 4)}
-    assert all(t > 0 for t in times.values())
+    assert every(t > 0 for t in times.values())
     assert not target._caches
     # Each timed pass feeds only the block: gamma + 1 positions per sequence after the warm-up.
     assert target.stats.positions_fed == 4 * 16 + 4 * sum((g + 1) * b for g, b in times)

@@ -14,6 +14,7 @@ from dsd.drafting import DraftJob, draft_block, run_draft_jobs
 from services.compute import ThreadDevice
 from services.scheduler import Scheduler, SchedulerConfig
 from tests.torch_pairs import tiny_pair
+from tests.checks import every
 
 GREEDY = SamplingParams()
 PREFIXES = [[5, 17, 42], [9] * 11, [3, 1, 4, 1, 5, 9, 2, 6], [60], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]]
@@ -54,7 +55,7 @@ def test_batched_greedy_drafting_equals_drafting_alone_token_for_token():
     batched, prefixes = _rounds(batched_lm, True, greedy, range(len(PREFIXES)))
     alone, _ = _rounds(alone_lm, False, greedy, range(len(PREFIXES)))
     assert [[tokens for tokens, _ in r] for r in batched] == [[tokens for tokens, _ in r] for r in alone]
-    assert all(q is None for r in batched for _, q in r)
+    assert every(q is None for r in batched for _, q in r)
     # One pass of the draft per step of the longest block, whatever the number of sessions.
     assert batched_lm.stats.passes - passes_before == 5 * max(BLOCKS)
     for i in range(len(PREFIXES)):

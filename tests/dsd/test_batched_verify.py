@@ -13,6 +13,7 @@ from dsd.drafting import draft_block
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from tests.torch_pairs import tiny_pair
+from tests.checks import every
 
 GREEDY = SamplingParams()
 PROMPTS = [[5, 17, 42], [9] * 11, [3, 1, 4, 1, 5, 9, 2, 6], [60, 61], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
@@ -47,7 +48,7 @@ def _run_batched_and_serial(draft, target_batched, target_serial, budget=40, rou
         if not jobs:
             break
         outcomes = run_jobs(jobs)
-        assert all(ok for ok, _ in outcomes), outcomes
+        assert every(ok for ok, _ in outcomes), outcomes
         verdicts_b.append([v for _, v in outcomes])
         verdicts_s.append([job.run() for job in _round_jobs(draft, serial, GAMMAS)])
     return batched, serial, verdicts_b, verdicts_s

@@ -9,6 +9,7 @@ from dsd.draws import DRAFT, TARGET, VERIFY, Draws, draw_key
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.stopping import StopRule
 from tests.toy_models import BigramLM, random_bigram
+from tests.checks import every
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
 PROMPT = [3, 14, 15]
@@ -42,7 +43,7 @@ def _outputs(seed: int, sampling: SamplingParams):
 def test_colocated_sync_and_pipelined_commit_the_same_tokens_under_sampling(seed):
     sampling = SamplingParams(temperature=1.0, seed=100 + seed, top_p=0.95)
     outputs, pipelined = _outputs(seed, sampling)
-    assert all(len(tokens) == TOKENS for tokens in outputs.values())
+    assert every(len(tokens) == TOKENS for tokens in outputs.values())
     assert len({tuple(tokens) for tokens in outputs.values()}) == 1, outputs
     # The pipelined run speculated and was refuted on the way: its same output is not trivial.
     rounds = pipelined.generation.rounds

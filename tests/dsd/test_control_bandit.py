@@ -3,8 +3,9 @@ arms, settles on the best rate, follows changes, chooses kinds of request, and u
 prior as specified."""
 import pytest
 
-from dsd.control import (BanditPolicy, ControllerConfig, Decision, Observation, RequestObservation,
-                         make_controller)
+from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
+from dsd.policies import make_controller
+from dsd.policy_bandit import BanditPolicy
 from dsd.decoding import generate_ar
 from dsd.policy_configs import BanditConfig
 from dsd.simulate import LinkCosts, simulate_dsd

@@ -10,6 +10,7 @@ from dsd.decoding import generate_ar
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.dsd.control_helpers import Scripted, bigram_sequence_probs, synthetic_pair
+from tests.checks import every
 
 
 class ByPosition:
@@ -58,7 +59,7 @@ def test_a_mid_request_hand_over_to_the_server_and_back_keeps_the_target_greedy_
         assert acks and all(o.tokens == 0 and o.rtt_s == pytest.approx(0.03) for o in acks)
         assert len(controller.seen) == len(run.generation.rounds) + len(acks)
         server = [o for o in controller.seen if o.mode in ("ar", "colocated")]
-        assert all(o.shadow_positions == o.tokens for o in server)          # greedy: drafted along the stream
+        assert every(o.shadow_positions == o.tokens for o in server)          # greedy: drafted along the stream
 
 
 class ByRtt:
@@ -206,8 +207,8 @@ def test_after_a_burst_read_as_a_fall_no_segment_asked_before_it_measures_the_li
                  pipelined=False, controller=controller, gamma_max=8, handover_tokens=4,
                  rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01)
     first_guess = [inferred for _, inferred in controller.rtts].index(True)
-    assert all(rtt_s <= 0.075 for rtt_s, _ in controller.rtts[first_guess:]), controller.rtts[first_guess:]
-    assert all(rtt_s == pytest.approx(0.15) for rtt_s, _ in controller.rtts[:first_guess])
+    assert every(rtt_s <= 0.075 for rtt_s, _ in controller.rtts[first_guess:]), controller.rtts[first_guess:]
+    assert every(rtt_s == pytest.approx(0.15) for rtt_s, _ in controller.rtts[:first_guess])
 
 
 class ByRttDecidedOnAProbe(ByRtt):
@@ -297,7 +298,7 @@ def test_a_stream_measures_the_link_on_every_segment_and_sees_it_fall():
     assert len(rtts) >= 120 // 4 // 2                  # about one per 4-token segment, not one per stream
     assert rtts[0] == pytest.approx(0.150, abs=1e-9)
     assert rtts[-1] == pytest.approx(0.010, abs=1e-9)
-    assert all(b >= 0 for b in rtts)
+    assert every(b >= 0 for b in rtts)
     shadow = [o for o in controller.seen if o.shadow_positions]
     assert sum(o.shadow_matches for o in shadow) / sum(o.shadow_positions for o in shadow) > 0.6
 

@@ -4,13 +4,16 @@ sampling, bad plans and bad configs are refused naming the field, each policy ta
 settings, and static and heuristic decide as specified."""
 import pytest
 
-from dsd.control import (BanditPolicy, ControllerConfig, Decision, HeuristicPolicy, Observation,
-                         check_decision, make_controller, shadow_matches)
+from dsd.control import ControllerConfig, Decision, Observation, check_decision, shadow_matches
+from dsd.policies import make_controller
+from dsd.policy_bandit import BanditPolicy
+from dsd.policy_static import HeuristicPolicy
 from dsd.decoding import generate_ar
 from dsd.policy_configs import BanditConfig, ModelPolicyConfig, StaticConfig
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.dsd.control_helpers import Scripted, bigram_sequence_probs, synthetic_pair
+from tests.checks import every
 
 
 PLANS = [Decision(g, m) for g, m in [(1, "sync"), (5, "pipelined"), (2, "pipelined"), (7, "sync"), (3, "pipelined"),
@@ -32,7 +35,7 @@ def test_gamma_and_mode_changes_mid_request_keep_the_target_greedy_output(rtt_s,
         live = [r for r in run.generation.rounds if not r.stale]
         assert {r.mode for r in live} == {"sync", "pipelined"}       # the switch happened mid-request
         assert len({r.gamma for r in live}) >= 3
-        assert all(r.proposed == r.gamma for r in live)               # each block drafted to its plan
+        assert every(r.proposed == r.gamma for r in live)               # each block drafted to its plan
         assert len(controller.seen) == len(run.generation.rounds)     # every verdict observed
 
 

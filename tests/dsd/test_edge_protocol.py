@@ -7,6 +7,7 @@ from dsd.edge import EdgeDecoder
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
+from tests.checks import every
 
 
 def test_verifier_answers_stale_without_compute_when_the_base_differs():
@@ -54,7 +55,7 @@ def test_blocks_sent_on_a_refuted_prefix_come_back_stale_and_are_counted():
                        StopRule(300), LinkCosts(0.002, 0.001, 0.050), pipelined=True, max_in_flight=3)
     stale = [r for r in run.generation.rounds if r.stale]
     assert stale and run.edge.stale_verdicts == len(stale)
-    assert all(r.emitted == 0 for r in stale)
+    assert every(r.emitted == 0 for r in stale)
 
 
 def test_a_verdict_for_another_block_is_an_error():

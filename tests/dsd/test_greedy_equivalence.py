@@ -54,7 +54,7 @@ def test_synthetic_every_mode_stops_at_eos(gamma):
 @pytest.fixture(scope="module")
 def default_pair():
     from dsd.backends.factory import HfBackendConfig, load_pair
-    from orchestrator.workload import make_prompts
+    from orchestrator.spec.workload import make_prompts
 
     backend = HfBackendConfig()
     draft, target = load_pair(backend)

@@ -1,6 +1,7 @@
 import pytest
 
 from dsd.profiles import get_profile, load_profiles
+from tests.checks import every
 
 
 def test_shipped_profiles_load_and_every_number_names_its_source():
@@ -8,7 +9,7 @@ def test_shipped_profiles_load_and_every_number_names_its_source():
     assert {"toy-edge-cloud", "cpu2-default-pair"} <= set(profiles)
     for profile in profiles.values():
         sourced = dict(profile.sources)
-        assert all(sourced[k] for k in sourced)
+        assert every(sourced[k] for k in sourced)
 
 
 def test_verify_time_grows_with_gamma_and_batch():

@@ -13,12 +13,14 @@ import pandas as pd
 from dsd.backends.factory import load_pair
 from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
-from orchestrator import leftovers
-from orchestrator.csv_rows import read_whole_rows
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.net_point import run_net_point
-from orchestrator.sweep import plan_points, run_sweep
-from orchestrator.workload import make_prompts
+from orchestrator.launchers import leftovers
+from orchestrator.common.csv_rows import read_whole_rows
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.launchers.base import PointSettings
+from orchestrator.launchers.control_api import run_point_on_edges
+from orchestrator.records.sweep_folder import run_sweep
+from orchestrator.spec.plan import plan_points
+from orchestrator.spec.workload import make_prompts
 
 # Figures for the closing note, printed at the end of the session (conftest.py).
 TALLY = {"faults_injected": 0, "faults_survived": 0, "bad_inputs_tried": 0, "rows_expected": 0,
@@ -36,13 +38,13 @@ def small_experiment(**overrides):
 
 
 def sweep_on(testbed, experiment, out: Path):
-    """The sweep exactly as `dsdbed sweep` runs it on a network testbed (orchestrator/run.py)."""
+    """The sweep exactly as `dsdbed sweep` runs it on a network testbed (orchestrator/running/run.py)."""
     prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
                            experiment.prompt_tokens, experiment.seed)
-    run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
-                                  warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
-                                  max_in_flight=experiment.max_in_flight,
-                                  run_prefix="fault", timeout_s=240.0)
+    settings = PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
+                             max_in_flight=experiment.max_in_flight, run_prefix="fault")
+    run_point = functools.partial(run_point_on_edges, testbed=testbed, prompts=prompts, settings=settings,
+                                  timeout_s=240.0)
     return run_sweep(experiment, out, run_point, {"launcher": "test"}, heal=testbed.heal)
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from dsd.profiles import get_profile
-from orchestrator.http_client import call
+from orchestrator.common.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, small_experiment, survived,

@@ -8,7 +8,7 @@ import pytest
 from dsd.profiles import get_profile
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.leftovers import service_processes
+from orchestrator.launchers.leftovers import service_processes
 from tests.faults.faults import FaultWhenMidRun, check_sweep, small_experiment, survived, sweep_on
 
 

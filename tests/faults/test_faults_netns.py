@@ -14,7 +14,7 @@ import pytest
 
 from netem import nsutil
 from dsd.backends.factory import BackendConfig
-from orchestrator.sweep import plan_points
+from orchestrator.spec.plan import plan_points
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, netns_testbed,
                                  small_experiment, survived, sweep_on, whole_trace_rows)
 

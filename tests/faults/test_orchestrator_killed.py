@@ -11,11 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from orchestrator import leftovers
-from orchestrator.experiment import load_experiment
-from orchestrator.sweep import plan_points
+from orchestrator.launchers import leftovers
+from orchestrator.spec.experiment import load_experiment
+from orchestrator.spec.plan import plan_points
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
 from tests.faults.faults import assert_nothing_left, check_sweep, injected, survived, whole_trace_rows
+from tests.checks import every
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = """name = "killed"
@@ -122,7 +123,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     plan_keys = {p.key for p in plan_points(experiment)}
     done_full, done_resumed = check_sweep(experiment, full), check_sweep(experiment, out)
     assert set(done_full) == set(done_resumed) == plan_keys
-    assert all(d["status"] == "ok" for d in [*done_full.values(), *done_resumed.values()])
+    assert every(d["status"] == "ok" for d in [*done_full.values(), *done_resumed.values()])
     a, b = rows_by_key(full), rows_by_key(out)
     assert list(a.index) == list(b.index) and not b.index.duplicated().any()
     assert (a["token_ids"] == b["token_ids"]).all()
@@ -157,6 +158,6 @@ def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_r
     resumed = dsdbed("sweep", str(experiment_file), "--out", str(out), "--resume", timeout_s=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     done = check_sweep(load_experiment(experiment_file), out)
-    assert all(d["status"] == "ok" for d in done.values())
+    assert every(d["status"] == "ok" for d in done.values())
     assert_nothing_left()
     survived()

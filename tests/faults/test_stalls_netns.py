@@ -19,13 +19,16 @@ from dsd.profiles import get_profile
 from netem import nsutil
 from orchestrator.launchers.netns import NetnsTestbed
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.net_point import run_net_point
-from orchestrator.run import verifier_link_args
-from orchestrator.sweep import plan_points, run_sweep
-from orchestrator.workload import make_prompts
+from orchestrator.launchers.base import PointSettings
+from orchestrator.launchers.control_api import run_point_on_edges
+from orchestrator.running.run import verifier_link_args
+from orchestrator.records.sweep_folder import run_sweep
+from orchestrator.spec.plan import plan_points
+from orchestrator.spec.workload import make_prompts
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
                                  survived)
 from tests.faults.faults import netns_testbed
+from tests.checks import every
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -40,10 +43,11 @@ def sweep_with_schedule(testbed, experiment, out):
     """The sweep as `dsdbed sweep` runs it, with the experiment's link schedule applied."""
     prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
                            experiment.prompt_tokens, experiment.seed)
-    run_point = functools.partial(run_net_point, testbed=testbed, prompts=prompts,
-                                  warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
-                                  max_in_flight=experiment.max_in_flight, run_prefix="stall", timeout_s=240.0,
-                                  link_options=experiment.link, tcp_rto_max_ms=experiment.tcp_rto_max_ms)
+    settings = PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
+                             max_in_flight=experiment.max_in_flight, run_prefix="stall", link_options=experiment.link,
+                             tcp_rto_max_ms=experiment.tcp_rto_max_ms)
+    run_point = functools.partial(run_point_on_edges, testbed=testbed, prompts=prompts, settings=settings,
+                                  timeout_s=240.0)
     return run_sweep(experiment, out, run_point, {"launcher": "test"}, heal=testbed.heal)
 
 
@@ -99,7 +103,7 @@ def test_a_scheduled_ten_second_stall_keeps_every_output_exact(tmp_path, kind, m
     with netns_testbed(tmp_path, experiment) as testbed:
         sweep_with_schedule(testbed, experiment, tmp_path / "out")
         done = check_sweep(experiment, tmp_path / "out")          # exact tokens, none lost or twice
-    assert all(r["status"] == "ok" and len(r["attempts"]) == 1 for r in done.values()), done
+    assert every(r["status"] == "ok" and len(r["attempts"]) == 1 for r in done.values()), done
     gaps = longest_gap_in_a_request_s(pd.read_csv(tmp_path / "out" / "rounds.csv"))
     in_flight = requests_in_flight_at(pd.read_csv(tmp_path / "out" / "requests.csv"),
                                       pd.read_csv(tmp_path / "out" / "links.csv"))

@@ -139,7 +139,7 @@ def test_a_live_runs_objects_are_not_leftovers_until_its_process_dies():
     naming it as live (not as leftovers to clean up); once that process is killed, it is all
     leftovers and cleanup removes it, its owner file too."""
     from netem import owners
-    from orchestrator import leftovers as orchestrator_leftovers
+    from orchestrator.launchers import leftovers as orchestrator_leftovers
 
     script = textwrap.dedent("""
         import time

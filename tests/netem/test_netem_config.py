@@ -6,6 +6,7 @@ import pytest
 from netem import names
 from netem.shaper import ShaperConfig
 from netem.topology import TopologyConfig, plan_topology
+from tests.checks import every
 
 
 @pytest.mark.parametrize(
@@ -39,9 +40,9 @@ def test_topology_config_rejects_bad_values(kwargs, field):
 def test_topology_plan_names_everything_with_our_prefix():
     plan = plan_topology(TopologyConfig(n_edges=64, tag="abc123"))
     assert plan.all_netns[:3] == ["dsdbed-abc123-br", "dsdbed-abc123-v", "dsdbed-abc123-e0"]
-    assert all(n.startswith("dsdbed-") for n in plan.all_netns)
+    assert every(n.startswith("dsdbed-") for n in plan.all_netns)
     ports = [plan.verifier.bridge_port] + [e.bridge_port for e in plan.edges]
-    assert all(p.startswith("dsdb") and len(p) <= 15 for p in ports)
+    assert every(p.startswith("dsdb") and len(p) <= 15 for p in ports)
     assert plan.verifier.ip == "198.18.0.1" and plan.edges[63].ip == "198.18.0.65"
 
 

@@ -12,6 +12,7 @@ import pytest
 from netem import LinkSpec, Topology, TopologyConfig
 from netem.inside import InsideRulePlan, ifb_name, plan_inside_kernel, plan_inside_rules
 from netem.plan import NETEM_HANDLE
+from tests.checks import every
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,7 +33,7 @@ def test_kernel_plan_puts_up_on_the_interface_and_down_on_the_ifb():
     plan = plan_inside_kernel("eth0", ifb, LinkSpec(delay_up_ms=5, delay_down_ms=15, rate_mbit=10), 1000)
     netems = [r for r in plan if r.kind == "netem"]
     assert [(r.ifname, r.attrs["delay"]) for r in netems] == [("eth0", 5000), (ifb, 15000)]
-    assert all(r.handle == NETEM_HANDLE and r.netns is None for r in netems)
+    assert every(r.handle == NETEM_HANDLE and r.netns is None for r in netems)
     assert sum(r.kind == "htb" for r in plan) == 4        # the rate: a root and a class on each
 
 

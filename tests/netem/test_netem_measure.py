@@ -9,10 +9,13 @@ import pytest
 from netem import measure
 
 
-def test_percentile_interpolates_like_numpy():
+def test_percentile_interpolates_like_numpy_when_asked_and_is_a_value_that_occurred_by_default():
     values = [float(v) for v in range(1, 101)]
-    assert measure.percentile(values, 50) == pytest.approx(50.5)
-    assert measure.percentile(values, 99) == pytest.approx(99.01)
+    assert measure.percentile(values, 50, "linear") == pytest.approx(50.5)
+    assert measure.percentile(values, 99, "linear") == pytest.approx(99.01)
+    assert measure.percentile(values, 50) == 50 and measure.percentile(values, 99) == 99
+    with pytest.raises(ValueError, match="method"):
+        measure.percentile(values, 50, "nearest")
     assert math.isnan(measure.percentile([], 50))
 
 

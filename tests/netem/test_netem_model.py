@@ -8,6 +8,7 @@ import pytest
 
 from netem.model import DirectionScheduler, queue_limit_pkts
 from netem.spec import DirectionSpec
+from tests.checks import every
 
 
 def run(direction: DirectionSpec, n: int, gap_s: float = 0.01, size_bytes: int = 100, seed: int = 1):
@@ -22,7 +23,7 @@ def delays_ms(results):
 
 def test_constant_delay_is_exact():
     _, results = run(DirectionSpec(delay_ms=25), 100)
-    assert all(d == pytest.approx(25) for d in delays_ms(results))
+    assert every(d == pytest.approx(25) for d in delays_ms(results))
 
 
 @pytest.mark.parametrize("distribution, stdev_ms", [("uniform", 4 / math.sqrt(3)), ("normal", 4.0)])

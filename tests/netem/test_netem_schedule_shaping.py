@@ -11,6 +11,7 @@ from netem.schedule import LinkSchedule, effect_brackets, expected_rtt_at_ms
 from netem.shaper import Shaper, ShaperConfig
 from netem.spec import LinkSpec
 from netem.topology import Topology, TopologyConfig
+from tests.checks import every
 
 from .conftest import note_backend
 
@@ -49,6 +50,6 @@ def test_scheduled_changes_take_effect_on_time_without_losing_held_packets(recor
     # (last probe still seeing the old link, first seeing the new), ms after the change was due
     settle_ms = [(1000 * (lo - at), 1000 * (hi - at))
                  for (lo, hi), (at, _, _) in zip(effect_brackets(changes, samples, 1.0), changes)]
-    assert all(0 <= lo < 10 and lo <= hi < 100 for lo, hi in settle_ms), settle_ms
+    assert every(0 <= lo < 10 and lo <= hi < 100 for lo, hi in settle_ms), settle_ms
     if stats:                                                    # NFQUEUE: the daemon's own count
         assert stats[0]["changes_applied"] == 2 * len(schedule.steps)

@@ -17,6 +17,7 @@ from netem import measure, nsutil
 from netem.shaper import Shaper, ShaperConfig
 from netem.spec import LinkSpec
 from netem.topology import Topology, TopologyConfig
+from tests.checks import every
 
 from .conftest import note_backend
 
@@ -45,7 +46,7 @@ def shaped():
 def test_every_record_names_its_backend(shaped, record_property):
     _, shaper, records, _ = shaped
     assert {r.backend for r in records} == {shaper.backend}
-    assert all(r.as_row()["backend"] == shaper.backend for r in records)
+    assert every(r.as_row()["backend"] == shaper.backend for r in records)
     note_backend(record_property, shaper.backend, records[0].backend_reason)
 
 

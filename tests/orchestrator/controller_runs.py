@@ -5,9 +5,10 @@ import pandas as pd
 from dsd.backends.factory import load_pair
 from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import run_experiment
-from orchestrator.workload import make_prompts
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.running.run import run_experiment
+from orchestrator.spec.workload import make_prompts
+from tests.checks import every
 
 # paper-cap-td1: edge draft 1 ms, t_verify = t_ar = 20 ms. At alpha 0.9 DSD wins clearly at 5 ms
 # RTT and cloud AR at 300 ms (a DSD round costs the RTT, AR pays it once per request).
@@ -42,8 +43,8 @@ def run_two_links(launcher: str, out) -> None:
                                        "link": {"edges": [{"rtt_ms": 5}, {"rtt_ms": 300}]}})
     run_experiment(experiment, out, resume=False)
     modes = modes_by_request(pd.read_csv(out / "rounds.csv"), "client_id")
-    assert all(modes[(1, i)] == ["ar"] for i in (1, 2, 3)), modes
-    assert all("ar" not in modes[(0, i)] for i in range(4)), modes
+    assert every(modes[(1, i)] == ["ar"] for i in (1, 2, 3)), modes
+    assert every("ar" not in modes[(0, i)] for i in range(4)), modes
     requests = pd.read_csv(out / "requests.csv")
     far = requests[requests["client_id"] == 1].set_index("request_index")["wall_s"]
     assert far.loc[[1, 2, 3]].max() < far.loc[0]

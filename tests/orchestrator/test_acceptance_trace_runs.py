@@ -13,13 +13,14 @@ import pytest
 from dsd.backends.acceptance_trace import AcceptanceTrace
 from dsd.backends.factory import backend_from_json
 from orchestrator.cli import main
-from orchestrator.experiment import experiment_from_dict, load_experiment
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
 from orchestrator.launchers.compose import ComposeConfig
 from orchestrator.launchers.processes import backend_args
-from orchestrator.report import write_report
-from orchestrator.run import analyze_sweep, run_experiment
-from orchestrator.sweep import experiment_record
-from orchestrator.workload import make_prompts
+from orchestrator.report.html import write_report
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
+from orchestrator.records.sweep_folder import experiment_record
+from orchestrator.spec.workload import make_prompts
 from tests.acceptance_traces import bimodal_trace, histogram, total_variation, write_rounds
 
 REPO_TRACE = "experiments/traces/default-pair-rounds.csv"

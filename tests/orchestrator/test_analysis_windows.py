@@ -7,7 +7,12 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.times import ComputeTimes
-from orchestrator import analysis, bootstrap, capacity, paper
+from orchestrator.analysis.points import (add_speedups, fit_effective_params, point_table,
+                                          predicted_ar_boundary_alpha, predicted_ar_boundary_rtt_ms)
+from orchestrator.analysis import bootstrap
+from orchestrator.analysis import capacity
+from orchestrator.analysis import paper
+from tests.checks import every
 
 TOY = ComputeTimes.from_dict({"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.010,
                               "t_verify_s": {4: 0.010}})
@@ -90,21 +95,21 @@ def test_summary_capacity_interval_names_its_repeats():
 
 def test_gain_window_boundaries_agree_both_ways():
     for alpha in (0.75, 0.85, 0.95):
-        rtt_ms = analysis.predicted_ar_boundary_rtt_ms("sync", alpha, 4, TOY)
-        assert analysis.predicted_ar_boundary_alpha("sync", rtt_ms, 4, TOY) == pytest.approx(alpha, abs=1e-6)
+        rtt_ms = predicted_ar_boundary_rtt_ms("sync", alpha, 4, TOY)
+        assert predicted_ar_boundary_alpha("sync", rtt_ms, 4, TOY) == pytest.approx(alpha, abs=1e-6)
         # Pipelined: RTT(alpha) has flat steps (a verdict is noticed at the end of a draft
         # step), so the inverse is the smallest alpha that reaches the same RTT.
-        rtt_ms = analysis.predicted_ar_boundary_rtt_ms("pipelined", alpha, 4, TOY)
-        inverse = analysis.predicted_ar_boundary_alpha("pipelined", rtt_ms, 4, TOY)
+        rtt_ms = predicted_ar_boundary_rtt_ms("pipelined", alpha, 4, TOY)
+        inverse = predicted_ar_boundary_alpha("pipelined", rtt_ms, 4, TOY)
         assert inverse <= alpha + 1e-6
-        assert analysis.predicted_ar_boundary_rtt_ms("pipelined", inverse, 4, TOY) == pytest.approx(rtt_ms, abs=1e-3)
+        assert predicted_ar_boundary_rtt_ms("pipelined", inverse, 4, TOY) == pytest.approx(rtt_ms, abs=1e-3)
     # Sync: docs/concepts.md's window with t_verify = t_ar.
     e = lm.expected_tokens_per_round(0.9, 4)
-    assert analysis.predicted_ar_boundary_rtt_ms("sync", 0.9, 4, TOY) == pytest.approx(1e3 * (0.010 * (e - 1) - 0.016))
-    assert analysis.predicted_ar_boundary_rtt_ms("sync", 0.5, 4, TOY) == -math.inf
+    assert predicted_ar_boundary_rtt_ms("sync", 0.9, 4, TOY) == pytest.approx(1e3 * (0.010 * (e - 1) - 0.016))
+    assert predicted_ar_boundary_rtt_ms("sync", 0.5, 4, TOY) == -math.inf
     # Pipelining hides part of the round trip: a wider window.
-    assert analysis.predicted_ar_boundary_rtt_ms("pipelined", 0.9, 4, TOY) > \
-        analysis.predicted_ar_boundary_rtt_ms("sync", 0.9, 4, TOY)
+    assert predicted_ar_boundary_rtt_ms("pipelined", 0.9, 4, TOY) > \
+        predicted_ar_boundary_rtt_ms("sync", 0.9, 4, TOY)
 
 
 def test_speedups_compare_with_ar_of_the_same_group_rtt_and_repeat():
@@ -114,7 +119,7 @@ def test_speedups_compare_with_ar_of_the_same_group_rtt_and_repeat():
         {"alpha": 0.9, "mode": "ar", "rtt_ms": 0, "gamma": 4, "clients": 1, "repeat": 0, "per_token_ms_p50": 12.0},
         {"alpha": 0.9, "mode": "sync", "rtt_ms": 0, "gamma": 4, "clients": 1, "repeat": 0, "per_token_ms_p50": 6.0},
     ])
-    speedups = analysis.add_speedups(points)["speedup_vs_ar"].tolist()
+    speedups = add_speedups(points)["speedup_vs_ar"].tolist()
     assert speedups == [1.0, 0.5, 1.0, 2.0]
 
 
@@ -129,7 +134,7 @@ def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
                             "server_compute_s": 0.011} for c in (0, 1) for i in range(6)])
     links = pd.DataFrame([{**keys, "edge": f"e{i}", "rtt_configured_ms": 20.0, "rtt_measured_p50_ms": m}
                           for i, m in enumerate((20.2, 20.6))])
-    row = analysis.point_table(requests, rounds, links).iloc[0]
+    row = point_table(requests, rounds, links).iloc[0]
     for column in ("mode", "rtt_configured_ms", "rtt_measured_ms", "rtt_link_measured_ms", "clients", "gamma",
                    "alpha_measured", "t_draft_ms_measured", "t_verify_ms_measured", "per_token_ms_mean",
                    "per_token_ms_p50", "per_token_ms_p99", "throughput_tok_s", "tok_s_per_client",
@@ -160,7 +165,7 @@ def test_client_view_parameters_add_the_measured_harness_overhead():
                      "t_receive_s": send_s + 0.020 + 0.0115, "server_queue_s": 0.0, "server_compute_s": 0.010})
         receive_s = rows[-1]["t_receive_s"]
     compute = TOY
-    params, source, overhead_ms = analysis.fit_effective_params(pd.DataFrame(rows), compute)
+    params, source, overhead_ms = fit_effective_params(pd.DataFrame(rows), compute)
     assert params.t_ar_s == pytest.approx(0.011) and overhead_ms["ar_step"] == pytest.approx(1.0)
     assert params.t_verify_s(4) == pytest.approx(0.0115) and overhead_ms["dsd_round_server_side"] == pytest.approx(1.5)
     assert params.t_draft_edge_s == pytest.approx(0.0168 / 4) and overhead_ms["dsd_round_edge_side"] == pytest.approx(0.8)
@@ -178,7 +183,7 @@ def test_a_requests_first_round_and_its_prefill_stay_out_of_the_sync_fit():
                      "t_draft_start_s": receive_s, "t_draft_end_s": send_s, "t_send_s": send_s,
                      "t_receive_s": send_s + prefill_s + 0.011, "server_queue_s": 0.0, "server_compute_s": 0.010})
         receive_s = rows[-1]["t_receive_s"]
-    params, _, overhead_ms = analysis.fit_effective_params(pd.DataFrame(rows), TOY)
+    params, _, overhead_ms = fit_effective_params(pd.DataFrame(rows), TOY)
     assert params.t_verify_s(4) == pytest.approx(0.011) and overhead_ms["dsd_round_server_side"] == pytest.approx(1.0)
 
 
@@ -200,4 +205,4 @@ def test_fit_cost_line_recovers_t1_and_the_slope_from_means_by_batch_size():
     t1, s = capacity.fit_cost_line(sizes, times)
     assert t1 == pytest.approx(0.008)
     assert s == pytest.approx(0.25)
-    assert all(math.isnan(x) for x in capacity.fit_cost_line(np.array([3, 3]), np.array([0.01, 0.01])))
+    assert every(math.isnan(x) for x in capacity.fit_cost_line(np.array([3, 3]), np.array([0.01, 0.01])))

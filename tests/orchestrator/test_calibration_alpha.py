@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 
 from dsd import latency_model as lm
-from orchestrator import analysis
-from orchestrator.predictions import calibrate
+from dsd.modes import predict_per_token_s
+from orchestrator.analysis.points import fit_alpha, fit_alpha_tokens_per_round, steady_windows
+from orchestrator.analysis.predictions import calibrate
 from dsd.times import ComputeTimes
 
 
@@ -29,16 +30,16 @@ def _rounds(accepted_by_request: list[list[int]], gamma: int = 4, mode: str = "s
 
 def test_moment_alpha_reproduces_the_tokens_per_round_it_was_fitted_on():
     rounds = _rounds([[4, 0, 4, 0, 4, 0, 4, 0]])         # all or nothing: far from geometric
-    alpha = analysis.fit_alpha_tokens_per_round(rounds)
+    alpha = fit_alpha_tokens_per_round(rounds)
     assert lm.expected_tokens_per_round(alpha, 4) == pytest.approx(rounds["emitted"].mean(), rel=1e-6)
     # Not the maximum-likelihood alpha: these counts are not geometric.
-    assert abs(alpha - analysis.fit_alpha(rounds)) > 0.05
+    assert abs(alpha - fit_alpha(rounds)) > 0.05
 
 
 def test_moment_alpha_at_the_ends_and_without_rounds():
-    assert analysis.fit_alpha_tokens_per_round(_rounds([[0, 0, 0]])) == 0.0
-    assert analysis.fit_alpha_tokens_per_round(_rounds([[4, 4, 4]])) == 1.0
-    assert math.isnan(analysis.fit_alpha_tokens_per_round(_rounds([[1]]).iloc[:0]))
+    assert fit_alpha_tokens_per_round(_rounds([[0, 0, 0]])) == 0.0
+    assert fit_alpha_tokens_per_round(_rounds([[4, 4, 4]])) == 1.0
+    assert math.isnan(fit_alpha_tokens_per_round(_rounds([[1]]).iloc[:0]))
 
 
 def test_calibration_alpha_leaves_out_the_first_and_the_cut_short_final_round():
@@ -53,7 +54,7 @@ def test_calibration_alpha_leaves_out_the_first_and_the_cut_short_final_round():
     assert lm.expected_tokens_per_round(calibration["alpha"], 4) == pytest.approx(3.0, rel=1e-6)
     assert "steady windows" in calibration["alpha_source"]
     # The per-token statistic counts the same rounds: a round every 30 ms over 3 tokens a round.
-    windows = analysis.steady_windows(rounds)
+    windows = steady_windows(rounds)
     assert len(windows) == 4
     start_s, window = windows[("edge0", 0)]
     assert list(window["round_index"]) == list(range(1, 11))
@@ -61,6 +62,8 @@ def test_calibration_alpha_leaves_out_the_first_and_the_cut_short_final_round():
     assert per_token_s == pytest.approx(0.03 / 3)
     # ... and the prediction from the calibration alone is that statistic (the maximum-likelihood
     # alpha of all rounds, 0.79 here, would predict 11.2 ms, not 10).
-    predicted_s = analysis.predict_per_token_s("sync", 0.0, 4, calibration["alpha"], calibration["params"])
+    predicted_s = predict_per_token_s("sync", calibration["alpha"], 4, 0.0,
+                                      **calibration["params"].closed_form_terms(4))
     assert predicted_s == pytest.approx(per_token_s, rel=1e-4)
-    assert analysis.predict_per_token_s("sync", 0.0, 4, analysis.fit_alpha(rounds), calibration["params"]) > 1.05 * per_token_s
+    assert predict_per_token_s("sync", fit_alpha(rounds), 4, 0.0,
+                               **calibration["params"].closed_form_terms(4)) > 1.05 * per_token_s

@@ -3,9 +3,9 @@ launcher, and leave a static sweep's records as they were."""
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import run_experiment
-from orchestrator.sweep import experiment_record
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.running.run import run_experiment
+from orchestrator.records.sweep_folder import experiment_record
 
 BASE = {"name": "adaptive", "profile": "toy-edge-cloud", "rtt_ms": [20], "gamma": [2], "modes": ["sync", "pipelined"],
         "requests": 2, "max_new_tokens": 40, "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.8}}
@@ -44,7 +44,7 @@ def test_the_controller_key_reaches_the_edge_on_a_network_launcher(tmp_path):
     from dsd.backends.factory import load_pair
     from dsd.decoding import generate_ar
     from dsd.stopping import StopRule
-    from orchestrator.workload import make_prompts
+    from orchestrator.spec.workload import make_prompts
 
     experiment = experiment_from_dict({**BASE, "launcher": "loopback", "rtt_ms": [10], "clients": [1], "edges": 1,
                                        "warmup_requests": 0, "controller": "heuristic", "gamma_max": 6})

@@ -7,9 +7,10 @@ import os
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import run_experiment
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.running.run import run_experiment
 from tests.orchestrator.controller_runs import BASE, assert_greedy, modes_by_request, run_two_links, target_tokens
+from tests.checks import every
 
 
 @pytest.mark.parametrize("extra,why", [
@@ -29,8 +30,8 @@ def test_the_sim_sweeps_controller_hands_far_requests_to_cloud_ar_and_learns_acr
     assert json.loads((out / "sweep.json").read_text())["experiment"]["controller_modes"] == ["ar", "sync", "pipelined"]
     modes = modes_by_request(pd.read_csv(out / "rounds.csv"), "rtt_ms")
     # The first request measures the link in DSD; from the second on, the far point runs on the server.
-    assert all(modes[(300, i)] == ["ar"] for i in (1, 2, 3)), modes
-    assert all("ar" not in modes[(5, i)] for i in range(4)), modes
+    assert every(modes[(300, i)] == ["ar"] for i in (1, 2, 3)), modes
+    assert every("ar" not in modes[(5, i)] for i in range(4)), modes
     assert_greedy(pd.read_csv(out / "requests.csv"), target_tokens(experiment))
 
 

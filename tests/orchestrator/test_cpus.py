@@ -1,4 +1,4 @@
-"""CPU isolation and contention made visible (orchestrator/cpus.py)."""
+"""CPU isolation and contention made visible (orchestrator/common/cpus.py)."""
 import json
 import os
 import subprocess
@@ -7,9 +7,11 @@ import sys
 import pandas as pd
 import pytest
 
-from orchestrator import cpus
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import analyze_sweep, run_experiment
+from orchestrator.common import cpus
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
+from tests.checks import every
 
 
 def test_with_four_or_more_cpus_every_role_gets_a_disjoint_set():
@@ -17,7 +19,7 @@ def test_with_four_or_more_cpus_every_role_gets_a_disjoint_set():
     assert plan["pinned"] and plan["disjoint"]
     sets = plan["sets"]
     roles = [set(sets["orchestrator"]), set(sets["shaper"]), set(sets["verifier"]), set(sets["edge0"])]
-    assert all(roles) and sum(len(r) for r in roles) == len(set().union(*roles)) == 8
+    assert every(roles) and sum(len(r) for r in roles) == len(set().union(*roles)) == 8
     assert sets["edge0"] == sets["edge2"]
     assert cpus.plan_cpus([0, 1, 2, 3], 1)["sets"]["verifier"] == [2]
 
@@ -87,5 +89,5 @@ def test_loopback_sweep_records_the_pinning_and_each_points_conditions(tmp_path)
     points = pd.read_csv(out / "points.csv")
     assert points["contended"].notna().all() and points["load_avg_1m"].gt(0).all()
     assert summary["cpu"]["pinning"]["sets"] == plan["sets"]
-    from orchestrator.report import write_report
+    from orchestrator.report.html import write_report
     assert "CPU isolation and contention" in write_report(out).read_text()

@@ -2,7 +2,7 @@
 import csv
 import io
 
-from orchestrator.csv_rows import read_whole_rows, whole_rows
+from orchestrator.common.csv_rows import read_whole_rows, whole_rows
 
 
 def trace(n_rows: int) -> str:

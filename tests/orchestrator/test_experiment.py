@@ -1,6 +1,8 @@
 import pytest
 
-from orchestrator.experiment import experiment_from_dict, load_experiment
+from orchestrator.spec.experiment import REPO, experiment_from_dict, load_experiment
+
+PAIR = REPO / "models" / "default-pair"
 
 BASE = {"name": "t", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}}
 
@@ -87,3 +89,32 @@ def test_sampling_values_and_lists_become_one_setting_per_combination():
         (0.0, 0, 1.0, 5), (0.8, 0, 0.9, 5), (0.8, 0, 1.0, 5)]
     assert settings[1].run_fields() == {"temperature": 0.8, "top_k": None, "top_p": 0.9, "seed": 5}
     assert settings[0].tag == "" and settings[1].tag == "T0.8p0.9s5"
+
+
+def test_relative_paths_are_taken_from_the_experiment_files_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "exp"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "prompts.txt").write_text("one prompt\nanother prompt\n")
+    (folder / "data" / "link.csv").write_text("t_s,rtt_ms\n0,20\n1,40\n")
+    (folder / "e.toml").write_text(f'name = "paths"\n[backend]\nkind = "hf"\npair_path = "{PAIR}"\n'
+                                   '[workload]\nsource = "lines"\npath = "data/prompts.txt"\n'
+                                   '[link]\ntrace_csv = "data/link.csv"\n')
+    monkeypatch.chdir(tmp_path)            # not the file's folder
+    experiment = load_experiment(folder / "e.toml")
+    assert experiment.workload.path == str(folder / "data" / "prompts.txt")
+    assert experiment.link.trace_csv == str(folder / "data" / "link.csv")
+    assert [step.at_s for step in experiment.link.schedule.steps] == [0, 1]
+
+
+def test_a_path_found_only_from_the_working_directory_is_used_with_a_warning(tmp_path, monkeypatch):
+    (tmp_path / "prompts.txt").write_text("one prompt\n")
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "e.toml").write_text('name = "paths"\n[backend]\nkind = "hf"\n'
+                                             'pair_path = "models/default-pair"\n'       # the repository's
+                                             '[workload]\nsource = "lines"\npath = "prompts.txt"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(FutureWarning, match="experiment file's folder") as warned:
+        experiment = load_experiment(tmp_path / "exp" / "e.toml")
+    assert sorted(str(w.message).split("'")[1] for w in warned) == ["backend.pair_path", "workload.path"]
+    assert experiment.workload.path == str(tmp_path / "prompts.txt")
+    assert experiment.backend.pair_path == str(PAIR)

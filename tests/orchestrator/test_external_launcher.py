@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.launchers.external_config import ExternalConfig
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.spec.external import ExternalConfig
 from orchestrator.launchers.processes import REPO, ServiceProcess, write_token_file
+from tests.checks import every
 
 pytestmark = pytest.mark.root
 PROFILE = ["--backend-json", '{"kind": "synthetic", "alpha": 0.7}', "--profile", "toy-edge-cloud"]
@@ -171,6 +172,6 @@ def test_a_dead_shaping_daemon_in_an_edge_fails_the_check_and_heal_drops_it(devi
         healed = call_in_netns(orchestrator_netns, testbed.heal)
         assert len(healed) == 1 and "edge1@" in healed[0]
         states = call_in_netns(orchestrator_netns, lambda: testbed.shape([10.0, 10.0]))
-        assert all(abs(s.rtt_measured_p50_ms - s.rtt_configured_ms) < 2 for s in states)
+        assert every(abs(s.rtt_measured_p50_ms - s.rtt_configured_ms) < 2 for s in states)
     finally:
         call_in_netns(orchestrator_netns, testbed.close)

@@ -1,4 +1,4 @@
-"""The optimal gamma against the RTT (orchestrator/gamma_opt.py): the argmin and its bootstrap
+"""The optimal gamma against the RTT (orchestrator/analysis/gamma_opt.py): the argmin and its bootstrap
 shares on frames with a known answer, and a sim sweep against the closed form."""
 import json
 
@@ -8,10 +8,11 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.times import ComputeTimes
-from orchestrator import gamma_opt
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.report import write_report
-from orchestrator.run import analyze_sweep, run_experiment
+from orchestrator.analysis import gamma_opt
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.report.html import write_report
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
 
 KEYS = ["mode", "rtt_ms", "gamma"]
 

@@ -1,9 +1,10 @@
 """Every measured country pair predicted from a sweep's fitted model, and the matrix drawn."""
 import pandas as pd
 
-from orchestrator import geo_matrix
-from orchestrator.experiment import experiment_from_dict, load_experiment
-from orchestrator.run import analyze_sweep, run_experiment
+from orchestrator.report import geo_matrix
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
 
 
 def test_geography_experiment_lists_the_sampled_pairs_mean_rtts():

@@ -16,7 +16,7 @@ from orchestrator.cli import error_line
 from orchestrator.launchers.base import LauncherError
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.run import launcher_errors
+from orchestrator.running.run import launcher_errors
 
 REPO = Path(__file__).resolve().parents[2]
 

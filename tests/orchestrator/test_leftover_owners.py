@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from orchestrator import leftovers
+from orchestrator.launchers import leftovers
 from orchestrator.launchers.processes import OWNER_MARK, SERVICE_MARK, process_identity
 
 

@@ -6,10 +6,13 @@ import pandas as pd
 import pytest
 
 from netem.spec import LinkSpec
-from orchestrator import link_keys, link_rows, wire_prediction
-from orchestrator.scheduled_point import ScheduledPoint
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.sweep import Point, plan_points
+from orchestrator.links import keys as link_keys
+from orchestrator.links import rows as link_rows
+from orchestrator.analysis import wire as wire_prediction
+from orchestrator.links.scheduled_point import ScheduledPoint
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.spec.plan import Point, plan_points
+from tests.checks import every
 
 BASE = {"name": "t", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}, "modes": ["sync"],
         "rtt_ms": [20, 40]}
@@ -52,7 +55,7 @@ def test_default_link_keys_leave_point_keys_as_they_were():
     """Sweep folders written before the link keys existed must still resume."""
     point = plan_points(experiment_from_dict(BASE))[0]
     assert point.key == "sync_rtt20ms_g4_c1_r0"
-    # The sampling setting is a column of every row (orchestrator/sampling.py), never of a greedy key.
+    # The sampling setting is a column of every row (orchestrator/spec/sampling.py), never of a greedy key.
     assert set(point.columns()) == {"mode", "rtt_ms", "gamma", "clients", "repeat",
                                     "temperature", "top_k", "top_p", "sampling_seed"}
     assert link_keys.point_spec(point) == LinkSpec(rtt_ms=20)
@@ -107,7 +110,7 @@ def test_drawn_edge_rtts_are_seeded_in_range_and_the_same_at_every_point():
     experiment = experiment_from_dict({**BASE, "edges": 8, "link": {"draw_rtt_ms": [10, 200], "seed": 3}})
     first, last = plan_points(experiment)[0], plan_points(experiment)[-1]
     rtts = [s.rtt_ms for s in link_keys.edge_specs(experiment.link, first, 8)]
-    assert all(10 <= r <= 200 for r in rtts) and len(set(rtts)) == 8
+    assert every(10 <= r <= 200 for r in rtts) and len(set(rtts)) == 8
     assert rtts == [s.rtt_ms for s in link_keys.edge_specs(experiment.link, last, 8)]
     other = experiment_from_dict({**BASE, "edges": 8, "link": {"draw_rtt_ms": [10, 200], "seed": 4}})
     assert rtts != [s.rtt_ms for s in link_keys.edge_specs(other.link, first, 8)]
@@ -188,7 +191,7 @@ def test_a_change_seen_by_its_first_probe_settles_in_exactly_zero_ms_at_any_cloc
 
 
 def test_country_pair_links_draw_rtts_whose_mean_matches_the_data():
-    from orchestrator import geography
+    from orchestrator.links import geography
 
     for edge, cloud in (("IN", "US"), ("DE", "US"), ("JP", "US"), ("BR", "US"), ("DE", "DE")):
         stats = geography.pair_stats(edge, cloud)
@@ -202,7 +205,7 @@ def test_country_pair_links_draw_rtts_whose_mean_matches_the_data():
 
 
 def test_every_pair_in_the_data_keeps_its_mean_through_the_truncation():
-    from orchestrator import geography
+    from orchestrator.links import geography
 
     pairs = list(geography.load_pairs())
     assert len(pairs) > 6000

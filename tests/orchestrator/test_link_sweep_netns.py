@@ -5,8 +5,9 @@ import os
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import analyze_sweep, run_experiment
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
 from tests.link_sweep import check_tokens_exact_and_link_columns, run_loss_jitter_sweep
 
 

@@ -1,4 +1,4 @@
-"""A run under a link schedule on one time axis (orchestrator/link_timeline.py): where each request
+"""A run under a link schedule on one time axis (orchestrator/links/timeline.py): where each request
 ran and its per-token latency, beside the link's RTT; the report draws them."""
 import base64
 import re
@@ -6,10 +6,10 @@ import re
 import pandas as pd
 import pytest
 
-from orchestrator.link_timeline import request_times, schedule_rtt_ms
-from orchestrator.report import write_report
-from orchestrator.run import run_experiment
-from orchestrator.experiment import experiment_from_dict
+from orchestrator.links.timeline import request_times, schedule_rtt_ms
+from orchestrator.report.html import write_report
+from orchestrator.running.run import run_experiment
+from orchestrator.spec.experiment import experiment_from_dict
 
 
 def test_the_link_is_the_points_rtt_then_each_step_that_sets_the_rtt():

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.load import LoadConfig, SloConfig, arrival_times_s, assign_edges, gamma_gaps_s, schedule
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
+from orchestrator.spec.arrivals import LoadConfig, SloConfig, arrival_times_s, assign_edges, gamma_gaps_s, schedule
+from tests.checks import every
 
 BASE = {"name": "serve", "launcher": "sim", "modes": ["sync"], "profile": "toy-edge-cloud",
         "backend": {"kind": "synthetic", "alpha": 0.8}}
@@ -32,7 +33,7 @@ def test_arrivals_are_seeded_and_a_duration_bounds_them():
     config = LoadConfig(arrival="gamma", rate_rps=(3.0,), cv=2.0, duration_s=20.0, warmup_s=2.0)
     a, b = schedule(config, 3.0, 4, 32, seed=1), schedule(config, 3.0, 4, 32, seed=1)
     assert a == b and a != schedule(config, 3.0, 4, 32, seed=2)
-    assert all(r.arrival_s < 20.0 for r in a) and 30 < len(a) < 90
+    assert every(r.arrival_s < 20.0 for r in a) and 30 < len(a) < 90
     assert [r.warmup for r in a] == [r.arrival_s < 2.0 for r in a]
     assert [r.edge for r in a[:6]] == [0, 1, 2, 3, 0, 1]
 
@@ -45,10 +46,10 @@ def test_weighted_assignment_follows_the_weights():
 
 
 def test_a_trace_gives_its_own_times(tmp_path):
-    path = tmp_path / "arrivals.csv"
-    path.write_text("arrival_s\n0.5\n0.1\n2.0\n")
-    data = {**BASE, "load": {"arrival": "trace", "trace": "arrivals.csv"}}
-    experiment = experiment_from_dict(data, source=str(tmp_path / "serve.toml"))
+    (tmp_path / "arrivals.csv").write_text("arrival_s\n0.5\n0.1\n2.0\n")
+    (tmp_path / "serve.toml").write_text('name = "serve"\nprofile = "toy-edge-cloud"\nmodes = ["sync"]\n'
+                                         '[load]\narrival = "trace"\ntrace = "arrivals.csv"\n')   # beside the file
+    experiment = load_experiment(tmp_path / "serve.toml")
     assert list(arrival_times_s(experiment.load, None, 0)) == [0.1, 0.5, 2.0]
 
 

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from dsd.times import ComputeTimes
-from orchestrator import paper
-from orchestrator.experiment import experiment_from_dict, load_experiment
-from orchestrator.report import write_report
-from orchestrator.run import run_experiment
-from orchestrator.summary import analyze_sweep
+from orchestrator.analysis import paper
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
+from orchestrator.report.html import write_report
+from orchestrator.running.run import run_experiment
+from orchestrator.report.analyze import analyze_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER_SYNC = ComputeTimes.from_dict({"t_draft_edge_s": 0.010, "t_draft_server_s": 0.010, "t_ar_s": 0.020,
@@ -88,7 +88,7 @@ def test_summary_and_report_say_which_alpha_each_prediction_used(sweep):
 
 
 def test_the_configured_alpha_is_the_one_that_ran():
-    from orchestrator.summary import configured_alpha
+    from orchestrator.analysis.groups import configured_alpha
     synthetic = {"kind": "synthetic", "alpha": 0.8}
     assert configured_alpha({"alpha": [0.9], "backend": synthetic}, {}) == 0.9       # one-value list
     assert configured_alpha({"alpha": [0.5, 0.9], "backend": synthetic}, {"alpha": 0.5}) == 0.5

@@ -8,13 +8,18 @@ import pytest
 
 from dsd import latency_model as lm
 from dsd.profiles import get_profile
-from orchestrator import bootstrap, cli, repeat_until_ci
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.predictions import Predictor
+from orchestrator.analysis import bootstrap
+from orchestrator import cli
+from orchestrator.running import repeat_until_ci
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.analysis.predictions import Predictor
 from orchestrator.launchers.sim import SimTestbed
-from orchestrator.run import analyze_sweep, assumed_times, point_settings, run_experiment, times_for
-from orchestrator.sweep import is_calibration, plan_points, run_sweep
-from orchestrator.workload import make_prompts
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import assumed_times, point_settings, run_experiment, times_for
+from orchestrator.records.sweep_folder import run_sweep
+from orchestrator.spec.plan import is_calibration, plan_points
+from orchestrator.spec.workload import make_prompts
+from tests.checks import every
 
 SMALL = {"name": "predict", "profile": "toy-edge-cloud", "rtt_ms": [0, 4, 8, 12, 16], "gamma": [4],
          "requests": 6, "max_new_tokens": 120, "prompt_tokens": 8, "repeats": 2,
@@ -45,7 +50,7 @@ def test_predictions_are_written_after_calibration_and_before_every_other_point(
     done = _done(out)
     calibration = {p.key for p in plan if is_calibration(p, experiment)}
     assert set(predictions.loc[predictions["calibration"], "point"]) == calibration
-    assert all(done[k]["finished_s"] <= predicted_at_s for k in calibration)
+    assert every(done[k]["finished_s"] <= predicted_at_s for k in calibration)
     others = [d["started_s"] for k, d in done.items() if k not in calibration]
     assert len(others) == len(plan) - 3 and predicted_at_s < min(others)
 
@@ -118,11 +123,11 @@ def test_bootstrap_interval_of_a_synthetic_sweep_contains_the_closed_form_crosso
     points = pd.read_csv(out / "points.csv")
     assert (points.per_token_ms_ci_low <= points.per_token_ms_p50).all()
     assert (points.per_token_ms_p50 <= points.per_token_ms_ci_high).all()
-    assert all(c["ci_low"] <= c["per_token_ms"] <= c["ci_high"] for c in summary["latency_cells"])
+    assert every(c["ci_low"] <= c["per_token_ms"] <= c["ci_high"] for c in summary["latency_cells"])
     # The same data gives the same interval (fixed seed).
     assert analyze_sweep(out)["crossovers"]["sync_vs_ar"]["ci_low"] == sync["ci_low"]
     report = (out / "report.html")
-    from orchestrator.report import write_report
+    from orchestrator.report.html import write_report
     text = write_report(out).read_text()
     assert report.exists() and "out of sample" in text.lower() and "95% CI" in text
 
@@ -177,7 +182,7 @@ def test_repeats_until_ci_bracket_the_crossover_and_stop_at_the_budget(tmp_path)
     done = _done(out)
     extra = {k: d for k, d in done.items() if k not in planned}
     assert 0 < len(extra) <= 6
-    assert all(d["repeat"] >= 1 and d["mode"] in ("ar", "sync") for d in extra.values())
+    assert every(d["repeat"] >= 1 and d["mode"] in ("ar", "sync") for d in extra.values())
     summary = analyze_sweep(out)
     sync = summary["crossovers"]["sync_vs_ar"]
     rtts = sorted({d["rtt_ms"] for d in extra.values()})
@@ -201,7 +206,7 @@ def test_repeat_until_ci_points_are_the_planned_cells_with_their_sampling_and_li
     planned = {p.key for p in plan_points(experiment)}
     assert {p.rtt_ms for p in points} == {4.0, 8.0, 12.0} and {p.mode for p in points} == {"ar", "sync"}
     assert len(points) == 6
-    assert all(p.repeat == 2 and p.jitter_ms == 1.0 and p.temperature == 0.7 and p.top_p == 0.9 for p in points)
+    assert every(p.repeat == 2 and p.jitter_ms == 1.0 and p.temperature == 0.7 and p.top_p == 0.9 for p in points)
     assert {p.key.replace("_r2", "_r0") for p in points} <= planned
 
 
@@ -241,7 +246,7 @@ def test_a_sweep_over_link_keys_calibrates_on_the_first_link_of_the_smallest_rtt
 
 
 def test_compute_drift_is_each_points_server_compute_against_its_modes_calibration_point():
-    from orchestrator.predictions import add_compute_drift, oos_cells
+    from orchestrator.analysis.predictions import add_compute_drift, oos_cells
     points = pd.DataFrame({
         "mode": ["ar", "ar", "ar", "sync", "sync", "pipelined", "colocated"],
         "rtt_ms": [0.0, 10.0, 10.0, 0.0, 10.0, 10.0, 10.0],
@@ -257,7 +262,7 @@ def test_compute_drift_is_each_points_server_compute_against_its_modes_calibrati
 
 
 def test_every_repeat_calibrates_each_planned_repeat_first_and_no_added_one():
-    from orchestrator.sweep import Point, calibration_unit
+    from orchestrator.spec.plan import Point, calibration_unit
     experiment = experiment_from_dict({**SMALL, "rtt_ms": [8, 0, 4], "calibrate": "every_repeat"})
     plan = plan_points(experiment)
     for repeat in (0, 1):
@@ -328,7 +333,7 @@ def test_a_repeat_whose_requests_accept_less_is_predicted_from_its_own_calibrati
 
 
 def test_compute_drift_with_a_calibration_per_repeat_is_against_the_repeats_own():
-    from orchestrator.predictions import add_compute_drift, oos_crossovers
+    from orchestrator.analysis.predictions import add_compute_drift, oos_crossovers
     points = pd.DataFrame({
         "mode": ["ar", "ar", "ar", "ar", "ar"], "rtt_ms": [0.0, 10.0, 0.0, 10.0, 10.0],
         "repeat": [0, 0, 1, 1, 2], "gamma": 2, "clients": 1,

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.experiment import experiment_from_dict, load_experiment
-from orchestrator.run import run_experiment
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
+from orchestrator.running.run import run_experiment
 
 NUMBERS = {"t_draft_edge_s": 0.015, "t_draft_server_s": 0.002, "t_ar_s": 0.025, "t_verify_base_s": 0.025,
            "t_verify_per_position_s": 0.0, "t_prefill_per_token_s": 0.0001, "batch_slope": 0.1}

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.report import write_report
-from orchestrator.run import run_experiment
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.report.html import write_report
+from orchestrator.running.run import run_experiment
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_report_command_and_its_errors(sweep, tmp_path, capsys):
 def test_accepted_tokens_per_round_of_iid_acceptance_follow_the_truncated_geometric(tmp_path):
     """The synthetic draft is right with probability alpha per position, independently: the
     measured shares of accepted counts must sit on the geometric the report draws beside them."""
-    from orchestrator.summary import analyze_sweep
+    from orchestrator.report.analyze import analyze_sweep
 
     out = tmp_path / "iid"
     experiment = experiment_from_dict({

@@ -1,8 +1,8 @@
 """The experiment key request_deadline_s: checked on load and handed to every edge run."""
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import point_settings
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.running.run import point_settings
 
 
 def test_the_deadline_is_checked_and_reaches_the_point_settings():
@@ -15,7 +15,7 @@ def test_the_deadline_is_checked_and_reaches_the_point_settings():
 
 
 def test_the_backoff_cap_reaches_the_runs_and_the_verifier_and_is_checked():
-    from orchestrator.run import verifier_link_args
+    from orchestrator.running.run import verifier_link_args
 
     experiment = experiment_from_dict({"name": "d", "launcher": "netns", "profile": "toy-edge-cloud",
                                        "tcp_rto_max_ms": 1000})

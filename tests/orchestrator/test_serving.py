@@ -7,12 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.load import SloConfig
-from orchestrator.serving import ServingPoint, arrivals_for, run_serving, run_sim_point, serving_model
-from orchestrator.serving_cli import is_serving_sweep, reanalyze_serving
-from orchestrator.serving_analysis import crossing_rate, max_rate, next_search_rate, wilson_interval
-from orchestrator.run import times_for
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.spec.arrivals import SloConfig
+from orchestrator.open_loop.plan import ServingPoint, arrivals_for, serving_model
+from orchestrator.open_loop.sweep import run_serving, run_sim_point
+from orchestrator.open_loop.commands import is_serving_sweep, reanalyze_serving
+from orchestrator.open_loop.figures import crossing_rate, max_rate, next_search_rate, wilson_interval
+from orchestrator.running.run import times_for
+from tests.checks import every
 
 BASE = {"name": "serve", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
         "edges": 4, "rtt_ms": [20], "max_new_tokens": 24, "prompt_tokens": 8,
@@ -153,13 +155,14 @@ def test_the_search_runs_each_new_rate_over_the_realisations_its_modes_plan_ran(
     assert set(searched["mode"]) == {"ar", "sync"}
     for mode, realisations in (("ar", {0, 1, 2}), ("sync", {0})):
         mine = searched[searched["mode"] == mode]
-        assert all(set(group["repeat"]) == realisations for _, group in mine.groupby("rate_rps")), mode
+        assert every(set(group["repeat"]) == realisations for _, group in mine.groupby("rate_rps")), mode
 
 
 def test_compose_serves_open_loop_and_gets_the_admission_limit_as_its_own_setting(tmp_path, monkeypatch):
-    from orchestrator import leftovers
+    from orchestrator.launchers import leftovers
     from orchestrator.launchers import compose
-    from orchestrator.serving import check_serving, open_serving_testbed
+    from orchestrator.open_loop.plan import check_serving
+    from orchestrator.open_loop.sweep import open_serving_testbed
 
     made = []
     monkeypatch.setattr(compose, "ComposeTestbed", lambda config: made.append(config) or config)
@@ -172,3 +175,23 @@ def test_compose_serves_open_loop_and_gets_the_admission_limit_as_its_own_settin
     assert made[1].compose_env()["DSD_MAX_SESSIONS"] == "7"
     with pytest.raises(ValueError, match="launcher"):
         check_serving(exp, "swarm")
+
+
+@pytest.mark.parametrize("launcher, keys, named", [
+    ("loopback", {"sampling": {"temperature": [0.0, 0.8]}}, "'sampling'"),
+    ("loopback", {"link": {"schedule": [{"at_s": 1.0, "rtt_ms": 80}]}}, "'link.schedule'"),
+    ("loopback", {"adaptive_budget_points": 10}, "'adaptive_budget_points'"),
+    ("loopback", {"clients": [1, 4]}, "'clients'"),
+    ("loopback", {"requests": 40}, "'requests'"),
+    ("loopback", {"rtt_ms": [20, 40]}, "'rtt_ms'"),
+    ("sim", {"modes": ["sync"], "sampling": {"temperature": 0.8}}, "'sampling.temperature'"),
+    ("sim", {"modes": ["sync"], "controller": "model"}, "'controller'"),
+    ("sim", {"request_deadline_s": 5.0}, "'request_deadline_s'"),
+    ("sim", {"transport": "tcp"}, "'transport'"),
+])
+def test_what_an_open_loop_sweep_cannot_run_is_refused_in_one_line_naming_the_key(launcher, keys, named):
+    from orchestrator.open_loop.plan import check_serving
+
+    with pytest.raises(ValueError, match=named) as refused:
+        check_serving(experiment_from_dict({**BASE, **keys}), launcher)
+    assert "\n" not in str(refused.value)

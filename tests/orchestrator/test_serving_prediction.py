@@ -1,15 +1,18 @@
 """What an open-loop sweep predicts before it runs, and the check that a point's queue was still
 building at its end."""
 import json
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import times_for
-from orchestrator.serving import PREDICTION, ServingPoint, run_serving, run_sim_point, write_prediction
-from orchestrator.serving_analysis import add_slo, in_system_at, point_figures, queue_growing, queue_growth
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.running.run import times_for
+from orchestrator.open_loop.plan import PREDICTION, ServingPoint
+from orchestrator.open_loop.sweep import run_serving, run_sim_point, write_prediction
+from orchestrator.open_loop.figures import add_slo, in_system_at, point_figures, queue_growing, queue_growth
+from tests.checks import every
 
 BASE = {"name": "predict", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
         "edges": 4, "rtt_ms": [20], "max_new_tokens": 24, "prompt_tokens": 8, "seed": 3,
@@ -23,7 +26,7 @@ def test_a_stationary_queue_is_rarely_flagged_and_a_building_one_always():
     stationary = [queue_growing(rng.geometric(0.3, 120) - 1) for _ in range(400)]
     assert np.mean(stationary) < 0.06                  # four rising batch means by chance: 1/24
     building = [queue_growing(np.linspace(1, 12, 120) + rng.geometric(0.3, 120)) for _ in range(50)]
-    assert all(building)
+    assert every(building)
 
 
 def test_the_stationarity_check_needs_enough_arrivals_and_more_than_a_request_of_growth():
@@ -78,13 +81,14 @@ def test_a_resumed_sweep_keeps_the_prediction_it_made_first(tmp_path):
     assert (tmp_path / PREDICTION).read_text() == first
 
 
-def test_a_run_whose_level_is_out_of_reach_is_predicted_as_none_rather_than_failing(tmp_path):
+def test_a_run_whose_level_is_out_of_reach_is_predicted_as_no_rate_rather_than_failing(tmp_path):
     # one session at a time and a 1 ms TTFT bound: no rate meets the level, down to no arrival at all
     exp = experiment_from_dict({**BASE, "modes": ["ar"], "load": {**BASE["load"], "max_sessions": 1},
                                 "slo": {"ttft_ms": 1, "attainment": 0.9}})
     write_prediction(tmp_path, exp, times_for(exp, tmp_path), "netns")
     row = json.loads((tmp_path / PREDICTION).read_text())["modes"]["ar"]
-    assert row["run_max_rate_rps"] is None and row["steady_max_rate_rps"] == 0.0
+    # no rate: NaN, the JSON files' one rule for a number that is not finite (docs/outputs.md)
+    assert math.isnan(row["run_max_rate_rps"]) and row["steady_max_rate_rps"] == 0.0
 
 
 def test_the_prediction_pools_each_modes_own_realisations_as_its_measurement_does(tmp_path):

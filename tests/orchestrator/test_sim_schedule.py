@@ -5,9 +5,9 @@ import pytest
 
 from netem.schedule import LinkSchedule
 from orchestrator.cli import main
-from orchestrator.experiment import experiment_from_dict
+from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.launchers.sim import rtt_schedule_s
-from orchestrator.link_keys import check_launcher
+from orchestrator.links.keys import check_launcher
 
 BASE = {"name": "s", "launcher": "sim", "modes": ["sync"], "rtt_ms": [10], "gamma": [3], "requests": 6,
         "warmup_requests": 0, "max_new_tokens": 16, "prompt_tokens": 8, "profile": "toy-edge-cloud",

@@ -5,9 +5,12 @@ import pandas as pd
 import pytest
 
 from dsd.times import ComputeTimes
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import analyze_sweep, run_experiment
-from orchestrator.sweep import SweepExists, experiment_record, plan_points, run_sweep
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.report.analyze import analyze_sweep
+from orchestrator.running.run import run_experiment
+from orchestrator.records.sweep_folder import SweepExists, experiment_record, run_sweep
+from orchestrator.spec.plan import plan_points
+from tests.checks import every
 
 EXPERIMENT = experiment_from_dict({
     "name": "small", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 40], "gamma": [2, 4],
@@ -148,7 +151,7 @@ def test_keys_of_experiments_without_the_new_dimensions_are_unchanged():
     """Old sweep folders resume only if their point folders keep their names."""
     keys = {p.key for p in plan_points(EXPERIMENT)}
     assert "sync_rtt10ms_g4_c1_r0" in keys and "ar_rtt0ms_g2_c1_r0" in keys
-    assert all(p.alpha is None and p.profile is None for p in plan_points(EXPERIMENT))
+    assert every(p.alpha is None and p.profile is None for p in plan_points(EXPERIMENT))
 
 
 def test_an_old_sidecar_without_the_alpha_key_still_resumes(tmp_path):
@@ -175,7 +178,7 @@ def test_alpha_and_profile_groups_run_together_one_after_another():
 def test_gain_window_on_sim_recovers_each_alpha_and_the_predicted_boundary(tmp_path):
     """Known answers: each group's fitted alpha near its configured one; DSD wins exactly where
     the closed form says, at cells far enough from the boundary that sampling cannot flip them."""
-    from orchestrator import analysis
+    from orchestrator.analysis import points as analysis
 
     out = tmp_path / "gw"
     experiment = experiment_from_dict({

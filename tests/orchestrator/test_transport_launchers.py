@@ -10,9 +10,9 @@ import pytest
 from dsd.backends.factory import load_pair
 from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.run import run_experiment
-from orchestrator.workload import make_prompts
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.running.run import run_experiment
+from orchestrator.spec.workload import make_prompts
 from tests.link_sweep import check_links_shaped
 
 RTT_MS = 20.0

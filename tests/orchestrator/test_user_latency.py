@@ -1,4 +1,4 @@
-"""Latency as users feel it (orchestrator/request_stats.py, analysis.user_latency): per-token
+"""Latency as users feel it (orchestrator/records/request_stats.py, analysis.user_latency): per-token
 latency p50/p99, the longest gap per request in requests.csv, and the same over a point's tokens
 in points.csv, so a stall moves the p99 and the longest gap instead of being averaged away."""
 import math
@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from orchestrator import request_stats
-from orchestrator.analysis import point_table, user_latency
+from orchestrator.records import request_stats
+from orchestrator.analysis.points import point_table, user_latency
 
 
 def test_tokens_that_arrive_together_share_the_wait_before_them():

@@ -5,10 +5,11 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from orchestrator.experiment import experiment_from_dict
-from orchestrator.sweep import plan_points
-from orchestrator.sweep import prompts_for_point
-from orchestrator.workload import SHIPPED_INSTRUCTIONS, experiment_prompts, target_tokenizer
+from orchestrator.spec.experiment import experiment_from_dict
+from orchestrator.spec.plan import plan_points
+from orchestrator.spec.plan import prompts_for_point
+from orchestrator.spec.workload import SHIPPED_INSTRUCTIONS, experiment_prompts, target_tokenizer
+from tests.checks import every
 
 VOCAB = 300
 TEXTS = ["the cat sat on the mat", "write a function that adds two numbers",
@@ -60,7 +61,7 @@ def test_an_explicit_pair_is_prompted_with_its_own_tokenizer(own_pair, tmp_path)
                                                          add_generation_prompt=True, tokenize=True))
                       for t in TEXTS[:4])
     assert sorted(prompts) == expected
-    assert all(0 <= t < tokenizer.vocab_size for p in prompts for t in p)
+    assert every(0 <= t < tokenizer.vocab_size for p in prompts for t in p)
     # The held-out windows too are the pair's own ids.
     windows = experiment_prompts(experiment(root))
     assert len(windows) == 4 and all(len(w) == 8 and max(w) < tokenizer.vocab_size for w in windows)
@@ -149,7 +150,7 @@ def test_a_pool_larger_than_a_point_is_shared_out_by_repeat_and_rtt_and_kept_pai
     pool = experiment_prompts(exp)
     assert len(pool) == 10
     by_point = {p.key: prompts_for_point(pool, exp, p) for p in plan_points(exp)}
-    assert all(len(v) == 4 for v in by_point.values())
+    assert every(len(v) == 4 for v in by_point.values())
     assert by_point["ar_rtt10ms_g4_c1_r0"] == by_point["sync_rtt10ms_g4_c1_r0"]          # paired modes
     assert by_point["ar_rtt0ms_g4_c1_r0"] != by_point["ar_rtt10ms_g4_c1_r0"]
     used = {tuple(p) for prompts in by_point.values() for p in prompts}

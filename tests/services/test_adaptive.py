@@ -6,6 +6,7 @@ import pytest
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from tests.services.harness import post_runs, read_csv, synthetic_args, wait_for_runs
 from tests.services.harness import PROMPTS, check_greedy, run_body, synthetic_reference
+from tests.checks import every
 
 ALPHA, SEED = 0.7, 3
 
@@ -20,7 +21,7 @@ def synthetic(spawn, tmp_path_factory):
 
 def _plans(edge, run_id):
     rows = [r for r in read_csv(edge, run_id, "rounds.csv") if r["stale"] in ("0", "False")]
-    assert all(int(r["proposed"]) == int(r["round_gamma"]) for r in rows)
+    assert every(int(r["proposed"]) == int(r["round_gamma"]) for r in rows)
     return [(int(r["round_gamma"]), r["round_mode"]) for r in rows]
 
 

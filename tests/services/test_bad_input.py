@@ -15,6 +15,7 @@ from dsd.stopping import StopRule
 from services import wire
 from tests.services.harness import (RawClient, open_message, post_runs, read_csv, run, sessions_open, synthetic_args,
                                     wait_for_runs)
+from tests.checks import every
 
 ALPHA, SEED, VOCAB = 0.6, 7, 512
 MAX_GAMMA, MAX_TOKENS, MAX_BYTES, MAX_SESSIONS = 8, 256, 65536, 40
@@ -240,8 +241,8 @@ def test_sessions_beyond_max_sessions_are_refused_and_freed_on_disconnect(servic
     verifier = services[0]
     assert sessions_open(verifier) == 0
     replies = run(open_many(verifier.url, MAX_SESSIONS + 2, transport))
-    assert all(isinstance(r, wire.Opened) for r in replies[:MAX_SESSIONS])
-    assert all(isinstance(r, wire.Error) and (r.code, r.field) == (wire.LIMIT, "session")
+    assert every(isinstance(r, wire.Opened) for r in replies[:MAX_SESSIONS])
+    assert every(isinstance(r, wire.Error) and (r.code, r.field) == (wire.LIMIT, "session")
                for r in replies[MAX_SESSIONS:])
     assert sessions_open(verifier) == 0         # the connection closed: every session freed
     assert verifier.get_json("/metrics")["connections_open"] == 0

@@ -16,6 +16,7 @@ from dsd.stopping import StopRule
 from services import wire
 from tests.services.harness import (TEST_PROFILE, RawClient, open_message, post_runs, read_csv, run, sessions_open,
                                     synthetic_args, wait_for_runs)
+from tests.checks import every
 
 ALPHA, SEED = 0.6, 5
 SESSIONS, INFLIGHT, PROMPT, TOKENS = 4, 5, 16, 200
@@ -77,7 +78,7 @@ def test_sessions_prompt_and_tokens_per_connection_are_limited_and_named(verifie
     verifier, edge = verifiers[0], verifiers[2]
     bystanders = start_bystanders(verifier, edge, "limits")
     opened, elsewhere, long_prompt, over, closed, freed = run(sessions_prompt_and_tokens(verifier.url))
-    assert all(isinstance(r, wire.Opened) for r in opened[:SESSIONS])
+    assert every(isinstance(r, wire.Opened) for r in opened[:SESSIONS])
     assert is_limit(opened[SESSIONS], "max_sessions_per_connection", "session"), opened[SESSIONS]
     assert isinstance(elsewhere, wire.Opened)             # another connection is another client
     assert is_limit(long_prompt, "max_prompt_tokens", "prompt"), long_prompt

@@ -13,6 +13,7 @@ from dsd.stopping import StopRule
 from tests.services.harness import (PROMPTS, TEST_PROFILE, check_greedy, post_runs, read_csv, run_body,
                                     synthetic_args, synthetic_reference, wait_for_runs)
 from tests.torch_pairs import tiny_pair
+from tests.checks import every
 
 MODES = ("ar", "colocated", "sync", "pipelined", "cached")
 ALPHA, SEED = 0.7, 3
@@ -54,7 +55,7 @@ def test_rounds_csv_accounts_for_every_token_and_time(synthetic):
     wait_for_runs(edge, run_ids)
     for run_id, mode in zip(run_ids, MODES):
         rounds, requests = read_csv(edge, run_id, "rounds.csv"), read_csv(edge, run_id, "requests.csv")
-        assert all(r["mode"] == mode and r["error"] == "" and r["app_delay_ms"] == "0.000000" for r in rounds)
+        assert every(r["mode"] == mode and r["error"] == "" and r["app_delay_ms"] == "0.000000" for r in rounds)
         for request in requests:
             mine = [r for r in rounds if r["request_index"] == request["request_index"]]
             assert sum(int(r["emitted"]) for r in mine) == int(request["tokens"]) == 30
@@ -74,7 +75,7 @@ def test_rounds_csv_accounts_for_every_token_and_time(synthetic):
                     assert int(r["server_batch_size"]) >= 1
                 assert (r["cache_hit"] != "") == (mode == "cached" and r["stale"] != "1"), r
         if mode == "ar":
-            assert all(r["proposed"] == "0" and r["emitted"] == "1" for r in rounds)
+            assert every(r["proposed"] == "0" and r["emitted"] == "1" for r in rounds)
 
 
 def test_app_delay_is_added_each_way_and_recorded(synthetic):
@@ -106,7 +107,7 @@ def test_sampling_runs_send_dense_or_sparse_draft_probabilities(synthetic):
     summaries = wait_for_runs(edge, post_runs(edge, runs))
     for run_id, summary in summaries.items():
         assert summary["status"] == "done", summary
-        assert all(int(r["tokens"]) == 20 for r in read_csv(edge, run_id, "requests.csv"))
+        assert every(int(r["tokens"]) == 20 for r in read_csv(edge, run_id, "requests.csv"))
 
 
 @pytest.fixture(scope="module")

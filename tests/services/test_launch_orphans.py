@@ -13,7 +13,7 @@ import time
 import pytest
 
 from orchestrator.launchers.processes import OWNER_MARK, SERVICE_MARK
-from orchestrator.leftovers import _marks, service_processes
+from orchestrator.launchers.leftovers import _marks, service_processes
 from services.launch import REPO
 
 PARENT = textwrap.dedent("""

@@ -14,6 +14,7 @@ from dsd.profiles import HardwareProfile
 from services import wire
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, freeze_startup_heap, profile_from_json
 from services.scheduler import Scheduler, SchedulerConfig, pass_cost_s
+from tests.checks import every
 
 EXAMPLES = [
     wire.Hello(1, "edge-7"), wire.Ping(2, 12.5), wire.Open(3, 1, [1, 2], 16, 0.7, 5, 9, False),
@@ -243,7 +244,7 @@ def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order()
 
     timer, now = asyncio.run(interleaved())
     assert [name for name, _, _ in woke] == ["early0", "early1", "early2", "early3", "late"]
-    assert all(t >= deadline for _, t, deadline in woke)
+    assert every(t >= deadline for _, t, deadline in woke)
     assert woke[3][1] < now + 1.0        # re-armed for the earlier deadlines, not held until "late"
     if sys.platform.startswith("linux"):
         assert timer._timerfd is not None        # the spinner is woken by a timerfd here

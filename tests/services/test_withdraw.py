@@ -11,6 +11,7 @@ from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
 from services import wire
 from tests.services.harness import TEST_PROFILE, RawClient, open_message, run, sessions_open, synthetic_args
+from tests.checks import every
 
 ALPHA, SEED = 0.6, 5
 T_AR_S = 0.02                      # a segment of 4 AR steps holds the verifier 80 ms
@@ -70,7 +71,7 @@ def test_a_withdraw_drops_the_unstarted_segments_and_the_output_stays_the_target
     segments, queued, withdraw, withdrawn, tokens = run(withdraw_mid_stream(verifier.url, transport, keep))
     # every Queued came back as its Generate arrived: far sooner than the 80 ms a segment takes
     assert set(queued) == set(segments)
-    assert all(rtt_s - held_s < 0.04 for rtt_s, held_s in queued.values()), queued
+    assert every(rtt_s - held_s < 0.04 for rtt_s, held_s in queued.values()), queued
     # asked while the first ran: the other three had not started
     assert withdrawn.seq == withdraw and withdrawn.session == 1 and withdrawn.segments == segments[max(keep, 1):]
     target = SyntheticLM(SyntheticConfig(alpha=ALPHA, seed=SEED), "target")

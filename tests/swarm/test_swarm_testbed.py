@@ -4,9 +4,9 @@ import docker as docker_sdk
 import pandas as pd
 import pytest
 
-from orchestrator.experiment import experiment_from_dict
+from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.launchers.swarm import SwarmConfig, find_stack, interpolate, stack_file
-from orchestrator.run import run_experiment
+from orchestrator.running.run import run_experiment
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -53,7 +53,7 @@ def test_dsdbed_cleanup_removes_what_a_crashed_swarm_sweep_left(single_node_swar
     """A testbed whose orchestrator died without close(): `dsdbed cleanup` (leftovers.clean) finds
     its stack by label and removes services, control container, network and secret."""
     from dsd.profiles import get_profile
-    from orchestrator import leftovers
+    from orchestrator.launchers import leftovers
     from orchestrator.launchers.swarm import SwarmTestbed
     testbed = SwarmTestbed(SwarmConfig(n_edges=1, profile=get_profile("toy-edge-cloud"), work_dir=str(tmp_path)))
     testbed.owned = False                    # as if the orchestrator had been killed here

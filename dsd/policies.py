@@ -1,0 +1,19 @@
+"""The controller of a run: the policy its ControllerConfig names (dsd/control.py describes
+them), or the one a static run's mode brings (dsd/modes.py). The policies import control's
+interface; this module imports them, so neither is imported through the other."""
+from __future__ import annotations
+
+from dsd.control import Controller, ControllerConfig
+from dsd.modes import get_mode
+from dsd.policy_bandit import BanditPolicy
+from dsd.policy_model import ModelPolicy
+from dsd.policy_static import HeuristicPolicy, StaticPolicy
+
+POLICIES = {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy, "bandit": BanditPolicy}
+
+
+def make_controller(config: ControllerConfig) -> Controller:
+    """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
+    if config.name == "static" and get_mode(config.mode).policy is not None:
+        return get_mode(config.mode).policy(config)
+    return POLICIES[config.name](config)

@@ -1,0 +1,2 @@
+"""Open-loop serving sweeps ([load]): the arrival-driven runs, their virtual-time model,
+prediction, figures and report."""

@@ -1,0 +1,2 @@
+"""Running: an experiment on its launcher (`dsdbed sweep`), repeats until CI, and measuring a
+hardware profile."""

@@ -1,0 +1,75 @@
+"""The shipped sim experiments' CSVs as a commit wrote them, column by column, for
+tests/orchestrator/test_sim_identity.py: per merged table a digest of each column's cells, and
+per point one digest of each of its own tables (points/<key>/), over the columns the commit wrote.
+
+    python -m tests.orchestrator.sim_reference OUT_ROOT COMMIT
+
+writes sim_reference.json beside this file from OUT_ROOT/<experiment>/, each made at COMMIT by
+`dsdbed sweep experiments/<experiment>.toml --out OUT_ROOT/<experiment>`.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import sys
+from pathlib import Path
+
+REFERENCE = Path(__file__).resolve().with_name("sim_reference.json")
+EXPERIMENTS = ("acceptance-trace", "adaptive-sim", "crossover-synthetic", "gamma-opt", "geography",
+               "measured-rural-n8-v10", "measured-urban-n78-v0", "measured-urban-n78-v30", "measured-urban-n8-v30",
+               "measured-w2s-n78-v30", "serving")
+TABLES = ("rounds", "requests", "links", "points")
+POINT_TABLES = ("rounds", "requests")
+# what differs between two runs of the same code: the run ids and the host's clock and load
+UNCOMPARED = {"run_id", "measured_started_s", "cpu_busy_pct", "cpu_steal_pct", "load_avg_1m", "contended"}
+
+
+def read_columns(path: Path) -> dict[str, list[str]]:
+    """A CSV's columns as written (the cells' text); {} for a missing or empty file."""
+    rows = list(csv.reader(io.StringIO(path.read_text()))) if path.exists() else []
+    if not rows:
+        return {}
+    header, body = rows[0], rows[1:]
+    return {name: [row[i] for row in body] for i, name in enumerate(header)}
+
+
+def digest(cells: list[str]) -> str:
+    return hashlib.sha256("\x1f".join(cells).encode()).hexdigest()[:16]
+
+
+def compared(columns: dict[str, list[str]]) -> list[str]:
+    return [c for c in columns if c not in UNCOMPARED]
+
+
+def table_digest(columns: dict[str, list[str]]) -> dict:
+    """The table's rows and, per compared column, the digest of its cells."""
+    return {"rows": len(next(iter(columns.values()), [])), "columns": {c: digest(columns[c]) for c in compared(columns)}}
+
+
+def point_digest(columns: dict[str, list[str]], names: list[str]) -> str:
+    """One digest of a point's table over the named columns, in their order."""
+    return digest([digest(columns[c]) if c in columns else "(missing)" for c in names])
+
+
+def experiment_digest(folder: Path) -> dict:
+    """The merged tables' digests, and each point's over its experiment's point columns (those
+    of its first point)."""
+    tables = {t: table_digest(read_columns(folder / f"{t}.csv")) for t in TABLES if (folder / f"{t}.csv").exists()}
+    points = sorted(p for p in (folder / "points").iterdir() if p.is_dir())
+    names = {t: compared(read_columns(points[0] / f"{t}.csv")) if points else [] for t in POINT_TABLES}
+    return {"tables": tables, "point_columns": names,
+            "points": {p.name: {t: point_digest(read_columns(p / f"{t}.csv"), names[t]) for t in POINT_TABLES}
+                       for p in points}}
+
+
+def main(argv: list[str]) -> None:
+    out_root, commit = Path(argv[0]), argv[1]
+    reference = {"commit": commit, "uncompared": sorted(UNCOMPARED),
+                 "experiments": {name: experiment_digest(out_root / name) for name in EXPERIMENTS}}
+    REFERENCE.write_text(json.dumps(reference, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
