@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_testbed(args, rates: list[float], out: Path, deadline: float):
     """(rate, the peer's records joined with our rows) per rate, on one netns testbed."""
     from dsd.backends.factory import HfBackendConfig
-    from orchestrator import http_client
+    from orchestrator.common import http_client
     from orchestrator.launchers.netns import NetnsTestbed
     from orchestrator.launchers.services_config import ServicesConfig
 
@@ -184,7 +184,7 @@ def summary(rows: pd.DataFrame) -> dict:
 
 def diff_pct(peer: np.ndarray, own: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[str, str]:
     """100 (p50 peer - p50 own) / p50 own, and its 95% interval over requests resampled in pairs."""
-    from orchestrator.bootstrap import interval
+    from orchestrator.analysis.bootstrap import interval
 
     if len(peer) == 0:
         return "nan", "[nan,nan]"
