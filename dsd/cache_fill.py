@@ -34,6 +34,7 @@ class CacheRecord:
     branches: int           # branches drafted for this block
     fill_s: float           # device time spent on the fill by the verdict
     predicted_hit: float    # the estimated probability of a hit, summed over the branches
+    filled: bool = False    # every branch was drafted whole by the verdict (fill_s is the whole fill)
 
 
 @dataclass
@@ -103,9 +104,10 @@ class CacheFiller:
         if spec is None:                 # the verdict came before the fill began
             return None if sent is None else CacheRecord(False, 0, -1, 0, 0.0, 0.0)
         branch = spec.branch_for(committed)
+        filled = all(len(b.tokens) >= len(spec.block) for b in spec.branches)
         record = CacheRecord(branch is not None, len(branch.tokens) if branch else 0,
                              spec.rank_of(spec.outcome_of(committed)), len(spec.branches), spec.fill_s,
-                             spec.predicted_hit)
+                             spec.predicted_hit, filled)
         self.hit = branch
         self._release_branches(keep=branch)
         self.spec = None

@@ -30,9 +30,13 @@ distribution after the block, then gamma batched passes over the branches). A ve
 drafts it from the corrected prefix:
 
     hit:  next send after max(W, fill_s)
-    miss: next send after W + gamma*t_draft          (the fill is abandoned at the verdict)
+    miss: next send after R + gamma*t_draft
 
-    T_cache = (h*max(W, fill_s) + (1-h)*(W + gamma*t_draft)) / E
+where R is when the edge notices the verdict: W if the fill is done by then, else the end of the
+fill's pass in progress (a pass is not interrupted), taken as W plus one pass of the fill's
+gamma + 1, fill_s / (gamma + 1), and never after the fill's end. So
+
+    T_cache = (h*max(W, fill_s) + (1-h)*(R + gamma*t_draft)) / E
 
 so with the fill inside the wait it beats co-located SD below rtt* = gamma*t_draft_server -
 (1-h)*gamma*t_draft_edge: the paper's drafting window gamma*t_draft as h -> 1.
@@ -97,7 +101,8 @@ def per_token_cached_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_ve
     if not 0.0 <= hit_rate <= 1.0:
         raise ValueError(f"hit_rate must be in [0, 1], got {hit_rate!r}")
     wait_s = rtt_s + t_verify_s
-    cycle_s = hit_rate * max(wait_s, fill_s) + (1.0 - hit_rate) * (wait_s + gamma * t_draft_edge_s)
+    notice_s = wait_s if fill_s <= wait_s else min(fill_s, wait_s + fill_s / (gamma + 1))
+    cycle_s = hit_rate * max(wait_s, fill_s) + (1.0 - hit_rate) * (notice_s + gamma * t_draft_edge_s)
     return cycle_s / expected_tokens_per_round(alpha, gamma)
 
 

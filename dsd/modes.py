@@ -26,8 +26,8 @@ DRAFT_SITES = (EDGE, SERVER, NOWHERE)
 # gamma, the RTT (seconds) and the compute times, all four always passed by keyword:
 # t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s (a mode reads the ones it needs; a caller
 # that cannot know one passes None, and a misspelt name is a TypeError, never ignored); and
-# cache_hit_rate, the share of verdicts a speculation cache held (None where unknown: only the
-# cached mode reads it).
+# cache_hit_rate and cache_fill_s, the share of verdicts a speculation cache held and how long
+# it takes to fill (None where unknown: only the cached mode reads them).
 Predictor = Callable[..., float]
 
 
@@ -72,30 +72,31 @@ class Mode:
 
 
 def _ar(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-        cache_hit_rate=None) -> float:
+        cache_hit_rate=None, cache_fill_s=None) -> float:
     return t_ar_s                      # one target step per token
 
 
 def _colocated(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-               cache_hit_rate=None) -> float:
+               cache_hit_rate=None, cache_fill_s=None) -> float:
     return lm.per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
 
 
 def _sync(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-          cache_hit_rate=None) -> float:
+          cache_hit_rate=None, cache_fill_s=None) -> float:
     return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
 def _pipelined(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-               cache_hit_rate=None) -> float:
+               cache_hit_rate=None, cache_fill_s=None) -> float:
     return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
 def _cached(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-            cache_hit_rate=None) -> float:
+            cache_hit_rate=None, cache_fill_s=None) -> float:
     if cache_hit_rate is None:
         raise ValueError("the cached mode's closed form needs the cache's hit rate (cache_hit_rate)")
-    return lm.per_token_cached_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, cache_hit_rate)
+    return lm.per_token_cached_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, cache_hit_rate,
+                                     cache_fill_s or 0.0)
 
 
 MODES: dict[str, Mode] = {}       # name -> Mode, in registration order (the order of plots and grids)
@@ -170,8 +171,9 @@ def plannable_edge_modes() -> tuple[str, ...]:
 
 def predict_per_token_s(name: str, alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float | None,
                         t_draft_edge_s: float | None, t_draft_server_s: float | None,
-                        t_verify_s: float | None, cache_hit_rate: float | None = None) -> float:
+                        t_verify_s: float | None, cache_hit_rate: float | None = None,
+                        cache_fill_s: float | None = None) -> float:
     """The named mode's closed-form seconds per token (see ``Predictor``)."""
     return get_mode(name).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_edge_s,
                                       t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s,
-                                      cache_hit_rate=cache_hit_rate)
+                                      cache_hit_rate=cache_hit_rate, cache_fill_s=cache_fill_s)

@@ -43,6 +43,11 @@ class ComputeTimes:
     t_verify_per_position_s: float | None = None    # ... and per position (gamma + 1 of them)
     t_verify_by_gamma_s: tuple[tuple[int, float], ...] = ()   # the table: (gamma, seconds), measured
     batch_slope: float | None = None      # extra cost per extra sequence in a batched pass, as a fraction
+    # The cached mode's hit rate (dsd/spec_cache.py): the share of verdicts its speculation cache
+    # held a complete next block for. Not compute, but what the closed form needs beside it, and
+    # fitted from a run's rounds with it; None: not known (only the cached mode reads it).
+    cache_hit_rate: float | None = None
+    cache_fill_s: float | None = None     # ... and how long its fill takes (a complete one)
 
     def __post_init__(self) -> None:
         for name in ("t_draft_edge_s", "t_draft_server_s", "t_ar_s") + _OPTIONAL:
@@ -53,6 +58,14 @@ class ComputeTimes:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.t_ar_s <= 0:
             raise ValueError(f"t_ar_s must be > 0, got {self.t_ar_s!r}")
+        if self.cache_hit_rate is not None:
+            object.__setattr__(self, "cache_hit_rate", _finite("cache_hit_rate", self.cache_hit_rate))
+            if not 0.0 <= self.cache_hit_rate <= 1.0:
+                raise ValueError(f"cache_hit_rate must be in [0, 1], got {self.cache_hit_rate!r}")
+        if self.cache_fill_s is not None:
+            object.__setattr__(self, "cache_fill_s", _finite("cache_fill_s", self.cache_fill_s))
+            if self.cache_fill_s < 0:
+                raise ValueError(f"cache_fill_s must be >= 0, got {self.cache_fill_s!r}")
         line = (self.t_verify_base_s, self.t_verify_per_position_s)
         if (line[0] is None) != (line[1] is None):
             raise ValueError(f"t_verify_base_s and t_verify_per_position_s come together, got {line!r}")
@@ -87,7 +100,8 @@ class ComputeTimes:
         """The compute terms of the closed form at this gamma, as dsd.modes.predict_per_token_s
         takes them."""
         return {"t_ar_s": self.t_ar_s, "t_draft_edge_s": self.t_draft_edge_s,
-                "t_draft_server_s": self.t_draft_server_s, "t_verify_s": self.t_verify_s(gamma)}
+                "t_draft_server_s": self.t_draft_server_s, "t_verify_s": self.t_verify_s(gamma),
+                "cache_hit_rate": self.cache_hit_rate, "cache_fill_s": self.cache_fill_s}
 
     def t_ar_batch_s(self, batch_size: int = 1) -> float:
         return self.t_ar_s * self._batch_factor(batch_size)
@@ -128,6 +142,9 @@ class ComputeTimes:
         out = {"t_draft_edge_s": self.t_draft_edge_s, "t_draft_server_s": self.t_draft_server_s,
                "t_ar_s": self.t_ar_s, "t_verify_s": self.verify_table_s,
                "t_prefill_per_token_s": self.t_prefill_per_token_s, "batch_slope": self.batch_slope}
+        for name in ("cache_hit_rate", "cache_fill_s"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         if self.t_verify_base_s is not None:
             out["t_verify_base_s"] = self.t_verify_base_s
             out["t_verify_per_position_s"] = self.t_verify_per_position_s
@@ -139,7 +156,8 @@ class ComputeTimes:
         ``costs`` of sweeps written before this type (no batch_slope) and the analysis params of
         older summaries (no t_prefill_per_token_s): not known, None. An unknown key is an error."""
         known = {"t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s", "t_prefill_per_token_s",
-                 "batch_slope", "t_verify_base_s", "t_verify_per_position_s"}
+                 "batch_slope", "t_verify_base_s", "t_verify_per_position_s", "cache_hit_rate",
+                 "cache_fill_s"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"compute times: unknown keys {unknown}; known: {sorted(known)}")
@@ -154,7 +172,8 @@ class ComputeTimes:
                    t_verify_base_s=data.get("t_verify_base_s"),
                    t_verify_per_position_s=data.get("t_verify_per_position_s"),
                    t_verify_by_gamma_s={_gamma(g): s for g, s in table.items()},
-                   batch_slope=data.get("batch_slope"))
+                   batch_slope=data.get("batch_slope"), cache_hit_rate=data.get("cache_hit_rate"),
+                   cache_fill_s=data.get("cache_fill_s"))
 
 
 def fit_verify_line(by_gamma_s: Mapping[int, float]) -> tuple[float, float]:

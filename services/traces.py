@@ -79,6 +79,7 @@ class RoundRow:
     cache_branches: int | None = None
     cache_fill_s: float | None = None
     cache_hit_predicted: float | None = None
+    cache_filled: bool | None = None
 
 
 def cache_columns(record) -> dict:
@@ -87,7 +88,7 @@ def cache_columns(record) -> dict:
         return {}
     return {"cache_hit": record.hit, "cache_depth": record.depth, "cache_rank": record.rank,
             "cache_branches": record.branches, "cache_fill_s": record.fill_s,
-            "cache_hit_predicted": record.predicted_hit}
+            "cache_hit_predicted": record.predicted_hit, "cache_filled": record.filled}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,8 @@ between them is alpha's alone), and what was measured.
 - sync_vs_ar: the largest RTT at which synchronous DSD beats cloud AR (claim 2);
 - pipelined_vs_colocated: the RTT below which pipelined DSD keeps up with co-located SD, beside
   the drafting window gamma*t_draft,edge (claim 3);
+- cached_vs_colocated: the same for cached pipelined DSD (its closed form needs the measured
+  cache hit rate, so the configured times alone give none);
 - capacity: clients a saturated server sustains, DSD over co-located, beside
   1 + gamma*t_draft,server/t_verify (claim 4; no alpha in it).
 
@@ -32,6 +34,11 @@ def closed_form_crossover_ms(name: str, alpha: float, gamma: int, times: Compute
     if name == "pipelined_vs_colocated":
         return 1e3 * lm.pipelined_beats_colocated_rtt_s(alpha, gamma, times.t_draft_edge_s,
                                                          times.t_draft_server_s, t_v)
+    if name == "cached_vs_colocated":         # needs a measured hit rate: none in configured times
+        if times.cache_hit_rate is None:
+            return math.nan
+        return 1e3 * lm.cached_beats_colocated_rtt_s(alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, t_v,
+                                                     times.cache_hit_rate, times.cache_fill_s or 0.0)
     raise ValueError(f"unknown comparison {name!r}")
 
 

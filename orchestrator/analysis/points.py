@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
-from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
+from dsd.modes import AR, CACHED, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
 from dsd.times import ComputeTimes
 from netem.measure import percentile
 from orchestrator.analysis import capacity
@@ -34,6 +34,7 @@ def varied_group_keys(frame: pd.DataFrame) -> list[str]:
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
     "sync_vs_ar": (SYNC, AR),
     "pipelined_vs_colocated": (PIPELINED, COLOCATED),
+    "cached_vs_colocated": (CACHED, COLOCATED),
 }
 
 
@@ -76,6 +77,11 @@ def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTim
     of a network run (medians); where a column or mode is missing, the fallback's value.
     Returns (the times, where each of FITTED came from)."""
     times, source = fallback, {k: "assumed (profile or in-process measurement)" for k in FITTED}
+    hit_rate = cache_hit_rate(rounds)
+    if hit_rate is not None:
+        times = times.replace(cache_hit_rate=hit_rate, cache_fill_s=cache_fill_s(rounds))
+        source["cache_hit_rate"] = "measured: complete cache hits over the cached mode's rounds"
+        source["cache_fill_s"] = "measured: median fill time of the cached rounds whose fill was complete"
     if rounds.empty or "server_compute_s" not in rounds:
         return times, source
     live = rounds[~rounds["stale"].astype(bool)]
@@ -101,6 +107,33 @@ def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTim
         times = times.replace(t_draft_server_s=float(max(np.median(estimates), 0.0)))
         source["t_draft_server_s"] = "fitted: (co-located round compute - t_verify) / gamma, median"
     return times, source
+
+
+def cached_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """The cached mode's answered rounds (those that met its speculation cache)."""
+    if rounds.empty or "cache_hit" not in rounds:
+        return rounds.iloc[0:0]
+    return rounds[(rounds["mode"] == CACHED) & rounds["cache_hit"].notna() & ~rounds["stale"].astype(bool)]
+
+
+def cache_hit_rate(rounds: pd.DataFrame) -> float | None:
+    """The share of the cached mode's verdicts whose next block the cache held complete (the
+    closed form's hit; a branch part-drafted by the verdict counts as a miss); None without any."""
+    cached = cached_rounds(rounds)
+    if cached.empty:
+        return None
+    complete = cached["cache_hit"].astype(bool) & (cached["cache_depth"] >= cached["proposed"])
+    return float(complete.mean())
+
+
+def cache_fill_s(rounds: pd.DataFrame) -> float | None:
+    """How long a fill takes: the median over the rounds whose fill was complete by the verdict;
+    where none was, the longest part-fill seen (the fill takes at least that)."""
+    cached = cached_rounds(rounds)
+    if cached.empty:
+        return None
+    filled = cached[cached["cache_filled"].astype(bool)]
+    return float(filled["cache_fill_s"].median() if len(filled) else cached["cache_fill_s"].max())
 
 
 def _t_verify_or_zero_s(times: ComputeTimes, gamma: int) -> float:
@@ -211,6 +244,7 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
             "alpha_measured": fit_alpha(point_rounds) if len(point_rounds) else math.nan,
             "tokens_per_round": (point_rounds.loc[~point_rounds["stale"].astype(bool), "emitted"].mean()
                                  if len(point_rounds) else math.nan),
+            **cache_figures(point_rounds),
             "per_token_ms_mean": per_token_ms.mean(),
             "per_token_ms_p50": per_token_ms.quantile(0.5),
             "per_token_ms_p99": per_token_ms.quantile(0.99),
@@ -222,6 +256,19 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
             **measured_compute_ms(point_rounds),
         })
     return pd.DataFrame(rows)
+
+
+def cache_figures(rounds: pd.DataFrame) -> dict:
+    """A cached point's hit rate (complete hits), its hits part-drafted by the verdict, the edge's
+    own estimate of its hit rate, and its median branches per block; {} for other modes."""
+    cached = cached_rounds(rounds)
+    if cached.empty:
+        return {}
+    hit = cached["cache_hit"].astype(bool)
+    return {"cache_hit_rate": cache_hit_rate(rounds),
+            "cache_partial_hit_rate": float((hit & (cached["cache_depth"] < cached["proposed"])).mean()),
+            "cache_hit_predicted": float(cached["cache_hit_predicted"].mean()),
+            "cache_branches_p50": float(cached["cache_branches"].median())}
 
 
 def user_latency(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict:
@@ -373,6 +420,9 @@ def predicted_crossovers(gamma: int, alpha: float, times: ComputeTimes) -> dict:
             alpha, gamma, times.t_draft_edge_s, times.t_verify_s(gamma), times.t_ar_s)},
         "pipelined_vs_colocated": {"rtt_ms": 1e3 * lm.pipelined_beats_colocated_rtt_s(
             alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma))},
+        **({"cached_vs_colocated": {"rtt_ms": 1e3 * lm.cached_beats_colocated_rtt_s(
+            alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma),
+            times.cache_hit_rate, times.cache_fill_s or 0.0)}} if times.cache_hit_rate is not None else {}),
     }
 
 

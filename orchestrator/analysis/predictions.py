@@ -36,8 +36,9 @@ import pandas as pd
 
 from dsd.modes import COLOCATED, PIPELINED, SYNC, get_mode, predict_per_token_s, speculative_modes
 from dsd.times import ComputeTimes
-from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, fit_alpha_tokens_per_round, fit_effective_params,
-                                          fit_params, point_keys, predicted_crossovers, steady_window_rounds)
+from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, cache_hit_rate, fit_alpha_tokens_per_round,
+                                          cache_fill_s, fit_effective_params, fit_params, point_keys, predicted_crossovers,
+                                          steady_window_rounds)
 from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.common.files import write_atomic, write_json
 from orchestrator.records.sweep_folder import point_done
@@ -73,6 +74,10 @@ def calibrate(rounds: pd.DataFrame, assumed: ComputeTimes) -> dict:
         note = f" (per request; median over {len(by_request)} requests)"
         sources = {k: v + note for k, v in sources.items()}
         compute_sources = {k: v + note for k, v in compute_sources.items()}
+    hit_rate = cache_hit_rate(rounds)         # pooled over the requests, as alpha is: hits do not stall
+    if hit_rate is not None:
+        pooled = {"cache_hit_rate": hit_rate, "cache_fill_s": cache_fill_s(rounds)}
+        params, compute = params.replace(**pooled), compute.replace(**pooled)
     return {"alpha": alpha, "alpha_source": alpha_source, "params": params, "params_source": sources,
             "params_compute": compute,
             "params_compute_source": compute_sources, "harness_overhead_ms": overhead}

@@ -1,8 +1,11 @@
 """What every launcher provides to the sweep: a ``Testbed`` that runs a point and returns its rows."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
+
+from dsd.spec_cache import CacheConfig
 
 from orchestrator.links.keys import LinkOptions
 from orchestrator.links.rows import LinkState
@@ -39,6 +42,7 @@ class PointSettings:
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
     request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
     tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
+    cache: CacheConfig = CacheConfig()       # the cached mode's speculation cache (dsd/spec_cache.py)
     run_prefix: str = "run"
     link_options: LinkOptions | None = None   # the experiment's [link]
     after_shape: Callable | None = None
@@ -56,6 +60,7 @@ class PointSettings:
                 **({"controller": self.controller, "gamma_max": self.gamma_max} if adaptive else {}),
                 **({"controller_modes": list(self.controller_modes)} if adaptive and self.controller_modes else {}),
                 **({"transport": self.transport} if self.transport != "ws" else {}),
+                **({"cache": dataclasses.asdict(self.cache)} if self.cache != CacheConfig() else {}),
                 **({"request_deadline_s": self.request_deadline_s} if self.request_deadline_s else {}),
                 **({"tcp_rto_max_ms": self.tcp_rto_max_ms} if self.tcp_rto_max_ms else {})}
 

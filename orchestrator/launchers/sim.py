@@ -23,6 +23,7 @@ from dsd.control import ControllerConfig, RequestObservation, check_decision, sh
 from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
 from dsd.policies import make_controller
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
+from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
@@ -80,7 +81,8 @@ class SimTestbed:
             tokens, records, wall_s, ttft_s = run_request(
                 point.mode, self.draft, self.target, prompt, point.gamma, rtt_at(0.0), stop, self.times,
                 settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
-                settings.controller, settings.gamma_max, policy=policy, rtt_at=rtt_at if schedule else None)
+                settings.controller, settings.gamma_max, policy=policy, rtt_at=rtt_at if schedule else None,
+                cache=settings.cache)
             t_point_s += wall_s
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
                     "request_index": index}
@@ -127,7 +129,7 @@ def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, 
 def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
                 stop: StopRule, times: ComputeTimes, max_in_flight: int, seq_id: str,
                 sampling: SamplingParams = SamplingParams(), controller: str = "static", gamma_max: int = 16,
-                policy=None, rtt_at=None):
+                policy=None, rtt_at=None, cache: CacheConfig | None = None):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
     its protocol (dsd.simulate): no time here comes from the closed form.
 
@@ -165,7 +167,7 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
                        # a block is charged its own gamma's t_verify (an adaptive plan or a mode's
                        # own policy may draft other than the configured gamma)
                        t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
-                       mode=mode, t_open_s=prefill_s)
+                       mode=mode, t_open_s=prefill_s, cache=cache)
     if policy is not None:
         policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
                                                   run.first_token_s, rtt_s))

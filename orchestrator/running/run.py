@@ -138,7 +138,7 @@ def point_settings(experiment: Experiment, pinning: dict | None = None) -> Point
                          max_in_flight=experiment.max_in_flight, controller=experiment.controller,
                          gamma_max=experiment.gamma_max, controller_modes=experiment.controller_modes,
                          transport=experiment.transport, request_deadline_s=experiment.request_deadline_s,
-                         tcp_rto_max_ms=experiment.tcp_rto_max_ms,
+                         tcp_rto_max_ms=experiment.tcp_rto_max_ms, cache=experiment.cache,
                          run_prefix=time.strftime("%Y%m%dT%H%M%S"),
                          link_options=experiment.link,
                          after_shape=(lambda bed: cpus.pin_testbed(bed, pinning)) if pinned else None)

@@ -13,6 +13,8 @@ from dsd.control import CONTROLLERS
 from dsd.modes import BUILTIN, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from dsd.checks import check, is_int, is_number
+from dsd.spec_cache import CacheConfig
+from orchestrator.common.toml_tables import config_from_table
 from orchestrator.links import keys as link_keys
 from orchestrator.spec.sampling import SamplingSweep, Setting, parse_sampling
 from orchestrator.spec.workload import Workload, parse_workload
@@ -71,6 +73,7 @@ class Experiment:
     backend: BackendConfig = field(default_factory=SyntheticBackendConfig)   # [backend]: kind and its fields
     sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/spec/sampling.py
     workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/spec/workload.py
+    cache: CacheConfig = field(default_factory=CacheConfig)            # [cache]: the cached mode's (dsd/spec_cache.py)
     # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links/keys.py.
     jitter_ms: tuple[float, ...] = (0.0,)
     delay_distribution: tuple[str, ...] = ("uniform",)
@@ -165,6 +168,7 @@ class Experiment:
     def _check_tables(self) -> None:
         check(isinstance(self.sampling, SamplingSweep), "sampling", self.sampling, "a [sampling] table")
         check(isinstance(self.workload, Workload), "workload", self.workload, "a [workload] table")
+        check(isinstance(self.cache, CacheConfig), "cache", self.cache, "a [cache] table")
         check(self.backend.kind != "synthetic" or self.workload.source == "heldout", "workload.source",
               self.workload.source, "'heldout' with the synthetic backend (it has no tokenizer; its prompts are random ids)")
 
@@ -296,6 +300,8 @@ def experiment_from_dict(data: dict, source: str = "experiment",
         data["sampling"] = parse_sampling(data.pop("sampling"), source)
     if "workload" in data:
         data["workload"] = parse_workload(data.pop("workload"), source)
+    if "cache" in data:
+        data["cache"] = config_from_table(CacheConfig, data.pop("cache"), "cache", source)
     external = data.pop("external", None)
     if "load" in data:
         data["load"] = parse_load(data.pop("load"), source)

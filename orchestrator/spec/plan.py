@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
-from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode
+from dsd.modes import AR, CACHED, COLOCATED, PIPELINED, SYNC, get_mode
 from orchestrator.links import keys as link_keys
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.sampling import Setting
@@ -61,7 +61,7 @@ class Point:
 # these modes at the smallest RTT and client count of the grid (with calibrate = "every_repeat",
 # every planned repeat's). They run first in their repeat; the parameters fitted from them alone
 # predict the other points of their calibration unit (calibration_unit) before any of them runs.
-CALIBRATION_MODES = (AR, COLOCATED, SYNC)
+CALIBRATION_MODES = (AR, COLOCATED, SYNC, CACHED)   # the cached mode's: its hit rate
 
 
 def is_calibration(point: Point, experiment: Experiment) -> bool:

@@ -114,7 +114,7 @@ class Client:
         driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, c.gamma, request.stop,
                            sampling, device, transport, time.perf_counter, on_round, c.mode,
                            max_in_flight=c.max_in_flight, controller=self.controller,
-                           gamma_max=max(c.gamma_max, c.gamma))
+                           gamma_max=max(c.gamma_max, c.gamma), cache=c.cache)
         await self.channel.send(self.open_message(request, session))
         try:
             request.tokens = await driver.run()

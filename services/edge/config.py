@@ -11,6 +11,7 @@ from dsd.backends.protocol import SamplingParams
 from dsd.stopping import StopRule
 from dsd.control import CONTROLLERS, ControllerConfig
 from dsd.modes import SYNC, edge_modes, get_mode, plannable_edge_modes
+from dsd.spec_cache import CacheConfig
 from services import frames
 
 
@@ -53,6 +54,8 @@ class RunConfig:
     # open-loop load: the first request starts at this epoch time (0: at once), so a request's
     # arrival does not move with how long the connection took to open
     start_at_unix_s: float = 0.0
+    # the cached mode's speculation cache (dsd/spec_cache.py; JSON: a table of its fields)
+    cache: CacheConfig = CacheConfig()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
@@ -91,6 +94,11 @@ class RunConfig:
         if self.controller != "static" and self.mode not in edge_modes():
             raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
                              f"got {self.mode!r}")
+        if isinstance(self.cache, dict):
+            check_json_fields(CacheConfig, self.cache, "cache")
+            object.__setattr__(self, "cache", CacheConfig(**self.cache))
+        if not isinstance(self.cache, CacheConfig):
+            raise ValueError(f"cache must be a table of {sorted(f.name for f in fields(CacheConfig))}, got {self.cache!r}")
         if isinstance(self.controller_modes, list):
             object.__setattr__(self, "controller_modes", tuple(self.controller_modes))
         self.controller_config()            # gamma_max, controller_modes: checked there

@@ -29,7 +29,7 @@ PARAMS = ComputeTimes.from_dict({**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}})
 
 
 def _toy_per_token_s(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-                     cache_hit_rate=None):
+                     cache_hit_rate=None, cache_fill_s=None):
     """Synchronous DSD that always proposes one token."""
     return lm.per_token_sync_dsd_s(alpha, 1, t_draft_edge_s, t_verify_s, rtt_s)
 
