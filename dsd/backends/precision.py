@@ -185,17 +185,24 @@ def _weights_digest(path: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def cached_choice(target_path: str, draft_path: str) -> PrecisionChoice | None:
+    """The choice this machine keeps for the pair, if it made one (no timing here)."""
+    path = cache_path(target_path, draft_path)
+    try:
+        return PrecisionChoice.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def resolve(target_path: str, draft_path: str, device: str = "cpu", log=None) -> PrecisionChoice:
     """The pair's precision choice on this machine: from the disk cache, else measured and kept."""
     if device.startswith("cuda"):
         guess = first_guess(device)
         return PrecisionChoice(guess, guess, guess, (), device)
     path = cache_path(target_path, draft_path)
-    if path.is_file():
-        try:
-            return PrecisionChoice.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass                                        # unreadable: measure again
+    kept = cached_choice(target_path, draft_path)
+    if kept is not None:
+        return kept
     if log is not None:
         log(f"dtype auto: timing the pair in {', '.join(CANDIDATES)} on this CPU (once; kept in {path})")
     times = measure(target_path, draft_path)

@@ -82,9 +82,23 @@ def _what_ran_section(sweep: dict) -> tuple[str, list]:
             ["backend", _backend_text(experiment)],
             ["grid", _grid_text(experiment)],
             ["compute costs", sweep.get("costs_source", "")],
+            *([["compute regime", _regime_text(sweep["regime"])]] if sweep.get("regime") else []),
             *[[key, "unknown" if sweep[key] is None else str(sweep[key])] for key in HOST_FACTS if key in sweep],
         ]),
     ])
+
+
+def _regime_text(regime: dict) -> str:
+    """sweep.json's regime (orchestrator/running/regime.py) in one line."""
+    per_gamma = "; ".join(f"gamma {g}: t_verify/t_ar {r['verify_over_ar']:.2f}, sync DSD breaks even from alpha "
+                          + ("> 1" if r["break_even_alpha"] is None else f"{r['break_even_alpha']:.2f}")
+                          for g, r in regime["by_gamma"].items())
+    chosen = regime.get("precision_choice")
+    auto = (f" (dtype auto here: {chosen['target_dtype']}, CPU-flag guess {chosen['first_guess']})"
+            if chosen else "")
+    warning = "; no DSD mode can beat cloud AR at any RTT on this hardware" if regime["no_win"] else ""
+    return (f"{regime['dtype']}{auto}, t_ar {regime['t_ar_ms']:.1f} ms, t_draft/t_ar {regime['draft_over_ar']:.2f}; "
+            f"{per_gamma}{warning}")
 
 
 def _parameters_section(summary: dict) -> tuple[str, list]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
@@ -26,6 +27,7 @@ from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.sim import SimTestbed
 from orchestrator.links.keys import check_launcher
 from orchestrator.records.sweep_folder import check_out_dir, merge, point_done, record_point, run_sweep
+from orchestrator.running.regime import announce_regime
 from orchestrator.running.repeat_until_ci import run_repeats_until_ci
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.plan import point_experiment, plan_points, prompts_for_point
@@ -40,6 +42,7 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     plan = plan_points(experiment)
     pairs = functools.cache(load_pair)         # backend config -> (draft, target)
     times = group_times(experiment, plan, pairs, out)
+    regime = announce_regime(experiment, next(iter(times.values())))
     if launcher != "sim":
         pairs.cache_clear()                     # the services load their own copies
     pool = experiment_prompts(experiment)
@@ -51,6 +54,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
         with GroupTestbeds(launcher, experiment, out / "services", times, pairs) as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
             facts = sweep_facts(experiment, launcher, testbed, times, pool)
+            if regime is not None:
+                facts["regime"] = regime
             settings = point_settings(experiment, facts["cpu_pinning"])
 
             def run_point(point):
@@ -103,9 +108,15 @@ def times_for(experiment: Experiment, out: Path, pairs=load_pair) -> ComputeTime
             return ComputeTimes.from_dict(recorded)
     if experiment.backend.emulated:
         return experiment.hardware_profile(experiment.profile).times.tabulated(experiment.gamma)
-    print("measuring compute times of the model pair on this machine ...", file=sys.stderr)
+    print("measuring compute times of the model pair on this machine (one thread, as the services run) ...",
+          file=sys.stderr)
     draft, target = pairs(experiment.backend)
-    return measure_times(draft, target, gammas=tuple(experiment.gamma)).times
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure_times(draft, target, gammas=tuple(experiment.gamma)).times
+    finally:
+        torch.set_num_threads(threads)
 
 
 def sweep_facts(experiment: Experiment, launcher: str, testbed, times: dict, pool) -> dict:
