@@ -31,11 +31,11 @@ def _names(cls) -> set[str]:
 
 def test_top_level_keys_match_the_experiment_dataclass():
     # The file's tables are documented in their own sections; `profiles` fills hardware_profiles.
-    tables = {"backend", "sampling", "workload", "link", "external", "hardware_profiles", "load", "slo"}
+    tables = {"backend", "sampling", "workload", "link", "external", "hardware_profiles", "load", "slo", "cache"}
     assert section(documented_names(PAGE), "Top-level keys") == _names(Experiment) - tables
 
 
-@pytest.mark.parametrize("table", ["sampling", "workload", "link", "external", "load", "slo"])
+@pytest.mark.parametrize("table", ["sampling", "workload", "link", "external", "load", "slo", "cache"])
 def test_each_table_documents_its_dataclass_fields(table):
     assert section(documented_names(PAGE), f"[{table}]") == _names(_table_class(table))
 
@@ -84,7 +84,7 @@ def _same_default(documented, default) -> bool:
 
 @pytest.mark.parametrize("marker, table", [("Top-level keys", None), ("[sampling]", "sampling"),
                                            ("[workload]", "workload"), ("[link]", "link"), ("[load]", "load"),
-                                           ("[slo]", "slo"), ("[external]", "external")])
+                                           ("[slo]", "slo"), ("[external]", "external"), ("[cache]", "cache")])
 def test_each_documented_default_is_its_dataclass_default(marker, table):
     cls = Experiment if table is None else _table_class(table)
     declared = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)
