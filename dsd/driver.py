@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -54,11 +55,11 @@ from dsd.draws import Draws
 from dsd.drafting import begin_request, block_generator, pick_token, ranking_row
 from dsd.edge import DraftRequest, EdgeDecoder
 from dsd.handover import HandoverStream
-from dsd.modes import SYNC, edge_modes, get_mode, server_modes
+from dsd.modes import EDGE, SYNC, edge_modes, get_mode, server_modes
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 
-__all__ = ["AcknowledgedArrival", "Arrival", "Device", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
+__all__ = ["AcknowledgedArrival", "Arrival", "Device", "DriverConfig", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
            "VerdictArrival", "WithdrawnArrival", "observation", "run_to_end", "step_limit"]
 
 
@@ -67,39 +68,57 @@ def step_limit(max_new_tokens: int, gamma_max: int) -> int:
     return 64 * (max_new_tokens + 1) * (gamma_max + 2)
 
 
+@dataclass(frozen=True)
+class DriverConfig:
+    """How a DSD request is driven. Its mode is ``mode``, or, with an adaptive controller, what
+    the controller picks each round (then ``mode`` is only where a static run would stay)."""
+    gamma: int
+    mode: str = SYNC
+    max_in_flight: int = 1              # blocks in flight when pipelined
+    gamma_max: int | None = None        # the largest gamma a controller may pick (default: gamma)
+    handover_tokens: int = 4            # the length of a hand-over segment (the module's docstring)
+    cache: CacheConfig = CacheConfig()  # the cached mode's speculation cache
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "max_in_flight", "handover_tokens"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if get_mode(self.mode).drafts != EDGE:
+            raise ValueError(f"mode must be one the edge drafts in, {edge_modes()}, got {self.mode!r}")
+        object.__setattr__(self, "gamma_max", max(self.gamma_max or self.gamma, self.gamma))
+
+
 class DsdDriver:
     """One DSD request: ``await run()`` drafts until the stop rule holds; ``handle(arrival)``
     applies a verdict or a server round (also for the stale ones a transport drains after the end).
-    ``handover_tokens``: the length of a hand-over segment (see the module's docstring)."""
+    Without a ``controller`` every round is ``config.mode`` at ``config.gamma``."""
 
-    def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
+    def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
-                 on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
-                 controller: Controller | None = None, gamma_max: int | None = None, handover_tokens: int = 4,
-                 cache: CacheConfig | None = None) -> None:
-        if not (isinstance(handover_tokens, int) and handover_tokens >= 1):
-            raise ValueError(f"handover_tokens must be a whole number >= 1, got {handover_tokens!r}")
+                 on_round: Callable[[Round], None], config: DriverConfig,
+                 controller: Controller | None = None) -> None:
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
-        self.gamma_max = max(gamma_max or gamma, gamma)
-        self.controller = controller or make_controller(ControllerConfig("static", gamma, mode, self.gamma_max,
-                                                                         modes=(mode,)))
+        self.gamma_max = config.gamma_max
+        self.controller = controller or make_controller(ControllerConfig("static", config.gamma, config.mode,
+                                                                         self.gamma_max, modes=(config.mode,)))
         # the modes a round may take: the server's too where the transport can hand over
         self.modes = edge_modes() + (server_modes() if isinstance(transport, HandsOver) and transport.hands_over else ())
         self.server_plan: Decision | None = None
-        self.stream = HandoverStream(self, handover_tokens)
+        self.stream = HandoverStream(self, config.handover_tokens)
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
-        self.edge = EdgeDecoder(prompt, gamma, stop, max_in_flight=max_in_flight)
+        self.edge = EdgeDecoder(prompt, config.gamma, stop, max_in_flight=config.max_in_flight)
         self.mode = self.plan()
         self.draws = Draws(sampling.seed)
         # the cached mode's speculation cache (dsd.cache_fill), made when a round first plans it
-        self.cache_config = cache or CacheConfig()
+        self.cache_config = config.cache
         self.filler: CacheFiller | None = None
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
-        begin_request(draft, seq_id, prompt, gamma)
+        begin_request(draft, seq_id, prompt, config.gamma)
 
     async def run(self) -> list[int]:
         """Draft, send and apply verdicts until the request is done; returns the output."""

@@ -24,7 +24,7 @@ from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival)
-from dsd.driver import DsdDriver, run_to_end
+from dsd.driver import DriverConfig, DsdDriver, run_to_end
 from dsd.edge import EdgeDecoder
 from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
 from dsd.spec_cache import CacheConfig
@@ -304,9 +304,10 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
         if r.emitted:
             emits_s.append(r.arrival.t_receive_s)
 
-    driver = DsdDriver(draft, seq_id, prompt, gamma, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link,
-                       clock, on_round, mode or (PIPELINED if pipelined else SYNC), max_in_flight, controller,
-                       gamma_max, handover_tokens, cache)
+    config = DriverConfig(gamma, mode or (PIPELINED if pipelined else SYNC), max_in_flight, gamma_max,
+                          handover_tokens, cache or CacheConfig())
+    driver = DsdDriver(draft, seq_id, prompt, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link, clock,
+                       on_round, config, controller)
     generation.tokens = run_to_end(driver.run())
     session.close()
     draft.release(link.server_seq_id)

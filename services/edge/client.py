@@ -7,7 +7,7 @@ import time
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
 from dsd.policies import make_controller
-from dsd.driver import DsdDriver, Round
+from dsd.driver import DriverConfig, DsdDriver, Round
 from dsd.modes import get_mode
 from services import wire
 from services.traces import EdgeClock, RoundRow, TraceWriter, cache_columns
@@ -111,10 +111,9 @@ class Client:
             request.rounds += 1
             request.stale_rounds += stale
 
-        driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, c.gamma, request.stop,
-                           sampling, device, transport, time.perf_counter, on_round, c.mode,
-                           max_in_flight=c.max_in_flight, controller=self.controller,
-                           gamma_max=max(c.gamma_max, c.gamma), cache=c.cache)
+        config = DriverConfig(c.gamma, c.mode, c.max_in_flight, max(c.gamma_max, c.gamma), cache=c.cache)
+        driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, request.stop, sampling, device,
+                           transport, time.perf_counter, on_round, config, controller=self.controller)
         await self.channel.send(self.open_message(request, session))
         try:
             request.tokens = await driver.run()
