@@ -1,5 +1,5 @@
 """What an idle gap before a draft block costs the draft's step: blocks of gamma sampled draft
-steps as the edge drafts them (dsd.drafting.draft_step on a growing context), separated by a
+steps as the edge drafts them (dsd.drafting.pick_token on the draft's logits, a growing context), separated by a
 pause spun on the same core, against the same blocks back to back.
 
     python benchmarks/draft_step_gap.py [--pair models/smollm2-chat] [--cpu 0] [--gaps-ms 0,5,30,60,120]
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.protocol import SamplingParams  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
-from dsd.drafting import draft_step  # noqa: E402
+from dsd.drafting import pick_token  # noqa: E402
 
 GAMMA, CONTEXT_TOKENS, NEW_TOKENS, REQUESTS = 2, 96, 48, 4
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
@@ -46,7 +46,7 @@ def block_times_ms(draft: TorchLM, gap_s: float) -> tuple[float, float]:
             block = []
             for _ in range(GAMMA):
                 start_s = time.perf_counter()
-                token, _ = draft_step(draft, seq_id, tokens + block, SAMPLING, generator)
+                token, _ = pick_token(draft.logits(seq_id, tokens + block, 1), SAMPLING, generator)
                 steps_ms.append(1e3 * (time.perf_counter() - start_s))
                 firsts_ms += steps_ms[-1:] if not block else []
                 block.append(token)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dsd.backends.protocol import ForksCaches, LanguageModel, LogitsRequest, SamplingParams, Verdict
-from dsd.drafting import block_generator, pick_token, ranking_row
+from dsd.backends.protocol import ForksCaches, LanguageModel, SamplingParams, Verdict
+from dsd.drafting import Block, ranking_row
 from dsd.draws import Draws
 from dsd.spec_cache import Branch, CacheConfig, SpeculationCache, fanout, rank_outcomes
 
@@ -74,14 +74,14 @@ class CacheFiller:
         if self.sent is None:
             return False
         gamma = len(self.sent.block)
-        return self.spec is None or any(len(b.tokens) < gamma for b in self.spec.branches)
+        return self.spec is None or any(len(b.block.drafted) < gamma for b in self.spec.branches)
 
     def next_work(self) -> tuple[Callable[[], None], float, int]:
         """One device pass of the fill, its cost in draft steps (for an emulated device), and the
         branches it drafts (0: the step after the block, which starts them)."""
         if self.spec is None:
             return self._rank, 1.0, 0
-        live = [b for b in self.spec.branches if len(b.tokens) < len(self.sent.block)]
+        live = [b for b in self.spec.branches if len(b.block.drafted) < len(self.sent.block)]
         return (lambda: self._depth(live)), 1.0 + self.config.batch_slope * (len(live) - 1), len(live)
 
     def note_pass(self, branches: int, elapsed_s: float) -> None:
@@ -104,8 +104,8 @@ class CacheFiller:
         if spec is None:                 # the verdict came before the fill began
             return None if sent is None else CacheRecord(False, 0, -1, 0, 0.0, 0.0)
         branch = spec.branch_for(committed)
-        filled = all(len(b.tokens) >= len(spec.block) for b in spec.branches)
-        record = CacheRecord(branch is not None, len(branch.tokens) if branch else 0,
+        filled = all(len(b.block.drafted) >= len(spec.block) for b in spec.branches)
+        record = CacheRecord(branch is not None, len(branch.block.drafted) if branch else 0,
                              spec.rank_of(spec.outcome_of(committed)), len(spec.branches), spec.fill_s,
                              spec.predicted_hit, filled)
         self.hit = branch
@@ -116,7 +116,7 @@ class CacheFiller:
     def take(self, prefix: Sequence[int]) -> Branch | None:
         """The branch drafted on ``prefix``, its KV cache now the request's; None at a miss."""
         branch, self.hit = self.hit, None
-        if branch is None or branch.prefix != list(prefix):
+        if branch is None or branch.block.prefix != list(prefix):
             if branch is not None:
                 self.draft.release(branch.seq_id)
             return None
@@ -151,17 +151,14 @@ class CacheFiller:
             prefix = sent.base + sent.block[:j] + [t]
             seq_id = f"{self.seq_id}#cache{i}"
             self.draft.fork(self.seq_id, seq_id, len(sent.base) + j)
-            branches.append(Branch(candidate, i, prefix, seq_id, block_generator(self.draws, prefix, self.sampling)))
+            branches.append(Branch(candidate, i, seq_id, Block(prefix, self.sampling, self.draws, keep_rows=True)))
         self.spec = SpeculationCache(sent.base, sent.block, candidates, branches)
 
     def _depth(self, live: list[Branch]) -> None:
         """One batched draft pass: the next token of every live branch."""
-        rows = self.draft.logits_batch([LogitsRequest(b.seq_id, b.prefix + b.tokens, 1) for b in live])
+        rows = self.draft.logits_batch([b.block.request(b.seq_id) for b in live])
         for branch, logits in zip(live, rows):                              # logits [1, vocab]
-            token, q = pick_token(logits, self.sampling, branch.generator)
-            branch.tokens.append(token)
-            branch.probs.append(q)
-            branch.rows.append(ranking_row(logits, self.sampling))
+            branch.block.take(logits)
 
     def _step_s_of(self, branches: int) -> float:
         """A batched pass over ``branches``: measured, else the single step scaled by the slope."""

@@ -29,13 +29,6 @@ def begin_request(model: LanguageModel, seq_id: str, prompt: Sequence[int], gamm
         begin(seq_id, prompt, gamma)
 
 
-def draft_step(model: LanguageModel, seq_id: str, tokens: Sequence[int], sampling: SamplingParams,
-               generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
-    """One draft token after ``tokens``, and the distribution q it was drawn from ([vocab], or
-    None under greedy decoding)."""
-    return pick_token(model.logits(seq_id, tokens, 1), sampling, generator)
-
-
 def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
                ) -> tuple[int, torch.Tensor | None]:
     """The draft token from one position's logits [1, vocab], and its q ([vocab] or None)."""
@@ -60,18 +53,54 @@ def block_generator(draws: Draws | None, prefix: Sequence[int], sampling: Sampli
     return None if sampling.greedy else draws.at(len(prefix), DRAFT)
 
 
+class Block:
+    """A draft block in the making after ``prefix``: ``take(logits)`` is the one draft step every
+    drafting loop runs (alone, batched across sessions, the edge's, a speculation cache's
+    branches): pick the next token from the position's logits with the block's generator, keep
+    the q it was drawn from, and (``keep_rows``) the draft's distribution for a speculation cache
+    to rank (``ranking_row``)."""
+
+    def __init__(self, prefix: Sequence[int], sampling: SamplingParams, draws: Draws | None,
+                 keep_rows: bool = False) -> None:
+        self.prefix, self.sampling, self.keep_rows = list(prefix), sampling, keep_rows
+        self.generator = block_generator(draws, prefix, sampling)
+        self.drafted: list[int] = []
+        self.probs: list[torch.Tensor | None] = []     # q per token (None: greedy)
+        self.rows: list[torch.Tensor] = []             # ranking rows, with keep_rows
+
+    @property
+    def tokens(self) -> list[int]:
+        """The prefix and what is drafted so far: the next step's input."""
+        return self.prefix + self.drafted
+
+    def request(self, seq_id: str) -> LogitsRequest:
+        return LogitsRequest(seq_id, self.tokens, 1)
+
+    def take(self, logits: torch.Tensor) -> int:
+        """One draft step from the next position's logits [1, vocab]; returns the token."""
+        token, q = pick_token(logits, self.sampling, self.generator)
+        self.drafted.append(token)
+        self.probs.append(q)
+        if self.keep_rows:
+            self.rows.append(ranking_row(logits, self.sampling))
+        return token
+
+    def step(self, model: LanguageModel, seq_id: str) -> int:
+        """One draft step on ``model`` alone."""
+        return self.take(model.logits(seq_id, self.tokens, 1))
+
+    def result(self) -> tuple[list[int], torch.Tensor | None]:
+        """(the drafted tokens, their q [n_tokens, vocab] or None under greedy)."""
+        return list(self.drafted), (torch.stack(self.probs) if not self.sampling.greedy and self.probs else None)
+
+
 def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_tokens: int,
                 sampling: SamplingParams, draws: Draws | None) -> tuple[list[int], torch.Tensor | None]:
     """n_tokens draft tokens after ``prefix`` and their q ([n_tokens, vocab] or None)."""
-    generator = block_generator(draws, prefix, sampling)
-    tokens = list(prefix)
-    probs = []
+    block = Block(prefix, sampling, draws)
     for _ in range(n_tokens):
-        token, q = draft_step(model, seq_id, tokens, sampling, generator)
-        tokens.append(token)
-        probs.append(q)
-    drafted = tokens[len(prefix):]
-    return drafted, (torch.stack(probs) if not sampling.greedy else None)
+        block.step(model, seq_id)
+    return block.result()
 
 
 @dataclass(frozen=True)
@@ -101,38 +130,26 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
         raise ValueError("batched drafting runs one model; these jobs name several")
     if len({job.seq_id for job in jobs}) != len(jobs):
         raise ValueError(f"a batch holds each sequence once, got {[job.seq_id for job in jobs]}")
-    tokens = [list(job.prefix) for job in jobs]
-    generators = [block_generator(job.draws, job.prefix, job.sampling) for job in jobs]
-    probs: list[list[torch.Tensor | None]] = [[] for _ in jobs]
+    blocks = [Block(job.prefix, job.sampling, job.draws) for job in jobs]
     alone: list[int] = []                        # jobs whose batched pass failed
     for step in range(max(job.n_tokens for job in jobs)):
         live = [i for i, job in enumerate(jobs) if step < job.n_tokens and i not in alone]
         try:
-            rows = model.logits_batch([LogitsRequest(jobs[i].seq_id, tokens[i], 1) for i in live])
+            rows = model.logits_batch([blocks[i].request(jobs[i].seq_id) for i in live])
         except Exception:
             alone.extend(live)
             continue
         for i, logits in zip(live, rows):                               # logits [1, vocab]
-            token, q = pick_token(logits, jobs[i].sampling, generators[i])
-            tokens[i].append(token)
-            probs[i].append(q)
-    return [_finish(job, tokens[i], probs[i], generators[i]) if i in alone
-            else (True, _block(job, tokens[i], probs[i])) for i, job in enumerate(jobs)]
+            blocks[i].take(logits)
+    return [_finish_alone(job, block) if i in alone else (True, block.result())
+            for i, (job, block) in enumerate(zip(jobs, blocks))]
 
 
-def _block(job: DraftJob, tokens: list[int], probs: list) -> tuple[list[int], torch.Tensor | None]:
-    """draft_block's result from a job's tokens (prefix + drafted) and its q rows."""
-    return tokens[len(job.prefix):], (torch.stack(probs) if not job.sampling.greedy else None)
-
-
-def _finish(job: DraftJob, tokens: list[int], probs: list, generator: torch.Generator | None
-            ) -> tuple[bool, object]:
+def _finish_alone(job: DraftJob, block: Block) -> tuple[bool, object]:
     """The rest of a job's block, drafted alone, as (ok, result or the exception it raised)."""
     try:
-        while len(tokens) - len(job.prefix) < job.n_tokens:
-            token, q = draft_step(job.model, job.seq_id, tokens, job.sampling, generator)
-            tokens.append(token)
-            probs.append(q)
-        return True, _block(job, tokens, probs)
+        while len(block.drafted) < job.n_tokens:
+            block.step(job.model, job.seq_id)
+        return True, block.result()
     except Exception as exc:         # handed to that job's caller
         return False, exc

@@ -52,7 +52,7 @@ from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision
 from dsd.policies import make_controller
 from dsd.draws import Draws
-from dsd.drafting import begin_request, block_generator, pick_token, ranking_row
+from dsd.drafting import Block, begin_request
 from dsd.edge import DraftRequest, EdgeDecoder
 from dsd.handover import HandoverStream
 from dsd.modes import EDGE, SYNC, edge_modes, get_mode, server_modes
@@ -151,33 +151,24 @@ class DsdDriver:
             await self.handle(arrival)
 
     async def draft_block(self, request: DraftRequest) -> None:
-        tokens, probs, rows = list(request.prefix), [], []
         plan = (request.n_tokens, self.mode)
-        keeps_rows = get_mode(self.mode).cache
-        generator = block_generator(self.draws, request.prefix, self.sampling)
         branch = self.filler.take(request.prefix) if self.filler is not None and not request.with_guess else None
-        if branch is not None:           # the speculation cache drafted (part of) this block already
-            tokens, probs, rows = tokens + branch.tokens[:request.n_tokens], branch.probs[:request.n_tokens], \
-                branch.rows[:request.n_tokens]
-            generator = branch.generator
+        # a speculation cache may have drafted (part of) this block already
+        block = branch.block if branch is not None else Block(request.prefix, self.sampling, self.draws,
+                                                               keep_rows=get_mode(self.mode).cache)
+        del block.drafted[request.n_tokens:], block.probs[request.n_tokens:], block.rows[request.n_tokens:]
 
         def step() -> None:
-            logits = self.draft.logits(self.seq_id, tokens, 1)                       # [1, vocab]
-            token, q = pick_token(logits, self.sampling, generator)
-            tokens.append(token)
-            probs.append(q)
-            if keeps_rows:
-                rows.append(ranking_row(logits, self.sampling))
+            block.step(self.draft, self.seq_id)
 
         def finish():
-            drafted = tokens[len(request.prefix):]
-            q_stack = None if self.sampling.greedy or not probs else torch.stack(probs)
+            drafted, q_stack = block.result()
             to_send = self.edge.add_draft(request, drafted, q_stack)
             if to_send and self._fills_cache():
-                self.filler.block_sent(request.prefix, drafted, rows)
+                self.filler.block_sent(request.prefix, drafted, block.rows)
             return to_send, self.transport.prepare(to_send)
 
-        remaining = request.n_tokens - (len(tokens) - len(request.prefix))
+        remaining = request.n_tokens - len(block.drafted)
         if remaining == 0:              # a complete cached block: out at once
             t_start_s = self.clock()
             to_send, prepared = finish()

@@ -23,9 +23,11 @@ next with the branch drafted on it (complete or part-way), or None (a miss).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from dsd.drafting import Block
 
 AUTO = "auto"
 
@@ -125,16 +127,16 @@ def fanout(config: CacheConfig, probabilities: Sequence[float], wait_s: float | 
 
 @dataclass
 class Branch:
-    """The next block drafted for one outcome: on ``prefix`` (committed + x_0..x_{j-1} + t), in
-    its own KV cache ``seq_id``, from the draws of its start position."""
+    """The next block drafted for one outcome: on its prefix (committed + x_0..x_{j-1} + t), in
+    its own KV cache ``seq_id``, from the draws of its start position (its ``block``)."""
     candidate: Candidate
     rank: int
-    prefix: list[int]
     seq_id: str
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)
-    probs: list[torch.Tensor | None] = field(default_factory=list)     # q of each token (None: greedy)
-    rows: list[torch.Tensor] = field(default_factory=list)            # ranking rows (dsd.drafting.ranking_row)
+    block: Block
+
+    @property
+    def prefix(self) -> list[int]:
+        return self.block.prefix
 
 
 @dataclass
@@ -166,4 +168,4 @@ class SpeculationCache:
 
     def branch_for(self, prefix: Sequence[int]) -> Branch | None:
         prefix = list(prefix)
-        return next((b for b in self.branches if b.prefix == prefix), None)
+        return next((b for b in self.branches if b.block.prefix == prefix), None)

@@ -32,8 +32,8 @@ def announce_regime(experiment: Experiment, times: ComputeTimes) -> dict | None:
     if backend.emulated:
         return None
     alpha, source = heldout_alpha(experiment)
-    found = regime(times, tuple(experiment.gamma), backend.dtype, getattr(backend, "draft_dtype", backend.dtype),
-                   alpha, source)
+    dtype = getattr(backend, "dtype", "the backend's own")       # a backend kind may have no dtype
+    found = regime(times, tuple(experiment.gamma), dtype, getattr(backend, "draft_dtype", dtype), alpha, source)
     for line in found.lines():
         print(line, file=sys.stderr, flush=True)
     record = found.to_dict()
