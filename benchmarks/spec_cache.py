@@ -15,8 +15,9 @@ seed per prompt: ``hit_rate`` (a branch held the verdict, complete or part-way),
 ``baseline_hit_rate`` (one-guess verdicts that kept the speculation alive), and ``hit_rate_at``
 (the share of verdicts whose outcome ranked within the first b candidates: the hit rate b
 branches give). With --sweep, the measured and predicted ``cached_vs_colocated`` crossover of
-that folder's summary.json (``crossover_ms`` with its 95% interval, ``crossover_predicted_ms``,
-written before the points it predicts ran). Progress goes to stderr; the last line is key=value.
+that folder's summary.json (``crossover_ms`` with its 95% interval, ``crossover_predicted_ms``
+out of sample: predicted from the calibration points before the others ran), and the one-guess
+baseline's ``pipelined_vs_colocated`` beside it. Progress goes to stderr; the last line is key=value.
 """
 from __future__ import annotations
 
@@ -94,9 +95,11 @@ def hit_rates(draft: TorchLM, target: TorchLM, prompts: list[list[int]], cache: 
 def sweep_crossover(folder: Path) -> dict:
     summary = json.loads((folder / "summary.json").read_text())
     crossover = summary.get("crossovers", {}).get("cached_vs_colocated", {})
-    return {"crossover_ms": crossover.get("measured_ms"), "crossover_ci_low_ms": crossover.get("ci_low_ms"),
-            "crossover_ci_high_ms": crossover.get("ci_high_ms"),
-            "crossover_predicted_ms": crossover.get("predicted_ms")}
+    baseline = summary.get("crossovers", {}).get("pipelined_vs_colocated", {})
+    return {"crossover_ms": crossover.get("measured_rtt_ms"), "crossover_ci_low_ms": crossover.get("ci_low"),
+            "crossover_ci_high_ms": crossover.get("ci_high"),
+            "crossover_predicted_ms": crossover.get("predicted_rtt_ms_oos"),
+            "baseline_crossover_ms": baseline.get("measured_rtt_ms")}
 
 
 def main(argv: list[str] | None = None) -> int:
