@@ -41,7 +41,8 @@ CONTEXT_TOKENS = 100
 
 
 def load(folder: Path, dtype: str, paths: tuple[str, ...]) -> TorchLM:
-    return TorchLM.load(TorchLMConfig(str(folder), dtype, kernel_paths=paths))
+    """Paths timed afresh here (not this machine's kept choice): the benchmark measures the choosing."""
+    return TorchLM.load(TorchLMConfig(str(folder), dtype, kernel_paths=paths, kernel_store=False))
 
 
 def timed_rounds(models: dict, rounds: int) -> dict:

@@ -1,9 +1,13 @@
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Choices kept per machine (dtype "auto", kernel paths) go to a folder of the test session's own,
+# shared with the services it starts, never to the user's cache.
+os.environ.setdefault("DSD_CACHE_DIR", tempfile.mkdtemp(prefix="dsd-test-cache-"))
 
 import torch  # noqa: E402
 

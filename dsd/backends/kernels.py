@@ -14,12 +14,21 @@ and ``choose_paths`` times every path on the model's own weights, per group of e
 matrices and per bucket of row counts, and keeps the fastest (``aten`` unless another is faster
 by more than ``KernelConfig.margin``). Passes of more rows than the largest bucket (a prefill)
 stay on ``aten``. All paths compute the same products up to float rounding.
+
+Timing is only as good as the moment it runs in: two services loading their models at once on
+a 2-core machine time each other's load. So a choice is kept on disk per (CPU, PyTorch, model
+folder, precision) (``stored_choice``), made once where nothing else runs (the orchestrator's
+``dtype = "auto"`` timing, or the first load), and every later load of that model here takes it.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +130,8 @@ class KernelChoice:
 
 
 def install_paths(model: nn.Module, config: KernelConfig) -> list[PathLinear]:
-    """Replace every nn.Linear of ``model`` by a PathLinear (aten for every bucket until chosen)."""
+    """Replace every nn.Linear of ``model`` by a PathLinear (aten for every bucket until chosen)
+    holding the forms of ``config.paths`` this build can run."""
     dtype = next(model.parameters()).dtype
     paths = available_paths(dtype, config.paths)
     installed = []
@@ -134,13 +144,23 @@ def install_paths(model: nn.Module, config: KernelConfig) -> list[PathLinear]:
     return installed
 
 
+def group_of(layer: PathLinear) -> str:
+    return f"{layer.out_features}x{layer.in_features}"
+
+
+def apply_choice(layers: list[PathLinear], choice: dict[str, dict[int, str]]) -> None:
+    """Take a stored choice (group -> bucket -> path); a group it does not name stays on aten."""
+    for layer in layers:
+        layer.keep(choice.get(group_of(layer), {}))
+
+
 def choose_paths(layers: list[PathLinear], config: KernelConfig, dtype: str,
                  clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
     """Time every path on each group of equally shaped layers (all of them in a row, as a pass
     streams them) for every bucket, keep the fastest per (group, bucket), free the rest."""
     groups: dict[str, list[PathLinear]] = {}
     for layer in layers:
-        groups.setdefault(f"{layer.out_features}x{layer.in_features}", []).append(layer)
+        groups.setdefault(group_of(layer), []).append(layer)
     result = KernelChoice(dtype)
     with torch.inference_mode():
         for name, group in groups.items():
@@ -172,3 +192,31 @@ def _fastest(times_ms: dict[str, float], margin: float) -> str:
     """aten unless another path beats it by more than ``margin``."""
     path = min(times_ms, key=times_ms.get)
     return path if times_ms[path] < (1.0 - margin) * times_ms[ATEN] else ATEN
+
+
+def stored_choice_path(model_folder: str, dtype: str) -> Path:
+    """Where this machine keeps the kernel choice of a model folder in a precision (XDG cache, or
+    DSD_CACHE_DIR); keyed by the CPU, PyTorch, the folder's files and the precision."""
+    from dsd.backends.precision import machine_key, weights_digest
+
+    root = Path(os.environ.get("DSD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                / "dsd-testbed")
+    key = json.dumps([machine_key(), torch.__version__, weights_digest(model_folder), dtype, PATHS, BUCKETS])
+    return root / "kernels" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def stored_choice(model_folder: str, dtype: str) -> dict[str, dict[int, str]] | None:
+    """The kept choice (group -> bucket -> path), or None."""
+    try:
+        data = json.loads(stored_choice_path(model_folder, dtype).read_text())
+        return {g: {int(b): p for b, p in c.items() if p in PATHS} for g, c in data["choice"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def store_choice(model_folder: str, choice: KernelChoice) -> None:
+    path = stored_choice_path(model_folder, choice.dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(choice.to_dict(), indent=1))
+    tmp.replace(path)

@@ -173,12 +173,12 @@ def cache_path(target_path: str, draft_path: str) -> Path:
 
     root = Path(os.environ.get("DSD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
                 / "dsd-testbed")
-    key = json.dumps([machine_key(), torch.__version__, _weights_digest(target_path), _weights_digest(draft_path),
+    key = json.dumps([machine_key(), torch.__version__, weights_digest(target_path), weights_digest(draft_path),
                       CANDIDATES, VERIFY_POSITIONS])
     return root / "precision" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def _weights_digest(path: str) -> str:
+def weights_digest(path: str) -> str:
     """Names, sizes and modification times of a model folder's files: a rebuilt model is new."""
     folder = Path(path)
     parts = sorted(f"{p.name}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in folder.glob("*") if p.is_file())

@@ -26,7 +26,8 @@ from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedMod
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from dsd.backends.kernels import ATEN, PATHS, KernelChoice, KernelConfig, choose_paths, install_paths
+from dsd.backends.kernels import (ATEN, PATHS, KernelChoice, KernelConfig, apply_choice, choose_paths, install_paths,
+                                  store_choice, stored_choice)
 from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.backends.vocab_map import VocabMap
 from dsd.sequence import common_prefix_length
@@ -46,6 +47,9 @@ class TorchLMConfig:
     # matrix-product paths to choose from by measurement at load (dsd.backends.kernels); ("aten",)
     # keeps PyTorch's default; a GPU always does
     kernel_paths: tuple[str, ...] = PATHS
+    # take this machine's kept choice of paths for the model (dsd.backends.kernels.stored_choice)
+    # where there is one, and keep the choice made here; False: time afresh, keep nothing
+    kernel_store: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kernel_paths", tuple(self.kernel_paths))
@@ -163,8 +167,17 @@ class TorchLM:
         model.to(config.device)
         choice = None
         if config.device == "cpu" and config.kernel_paths != (ATEN,):
-            kernels = KernelConfig(config.kernel_paths)
-            choice = choose_paths(install_paths(model, kernels), kernels, config.dtype)
+            kept = stored_choice(config.path, config.dtype) if config.kernel_store else None
+            used = tuple({ATEN, *(p for c in (kept or {}).values() for p in c.values())} & set(config.kernel_paths))
+            kernels = KernelConfig(used if kept is not None else config.kernel_paths)
+            layers = install_paths(model, kernels)
+            if kept is not None:
+                apply_choice(layers, kept)
+                choice = KernelChoice(config.dtype, kept)
+            else:
+                choice = choose_paths(layers, kernels, config.dtype)
+                if config.kernel_store:
+                    store_choice(config.path, choice)
         eos = model.config.eos_token_id
         lm = cls(model, name=Path(config.path).name, eos_token_id=eos, vocab_map=VocabMap.load(config.path))
         lm.kernel_choice = choice

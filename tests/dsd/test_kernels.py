@@ -86,3 +86,25 @@ def test_a_kernel_config_names_its_bad_field():
         KernelConfig(("mkl_packed",))
     with pytest.raises(ValueError, match="repeats"):
         KernelConfig(repeats=0)
+
+
+def test_a_kept_choice_is_taken_by_the_next_load_without_timing(tmp_path, monkeypatch):
+    from dsd.backends import torch_lm
+    from dsd.backends.torch_lm import TorchLMConfig
+
+    monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "llama"
+    tiny_llama(torch.float32).save_pretrained(folder)
+    first = TorchLM.load(TorchLMConfig(str(folder), "float32"))
+    assert first.kernel_choice is not None
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a kept choice must not be timed again")
+
+    monkeypatch.setattr(torch_lm, "choose_paths", no_timing)
+    second = TorchLM.load(TorchLMConfig(str(folder), "float32"))
+    assert second.kernel_choice.choice == first.kernel_choice.choice
+    prompt = [(5 * i + 1) % 101 for i in range(30)]
+    assert torch.allclose(first.logits("a", prompt, 3), second.logits("b", prompt, 3), atol=1e-4)
+    with pytest.raises(AssertionError, match="timed again"):
+        TorchLM.load(TorchLMConfig(str(folder), "float32", kernel_store=False))    # afresh: timed
