@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.kernels import ATEN, PATHS  # noqa: E402
-from dsd.backends.precision import choose, cpu_flags, PrecisionTimes  # noqa: E402
+from dsd.backends.machine import cpu_flags  # noqa: E402
+from dsd.backends.precision import PrecisionTimes, choose  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

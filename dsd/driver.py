@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
 
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival)

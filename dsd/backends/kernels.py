@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsd.backends.machine import cache_dir, machine_key, weights_digest
+
 ATEN, MKL_PACKED, ONEDNN_PACKED = "aten", "mkl_packed", "onednn_packed"
 PATHS = (ATEN, MKL_PACKED, ONEDNN_PACKED)
 BUCKETS = (1, 2, 3, 4, 8, 16)            # a pass of n rows runs as the smallest bucket >= n
@@ -197,12 +199,8 @@ def _fastest(times_ms: dict[str, float], margin: float) -> str:
 def stored_choice_path(model_folder: str, dtype: str) -> Path:
     """Where this machine keeps the kernel choice of a model folder in a precision (XDG cache, or
     DSD_CACHE_DIR); keyed by the CPU, PyTorch, the folder's files and the precision."""
-    from dsd.backends.precision import machine_key, weights_digest
-
-    root = Path(os.environ.get("DSD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                / "dsd-testbed")
     key = json.dumps([machine_key(), torch.__version__, weights_digest(model_folder), dtype, PATHS, BUCKETS])
-    return root / "kernels" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return cache_dir() / "kernels" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 def stored_choice(model_folder: str, dtype: str) -> dict[str, dict[int, str]] | None:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from dsd.backends.machine import cache_dir, cpu_flags, machine_key, weights_digest
 
 CANDIDATES = ("float32", "bfloat16")
 VERIFY_POSITIONS = (3, 5)
@@ -88,35 +89,12 @@ def choose(times: list[PrecisionTimes], tie_margin: float = 0.03, ar_slack: floa
     return target, draft
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def first_guess(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
     """The flag rule: bfloat16 on a GPU or where the CPU has bfloat16 instructions (AMX or
     AVX512-BF16), else float32. A guess to record beside the measurement."""
     if device.startswith("cuda"):
         return "bfloat16"
     return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16"} else "float32"
-
-
-def machine_key(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU model and its flags, as the kernels see them."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        text = ""
-    model = next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.processor() or platform.machine())
-    flags = " ".join(sorted(cpu_flags(cpuinfo)))
-    isa = ",".join(f"{k}={os.environ[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-                                                    "ATEN_CPU_CAPABILITY") if os.environ.get(k))
-    return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:12]}]" + (f" {isa}" if isa else "")
 
 
 def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CANDIDATES, threads: int = 1,
@@ -171,18 +149,9 @@ def cache_path(target_path: str, draft_path: str) -> Path:
     """Where this machine keeps the choice for this pair (XDG cache, or DSD_CACHE_DIR)."""
     import torch
 
-    root = Path(os.environ.get("DSD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                / "dsd-testbed")
     key = json.dumps([machine_key(), torch.__version__, weights_digest(target_path), weights_digest(draft_path),
                       CANDIDATES, VERIFY_POSITIONS])
-    return root / "precision" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
-
-
-def weights_digest(path: str) -> str:
-    """Names, sizes and modification times of a model folder's files: a rebuilt model is new."""
-    folder = Path(path)
-    parts = sorted(f"{p.name}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in folder.glob("*") if p.is_file())
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return cache_dir() / "precision" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 def cached_choice(target_path: str, draft_path: str) -> PrecisionChoice | None:

@@ -17,31 +17,16 @@ from dsd.stopping import StopRule
 from services import access, frames, spinwait
 from services.shaping_api import ShapingApi
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
-from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
+from services.traces import EdgeClock, TraceWriter
 from services.edge.client import Client
+from services.edge.openai_api import routes
+from services.edge.openai_api.serving import OpenAIServing
+from services.edge.runs import Run, error_rows, probe_loop, request_row
 from services.edge.config import Request, RunConfig, RunError, ws_url
 from services.edge.verifier_channel import VerifierChannel, probe_for_request_s
 
 
 log = logging.getLogger("services.edge")
-
-
-class Run:
-    def __init__(self, config: RunConfig, folder: Path) -> None:
-        self.config = config
-        self.folder = folder
-        self.status = "running"
-        self.error: str | None = None
-        self.requests_done = 0
-        self.tokens = 0
-        self.rtt_before_ms: list[float] = []
-        self.task: asyncio.Task | None = None
-
-    def summary(self) -> dict:
-        return {"run_id": self.config.run_id, "client_id": self.config.client_id, "mode": self.config.mode,
-                "status": self.status, "error": self.error, "requests_done": self.requests_done,
-                "requests_total": len(self.config.prompts), "tokens": self.tokens,
-                "rtt_before_ms": self.rtt_before_ms, "folder": str(self.folder)}
 
 
 class Edge:
@@ -95,10 +80,6 @@ class Edge:
     def _add_openai(self, app: web.Application) -> None:
         """/v1/ (the OpenAI-compatible API) and GET/PUT /openai (its settings), decoding on this
         edge's draft and device."""
-        # imported here: the API builds on this module's Edge (its rows and probes)
-        from services.edge.openai_api import routes
-        from services.edge.openai_api.serving import OpenAIServing
-
         self.openai = OpenAIServing(self.draft, self._thread_device or EmulatedDevice(self._timer), self.t_draft_s,
                                     self._timer, self.token, self.out_dir, self.backend_info, self.tokenizer,
                                     self.model_name, lambda: sum(r.status == "running" for r in self.runs.values()))
@@ -172,7 +153,7 @@ class Edge:
                 run.rtt_before_ms.append(await channel.probe_ms())
             if config.start_at_unix_s:
                 await asyncio.sleep(max(0.0, config.start_at_unix_s - time.time()))
-            probing = asyncio.create_task(self._probe(channel, config.probe_interval_ms / 1000))
+            probing = asyncio.create_task(probe_loop(channel, config.probe_interval_ms / 1000))
             client = Client(config, channel, self.draft, device, self.t_draft_s, writer, clock)
             stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
             for index, prompt in enumerate(config.prompts):
@@ -193,7 +174,7 @@ class Edge:
                                            f"link {channel.closed_reason or 'up'})")
                     if request.session is not None:
                         await channel.abandon(request.session)
-                self._request_row(writer, clock, channel, request)
+                request_row(writer, clock, channel, request)
                 run.requests_done += 1
                 run.tokens += request.n_emitted if request.gave_up else len(request.tokens)
                 request = None
@@ -201,7 +182,7 @@ class Edge:
         except Exception as exc:          # any failure ends the run and is recorded as rows
             log.exception("run %s failed", config.run_id)
             run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
-            self._error_rows(writer, channel, run, request)
+            error_rows(writer, channel, run, request)
         finally:
             if probing is not None:
                 probing.cancel()
@@ -235,34 +216,3 @@ class Edge:
                                         request.tokens)
             client.controller.observe_request(RequestObservation(
                 choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow))
-
-    @staticmethod
-    async def _probe(channel: VerifierChannel, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            await channel.probe_ms()
-
-    @staticmethod
-    def _request_row(writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel, r: Request) -> None:
-        c = r.config
-        n_tokens = r.n_emitted if r.gave_up else len(r.tokens)
-        writer.request(RequestRow(
-            run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=r.index,
-            prompt_tokens=len(r.prompt), tokens=n_tokens, rounds=r.rounds, stale_rounds=r.stale_rounds,
-            wall_s=None if r.t_last_s is None else r.t_last_s - r.t_start_s,
-            ttft_s=None if r.t_first_s is None else r.t_first_s - r.t_start_s,
-            steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, n_tokens - r.first_emitted),
-            t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
-            rtt_probe_ms=channel.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
-            token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up, request_id=r.request_id))
-
-    @staticmethod
-    def _error_rows(writer: TraceWriter, channel: VerifierChannel, run: Run, request: Request | None) -> None:
-        c = run.config
-        keys = {"run_id": c.run_id, "client_id": c.client_id, "mode": c.mode, "gamma": c.gamma,
-                "request_index": request.index if request else run.requests_done,
-                "rtt_probe_ms": channel.rtt_probe_ms, "app_delay_ms": c.app_delay_ms, "error": run.error}
-        rounds = request.rounds if request else 0
-        writer.round(RoundRow(**keys, round_index=rounds, proposed=0, accepted=0, emitted=0, stale=False))
-        writer.request(RequestRow(**keys, prompt_tokens=len(request.prompt) if request else 0, tokens=0,
-                                  rounds=rounds, stale_rounds=0))

@@ -28,7 +28,7 @@ from dsd.modes import edge_modes
 from dsd.stopping import StopRule
 from services.compute import PreciseTimer
 from services.traces import EdgeClock, TraceWriter
-from services.edge.app import Edge, Run
+from services.edge.runs import Run, error_rows, probe_loop, request_row
 from services.edge.client import Client
 from services.edge.config import Request, RunConfig, RunError, ws_url
 from services.edge.openai_api.config import ServeConfig
@@ -206,7 +206,7 @@ class OpenAIServing:
             serving.channel = channel
             await channel.probe_ms()          # the rows' rtt_probe_ms from the first request on
             if config.probe_interval_ms > 0:
-                serving.probing = asyncio.create_task(Edge._probe(channel, config.probe_interval_ms / 1000))
+                serving.probing = asyncio.create_task(probe_loop(channel, config.probe_interval_ms / 1000))
                 serving.probing.add_done_callback(_quiet)
             return channel
 
@@ -307,9 +307,9 @@ class Generation:
         if self.error is not None and not record.gave_up:
             run = Run(record.config, serving.writer.folder)
             run.error, run.requests_done = f"{self.error.code}: {self.error.message}", self.index
-            Edge._error_rows(serving.writer, self.channel, run, record)
+            error_rows(serving.writer, self.channel, run, record)
         else:
-            Edge._request_row(serving.writer, serving.clock, self.channel, record)
+            request_row(serving.writer, serving.clock, self.channel, record)
 
 
 def _api_error(message: str, channel: VerifierChannel) -> ApiError:
