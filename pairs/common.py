@@ -27,16 +27,6 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def resolve_bf16(precision: str, flags: set[str]) -> bool:
     # Without AMX (or at least AVX512-BF16) bf16 matmuls are emulated: 20-40x slower here.
     return precision == "bf16" or (precision == "auto" and "amx_bf16" in flags)

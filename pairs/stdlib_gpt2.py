@@ -20,11 +20,12 @@ import numpy as np
 import tokenizers
 import torch
 
+from dsd.backends.machine import cpu_flags
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.provenance import git_commit
 from pairs import corpus as corpus_mod
 from pairs import train
-from pairs.common import (PhaseTimer, building, cpu_flags, log, resolve_bf16, torch_settings, versions,
+from pairs.common import (PhaseTimer, building, log, resolve_bf16, torch_settings, versions,
                           warmup_steps)
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # the name every transformers version resolves

@@ -20,7 +20,6 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-
 def machine_key(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU model and its flags, as the kernels see them."""
     try:
