@@ -44,13 +44,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
-                          WithdrawnArrival)
+                          WithdrawnArrival, features_of)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision, make_controller
 from dsd.draws import Draws
 from dsd.drafting import begin_request, block_generator, draft_step
 from dsd.edge import DraftRequest, EdgeDecoder
+from dsd.features import FeatureBlock, hand_features
 from dsd.handover import HandoverStream
 from dsd.modes import SYNC, edge_modes, get_mode, server_modes
 from dsd.stopping import StopRule
@@ -67,12 +68,14 @@ def step_limit(max_new_tokens: int, gamma_max: int) -> int:
 class DsdDriver:
     """One DSD request: ``await run()`` drafts until the stop rule holds; ``handle(arrival)``
     applies a verdict or a server round (also for the stale ones a transport drains after the end).
-    ``handover_tokens``: the length of a hand-over segment (see the module's docstring)."""
+    ``handover_tokens``: the length of a hand-over segment (see the module's docstring).
+    ``prefill_features``: the target's features over the prompt (dsd.features), for a feature draft."""
 
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], gamma: int, stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], mode: str = SYNC, max_in_flight: int = 1,
-                 controller: Controller | None = None, gamma_max: int | None = None, handover_tokens: int = 4) -> None:
+                 controller: Controller | None = None, gamma_max: int | None = None, handover_tokens: int = 4,
+                 prefill_features: FeatureBlock | None = None) -> None:
         if not (isinstance(handover_tokens, int) and handover_tokens >= 1):
             raise ValueError(f"handover_tokens must be a whole number >= 1, got {handover_tokens!r}")
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
@@ -92,6 +95,7 @@ class DsdDriver:
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
         begin_request(draft, seq_id, prompt, gamma)
+        hand_features(draft, seq_id, prefill_features)
 
     async def run(self) -> list[int]:
         """Draft, send and apply verdicts until the request is done; returns the output."""
@@ -158,6 +162,7 @@ class DsdDriver:
 
     async def handle(self, arrival: Arrival) -> None:
         """Apply one verdict: emit, report the round, let the controller re-plan, send what is due."""
+        hand_features(self.draft, self.seq_id, features_of(arrival))
         if isinstance(arrival, ServedArrival):
             await self.stream.handle_served(arrival)
             return

@@ -52,19 +52,27 @@ class HfBackendConfig(BackendConfig):
         # transformers is imported only here: a synthetic-only service starts in a second, not five.
         from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 
+        from dsd.pair_manifest import DRAFT_KINDS, draft_kind, verify_pair
+
         if self.target_path:
             target_path, draft_path = self.target_path, self.draft_path
+            kind = DRAFT_KINDS[0]
         else:
             pair = Path(self.pair_path).expanduser()
             if not (pair / "manifest.json").is_file():
                 raise FileNotFoundError(
                     f"no model pair at {pair} (manifest.json missing); build it with "
                     f"`dsdbed build-pair --out {pair}`")
-            from dsd.pair_manifest import verify_pair
-            verify_pair(pair)
+            kind = draft_kind(verify_pair(pair))
             target_path, draft_path = str(pair / "target"), str(pair / "draft")
-        target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device))
-        draft = TorchLM.load(TorchLMConfig(draft_path, self.dtype, self.device))
+        if kind == "eagle":
+            from dsd.backends.eagle_lm import EagleLM
+            from dsd.backends.feature_target import FeatureTorchLM
+            target = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device), draft_path)
+            draft = EagleLM.load(draft_path, self.dtype, target.eos_token_id)
+        else:
+            target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device))
+            draft = TorchLM.load(TorchLMConfig(draft_path, self.dtype, self.device))
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
                              "the pair must share a tokenizer")
