@@ -24,9 +24,9 @@ FEATURE_DTYPES = ("bfloat16", "int8")
 SCALE_BYTES = 4
 
 
-def check_feature_dtype(value: str) -> str:
+def check_feature_dtype(value: str, name: str = "feature dtype") -> str:
     if value not in FEATURE_DTYPES:
-        raise ValueError(f"feature dtype must be one of {FEATURE_DTYPES}, got {value!r}")
+        raise ValueError(f"{name} must be one of {FEATURE_DTYPES}, got {value!r}")
     return value
 
 

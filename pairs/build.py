@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--data-cache", type=Path, help="smollm2 only: keep the target's answers here")
     parser.add_argument("--feature-layers", type=int, nargs="+",
                         help="smollm2-eagle only: the target layers the draft reads (fused when several)")
+    parser.add_argument("--answer-batches", type=str,
+                        help="smollm2-eagle only: answer only these batches of the first round, e.g. 0-9,19-23")
     parser.add_argument("--rollout-steps", type=int,
                         help="smollm2-eagle only: draft steps per block the training simulates")
     parser.add_argument("--target-only", action="store_true",
@@ -68,7 +70,8 @@ def parse_args(argv: list[str] | None):
                                       ("data_rounds", args.data_rounds), ("data_cache", args.data_cache)]
                     if v is not None}
     eagle_only = {k: v for k, v in [("feature_layers", args.feature_layers),
-                                    ("rollout_steps", args.rollout_steps)] if v is not None}
+                                    ("rollout_steps", args.rollout_steps),
+                                    ("answer_batches", _ranges(parser, args.answer_batches))] if v is not None}
     if eagle_only and args.family != "smollm2-eagle":
         parser.error(f"--{sorted(eagle_only)[0].replace('_', '-')} applies to --family smollm2-eagle only")
     if args.family == "smollm2-eagle":
@@ -97,6 +100,20 @@ def parse_args(argv: list[str] | None):
     if args.quick:
         return stdlib_gpt2.quick_config(args.out, **overrides)
     return stdlib_gpt2.PairBuildConfig(out_dir=args.out, **overrides)
+
+
+def _ranges(parser, text: str | None) -> tuple[int, ...] | None:
+    """"0-9,19-23" -> (0, ..., 9, 19, ..., 23)."""
+    if text is None:
+        return None
+    try:
+        numbers = []
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            numbers += range(int(low), int(high or low) + 1)
+        return tuple(numbers)
+    except ValueError:
+        parser.error(f"--answer-batches: expected ranges such as 0-9,19-23, got {text!r}")
 
 
 @dataclass(frozen=True)

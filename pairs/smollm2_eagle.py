@@ -29,7 +29,7 @@ from dsd.backends.vocab_map import VocabMap
 from dsd.features import FEATURE_DTYPES, feature_bytes_per_row
 from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, write_manifest
 from dsd.timing import step_time_s
-from pairs import chat_draft, eagle_draft, eagle_features, smollm2
+from pairs import chat_data, chat_draft, eagle_draft, eagle_features, smollm2
 from pairs.common import PhaseTimer, building, git_commit, log, torch_settings, versions
 
 DRAFT_KIND = "eagle"
@@ -46,6 +46,9 @@ class EaglePairConfig:
     heldout_pct: float = 10.0
     samples_per_prompt: int = 2
     data_rounds: int = 1
+    # None: every answer of data_rounds rounds; else only these batches of the first round (batch b:
+    # the two answers to each of prompts 24b..24b+23, seeded as the whole round seeds them)
+    answer_batches: tuple[int, ...] | None = None
     max_new_tokens: int = 128
     data_temperature: float = 0.7
     data_top_p: float = 0.9
@@ -66,6 +69,11 @@ class EaglePairConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+        if self.answer_batches is not None:
+            object.__setattr__(self, "answer_batches", tuple(sorted({int(b) for b in self.answer_batches})))
+            if not self.answer_batches or self.answer_batches[0] < 0:
+                raise ValueError(f"EaglePairConfig.answer_batches must be batch indices >= 0, "
+                                 f"got {self.answer_batches!r}")
         for name in ("out_dir", "gguf_path", "prompts_path", "data_cache"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
@@ -124,7 +132,8 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
                 tokenizer.save_pretrained(work_dir)
                 smollm2.save_dequantized(target, work_dir / "target")
             target.to(smollm2.DEPLOY_DTYPES[config.dtype])
-            samples = smollm2.chat_samples(answers, tokenizer, target, timer)
+            samples = (smollm2.chat_samples(answers, tokenizer, target, timer) if config.answer_batches is None
+                       else batch_answers(answers, config.answer_batches, tokenizer, target, timer))
             train, heldout = smollm2.split_heldout(samples, config.heldout_pct)
             key = answers_key(samples)
             with timer.phase("features"):
@@ -162,6 +171,38 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
         manifest = eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses,
                                   acceptance, times, timer)
         return write_manifest(work_dir, manifest)
+
+
+def batch_answers(config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], tokenizer, target,
+                  timer: PhaseTimer) -> list:
+    """Some batches of the first round of answers, each exactly as the whole round answers it
+    (pairs.chat_data.answer_prompts: the batch starting at answer s is seeded seed + s), each kept
+    in data_cache on its own."""
+    data = chat_data.ChatDataConfig(config.prompts_path, config.samples_per_prompt, config.max_new_tokens,
+                                    config.data_temperature, config.data_top_p, seed=config.seed)
+    rendered = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(data.prompts_path)
+                for _ in range(data.samples_per_prompt)]
+    starts = [b * data.batch_size for b in batches]
+    if starts[-1] >= len(rendered):
+        raise ValueError(f"answer_batches: batch {batches[-1]} is past the round's "
+                         f"{-(-len(rendered) // data.batch_size)} batches")
+    key = hashlib.sha256(repr((data, config.dtype, sha256_file(config.prompts_path),
+                               sha256_file(config.gguf_path or smollm2.find_gguf()))).encode()).hexdigest()[:16]
+    samples = []
+    with timer.phase("chat_data_batches"):
+        for batch, start in zip(batches, starts):
+            path = None if config.data_cache is None else config.data_cache / f"chat-answers-{key}-batch{batch:03d}.npz"
+            if path is not None and path.is_file():
+                samples += chat_data.load_samples(path)
+                continue
+            answered = chat_data.answer_batch(target, tokenizer, rendered[start:start + data.batch_size], data,
+                                              data.seed + start)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                chat_data.save_samples(answered, path)
+            samples += answered
+            log(f"[chat-data] batch {batch}: {len(answered)} answers")
+    return samples
 
 
 def _training_key(answers: str, train_config: eagle_draft.EagleTrainConfig) -> str:

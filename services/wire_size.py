@@ -47,7 +47,7 @@ class FeatureWire:
     def __post_init__(self) -> None:
         if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
             raise ValueError(f"FeatureWire.width must be a whole number >= 1, got {self.width!r}")
-        check_feature_dtype(self.dtype)
+        check_feature_dtype(self.dtype, "FeatureWire.dtype")
 
     def field_bytes(self, rows: float) -> float:
         """The msgpack size of a message's features field holding `rows` rows (bin header + bytes)."""

@@ -66,6 +66,8 @@ class HfBackendConfig(BackendConfig):
             kind = draft_kind(verify_pair(pair))
             target_path, draft_path = str(pair / "target"), str(pair / "draft")
         if kind == "eagle":
+            if self.device != "cpu":
+                raise ValueError(f"backend.device: a feature draft's pair runs on 'cpu' only, got {self.device!r}")
             from dsd.backends.eagle_lm import EagleLM
             from dsd.backends.feature_target import FeatureTorchLM
             target = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device), draft_path)

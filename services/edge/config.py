@@ -89,7 +89,7 @@ class RunConfig:
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         frames.check_transport(self.transport)
-        check_feature_dtype(self.feature_dtype)
+        check_feature_dtype(self.feature_dtype, "feature_dtype")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
         if self.controller != "static" and self.mode not in edge_modes():
