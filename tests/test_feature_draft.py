@@ -273,3 +273,38 @@ def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
     write_manifest(folder, {**{k: v for k, v in manifest.items() if k != "files"}, "draft_kind": "medusa"})
     with pytest.raises(Exception, match="draft_kind 'medusa'"):
         HfBackendConfig(pair_path=str(folder)).load()
+
+
+# ---- the build ---------------------------------------------------------------------------------
+
+def test_the_feature_pair_build_refuses_training_prompts_shared_with_evaluation(tmp_path):
+    from pairs import chat_data, smollm2, smollm2_eagle
+    leaked = tmp_path / "leaked.jsonl"
+    prompts = chat_data.read_prompts(smollm2.TRAIN_PROMPTS)[:5] + [chat_data.read_prompts(smollm2.EVAL_PROMPTS)[7]]
+    leaked.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    with pytest.raises(ValueError, match="shares 1 prompt"):
+        smollm2_eagle.build_eagle_pair(smollm2_eagle.EaglePairConfig(out_dir=tmp_path / "pair", prompts_path=leaked))
+    assert not (tmp_path / "pair").exists()
+
+
+def test_the_shipped_feature_pair_was_trained_on_training_prompts_only():
+    from dsd.pair_manifest import sha256_file
+    from pairs import smollm2
+    manifest = json.loads((smollm2.REPO / "models" / "smollm2-eagle" / "manifest.json").read_text())
+    assert manifest["draft_kind"] == "eagle"
+    assert manifest["training_data"]["prompts"] == "workloads/train_instructions.jsonl"
+    assert manifest["training_data"]["prompts_sha256"] == sha256_file(smollm2.TRAIN_PROMPTS)
+    smollm2.check_prompts_apart(smollm2.TRAIN_PROMPTS, smollm2.EVAL_PROMPTS)
+
+
+def test_the_build_command_takes_the_feature_pairs_options_and_refuses_the_layer_drafts(tmp_path):
+    from pairs import build, smollm2_eagle
+    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2-eagle", "--feature-layers", "29",
+                               "--answer-batches", "0-2,19", "--epochs", "3", "--threads", "1"])
+    assert config == smollm2_eagle.EaglePairConfig(out_dir=tmp_path, feature_layers=(29,), answer_batches=(0, 1, 2, 19),
+                                                   epochs=3.0, threads=1)
+    for option in (["--draft-layers", "2"], ["--precision", "bf16"]):
+        with pytest.raises(SystemExit):
+            build.parse_args(["--out", str(tmp_path), "--family", "smollm2-eagle", *option])
+    with pytest.raises(SystemExit):
+        build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--feature-layers", "29"])
