@@ -40,7 +40,7 @@ class EagleTrainConfig:
     vocab_keep: int = 12288
     epochs: float = 2.0
     batch_size: int = 16
-    lr: float = 8e-4
+    lr: float = 5e-4
     warmup_steps: int = 30
     kl_weight: float = 0.8
     tvd_weight: float = 4.0
