@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsd.backends.protocol import Verdict
+from dsd.features import FeatureBlock
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class ServerRound:
     accepted: int
     tokens: tuple[int, ...]
     done: bool = False               # the request is finished on the server
+    features: FeatureBlock | None = None     # the target's, at the positions this round decided
 
 
 # What reaches the edge, one of four kinds (``Arrival``), each with its receive time, the
@@ -66,6 +68,15 @@ class WithdrawnArrival:
 
 
 Arrival = VerdictArrival | ServedArrival | AcknowledgedArrival | WithdrawnArrival
+
+
+def features_of(arrival: Arrival) -> FeatureBlock | None:
+    """The target's features an arrival carries: a verdict's, or a server round's."""
+    if isinstance(arrival, VerdictArrival):
+        return arrival.verdict.features
+    if isinstance(arrival, ServedArrival):
+        return arrival.served.features
+    return None
 
 
 @dataclass(frozen=True)

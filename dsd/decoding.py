@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from dsd.backends.protocol import LanguageModel, SamplingParams, Verdict
 from dsd.draws import Draws
 from dsd.drafting import begin_request, draft_block
+from dsd.features import hand_features
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -71,11 +72,13 @@ def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     session.draws = draws or session.draws
     session.prefill()
     begin_request(draft, seq_id, prompt, gamma)
+    hand_features(draft, seq_id, session.decided_features(1))
     generation = Generation([])
     while not session.finished:
         drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling, session.draws)
         before = len(session.committed)
         verdict = session.verify(session.proposal_for(drafted, q))
+        hand_features(draft, seq_id, verdict.features)
         generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict,
                                                           len(session.committed) - before))
     generation.tokens = session.generated

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
-                          WithdrawnArrival)
+                          WithdrawnArrival, features_of)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.cache_fill import CacheFiller
 from dsd.contracts import Device, HandsOver, Transport
@@ -53,6 +53,7 @@ from dsd.policies import make_controller
 from dsd.draws import Draws
 from dsd.drafting import Block, begin_request
 from dsd.edge import DraftRequest, EdgeDecoder
+from dsd.features import FeatureBlock, hand_features
 from dsd.handover import HandoverStream
 from dsd.modes import EDGE, SYNC, edge_modes, get_mode, server_modes
 from dsd.spec_cache import CacheConfig
@@ -91,12 +92,13 @@ class DriverConfig:
 class DsdDriver:
     """One DSD request: ``await run()`` drafts until the stop rule holds; ``handle(arrival)``
     applies a verdict or a server round (also for the stale ones a transport drains after the end).
-    Without a ``controller`` every round is ``config.mode`` at ``config.gamma``."""
+    Without a ``controller`` every round is ``config.mode`` at ``config.gamma``.
+    ``prefill_features``: the target's features over the prompt (dsd.features), for a feature draft."""
 
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], config: DriverConfig,
-                 controller: Controller | None = None) -> None:
+                 controller: Controller | None = None, prefill_features: FeatureBlock | None = None) -> None:
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
         self.gamma_max = config.gamma_max
@@ -118,6 +120,7 @@ class DsdDriver:
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
         begin_request(draft, seq_id, prompt, config.gamma)
+        hand_features(draft, seq_id, prefill_features)
 
     async def run(self) -> list[int]:
         """Draft, send and apply verdicts until the request is done; returns the output."""
@@ -210,6 +213,7 @@ class DsdDriver:
 
     async def handle(self, arrival: Arrival) -> None:
         """Apply one verdict: emit, report the round, let the controller re-plan, send what is due."""
+        hand_features(self.draft, self.seq_id, features_of(arrival))
         if isinstance(arrival, ServedArrival):
             await self.stream.handle_served(arrival)
             return

@@ -19,6 +19,16 @@ from pathlib import Path
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dsd-pair/1"
+# What the draft is: a causal LM over tokens (its own layers), or a feature draft that reads the
+# target's features (dsd.backends.eagle_lm); a manifest without the field carries the first.
+DRAFT_KINDS = ("causal_lm", "eagle")
+
+
+def draft_kind(manifest: dict) -> str:
+    kind = manifest.get("draft_kind", DRAFT_KINDS[0])
+    if kind not in DRAFT_KINDS:
+        raise PairIntegrityError(f"manifest draft_kind {kind!r}: expected one of {DRAFT_KINDS}")
+    return kind
 
 
 def sha256_file(path: Path) -> str:

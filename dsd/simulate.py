@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
+from dsd.features import hand_features
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival)
 from dsd.driver import DriverConfig, DsdDriver, run_to_end
@@ -225,6 +226,7 @@ class VirtualLink:
         t_s = max(arrive_s, self.verifier_free_at_s)
         if get_mode(mode).drafts == SERVER:
             begin_request(self.draft, self.server_seq_id, self.session.committed.tokens, gamma)
+            hand_features(self.draft, self.server_seq_id, self.session.decided_features(1))
         produced, steps = 0, 0
         while (produced < max_tokens and not self.session.finished) or steps == 0:
             start_s = t_s
@@ -241,16 +243,18 @@ class VirtualLink:
         session = self.session
         if session.finished:
             return ServerRound(0, 0, (), True), 0.0
+        before = len(session.committed)
         if not get_mode(mode).speculative:
             tokens = session.ar_step()
-            return ServerRound(0, 0, tuple(tokens), session.finished), self.costs.t_ar_s
+            return (ServerRound(0, 0, tuple(tokens), session.finished, session.decided_features(before)),
+                    self.costs.t_ar_s)
         drafted, q = draft_block(self.draft, self.server_seq_id, session.committed.tokens, gamma, session.sampling,
                                  session.draws)
-        before = len(session.committed)
         verdict = session.verify(session.proposal_for(drafted, q))
+        hand_features(self.draft, self.server_seq_id, verdict.features)
         t_verify_s = self.costs.t_verify_s if self.t_verify_of is None else self.t_verify_of(gamma)
-        return (ServerRound(gamma, verdict.accepted, tuple(session.committed.tokens[before:]), session.finished),
-                gamma * (self.costs.t_draft_server_s or 0.0) + t_verify_s)
+        return (ServerRound(gamma, verdict.accepted, tuple(session.committed.tokens[before:]), session.finished,
+                            verdict.features), gamma * (self.costs.t_draft_server_s or 0.0) + t_verify_s)
 
     async def poll(self) -> list[Arrival]:
         self._start_segments(math.nextafter(self.clock.now_s, math.inf))    # those started by now
@@ -307,7 +311,7 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     config = DriverConfig(gamma, mode or (PIPELINED if pipelined else SYNC), max_in_flight, gamma_max,
                           handover_tokens, cache or CacheConfig())
     driver = DsdDriver(draft, seq_id, prompt, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link, clock,
-                       on_round, config, controller)
+                       on_round, config, controller, prefill_features=session.decided_features(1))
     generation.tokens = run_to_end(driver.run())
     session.close()
     draft.release(link.server_seq_id)
@@ -335,6 +339,7 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
     clock_s += costs.t_prefill_s
     if drafts:
         begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
+        hand_features(draft, seq_id, session.decided_features(1))
     generation = Generation([])
     receipts_s: list[float] = []
     draft_steps = 0
@@ -349,6 +354,7 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
             draft_steps += gamma
             before = len(session.committed)
             verdict = session.verify(session.proposal_for(drafted, q))
+            hand_features(draft, seq_id, verdict.features)
             clock_s += costs.t_verify_s
             record = RoundRecord.from_verdict(len(generation.rounds), verdict, len(session.committed) - before)
         generation.rounds.append(record)

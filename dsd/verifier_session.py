@@ -12,6 +12,7 @@ import torch
 
 from dsd.backends.protocol import ForwardJob, LanguageModel, LogitsRequest, Proposal, SamplingParams, Verdict
 from dsd.draws import TARGET, VERIFY, Draws
+from dsd.features import FeatureBlock, ProvidesFeatures
 from dsd.sequence import TokenSequence
 from dsd.stopping import StopRule, round_tokens
 from dsd.verification import greedy_verify, sample_index, sampling_probs, speculative_sample
@@ -82,9 +83,20 @@ class VerifierSession:
                 outcome = speculative_sample(p, proposal.draft_probs.float(), draft,
                                              self.draws.at(proposal.start_pos, VERIFY))
             self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
-            return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token)
+            return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token,
+                           features=self.decided_features(proposal.start_pos))
 
         return ForwardJob(self.target, LogitsRequest(self.seq_id, self.committed.tokens + block, gamma + 1), finish)
+
+    def decided_features(self, before: int) -> FeatureBlock | None:
+        """The target's features at the positions whose next token was decided since the committed
+        prefix was ``before`` tokens long (rows before - 1 .. len(committed) - 2; after the
+        prefill, ``decided_features(1)`` is the prompt's); None if the target keeps none."""
+        if not isinstance(self.target, ProvidesFeatures):
+            return None
+        start = max(before - 1, 0)
+        end = min(len(self.committed) - 1, self.target.cached_length(self.seq_id))
+        return self.target.features(self.seq_id, start, max(start, end))
 
     def proposal_for(self, draft_tokens: Sequence[int], draft_probs: torch.Tensor | None) -> Proposal:
         """A block drafted on the committed prefix (co-located SD, synchronous rounds)."""

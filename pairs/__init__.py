@@ -7,6 +7,8 @@ train        tokenizer, target pre-training, draft distillation, greedy agreemen
 common       what both families' builds share: log, versions, phase timer, output folder
 stdlib_gpt2  the default pair (models/default-pair/)
 smollm2      an optional pair with a pretrained target (SmolLM2-135M-Instruct)
+smollm2_eagle  the same target with a one-layer feature draft: eagle_features (the target's
+             layer outputs over its answers), eagle_draft (training with rollouts, held-out alpha)
 build        the command line: picks the family
 
 A built folder is checked by dsd.pair_manifest.verify_pair before any backend loads it; that

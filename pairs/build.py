@@ -4,6 +4,8 @@
     python -m pairs.build --family smollm2 --out models/smollm2-chat [--target-only]
         (the main job's pair: a pretrained chat target and a draft distilled on its own
         answers; see pairs.smollm2)
+    python -m pairs.build --family smollm2-eagle --out models/smollm2-eagle [--target-only]
+        (the same target and a one-layer feature draft; see pairs.smollm2_eagle)
 
 The default family (stdlib-gpt2, pairs.stdlib_gpt2) trains a byte-level BPE tokenizer, a small
 GPT-2 target and a smaller distilled GPT-2 draft on the Python standard library's own sources.
@@ -24,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pairs import smollm2, stdlib_gpt2
+from pairs import smollm2, smollm2_eagle, stdlib_gpt2
 
 
 def parse_args(argv: list[str] | None):
@@ -34,7 +36,7 @@ def parse_args(argv: list[str] | None):
                                      allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--family", choices=["stdlib-gpt2", "smollm2"], default="stdlib-gpt2")
+    parser.add_argument("--family", choices=["stdlib-gpt2", "smollm2", "smollm2-eagle"], default="stdlib-gpt2")
     parser.add_argument("--quick", action="store_true", help="toy sizes, seconds (tests)")
     parser.add_argument("--force", action="store_true", help="replace an existing folder")
     parser.add_argument("--seed", type=int)
@@ -50,6 +52,12 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--data-rounds", type=int,
                         help="smollm2 only: answer every training prompt this often, a new seed each")
     parser.add_argument("--data-cache", type=Path, help="smollm2 only: keep the target's answers here")
+    parser.add_argument("--feature-layers", type=int, nargs="+",
+                        help="smollm2-eagle only: the target layers the draft reads (fused when several)")
+    parser.add_argument("--answer-batches", type=str,
+                        help="smollm2-eagle only: answer only these batches of the first round, e.g. 0-9,19-23")
+    parser.add_argument("--rollout-steps", type=int,
+                        help="smollm2-eagle only: draft steps per block the training simulates")
     parser.add_argument("--target-only", action="store_true",
                         help="smollm2 only: write target/ into a shipped pair folder and verify it")
     args = parser.parse_args(argv)
@@ -61,6 +69,21 @@ def parse_args(argv: list[str] | None):
                                       ("vocab_keep", args.vocab_keep), ("tvd_weight", args.tvd_weight),
                                       ("data_rounds", args.data_rounds), ("data_cache", args.data_cache)]
                     if v is not None}
+    eagle_only = {k: v for k, v in [("feature_layers", args.feature_layers),
+                                    ("rollout_steps", args.rollout_steps),
+                                    ("answer_batches", _ranges(parser, args.answer_batches))] if v is not None}
+    if eagle_only and args.family != "smollm2-eagle":
+        parser.error(f"--{sorted(eagle_only)[0].replace('_', '-')} applies to --family smollm2-eagle only")
+    if args.family == "smollm2-eagle":
+        for name in ("target_steps", "precision", "draft_steps", "draft_layers"):
+            if name in overrides or name in smollm2_only:
+                parser.error(f"--{name.replace('_', '-')} does not apply to --family smollm2-eagle")
+        overrides.update(smollm2_only, **eagle_only)
+        if args.target_only:
+            return TargetOnly(args.out)
+        if args.quick:
+            return smollm2_eagle.quick_config(args.out, **overrides)
+        return smollm2_eagle.EaglePairConfig(out_dir=args.out, **overrides)
     if args.family == "smollm2":
         for name in ("target_steps", "precision", "draft_steps"):
             if name in overrides:
@@ -77,6 +100,20 @@ def parse_args(argv: list[str] | None):
     if args.quick:
         return stdlib_gpt2.quick_config(args.out, **overrides)
     return stdlib_gpt2.PairBuildConfig(out_dir=args.out, **overrides)
+
+
+def _ranges(parser, text: str | None) -> tuple[int, ...] | None:
+    """"0-9,19-23" -> (0, ..., 9, 19, ..., 23)."""
+    if text is None:
+        return None
+    try:
+        numbers = []
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            numbers += range(int(low), int(high or low) + 1)
+        return tuple(numbers)
+    except ValueError:
+        parser.error(f"--answer-batches: expected ranges such as 0-9,19-23, got {text!r}")
 
 
 @dataclass(frozen=True)
@@ -107,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if isinstance(config, smollm2.Smollm2PairConfig):
         manifest = smollm2.build_smollm2_pair(config)
+    elif isinstance(config, smollm2_eagle.EaglePairConfig):
+        manifest = smollm2_eagle.build_eagle_pair(config)
     else:
         manifest = stdlib_gpt2.build_pair(config)
     print(summary_line(manifest, config.out_dir), flush=True)

@@ -21,7 +21,6 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -129,18 +128,27 @@ def distill_loss(logits: torch.Tensor, batch: Batch, unknown_id: int, kl_weight:
                  tvd_weight: float = 0.0, tvd_temperature: float = 1.0) -> torch.Tensor:
     """logits: [B, L, K+1] -> kl_weight * KL over the target's in-vocabulary top tokens
     + (1 - kl_weight) * CE on the sampled token + tvd_weight * (1 - acceptance at tvd_temperature)."""
-    picked = logits[batch.rows, batch.cols, :unknown_id].float()            # [N, K]
+    return position_loss(logits[batch.rows, batch.cols, :unknown_id], batch.top_ids, batch.top_logits,
+                         batch.sampled, unknown_id, kl_weight, tvd_weight, tvd_temperature)
+
+
+def position_loss(picked: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor,
+                  sampled: torch.Tensor, unknown_id: int, kl_weight: float, tvd_weight: float = 0.0,
+                  tvd_temperature: float = 1.0) -> torch.Tensor:
+    """distill_loss on the answer positions' draft logits alone: picked [N, K]; top_ids [N, k]
+    (draft ids), top_logits [N, k], sampled [N] as in Batch."""
+    picked = picked.float()
     log_q = F.log_softmax(picked, dim=-1)                                    # [N, K]
-    known = batch.top_ids != unknown_id                                      # [N, k]
-    log_p = F.log_softmax(batch.top_logits.masked_fill(~known, float("-inf")), dim=-1)
+    known = top_ids != unknown_id                                            # [N, k]
+    log_p = F.log_softmax(top_logits.masked_fill(~known, float("-inf")), dim=-1)
     p = log_p.exp()
-    safe_ids = batch.top_ids.clamp(max=unknown_id - 1)
+    safe_ids = top_ids.clamp(max=unknown_id - 1)
     kl = (p * (log_p.masked_fill(~known, 0.0) - log_q.gather(1, safe_ids))).sum(-1).mean()
-    sampled_known = batch.sampled != unknown_id
-    ce = F.nll_loss(log_q[sampled_known], batch.sampled[sampled_known])
+    sampled_known = sampled != unknown_id
+    ce = F.nll_loss(log_q[sampled_known], sampled[sampled_known])
     loss = kl_weight * kl + (1 - kl_weight) * ce
     if tvd_weight > 0:
-        loss = loss + tvd_weight * (1 - acceptance(picked, batch.top_logits, safe_ids, known,
+        loss = loss + tvd_weight * (1 - acceptance(picked, top_logits, safe_ids, known,
                                                    tvd_temperature)).mean()
     return loss
 

@@ -16,7 +16,8 @@ On the synthetic backend ``t_draft_start_s`` is the emulated draft device's star
 (services/compute.py: it starts once the device is free and the verdict it depends on arrived).
 ``server_*`` are the verifier's own measures of the round (queue wait, compute, batch size);
 ``rtt_probe_ms`` is the latest application-level ping, ``app_delay_ms`` the delay added to each
-message in each direction.
+message in each direction. ``feature_bytes``: the encoded size of the target's features the reply
+carried to a feature draft (dsd.features; 0 without one).
 
 requests.csv: ``wall_s`` from the request's start (before its Open is sent) to its last token;
 ``ttft_s`` to the first emitted token; ``steady_per_token_s`` the steady-state time per token,
@@ -71,6 +72,7 @@ class RoundRow:
     error: str = ""
     round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.control);
     round_mode: str = ""             # empty for the modes the server runs alone
+    feature_bytes: int = 0           # the target's features the reply carried (dsd.features), encoded
     # the cached mode (dsd.cache_fill.CacheRecord): what the verdict met in the speculation cache;
     # empty for the other modes
     cache_hit: bool | None = None

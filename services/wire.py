@@ -79,6 +79,9 @@ class Open:
     seed: int
     stop_at_eos: bool
     top_p: float = 1.0              # nucleus truncation of drafter and target (1: none)
+    # the target's features for a feature draft (dsd.features), in this dtype, on the Opened (the
+    # prefill's), every Verified and every Tokens of this session; None: no features
+    feature_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class Opened:
     prefill_positions: int
     queue_s: float
     compute_s: float
+    features: bytes | None = None   # dsd.features.encode: rows 0..len(prompt)-2, if the Open asked
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,7 @@ class Verified:
     queue_s: float
     compute_s: float
     batch_size: int
+    features: bytes | None = None   # dsd.features.encode: the positions this verdict decided, if asked
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,7 @@ class Tokens:
     queue_s: float
     compute_s: float
     batch_size: int
+    features: bytes | None = None   # dsd.features.encode: the positions this round decided, if asked
 
 
 @dataclass(frozen=True)

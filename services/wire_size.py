@@ -13,6 +13,9 @@ Assumptions (each off by a few bytes at most, named so a test can hold them to i
 uniform over the vocabulary (msgpack spends 1, 2, 3 or 5 bytes on an id by its size); seq and
 start_pos below 65,536 and session below 128; base_digest a full 64-bit digest; a sparse row keeps
 top_k ids (top-p alone keeps a data-dependent number: the caller gives `kept_per_row`).
+With a feature draft (`FeatureWire`) every Verified and Tokens also carries the target's features
+at the positions the round decided (dsd.features: one row per emitted token, `feature_rows` a
+round, the expected count where it varies); without one the field is an empty nil byte.
 Framing: a WebSocket header (the edge's frames masked, as a client's must be), 52 bytes of IPv4 +
 TCP (with timestamps) per segment of at most MSS_BYTES, and the reverse direction's pure ACKs
 (one per two segments received, at least one per message), as counted in IP bytes by the shaper.
@@ -22,9 +25,10 @@ other side computes its reply or next block.
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 from dsd.checks import is_int
+from dsd.features import check_feature_dtype, encoded_bytes, feature_bytes_per_row
 from services import wire
 
 MSS_BYTES = 1448                 # Ethernet MTU 1500 - IPv4 20 - TCP 20 - timestamps option 12
@@ -33,6 +37,28 @@ FLOAT_BYTES = 9                  # msgpack packs a Python float as float64
 SMALL_INT_BYTES = 3              # seq, start_pos: uint16
 DIGEST_BYTES = 9                 # uint64
 TIME_FIELDS = ("queue_s", "compute_s")
+
+
+@dataclass(frozen=True)
+class FeatureWire:
+    """What a feature draft's rows are on the wire: d values a row, in a dsd.features dtype."""
+    width: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"FeatureWire.width must be a whole number >= 1, got {self.width!r}")
+        check_feature_dtype(self.dtype, "FeatureWire.dtype")
+
+    def field_bytes(self, rows: float) -> float:
+        """The msgpack size of a message's features field holding `rows` rows (bin header + bytes)."""
+        n = encoded_bytes(0, self.width, self.dtype) + rows * feature_bytes_per_row(self.width, self.dtype)
+        return n + bin_bytes(round(n)) - round(n)
+
+
+def features_field_bytes(features: FeatureWire | None, rows: float) -> float:
+    """The features field of a Verified or Tokens: nil (1 byte) without a feature draft."""
+    return 1.0 if features is None else features.field_bytes(rows)
 
 
 def uint_bytes(n: int) -> int:
@@ -85,21 +111,25 @@ def verify_bytes(gamma: int, vocab: int, temperature: float, top_k: int | None =
     return size + 3                                                                  # three nils
 
 
-def verified_bytes(vocab: int, gamma: int) -> float:
-    """The msgpack size of one Verified (independent of the sampling: a verdict is a count and a token)."""
+def verified_bytes(vocab: int, gamma: int, features: FeatureWire | None = None, feature_rows: float = 0.0) -> float:
+    """The msgpack size of one Verified (independent of the sampling: a verdict is a count and a
+    token; with a feature draft, feature_rows rows)."""
     _check_gamma_vocab(gamma, vocab)
     return (_envelope_bytes(wire.Verified) + 2 * SMALL_INT_BYTES + 1 + 2 * uint_bytes(gamma)  # seq, start_pos,
-            + mean_id_bytes(vocab) + 1 + len(TIME_FIELDS) * FLOAT_BYTES + 1)   # session, counts, token, stale, batch
+            + mean_id_bytes(vocab) + 1 + len(TIME_FIELDS) * FLOAT_BYTES + 1    # session, counts, token, stale, batch
+            + features_field_bytes(features, feature_rows))
 
 
-def tokens_bytes(n_tokens: int, vocab: int, gamma: int) -> float:
-    """The msgpack size of one Tokens (a round of a Generate: AR's one token, co-located SD's accepted + 1)."""
+def tokens_bytes(n_tokens: int, vocab: int, gamma: int, features: FeatureWire | None = None) -> float:
+    """The msgpack size of one Tokens (a round of a Generate: AR's one token, co-located SD's
+    accepted + 1; with a feature draft, as many rows)."""
     _check_gamma_vocab(gamma, vocab)
     if not (is_int(n_tokens) and n_tokens >= 1):
         raise ValueError(f"n_tokens must be a whole number >= 1, got {n_tokens!r}")
     return (_envelope_bytes(wire.Tokens) + 2 * SMALL_INT_BYTES + 1 + 2 * uint_bytes(gamma)  # seq, round, session
             + header_bytes(n_tokens, 16) + n_tokens * mean_id_bytes(vocab) + 1              # tokens, done
-            + len(TIME_FIELDS) * FLOAT_BYTES + 1)                                           # times, batch_size
+            + len(TIME_FIELDS) * FLOAT_BYTES + 1                                            # times, batch_size
+            + features_field_bytes(features, n_tokens))
 
 
 def websocket_frame_bytes(payload_bytes: float, masked: bool) -> float:
@@ -113,19 +143,23 @@ def segments(frame_bytes: float) -> int:
 
 
 def round_wire_bytes(gamma: int, vocab: int, temperature: float, top_k: int | None = None, top_p: float = 1.0,
-                     kept_per_row: float | None = None, acks: bool = True) -> tuple[float, float]:
+                     kept_per_row: float | None = None, acks: bool = True, features: FeatureWire | None = None,
+                     feature_rows: float = 0.0) -> tuple[float, float]:
     """(up, down) IP bytes of one edge-drafted round (sync, pipelined): its Verify and Verified,
     framed, and each one's ACKs (acks=False: without them; a pure ACK leaves while the other side
     computes, off the round's critical path)."""
     return _on_the_wire(websocket_frame_bytes(verify_bytes(gamma, vocab, temperature, top_k, top_p, kept_per_row),
                                               masked=True),
-                        websocket_frame_bytes(verified_bytes(vocab, gamma), masked=False), acks)
+                        websocket_frame_bytes(verified_bytes(vocab, gamma, features, feature_rows), masked=False),
+                        acks)
 
 
-def stream_round_wire_bytes(n_tokens: int, vocab: int, gamma: int, acks: bool = True) -> tuple[float, float]:
+def stream_round_wire_bytes(n_tokens: int, vocab: int, gamma: int, acks: bool = True,
+                            features: FeatureWire | None = None) -> tuple[float, float]:
     """(up, down) IP bytes of one round of a verifier-run request (ar, colocated): a Tokens
     message down, and its ACKs up."""
-    return _on_the_wire(0.0, websocket_frame_bytes(tokens_bytes(n_tokens, vocab, gamma), masked=False), acks)
+    return _on_the_wire(0.0, websocket_frame_bytes(tokens_bytes(n_tokens, vocab, gamma, features), masked=False),
+                        acks)
 
 
 def _on_the_wire(up: float, down: float, acks: bool) -> tuple[float, float]:

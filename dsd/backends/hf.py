@@ -84,19 +84,29 @@ class HfBackendConfig(BackendConfig):
         # transformers is imported only here: a synthetic-only service starts in a second, not five.
         from dsd.backends.kernels import ATEN, PATHS
         from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+        from dsd.pair_manifest import DRAFT_KINDS, draft_kind, verify_pair
 
+        kind = DRAFT_KINDS[0]
         if not self.target_path:
             pair = Path(self.pair_path).expanduser()
             if not (pair / "manifest.json").is_file():
                 raise FileNotFoundError(
                     f"no model pair at {pair} (manifest.json missing); build it with "
                     f"`dsdbed build-pair --out {pair}`")
-            from dsd.pair_manifest import verify_pair
-            verify_pair(pair)
+            kind = draft_kind(verify_pair(pair))
         target_path, draft_path = self.model_paths()
         paths = PATHS if self.kernels == "auto" else (ATEN,)
-        target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device, paths))
-        draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device, paths))
+        if kind == "eagle":
+            if self.device != "cpu":
+                raise ValueError(f"backend.device: a feature draft's pair runs on 'cpu' only, got {self.device!r}")
+            from dsd.backends.eagle_lm import EagleLM
+            from dsd.backends.feature_target import FeatureTorchLM
+            target = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device, paths),
+                                                   draft_path)
+            draft = EagleLM.load(draft_path, self.draft_dtype, target.eos_token_id)
+        else:
+            target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device, paths))
+            draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device, paths))
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
                              "the pair must share a tokenizer")

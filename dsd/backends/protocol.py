@@ -19,6 +19,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from dsd.features import FeatureBlock
+
 
 @dataclass
 class ForwardStats:
@@ -184,6 +186,8 @@ class Verdict:
     accepted: int            # 0..proposed; 0 if stale
     next_token: int          # corrected or bonus token; -1 if stale
     stale: bool = False
+    # the target's features at the positions this verdict decided (dsd.features), if it keeps them
+    features: FeatureBlock | None = field(default=None, compare=False)
 
     @property
     def emitted(self) -> int:

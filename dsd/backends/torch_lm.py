@@ -183,6 +183,10 @@ class TorchLM:
         lm.kernel_choice = choice
         return lm
 
+    def _after_pass(self, requests: Sequence[LogitsRequest], starts: list[int], lengths: list[int]) -> None:
+        """A subclass's look at a pass's layers (dsd.backends.feature_target): request i fed
+        positions starts[i]..starts[i] + lengths[i] - 1, packed in that order."""
+
     def cached_length(self, seq_id: str) -> int:
         cache = self._caches.get(seq_id)
         return len(cache.tokens) if cache else 0
@@ -244,6 +248,7 @@ class TorchLM:
         rows = _Rows(caches, starts, lengths)
         hidden = self._base(input_ids=input_ids, position_ids=positions, attention_mask=self._no_mask,
                             use_cache=False, rows=rows).last_hidden_state[0]                      # [T, d]
+        self._after_pass(requests, starts, lengths)
         if len(requests) > 1 or requests[0].n_last < lengths[0]:
             wanted = [p for r, n, offset in zip(requests, lengths, rows.offsets)
                       for p in range(offset + n - r.n_last, offset + n)]

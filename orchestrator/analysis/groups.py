@@ -93,7 +93,8 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
     points = point_table(requests, rounds, links)
     points = link_rows.add_link_columns(points, links, point_keys(requests))
     points = add_predictions(points, alpha, fit.params)
-    points = wire_prediction.add_wire_prediction(points, wire_prediction.experiment_vocab(sweep["experiment"]))
+    points = wire_prediction.add_wire_prediction(points, wire_prediction.experiment_vocab(sweep["experiment"]),
+                                                 wire_prediction.experiment_features(sweep["experiment"]))
     points["per_token_ms_predicted_compute_only"] = add_predictions(
         points, alpha, fit.compute)["per_token_ms_predicted"]
     points["alpha_measured_group"] = alpha

@@ -12,12 +12,14 @@ from dsd import modes
 from services import wire_size
 
 
-def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.DataFrame:
+def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None,
+                        features: wire_size.FeatureWire | None = None) -> pd.DataFrame:
     """The closed form with a serialisation term: under a rate cap every round also waits for its
     bytes to cross the wire each way, (bytes_up + bytes_down) / rate, shared by the tokens the
     round emits. Bytes per round are predicted from what a round carries (services/wire_size.py:
     a Verify's token ids, dense or sparse q rows, by gamma, vocab and sampling; a Tokens message
-    where the verifier runs the request: ar, colocated), in wire_bytes_per_round_{up,down}_predicted
+    where the verifier runs the request: ar, colocated; with a feature draft, ``features``, the
+    target's features on every verdict, one row per emitted token), in wire_bytes_per_round_{up,down}_predicted
     beside the measured ones (links.csv; both count the pure ACKs, which the term leaves out: they
     leave while the other side computes). Where no prediction is possible (vocab unknown, top-p
     without top-k) the measured bytes stand in; with neither, or no cap, the column equals
@@ -26,10 +28,11 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
     if points.empty or "per_token_ms_predicted" not in points:
         return points
     points = points.copy()
-    predicted = [predicted_round_bytes(row, vocab) for row in points.to_dict("records")]
+    predicted = [predicted_round_bytes(row, vocab, features=features) for row in points.to_dict("records")]
     points["wire_bytes_per_round_up_predicted"] = [up for up, _ in predicted]
     points["wire_bytes_per_round_down_predicted"] = [down for _, down in predicted]
-    wire_bytes = pd.Series([sum(predicted_round_bytes(row, vocab, acks=False)) for row in points.to_dict("records")],
+    wire_bytes = pd.Series([sum(predicted_round_bytes(row, vocab, acks=False, features=features))
+                            for row in points.to_dict("records")],
                            index=points.index)
     if "wire_bytes_per_round_up" in points and "wire_bytes_per_round_down" in points:
         wire_bytes = wire_bytes.fillna(points["wire_bytes_per_round_up"] + points["wire_bytes_per_round_down"])
@@ -41,7 +44,8 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None) -> pd.Da
     return points
 
 
-def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True) -> tuple[float, float]:
+def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True,
+                          features: wire_size.FeatureWire | None = None) -> tuple[float, float]:
     """(up, down) IP bytes of one round of a points.csv row; NaN where they cannot be predicted.
     Rows without sampling columns are greedy (every sweep before [sampling] was)."""
     nan = (math.nan, math.nan)
@@ -58,7 +62,24 @@ def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True) -> 
     temperature, top_k, top_p = float(get("temperature", 0.0)), int(get("top_k", 0)), float(get("top_p", 1.0))
     if temperature > 0 and top_p < 1.0 and not top_k:
         return nan                                  # a nucleus keeps what the drafter's q gives it
-    return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p, acks=acks)
+    rows = get("tokens_per_round", 1.0)            # a verdict carries a feature per emitted token
+    return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p, acks=acks,
+                                      features=features, feature_rows=rows if features else 0.0)
+
+
+def experiment_features(experiment: dict) -> wire_size.FeatureWire | None:
+    """How the verdicts carried the target's features (bfloat16, the runs' default), if the
+    sweep's pair has a feature draft (its manifest's draft_kind); None otherwise."""
+    backend = experiment.get("backend") or {}
+    if backend.get("kind") != "hf" or not backend.get("pair_path"):
+        return None
+    try:
+        manifest = json.loads((Path(backend["pair_path"]) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("draft_kind") != "eagle":
+        return None
+    return wire_size.FeatureWire(int(manifest["features"]["width"]), "bfloat16")
 
 
 def experiment_vocab(experiment: dict) -> int | None:

@@ -8,6 +8,7 @@ import time
 from dsd.backends.protocol import LanguageModel, SamplingParams
 from dsd.policies import make_controller
 from dsd.driver import DriverConfig, DsdDriver, Round
+from dsd.features import FeatureBlock, TakesFeatures
 from dsd.modes import get_mode
 from services import wire
 from services.traces import EdgeClock, RoundRow, TraceWriter, cache_columns
@@ -28,10 +29,10 @@ class Client:
         self.controller = make_controller(config.controller_config())
         self.last_request_end_s: float | None = None    # the previous request's last arrival
 
-    def open_message(self, request: Request, session: int) -> wire.Open:
+    def open_message(self, request: Request, session: int, feature_dtype: str | None = None) -> wire.Open:
         c = self.config
         return wire.Open(self.channel.next_seq(), session, request.prompt, c.max_new_tokens, c.temperature,
-                         c.top_k, request.sampling_seed, c.stop_at_eos, c.top_p)
+                         c.top_k, request.sampling_seed, c.stop_at_eos, c.top_p, feature_dtype)
 
     async def next_message(self, inbox: asyncio.Queue, request: Request):
         """The session's next message (the request's deadline is set once, around it all: a
@@ -53,7 +54,8 @@ class Client:
             t_draft_start_s=e(t_draft_start_s), t_draft_end_s=e(t_draft_end_s), t_send_s=e(t_send_s),
             t_receive_s=e(t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
             server_batch_size=m.batch_size, rtt_probe_ms=rtt_probe_ms, app_delay_ms=c.app_delay_ms,
-            round_gamma=round_gamma, round_mode=round_mode, **cache_columns(cache)))
+            round_gamma=round_gamma, round_mode=round_mode, feature_bytes=len(m.features or b""),
+            **cache_columns(cache)))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
         await self.channel.send(wire.Close(self.channel.next_seq(), session))
@@ -63,6 +65,15 @@ class Client:
                 break
             await on_message(t_receive_s, message)
         self.channel.close_inbox(session)
+
+    async def prefill_features(self, inbox: asyncio.Queue, request: Request,
+                               transport: SessionTransport) -> FeatureBlock | None:
+        """The features of the session's Opened (the prompt's, rows 0..len(prompt) - 2)."""
+        t_receive_s, m = await self.next_message(inbox, request)
+        if not isinstance(m, wire.Opened):
+            raise RunError(f"request {request.index}: expected Opened first, got {type(m).__name__}")
+        transport.arrival(t_receive_s, m)
+        return transport.features(m.features)
 
     async def on_server(self, request: Request, plan: tuple[int, str] | None = None) -> None:
         """Cloud AR and co-located SD: the verifier generates; every streamed round is a row.
@@ -111,10 +122,15 @@ class Client:
             request.rounds += 1
             request.stale_rounds += stale
 
+        # A feature draft drafts on the target's features over the prompt: it waits for the Opened
+        # that carries them (the prefill and a round trip before the first block).
+        takes_features = isinstance(self.draft, TakesFeatures)
+        await self.channel.send(self.open_message(request, session, c.feature_dtype if takes_features else None))
+        prefill = await self.prefill_features(inbox, request, transport) if takes_features else None
         config = DriverConfig(c.gamma, c.mode, c.max_in_flight, max(c.gamma_max, c.gamma), cache=c.cache)
         driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, request.stop, sampling, device,
-                           transport, time.perf_counter, on_round, config, controller=self.controller)
-        await self.channel.send(self.open_message(request, session))
+                           transport, time.perf_counter, on_round, config, controller=self.controller,
+                           prefill_features=prefill)
         try:
             request.tokens = await driver.run()
         except RuntimeError as exc:

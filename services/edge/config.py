@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 
 from dsd.backends.protocol import SamplingParams
+from dsd.features import check_feature_dtype
 from dsd.stopping import StopRule
 from dsd.control import CONTROLLERS, ControllerConfig
 from dsd.modes import SYNC, edge_modes, get_mode, plannable_edge_modes
@@ -56,6 +57,9 @@ class RunConfig:
     start_at_unix_s: float = 0.0
     # the cached mode's speculation cache (dsd/spec_cache.py; JSON: a table of its fields)
     cache: CacheConfig = CacheConfig()
+    # how the target's features travel to a feature draft (dsd.features): "bfloat16" or "int8"
+    # (a draft that reads none asks for none)
+    feature_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
@@ -89,6 +93,7 @@ class RunConfig:
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         frames.check_transport(self.transport)
+        check_feature_dtype(self.feature_dtype, "feature_dtype")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
         if self.controller != "static" and self.mode not in edge_modes():

@@ -7,6 +7,7 @@ import time
 
 from dsd.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
 from dsd.backends.protocol import SamplingParams, Verdict
+from dsd.features import FeatureBlock, decode as decode_features
 from dsd.modes import get_mode
 from services import spinwait, wire
 from services.compute import ThreadDevice
@@ -108,8 +109,8 @@ class SessionTransport:
             self.opened = True
             return None
         if isinstance(m, wire.Tokens):
-            return ServedArrival(ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done), t_receive_s,
-                                 m.queue_s, m.compute_s, m)
+            return ServedArrival(ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done,
+                                             self.features(m.features)), t_receive_s, m.queue_s, m.compute_s, m)
         if not isinstance(m, wire.Verified):
             raise RunError(f"unexpected {type(m).__name__} in a DSD session")
         self.in_flight -= 1
@@ -119,8 +120,17 @@ class SessionTransport:
             if not m.stale:
                 self.channel.note_verdict(m.queue_s, m.batch_size)
             self._selector.cancel()
-        return VerdictArrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale), t_receive_s,
-                              m.queue_s, m.compute_s, m)
+        return VerdictArrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale,
+                                      self.features(m.features)), t_receive_s, m.queue_s, m.compute_s, m)
+
+    def features(self, data: bytes | None) -> FeatureBlock | None:
+        """A reply's features field as a FeatureBlock (None when it carries none)."""
+        if data is None:
+            return None
+        try:
+            return decode_features(data)[0]
+        except ValueError as exc:
+            raise RunError(f"request {self.request.index}: verifier sent unreadable features: {exc}") from None
 
 
 class DraftDevice:

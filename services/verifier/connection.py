@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from dsd.features import encode as encode_features
 from dsd.verifier_session import VerifierSession
 from services import frames, spinwait, wire
 from services.verifier.limits import INFLIGHT
@@ -23,6 +24,11 @@ class Served:
     task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
     busy: bool = False
     closed: bool = False
+    feature_dtype: str | None = None      # the Open's: the target's features go out in it (dsd.features)
+
+    def features(self, block) -> bytes | None:
+        """A FeatureBlock as the replies carry it, if the session asked for features."""
+        return None if self.feature_dtype is None or block is None else encode_features(block, self.feature_dtype)
 
     @property
     def seq_id(self) -> str:

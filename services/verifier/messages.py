@@ -7,6 +7,7 @@ import math
 import time
 
 from dsd.backends.protocol import SamplingParams
+from dsd.features import FEATURE_DTYPES, ProvidesFeatures
 from dsd.modes import get_mode, server_modes
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -119,12 +120,16 @@ class VerifierMessages:
         _require(m.top_k is None or 1 <= m.top_k <= vocab, "top_k", f"must be in [1, {vocab}], got {m.top_k}")
         _require(0 <= m.seed <= INT63_MAX, "seed", f"must be in [0, 2^63), got {m.seed}")
         _require(math.isfinite(m.top_p) and 0 < m.top_p <= 1, "top_p", f"must be in (0, 1], got {m.top_p}")
+        _require(m.feature_dtype is None or m.feature_dtype in FEATURE_DTYPES, "feature_dtype",
+                 f"must be one of {FEATURE_DTYPES} or absent, got {m.feature_dtype!r}")
+        _require(m.feature_dtype is None or isinstance(self.target, ProvidesFeatures), "feature_dtype",
+                 f"this verifier's target ({self.target.name}) keeps no features for a feature draft")
         sampling = SamplingParams(m.temperature, m.top_k, m.seed, m.top_p)
         stop = StopRule(m.max_new_tokens, self.target.eos_token_id if m.stop_at_eos else None)
         number = next(self._numbers)
         state = VerifierSession(self.target, f"v{number}", m.prompt, sampling, stop)
         self._admit(conn)
-        served = Served(number, conn, m.session, state, total)
+        served = Served(number, conn, m.session, state, total, feature_dtype=m.feature_dtype)
         conn.sessions[m.session] = served
         conn.sessions_live += 1
         conn.tokens_live += total

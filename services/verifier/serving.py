@@ -9,6 +9,7 @@ import time
 
 from dsd.backends.protocol import Proposal
 from dsd.drafting import DraftJob, begin_request
+from dsd.features import hand_features
 from dsd.modes import AR, NOWHERE, SERVER, get_mode
 from services import arrival, wire
 from services.scheduler import PassTiming
@@ -92,7 +93,8 @@ class VerifierServing:
         positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
                                                      served.conn.number, t_arrival_s,
                                                      arrived_s=served.conn.held.get(m.seq))
-        await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s))
+        await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s,
+                                           served.features(served.state.decided_features(1))))
 
     async def _verify(self, served: Served, m: wire.Verify, t_arrival_s: float) -> None:
         state = served.state
@@ -106,7 +108,8 @@ class VerifierServing:
             own thread, sent at once (None), before the scheduler's bookkeeping."""
             data = wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
                                              verdict.accepted, verdict.next_token, verdict.stale,
-                                             timing.queue_s, timing.compute_s, timing.batch_size))
+                                             timing.queue_s, timing.compute_s, timing.batch_size,
+                                             served.features(verdict.features)))
             return served.conn.send_if_on_loop(data, timing.on_loop)
 
         if live:
@@ -128,9 +131,11 @@ class VerifierServing:
         drafts = get_mode(m.mode).drafts
         if drafts == SERVER:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
+            hand_features(self.draft, served.seq_id, state.decided_features(1))     # the draft's, on the server
         end = math.inf if m.max_tokens is None else len(state.committed) + m.max_tokens     # a hand-over's segment
         while not state.finished and not served.closed and len(state.committed) < end:
             reply = self._round_reply(served, m, round_index)
+            before = len(state.committed)
             if drafts == NOWHERE:
                 data, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
                                                            reply(None), self._alone(served), arrived_s)
@@ -143,6 +148,8 @@ class VerifierServing:
                     "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
                     drafting.end_s, reply(drafting), self._alone(served))
             ready_s, arrived_s = timing.end_s, None
+            if drafts == SERVER:
+                hand_features(self.draft, served.seq_id, state.decided_features(before))
             self.counts[m.mode] += 1
             if data is not None:
                 await served.conn.send_encoded(data)
@@ -167,7 +174,8 @@ class VerifierServing:
                     proposed, accepted = m.gamma, result.accepted
                 data = wire.encode(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
                                                state.committed.tokens[before:], state.finished,
-                                               queue_s, compute_s, timing.batch_size))
+                                               queue_s, compute_s, timing.batch_size,
+                                               served.features(state.decided_features(before))))
                 return served.conn.send_if_on_loop(data, timing.on_loop)
             return prepare
 

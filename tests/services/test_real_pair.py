@@ -1,50 +1,23 @@
 """The main job's real pair (models/smollm2-chat: SmolLM2-135M-Instruct and its distilled draft
 over a truncated vocabulary) over the network: greedy DSD emits the target's own greedy tokens,
 and sampled DSD follows the target's truncated distribution (chi-square)."""
-import json
-
 import pytest
 import torch
-from scipy import stats
 
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.decoding import generate_ar, generate_colocated
 from dsd.stopping import StopRule
-from dsd.verification import probs_from_logits
 from pairs import chat_data, smollm2
-from tests.services.harness import post_runs, read_csv, wait_for_runs
+from tests.services.real_pair_checks import check_first_token_follows_the_target, run, start_pair
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 PAIR = smollm2.REPO / "models" / "smollm2-chat"
-TEMPERATURE, TOP_P = 0.7, 0.9
 
 
 @pytest.fixture(scope="module")
 def real_pair(spawn, tmp_path_factory):
-    try:
-        smollm2.materialize_target(PAIR)          # writes target/ from the GGUF once, then checks hashes
-    except FileNotFoundError as exc:
-        pytest.skip(f"the real pair's target cannot be made here: {exc}")
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(str(PAIR))
-    prompts = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:3]]
-    backend = json.dumps({"kind": "hf", "pair_path": str(PAIR)})
-    verifier, edge = spawn(
-        ("services.verifier", ["--backend-json", backend]),
-        ("services.edge", ["--backend-json", backend, "--out-dir", str(tmp_path_factory.mktemp("edge-real"))]))
-    target = TorchLM.load(TorchLMConfig(str(PAIR / "target")))
-    return verifier, edge, target, prompts
-
-
-def run(edge, verifier, run_id, mode, prompts, max_new_tokens, temperature=0.0, top_p=1.0, seed=0):
-    spec = {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
-            "probe_count": 0, "stop_at_eos": True, "temperature": temperature, "top_p": top_p,
-            "seed": seed}
-    summary = wait_for_runs(edge, post_runs(edge, [spec]), timeout_s=900)[run_id]
-    assert summary["status"] == "done", summary
-    return read_csv(edge, run_id, "requests.csv"), read_csv(edge, run_id, "rounds.csv")
+    return start_pair(spawn, tmp_path_factory, PAIR)
 
 
 def test_greedy_dsd_on_the_real_pair_emits_the_targets_own_greedy_tokens(real_pair):
@@ -59,29 +32,7 @@ def test_greedy_dsd_on_the_real_pair_emits_the_targets_own_greedy_tokens(real_pa
 
 
 def test_sampled_dsd_on_the_real_pair_follows_the_targets_truncated_distribution(real_pair):
-    """The first answer token at a context where the target's truncated distribution is spread
-    out, 240 sampled requests, against that distribution (tokens under 5 expected pooled)."""
-    verifier, edge, target, prompts = real_pair
-    contexts = [p + generate_ar(target, p, StopRule(max_new_tokens=k), seq_id=f"ctx-{i}-{k}").tokens
-                for i, p in enumerate(prompts) for k in (1, 2, 3)]
-    spread = [probs_from_logits(target.logits(f"p-{i}", c, 1), TEMPERATURE, None, TOP_P)[0]
-              for i, c in enumerate(contexts)]
-    best = max(range(len(contexts)), key=lambda i: float(1 - spread[i].max()))
-    context, p = contexts[best], spread[best]
-    assert float(p.max()) < 0.9, "no context with a spread-out next token"
-    n = 240
-    rows, rounds = run(edge, verifier, "sampled-sync", "sync", [context] * n, 1, TEMPERATURE, TOP_P, seed=5)
-    counts = torch.zeros_like(p)
-    for row in rows:
-        counts[int(row["token_ids"].split()[0])] += 1
-    assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(p).flatten().tolist())
-    big = p * n >= 5
-    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
-    expected = torch.cat([p[big], p[~big].sum().view(1)]) * n
-    keep = expected > 0
-    _, p_value = stats.chisquare(observed[keep].numpy(), expected[keep].numpy() * observed.sum().item() / expected[keep].sum().item())
-    assert p_value > 1e-3, (observed, expected)
-    assert any(int(r["accepted"]) < int(r["proposed"]) for r in rounds)
+    check_first_token_follows_the_target(*real_pair)
 
 
 def _shape_error(target: TorchLM, prompt: list[int], answer: list[int], block: int, tag: str) -> float:

@@ -1,0 +1,70 @@
+"""What the real pairs' network tests share (test_real_pair.py, test_real_eagle_pair.py): a pair's
+verifier and edge on loopback, a run of prompts, and the chi-square check that sampled DSD's first
+answer token follows the target's truncated distribution."""
+import json
+
+import pytest
+import torch
+from scipy import stats
+
+from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+from dsd.decoding import generate_ar
+from dsd.stopping import StopRule
+from dsd.verification import probs_from_logits
+from pairs import chat_data, smollm2
+from tests.services.harness import post_runs, read_csv, wait_for_runs
+
+TEMPERATURE, TOP_P = 0.7, 0.9
+
+
+def start_pair(spawn, tmp_path_factory, pair, n_prompts: int = 3):
+    """(verifier, edge, float32 target, the first evaluation prompts rendered) for a shipped pair
+    folder; skipped where its target cannot be made from the GGUF."""
+    try:
+        smollm2.materialize_target(pair)          # writes target/ from the GGUF once, then checks hashes
+    except FileNotFoundError as exc:
+        pytest.skip(f"the pair's target cannot be made here: {exc}")
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(pair))
+    prompts = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts]]
+    backend = json.dumps({"kind": "hf", "pair_path": str(pair)})
+    verifier, edge = spawn(
+        ("services.verifier", ["--backend-json", backend]),
+        ("services.edge", ["--backend-json", backend, "--out-dir", str(tmp_path_factory.mktemp("edge-real"))]))
+    target = TorchLM.load(TorchLMConfig(str(pair / "target")))
+    return verifier, edge, target, prompts
+
+
+def run(edge, verifier, run_id, mode, prompts, max_new_tokens, temperature=0.0, top_p=1.0, seed=0, **extra):
+    spec = {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
+            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
+            "probe_count": 0, "stop_at_eos": True, "temperature": temperature, "top_p": top_p,
+            "seed": seed, **extra}
+    summary = wait_for_runs(edge, post_runs(edge, [spec]), timeout_s=900)[run_id]
+    assert summary["status"] == "done", summary
+    return read_csv(edge, run_id, "requests.csv"), read_csv(edge, run_id, "rounds.csv")
+
+
+def check_first_token_follows_the_target(verifier, edge, target, prompts, n: int = 240) -> None:
+    """The first answer token at a context where the target's truncated distribution is spread
+    out, n sampled requests, against that distribution (tokens under 5 expected pooled)."""
+    contexts = [p + generate_ar(target, p, StopRule(max_new_tokens=k), seq_id=f"ctx-{i}-{k}").tokens
+                for i, p in enumerate(prompts) for k in (1, 2, 3)]
+    spread = [probs_from_logits(target.logits(f"p-{i}", c, 1), TEMPERATURE, None, TOP_P)[0]
+              for i, c in enumerate(contexts)]
+    best = max(range(len(contexts)), key=lambda i: float(1 - spread[i].max()))
+    context, p = contexts[best], spread[best]
+    assert float(p.max()) < 0.9, "no context with a spread-out next token"
+    rows, rounds = run(edge, verifier, "sampled-sync", "sync", [context] * n, 1, TEMPERATURE, TOP_P, seed=5)
+    counts = torch.zeros_like(p)
+    for row in rows:
+        counts[int(row["token_ids"].split()[0])] += 1
+    assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(p).flatten().tolist())
+    big = p * n >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    expected = torch.cat([p[big], p[~big].sum().view(1)]) * n
+    keep = expected > 0
+    _, p_value = stats.chisquare(observed[keep].numpy(),
+                                 expected[keep].numpy() * observed.sum().item() / expected[keep].sum().item())
+    assert p_value > 1e-3, (observed, expected)
+    assert any(int(r["accepted"]) < int(r["proposed"]) for r in rounds)
