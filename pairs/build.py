@@ -29,8 +29,7 @@ from pathlib import Path
 from pairs import smollm2, smollm2_eagle, stdlib_gpt2
 
 
-def parse_args(argv: list[str] | None):
-    """-> PairBuildConfig, or Smollm2PairConfig for --family smollm2."""
+def make_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt option must fail, not match a longer one by prefix.
     parser = argparse.ArgumentParser(prog="python -m pairs.build", description=__doc__,
                                      allow_abbrev=False,
@@ -60,6 +59,13 @@ def parse_args(argv: list[str] | None):
                         help="smollm2-eagle only: draft steps per block the training simulates")
     parser.add_argument("--target-only", action="store_true",
                         help="smollm2 only: write target/ into a shipped pair folder and verify it")
+    return parser
+
+
+def parse_args(argv: list[str] | None):
+    """-> PairBuildConfig, Smollm2PairConfig for --family smollm2, EaglePairConfig for
+    --family smollm2-eagle (TargetOnly with --target-only)."""
+    parser = make_parser()
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in [("seed", args.seed), ("target_steps", args.target_steps),
                                    ("draft_steps", args.draft_steps), ("threads", args.threads),
