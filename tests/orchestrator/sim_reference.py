@@ -6,6 +6,11 @@ per point one digest of each of its own tables (points/<key>/), over the columns
 
 writes sim_reference.json beside this file from OUT_ROOT/<experiment>/, each made at COMMIT by
 `dsdbed sweep experiments/<experiment>.toml --out OUT_ROOT/<experiment>`.
+
+    python -m tests.orchestrator.sim_reference amend OUT_ROOT TABLE.COLUMN COMMIT "why"
+
+re-takes one merged table's column from the runs under OUT_ROOT (made at COMMIT) where the
+change is intended, and records the amendment, its commit and its reason beside the reference's.
 """
 from __future__ import annotations
 
@@ -64,7 +69,35 @@ def experiment_digest(folder: Path) -> dict:
                        for p in points}}
 
 
+def amend(out_root: Path, table_column: str, commit: str, why: str, reference_path: Path = REFERENCE) -> list[str]:
+    """Re-take TABLE.COLUMN's digest for every experiment run under out_root whose reference
+    holds it; the amendment is kept in the reference's "amendments". The experiments amended."""
+    table, _, column = table_column.partition(".")
+    if table not in TABLES or not column:
+        raise ValueError(f"amend needs TABLE.COLUMN with TABLE one of {TABLES}, got {table_column!r}")
+    reference = json.loads(reference_path.read_text())
+    amended = []
+    for name, want in reference["experiments"].items():
+        path = out_root / name / f"{table}.csv"
+        if column not in want["tables"].get(table, {}).get("columns", {}) or not path.exists():
+            continue
+        cells = read_columns(path)
+        if column not in cells:
+            raise ValueError(f"{path} has no column {column}")
+        want["tables"][table]["columns"][column] = digest(cells[column])
+        amended.append(name)
+    if not amended:
+        raise ValueError(f"no experiment under {out_root} holds {table_column} in the reference")
+    reference.setdefault("amendments", []).append(
+        {"column": table_column, "commit": commit, "why": why, "experiments": amended})
+    reference_path.write_text(json.dumps(reference, sort_keys=True, separators=(",", ":")) + "\n")
+    return amended
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "amend":
+        print("amended:", ", ".join(amend(Path(argv[1]), argv[2], argv[3], argv[4])))
+        return
     out_root, commit = Path(argv[0]), argv[1]
     reference = {"commit": commit, "uncompared": sorted(UNCOMPARED),
                  "experiments": {name: experiment_digest(out_root / name) for name in EXPERIMENTS}}
