@@ -28,7 +28,7 @@ clients = [1]
 edges = 1
 requests = 2
 warmup_requests = 0
-max_new_tokens = 32
+max_new_tokens = 64
 prompt_tokens = 8
 retries = 1
 retry_backoff_s = 0.5
@@ -37,6 +37,7 @@ profile = "toy-edge-cloud"
 kind = "synthetic"
 alpha = 0.7
 """
+ROUNDS_A_POINT = 2 * 64          # requests x max_new_tokens: an AR point's rounds in the edge trace
 
 
 def dsdbed(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -64,10 +65,12 @@ def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300, traces: b
                 if not traces:
                     time.sleep(1.5)
                 if not traces or [t for t in (out / "services").glob(f"edge*/*{key}*/rounds.csv")
-                                  if t.read_text().count("\n") > 3]:
+                                  if 3 < t.read_text().count("\n") < ROUNDS_A_POINT // 2]:
                     os.kill(proc.pid, signal.SIGKILL)
                     injected()
                     proc.wait(timeout=30)
+                    assert not (points / key / "done.json").exists(), \
+                        f"the kill landed after point {key} was recorded: not mid-point"
                     return key
             time.sleep(0.05)
         raise AssertionError("no point reached mid-run in time")
