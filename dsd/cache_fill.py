@@ -20,7 +20,7 @@ import torch
 from dsd.backends.protocol import ForksCaches, LanguageModel, SamplingParams, Verdict
 from dsd.drafting import Block, ranking_row
 from dsd.draws import Draws
-from dsd.spec_cache import Branch, CacheConfig, SpeculationCache, fanout, rank_outcomes
+from dsd.spec_cache import Branch, CacheConfig, SpeculationCache, batch_step_s, fill_plan, rank_outcomes
 
 _EMA = 0.3          # weight of the newest sample in the running wait and step-time estimates
 
@@ -34,7 +34,24 @@ class CacheRecord:
     branches: int           # branches drafted for this block
     fill_s: float           # device time spent on the fill by the verdict
     predicted_hit: float    # the estimated probability of a hit, summed over the branches
-    filled: bool = False    # every branch was drafted whole by the verdict (fill_s is the whole fill)
+    filled: bool = False    # every branch was drafted as deep as planned by the verdict (fill_s is the whole fill)
+
+
+class PassTimes:
+    """What the draft's passes have taken on this device: branches -> seconds of one batched pass
+    (1: a step alone), a running estimate; kept by whoever runs requests one after another on one
+    draft (an edge's run), so every request's first fill is planned on the curve seen so far."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}
+
+    def note(self, branches: int, elapsed_s: float) -> None:
+        old = self.seconds.get(branches)
+        self.seconds[branches] = elapsed_s if old is None else (1 - _EMA) * old + _EMA * elapsed_s
+
+    def step_s(self, branches: int, slope: float) -> float:
+        """One batched pass over ``branches`` (dsd.spec_cache.batch_step_s)."""
+        return batch_step_s(self.seconds, branches, slope)
 
 
 @dataclass
@@ -46,17 +63,17 @@ class _Sent:
 
 class CacheFiller:
     def __init__(self, draft: LanguageModel, seq_id: str, sampling: SamplingParams, draws: Draws | None,
-                 config: CacheConfig, t_draft_s: float | None = None) -> None:
+                 config: CacheConfig, pass_times: PassTimes | None = None) -> None:
         if not isinstance(draft, ForksCaches):
             raise ValueError(f"the cached mode needs a draft that can fork its KV cache; {draft.name!r} cannot")
         self.draft, self.seq_id, self.sampling, self.draws, self.config = draft, seq_id, sampling, draws, config
         self.sent: _Sent | None = None
         self.spec: SpeculationCache | None = None
+        self.depth = 0                               # passes the current fill plans (dsd.spec_cache.fill_plan)
         self.hit: Branch | None = None
         self.accepted, self.proposed = 0, 0
         self.wait_s: float | None = None             # send -> verdict, running estimate
-        self.step_s: dict[int, float] = {}           # branches -> one batched pass, running estimate
-        self.t_draft_s = t_draft_s                   # one step alone, until measured
+        self.pass_times = pass_times if pass_times is not None else PassTimes()
 
     @property
     def alpha(self) -> float:
@@ -74,25 +91,21 @@ class CacheFiller:
         if self.sent is None:
             return False
         gamma = len(self.sent.block)
-        return self.spec is None or any(len(b.block.drafted) < gamma for b in self.spec.branches)
+        return self.spec is None or any(len(b.block.drafted) < min(gamma, self.depth) for b in self.spec.branches)
 
     def next_work(self) -> tuple[Callable[[], None], float, int]:
         """One device pass of the fill, its cost in draft steps (for an emulated device), and the
         branches it drafts (0: the step after the block, which starts them)."""
         if self.spec is None:
             return self._rank, 1.0, 0
-        live = [b for b in self.spec.branches if len(b.block.drafted) < len(self.sent.block)]
+        live = [b for b in self.spec.branches if len(b.block.drafted) < min(len(self.sent.block), self.depth)]
         return (lambda: self._depth(live)), 1.0 + self.config.batch_slope * (len(live) - 1), len(live)
 
     def note_pass(self, branches: int, elapsed_s: float) -> None:
         """A fill pass over ``branches`` branches (0: the bonus step) took ``elapsed_s`` on the device."""
         if self.spec is not None:
             self.spec.fill_s += elapsed_s
-        key = max(branches, 1)
-        old = self.step_s.get(key)
-        self.step_s[key] = elapsed_s if old is None else (1 - _EMA) * old + _EMA * elapsed_s
-        if branches == 0:
-            self.t_draft_s = self.step_s[1]
+        self.pass_times.note(max(branches, 1), elapsed_s)
 
     def on_verdict(self, verdict: Verdict, committed: Sequence[int], wait_s: float) -> CacheRecord | None:
         """Apply a verdict of the block in flight: what the cache held (None if none was
@@ -104,7 +117,7 @@ class CacheFiller:
         if spec is None:                 # the verdict came before the fill began
             return None if sent is None else CacheRecord(False, 0, -1, 0, 0.0, 0.0)
         branch = spec.branch_for(committed)
-        filled = all(len(b.block.drafted) >= len(spec.block) for b in spec.branches)
+        filled = all(len(b.block.drafted) >= min(len(spec.block), self.depth) for b in spec.branches)
         record = CacheRecord(branch is not None, len(branch.block.drafted) if branch else 0,
                              spec.rank_of(spec.outcome_of(committed)), len(spec.branches), spec.fill_s,
                              spec.predicted_hit, filled)
@@ -143,10 +156,11 @@ class CacheFiller:
         bonus_row = ranking_row(self.draft.logits(self.seq_id, tokens, 1), self.sampling)
         rows = torch.stack([*sent.rows, bonus_row])                         # [gamma + 1, vocab]
         candidates = rank_outcomes(sent.block, rows, self.alpha, self.config.tokens_per_position)
-        wait_s = None if self.wait_s is None else self.wait_s - (self.t_draft_s or 0.0)
-        n = fanout(self.config, [c.probability for c in candidates], wait_s, len(sent.block), self._step_s_of)
+        wait_s = None if self.wait_s is None else self.wait_s - self._step_s_of(1)
+        n, self.depth = fill_plan(self.config, [c.probability for c in candidates], wait_s, len(sent.block),
+                                  self._step_s_of)
         branches = []
-        for i, candidate in enumerate(candidates[:n]):
+        for i, candidate in enumerate(candidates[:n] if self.depth else []):   # no pass fits: no branch
             j, t = candidate.outcome.accepted, candidate.outcome.token
             prefix = sent.base + sent.block[:j] + [t]
             seq_id = f"{self.seq_id}#cache{i}"
@@ -161,7 +175,4 @@ class CacheFiller:
             branch.block.take(logits)
 
     def _step_s_of(self, branches: int) -> float:
-        """A batched pass over ``branches``: measured, else the single step scaled by the slope."""
-        if branches in self.step_s:
-            return self.step_s[branches]
-        return (self.t_draft_s or 0.0) * (1.0 + self.config.batch_slope * (branches - 1))
+        return self.pass_times.step_s(branches, self.config.batch_slope)

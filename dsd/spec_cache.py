@@ -102,27 +102,57 @@ def rank_outcomes(block: Sequence[int], rows: torch.Tensor, alpha: float, k: int
     return sorted(out, key=lambda c: (-c.probability, c.outcome.accepted, c.outcome.token))
 
 
-def fanout(config: CacheConfig, probabilities: Sequence[float], wait_s: float | None, gamma: int,
-           step_s_of_batch) -> int:
-    """How many branches to draft, the ranked candidates' estimated ``probabilities`` given: the
-    configured fan-out, or under "auto" the count that saves the most drafting in expectation,
-    the hit mass of the first b candidates times the depth b branches reach in the expected wait
-    (gamma passes of ``step_s_of_batch(b)`` seconds at most; a verdict mid-fill uses a branch as
-    far as it got), the smaller count on a tie; all it may before the first wait is known. Never
-    more than the candidates or max_branches."""
+def fill_plan(config: CacheConfig, probabilities: Sequence[float], wait_s: float | None, gamma: int,
+              step_s_of_batch) -> tuple[int, int]:
+    """(branches, depth) of a fill, the ranked candidates' estimated ``probabilities`` given. The
+    depth is the batched passes that end before the expected verdict, ``wait_s`` (a pass cannot
+    be cut short, so one that the verdict would interrupt delays the next block by what is left of
+    it): at most gamma, and 0 where not one pass fits. The branches: the configured fan-out, or
+    under "auto" the count that saves the most drafting in expectation, the hit mass of the first
+    b candidates times the depth b branches reach (a verdict uses a branch as far as it got), the
+    smaller count on a tie. Before the first wait is known: all it may, gamma deep. Never more
+    branches than the candidates or max_branches."""
     limit = min(config.max_branches, len(probabilities))
-    if config.fanout != AUTO:
-        return min(config.fanout, limit)
-    if wait_s is None:
-        return limit
+
+    def depth(b: int) -> int:
+        if wait_s is None:
+            return gamma
+        step_s = step_s_of_batch(b)
+        return gamma if step_s <= 0 else min(gamma, int(max(wait_s, 0.0) / step_s + 1e-9))
+
+    if config.fanout != AUTO or wait_s is None:
+        n = limit if config.fanout == AUTO else min(config.fanout, limit)
+        return n, depth(n)
     best, best_value, mass = 1, -1.0, 0.0
     for b in range(1, limit + 1):
         mass += probabilities[b - 1]
-        step_s = step_s_of_batch(b)
-        depth = gamma if step_s <= 0 else min(gamma, int(max(wait_s, 0.0) / step_s + 1e-9))
-        if mass * depth > best_value + 1e-12:
-            best, best_value = b, mass * depth
-    return best
+        if mass * depth(b) > best_value + 1e-12:
+            best, best_value = b, mass * depth(b)
+    return best, depth(best)
+
+
+def batch_step_s(measured_s: dict[int, float], branches: int, slope: float) -> float:
+    """A batched draft pass over ``branches`` branches, from the passes measured so far
+    (branches -> seconds; 1: a step alone): as measured; between two measured sizes, linear; above
+    the largest, on the line through the single step and the largest (the single step scaled by
+    1 + slope (branches - 1) while only it is known); 0.0 while nothing is."""
+    if branches in measured_s:
+        return measured_s[branches]
+    sizes = sorted(measured_s)
+    below = [b for b in sizes if b < branches]
+    above = [b for b in sizes if b > branches]
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return measured_s[lo] + (measured_s[hi] - measured_s[lo]) * (branches - lo) / (hi - lo)
+    if not sizes:
+        return 0.0
+    if not below:                     # smaller than any measured: no cheaper than the smallest
+        return measured_s[sizes[0]]
+    top, one = sizes[-1], measured_s.get(1)
+    if one is None or top == 1:
+        base = measured_s[top]
+        return base * (1.0 + slope * (branches - top))
+    return measured_s[top] + (measured_s[top] - one) / (top - 1) * (branches - top)
 
 
 @dataclass

@@ -80,7 +80,7 @@ def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTim
     hit_rate = cache_hit_rate(rounds)
     if hit_rate is not None:
         times = times.replace(cache_hit_rate=hit_rate, cache_fill_s=cache_fill_s(rounds))
-        source["cache_hit_rate"] = "measured: complete cache hits over the cached mode's rounds"
+        source["cache_hit_rate"] = "measured: the draft steps the cache held, over the cached mode's rounds"
         source["cache_fill_s"] = "measured: median fill time of the cached rounds whose fill was complete"
     if rounds.empty or "server_compute_s" not in rounds:
         return times, source
@@ -117,13 +117,15 @@ def cached_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def cache_hit_rate(rounds: pd.DataFrame) -> float | None:
-    """The share of the cached mode's verdicts whose next block the cache held complete (the
-    closed form's hit; a branch part-drafted by the verdict counts as a miss); None without any."""
+    """The share of the next blocks' draft steps the cache held by the verdicts, over the cached
+    mode's verdicts: a complete hit counts 1, a branch d of gamma tokens deep d / gamma, a miss 0
+    (the closed form's h: a verdict then leaves (1 - h) gamma draft steps to do on average); None
+    without any."""
     cached = cached_rounds(rounds)
     if cached.empty:
         return None
-    complete = cached["cache_hit"].astype(bool) & (cached["cache_depth"] >= cached["proposed"])
-    return float(complete.mean())
+    held = cached["cache_depth"].clip(upper=cached["proposed"]) / cached["proposed"].clip(lower=1)
+    return float((cached["cache_hit"].astype(bool) * held).mean())
 
 
 def cache_fill_s(rounds: pd.DataFrame) -> float | None:

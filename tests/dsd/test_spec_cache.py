@@ -9,9 +9,11 @@ import torch
 from dsd import latency_model as lm
 from dsd.backends.protocol import SamplingParams
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
+from dsd.cache_fill import PassTimes
 from dsd.decoding import generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.spec_cache import CacheConfig, Outcome, SpeculationCache, fanout, rank_outcomes, top_tokens
+from dsd.spec_cache import (CacheConfig, Outcome, SpeculationCache, batch_step_s, fill_plan, rank_outcomes,
+                            top_tokens)
 from dsd.stopping import StopRule
 from tests.toy_models import BigramLM, random_bigram
 
@@ -52,17 +54,34 @@ def test_outcomes_are_ranked_by_acceptance_length_and_the_drafts_other_tokens():
     assert [p for _, p in top_tokens(rows[0], 5, exclude=5)] == pytest.approx([0.6, 0.4])
 
 
-def test_the_fanout_weighs_hit_mass_against_the_depth_the_wait_allows():
+def test_the_fill_plan_weighs_hit_mass_against_the_depth_the_wait_allows():
     config = CacheConfig(max_branches=8)
     step_s = lambda b: 0.010 * (1 + 0.1 * (b - 1))                                   # noqa: E731
     flat = [0.05] * 20
-    assert fanout(config, flat, None, 2, step_s) == 8, "before a wait is known: all it may"
+    assert fill_plan(config, flat, None, 2, step_s) == (8, 2), "before a wait is known: all it may"
     # in 25 ms: 3 branches go 2 passes deep (0.15 x 2), 8 branches 1 pass (0.40 x 1)
-    assert fanout(config, flat, 0.025, 2, step_s) == 8
-    assert fanout(config, flat[:3], 0.025, 2, step_s) == 3
-    assert fanout(config, [0.9] + [0.0] * 19, 0.025, 2, step_s) == 1, "one likely outcome: deep beats wide"
-    assert fanout(config, flat[:5], 1.0, 2, step_s) == 5
-    assert fanout(CacheConfig(fanout=2), flat, 1.0, 2, step_s) == 2
+    assert fill_plan(config, flat, 0.025, 2, step_s) == (8, 1)
+    assert fill_plan(config, flat[:3], 0.025, 2, step_s) == (3, 2)
+    assert fill_plan(config, [0.9] + [0.0] * 19, 0.025, 2, step_s) == (1, 2), "one likely outcome: deep beats wide"
+    assert fill_plan(config, flat[:5], 1.0, 2, step_s) == (5, 2)
+    assert fill_plan(CacheConfig(fanout=2), flat, 1.0, 2, step_s) == (2, 2)
+
+
+def test_no_pass_starts_that_the_expected_verdict_would_interrupt():
+    step_s = lambda b: 0.010 * b                                                     # noqa: E731
+    assert fill_plan(CacheConfig(fanout=4), [0.1] * 8, 0.025, 2, step_s) == (4, 0), "a 40 ms pass in a 25 ms wait"
+    assert fill_plan(CacheConfig(fanout=2), [0.1] * 8, 0.025, 2, step_s) == (2, 1)
+    assert fill_plan(CacheConfig(), [0.1] * 8, 0.005, 2, step_s)[1] == 0, "not even one branch fits"
+
+
+def test_a_batched_pass_is_costed_from_the_passes_measured_so_far():
+    measured = {1: 0.010, 16: 0.040}
+    assert batch_step_s(measured, 16, 0.05) == 0.040
+    assert batch_step_s(measured, 6, 0.05) == pytest.approx(0.020), "between two sizes: linear"
+    assert batch_step_s(measured, 31, 0.05) == pytest.approx(0.070), "above: the line through 1 and the largest"
+    assert batch_step_s({1: 0.010}, 11, 0.05) == pytest.approx(0.015), "only the step alone: the slope"
+    assert batch_step_s({8: 0.030}, 4, 0.05) == 0.030, "below the smallest: no cheaper than it"
+    assert batch_step_s({}, 4, 0.05) == 0.0
 
 
 def test_a_cache_knows_which_outcome_a_committed_prefix_was():
@@ -144,3 +163,29 @@ def test_a_cache_config_names_its_bad_field():
                 {"alpha_prior": 1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             CacheConfig(**bad)
+
+
+@pytest.mark.parametrize("rtt_ms", [0, 10])
+def test_the_closed_form_counts_a_branch_part_drafted_by_plan_as_the_steps_it_saves(rtt_ms):
+    # a pass over 3 branches costs 24 ms: after the 12 ms step past the block, one pass fits the
+    # wait, so the fill stops a pass deep and its hits save one draft step of two
+    t_draft_s, t_verify_s, gamma = 0.012, 0.04, GAMMA
+    link = LinkCosts(t_draft_s=t_draft_s, t_verify_s=t_verify_s, rtt_s=rtt_ms / 1e3)
+    run = _run("cached", 2, SamplingParams(), link, CacheConfig(fanout=3, batch_slope=0.5))
+    records = _records(run)[1:]                       # the first fill knows no wait yet: gamma deep
+    assert all(r.depth <= 1 for r in records) and any(r.hit and r.depth == 1 for r in records)
+    held = sum(r.hit * min(r.depth, gamma) / gamma for r in records[:-1]) / len(records[:-1])
+    measured_cycle_s = (run.total_s - run.first_token_s) / (len(run.generation.rounds) - 1)
+    alpha = run.generation.alpha_measured
+    predicted_cycle_s = lm.expected_tokens_per_round(alpha, gamma) * lm.per_token_cached_dsd_s(
+        alpha, gamma, t_draft_s, t_verify_s, rtt_ms / 1e3, held)
+    assert measured_cycle_s == pytest.approx(predicted_cycle_s, rel=0.03)
+
+
+def test_pass_times_carry_a_running_estimate_per_batch_size():
+    times = PassTimes()
+    times.note(1, 0.010)
+    times.note(16, 0.040)
+    times.note(16, 0.030)
+    assert times.seconds[16] == pytest.approx(0.7 * 0.040 + 0.3 * 0.030)
+    assert times.step_s(8, 0.05) == pytest.approx(0.010 + (times.seconds[16] - 0.010) * 7 / 15)
