@@ -120,23 +120,42 @@ def test_a_verdict_that_comes_mid_fill_uses_the_branch_as_far_as_it_got():
     assert slow.generation.tokens == _run("sync", 0, sampling, link).generation.tokens
 
 
+def _held(records, gamma: int) -> float:
+    """The steps held (the analysis's cache_hit_rate): the verdicts before the last, whose hits
+    cut the cycles after the first short."""
+    return sum(r.hit * min(r.depth, gamma) / gamma for r in records[:-1]) / len(records[:-1])
+
+
+def _cycles_s(run, link: LinkCosts, held: float) -> tuple[float, float]:
+    """(measured, closed form) seconds from one verdict to the next of a cached run."""
+    measured_cycle_s = (run.total_s - run.first_token_s) / (len(run.generation.rounds) - 1)
+    alpha = run.generation.alpha_measured
+    return measured_cycle_s, lm.expected_tokens_per_round(alpha, GAMMA) * lm.per_token_cached_dsd_s(
+        alpha, GAMMA, link.t_draft_s, link.t_verify_s, link.rtt_s, held)
+
+
 @pytest.mark.parametrize("rtt_ms", [0, 10, 40, 80])
 def test_the_closed_form_is_the_protocols_time_on_the_simulator(rtt_ms):
-    t_draft_s, t_verify_s, gamma = 0.012, 0.06, GAMMA
-    link = LinkCosts(t_draft_s=t_draft_s, t_verify_s=t_verify_s, rtt_s=rtt_ms / 1e3)
+    link = LinkCosts(t_draft_s=0.012, t_verify_s=0.06, rtt_s=rtt_ms / 1e3)
     run = _run("cached", 2, SamplingParams(), link, CacheConfig(fanout=3))
     records = _records(run)
     # the closed form's hit: a complete branch at the verdict (the fill fits the wait here)
-    assert all(r.fill_s <= rtt_ms / 1e3 + t_verify_s + 1e-9 for r in records if r.branches)
-    # the cycle from one verdict to the next is cut short by the first verdict's hit: the rounds
-    # after the first, against the verdicts before the last
-    hit_rate = sum(r.hit and r.depth == gamma for r in records[:-1]) / len(records[:-1])
-    assert 0.2 < hit_rate < 1.0
-    measured_cycle_s = (run.total_s - run.first_token_s) / (len(run.generation.rounds) - 1)
-    alpha = run.generation.alpha_measured
-    predicted_cycle_s = lm.expected_tokens_per_round(alpha, gamma) * lm.per_token_cached_dsd_s(
-        alpha, gamma, t_draft_s, t_verify_s, rtt_ms / 1e3, hit_rate)
+    assert all(r.fill_s <= link.rtt_s + link.t_verify_s + 1e-9 for r in records if r.branches)
+    assert all(r.depth in (0, GAMMA) for r in records) and 0.2 < _held(records, GAMMA) < 1.0
+    measured_cycle_s, predicted_cycle_s = _cycles_s(run, link, _held(records, GAMMA))
     assert measured_cycle_s == pytest.approx(predicted_cycle_s, rel=0.01)
+
+
+@pytest.mark.parametrize("rtt_ms", [0, 10])
+def test_the_closed_form_counts_a_branch_part_drafted_by_plan_as_the_steps_it_saves(rtt_ms):
+    # a pass over 3 branches costs 24 ms: after the 12 ms step past the block, one pass fits the
+    # wait, so the fill stops a pass deep and its hits save one draft step of two
+    link = LinkCosts(t_draft_s=0.012, t_verify_s=0.04, rtt_s=rtt_ms / 1e3)
+    run = _run("cached", 2, SamplingParams(), link, CacheConfig(fanout=3, batch_slope=0.5))
+    records = _records(run)[1:]                       # the first fill knows no wait yet: gamma deep
+    assert all(r.depth <= 1 for r in records) and any(r.hit and r.depth == 1 for r in records)
+    measured_cycle_s, predicted_cycle_s = _cycles_s(run, link, _held(records, GAMMA))
+    assert measured_cycle_s == pytest.approx(predicted_cycle_s, rel=0.03)
 
 
 def test_the_cache_beats_colocated_below_the_drafting_window_as_the_hit_rate_grows():
@@ -163,23 +182,6 @@ def test_a_cache_config_names_its_bad_field():
                 {"alpha_prior": 1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             CacheConfig(**bad)
-
-
-@pytest.mark.parametrize("rtt_ms", [0, 10])
-def test_the_closed_form_counts_a_branch_part_drafted_by_plan_as_the_steps_it_saves(rtt_ms):
-    # a pass over 3 branches costs 24 ms: after the 12 ms step past the block, one pass fits the
-    # wait, so the fill stops a pass deep and its hits save one draft step of two
-    t_draft_s, t_verify_s, gamma = 0.012, 0.04, GAMMA
-    link = LinkCosts(t_draft_s=t_draft_s, t_verify_s=t_verify_s, rtt_s=rtt_ms / 1e3)
-    run = _run("cached", 2, SamplingParams(), link, CacheConfig(fanout=3, batch_slope=0.5))
-    records = _records(run)[1:]                       # the first fill knows no wait yet: gamma deep
-    assert all(r.depth <= 1 for r in records) and any(r.hit and r.depth == 1 for r in records)
-    held = sum(r.hit * min(r.depth, gamma) / gamma for r in records[:-1]) / len(records[:-1])
-    measured_cycle_s = (run.total_s - run.first_token_s) / (len(run.generation.rounds) - 1)
-    alpha = run.generation.alpha_measured
-    predicted_cycle_s = lm.expected_tokens_per_round(alpha, gamma) * lm.per_token_cached_dsd_s(
-        alpha, gamma, t_draft_s, t_verify_s, rtt_ms / 1e3, held)
-    assert measured_cycle_s == pytest.approx(predicted_cycle_s, rel=0.03)
 
 
 def test_pass_times_carry_a_running_estimate_per_batch_size():
