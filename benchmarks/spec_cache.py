@@ -3,6 +3,7 @@ often the cache holds the verdict (against the one-guess protocol's survival), a
 job's folder, the cached mode's crossover with co-located SD beside its prediction.
 
     python benchmarks/spec_cache.py [--pair models/smollm2-chat] [--prompts 8] [--sweep results/crossover]
+        [--no-calibrate] [--no-batch-curve]
 
 In process, one thread pinned to --cpu, bfloat16 unless --dtype. The batch curve: B forks of
 one 100-token context, each fed one new position in one batched pass of the draft (median of
@@ -10,7 +11,9 @@ one 100-token context, each fed one new position in one batched pass of the draf
 prompts (workloads/instructions.jsonl, the draft never trained on them) decoded in the cached
 mode and in the one-guess pipelined mode by the protocol code on the simulator's virtual clock
 with the real models (dsd.simulate), gamma 2, T 0.7 / top-p 0.9 as the main job samples, one
-seed per prompt: ``hit_rate`` (a branch held the verdict, complete or part-way),
+seed per prompt, the prompts one edge run's requests (what the fills learn carries over;
+--no-calibrate ranks the outcomes on the draft's distribution as is): ``hit_rate`` (a branch
+held the verdict, complete or part-way),
 ``hit_rate_predicted`` (the edge's own estimate, summed over its branches, averaged),
 ``baseline_hit_rate`` (one-guess verdicts that kept the speculation alive), and ``hit_rate_at``
 (the share of verdicts whose outcome ranked within the first b candidates: the hit rate b
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.protocol import LogitsRequest, SamplingParams  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
+from dsd.cache_fill import CacheMemory  # noqa: E402
 from dsd.simulate import LinkCosts, simulate_dsd  # noqa: E402
 from dsd.spec_cache import CacheConfig  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
@@ -70,11 +74,12 @@ def batch_curve_s(draft: TorchLM, passes: int) -> dict[int, float]:
 def hit_rates(draft: TorchLM, target: TorchLM, prompts: list[list[int]], cache: CacheConfig) -> dict:
     link = LinkCosts(t_draft_s=0.014, t_verify_s=0.06, rtt_s=0.02)     # virtual: what the fill has time for
     records, survived, verdicts = [], 0, 0
+    memory = CacheMemory()                   # one edge's run: the fills learn across its requests
     for i, prompt in enumerate(prompts):
         sampling = SamplingParams(seed=i, **SAMPLING)
         stop = StopRule(MAX_NEW_TOKENS, target.eos_token_id)
         cached = simulate_dsd(draft, target, prompt, GAMMA, stop, link, pipelined=False, sampling=sampling,
-                              mode="cached", seq_id=f"cached-{i}", cache=cache)
+                              mode="cached", seq_id=f"cached-{i}", cache=cache, cache_memory=memory)
         records += [r.cache for r in cached.generation.rounds if r.cache is not None]
         guess = simulate_dsd(draft, target, prompt, GAMMA, stop, link, pipelined=True, max_in_flight=2,
                              sampling=sampling, mode="pipelined", seq_id=f"guess-{i}")
@@ -110,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=12)
     parser.add_argument("--max-branches", type=int, default=CacheConfig.max_branches)
     parser.add_argument("--cpu", type=int, default=None)
+    parser.add_argument("--no-calibrate", action="store_true", help="rank outcomes on the draft's distribution as is")
+    parser.add_argument("--no-batch-curve", action="store_true", help="skip the batched passes' timing")
     parser.add_argument("--sweep", type=Path, help="a main job's output folder (summary.json)")
     args = parser.parse_args(argv)
     if not (args.pair / "target" / "config.json").is_file():
@@ -125,13 +132,17 @@ def main(argv: list[str] | None = None) -> int:
                for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:args.prompts]]
     target = TorchLM.load(TorchLMConfig(str(args.pair / "target"), args.dtype))
     draft = TorchLM.load(TorchLMConfig(str(args.pair / "draft"), args.dtype))
-    curve = batch_curve_s(draft, args.passes)
-    figures = {f"batch{b}_over_step": round(curve[b] / curve[1], 3) for b in BATCHES}
-    figures["t_draft_step_ms"] = round(1e3 * curve[1], 2)
-    figures |= hit_rates(draft, target, prompts, CacheConfig(max_branches=args.max_branches))
+    figures = {}
+    if not args.no_batch_curve:
+        curve = batch_curve_s(draft, args.passes)
+        figures = {f"batch{b}_over_step": round(curve[b] / curve[1], 3) for b in BATCHES}
+        figures["t_draft_step_ms"] = round(1e3 * curve[1], 2)
+    figures |= hit_rates(draft, target, prompts, CacheConfig(max_branches=args.max_branches,
+                                                             calibrate=not args.no_calibrate))
     if args.sweep is not None:
         figures |= sweep_crossover(args.sweep)
-    figures |= {"prompts": args.prompts, "dtype": args.dtype, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    figures |= {"prompts": args.prompts, "dtype": args.dtype, "calibrate": not args.no_calibrate,
+                "load_avg_1m": round(os.getloadavg()[0], 2)}
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
     return 0
 

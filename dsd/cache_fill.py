@@ -13,14 +13,15 @@ to the next block. Everything else is released.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dsd.backends.protocol import ForksCaches, LanguageModel, SamplingParams, Verdict
 from dsd.drafting import Block, ranking_row
 from dsd.draws import Draws
-from dsd.spec_cache import Branch, CacheConfig, SpeculationCache, batch_step_s, fill_plan, rank_outcomes
+from dsd.spec_cache import (Branch, CacheConfig, Calibration, SpeculationCache, batch_step_s, fill_plan,
+                            rank_outcomes)
 
 _EMA = 0.3          # weight of the newest sample in the running wait and step-time estimates
 
@@ -39,8 +40,7 @@ class CacheRecord:
 
 class PassTimes:
     """What the draft's passes have taken on this device: branches -> seconds of one batched pass
-    (1: a step alone), a running estimate; kept by whoever runs requests one after another on one
-    draft (an edge's run), so every request's first fill is planned on the curve seen so far."""
+    (1: a step alone), a running estimate."""
 
     def __init__(self) -> None:
         self.seconds: dict[int, float] = {}
@@ -55,6 +55,14 @@ class PassTimes:
 
 
 @dataclass
+class CacheMemory:
+    """What the fills of earlier requests learnt: kept by whoever runs requests one after another
+    on one draft (an edge's run), so every request's first fill is planned on what was seen."""
+    pass_times: PassTimes = field(default_factory=PassTimes)
+    calibration: Calibration = field(default_factory=Calibration)
+
+
+@dataclass
 class _Sent:
     base: list[int]                  # committed tokens the block was drafted on
     block: list[int]
@@ -63,7 +71,7 @@ class _Sent:
 
 class CacheFiller:
     def __init__(self, draft: LanguageModel, seq_id: str, sampling: SamplingParams, draws: Draws | None,
-                 config: CacheConfig, pass_times: PassTimes | None = None) -> None:
+                 config: CacheConfig, memory: CacheMemory | None = None) -> None:
         if not isinstance(draft, ForksCaches):
             raise ValueError(f"the cached mode needs a draft that can fork its KV cache; {draft.name!r} cannot")
         self.draft, self.seq_id, self.sampling, self.draws, self.config = draft, seq_id, sampling, draws, config
@@ -73,7 +81,7 @@ class CacheFiller:
         self.hit: Branch | None = None
         self.accepted, self.proposed = 0, 0
         self.wait_s: float | None = None             # send -> verdict, running estimate
-        self.pass_times = pass_times if pass_times is not None else PassTimes()
+        self.memory = memory if memory is not None else CacheMemory()
 
     @property
     def alpha(self) -> float:
@@ -105,7 +113,7 @@ class CacheFiller:
         """A fill pass over ``branches`` branches (0: the bonus step) took ``elapsed_s`` on the device."""
         if self.spec is not None:
             self.spec.fill_s += elapsed_s
-        self.pass_times.note(max(branches, 1), elapsed_s)
+        self.memory.pass_times.note(max(branches, 1), elapsed_s)
 
     def on_verdict(self, verdict: Verdict, committed: Sequence[int], wait_s: float) -> CacheRecord | None:
         """Apply a verdict of the block in flight: what the cache held (None if none was
@@ -117,9 +125,12 @@ class CacheFiller:
         if spec is None:                 # the verdict came before the fill began
             return None if sent is None else CacheRecord(False, 0, -1, 0, 0.0, 0.0)
         branch = spec.branch_for(committed)
+        outcome = spec.outcome_of(committed)
+        if outcome is not None:
+            self.memory.calibration.note(spec.candidates, outcome)
         filled = all(len(b.block.drafted) >= min(len(spec.block), self.depth) for b in spec.branches)
         record = CacheRecord(branch is not None, len(branch.block.drafted) if branch else 0,
-                             spec.rank_of(spec.outcome_of(committed)), len(spec.branches), spec.fill_s,
+                             spec.rank_of(outcome), len(spec.branches), spec.fill_s,
                              spec.predicted_hit, filled)
         self.hit = branch
         self._release_branches(keep=branch)
@@ -155,7 +166,8 @@ class CacheFiller:
         tokens = sent.base + sent.block
         bonus_row = ranking_row(self.draft.logits(self.seq_id, tokens, 1), self.sampling)
         rows = torch.stack([*sent.rows, bonus_row])                         # [gamma + 1, vocab]
-        candidates = rank_outcomes(sent.block, rows, self.alpha, self.config.tokens_per_position)
+        candidates = rank_outcomes(sent.block, rows, self.alpha, self.config.tokens_per_position,
+                                   self.memory.calibration.coverage(len(sent.block)) if self.config.calibrate else None)
         wait_s = None if self.wait_s is None else self.wait_s - self._step_s_of(1)
         n, self.depth = fill_plan(self.config, [c.probability for c in candidates], wait_s, len(sent.block),
                                   self._step_s_of)
@@ -175,4 +187,4 @@ class CacheFiller:
             branch.block.take(logits)
 
     def _step_s_of(self, branches: int) -> float:
-        return self.pass_times.step_s(branches, self.config.batch_slope)
+        return self.memory.pass_times.step_s(branches, self.config.batch_slope)

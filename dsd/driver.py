@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival, features_of)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
-from dsd.cache_fill import CacheFiller, PassTimes
+from dsd.cache_fill import CacheFiller, CacheMemory
 from dsd.contracts import Device, HandsOver, Transport
 from dsd.control import Controller, ControllerConfig, Decision, Observation, check_decision
 from dsd.policies import make_controller
@@ -94,14 +94,14 @@ class DsdDriver:
     applies a verdict or a server round (also for the stale ones a transport drains after the end).
     Without a ``controller`` every round is ``config.mode`` at ``config.gamma``.
     ``prefill_features``: the target's features over the prompt (dsd.features), for a feature draft.
-    ``pass_times``: the draft's pass times seen by earlier requests on this device (dsd.cache_fill),
-    which the cached mode plans its fills on."""
+    ``cache_memory``: what the cached mode's fills learnt in earlier requests on this draft
+    (dsd.cache_fill: pass times, the ranking's calibration)."""
 
     def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], stop: StopRule,
                  sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
                  on_round: Callable[[Round], None], config: DriverConfig,
                  controller: Controller | None = None, prefill_features: FeatureBlock | None = None,
-                 pass_times: PassTimes | None = None) -> None:
+                 cache_memory: CacheMemory | None = None) -> None:
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
         self.gamma_max = config.gamma_max
@@ -120,7 +120,7 @@ class DsdDriver:
         # the cached mode's speculation cache (dsd.cache_fill), made when a round first plans it
         self.cache_config = config.cache
         self.filler: CacheFiller | None = None
-        self.pass_times = pass_times
+        self.cache_memory = cache_memory
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
         begin_request(draft, seq_id, prompt, config.gamma)
@@ -202,7 +202,7 @@ class DsdDriver:
             return False
         if self.filler is None:
             self.filler = CacheFiller(self.draft, self.seq_id, self.sampling, self.draws, self.cache_config,
-                                      self.pass_times)
+                                      self.cache_memory)
         return True
 
     async def fill_step(self) -> None:

@@ -28,6 +28,7 @@ from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, Se
 from dsd.driver import DriverConfig, DsdDriver, run_to_end
 from dsd.edge import EdgeDecoder
 from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
+from dsd.cache_fill import CacheMemory
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -278,7 +279,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
                  controller=None, gamma_max: int | None = None, rtt_at=None,
                  t_verify_of=None, mode: str | None = None, handover_tokens: int = 4,
-                 t_open_s: float | None = None, cache: CacheConfig | None = None) -> SimulatedRun:
+                 t_open_s: float | None = None, cache: CacheConfig | None = None,
+                 cache_memory: CacheMemory | None = None) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
     dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
     None: gamma and the mode stay) is asked for the next plan before the first block and after
@@ -290,7 +292,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     (dsd.driver). ``t_open_s`` (the prefill): the session's Open goes out at time 0 and the edge
     drafts at once, as services/edge/ does (it does not wait for Opened): the verifier serves
     nothing before the Open arrived and was prefilled, and the times include it (without it the
-    session is already open at time 0)."""
+    session is already open at time 0). ``cache_memory``: the cached mode's learning from earlier
+    requests (dsd.cache_fill), as an edge's run keeps it."""
     clock = VirtualClock()
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
@@ -311,7 +314,8 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
     config = DriverConfig(gamma, mode or (PIPELINED if pipelined else SYNC), max_in_flight, gamma_max,
                           handover_tokens, cache or CacheConfig())
     driver = DsdDriver(draft, seq_id, prompt, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link, clock,
-                       on_round, config, controller, prefill_features=session.decided_features(1))
+                       on_round, config, controller, prefill_features=session.decided_features(1),
+                       cache_memory=cache_memory)
     generation.tokens = run_to_end(driver.run())
     session.close()
     draft.release(link.server_seq_id)

@@ -41,6 +41,7 @@ class CacheConfig:
     batch_slope: float = 0.05
     alpha_prior: float = 0.5           # the acceptance estimate before a request's first verdict ...
     alpha_prior_tokens: int = 8        # ... weighted as this many draft tokens
+    calibrate: bool = True             # scale P(t | j) by how often the draft caught the verdict's token at j
 
     def __post_init__(self) -> None:
         if self.fanout != AUTO and not (isinstance(self.fanout, int) and not isinstance(self.fanout, bool)
@@ -50,6 +51,8 @@ class CacheConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not isinstance(self.calibrate, bool):
+            raise ValueError(f"calibrate must be true or false, got {self.calibrate!r}")
         if not self.batch_slope >= 0:
             raise ValueError(f"batch_slope must be >= 0, got {self.batch_slope!r}")
         if not 0.0 < self.alpha_prior < 1.0:
@@ -65,7 +68,8 @@ class Outcome:
 @dataclass(frozen=True)
 class Candidate:
     outcome: Outcome
-    probability: float   # estimated before the verdict
+    probability: float          # estimated before the verdict
+    token_probability: float    # its share of P(t | j) in the draft's distribution, uncalibrated
 
 
 def accepted_length_probability(j: int, gamma: int, alpha: float) -> float:
@@ -88,18 +92,44 @@ def top_tokens(row: torch.Tensor, k: int, exclude: int | None = None) -> list[tu
     return [(int(i), float(v) / scale) for i, v in zip(ids, values) if v > 0]
 
 
-def rank_outcomes(block: Sequence[int], rows: torch.Tensor, alpha: float, k: int) -> list[Candidate]:
+def rank_outcomes(block: Sequence[int], rows: torch.Tensor, alpha: float, k: int,
+                  coverage: Sequence[float] | None = None) -> list[Candidate]:
     """Every outcome the edge can draft for, most probable first. block: the gamma draft tokens;
-    rows [gamma + 1, vocab]: the draft's distribution at each block position and after the block."""
+    rows [gamma + 1, vocab]: the draft's distribution at each block position and after the block;
+    ``coverage`` [gamma + 1]: per accepted length, how much of P(t | j) the draft's distribution
+    really catches (``Calibration``; 1 each by default)."""
     gamma = len(block)
     if rows.shape[0] != gamma + 1:
         raise ValueError(f"rows must hold gamma + 1 = {gamma + 1} distributions, got {rows.shape[0]}")
     out = []
     for j in range(gamma + 1):
-        p_j = accepted_length_probability(j, gamma, alpha)
+        p_j = accepted_length_probability(j, gamma, alpha) * (coverage[j] if coverage is not None else 1.0)
         for token, p in top_tokens(rows[j], k, exclude=block[j] if j < gamma else None):
-            out.append(Candidate(Outcome(j, token), p_j * p))
+            out.append(Candidate(Outcome(j, token), p_j * p, p))
     return sorted(out, key=lambda c: (-c.probability, c.outcome.accepted, c.outcome.token))
+
+
+class Calibration:
+    """How well the draft's own distribution predicts the token a verdict sends back, per
+    accepted length j: the verdicts whose outcome was among the candidates at their j, over the
+    probability the candidates claimed (a correction comes from where the target exceeds the
+    draft, so at j < gamma the draft over-credits its likely tokens; the bonus it predicts
+    better). Starts at 1 (``prior`` verdicts' worth), and scales P(t | j) in ``rank_outcomes``."""
+
+    def __init__(self, prior: float = 4.0) -> None:
+        self.prior = prior
+        self.caught: dict[int, float] = {}
+        self.claimed: dict[int, float] = {}
+
+    def note(self, candidates: Sequence[Candidate], outcome: Outcome) -> None:
+        j = outcome.accepted
+        claimed = sum(c.token_probability for c in candidates if c.outcome.accepted == j)
+        self.claimed[j] = self.claimed.get(j, 0.0) + claimed
+        self.caught[j] = self.caught.get(j, 0.0) + any(c.outcome == outcome for c in candidates)
+
+    def coverage(self, gamma: int) -> list[float]:
+        return [(self.caught.get(j, 0.0) + self.prior) / (self.claimed.get(j, 0.0) + self.prior)
+                for j in range(gamma + 1)]
 
 
 def fill_plan(config: CacheConfig, probabilities: Sequence[float], wait_s: float | None, gamma: int,

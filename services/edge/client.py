@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
-from dsd.cache_fill import PassTimes
+from dsd.cache_fill import CacheMemory
 from dsd.policies import make_controller
 from dsd.driver import DriverConfig, DsdDriver, Round
 from dsd.features import FeatureBlock, TakesFeatures
@@ -28,8 +28,8 @@ class Client:
         self.writer, self.clock = writer, clock
         # One controller per run: what it learnt in one request carries over to the next.
         self.controller = make_controller(config.controller_config())
-        # ... and what the draft's batched passes took, which the cached mode plans its fills on
-        self.pass_times = PassTimes()
+        # ... and what the cached mode's fills learnt (pass times, the ranking's calibration)
+        self.cache_memory = CacheMemory()
         self.last_request_end_s: float | None = None    # the previous request's last arrival
 
     def open_message(self, request: Request, session: int, feature_dtype: str | None = None) -> wire.Open:
@@ -133,7 +133,7 @@ class Client:
         config = DriverConfig(c.gamma, c.mode, c.max_in_flight, max(c.gamma_max, c.gamma), cache=c.cache)
         driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, request.stop, sampling, device,
                            transport, time.perf_counter, on_round, config, controller=self.controller,
-                           prefill_features=prefill, pass_times=self.pass_times)
+                           prefill_features=prefill, cache_memory=self.cache_memory)
         try:
             request.tokens = await driver.run()
         except RuntimeError as exc:

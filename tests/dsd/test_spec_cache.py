@@ -12,8 +12,8 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.cache_fill import PassTimes
 from dsd.decoding import generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.spec_cache import (CacheConfig, Outcome, SpeculationCache, batch_step_s, fill_plan, rank_outcomes,
-                            top_tokens)
+from dsd.spec_cache import (CacheConfig, Calibration, Outcome, SpeculationCache, batch_step_s, fill_plan,
+                            rank_outcomes, top_tokens)
 from dsd.stopping import StopRule
 from tests.toy_models import BigramLM, random_bigram
 
@@ -191,3 +191,27 @@ def test_pass_times_carry_a_running_estimate_per_batch_size():
     times.note(16, 0.030)
     assert times.seconds[16] == pytest.approx(0.7 * 0.040 + 0.3 * 0.030)
     assert times.step_s(8, 0.05) == pytest.approx(0.010 + (times.seconds[16] - 0.010) * 7 / 15)
+
+
+def test_the_calibration_scales_each_accepted_length_by_what_it_caught():
+    block = [5, 6]
+    rows = torch.zeros(3, 10)
+    rows[0, [5, 1]] = torch.tensor([0.5, 0.5])                # a correction at j = 0: 1 (1.0)
+    rows[1, [6, 3, 4]] = torch.tensor([0.5, 0.25, 0.25])    # at j = 1: 3 or 4 (0.5 each)
+    rows[2, [7]] = 1.0                                        # the bonus: 7 (1.0)
+    calibration = Calibration(prior=1.0)
+    assert calibration.coverage(2) == [1.0, 1.0, 1.0]
+    for _ in range(3):                                        # the target corrected x_0 to 9 three times ...
+        calibration.note(rank_outcomes(block, rows, 0.5, k=2), Outcome(0, 9))
+    calibration.note(rank_outcomes(block, rows, 0.5, k=2), Outcome(2, 7))   # ... and the bonus was 7 once
+    coverage = calibration.coverage(2)
+    assert coverage == pytest.approx([(0 + 1) / (3 + 1), 1.0, (1 + 1) / (1 + 1)])
+    plain, calibrated = rank_outcomes(block, rows, 0.5, k=2), rank_outcomes(block, rows, 0.5, k=2, coverage=coverage)
+    assert plain[0].outcome == Outcome(0, 1), "uncalibrated: the likeliest accepted length first"
+    assert calibrated[0].outcome == Outcome(2, 7), "calibrated: the length the draft predicts well first"
+    assert calibrated[0].token_probability == 1.0
+
+
+def test_a_cache_config_names_a_calibrate_that_is_not_a_boolean():
+    with pytest.raises(ValueError, match="calibrate"):
+        CacheConfig(calibrate="yes")
