@@ -5,10 +5,12 @@ After a block goes out, ``next_work`` hands the driver one device pass at a time
 draft step after the block (the draft's distribution over the bonus token; the block's own
 positions' distributions were kept while it was drafted), which ranks the outcomes and starts a
 branch per chosen outcome on a fork of the request's KV cache; then, per depth, one batched pass
-over every branch. Between passes the driver delivers what has arrived, so a verdict stops the
-fill: ``on_verdict`` records what the cache held and keeps the branch drafted on the committed
-prefix, if any, for ``take``, which hands it (complete, or part-way with its generator to go on)
-to the next block. Everything else is released.
+over every branch, as many passes as the plan lets end before the expected verdict
+(dsd.spec_cache.fill_plan). Between passes the driver delivers what has arrived, so a verdict
+stops the fill: ``on_verdict`` records what the cache held and keeps the branch drafted on the
+committed prefix, if any, for ``take``, which hands it (complete, or part-way with its generator
+to go on) to the next block. Everything else is released. ``CacheMemory`` carries what the fills
+learn (pass times, the ranking's calibration) from one request to the next.
 """
 from __future__ import annotations
 
