@@ -100,15 +100,14 @@ class CacheFiller:
     def wants_work(self) -> bool:
         if self.sent is None:
             return False
-        gamma = len(self.sent.block)
-        return self.spec is None or any(len(b.block.drafted) < min(gamma, self.depth) for b in self.spec.branches)
+        return self.spec is None or bool(self._live())
 
     def next_work(self) -> tuple[Callable[[], None], float, int]:
         """One device pass of the fill, its cost in draft steps (for an emulated device), and the
         branches it drafts (0: the step after the block, which starts them)."""
         if self.spec is None:
             return self._rank, 1.0, 0
-        live = [b for b in self.spec.branches if len(b.block.drafted) < min(len(self.sent.block), self.depth)]
+        live = self._live()
         return (lambda: self._depth(live)), 1.0 + self.config.batch_slope * (len(live) - 1), len(live)
 
     def note_pass(self, branches: int, elapsed_s: float) -> None:
@@ -187,6 +186,11 @@ class CacheFiller:
         rows = self.draft.logits_batch([b.block.request(b.seq_id) for b in live])
         for branch, logits in zip(live, rows):                              # logits [1, vocab]
             branch.block.take(logits)
+
+    def _live(self) -> list[Branch]:
+        """The branches short of the depth the fill plans."""
+        depth = min(len(self.sent.block), self.depth)
+        return [b for b in self.spec.branches if len(b.block.drafted) < depth]
 
     def _step_s_of(self, branches: int) -> float:
         return self.memory.pass_times.step_s(branches, self.config.batch_slope)

@@ -153,12 +153,13 @@ def fill_plan(config: CacheConfig, probabilities: Sequence[float], wait_s: float
     if config.fanout != AUTO or wait_s is None:
         n = limit if config.fanout == AUTO else min(config.fanout, limit)
         return n, depth(n)
-    best, best_value, mass = 1, -1.0, 0.0
+    best, best_value, mass = (1, depth(1)), -1.0, 0.0
     for b in range(1, limit + 1):
         mass += probabilities[b - 1]
-        if mass * depth(b) > best_value + 1e-12:
-            best, best_value = b, mass * depth(b)
-    return best, depth(best)
+        d = depth(b)
+        if mass * d > best_value + 1e-12:
+            best, best_value = (b, d), mass * d
+    return best
 
 
 def batch_step_s(measured_s: dict[int, float], branches: int, slope: float) -> float:
