@@ -57,6 +57,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="smollm2-eagle only: answer only these batches of the first round, e.g. 0-9,19-23")
     parser.add_argument("--rollout-steps", type=int,
                         help="smollm2-eagle only: draft steps per block the training simulates")
+    parser.add_argument("--init-draft", type=Path,
+                        help="smollm2-eagle only: train on from this feature draft folder (e.g. "
+                             "models/smollm2-eagle/draft), keeping its vocabulary")
     parser.add_argument("--target-only", action="store_true",
                         help="smollm2 only: write target/ into a shipped pair folder and verify it")
     return parser
@@ -77,7 +80,8 @@ def parse_args(argv: list[str] | None):
                     if v is not None}
     eagle_only = {k: v for k, v in [("feature_layers", args.feature_layers),
                                     ("rollout_steps", args.rollout_steps),
-                                    ("answer_batches", _ranges(parser, args.answer_batches))] if v is not None}
+                                    ("answer_batches", _ranges(parser, args.answer_batches)),
+                                    ("init_draft", args.init_draft)] if v is not None}
     if eagle_only and args.family != "smollm2-eagle":
         parser.error(f"--{sorted(eagle_only)[0].replace('_', '-')} applies to --family smollm2-eagle only")
     if args.family == "smollm2-eagle":

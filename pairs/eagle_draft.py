@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dsd.backends.eagle_model import EagleConfig, EagleDraft
+from dsd.backends.eagle_model import EagleConfig, EagleDraft, load_eagle
 from dsd.backends.vocab_map import VocabMap
 from dsd.features import round_trip
 from dsd.verification import probs_from_logits
@@ -101,9 +101,34 @@ def new_eagle(target, feature_layers: tuple[int, ...], vocab: VocabMap) -> Eagle
         model.fuse.weight[:, -d:] = eye
     rows = target.model.embed_tokens.weight[vocab.kept_tensor]
     model.embed.weight.copy_(torch.cat([rows, rows.mean(0, keepdim=True)]))
+    return freeze_head(model.float())
+
+
+def continued_eagle(folder: Path, target, feature_layers: tuple[int, ...]) -> tuple[EagleDraft, VocabMap]:
+    """A shipped feature draft (and its kept vocabulary) to train on: the same layers it was built
+    for, at the target's width, its head frozen as new_eagle freezes it."""
+    folder = Path(folder)
+    model = load_eagle(folder)
+    vocab = VocabMap.load(folder)
+    if vocab is None:
+        raise ValueError(f"{folder}: no vocab_map.json; a feature draft to continue keeps its kept vocabulary")
+    if model.config.vocab_kept != len(vocab.kept):
+        raise ValueError(f"{folder}: the draft's head has {model.config.vocab_kept} rows, its vocab_map.json "
+                         f"keeps {len(vocab.kept)} tokens")
+    if model.config.feature_layers != tuple(feature_layers):
+        raise ValueError(f"{folder}: the draft reads target layers {model.config.feature_layers}, "
+                         f"the build asks for {tuple(feature_layers)}")
+    if model.config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"{folder}: a draft of width {model.config.hidden_size}, the target's is "
+                         f"{target.config.hidden_size}")
+    return freeze_head(model), vocab
+
+
+def freeze_head(model: EagleDraft) -> EagleDraft:
+    """The tied embedding over the kept tokens and the final norm stay the target's."""
     model.embed.weight.requires_grad_(False)
     model.norm.weight.requires_grad_(False)
-    return model.float()
+    return model
 
 
 @dataclass(frozen=True)

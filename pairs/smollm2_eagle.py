@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from dsd.backends.eagle_lm import EagleLM
-from dsd.backends.eagle_model import save_eagle
+from dsd.backends.eagle_model import WEIGHTS_FILE, save_eagle
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.backends.vocab_map import VocabMap
 from dsd.features import FEATURE_DTYPES, feature_bytes_per_row
@@ -66,6 +67,7 @@ class EaglePairConfig:
     dtype: str = "bfloat16"
     threads: int = 2
     data_cache: Path | None = None
+    init_draft: Path | None = None    # a feature draft folder to train on from (its kept vocabulary too)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -75,7 +77,7 @@ class EaglePairConfig:
             if not self.answer_batches or self.answer_batches[0] < 0:
                 raise ValueError(f"EaglePairConfig.answer_batches must be batch indices >= 0, "
                                  f"got {self.answer_batches!r}")
-        for name in ("out_dir", "gguf_path", "prompts_path", "data_cache"):
+        for name in ("out_dir", "gguf_path", "prompts_path", "data_cache", "init_draft"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
         if self.dtype not in smollm2.DEPLOY_DTYPES:
@@ -142,16 +144,28 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
                                                           config.data_cache, key, config.dtype, FUSED_LAYERS)
             held = {id(s) for s in heldout}
             train_indices = [i for i, s in enumerate(samples) if id(s) not in held]
-            always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
-            always += [t for s in train for t in s.prompt_ids]
-            vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always),
-                             target.config.vocab_size)
             train_config = config.train_config()
-            with timer.phase("draft"):
+            before = None
+            if config.init_draft is None:
+                always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
+                always += [t for s in train for t in s.prompt_ids]
+                vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always),
+                                 target.config.vocab_size)
                 torch.manual_seed(config.seed)
                 draft = eagle_draft.new_eagle(target, config.feature_layers, vocab)
+            else:
+                draft, vocab = eagle_draft.continued_eagle(config.init_draft, target, config.feature_layers)
+                with timer.phase("eval_before"):
+                    before = eagle_draft.heldout_acceptance(
+                        draft.to(smollm2.DEPLOY_DTYPES[config.dtype]), target, vocab, heldout, config.gamma,
+                        config.eval_temperature, config.eval_top_p)["bfloat16"]
+                    draft.float()
+                log(f"[eval] before training: alpha per draft step sampled "
+                    f"{' '.join(f'{x:.3f}' for x in before.sampled)}, greedy "
+                    f"{' '.join(f'{x:.3f}' for x in before.greedy)}")
+            with timer.phase("draft"):
                 checkpoint = None if config.data_cache is None else (
-                    config.data_cache / f"eagle-checkpoint-{_training_key(key, train_config)}.pt")
+                    config.data_cache / f"eagle-checkpoint-{_training_key(key, train_config, config.init_draft)}.pt")
                 losses = eagle_draft.train_eagle(draft, samples, features, train_indices, vocab, train_config,
                                                  checkpoint)
                 draft.to(smollm2.DEPLOY_DTYPES[config.dtype])
@@ -170,7 +184,7 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
             times = measure_eagle_step_times(work_dir, context[:100], config.gamma, config.dtype)
             log(f"[timing] {times}")
         manifest = eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses,
-                                  acceptance, times, timer)
+                                  acceptance, times, timer, before)
         return write_manifest(work_dir, manifest)
 
 
@@ -206,8 +220,9 @@ def batch_answers(config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], t
     return samples
 
 
-def _training_key(answers: str, train_config: eagle_draft.EagleTrainConfig) -> str:
-    return hashlib.sha256(repr((answers, dataclasses.asdict(train_config))).encode()).hexdigest()[:16]
+def _training_key(answers: str, train_config: eagle_draft.EagleTrainConfig, init_draft: Path | None) -> str:
+    start = None if init_draft is None else sha256_file(init_draft / WEIGHTS_FILE)
+    return hashlib.sha256(repr((answers, dataclasses.asdict(train_config), start)).encode()).hexdigest()[:16]
 
 
 def measure_eagle_step_times(pair_dir: Path, context: list[int], gamma: int, dtype: str, passes: int = 30,
@@ -231,11 +246,12 @@ def measure_eagle_step_times(pair_dir: Path, context: list[int], gamma: int, dty
 
 
 def eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance,
-                   times, timer) -> dict:
+                   times, timer, before=None) -> dict:
+    """before: the initial draft's held-out acceptance on these answers, when the build continued one."""
     """Everything but the file hashes, which write_manifest adds."""
     params = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
               for k, v in dataclasses.asdict(config).items()}
-    for name in ("out_dir", "overwrite", "data_cache"):
+    for name in ("out_dir", "overwrite", "data_cache", "init_draft"):
         del params[name]
     params["gguf_path"] = str(gguf_path)
     prompts = Path(config.prompts_path).resolve()
@@ -276,7 +292,19 @@ def eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, 
                                            "greedy": [round(x, 4) for x in a.greedy],
                                            "positions": a.positions} for d, a in acceptance.items()}},
         "step_times": times,
+        **({} if config.init_draft is None else {"continued_from": {
+            "draft_sha256": sha256_file(config.init_draft / WEIGHTS_FILE),
+            "manifest_git_commit": _manifest_field(config.init_draft.parent, "git_commit"),
+            "heldout_alpha_before": {"sampled": round(before.block_sampled, 4),
+                                     "greedy": round(before.block_greedy, 4),
+                                     "per_step_sampled": [round(x, 4) for x in before.sampled]}}}),
         "versions": versions(),
         "git_commit": git_commit(),
         **timer.manifest_fields(),
     }
+
+
+def _manifest_field(pair_dir: Path, name: str):
+    """A field of the pair's manifest.json, None when there is none."""
+    path = pair_dir / "manifest.json"
+    return json.loads(path.read_text()).get(name) if path.is_file() else None

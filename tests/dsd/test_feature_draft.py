@@ -277,6 +277,37 @@ def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
 
 # ---- the build ---------------------------------------------------------------------------------
 
+def test_a_continued_draft_starts_from_the_saved_weights_and_vocabulary_with_its_head_frozen(tmp_path):
+    draft, target = tiny_pair(layers=(0, 2))
+    vocab = VocabMap([0, 2, 3, 5, 1, 4], VOCAB)
+    save_eagle(draft.model, tmp_path / "draft", dtype=torch.float32)
+    VocabMap([0, 2, 3], VOCAB).save(tmp_path / "draft")
+    with pytest.raises(ValueError, match="head has 6 rows, its vocab_map.json keeps 3 tokens"):
+        eagle_draft.continued_eagle(tmp_path / "draft", target.model, (0, 2))
+    vocab.save(tmp_path / "draft")
+    model, loaded_vocab = eagle_draft.continued_eagle(tmp_path / "draft", target.model, (0, 2))
+    assert loaded_vocab.kept == vocab.kept
+    for (name, saved), (_, loaded) in zip(draft.model.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(saved, loaded), name
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {"embed.weight", "norm.weight"}
+    with pytest.raises(ValueError, match=r"reads target layers \(0, 2\), the build asks for \(2,\)"):
+        eagle_draft.continued_eagle(tmp_path / "draft", target.model, (2,))
+    (tmp_path / "draft" / "vocab_map.json").unlink()
+    with pytest.raises(ValueError, match="no vocab_map.json"):
+        eagle_draft.continued_eagle(tmp_path / "draft", target.model, (0, 2))
+
+
+def test_a_continued_build_keys_its_checkpoint_by_the_draft_it_starts_from(tmp_path):
+    from pairs import smollm2_eagle
+    train = smollm2_eagle.EaglePairConfig(out_dir=tmp_path).train_config()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "model.safetensors").write_bytes(b"one")
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"two")
+    keys = {smollm2_eagle._training_key("answers", train, start) for start in (None, tmp_path / "a", tmp_path / "b")}
+    assert len(keys) == 3
+
 def test_the_feature_pair_build_refuses_training_prompts_shared_with_evaluation(tmp_path):
     from pairs import chat_data, smollm2, smollm2_eagle
     leaked = tmp_path / "leaked.jsonl"
@@ -303,6 +334,11 @@ def test_the_build_command_takes_the_feature_pairs_options_and_refuses_the_layer
                                "--answer-batches", "0-2,19", "--epochs", "3", "--threads", "1"])
     assert config == smollm2_eagle.EaglePairConfig(out_dir=tmp_path, feature_layers=(29,), answer_batches=(0, 1, 2, 19),
                                                    epochs=3.0, threads=1)
+    continued = build.parse_args(["--out", str(tmp_path), "--family", "smollm2-eagle", "--init-draft",
+                                  str(tmp_path / "shipped" / "draft")])
+    assert continued.init_draft == tmp_path / "shipped" / "draft"
+    with pytest.raises(SystemExit):
+        build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--init-draft", str(tmp_path)])
     for option in (["--draft-layers", "2"], ["--precision", "bf16"]):
         with pytest.raises(SystemExit):
             build.parse_args(["--out", str(tmp_path), "--family", "smollm2-eagle", *option])
