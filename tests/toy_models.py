@@ -14,6 +14,7 @@ class BigramLM:
         self.name = name
         self.vocab_size = probs.shape[0]
         self.eos_token_id = None
+        self.max_positions = None
         self.stats = ForwardStats()
         self._cached: dict[str, int] = {}
 

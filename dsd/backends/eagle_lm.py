@@ -73,6 +73,7 @@ class EagleLM:
         self.vocab_map = vocab_map
         self.vocab_size = vocab_map.target_vocab_size
         self.eos_token_id = eos_token_id
+        self.max_positions = None          # rotary positions: the target's limit is the one that binds
         self.stats = ForwardStats()
         self.dtype = model.fc.weight.dtype
         c = model.config

@@ -161,6 +161,7 @@ class SyntheticLM:
         self.name = f"synthetic-{role}"
         self.vocab_size = config.vocab_size
         self.eos_token_id = config.eos_token_id
+        self.max_positions = None
         self.stats = ForwardStats()
         self._next_at = _target_at if role == "target" else _draft_at
         self._cached: dict[str, list[int]] = {}

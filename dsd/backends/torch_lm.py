@@ -131,6 +131,15 @@ AttentionInterface.register(ATTENTION, _rows_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
+def model_positions(config) -> int | None:
+    """The positions a transformers config's model has (learned or trained for), None if it names none."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 class TorchLM:
     """A LanguageModel over a transformers causal LM."""
 
@@ -151,6 +160,7 @@ class TorchLM:
         self._to_model_ids = vocab_map.to_draft().to(model.device) if vocab_map else None
         self.vocab_size = vocab_map.target_vocab_size if vocab_map else int(config.vocab_size)
         self.eos_token_id = eos_token_id
+        self.max_positions = model_positions(config)
         self.device = next(model.parameters()).device
         self.stats = ForwardStats()
         self._base = model.base_model                    # the transformer without the LM head

@@ -83,7 +83,15 @@ class VerifierMessages:
     def _welcome(self, seq: int) -> wire.Welcome:
         return wire.Welcome(seq, wire.VERSION, self.target.name, self.draft.name, self.target.vocab_size,
                             self.target.eos_token_id, self.limits.max_gamma,
-                            self.limits.max_tokens_per_session, self.limits.max_message_bytes)
+                            self.session_tokens(), self.limits.max_message_bytes)
+
+    def session_tokens(self) -> int:
+        """The most tokens (prompt + max_new_tokens) a session may hold: the limit, or fewer when the
+        target reads fewer positions than that and a block of max_gamma drafts past the last one."""
+        positions = self.target.max_positions
+        if positions is None:
+            return self.limits.max_tokens_per_session
+        return max(0, min(self.limits.max_tokens_per_session, positions - self.limits.max_gamma))
 
     def _admit(self, conn: Connection) -> None:
         """Count one more request in flight on this connection, or refuse it as busy."""
@@ -110,6 +118,11 @@ class VerifierMessages:
         _require(total <= limits.max_tokens_per_session, "max_new_tokens",
                  f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds "
                  f"max_tokens_per_session {limits.max_tokens_per_session}", limit="max_tokens_per_session")
+        _require(total <= self.session_tokens(), "max_new_tokens",
+                 f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds the "
+                 f"{self.session_tokens()} tokens a session can hold: the target {self.target.name!r} reads "
+                 f"{self.target.max_positions} positions and a block of up to max_gamma {limits.max_gamma} "
+                 f"drafts goes past a session's last token", limit="max_tokens_per_session")
         _limit(conn.tokens_live + total <= limits.max_tokens_per_connection, "max_new_tokens",
                "max_tokens_per_connection", limits.max_tokens_per_connection,
                f"tokens (prompt + max_new_tokens) for this connection's open sessions; they hold "

@@ -9,12 +9,13 @@ import aiohttp
 import pytest
 
 from dsd.backends.factory import HfBackendConfig
+from services import wire
 from services.access import bearer_header
 from services.edge.cli import openai_text
 from services.edge.openai_api import ServeConfig, TextStream
 from services.edge.openai_api.routes import DISCONNECTED, STOPPED
 from services.edge.openai_api.text import REPLACEMENT
-from tests.services.harness import sessions_open
+from tests.services.harness import RawClient, open_message, run, sessions_open
 from tests.services.openai_harness import (MODEL, TOKEN, call, configure, served, serving_rows,  # noqa: F401
                                            serving_status, wait_idle)
 
@@ -223,3 +224,20 @@ def test_the_text_stream_holds_back_what_may_begin_a_stop_string_and_cuts_before
         pieces.append(stream.add([token]))
         assert "gam" not in "".join(pieces)        # never half of the stop string
     assert stream.stopped and "".join(pieces) + stream.finish() == "alpha beta "
+
+
+def test_the_verifier_holds_a_session_to_the_targets_positions_whoever_the_client(served):
+    """A client that skips the edge's context check (a peer's own client on the wire) gets a
+    limit error naming the target's positions, not a failed pass past them."""
+    async def ask():
+        async with RawClient(served[0].url, token=TOKEN) as c:
+            welcome = await c.ask(wire.Hello(c.next_seq(), "no-context-check"))
+            over = await c.ask(open_message(c.next_seq(), 1, prompt=[5] * 20, max_new_tokens=1000))
+            fits = await c.ask(open_message(c.next_seq(), 2, prompt=[5] * 20, max_new_tokens=welcome.max_tokens_per_session - 20))
+            return welcome, over, fits
+
+    welcome, over, fits = run(ask())
+    assert welcome.max_tokens_per_session == 1024 - welcome.max_gamma       # the toy pair: 1024 positions
+    assert isinstance(over, wire.Error) and (over.limit, over.field) == ("max_tokens_per_session", "max_new_tokens")
+    assert "reads 1024 positions" in over.message and f"max_gamma {welcome.max_gamma}" in over.message, over.message
+    assert isinstance(fits, wire.Opened), fits
