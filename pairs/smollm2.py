@@ -214,13 +214,16 @@ def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
                          f"{sorted(overlap)[0]!r}")
 
 
+def is_heldout(prompt_ids: list[int], heldout_pct: float) -> bool:
+    """Whether a training prompt (rendered) is one a build holds out, by a hash of its tokens."""
+    digest = hashlib.sha256(str(prompt_ids).encode()).hexdigest()
+    return int(digest[:8], 16) % 10000 < heldout_pct * 100
+
+
 def split_heldout(samples: list[chat_data.ChatSample], heldout_pct: float):
     """(train, heldout) by prompt: every answer to a held-out prompt is held out."""
-    def held(sample) -> bool:
-        digest = hashlib.sha256(str(sample.prompt_ids).encode()).hexdigest()
-        return int(digest[:8], 16) % 10000 < heldout_pct * 100
-    heldout = [s for s in samples if held(s)]
-    train = [s for s in samples if not held(s)]
+    heldout = [s for s in samples if is_heldout(s.prompt_ids, heldout_pct)]
+    train = [s for s in samples if not is_heldout(s.prompt_ids, heldout_pct)]
     if not heldout or not train:
         raise ValueError(f"heldout_pct {heldout_pct} leaves {len(train)} training and "
                          f"{len(heldout)} held-out answers; both must be non-empty")
