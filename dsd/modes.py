@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from dsd import latency_model as lm
 
 AR, COLOCATED, SYNC, PIPELINED, CACHED = "ar", "colocated", "sync", "pipelined", "cached"
+CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
+    "sync_vs_ar": (SYNC, AR),
+    "pipelined_vs_colocated": (PIPELINED, COLOCATED),
+    "cached_vs_colocated": (CACHED, COLOCATED),
+}
 EDGE, SERVER, NOWHERE = "edge", "server", "nowhere"
 DRAFT_SITES = (EDGE, SERVER, NOWHERE)
 

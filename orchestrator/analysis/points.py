@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
-from dsd.modes import AR, CACHED, COLOCATED, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
+from dsd.modes import AR, CACHED, COLOCATED, CROSSOVERS, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
 from dsd.times import ComputeTimes
 from netem.measure import percentile
 from orchestrator.analysis import capacity
@@ -31,13 +31,6 @@ GROUP_KEYS += SAMPLING_KEYS
 def varied_group_keys(frame: pd.DataFrame) -> list[str]:
     """The group keys of a sweep: profile and alpha where present, sampling keys where they vary."""
     return [k for k in GROUP_KEYS if k in frame.columns and (k not in SAMPLING_KEYS or frame[k].nunique() > 1)]
-CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
-    "sync_vs_ar": (SYNC, AR),
-    "pipelined_vs_colocated": (PIPELINED, COLOCATED),
-    "cached_vs_colocated": (CACHED, COLOCATED),
-}
-
-
 def fit_alpha(rounds: pd.DataFrame) -> float:
     """Pooled maximum-likelihood alpha over live rounds: accepted successes, one failure per
     round that did not accept everything."""

@@ -57,7 +57,8 @@ def check_out_dir(out_dir: Path, experiment: Experiment, resume: bool) -> bool:
 def _planned_part(record: dict) -> dict:
     """What fixes the planned points: a resumed sweep may spend another budget on repeats until
     CI, which only adds points after the plan."""
-    return {k: v for k, v in record.items() if k not in ("adaptive_budget_points", "adaptive_ci_target_pct")}
+    return {k: v for k, v in record.items()
+            if k not in ("adaptive_budget_points", "adaptive_ci_target_pct", "adaptive_crossovers")}
 
 
 def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: dict) -> None:
@@ -206,7 +207,7 @@ def experiment_record(experiment: Experiment) -> dict:
     record["backend"] = jsonable(experiment.backend.to_dict())       # kind and its own fields
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Experiment)}
     for key in ("alpha", "retries", "retry_backoff_s", *link_keys.LINK_KEYS, "delay_down_ms", "link",
-                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "sampling", "workload",
+                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "adaptive_crossovers", "sampling", "workload",
                 "hardware_profiles", "external", "controller", "gamma_max", "controller_modes", "load", "slo"):
         if getattr(experiment, key) == defaults[key]:
             del record[key]

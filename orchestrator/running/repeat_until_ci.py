@@ -2,8 +2,8 @@
 until its 95% interval is narrower than a target or the budget of extra points is spent.
 
 Experiment keys: ``adaptive_budget_points`` (extra points at most; 0, the default, turns this
-off) and ``adaptive_ci_target_pct`` (an interval is narrow enough when its width is at most this
-share of the crossover). Each step takes the located crossover (finite, interval not covering
+off), ``adaptive_ci_target_pct`` (an interval is narrow enough when its width is at most this
+share of the crossover) and ``adaptive_crossovers`` (the crossovers served; empty: every one). Each step takes the located crossover (finite, interval not covering
 the whole grid... or covering it: those need data most) whose interval is widest relative to
 the crossover, and runs one more repeat of both of its modes at every grid RTT inside its
 interval and the nearest one on either side. The extra points are ordinary point folders
@@ -73,7 +73,9 @@ def next_points(experiment, states: list[dict], target_pct: float, taken: set[st
     """One more repeat of the worst crossover's bracketing points; [] when every crossover that
     may lie in the grid is narrow enough. A crossover measured "never" (or "always") whose
     interval still has a finite end may lie in the grid, so it is open too."""
-    open_ = [s for s in states if may_cross_in_grid(s) and not (s["width_relative"] <= target_pct / 100)]
+    served = experiment.adaptive_crossovers or tuple(CROSSOVERS)
+    open_ = [s for s in states if s["name"] in served and may_cross_in_grid(s)
+             and not (s["width_relative"] <= target_pct / 100)]
     if not open_:
         return []
     worst = max(open_, key=lambda s: s["width_relative"] if not math.isnan(s["width_relative"]) else -1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dsd.backends.factory import BackendConfig, SyntheticBackendConfig, backend_from_dict
 from dsd.control import CONTROLLERS
-from dsd.modes import BUILTIN, edge_modes, names
+from dsd.modes import BUILTIN, CROSSOVERS, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from dsd.checks import check, is_int, is_number
 from dsd.spec_cache import CacheConfig
@@ -70,6 +70,7 @@ class Experiment:
     # spending at most adaptive_budget_points extra points (0: off)
     adaptive_budget_points: int = 0
     adaptive_ci_target_pct: float = 20.0
+    adaptive_crossovers: tuple[str, ...] = ()     # the crossovers the extra repeats serve (empty: every one)
     backend: BackendConfig = field(default_factory=SyntheticBackendConfig)   # [backend]: kind and its fields
     sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/spec/sampling.py
     workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/spec/workload.py
@@ -139,6 +140,8 @@ class Experiment:
               "at most 10000")
         check(is_number(self.adaptive_ci_target_pct) and 0 < self.adaptive_ci_target_pct <= 1000,
               "adaptive_ci_target_pct", self.adaptive_ci_target_pct, "a number in (0, 1000]")
+        check(all(name in CROSSOVERS for name in self.adaptive_crossovers), "adaptive_crossovers",
+              self.adaptive_crossovers, f"a list of crossover names from {sorted(CROSSOVERS)}")
         for name in ("batch_window_ms", "retry_backoff_s"):
             value = getattr(self, name)
             check(is_number(value) and 0 <= value <= 3600, name, value, "a number in 0..3600")
@@ -334,7 +337,7 @@ def experiment_from_dict(data: dict, source: str = "experiment",
     if "rtt_ms" in data and ("delay_up_ms" in data or "delay_down_ms" in data):
         raise ValueError(f"{source}: give rtt_ms or delay_up_ms/delay_down_ms, not both")
     for key in ("modes", "rtt_ms", "gamma", "clients", "alpha", *link_keys.LINK_KEYS, "delay_down_ms",
-                "controller_modes"):
+                "controller_modes", "adaptive_crossovers"):
         if key in data:
             value = data[key]
             data[key] = tuple(value) if isinstance(value, list) else (value,)

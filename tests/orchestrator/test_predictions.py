@@ -210,6 +210,21 @@ def test_repeat_until_ci_points_are_the_planned_cells_with_their_sampling_and_li
     assert {p.key.replace("_r2", "_r0") for p in points} <= planned
 
 
+def test_repeats_until_ci_serve_only_the_crossovers_the_experiment_names():
+    experiment = experiment_from_dict({**REPEATS, "modes": ["ar", "colocated", "sync", "cached"],
+                                       "adaptive_crossovers": ["cached_vs_colocated"]})
+    wide = {"group": {}, "measured_rtt_ms": 6.0, "ci_low": -math.inf, "ci_high": 9.0, "ci_covers_grid": False,
+            "width_relative": math.inf}
+    sync, cached = {**wide, "name": "sync_vs_ar"}, {**wide, "name": "cached_vs_colocated", "measured_rtt_ms": 3.0}
+    points = repeat_until_ci.next_points(experiment, [sync, cached], 20.0, set())
+    assert {p.mode for p in points} == {"cached", "colocated"} and {p.rtt_ms for p in points} == {0.0, 4.0, 8.0, 12.0}
+    assert repeat_until_ci.next_points(experiment, [sync], 20.0, set()) == []
+    everyone = experiment_from_dict({**REPEATS, "modes": ["ar", "colocated", "sync", "cached"]})
+    assert {p.mode for p in repeat_until_ci.next_points(everyone, [sync], 20.0, set())} == {"ar", "sync"}
+    with pytest.raises(ValueError, match="adaptive_crossovers.*cached_vs_colocated"):
+        experiment_from_dict({**REPEATS, "adaptive_crossovers": ["cached_vs_coloc"]})
+
+
 def test_a_finished_sweep_resumed_with_repeat_until_ci_adds_repeats_and_nothing_else(tmp_path):
     toml = tmp_path / "repeats.toml"
     toml.write_text('name = "repeats"\nprofile = "toy-edge-cloud"\nmodes = ["ar", "sync"]\n'
