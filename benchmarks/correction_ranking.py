@@ -43,7 +43,7 @@ def log(message: str) -> None:
 
 def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
     rendered = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.TRAIN_PROMPTS)]
-    held = [ids for ids in rendered if smollm2.is_heldout(ids, smollm2.Smollm2PairConfig.heldout_pct)]
+    held = [ids for ids in rendered if common.is_heldout(str(ids), smollm2.Smollm2PairConfig.heldout_pct)]
     if len(held) < count:
         raise SystemExit(f"--answers {count}: the training prompts hold out only {len(held)}")
     return held[:count]

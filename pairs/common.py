@@ -8,6 +8,7 @@ Imported by pairs.stdlib_gpt2 and pairs.smollm2, importing neither: the command 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import platform
 import shutil
 import sys
@@ -128,3 +129,10 @@ def load_pair(folder: Path | str):
     target = transformers.AutoModelForCausalLM.from_pretrained(str(folder / "target")).eval()
     draft = transformers.AutoModelForCausalLM.from_pretrained(str(folder / "draft")).eval()
     return tokenizer, target, draft, manifest
+
+
+def is_heldout(key: str, heldout_pct: float) -> bool:
+    """Whether a build holds out the item named ``key`` (a corpus file's path, a rendered prompt's
+    token ids): by a hash of the key, so an item stays on its side from build to build."""
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % 10_000
+    return bucket < heldout_pct * 100

@@ -11,6 +11,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from pairs.common import is_heldout
+
 
 @dataclass(frozen=True)
 class Document:
@@ -27,13 +29,6 @@ class Corpus:
 
 def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
-
-
-def is_heldout(relpath: str, heldout_pct: float) -> bool:
-    """Split by a hash of the path, not of the content, so that a file stays on the same side
-    across Python patch releases that edit it."""
-    bucket = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:4], "big") % 10_000
-    return bucket < heldout_pct * 100
 
 
 def shuffle_key(relpath: str, seed: int) -> str:
@@ -64,6 +59,7 @@ def read_corpus(root: Path, heldout_pct: float) -> Corpus:
             skipped.append(relpath)
             continue
         digest.update(relpath.encode() + b"\0" + hashlib.sha256(raw).digest())
+        # by a hash of the path, not of the content: a file stays on its side across Python patch releases
         (heldout if is_heldout(relpath, heldout_pct) else train).append(Document(relpath, text))
     description = {
         "source": "Python standard library *.py (site-packages excluded), sorted by path",

