@@ -63,6 +63,9 @@ class HfBackendConfig(BackendConfig):
         from dsd.backends.precision import resolve
 
         target, draft = self.model_paths()
+        if (Path(draft).expanduser() / "eagle_config.json").is_file():
+            raise ValueError(f"dtype/draft_dtype 'auto' times a layer draft, and {draft} holds a feature draft; "
+                             "give a dtype (bfloat16 where the CPU has AMX or AVX512-BF16, else float32)")
         for folder in (target, draft):
             if not (Path(folder).expanduser() / "config.json").is_file():
                 raise ValueError(f"dtype/draft_dtype 'auto' times the pair on this machine, but {folder} holds no "

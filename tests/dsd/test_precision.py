@@ -100,6 +100,10 @@ def test_bad_precision_settings_name_their_field():
 def test_auto_without_a_built_pair_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="holds no model"):
         HfBackendConfig(pair_path=str(tmp_path), dtype="auto")
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "eagle_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds a feature draft; give a dtype"):
+        HfBackendConfig(pair_path=str(tmp_path), dtype="auto")
 
 
 @pytest.mark.model
