@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from dsd.backends.eagle_model import WEIGHTS_FILE, EagleConfig
 from dsd.backends.protocol import LogitsRequest
-from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig
+from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig, load_model
 from dsd.backends.vocab_map import VocabMap
 from dsd.features import FeatureBlock
 
@@ -57,14 +56,16 @@ class FeatureTorchLM(TorchLM):
         """The target at config.path, tapped at the layers the draft in draft_folder reads."""
         import safetensors.torch
         eagle = EagleConfig.load(draft_folder)
-        model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype]).to(config.device)
+        model, choice = load_model(config)
         fuse = None
         if eagle.fused:
             weight = safetensors.torch.load_file(str(Path(draft_folder) / WEIGHTS_FILE))["fuse.weight"]
             fuse = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
             fuse.weight.data = weight.to(DTYPES[config.dtype]).to(config.device)
-        return cls(model, Path(config.path).name, model.config.eos_token_id, eagle.feature_layers, fuse,
-                   VocabMap.load(config.path))
+        lm = cls(model, Path(config.path).name, model.config.eos_token_id, eagle.feature_layers, fuse,
+                 VocabMap.load(config.path))
+        lm.kernel_choice = choice
+        return lm
 
     @property
     def feature_width(self) -> int:

@@ -140,6 +140,28 @@ def model_positions(config) -> int | None:
     return None
 
 
+def load_model(config: TorchLMConfig):
+    """(the transformers model at config.path in its dtype on its device, the KernelChoice its
+    linear layers run on: the paths this machine keeps for it, else timed now; None on PyTorch's
+    default path)."""
+    model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
+    model.to(config.device)
+    choice = None
+    if config.device == "cpu" and config.kernel_paths != (ATEN,):
+        kept = stored_choice(config.path, config.dtype) if config.kernel_store else None
+        used = tuple({ATEN, *(p for c in (kept or {}).values() for p in c.values())} & set(config.kernel_paths))
+        kernels = KernelConfig(used if kept is not None else config.kernel_paths)
+        layers = install_paths(model, kernels)
+        if kept is not None:
+            apply_choice(layers, kept)
+            choice = KernelChoice(config.dtype, kept)
+        else:
+            choice = choose_paths(layers, kernels, config.dtype)
+            if config.kernel_store:
+                store_choice(config.path, choice)
+    return model, choice
+
+
 class TorchLM:
     """A LanguageModel over a transformers causal LM."""
 
@@ -173,21 +195,7 @@ class TorchLM:
 
     @classmethod
     def load(cls, config: TorchLMConfig) -> "TorchLM":
-        model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
-        model.to(config.device)
-        choice = None
-        if config.device == "cpu" and config.kernel_paths != (ATEN,):
-            kept = stored_choice(config.path, config.dtype) if config.kernel_store else None
-            used = tuple({ATEN, *(p for c in (kept or {}).values() for p in c.values())} & set(config.kernel_paths))
-            kernels = KernelConfig(used if kept is not None else config.kernel_paths)
-            layers = install_paths(model, kernels)
-            if kept is not None:
-                apply_choice(layers, kept)
-                choice = KernelChoice(config.dtype, kept)
-            else:
-                choice = choose_paths(layers, kernels, config.dtype)
-                if config.kernel_store:
-                    store_choice(config.path, choice)
+        model, choice = load_model(config)
         eos = model.config.eos_token_id
         lm = cls(model, name=Path(config.path).name, eos_token_id=eos, vocab_map=VocabMap.load(config.path))
         lm.kernel_choice = choice

@@ -269,6 +269,8 @@ def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
     write_manifest(folder, {"format": MANIFEST_FORMAT, "draft_kind": "eagle"})
     loaded_draft, loaded_target = HfBackendConfig(pair_path=str(folder)).load()
     assert isinstance(loaded_draft, EagleLM) and isinstance(loaded_target, FeatureTorchLM)
+    assert loaded_target.kernel_choice is not None       # the feature target runs on the measured paths too
+    assert HfBackendConfig(pair_path=str(folder), kernels="aten").load()[1].kernel_choice is None
     manifest = json.loads((folder / "manifest.json").read_text())
     write_manifest(folder, {**{k: v for k, v in manifest.items() if k != "files"}, "draft_kind": "medusa"})
     with pytest.raises(Exception, match="draft_kind 'medusa'"):
