@@ -41,7 +41,8 @@ class LanguageModel(Protocol):
     name: str
     vocab_size: int
     eos_token_id: int | None
-    max_positions: int | None      # the longest sequence the model can read; None: no limit of its own
+    # optional: the longest sequence the model can read (None or absent: no limit of its own)
+    max_positions: int | None
     stats: ForwardStats
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:

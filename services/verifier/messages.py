@@ -88,7 +88,7 @@ class VerifierMessages:
     def session_tokens(self) -> int:
         """The most tokens (prompt + max_new_tokens) a session may hold: the limit, or fewer when the
         target reads fewer positions than that and a block of max_gamma drafts past the last one."""
-        positions = self.target.max_positions
+        positions = getattr(self.target, "max_positions", None)     # optional: a backend may not say
         if positions is None:
             return self.limits.max_tokens_per_session
         return max(0, min(self.limits.max_tokens_per_session, positions - self.limits.max_gamma))
@@ -121,7 +121,7 @@ class VerifierMessages:
         _require(total <= self.session_tokens(), "max_new_tokens",
                  f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds the "
                  f"{self.session_tokens()} tokens a session can hold: the target {self.target.name!r} reads "
-                 f"{self.target.max_positions} positions and a block of up to max_gamma {limits.max_gamma} "
+                 f"{getattr(self.target, 'max_positions', None)} positions and a block of up to max_gamma {limits.max_gamma} "
                  f"drafts goes past a session's last token", limit="max_tokens_per_session")
         _limit(conn.tokens_live + total <= limits.max_tokens_per_connection, "max_new_tokens",
                "max_tokens_per_connection", limits.max_tokens_per_connection,
