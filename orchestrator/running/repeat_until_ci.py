@@ -3,7 +3,8 @@ until its 95% interval is narrower than a target or the budget of extra points i
 
 Experiment keys: ``adaptive_budget_points`` (extra points at most; 0, the default, turns this
 off), ``adaptive_ci_target_pct`` (an interval is narrow enough when its width is at most this
-share of the crossover) and ``adaptive_crossovers`` (the crossovers served; empty: every one). Each step takes the located crossover (finite, interval not covering
+share of the crossover) and ``adaptive_crossovers`` (the crossovers served; empty: every one).
+Each step takes the located crossover (finite, interval not covering
 the whole grid... or covering it: those need data most) whose interval is widest relative to
 the crossover, and runs one more repeat of both of its modes at every grid RTT inside its
 interval and the nearest one on either side. The extra points are ordinary point folders

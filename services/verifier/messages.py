@@ -118,11 +118,12 @@ class VerifierMessages:
         _require(total <= limits.max_tokens_per_session, "max_new_tokens",
                  f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds "
                  f"max_tokens_per_session {limits.max_tokens_per_session}", limit="max_tokens_per_session")
-        _require(total <= self.session_tokens(), "max_new_tokens",
-                 f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds the "
-                 f"{self.session_tokens()} tokens a session can hold: the target {self.target.name!r} reads "
-                 f"{getattr(self.target, 'max_positions', None)} positions and a block of up to max_gamma {limits.max_gamma} "
-                 f"drafts goes past a session's last token", limit="max_tokens_per_session")
+        room, positions = self.session_tokens(), getattr(self.target, "max_positions", None)
+        _require(total <= room, "max_new_tokens",
+                 f"prompt ({len(m.prompt)}) + max_new_tokens ({m.max_new_tokens}) exceeds the {room} tokens a "
+                 f"session can hold: the target {self.target.name!r} reads {positions} positions "
+                 f"and a block of up to max_gamma {limits.max_gamma} drafts goes past a session's last token",
+                 limit="max_tokens_per_session")
         _limit(conn.tokens_live + total <= limits.max_tokens_per_connection, "max_new_tokens",
                "max_tokens_per_connection", limits.max_tokens_per_connection,
                f"tokens (prompt + max_new_tokens) for this connection's open sessions; they hold "
