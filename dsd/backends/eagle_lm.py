@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from dsd.backends.eagle_model import EagleDraft, load_eagle
+from dsd.backends.kernels import PATHS, KernelChoice, install_kept_paths
 from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.backends.vocab_map import VocabMap
 from dsd.features import FeatureBlock
@@ -80,14 +82,27 @@ class EagleLM:
         self._group = c.heads // c.kv_heads
         self._to_draft = vocab_map.to_draft()
         self._seqs: dict[str, _EagleSeq] = {}
+        # the head as a linear layer over the kept rows of the tied embedding (a view: one copy of
+        # the weights), so that kernel paths can take it like the layer's own products
+        self.head = nn.Linear(c.hidden_size, c.vocab_kept, bias=False, dtype=self.dtype)
+        self.head.weight = nn.Parameter(model.embed.weight.detach()[:c.vocab_kept], requires_grad=False)
+        self.kernel_choice: KernelChoice | None = None
 
     @classmethod
-    def load(cls, folder: str | Path, dtype: str = "float32", eos_token_id: int | None = None) -> "EagleLM":
+    def load(cls, folder: str | Path, dtype: str = "float32", eos_token_id: int | None = None,
+             kernel_paths: tuple[str, ...] = PATHS, kernel_store: bool = True) -> "EagleLM":
+        """The draft in ``folder``; its products on the paths this machine keeps for it or times
+        now among ``kernel_paths`` (dsd.backends.kernels; ("aten",): PyTorch's default), as a
+        target's are."""
         from dsd.backends.torch_lm import DTYPES
         vocab_map = VocabMap.load(folder)
         if vocab_map is None:
             raise ValueError(f"{folder}: a feature draft needs its vocab_map.json")
-        return cls(load_eagle(folder, DTYPES[dtype]), vocab_map, Path(folder).name, eos_token_id)
+        lm = cls(load_eagle(folder, DTYPES[dtype]), vocab_map, Path(folder).name, eos_token_id)
+        modules = nn.ModuleList([lm.model, lm.head])
+        lm.kernel_choice = install_kept_paths(modules, str(folder), dtype, tuple(kernel_paths), kernel_store)
+        lm.head = modules[1]                            # a PathLinear now, where paths were installed
+        return lm
 
     @property
     def feature_width(self) -> int:
@@ -157,7 +172,7 @@ class EagleLM:
             self._feed(seq, tokens, j, end)
             j = end
         h = seq.outputs[n - n_last:n]                                                   # [n_last, d]
-        return self.vocab_map.full_logits(self.model.logits(h).float())                 # [n_last, vocab]
+        return self.vocab_map.full_logits(self.head(self.model.norm(h)).float())        # [n_last, vocab]
 
     def _feed(self, seq: _EagleSeq, tokens: Sequence[int], start: int, end: int) -> None:
         """One pass over positions start..end-1 (each reads the feature at its j - 1)."""

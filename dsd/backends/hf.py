@@ -106,7 +106,7 @@ class HfBackendConfig(BackendConfig):
             from dsd.backends.feature_target import FeatureTorchLM
             target = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device, paths),
                                                    draft_path)
-            draft = EagleLM.load(draft_path, self.draft_dtype, target.eos_token_id)
+            draft = EagleLM.load(draft_path, self.draft_dtype, target.eos_token_id, paths)
         else:
             target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device, paths))
             draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device, paths))

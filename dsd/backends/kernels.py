@@ -146,6 +146,24 @@ def install_paths(model: nn.Module, config: KernelConfig) -> list[PathLinear]:
     return installed
 
 
+def install_kept_paths(model: nn.Module, folder: str, dtype: str, paths: tuple[str, ...],
+                       store: bool = True) -> KernelChoice | None:
+    """Put ``model`` (loaded from ``folder`` in ``dtype``) on the paths this machine keeps for it,
+    else on the ones timed now (and keep them, with ``store``); None where ``paths`` is aten only."""
+    if paths == (ATEN,):
+        return None
+    kept = stored_choice(folder, dtype) if store else None
+    used = tuple({ATEN, *(p for c in (kept or {}).values() for p in c.values())} & set(paths))
+    layers = install_paths(model, KernelConfig(used if kept is not None else paths))
+    if kept is not None:
+        apply_choice(layers, kept)
+        return KernelChoice(dtype, kept)
+    choice = choose_paths(layers, KernelConfig(paths), dtype)
+    if store:
+        store_choice(folder, choice)
+    return choice
+
+
 def group_of(layer: PathLinear) -> str:
     return f"{layer.out_features}x{layer.in_features}"
 

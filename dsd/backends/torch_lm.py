@@ -26,8 +26,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedMod
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from dsd.backends.kernels import (ATEN, PATHS, KernelChoice, KernelConfig, apply_choice, choose_paths, install_paths,
-                                  store_choice, stored_choice)
+from dsd.backends.kernels import PATHS, KernelChoice, KernelConfig, install_kept_paths
 from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.backends.vocab_map import VocabMap
 from dsd.sequence import common_prefix_length
@@ -146,20 +145,9 @@ def load_model(config: TorchLMConfig):
     default path)."""
     model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
     model.to(config.device)
-    choice = None
-    if config.device == "cpu" and config.kernel_paths != (ATEN,):
-        kept = stored_choice(config.path, config.dtype) if config.kernel_store else None
-        used = tuple({ATEN, *(p for c in (kept or {}).values() for p in c.values())} & set(config.kernel_paths))
-        kernels = KernelConfig(used if kept is not None else config.kernel_paths)
-        layers = install_paths(model, kernels)
-        if kept is not None:
-            apply_choice(layers, kept)
-            choice = KernelChoice(config.dtype, kept)
-        else:
-            choice = choose_paths(layers, kernels, config.dtype)
-            if config.kernel_store:
-                store_choice(config.path, choice)
-    return model, choice
+    if config.device != "cpu":
+        return model, None
+    return model, install_kept_paths(model, config.path, config.dtype, config.kernel_paths, config.kernel_store)
 
 
 class TorchLM:

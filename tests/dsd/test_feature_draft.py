@@ -114,7 +114,7 @@ def test_the_trainings_rollout_step_k_is_the_backends_kth_draft_step():
     position is the draft's k-th token of a block that starts k positions earlier."""
     draft, _ = tiny_pair(noise=1.0)
     model = draft.model.double()
-    draft.dtype = torch.float64
+    draft = EagleLM(model, draft.vocab_map, "eagle", 0)
     tokens = [int(t) for t in torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1))]
     features = torch.randn(12, 32, dtype=torch.float64)
     inputs = torch.cat([torch.zeros(1, 32, dtype=torch.float64), features[:-1]])[None]
@@ -270,11 +270,47 @@ def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
     loaded_draft, loaded_target = HfBackendConfig(pair_path=str(folder)).load()
     assert isinstance(loaded_draft, EagleLM) and isinstance(loaded_target, FeatureTorchLM)
     assert loaded_target.kernel_choice is not None       # the feature target runs on the measured paths too
+    assert loaded_draft.kernel_choice is not None        # and the draft
     assert HfBackendConfig(pair_path=str(folder), kernels="aten").load()[1].kernel_choice is None
     manifest = json.loads((folder / "manifest.json").read_text())
     write_manifest(folder, {**{k: v for k, v in manifest.items() if k != "files"}, "draft_kind": "medusa"})
     with pytest.raises(Exception, match="draft_kind 'medusa'"):
         HfBackendConfig(pair_path=str(folder)).load()
+
+
+def test_the_feature_draft_runs_on_the_kernel_paths_kept_for_it_with_the_same_logits(tmp_path, monkeypatch):
+    from torch import nn
+
+    from dsd.backends import kernels
+
+    monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache"))
+    draft, target = tiny_pair(layers=(0, 2))
+    folder = tmp_path / "draft"
+    save_eagle(draft.model, folder, dtype=torch.float32)
+    draft.vocab_map.save(folder)
+    default = EagleLM.load(folder, "float32", 0, (kernels.ATEN,))
+    assert default.kernel_choice is None
+    linears = [m for m in default.model.modules() if type(m) is nn.Linear] + [default.head]
+    assert len(linears) == 10                                  # fuse, fc, 7 in the layer, the head
+    path = kernels.available_paths(torch.float32)[-1]          # a packed path, kept as if timed here
+    kept = {f"{m.out_features}x{m.in_features}": {b: path for b in kernels.BUCKETS} for m in linears}
+    kernels.store_choice(str(folder), kernels.KernelChoice("float32", kept))
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a kept choice must not be timed again")
+
+    monkeypatch.setattr(kernels, "choose_paths", no_timing)
+    measured = EagleLM.load(folder, "float32", 0, kernels.PATHS)
+    assert measured.kernel_choice.choice == kept
+    running = [m for m in measured.model.modules() if isinstance(m, kernels.PathLinear)] + [measured.head]
+    assert len(running) == 10 and all(isinstance(m, kernels.PathLinear) and m.choice[1] == path for m in running)
+    features = FeatureBlock(0, torch.randn(8, default.feature_width))
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
+    for lm in (default, measured):
+        lm.add_features("s", features)
+    assert torch.allclose(default.logits("s", tokens, 3), measured.logits("s", tokens, 3), atol=1e-4)
+    with pytest.raises(AssertionError, match="timed again"):
+        EagleLM.load(folder, "float32", 0, kernels.PATHS, kernel_store=False)      # afresh: timed
 
 
 # ---- the build ---------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def test_a_kernel_config_names_its_bad_field():
 
 
 def test_a_kept_choice_is_taken_by_the_next_load_without_timing(tmp_path, monkeypatch):
-    from dsd.backends import torch_lm
+    from dsd.backends import kernels
     from dsd.backends.torch_lm import TorchLMConfig
 
     monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache"))
@@ -101,7 +101,7 @@ def test_a_kept_choice_is_taken_by_the_next_load_without_timing(tmp_path, monkey
     def no_timing(*args, **kwargs):
         raise AssertionError("a kept choice must not be timed again")
 
-    monkeypatch.setattr(torch_lm, "choose_paths", no_timing)
+    monkeypatch.setattr(kernels, "choose_paths", no_timing)
     second = TorchLM.load(TorchLMConfig(str(folder), "float32"))
     assert second.kernel_choice.choice == first.kernel_choice.choice
     prompt = [(5 * i + 1) % 101 for i in range(30)]
