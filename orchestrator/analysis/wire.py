@@ -21,9 +21,11 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None,
     where the verifier runs the request: ar, colocated; with a feature draft, ``features``, the
     target's features on every verdict, one row per emitted token), in wire_bytes_per_round_{up,down}_predicted
     beside the measured ones (links.csv; both count the pure ACKs, which the term leaves out: they
-    leave while the other side computes). Where no prediction is possible (vocab unknown, top-p
-    without top-k) the measured bytes stand in; with neither, or no cap, the column equals
-    per_token_ms_predicted.
+    leave while the other side computes). Where no prediction is possible (vocab unknown; the
+    Verify's q rows under top-p without top-k) the measured bytes of that direction stand in (they
+    also carry the session's Open and Opened, a feature draft's prompt features among them: a
+    TTFT cost, which only the measured stand-in spreads over the rounds); with neither, or no cap,
+    the column equals per_token_ms_predicted.
     per_token_ms_predicted_wire = per_token_ms_predicted + 8 (B_up + B_down) / (rate_mbit * 1e3) / tokens_per_round"""
     if points.empty or "per_token_ms_predicted" not in points:
         return points
@@ -31,11 +33,12 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None,
     predicted = [predicted_round_bytes(row, vocab, features=features) for row in points.to_dict("records")]
     points["wire_bytes_per_round_up_predicted"] = [up for up, _ in predicted]
     points["wire_bytes_per_round_down_predicted"] = [down for _, down in predicted]
-    wire_bytes = pd.Series([sum(predicted_round_bytes(row, vocab, acks=False, features=features))
-                            for row in points.to_dict("records")],
-                           index=points.index)
+    data = [predicted_round_bytes(row, vocab, acks=False, features=features) for row in points.to_dict("records")]
+    up = pd.Series([u for u, _ in data], index=points.index, dtype=float)
+    down = pd.Series([d for _, d in data], index=points.index, dtype=float)
     if "wire_bytes_per_round_up" in points and "wire_bytes_per_round_down" in points:
-        wire_bytes = wire_bytes.fillna(points["wire_bytes_per_round_up"] + points["wire_bytes_per_round_down"])
+        up, down = up.fillna(points["wire_bytes_per_round_up"]), down.fillna(points["wire_bytes_per_round_down"])
+    wire_bytes = up + down
     rate = points["rate_mbit"] if "rate_mbit" in points else pd.Series(0.0, index=points.index)
     per_round_ms = 8.0 * wire_bytes / (rate.where(rate > 0) * 1e3)
     per_token_ms = per_round_ms / points["tokens_per_round"].where(points["tokens_per_round"] > 0, 1.0)
@@ -60,9 +63,13 @@ def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True,
         tokens = get("tokens_per_round", 1.0)
         return wire_size.stream_round_wire_bytes(max(1, round(tokens)), vocab, max(gamma, 1), acks)
     temperature, top_k, top_p = float(get("temperature", 0.0)), int(get("top_k", 0)), float(get("top_p", 1.0))
-    if temperature > 0 and top_p < 1.0 and not top_k:
-        return nan                                  # a nucleus keeps what the drafter's q gives it
     rows = get("tokens_per_round", 1.0)            # a verdict carries a feature per emitted token
+    if temperature > 0 and top_p < 1.0 and not top_k:
+        # a nucleus keeps what the drafter's q gives it: the Verify's size is unknown, the verdict's
+        # is not (its ACKs counted for a Verify of one segment)
+        _, down = wire_size.round_wire_bytes(gamma, vocab, temperature, None, top_p, kept_per_row=1.0, acks=acks,
+                                             features=features, feature_rows=rows if features else 0.0)
+        return math.nan, down
     return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p, acks=acks,
                                       features=features, feature_rows=rows if features else 0.0)
 

@@ -245,8 +245,8 @@ def test_serialisation_term_adds_the_wire_time_of_a_rounds_bytes_per_token():
 
 
 def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense():
-    """Predicted bytes by (gamma, vocab, sampling) replace the measured ones; top-p alone (its kept
-    ids unknown) falls back to them."""
+    """Predicted bytes by (gamma, vocab, sampling) replace the measured ones; under top-p alone (its
+    kept ids unknown) the Verify falls back to them and the verdict is still predicted."""
     from services import wire_size
 
     sampling = [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 20, 1.0), (0.8, 0, 0.9)]
@@ -263,9 +263,12 @@ def test_serialisation_term_charges_what_a_round_carries_greedy_sparse_or_dense(
         assert row.serialisation_ms_per_token == pytest.approx(8 * (data_up + data_down) / 10e3 / 2)
     greedy, dense, sparse, nucleus = out["serialisation_ms_per_token"]
     assert greedy < sparse < dense and dense > 16 * 1000 * 8 / 10e3 / 2      # 16 kB of q a round
-    assert math.isnan(out["wire_bytes_per_round_up_predicted"][3])
-    assert nucleus == pytest.approx(8 * 1250 / 10e3 / 2)                      # the measured bytes
-    assert wire_prediction.add_wire_prediction(points)["serialisation_ms_per_token"].tolist() == [nucleus] * 4  # no vocab
+    assert math.isnan(out["wire_bytes_per_round_up_predicted"][3])         # the nucleus: the measured Verify,
+    _, verdict = wire_size.round_wire_bytes(4, 1000, 0.8, None, 0.9, kept_per_row=1.0, acks=False)   # the verdict's bytes
+    assert out["wire_bytes_per_round_down_predicted"][3] == wire_size.round_wire_bytes(4, 1000, 0.8, 20, 1.0)[1]
+    assert nucleus == pytest.approx(8 * (1000 + verdict) / 10e3 / 2)
+    measured = 8 * 1250 / 10e3 / 2
+    assert wire_prediction.add_wire_prediction(points)["serialisation_ms_per_token"].tolist() == [measured] * 4  # no vocab
 
 
 def test_a_verifier_run_mode_charges_its_tokens_message_down_and_acks_up():
