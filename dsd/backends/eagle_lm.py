@@ -67,7 +67,7 @@ def _grown(x: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:
 
 
 class EagleLM:
-    """A LanguageModel and TakesFeatures over an EagleDraft."""
+    """A LanguageModel, TakesFeatures and ForksCaches over an EagleDraft."""
 
     def __init__(self, model: EagleDraft, vocab_map: VocabMap, name: str, eos_token_id: int | None) -> None:
         self.model = model.eval()
@@ -152,6 +152,35 @@ class EagleLM:
 
     def release(self, seq_id: str) -> None:
         self._seqs.pop(seq_id, None)
+
+    # ---- ForksCaches (a speculation cache's branches) ---------------------------------------------
+
+    def fork(self, seq_id: str, new_seq_id: str, length: int) -> None:
+        source = self._seqs.get(seq_id)
+        self._seqs.pop(new_seq_id, None)
+        copy = self._seq(new_seq_id)
+        if source is None:
+            return
+        keep = min(length, len(source.tokens))
+        copy.room(keep)
+        copy.tokens, copy.read_true = source.tokens[:keep], source.read_true[:keep]
+        copy.keys[:, :keep], copy.values[:, :keep] = source.keys[:, :keep], source.values[:, :keep]
+        copy.outputs[:keep] = source.outputs[:keep]
+        copy.m = min(source.m, length)         # a true feature past the fork describes the source's tokens
+        copy.true = source.true[:copy.m].clone()
+
+    def move(self, seq_id: str, new_seq_id: str) -> None:
+        """As ForksCaches says, but the true features ``new_seq_id`` knew stay known: a branch moves
+        over the request's sequence when its guess of a verdict was right, so it shares every
+        committed position those features describe (a verdict that came while it was filled, or
+        just before the move, gave them to the request's sequence alone)."""
+        seq = self._seqs.pop(seq_id, None)
+        replaced = self._seqs.pop(new_seq_id, None)
+        if seq is None:
+            return
+        self._seqs[new_seq_id] = seq
+        if replaced is not None and replaced.m > seq.m:
+            self.add_features(new_seq_id, FeatureBlock(seq.m, replaced.true[seq.m:replaced.m]))
 
     def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
         # NOTE: one sequence after another: a co-located server drafting for many sessions pays a

@@ -199,6 +199,11 @@ def save_eagle(model: EagleDraft, folder: Path, dtype: torch.dtype = torch.bfloa
     safetensors.torch.save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
+def is_eagle_folder(folder: Path | str) -> bool:
+    """Whether ``folder`` holds a feature draft (rather than a Hugging Face model)."""
+    return (Path(folder).expanduser() / CONFIG_FILE).is_file()
+
+
 def load_eagle(folder: Path | str, dtype: torch.dtype = torch.float32) -> EagleDraft:
     import safetensors.torch
     folder = Path(folder)

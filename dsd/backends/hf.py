@@ -60,14 +60,13 @@ class HfBackendConfig(BackendConfig):
 
     def precision_choice(self):
         """What "auto" resolves to here, with the timings behind it (dsd.backends.precision)."""
+        from dsd.backends.eagle_model import is_eagle_folder
         from dsd.backends.precision import resolve
 
         target, draft = self.model_paths()
-        if (Path(draft).expanduser() / "eagle_config.json").is_file():
-            raise ValueError(f"dtype/draft_dtype 'auto' times a layer draft, and {draft} holds a feature draft; "
-                             "give a dtype (bfloat16 where the CPU has AMX or AVX512-BF16, else float32)")
         for folder in (target, draft):
-            if not (Path(folder).expanduser() / "config.json").is_file():
+            model = (Path(folder).expanduser() / "config.json").is_file() or (folder == draft and is_eagle_folder(draft))
+            if not model:
                 raise ValueError(f"dtype/draft_dtype 'auto' times the pair on this machine, but {folder} holds no "
                                  "model (build it first, e.g. `python -m pairs.build`), or give a dtype")
         return resolve(target, draft, self.device, log=_log)

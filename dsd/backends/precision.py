@@ -8,7 +8,7 @@ speculative decoding (the target's own passes decide every committed token) is l
 kernel paths chosen (dsd.backends.kernels) and timed:
 
 - the target: one position (t_ar) and passes of ``VERIFY_POSITIONS`` (gamma 2 and 4);
-- the draft: one position (t_draft).
+- the draft: one position (t_draft), a layer draft or a feature draft (on its own features).
 
 ``choose`` picks the target's precision: the one whose verification passes are fastest, if they
 beat float32's by more than ``tie_margin`` while its decode step is at most ``ar_slack`` slower
@@ -111,7 +111,7 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
     try:
         paths = PATHS if kernel_paths is None else kernel_paths
         models = {d: (TorchLM.load(TorchLMConfig(target_path, d, kernel_paths=paths)),
-                      TorchLM.load(TorchLMConfig(draft_path, d, kernel_paths=paths))) for d in candidates}
+                      _load_draft(draft_path, d, paths)) for d in candidates}
         samples = _interleaved_samples(models)
         out = []
         for dtype, (target, _) in models.items():
@@ -122,6 +122,17 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
         return out
     finally:
         torch.set_num_threads(old)
+
+
+def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]):
+    """The draft as the services load it: a feature draft (timed on its own features, as it drafts
+    past the last true one) or a layer draft."""
+    from dsd.backends.eagle_model import is_eagle_folder
+    if is_eagle_folder(draft_path):
+        from dsd.backends.eagle_lm import EagleLM
+        return EagleLM.load(draft_path, dtype, kernel_paths=paths)
+    from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+    return TorchLM.load(TorchLMConfig(draft_path, dtype, kernel_paths=paths))
 
 
 def _interleaved_samples(models: dict) -> dict[tuple[str, str, int], float]:

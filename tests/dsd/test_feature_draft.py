@@ -208,15 +208,32 @@ def test_the_q_the_verifier_uses_is_the_q_each_draft_token_was_drawn_from(monkey
     assert changed > 0, "no row's features changed before its verification: the check proved nothing"
 
 
-@pytest.mark.parametrize("mode", ["sync", "pipelined"])
+@pytest.mark.parametrize("mode", ["sync", "pipelined", "cached"])
 def test_greedy_dsd_with_a_feature_draft_emits_the_targets_greedy_tokens(mode):
     draft, target = tiny_pair()
     stop = StopRule(max_new_tokens=20)
     expected = generate_ar(target, PROMPT, stop, seq_id="ar").tokens
     run = simulate_dsd(draft, target, PROMPT, 3, stop, COSTS, pipelined=mode == "pipelined", max_in_flight=2,
-                       seq_id="g")
+                       seq_id="g", mode=mode)
     assert run.generation.tokens == expected
     assert any(r.accepted > 0 for r in run.generation.rounds)
+    if mode == "cached":        # the branches fork the draft's cache and features; some verdicts hit
+        assert any(r.cache is not None and r.cache.hit for r in run.generation.rounds)
+
+
+def test_a_forked_feature_draft_drafts_as_its_source_and_keeps_only_the_features_before_the_fork():
+    draft, _ = tiny_pair()
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3]
+    draft.add_features("s", FeatureBlock(0, torch.randn(6, draft.feature_width)))
+    source = draft.logits("s", tokens, 1)
+    draft.fork("s", "b", 7)
+    assert draft.cached_length("b") == 7 and draft.known_features("b") == 6
+    assert torch.equal(draft.logits("b", tokens, 1), source)        # position 7 fed again on the kept 0..6
+    draft.fork("s", "c", 4)
+    assert draft.known_features("c") == 4                           # the features at 4, 5 described tokens 4, 5
+    draft.add_features("s", FeatureBlock(6, torch.randn(2, draft.feature_width)))   # a verdict for "s" alone
+    draft.move("c", "s")                                            # the branch was right: it keeps them
+    assert draft.cached_length("c") == 0 and draft.known_features("s") == 8
 
 
 def exact_distribution(target, temperature: float, top_p: float) -> dict[tuple, float]:
@@ -235,13 +252,13 @@ def exact_distribution(target, temperature: float, top_p: float) -> dict[tuple, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,temperature,top_p", [("sync", 1.0, 1.0), ("pipelined", 0.8, 0.9)])
+@pytest.mark.parametrize("mode,temperature,top_p", [("sync", 1.0, 1.0), ("pipelined", 0.8, 0.9), ("cached", 0.8, 0.9)])
 def test_sampled_dsd_with_a_feature_draft_follows_the_targets_distribution(mode, temperature, top_p):
     draft, target = tiny_pair()
     n, counts, rounds = 600, {}, []
     for i in range(n):
         run = simulate_dsd(draft, target, PROMPT, 2, StopRule(max_new_tokens=LENGTH), COSTS,
-                           pipelined=mode == "pipelined", max_in_flight=2,
+                           pipelined=mode == "pipelined", max_in_flight=2, mode=mode,
                            sampling=SamplingParams(temperature, None, 100 + i, top_p), seq_id=f"x{i}")
         seq = tuple(run.generation.tokens)
         counts[seq] = counts.get(seq, 0) + 1
@@ -311,6 +328,24 @@ def test_the_feature_draft_runs_on_the_kernel_paths_kept_for_it_with_the_same_lo
     assert torch.allclose(default.logits("s", tokens, 3), measured.logits("s", tokens, 3), atol=1e-4)
     with pytest.raises(AssertionError, match="timed again"):
         EagleLM.load(folder, "float32", 0, kernels.PATHS, kernel_store=False)      # afresh: timed
+
+
+def test_dtype_auto_times_a_feature_pair_its_draft_on_its_own_features(tmp_path, monkeypatch):
+    from dsd.backends import precision
+
+    monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache"))
+    draft, target = tiny_pair(layers=(2,))
+    folder = tmp_path / "pair"
+    target.model.save_pretrained(folder / "target")
+    save_eagle(draft.model, folder / "draft")
+    draft.vocab_map.save(folder / "draft")
+    write_manifest(folder, {"format": MANIFEST_FORMAT, "draft_kind": "eagle"})
+    times = precision.measure(str(folder / "target"), str(folder / "draft"))
+    assert [t.dtype for t in times] == list(precision.CANDIDATES)
+    assert all(t.t_ar_s > 0 and t.t_draft_s > 0 and set(t.t_verify_s) == {3, 5} for t in times)
+    config = HfBackendConfig(pair_path=str(folder), dtype="auto")
+    assert config.dtype in precision.CANDIDATES and config.draft_dtype in precision.CANDIDATES
+    assert isinstance(config.load()[0], EagleLM)
 
 
 # ---- the build ---------------------------------------------------------------------------------

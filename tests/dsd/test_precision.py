@@ -101,8 +101,8 @@ def test_auto_without_a_built_pair_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="holds no model"):
         HfBackendConfig(pair_path=str(tmp_path), dtype="auto")
     (tmp_path / "draft").mkdir()
-    (tmp_path / "draft" / "eagle_config.json").write_text("{}")
-    with pytest.raises(ValueError, match="holds a feature draft; give a dtype"):
+    (tmp_path / "draft" / "eagle_config.json").write_text("{}")             # a feature draft, but no target
+    with pytest.raises(ValueError, match="target holds no model"):
         HfBackendConfig(pair_path=str(tmp_path), dtype="auto")
 
 
