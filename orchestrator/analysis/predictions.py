@@ -29,19 +29,22 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dsd.modes import COLOCATED, PIPELINED, SYNC, get_mode, predict_per_token_s, speculative_modes
+from dsd.latency_model import expected_tokens_per_round
+from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode, predict_per_token_s, speculative_modes
 from dsd.times import ComputeTimes
 from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, cache_hit_rate, fit_alpha_tokens_per_round,
                                           cache_fill_s, fit_effective_params, fit_params, point_keys, predicted_crossovers,
                                           steady_window_rounds)
 from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.common.files import write_atomic, write_json
-from orchestrator.records.sweep_folder import point_done
+from orchestrator.analysis.wire import add_wire_prediction, experiment_features, experiment_vocab
+from orchestrator.records.sweep_folder import experiment_record, point_done
 from orchestrator.spec.plan import Point, calibration_unit, is_calibration
 
 PREDICTIONS = "predictions.csv"
@@ -139,9 +142,11 @@ def _median_times(fits: list[ComputeTimes]) -> ComputeTimes:
                            t_ar_s=median("t_ar_s"), t_verify_by_gamma_s=table)
 
 
-def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float) -> list[dict]:
+def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float,
+                    wire: "WireTerms | None" = None) -> list[dict]:
     """One row per planned point: its predicted per-token latency, and its group's predicted
-    crossovers at its gamma."""
+    crossovers at its gamma; a point with a rate cap with the closed form's serialisation term
+    (``wire``: what a round puts on the wire, orchestrator.analysis.wire)."""
     alpha, params = calibration["alpha"], calibration["params"]
     utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now_s)) + f".{int(now_s % 1 * 1e6):06d}Z"
     rows = []
@@ -152,12 +157,54 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
                                                  **params.closed_form_terms(point.gamma)) if ok else math.nan
         crossovers = (predicted_crossovers(point.gamma, alpha, params)
                       if gamma_known and math.isfinite(alpha) else {})
+        crossover_ms = {name: crossovers.get(name, {}).get("rtt_ms", math.nan) for name in CROSSOVERS}
+        if wire is not None and (point.rate_mbit or 0) > 0 and ok:
+            per_token_ms += wire.ms_per_token(point, point.mode, alpha)
+            crossover_ms = wire.capped_crossovers(point, alpha, crossover_ms)
         rows.append({"point": point.key, **point.columns(), "group": point.group, "calibration": is_cal(point),
                      "alpha_calibrated": alpha, "per_token_ms_predicted": per_token_ms,
-                     **{f"crossover_{name}_rtt_ms": crossovers.get(name, {}).get("rtt_ms", math.nan)
-                        for name in CROSSOVERS},
+                     **{f"crossover_{name}_rtt_ms": value for name, value in crossover_ms.items()},
                      "predicted_at_s": now_s, "predicted_utc": utc})
     return rows
+
+
+@dataclass(frozen=True)
+class WireTerms:
+    """The serialisation term for predictions made before a capped point runs: the bytes a round
+    of each mode carries, predicted (orchestrator.analysis.wire) where the wire schema says, else
+    as the calibration points (uncapped) measured them; the cap itself only delays them."""
+    vocab: int | None
+    features: object | None                      # services.wire_size.FeatureWire
+    measured_bytes: dict[str, tuple[float, float]]   # mode -> (up, down) per round, calibration
+
+    def ms_per_token(self, point: Point, mode: str, alpha: float) -> float:
+        up, down = self.measured_bytes.get(mode, (math.nan, math.nan))
+        tokens = expected_tokens_per_round(alpha, point.gamma) if get_mode(mode).speculative else 1.0
+        row = {**point.columns(), "mode": mode, "tokens_per_round": tokens, "per_token_ms_predicted": 0.0,
+               "wire_bytes_per_round_up": up, "wire_bytes_per_round_down": down}
+        value = add_wire_prediction(pd.DataFrame([row]), self.vocab, self.features)["serialisation_ms_per_token"]
+        return float(value.iloc[0])
+
+    def capped_crossovers(self, point: Point, alpha: float, uncapped_ms: dict[str, float]) -> dict[str, float]:
+        """sync DSD's crossover with cloud AR moved by the cap: sync's per-token time grows by
+        RTT / E, so a term of s_sync - s_ar ms a token takes E times as much RTT from the window;
+        the pipelined modes' crossovers with co-located SD are not predicted under a cap (NaN)."""
+        out = {name: math.nan for name in uncapped_ms}
+        if "sync_vs_ar" in uncapped_ms:
+            extra_ms = self.ms_per_token(point, SYNC, alpha) - self.ms_per_token(point, AR, alpha)
+            out["sync_vs_ar"] = uncapped_ms["sync_vs_ar"] - extra_ms * expected_tokens_per_round(alpha, point.gamma)
+        return out
+
+
+def wire_terms(experiment, links: pd.DataFrame) -> WireTerms:
+    """The sweep's WireTerms from its experiment and its calibration points' links.csv rows."""
+    record = experiment_record(experiment)
+    measured = {}
+    if not links.empty and {"wire_bytes_per_round_up", "wire_bytes_per_round_down"} <= set(links):
+        for mode, rows in links.groupby("mode"):
+            measured[mode] = (float(rows["wire_bytes_per_round_up"].mean()),
+                              float(rows["wire_bytes_per_round_down"].mean()))
+    return WireTerms(experiment_vocab(record), experiment_features(record), measured)
 
 
 class Predictor:
@@ -184,8 +231,9 @@ class Predictor:
             return
         rounds = _read_points_csv(self.out_dir, calibration_points, "rounds")
         calibration = calibrate(rounds, self.assumed_for(unit_points[0]))
+        wire = wire_terms(self.experiment, _read_points_csv(self.out_dir, calibration_points, "links"))
         now_s = time.time()
-        rows = prediction_rows(unit_points, calibration, lambda p: is_calibration(p, self.experiment), now_s)
+        rows = prediction_rows(unit_points, calibration, lambda p: is_calibration(p, self.experiment), now_s, wire)
         append_predictions(self.out_dir, rows)
         self._record(group, repeat, {"predicted": True, "predicted_at_s": now_s,
                                      "calibration_points": [p.key for p in calibration_points], **calibration,

@@ -382,3 +382,28 @@ def test_the_out_of_sample_line_says_when_no_cell_is_left_to_judge():
     full = out_of_sample_line({"available": True, "cells": 21, "latency_err_p50_pct": 3.39, "latency_err_max_pct": 8.88,
                                "compute_drift_p50_pct": 2.8, "compute_drift_max_pct": 8.9})
     assert "p50 3.39%, max 8.88% over 21 cells" in full and "moved p50 2.8%, max 8.9%" in full
+
+
+def test_a_capped_points_prediction_carries_the_serialisation_term_and_moves_sync_dsds_crossover():
+    from orchestrator.analysis.predictions import WireTerms, prediction_rows
+    from services import wire_size
+
+    experiment = experiment_from_dict({**SMALL, "rate_mbit": [0, 1]})
+    plan = plan_points(experiment)
+    calibration = {"alpha": 0.8, "params": get_profile("toy-edge-cloud").times}
+    rows = {r["point"]: r for r in prediction_rows(plan, calibration, lambda p: False, 0.0,
+                                                    WireTerms(512, None, {}))}
+
+    def row(mode, rate, rtt=8):
+        return rows[f"{mode}_rtt{rtt}ms_rate{rate}mbit_g4_c1_r0"]
+
+    tokens = lm.expected_tokens_per_round(0.8, 4)
+    up, down = wire_size.round_wire_bytes(4, 512, 0.0, acks=False)         # greedy: ids up, a verdict down
+    sync_ms = 8 * (up + down) / 1e3 / tokens                                   # at 1 Mbit/s, a round's bytes over E
+    ar_ms = 8 * sum(wire_size.stream_round_wire_bytes(1, 512, 4, acks=False)) / 1e3
+    assert row("sync", 1)["per_token_ms_predicted"] - row("sync", 0)["per_token_ms_predicted"] == pytest.approx(sync_ms)
+    assert row("ar", 1)["per_token_ms_predicted"] - row("ar", 0)["per_token_ms_predicted"] == pytest.approx(ar_ms)
+    assert row("sync", 1)["crossover_sync_vs_ar_rtt_ms"] == pytest.approx(
+        row("sync", 0)["crossover_sync_vs_ar_rtt_ms"] - (sync_ms - ar_ms) * tokens)
+    assert math.isnan(row("sync", 1)["crossover_pipelined_vs_colocated_rtt_ms"])     # not predicted under a cap
+    assert not math.isnan(row("sync", 0)["crossover_pipelined_vs_colocated_rtt_ms"])
