@@ -277,13 +277,18 @@ def test_sampled_dsd_with_a_feature_draft_follows_the_targets_distribution(mode,
 
 # ---- the pair folder ---------------------------------------------------------------------------
 
-def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
+def saved_pair(folder):
+    """A tiny feature pair's folder as the build writes one: target/, draft/ and the manifest."""
     draft, target = tiny_pair(layers=(2,))
-    folder = tmp_path / "pair"
     target.model.save_pretrained(folder / "target")
     save_eagle(draft.model, folder / "draft")
     draft.vocab_map.save(folder / "draft")
     write_manifest(folder, {"format": MANIFEST_FORMAT, "draft_kind": "eagle"})
+    return folder
+
+
+def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
+    folder = saved_pair(tmp_path / "pair")
     loaded_draft, loaded_target = HfBackendConfig(pair_path=str(folder)).load()
     assert isinstance(loaded_draft, EagleLM) and isinstance(loaded_target, FeatureTorchLM)
     assert loaded_target.kernel_choice is not None       # the feature target runs on the measured paths too
@@ -334,12 +339,7 @@ def test_dtype_auto_times_a_feature_pair_its_draft_on_its_own_features(tmp_path,
     from dsd.backends import precision
 
     monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache"))
-    draft, target = tiny_pair(layers=(2,))
-    folder = tmp_path / "pair"
-    target.model.save_pretrained(folder / "target")
-    save_eagle(draft.model, folder / "draft")
-    draft.vocab_map.save(folder / "draft")
-    write_manifest(folder, {"format": MANIFEST_FORMAT, "draft_kind": "eagle"})
+    folder = saved_pair(tmp_path / "pair")
     times = precision.measure(str(folder / "target"), str(folder / "draft"))
     assert [t.dtype for t in times] == list(precision.CANDIDATES)
     assert all(t.t_ar_s > 0 and t.t_draft_s > 0 and set(t.t_verify_s) == {3, 5} for t in times)
