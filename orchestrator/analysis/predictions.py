@@ -45,6 +45,7 @@ from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.common.files import write_atomic, write_json
 from orchestrator.analysis.wire import add_wire_prediction, experiment_features, experiment_vocab
 from orchestrator.records.sweep_folder import experiment_record, point_done
+from services.wire_size import FeatureWire
 from orchestrator.spec.plan import Point, calibration_unit, is_calibration
 
 PREDICTIONS = "predictions.csv"
@@ -143,7 +144,7 @@ def _median_times(fits: list[ComputeTimes]) -> ComputeTimes:
 
 
 def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float,
-                    wire: "WireTerms | None" = None) -> list[dict]:
+                    wire: WireTerms | None = None) -> list[dict]:
     """One row per planned point: its predicted per-token latency, and its group's predicted
     crossovers at its gamma; a point with a rate cap with the closed form's serialisation term
     (``wire``: what a round puts on the wire, orchestrator.analysis.wire)."""
@@ -174,7 +175,7 @@ class WireTerms:
     of each mode carries, predicted (orchestrator.analysis.wire) where the wire schema says, else
     as the calibration points (uncapped) measured them; the cap itself only delays them."""
     vocab: int | None
-    features: object | None                      # services.wire_size.FeatureWire
+    features: FeatureWire | None
     measured_bytes: dict[str, tuple[float, float]]   # mode -> (up, down) per round, calibration
 
     def ms_per_token(self, point: Point, mode: str, alpha: float) -> float:
