@@ -41,12 +41,12 @@ from dsd.times import ComputeTimes
 from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, cache_hit_rate, fit_alpha_tokens_per_round,
                                           cache_fill_s, fit_effective_params, fit_params, point_keys, predicted_crossovers,
                                           steady_window_rounds)
+from orchestrator.analysis.wire import add_wire_prediction, experiment_features, experiment_vocab
 from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.common.files import write_atomic, write_json
-from orchestrator.analysis.wire import add_wire_prediction, experiment_features, experiment_vocab
 from orchestrator.records.sweep_folder import experiment_record, point_done
-from services.wire_size import FeatureWire
 from orchestrator.spec.plan import Point, calibration_unit, is_calibration
+from services.wire_size import FeatureWire
 
 PREDICTIONS = "predictions.csv"
 CALIBRATION = "calibration.json"
