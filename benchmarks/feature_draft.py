@@ -5,14 +5,15 @@ time against the target's AR step, and the bytes the features add to every verdi
 feature draft waits for the prefill's features before its first block (its TTFT cost).
 
     python benchmarks/feature_draft.py [--eagle models/smollm2-eagle] [--layers models/smollm2-chat]
-        [--prompts 40] [--network --rtt-ms 20 --network-prompts 8]
+        [--prompts 40] [--network --rtt-ms 20 --network-prompts 8] [--sweep results/crossover]
 
 bfloat16, one thread, the main job's sampling (temperature 0.7, top-p 0.9), answers of at most 64
 tokens. The feature draft's acceptance differs by draft step (it runs on its own features after
 the first): ``alpha_feature`` is the per-token alpha that gives the same expected tokens per
 round at gamma 4 as its per-step acceptances do (``alpha_feature_step1..4``); the layer draft's
-is the same at every step. Prints key=value lines; the crossover lines (sync_vs_ar_*) come from
-the main job's sweep, not from here.
+is the same at every step. Prints key=value lines; with ``--sweep`` (a main job's folder, or a
+sweep's), also its feature sweep's ``sync_vs_ar`` crossover: measured with its 95% interval, and
+predicted from the calibration points before the other points ran (``sync_vs_ar_predicted_ms``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.features import FEATURE_DTYPES, encoded_bytes  # noqa: E402
 from dsd.timing import step_time_s  # noqa: E402
+from orchestrator.report.side_by_side import sweep_crossovers  # noqa: E402
 
 GAMMA, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, SEED = 4, 64, 0.7, 0.9, 77
 
@@ -160,6 +162,15 @@ def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float) ->
     return out
 
 
+def sync_crossover(folder: Path, pair: str) -> dict:
+    """The feature sweep's sync DSD vs cloud AR crossover (ms), from the main job's summary."""
+    row = sweep_crossovers(folder, pair).get("sync_vs_ar", {})
+    return {"sync_vs_ar_ms": row.get("measured_rtt_ms", float("nan")),
+            "sync_vs_ar_ci_low_ms": row.get("ci_low", float("nan")),
+            "sync_vs_ar_ci_high_ms": row.get("ci_high", float("nan")),
+            "sync_vs_ar_predicted_ms": row.get("predicted_rtt_ms_oos", float("nan"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eagle", type=Path, default=Path("models/smollm2-eagle"))
@@ -168,6 +179,7 @@ def main() -> None:
     parser.add_argument("--network", action="store_true")
     parser.add_argument("--network-prompts", type=int, default=8)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
+    parser.add_argument("--sweep", type=Path, help="a main job's output folder (results/crossover) or a sweep's")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from pairs import smollm2
@@ -184,6 +196,8 @@ def main() -> None:
         results[f"feature_bytes_per_token{suffix}"] = header / tokens + encoded_bytes(1, width, dtype) - header
     if args.network:
         results.update(network(args.eagle, args.layers, args.network_prompts, args.rtt_ms))
+    if args.sweep is not None:
+        results.update(sync_crossover(args.sweep, args.eagle.name))
     import platform
     print(f"cpu={platform.processor() or platform.machine()} threads=1 dtype=bfloat16 gamma={GAMMA}")
     for key, value in results.items():

@@ -18,14 +18,13 @@ held the verdict, complete or part-way),
 ``baseline_hit_rate`` (one-guess verdicts that kept the speculation alive), and ``hit_rate_at``
 (the share of verdicts whose outcome ranked within the first b candidates: the hit rate b
 branches give). With --sweep, the measured and predicted ``cached_vs_colocated`` crossover of
-that folder's summary.json (``crossover_ms`` with its 95% interval, ``crossover_predicted_ms``
+that folder's summary.json (a main job's folder: its sweep on --pair; ``crossover_ms`` with its 95% interval, ``crossover_predicted_ms``
 out of sample: predicted from the calibration points before the others ran), and the one-guess
 baseline's ``pipelined_vs_colocated`` beside it. Progress goes to stderr; the last line is key=value.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ from dsd.cache_fill import CacheMemory  # noqa: E402
 from dsd.simulate import LinkCosts, simulate_dsd  # noqa: E402
 from dsd.spec_cache import CacheConfig  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
+from orchestrator.report.side_by_side import sweep_crossovers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = (1, 2, 4, 8, 16, 32, 48)
@@ -97,10 +97,10 @@ def hit_rates(draft: TorchLM, target: TorchLM, prompts: list[list[int]], cache: 
             "hit_rate_at": "{" + ",".join(f"{b}:{v}" for b, v in at.items()) + "}"}
 
 
-def sweep_crossover(folder: Path) -> dict:
-    summary = json.loads((folder / "summary.json").read_text())
-    crossover = summary.get("crossovers", {}).get("cached_vs_colocated", {})
-    baseline = summary.get("crossovers", {}).get("pipelined_vs_colocated", {})
+def cache_crossover(folder: Path, pair: str) -> dict:
+    crossovers = sweep_crossovers(folder, pair)
+    crossover = crossovers.get("cached_vs_colocated", {})
+    baseline = crossovers.get("pipelined_vs_colocated", {})
     return {"crossover_ms": crossover.get("measured_rtt_ms"), "crossover_ci_low_ms": crossover.get("ci_low"),
             "crossover_ci_high_ms": crossover.get("ci_high"),
             "crossover_predicted_ms": crossover.get("predicted_rtt_ms_oos"),
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=None)
     parser.add_argument("--no-calibrate", action="store_true", help="rank outcomes on the draft's distribution as is")
     parser.add_argument("--no-batch-curve", action="store_true", help="skip the batched passes' timing")
-    parser.add_argument("--sweep", type=Path, help="a main job's output folder (summary.json)")
+    parser.add_argument("--sweep", type=Path, help="a main job's output folder (results/crossover) or a sweep's")
     args = parser.parse_args(argv)
     if not (args.pair / "target" / "config.json").is_file():
         parser.error(f"--pair {args.pair}: no target/ (python -m pairs.build --family smollm2 --out {args.pair} "
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     figures |= hit_rates(draft, target, prompts, CacheConfig(max_branches=args.max_branches,
                                                              calibrate=not args.no_calibrate))
     if args.sweep is not None:
-        figures |= sweep_crossover(args.sweep)
+        figures |= cache_crossover(args.sweep, args.pair.name)
     figures |= {"prompts": args.prompts, "dtype": args.dtype, "calibrate": not args.no_calibrate,
                 "load_avg_1m": round(os.getloadavg()[0], 2)}
     print(" ".join(f"{k}={v}" for k, v in figures.items()))

@@ -13,6 +13,7 @@ from orchestrator.launchers.base import LauncherError
 from orchestrator.launchers.leftovers import LeftoversFound
 from orchestrator.records.sweep_folder import SweepExists
 from orchestrator.spec.plan import plan_points
+from orchestrator.spec.suite import SUITE_RECORD, is_suite_file, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,14 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, **kwargs) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kwargs)
 
-    sweep = add("sweep", help="run an experiment file's grid")
+    sweep = add("sweep", help="run an experiment file's grid, or a suite file's experiments one after another")
     sweep.add_argument("experiment", type=Path)
     _sweep_options(sweep)
 
-    crossover = add("crossover", help="the main job: experiments/crossover.toml")
+    crossover = add("crossover", help="the main job: experiments/main.toml (the layer draft's and the feature "
+                                      "draft's crossover sweeps, side by side)")
     _sweep_options(crossover)
 
-    analyze = add("analyze", help="fit, crossovers and plots from a sweep folder")
+    analyze = add("analyze", help="fit, crossovers and plots from a sweep folder (or a suite's: each sweep's, then "
+                                  "the side-by-side files)")
     analyze.add_argument("out", type=Path)
 
     report = add("report", help="one self-contained HTML (or Markdown) report of a sweep folder")
@@ -87,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "crossover":
-        args.experiment = REPO / "experiments" / "crossover.toml"
+        args.experiment = REPO / "experiments" / "main.toml"
         return _run_sweep(args)
     if args.command == "sweep":
         return _run_sweep(args)
@@ -95,6 +98,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from orchestrator.open_loop.commands import is_serving_sweep, reanalyze_serving
         if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/open_loop/commands.py
             return reanalyze_serving(args.out)
+        if (Path(args.out) / SUITE_RECORD).exists():
+            return _analyze_suite(args.out)
         return _analyze(args.out)
     if args.command == "report":
         from orchestrator.report.html import write_report
@@ -144,24 +149,83 @@ def _run_sweep(args) -> int:
 
     if not Path(args.experiment).is_file():
         raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
-    experiment = load_experiment(args.experiment, args.profiles)
-    if args.launcher:
-        experiment = dataclasses.replace(experiment, launcher=args.launcher)
-    if args.repeat_until_ci is not None:
-        experiment = dataclasses.replace(experiment, adaptive_budget_points=args.repeat_until_ci)
+    if is_suite_file(args.experiment):
+        return _sweep_suite(args)
+    experiment = _experiment_with_overrides(args.experiment, args)
     out = args.out or REPO / "results" / experiment.name
     if experiment.load is not None:          # open-loop arrivals: orchestrator/open_loop/sweep.py
         from orchestrator.open_loop.commands import run_serving_cli
         return run_serving_cli(experiment, out, args.resume, args.dry_run)
-    plan = plan_points(experiment)
     if args.dry_run:
-        print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
-        from orchestrator.spec.plan import is_calibration
-        for point in plan:
-            print(f"  {point.key}" + ("  (calibration: predicts the rest)" if is_calibration(point, experiment) else ""))
-        return 0
+        return _print_sweep_plan(experiment, out)
     run_experiment(experiment, out, resume=args.resume)
     return _analyze(out)
+
+
+def _experiment_with_overrides(path: Path, args):
+    """An experiment file with the command line's overrides."""
+    experiment = load_experiment(path, args.profiles)
+    if args.launcher:
+        experiment = dataclasses.replace(experiment, launcher=args.launcher)
+    if args.repeat_until_ci is not None:
+        experiment = dataclasses.replace(experiment, adaptive_budget_points=args.repeat_until_ci)
+    return experiment
+
+
+def _print_sweep_plan(experiment, out: Path) -> int:
+    from orchestrator.spec.plan import is_calibration
+
+    plan = plan_points(experiment)
+    print(f"{len(plan)} points, launcher {experiment.launcher}, into {out}:")
+    for point in plan:
+        print(f"  {point.key}" + ("  (calibration: predicts the rest)" if is_calibration(point, experiment) else ""))
+    return 0
+
+
+def _sweep_suite(args) -> int:
+    """A suite file: each experiment into OUT/<its name>, then OUT's side-by-side summary."""
+    from orchestrator.running.run import run_experiment
+    from orchestrator.running.suite import check_suite_out, run_suite
+
+    suite = load_suite(args.experiment)
+    experiments = [_experiment_with_overrides(path, args) for path in suite.experiments]
+    for experiment in experiments:
+        if experiment.load is not None:
+            raise ValueError(f"suite {suite.name!r}: {experiment.name} has a [load] table; a suite runs "
+                             "closed-loop sweeps (run an open-loop experiment on its own)")
+    out = args.out or REPO / "results" / suite.name
+    if args.dry_run:
+        check_suite_out(out, suite, experiments, args.resume)
+        for experiment in experiments:
+            _print_sweep_plan(experiment, Path(out) / experiment.name)
+        return 0
+
+    def run_one(experiment, folder: Path) -> None:
+        run_experiment(experiment, folder, resume=args.resume)
+        _analyze(folder)
+
+    _print_side_by_side(run_suite(suite, experiments, out, args.resume, run_one), out)
+    return 0
+
+
+def _analyze_suite(out: Path) -> int:
+    from orchestrator.report.side_by_side import suite_members, write_side_by_side
+
+    for member in suite_members(out)[1]:
+        if (Path(out) / member["folder"] / "sweep.json").exists():
+            _analyze(Path(out) / member["folder"])
+    _print_side_by_side(write_side_by_side(out), out)
+    return 0
+
+
+def _print_side_by_side(result: dict, out: Path) -> None:
+    print(f"suite {result['suite']}, side by side:")
+    for run in result["runs"]:
+        crossings = "; ".join(f"{name} {c.get('text') or _ms(c.get('measured_rtt_ms', math.nan))}"
+                              for name, c in run["crossovers"].items())
+        print(f"  {run['experiment']} ({run['pair']}, {run['draft']}): alpha {run['alpha_measured']:.3f}; "
+              f"{crossings or 'no crossover'}")
+    print(f"results: {out}/summary.json, {out}/latency_vs_rtt.png; report: {out}/report.html")
 
 
 def out_of_sample_line(oos: dict) -> str:

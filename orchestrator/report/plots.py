@@ -68,20 +68,44 @@ def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, 
     calibration / in_sample: {"alpha": ..., "params": ...}; crossovers: summary crossover rows."""
     kind = "simulated" if launcher == "sim" else "measured"
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    subset = cells[(cells.gamma == gamma) | cells["mode"].isin(gammaless_modes())]
+    subset = latency_cells_at(cells, gamma)
     rtt_max_ms = max(subset.rtt_ms.max(), 1.0)
     rtt_grid_ms = np.linspace(0, rtt_max_ms, 200)
+    draw_latency_cells(ax, subset, kind)
+    for mode in subset["mode"].unique():
+        for fit, style, width in ((calibration, "-", 1.3), (in_sample, ":", 0.9)):
+            if fit and math.isfinite(fit.get("alpha", math.nan)) or (fit and not get_mode(mode).speculative):
+                ax.plot(rtt_grid_ms, [1e3 * predict_per_token_s(mode, fit["alpha"], gamma, r / 1e3, **fit["params"].closed_form_terms(gamma))
+                                      for r in rtt_grid_ms], style, color=_color(mode), alpha=0.7, lw=width)
+    notes = draw_crossovers(ax, crossovers, rtt_max_ms, kind)
+    _finish_latency_axes(ax, title, notes)
+    fig.text(0.01, 0.01, "solid: closed form from the calibration points only (out of sample); dotted: in-sample fit; "
+             "dashed/shade: crossing in the data and its 95% CI", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def latency_cells_at(cells: pd.DataFrame, gamma: int) -> pd.DataFrame:
+    """The latency cells a plot at this gamma shows (modes without a gamma at theirs)."""
+    return cells[(cells.gamma == gamma) | cells["mode"].isin(gammaless_modes())]
+
+
+def draw_latency_cells(ax, cells: pd.DataFrame, kind: str) -> None:
+    """Each mode's cells: the median per-token latency with its 95% bootstrap interval."""
     for mode in names():
-        rows = subset[subset["mode"] == mode].sort_values("rtt_ms")
+        rows = cells[cells["mode"] == mode].sort_values("rtt_ms")
         if not len(rows):
             continue
         yerr = [np.maximum(rows.per_token_ms - rows.ci_low, 0), np.maximum(rows.ci_high - rows.per_token_ms, 0)]
         ax.errorbar(rows.rtt_ms, rows.per_token_ms, yerr=yerr, fmt="o", color=_color(mode),
                     label=f"{_label(mode)} ({kind}, 95% CI)", capsize=2, ms=4)
-        for fit, style, width in ((calibration, "-", 1.3), (in_sample, ":", 0.9)):
-            if fit and math.isfinite(fit.get("alpha", math.nan)) or (fit and not get_mode(mode).speculative):
-                ax.plot(rtt_grid_ms, [1e3 * predict_per_token_s(mode, fit["alpha"], gamma, r / 1e3, **fit["params"].closed_form_terms(gamma))
-                                      for r in rtt_grid_ms], style, color=_color(mode), alpha=0.7, lw=width)
+
+
+def draw_crossovers(ax, crossovers: dict, rtt_max_ms: float, kind: str) -> list[str]:
+    """Each crossover's measured crossing (dashed) with its 95% interval shaded and its
+    out-of-sample prediction (dotted); returns a note per crossover."""
     notes = []
     for name, c in crossovers.items():
         low, high = c.get("ci_low", math.nan), c.get("ci_high", math.nan)
@@ -99,10 +123,23 @@ def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, 
         pred = f"{predicted:.1f} ms" if math.isfinite(predicted) else ("never wins" if predicted < 0 else
                                                                        "wins everywhere" if predicted > 0 else "-")
         notes.append(f"{name.replace('_', ' ')}: {kind[:4]}. {text}; predicted before measuring: {pred}")
-    _finish_latency_axes(ax, title, notes)
-    fig.text(0.01, 0.01, "solid: closed form from the calibration points only (out of sample); dotted: in-sample fit; "
-             "dashed/shade: crossing in the data and its 95% CI", fontsize=7, color="0.4")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return notes
+
+
+def plot_latency_vs_rtt_panels(panels: list[dict], path: Path, title: str, launcher: str) -> Path:
+    """Several sweeps' latency vs RTT side by side on one latency scale; a panel is
+    {"title": ..., "cells": its latency cells at its gamma, "crossovers": its summary crossover rows}."""
+    kind = "simulated" if launcher == "sim" else "measured"
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), dpi=120, sharey=True, squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        cells = panel["cells"]
+        draw_latency_cells(ax, cells, kind)
+        notes = draw_crossovers(ax, panel["crossovers"], max(cells.rtt_ms.max(), 1.0), kind)
+        _finish_latency_axes(ax, panel["title"], notes)
+    fig.suptitle(title, fontsize=11)
+    fig.text(0.01, 0.01, "dashed/shade: crossing in the data and its 95% CI; dotted: predicted from the calibration "
+             "points before the other points ran (out of sample)", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
     fig.savefig(path)
     plt.close(fig)
     return path
