@@ -38,8 +38,8 @@ def write_side_by_side(out: Path) -> dict:
         run = run_entry(member, sweep, summary)
         runs.append(run)
         launchers.add(sweep["launcher"])
-        panels.append({"title": f"{member['name']}: {run['pair'] or 'synthetic'} ({run['draft']}), "
-                                f"alpha {run['alpha_measured']:.2f}",
+        panels.append({"title": f"{member['name']}: {run['pair'] or 'synthetic'}, alpha {run['alpha_measured']:.2f}"
+                                f"\n{run['draft']}",
                        "cells": panel_cells(summary), "crossovers": run["crossovers"]})
     launcher = launchers.pop() if len(launchers) == 1 else "mixed"
     plots.plot_latency_vs_rtt_panels(panels, out / FIGURE, f"{name}: per-token latency against RTT", launcher)
