@@ -51,12 +51,8 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
             notes.append(f"{name.replace('_', ' ')} {tag}: " + (f"{rtt:.1f} ms" if math.isfinite(rtt)
                          else ("never wins" if rtt < 0 else "wins over the whole grid")))
     _finish_latency_axes(ax, title, notes)
-    fig.text(0.01, 0.01, f"points: {kind} (median, range over repeats); lines: closed form with fitted "
-             "alpha, t_d, t_v; dashed: crossing found in the data, dotted: predicted", fontsize=7, color="0.4")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save_latency_figure(fig, path, f"points: {kind} (median, range over repeats); lines: closed form with "
+                                "fitted alpha, t_d, t_v; dashed: crossing found in the data, dotted: predicted")
 
 
 def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, in_sample: dict,
@@ -79,12 +75,8 @@ def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, 
                                       for r in rtt_grid_ms], style, color=_color(mode), alpha=0.7, lw=width)
     notes = draw_crossovers(ax, crossovers, rtt_max_ms, kind)
     _finish_latency_axes(ax, title, notes)
-    fig.text(0.01, 0.01, "solid: closed form from the calibration points only (out of sample); dotted: in-sample fit; "
-             "dashed/shade: crossing in the data and its 95% CI", fontsize=7, color="0.4")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save_latency_figure(fig, path, "solid: closed form from the calibration points only (out of sample); "
+                                "dotted: in-sample fit; dashed/shade: crossing in the data and its 95% CI")
 
 
 def latency_cells_at(cells: pd.DataFrame, gamma: int) -> pd.DataFrame:
@@ -137,12 +129,8 @@ def plot_latency_vs_rtt_panels(panels: list[dict], path: Path, title: str, launc
         notes = draw_crossovers(ax, panel["crossovers"], max(cells.rtt_ms.max(), 1.0), kind)
         _finish_latency_axes(ax, panel["title"], notes)
     fig.suptitle(title, fontsize=11)
-    fig.text(0.01, 0.01, "dashed/shade: crossing in the data and its 95% CI; dotted: predicted from the calibration "
-             "points before the other points ran (out of sample)", fontsize=7, color="0.4")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save_latency_figure(fig, path, "dashed/shade: crossing in the data and its 95% CI; dotted: predicted from "
+                                "the calibration points before the other points ran (out of sample)", top=0.96)
 
 
 def plot_gain_window(points: pd.DataFrame, groups: list, params_by_profile: dict, gamma: int,
@@ -247,6 +235,15 @@ def plot_acceptance(stats: dict, gamma: int, path: Path, title: str) -> Path:
     fig.text(0.01, 0.01, f"{len(stats['request_alpha'])} requests, {stats['rounds']} live rounds of the "
              "speculative modes; grey: truncated geometric of i.i.d. acceptance", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _save_latency_figure(fig, path: Path, note: str, top: float = 1.0) -> Path:
+    """A latency-vs-RTT figure's footnote, layout and file."""
+    fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, top))
     fig.savefig(path)
     plt.close(fig)
     return path
