@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.features import FEATURE_DTYPES, encoded_bytes  # noqa: E402
 from dsd.timing import step_time_s  # noqa: E402
-from orchestrator.report.side_by_side import sweep_crossovers  # noqa: E402
+from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
 
 GAMMA, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, SEED = 4, 64, 0.7, 0.9, 77
 

@@ -18,9 +18,9 @@ held the verdict, complete or part-way),
 ``baseline_hit_rate`` (one-guess verdicts that kept the speculation alive), and ``hit_rate_at``
 (the share of verdicts whose outcome ranked within the first b candidates: the hit rate b
 branches give). With --sweep, the measured and predicted ``cached_vs_colocated`` crossover of
-that folder's summary.json (a main job's folder: its sweep on --pair; ``crossover_ms`` with its 95% interval, ``crossover_predicted_ms``
-out of sample: predicted from the calibration points before the others ran), and the one-guess
-baseline's ``pipelined_vs_colocated`` beside it. Progress goes to stderr; the last line is key=value.
+that folder's summary.json (of a main job's folder: its sweep on --pair; ``crossover_ms`` with
+its 95% interval, ``crossover_predicted_ms`` out of sample: predicted from the calibration points
+before the others ran), and the one-guess baseline's ``pipelined_vs_colocated`` beside it. Progress goes to stderr; the last line is key=value.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from dsd.cache_fill import CacheMemory  # noqa: E402
 from dsd.simulate import LinkCosts, simulate_dsd  # noqa: E402
 from dsd.spec_cache import CacheConfig  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
-from orchestrator.report.side_by_side import sweep_crossovers  # noqa: E402
+from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = (1, 2, 4, 8, 16, 32, 48)

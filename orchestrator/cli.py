@@ -209,7 +209,8 @@ def _sweep_suite(args) -> int:
 
 
 def _analyze_suite(out: Path) -> int:
-    from orchestrator.report.side_by_side import suite_members, write_side_by_side
+    from orchestrator.records.suite_folder import suite_members
+    from orchestrator.report.side_by_side import write_side_by_side
 
     for member in suite_members(out)[1]:
         if (Path(out) / member["folder"] / "sweep.json").exists():

@@ -11,17 +11,11 @@ import pandas as pd
 
 from dsd.pair_manifest import MANIFEST, draft_kind
 from orchestrator.common.files import write_json
+from orchestrator.records.suite_folder import suite_members
 from orchestrator.report import plots
 from orchestrator.report.html import render_html
-from orchestrator.spec.suite import SUITE_RECORD
 
 FIGURE = "latency_vs_rtt.png"
-
-
-def suite_members(out: Path) -> tuple[str, list[dict]]:
-    """The suite's name and its members ({"name", "file", "folder"}) as suite.json records them."""
-    record = json.loads((Path(out) / SUITE_RECORD).read_text())
-    return record["suite"], record["experiments"]
 
 
 def write_side_by_side(out: Path) -> dict:
@@ -83,16 +77,6 @@ def describe_draft(pair_path: str) -> str:
     if draft_kind(data) == "eagle":
         return f"feature draft, {draft.get('decoder_layers', '?')} layer(s) on the target's features"
     return f"layer draft, {draft.get('layers_from_target', '?')} of the target's layers"
-
-
-def sweep_crossovers(folder: Path, pair: str | None = None) -> dict:
-    """The crossovers (name -> summary row) of a sweep folder, or of a suite folder's sweep on the
-    pair named ``pair`` (its folder's name; None: the first sweep's)."""
-    summary = json.loads((Path(folder) / "summary.json").read_text())
-    if "runs" not in summary:
-        return summary.get("crossovers", {})
-    runs = [r for r in summary["runs"] if pair is None or r["pair"] == pair]
-    return runs[0]["crossovers"] if runs else {}
 
 
 def panel_cells(summary: dict) -> pd.DataFrame:

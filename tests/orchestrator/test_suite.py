@@ -5,7 +5,7 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.report.side_by_side import sweep_crossovers
+from orchestrator.records.suite_folder import sweep_crossovers
 from orchestrator.spec.suite import is_suite_file, load_suite
 
 EXPERIMENT_TEXT = ('name = "{name}"\nlauncher = "sim"\nmodes = ["ar", "sync"]\nrtt_ms = [0, 20, 40]\ngamma = [3]\n'
