@@ -51,6 +51,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-rounds", type=int,
                         help="smollm2 only: answer every training prompt this often, a new seed each")
     parser.add_argument("--data-cache", type=Path, help="smollm2 only: keep the target's answers here")
+    parser.add_argument("--prompts", type=Path,
+                        help="smollm2 only: the training instructions (default workloads/train_instructions.jsonl)")
+    parser.add_argument("--samples-per-prompt", type=int,
+                        help="smollm2 only: answers to each instruction a round")
     parser.add_argument("--feature-layers", type=int, nargs="+",
                         help="smollm2-eagle only: the target layers the draft reads (fused when several)")
     parser.add_argument("--answer-batches", type=str,
@@ -76,7 +80,9 @@ def parse_args(argv: list[str] | None):
     overrides["overwrite"] = args.force
     smollm2_only = {k: v for k, v in [("epochs", args.epochs), ("draft_layers", args.draft_layers),
                                       ("vocab_keep", args.vocab_keep), ("tvd_weight", args.tvd_weight),
-                                      ("data_rounds", args.data_rounds), ("data_cache", args.data_cache)]
+                                      ("data_rounds", args.data_rounds), ("data_cache", args.data_cache),
+                                      ("prompts_path", args.prompts),
+                                      ("samples_per_prompt", args.samples_per_prompt)]
                     if v is not None}
     eagle_only = {k: v for k, v in [("feature_layers", args.feature_layers),
                                     ("rollout_steps", args.rollout_steps),
