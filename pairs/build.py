@@ -89,11 +89,11 @@ def parse_args(argv: list[str] | None):
                                     ("answer_batches", _ranges(parser, args.answer_batches)),
                                     ("init_draft", args.init_draft)] if v is not None}
     if eagle_only and args.family != "smollm2-eagle":
-        parser.error(f"--{sorted(eagle_only)[0].replace('_', '-')} applies to --family smollm2-eagle only")
+        parser.error(f"--{_flag(sorted(eagle_only)[0])} applies to --family smollm2-eagle only")
     if args.family == "smollm2-eagle":
         for name in ("target_steps", "precision", "draft_steps", "draft_layers"):
             if name in overrides or name in smollm2_only:
-                parser.error(f"--{name.replace('_', '-')} does not apply to --family smollm2-eagle")
+                parser.error(f"--{_flag(name)} does not apply to --family smollm2-eagle")
         overrides.update(smollm2_only, **eagle_only)
         if args.target_only:
             return TargetOnly(args.out)
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None):
     if args.family == "smollm2":
         for name in ("target_steps", "precision", "draft_steps"):
             if name in overrides:
-                parser.error(f"--{name.replace('_', '-')} does not apply to --family smollm2")
+                parser.error(f"--{_flag(name)} does not apply to --family smollm2")
         overrides.update(smollm2_only)
         if args.target_only:
             return TargetOnly(args.out)
@@ -111,11 +111,15 @@ def parse_args(argv: list[str] | None):
             return smollm2.quick_config(args.out, **overrides)
         return smollm2.Smollm2PairConfig(out_dir=args.out, **overrides)
     if smollm2_only or args.target_only:
-        parser.error(f"--{sorted(smollm2_only or ['target_only'])[0].replace('_', '-')} applies "
-                     f"to --family smollm2 only")
+        parser.error(f"--{_flag(sorted(smollm2_only or ['target_only'])[0])} applies to --family smollm2 only")
     if args.quick:
         return stdlib_gpt2.quick_config(args.out, **overrides)
     return stdlib_gpt2.PairBuildConfig(out_dir=args.out, **overrides)
+
+
+def _flag(field: str) -> str:
+    """A config field's command-line option: prompts_path -> prompts, data_rounds -> data-rounds."""
+    return {"prompts_path": "prompts"}.get(field, field).replace("_", "-")
 
 
 def _ranges(parser, text: str | None) -> tuple[int, ...] | None:

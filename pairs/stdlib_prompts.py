@@ -71,10 +71,10 @@ def _first_sentence(doc: str) -> str | None:
 def third_person(verb: str) -> str:
     """Return -> returns, Copy -> copies, Search -> searches; Returns stays."""
     verb = verb.lower()
-    if verb.endswith("s") and verb not in {"parse"}:
-        return verb
     if verb.endswith(("sh", "ch", "x", "ss")):
         return verb + "es"
+    if verb.endswith("s"):
+        return verb
     if verb.endswith("y") and verb[-2] not in "aeiou":
         return verb[:-1] + "ies"
     return verb + "s"
