@@ -27,7 +27,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -203,12 +202,8 @@ def _version(aiperf: str) -> str:
 
 
 def _cpu() -> str:
-    try:
-        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return platform.processor()
-    return f"{names[0] if names else platform.processor()} x{os.cpu_count()}" + (" amx" if "amx_bf16" in flags else "")
+    from dsd.backends.machine import cpu_flags, cpu_model
+    return f"{cpu_model()} x{os.cpu_count()}" + (" amx" if "amx_bf16" in cpu_flags() else "")
 
 
 if __name__ == "__main__":

@@ -182,26 +182,44 @@ class EagleLM:
         if replaced is not None and replaced.m > seq.m:
             self.add_features(new_seq_id, FeatureBlock(seq.m, replaced.true[seq.m:replaced.m]))
 
-    def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
-        # NOTE: one sequence after another: a co-located server drafting for many sessions pays a
-        # pass per session and step with this draft (a batched pass is not written yet).
-        return [self.logits(r.seq_id, r.tokens, r.n_last) for r in requests]
+    def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
+        return self.logits_batch([LogitsRequest(seq_id, tokens, n_last)])[0]
 
     @torch.inference_mode()
-    def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
-        n = len(tokens)
-        if not 1 <= n_last <= n:
-            raise ValueError(f"n_last must be in [1, {n}], got {n_last}")
-        seq = self._seq(seq_id)
-        seq.crop(min(common_prefix_length(seq.tokens, tokens), n - n_last))
-        j = len(seq.tokens)
-        while j < n:
-            # positions j..end-1 read only features known now: true ones, or the output at j - 1
-            end = max(j + 1, min(n, seq.m + 1))
-            self._feed(seq, tokens, j, end)
-            j = end
-        h = seq.outputs[n - n_last:n]                                                   # [n_last, d]
-        return self.vocab_map.full_logits(self.head(self.model.norm(h)).float())        # [n_last, vocab]
+    def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
+        """Each answer as ``logits``. A sequence's positions go through in passes as the module's
+        docstring says; the one-position passes of several sequences (a drafting step's, one per
+        sequence) go through together: one batched pass a step."""
+        if len({r.seq_id for r in requests}) != len(requests):
+            raise ValueError(f"a batch holds each sequence once, got {[r.seq_id for r in requests]}")
+        seqs = []
+        for r in requests:
+            n = len(r.tokens)
+            if not 1 <= r.n_last <= n:
+                raise ValueError(f"n_last must be in [1, {n}], got {r.n_last}")
+            seq = self._seq(r.seq_id)
+            seq.crop(min(common_prefix_length(seq.tokens, r.tokens), n - r.n_last))
+            seqs.append(seq)
+        pending = [i for i, r in enumerate(requests) if len(seqs[i].tokens) < len(r.tokens)]
+        while pending:
+            singles = []
+            for i in pending:
+                seq, tokens = seqs[i], requests[i].tokens
+                j = len(seq.tokens)
+                end = max(j + 1, min(len(tokens), seq.m + 1))     # positions that read only known features
+                if end - j > 1:
+                    self._feed(seq, tokens, j, end)
+                else:
+                    singles.append(i)
+            if len(singles) == 1:
+                seq = seqs[singles[0]]
+                self._feed(seq, requests[singles[0]].tokens, len(seq.tokens), len(seq.tokens) + 1)
+            elif singles:
+                self._feed_one_each([seqs[i] for i in singles], [requests[i].tokens for i in singles])
+            pending = [i for i in pending if len(seqs[i].tokens) < len(requests[i].tokens)]
+        h = torch.cat([seq.outputs[len(r.tokens) - r.n_last:len(r.tokens)] for seq, r in zip(seqs, requests)])
+        logits = self.vocab_map.full_logits(self.head(self.model.norm(h)).float())          # [rows, vocab]
+        return list(logits.split([r.n_last for r in requests]))
 
     def _feed(self, seq: _EagleSeq, tokens: Sequence[int], start: int, end: int) -> None:
         """One pass over positions start..end-1 (each reads the feature at its j - 1)."""
@@ -209,16 +227,7 @@ class EagleLM:
         count = end - start
         seq.room(end)
         features = torch.zeros(count, self.feature_width, dtype=self.dtype)
-        read_true = []
-        for i, j in enumerate(range(start, end)):
-            if j == 0:
-                read_true.append(True)
-            elif j - 1 < seq.m:
-                features[i] = seq.true[j - 1]
-                read_true.append(True)
-            else:
-                features[i] = seq.outputs[j - 1]          # only ever the pass's first position
-                read_true.append(False)
+        read_true = [_read_feature(seq, j, features[i]) for i, j in enumerate(range(start, end))]
         ids = self._to_draft[torch.tensor(list(tokens[start:end]))][None]               # [1, count]
         positions = torch.arange(start, end)[None]
         q, k, v = model.qkv(model.project(ids, features[None]), positions)              # [1, H|KV, count, hd]
@@ -232,3 +241,43 @@ class EagleLM:
         seq.read_true.extend(read_true)
         self.stats.passes += 1
         self.stats.positions_fed += count
+
+    def _feed_one_each(self, seqs: list[_EagleSeq], tokens: list[Sequence[int]]) -> None:
+        """One pass over the next position of each of B sequences: the shorter ones' keys and
+        values padded to the longest and masked."""
+        model = self.model
+        B = len(seqs)
+        starts = [len(seq.tokens) for seq in seqs]
+        length = max(starts) + 1
+        features = torch.zeros(B, 1, self.feature_width, dtype=self.dtype)
+        read_true = [_read_feature(seq, j, features[b, 0]) for b, (seq, j) in enumerate(zip(seqs, starts))]
+        ids = self._to_draft[torch.tensor([int(t[j]) for t, j in zip(tokens, starts)])][:, None]     # [B, 1]
+        q, k, v = model.qkv(model.project(ids, features), torch.tensor(starts)[:, None])          # [B, H|KV, 1, hd]
+        keys = k.new_zeros(B, k.shape[1], length, k.shape[3])
+        values = torch.zeros_like(keys)
+        mask = torch.zeros(B, 1, 1, length, dtype=torch.bool)
+        for b, (seq, j) in enumerate(zip(seqs, starts)):
+            seq.room(j + 1)
+            seq.keys[:, j], seq.values[:, j] = k[b, :, 0], v[b, :, 0]
+            keys[b, :, :j + 1], values[b, :, :j + 1] = seq.keys[:, :j + 1], seq.values[:, :j + 1]
+            mask[b, ..., :j + 1] = True
+        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self._group > 1)
+        outputs = model.finish(features, attended)                                              # [B, 1, d]
+        for b, (seq, j) in enumerate(zip(seqs, starts)):
+            seq.outputs[j] = outputs[b, 0]
+            seq.tokens.append(int(tokens[b][j]))
+            seq.read_true.append(read_true[b])
+        self.stats.passes += 1
+        self.stats.positions_fed += B
+
+
+def _read_feature(seq: _EagleSeq, j: int, into: torch.Tensor) -> bool:
+    """Write the feature position j reads (the one at j - 1) into ``into``; whether it is a true
+    one (position 0 reads zeros: nothing comes before it)."""
+    if j == 0:
+        return True
+    if j - 1 < seq.m:
+        into.copy_(seq.true[j - 1])
+        return True
+    into.copy_(seq.outputs[j - 1])               # only ever a pass's first position
+    return False

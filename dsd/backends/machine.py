@@ -20,14 +20,19 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def machine_key(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU model and its flags, as the kernels see them."""
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) Platinum ..."), as results name the CPU."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
         text = ""
-    model = next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.processor() or platform.machine())
+    return next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")),
+                platform.processor() or platform.machine())
+
+
+def machine_key(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and its flags, as the kernels see them."""
+    model = cpu_model(cpuinfo)
     flags = " ".join(sorted(cpu_flags(cpuinfo)))
     isa = ",".join(f"{k}={os.environ[k]}" for k in ISA_SWITCHES if os.environ.get(k))
     return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:12]}]" + (f" {isa}" if isa else "")

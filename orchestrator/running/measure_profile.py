@@ -2,24 +2,14 @@
 from __future__ import annotations
 
 import json
-import platform
 import time
 
 import torch
 
 from dsd.backends.factory import HfBackendConfig, load_pair
+from dsd.backends.machine import cpu_model
 from dsd.times import fit_verify_line
 from dsd.timing import batched_verify_times_s, fit_batch_slope, measure_times
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
@@ -34,7 +24,7 @@ def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
     batches = (1, 2, 4, 8, 16)
     curve = batched_verify_times_s(target, gammas, batches, measurement.context_tokens, max(5, measurement.repeats // 3))
     slope_b = fit_batch_slope(curve)
-    source = (f"measured on {_cpu_name()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
+    source = (f"measured on {cpu_model()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
               f"`dsdbed measure-profile --pair {pair_path} --threads {threads}`, median of "
               f"{measurement.repeats}, context {measurement.context_tokens} tokens")
     values = {

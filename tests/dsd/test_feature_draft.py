@@ -16,7 +16,7 @@ from dsd.backends.eagle_lm import EagleLM
 from dsd.backends.eagle_model import save_eagle
 from dsd.backends.feature_target import FeatureTorchLM, LayerTap
 from dsd.backends.hf import HfBackendConfig
-from dsd.backends.protocol import SamplingParams
+from dsd.backends.protocol import LogitsRequest, SamplingParams
 from dsd.backends.torch_lm import TorchLM
 from dsd.backends.vocab_map import VocabMap
 from dsd.decoding import generate_ar
@@ -234,6 +234,34 @@ def test_a_forked_feature_draft_drafts_as_its_source_and_keeps_only_the_features
     draft.add_features("s", FeatureBlock(6, torch.randn(2, draft.feature_width)))   # a verdict for "s" alone
     draft.move("c", "s")                                            # the branch was right: it keeps them
     assert draft.cached_length("c") == 0 and draft.known_features("s") == 8
+
+
+def test_a_batch_of_sequences_drafts_in_one_pass_a_step_what_each_drafts_alone():
+    """logits_batch: the sequences' catch-up passes one by one, then one pass for each drafting
+    step of all of them (keys padded to the longest and masked), answers as logits alone."""
+    draft, _ = tiny_pair(noise=1.0)
+    model = draft.model.double()
+    batched, alone = EagleLM(model, draft.vocab_map, "eagle", 0), EagleLM(model, draft.vocab_map, "eagle", 0)
+    rng = torch.Generator().manual_seed(5)
+    streams = {f"s{i}": [int(t) for t in torch.randint(0, VOCAB, (n,), generator=rng)] for i, n in
+               enumerate((5, 9, 14))}
+    for name, known in zip(streams, (2, 9, 6)):                  # s1 knows a feature for every token
+        block = FeatureBlock(0, torch.randn(known, 32, dtype=torch.float64, generator=rng))
+        batched.add_features(name, block)
+        alone.add_features(name, block)
+    block = [3, 1, 4, 1]
+    for step in range(4):                                        # a block of 4 draft tokens
+        requests = [LogitsRequest(name, tokens + block[:step], 1 + (name == "s2" and step == 0))
+                    for name, tokens in streams.items()]
+        passes = batched.stats.passes
+        got = batched.logits_batch(requests)
+        if step:
+            assert batched.stats.passes == passes + 1            # one pass for the three sequences' next token
+        for r, rows in zip(requests, got):
+            assert rows.shape == (r.n_last, VOCAB)
+            assert torch.allclose(rows, alone.logits(r.seq_id, r.tokens, r.n_last), atol=1e-9), (step, r.seq_id)
+    with pytest.raises(ValueError, match="each sequence once"):
+        batched.logits_batch([LogitsRequest("s0", [1, 2], 1), LogitsRequest("s0", [1, 2, 3], 1)])
 
 
 def exact_distribution(target, temperature: float, top_p: float) -> dict[tuple, float]:
