@@ -2,7 +2,7 @@
 (``EagleLM.logits_batch``) against one pass per session and step, as a co-located server's
 drafting (dsd.drafting.run_draft_jobs) and the edge's speculation cache (dsd.cache_fill) ask it.
 
-    python benchmarks/eagle_batch.py [--eagle models/smollm2-eagle] [--sessions 1,2,4,8]
+    python benchmarks/eagle_batch.py [--eagle models/smollm2-eagle] [--batch-sizes 1,2,4,8]
         [--gamma 4] [--repeats 15] [--dtype bfloat16] [--threads 1]
 
 Each session holds one of the evaluation prompts (chat-rendered, 30-90 tokens) with the target's
@@ -82,15 +82,15 @@ def measure(draft: EagleLM, contexts: list[list[int]], gamma: int, repeats: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--eagle", type=Path, default=Path("models/smollm2-eagle"))
-    parser.add_argument("--sessions", default="1,2,4,8")
+    parser.add_argument("--batch-sizes", default="1,2,4,8")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    counts = [int(x) for x in args.sessions.split(",")]
+    counts = [int(x) for x in args.batch_sizes.split(",")]
     if not counts or min(counts) < 1 or max(counts) > 40 or args.gamma < 1 or args.repeats < 1:
-        parser.error("--sessions: counts in 1..40 (the evaluation prompts); --gamma, --repeats: at least 1")
+        parser.error("--batch-sizes: session counts in 1..40 (the evaluation prompts); --gamma, --repeats: at least 1")
     torch.set_num_threads(args.threads)
     draft = EagleLM.load(args.eagle / "draft", args.dtype)
     contexts = prompts(args.eagle, max(counts))
