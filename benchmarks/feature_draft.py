@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsd.backends.machine import cpu_model  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.features import FEATURE_DTYPES, encoded_bytes  # noqa: E402
 from dsd.timing import step_time_s  # noqa: E402
@@ -198,8 +199,7 @@ def main() -> None:
         results.update(network(args.eagle, args.layers, args.network_prompts, args.rtt_ms))
     if args.sweep is not None:
         results.update(sync_crossover(args.sweep, args.eagle.name))
-    import platform
-    print(f"cpu={platform.processor() or platform.machine()} threads=1 dtype=bfloat16 gamma={GAMMA}")
+    print(f"cpu={cpu_model()!r} threads=1 dtype=bfloat16 gamma={GAMMA}")
     for key, value in results.items():
         print(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
 

@@ -203,6 +203,16 @@ def materialize_target(pair_dir: Path, gguf_path: Path | None = None) -> dict:
     return verify_pair(pair_dir)
 
 
+def prompts_provenance(prompts_path: Path) -> str:
+    """Where a build's training instructions come from, as its manifest says (workloads/README.md)."""
+    if Path(prompts_path).resolve() == (REPO / "workloads" / "train_instructions_wide.jsonl").resolve():
+        return ("instructions written for this project and derived from the docstrings of CPython "
+                "3.11.7's standard library, PSF License Agreement (workloads/README.md)")
+    if Path(prompts_path).resolve().parent == (REPO / "workloads").resolve():
+        return "instructions written for this project (workloads/README.md)"
+    return f"instructions from {prompts_path}"
+
+
 def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
     """The draft never sees an evaluation prompt, nor one that differs only in case or spacing."""
     def norm(text: str) -> str:
@@ -290,8 +300,7 @@ def smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples
         "training_data": {
             "prompts": params["prompts_path"],
             "prompts_sha256": sha256_file(config.prompts_path),
-            "provenance": "instructions written for this project (workloads/README.md); "
-                          "answers sampled from the target itself",
+            "provenance": f"{prompts_provenance(config.prompts_path)}; answers sampled from the target itself",
             "answers": len(samples), "answer_tokens": int(sum(answers)),
             "heldout_answers": len(heldout),
             "distinct_4gram_p50": round(float(np.median(

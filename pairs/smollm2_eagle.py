@@ -273,8 +273,8 @@ def eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, 
         "deploy_dtype": config.dtype,
         "training_data": {
             "prompts": params["prompts_path"], "prompts_sha256": sha256_file(config.prompts_path),
-            "provenance": "instructions written for this project (workloads/README.md); answers sampled "
-                          "from the target itself; features from the target teacher-forced on them",
+            "provenance": f"{smollm2.prompts_provenance(config.prompts_path)}; answers sampled from the target "
+                          "itself; features from the target teacher-forced on them",
             "answers": len(samples), "answer_tokens": int(sum(len(s.answer_ids) for s in samples)),
             "heldout_answers": len(heldout)},
         "vocab_size": target.config.vocab_size,
