@@ -36,8 +36,10 @@ from orchestrator.spec.workload import describe, experiment_prompts
 
 def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
     """Run the experiment's plan on its launcher into the sweep folder ``out``: one testbed per
-    (profile, alpha) group at a time, each point run by the testbed (launchers/base.py)."""
-    out = Path(out)
+    (profile, alpha) group at a time, each point run by the testbed (launchers/base.py). ``out``
+    is made absolute first: the services run in other working directories (a network namespace,
+    a container)."""
+    out = Path(out).absolute()
     launcher = check_before_start(experiment, out, resume)
     plan = plan_points(experiment)
     pairs = functools.cache(load_pair)         # backend config -> (draft, target)

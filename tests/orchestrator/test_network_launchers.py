@@ -9,6 +9,7 @@ import subprocess
 
 import pandas as pd
 import pytest
+from pathlib import Path
 
 from dsd.backends.factory import load_pair
 from dsd.decoding import generate_ar
@@ -117,9 +118,10 @@ def test_loopback_capacity_sweep_shows_dsd_sustaining_more_clients(tmp_path):
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-def test_netns_sweep_is_shaped_measured_and_leaves_nothing_behind(tmp_path):
+def test_netns_sweep_is_shaped_measured_and_leaves_nothing_behind(tmp_path, monkeypatch):
     experiment = experiment_from_dict({"name": "ns", "launcher": "netns", **BASE})
-    run_experiment(experiment, tmp_path / "ns", resume=False)
+    monkeypatch.chdir(tmp_path)
+    run_experiment(experiment, Path("ns"), resume=False)      # a relative folder: the services run elsewhere
     check_greedy_tokens(experiment, tmp_path / "ns")
     links = check_links_shaped(tmp_path / "ns")
     print("netns launcher shaped with", set(links["shaper"]))
