@@ -192,6 +192,8 @@ class EagleLM:
         sequence) go through together: one batched pass a step."""
         if len({r.seq_id for r in requests}) != len(requests):
             raise ValueError(f"a batch holds each sequence once, got {[r.seq_id for r in requests]}")
+        if not requests:
+            return []
         seqs = []
         for r in requests:
             n = len(r.tokens)

@@ -260,6 +260,7 @@ def test_a_batch_of_sequences_drafts_in_one_pass_a_step_what_each_drafts_alone()
         for r, rows in zip(requests, got):
             assert rows.shape == (r.n_last, VOCAB)
             assert torch.allclose(rows, alone.logits(r.seq_id, r.tokens, r.n_last), atol=1e-9), (step, r.seq_id)
+    assert batched.logits_batch([]) == []
     with pytest.raises(ValueError, match="each sequence once"):
         batched.logits_batch([LogitsRequest("s0", [1, 2], 1), LogitsRequest("s0", [1, 2, 3], 1)])
 
