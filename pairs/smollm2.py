@@ -38,6 +38,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PROMPTS = REPO / "workloads" / "train_instructions.jsonl"
 EVAL_PROMPTS = REPO / "workloads" / "instructions.jsonl"
+WIDE_TRAIN_PROMPTS = REPO / "workloads" / "train_instructions_wide.jsonl"   # pairs.stdlib_prompts writes it
 DEPLOY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -205,7 +206,7 @@ def materialize_target(pair_dir: Path, gguf_path: Path | None = None) -> dict:
 
 def prompts_provenance(prompts_path: Path) -> str:
     """Where a build's training instructions come from, as its manifest says (workloads/README.md)."""
-    if Path(prompts_path).resolve() == (REPO / "workloads" / "train_instructions_wide.jsonl").resolve():
+    if Path(prompts_path).resolve() == WIDE_TRAIN_PROMPTS.resolve():
         return ("instructions written for this project and derived from the docstrings of CPython "
                 "3.11.7's standard library, PSF License Agreement (workloads/README.md)")
     if Path(prompts_path).resolve().parent == (REPO / "workloads").resolve():

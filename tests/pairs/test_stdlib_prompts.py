@@ -4,7 +4,7 @@ import pytest
 
 from pairs import build, chat_data, smollm2, smollm2_eagle, stdlib_prompts
 
-WIDE = smollm2.REPO / "workloads" / "train_instructions_wide.jsonl"
+WIDE = smollm2.WIDE_TRAIN_PROMPTS
 
 MODULE = '''
 def count_vowels(text):
