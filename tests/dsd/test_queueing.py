@@ -1,0 +1,115 @@
+import math
+
+import pytest
+
+from dsd import latency_model as lm
+from dsd import queueing as q
+from dsd.modes import predict_per_token_s
+from dsd.times import ComputeTimes
+
+ALPHA, GAMMA = 0.5, 2
+T_AR_S = 0.056
+# The real pair, float32 on an AVX2 CPU: t_v(3 positions) = 1.31 t_ar, t_d = 0.24 t_ar.
+REAL = ComputeTimes(t_draft_edge_s=0.24 * T_AR_S, t_draft_server_s=0.24 * T_AR_S, t_ar_s=T_AR_S,
+                    t_verify_by_gamma_s={GAMMA: 1.31 * T_AR_S}, batch_slope=0.3,
+                    cache_hit_rate=0.6, cache_fill_s=0.02)
+MODES = ("ar", "colocated", "sync", "pipelined", "cached")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("rtt_s", [0.0, 0.01, 0.05, 0.2])
+def test_one_client_is_the_closed_form(mode, rtt_s):
+    expected = predict_per_token_s(mode, ALPHA, GAMMA, rtt_s, **REAL.closed_form_terms(GAMMA))
+    assert q.per_token_s(mode, 1, ALPHA, GAMMA, rtt_s, REAL) == pytest.approx(expected, rel=1e-12)
+    assert q.per_token_s(mode, 1, ALPHA, GAMMA, rtt_s, REAL, max_batch=4) == pytest.approx(expected, rel=1e-12)
+
+
+def test_serial_mva_matches_the_recursion_by_hand():
+    # Think time Z = 1, service S = 1: R(1) = 1, X(1) = 1/2, Q(1) = 1/2; R(2) = 1.5, X(2) = 2/2.5,
+    # Q(2) = 1.2; R(3) = 2.2, cycle 3.2.
+    def cycle_s(residence_s):
+        return 1.0 + residence_s
+
+    assert q.mva_residence_s(1, lambda b: 1.0, cycle_s) == pytest.approx(1.0)
+    assert q.mva_residence_s(2, lambda b: 1.0, cycle_s) == pytest.approx(1.5)
+    assert q.mva_residence_s(3, lambda b: 1.0, cycle_s) == pytest.approx(2.2)
+
+
+def test_sync_dsd_with_two_clients_by_hand():
+    t_v, z = REAL.t_verify_s(GAMMA), GAMMA * REAL.t_draft_edge_s + 0.03
+    residence = t_v * (1 + t_v / (z + t_v))
+    e = lm.expected_tokens_per_round(ALPHA, GAMMA)
+    assert q.per_token_s("sync", 2, ALPHA, GAMMA, 0.03, REAL) == pytest.approx((z + residence) / e)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 17])
+def test_without_think_time_a_serial_server_takes_every_clients_pass_in_turn(n):
+    # Co-located SD and AR have no delay station: the cycle is N passes whatever the service's
+    # distribution, the case constant times give too.
+    e = lm.expected_tokens_per_round(ALPHA, GAMMA)
+    co_round_s = GAMMA * REAL.t_draft_server_s + REAL.t_verify_s(GAMMA)
+    assert q.per_token_s("colocated", n, ALPHA, GAMMA, 0.0, REAL) == pytest.approx(n * co_round_s / e)
+    assert q.per_token_s("ar", n, ALPHA, GAMMA, 0.0, REAL) == pytest.approx(n * T_AR_S)
+
+
+def test_free_batching_never_queues():
+    free = REAL.replace(batch_slope=0.0)
+    one = q.per_token_s("sync", 1, ALPHA, GAMMA, 0.04, free)
+    assert q.per_token_s("sync", 6, ALPHA, GAMMA, 0.04, free, max_batch=8) == pytest.approx(one)
+
+
+def test_a_batched_pass_of_all_clients_is_the_batch_curve():
+    # Z = 0 and every client in one pass: the cycle is t_v(N) = t_v * (1 + s * (N - 1)).
+    assert q.per_token_s("ar", 4, ALPHA, GAMMA, 0.0, REAL, max_batch=4) == pytest.approx(REAL.t_ar_batch_s(4))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_per_token_time_grows_with_the_clients(mode, max_batch):
+    times = [q.per_token_s(mode, n, ALPHA, GAMMA, 0.05, REAL, max_batch) for n in range(1, 12)]
+    assert all(b >= a - 1e-12 for a, b in zip(times, times[1:]))
+    assert times[-1] > times[0]
+
+
+@pytest.mark.parametrize("name", list(q.FRONTIER_PAIRS))
+def test_crossover_grows_with_the_clients(name):
+    rtts = [q.crossover_rtt_s(name, n, ALPHA, GAMMA, REAL) for n in range(1, 7)]
+    assert all(b >= a for a, b in zip(rtts, rtts[1:]))
+    assert math.isfinite(rtts[-1]) and rtts[-1] > 0.1
+
+
+def test_one_client_crossovers_are_the_closed_forms():
+    t = REAL
+    assert q.crossover_rtt_s("pipelined_vs_colocated", 1, ALPHA, GAMMA, t) == pytest.approx(
+        lm.pipelined_beats_colocated_rtt_s(ALPHA, GAMMA, t.t_draft_edge_s, t.t_draft_server_s, t.t_verify_s(GAMMA)),
+        abs=1e-6)
+    assert q.crossover_rtt_s("cached_vs_colocated", 1, ALPHA, GAMMA, t) == pytest.approx(
+        lm.cached_beats_colocated_rtt_s(ALPHA, GAMMA, t.t_draft_edge_s, t.t_draft_server_s, t.t_verify_s(GAMMA),
+                                        t.cache_hit_rate, t.cache_fill_s), abs=1e-6)
+    sync_vs_ar = lm.sync_dsd_beats_ar_rtt_s(ALPHA, GAMMA, t.t_draft_edge_s, t.t_verify_s(GAMMA), t.t_ar_s)
+    assert q.crossover_rtt_s("sync_vs_ar", 1, ALPHA, GAMMA, t) == (
+        -math.inf if sync_vs_ar < 0 else pytest.approx(sync_vs_ar, abs=1e-6))
+
+
+def test_mva_crossover_lies_below_the_first_order_bound_and_moves_with_it():
+    # MVA waits longer than constant times do, so its crossover is below the bound; both grow by
+    # about one co-located round (N passes of gamma*t_d + t_v) per client.
+    co_round_s = GAMMA * REAL.t_draft_server_s + REAL.t_verify_s(GAMMA)
+    bound = [q.serial_bound_rtt_s(n, GAMMA, REAL.t_draft_edge_s, REAL.t_draft_server_s, REAL.t_verify_s(GAMMA))
+             for n in (2, 3, 4)]
+    mva = [q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL) for n in (2, 3, 4)]
+    assert bound[0] == pytest.approx(0.1002, abs=1e-3)          # the "about 100 ms at N = 2"
+    assert all(m < b for m, b in zip(mva, bound))
+    assert mva[2] - mva[1] == pytest.approx(co_round_s, rel=0.2)
+
+
+def test_cached_without_a_hit_rate_has_no_crossover_and_references_run_on_the_server():
+    assert math.isnan(q.crossover_rtt_s("cached_vs_colocated", 2, ALPHA, GAMMA, REAL.replace(cache_hit_rate=None)))
+    with pytest.raises(ValueError, match="n_clients"):
+        q.per_token_s("sync", 0, ALPHA, GAMMA, 0.0, REAL)
+
+
+def test_predicted_frontier_has_a_row_per_client_count_and_pair():
+    rows = q.predicted_frontier([2, 1, 2], ALPHA, GAMMA, REAL)
+    assert [(r["clients"], r["pair"]) for r in rows] == [(n, p) for n in (1, 2) for p in q.FRONTIER_PAIRS]
+    assert all(math.isnan(r["bound_ms"]) for r in rows if r["pair"].endswith("_vs_ar"))
