@@ -48,22 +48,71 @@ class ChatSample:
     top_logits: np.ndarray          # [len(answer_ids), k] float16: their raw logits (temperature 1)
 
 
-def read_prompts(path: Path) -> list[str]:
-    prompts = []
+ROLES = ("user", "assistant")
+ITEM_KEYS = ("prompt", "turns", "category", "source")
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One line of a prompts file (workloads/README.md): the user's message, and optionally the
+    conversation before it, the item's category and where it comes from."""
+    prompt: str
+    turns: tuple[tuple[str, str], ...] = ()     # earlier (role, content): user first, then alternating
+    category: str = ""
+    source: str = ""
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": role, "content": content} for role, content in self.turns] + \
+            [{"role": "user", "content": self.prompt}]
+
+    def text(self) -> str:
+        """Everything the item says, earlier turns included (what an overlap check compares)."""
+        return "\n".join(content for _, content in self.turns) + "\n" + self.prompt
+
+
+def read_items(path: Path) -> list[PromptItem]:
+    items = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ValueError(f"{path}:{number}: expected {{\"prompt\": \"...\"}}, got {line[:80]!r}")
-        prompts.append(record["prompt"])
-    return prompts
+        if line.strip():
+            items.append(_item(json.loads(line), f"{path}:{number}", line))
+    return items
 
 
-def render(tokenizer, prompt: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+def _item(record, where: str, line: str) -> PromptItem:
+    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+        raise ValueError(f"{where}: expected {{\"prompt\": \"...\"}}, got {line[:80]!r}")
+    unknown = sorted(set(record) - set(ITEM_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; a line holds {list(ITEM_KEYS)}")
+    turns = record.get("turns", [])
+    if not isinstance(turns, list) or len(turns) % 2 or any(
+            not isinstance(t, dict) or set(t) != {"role", "content"} or t["role"] != ROLES[i % 2]
+            or not isinstance(t["content"], str) for i, t in enumerate(turns)):
+        raise ValueError(f"{where}: 'turns' must be a list of {{\"role\", \"content\"}} that alternates "
+                         f"{ROLES[0]}, {ROLES[1]}, ... and ends with the {ROLES[1]}, got {turns!r:.120}")
+    for key in ("category", "source"):
+        if not isinstance(record.get(key, ""), str):
+            raise ValueError(f"{where}: {key!r} must be a string, got {record[key]!r}")
+    return PromptItem(record["prompt"], tuple((t["role"], t["content"]) for t in turns),
+                      record.get("category", ""), record.get("source", ""))
+
+
+def read_prompts(path: Path) -> list[str]:
+    """The final user messages only (for the sets without earlier turns)."""
+    return [item.prompt for item in read_items(path)]
+
+
+def render(tokenizer, prompt: str, turns: tuple[tuple[str, str], ...] = ()) -> list[int]:
+    """The conversation through the target's chat template, ending where the answer starts."""
+    ids = tokenizer.apply_chat_template(PromptItem(prompt, turns).messages(),
                                         add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def render_file(tokenizer, path: Path, samples_per_prompt: int = 1) -> list[list[int]]:
+    """Every item of a prompts file rendered, each samples_per_prompt times in a row."""
+    return [render(tokenizer, item.prompt, item.turns) for item in read_items(path)
+            for _ in range(samples_per_prompt)]
 
 
 @torch.inference_mode()
@@ -98,8 +147,7 @@ def answer_prompts(target, tokenizer, config: ChatDataConfig, partial: Path | No
     """Every prompt answered samples_per_prompt times, batch by batch (each batch seeded on its
     own, so a run resumed from ``partial`` answers exactly as one that was never stopped). With
     ``partial``, the answers so far are kept there after every batch and read back on a rerun."""
-    prompts = read_prompts(config.prompts_path)
-    rendered = [render(tokenizer, p) for p in prompts for _ in range(config.samples_per_prompt)]
+    rendered = render_file(tokenizer, config.prompts_path, config.samples_per_prompt)
     samples = _resumed(partial, rendered, config.batch_size)
     for start in range(len(samples), len(rendered), config.batch_size):
         batch = rendered[start:start + config.batch_size]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PROMPTS = REPO / "workloads" / "train_instructions.jsonl"
 EVAL_PROMPTS = REPO / "workloads" / "instructions.jsonl"
+CHAT_EVAL_PROMPTS = REPO / "workloads" / "chat_eval.jsonl"     # the deployment-like mix, by category
+EVALUATION_SETS = (EVAL_PROMPTS, CHAT_EVAL_PROMPTS)              # no training prompt comes near these
 WIDE_TRAIN_PROMPTS = REPO / "workloads" / "train_instructions_wide.jsonl"   # pairs.stdlib_prompts writes it
 DEPLOY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -141,7 +144,7 @@ def save_dequantized(model: transformers.PreTrainedModel, folder: Path) -> None:
 
 def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
     """Run every phase and return the manifest (also written to config.out_dir)."""
-    check_prompts_apart(config.prompts_path, EVAL_PROMPTS)
+    check_apart_from_evaluation(config.prompts_path)
     with building(config.out_dir, config.overwrite) as work_dir:
         timer = PhaseTimer()
         gguf_path = config.gguf_path or find_gguf()
@@ -214,15 +217,45 @@ def prompts_provenance(prompts_path: Path) -> str:
     return f"instructions from {prompts_path}"
 
 
+SHARED_RUN_WORDS = 10       # the written training prompts share 9-word openings with the 40
+                            # ("write a python function that returns the n th"), never a clause
+NEAR_DUPLICATE_JACCARD = 0.8    # of two prompts' word sets: a rewording, or a change of case
+
+
 def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
-    """The draft never sees an evaluation prompt, nor one that differs only in case or spacing."""
-    def norm(text: str) -> str:
-        return " ".join(text.lower().split())
-    overlap = ({norm(p) for p in chat_data.read_prompts(train_path)}
-               & {norm(p) for p in chat_data.read_prompts(eval_path)})
-    if overlap:
-        raise ValueError(f"{train_path} shares {len(overlap)} prompt(s) with {eval_path}, e.g. "
-                         f"{sorted(overlap)[0]!r}")
+    """The draft never sees an evaluation item nor a near-copy of one: no training prompt shares
+    a run of SHARED_RUN_WORDS words with an evaluation item (its passage and earlier turns
+    included), nor has NEAR_DUPLICATE_JACCARD of its words in common with one."""
+    train = [_words(p) for p in chat_data.read_prompts(train_path)]
+    train_runs = set().union(*(_runs(w) for w in train))
+    train_sets = [set(w) for w in train]
+    for item in chat_data.read_items(eval_path):
+        words = _words(item.text())
+        shared = _runs(words) & train_runs
+        if shared:
+            raise ValueError(f"{train_path} comes too close to {eval_path}: it shares the run "
+                             f"{' '.join(sorted(shared)[0])!r} with {item.prompt[:60]!r}")
+        near = [w for w in train_sets if _jaccard(w, set(words)) >= NEAR_DUPLICATE_JACCARD]
+        if near:
+            raise ValueError(f"{train_path} comes too close to {eval_path}: {len(near)} prompt(s) share "
+                             f">= {NEAR_DUPLICATE_JACCARD:.0%} of their words with {item.prompt[:60]!r}")
+
+
+def check_apart_from_evaluation(train_path: Path) -> None:
+    for eval_path in EVALUATION_SETS:
+        check_prompts_apart(train_path, eval_path)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def _runs(words: tuple[str, ...]) -> set[tuple[str, ...]]:
+    return {words[i:i + SHARED_RUN_WORDS] for i in range(len(words) - SHARED_RUN_WORDS + 1)}
+
+
+def _jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
 
 
 def split_heldout(samples: list[chat_data.ChatSample], heldout_pct: float):

@@ -123,7 +123,7 @@ def answers_key(samples) -> str:
 
 def build_eagle_pair(config: EaglePairConfig) -> dict:
     """Run every phase and return the manifest (also written to config.out_dir)."""
-    smollm2.check_prompts_apart(config.prompts_path, smollm2.EVAL_PROMPTS)
+    smollm2.check_apart_from_evaluation(config.prompts_path)
     answers = config.answers_config()
     with building(config.out_dir, config.overwrite) as work_dir:
         timer = PhaseTimer()
@@ -198,8 +198,7 @@ def batch_answers(config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], t
     in data_cache on its own."""
     data = chat_data.ChatDataConfig(config.prompts_path, config.samples_per_prompt, config.max_new_tokens,
                                     config.data_temperature, config.data_top_p, seed=config.seed)
-    rendered = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(data.prompts_path)
-                for _ in range(data.samples_per_prompt)]
+    rendered = chat_data.render_file(tokenizer, data.prompts_path, data.samples_per_prompt)
     starts = [b * data.batch_size for b in batches]
     if starts[-1] >= len(rendered):
         raise ValueError(f"answer_batches: batch {batches[-1]} is past the round's "

@@ -415,7 +415,7 @@ def test_the_feature_pair_build_refuses_training_prompts_shared_with_evaluation(
     leaked = tmp_path / "leaked.jsonl"
     prompts = chat_data.read_prompts(smollm2.TRAIN_PROMPTS)[:5] + [chat_data.read_prompts(smollm2.EVAL_PROMPTS)[7]]
     leaked.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    with pytest.raises(ValueError, match="shares 1 prompt"):
+    with pytest.raises(ValueError, match="comes too close to"):
         smollm2_eagle.build_eagle_pair(smollm2_eagle.EaglePairConfig(out_dir=tmp_path / "pair", prompts_path=leaked))
     assert not (tmp_path / "pair").exists()
 

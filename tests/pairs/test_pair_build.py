@@ -374,22 +374,83 @@ def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
         build.parse_args(["--out", str(tmp_path), "--data-rounds", "2"])
 
 
-def test_training_and_evaluation_prompts_are_disjoint_and_large_enough():
+def test_every_training_prompts_file_stays_apart_from_every_evaluation_set():
     from pairs import chat_data
-    train = chat_data.read_prompts(smollm2.TRAIN_PROMPTS)
+    train_files = sorted((REPO / "workloads").glob("train_instructions*.jsonl"))
+    assert smollm2.TRAIN_PROMPTS in train_files and smollm2.WIDE_TRAIN_PROMPTS in train_files
+    for path in train_files:
+        train = chat_data.read_prompts(path)
+        assert len(set(train)) == len(train) >= 200, path
+        for eval_path in smollm2.EVALUATION_SETS:
+            smollm2.check_prompts_apart(path, eval_path)
     evaluation = chat_data.read_prompts(smollm2.EVAL_PROMPTS)
-    assert len(set(train)) == len(train) >= 200 and len(set(evaluation)) == len(evaluation) >= 40
-    smollm2.check_prompts_apart(smollm2.TRAIN_PROMPTS, smollm2.EVAL_PROMPTS)
+    assert len(set(evaluation)) == len(evaluation) >= 40
 
 
-def test_prompts_that_overlap_the_evaluation_set_are_refused(tmp_path):
+def test_prompts_that_copy_or_reword_an_evaluation_item_are_refused(tmp_path):
     from pairs import chat_data
+    chat = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
+    passage = next(i for i in chat if i.category == "summarization").prompt.split("\n\n")[1]
+    reply = next(i for i in chat if i.turns).turns[1][1]
+    leaks = [("  " + chat_data.read_prompts(smollm2.EVAL_PROMPTS)[3].upper(), smollm2.EVAL_PROMPTS),
+             (f"Rewrite this more formally: {' '.join(passage.split()[20:30])} and so on.", smollm2.CHAT_EVAL_PROMPTS),
+             (f"Is this a good answer? {' '.join(reply.split()[:12])}", smollm2.CHAT_EVAL_PROMPTS),
+             ("TIPS for staying productive when working from home, please!", smollm2.CHAT_EVAL_PROMPTS)]
     leaked = tmp_path / "train.jsonl"
-    first_eval = chat_data.read_prompts(smollm2.EVAL_PROMPTS)[3]
-    leaked.write_text(json.dumps({"prompt": "Something else."}) + "\n"
-                      + json.dumps({"prompt": "  " + first_eval.upper()}) + "\n")
-    with pytest.raises(ValueError, match="shares 1 prompt"):
-        smollm2.check_prompts_apart(leaked, smollm2.EVAL_PROMPTS)
+    for leak, evaluation in leaks:
+        leaked.write_text(json.dumps({"prompt": "Something else."}) + "\n" + json.dumps({"prompt": leak}) + "\n")
+        with pytest.raises(ValueError, match="comes too close to"):
+            smollm2.check_prompts_apart(leaked, evaluation)
+    apart = tmp_path / "apart.jsonl"       # a shared 9-word opening is a template, not a copy
+    apart.write_text(json.dumps({"prompt": "Write a Python function that returns the n-th prime."}) + "\n")
+    smollm2.check_prompts_apart(apart, smollm2.EVAL_PROMPTS)
+
+
+def test_the_chat_evaluation_mix_spans_the_categories_with_provenance_on_every_line():
+    from collections import Counter
+
+    from pairs import chat_data
+    items = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
+    counts = Counter(i.category for i in items)
+    assert len(items) >= 200 and len({i.text() for i in items}) == len(items)
+    assert set(counts) >= {"writing", "conversation", "explanation", "advice", "summarization", "extraction",
+                           "math", "coding", "translation"}
+    assert min(counts.values()) >= 15, counts
+    assert every(i.source.startswith("written for this project, 20") for i in items)
+    assert every(i.turns for i in items if i.category == "conversation")
+
+
+def test_an_item_with_earlier_turns_renders_them_through_the_chat_template_before_its_prompt():
+    from transformers import AutoTokenizer
+
+    from pairs import chat_data
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "models" / "smollm2-chat")
+    item = next(i for i in chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS) if i.turns)
+    text = tokenizer.decode(chat_data.render(tokenizer, item.prompt, item.turns))
+    (_, first), (_, reply) = item.turns
+    assert text.index(first) < text.index(reply) < text.index(item.prompt)
+    assert text.endswith("<|im_start|>assistant\n") and text.count("<|im_start|>user") == 2
+    items = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
+    rendered = chat_data.render_file(tokenizer, smollm2.CHAT_EVAL_PROMPTS)
+    assert rendered[items.index(item)] == chat_data.render(tokenizer, item.prompt, item.turns)
+
+
+def test_a_prompts_line_with_an_unknown_key_or_turns_out_of_order_is_refused(tmp_path):
+    from pairs import chat_data
+    path = tmp_path / "prompts.jsonl"
+    bad = [({"prompt": "Hi.", "categroy": "writing"}, "unknown key"),
+           ({"prompt": "Hi.", "turns": [{"role": "assistant", "content": "Hello."}]}, "'turns' must"),
+           ({"prompt": "Hi.", "turns": [{"role": "user", "content": "Hello."}]}, "'turns' must"),
+           ({"prompt": "Hi.", "source": 3}, "'source' must be a string")]
+    for record, message in bad:
+        path.write_text(json.dumps(record) + "\n")
+        with pytest.raises(ValueError, match=message):
+            chat_data.read_items(path)
+    path.write_text(json.dumps({"prompt": "And in May?", "turns": [{"role": "user", "content": "Rain in April?"},
+                                                                   {"role": "assistant", "content": "Often."}]}) + "\n")
+    assert chat_data.read_items(path) == [chat_data.PromptItem(
+        "And in May?", (("user", "Rain in April?"), ("assistant", "Often.")))]
+    assert chat_data.read_prompts(path) == ["And in May?"]
 
 
 @pytest.mark.model
