@@ -111,13 +111,14 @@ def latency_cis(cells: pd.DataFrame, replicates: dict, cell_keys: list[str]) -> 
     return cells
 
 
-def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_ms: list[float]) -> dict:
-    """Per crossover of CROSSOVERS: the 95% interval of the crossing over the
+def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_ms: list[float],
+                  pairs: dict[str, tuple[str, str]] = CROSSOVERS) -> dict:
+    """Per crossover of pairs (name -> (mode, reference)): the 95% interval of the crossing over the
     replicates. fixed: the other cell keys (group, gamma, clients); AR is matched at any gamma.
     covers_grid: the interval reaches both ends of the swept RTTs (or beyond), i.e. the data
     cannot place the crossover; then no number should be printed for it."""
     out = {}
-    for name, (mode, reference) in CROSSOVERS.items():
+    for name, (mode, reference) in pairs.items():
         curves = {}
         for which in (mode, reference):
             found = {}

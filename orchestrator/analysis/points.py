@@ -388,12 +388,14 @@ def crossing_rtt_ms(rtt_ms: np.ndarray, diff_ms: np.ndarray) -> float:
     return math.inf
 
 
-def measured_crossovers(points: pd.DataFrame, gamma: int, clients: int = 1) -> dict:
-    """Per crossover: the median-of-repeats crossing and the range over repeats."""
+def measured_crossovers(points: pd.DataFrame, gamma: int, clients: int = 1,
+                        pairs: dict[str, tuple[str, str]] = CROSSOVERS) -> dict:
+    """Per crossover of pairs (name -> (mode, reference)): the median-of-repeats crossing and the
+    range over repeats."""
     result = {}
     subset = points[(points.gamma == gamma) | points["mode"].isin(gammaless_modes())]
     subset = subset[subset.clients == clients]
-    for name, (mode, reference) in CROSSOVERS.items():
+    for name, (mode, reference) in pairs.items():
         ours, ref = subset[subset["mode"] == mode], subset[subset["mode"] == reference]
         if ours.empty or ref.empty:
             continue

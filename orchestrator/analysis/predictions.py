@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsd import queueing
 from dsd.latency_model import expected_tokens_per_round
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode, predict_per_token_s, speculative_modes
 from dsd.times import ComputeTimes
@@ -144,29 +145,61 @@ def _median_times(fits: list[ComputeTimes]) -> ComputeTimes:
 
 
 def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float,
-                    wire: WireTerms | None = None) -> list[dict]:
+                    wire: WireTerms | None = None, max_batch: int = 1) -> list[dict]:
     """One row per planned point: its predicted per-token latency, and its group's predicted
-    crossovers at its gamma; a point with a rate cap with the closed form's serialisation term
-    (``wire``: what a round puts on the wire, orchestrator.analysis.wire)."""
+    crossovers at its gamma and client count (every pair of dsd.queueing.FRONTIER_PAIRS); a point
+    with a rate cap with the closed form's serialisation term (``wire``: what a round puts on the
+    wire, orchestrator.analysis.wire). A point with more than one client is predicted by the
+    queueing model (dsd.queueing: the calibration's times and the batch curve, its batch_slope,
+    with the server's max_batch); one that cannot be (no batch curve) gets NaN."""
     alpha, params = calibration["alpha"], calibration["params"]
     utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now_s)) + f".{int(now_s % 1 * 1e6):06d}Z"
     rows = []
     for point in points:
         gamma_known = params.knows_gamma(point.gamma)
         ok = gamma_known and (not get_mode(point.mode).speculative or math.isfinite(alpha))
-        per_token_ms = 1e3 * predict_per_token_s(point.mode, alpha, point.gamma, point.rtt_ms / 1e3,
-                                                 **params.closed_form_terms(point.gamma)) if ok else math.nan
-        crossovers = (predicted_crossovers(point.gamma, alpha, params)
-                      if gamma_known and math.isfinite(alpha) else {})
-        crossover_ms = {name: crossovers.get(name, {}).get("rtt_ms", math.nan) for name in CROSSOVERS}
+        crossable = gamma_known and math.isfinite(alpha)
+        if point.clients > 1:
+            per_token_ms, crossover_ms = _queueing_prediction(point, alpha, params, max_batch, ok, crossable)
+        else:
+            per_token_ms = 1e3 * predict_per_token_s(point.mode, alpha, point.gamma, point.rtt_ms / 1e3,
+                                                     **params.closed_form_terms(point.gamma)) if ok else math.nan
+            crossovers = predicted_crossovers(point.gamma, alpha, params) if crossable else {}
+            crossover_ms = {name: crossovers.get(name, {}).get("rtt_ms", math.nan) for name in CROSSOVERS}
+            crossover_ms |= {name: _queueing_crossover_ms(name, 1, alpha, point.gamma, params, 1) if crossable
+                             else math.nan for name in queueing.FRONTIER_PAIRS if name not in CROSSOVERS}
         if wire is not None and (point.rate_mbit or 0) > 0 and ok:
             per_token_ms += wire.ms_per_token(point, point.mode, alpha)
-            crossover_ms = wire.capped_crossovers(point, alpha, crossover_ms)
+            crossover_ms = (wire.capped_crossovers(point, alpha, crossover_ms) if point.clients == 1
+                            else dict.fromkeys(crossover_ms, math.nan))
         rows.append({"point": point.key, **point.columns(), "group": point.group, "calibration": is_cal(point),
                      "alpha_calibrated": alpha, "per_token_ms_predicted": per_token_ms,
                      **{f"crossover_{name}_rtt_ms": value for name, value in crossover_ms.items()},
                      "predicted_at_s": now_s, "predicted_utc": utc})
     return rows
+
+
+def _queueing_prediction(point: Point, alpha: float, params: ComputeTimes, max_batch: int, ok: bool,
+                         crossable: bool) -> tuple[float, dict[str, float]]:
+    """(per-token ms, crossover name -> RTT ms) of a point with several clients (dsd.queueing);
+    NaN where the times cannot answer (a batched server without a batch slope)."""
+    try:
+        per_token_ms = 1e3 * queueing.per_token_s(point.mode, point.clients, alpha, point.gamma, point.rtt_ms / 1e3,
+                                                  params, max_batch) if ok else math.nan
+    except ValueError:
+        per_token_ms = math.nan
+    return per_token_ms, {name: _queueing_crossover_ms(name, point.clients, alpha, point.gamma, params, max_batch)
+                          if crossable else math.nan for name in queueing.FRONTIER_PAIRS}
+
+
+def _queueing_crossover_ms(name: str, clients: int, alpha: float, gamma: int, params: ComputeTimes,
+                           max_batch: int) -> float:
+    """dsd.queueing's RTT*(N) in ms; NaN where the times cannot answer (no batch slope for a
+    batched server, a client-view co-located round of no time)."""
+    try:
+        return 1e3 * queueing.crossover_rtt_s(name, clients, alpha, gamma, params, max_batch)
+    except ValueError:
+        return math.nan
 
 
 @dataclass(frozen=True)
@@ -234,7 +267,8 @@ class Predictor:
         calibration = calibrate(rounds, self.assumed_for(unit_points[0]))
         wire = wire_terms(self.experiment, _read_points_csv(self.out_dir, calibration_points, "links"))
         now_s = time.time()
-        rows = prediction_rows(unit_points, calibration, lambda p: is_calibration(p, self.experiment), now_s, wire)
+        rows = prediction_rows(unit_points, calibration, lambda p: is_calibration(p, self.experiment), now_s, wire,
+                               self.experiment.max_batch)
         append_predictions(self.out_dir, rows)
         self._record(group, repeat, {"predicted": True, "predicted_at_s": now_s,
                                      "calibration_points": [p.key for p in calibration_points], **calibration,
@@ -360,12 +394,16 @@ def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int) -> dict:
+def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int, clients: int | None = None,
+                   pairs: dict[str, tuple[str, str]] = CROSSOVERS) -> dict:
     """The group's crossovers as predicted from calibration alone (name -> RTT in ms; with a
-    calibration per repeat, the median over them)."""
+    calibration per repeat, the median over them), at this client count (default: the smallest,
+    the calibration's)."""
     if predictions is None:
         return {}
     rows = predictions[predictions["gamma"] == gamma]
+    if "clients" in rows.columns and len(rows):
+        rows = rows[rows["clients"] == (rows["clients"].min() if clients is None else clients)]
     for key, value in group.items():
         if key in rows.columns:
             rows = rows[rows[key] == value]
@@ -373,7 +411,7 @@ def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int) ->
         return {}
     per_unit = rows.groupby("repeat").first()                     # one row per calibration
     return {name: float(np.median(per_unit[f"crossover_{name}_rtt_ms"].to_numpy(dtype=float)))
-            for name in CROSSOVERS if f"crossover_{name}_rtt_ms" in rows.columns}
+            for name in pairs if f"crossover_{name}_rtt_ms" in rows.columns}
 
 
 def crossover_err_pct(measured_ms: float, predicted_ms: float) -> float:
