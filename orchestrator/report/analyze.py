@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 from dsd import latency_model as lm
+from dsd import queueing
 from dsd.modes import AR, PIPELINED, SYNC, speculative_modes
 from dsd.times import ComputeTimes
-from orchestrator.analysis import bootstrap, gamma_opt, paper
+from orchestrator.analysis import bootstrap, frontier, gamma_opt, paper
 from orchestrator.analysis.acceptance import acceptance_histograms
 from orchestrator.analysis.capacity import predicted_tok_s_per_client
 from orchestrator.analysis.groups import (GroupResult, ProfileFit, analyze_group, capacity_summary, fit_profiles,
@@ -61,6 +62,7 @@ def analyze_sweep(out: Path) -> dict:
     points, evidence["cpu"] = add_point_conditions(out, points, sweep)
     points.to_csv(out / "points.csv", index=False)
     summary = {**_summary_head(sweep, gamma, group_keys, groups, fits), **evidence}
+    summary["frontier"] = frontier_summary(out, sweep, points, groups, fits, (cell_keys, cell_reps), gamma)
     optimum = write_gamma_opt(out, sweep, points, summary["latency_cells"], cell_keys, cell_reps, groups, fits)
     if optimum:
         summary["gamma_opt"] = optimum
@@ -78,6 +80,7 @@ def analyze_sweep(out: Path) -> dict:
         summary["capacity"] = capacity_rows
     summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary, capacity_table)
     summary["plots"] += _link_timeline_plot(out, sweep, requests, links)
+    summary["plots"] += _frontier_plots(out, sweep, points, groups, summary, gamma)
     if optimum:
         summary["plots"].append(optimum["plot"])
     acceptance, made = _acceptance(out, sweep, requests, rounds, gamma)
@@ -89,6 +92,27 @@ def analyze_sweep(out: Path) -> dict:
                                                         groups[0].profile)}
     write_json(out / "summary.json", summary)
     return summary
+
+
+def frontier_summary(out: Path, sweep: dict, points: pd.DataFrame, groups: list[GroupResult],
+                     fits: dict[str, ProfileFit], cells: tuple[list[str], dict], gamma: int) -> dict:
+    """summary.json's frontier (orchestrator/analysis/frontier.py): per group, client count and
+    pair, the measured crossover with its interval beside the queueing model's prediction."""
+    cell_keys, cell_reps = cells
+    predictions = read_predictions(out)
+    max_batch = int(sweep["experiment"].get("max_batch", 1))
+    rows = []
+    for (_, group_points), group in zip(frame_groups(points, varied_group_keys(points)), groups):
+        def in_sample_ms(pair: str, clients: int, group=group) -> float:
+            try:
+                return 1e3 * queueing.crossover_rtt_s(pair, clients, group.alpha_measured, gamma,
+                                                      fits[group.profile].params, max_batch)
+            except ValueError:                  # no alpha, or a batched server without a batch slope
+                return math.nan
+
+        rows += frontier.frontier_rows(group_points, cell_reps, cell_keys, group.group_values(), gamma,
+                                       predictions, in_sample_ms)
+    return {"what": frontier.WHAT, "max_batch": max_batch, "rows": rows, **frontier.frontier_evidence(rows)}
 
 
 def gain_window(points: pd.DataFrame, gamma: int, params: dict[str, ComputeTimes]) -> pd.DataFrame | None:
@@ -346,6 +370,22 @@ def _link_timeline_plot(out: Path, sweep: dict, requests: pd.DataFrame, links: p
                                  f"{experiment['name']}: the link and each request's latency "
                                  f"(launcher={sweep['launcher']})", sweep["launcher"])
     return ["latency_over_link.png"]
+
+
+def _frontier_plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[GroupResult], summary: dict,
+                    gamma: int) -> list[str]:
+    """regime_map.png and frontier.png, for a one-group sweep over two client counts or more."""
+    if len(groups) != 1 or points["clients"].nunique() < 2 or points["rtt_ms"].nunique() < 2:
+        return []
+    name, launcher = sweep["experiment"]["name"], sweep["launcher"]
+    rows = pd.DataFrame(summary["frontier"]["rows"])
+    regime = frontier.regime_cells(pd.DataFrame(summary["latency_cells"]), gamma)
+    plots.plot_regime_map(regime, rows, out / "regime_map.png",
+                          f"{name}: the fastest mode over RTT and clients (gamma={gamma}, launcher={launcher})",
+                          launcher)
+    plots.plot_frontier(rows, out / "frontier.png",
+                        f"{name}: crossover RTT against clients (gamma={gamma}, launcher={launcher})", launcher)
+    return ["regime_map.png", "frontier.png"]
 
 
 def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[GroupResult], params: dict[str, ComputeTimes],

@@ -62,10 +62,12 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     sections += _paper_sections(summary)
     sections += _gain_window_sections(summary)
     sections += _capacity_sections(summary)
+    sections += _frontier_sections(summary)
     sections += _gamma_opt_sections(summary)
     if summary.get("acceptance"):
         sections.append(("Workload: acceptance and repetition", [("table", ["", ""], _acceptance_rows(sweep, summary))]))
-    sections.append(("Plots", [("image", name) for name in summary.get("plots", [])] or
+    shown = set(FRONTIER_PLOTS) if _frontier_sections(summary) else set()
+    sections.append(("Plots", [("image", name) for name in summary.get("plots", []) if name not in shown] or
                      [("text", "none: the sweep's data supports no plot")]))
     sections.append(_points_section(points))
     return sections
@@ -150,6 +152,29 @@ def _capacity_sections(summary: dict) -> list:
          [[r["mode"], _num(r["rate_tok_s_per_client"]), _num(r["clients_dsd"]), _num(r["clients_reference"]),
            _num(r["ratio_measured"]), paper.ratio_interval(r), _num(r["ratio_predicted"])]
           for r in summary["capacity"]]),
+    ])]
+
+
+FRONTIER_PLOTS = ("regime_map.png", "frontier.png")
+
+
+def _frontier_sections(summary: dict) -> list:
+    """The RTT x clients map: its figures and the crossovers per client count (a sweep over two
+    client counts or more)."""
+    frontier = summary.get("frontier") or {}
+    rows = frontier.get("rows", [])
+    if len({r["clients"] for r in rows}) < 2:
+        return []
+    made = [("image", name) for name in FRONTIER_PLOTS if name in summary.get("plots", [])]
+    return [("The map: where each mode wins over RTT and clients", [
+        ("text", frontier["what"] + f". Out-of-sample error over {frontier['err_rows']} crossovers predicted at "
+                 f"{frontier['err_floor_ms']:g} ms or more: p50 {_num(frontier['err_p50_pct'], 1)}%, "
+                 f"max {_num(frontier['err_max_pct'], 1)}% (server max_batch {frontier['max_batch']})."),
+        *made,
+        ("table", ["clients", "pair", "measured (ms)", "95% CI (ms)", "predicted (ms)", "prediction", "error (%)"],
+         [[str(r["clients"]), r["pair"].replace("_", " "), _num(r["crossover_ms"]),
+           f"{_num(r['ci_low_ms'])} .. {_num(r['ci_high_ms'])}", _num(r["predicted_ms"]),
+           r["in_or_out_of_sample"].replace("_", " "), _num(r["err_pct"], 1)] for r in rows]),
     ])]
 
 

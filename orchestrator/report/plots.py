@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from dsd import queueing  # noqa: E402
 from dsd.modes import SYNC, gammaless_modes, get_mode, names, predict_per_token_s  # noqa: E402
 from orchestrator.analysis import paper  # noqa: E402
 from orchestrator.analysis.points import predicted_ar_boundary_rtt_ms  # noqa: E402
@@ -333,6 +334,104 @@ def plot_latency_over_link(link_ms: list[tuple[float, float]], times: pd.DataFra
     bottom.grid(alpha=0.3, which="both")
     bottom.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# The pairs the map's figures draw (orchestrator/analysis/frontier.py rows hold more): the question,
+# pipelined DSD against co-located SD, and synchronous DSD against cloud AR.
+_MAP_PAIRS = {"pipelined_vs_colocated": ("-", "k"), "cached_vs_colocated": ("-.", "tab:red"),
+              "sync_vs_ar": ("--", "tab:blue")}
+
+
+def _edges(values: np.ndarray) -> np.ndarray:
+    """Cell edges halfway between sorted grid values (the outer ones mirrored)."""
+    if len(values) == 1:
+        return np.array([values[0] - 0.5, values[0] + 0.5])
+    mids = (values[1:] + values[:-1]) / 2
+    return np.concatenate([[values[0] - (mids[0] - values[0])], mids, [values[-1] + (values[-1] - mids[-1])]])
+
+
+def plot_regime_map(regime: pd.DataFrame, frontier: pd.DataFrame, path: Path, title: str, launcher: str) -> Path:
+    """A heatmap over (RTT, clients): each cell coloured by its fastest mode, paler the smaller its
+    margin over the runner-up (written in the cell); the predicted crossovers RTT*(N) of the map's
+    pairs drawn over it. Clients on an even row per count."""
+    kind = "simulated" if launcher == "sim" else "measured"
+    rtts = np.array(sorted(regime["rtt_ms"].unique()), dtype=float)
+    clients = sorted(int(c) for c in regime["clients"].unique())
+    x_edges = _edges(rtts)
+    fig, ax = plt.subplots(figsize=(8.5, 1.6 + 0.55 * len(clients)), dpi=120)
+    for row in regime.itertuples():
+        i, j = clients.index(int(row.clients)), int(np.searchsorted(rtts, row.rtt_ms))
+        strength = 0.35 + 0.65 * min(max(row.margin_pct, 0) / 50, 1) if math.isfinite(row.margin_pct) else 1.0
+        ax.add_patch(plt.Rectangle((x_edges[j], i - 0.5), x_edges[j + 1] - x_edges[j], 1.0,
+                                   color=matplotlib.colors.to_rgba(_color(row.fastest), strength), lw=0))
+        ax.text(row.rtt_ms, i, f"+{row.margin_pct:.0f}%" if math.isfinite(row.margin_pct) else "", ha="center",
+                va="center", fontsize=6.5)
+    for mode in [m for m in names() if m in set(regime["fastest"])]:
+        ax.add_patch(plt.Rectangle((0, 0), 0, 0, color=_color(mode), label=f"{_label(mode)} fastest"))
+    winners = set(regime["fastest"])
+    for pair, (style, color) in _MAP_PAIRS.items():
+        rows = frontier[frontier["pair"] == pair].sort_values("clients") if len(frontier) else frontier
+        if len(rows) and set(queueing.FRONTIER_PAIRS[pair]) <= winners:     # a boundary between two regions
+            ys = [clients.index(int(c)) for c in rows["clients"]]
+            xs = np.clip(rows["predicted_ms"].to_numpy(dtype=float), x_edges[0], x_edges[-1])
+            ax.plot(xs, ys, style, color=color, lw=1.4, marker="|", ms=10,
+                    label=f"{pair.replace('_', ' ')}: predicted RTT*(N)")
+    ax.set_xlim(x_edges[0], x_edges[-1])
+    ax.set_ylim(-0.5, len(clients) - 0.5)
+    ax.set_yticks(range(len(clients)), [str(c) for c in clients])
+    ax.set_xlabel("round-trip time (ms)")
+    ax.set_ylabel("clients sharing the server")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.text(0.01, 0.01, f"cells: the fastest mode by {kind} per-token latency (median over repeats), paler and\n"
+             "numbered by its margin over the runner-up; lines: the queueing model's RTT*(N), clipped to the grid",
+             fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_frontier(frontier: pd.DataFrame, path: Path, title: str, launcher: str) -> Path:
+    """RTT*(N) against the client count for the map's pairs: measured with its 95% bootstrap
+    interval (never-wins at the axis' bottom, wins-everywhere at its top, as triangles) beside the
+    predicted curve (solid where written before the points ran, dotted in sample)."""
+    kind = "simulated" if launcher == "sim" else "measured"
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    finite = frontier[["crossover_ms", "predicted_ms", "ci_high_ms"]].to_numpy(dtype=float).ravel()
+    finite = finite[np.isfinite(finite)]
+    top = max(float(finite.max()) * 1.1 if len(finite) else 1.0, 1.0)
+    for pair, (_, color) in _MAP_PAIRS.items():
+        rows = frontier[frontier["pair"] == pair].sort_values("clients")
+        if rows.empty:
+            continue
+        measured = rows["crossover_ms"].to_numpy(dtype=float)
+        inside = np.isfinite(measured)
+        low = np.clip(rows["ci_low_ms"].to_numpy(dtype=float), 0, top)
+        high = np.clip(rows["ci_high_ms"].to_numpy(dtype=float), 0, top)
+        ax.errorbar(rows["clients"][inside], measured[inside],
+                    yerr=[np.maximum(measured[inside] - low[inside], 0), np.maximum(high[inside] - measured[inside], 0)],
+                    fmt="o", color=color, capsize=3, ms=5, label=f"{pair.replace('_', ' ')} ({kind}, 95% CI)")
+        for sign, marker, y in ((-1, "v", 0.0), (1, "^", top)):
+            at = np.isinf(measured) & (np.sign(measured) == sign)
+            ax.plot(rows["clients"][at], [y] * int(at.sum()), marker, color=color, ms=7, ls="none")
+        oos = rows["in_or_out_of_sample"] == "out_of_sample"
+        ax.plot(rows["clients"], np.clip(rows["predicted_ms"].to_numpy(dtype=float), 0, top), ":", color=color, lw=1)
+        ax.plot(rows["clients"][oos], np.clip(rows["predicted_ms"][oos].to_numpy(dtype=float), 0, top), "-",
+                color=color, lw=1.4, label=f"{pair.replace('_', ' ')} predicted before measuring")
+    ax.set_xlabel("clients sharing the server")
+    ax.set_ylabel("crossover RTT, RTT*(N) (ms)")
+    ax.set_ylim(0, top)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    fig.text(0.01, 0.01, "below a curve its first mode is at least as fast; triangles: never wins (bottom), wins over "
+             "the whole grid (top);\ndotted: the queueing model in sample (dsd.queueing)", fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
