@@ -2,6 +2,7 @@
 a tokenizer, run with torch (dsd/backends/torch_lm.py)."""
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ class HfBackendConfig(BackendConfig):
             if value not in (*DTYPE_NAMES, AUTO) and not (key == "draft_dtype" and value == ""):
                 raise ValueError(f"{key} must be one of {DTYPE_NAMES} or {AUTO!r}, got {value!r}")
         draft_dtype = self.draft_dtype or self.dtype
+        if self.device == "cpu":
+            _check_forced(("dtype", self.dtype), ("draft_dtype", draft_dtype))
         if AUTO in (self.dtype, draft_dtype):
             choice = self.precision_choice()
             object.__setattr__(self, "dtype", choice.target_dtype if self.dtype == AUTO else self.dtype)
@@ -117,3 +120,13 @@ class HfBackendConfig(BackendConfig):
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+@functools.cache
+def _check_forced(*settings: tuple[str, str]) -> None:
+    """Refuse a precision set by hand that this CPU cannot run, once per process and setting."""
+    from dsd.backends.precision import check_runs
+
+    for key, dtype in settings:
+        if dtype != AUTO:
+            check_runs(f"backend.{key}", dtype, log=_log)

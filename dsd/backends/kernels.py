@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsd.backends.machine import cache_dir, machine_key, weights_digest
+from dsd.backends.machine import CpuCapability, cache_dir, machine_key, weights_digest
 
 ATEN, MKL_PACKED, ONEDNN_PACKED = "aten", "mkl_packed", "onednn_packed"
 PATHS = (ATEN, MKL_PACKED, ONEDNN_PACKED)
@@ -65,14 +66,34 @@ def bucket_of(rows: int) -> int | None:
     return next((b for b in BUCKETS if rows <= b), None)
 
 
-def available_paths(dtype: torch.dtype, wanted: tuple[str, ...] = PATHS) -> tuple[str, ...]:
-    """The paths this PyTorch build can run for weights of ``dtype`` on the CPU."""
+def available_paths(dtype: torch.dtype, wanted: tuple[str, ...] = PATHS,
+                    capability: CpuCapability | None = None) -> tuple[str, ...]:
+    """The paths this PyTorch build runs for weights of ``dtype`` on this CPU (or on the CPU that
+    ``capability`` describes): MKL's packed GEMM where MKL is built in (x86) and the weights are
+    float32; oneDNN's where oneDNN is built in and runs the precision natively (its bfloat16
+    path refuses a CPU without AVX512-BF16/AVX-NE-CONVERT instead of emulating)."""
+    cpu = capability or _this_cpu()
     found = [ATEN]
-    if MKL_PACKED in wanted and dtype == torch.float32 and torch._C.has_mkl:
+    if MKL_PACKED in wanted and dtype == torch.float32 and cpu.has_mkl:
         found.append(MKL_PACKED)
-    if ONEDNN_PACKED in wanted and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
+    onednn_runs = {torch.float32: True, torch.bfloat16: cpu.onednn_bf16}.get(dtype, False)
+    if ONEDNN_PACKED in wanted and cpu.has_onednn and onednn_runs:
         found.append(ONEDNN_PACKED)
     return tuple(found)
+
+
+_CPU: list[CpuCapability] = []
+
+
+def _this_cpu() -> CpuCapability:
+    if not _CPU:
+        _CPU.append(CpuCapability.of_this_machine())
+    return _CPU[0]
+
+
+def report_dropped(message: str) -> None:
+    """A path that this CPU refused is dropped with a line on stderr, never a crash."""
+    print(f"kernels: {message}", file=sys.stderr, flush=True)
 
 
 class PathLinear(nn.Module):
@@ -83,12 +104,22 @@ class PathLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias          # shared: tied weights stay tied
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.forms: dict[str, torch.Tensor] = {}
-        weight = linear.weight.detach()
-        if MKL_PACKED in paths:
-            self.forms[MKL_PACKED] = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
-        if ONEDNN_PACKED in paths:
-            self.forms[ONEDNN_PACKED] = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
+        self.dropped: dict[str, str] = {}                             # path -> why this CPU refused it
         self.choice: dict[int, str] = {}                              # bucket -> path
+        weight = linear.weight.detach()
+        packers = {MKL_PACKED: lambda: torch.ops.mkl._mkl_reorder_linear_weight(weight, 1),
+                   ONEDNN_PACKED: lambda: torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)}
+        for path in (p for p in paths if p in packers):
+            try:
+                self.forms[path] = packers[path]()
+            except (RuntimeError, AttributeError, NotImplementedError) as error:
+                self.drop(path, error)
+
+    def drop(self, path: str, error: BaseException) -> None:
+        """Forget a path this CPU or build refused (its packing or its first pass failed)."""
+        self.forms.pop(path, None)
+        self.dropped[path] = str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.choice = {b: (ATEN if p == path else p) for b, p in self.choice.items()}
 
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] -> [..., out_features] on the given path."""
@@ -102,11 +133,20 @@ class PathLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bucket = bucket_of(x.numel() // self.in_features)
-        return self.run(self.choice.get(bucket, ATEN) if bucket is not None else ATEN, x)
+        path = self.choice.get(bucket, ATEN) if bucket is not None else ATEN
+        try:
+            return self.run(path, x)
+        except (RuntimeError, NotImplementedError) as error:
+            if path == ATEN:
+                raise
+            self.drop(path, error)          # a kept choice this CPU cannot run after all
+            report_dropped(f"{path} dropped for {str(x.dtype).removeprefix('torch.')} on "
+                           f"{_this_cpu().describe()}: a pass failed: {self.dropped[path]}")
+            return self.run(ATEN, x)
 
     def keep(self, choice: dict[int, str]) -> None:
-        """Take the chosen paths and free the forms no bucket uses."""
-        self.choice = dict(choice)
+        """Take the chosen paths (aten where a path has no form here) and free the forms no bucket uses."""
+        self.choice = {b: (p if p == ATEN or p in self.forms else ATEN) for b, p in choice.items()}
         for path in [p for p in self.forms if p not in self.choice.values()]:
             del self.forms[path]
 
@@ -143,7 +183,18 @@ def install_paths(model: nn.Module, config: KernelConfig) -> list[PathLinear]:
                 layer = PathLinear(child, paths)
                 setattr(parent, name, layer)
                 installed.append(layer)
+    _report_dropped(installed, str(dtype).removeprefix("torch."))
     return installed
+
+
+def _report_dropped(layers: list[PathLinear], dtype: str) -> None:
+    """One line per path that some layer dropped, naming the CPU and the library's reason."""
+    reasons: dict[str, str] = {}
+    for layer in layers:
+        for path, why in layer.dropped.items():
+            reasons.setdefault(path, why)
+    for path, why in reasons.items():
+        report_dropped(f"{path} dropped for {dtype} on {_this_cpu().describe()}: {why}")
 
 
 def install_kept_paths(model: nn.Module, folder: str, dtype: str, paths: tuple[str, ...],
@@ -184,8 +235,8 @@ def choose_paths(layers: list[PathLinear], config: KernelConfig, dtype: str,
     result = KernelChoice(dtype)
     with torch.inference_mode():
         for name, group in groups.items():
-            paths = [ATEN, *group[0].forms]
-            times = {b: _time_paths(group, paths, b, config.repeats, clock) for b in BUCKETS}
+            # a group's layers hold the same forms; a path dropped at one bucket is gone for the next
+            times = {b: _time_paths(group, [ATEN, *group[0].forms], b, config.repeats, clock) for b in BUCKETS}
             choice = {b: _fastest(t, config.margin) for b, t in times.items()}
             for layer in group:
                 layer.keep(choice)
@@ -200,10 +251,20 @@ def _time_paths(group: list[PathLinear], paths: list[str], rows: int, repeats: i
     x = torch.randn(1, rows, group[0].in_features, dtype=group[0].weight.dtype)   # as a pass feeds it
     best = {p: float("inf") for p in paths}
     for _ in range(repeats + 1):                    # the first round warms caches and packs
-        for path in paths:
+        for path in [p for p in paths if p in best]:
             start = clock()
-            for layer in group:
-                layer.run(path, x)
+            try:
+                for layer in group:
+                    layer.run(path, x)
+            except (RuntimeError, NotImplementedError) as error:
+                if path == ATEN:
+                    raise
+                for layer in group:
+                    layer.drop(path, error)
+                report_dropped(f"{path} dropped for {str(x.dtype).removeprefix('torch.')} on "
+                               f"{_this_cpu().describe()}: its first pass failed: {group[0].dropped[path]}")
+                del best[path]
+                continue
             best[path] = min(best[path], clock() - start)
     return {p: 1e3 * t for p, t in best.items()}
 

@@ -10,6 +10,10 @@ kernel paths chosen (dsd.backends.kernels) and timed:
 - the target: one position (t_ar) and passes of ``VERIFY_POSITIONS`` (gamma 2 and 4);
 - the draft: one position (t_draft), a layer draft or a feature draft (on its own features).
 
+A candidate is timed only where it runs: one whose load or first pass fails on this CPU is
+dropped with a line saying so (float32, the reference, always runs). A precision forced by hand
+that this CPU cannot run is refused before anything loads (``check_runs``).
+
 ``choose`` picks the target's precision: the one whose verification passes are fastest, if they
 beat float32's by more than ``tie_margin`` while its decode step is at most ``ar_slack`` slower
 than float32's; else float32. The draft's: its fastest step, a tie keeping the target's. The
@@ -25,10 +29,10 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dsd.backends.machine import cache_dir, cpu_flags, machine_key, weights_digest
+from dsd.backends.machine import CpuCapability, cache_dir, cpu_flags, machine_key, weights_digest
 
 CANDIDATES = ("float32", "bfloat16")
 VERIFY_POSITIONS = (3, 5)
@@ -62,17 +66,20 @@ class PrecisionChoice:
     first_guess: str                   # what the CPU-flag rule would have said
     times: tuple[PrecisionTimes, ...]
     machine: str
+    cpu: dict = field(default_factory=dict)      # CpuCapability.to_dict(): the CPU and what runs on it
+    dropped: dict = field(default_factory=dict)  # candidate -> why it could not be timed here
 
     def to_dict(self) -> dict:
         return {"target_dtype": self.target_dtype, "draft_dtype": self.draft_dtype,
-                "first_guess": self.first_guess, "machine": self.machine,
-                "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
+                "first_guess": self.first_guess, "machine": self.machine, "cpu": self.cpu,
+                "dropped": self.dropped, "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
 
     @classmethod
     def from_dict(cls, values: dict) -> "PrecisionChoice":
         times = tuple(PrecisionTimes(c["dtype"], c["t_ar_s"], {int(n): t for n, t in c["t_verify_s"].items()},
                                      c["t_draft_s"], c.get("kernels", "")) for c in values["candidates"])
-        return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"])
+        return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"],
+                   values.get("cpu", {}), values.get("dropped", {}))
 
 
 def choose(times: list[PrecisionTimes], tie_margin: float = 0.03, ar_slack: float = 0.05) -> tuple[str, str]:
@@ -91,16 +98,50 @@ def choose(times: list[PrecisionTimes], tie_margin: float = 0.03, ar_slack: floa
 
 def first_guess(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
     """The flag rule: bfloat16 on a GPU or where the CPU has bfloat16 instructions (AMX or
-    AVX512-BF16), else float32. A guess to record beside the measurement."""
+    AVX512-BF16 on x86, BF16 on aarch64), else float32. A guess to record beside the measurement."""
     if device.startswith("cuda"):
         return "bfloat16"
-    return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16"} else "float32"
+    return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16", "bf16"} else "float32"
+
+
+def check_runs(setting: str, dtype: str, capability: CpuCapability | None = None, log=None) -> None:
+    """Refuse a precision set by hand that this CPU cannot run (a probe pass of the operations a
+    decoder layer uses fails), naming the setting, the CPU and what it lacks; say so where it runs
+    only emulated (bfloat16 without AVX512-BF16, AMX or an aarch64 BF16 unit is several times slower)."""
+    cpu = capability or CpuCapability.of_this_machine()
+    why = _probe_fails(dtype)
+    if why:
+        raise ValueError(f"{setting} = {dtype!r}: this CPU cannot run it ({cpu.describe()}): {why}; "
+                         f"use 'auto' (timed here) or 'float32'")
+    if not cpu.native(dtype) and log is not None:
+        log(f"{setting} = {dtype!r} runs emulated on {cpu.describe()}: expect it slower than float32; "
+            "'auto' times both")
+
+
+def _probe_fails(dtype: str) -> str:
+    """'' if a small pass of linear, matmul, softmax and RMS norm runs in ``dtype`` here, else the error."""
+    import torch
+    import torch.nn.functional as F
+
+    from dsd.backends.torch_lm import DTYPES
+
+    kind = DTYPES[dtype]
+    try:
+        x = torch.randn(1, 3, 64).to(kind)
+        h = F.linear(x, torch.randn(64, 64).to(kind))
+        scores = torch.softmax(h @ h.transpose(-1, -2), dim=-1)
+        (scores @ h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).float().sum().item()
+    except (RuntimeError, NotImplementedError, TypeError) as error:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return ""
 
 
 def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CANDIDATES, threads: int = 1,
-            kernel_paths: tuple[str, ...] | None = None) -> list[PrecisionTimes]:
-    """Time every candidate precision of the pair on this machine on ``threads`` torch threads,
-    the passes interleaved across candidates so that a drift of the machine's speed meets all."""
+            kernel_paths: tuple[str, ...] | None = None, dropped: dict[str, str] | None = None,
+            log=None) -> list[PrecisionTimes]:
+    """Time every candidate precision of the pair that runs on this machine on ``threads`` torch
+    threads, the passes interleaved across candidates so that a drift of the machine's speed meets
+    all; a candidate that fails to load or to pass is left out, its reason put in ``dropped``."""
     import torch
 
     from dsd.backends.kernels import PATHS
@@ -110,8 +151,23 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
     torch.set_num_threads(threads)
     try:
         paths = PATHS if kernel_paths is None else kernel_paths
-        models = {d: (TorchLM.load(TorchLMConfig(target_path, d, kernel_paths=paths)),
-                      _load_draft(draft_path, d, paths)) for d in candidates}
+        models = {}
+        for dtype in candidates:
+            try:
+                pair = (TorchLM.load(TorchLMConfig(target_path, dtype, kernel_paths=paths)),
+                        _load_draft(draft_path, dtype, paths))
+                for model in pair:                  # a path or kernel this CPU refuses fails here
+                    model.logits("precision-probe", [1, 2, 3], 3)
+                    model.release("precision-probe")
+                models[dtype] = pair
+            except (RuntimeError, NotImplementedError) as error:
+                if dtype == "float32":
+                    raise
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                if dropped is not None:
+                    dropped[dtype] = reason
+                if log is not None:
+                    log(f"dtype auto: {dtype} left out on this CPU: {reason}")
         samples = _interleaved_samples(models)
         out = []
         for dtype, (target, _) in models.items():
@@ -183,11 +239,13 @@ def resolve(target_path: str, draft_path: str, device: str = "cpu", log=None) ->
     kept = cached_choice(target_path, draft_path)
     if kept is not None:
         return kept
+    cpu = CpuCapability.of_this_machine()
     if log is not None:
-        log(f"dtype auto: timing the pair in {', '.join(CANDIDATES)} on this CPU (once; kept in {path})")
-    times = measure(target_path, draft_path)
+        log(f"dtype auto: timing the pair in {', '.join(CANDIDATES)} on {cpu.describe()} (once; kept in {path})")
+    dropped: dict[str, str] = {}
+    times = measure(target_path, draft_path, dropped=dropped, log=log)
     target, draft = choose(times)
-    choice = PrecisionChoice(target, draft, first_guess(device), tuple(times), machine_key())
+    choice = PrecisionChoice(target, draft, first_guess(device), tuple(times), machine_key(), cpu.to_dict(), dropped)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(choice.to_dict(), indent=1))

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from dsd.backends import precision
+from dsd.backends import hf, precision
 from dsd.backends.factory import backend_from_json
 from dsd.backends.hf import HfBackendConfig
+from dsd.backends.machine import CpuCapability, cpu_flags, cpu_model, machine_key
 from dsd.backends.precision import PrecisionChoice, PrecisionTimes, choose, first_guess
 
 
@@ -115,3 +116,70 @@ def test_auto_measures_the_real_candidates_on_this_machine(monkeypatch, tmp_path
     for t in choice.times:
         assert t.t_ar_s > 0 and set(t.t_verify_s) == {3, 5} and t.t_draft_s > 0
     assert choice.target_dtype in ("float32", "bfloat16") and choice.machine
+
+
+def test_a_forced_dtype_this_cpu_cannot_run_is_refused_before_anything_loads(monkeypatch):
+    monkeypatch.setattr(precision, "_probe_fails", lambda dtype: "" if dtype == "float32" else
+                        "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+    hf._check_forced.cache_clear()
+    with pytest.raises(ValueError, match=r"backend\.draft_dtype = 'bfloat16': this CPU cannot run it \(.*ATen"):
+        HfBackendConfig(dtype="float32", draft_dtype="bfloat16")
+    hf._check_forced.cache_clear()
+
+
+def test_a_forced_dtype_that_runs_only_emulated_says_so(capsys):
+    slow = CpuCapability("test CPU", "x86_64", "AVX2", True, True, onednn_bf16=False, onednn_fp16=False)
+    lines: list[str] = []
+    precision.check_runs("backend.dtype", "bfloat16", slow, log=lines.append)
+    assert lines and "runs emulated on test CPU (x86_64, ATen AVX2; no native bfloat16, float16)" in lines[0]
+    lines.clear()
+    precision.check_runs("backend.dtype", "float32", slow, log=lines.append)
+    assert lines == []
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_candidate_that_fails_on_this_cpu_is_left_out_with_its_reason(monkeypatch, tmp_path):
+    """The crash of a bfloat16 path on an AVX2-only CPU, as the choice now meets it: bfloat16's
+    load fails, float32 is timed alone and chosen, and the record says why."""
+    from dsd.backends import torch_lm
+
+    monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path))
+    real_load = torch_lm.TorchLM.load.__func__
+
+    def load(cls, config):
+        if config.dtype == "bfloat16":
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+        return real_load(cls, config)
+
+    monkeypatch.setattr(torch_lm.TorchLM, "load", classmethod(load))
+    lines: list[str] = []
+    target, draft = HfBackendConfig().model_paths()
+    choice = precision.resolve(target, draft, log=lines.append)
+    assert (choice.target_dtype, choice.draft_dtype) == ("float32", "float32")
+    assert [t.dtype for t in choice.times] == ["float32"]
+    assert "avx512bw" in choice.dropped["bfloat16"] and any("bfloat16 left out" in line for line in lines)
+    assert choice.cpu["model"] and choice.cpu["aten"]
+
+
+def test_the_cpu_is_read_from_an_aarch64_cpuinfo(tmp_path):
+    arm = tmp_path / "cpuinfo"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 "
+                   "atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve "
+                   "asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng\n"
+                   "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n"
+                   "CPU revision\t: 1\n\nprocessor\t: 1\nFeatures\t: fp asimd\nCPU part\t: 0xd40\n")
+    assert "bf16" in cpu_flags(str(arm)) and "sve" in cpu_flags(str(arm))
+    assert cpu_model(str(arm)).startswith("Neoverse-V1")
+    assert first_guess("cpu", str(arm)) == "bfloat16"
+    assert machine_key(str(arm)).startswith("Neoverse-V1")
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel\t\t: 17\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n")
+    assert cpu_model(str(x86)) == "AMD EPYC 7B13" and cpu_flags(str(x86)) == {"fpu", "avx2", "fma"}
+
+
+def test_this_machines_capability_names_the_cpu_not_the_kernel():
+    cpu = CpuCapability.of_this_machine()
+    assert cpu.model == cpu_model() and "Linux" not in cpu.describe()
+    assert cpu.aten in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE128", "SVE256", "SVE512", "NEON")
+    assert cpu.native("float32") and set(cpu.to_dict()) >= {"model", "aten", "onednn_bf16", "isa_switches"}
