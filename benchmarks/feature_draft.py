@@ -32,28 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsd.backends.machine import cpu_model  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.features import FEATURE_DTYPES, encoded_bytes  # noqa: E402
+from dsd.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step  # noqa: E402
 from dsd.timing import step_time_s  # noqa: E402
 from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
 
 GAMMA, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, SEED = 4, 64, 0.7, 0.9, 77
-
-
-def expected_tokens(per_step_alpha: list[float]) -> float:
-    """1 + sum_k prod_{i<=k} alpha_i: a round's expected emitted tokens (accepted + 1)."""
-    total, run = 1.0, 1.0
-    for alpha in per_step_alpha:
-        run *= alpha
-        total += run
-    return total
-
-
-def iid_alpha(tokens_per_round: float, gamma: int) -> float:
-    """The alpha whose closed form 1 + a + ... + a^gamma equals tokens_per_round (bisection)."""
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if expected_tokens([mid] * gamma) < tokens_per_round else (low, mid)
-    return (low + high) / 2
 
 
 def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int) -> dict:
@@ -81,15 +64,15 @@ def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int) -> dict:
     out = {"answers": len(answers), "positions": sampled.positions}
     for dtype, a in feature.items():
         suffix = "" if dtype == "bfloat16" else f"_{dtype}"
-        out[f"alpha_feature{suffix}"] = iid_alpha(expected_tokens(a.sampled), GAMMA)
-        out[f"alpha_feature_greedy{suffix}"] = iid_alpha(expected_tokens(a.greedy), GAMMA)
-        out[f"tokens_per_round_feature{suffix}"] = expected_tokens(a.sampled)
+        out[f"alpha_feature{suffix}"] = alpha_for_tokens_per_round(tokens_per_round_by_step(a.sampled), GAMMA)
+        out[f"alpha_feature_greedy{suffix}"] = alpha_for_tokens_per_round(tokens_per_round_by_step(a.greedy), GAMMA)
+        out[f"tokens_per_round_feature{suffix}"] = tokens_per_round_by_step(a.sampled)
         for k, (s, g) in enumerate(zip(a.sampled, a.greedy), 1):
             out[f"alpha_feature_step{k}{suffix}"] = s
             out[f"alpha_feature_greedy_step{k}{suffix}"] = g
     out["alpha_layers6"] = sampled.alpha_sampled
     out["alpha_layers6_greedy"] = greedy.alpha_greedy
-    out["tokens_per_round_layers6"] = expected_tokens([sampled.alpha_sampled] * GAMMA)
+    out["tokens_per_round_layers6"] = tokens_per_round_by_step([sampled.alpha_sampled] * GAMMA)
     return out
 
 

@@ -61,6 +61,29 @@ def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def tokens_per_round_by_step(alpha_by_step: list[float]) -> float:
+    """Accepted + 1 on average when a round's k-th draft is accepted with probability alpha_k once
+    the ones before it were (a feature draft's acceptance falls with its step):
+    1 + sum_k prod_{i<=k} alpha_i, which is E(alpha, gamma) when every alpha_k is alpha."""
+    total, run = 1.0, 1.0
+    for alpha in alpha_by_step:
+        run *= alpha
+        total += run
+    return total
+
+
+def alpha_for_tokens_per_round(tokens_per_round: float, gamma: int) -> float:
+    """The alpha whose E(alpha, gamma) is tokens_per_round (bisection): the one per-token alpha of
+    a draft whose acceptance differs by step, the figure the closed form takes; 0 below one token
+    a round and 1 above gamma + 1 (a measured mean a rounding off either end)."""
+    _check_alpha_gamma(0.0, gamma)
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens_per_round(mid, gamma) < tokens_per_round else (low, mid)
+    return (low + high) / 2
+
+
 def expected_accepted_per_round(alpha: float, gamma: int) -> float:
     """Accepted drafts per round, on average: E(alpha, gamma) - 1."""
     return expected_tokens_per_round(alpha, gamma) - 1.0

@@ -119,3 +119,17 @@ def test_capacity_with_the_idle_gap_and_batched_drafting_by_hand():
         lm.batched_capacity(e, rate, gamma, t_d, t_v, s, s_d, -0.001)
     with pytest.raises(ValueError, match="gap_s"):
         lm.capacity_factor(gamma, t_d, t_v, -0.001)
+
+
+def test_tokens_per_round_by_step_is_the_closed_form_at_equal_steps_and_inverts_to_one_alpha():
+    assert lm.tokens_per_round_by_step([0.6] * 4) == pytest.approx(lm.expected_tokens_per_round(0.6, 4))
+    falling = [0.56, 0.51, 0.47, 0.44]
+    tokens = 1 + 0.56 + 0.56 * 0.51 + 0.56 * 0.51 * 0.47 + 0.56 * 0.51 * 0.47 * 0.44
+    assert lm.tokens_per_round_by_step(falling) == pytest.approx(tokens)
+    alpha = lm.alpha_for_tokens_per_round(tokens, 4)
+    assert 0.44 < alpha < 0.56
+    assert lm.expected_tokens_per_round(alpha, 4) == pytest.approx(tokens, abs=1e-9)
+    assert lm.alpha_for_tokens_per_round(5.0000001, 4) == pytest.approx(1.0)
+    assert lm.alpha_for_tokens_per_round(1.0, 4) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="gamma"):
+        lm.alpha_for_tokens_per_round(2.0, 0)
