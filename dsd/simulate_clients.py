@@ -1,0 +1,477 @@
+"""N closed-loop clients sharing one verifier, on virtual time, through the real protocol code.
+
+``dsd.simulate`` runs one request against a verifier that serves it alone. Here ``n_clients``
+clients each run their requests one after another (a client issues its next request when its
+last one ends, so the clients' requests overlap) against one verifier device, shared the way
+services/scheduler.py shares it: a queue of passes, each pass one job of a session or a batch of
+jobs of one kind. The drafter, the edge state machine (``dsd.driver``'s drive loop) and the
+verifier session are the production code as in ``dsd.simulate``; only the clock, the link and
+the device's queue are simulated.
+
+What is a job on the shared verifier (each costs what the scheduler charges an emulated pass,
+``pass_cost_s``: t_verify(gamma, b), t_ar(b), gamma draft steps scaled like t_ar(b), the prefill):
+- every session's Open: a prefill (never batched);
+- sync, pipelined and cached DSD: each block's verification (a stale block's answer costs no
+  device time); the edge drafts on its own device, one per client, shared with nobody;
+- cloud AR: every token step;
+- co-located SD: every round's draft block (gamma steps of the server's draft model) and then its
+  verification, two passes, so the server pays every client's drafting.
+
+The device: work-conserving (or waiting ``batch_window_ms`` for a batch to fill, as the
+scheduler does), first come first served by when a job could start; a session's jobs run in the
+order sent, one at a time (a session's next job waits for its last). A pass takes its first job
+and every other waiting session's job of the same kind, up to ``max_batch``. With
+``max_batch = 1`` it is strictly serial (the paper's capacity setting).
+
+The event loop: each client is one coroutine (its requests in turn); it suspends when its clock
+moves (a draft step, waiting for a verdict) and resumes at that virtual time, so every send
+happens in time order across clients. A pass is laid out when it starts (its members and so its
+cost are known then), so a verdict's arrival time is known before it is due.
+
+NOTE: the adaptive controllers' hand-over (dsd.driver: the server generating a segment of a DSD
+request) is not modelled here, so the link does not hand over; a run with them at one client is
+``dsd.simulate``'s. A link whose RTT changes over time (``rtt_at``) keeps each message's delay at
+its send time, so a message sent into a falling delay may reach the verifier ahead of one another
+client sent before it; each connection still delivers in order.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from dsd.arrivals import Arrival, Round, VerdictArrival
+from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
+from dsd.decoding import Generation, RoundRecord
+from dsd.drafting import begin_request, draft_block
+from dsd.driver import DriverConfig, DsdDriver
+from dsd.features import hand_features
+from dsd.modes import AR, SERVER, get_mode, server_modes
+from dsd.spec_cache import CacheConfig
+from dsd.stopping import StopRule
+from dsd.times import ComputeTimes
+from dsd.verifier_session import VerifierSession
+
+PREFILL, DRAFT, VERIFY, STALE = "prefill", "draft", "verify", "stale"
+MAX_CLIENTS = 4096        # the sim launcher's ceiling: thousands of clients in seconds (docs/launchers.md)
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    """The shared verifier's device: sequences per pass (1 = serial) and how long a pass that is
+    not full waits for more, as services/scheduler.py SchedulerConfig."""
+    max_batch: int = 1
+    batch_window_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool) and self.max_batch >= 1):
+            raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
+        if not (isinstance(self.batch_window_ms, (int, float)) and math.isfinite(self.batch_window_ms)
+                and self.batch_window_ms >= 0):
+            raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
+
+
+@dataclass(frozen=True)
+class ClientsSetup:
+    """One point's clients: their mode and plan, the link, and the shared verifier.
+    ``rtt_at(t_s)``: the link's RTT (s) at virtual time t_s from the point's start."""
+    n_clients: int
+    mode: str
+    gamma: int
+    times: ComputeTimes
+    rtt_at: Callable[[float], float]
+    verifier: VerifierConfig = VerifierConfig()
+    max_in_flight: int = 1
+    gamma_max: int = 16                 # as dsd.simulate's runs: what a mode's own policy may reach
+    cache: CacheConfig = CacheConfig()
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.n_clients, int) and 1 <= self.n_clients <= MAX_CLIENTS):
+            raise ValueError(f"clients must be a whole number in 1..{MAX_CLIENTS} on the sim launcher, "
+                             f"got {self.n_clients!r}")
+        get_mode(self.mode)
+        for name in ("gamma", "max_in_flight", "gamma_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.verifier.max_batch > 1 and self.times.batch_slope is None:
+            raise ValueError(f"max_batch {self.verifier.max_batch}: a batched verifier costs the compute times' "
+                             "batch curve (batch_slope), and these times carry none (a measurement of single "
+                             "passes; dsd.timing.fit_batch_slope measures it)")
+
+
+@dataclass
+class ClientRequest:
+    """One request as its client saw it: times (s) from the request's start, which is
+    ``start_s`` on the point's virtual clock."""
+    client: int
+    index: int
+    start_s: float
+    tokens: list[int]
+    rounds: list[RoundRecord]
+    total_s: float            # until its last tokens arrived
+    first_token_s: float      # until its first tokens arrived
+    receipts_s: list[float]   # when each round's answer reached the client, on the point's clock
+
+
+def pass_cost_s(times: ComputeTimes, kind: str, sizes: list[int]) -> float:
+    """One pass over a batch of jobs of one kind (sizes: gamma, draft steps or prompt tokens),
+    priced as services/scheduler.py prices an emulated pass; a stale block's answer is free."""
+    batch = len(sizes)
+    if kind == VERIFY:
+        return times.t_verify_s(max(sizes), batch)
+    if kind == AR:
+        return times.t_ar_batch_s(batch)
+    if kind == DRAFT:
+        return max(sizes) * times.t_draft_server_s * times.t_ar_batch_s(batch) / times.t_ar_s
+    if kind == PREFILL:
+        return sum(times.t_prefill_s(n) for n in sizes)
+    if kind == STALE:
+        return 0.0
+    raise ValueError(f"kind must be one of {(PREFILL, AR, DRAFT, VERIFY, STALE)}, got {kind!r}")
+
+
+# --- the event loop ------------------------------------------------------------------------------
+
+
+class _Loop:
+    """Virtual time: events run in time order, at one time the verifier's decisions last (so jobs
+    that arrive together are there together), otherwise in the order they were scheduled."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.events: list[tuple[float, bool, int, Callable[[], None]]] = []
+        self.order = itertools.count()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def at(self, t_s: float, fn: Callable[[], None], last: bool = False) -> None:
+        heapq.heappush(self.events, (t_s, last, next(self.order), fn))
+
+    def run(self) -> None:
+        while self.events:
+            t_s, _, _, fn = heapq.heappop(self.events)
+            self.now_s = max(self.now_s, t_s)
+            fn()
+
+
+class _Suspend:
+    """What a client's coroutine awaits to give the loop back: resume at ``t_s`` (None: when woken)."""
+
+    def __init__(self, t_s: float | None) -> None:
+        self.t_s = t_s
+
+    def __await__(self):
+        yield self
+
+
+class _Client:
+    """One client's coroutine on the loop."""
+
+    def __init__(self, loop: _Loop, coroutine) -> None:
+        self.loop, self.coroutine, self.parked = loop, coroutine, False
+
+    def resume(self) -> None:
+        self.parked = False
+        try:
+            suspend = self.coroutine.send(None)
+        except StopIteration:
+            return
+        if suspend.t_s is None:
+            self.parked = True
+        else:
+            self.loop.at(suspend.t_s, self.resume)
+
+    def wake(self) -> None:
+        if self.parked:
+            self.resume()
+
+
+# --- the shared verifier -------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    arrive_s: float
+    kind: str
+    size: int
+    session: object
+    done: Callable[[float, float], None]     # (its pass's start, its pass's end)
+    arrived: bool = False
+
+
+class _Verifier:
+    """The one device: passes one after another, each laid out when it starts. ``heads`` holds
+    each session's next job once it arrived, by when it could start (its arrival, or its
+    session's last pass's end) and then by the order sent."""
+
+    def __init__(self, loop: _Loop, times: ComputeTimes, config: VerifierConfig) -> None:
+        self.loop, self.times, self.config = loop, times, config
+        self.queues: dict[object, deque[_Job]] = {}     # per session, in the order sent
+        self.heads: list[tuple[float, int, _Job]] = []
+        self.last_end_s: dict[object, float] = {}        # per session: the end of its last pass
+        self.busy = False
+        self.free_at_s = 0.0
+        self.order = itertools.count()
+        self.batch_sizes: dict[int, int] = {}
+        self.deciding = False           # a decision is due at the loop's present time
+
+    def submit(self, session: object, arrive_s: float, kind: str, size: int,
+               done: Callable[[float, float], None]) -> None:
+        """A job that reaches the verifier at ``arrive_s``; ``done(start_s, end_s)`` when its pass starts."""
+        job = _Job(arrive_s, kind, size, session, done)
+        self.queues.setdefault(session, deque()).append(job)
+        if arrive_s > self.loop.now_s:
+            self.loop.at(arrive_s, lambda: self._arrive(job))
+        else:
+            self._arrive(job)
+
+    def _arrive(self, job: _Job) -> None:
+        job.arrived = True
+        if self.queues[job.session][0] is job:
+            ready_s = max(job.arrive_s, self.last_end_s.get(job.session, 0.0))
+            heapq.heappush(self.heads, (ready_s, next(self.order), job))
+        self.decide()
+
+    def decide(self) -> None:
+        """Start a pass once everything that arrives now is here."""
+        if not self.deciding:
+            self.deciding = True
+            self.loop.at(self.loop.now_s, self.try_start, last=True)
+
+    def try_start(self) -> None:
+        self.deciding = False
+        if self.busy or not self.heads:
+            return
+        first = heapq.heappop(self.heads)
+        limit = 1 if first[2].kind in (PREFILL, STALE) else self.config.max_batch
+        batch, others = [first], []
+        while len(batch) < limit and self.heads:
+            entry = heapq.heappop(self.heads)
+            (batch if entry[2].kind == first[2].kind else others).append(entry)
+        # An idle device starts a job the moment it arrived, even if the loop learns of it later
+        # (an edge sends what a verdict released at the verdict's arrival, inside a draft step).
+        start_s = max(self.free_at_s, max(ready_s for ready_s, _, _ in batch))
+        if len(batch) < limit and self.config.batch_window_ms > 0:
+            deadline_s = first[0] + self.config.batch_window_ms / 1e3
+            if deadline_s > self.loop.now_s:
+                for entry in batch + others:
+                    heapq.heappush(self.heads, entry)
+                self.loop.at(deadline_s, self.try_start, last=True)
+                return
+            start_s = max(start_s, deadline_s)
+        for entry in others:
+            heapq.heappush(self.heads, entry)
+        end_s = start_s + pass_cost_s(self.times, first[2].kind, [job.size for _, _, job in batch])
+        self.busy = True
+        self.batch_sizes[len(batch)] = self.batch_sizes.get(len(batch), 0) + 1
+        for _, _, job in batch:
+            self.last_end_s[job.session] = end_s
+            queue = self.queues[job.session]
+            queue.popleft()
+            if not queue:
+                del self.queues[job.session]
+            elif queue[0].arrived:      # the session's next job: it can start once this pass ends
+                heapq.heappush(self.heads, (max(queue[0].arrive_s, end_s), next(self.order), queue[0]))
+            job.done(start_s, end_s)
+        self.loop.at(end_s, lambda: self._end(end_s))
+
+    def _end(self, end_s: float) -> None:
+        self.busy, self.free_at_s = False, end_s
+        self.decide()
+
+
+# --- a client's device and link ------------------------------------------------------------------
+
+
+class _EdgeDevice:
+    """A client's own draft device: every step costs ``t_draft_s``; the client waits it out."""
+
+    def __init__(self, loop: _Loop, t_draft_s: float) -> None:
+        self.loop, self.t_draft_s = loop, t_draft_s
+
+    async def draft(self, work, n_steps: int, then):
+        start_s = t_s = self.loop.now_s
+        work()
+        whole = int(n_steps)
+        for _ in range(whole):          # step by step: the same sums as dsd.simulate's device
+            t_s += self.t_draft_s
+        if n_steps > whole:
+            t_s += (n_steps - whole) * self.t_draft_s
+        await _Suspend(t_s)
+        return then(), start_s
+
+
+class _SharedLink:
+    """A client's connection to the shared verifier (a ``dsd.contracts.Transport``): each message
+    takes half the RTT at its send, each block is a job on the verifier."""
+
+    def __init__(self, loop: _Loop, verifier: _Verifier, client: _Client, session: VerifierSession,
+                 setup: ClientsSetup) -> None:
+        self.loop, self.verifier, self.client, self.session, self.setup = loop, verifier, client, session, setup
+        self.arrivals: list[tuple[float, int, Arrival]] = []
+        self.order = itertools.count()
+        self.last_out_s = self.last_back_s = 0.0       # one connection: each direction is FIFO
+
+    def one_way_s(self, at_s: float) -> float:
+        return self.setup.rtt_at(at_s) / 2
+
+    def to_server_s(self, sent_s: float) -> float:
+        self.last_out_s = max(sent_s + self.one_way_s(sent_s), self.last_out_s)
+        return self.last_out_s
+
+    def to_edge_s(self, sent_s: float) -> float:
+        self.last_back_s = max(sent_s + self.one_way_s(sent_s), self.last_back_s)
+        return self.last_back_s
+
+    def open(self, n_prompt_tokens: int) -> None:
+        """The session's Open, sent as the request starts: a prefill on the verifier."""
+        self.verifier.submit(self.session, self.to_server_s(self.loop.now_s), PREFILL, n_prompt_tokens,
+                             lambda start_s, end_s: None)
+
+    def prepare(self, proposals: list[Proposal]) -> list[Proposal]:
+        return proposals
+
+    async def send(self, proposals: list[Proposal], after: Arrival | None) -> list[float]:
+        sent_s = self.loop.now_s if after is None else after.t_receive_s
+        for proposal in proposals:
+            verdict = self.session.verify(proposal)      # a session's blocks are verified in order
+            arrive_s = self.to_server_s(sent_s)
+            gamma = proposal.gamma if self.setup.times.knows_gamma(proposal.gamma) else self.setup.gamma
+            self.verifier.submit(self.session, arrive_s, STALE if verdict.stale else VERIFY, gamma,
+                                 lambda start_s, end_s, v=verdict, a=arrive_s: self._answer(v, a, start_s, end_s))
+        return [sent_s] * len(proposals)
+
+    def _answer(self, verdict, arrive_s: float, start_s: float, end_s: float) -> None:
+        back_s = self.to_edge_s(end_s)
+        heapq.heappush(self.arrivals, (back_s, next(self.order),
+                                       VerdictArrival(verdict, back_s, start_s - arrive_s, end_s - start_s)))
+        self.loop.at(back_s, self.client.wake)
+
+    async def poll(self) -> list[Arrival]:
+        ready = []
+        while self.arrivals and self.arrivals[0][0] <= self.loop.now_s:
+            ready.append(heapq.heappop(self.arrivals)[2])
+        return ready
+
+    async def wait(self) -> Arrival:
+        while not (self.arrivals and self.arrivals[0][0] <= self.loop.now_s):
+            await _Suspend(None)
+        return heapq.heappop(self.arrivals)[2]
+
+
+# --- one request of each kind --------------------------------------------------------------------
+
+
+async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup: ClientsSetup,
+                       draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
+                       sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[float]]:
+    """Returns the request's output and each round's receipt time. As dsd.simulate.simulate_dsd: the edge's drive loop, its Open sent as it starts drafting."""
+    session = VerifierSession(target, seq_id, prompt, sampling, stop)
+    session.prefill()
+    link = _SharedLink(loop, verifier, client, session, setup)
+    link.open(len(prompt) - 1)
+    generation, receipts_s = Generation([]), []
+
+    def on_round(r: Round) -> None:
+        generation.rounds.append(RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma,
+                                                          r.mode, r.cache))
+        receipts_s.append(r.arrival.t_receive_s)
+
+    config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, max(setup.gamma_max, setup.gamma),
+                          cache=setup.cache)
+    driver = DsdDriver(draft, seq_id, prompt, stop, sampling, _EdgeDevice(loop, setup.times.t_draft_edge_s),
+                       link, loop, on_round, config, prefill_features=session.decided_features(1))
+    generation.tokens = await driver.run()
+    session.close()
+    return generation, receipts_s
+
+
+async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, setup: ClientsSetup,
+                          draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
+                          sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[float]]:
+    """Returns the request's output and each round's receipt time. As
+    dsd.simulate.simulate_on_server: Open and Generate out, then the server's steps, each
+    a job on the shared verifier queued behind the session's last, each step's Tokens sent back."""
+    one_way_s = setup.rtt_at(loop.now_s) / 2
+    gamma, drafts = setup.gamma, get_mode(setup.mode).drafts == SERVER
+    session = VerifierSession(target, seq_id, prompt, sampling, stop)
+    ends_s: list[float] = []
+
+    async def job(kind: str, size: int, arrive_s: float) -> float:
+        verifier.submit(session, arrive_s, kind, size, lambda start_s, end_s: (ends_s.append(end_s),
+                                                                                loop.at(end_s, client.wake)))
+        while not ends_s or loop.now_s < ends_s[-1]:
+            await _Suspend(None)
+        return ends_s.pop()
+
+    session.prefill()
+    t_s = await job(PREFILL, len(prompt) - 1, loop.now_s + one_way_s)
+    if drafts:
+        begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
+        hand_features(draft, seq_id, session.decided_features(1))
+    generation, receipts_s = Generation([]), []
+    while not session.finished:
+        if not drafts:
+            emitted = session.ar_step()
+            t_s = await job(AR, 1, t_s)
+            record = RoundRecord(len(generation.rounds), 0, 0, len(emitted))
+        else:
+            drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling, session.draws)
+            t_s = await job(DRAFT, gamma, t_s)
+            before = len(session.committed)
+            verdict = session.verify(session.proposal_for(drafted, q))
+            hand_features(draft, seq_id, verdict.features)
+            t_s = await job(VERIFY, gamma, t_s)
+            record = RoundRecord.from_verdict(len(generation.rounds), verdict, len(session.committed) - before)
+        generation.rounds.append(record)
+        receipts_s.append(t_s + one_way_s)
+    generation.tokens = session.generated
+    session.close()
+    if drafts:
+        draft.release(seq_id)
+    # the client reads the last Tokens when they arrive
+    while loop.now_s < receipts_s[-1]:
+        await _Suspend(receipts_s[-1])
+    return generation, receipts_s
+
+
+# --- the clients ---------------------------------------------------------------------------------
+
+
+def simulate_clients(setup: ClientsSetup, draft: LanguageModel, target: LanguageModel,
+                     prompts: Sequence[Sequence[int]], stop: StopRule,
+                     sampling_of: Callable[[int], SamplingParams] = lambda _i: SamplingParams(),
+                     seq_prefix: str = "sim") -> list[ClientRequest]:
+    """Every client runs every prompt in turn from time 0, all on one verifier; returns each
+    request (client by client, in order). ``sampling_of(index)``: a request's sampling."""
+    loop = _Loop()
+    verifier = _Verifier(loop, setup.times, setup.verifier)
+    run = _server_request if setup.mode in server_modes() else _dsd_request
+    done: list[ClientRequest] = []
+
+    async def client_run(c: int, client: _Client) -> None:
+        for index, prompt in enumerate(prompts):
+            start_s = loop.now_s
+            generation, receipts_s = await run(loop, verifier, client, setup, draft, target, prompt, stop,
+                                               sampling_of(index), f"{seq_prefix}-c{c}-{index}")
+            # the output is complete when the last emitting answer arrives; a stale one after it
+            # does not delay it
+            emits_s = [t_s for t_s, r in zip(receipts_s, generation.rounds) if r.emitted] or [loop.now_s]
+            done.append(ClientRequest(c, index, start_s, generation.tokens, generation.rounds,
+                                      emits_s[-1] - start_s, emits_s[0] - start_s, receipts_s))
+
+    clients = []
+    for c in range(setup.n_clients):
+        client = _Client(loop, None)
+        client.coroutine = client_run(c, client)
+        clients.append(client)
+        loop.at(0.0, client.resume)
+    loop.run()
+    if len(done) != setup.n_clients * len(prompts):
+        raise RuntimeError(f"{setup.n_clients * len(prompts) - len(done)} simulated request(s) never finished "
+                           "(a client waited for an answer that was never sent)")
+    return sorted(done, key=lambda r: (r.client, r.index))
