@@ -7,9 +7,13 @@ Every mode, cloud AR and co-located SD included, runs its message exchange on vi
 seconds.
 
 A ``SimTestbed`` is a Testbed (base.py) like the network ones, with no processes and no link to
-shape: one client per point, in this process. Its rows are those of services/traces.py; what it
-does not measure (clocks, the server's own measures, ``rtt_probe_ms``, ``app_delay_ms``) is left
-empty, never filled with a configured value.
+shape, everything in this process. One client runs its requests one after another on a verifier
+of its own (``dsd.simulate``). Several clients (``point.clients`` > 1) run in a closed loop on
+one shared verifier (``dsd.simulate_clients``): each issues its next request when its last one
+ends, and the verifier's device serves their jobs in turn, serial (``max_batch`` 1) or batched
+at the compute times' batch curve. Its rows are those of services/traces.py, one run per client
+(``client_id``) as on the network launchers; what it does not measure (clocks, the server's own
+measures, ``rtt_probe_ms``, ``app_delay_ms``) is left empty, never filled with a configured value.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from dsd.control import ControllerConfig, RequestObservation, check_decision, sh
 from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
 from dsd.policies import make_controller
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
+from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
@@ -42,8 +47,9 @@ class SimTestbed:
     shaper = SHAPER
     shaper_reason = "sim launcher: the link is a constant RTT on virtual time"
 
-    def __init__(self, draft, target, times: ComputeTimes) -> None:
+    def __init__(self, draft, target, times: ComputeTimes, verifier: VerifierConfig = VerifierConfig()) -> None:
         self.draft, self.target, self.times = draft, target, times
+        self.verifier = verifier                # the shared verifier's device, for points of several clients
         self.edges: list[EdgeHandle] = []       # no edge service: the client runs in this process
 
     def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
@@ -63,9 +69,10 @@ class SimTestbed:
         """Nothing was started."""
 
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
-        """The point's one client runs its requests one after another, each on virtual time from 0."""
+        """The point's one client runs its requests one after another, each on virtual time from 0;
+        several clients share one verifier (``run_clients``)."""
         if point.clients != 1:
-            raise ValueError("the sim launcher runs one client per point; use a network launcher for more")
+            return self.run_clients(point, prompts, settings)
         stop = StopRule(settings.max_new_tokens, self.target.eos_token_id)
         round_rows, request_rows = [], []
         # As on an edge (services/edge/): one controller for the client's run, which picks each
@@ -92,6 +99,43 @@ class SimTestbed:
                                         pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
                                         self.shaper, self.shape([point.rtt_ms]))
         return rounds.to_dict("records"), requests.to_dict("records"), [], {}
+
+    def run_clients(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
+        """The point's clients in a closed loop on one verifier (dsd.simulate_clients), each
+        running every prompt in turn; one run (run id, client_id) per client. Each round's
+        ``t_receive_s`` is its answer's arrival on the point's virtual clock, shared by the
+        clients (the capacity analysis and the token latencies read it)."""
+        check_clients_settings(point.clients, settings.controller)
+        schedule = settings.link_options.schedule if settings.link_options is not None else None
+        setup = ClientsSetup(point.clients, point.mode, point.gamma, self.times,
+                             rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3),
+                             self.verifier, settings.max_in_flight, max(settings.gamma_max, point.gamma),
+                             settings.cache)
+        done = simulate_clients(setup, self.draft, self.target, prompts,
+                                StopRule(settings.max_new_tokens, self.target.eos_token_id),
+                                point.sampling.params, seq_prefix=point.key)
+        round_rows, request_rows = [], []
+        for request in done:
+            keys = {"run_id": f"sim-{point.key}-c{request.client}", "client_id": str(request.client),
+                    "mode": point.mode, "gamma": point.gamma, "request_index": request.index}
+            round_rows += [as_dict(dataclasses.replace(round_row(keys, record), t_receive_s=t_receive_s))
+                           for record, t_receive_s in zip(request.rounds, request.receipts_s)]
+            request_rows.append(as_dict(request_row(keys, prompts[request.index], request.tokens, request.rounds,
+                                                    request.total_s, request.first_token_s)))
+        rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
+                                        pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
+                                        self.shaper, self.shape([point.rtt_ms]))
+        return rounds.to_dict("records"), requests.to_dict("records"), [], {}
+
+
+def check_clients_settings(clients: int, controller: str) -> None:
+    """What the sim launcher can run with several clients on one verifier; the message names the
+    setting. The sweep checks it before it starts (orchestrator/running/run.py)."""
+    if not 1 <= clients <= MAX_CLIENTS:
+        raise ValueError(f"clients must be in 1..{MAX_CLIENTS} on the sim launcher, got {clients!r}")
+    if clients > 1 and controller != "static":
+        raise ValueError(f"controller must be 'static' on the sim launcher with clients > 1 (its shared "
+                         f"verifier does not take hand-overs), got {controller!r} with {clients} clients")
 
 
 def rtt_schedule_s(schedule, base_rtt_ms: float):

@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
+from dsd.simulate_clients import VerifierConfig
 from dsd.times import ComputeTimes
 from dsd.timing import measure_times
 from orchestrator.analysis.predictions import Predictor
@@ -24,7 +25,7 @@ from orchestrator.launchers import leftovers
 from orchestrator.launchers.base import LauncherError, PointSettings
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
-from orchestrator.launchers.sim import SimTestbed
+from orchestrator.launchers.sim import SimTestbed, check_clients_settings
 from orchestrator.links.keys import check_launcher
 from orchestrator.records.sweep_folder import check_out_dir, merge, point_done, record_point, run_sweep
 from orchestrator.running.regime import announce_regime
@@ -82,9 +83,8 @@ def check_before_start(experiment: Experiment, out: Path, resume: bool) -> str:
     check_out_dir(out, experiment, resume)
     launcher = choose_launcher(experiment.launcher)
     check_launcher(experiment, launcher)
-    if launcher == "sim" and max(experiment.clients) > 1:
-        raise ValueError(f"clients must be [1] on the sim launcher (it runs one client per point), got "
-                         f"{list(experiment.clients)}; use a network launcher (loopback, netns, compose) for more")
+    if launcher == "sim":
+        check_clients_settings(max(experiment.clients), experiment.controller)
     if launcher in ("netns", "compose"):
         leftovers.refuse_if_any(services=launcher == "netns")
     if launcher == "compose":
@@ -275,7 +275,8 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, times: d
     pairs(backend)'s model pair."""
     with launcher_errors(launcher, "to start"):
         if launcher == "sim":
-            return SimTestbed(*pairs(experiment.backend), times[experiment.profile])
+            return SimTestbed(*pairs(experiment.backend), times[experiment.profile],
+                              VerifierConfig(experiment.max_batch, experiment.batch_window_ms))
         return _open_testbed(launcher, experiment, work_dir)
 
 

@@ -13,6 +13,7 @@ from dsd.control import CONTROLLERS
 from dsd.modes import BUILTIN, CROSSOVERS, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from dsd.checks import check, is_int, is_number
+from dsd.simulate_clients import MAX_CLIENTS as MAX_SIM_CLIENTS
 from dsd.spec_cache import CacheConfig
 from orchestrator.common.toml_tables import config_from_table
 from orchestrator.links import keys as link_keys
@@ -126,8 +127,11 @@ class Experiment:
               "rtt_ms", self.rtt_ms, "a non-empty list of numbers in 0..10000")
         check(len(self.gamma) > 0 and all(is_int(g) and 1 <= g <= 64 for g in self.gamma),
               "gamma", self.gamma, "a non-empty list of whole numbers in 1..64")
-        check(len(self.clients) > 0 and all(is_int(c) and 1 <= c <= 256 for c in self.clients),
-              "clients", self.clients, "a non-empty list of whole numbers in 1..256")
+        # the network launchers run a process per client; the sim a coroutine (dsd/simulate_clients.py)
+        max_clients = MAX_SIM_CLIENTS if self.launcher == "sim" else 256
+        check(len(self.clients) > 0 and all(is_int(c) and 1 <= c <= max_clients for c in self.clients),
+              "clients", self.clients, f"a non-empty list of whole numbers in 1..{max_clients} "
+              f"on the {self.launcher} launcher")
 
     def _check_counts(self) -> None:
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),

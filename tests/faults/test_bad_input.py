@@ -106,12 +106,18 @@ def test_the_good_file_passes_the_same_checks(tmp_path):
     assert "sync_rtt10ms_g3_c1_r0" in result.stdout
 
 
-def test_many_clients_on_the_sim_launcher_are_refused_before_anything_starts(tmp_path):
-    """The sim runs one client per point: before, every point failed on its own after the sweep
-    had started; now the whole sweep is refused in one line naming the key."""
+@pytest.mark.parametrize("edit, word", [
+    (("clients = [1]", "clients = [1, 5000]"), "clients"),
+    (("clients = [1]", 'clients = [1, 2]\ncontroller = "heuristic"'), "controller"),
+], ids=["more clients than the sim holds", "an adaptive controller with several clients"])
+def test_what_the_sim_launcher_cannot_run_with_several_clients_is_refused_before_anything_starts(tmp_path, edit,
+                                                                                               word):
+    """The sim runs up to MAX_CLIENTS clients on one verifier, with a static plan (its shared
+    verifier takes no hand-over): past either, the whole sweep is refused in one line naming the
+    key, before the first point."""
     path = tmp_path / "experiment.toml"
-    path.write_text(GOOD.replace("clients = [1]", "clients = [1, 2]"))
+    path.write_text(GOOD.replace(*edit))
     out = tmp_path / "out"
     before = our_namespaces() if os.geteuid() == 0 else []
     assert_refused_before_start(run_cli(["sweep", str(path), "--out", str(out), "--launcher", "sim"]),
-                                "clients", out, before)
+                                word, out, before)
