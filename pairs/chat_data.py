@@ -97,6 +97,18 @@ def _item(record, where: str, line: str) -> PromptItem:
                       record.get("category", ""), record.get("source", ""))
 
 
+def write_items(items: list[PromptItem], path: Path) -> None:
+    """The lines read_items reads back as these items."""
+    lines = []
+    for item in items:
+        record: dict = {"prompt": item.prompt}
+        if item.turns:
+            record["turns"] = [{"role": role, "content": content} for role, content in item.turns]
+        record.update({key: getattr(item, key) for key in ("category", "source") if getattr(item, key)})
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    Path(path).write_text("".join(lines))
+
+
 def read_prompts(path: Path) -> list[str]:
     """The final user messages only (for the sets without earlier turns)."""
     return [item.prompt for item in read_items(path)]

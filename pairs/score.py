@@ -9,7 +9,7 @@ runs on its own features after its first step, so it is scored per step over a b
 ``--gamma`` (pairs.eagle_draft.heldout_acceptance, as benchmarks/feature_draft.py scores it), and
 its alpha is the one per-token alpha with the same expected tokens per round at that gamma
 (dsd.latency_model.alpha_for_tokens_per_round). Prints one JSON line; with categories, a table
-of them on stderr first.
+of them on stderr first. ``--per-category N`` scores the first N items of each category only.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,11 +45,14 @@ class ScoreConfig:
     dtype: str = "float32"            # the target's; "auto" is resolved before (HfBackendConfig)
     draft_dtype: str = "float32"
     gamma: int = 4                    # a feature draft's block: the steps it is scored over
+    per_category: int = 0             # > 0: only the first this many items of each category
 
     def __post_init__(self) -> None:
         for name in ("dtype", "draft_dtype"):
             if getattr(self, name) not in TORCH_DTYPES:
                 raise ValueError(f"ScoreConfig.{name} must be one of {sorted(TORCH_DTYPES)}, got {getattr(self, name)!r}")
+        if not isinstance(self.per_category, int) or self.per_category < 0:
+            raise ValueError(f"ScoreConfig.per_category must be an int >= 0, got {self.per_category!r}")
         for name in ("max_new_tokens", "gamma"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -71,10 +75,13 @@ def score_pair(config: ScoreConfig) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(config.pair))
     target = AutoModelForCausalLM.from_pretrained(str(config.pair / "target"),
                                                   dtype=TORCH_DTYPES[config.dtype]).eval()
-    items = chat_data.read_items(config.prompts)
-    answers = chat_data.answer_prompts(target, tokenizer, chat_data.ChatDataConfig(
-        config.prompts, samples_per_prompt=1, max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature, top_p=config.top_p, top_logits=1, seed=config.seed))   # no distillation
+    items = stratified(chat_data.read_items(config.prompts), config.per_category)
+    with tempfile.TemporaryDirectory(prefix="dsd-score-") as folder:   # the items answered, as a file
+        prompts = Path(folder) / "prompts.jsonl"
+        chat_data.write_items(items, prompts)
+        answers = chat_data.answer_prompts(target, tokenizer, chat_data.ChatDataConfig(
+            prompts, samples_per_prompt=1, max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature, top_p=config.top_p, top_logits=1, seed=config.seed))   # no distillation
     kind = pair_draft_kind(config.pair)
     score = draft_scorer(kind, config, target)
     by_category = {}
@@ -84,12 +91,25 @@ def score_pair(config: ScoreConfig) -> dict:
               "answers": len(answers), "dtype": config.dtype, "draft_dtype": config.draft_dtype,
               **summary(pooled(list(by_category.values())), kind, config.gamma),
               "sampled_at": {"temperature": config.temperature, "top_p": config.top_p},
-              "max_new_tokens": config.max_new_tokens, "seed": config.seed}
+              "max_new_tokens": config.max_new_tokens, "seed": config.seed, "per_category": config.per_category}
     if set(by_category) != {""}:
         record["by_category"] = {c or "uncategorized": {"answers": sum(i.category == c for i in items),
                                                         **summary(s, kind, config.gamma)}
                                  for c, s in by_category.items()}
     return record
+
+
+def stratified(items: list[chat_data.PromptItem], per_category: int) -> list[chat_data.PromptItem]:
+    """The first per_category items of each category, in the file's order (all of them at 0)."""
+    if not per_category:
+        return items
+    seen: dict[str, int] = {}
+    kept = []
+    for item in items:
+        seen[item.category] = seen.get(item.category, 0) + 1
+        if seen[item.category] <= per_category:
+            kept.append(item)
+    return kept
 
 
 def pair_draft_kind(pair: Path) -> str:
@@ -165,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=4, help="a feature draft's block, scored step by step")
     parser.add_argument("--dtype", choices=[AUTO, *TORCH_DTYPES], default=AUTO,
                         help="'auto': the precision timed on this machine (dsd.backends.precision)")
+    parser.add_argument("--per-category", type=int, default=0,
+                        help="score only the first N items of each category (a stratified sample)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     if not (args.pair / "target").is_dir() or not (args.pair / "draft").is_dir():
@@ -178,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"(of {DTYPE_NAMES})")
     try:
         config = ScoreConfig(args.pair, args.prompts, args.max_new_tokens, args.temperature, args.top_p,
-                             args.seed, *dtypes, gamma=args.gamma)
+                             args.seed, *dtypes, gamma=args.gamma, per_category=args.per_category)
     except ValueError as exc:          # named by its flag
         parser.error(re.sub(r"ScoreConfig\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(exc)))
     record = score_pair(config)

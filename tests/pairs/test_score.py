@@ -145,3 +145,18 @@ def test_a_bad_option_is_named_by_its_flag(tmp_path, prompts, capsys):
     assert "--gamma must be a positive int, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         score.main(["--pair", str(pair), "--prompts", str(prompts), "--dtype", "float16"])
+
+
+def test_a_stratified_sample_scores_the_first_items_of_each_category(tmp_path, prompts):
+    config = score.ScoreConfig(layer_pair(tmp_path / "pair", 1), prompts, max_new_tokens=4, per_category=1)
+    record = score.score_pair(config)
+    assert record["answers"] == 2 and [c["answers"] for c in record["by_category"].values()] == [1, 1]
+    items = chat_data.read_items(prompts)
+    assert score.stratified(items, 1) == [items[0], items[2]] and score.stratified(items, 0) == items
+
+
+def test_items_written_read_back_as_the_same_items(tmp_path):
+    from pairs import smollm2
+    items = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
+    chat_data.write_items(items, tmp_path / "copy.jsonl")
+    assert chat_data.read_items(tmp_path / "copy.jsonl") == items
