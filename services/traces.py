@@ -45,6 +45,7 @@ from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
 
+from dsd.backends.machine import cpu_model
 from dsd.provenance import git_commit
 
 
@@ -216,5 +217,5 @@ def environment() -> dict:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return {"python": platform.python_version(), "platform": platform.platform(),
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_model(),
             "packages": versions, "git_commit": git_commit()}

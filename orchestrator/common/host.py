@@ -7,6 +7,7 @@ import platform
 import sys
 import time
 
+from dsd.backends.machine import CpuCapability
 from dsd.provenance import git_commit, git_dirty
 
 
@@ -14,9 +15,11 @@ def host_facts() -> dict:
     import torch
     import transformers
 
+    cpu = CpuCapability.of_this_machine()
     return {
         "git_commit": git_commit(), "git_dirty": git_dirty(),
         "python": sys.version.split()[0], "torch": torch.__version__,
         "transformers": transformers.__version__, "platform": platform.platform(),
+        "cpu": cpu.describe(), "cpu_capability": cpu.to_dict(),
         "cpus": os.cpu_count(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

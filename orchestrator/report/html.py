@@ -28,7 +28,7 @@ POINT_COLUMNS = ["profile", "alpha", "mode", "rtt_configured_ms", "rtt_measured_
                  "per_token_ms_predicted_at_configured_alpha", "latency_err_pct", "contended",
                  "load_avg_1m", "cpu_steal_pct", "speedup_vs_ar", "throughput_tok_s", "tok_s_per_client",
                  "tok_s_per_client_overlap"]
-HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "platform", "cpus", "python", "torch", "transformers"]
+HOST_FACTS = ["git_commit", "git_dirty", "started_utc", "cpu", "platform", "cpus", "python", "torch", "transformers"]
 
 
 def write_report(out: Path, fmt: str = "html", path: Path | None = None) -> Path:

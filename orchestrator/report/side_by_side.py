@@ -57,7 +57,7 @@ def run_entry(member: dict, sweep: dict, summary: dict) -> dict:
     return {"experiment": member["name"], "folder": member["folder"], "file": member["file"],
             "pair": Path(pair_path).name if pair_path else "", "draft": describe_draft(pair_path),
             "dtype": regime.get("dtype") or backend.get("dtype", ""),
-            "cpu": (regime.get("precision_choice") or {}).get("machine") or sweep.get("platform", ""),
+            "cpu": sweep.get("cpu") or (regime.get("precision_choice") or {}).get("machine") or sweep.get("platform", ""),
             "alpha_measured": summary.get("alpha_measured", math.nan),
             "t_ar_ms": 1e3 * t_ar_s,
             "t_draft_edge_over_t_ar": compute.get("t_draft_edge_s", math.nan) / t_ar_s if t_ar_s else math.nan,
