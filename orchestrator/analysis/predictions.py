@@ -159,6 +159,8 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
         gamma_known = params.knows_gamma(point.gamma)
         ok = gamma_known and (not get_mode(point.mode).speculative or math.isfinite(alpha))
         crossable = gamma_known and math.isfinite(alpha)
+        # NOTE: takes the calibration for one client's; a grid whose smallest client count is above one
+        # calibrates with queueing already in its times, which these predictions then count twice.
         if point.clients > 1:
             per_token_ms, crossover_ms = _queueing_prediction(point, alpha, params, max_batch, ok, crossable)
         else:
