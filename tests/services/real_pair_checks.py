@@ -1,12 +1,11 @@
 """What the real pairs' network tests share (test_real_pair.py, test_real_eagle_pair.py): a pair's
 verifier and edge on loopback, a run of prompts, and the chi-square check that sampled DSD's first
 answer token follows the target's truncated distribution."""
-import json
-
 import pytest
 import torch
 from scipy import stats
 
+from dsd.backends.hf import HfBackendConfig
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
@@ -17,9 +16,10 @@ from tests.services.harness import post_runs, read_csv, wait_for_runs
 TEMPERATURE, TOP_P = 0.7, 0.9
 
 
-def start_pair(spawn, tmp_path_factory, pair, n_prompts: int = 3):
-    """(verifier, edge, float32 target, the first evaluation prompts rendered) for a shipped pair
-    folder; skipped where its target cannot be made from the GGUF."""
+def start_pair(spawn, tmp_path_factory, pair, n_prompts: int = 3, dtype: str = "float32"):
+    """(verifier, edge, target in the services' precision, the first evaluation prompts rendered)
+    for a shipped pair folder, its services in ``dtype`` ("auto": as this machine's timing chose);
+    skipped where its target cannot be made from the GGUF."""
     try:
         smollm2.materialize_target(pair)          # writes target/ from the GGUF once, then checks hashes
     except FileNotFoundError as exc:
@@ -27,11 +27,12 @@ def start_pair(spawn, tmp_path_factory, pair, n_prompts: int = 3):
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(pair))
     prompts = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts]]
-    backend = json.dumps({"kind": "hf", "pair_path": str(pair)})
+    config = HfBackendConfig(pair_path=str(pair), dtype=dtype)          # "auto" resolved once, here
+    backend = config.to_json()
     verifier, edge = spawn(
         ("services.verifier", ["--backend-json", backend]),
         ("services.edge", ["--backend-json", backend, "--out-dir", str(tmp_path_factory.mktemp("edge-real"))]))
-    target = TorchLM.load(TorchLMConfig(str(pair / "target")))
+    target = TorchLM.load(TorchLMConfig(str(pair / "target"), config.dtype))
     return verifier, edge, target, prompts
 
 
