@@ -11,7 +11,11 @@ medians within one precision and path (a verification pass over the same model's
 so a drift of the machine's speed cancels. The precision choice is resolved the way the services
 resolve it (dsd.backends.precision; not from the cache: timed again here).
 
-Prints one key=value line: ``cpu_flags_bf16`` (amx_bf16 / avx512_bf16 / none), ``chosen_dtype``,
+A path this CPU does not run (oneDNN's bfloat16 path without AVX512-BF16) is not offered, so on
+such a CPU bfloat16's chosen paths are PyTorch's default, emulated.
+
+Prints one key=value line: ``cpu`` (the model and what PyTorch runs on it), ``cpu_flags_bf16``
+(amx_bf16 / avx512_bf16 / none), ``chosen_dtype``,
 ``t_ar_ms`` (chosen precision and paths), ``verify3_over_ar``, ``verify5_over_ar`` (chosen),
 ``fp32_verify3_over_ar``, ``fp32_verify5_over_ar`` (float32 forced, chosen paths),
 ``bf16_verify3_over_ar``, ``bf16_verify5_over_ar``, the same on the default path
@@ -32,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.kernels import ATEN, PATHS  # noqa: E402
-from dsd.backends.machine import cpu_flags  # noqa: E402
+from dsd.backends.machine import CpuCapability, cpu_flags  # noqa: E402
 from dsd.backends.precision import PrecisionTimes, choose  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     target_dtype, draft_dtype = choose(table)
     flags = cpu_flags()
     figures = {
+        "cpu": f'"{CpuCapability.of_this_machine().describe()}"',
         "cpu_flags_bf16": "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none",
         "cpu_pinned": cpu,
         "chosen_dtype": target_dtype, "chosen_draft_dtype": draft_dtype,

@@ -5,7 +5,7 @@ job's folder, the cached mode's crossover with co-located SD beside its predicti
     python benchmarks/spec_cache.py [--pair models/smollm2-chat] [--prompts 8] [--sweep results/crossover]
         [--no-calibrate] [--no-batch-curve]
 
-In process, one thread pinned to --cpu, bfloat16 unless --dtype. The batch curve: B forks of
+In process, one thread pinned to --cpu, in the precision ``dtype = "auto"`` chooses on this CPU unless --dtype. The batch curve: B forks of
 one 100-token context, each fed one new position in one batched pass of the draft (median of
 --passes), over the one-sequence step (``batch{B}_over_step``). The hit rates: the evaluation
 prompts (workloads/instructions.jsonl, the draft never trained on them) decoded in the cached
@@ -35,6 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsd.backends.hf import HfBackendConfig  # noqa: E402
+from dsd.backends.machine import CpuCapability  # noqa: E402
 from dsd.backends.protocol import LogitsRequest, SamplingParams  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.cache_fill import CacheMemory  # noqa: E402
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", type=Path, default=REPO / "models" / "smollm2-chat")
     parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     parser.add_argument("--passes", type=int, default=12)
     parser.add_argument("--max-branches", type=int, default=CacheConfig.max_branches)
     parser.add_argument("--cpu", type=int, default=None)
@@ -130,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(args.pair))
     prompts = [chat_data.render(tokenizer, p)[-PROMPT_TOKENS:]
                for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:args.prompts]]
-    target = TorchLM.load(TorchLMConfig(str(args.pair / "target"), args.dtype))
-    draft = TorchLM.load(TorchLMConfig(str(args.pair / "draft"), args.dtype))
+    backend = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype)     # refuses what this CPU cannot run
+    target = TorchLM.load(TorchLMConfig(str(args.pair / "target"), backend.dtype))
+    draft = TorchLM.load(TorchLMConfig(str(args.pair / "draft"), backend.draft_dtype))
     figures = {}
     if not args.no_batch_curve:
         curve = batch_curve_s(draft, args.passes)
@@ -141,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              calibrate=not args.no_calibrate))
     if args.sweep is not None:
         figures |= cache_crossover(args.sweep, args.pair.name)
-    figures |= {"prompts": args.prompts, "dtype": args.dtype, "calibrate": not args.no_calibrate,
+    figures |= {"prompts": args.prompts, "dtype": backend.dtype, "draft_dtype": backend.draft_dtype,
+                "cpu": f'"{CpuCapability.of_this_machine().describe()}"', "calibrate": not args.no_calibrate,
                 "load_avg_1m": round(os.getloadavg()[0], 2)}
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
     return 0
