@@ -16,4 +16,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 export HF_HUB_OFFLINE=1
-exec .venv/bin/python -m pytest "$@"
+# the slowest tests are named at the end, so a suite growing past CI's time shows where it went
+exec .venv/bin/python -m pytest --durations=30 "$@"
