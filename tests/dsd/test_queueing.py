@@ -25,21 +25,76 @@ def test_one_client_is_the_closed_form(mode, rtt_s):
 
 
 def test_serial_mva_matches_the_recursion_by_hand():
-    # Think time Z = 1, service S = 1: R(1) = 1, X(1) = 1/2, Q(1) = 1/2; R(2) = 1.5, X(2) = 2/2.5,
-    # Q(2) = 1.2; R(3) = 2.2, cycle 3.2.
+    # Think time Z = 1, service S = 1, exponential: R(1) = 1, X(1) = 1/2, Q(1) = 1/2; R(2) = 1.5,
+    # X(2) = 2/2.5, Q(2) = 1.2; R(3) = 2.2, cycle 3.2.
     def cycle_s(residence_s):
         return 1.0 + residence_s
 
-    assert q.mva_residence_s(1, lambda b: 1.0, cycle_s) == pytest.approx(1.0)
-    assert q.mva_residence_s(2, lambda b: 1.0, cycle_s) == pytest.approx(1.5)
-    assert q.mva_residence_s(3, lambda b: 1.0, cycle_s) == pytest.approx(2.2)
+    assert q.mva_residence_s(1, lambda b: 1.0, cycle_s, service_cv2=1.0) == pytest.approx(1.0)
+    assert q.mva_residence_s(2, lambda b: 1.0, cycle_s, service_cv2=1.0) == pytest.approx(1.5)
+    assert q.mva_residence_s(3, lambda b: 1.0, cycle_s, service_cv2=1.0) == pytest.approx(2.2)
+
+
+def test_constant_service_takes_half_a_pass_off_each_wait_then_stops_at_the_servers_rate():
+    # Reiser, cv2 = 0, Z = S = 1: R(2) = 1 + Q(1) - U(1)/2 = 1.25; X(2) = 2/2.25, Q(2) = 2.5/2.25,
+    # U(2) = 2/2.25, so R(3) = 1 + Q(2) - U(2)/2 = 1.667, a cycle of 2.667: faster than one
+    # client a pass, so R(3) is raised to the server's rate, cycle 3 (= max(N S, S + Z)).
+    def cycle_s(residence_s):
+        return 1.0 + residence_s
+
+    assert q.mva_residence_s(2, lambda b: 1.0, cycle_s) == pytest.approx(1.25)
+    assert q.mva_residence_s(3, lambda b: 1.0, cycle_s) == pytest.approx(2.0, abs=1e-9)
+
+
+def _exact_mva_residence_s(n_clients, pass_s, cycle_s, max_batch):
+    """Exact MVA of a load-dependent station (exponential service), written out as the textbook
+    has it: the reference cv2 = 1 reproduces."""
+    mu = [None] + [min(j, max_batch) / pass_s(min(j, max_batch)) for j in range(1, n_clients + 1)]
+    p_prev, residence_s = [1.0], pass_s(1)
+    for n in range(1, n_clients + 1):
+        residence_s = sum(j / mu[j] * p_prev[j - 1] for j in range(1, n + 1))
+        busy = [n / cycle_s(residence_s) / mu[j] * p_prev[j - 1] for j in range(1, n + 1)]
+        p_prev = [max(1.0 - sum(busy), 0.0)] + busy
+    return residence_s
+
+
+@pytest.mark.parametrize("max_batch", [1, 3])
+@pytest.mark.parametrize("think_s", [0.0, 0.02, 0.1, 0.5])
+def test_exponential_service_is_exact_mva(max_batch, think_s):
+    def pass_s(b):
+        return REAL.t_verify_s(GAMMA, b)
+
+    def cycle_s(residence_s):
+        return think_s + residence_s
+
+    for n in (1, 2, 3, 5, 9, 16):
+        assert q.mva_residence_s(n, pass_s, cycle_s, max_batch, service_cv2=1.0) == pytest.approx(
+            _exact_mva_residence_s(n, pass_s, cycle_s, max_batch), rel=1e-9)
 
 
 def test_sync_dsd_with_two_clients_by_hand():
     t_v, z = REAL.t_verify_s(GAMMA), GAMMA * REAL.t_draft_edge_s + 0.03
-    residence = t_v * (1 + t_v / (z + t_v))
     e = lm.expected_tokens_per_round(ALPHA, GAMMA)
-    assert q.per_token_s("sync", 2, ALPHA, GAMMA, 0.03, REAL) == pytest.approx((z + residence) / e)
+    exponential = t_v * (1 + t_v / (z + t_v))
+    constant = t_v * (1 + t_v / (z + t_v) / 2)
+    assert q.per_token_s("sync", 2, ALPHA, GAMMA, 0.03, REAL, service_cv2=1.0) == pytest.approx((z + exponential) / e)
+    assert q.per_token_s("sync", 2, ALPHA, GAMMA, 0.03, REAL) == pytest.approx((z + constant) / e)
+
+
+@pytest.mark.parametrize("think_over_service", [0.0, 0.2, 0.5, 0.7, 1.0, 1.5, 3.0, 10.0])
+def test_two_clients_with_constant_times_are_the_closed_networks_cycle_within_reisers_error(think_over_service):
+    # Exact with constant times: cycle = max(2 S, S + Z). Reiser at N = 2 gives
+    # Z + S (1 + rho/2), rho = S / (S + Z), raised to 2 S at most: too long by rho^2 / 2 of the
+    # cycle when Z >= S, at most 1/8 (at Z = S, the knee); never too short. Exponential MVA is
+    # too long by rho^2, up to 1/4.
+    s, z = 1.0, think_over_service
+    rho = s / (s + z)
+    exact = max(2 * s, s + z)
+    constant = z + q.mva_residence_s(2, lambda b: s, lambda r: z + r)
+    exponential = z + q.mva_residence_s(2, lambda b: s, lambda r: z + r, service_cv2=1.0)
+    assert constant == pytest.approx(max(2 * s, z + s * (1 + rho / 2)), abs=1e-9)
+    assert exact - 1e-9 <= constant <= exact * (1 + 1 / 8) + 1e-9
+    assert constant - exact <= exponential - exact + 1e-12
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 17])
@@ -92,15 +147,24 @@ def test_one_client_crossovers_are_the_closed_forms():
 
 
 def test_mva_crossover_lies_below_the_first_order_bound_and_moves_with_it():
-    # MVA waits longer than constant times do, so its crossover is below the bound; both grow by
-    # about one co-located round (N passes of gamma*t_d + t_v) per client.
+    # MVA waits longer than constant times do, so its crossover is below the bound, and the more
+    # so with exponential service; all grow by about one co-located round (N passes of
+    # gamma*t_d + t_v) per client.
     co_round_s = GAMMA * REAL.t_draft_server_s + REAL.t_verify_s(GAMMA)
     bound = [q.serial_bound_rtt_s(n, GAMMA, REAL.t_draft_edge_s, REAL.t_draft_server_s, REAL.t_verify_s(GAMMA))
              for n in (2, 3, 4)]
-    mva = [q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL) for n in (2, 3, 4)]
+    constant = [q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL) for n in (2, 3, 4)]
+    exponential = [q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL, service_cv2=1.0)
+                   for n in (2, 3, 4)]
     assert bound[0] == pytest.approx(0.1002, abs=1e-3)          # the issue's "about 100 ms at N = 2"
-    assert all(m < b for m, b in zip(mva, bound))
-    assert mva[2] - mva[1] == pytest.approx(co_round_s, rel=0.2)
+    assert all(e < c < b for e, c, b in zip(exponential, constant, bound))
+    assert constant[2] - constant[1] == pytest.approx(co_round_s, rel=0.2)
+    assert exponential[2] - exponential[1] == pytest.approx(co_round_s, rel=0.2)
+
+
+def test_a_bad_coefficient_of_variation_is_refused():
+    with pytest.raises(ValueError, match="service_cv2"):
+        q.per_token_s("sync", 2, ALPHA, GAMMA, 0.0, REAL, service_cv2=-0.5)
 
 
 def test_cached_without_a_hit_rate_has_no_crossover_and_references_run_on_the_server():
