@@ -102,6 +102,21 @@ class ClientsSetup:
                              "passes; dsd.timing.fit_batch_slope measures it)")
 
 
+@dataclass(frozen=True)
+class RoundTimes:
+    """A round's times on the point's virtual clock (services/traces.py RoundRow's columns of
+    the same names): the edge's drafting (None for the server's own modes), the send of its
+    block (the Generate for the server's modes), its answer's receipt, and on the verifier the
+    wait for and the time of its passes (a co-located round's two summed) and the batch's size."""
+    t_draft_start_s: float | None
+    t_draft_end_s: float | None
+    t_send_s: float
+    t_receive_s: float
+    server_queue_s: float
+    server_compute_s: float
+    server_batch_size: int
+
+
 @dataclass
 class ClientRequest:
     """One request as its client saw it: times (s) from the request's start, which is
@@ -113,7 +128,7 @@ class ClientRequest:
     rounds: list[RoundRecord]
     total_s: float            # until its last tokens arrived
     first_token_s: float      # until its first tokens arrived
-    receipts_s: list[float]   # when each round's answer reached the client, on the point's clock
+    round_times: list[RoundTimes]
 
 
 def pass_cost_s(times: ComputeTimes, kind: str, sizes: list[int]) -> float:
@@ -199,7 +214,7 @@ class _Job:
     kind: str
     size: int
     session: object
-    done: Callable[[float, float], None]     # (its pass's start, its pass's end)
+    done: Callable[[float, float, int], None]     # (its pass's start, its pass's end, the pass's batch size)
     arrived: bool = False
 
 
@@ -220,8 +235,9 @@ class _Verifier:
         self.deciding = False           # a decision is due at the loop's present time
 
     def submit(self, session: object, arrive_s: float, kind: str, size: int,
-               done: Callable[[float, float], None]) -> None:
-        """A job that reaches the verifier at ``arrive_s``; ``done(start_s, end_s)`` when its pass starts."""
+               done: Callable[[float, float, int], None]) -> None:
+        """A job that reaches the verifier at ``arrive_s``; ``done(start_s, end_s, batch_size)``
+        when its pass starts."""
         job = _Job(arrive_s, kind, size, session, done)
         self.queues.setdefault(session, deque()).append(job)
         if arrive_s > self.loop.now_s:
@@ -246,26 +262,25 @@ class _Verifier:
         self.deciding = False
         if self.busy or not self.heads:
             return
-        first = heapq.heappop(self.heads)
-        limit = 1 if first[2].kind in (PREFILL, STALE) else self.config.max_batch
-        batch, others = [first], []
-        while len(batch) < limit and self.heads:
-            entry = heapq.heappop(self.heads)
-            (batch if entry[2].kind == first[2].kind else others).append(entry)
+        first_ready_s, _, first = self.heads[0]
+        limit = 1 if first.kind in (PREFILL, STALE) else self.config.max_batch
         # An idle device starts a job the moment it arrived, even if the loop learns of it later
         # (an edge sends what a verdict released at the verdict's arrival, inside a draft step).
-        start_s = max(self.free_at_s, max(ready_s for ready_s, _, _ in batch))
-        if len(batch) < limit and self.config.batch_window_ms > 0:
-            deadline_s = first[0] + self.config.batch_window_ms / 1e3
-            if deadline_s > self.loop.now_s:
-                for entry in batch + others:
-                    heapq.heappush(self.heads, entry)
+        start_s = max(self.free_at_s, first_ready_s)
+        if limit > 1 and self.config.batch_window_ms > 0:
+            deadline_s = first_ready_s + self.config.batch_window_ms / 1e3
+            here = sum(job.kind == first.kind for _, _, job in self.heads)
+            if here < limit and deadline_s > self.loop.now_s:
                 self.loop.at(deadline_s, self.try_start, last=True)
                 return
-            start_s = max(start_s, deadline_s)
+            start_s = max(start_s, min(deadline_s, self.loop.now_s))     # the window passed, or it filled now
+        batch, others = [heapq.heappop(self.heads)], []
+        while len(batch) < limit and self.heads and self.heads[0][0] <= start_s:
+            entry = heapq.heappop(self.heads)
+            (batch if entry[2].kind == first.kind else others).append(entry)
         for entry in others:
             heapq.heappush(self.heads, entry)
-        end_s = start_s + pass_cost_s(self.times, first[2].kind, [job.size for _, _, job in batch])
+        end_s = start_s + pass_cost_s(self.times, first.kind, [job.size for _, _, job in batch])
         self.busy = True
         self.batch_sizes[len(batch)] = self.batch_sizes.get(len(batch), 0) + 1
         for _, _, job in batch:
@@ -276,7 +291,7 @@ class _Verifier:
                 del self.queues[job.session]
             elif queue[0].arrived:      # the session's next job: it can start once this pass ends
                 heapq.heappush(self.heads, (max(queue[0].arrive_s, end_s), next(self.order), queue[0]))
-            job.done(start_s, end_s)
+            job.done(start_s, end_s, len(batch))
         self.loop.at(end_s, lambda: self._end(end_s))
 
     def _end(self, end_s: float) -> None:
@@ -315,6 +330,7 @@ class _SharedLink:
         self.arrivals: list[tuple[float, int, Arrival]] = []
         self.order = itertools.count()
         self.last_out_s = self.last_back_s = 0.0       # one connection: each direction is FIFO
+        self.batch_sizes: dict[int, int] = {}           # id(verdict arrival) -> its pass's batch size
 
     def one_way_s(self, at_s: float) -> float:
         return self.setup.rtt_at(at_s) / 2
@@ -330,7 +346,7 @@ class _SharedLink:
     def open(self, n_prompt_tokens: int) -> None:
         """The session's Open, sent as the request starts: a prefill on the verifier."""
         self.verifier.submit(self.session, self.to_server_s(self.loop.now_s), PREFILL, n_prompt_tokens,
-                             lambda start_s, end_s: None)
+                             lambda start_s, end_s, batch_size: None)
 
     def prepare(self, proposals: list[Proposal]) -> list[Proposal]:
         return proposals
@@ -342,13 +358,15 @@ class _SharedLink:
             arrive_s = self.to_server_s(sent_s)
             gamma = proposal.gamma if self.setup.times.knows_gamma(proposal.gamma) else self.setup.gamma
             self.verifier.submit(self.session, arrive_s, STALE if verdict.stale else VERIFY, gamma,
-                                 lambda start_s, end_s, v=verdict, a=arrive_s: self._answer(v, a, start_s, end_s))
+                                 lambda start_s, end_s, batch_size, v=verdict, a=arrive_s:
+                                 self._answer(v, a, start_s, end_s, batch_size))
         return [sent_s] * len(proposals)
 
-    def _answer(self, verdict, arrive_s: float, start_s: float, end_s: float) -> None:
+    def _answer(self, verdict, arrive_s: float, start_s: float, end_s: float, batch_size: int) -> None:
         back_s = self.to_edge_s(end_s)
-        heapq.heappush(self.arrivals, (back_s, next(self.order),
-                                       VerdictArrival(verdict, back_s, start_s - arrive_s, end_s - start_s)))
+        arrival = VerdictArrival(verdict, back_s, start_s - arrive_s, end_s - start_s)
+        self.batch_sizes[id(arrival)] = batch_size
+        heapq.heappush(self.arrivals, (back_s, next(self.order), arrival))
         self.loop.at(back_s, self.client.wake)
 
     async def poll(self) -> list[Arrival]:
@@ -368,18 +386,20 @@ class _SharedLink:
 
 async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup: ClientsSetup,
                        draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                       sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[float]]:
-    """Returns the request's output and each round's receipt time. As dsd.simulate.simulate_dsd: the edge's drive loop, its Open sent as it starts drafting."""
+                       sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[RoundTimes]]:
+    """The request's output and its rounds' times. As dsd.simulate.simulate_dsd: the edge's
+    drive loop, its Open sent as it starts drafting."""
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     link = _SharedLink(loop, verifier, client, session, setup)
     link.open(len(prompt) - 1)
-    generation, receipts_s = Generation([]), []
+    generation, times = Generation([]), []
 
     def on_round(r: Round) -> None:
         generation.rounds.append(RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma,
                                                           r.mode, r.cache))
-        receipts_s.append(r.arrival.t_receive_s)
+        times.append(RoundTimes(r.t_draft_start_s, r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s,
+                                r.arrival.queue_s, r.arrival.compute_s, link.batch_sizes.pop(id(r.arrival))))
 
     config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, max(setup.gamma_max, setup.gamma),
                           cache=setup.cache)
@@ -387,56 +407,62 @@ async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup:
                        link, loop, on_round, config, prefill_features=session.decided_features(1))
     generation.tokens = await driver.run()
     session.close()
-    return generation, receipts_s
+    return generation, times
 
 
 async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, setup: ClientsSetup,
                           draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                          sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[float]]:
-    """Returns the request's output and each round's receipt time. As
-    dsd.simulate.simulate_on_server: Open and Generate out, then the server's steps, each
-    a job on the shared verifier queued behind the session's last, each step's Tokens sent back."""
-    one_way_s = setup.rtt_at(loop.now_s) / 2
+                          sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[RoundTimes]]:
+    """The request's output and its rounds' times. As dsd.simulate.simulate_on_server: Open and
+    Generate out, then the server's steps, each a job on the shared verifier queued behind the
+    session's last, each step's Tokens sent back at once."""
+    sent_s = loop.now_s
+    one_way_s = setup.rtt_at(sent_s) / 2
     gamma, drafts = setup.gamma, get_mode(setup.mode).drafts == SERVER
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
-    ends_s: list[float] = []
+    passes: list[tuple[float, float, int]] = []          # the last job's (start, end, batch size)
 
-    async def job(kind: str, size: int, arrive_s: float) -> float:
-        verifier.submit(session, arrive_s, kind, size, lambda start_s, end_s: (ends_s.append(end_s),
-                                                                                loop.at(end_s, client.wake)))
-        while not ends_s or loop.now_s < ends_s[-1]:
+    async def job(kind: str, size: int, ready_s: float) -> tuple[float, float, int]:
+        """Queue one pass of the session once it is ready; returns (queue_s, end_s, batch size) at its end."""
+        verifier.submit(session, ready_s, kind, size, lambda start_s, end_s, batch_size: (
+            passes.append((start_s, end_s, batch_size)), loop.at(end_s, client.wake)))
+        while not passes or loop.now_s < passes[-1][1]:
             await _Suspend(None)
-        return ends_s.pop()
+        start_s, end_s, batch_size = passes.pop()
+        return start_s - ready_s, end_s, batch_size
 
     session.prefill()
-    t_s = await job(PREFILL, len(prompt) - 1, loop.now_s + one_way_s)
+    _, t_s, _ = await job(PREFILL, len(prompt) - 1, sent_s + one_way_s)
     if drafts:
         begin_request(draft, seq_id, prompt, gamma)          # as dsd.decoding.generate_colocated
         hand_features(draft, seq_id, session.decided_features(1))
-    generation, receipts_s = Generation([]), []
+    generation, times = Generation([]), []
     while not session.finished:
+        started_s = t_s
         if not drafts:
             emitted = session.ar_step()
-            t_s = await job(AR, 1, t_s)
+            queue_s, t_s, batch_size = await job(AR, 1, t_s)
             record = RoundRecord(len(generation.rounds), 0, 0, len(emitted))
         else:
             drafted, q = draft_block(draft, seq_id, session.committed.tokens, gamma, sampling, session.draws)
-            t_s = await job(DRAFT, gamma, t_s)
+            queue_s, t_s, _ = await job(DRAFT, gamma, t_s)
             before = len(session.committed)
             verdict = session.verify(session.proposal_for(drafted, q))
             hand_features(draft, seq_id, verdict.features)
-            t_s = await job(VERIFY, gamma, t_s)
+            verify_queue_s, t_s, batch_size = await job(VERIFY, gamma, t_s)
+            queue_s += verify_queue_s
             record = RoundRecord.from_verdict(len(generation.rounds), verdict, len(session.committed) - before)
         generation.rounds.append(record)
-        receipts_s.append(t_s + one_way_s)
+        times.append(RoundTimes(None, None, sent_s, t_s + one_way_s, queue_s, t_s - started_s - queue_s,
+                                batch_size))
     generation.tokens = session.generated
     session.close()
     if drafts:
         draft.release(seq_id)
-    # the client reads the last Tokens when they arrive
-    while loop.now_s < receipts_s[-1]:
-        await _Suspend(receipts_s[-1])
-    return generation, receipts_s
+    # the client has the request's last Tokens when they arrive
+    while loop.now_s < times[-1].t_receive_s:
+        await _Suspend(times[-1].t_receive_s)
+    return generation, times
 
 
 # --- the clients ---------------------------------------------------------------------------------
@@ -456,13 +482,13 @@ def simulate_clients(setup: ClientsSetup, draft: LanguageModel, target: Language
     async def client_run(c: int, client: _Client) -> None:
         for index, prompt in enumerate(prompts):
             start_s = loop.now_s
-            generation, receipts_s = await run(loop, verifier, client, setup, draft, target, prompt, stop,
-                                               sampling_of(index), f"{seq_prefix}-c{c}-{index}")
+            generation, times = await run(loop, verifier, client, setup, draft, target, prompt, stop,
+                                          sampling_of(index), f"{seq_prefix}-c{c}-{index}")
             # the output is complete when the last emitting answer arrives; a stale one after it
             # does not delay it
-            emits_s = [t_s for t_s, r in zip(receipts_s, generation.rounds) if r.emitted] or [loop.now_s]
+            emits_s = [t.t_receive_s for t, r in zip(times, generation.rounds) if r.emitted] or [loop.now_s]
             done.append(ClientRequest(c, index, start_s, generation.tokens, generation.rounds,
-                                      emits_s[-1] - start_s, emits_s[0] - start_s, receipts_s))
+                                      emits_s[-1] - start_s, emits_s[0] - start_s, times))
 
     clients = []
     for c in range(setup.n_clients):

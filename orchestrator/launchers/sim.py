@@ -12,8 +12,10 @@ of its own (``dsd.simulate``). Several clients (``point.clients`` > 1) run in a 
 one shared verifier (``dsd.simulate_clients``): each issues its next request when its last one
 ends, and the verifier's device serves their jobs in turn, serial (``max_batch`` 1) or batched
 at the compute times' batch curve. Its rows are those of services/traces.py, one run per client
-(``client_id``) as on the network launchers; what it does not measure (clocks, the server's own
-measures, ``rtt_probe_ms``, ``app_delay_ms``) is left empty, never filled with a configured value.
+(``client_id``) as on the network launchers; what it does not measure (``rtt_probe_ms``,
+``app_delay_ms``; at one client also the clocks and the server's own measures) is left empty,
+never filled with a configured value. Several clients' rounds carry the virtual clock's times
+(drafting, send, receipt, the verifier's queue, compute and batch size), shared by the clients.
 """
 from __future__ import annotations
 
@@ -102,9 +104,10 @@ class SimTestbed:
 
     def run_clients(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
         """The point's clients in a closed loop on one verifier (dsd.simulate_clients), each
-        running every prompt in turn; one run (run id, client_id) per client. Each round's
-        ``t_receive_s`` is its answer's arrival on the point's virtual clock, shared by the
-        clients (the capacity analysis and the token latencies read it)."""
+        running every prompt in turn; one run (run id, client_id) per client. Each round carries
+        its times on the point's virtual clock, which the clients share (dsd.simulate_clients
+        RoundTimes: drafting, send, receipt, the verifier's queue, compute and batch size), so
+        the analysis reads them as it reads a network launcher's."""
         check_clients_settings(point.clients, settings.controller)
         schedule = settings.link_options.schedule if settings.link_options is not None else None
         setup = ClientsSetup(point.clients, point.mode, point.gamma, self.times,
@@ -118,8 +121,8 @@ class SimTestbed:
         for request in done:
             keys = {"run_id": f"sim-{point.key}-c{request.client}", "client_id": str(request.client),
                     "mode": point.mode, "gamma": point.gamma, "request_index": request.index}
-            round_rows += [as_dict(dataclasses.replace(round_row(keys, record), t_receive_s=t_receive_s))
-                           for record, t_receive_s in zip(request.rounds, request.receipts_s)]
+            round_rows += [as_dict(dataclasses.replace(round_row(keys, record), **dataclasses.asdict(times)))
+                           for record, times in zip(request.rounds, request.round_times)]
             request_rows.append(as_dict(request_row(keys, prompts[request.index], request.tokens, request.rounds,
                                                     request.total_s, request.first_token_s)))
         rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),

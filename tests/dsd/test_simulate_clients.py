@@ -137,3 +137,14 @@ def test_a_setup_the_simulation_cannot_run_is_refused_naming_the_setting(changes
     settings = {"n_clients": 2, "mode": "sync", "gamma": GAMMA, "times": TIMES, "rtt_at": lambda _t: 0.0, **changes}
     with pytest.raises(ValueError, match=word):
         ClientsSetup(**settings)
+
+
+def test_a_pass_that_is_not_full_waits_the_batch_window_from_its_first_job():
+    """3 clients, max_batch 4, a 5 ms window: the batch never fills, so every pass starts 5 ms
+    after its jobs arrived: per round window + t_v(3) + Z."""
+    rtt_s, window_s = 0.002, 0.005
+    setup = ClientsSetup(3, "sync", GAMMA, TIMES, lambda _t: rtt_s, VerifierConfig(4, window_s * 1e3))
+    requests = simulate_clients(setup, *pair(1.0), [[1, 2, 3]], StopRule(60))
+    cycle_s = window_s + TIMES.t_verify_s(GAMMA, 3) + GAMMA * T_DRAFT_EDGE_S + rtt_s
+    for per_token_s in steady_per_token_s(requests):
+        assert per_token_s == pytest.approx(cycle_s / (GAMMA + 1), rel=1e-9)

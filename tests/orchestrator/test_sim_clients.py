@@ -35,7 +35,10 @@ def test_each_client_is_a_run_with_its_own_client_id_and_every_request_after_the
     for client in ("0", "1", "2"):
         assert sorted(r["request_index"] for r in requests if r["client_id"] == client) == [0, 1, 2]
     assert {r["client_id"] for r in rounds} == {"0", "1", "2"}
-    assert all(r["t_receive_s"] > 0 for r in rounds)        # on the point's virtual clock
+    # the virtual clock's trace, as a network launcher's rows carry the real one
+    assert all(r["t_draft_start_s"] < r["t_draft_end_s"] <= r["t_send_s"] < r["t_receive_s"] for r in rounds)
+    assert all(r["server_queue_s"] >= 0 and r["server_compute_s"] == pytest.approx(T_VERIFY_S) for r in rounds)
+    assert {r["server_batch_size"] for r in rounds} == {1}
     assert {r["link_rtt_configured_ms"] for r in requests} == {20.0}
 
 
@@ -53,7 +56,8 @@ def test_the_per_token_time_in_the_rows_is_the_closed_networks_cycle():
 
 def test_a_batched_verifier_takes_the_waiting_clients_in_one_pass():
     """4 clients, max_batch 4: one pass of 4 at t_v (1 + 0.5 * 3) = 25 ms, think 26 ms."""
-    _, requests, _, _ = run(clients=4, max_batch=4, warmup=0, requests=1)
+    rounds, requests, _, _ = run(clients=4, max_batch=4, warmup=0, requests=1)
+    assert {r["server_batch_size"] for r in rounds} == {4}
     cycle_s = T_VERIFY_S * 2.5 + GAMMA * T_DRAFT_EDGE_S + 0.020
     assert [r["steady_per_token_s"] for r in requests] == pytest.approx([cycle_s / (GAMMA + 1)] * 4, rel=1e-9)
 
