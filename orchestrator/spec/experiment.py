@@ -24,6 +24,11 @@ from orchestrator.spec.arrivals import LoadConfig, SloConfig, parse_load, parse_
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
+# The most clients a point can have, and what holds them: the sim runs a coroutine per client
+# (dsd/simulate_clients.py); on the others each client holds a session open on the one verifier,
+# which admits max_sessions of them (services/verifier/limits.py VerifierLimits, 256 by default;
+# more would be refused mid-grid, after the points before them ran).
+MAX_NETWORK_CLIENTS = 256
 CALIBRATE = ("first_repeat", "every_repeat")
 
 
@@ -127,11 +132,13 @@ class Experiment:
               "rtt_ms", self.rtt_ms, "a non-empty list of numbers in 0..10000")
         check(len(self.gamma) > 0 and all(is_int(g) and 1 <= g <= 64 for g in self.gamma),
               "gamma", self.gamma, "a non-empty list of whole numbers in 1..64")
-        # the network launchers run a process per client; the sim a coroutine (dsd/simulate_clients.py)
-        max_clients = MAX_SIM_CLIENTS if self.launcher == "sim" else 256
+        max_clients, holder = ((MAX_SIM_CLIENTS, "the simulator's ceiling, dsd.simulate_clients.MAX_CLIENTS")
+                               if self.launcher == "sim" else
+                               (MAX_NETWORK_CLIENTS, "each client holds a session on the one verifier, whose "
+                                "max_sessions admits that many"))
         check(len(self.clients) > 0 and all(is_int(c) and 1 <= c <= max_clients for c in self.clients),
               "clients", self.clients, f"a non-empty list of whole numbers in 1..{max_clients} "
-              f"on the {self.launcher} launcher")
+              f"on the {self.launcher} launcher ({holder})")
 
     def _check_counts(self) -> None:
         for name, low in (("requests", 1), ("warmup_requests", 0), ("max_new_tokens", 1),

@@ -118,3 +118,39 @@ def test_a_path_found_only_from_the_working_directory_is_used_with_a_warning(tmp
     assert sorted(str(w.message).split("'")[1] for w in warned) == ["backend.pair_path", "workload.path"]
     assert experiment.workload.path == str(tmp_path / "prompts.txt")
     assert experiment.backend.pair_path == str(PAIR)
+
+
+def test_the_regime_map_files_are_valid_and_reach_past_the_predicted_crossover():
+    from dsd import queueing
+    from dsd.profiles import load_profiles
+
+    for name in ("regime-map-sim-serial", "regime-map-sim-batched", "regime-map-netns", "regime-map-real"):
+        experiment = load_experiment(f"experiments/{name}.toml")
+        assert experiment.name == name and min(experiment.clients) == 1 and min(experiment.rtt_ms) == 0
+    for name in ("regime-map-sim-serial", "regime-map-sim-batched", "regime-map-netns"):
+        experiment = load_experiment(f"experiments/{name}.toml")
+        times = load_profiles()[experiment.profile].times
+        crossover_ms = 1e3 * queueing.crossover_rtt_s("pipelined_vs_colocated", max(experiment.clients),
+                                                      experiment.backend.alpha, experiment.gamma[0], times,
+                                                      experiment.max_batch)
+        assert 0 < crossover_ms < max(experiment.rtt_ms)
+    assert max(load_experiment("experiments/regime-map-netns.toml").clients) >= 16
+
+
+@pytest.mark.parametrize("launcher", ["netns", "loopback", "compose", "auto"])
+def test_a_grid_with_more_clients_than_the_verifier_admits_is_refused_naming_the_setting(launcher):
+    from orchestrator.spec.experiment import MAX_NETWORK_CLIENTS
+
+    experiment_from_dict({**BASE, "launcher": launcher, "clients": [1, MAX_NETWORK_CLIENTS]})
+    with pytest.raises(ValueError, match=rf"'clients'.*1\.\.{MAX_NETWORK_CLIENTS} on the {launcher} launcher"
+                                         r".*max_sessions"):
+        experiment_from_dict({**BASE, "launcher": launcher, "clients": [1, MAX_NETWORK_CLIENTS + 1]})
+
+
+def test_the_network_ceiling_is_the_verifiers_admission_limit():
+    from orchestrator.launchers.compose_config import ComposeConfig
+    from orchestrator.spec.experiment import MAX_NETWORK_CLIENTS
+    from services.verifier.limits import VerifierLimits
+
+    assert VerifierLimits().max_sessions == MAX_NETWORK_CLIENTS
+    assert ComposeConfig.__dataclass_fields__["max_sessions"].default == MAX_NETWORK_CLIENTS
