@@ -33,6 +33,12 @@ request) is not modelled here, so the link does not hand over; a run with them a
 ``dsd.simulate``'s. A link whose RTT changes over time (``rtt_at``) keeps each message's delay at
 its send time, so a message sent into a falling delay may reach the verifier ahead of one another
 client sent before it; each connection still delivers in order.
+NOTE: services/scheduler.py gives the next pass to the client served least recently; here it
+goes to the job ready first. The two agree while each client has at most one job waiting (every
+mode but pipelined DSD with blocks queued behind each other).
+NOTE: ``pass_cost_s`` repeats services/scheduler.py's (on a HardwareProfile) and
+orchestrator/open_loop/sim.py's ``_Verifier._cost_s``: a change of how a pass is priced must
+change all three.
 """
 from __future__ import annotations
 
@@ -40,8 +46,8 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 
 from dsd.arrivals import Arrival, Round, VerdictArrival
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
@@ -184,10 +190,11 @@ class _Suspend:
 
 
 class _Client:
-    """One client's coroutine on the loop."""
+    """One client's coroutine on the loop; ``run(client)`` makes it."""
 
-    def __init__(self, loop: _Loop, coroutine) -> None:
-        self.loop, self.coroutine, self.parked = loop, coroutine, False
+    def __init__(self, loop: _Loop, run: Callable[[_Client], Coroutine[_Suspend, None, None]]) -> None:
+        self.loop, self.parked = loop, False
+        self.coroutine = run(self)
 
     def resume(self) -> None:
         self.parked = False
@@ -231,7 +238,6 @@ class _Verifier:
         self.busy = False
         self.free_at_s = 0.0
         self.order = itertools.count()
-        self.batch_sizes: dict[int, int] = {}
         self.deciding = False           # a decision is due at the loop's present time
 
     def submit(self, session: object, arrive_s: float, kind: str, size: int,
@@ -282,7 +288,6 @@ class _Verifier:
             heapq.heappush(self.heads, entry)
         end_s = start_s + pass_cost_s(self.times, first.kind, [job.size for _, _, job in batch])
         self.busy = True
-        self.batch_sizes[len(batch)] = self.batch_sizes.get(len(batch), 0) + 1
         for _, _, job in batch:
             self.last_end_s[job.session] = end_s
             queue = self.queues[job.session]
@@ -490,12 +495,8 @@ def simulate_clients(setup: ClientsSetup, draft: LanguageModel, target: Language
             done.append(ClientRequest(c, index, start_s, generation.tokens, generation.rounds,
                                       emits_s[-1] - start_s, emits_s[0] - start_s, times))
 
-    clients = []
     for c in range(setup.n_clients):
-        client = _Client(loop, None)
-        client.coroutine = client_run(c, client)
-        clients.append(client)
-        loop.at(0.0, client.resume)
+        loop.at(0.0, _Client(loop, lambda client, c=c: client_run(c, client)).resume)
     loop.run()
     if len(done) != setup.n_clients * len(prompts):
         raise RuntimeError(f"{setup.n_clients * len(prompts) - len(done)} simulated request(s) never finished "
