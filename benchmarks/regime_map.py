@@ -3,12 +3,12 @@ share one verifier, measured against the queueing model's prediction written bef
 ran (dsd/queueing.py; orchestrator/analysis/frontier.py, summary.json's `frontier`).
 
     python benchmarks/regime_map.py [--launcher sim|netns] [--out DIR] [--clients 1,2,4,8,16,32]
-        [--rtt-ms 0,1,2,...] [--requests 1] [--max-new-tokens 48]
+        [--rtt-ms 0,1,2,...] [--requests 1] [--max-new-tokens 48] [--max-batch 1]
     python benchmarks/regime_map.py --sweep DIR [--sim-sweep DIR] [--real-sweep DIR]
 
 --launcher sim (default) runs a reduced copy of experiments/regime-map-sim-serial.toml (its
-profile, acceptance, gamma and serial verifier; the clients, RTT grid and request counts of the
-flags) on virtual time, about a minute on 2 cores. --launcher netns (root) runs
+profile, acceptance and gamma; the clients, RTT grid, request counts and the verifier's
+max_batch of the flags, 1 = serial as the file) on virtual time, about a minute on 2 cores. --launcher netns (root) runs
 experiments/regime-map-netns.toml on real packets and the same grid on the sim beside it. --sweep
 reads a sweep folder instead (its launcher from sweep.json; --sim-sweep a sim folder of the same
 grid to compare it with); --real-sweep reads experiments/regime-map-real.toml's folder.
@@ -112,10 +112,10 @@ def slope(x: list[float], y: list[float]) -> float:
 
 
 def reduced_sim(args: argparse.Namespace) -> Experiment:
-    """The serial sim file with the flags' clients, RTT grid and request counts."""
+    """The serial sim file with the flags' clients, RTT grid, request counts and max_batch."""
     return replace(load_experiment(SIM_FILE), name="regime-map-bench", clients=tuple(args.clients),
                    rtt_ms=tuple(args.rtt_ms), requests=args.requests, warmup_requests=args.warmup_requests,
-                   max_new_tokens=args.max_new_tokens)
+                   max_new_tokens=args.max_new_tokens, max_batch=args.max_batch)
 
 
 def run(experiment: Experiment, out: Path) -> Path:
@@ -216,6 +216,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1, help="sim grid: measured requests per client")
     parser.add_argument("--warmup-requests", type=int, default=1, help="sim grid: warm-up requests per client")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="sim grid: tokens per request")
+    parser.add_argument("--max-batch", type=int, default=1, help="sim grid: sequences per pass (1 = serial)")
     parser.add_argument("--sweep", type=Path, help="read this sweep folder instead of running one")
     parser.add_argument("--sim-sweep", type=Path, help="with --sweep: a sim folder of the same grid")
     parser.add_argument("--real-sweep", type=Path, help="experiments/regime-map-real.toml's folder")
