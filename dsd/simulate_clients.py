@@ -36,9 +36,6 @@ client sent before it; each connection still delivers in order.
 NOTE: services/scheduler.py gives the next pass to the client served least recently; here it
 goes to the job ready first. The two agree while each client has at most one job waiting (every
 mode but pipelined DSD with blocks queued behind each other).
-NOTE: ``pass_cost_s`` repeats services/scheduler.py's (on a HardwareProfile) and
-orchestrator/open_loop/sim.py's ``_Verifier._cost_s``: a change of how a pass is priced must
-change all three.
 """
 from __future__ import annotations
 
@@ -58,10 +55,9 @@ from dsd.features import hand_features
 from dsd.modes import AR, SERVER, get_mode, server_modes
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
-from dsd.times import ComputeTimes
+from dsd.times import DRAFT, PREFILL, STALE, VERIFY, ComputeTimes, pass_cost_s
 from dsd.verifier_session import VerifierSession
 
-PREFILL, DRAFT, VERIFY, STALE = "prefill", "draft", "verify", "stale"
 MAX_CLIENTS = 4096        # the sim launcher's ceiling: thousands of clients in seconds (docs/launchers.md)
 
 
@@ -135,23 +131,6 @@ class ClientRequest:
     total_s: float            # until its last tokens arrived
     first_token_s: float      # until its first tokens arrived
     round_times: list[RoundTimes]
-
-
-def pass_cost_s(times: ComputeTimes, kind: str, sizes: list[int]) -> float:
-    """One pass over a batch of jobs of one kind (sizes: gamma, draft steps or prompt tokens),
-    priced as services/scheduler.py prices an emulated pass; a stale block's answer is free."""
-    batch = len(sizes)
-    if kind == VERIFY:
-        return times.t_verify_s(max(sizes), batch)
-    if kind == AR:
-        return times.t_ar_batch_s(batch)
-    if kind == DRAFT:
-        return max(sizes) * times.t_draft_server_s * times.t_ar_batch_s(batch) / times.t_ar_s
-    if kind == PREFILL:
-        return sum(times.t_prefill_s(n) for n in sizes)
-    if kind == STALE:
-        return 0.0
-    raise ValueError(f"kind must be one of {(PREFILL, AR, DRAFT, VERIFY, STALE)}, got {kind!r}")
 
 
 # --- the event loop ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from dsd.checks import is_number
 
@@ -214,3 +215,38 @@ def _verify_table(table) -> tuple[tuple[int, float], ...]:
             raise ValueError(f"t_verify_by_gamma_s[{gamma}] must be >= 0, got {seconds!r}")
         out[gamma] = seconds
     return tuple(sorted(out.items()))
+
+
+# The kinds of work a verifier's device runs, as a pass over a batch of jobs of one kind: a
+# prompt's prefill, a step of cloud AR (dsd.modes.AR), gamma draft steps of co-located SD, a
+# verification, and the answer to a block that went stale (nothing to compute).
+PREFILL, AR_STEP, DRAFT, VERIFY, STALE = "prefill", "ar", "draft", "verify", "stale"
+PASS_KINDS = (PREFILL, AR_STEP, DRAFT, VERIFY, STALE)
+
+
+class BatchCosts(Protocol):
+    """What prices a pass: ComputeTimes, or a hardware profile (dsd.profiles.HardwareProfile)."""
+    t_ar_s: float
+    t_draft_server_s: float
+
+    def t_verify_s(self, gamma: int, batch_size: int = 1) -> float: ...
+    def t_ar_batch_s(self, batch_size: int = 1) -> float: ...
+    def t_prefill_s(self, n_tokens: int) -> float: ...
+
+
+def pass_cost_s(costs: BatchCosts, kind: str, sizes: list[int]) -> float:
+    """Modelled time of one pass over a batch of jobs of one kind; sizes: gamma, draft steps or
+    prompt tokens per job. The emulated verifier (services/scheduler.py), the sim's shared
+    verifier (dsd/simulate_clients.py) and the open-loop sim price passes with it."""
+    batch = len(sizes)
+    if kind == VERIFY:
+        return costs.t_verify_s(max(sizes), batch)
+    if kind == AR_STEP:
+        return costs.t_ar_batch_s(batch)
+    if kind == DRAFT:
+        return max(sizes) * costs.t_draft_server_s * costs.t_ar_batch_s(batch) / costs.t_ar_s
+    if kind == PREFILL:
+        return sum(costs.t_prefill_s(n) for n in sizes)
+    if kind == STALE:
+        return 0.0
+    raise ValueError(f"kind must be one of {PASS_KINDS}, got {kind!r}")

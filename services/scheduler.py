@@ -33,8 +33,9 @@ from dsd.backends.protocol import ForwardJob, run_jobs
 from dsd.drafting import DraftJob, run_draft_jobs
 from dsd.modes import AR
 from dsd.profiles import HardwareProfile
+from dsd.times import DRAFT, PREFILL, VERIFY, pass_cost_s
 
-KINDS = ("prefill", AR, "draft", "verify")      # AR: one step of cloud AR (dsd.modes)
+KINDS = (PREFILL, AR, DRAFT, VERIFY)      # AR: one step of cloud AR (dsd.modes)
 
 
 @dataclass(frozen=True)
@@ -57,20 +58,6 @@ class PassTiming:
     batch_size: int
     end_s: float = 0.0    # when the pass ended on the device's timeline (perf_counter)
     on_loop: bool = False     # it ran on the event loop's own thread (Scheduler.submit's on_loop)
-
-
-def pass_cost_s(profile: HardwareProfile, kind: str, sizes: list[int]) -> float:
-    """Modelled time of one pass over a batch; sizes: gamma, draft steps or prompt tokens per job."""
-    batch = len(sizes)
-    if kind == "verify":
-        return profile.t_verify_s(max(sizes), batch)
-    if kind == AR:
-        return profile.t_ar_batch_s(batch)
-    if kind == "draft":
-        return max(sizes) * profile.t_draft_server_s * profile.t_ar_batch_s(batch) / profile.t_ar_s
-    if kind == "prefill":
-        return sum(profile.t_prefill_s(n) for n in sizes)
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
 @dataclass

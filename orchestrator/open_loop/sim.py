@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dsd.modes import AR, COLOCATED, SYNC
-from dsd.times import ComputeTimes
+from dsd.times import ComputeTimes, pass_cost_s
 from orchestrator.spec.arrivals import Arrival
 
 SIM_MODES = (AR, COLOCATED, SYNC)
@@ -118,14 +118,7 @@ class _Verifier:
             self._start(t_s)
 
     def _cost_s(self, kind: str, sizes: list[int]) -> float:
-        t, b = self.setup.times, len(sizes)
-        if kind == "verify":
-            return t.t_verify_s(max(sizes), b)
-        if kind == AR:
-            return t.t_ar_batch_s(b)
-        if kind == "draft":
-            return max(sizes) * t.t_draft_server_s * t.t_ar_batch_s(b) / t.t_ar_s
-        return sum(t.t_prefill_s(n) for n in sizes)
+        return pass_cost_s(self.setup.times, kind, sizes)
 
     def _start(self, now_s: float) -> None:
         if not self.waiting:

@@ -9,7 +9,8 @@ is in steady state and its steady per-token time is the cycle over the tokens of
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, pass_cost_s, simulate_clients
+from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
+from dsd.times import pass_cost_s
 from dsd.stopping import StopRule
 from orchestrator.launchers.sim import run_request
 from dsd.times import ComputeTimes
