@@ -1,6 +1,7 @@
 """An open-loop sweep's analysis: points.csv (the serving figures per point), serving.json (per
 mode the largest rate at the SLO's attainment with its interval, beside what prediction.json
-predicted before the points ran) and the report."""
+predicted before the points ran; a rate map's per mode and RTT, ``rate_frontier``) and the
+report."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ import pandas as pd
 from dsd import latency_model as lm
 from orchestrator.common.files import jsonable, write_json
 from orchestrator.open_loop.figures import max_rate, point_figures
-from orchestrator.open_loop.plan import PREDICTION, serving_model
+from orchestrator.open_loop.plan import PREDICTION, map_rtts_ms, serving_model
 from orchestrator.open_loop.prediction import predict_serving
+from orchestrator.open_loop.rate_map import predict_rate_map, rate_frontier
 from orchestrator.open_loop.report import write_serving_report
 from orchestrator.open_loop.sim import SIM_MODES
 from orchestrator.spec.experiment import Experiment
@@ -29,17 +31,24 @@ def analyze_serving(out: Path, experiment: Experiment, times) -> pd.DataFrame:
     rows = []
     for key, group in requests.groupby("point", sort=False):
         first = group.iloc[0]
-        rows.append({"point": key, "mode": first["mode"], "rate_rps": first["rate_rps"], "gamma": first["gamma"],
-                     "repeat": first["repeat"], "searched": first["searched"], **point_figures(group)})
-    points = pd.DataFrame(rows).sort_values(["mode", "rate_rps", "repeat"]) if rows else pd.DataFrame()
+        rtt = {"rtt_ms": first["rtt_ms"]} if experiment.load.rtt_ms else {}
+        rows.append({"point": key, "mode": first["mode"], **rtt, "rate_rps": first["rate_rps"],
+                     "gamma": first["gamma"], "repeat": first["repeat"], "searched": first["searched"],
+                     **point_figures(group)})
+    order = ["mode", "rtt_ms", "rate_rps", "repeat"] if experiment.load.rtt_ms else ["mode", "rate_rps", "repeat"]
+    points = pd.DataFrame(rows).sort_values(order) if rows else pd.DataFrame()
     points.to_csv(out / "points.csv", index=False)
     summary = {"slo": asdict(experiment.slo) if experiment.slo else None, "load": jsonable(asdict(experiment.load)),
                "modes": {}}
     if experiment.slo is not None and not points.empty:
         prediction = _prediction(out, experiment, times)
-        for mode in experiment.modes:
-            summary["modes"][mode] = _mode_summary(points[points["mode"] == mode], experiment.slo.attainment,
-                                                   prediction["modes"].get(mode, {}))
+        if experiment.load.rtt_ms:          # a rate map: a mode's figures are per RTT, in rate_frontier
+            summary["rate_frontier"] = rate_frontier(points, experiment.slo.attainment,
+                                                     prediction.get("rate_frontier", []))
+        else:
+            for mode in experiment.modes:
+                summary["modes"][mode] = _mode_summary(points[points["mode"] == mode], experiment.slo.attainment,
+                                                       prediction["modes"].get(mode, {}))
         summary["prediction_made_before_points"] = prediction["made_before_points"]
         gamma = experiment.gamma[0]
         summary["capacity_factor_closed_form"] = lm.capacity_factor(gamma, times.t_draft_server_s,
@@ -61,6 +70,9 @@ def _prediction(out: Path, experiment: Experiment, times) -> dict:
         prediction["made_before_points"] = not first_s or prediction["made_unix_s"] <= min(first_s)
         return prediction
     modes = [m for m in experiment.modes if m in SIM_MODES]
+    if experiment.load.rtt_ms:
+        models = {rtt: serving_model(experiment, times, rtt_ms=rtt) for rtt in map_rtts_ms(experiment)}
+        return {**jsonable(predict_rate_map(models, experiment.slo, modes)), "made_before_points": False}
     prediction = predict_serving(serving_model(experiment, times), experiment.slo, modes, {})
     return {**jsonable(prediction), "made_before_points": False}
 

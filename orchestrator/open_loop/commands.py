@@ -29,6 +29,11 @@ def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bo
 
     run_serving(experiment, out, resume, on_point_done=on_point_done)
     summary = json.loads((Path(out) / "serving.json").read_text())
+    for row in summary.get("rate_frontier", []):
+        print(f"rtt {row['rtt_ms']:g} ms, {row['mode']}: largest rate at {experiment.slo.attainment:.0%} attainment "
+              f"{row['max_rate_rps']:.3g} req/s [95% CI {row['ci_low_rps']:.3g} .. {row['ci_high_rps']:.3g}; grid "
+              f"{row['met_rps']:.3g} .. {row['missed_rps']:.3g}], predicted {row['predicted_rps']}"
+              f"{'  <- highest' if row['best'] else ''}")
     for mode, row in summary["modes"].items():
         print(f"{mode}: largest rate at {experiment.slo.attainment:.0%} attainment {row.get('max_rate_rps')} req/s "
               f"[95% CI {row.get('max_rate_ci_low_rps')} .. {row.get('max_rate_ci_high_rps')}], "

@@ -1,5 +1,5 @@
 """The serving sweep's plots and report.md: latency vs rate and goodput vs rate per mode, and the
-largest rate at the attainment level beside its prediction."""
+largest rate at the attainment level beside its prediction (a rate map's per RTT, rate_map.png)."""
 from __future__ import annotations
 
 import math
@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dsd.modes import get_mode  # noqa: E402
+from orchestrator.open_loop.rate_map import plot_rate_map  # noqa: E402
 
 
 def plot_latency_vs_rate(points: pd.DataFrame, out: Path) -> Path:
@@ -69,6 +70,7 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
         slo = summary["slo"]
         bounds = ", ".join(f"{k} <= {slo[k]:g}" for k in ("ttft_ms", "tpot_ms", "e2e_ms") if slo[k])
         lines += [f"SLO: {bounds}; attainment level {slo['attainment']:.0%}.", ""]
+    if summary.get("slo") and summary["modes"]:
         lines += ["| mode | largest rate at the level (95% CI), req/s | predicted for this run (95% CI) | error | "
                   "steady state (closed form) | error | attainment there (95% CI; requests, at req/s) | goodput there |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -84,10 +86,14 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
         lines += ["", "Predicted for this run: the virtual-time model on this sweep's own arrivals, made before "
                   "its first point (network launchers; on the sim the run is that model). Steady state: the "
                   "closed-form queueing model (docs/serving.md).", ""]
-    if not points.empty:
+    if summary.get("rate_frontier"):
+        lines += _rate_map_lines(summary["rate_frontier"], out)
+    elif not points.empty:
         lines += [f"![latency vs rate]({plot_latency_vs_rate(points, out).name})",
                   f"![goodput vs rate]({plot_goodput_vs_rate(points, summary, out).name})", ""]
-        columns = ["mode", "rate_rps", "repeat", "requests_measured", "requests_refused", "attainment",
+    if not points.empty:
+        columns = ["mode", *(["rtt_ms"] if "rtt_ms" in points else []), "rate_rps", "repeat", "requests_measured",
+                   "requests_refused", "attainment",
                    "throughput_rps", "goodput_rps", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms",
                    "queue_p50_ms", "queue_growing"]
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -96,6 +102,21 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _rate_map_lines(frontier: list[dict], out: Path) -> list[str]:
+    """The rate map's table (per RTT and mode) and rate_map.png."""
+    lines = ["| RTT (ms) | mode | largest rate at the level, req/s (bootstrap 95% CI) | grid bracket (met .. missed) | "
+             "predicted before the points | error | highest at this RTT (margin) |", "|---|---|---|---|---|---|---|"]
+    for row in frontier:
+        state = " (censored)" if row["censored"] else " (below the grid)" if row["below_grid"] else ""
+        best = f"yes (+{_f(row['margin_pct'], '%')})" if row["best"] else ""
+        lines.append(f"| {row['rtt_ms']:g} | {row['mode']} | {_f(row['max_rate_rps'])} ({_f(row['ci_low_rps'])} .. "
+                     f"{_f(row['ci_high_rps'])}){state} | {_f(row['met_rps'])} .. {_f(row['missed_rps'])} | "
+                     f"{_f(row['predicted_rps'])} | {_f(row['err_pct'], '%')} | {best} |")
+    return lines + ["", "Predicted: the closed-form queueing model (docs/serving.md) per RTT, from the pass times "
+                    "alone, written before the first point.", "",
+                    f"![rate map]({plot_rate_map(frontier, out).name})", ""]
 
 
 def _f(value, unit: str = "") -> str:

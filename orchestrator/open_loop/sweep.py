@@ -1,14 +1,16 @@
 """Running an open-loop serving sweep (its plan: open_loop/plan.py): the experiment's modes x
-[load] rates x repeats, each point one arrival process served by one verifier and the
-experiment's edges, then a rate search; analysed by open_loop/analyze.py.
+[load] rates x repeats (x [load] RTTs for a rate map), each point one arrival process served by
+one verifier and the experiment's edges, then a rate search per mode (and RTT); analysed by
+open_loop/analyze.py.
 
     OUT/sweep.json, OUT/points/<key>/requests.csv (one row per request), done.json   as a sweep's
     OUT/prediction.json                        written before the first point (open_loop/prediction.py)
     OUT/requests.csv, OUT/points.csv, OUT/serving.json, OUT/*.png, OUT/report.md
 
-A point's key is ``{mode}_rate{rate}rps_g{gamma}_r{repeat}``; its folder, resume, retries and
-failure rows are the sweep's (orchestrator/records/sweep_folder.py). Every mode at one (rate, repeat) gets the
-same arrivals on the same edges (orchestrator/spec/arrivals.py, seeded by the experiment's seed and the
+A point's key is ``{mode}_rate{rate}rps_g{gamma}_r{repeat}`` (``{mode}_rtt{rtt}ms_rate...`` in a
+rate map); its folder, resume, retries and failure rows are the sweep's
+(orchestrator/records/sweep_folder.py). Every mode at one (rate, repeat) gets the same arrivals
+on the same edges (orchestrator/spec/arrivals.py, seeded by the experiment's seed and the
 repeat). Per request (requests.csv): arrival time, its edge and link, whether it was admitted
 and if not why (``refused_reason``; a refused request is a row, never dropped), queue time at
 the verifier, TTFT, TPOT, e2e, tokens and ``slo_met``.
@@ -21,6 +23,7 @@ clock), so the edges issue requests at their arrival times whether or not earlie
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import math
 import os
@@ -43,8 +46,9 @@ from orchestrator.links import keys as link_keys
 from orchestrator.open_loop.analyze import analyze_serving
 from orchestrator.open_loop.figures import add_slo, next_search_rate, point_figures
 from orchestrator.open_loop.plan import (PREDICTION, ServingPoint, arrivals_for, check_serving, edge_rtts_ms, link_point,
-                                         plan_serving, serving_model, sim_seed, sim_setup)
+                                         map_rtts_ms, plan_serving, serving_model, sim_seed, sim_setup)
 from orchestrator.open_loop.prediction import predict_serving
+from orchestrator.open_loop.rate_map import predict_rate_map
 from orchestrator.open_loop.sim import SIM_MODES, simulate_serving
 from orchestrator.records.sweep_folder import add_facts, merge, point_done, prepare_out_dir, record_point
 from orchestrator.running.run import (choose_launcher, cpu_plan_for, launcher_errors, point_settings, times_for,
@@ -58,7 +62,7 @@ RUN_PROBE_INTERVAL_MS = 3_600_000.0    # one request per run: no pings during it
 
 
 def run_sim_point(experiment: Experiment, point: ServingPoint, times) -> tuple:
-    rows = simulate_serving(sim_setup(experiment, point.mode, times), arrivals_for(experiment, point),
+    rows = simulate_serving(sim_setup(experiment, point.mode, times, point.rtt_ms), arrivals_for(experiment, point),
                             seed=sim_seed(experiment, point.repeat))
     return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), [], {}
 
@@ -73,6 +77,12 @@ def write_prediction(out: Path, experiment: Experiment, times, launcher: str,
     if experiment.slo is None or path.exists():
         return
     modes = [m for m in experiment.modes if m in SIM_MODES]
+    if experiment.load.rtt_ms:
+        # NOTE: a rate map predicts with the closed form alone; on a network launcher it gets no
+        # virtual-time prediction of its own runs, so its points are judged against the process.
+        models = {rtt: serving_model(experiment, times, rtt_ms=rtt) for rtt in map_rtts_ms(experiment)}
+        write_json(path, predict_rate_map(models, experiment.slo, modes))
+        return
     runs = {}
     if launcher != "sim" and experiment.load.arrival != "trace":
         for mode in modes:
@@ -97,7 +107,8 @@ def run_open_loop_point(experiment: Experiment, point: ServingPoint, testbed, pr
     experiment's sampling setting (request i samples with its seed + i) and ``settings``, the
     point settings a closed-loop sweep runs with."""
     arrivals = arrivals_for(experiment, point)
-    links = testbed.shape(link_keys.edge_specs(experiment.link, link_point(experiment), len(testbed.edges)))
+    links = testbed.shape(link_keys.edge_specs(experiment.link, link_point(experiment, point.rtt_ms),
+                                               len(testbed.edges)))
     masks = settings.after_shape(testbed) if settings.after_shape is not None else None
     attempt = os.urandom(3).hex()
     t0_unix_s = time.time() + POST_LEAD_S + 1.0
@@ -211,7 +222,8 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
     out = Path(out)
     times = serving_times(experiment, out)
     facts = {**host_facts(), "launcher": launcher, "costs": times.to_dict(), "serving": True,
-             "edge_rtt_ms": list(edge_rtts_ms(experiment))}
+             "edge_rtt_ms": [list(edge_rtts_ms(experiment, rtt)) for rtt in map_rtts_ms(experiment)]
+             if experiment.load.rtt_ms else list(edge_rtts_ms(experiment))}
     prepare_out_dir(out, experiment, resume, facts)
     write_prediction(out, experiment, times, launcher)
     testbed = None
@@ -232,15 +244,16 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
         plan = plan or plan_serving(experiment)
         for point in plan:
             _record(out, point, run_point, experiment, testbed, on_point_done)
-        for mode in experiment.modes:
+        for rtt_ms, mode in itertools.product(map_rtts_ms(experiment), experiment.modes):
             repeats = sorted({p.repeat for p in plan if p.mode == mode}) or range(experiment.repeats)
             for _ in range(experiment.load.search_iterations if experiment.slo else 0):
-                rate = next_search_rate(_mode_points(out, experiment, mode), experiment.slo.attainment,
+                rate = next_search_rate(_mode_points(out, mode, rtt_ms), experiment.slo.attainment,
                                         open_step=open_step)
                 if rate is None:
                     break
                 for repeat in repeats:
-                    point = ServingPoint(mode, round(rate, 4), experiment.gamma[0], repeat, searched=True)
+                    point = ServingPoint(mode, round(rate, 4), experiment.gamma[0], repeat, searched=True,
+                                         rtt_ms=rtt_ms)
                     _record(out, point, run_point, experiment, testbed, on_point_done)
     finally:
         os.sched_setaffinity(0, own_cpus)
@@ -274,9 +287,11 @@ def _record(out: Path, point: ServingPoint, run_point, experiment, testbed, on_p
     return done
 
 
-def _mode_points(out: Path, experiment: Experiment, mode: str) -> pd.DataFrame:
+def _mode_points(out: Path, mode: str, rtt_ms: float | None) -> pd.DataFrame:
+    """The figures of one mode's finished points (at one RTT of a rate map)."""
     rows = []
-    for done_path in sorted((out / "points").glob(f"{mode}_*/done.json")):
+    prefix = f"{mode}_" if rtt_ms is None else f"{mode}_rtt{rtt_ms:.6g}ms_"
+    for done_path in sorted((out / "points").glob(f"{prefix}*/done.json")):
         path = done_path.parent / "requests.csv"
         if path.exists() and path.stat().st_size:
             requests = pd.read_csv(path)

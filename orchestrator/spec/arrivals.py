@@ -12,6 +12,7 @@
     lengths_csv = ""             # a CSV with a ``tokens`` column, e.g. an earlier run's requests.csv
     max_sessions = 0             # the verifier's admission limit (0: its default); beyond it a request is refused
     search_iterations = 0        # > 0: after the grid, search each mode's largest rate at the SLO
+    rtt_ms = []                  # a rate map: the grid runs at each of these RTTs, every edge's link at it
     seed = -1                    # -1: the experiment's seed
 
 Without a ``[load]`` table an experiment stays closed-loop (each client sends its next request
@@ -55,6 +56,7 @@ class LoadConfig:
     lengths_csv: str = ""
     max_sessions: int = 0
     search_iterations: int = 0
+    rtt_ms: tuple[float, ...] = ()
     seed: int = -1
 
     def __post_init__(self) -> None:
@@ -93,6 +95,12 @@ class LoadConfig:
                   "load.weights", list(weights), "a list of numbers >= 0, one per edge, not all 0")
         else:
             check(not weights, "load.weights", list(weights), "only with assignment = 'weighted'")
+        rtts = self.rtt_ms if isinstance(self.rtt_ms, tuple) else (self.rtt_ms,)
+        object.__setattr__(self, "rtt_ms", tuple(rtts))
+        check(all(is_number(r) and 0 <= r <= 10_000 for r in rtts) and len(set(rtts)) == len(rtts), "load.rtt_ms",
+              list(rtts), "a list of distinct RTTs in 0..10000 ms (empty: no rate map, one link per edge)")
+        check(not rtts or self.arrival != "trace", "load.rtt_ms", list(rtts),
+              "empty with arrival = 'trace' (a rate map sweeps rate_rps at each RTT; a trace has one rate)")
         check(self.output in OUTPUTS, "load.output", self.output, f"one of {OUTPUTS}")
         if self.output == "lengths":
             check(bool(read_lengths(self.lengths_csv)) if _is_file(self.lengths_csv) else False, "load.lengths_csv",
@@ -132,7 +140,7 @@ def parse_load(table, source: str = "experiment") -> LoadConfig:
     (load_experiment has made the file's relative paths absolute from its folder)."""
     def convert(values: dict) -> dict:
         values = dict(values)
-        for key in ("rate_rps", "weights"):
+        for key in ("rate_rps", "weights", "rtt_ms"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
         return values
