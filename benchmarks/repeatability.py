@@ -29,7 +29,7 @@ import pandas as pd    # noqa: E402
 
 from dsd.backends.factory import HfBackendConfig  # noqa: E402
 from dsd.modes import SYNC  # noqa: E402
-from orchestrator.analysis.points import steady_per_token_s
+from orchestrator.analysis.points import requests_steady_per_token_s
 from orchestrator.common import cpus
 from orchestrator.launchers.loopback import LoopbackTestbed    # noqa: E402
 from orchestrator.launchers.services_config import ServicesConfig    # noqa: E402
@@ -47,7 +47,7 @@ def run_once(testbed, plan: dict, repeat: int, prompts, args) -> dict:
     rounds, requests, _links, extra = run_point_on_edges(Point(SYNC, args.rtt_ms, args.gamma, 1, repeat), testbed,
                                                          prompts, settings)
     conditions = cpus.conditions(before, cpus.CpuSample.now())
-    per_token_ms = 1e3 * steady_per_token_s(pd.DataFrame(requests), pd.DataFrame(rounds))
+    per_token_ms = 1e3 * requests_steady_per_token_s(pd.DataFrame(requests), pd.DataFrame(rounds))
     return {"pinned": plan["pinned"], "repeat": repeat, "per_token_ms_p50": float(per_token_ms.median()),
             "masks": extra.get("cpu_masks", {}), **conditions}
 

@@ -42,12 +42,13 @@ tokens measured the pace: ``_pace``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 from dsd.modes import SYNC, edge_modes, get_mode, names, plannable_edge_modes
 from dsd.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, StaticConfig,
                                 policy_config)
+from dsd.times import steady_per_token_s
 
 CONTROLLERS = tuple(POLICY_CONFIGS)
 
@@ -95,13 +96,15 @@ class RequestObservation:
     # stream, and how many it got right; the acceptance the server's stream would have had
     shadow_positions: int = 0
     shadow_matches: int = 0
+    # tokens the first emission carried (a co-located round's accepted run may be several), so the
+    # rate learnt is the one requests.csv records
+    first_emitted: int = 1
+    # per token after the first emission: the server's rate without the request's start
+    steady_per_token_s: float | None = field(init=False)
 
-    @property
-    def steady_per_token_s(self) -> float | None:
-        """Per token after the first: what the server's rate is, without the request's start."""
-        if self.tokens < 2 or self.ttft_s is None:
-            return None
-        return max(self.wall_s - self.ttft_s, 0.0) / (self.tokens - 1)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steady_per_token_s",
+                           steady_per_token_s(self.ttft_s, self.wall_s, self.tokens - self.first_emitted))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,12 @@ class RoundRecord:
         return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale, gamma, mode, cache)
 
 
+def first_emission(rounds: Sequence[RoundRecord]) -> int:
+    """Tokens the first emitting round carried (1 where no round emitted): the tokens that a
+    request's steady-state rate (dsd.times.steady_per_token_s) leaves out with its start."""
+    return next((r.emitted for r in rounds if r.emitted), 1)
+
+
 @dataclass
 class Generation:
     tokens: list[int]                     # generated tokens, prompt excluded

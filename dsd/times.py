@@ -250,3 +250,14 @@ def pass_cost_s(costs: BatchCosts, kind: str, sizes: list[int]) -> float:
     if kind == STALE:
         return 0.0
     raise ValueError(f"kind must be one of {PASS_KINDS}, got {kind!r}")
+
+
+def steady_per_token_s(t_first_s: float | None, t_last_s: float | None, tokens_after_first: int) -> float | None:
+    """A request's steady-state time per token: from its first emission to a later one, over the
+    tokens emitted after the first emission (which may be several tokens: a co-located round's
+    accepted run). The request's one-off costs, its round trip to open and the prefill, stay out.
+    None where undefined (no emission after the first). requests.csv, the analysis's per-round
+    refinement and the controllers' observations all use it."""
+    if t_first_s is None or t_last_s is None or tokens_after_first <= 0:
+        return None
+    return (t_last_s - t_first_s) / tokens_after_first

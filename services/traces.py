@@ -118,16 +118,6 @@ class RequestRow:
     request_id: str = ""  # the HTTP client's X-Request-ID, for requests through the OpenAI-compatible API
 
 
-def steady_per_token_s(t_first_s: float | None, t_last_s: float | None, tokens_after_first: int) -> float | None:
-    """The steady-state time per token: from the first emission to a later one, over the tokens
-    emitted after the first (the request's one-off costs, its round trip to open and the
-    prefill, stay out). None where undefined (no emission after the first). The one definition:
-    the edges' and the sim's requests.csv and the analysis's per-round refinement use it."""
-    if t_first_s is None or t_last_s is None or tokens_after_first <= 0:
-        return None
-    return (t_last_s - t_first_s) / tokens_after_first
-
-
 def as_dict(row: RoundRow | RequestRow) -> dict:
     """A row as a dict of its columns (not asdict: it deep-copies every value)."""
     return {name: getattr(row, name) for name in _COLUMNS[type(row)]}

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from dsd.modes import get_mode
-from orchestrator.analysis.points import CROSSOVERS, crossing_rtt_ms, point_keys, steady_per_token_s
+from orchestrator.analysis.points import CROSSOVERS, crossing_rtt_ms, point_keys, requests_steady_per_token_s
 from orchestrator.analysis import capacity
 
 N_BOOT = 2000
@@ -39,13 +39,13 @@ LEVEL = 0.95
 
 def request_latencies(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
     """One row per request: its point keys, request_index and per_token_ms (the steady per-token
-    time the point statistics are built from, ``steady_per_token_s``)."""
+    time the point statistics are built from, ``requests_steady_per_token_s``)."""
     keys = point_keys(requests)
     rounds_by_point = dict(iter(rounds.groupby(keys, sort=False))) if len(rounds) else {}
     frames = []
     for key, group in requests.groupby(keys, sort=True):
         point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
-        values = 1e3 * steady_per_token_s(group, point_rounds)
+        values = 1e3 * requests_steady_per_token_s(group, point_rounds)
         frames.append(group[keys + ["request_index"]].assign(per_token_ms=values.to_numpy()))
     return (pd.concat(frames, ignore_index=True) if frames
             else pd.DataFrame(columns=keys + ["request_index", "per_token_ms"]))

@@ -11,12 +11,11 @@ import pandas as pd
 
 from dsd import latency_model as lm
 from dsd.modes import AR, CACHED, COLOCATED, CROSSOVERS, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
-from dsd.times import ComputeTimes
+from dsd.times import ComputeTimes, steady_per_token_s
 from netem.measure import percentile
 from orchestrator.analysis import capacity
 from orchestrator.records import request_stats
 from orchestrator.analysis.rounds import rounds_with_receipts
-from services import traces
 
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
 # Point keys only in sweeps that vary them; the link's keys (orchestrator/links/keys.py) make groups of
@@ -234,7 +233,7 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
     for key, group in requests.groupby(keys, sort=True):
         point = dict(zip(keys, key))
         point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
-        per_token_ms = 1e3 * steady_per_token_s(group, point_rounds)
+        per_token_ms = 1e3 * requests_steady_per_token_s(group, point_rounds)
         rows.append({
             **point,
             "requests": len(group),
@@ -289,16 +288,16 @@ def user_latency(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict:
             "requests_gave_up": int(gave_up.sum())}
 
 
-def steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
+def requests_steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
     """Each request's steady-state time per token. Where rounds carry receipt times (network
     launchers): over its steady window (``steady_windows``), from the receipt before the window
     to the window's last, over the tokens the window received. Elsewhere the request's own
-    figure (first to last receipt). Both are services.traces.steady_per_token_s."""
+    figure (first to last receipt). Both are dsd.times.steady_per_token_s."""
     fallback = requests["steady_per_token_s"]
     windows = steady_windows(rounds)
     if windows is None:
         return fallback
-    values = {key: traces.steady_per_token_s(t_start_s, window["t_receive_s"].iloc[-1],
+    values = {key: steady_per_token_s(t_start_s, window["t_receive_s"].iloc[-1],
                                              int(window["emitted"].sum()))
               for key, (t_start_s, window) in windows.items()}
     measured = [values.get((str(c), int(r)), math.nan) for c, r in zip(requests["client_id"], requests["request_index"])]

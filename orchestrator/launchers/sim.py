@@ -26,18 +26,18 @@ import pandas as pd
 
 from dsd.backends.protocol import SamplingParams
 from dsd.control import ControllerConfig, RequestObservation, check_decision, shadow_matches
+from dsd.decoding import first_emission
 from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
 from dsd.policies import make_controller
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
-from dsd.times import ComputeTimes
+from dsd.times import ComputeTimes, steady_per_token_s
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
 from netem.spec import LinkSpec
 from orchestrator.records.request_stats import finish_point
-from services.traces import (REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, cache_columns,
-                             steady_per_token_s)
+from services.traces import REQUEST_COLUMNS, ROUND_COLUMNS, RequestRow, RoundRow, as_dict, cache_columns
 
 SHAPER = "none (virtual link)"
 
@@ -166,7 +166,7 @@ def round_row(keys: dict, record) -> RoundRow:
 
 def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, wall_s: float,
                 ttft_s: float) -> RequestRow:
-    first_emitted = next((r.emitted for r in rounds if r.emitted), 1)
+    first_emitted = first_emission(rounds)
     return RequestRow(**keys, prompt_tokens=len(prompt), tokens=len(tokens), rounds=len(rounds),
                       stale_rounds=sum(bool(r.stale) for r in rounds), wall_s=wall_s, ttft_s=ttft_s,
                       steady_per_token_s=steady_per_token_s(ttft_s, wall_s, len(tokens) - first_emitted),
@@ -202,7 +202,8 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
             shadow = shadow_matches(draft, f"{seq_id}/shadow", prompt, run.generation.tokens) \
                 if sampling.greedy else (0, 0)
             policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
-                                                      run.first_token_s, rtt_s, *shadow))
+                                                      run.first_token_s, rtt_s, *shadow,
+                                                      first_emitted=first_emission(run.generation.rounds)))
         return run.generation.tokens, rounds, run.total_s, run.first_token_s
     # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
     link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s)
@@ -217,5 +218,6 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
                        mode=mode, t_open_s=prefill_s, cache=cache)
     if policy is not None:
         policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
-                                                  run.first_token_s, rtt_s))
+                                                  run.first_token_s, rtt_s,
+                                                  first_emitted=first_emission(run.generation.rounds)))
     return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s

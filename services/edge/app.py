@@ -215,4 +215,5 @@ class Edge:
                 shadow = shadow_matches(client.draft, f"{config.run_id}/{request.index}/shadow", request.prompt,
                                         request.tokens)
             client.controller.observe_request(RequestObservation(
-                choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow))
+                choice.mode, choice.gamma, len(request.tokens), wall_s, ttft_s, rtt_s, *shadow,
+                first_emitted=request.first_emitted))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from services.edge.config import Request, RunConfig
 from services.edge.verifier_channel import VerifierChannel
-from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter, steady_per_token_s
+from dsd.times import steady_per_token_s
+from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
 
 
 class Run:

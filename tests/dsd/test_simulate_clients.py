@@ -26,7 +26,7 @@ def pair(alpha: float):
     return SyntheticLM(config, "draft"), SyntheticLM(config, "target")
 
 
-def steady_per_token_s(requests) -> list[float]:
+def per_token_s_of(requests) -> list[float]:
     """Each request's time per token after its first tokens (what requests.csv's steady_per_token_s is)."""
     return [(r.total_s - r.first_token_s) / (len(r.tokens) - r.rounds[0].emitted) for r in requests]
 
@@ -65,7 +65,7 @@ def test_sync_dsd_on_a_serial_verifier_goes_round_at_the_closed_networks_cycle(n
     cycle_s = max(n_clients * T_VERIFY_S, T_VERIFY_S + think_s)
     requests = run("sync", n_clients, alpha, rtt_s, max_new_tokens=60)
     assert len(requests) == n_clients
-    for per_token_s in steady_per_token_s(requests):
+    for per_token_s in per_token_s_of(requests):
         assert per_token_s == pytest.approx(cycle_s / tokens_per_round, rel=1e-9)
 
 
@@ -74,8 +74,8 @@ def test_the_servers_own_modes_pay_every_clients_steps_on_the_one_verifier(n_cli
     """Cloud AR: each token is a job of t_ar and the client thinks not at all (the server goes
     on), so per token N * t_ar. Co-located SD: each round is gamma server draft steps and a
     verification, so per token N * (gamma * t_draft_server + t_verify) / (gamma + 1) at alpha 1."""
-    [ar] = set(steady_per_token_s(run("ar", n_clients, 1.0, 0.05, max_new_tokens=30)))
-    [colocated] = set(steady_per_token_s(run("colocated", n_clients, 1.0, 0.05)))
+    [ar] = set(per_token_s_of(run("ar", n_clients, 1.0, 0.05, max_new_tokens=30)))
+    [colocated] = set(per_token_s_of(run("colocated", n_clients, 1.0, 0.05)))
     assert ar == pytest.approx(n_clients * T_AR_S, rel=1e-9)
     assert colocated == pytest.approx(n_clients * (GAMMA * T_DRAFT_SERVER_S + T_VERIFY_S) / (GAMMA + 1), rel=1e-9)
 
@@ -84,7 +84,7 @@ def test_pipelined_dsd_on_a_saturated_serial_verifier_gets_its_share_of_the_veri
     """Past saturation every DSD mode is the verifier's: N clients share 1 / t_verify blocks a
     second, gamma + 1 tokens each at alpha 1, whatever the edge overlaps."""
     n_clients = 12
-    for per_token_s in steady_per_token_s(run("pipelined", n_clients, 1.0, 0.02)):
+    for per_token_s in per_token_s_of(run("pipelined", n_clients, 1.0, 0.02)):
         assert per_token_s == pytest.approx(n_clients * T_VERIFY_S / (GAMMA + 1), rel=1e-9)
 
 
@@ -101,13 +101,13 @@ def test_a_batched_verifier_serves_the_clients_in_batches_at_the_batch_curve(n_c
     assert t_verify_batch_s == pytest.approx(T_VERIFY_S * (1 + 0.25 * (batch - 1)))
     cycle_s = max(groups * t_verify_batch_s, t_verify_batch_s + GAMMA * t_draft_edge_s + rtt_s)
     requests = run("sync", n_clients, 1.0, rtt_s, max_batch, t_draft_edge_s=t_draft_edge_s)
-    for per_token_s in steady_per_token_s(requests):
+    for per_token_s in per_token_s_of(requests):
         assert per_token_s == pytest.approx(cycle_s / (GAMMA + 1), rel=1e-9)
 
 
 def test_a_batch_of_one_is_the_serial_verifier():
-    assert steady_per_token_s(run("sync", 6, 1.0, 0.02, max_batch=1)) == \
-        steady_per_token_s(run("sync", 6, 1.0, 0.02, max_batch=1, times=TIMES.replace(batch_slope=None)))
+    assert per_token_s_of(run("sync", 6, 1.0, 0.02, max_batch=1)) == \
+        per_token_s_of(run("sync", 6, 1.0, 0.02, max_batch=1, times=TIMES.replace(batch_slope=None)))
 
 
 def test_every_client_runs_every_prompt_in_turn_and_the_next_starts_when_the_last_ends():
@@ -147,5 +147,5 @@ def test_a_pass_that_is_not_full_waits_the_batch_window_from_its_first_job():
     setup = ClientsSetup(3, "sync", GAMMA, TIMES, lambda _t: rtt_s, VerifierConfig(4, window_s * 1e3))
     requests = simulate_clients(setup, *pair(1.0), [[1, 2, 3]], StopRule(60))
     cycle_s = window_s + TIMES.t_verify_s(GAMMA, 3) + GAMMA * T_DRAFT_EDGE_S + rtt_s
-    for per_token_s in steady_per_token_s(requests):
+    for per_token_s in per_token_s_of(requests):
         assert per_token_s == pytest.approx(cycle_s / (GAMMA + 1), rel=1e-9)

@@ -1,7 +1,8 @@
 """The trace rows: keywords only, and the one steady-state definition every launcher uses."""
 import pytest
 
-from services.traces import REQUEST_COLUMNS, RequestRow, RoundRow, as_dict, steady_per_token_s
+from dsd.times import steady_per_token_s
+from services.traces import REQUEST_COLUMNS, RequestRow, RoundRow, as_dict
 
 
 def test_steady_per_token_time_is_the_time_after_the_first_emission_over_the_tokens_after_it():
