@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from orchestrator.spec.experiment import Experiment
-from orchestrator.open_loop.plan import plan_serving
+from orchestrator.open_loop.plan import check_serving, plan_serving
+from orchestrator.running.run import choose_launcher
 from orchestrator.open_loop.analyze import analyze_serving
 from orchestrator.open_loop.sweep import run_serving
 
@@ -16,6 +17,7 @@ from orchestrator.open_loop.sweep import run_serving
 def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bool) -> int:
     """`dsdbed sweep` of an experiment with [load]: the plan, or the run and its figures."""
     if dry_run:
+        check_serving(experiment, choose_launcher(experiment.launcher))     # refused before the plan prints
         plan = plan_serving(experiment)
         print(f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode), "
               f"launcher {experiment.launcher}, into {out}:")
