@@ -19,7 +19,8 @@ def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bo
     if dry_run:
         check_serving(experiment, choose_launcher(experiment.launcher))     # refused before the plan prints
         plan = plan_serving(experiment)
-        print(f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode), "
+        print(f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode"
+              f"{' and RTT' if experiment.load.rtt_ms else ''}), "
               f"launcher {experiment.launcher}, into {out}:")
         for point in plan:
             print(f"  {point.key}")
