@@ -28,6 +28,8 @@ from pathlib import Path
 
 from pairs import smollm2, smollm2_eagle, stdlib_gpt2
 
+FAMILY_CHOICES = ("stdlib-gpt2", "smollm2", "smollm2-eagle")     # pairs.stdlib_gpt2, pairs.smollm2, ...
+
 
 def make_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt option must fail, not match a longer one by prefix.
@@ -35,7 +37,7 @@ def make_parser() -> argparse.ArgumentParser:
                                      allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--family", choices=["stdlib-gpt2", "smollm2", "smollm2-eagle"], default="stdlib-gpt2")
+    parser.add_argument("--family", choices=FAMILY_CHOICES, default="stdlib-gpt2")
     parser.add_argument("--quick", action="store_true", help="toy sizes, seconds (tests)")
     parser.add_argument("--force", action="store_true", help="replace an existing folder")
     parser.add_argument("--seed", type=int)

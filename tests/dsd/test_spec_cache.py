@@ -15,6 +15,7 @@ from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.spec_cache import (CacheConfig, Calibration, Outcome, SpeculationCache, batch_step_s, fill_plan,
                             rank_outcomes, top_tokens)
 from dsd.stopping import StopRule
+from tests.checks import every
 from tests.toy_models import BigramLM, random_bigram
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
@@ -140,7 +141,7 @@ def test_the_closed_form_is_the_protocols_time_on_the_simulator(rtt_ms):
     run = _run("cached", 2, SamplingParams(), link, CacheConfig(fanout=3))
     records = _records(run)
     # the closed form's hit: a complete branch at the verdict (the fill fits the wait here)
-    assert all(r.fill_s <= link.rtt_s + link.t_verify_s + 1e-9 for r in records if r.branches)
+    assert every(r.fill_s <= link.rtt_s + link.t_verify_s + 1e-9 for r in records if r.branches)
     assert all(r.depth in (0, GAMMA) for r in records) and 0.2 < _held(records, GAMMA) < 1.0
     measured_cycle_s, predicted_cycle_s = _cycles_s(run, link, _held(records, GAMMA))
     assert measured_cycle_s == pytest.approx(predicted_cycle_s, rel=0.01)

@@ -56,6 +56,7 @@ def test_rounds_csv_accounts_for_every_token_and_time(synthetic):
     for run_id, mode in zip(run_ids, MODES):
         rounds, requests = read_csv(edge, run_id, "rounds.csv"), read_csv(edge, run_id, "requests.csv")
         assert every(r["mode"] == mode and r["error"] == "" and r["app_delay_ms"] == "0.000000" for r in rounds)
+        assert sorted(int(r["request_index"]) for r in requests) == [0, 1], (mode, requests)
         for request in requests:
             mine = [r for r in rounds if r["request_index"] == request["request_index"]]
             assert sum(int(r["emitted"]) for r in mine) == int(request["tokens"]) == 30
