@@ -122,12 +122,18 @@ def plot_rate_map(frontier: list[dict], out: Path) -> Path:
     ax.legend(fontsize=8)
     rtts = sorted(frame["rtt_ms"].unique())
     edges = _cell_edges(rtts)
-    for i, rtt_ms in enumerate(rtts):
-        best = frame[(frame["rtt_ms"] == rtt_ms) & frame["best"]]
-        if len(best):
-            m = get_mode(best.iloc[0]["mode"])
-            strip.axvspan(edges[i], edges[i + 1], color=m.color, alpha=0.8)
-            strip.text(rtt_ms, 0.5, m.label.split()[0], ha="center", va="center", fontsize=7)
+    winners = [frame[(frame["rtt_ms"] == rtt_ms) & frame["best"]]["mode"].tolist()[:1] for rtt_ms in rtts]
+    start = 0
+    for i in range(1, len(rtts) + 1):          # one span and one label per run of the same winner
+        if i < len(rtts) and winners[i] == winners[start]:
+            continue
+        if winners[start]:
+            m = get_mode(winners[start][0])
+            strip.axvspan(edges[start], edges[i], color=m.color, alpha=0.8)
+            strip.text((edges[start] + edges[i]) / 2, 0.5, m.label, ha="center", va="center", fontsize=8)
+        start = i
+    for edge in edges[1:-1]:
+        strip.axvline(edge, color="white", linewidth=0.5)
     strip.set_xlim(edges[0], edges[-1])
     strip.set_yticks([])
     strip.set_ylabel("highest", fontsize=8)
