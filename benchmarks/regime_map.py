@@ -15,7 +15,8 @@ grid to compare it with); --real-sweep reads experiments/regime-map-real.toml's 
 
 Every figure is of the pair pipelined_vs_colocated:
     frontier_inside_share     client counts whose measured crossover lies strictly inside the grid
-    frontier_ci_finite_share  client counts whose 95% interval is finite and does not span the grid
+    frontier_ci_finite_share  client counts whose 95% interval is finite, does not span the grid and
+                              is not degenerate (one sample a cell: a point, not a spread)
     frontier_err_*_pct        |measured / predicted - 1| over the client counts predicted out of
                               sample (before their points ran) at >= 10 ms
     slope_*_ms_per_client     least-squares slope of RTT*(N) over the counts measured inside the grid
@@ -70,7 +71,7 @@ def frontier_figures(rows: list[dict], rtt_max_ms: float) -> dict:
     counts = [int(r["clients"]) for r in rows]
     inside = [r for r in rows if 0 < r["crossover_ms"] < rtt_max_ms]
     finite_ci = [r for r in rows if math.isfinite(r["ci_low_ms"]) and math.isfinite(r["ci_high_ms"])
-                 and not r["ci_covers_grid"]]
+                 and not r["ci_covers_grid"] and not r.get("ci_degenerate", False)]
     errors = [err_pct(r["crossover_ms"], r["predicted_ms"]) for r in rows
               if r["in_or_out_of_sample"] == OUT_OF_SAMPLE and math.isfinite(r["predicted_ms"])
               and r["predicted_ms"] >= ERR_FLOOR_MS]
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 def _print_rows(rows: list[dict]) -> None:
     for r in rows:
         print(f"N={r['clients']:>4}  {PAIR} measured {r['crossover_ms']:8.2f} ms "
-              f"[{r['ci_low_ms']:.2f} .. {r['ci_high_ms']:.2f}]  predicted {r['predicted_ms']:8.2f} ms "
+              f"[{r['ci_low_ms']:.2f} .. {r['ci_high_ms']:.2f}]{' (degenerate)' if r.get('ci_degenerate') else ''}"
+              f"  predicted {r['predicted_ms']:8.2f} ms "
               f"({r['in_or_out_of_sample']})", file=sys.stderr)
 
 

@@ -12,7 +12,21 @@ redraws both levels the data came from:
    same prompt in every mode, RTT and repeat (orchestrator/spec/workload.py), and how fast a prompt
    decodes (its realised acceptance) is shared by all of them. Resampling each point's requests
    independently would treat identical prompts as fresh data, and more repeats of a
-   deterministic launcher (sim) would shrink the interval for nothing.
+   deterministic launcher (sim) would shrink the interval for nothing;
+3. with several clients at a point, the clients, with replacement, the SAME draw for every cell
+   of that client count: each client's requests are one unit, crossed with the request draw
+   (client c's request i is kept if both c and i are drawn). A client's requests are not
+   independent of each other (its place in the verifier's queue, its edge and link persist from
+   one request to its next), so pooling them as independent requests would overstate what a
+   point measured; and client c is the same edge, link and start order in every mode and RTT of
+   a sweep, so its draw is shared across them as the request draw is.
+
+A replicate's point value is the median over the drawn (client, request) values, the way the
+point's ``per_token_ms_p50`` is the median over all its requests, so with every unit drawn once
+the replicate is the reported statistic and the percentile interval is built around it. A cell
+with one repeat, one client and one request has nothing to redraw: its replicates are all one
+value, and a crossover between two such curves gets a point for an interval, which
+``crossover_cis`` flags (``ci_degenerate``) rather than presenting it as a spread.
 
 The 95% interval is the 2.5 and 97.5 percentiles of the replicates (percentile bootstrap; the
 order statistics themselves, not interpolated, so infinite crossings, "never wins" or "wins
@@ -24,6 +38,7 @@ fixed, so the same data gives the same interval.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -38,24 +53,26 @@ LEVEL = 0.95
 
 
 def request_latencies(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per request: its point keys, request_index and per_token_ms (the steady per-token
-    time the point statistics are built from, ``requests_steady_per_token_s``)."""
+    """One row per request: its point keys, client_id, request_index and per_token_ms (the steady
+    per-token time the point statistics are built from, ``requests_steady_per_token_s``)."""
     keys = point_keys(requests)
     rounds_by_point = dict(iter(rounds.groupby(keys, sort=False))) if len(rounds) else {}
     frames = []
     for key, group in requests.groupby(keys, sort=True):
         point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
         values = 1e3 * requests_steady_per_token_s(group, point_rounds)
-        frames.append(group[keys + ["request_index"]].assign(per_token_ms=values.to_numpy()))
+        columns = keys + [c for c in ("client_id", "request_index") if c in group]
+        frames.append(group[columns].assign(per_token_ms=values.to_numpy()))
     return (pd.concat(frames, ignore_index=True) if frames
-            else pd.DataFrame(columns=keys + ["request_index", "per_token_ms"]))
+            else pd.DataFrame(columns=keys + ["client_id", "request_index", "per_token_ms"]))
 
 
 def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int = N_BOOT,
                     seed: int = SEED) -> tuple[pd.DataFrame, dict]:
-    """(cells: one row per cell with per_token_ms, the median over repeats of the per-repeat
-    median over requests; replicates: cell tuple -> n_boot bootstrap values). Repeats and
-    request indices are each drawn once per replicate for all cells (see the module docstring)."""
+    """(cells: one row per cell with per_token_ms, the median over repeats of each point's median
+    over its requests; replicates: cell tuple -> n_boot bootstrap values). Repeats, request
+    indices and, per client count, clients are each drawn once per replicate for all cells (see
+    the module docstring). Without a client_id column every point is one client."""
     rng = np.random.default_rng(seed)
     data = latencies.dropna(subset=["per_token_ms"])
     if data.empty:
@@ -65,16 +82,14 @@ def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int =
     drawn_repeats = rng.choice(repeat_ids, size=(n_boot, len(repeat_ids)))       # [n_boot, repeats]
     drawn_requests = rng.integers(0, n_requests, size=(n_boot, n_requests))     # [n_boot, requests]
     fallback = rng.random(size=drawn_repeats.shape)
+    drawn_clients = _ClientDraws(n_boot, seed)
     rows, replicates = [], {}
     for cell, group in data.groupby(cell_keys, sort=True):
         cell = cell if isinstance(cell, tuple) else (cell,)
         boot_by_repeat, point_medians = {}, []
         for repeat, g in group.groupby("repeat"):
-            # A point's value per request index (the mean over its clients, who share the prompts).
-            values = np.full(n_requests, np.nan)
-            per_index = g.groupby("request_index")["per_token_ms"].mean()
-            values[per_index.index.to_numpy(dtype=int)] = per_index.to_numpy()
-            boot = np.nanmedian(values[drawn_requests], axis=1)                   # [n_boot]
+            values = _by_client_and_request(g, n_requests)                       # [clients, requests]
+            boot = _replicate_medians(values, drawn_clients.of(len(values)), drawn_requests)   # [n_boot]
             # A draw of only requests this point lacks (a failed request) falls back to its median.
             boot_by_repeat[repeat] = np.where(np.isnan(boot), np.nanmedian(values), boot)
             point_medians.append(float(np.nanmedian(values)))
@@ -90,6 +105,51 @@ def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int =
         rows.append({**dict(zip(cell_keys, cell)), "per_token_ms": float(np.median(point_medians)),
                      "repeats": len(boot_by_repeat)})
     return pd.DataFrame(rows), replicates
+
+
+class _ClientDraws:
+    """Per client count m, one [n_boot, m] draw of client slots shared by every point with m
+    clients. Its own generator per m, so the repeat and request draws (and every one-client
+    interval) do not depend on which client counts a sweep has; one client is always slot 0."""
+
+    def __init__(self, n_boot: int, seed: int) -> None:
+        self.n_boot, self.seed, self.draws = n_boot, seed, {}
+
+    def of(self, m: int) -> np.ndarray:
+        if m not in self.draws:
+            self.draws[m] = (np.zeros((self.n_boot, 1), dtype=int) if m == 1 else
+                             np.random.default_rng([self.seed, m]).integers(0, m, size=(self.n_boot, m)))
+        return self.draws[m]
+
+
+def _by_client_and_request(point: pd.DataFrame, n_requests: int) -> np.ndarray:
+    """A point's per_token_ms as [clients, request indices], NaN where a request is missing; the
+    clients in client_id order, so slot c is the same client at every point of that count."""
+    if "client_id" not in point or point["client_id"].isna().all():
+        point = point.assign(client_id="0")
+    client_ids = sorted(point["client_id"].astype(str).unique(), key=lambda c: (len(c), c))
+    values = np.full((len(client_ids), n_requests), np.nan)
+    per_cell = point.groupby([point["client_id"].astype(str), "request_index"])["per_token_ms"].mean()
+    slot = {c: i for i, c in enumerate(client_ids)}
+    for (client, index), value in per_cell.items():
+        values[slot[client], int(index)] = value
+    return values
+
+
+def _replicate_medians(values: np.ndarray, drawn_clients: np.ndarray, drawn_requests: np.ndarray) -> np.ndarray:
+    """Per replicate, the median over the drawn clients' drawn requests. values: [clients,
+    requests]; drawn_clients: [n_boot, clients]; drawn_requests: [n_boot, requests]. Chunked so a
+    point with thousands of clients does not build all replicates at once."""
+    n_boot = len(drawn_requests)
+    out = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // max(values.size, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN draws: the caller's fallback
+        for lo in range(0, n_boot, chunk):
+            hi = min(lo + chunk, n_boot)
+            picked = values[drawn_clients[lo:hi, :, None], drawn_requests[lo:hi, None, :]]   # [b, clients, requests]
+            out[lo:hi] = np.nanmedian(picked.reshape(hi - lo, -1), axis=1)
+    return out
 
 
 def interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -116,7 +176,9 @@ def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_
     """Per crossover of pairs (name -> (mode, reference)): the 95% interval of the crossing over the
     replicates. fixed: the other cell keys (group, gamma, clients); AR is matched at any gamma.
     covers_grid: the interval reaches both ends of the swept RTTs (or beyond), i.e. the data
-    cannot place the crossover; then no number should be printed for it."""
+    cannot place the crossover; then no number should be printed for it. degenerate: every
+    replicate of every cell on both curves is the same value (one repeat, client and request a
+    cell): the interval is a point because nothing was redrawn, not because the data agree."""
     out = {}
     for name, (mode, reference) in pairs.items():
         curves = {}
@@ -135,11 +197,12 @@ def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_
         if len(common) < 2:
             continue
         diffs = np.stack([curves[mode][r] - curves[reference][r] for r in common], axis=1)   # [n_boot, rtts]
+        degenerate = all(np.all(curves[m][r] == curves[m][r][0]) for m in (mode, reference) for r in common)
         crossings = np.array([crossing_rtt_ms(np.array(common), d) for d in diffs])
         low, high = interval(crossings)
         lo_grid, hi_grid = min(rtt_grid_ms), max(rtt_grid_ms)
         out[name] = {"ci_low": low, "ci_high": high, "ci_width_ms": 0.0 if low == high else high - low,
-                     "ci_covers_grid": bool(low <= lo_grid and high >= hi_grid),
+                     "ci_covers_grid": bool(low <= lo_grid and high >= hi_grid), "ci_degenerate": degenerate,
                      "replicates_never_cross": float(np.mean(np.isinf(crossings)))}
     return out
 
@@ -150,7 +213,9 @@ def describe_crossover(rtt_ms: float, ci: dict | None) -> str:
         return "undetermined (95% CI covers the whole grid)"
     text = ("never wins" if rtt_ms < 0 else "wins over the whole grid") if math.isinf(rtt_ms) else \
         ("-" if math.isnan(rtt_ms) else f"{rtt_ms:.2f} ms")
-    if ci and math.isinf(rtt_ms) and ci.get("ci_low") == ci.get("ci_high") == rtt_ms:
+    if ci and ci.get("ci_degenerate"):
+        text += " (no interval: one sample a cell, nothing to resample)"
+    elif ci and math.isinf(rtt_ms) and ci.get("ci_low") == ci.get("ci_high") == rtt_ms:
         text += " (in every bootstrap replicate)"
     elif ci and not math.isnan(ci.get("ci_low", math.nan)):
         text += f" [95% CI {_bound(ci['ci_low'])} .. {_bound(ci['ci_high'])}]"

@@ -27,9 +27,10 @@ IN_SAMPLE, OUT_OF_SAMPLE = "in_sample", "out_of_sample"
 ERR_FLOOR_MS = 10.0
 WHAT = ("per client count N and pair of modes: the RTT below which the first mode is at least as fast per "
         "token as the second (crossover_ms, from the median-of-repeats cells as summary crossovers are), its "
-        "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats and requests drawn jointly for every cell of "
-        "every client count), and the queueing model's prediction (predicted_ms, dsd.queueing: mean-value "
-        "analysis); in_or_out_of_sample says whether that prediction was written before any point of that N ran")
+        "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats, requests and clients drawn jointly for every "
+        "cell of every client count; ci_degenerate: a point, one sample a cell, not a spread), and the queueing "
+        "model's prediction (predicted_ms, dsd.queueing: mean-value analysis); in_or_out_of_sample says whether "
+        "that prediction was written before any point of that N ran")
 
 
 def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], group_values: dict, gamma: int,
@@ -54,6 +55,7 @@ def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], g
             rows.append({**group_values, "clients": clients, "pair": pair, "crossover_ms": crossover_ms,
                          "ci_low_ms": ci.get("ci_low", math.nan), "ci_high_ms": ci.get("ci_high", math.nan),
                          "ci_covers_grid": bool(ci.get("ci_covers_grid", False)),
+                         "ci_degenerate": bool(ci.get("ci_degenerate", False)),
                          "predicted_ms": predicted_ms,
                          "in_or_out_of_sample": OUT_OF_SAMPLE if written_before and clients > calibration_clients
                          else IN_SAMPLE,

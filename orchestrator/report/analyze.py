@@ -187,7 +187,7 @@ def out_of_sample_and_intervals(out: Path, requests: pd.DataFrame, rounds: pd.Da
                                                  [e for errs in oos_crossover_errs for e in errs]),
         "in_sample": _in_sample_evidence(points),
         "bootstrap": {"replicates": bootstrap.N_BOOT, "seed": bootstrap.SEED, "level": bootstrap.LEVEL,
-                      "method": "percentile bootstrap over repeats (drawn jointly for all modes) then requests"},
+                      "method": "percentile bootstrap over repeats (drawn jointly for all modes), then requests and, with several clients, clients (each drawn jointly for all cells)"},
         "latency_cells": cells.to_dict("records"),
     }
     return points, evidence, (cell_keys, cell_reps)

@@ -154,3 +154,61 @@ def test_points_with_more_clients_are_predicted_by_the_queueing_model_before_the
     by_clients = predictions.groupby("clients")["crossover_pipelined_vs_colocated_rtt_ms"].first()
     assert by_clients[1] < by_clients[2] < by_clients[3]
     assert one["per_token_ms_predicted"].notna().all()
+
+
+def _one_request_per_client(clients_of: list[int], requests: int = 1, seed: int = 5):
+    """(points, request latencies) with client_ids: each client's request(s) per point, the
+    clients' per-token times spread by where they sit in the verifier's queue (a client's offset
+    kept across its requests and across points, as one edge's would be), one repeat."""
+    rng = np.random.default_rng(seed)
+    points, latencies = [], []
+    for clients in clients_of:
+        offset = {c: 8.0 * rng.standard_normal() for c in range(clients)}
+        for mode in ("colocated", "pipelined"):
+            for rtt_ms in RTTS_MS:
+                key = {"mode": mode, "rtt_ms": rtt_ms, "gamma": 2, "clients": clients, "repeat": 0}
+                values = []
+                for c in range(clients):
+                    for i in range(requests):
+                        value = _per_token_ms(mode, rtt_ms, clients) + offset[c] + rng.standard_normal()
+                        values.append(value)
+                        latencies.append({**key, "client_id": str(c), "request_index": i, "per_token_ms": value})
+                points.append({**key, "per_token_ms_p50": float(pd.Series(values).quantile(0.5))})
+    return pd.DataFrame(points), pd.DataFrame(latencies)
+
+
+def test_with_one_request_per_client_the_clients_are_redrawn_and_the_interval_holds_the_crossover():
+    points, latencies = _one_request_per_client([2, 3])
+    cell_keys = ["mode", "rtt_ms", "gamma", "clients"]
+    cells, _ = bootstrap.cell_replicates(latencies, cell_keys, n_boot=400)
+    # the bootstrap's full-sample statistic is the point's reported p50 (median over all its requests)
+    merged = cells.merge(points, on=cell_keys)
+    assert np.allclose(merged["per_token_ms"], merged["per_token_ms_p50"])
+    rows = [r for r in _frontier(points, latencies, None) if r["pair"] == "pipelined_vs_colocated"]
+    assert sorted(r["clients"] for r in rows) == [2, 3]
+    for row in rows:
+        assert row["ci_high_ms"] - row["ci_low_ms"] > 1.0, row
+        assert row["ci_low_ms"] <= row["crossover_ms"] <= row["ci_high_ms"], row
+        assert not row["ci_degenerate"] and not row["ci_covers_grid"]
+
+
+def test_one_client_intervals_do_not_depend_on_the_client_counts_beside_them():
+    points, latencies = _constructed_sweep()
+    one = latencies["clients"] == 1
+    alone = bootstrap.cell_replicates(latencies[one], ["mode", "rtt_ms", "gamma", "clients"], n_boot=200)[1]
+    beside = bootstrap.cell_replicates(latencies.assign(client_id="0"), ["mode", "rtt_ms", "gamma", "clients"],
+                                       n_boot=200)[1]
+    for cell, values in alone.items():
+        assert np.array_equal(values, beside[cell])
+
+
+def test_a_single_request_a_cell_gives_a_degenerate_interval_that_is_flagged_not_shown_as_spread():
+    points, latencies = _one_request_per_client([1])
+    rows = [r for r in _frontier(points, latencies, None) if r["pair"] == "pipelined_vs_colocated"]
+    (row,) = rows
+    assert row["ci_degenerate"] and row["ci_low_ms"] == row["ci_high_ms"] == pytest.approx(row["crossover_ms"])
+    cell_keys = ["mode", "rtt_ms", "gamma", "clients"]
+    _, reps = bootstrap.cell_replicates(latencies, cell_keys, n_boot=100)
+    ci = bootstrap.crossover_cis(reps, cell_keys, {"gamma": 2, "clients": 1}, RTTS_MS, queueing.FRONTIER_PAIRS)
+    text = bootstrap.describe_crossover(row["crossover_ms"], ci["pipelined_vs_colocated"])
+    assert "no interval" in text and "95% CI" not in text
