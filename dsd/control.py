@@ -45,12 +45,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
+from dsd.checks import is_int
 from dsd.modes import SYNC, edge_modes, get_mode, names, plannable_edge_modes
 from dsd.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, StaticConfig,
                                 policy_config)
 from dsd.times import steady_per_token_s
 
 CONTROLLERS = tuple(POLICY_CONFIGS)
+
+# the largest gamma a controller may pick unless an experiment, an edge's run or a test says otherwise
+GAMMA_MAX = 16
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ class Decision:
     mode: str
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.gamma, int) and not isinstance(self.gamma, bool) and self.gamma >= 1):
+        if not (is_int(self.gamma) and self.gamma >= 1):
             raise ValueError(f"gamma must be a whole number >= 1, got {self.gamma!r}")
         if self.mode not in names():             # dsd/modes.py; server modes only per request
             raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
@@ -137,7 +141,7 @@ def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision
     if not isinstance(decision, Decision):
         raise ValueError(f"controller must return a Decision, got {type(decision).__name__}")
     gamma = decision.gamma
-    if not (isinstance(gamma, int) and not isinstance(gamma, bool) and 1 <= gamma <= gamma_max):
+    if not (is_int(gamma) and 1 <= gamma <= gamma_max):
         raise ValueError(f"controller decision gamma must be a whole number in 1..{gamma_max}, got {gamma!r}")
     if decision.mode not in modes:
         raise ValueError(f"controller decision mode must be one of {modes}, got {decision.mode!r}")
@@ -151,7 +155,7 @@ class ControllerConfig:
     name: str = "static"
     gamma: int = 4                  # the first round's gamma (every round's, for static)
     mode: str = SYNC                # the first round's mode
-    gamma_max: int = 16
+    gamma_max: int = GAMMA_MAX            # raised to gamma for static (its every round's gamma)
     # what a policy may choose from (server modes: per request); an adaptive policy only plannable ones
     modes: tuple[str, ...] = plannable_edge_modes()
     handover: bool = True           # a round may hand the request to a server mode of ``modes``
@@ -162,10 +166,11 @@ class ControllerConfig:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.name!r}")
         for name in ("gamma", "gamma_max"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            if not (is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.name != "static" and self.gamma > self.gamma_max:
             raise ValueError(f"gamma must be <= gamma_max {self.gamma_max}, got {self.gamma!r}")
+        object.__setattr__(self, "gamma_max", max(self.gamma_max, self.gamma))
         if self.mode not in names():
             raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
         if not self.modes or any(m not in names() for m in self.modes):

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
+from dsd.checks import is_int
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival, features_of)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
@@ -82,7 +83,7 @@ class DriverConfig:
     def __post_init__(self) -> None:
         for name in ("gamma", "max_in_flight", "handover_tokens"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            if not (is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if get_mode(self.mode).drafts != EDGE:
             raise ValueError(f"mode must be one the edge drafts in, {edge_modes()}, got {self.mode!r}")

@@ -46,7 +46,9 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 
+from dsd.checks import is_int
 from dsd.arrivals import Arrival, Round, VerdictArrival
+from dsd.control import GAMMA_MAX
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
@@ -69,7 +71,7 @@ class VerifierConfig:
     batch_window_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool) and self.max_batch >= 1):
+        if not (is_int(self.max_batch) and self.max_batch >= 1):
             raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
         if not (isinstance(self.batch_window_ms, (int, float)) and math.isfinite(self.batch_window_ms)
                 and self.batch_window_ms >= 0):
@@ -87,7 +89,7 @@ class ClientsSetup:
     rtt_at: Callable[[float], float]
     verifier: VerifierConfig = VerifierConfig()
     max_in_flight: int = 1
-    gamma_max: int = 16                 # as dsd.simulate's runs: what a mode's own policy may reach
+    gamma_max: int = GAMMA_MAX          # as dsd.simulate's runs: what a mode's own policy may reach
     cache: CacheConfig = CacheConfig()
 
     def __post_init__(self) -> None:
@@ -385,7 +387,7 @@ async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup:
         times.append(RoundTimes(r.t_draft_start_s, r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s,
                                 r.arrival.queue_s, r.arrival.compute_s, link.batch_sizes.pop(id(r.arrival))))
 
-    config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, max(setup.gamma_max, setup.gamma),
+    config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, setup.gamma_max,
                           cache=setup.cache)
     driver = DsdDriver(draft, seq_id, prompt, stop, sampling, _EdgeDevice(loop, setup.times.t_draft_edge_s),
                        link, loop, on_round, config, prefill_features=session.decided_features(1))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsd.checks import is_int
 from dsd.drafting import Block
 
 AUTO = "auto"
@@ -44,7 +45,7 @@ class CacheConfig:
     calibrate: bool = True             # scale P(t | j) by how often the draft caught the verdict's token at j
 
     def __post_init__(self) -> None:
-        if self.fanout != AUTO and not (isinstance(self.fanout, int) and not isinstance(self.fanout, bool)
+        if self.fanout != AUTO and not (is_int(self.fanout)
                                         and self.fanout >= 1):
             raise ValueError(f"fanout must be {AUTO!r} or a whole number >= 1, got {self.fanout!r}")
         for name in ("tokens_per_position", "max_branches", "alpha_prior_tokens"):

@@ -37,6 +37,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from dsd.checks import is_int
 from services.compute import _TimerFd
 
 MAX_SPIN_US = 5000
@@ -50,7 +51,7 @@ class SpinConfig:
     def __post_init__(self) -> None:
         for name, high in (("spin_us", MAX_SPIN_US), ("lead_us", MAX_SPIN_US)):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high):
+            if not (is_int(value) and 0 <= value <= high):
                 raise ValueError(f"{name} must be a whole number of microseconds in [0, {high}], got {value!r}")
         if self.spin_us and self.lead_us > self.spin_us:
             raise ValueError(f"lead_us ({self.lead_us}) must not exceed spin_us ({self.spin_us}): "

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from dsd.checks import is_int
+
 ACCEPT, REJECT, UNTESTED = 1, 0, 2
 MAX_TEXT_CHARS = 100_000      # one argv string must stay well under Linux's 128 KiB limit
 
@@ -52,7 +54,7 @@ class AcceptanceTrace:
         if not self.rounds:
             raise ValueError(f"acceptance trace {self.source!r}: no live rounds (proposed >= 1, not stale)")
         for index, pair in enumerate(self.rounds):
-            ok = (len(pair) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+            ok = (len(pair) == 2 and all(is_int(v) for v in pair)
                   and 1 <= pair[0] <= 1024 and 0 <= pair[1] <= pair[0])
             if not ok:
                 raise ValueError(f"acceptance trace {self.source!r}: round {index} must be (proposed in "

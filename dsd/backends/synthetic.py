@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import torch
 
+from dsd.checks import is_int
 from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
 from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay, read_rounds_csv
 from dsd.backends.protocol import BackendConfig, ForwardStats, LogitsRequest
@@ -82,7 +83,7 @@ class SyntheticConfig:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_KINDS}, got {self.acceptance!r}")
         classes = self.alpha_classes
         if not isinstance(classes, tuple) or not all(
-                isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], int) and not isinstance(c[0], bool)
+                isinstance(c, tuple) and len(c) == 2 and is_int(c[0])
                 and 0 <= c[0] < self.vocab_size and isinstance(c[1], (int, float)) and not isinstance(c[1], bool)
                 and 0.0 <= c[1] <= 1.0 for c in classes):
             raise ValueError(f"alpha_classes must be (token id in [0, vocab_size), alpha in [0, 1]) pairs, "

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from dsd.control import GAMMA_MAX
 from dsd.spec_cache import CacheConfig
 
 from orchestrator.links.keys import LinkOptions
@@ -37,7 +38,7 @@ class PointSettings:
     max_new_tokens: int
     max_in_flight: int
     controller: str = "static"
-    gamma_max: int = 16
+    gamma_max: int = GAMMA_MAX
     controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
     request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none

@@ -25,7 +25,7 @@ import dataclasses
 import pandas as pd
 
 from dsd.backends.protocol import SamplingParams
-from dsd.control import ControllerConfig, RequestObservation, check_decision, shadow_matches
+from dsd.control import GAMMA_MAX, ControllerConfig, RequestObservation, check_decision, shadow_matches
 from dsd.decoding import first_emission
 from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
 from dsd.policies import make_controller
@@ -80,7 +80,7 @@ class SimTestbed:
         # As on an edge (services/edge/): one controller for the client's run, which picks each
         # request's mode among its modes and learns across the requests.
         policy = None if settings.controller == "static" else make_controller(ControllerConfig(
-            settings.controller, point.gamma, point.mode, max(settings.gamma_max, point.gamma),
+            settings.controller, point.gamma, point.mode, settings.gamma_max,
             settings.controller_modes or plannable_edge_modes()))
         schedule = settings.link_options.schedule if settings.link_options is not None else None
         link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
@@ -112,7 +112,7 @@ class SimTestbed:
         schedule = settings.link_options.schedule if settings.link_options is not None else None
         setup = ClientsSetup(point.clients, point.mode, point.gamma, self.times,
                              rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3),
-                             self.verifier, settings.max_in_flight, max(settings.gamma_max, point.gamma),
+                             self.verifier, settings.max_in_flight, settings.gamma_max,
                              settings.cache)
         done = simulate_clients(setup, self.draft, self.target, prompts,
                                 StopRule(settings.max_new_tokens, self.target.eos_token_id),
@@ -175,7 +175,7 @@ def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, 
 
 def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
                 stop: StopRule, times: ComputeTimes, max_in_flight: int, seq_id: str,
-                sampling: SamplingParams = SamplingParams(), controller: str = "static", gamma_max: int = 16,
+                sampling: SamplingParams = SamplingParams(), controller: str = "static", gamma_max: int = GAMMA_MAX,
                 policy=None, rtt_at=None, cache: CacheConfig | None = None):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
     its protocol (dsd.simulate): no time here comes from the closed form.
@@ -187,7 +187,7 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
     link_at = rtt_at or (lambda _t: rtt_s)
     rtt_s = link_at(0.0)
     if policy is not None:
-        choice = check_decision(policy.decide_request(rtt_s), max(gamma_max, gamma), tuple(policy.config.modes))
+        choice = check_decision(policy.decide_request(rtt_s), policy.config.gamma_max, tuple(policy.config.modes))
         mode, gamma = choice.mode, choice.gamma
     elif controller != "static" and mode in edge_modes():
         policy = make_controller(ControllerConfig(controller, gamma, mode, gamma_max))
@@ -211,7 +211,7 @@ def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: 
     # Opened): the verifier prefills the Open before it serves the first block or hand-over.
     run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,
                        max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
-                       controller=policy, gamma_max=max(gamma_max, gamma), rtt_at=rtt_at,
+                       controller=policy, gamma_max=gamma_max, rtt_at=rtt_at,
                        # a block is charged its own gamma's t_verify (an adaptive plan or a mode's
                        # own policy may draft other than the configured gamma)
                        t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig, SyntheticBackendConfig, backend_from_dict
-from dsd.control import CONTROLLERS
+from dsd.control import CONTROLLERS, GAMMA_MAX
 from dsd.modes import BUILTIN, CROSSOVERS, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from dsd.checks import check, is_int, is_number
@@ -93,7 +93,7 @@ class Experiment:
     # Adaptive DSD (dsd/control.py): who picks each round's gamma and mode (static: the point's),
     # and the largest gamma it may pick. The point's gamma and mode are where it starts.
     controller: str = "static"
-    gamma_max: int = 16
+    gamma_max: int = GAMMA_MAX
     # what the controller may pick (empty: the edge modes, per round). Listing ar or colocated lets
     # it hand a request, or the rest of one, to the server (dsd/driver.py); the points' modes are
     # where it starts and must be among them.

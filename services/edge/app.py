@@ -200,7 +200,7 @@ class Edge:
             await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
             return
         rtt_s = probe_for_request_s(channel.rtt_probe_ms, channel.rtt_probe_sent_s, client.last_request_end_s)
-        choice = check_decision(client.controller.decide_request(rtt_s), max(config.gamma_max, config.gamma),
+        choice = check_decision(client.controller.decide_request(rtt_s), client.controller.config.gamma_max,
                                 config.controller_modes)
         if choice.mode in edge_modes():
             await client.dsd(request)

@@ -130,7 +130,7 @@ class Client:
         takes_features = isinstance(self.draft, TakesFeatures)
         await self.channel.send(self.open_message(request, session, c.feature_dtype if takes_features else None))
         prefill = await self.prefill_features(inbox, request, transport) if takes_features else None
-        config = DriverConfig(c.gamma, c.mode, c.max_in_flight, max(c.gamma_max, c.gamma), cache=c.cache)
+        config = DriverConfig(c.gamma, c.mode, c.max_in_flight, c.gamma_max, cache=c.cache)
         driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, request.stop, sampling, device,
                            transport, time.perf_counter, on_round, config, controller=self.controller,
                            prefill_features=prefill, cache_memory=self.cache_memory)

@@ -7,16 +7,17 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 
+from dsd.checks import is_int
 from dsd.backends.protocol import SamplingParams
 from dsd.features import check_feature_dtype
 from dsd.stopping import StopRule
-from dsd.control import CONTROLLERS, ControllerConfig
+from dsd.control import CONTROLLERS, GAMMA_MAX, ControllerConfig
 from dsd.modes import SYNC, edge_modes, get_mode, plannable_edge_modes
 from dsd.spec_cache import CacheConfig
 from services import frames
 
 
-_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")      # a run id is a file name: no path, no spaces
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class RunConfig:
     # outage the request resumes within this of the link's return; 0 = the kernel's backoff
     tcp_rto_max_ms: int = 0
     controller: str = "static"        # dsd.control: who picks each round's gamma and mode
-    gamma_max: int = 16               # the largest gamma a controller may pick
+    gamma_max: int = GAMMA_MAX        # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
     # server) and per round (sync/pipelined)
     controller_modes: tuple[str, ...] = plannable_edge_modes()
@@ -62,7 +63,7 @@ class RunConfig:
     feature_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.run_id, str) and _RUN_ID.fullmatch(self.run_id)):
+        if not (isinstance(self.run_id, str) and RUN_ID.fullmatch(self.run_id)):
             raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
         if not isinstance(self.client_id, str) or not self.client_id:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
@@ -70,7 +71,7 @@ class RunConfig:
         for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
                           ("probe_count", 0), ("tcp_rto_max_ms", 0)):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            if not (is_int(value) and value >= low):
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
         if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
             raise ValueError(f"top_k must be a whole number >= 1 or null, got {self.top_k!r}")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsd.checks import is_int
 from services import wire
 
 
@@ -35,7 +36,7 @@ class VerifierLimits:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-        if not (isinstance(self.tcp_rto_max_ms, int) and not isinstance(self.tcp_rto_max_ms, bool)
+        if not (is_int(self.tcp_rto_max_ms)
                 and self.tcp_rto_max_ms >= 0):
             raise ValueError(f"tcp_rto_max_ms must be a whole number >= 0 (0: the kernel's), got {self.tcp_rto_max_ms!r}")
         if not (isinstance(self.idle_timeout_s, (int, float)) and math.isfinite(self.idle_timeout_s)

@@ -16,7 +16,7 @@ TIMES = ComputeTimes(0.004, 0.002, 0.020, t_prefill_per_token_s=0.0, t_verify_by
 
 class Recording:
     """A controller that sends every request to co-located SD and keeps what it observes."""
-    config = SimpleNamespace(modes=("colocated", "sync"))
+    config = SimpleNamespace(modes=("colocated", "sync"), gamma_max=16)
 
     def __init__(self) -> None:
         self.seen: list[RequestObservation] = []

@@ -8,11 +8,11 @@ import math
 import re
 from dataclasses import dataclass
 
+from dsd.checks import is_int
 from dsd.modes import get_mode
 from services import frames
-from services.edge.config import check_json_fields
+from services.edge.config import RUN_ID, check_json_fields
 
-_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -38,14 +38,14 @@ class ServeConfig:
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         get_mode(self.mode)
         for name in ("run_id", "client_id"):
-            if not (isinstance(getattr(self, name), str) and _RUN_ID.fullmatch(getattr(self, name))):
+            if not (isinstance(getattr(self, name), str) and RUN_ID.fullmatch(getattr(self, name))):
                 raise ValueError(f"{name} must be 1-128 of [A-Za-z0-9._-], got {getattr(self, name)!r}")
         if not isinstance(self.model, str):
             raise ValueError(f"model must be a string, got {self.model!r}")
         for name, low in (("gamma", 1), ("max_in_flight", 1), ("max_concurrent", 1), ("max_queue", 0),
                           ("default_max_tokens", 1), ("tcp_rto_max_ms", 0)):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            if not (is_int(value) and value >= low):
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
         for name, low in (("request_timeout_s", 0.001), ("probe_interval_ms", 0.0), ("app_delay_ms", 0.0)):
             value = getattr(self, name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dsd.checks import is_int
 from dsd.modes import get_mode
 
 CHAT, TEXT = "chat", "text"
@@ -117,7 +118,7 @@ def _optional(body: dict, name: str, kind: type, default, param: str | None = No
 def _whole(value, param: str, low: int) -> int | None:
     if value is None:
         return None
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+    if not (is_int(value) and value >= low):
         raise invalid(param, f"expected a whole number >= {low}, got {value!r}")
     return value
 
@@ -192,7 +193,7 @@ def _prompt(body: dict) -> str | tuple[int, ...]:
         prompt = prompt[0]            # a batch of one
     if isinstance(prompt, str) and prompt:
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0
                                                    for t in prompt):
         return tuple(prompt)
     raise invalid("prompt", f"expected one non-empty string or one list of token ids (a batch of one), got {prompt!r}")
