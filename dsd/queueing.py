@@ -22,29 +22,39 @@ service), is the closed form of dsd.latency_model with t_verify replaced by R:
 so at one client (R = the service) every mode is today's closed form. Per output token: cycle / E
 (E(alpha, gamma) tokens a round; 1 for AR).
 
-The recursion over the number of clients n = 1..N is MVA for a load-dependent station (Reiser and
-Lavenberg 1980), with p(j | n) the probability that j jobs are at the verifier:
-
-    R(n)     = sum_{j=1..n} j / mu(j) * p(j-1 | n-1)
-    X(n)     = n / cycle(R(n))                         (clients' rounds per second, together)
-    p(j | n) = X(n) / mu(j) * p(j-1 | n-1),  p(0 | n) = 1 - sum_{j>=1} p(j | n)
-
-with the verifier's completion rate mu(j) = b / t_pass(b), b = min(j, max_batch): a serial server
-(mu = 1 / service) gives the textbook R(n) = S * (1 + Q(n-1)); a batching one serves the b
-waiting jobs in one pass of t_pass(b) (the batch curve, ``ComputeTimes.t_verify_s(gamma, b)``).
+The recursion over the number of clients n = 1..N is mean-value analysis: an arriving client sees
+the verifier as the other n - 1 leave it (the arrival theorem), and the residence follows from
+what it finds there. On a serial server (``max_batch`` = 1, service S) that is the textbook
+R(n) = S * (1 + Q(n-1)), Q = X * R, X(n) = n / cycle(R(n)) (clients' rounds per second,
+together).
 
 That recursion is exact for exponential service; the testbed's passes are nearly constant. With
 ``service_cv2`` (the passes' squared coefficient of variation, 0 constant, 1 exponential) the
 pass in progress that an arrival waits for is charged its mean residual E[S^2] / (2 E[S]) =
 S * (1 + cv2) / 2 instead of a whole S (Reiser's approximation for FCFS with general service):
 
-    serial    R(n) = S * (1 + Q(n-1)) - U(n-1) * S * (1 - cv2) / 2,   Q = X * R,  U = X * S
-    batched   the recursion above less (1 - cv2) / 2 * sum_{i >= max_batch} p(i | n-1) / mu(i):
-              only an arrival that finds the pass full waits for it
+    R(n) = S * (1 + Q(n-1)) - U(n-1) * S * (1 - cv2) / 2,   U = X * S
 
-and X(n) is held to the verifier's fastest rate (the cycle at least N / max mu): an arrival
-just behind another's completion waits a whole pass, which the residual undercounts (without
-a think time the cycle is N * S exactly). cv2 = 1 is the exact recursion.
+A batching server works as services/scheduler.py does: a pass takes the jobs waiting at its start
+(up to ``max_batch``, t_pass(b) the batch curve ``ComputeTimes.t_verify_s(gamma, b)``) and admits
+nobody once it runs. With U(n-1) the chance the verifier is busy, b_r the pass in progress and q
+the jobs queued behind it (means given busy, seen with n - 1 clients), an arrival
+
+    finds it idle:  starts a pass of its own, t_pass(1)
+    finds it busy:  waits the residual (1 + cv2)/2 * t_pass(b_r), then the full passes of those
+                    queued ahead, max(0, q + 1 - max_batch) / max_batch of them (a mean), then
+                    its own pass with the rest of the queue and the clients that arrive while it
+                    waits (up to max_batch)
+
+and the same means for n clients follow from X(n): jobs in service X * (its pass), queued X *
+(the rest of R), busy X * (its share of its pass, t_pass(b) / b). With max_batch = 1 that is
+Reiser's recursion above. A client without a delay station (co-located SD, AR) comes back as its
+pass ends, when the next starts with it: no residual, and its clients go round at the server's
+fastest rate.
+
+X(n) is held to that rate (the cycle at least N * t_pass(b) / b, b = min(N, max_batch)): an
+arrival just behind another's completion waits a whole pass, which the residual undercounts
+(without a think time the cycle is N * S exactly on a serial server).
 
 Approximations, each what it breaks:
 - Reiser's residual assumes an arrival sees the pass in progress at a random moment. With
@@ -53,11 +63,16 @@ Approximations, each what it breaks:
   S / (S + Z)), at most 1/8 at the knee Z = S (exponential MVA: rho^2, 1/4), so the crossovers
   still come out short of the constant-time asymptote; ``serial_bound_rtt_s`` is that end (the
   issue's first-order bound).
+- On a batching server, constant times make clients that once waited for the same pass go
+  together from then on (dsd.simulate_clients' clients fall into step); the random arrival
+  does not know it, so the model has them wait residuals they do not and pay smaller passes
+  than they do.
+- Means throughout: the pass in progress, the queue and the late arrivals are their means, and
+  a pass's cost is the batch curve at the mean size.
 - A pipelined or cached client's cycle is its closed form at the mean residence, not the mean
   over the residence's distribution.
-- Batching as a rate b / t_pass(b): an arrival that finds the pass not full joins it rather than
-  waiting for it, a pass that starts with fewer jobs than arrive during it is not modelled (the
-  scheduler's windows), and co-located drafting batches with the same slope as verification.
+- Co-located drafting batches with the same slope as verification, and a pass that waits for a
+  batch to fill (the scheduler's windows) is not modelled.
 """
 from __future__ import annotations
 
@@ -109,24 +124,50 @@ def _serial_residence_s(n_clients: int, service_s: float, cycle_s: Callable[[flo
 
 def _batched_residence_s(n_clients: int, pass_s: Callable[[int], float], cycle_s: Callable[[float], float],
                          max_batch: int, service_cv2: float) -> float:
-    """The load-dependent recursion, p(j | n) the chance that j jobs are at the verifier. An
-    arrival that finds i >= max_batch jobs there waits, and the completion in progress (1/mu(i))
-    is charged its residual (1 + cv2)/2 of it instead of all of it; one that finds fewer joins
-    the pass as the rate b / t_pass(b) has it, and waits for nothing."""
-    mu = [math.nan] + [min(j, max_batch) / pass_s(min(j, max_batch)) for j in range(1, n_clients + 1)]
-    p_prev = [1.0]                                      # p(j | 0): nobody at the verifier
+    """Mean-value recursion for a verifier that batches as services/scheduler.py does: a pass
+    takes the jobs waiting at its start (up to max_batch) and nobody joins it once it runs. An
+    arrival that finds the verifier idle starts a pass of one; one that finds it busy (U, seen
+    with n - 1 clients) waits the residual of the running pass, (1 + cv2)/2 of it, then any full
+    passes of those queued ahead of it, then its own pass with the rest of them and the clients
+    that arrive while it waits. Means throughout; with max_batch = 1 it is Reiser's recursion."""
+    busy, in_service, waiting, throughput = 0.0, 0.0, 0.0, 0.0     # U, jobs in service, queued, X of n - 1
     residence_s = pass_s(1)
+    if cycle_s(0.0) <= 0:
+        # No delay station (co-located SD, AR): a job comes back as its pass ends, when the next
+        # pass starts with it and all that wait; the clients go round in passes of max_batch at
+        # the server's fastest rate.
+        return _within_the_servers_rate(residence_s, n_clients, max(
+            b / pass_s(b) for b in range(1, min(n_clients, max_batch) + 1)), cycle_s)
     for n in range(1, n_clients + 1):
-        residence_s = (sum(j / mu[j] * p_prev[j - 1] for j in range(1, n + 1))
-                       - (1 - service_cv2) / 2 * sum(p_prev[i] / mu[i] for i in range(max_batch, n)))
-        residence_s = _within_the_servers_rate(residence_s, n, max(mu[1:n + 1]), cycle_s)
+        if busy > 0:
+            running, ahead = in_service / busy, waiting / busy          # given busy: the pass, the queue
+            outside = max(0.0, n - 1 - running - ahead)                  # the others not at the verifier
+        else:
+            running, ahead, outside = 1.0, 0.0, 0.0
+        full_before = max(0.0, ahead + 1 - max_batch) / max_batch       # full passes ahead of its own
+        wait_s = (1 + service_cv2) / 2 * _pass_at_s(pass_s, running, max_batch) \
+            + full_before * pass_s(max_batch)
+        late = min(throughput * wait_s, outside)                         # arrive before its pass starts
+        own = min(float(max_batch), ahead + 1 - full_before * max_batch + late)
+        own_s = _pass_at_s(pass_s, own, max_batch)
+        residence_s = (1 - busy) * pass_s(1) + busy * (wait_s + own_s)
+        rate = max(b / pass_s(b) for b in range(1, min(n, max_batch) + 1))
+        residence_s = _within_the_servers_rate(residence_s, n, rate, cycle_s)
         throughput = n / cycle_s(residence_s)
-        busy = [throughput / mu[j] * p_prev[j - 1] for j in range(1, n + 1)]
-        # 1 - sum loses digits near saturation, and the residual correction can take the sum past
-        # 1; a probability is never below 0.
-        scale = max(1.0, sum(busy))
-        p_prev = [max(1.0 - sum(busy), 0.0)] + [b / scale for b in busy]
+        service_s = (1 - busy) * pass_s(1) + busy * own_s
+        busy_share_s = (1 - busy) * pass_s(1) + busy * own_s / own        # a job's share of its pass
+        busy, in_service = min(1.0, throughput * busy_share_s), throughput * service_s
+        waiting = throughput * max(residence_s - service_s, 0.0)
     return residence_s
+
+
+def _pass_at_s(pass_s: Callable[[int], float], batch: float, max_batch: int) -> float:
+    """A pass of a mean batch size: the batch curve between the whole sizes around it."""
+    batch = min(max(batch, 1.0), float(max_batch))
+    low = math.floor(batch)
+    if low == batch:
+        return pass_s(low)
+    return pass_s(low) + (batch - low) * (pass_s(low + 1) - pass_s(low))
 
 
 def _within_the_servers_rate(residence_s: float, n_clients: int, max_rate: float,

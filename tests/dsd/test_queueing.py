@@ -58,9 +58,12 @@ def _exact_mva_residence_s(n_clients, pass_s, cycle_s, max_batch):
     return residence_s
 
 
-@pytest.mark.parametrize("max_batch", [1, 3])
+@pytest.mark.parametrize("max_batch", [1])
 @pytest.mark.parametrize("think_s", [0.0, 0.02, 0.1, 0.5])
 def test_exponential_service_is_exact_mva(max_batch, think_s):
+    # A serial server only: a batching one whose running pass admits nobody is not the
+    # load-dependent station of the textbook recursion (its rate b / t_pass(b) lets an arrival
+    # join a pass in progress).
     def pass_s(b):
         return REAL.t_verify_s(GAMMA, b)
 
@@ -107,10 +110,32 @@ def test_without_think_time_a_serial_server_takes_every_clients_pass_in_turn(n):
     assert q.per_token_s("ar", n, ALPHA, GAMMA, 0.0, REAL) == pytest.approx(n * T_AR_S)
 
 
-def test_free_batching_never_queues():
+def test_an_arrival_waits_for_the_running_pass_even_when_batching_is_free():
+    # A pass admits nobody once it runs: with two clients the second arrives during the first's
+    # pass and waits its residual, so a batching verifier is the serial one, free batching or not.
     free = REAL.replace(batch_slope=0.0)
-    one = q.per_token_s("sync", 1, ALPHA, GAMMA, 0.04, free)
-    assert q.per_token_s("sync", 6, ALPHA, GAMMA, 0.04, free, max_batch=8) == pytest.approx(one)
+    serial = q.per_token_s("sync", 2, ALPHA, GAMMA, 0.04, free)
+    assert serial > q.per_token_s("sync", 1, ALPHA, GAMMA, 0.04, free)
+    for times in (free, REAL):
+        assert q.per_token_s("sync", 2, ALPHA, GAMMA, 0.04, times, max_batch=8) == pytest.approx(
+            q.per_token_s("sync", 2, ALPHA, GAMMA, 0.04, times), rel=1e-12)
+
+
+def test_the_arrivals_queued_behind_a_running_pass_go_together_in_the_next():
+    # Three clients, constant passes, think Z: an arrival that finds the verifier busy waits half
+    # the running pass, then goes with those queued behind it, so its pass holds more than one
+    # job and costs more than t_pass(1), and the residence lies between the serial server's and
+    # a pass of its own after the residual.
+    def pass_s(b):
+        return REAL.t_verify_s(GAMMA, b)
+
+    def cycle_s(residence_s):
+        return 0.01 + residence_s
+
+    serial = q.mva_residence_s(3, pass_s, cycle_s)
+    batched = q.mva_residence_s(3, pass_s, cycle_s, max_batch=4)
+    assert pass_s(1) < batched < serial
+    assert q.mva_residence_s(3, pass_s, cycle_s, max_batch=8) == pytest.approx(batched, rel=1e-12)
 
 
 def test_a_batched_pass_of_all_clients_is_the_batch_curve():
@@ -177,3 +202,34 @@ def test_predicted_frontier_has_a_row_per_client_count_and_pair():
     rows = q.predicted_frontier([2, 1, 2], ALPHA, GAMMA, REAL)
     assert [(r["clients"], r["pair"]) for r in rows] == [(n, p) for n in (1, 2) for p in q.FRONTIER_PAIRS]
     assert all(math.isnan(r["bound_ms"]) for r in rows if r["pair"].endswith("_vs_ar"))
+
+
+def _simulated_per_token_s(mode, n_clients, times, rtt_s, max_batch):
+    from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
+    from dsd.simulate_clients import ClientsSetup, VerifierConfig, simulate_clients
+    from dsd.stopping import StopRule
+
+    config = SyntheticConfig(alpha=1.0, seed=3)
+    setup = ClientsSetup(n_clients, mode, SIM_GAMMA, times, lambda _t: rtt_s, VerifierConfig(max_batch))
+    requests = simulate_clients(setup, SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [[1, 2, 3]],
+                                StopRule(200))
+    return sum((r.total_s - r.first_token_s) / (len(r.tokens) - r.rounds[0].emitted) for r in requests) / n_clients
+
+
+SIM_GAMMA = 4
+# Constant times; the prefills (serial, 1 ms a token) start the clients apart, as a sweep's do.
+SIM_TIMES = ComputeTimes(0.004, 0.002, 0.020, t_prefill_per_token_s=0.001, t_verify_by_gamma_s={SIM_GAMMA: 0.010},
+                         batch_slope=0.25)
+
+
+@pytest.mark.parametrize("max_batch", [4, 8])
+@pytest.mark.parametrize("n_clients", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("rtt_s", [0.0, 0.02])
+def test_the_batched_model_is_within_15_percent_of_the_simulator_with_constant_times(max_batch, n_clients, rtt_s):
+    # dsd.simulate_clients batches as the scheduler does (a running pass admits nobody). Its
+    # clients fall into step (those that waited for a pass go together from then on), which
+    # the model's arrival at a random moment of the running pass does not know: the model is
+    # low by up to 14% at 8 clients in one pass of 8 (the rate model it replaces: 20%).
+    simulated = _simulated_per_token_s("sync", n_clients, SIM_TIMES, rtt_s, max_batch)
+    modelled = q.per_token_s("sync", n_clients, 1.0, SIM_GAMMA, rtt_s, SIM_TIMES, max_batch)
+    assert modelled == pytest.approx(simulated, rel=0.15)
