@@ -64,7 +64,18 @@ def run_entry(member: dict, sweep: dict, summary: dict) -> dict:
             "crossovers": summary.get("crossovers", {}),
             "latency_err_oos_p50_pct": oos.get("latency_err_p50_pct", math.nan),
             "latency_err_oos_max_pct": oos.get("latency_err_max_pct", math.nan),
-            "compute_drift_max_pct": oos.get("compute_drift_max_pct", math.nan)}
+            "compute_drift_max_pct": oos.get("compute_drift_max_pct", math.nan),
+            # the RTT x clients map, where the sweep ran two client counts or more
+            "frontier": _map_rows(summary),
+            "map_plots": [f"{member['folder']}/{name}" for name in ("frontier.png", "regime_map.png")
+                          if name in summary.get("plots", [])]}
+
+
+def _map_rows(summary: dict) -> list[dict]:
+    """The sweep's frontier rows where it ran two client counts or more (else the one-client
+    crossovers, already in its crossovers, are all it has)."""
+    rows = (summary.get("frontier") or {}).get("rows", [])
+    return rows if len({r["clients"] for r in rows}) > 1 else []
 
 
 def describe_draft(pair_path: str) -> str:
@@ -99,7 +110,22 @@ def suite_sections(result: dict) -> list[tuple[str, list]]:
                                                                           for r in result["runs"]))]),
             ("Crossovers", [("table", ["sweep", "crossover", "measured (95% CI)", "predicted before measuring (ms)"],
                              crossings)]),
-            ("Per-token latency against RTT", [("image", FIGURE)])]
+            ("Per-token latency against RTT", [("image", FIGURE)]),
+            *_map_section(result)]
+
+
+def _map_section(result: dict) -> list[tuple[str, list]]:
+    """The RTT x clients map of the sweeps that ran more than one client count: each crossover per
+    client count with its interval beside the prediction written before it ran, and the figures."""
+    rows = [[r["experiment"], f["clients"], f["pair"],
+             f"{_fmt(f['crossover_ms'], 1)} [{_fmt(f['ci_low_ms'], 1)} .. {_fmt(f['ci_high_ms'], 1)}]",
+             _fmt(f["predicted_ms"], 1), f["in_or_out_of_sample"]]
+            for r in result["runs"] for f in r.get("frontier", [])]
+    if not rows:
+        return []
+    images = [("image", path) for r in result["runs"] for path in r.get("map_plots", [])]
+    return [("The RTT x clients map", [("table", ["sweep", "clients", "crossover", "measured, ms (95% CI)",
+                                                   "predicted before measuring, ms", "sample"], rows), *images])]
 
 
 def _fmt(value, digits: int) -> str:

@@ -114,3 +114,20 @@ def test_the_main_job_is_a_suite_of_the_layer_and_the_feature_draft():
     from orchestrator.cli import REPO
     suite = load_suite(REPO / "experiments" / "main.toml")
     assert [p.name for p in suite.experiments] == ["crossover.toml", "crossover-feature.toml"]
+
+
+def test_a_suite_member_over_several_client_counts_brings_its_map_to_the_side_by_side(tmp_path):
+    (tmp_path / "one.toml").write_text(EXPERIMENT_TEXT.format(name="one", alpha=0.8))
+    (tmp_path / "map.toml").write_text(
+        EXPERIMENT_TEXT.format(name="map", alpha=0.8).replace('modes = ["ar", "sync"]', 'modes = ["colocated", "pipelined"]')
+        .replace("rtt_ms = [0, 20, 40]", "rtt_ms = [0, 10, 40, 80, 160]\nclients = [1, 2, 4]\nedges = 4")
+        .replace("requests = 6", "requests = 2"))
+    (tmp_path / "suite.toml").write_text('name = "with-map"\nexperiments = ["one.toml", "map.toml"]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(tmp_path / "suite.toml"), "--out", str(out)]) == 0
+    one, mapped = json.loads((out / "summary.json").read_text())["runs"]
+    assert one["frontier"] == [] and one["map_plots"] == []
+    assert {row["clients"] for row in mapped["frontier"]} == {1, 2, 4}
+    assert mapped["map_plots"] == ["map/frontier.png", "map/regime_map.png"]
+    report = (out / "report.html").read_text()
+    assert "The RTT x clients map" in report and "pipelined_vs_colocated" in report
