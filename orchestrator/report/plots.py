@@ -345,29 +345,23 @@ _MAP_PAIRS = {"pipelined_vs_colocated": ("-", "k"), "cached_vs_colocated": ("-."
               "sync_vs_ar": ("--", "tab:blue")}
 
 
-def _edges(values: np.ndarray) -> np.ndarray:
-    """Cell edges halfway between sorted grid values (the outer ones mirrored)."""
-    if len(values) == 1:
-        return np.array([values[0] - 0.5, values[0] + 0.5])
-    mids = (values[1:] + values[:-1]) / 2
-    return np.concatenate([[values[0] - (mids[0] - values[0])], mids, [values[-1] + (values[-1] - mids[-1])]])
-
-
 def plot_regime_map(regime: pd.DataFrame, frontier: pd.DataFrame, path: Path, title: str, launcher: str) -> Path:
     """A heatmap over (RTT, clients): each cell coloured by its fastest mode, paler the smaller its
     margin over the runner-up (written in the cell); the predicted crossovers RTT*(N) of the map's
-    pairs drawn over it. Clients on an even row per count."""
+    pairs drawn over it. One column per RTT of the grid, equally wide (grids are dense near 0 ms,
+    where a linear axis would crowd the cells), and one row per client count; a predicted RTT
+    between two of the grid's is placed between their columns by linear interpolation."""
     kind = "simulated" if launcher == "sim" else "measured"
     rtts = np.array(sorted(regime["rtt_ms"].unique()), dtype=float)
     clients = sorted(int(c) for c in regime["clients"].unique())
-    x_edges = _edges(rtts)
-    fig, ax = plt.subplots(figsize=(8.5, 1.6 + 0.55 * len(clients)), dpi=120)
+    columns = np.arange(len(rtts), dtype=float)
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.5 + 0.55 * len(rtts)), 1.6 + 0.55 * len(clients)), dpi=120)
     for row in regime.itertuples():
         i, j = clients.index(int(row.clients)), int(np.searchsorted(rtts, row.rtt_ms))
         strength = 0.35 + 0.65 * min(max(row.margin_pct, 0) / 50, 1) if math.isfinite(row.margin_pct) else 1.0
-        ax.add_patch(plt.Rectangle((x_edges[j], i - 0.5), x_edges[j + 1] - x_edges[j], 1.0,
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1.0, 1.0,
                                    color=matplotlib.colors.to_rgba(_color(row.fastest), strength), lw=0))
-        ax.text(row.rtt_ms, i, f"+{row.margin_pct:.0f}%" if math.isfinite(row.margin_pct) else "", ha="center",
+        ax.text(j, i, f"+{row.margin_pct:.0f}%" if math.isfinite(row.margin_pct) else "", ha="center",
                 va="center", fontsize=6.5)
     for mode in [m for m in names() if m in set(regime["fastest"])]:
         ax.add_patch(plt.Rectangle((0, 0), 0, 0, color=_color(mode), label=f"{_label(mode)} fastest"))
@@ -376,19 +370,22 @@ def plot_regime_map(regime: pd.DataFrame, frontier: pd.DataFrame, path: Path, ti
         rows = frontier[frontier["pair"] == pair].sort_values("clients") if len(frontier) else frontier
         if len(rows) and set(queueing.FRONTIER_PAIRS[pair]) <= winners:     # a boundary between two regions
             ys = [clients.index(int(c)) for c in rows["clients"]]
-            xs = np.clip(rows["predicted_ms"].to_numpy(dtype=float), x_edges[0], x_edges[-1])
+            predicted = rows["predicted_ms"].to_numpy(dtype=float)
+            xs = np.where(predicted > rtts[-1], len(rtts) - 0.5,
+                          np.where(predicted < rtts[0], -0.5, np.interp(predicted, rtts, columns)))
             ax.plot(xs, ys, style, color=color, lw=1.4, marker="|", ms=10,
                     label=f"{pair.replace('_', ' ')}: predicted RTT*(N)")
-    ax.set_xlim(x_edges[0], x_edges[-1])
+    ax.set_xlim(-0.5, len(rtts) - 0.5)
     ax.set_ylim(-0.5, len(clients) - 0.5)
+    ax.set_xticks(columns, [f"{r:g}" for r in rtts], fontsize=8)
     ax.set_yticks(range(len(clients)), [str(c) for c in clients])
-    ax.set_xlabel("round-trip time (ms)")
+    ax.set_xlabel("round-trip time (ms), the grid's values")
     ax.set_ylabel("clients sharing the server")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.text(0.01, 0.01, f"cells: the fastest mode by {kind} per-token latency (median over repeats), paler and\n"
-             "numbered by its margin over the runner-up; lines: the queueing model's RTT*(N), clipped to the grid",
-             fontsize=7, color="0.4")
+             "numbered by its margin over the runner-up; lines: the queueing model's RTT*(N) between the grid's "
+             "columns, clipped to the grid", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path)
     plt.close(fig)
