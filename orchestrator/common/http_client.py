@@ -41,8 +41,17 @@ class _NetnsConnection(http.client.HTTPConnection):
 
 
 def split_url(url: str) -> tuple[http.client.HTTPConnection, str]:
-    """(connection, path) for http://host:port/path, unix:/socket/path.sock/http/path, or
-    netns:/proc/PID/ns/net;http://host:port/path (TCP from inside that network namespace)."""
+    """(connection, path) for http://host:port/path, unix:/socket/path.sock/http/path,
+    netns:/proc/PID/ns/net;http://host:port/path (TCP from inside that network namespace), or
+    tunnel:HOST:PORT;http://host:port/path (through an HTTP CONNECT tunnel at HOST:PORT:
+    orchestrator/launchers/swarm_tunnel.py, onto a swarm's overlay from off the manager)."""
+    if url.startswith("tunnel:"):
+        proxy, _, rest = url[len("tunnel:"):].partition(";")
+        proxy_host, _, proxy_port = proxy.rpartition(":")
+        parsed = urllib.parse.urlsplit(rest)
+        connection = http.client.HTTPConnection(proxy_host, int(proxy_port), timeout=10.0)
+        connection.set_tunnel(parsed.hostname, parsed.port)
+        return connection, (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
     if url.startswith("netns:"):
         netns, _, rest = url[len("netns:"):].partition(";")
         parsed = urllib.parse.urlsplit(rest)

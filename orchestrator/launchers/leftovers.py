@@ -1,6 +1,8 @@
 """Leftovers of a dead run, found by our prefix or label: shaping (netem: daemons, iptables
 chains, qdiscs, namespaces, interfaces), service processes (their SERVICE_MARK environment
-variable) and compose containers and networks (compose.yaml's dsdbed.* labels).
+variable) and compose containers and networks (compose.yaml's dsdbed.* labels), the swarm
+launcher's stacks (dsdbed.stack) and the nodes of a swarm on this host (swarm_local.py: its node
+containers, with the volumes holding their engines' storage, and their network).
 
 `find()` only looks (a sweep on a network launcher refuses to start over leftovers);
 `clean()` removes them and is idempotent: a second call returns [].
@@ -64,7 +66,7 @@ def clean() -> list[str]:
     removed += cleanup_leftovers()
     removed += _swarm_stacks(remove=True)       # services first: their containers would stay
     for kind, name, obj in _docker_objects():
-        obj.remove(**({"force": True} if kind == "container" else {}))
+        obj.remove(**({"force": True, "v": True} if kind == "container" else {}))   # v: a swarm node's engine storage
         removed.append(f"{kind} {name}")
     return removed
 

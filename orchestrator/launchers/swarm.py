@@ -17,17 +17,27 @@ Declared, realised, read back:
    an edge's rules match; a virtual IP would be rewritten by IPVS after them), an attachable
    overlay network, no healthchecks (Docker's are execs; we poll /health), no restarts (a
    crashed service is a failed point, not a silent replacement).
-2. `docker stack deploy`, then a small control container (``sleep``) on the overlay: the
-   orchestrator, on a manager node, reaches every task's control API with TCP sockets opened in
-   that container's network namespace (``netns:`` URLs, orchestrator/common/http_client.py), on the
-   overlay itself, from any node of the swarm.
-3. The tasks are read back (one verifier, N edges, running, each with its overlay address) and
-   polled for /health until all answer.
+   The image is named by its ID, read on the engine that built it: given the nodes' engines
+   (``node_hosts``) it is first copied to those that lack it (swarm_images.py), and a node of
+   the swarm without it is named before anything deploys; no node looks for it in a registry.
+   With more than one node the edges keep off the verifier's node.
+2. `docker stack deploy`, then a small control container on the overlay: the orchestrator, on a
+   manager node (its engine local), reaches every task's control API with TCP sockets opened in
+   that container's network namespace (``netns:`` URLs, orchestrator/common/http_client.py); off
+   the manager (``docker_host`` a remote manager's API) through a CONNECT tunnel the container
+   runs on a published port of the manager node (``tunnel:`` URLs, swarm_tunnel.py).
+3. The tasks are read back (one verifier, N edges, running, each with its overlay address and
+   node) and polled for /health until all answer.
 
 Shaping: every edge is asked to shape its link (``PUT /link``) and verifies it itself (ICMP
 against the base RTT it measured first); links.csv says ``in-edge-nfqueue`` (or kernel-netem
-where the node has sch_netem). NOTE: Docker gives containers no real-time CPU budget, so the
+where the node has sch_netem), with the node each edge ran on and the base RTT its edge measured
+to the verifier across the overlay before shaping. NOTE: Docker gives containers no real-time CPU budget, so the
 edges' NFQUEUE daemons run at nice -20, not SCHED_FIFO: expect more delay error on a busy node.
+
+Heal (before a retry): an edge or verifier that no longer answers (its node lost, its process
+dead) is replaced: once the manager has seen its node go, the service is force-updated, which
+starts all its tasks again on the nodes that are ready, and the testbed is read back.
 
 Cleanup: `docker stack rm`, then everything that carries the stack's label
 (``com.docker.stack.namespace``, ``dsdbed.stack``): services, the control container, networks,
@@ -35,12 +45,15 @@ secrets; `cleanup_stack` does the same after a crash.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import secrets
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +69,7 @@ from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.control_api import ControlApiTestbed
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, _run
 from orchestrator.launchers.external import shape_in_edge
+from orchestrator.launchers.swarm_images import PROBE_SUFFIX, distribute, image_id, missing_on
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.links.keys import as_spec
 
@@ -67,6 +81,8 @@ ROLE_LABEL = "dsdbed.role"
 SECRET = "dsdbed_token"
 SECRET_PATH = f"/run/secrets/{SECRET}"
 VERIFIER_PORT, EDGE_PORT = 8700, 8701
+TUNNEL_PORT = 8790            # published on the manager node when the orchestrator is off it
+ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 EDGE_CAPS = ["NET_ADMIN", "NET_RAW", "SYS_NICE"]
 _STACK_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
 _VAR_RE = re.compile(r"\$\{([A-Z0-9_]+)(:?-)?([^}]*)\}")
@@ -74,6 +90,13 @@ _VAR_RE = re.compile(r"\$\{([A-Z0-9_]+)(:?-)?([^}]*)\}")
 
 class SwarmError(RuntimeError):
     """docker swarm/stack failed, or the swarm is not what the launcher needs."""
+
+
+@dataclass
+class SwarmLinkState(LinkState):
+    """A row of links.csv from a swarm edge: where it ran and the overlay's own RTT under the shaping."""
+    node: str = ""
+    rtt_base_ms: float = math.nan         # edge -> verifier across the overlay, before shaping (ICMP median)
 
 
 @dataclass(frozen=True)
@@ -93,10 +116,25 @@ class SwarmConfig:
     up_timeout_s: float = 900.0
     compose_file: str = str(COMPOSE_FILE)
     work_dir: str = ""
+    docker_host: str = ""             # the manager's Docker API; "" = this machine's engine (DOCKER_HOST)
+    node_hosts: tuple[str, ...] = ()  # the nodes' Docker APIs: the image is copied to those lacking it
+    tunnel_port: int = TUNNEL_PORT
+    heal_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         # The service values are validated as compose validates them (same variables).
         self.compose_config
+        for name, url in [("docker_host", self.docker_host)] * bool(self.docker_host) + [
+                ("node_hosts", u) for u in self.node_hosts]:
+            if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ENGINE_SCHEMES:
+                raise ValueError(f"{name} must be Docker API URLs ({', '.join(s + '://' for s in ENGINE_SCHEMES)}), "
+                                 f"got {url!r}")
+        if not isinstance(self.node_hosts, tuple):
+            raise ValueError(f"node_hosts must be a tuple of URLs, got {self.node_hosts!r}")
+        if not (is_int(self.tunnel_port) and 1 <= self.tunnel_port <= 65535):
+            raise ValueError(f"tunnel_port must be a port number, got {self.tunnel_port!r}")
+        if not (is_number(self.heal_timeout_s) and self.heal_timeout_s > 0):
+            raise ValueError(f"heal_timeout_s must be a number > 0, got {self.heal_timeout_s!r}")
         if not isinstance(self.stack, str) or not _STACK_RE.match(self.stack):
             raise ValueError(f"stack must be 1-31 lowercase letters, digits, '-' or '_', got {self.stack!r}")
         for name, low, high in (("verify_count", 0, 100_000),):
@@ -114,14 +152,24 @@ class SwarmConfig:
                              subnet=self.subnet, shaper_backend=self.shaper_backend, build="never",
                              compose_file=self.compose_file)
 
+    @property
+    def remote(self) -> bool:
+        """The manager's engine is not this machine's: its containers' namespaces are out of reach."""
+        return bool(self.docker_host) and not self.docker_host.startswith("unix://")
+
     @classmethod
     def from_services(cls, services: ServicesConfig, **overrides) -> "SwarmConfig":
+        """A sweep's swarm: the services' settings, and where the swarm is from the environment,
+        as Docker takes DOCKER_HOST: DSD_SWARM_MANAGER (the manager's API) and DSD_SWARM_NODES
+        (the nodes' APIs, space-separated, for copying the image to them)."""
         if services.extra_verifier_args:
             raise ValueError(f"extra_verifier_args: the swarm launcher cannot pass them, got "
                              f"{services.extra_verifier_args!r}")
+        where = {"docker_host": os.environ.get("DSD_SWARM_MANAGER", ""),
+                 "node_hosts": tuple(os.environ.get("DSD_SWARM_NODES", "").split())}
         return cls(**{"n_edges": services.n_edges, "backend": services.backend, "profile": services.profile,
                       "max_batch": services.max_batch, "batch_window_ms": services.batch_window_ms,
-                      "work_dir": services.work_dir, **overrides})
+                      "work_dir": services.work_dir, **where, **overrides})
 
 
 def interpolate(value, env: dict[str, str]):
@@ -140,8 +188,11 @@ def interpolate(value, env: dict[str, str]):
     return value
 
 
-def stack_file(config: SwarmConfig, compose: dict, token_file: str) -> dict:
-    """compose.yaml (parsed) -> the stack file `docker stack deploy` reads. Pure."""
+def stack_file(config: SwarmConfig, compose: dict, token_file: str, image_ref: str = "",
+               edges_beside_verifier: bool = True) -> dict:
+    """compose.yaml (parsed) -> the stack file `docker stack deploy` reads. Pure. ``image_ref``:
+    the image by ID (default: by name); ``edges_beside_verifier`` False keeps the edges off the
+    verifier's node. An update (heal's force-update) replaces every task at once."""
     env = config.compose_config.compose_env()
     env.pop("DSD_TOKEN", None)
     labels = {OUR_LABEL: config.stack}
@@ -149,19 +200,25 @@ def stack_file(config: SwarmConfig, compose: dict, token_file: str) -> dict:
     def service(name: str, extra_args: list[str], deploy: dict, **more) -> dict:
         source = compose["services"][name]
         command = [a for a in interpolate(source["command"], env) if not a.endswith("=")]   # empty flags
-        return {"image": config.image, "command": command + ["--token-file", SECRET_PATH, *extra_args],
+        return {"image": image_ref or config.image, "command": command + ["--token-file", SECRET_PATH, *extra_args],
                 "networks": ["testbed"], "secrets": [SECRET], "stop_grace_period": "5s",
                 "labels": {ROLE_LABEL: name, **labels},
                 "deploy": {"labels": {ROLE_LABEL: name, **labels}, "restart_policy": {"condition": "none"},
-                           "endpoint_mode": "dnsrr", **deploy}, **more}
+                           "endpoint_mode": "dnsrr", "update_config": {"parallelism": 0, "order": "stop-first",
+                                                                       "failure_action": "continue"},
+                           **deploy}, **more}
+
+    edge_placement = {"preferences": [{"spread": "node.id"}]}
+    if not edges_beside_verifier:
+        edge_placement["constraints"] = [f"node.labels.{ROLE_LABEL} != verifier"]
 
     return {
         "version": "3.8",
         "services": {
             "verifier": service("verifier", [], {"replicas": 1, "placement": {
                 "constraints": [f"node.labels.{ROLE_LABEL} == verifier"]}}),
-            "edge": service("edge", ["--shape-link"], {"replicas": config.n_edges, "placement": {
-                "preferences": [{"spread": "node.id"}]}}, cap_add=list(EDGE_CAPS)),
+            "edge": service("edge", ["--shape-link"], {"replicas": config.n_edges, "placement": edge_placement},
+                            cap_add=list(EDGE_CAPS)),
         },
         "networks": {"testbed": {"driver": "overlay", "attachable": True, "labels": labels,
                                  "ipam": {"config": [{"subnet": config.subnet}]}}},
@@ -184,9 +241,17 @@ class SwarmTestbed(ControlApiTestbed):
         self.owned = False
         self._token = secrets.token_urlsafe(32)
         self._work = Path(config.work_dir or f"/tmp/dsdbed-swarm-{os.getpid()}")
-        self._client = docker.from_env(timeout=120)
+        self._client = (docker.DockerClient(base_url=config.docker_host, timeout=120) if config.docker_host
+                        else docker.from_env(timeout=120))
+        self._env = {**os.environ, **({"DOCKER_HOST": config.docker_host} if config.docker_host else {})}
         self._controller = None
+        self._reach = ""              # how a task's address is reached: netns:PATH; or tunnel:HOST:PORT;
         self._verifier_http = ""
+        self.image_ref = ""
+        self.image_steps: list[str] = []
+        self.nodes: dict[str, str] = {}     # node ID -> hostname
+        self._edge_nodes: list[str] = []    # node ID of each edge
+        self.verifier_node = ""
         self._shaped = False
         self._pool = ThreadPoolExecutor(max_workers=min(32, config.n_edges), thread_name_prefix="dsd-swarm")
         try:
@@ -208,16 +273,16 @@ class SwarmTestbed(ControlApiTestbed):
         info = self._client.info()
         if info.get("Swarm", {}).get("LocalNodeState") != "active" or not info["Swarm"].get("ControlAvailable"):
             raise SwarmError("this Docker engine is not a swarm manager: `docker swarm init` (or join as a manager)")
-        if not [n for n in self._client.nodes.list() if n.attrs["Spec"].get("Labels", {}).get(ROLE_LABEL) == "verifier"]:
+        nodes = self._client.nodes.list()
+        if not [n for n in nodes if n.attrs["Spec"].get("Labels", {}).get(ROLE_LABEL) == "verifier"]:
             raise SwarmError(f"no node is labelled {ROLE_LABEL}=verifier: "
                              f"`docker node update --label-add {ROLE_LABEL}=verifier NODE`")
-        if not self._client.images.list(name=c.image):
-            raise SwarmError(f"image {c.image} is missing: scripts/build_images.sh, then scripts/build_shaper_image.sh "
-                             "(on every node, or push it to a registry the nodes share)")
         left = find_stack(c.stack, self._client)
         if left:
             raise SwarmError(f"stack {c.stack!r} has leftovers {left}: remove them with `dsdbed cleanup` "
                              f"or `docker stack rm {c.stack}`")
+        self.owned = True          # from here on close() removes what carries the stack's labels
+        self._image_everywhere()
         self._work.mkdir(parents=True, exist_ok=True)
         token_file = self._work / "token"
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -225,43 +290,90 @@ class SwarmTestbed(ControlApiTestbed):
             f.write(self._token)
         compose = yaml.safe_load(Path(c.compose_file).read_text())
         stack_path = self._work / "stack.yml"
-        stack_path.write_text(json.dumps(stack_file(c, compose, str(token_file)), indent=1))  # JSON is YAML
+        stack = stack_file(c, compose, str(token_file), self.image_ref, edges_beside_verifier=len(nodes) == 1)
+        stack_path.write_text(json.dumps(stack, indent=1))  # JSON is YAML
         t0_s = time.monotonic()
-        self.owned = True
-        _run(["docker", "stack", "deploy", "--compose-file", str(stack_path), c.stack], env=dict(os.environ),
-             timeout_s=120, what="docker stack deploy")
-        network = f"{c.stack}_testbed"
-        self._controller = self._client.containers.run(
-            c.image, ["sleep", "infinity"], detach=True, name=f"{c.stack}-control", network=network, init=True,
-            labels={OUR_LABEL: c.stack, ROLE_LABEL: "control"})
-        self._controller.reload()
-        self._netns = f"/proc/{self._controller.attrs['State']['Pid']}/ns/net"
+        # --resolve-image never: the image is named by ID, and there is no registry to ask.
+        _run(["docker", "stack", "deploy", "--resolve-image", "never", "--compose-file", str(stack_path), c.stack],
+             env=self._env, timeout_s=120, what="docker stack deploy")
+        self._start_controller()
         self._discover(deadline_s=t0_s + c.up_timeout_s)
         self.up_s = time.monotonic() - t0_s
+
+    def _image_everywhere(self) -> None:
+        """The image by ID, read where it was built (this machine's engine; else the manager's):
+        copied to the nodes given that lack it, then every ready node checked."""
+        c = self.config
+        source = self._client
+        if c.remote:
+            try:
+                local = docker.from_env(timeout=600)
+                local.images.get(c.image)
+                source = local
+            except (docker.errors.DockerException, OSError):
+                pass                    # no engine here, or not built here: the manager's
+        try:
+            self.image_ref = image_id(source, c.image)
+            if c.node_hosts:
+                self.image_steps = distribute(c.image, source, list(c.node_hosts))
+                log.info("image %s on the nodes: %s", c.image, "; ".join(self.image_steps))
+        except RuntimeError as exc:
+            raise SwarmError(str(exc)) from None
+        finally:
+            if source is not self._client:
+                source.close()
+        missing = missing_on(self._client, self.image_ref, f"{c.stack}_{PROBE_SUFFIX}", {OUR_LABEL: c.stack})
+        if missing:
+            raise SwarmError(f"image {c.image} ({self.image_ref[:19]}) is not on node(s) {', '.join(missing)}: give "
+                             "their Docker APIs (DSD_SWARM_NODES) to copy it there, or `docker save "
+                             f"{c.image} | docker -H NODE load` for each")
+
+    def _start_controller(self) -> None:
+        """The container the orchestrator reaches the overlay through (module docstring, 2)."""
+        c = self.config
+        common = {"detach": True, "name": f"{c.stack}-control", "network": f"{c.stack}_testbed", "init": True,
+                  "labels": {OUR_LABEL: c.stack, ROLE_LABEL: "control"}}
+        if c.remote:
+            self._controller = self._client.containers.run(
+                self.image_ref, ["python3", "-m", "orchestrator.launchers.swarm_tunnel", "--port", str(c.tunnel_port),
+                                 "--allow", c.subnet], ports={f"{c.tunnel_port}/tcp": c.tunnel_port}, **common)
+            self._reach = f"tunnel:{urllib.parse.urlsplit(c.docker_host).hostname}:{c.tunnel_port};"
+        else:
+            self._controller = self._client.containers.run(self.image_ref, ["sleep", "infinity"], **common)
+            self._controller.reload()
+            self._reach = f"netns:/proc/{self._controller.attrs['State']['Pid']}/ns/net;"
 
     def _tasks(self, service: str) -> list[dict]:
         found = self._client.services.list(filters={"name": f"{self.config.stack}_{service}"})
         return [t for s in found for t in s.tasks()] if found else []
 
     def _discover(self, deadline_s: float) -> None:
-        """Wait until one verifier and N edge tasks run and answer /health over the overlay."""
+        """Wait until one verifier and N edge tasks run and answer /health over the overlay.
+        Only the tasks the swarm wants running count (an update's or a lost node's old ones do not)."""
         c = self.config
         while True:
-            verifier = [t for t in self._tasks("verifier") if t["Status"]["State"] == "running"]
-            edges = sorted((t for t in self._tasks("edge") if t["Status"]["State"] == "running"),
+            self.nodes = {n.id: n.attrs["Description"]["Hostname"] for n in self._client.nodes.list()}
+            wanted = {s: [t for t in self._tasks(s) if t["DesiredState"] == "running"] for s in ("verifier", "edge")}
+            current = wanted["verifier"] + wanted["edge"]
+            verifier = [t for t in wanted["verifier"] if t["Status"]["State"] == "running"]
+            edges = sorted((t for t in wanted["edge"] if t["Status"]["State"] == "running"),
                            key=lambda t: t.get("Slot", 0))
-            failed = [f"{t['ServiceID'][:8]}.{t.get('Slot', '')}: {t['Status'].get('Err') or t['Status']['State']}"
-                      for t in self._tasks("verifier") + self._tasks("edge")
-                      if t["Status"]["State"] in ("failed", "rejected", "shutdown", "complete")]
+            failed = [f"{t['ServiceID'][:8]}.{t.get('Slot', '')}@{self.nodes.get(t.get('NodeID'), '?')}: "
+                      f"{t['Status'].get('Err') or t['Status']['State']}"
+                      for t in current if t["Status"]["State"] in ("failed", "rejected", "complete")]
             if failed:
                 raise SwarmError(f"tasks did not start: {failed[:5]}")
             if len(verifier) == 1 and len(edges) == c.n_edges:
                 self._verifier_http = self._url(verifier[0], VERIFIER_PORT)
-                handles = [EdgeHandle(i, self._url(t, EDGE_PORT), f"edge.{t.get('Slot', i)}@{t['NodeID'][:8]}",
+                handles = [EdgeHandle(i, self._url(t, EDGE_PORT),
+                                      f"edge.{t.get('Slot', i)}@{self.nodes.get(t['NodeID'], t['NodeID'][:12])}",
                                       self._token) for i, t in enumerate(edges)]
-                if all(_healthy(u, role) for u, role in [(self._verifier_http, "verifier"),
-                                                         *((h.control_url, "edge") for h in handles)]):
+                healthy = list(self._pool.map(lambda pair: _healthy(*pair), [(self._verifier_http, "verifier"),
+                                              *((h.control_url, "edge") for h in handles)]))
+                if all(healthy):
                     self.edges = handles
+                    self.verifier_node = self.nodes.get(verifier[0]["NodeID"], "")
+                    self._edge_nodes = [t["NodeID"] for t in edges]
                     return
             if time.monotonic() > deadline_s:
                 raise SwarmError(f"stack not up after {c.up_timeout_s:.0f} s: {len(verifier)} verifier and "
@@ -273,7 +385,7 @@ class SwarmTestbed(ControlApiTestbed):
         for attachment in task.get("NetworksAttachments", []):
             if attachment["Network"]["Spec"]["Name"] == network:
                 ip = attachment["Addresses"][0].split("/")[0]
-                return f"netns:{self._netns};http://{ip}:{port}"
+                return f"{self._reach}http://{ip}:{port}"
         raise SwarmError(f"task {task['ID'][:12]} has no address on {network}")
 
     # ---- Testbed ----------------------------------------------------------------------------
@@ -286,13 +398,27 @@ class SwarmTestbed(ControlApiTestbed):
         states = list(self._pool.map(lambda p: self._shape_edge(*p), zip(self.edges, rtt_ms_per_edge)))
         return states
 
-    def _shape_edge(self, edge: EdgeHandle, link) -> LinkState:
+    def _shape_edge(self, edge: EdgeHandle, link) -> SwarmLinkState:
         c = self.config
         body = {"verifier_url": self.verifier_url, "backend": c.shaper_backend, "verify_count": c.verify_count,
                 "tolerance_ms": c.verify_tolerance_ms}
         state = shape_in_edge(edge, as_spec(link), body, self._token, 30.0)
         self.shaper = state.shaper
-        return state
+        record = json.loads(http_client.call("GET", edge.control_url + "/link", None, 10.0, self._token))["record"]
+        base = (record or {}).get("base") or {}
+        return SwarmLinkState(**dataclasses.asdict(state), node=self._edge_nodes_by_name().get(edge.name, ""),
+                              rtt_base_ms=base.get("rtt_p50_ms", math.nan))
+
+    def _edge_nodes_by_name(self) -> dict[str, str]:
+        return {edge.name: self.nodes.get(node, node) for edge, node in zip(self.edges, self._edge_nodes)}
+
+    def facts(self) -> dict:
+        """sweep.json's record of the swarm: its nodes, the image by ID and how it got there."""
+        return {"nodes": sorted(self.nodes.values()), "verifier_node": self.verifier_node,
+                "edge_nodes": sorted(set(self._edge_nodes_by_name().values())),
+                "image": self.config.image, "image_id": self.image_ref,
+                "image_steps": self.image_steps, "manager": self.config.docker_host or "this machine's engine",
+                "reached_by": "tunnel" if self.config.remote else "netns"}
 
     def app_delay_ms(self, client_id: int) -> float:
         return 0.0
@@ -306,8 +432,13 @@ class SwarmTestbed(ControlApiTestbed):
                 raise RuntimeError(f"shaping in {edge.name} failed: {failures[0]}")
 
     def heal(self) -> list[str]:
-        """Drop broken shaping (the next point re-applies it); a dead task is not replaced (restart
-        policy none), so it fails the retry with its name."""
+        """Replace what stopped answering (module docstring, Heal); drop broken shaping (the next
+        point re-applies it)."""
+        lost = [role for role, answers in (
+            ("verifier", _healthy(self._verifier_http, "verifier")),
+            ("edge", all(self._pool.map(lambda e: _healthy(e.control_url, "edge"), self.edges)))) if not answers]
+        if lost:
+            return self._replace(lost)
         healed = []
         for edge in self.edges:
             state = json.loads(http_client.call("GET", edge.control_url + "/link", None, 10.0, self._token))
@@ -315,6 +446,35 @@ class SwarmTestbed(ControlApiTestbed):
                 http_client.call("DELETE", edge.control_url + "/link", None, 10.0, self._token)
                 healed.append(f"removed broken shaping in {edge.name}")
         return healed
+
+    def _replace(self, services: list[str]) -> list[str]:
+        """Force-update the services whose tasks stopped answering, once the manager sees why
+        (their node down, or the task no longer running); then read the testbed back."""
+        c = self.config
+        deadline_s = time.monotonic() + c.heal_timeout_s
+        while True:
+            states = {n.id: n.attrs["Status"]["State"] for n in self._client.nodes.list()}
+            stale = [t for s in services for t in self._tasks(s)
+                     if t["DesiredState"] == "running" and t["Status"]["State"] == "running"
+                     and states.get(t["NodeID"]) == "ready" and not _healthy(self._task_url(t, s), s)]
+            gone = sorted({self.nodes.get(n, n) for n, state in states.items() if state != "ready"})
+            if gone or not stale or time.monotonic() > deadline_s:
+                break
+            time.sleep(1.0)
+        done = [f"nodes down: {', '.join(gone)}"] if gone else []
+        for name in services:
+            self._client.services.get(f"{c.stack}_{name}").force_update()
+            done.append(f"restarted every {name} task on the ready nodes")
+        self._shaped = False
+        self._discover(deadline_s=time.monotonic() + c.up_timeout_s)
+        done.append(f"{len(self.edges)} edges on {', '.join(sorted(set(self._edge_nodes_by_name().values())))}")
+        return done
+
+    def _task_url(self, task: dict, service: str) -> str:
+        try:
+            return self._url(task, VERIFIER_PORT if service == "verifier" else EDGE_PORT)
+        except SwarmError:
+            return ""
 
     # ---- down -------------------------------------------------------------------------------
 
@@ -329,7 +489,7 @@ class SwarmTestbed(ControlApiTestbed):
                     errors.append(f"control container: {exc.explanation}")
                 self._controller = None
             try:
-                _run(["docker", "stack", "rm", self.config.stack], env=dict(os.environ), timeout_s=120,
+                _run(["docker", "stack", "rm", self.config.stack], env=self._env, timeout_s=120,
                      what="docker stack rm")
             except ComposeError as exc:
                 # Typically the network, still in use by tasks shutting down: removed below.
@@ -340,6 +500,7 @@ class SwarmTestbed(ControlApiTestbed):
                     log.info("removed by label after docker stack rm: %s", left)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(f"cleanup by label: {exc}")
+            errors += self._wait_nodes_clean()
             self.owned = False
         token_file = self._work / "token"
         token_file.unlink(missing_ok=True)
@@ -349,7 +510,34 @@ class SwarmTestbed(ControlApiTestbed):
             raise SwarmError("teardown incomplete: " + "; ".join(errors))
 
 
+    def _wait_nodes_clean(self, timeout_s: float = 60.0) -> list[str]:
+        """On every node engine given that still answers (a lost one does not): wait until none of
+        the stack's containers and networks is left (the nodes remove their tasks after the
+        manager removes the services). Returns what is still there after timeout_s."""
+        left: list[str] = []
+        for url in self.config.node_hosts:
+            try:
+                node = docker.DockerClient(base_url=url, timeout=10)
+            except docker.errors.DockerException:
+                continue
+            try:
+                deadline_s = time.monotonic() + timeout_s
+                while True:
+                    found = find_stack(self.config.stack, node, services=False)
+                    if not found or time.monotonic() > deadline_s:
+                        left += [f"{url}: {x}" for x in found]
+                        break
+                    time.sleep(1.0)
+            except (docker.errors.DockerException, OSError):
+                pass                    # went away meanwhile: nothing of it left running
+            finally:
+                node.close()
+        return [f"left on nodes: {left}"] if left else []
+
+
 def _healthy(url: str, role: str) -> bool:
+    if not url:
+        return False
     try:
         status, body = http_client.request("GET", url + "/health", timeout_s=3.0)
         answer = json.loads(body)
@@ -358,14 +546,16 @@ def _healthy(url: str, role: str) -> bool:
     return status == 200 and answer.get("role") == role
 
 
-def find_stack(stack: str, client) -> list[str]:
-    """What of a stack exists: services, containers, networks, secrets with its labels."""
+def find_stack(stack: str, client, services: bool = True) -> list[str]:
+    """What of a stack exists: services, containers, networks, secrets with its labels
+    (services=False: containers and networks only, what a worker node's engine can list)."""
     found = []
     for label in (f"{STACK_LABEL}={stack}", f"{OUR_LABEL}={stack}"):
-        found += [f"service {s.name}" for s in client.services.list(filters={"label": label})]
+        if services:
+            found += [f"service {s.name}" for s in client.services.list(filters={"label": label})]
+            found += [f"secret {s.name}" for s in client.secrets.list(filters={"label": label})]
         found += [f"container {x.name}" for x in client.containers.list(all=True, filters={"label": label})]
         found += [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
-        found += [f"secret {s.name}" for s in client.secrets.list(filters={"label": label})]
     return sorted(set(found))
 
 

@@ -1,4 +1,4 @@
-"""A single-node swarm for the swarm tests, left as it was found.
+"""The images of the swarm tests, and a single-node swarm for them, left as it was found.
 
 `docker swarm init --advertise-addr 127.0.0.1` if this engine is not in a swarm (and
 `docker swarm leave --force` afterwards, removing the docker_gwbridge network the swarm made if
@@ -27,13 +27,24 @@ def docker(*args: str, check: bool = True, timeout_s: float = 120) -> str:
 
 
 @pytest.fixture(scope="session")
-def single_node_swarm():
+def single_node_images():
+    """The app image (built if missing) and the shaper image (built on every run, since it
+    carries this checkout's code: an image left from an older checkout would run older services,
+    e.g. an edge that did not know top_p; ~10 s cached)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (Docker)")
     try:
-        info = json.loads(docker("info", "--format", "{{json .Swarm}}", timeout_s=30))
+        docker("info", timeout_s=30)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"no Docker engine: {exc}")
+    if not docker("images", "-q", "dsdbed-app:latest"):
+        subprocess.run(["bash", str(REPO / "scripts/build_images.sh")], check=True, timeout=1800)
+    subprocess.run(["bash", str(REPO / "scripts/build_shaper_image.sh")], check=True, timeout=900)
+
+
+@pytest.fixture(scope="session")
+def single_node_swarm(single_node_images):
+    info = json.loads(docker("info", "--format", "{{json .Swarm}}", timeout_s=30))
     gwbridge_before = docker("network", "ls", "-q", "--filter", "name=^docker_gwbridge$") != ""
     joined = info.get("LocalNodeState") != "active"
     if joined:
@@ -44,11 +55,6 @@ def single_node_swarm():
     if labelled:
         docker("node", "update", "--label-add", "dsdbed.role=verifier", node)
     try:
-        if not docker("images", "-q", "dsdbed-app:latest"):
-            subprocess.run(["bash", str(REPO / "scripts/build_images.sh")], check=True, timeout=1800)
-        # Always: the shaper image carries this checkout's code, and an image left from an older
-        # checkout would run older services (seen: an edge that did not know top_p). ~10 s cached.
-        subprocess.run(["bash", str(REPO / "scripts/build_shaper_image.sh")], check=True, timeout=900)
         yield node
     finally:
         if labelled and not joined:
