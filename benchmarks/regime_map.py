@@ -16,7 +16,7 @@ grid to compare it with); --real-sweep reads experiments/regime-map-real.toml's 
 Every figure is of the pair pipelined_vs_colocated:
     frontier_inside_share     client counts whose measured crossover lies strictly inside the grid
     frontier_ci_finite_share  client counts whose 95% interval is finite, does not span the grid and
-                              is not degenerate (one sample a cell: a point, not a spread)
+                              is not degenerate (no resampled value differs: a point, not a spread)
     frontier_err_*_pct        |measured / predicted - 1| over the client counts predicted out of
                               sample (before their points ran) at >= 10 ms
     slope_*_ms_per_client     least-squares slope of RTT*(N) over the counts measured inside the grid

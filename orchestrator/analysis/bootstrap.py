@@ -26,7 +26,8 @@ point's ``per_token_ms_p50`` is the median over all its requests, so with every 
 the replicate is the reported statistic and the percentile interval is built around it. A cell
 with one repeat, one client and one request has nothing to redraw: its replicates are all one
 value, and a crossover between two such curves gets a point for an interval, which
-``crossover_cis`` flags (``ci_degenerate``) rather than presenting it as a spread.
+``crossover_cis`` flags (``ci_degenerate``) rather than presenting it as a spread; so does it
+when the samples are all alike (a deterministic simulator whose clients fall into step).
 
 The 95% interval is the 2.5 and 97.5 percentiles of the replicates (percentile bootstrap; the
 order statistics themselves, not interpolated, so infinite crossings, "never wins" or "wins
@@ -178,7 +179,8 @@ def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_
     covers_grid: the interval reaches both ends of the swept RTTs (or beyond), i.e. the data
     cannot place the crossover; then no number should be printed for it. degenerate: every
     replicate of every cell on both curves is the same value (one repeat, client and request a
-    cell): the interval is a point because nothing was redrawn, not because the data agree."""
+    cell, or samples that are all alike, as a deterministic simulator's clients in step): the
+    interval is a point because no redrawn value differs, not a measured spread."""
     out = {}
     for name, (mode, reference) in pairs.items():
         curves = {}
@@ -214,7 +216,7 @@ def describe_crossover(rtt_ms: float, ci: dict | None) -> str:
     text = ("never wins" if rtt_ms < 0 else "wins over the whole grid") if math.isinf(rtt_ms) else \
         ("-" if math.isnan(rtt_ms) else f"{rtt_ms:.2f} ms")
     if ci and ci.get("ci_degenerate"):
-        text += " (no interval: one sample a cell, nothing to resample)"
+        text += " (no interval: no resampled value differs)"
     elif ci and math.isinf(rtt_ms) and ci.get("ci_low") == ci.get("ci_high") == rtt_ms:
         text += " (in every bootstrap replicate)"
     elif ci and not math.isnan(ci.get("ci_low", math.nan)):

@@ -28,8 +28,8 @@ ERR_FLOOR_MS = 10.0
 WHAT = ("per client count N and pair of modes: the RTT below which the first mode is at least as fast per "
         "token as the second (crossover_ms, from the median-of-repeats cells as summary crossovers are), its "
         "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats, requests and clients drawn jointly for every "
-        "cell of every client count; ci_degenerate: a point, one sample a cell, not a spread), and the queueing "
-        "model's prediction (predicted_ms, dsd.queueing: mean-value analysis); in_or_out_of_sample says whether "
+        "cell of every client count; ci_degenerate: a point, no resampled value differs, not a spread), and the "
+        "queueing model's prediction (predicted_ms, dsd.queueing: mean-value analysis); in_or_out_of_sample says whether "
         "that prediction was written before any point of that N ran")
 
 

@@ -173,7 +173,7 @@ def _frontier_sections(summary: dict) -> list:
         *made,
         ("table", ["clients", "pair", "measured (ms)", "95% CI (ms)", "predicted (ms)", "prediction", "error (%)"],
          [[str(r["clients"]), r["pair"].replace("_", " "), _num(r["crossover_ms"]),
-           "none (one sample a cell)" if r.get("ci_degenerate")
+           "none (no resampled value differs)" if r.get("ci_degenerate")
            else f"{_num(r['ci_low_ms'])} .. {_num(r['ci_high_ms'])}",
            _num(r["predicted_ms"]),
            r["in_or_out_of_sample"].replace("_", " "), _num(r["err_pct"], 1)] for r in rows]),
