@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import docker
@@ -192,8 +193,9 @@ class LocalSwarm:
         for client in self.engines.values():
             client.close()
         self.engines = {}
-        for container in self.host.containers.list(all=True, filters={"label": f"dsdbed.testbed={self.config.prefix}"}):
-            container.remove(force=True, v=True)
+        nodes = self.host.containers.list(all=True, filters={"label": f"dsdbed.testbed={self.config.prefix}"})
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:      # each volume holds GBs
+            list(pool.map(lambda container: container.remove(force=True, v=True), nodes))
         self.containers = {}
         for network in self.host.networks.list(names=[self.config.prefix]):
             if network.attrs.get("Labels", {}).get("dsdbed.testbed") == NETWORK_ROLE:
