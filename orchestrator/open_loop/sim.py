@@ -243,12 +243,17 @@ class _RequestEvents:
         self.block_at = t_edge_s + self.one_way_s
         self.sim.at(self.block_at, lambda t: self.maybe_verify(t))
 
-    def maybe_verify(self, _t: float) -> None:
+    def maybe_verify(self, now_s: float) -> None:
         if math.isnan(self.session_free_at) or math.isnan(self.block_at):
             return                               # the other of (block, session free) comes later
         ready_s = max(self.block_at, self.session_free_at)
         self.block_at = self.session_free_at = math.nan
-        self.verifier.submit(ready_s, "verify", self.gamma, self.r, self.on_verdict)
+        if ready_s > now_s:
+            # the prefill ended before the block reached the verifier: the block joins the queue
+            # when it arrives, not now (a job queued early would start before it is there)
+            self.sim.at(ready_s, lambda t: self.verifier.submit(t, "verify", self.gamma, self.r, self.on_verdict))
+        else:
+            self.verifier.submit(ready_s, "verify", self.gamma, self.r, self.on_verdict)
 
     def after_prefill(self, t_s: float) -> None:
         if self.setup.mode == SYNC:
