@@ -42,6 +42,7 @@ EVAL_PROMPTS = REPO / "workloads" / "instructions.jsonl"
 CHAT_EVAL_PROMPTS = REPO / "workloads" / "chat_eval.jsonl"     # the deployment-like mix, by category
 EVALUATION_SETS = (EVAL_PROMPTS, CHAT_EVAL_PROMPTS)              # no training prompt comes near these
 WIDE_TRAIN_PROMPTS = REPO / "workloads" / "train_instructions_wide.jsonl"   # pairs.stdlib_prompts writes it
+CHAT_TRAIN_PROMPTS = REPO / "workloads" / "train_chat.jsonl"    # the chat mix's categories; pairs.chat_train_prompts
 DEPLOY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -212,6 +213,10 @@ def prompts_provenance(prompts_path: Path) -> str:
     if Path(prompts_path).resolve() == WIDE_TRAIN_PROMPTS.resolve():
         return ("instructions written for this project and derived from the docstrings of CPython "
                 "3.11.7's standard library, PSF License Agreement (workloads/README.md)")
+    if Path(prompts_path).resolve() == CHAT_TRAIN_PROMPTS.resolve():
+        return ("instructions written for this project from pairs.chat_seeds and derived from CPython "
+                "3.11.7's documentation (pydoc_data.topics, module and function docstrings), PSF License "
+                "Agreement (workloads/README.md)")
     if Path(prompts_path).resolve().parent == (REPO / "workloads").resolve():
         return "instructions written for this project (workloads/README.md)"
     return f"instructions from {prompts_path}"
@@ -239,6 +244,21 @@ def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
         if near:
             raise ValueError(f"{train_path} comes too close to {eval_path}: {len(near)} prompt(s) share "
                              f">= {NEAR_DUPLICATE_JACCARD:.0%} of their words with {item.prompt[:60]!r}")
+
+
+def near_duplicates(texts: list[str]) -> list[tuple[int, int]]:
+    """Every (i, j), i < j, whose word sets share NEAR_DUPLICATE_JACCARD of their words (an exact
+    copy, a change of case or punctuation, a rewording of a few words)."""
+    sets = [set(_words(text)) for text in texts]
+    by_size = sorted(range(len(texts)), key=lambda i: len(sets[i]))
+    found = []
+    for rank, i in enumerate(by_size):
+        for j in by_size[rank + 1:]:
+            if len(sets[i]) < NEAR_DUPLICATE_JACCARD * len(sets[j]):
+                break           # sorted by size: no later set can be this close any more
+            if _jaccard(sets[i], sets[j]) >= NEAR_DUPLICATE_JACCARD:
+                found.append((min(i, j), max(i, j)))
+    return sorted(found)
 
 
 def check_apart_from_evaluation(train_path: Path) -> None:
