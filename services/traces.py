@@ -26,7 +26,8 @@ the generated ids, space-separated. ``gave_up``: why the client gave the request
 ended (``deadline: ...``, RunConfig.request_deadline_s), else empty; such a row is not an error
 (the run goes on), its ``tokens`` are those received by then and ``token_ids`` is empty.
 ``request_id``: the ``X-Request-ID`` header of a request through the OpenAI-compatible API
-(services/edge/openai_api), so a load generator's records join ours; else empty.
+(services/edge/openai_api), so a load generator's records join ours; else empty. ``category``:
+the prompt's category where the workload file gives one (a run's ``categories``), else empty.
 
 These two row types are the columns of every launcher's traces: the sim launcher
 (orchestrator/launchers/sim.py) builds the same rows on virtual time and leaves empty what it
@@ -116,6 +117,7 @@ class RequestRow:
     error: str = ""
     gave_up: str = ""     # why the client gave the request up (its deadline; tokens = those received)
     request_id: str = ""  # the HTTP client's X-Request-ID, for requests through the OpenAI-compatible API
+    category: str = ""    # the prompt's category in a categorized workload (workloads/README.md), else empty
 
 
 def as_dict(row: RoundRow | RequestRow) -> dict:

@@ -47,6 +47,9 @@ class PointSettings:
     run_prefix: str = "run"
     link_options: LinkOptions | None = None   # the experiment's [link]
     after_shape: Callable | None = None
+    # the category of each of the point's prompts (a categorized workload), or none: set per
+    # point by orchestrator/running/run.py, as the prompts are
+    categories: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, low in (("warmup", 0), ("max_new_tokens", 1), ("max_in_flight", 1), ("gamma_max", 1)):
@@ -63,7 +66,8 @@ class PointSettings:
                 **({"transport": self.transport} if self.transport != "ws" else {}),
                 **({"cache": dataclasses.asdict(self.cache)} if self.cache != CacheConfig() else {}),
                 **({"request_deadline_s": self.request_deadline_s} if self.request_deadline_s else {}),
-                **({"tcp_rto_max_ms": self.tcp_rto_max_ms} if self.tcp_rto_max_ms else {})}
+                **({"tcp_rto_max_ms": self.tcp_rto_max_ms} if self.tcp_rto_max_ms else {}),
+                **({"categories": list(self.categories)} if self.categories else {})}
 
 
 class Testbed(Protocol):

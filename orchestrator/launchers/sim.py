@@ -96,7 +96,8 @@ class SimTestbed:
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
                     "request_index": index}
             round_rows += [as_dict(round_row(keys, record)) for record in records]
-            request_rows.append(as_dict(request_row(keys, prompt, tokens, records, wall_s, ttft_s)))
+            request_rows.append(as_dict(request_row({**keys, "category": category_of(settings, index)},
+                                                    prompt, tokens, records, wall_s, ttft_s)))
         rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
                                         pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
                                         self.shaper, self.shape([point.rtt_ms]))
@@ -123,7 +124,8 @@ class SimTestbed:
                     "mode": point.mode, "gamma": point.gamma, "request_index": request.index}
             round_rows += [as_dict(dataclasses.replace(round_row(keys, record), **dataclasses.asdict(times)))
                            for record, times in zip(request.rounds, request.round_times)]
-            request_rows.append(as_dict(request_row(keys, prompts[request.index], request.tokens, request.rounds,
+            request_rows.append(as_dict(request_row({**keys, "category": category_of(settings, request.index)},
+                                                    prompts[request.index], request.tokens, request.rounds,
                                                     request.total_s, request.first_token_s)))
         rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
                                         pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
@@ -139,6 +141,10 @@ def check_clients_settings(clients: int, controller: str) -> None:
     if clients > 1 and controller != "static":
         raise ValueError(f"controller must be 'static' on the sim launcher with clients > 1 (its shared "
                          f"verifier does not take hand-overs), got {controller!r} with {clients} clients")
+
+
+def category_of(settings: PointSettings, index: int) -> str:
+    return settings.categories[index] if index < len(settings.categories) else ""
 
 
 def rtt_schedule_s(schedule, base_rtt_ms: float):

@@ -16,6 +16,7 @@ from dsd.times import ComputeTimes
 from orchestrator.analysis import bootstrap, frontier, gamma_opt, paper
 from orchestrator.analysis.acceptance import acceptance_histograms
 from orchestrator.analysis.capacity import predicted_tok_s_per_client
+from orchestrator.analysis.categories import by_category, has_categories
 from orchestrator.analysis.groups import (GroupResult, ProfileFit, analyze_group, capacity_summary, fit_profiles,
                                           frame_groups, select)
 from orchestrator.analysis.points import GROUP_KEYS, add_speedups, gain_window_table, point_keys, varied_group_keys
@@ -86,6 +87,8 @@ def analyze_sweep(out: Path) -> dict:
     acceptance, made = _acceptance(out, sweep, requests, rounds, gamma)
     summary["plots"] += made
     summary.update(acceptance)
+    if has_categories(requests):
+        summary["by_category"] = by_category(requests, rounds)
     assumed = {profile: fit.assumed for profile, fit in fits.items()}
     summary["paper"] = {"crossovers": paper.crossover_rows(summary["groups"], assumed, gamma),
                         "capacity": paper.capacity_rows(summary.get("capacity", []), assumed, gamma,

@@ -66,6 +66,7 @@ def report_sections(sweep: dict, summary: dict, points: pd.DataFrame) -> list[tu
     sections += _gamma_opt_sections(summary)
     if summary.get("acceptance"):
         sections.append(("Workload: acceptance and repetition", [("table", ["", ""], _acceptance_rows(sweep, summary))]))
+    sections += _category_sections(summary)
     shown = set(FRONTIER_PLOTS) if _frontier_sections(summary) else set()
     sections.append(("Plots", [("image", name) for name in summary.get("plots", []) if name not in shown] or
                      [("text", "none: the sweep's data supports no plot")]))
@@ -202,6 +203,21 @@ def _points_section(points: pd.DataFrame) -> tuple[str, list]:
         ("table", columns, [[_num(v) if isinstance(v, float) else str(v) for v in row]
                             for row in points[columns].itertuples(index=False)]),
     ])
+
+
+def _category_sections(summary: dict) -> list:
+    rows = summary.get("by_category")
+    if not rows:
+        return []
+    modes = sorted({mode for row in rows.values() for mode in row["steady_per_token_ms_mean"]})
+    return [("Acceptance and latency by category", [
+        ("text", "The workload's prompts by their category: requests, alpha measured over the category's "
+                 "speculative rounds, and the mean steady time per token per mode (summary.json by_category)."),
+        ("table", ["category", "requests", "alpha measured", *(f"{m}: ms/token" for m in modes)],
+         [[name, str(row["requests"]), _num(row["alpha_measured"], 3),
+           *(_num(row["steady_per_token_ms_mean"].get(m, math.nan)) for m in modes)]
+          for name, row in rows.items()]),
+    ])]
 
 
 def _acceptance_rows(sweep: dict, summary: dict) -> list[list[str]]:

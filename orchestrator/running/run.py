@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -32,7 +33,7 @@ from orchestrator.running.regime import announce_regime
 from orchestrator.running.repeat_until_ci import run_repeats_until_ci
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.plan import point_experiment, plan_points, prompts_for_point
-from orchestrator.spec.workload import describe, experiment_prompts
+from orchestrator.spec.workload import describe, experiment_categories, experiment_prompts
 
 
 def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFrame:
@@ -50,6 +51,9 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
         pairs.cache_clear()                     # the services load their own copies
     pool = experiment_prompts(experiment)
     prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
+    pool_categories = experiment_categories(experiment)
+    categories = functools.partial(prompts_for_point, pool_categories if any(pool_categories) else [],
+                                   experiment)                           # point -> its prompts' categories
     predict = Predictor(experiment, out, functools.partial(assumed_times, experiment=experiment, times=times))
     progress = Progress(experiment.name, len(plan))
     own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
@@ -62,7 +66,8 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
             settings = point_settings(experiment, facts["cpu_pinning"])
 
             def run_point(point):
-                return testbeds.for_point(point).run_point(point, prompts(point), settings)
+                with_categories = dataclasses.replace(settings, categories=tuple(categories(point)))
+                return testbeds.for_point(point).run_point(point, prompts(point), with_categories)
 
             done = run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
                              heal=testbeds.heal, predict=predict)

@@ -183,8 +183,9 @@ class Experiment:
         check(isinstance(self.sampling, SamplingSweep), "sampling", self.sampling, "a [sampling] table")
         check(isinstance(self.workload, Workload), "workload", self.workload, "a [workload] table")
         check(isinstance(self.cache, CacheConfig), "cache", self.cache, "a [cache] table")
-        check(self.backend.kind != "synthetic" or self.workload.source == "heldout", "workload.source",
-              self.workload.source, "'heldout' with the synthetic backend (it has no tokenizer; its prompts are random ids)")
+        check(self.backend.kind != "synthetic" or self.workload.source in ("heldout", "jsonl"), "workload.source",
+              self.workload.source, "'heldout' or 'jsonl' with the synthetic backend (it has no tokenizer: its "
+              "prompts are random ids, one per jsonl line, which gives their categories)")
 
     def _check_profiles(self) -> None:
         check(all(isinstance(p, HardwareProfile) for p in self.hardware_profiles), "profiles",

@@ -16,6 +16,11 @@ instructions as a chat; without a template it is the text itself); ``lines`` a t
 cut into windows of max_prompt_tokens; ``datasets`` a Hugging Face ``datasets`` folder
 (``save_to_disk``) with ``column`` (and ``split`` for a DatasetDict).
 
+A jsonl line may carry a ``category`` (workloads/README.md): the pool keeps each prompt's
+(``experiment_categories``), every request row carries it and the analysis breaks acceptance
+and latency down by it. A synthetic backend has no tokenizer: from a jsonl file it takes one
+prompt of random ids per line, and the lines' categories.
+
 When the pool holds more prompts than a point runs, the points take turns through it: every
 (repeat, RTT) slot gets the next prompts, and the modes, gammas and sampling settings of one
 slot share them, so comparisons at one RTT stay paired. With ``rotate = "repeat"`` every RTT of
@@ -95,9 +100,11 @@ def load_prompts(backend: BackendConfig, workload: Workload, n_prompts: int, max
     # NOTE: only hf pairs have a tokenizer here; any other backend takes random ids below its
     # vocab_size (a backend kind with a tokenizer must be added to target_tokenizer).
     if not isinstance(backend, HfBackendConfig):
-        if workload.source != "heldout":
+        if workload.source not in ("heldout", "jsonl"):
             raise ValueError(f"experiment key 'workload.source': {workload.source!r} needs a tokenizer; "
                              f"the {backend.kind} backend has none (it takes random token ids)")
+        if workload.source == "jsonl":
+            _check_enough(workload, len(_records(workload)), n_prompts)
         rng = random.Random(seed)
         # Never the EOS id (0): a prompt is context, not a finished sequence.
         return [[rng.randrange(1, backend.vocab_size) for _ in range(max_tokens)] for _ in range(n_prompts)]
@@ -109,10 +116,29 @@ def load_prompts(backend: BackendConfig, workload: Workload, n_prompts: int, max
         return _windows(tokenizer, [text], n_prompts, max_tokens, seed, workload.path)
     records = _records(workload)
     random.Random(seed).shuffle(records)
-    if len(records) < n_prompts:
-        raise ValueError(f"experiment key 'workload.n_prompts': {workload.path} holds {len(records)} prompts, "
-                         f"fewer than the {n_prompts} asked for")
+    _check_enough(workload, len(records), n_prompts)
     return [_encode(tokenizer, record)[-max_tokens:] for record in records[:n_prompts]]
+
+
+def experiment_categories(experiment) -> list[str]:
+    """The category of each prompt of experiment_prompts' pool, in its order (shuffled with the
+    same seed); empty strings where the workload has none."""
+    workload: Workload = experiment.workload
+    n_prompts = workload.n_prompts or experiment.warmup_requests + experiment.requests
+    if workload.source != "jsonl":
+        return [""] * n_prompts
+    seed = experiment.seed if workload.shuffle_seed < 0 else workload.shuffle_seed
+    categories = [obj.get("category", "") if isinstance(obj, dict) else ""
+                  for obj in map(json.loads, filter(str.strip, resolve(workload.path).read_text(encoding="utf-8").splitlines()))]
+    if isinstance(experiment.backend, HfBackendConfig):
+        random.Random(seed).shuffle(categories)     # the permutation load_prompts gives the records
+    return [str(c) for c in categories[:n_prompts]]
+
+
+def _check_enough(workload: Workload, n_records: int, n_prompts: int) -> None:
+    if n_records < n_prompts:
+        raise ValueError(f"experiment key 'workload.n_prompts': {workload.path} holds {n_records} prompts, "
+                         f"fewer than the {n_prompts} asked for")
 
 
 def make_prompts(backend: BackendConfig, n_prompts: int, prompt_tokens: int, seed: int) -> list[list[int]]:

@@ -58,6 +58,8 @@ class RunConfig:
     start_at_unix_s: float = 0.0
     # the cached mode's speculation cache (dsd/spec_cache.py; JSON: a table of its fields)
     cache: CacheConfig = CacheConfig()
+    # the category of each prompt (a categorized workload; requests.csv's category), or none
+    categories: tuple[str, ...] = ()
     # how the target's features travel to a feature draft (dsd.features): "bfloat16" or "int8"
     # (a draft that reads none asks for none)
     feature_dtype: str = "bfloat16"
@@ -91,6 +93,12 @@ class RunConfig:
         if not self.prompts or not all(
                 isinstance(p, tuple) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in self.prompts):
             raise ValueError("prompts must be a non-empty list of non-empty lists of token ids >= 0")
+        if isinstance(self.categories, list):
+            object.__setattr__(self, "categories", tuple(self.categories))
+        if not isinstance(self.categories, tuple) or not all(isinstance(c, str) for c in self.categories) \
+                or len(self.categories) not in (0, len(self.prompts)):
+            raise ValueError(f"categories must be empty or one string per prompt ({len(self.prompts)}), "
+                             f"got {self.categories!r:.120}")
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         frames.check_transport(self.transport)

@@ -50,7 +50,8 @@ def request_row(writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel,
         steady_per_token_s=steady_per_token_s(r.t_first_s, r.t_last_s, n_tokens - r.first_emitted),
         t_start_s=clock.epoch_s(r.t_start_s), t_end_s=clock.epoch_s(r.t_last_s),
         rtt_probe_ms=channel.rtt_probe_ms, app_delay_ms=c.app_delay_ms,
-        token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up, request_id=r.request_id))
+        token_ids=" ".join(map(str, r.tokens or [])), gave_up=r.gave_up, request_id=r.request_id,
+        category=category_of(c, r.index)))
 
 
 def error_rows(writer: TraceWriter, channel: VerifierChannel, run: Run, request: Request | None) -> None:
@@ -61,4 +62,10 @@ def error_rows(writer: TraceWriter, channel: VerifierChannel, run: Run, request:
     rounds = request.rounds if request else 0
     writer.round(RoundRow(**keys, round_index=rounds, proposed=0, accepted=0, emitted=0, stale=False))
     writer.request(RequestRow(**keys, prompt_tokens=len(request.prompt) if request else 0, tokens=0,
-                              rounds=rounds, stale_rounds=0))
+                              rounds=rounds, stale_rounds=0, category=category_of(c, keys["request_index"])))
+
+
+def category_of(config: RunConfig, index: int) -> str:
+    """The category of the run's index-th prompt; empty without categories (an OpenAI-compatible
+    API request's index counts the edge's requests, not its one prompt)."""
+    return config.categories[index] if index < len(config.categories) else ""
