@@ -8,7 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.spec.plan import plan_points
 from orchestrator.spec.plan import prompts_for_point
-from orchestrator.spec.workload import SHIPPED_INSTRUCTIONS, experiment_prompts, target_tokenizer
+from orchestrator.spec.workload import SHIPPED_INSTRUCTIONS, experiment_categories, experiment_prompts, target_tokenizer
 from tests.checks import every
 
 VOCAB = 300
@@ -171,3 +171,17 @@ def test_an_unknown_rotation_is_an_error_naming_the_key():
     with pytest.raises(ValueError, match="rotate"):
         experiment_from_dict({"name": "pool", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"},
                               "workload": {"rotate": "mode"}})
+
+
+def test_a_shuffled_pool_keeps_each_prompts_category_beside_it(own_pair, tmp_path):
+    root, tokenizer = own_pair
+    categories = {TEXTS[0]: "writing", TEXTS[1]: "coding", TEXTS[2]: "explanation", TEXTS[3]: ""}
+    path = tmp_path / "mix.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": t, **({"category": c} if c else {})})
+                              for t, c in categories.items()) + "\n")
+    exp = experiment(root, {"source": "jsonl", "path": str(path), "n_prompts": 4, "max_prompt_tokens": 32,
+                            "shuffle_seed": 3})
+    pool, pool_categories = experiment_prompts(exp), experiment_categories(exp)
+    texts = [next(t for t in categories if t in tokenizer.decode(p)) for p in pool]
+    assert sorted(texts) == sorted(categories) and [categories[t] for t in texts] == pool_categories
+    assert pool_categories != list(categories.values())          # the seed moved them
