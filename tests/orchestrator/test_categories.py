@@ -70,3 +70,16 @@ def test_a_run_with_categories_not_one_per_prompt_is_refused():
     with pytest.raises(ValueError, match="categories must be empty or one string per prompt"):
         RunConfig(run_id="r", client_id="0", mode="sync", gamma=4, prompts=((1, 2), (3,)), max_new_tokens=4,
                   verifier_url="ws://x", categories=("math",))
+
+
+def test_a_network_edge_run_takes_the_points_categories_from_its_settings():
+    from orchestrator.launchers.base import PointSettings
+    from orchestrator.launchers.control_api import run_body
+    settings = PointSettings(warmup=0, max_new_tokens=4, max_in_flight=1, categories=("math", "coding"))
+    body = run_body(settings, run_id="r", client_id="0", mode="sync", gamma=4, sampling={},
+                    prompts=[[1, 2], [3]], max_new_tokens=4, verifier_url="ws://x")
+    assert RunConfig.from_json(body).categories == ("math", "coding")
+    assert "categories" not in PointSettings(warmup=0, max_new_tokens=4, max_in_flight=1).run_fields()
+    from services.edge.runs import category_of
+    config = RunConfig.from_json(body)
+    assert [category_of(config, i) for i in range(3)] == ["math", "coding", ""]   # an API request's index past them
