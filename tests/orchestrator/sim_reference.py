@@ -11,6 +11,11 @@ writes sim_reference.json beside this file from OUT_ROOT/<experiment>/, each mad
 
 re-takes one merged table's column from the runs under OUT_ROOT (made at COMMIT) where the
 change is intended, and records the amendment, its commit and its reason beside the reference's.
+
+    python -m tests.orchestrator.sim_reference amend-points OUT_ROOT EXPERIMENT COMMIT "why"
+
+re-takes one experiment's points (their names and their own tables' digests), for a change that
+moves which points a sweep runs (an open-loop rate search that lands on other rates).
 """
 from __future__ import annotations
 
@@ -94,7 +99,25 @@ def amend(out_root: Path, table_column: str, commit: str, why: str, reference_pa
     return amended
 
 
+def amend_points(out_root: Path, experiment: str, commit: str, why: str, reference_path: Path = REFERENCE) -> int:
+    """Re-take EXPERIMENT's points from its run under out_root; kept in "amendments". The points."""
+    reference = json.loads(reference_path.read_text())
+    if experiment not in reference["experiments"]:
+        raise ValueError(f"the reference has no experiment {experiment!r}")
+    if not (out_root / experiment / "points").is_dir():
+        raise ValueError(f"{out_root / experiment} holds no points/ folder")
+    got = experiment_digest(out_root / experiment)
+    reference["experiments"][experiment].update(points=got["points"], point_columns=got["point_columns"])
+    reference.setdefault("amendments", []).append(
+        {"column": "points/", "commit": commit, "why": why, "experiments": [experiment]})
+    reference_path.write_text(json.dumps(reference, sort_keys=True, separators=(",", ":")) + "\n")
+    return len(got["points"])
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "amend-points":
+        print("points:", amend_points(Path(argv[1]), argv[2], argv[3], argv[4]))
+        return
     if argv and argv[0] == "amend":
         print("amended:", ", ".join(amend(Path(argv[1]), argv[2], argv[3], argv[4])))
         return

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.orchestrator.sim_reference import amend, digest
+from tests.orchestrator.sim_reference import amend, amend_points, digest
 
 
 def reference_with(tmp_path, columns):
@@ -33,3 +33,17 @@ def test_amend_names_a_malformed_column(tmp_path, column):
 def test_amend_refuses_when_no_run_holds_the_column(tmp_path):
     with pytest.raises(ValueError, match="no experiment"):
         amend(tmp_path, "points.b", "c1", "why", reference_with(tmp_path, {"b": "old"}))
+
+
+def test_amend_points_retakes_one_experiments_points_and_records_why(tmp_path):
+    path = reference_with(tmp_path, {"a": "kept"})
+    point = tmp_path / "runs" / "x" / "points" / "sync_rate3.5rps"
+    point.mkdir(parents=True)
+    (point / "requests.csv").write_text("queue_s\n0.5\n")
+    assert amend_points(tmp_path / "runs", "x", "c2", "other rates", path) == 1
+    ref = json.loads(path.read_text())
+    assert list(ref["experiments"]["x"]["points"]) == ["sync_rate3.5rps"]
+    assert ref["experiments"]["x"]["tables"]["points"]["columns"] == {"a": "kept"}
+    assert ref["amendments"][-1] == {"column": "points/", "commit": "c2", "why": "other rates", "experiments": ["x"]}
+    with pytest.raises(ValueError, match="no experiment"):
+        amend_points(tmp_path / "runs", "y", "c2", "why", path)
