@@ -36,7 +36,7 @@ class HardwareProfile:
                 if not (isinstance(value, (int, float)) and value >= 0):
                     raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
         try:
-            self.times
+            _ = self.times               # builds the ComputeTimes, which checks them
         except ValueError as error:
             raise ValueError(f"profile {self.name!r}: {error}") from None
 

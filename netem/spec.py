@@ -116,7 +116,7 @@ class LinkSpec:
         if self.rtt_ms is not None:
             _check_number("rtt_ms", self.rtt_ms, lo=0.0)
         # Building both directions runs every other check, with the field names the user wrote.
-        self.up, self.down
+        _ = (self.up, self.down)
 
     @property
     def up(self) -> DirectionSpec:

@@ -102,7 +102,7 @@ class ComposeConfig:
             raise ValueError(f"subnet {self.subnet!r} has too few addresses for {self.n_edges} edges and a verifier")
         if not Path(self.compose_file).is_file():
             raise ValueError(f"compose_file {self.compose_file!r} does not exist")
-        self.container_backend  # validates the pair's location
+        _ = self.container_backend  # validates the pair's location
 
     @property
     def container_backend(self) -> BackendConfig:

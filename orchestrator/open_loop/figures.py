@@ -282,16 +282,14 @@ class ServingModel:
         prefill_s = t.t_prefill_s(self.prompt_tokens) + g
         one_way_s = rtt_s / 2
         if mode == AR:
-            round_s, emitted = t.t_ar_s + g + wait_s, 1.0
+            round_s = t.t_ar_s + g + wait_s
             ttft_s = rtt_s + prefill_s + t.t_ar_s + g
         elif mode == COLOCATED:
             round_s = gamma * t.t_draft_server_s + t.t_verify_s(gamma) + 2 * (g + wait_s)
-            emitted = lm.expected_tokens_per_round(self.alpha, gamma)
             ttft_s = rtt_s + prefill_s + round_s - wait_s
         else:
             drafting_s = gamma * t.t_draft_edge_s
             round_s = drafting_s + rtt_s + t.t_verify_s(gamma) + g + wait_s
-            emitted = lm.expected_tokens_per_round(self.alpha, gamma)
             ttft_s = max(one_way_s + prefill_s, drafting_s + one_way_s) + t.t_verify_s(gamma) + g + one_way_s
         rounds = self.rounds(mode)
         tpot_s = round_s * max(rounds - 1, 0) / max(self.tokens - 1, 1)

@@ -254,7 +254,6 @@ def test_hand_overs_keep_speculative_sampling_exact():
     """Sampled requests whose rounds move between edge DSD, cloud AR and co-located SD (segments
     of one token) vs the exact distribution of the bigram target's 4-token continuations (vocab
     3: 81 outcomes), 4k runs, chi-square at p > 1e-3 (fixed seeds)."""
-    import itertools
 
     from scipy import stats
 

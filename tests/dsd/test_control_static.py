@@ -140,7 +140,6 @@ def test_plan_changes_mid_request_keep_speculative_sampling_exact():
     """Sampled DSD whose gamma and mode change every round (sim, one and two blocks in flight) vs
     the exact distribution of the bigram target's 4-token continuations (vocab 3: 81 outcomes),
     6k runs, chi-square at p > 1e-3 (fixed seeds)."""
-    import itertools
 
     from scipy import stats
 

@@ -6,14 +6,12 @@ shaped by netem) and fires its fault once the first attempt's trace has rounds i
 """
 import os
 import signal
-import subprocess
 import time
 
 import pandas as pd
 import pytest
 
 from netem import nsutil
-from dsd.backends.factory import BackendConfig
 from orchestrator.spec.plan import plan_points
 from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, netns_testbed,
                                  small_experiment, survived, sweep_on, whole_trace_rows)

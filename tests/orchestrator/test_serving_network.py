@@ -3,7 +3,6 @@ arrival times while the verifier saturates, and a request refused by admission i
 reason."""
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
