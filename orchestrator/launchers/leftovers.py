@@ -123,12 +123,14 @@ def _docker_objects() -> list[tuple[str, str, object]]:
 
 def _swarm_stacks(remove: bool) -> list[str]:
     """What the swarm launcher left (stacks carrying its dsdbed.stack label), removed if asked;
-    [] where Docker is absent or this engine is no swarm manager."""
+    [] where Docker is absent or the engine is no swarm manager. The manager is the one a sweep
+    is given (DSD_SWARM_MANAGER, docs/launchers.md), else this machine's engine."""
     try:
         import docker
 
         from orchestrator.launchers.swarm import OUR_LABEL, cleanup_stack, find_stack
-        client = docker.from_env(timeout=30)
+        manager = os.environ.get("DSD_SWARM_MANAGER", "")
+        client = docker.DockerClient(base_url=manager, timeout=30) if manager else docker.from_env(timeout=30)
         if not client.info().get("Swarm", {}).get("ControlAvailable"):
             return []
     except Exception:  # noqa: BLE001 - no engine or no swarm here: nothing of ours in it
