@@ -119,17 +119,3 @@ def assert_nothing_of_the_stack_left(swarm: LocalSwarm, alive: list[int]) -> Non
             assert find_stack("dsdbed", engine, services=i == 0) == [], swarm.config.node_name(i)
         finally:
             engine.close()
-
-
-def test_dsdbed_cleanup_removes_a_local_swarm_left_behind(swarm_images):
-    """Node containers (with their engines' volumes) and their network, as a crash leaves them."""
-    from orchestrator.launchers import leftovers
-    swarm = LocalSwarm(LocalSwarmConfig(n_nodes=1, verifier_node=0, prefix="dsdbed-crashed"))
-    volume = swarm.containers[0].attrs["Mounts"][0]["Name"]
-    swarm.host.close()                          # as if the process had died here
-    found = leftovers.find()
-    assert {"container dsdbed-crashed-0", "network dsdbed-crashed"} <= set(found), found
-    leftovers.clean()
-    assert docker("ps", "-aq", "--filter", "label=dsdbed.testbed=dsdbed-crashed") == ""
-    assert docker("network", "ls", "-q", "--filter", "label=dsdbed.testbed") == ""
-    assert docker("volume", "ls", "-q", "--filter", f"name={volume}") == ""
