@@ -189,6 +189,14 @@ def _sweep_suite(args) -> int:
 
     suite = load_suite(args.experiment)
     experiments = [_experiment_with_overrides(path, args) for path in suite.experiments]
+    # a member on the sim launcher is emulated compute on virtual time (the main job's map of client
+    # counts no machine here holds): --launcher moves the measured members, not the emulated ones
+    for i, path in enumerate(suite.experiments):
+        own = load_experiment(path, args.profiles)
+        if args.launcher and own.launcher == "sim" and args.launcher != "sim":
+            experiments[i] = dataclasses.replace(experiments[i], launcher="sim")
+            print(f"suite {suite.name}: {own.name} stays on the sim launcher (emulated compute); "
+                  f"--launcher {args.launcher} applies to the others", file=sys.stderr)
     for experiment in experiments:
         if experiment.load is not None:
             raise ValueError(f"suite {suite.name!r}: {experiment.name} has a [load] table; a suite runs "

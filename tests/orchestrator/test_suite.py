@@ -77,6 +77,16 @@ def test_a_suite_dry_run_prints_each_plan(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_launcher_given_for_a_suite_moves_its_measured_members_and_leaves_the_emulated_ones(tmp_path, capsys):
+    suite = _suite(tmp_path)
+    measured = tmp_path / "low.toml"
+    measured.write_text(measured.read_text().replace('launcher = "sim"', 'launcher = "auto"'))
+    assert main(["sweep", suite, "--out", str(tmp_path / "out"), "--dry-run", "--launcher", "loopback"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("points, launcher loopback") == 1 and captured.out.count("points, launcher sim") == 1
+    assert "high stays on the sim launcher" in captured.err
+
+
 @pytest.mark.parametrize("text, problem", [
     ('name = "s"\nexperiments = ["missing.toml"]\n', "experiment files that exist"),
     ('name = "s"\nexperiments = []\n', "a non-empty list of experiment files"),
@@ -110,10 +120,10 @@ def test_a_suite_whose_experiments_share_a_name_is_refused_before_anything_runs(
     assert not (tmp_path / "out").exists()
 
 
-def test_the_main_job_is_a_suite_of_the_layer_and_the_feature_draft():
+def test_the_main_job_is_a_suite_of_the_layer_and_the_feature_draft_and_the_map():
     from orchestrator.cli import REPO
     suite = load_suite(REPO / "experiments" / "main.toml")
-    assert [p.name for p in suite.experiments] == ["crossover.toml", "crossover-feature.toml"]
+    assert [p.name for p in suite.experiments] == ["crossover.toml", "crossover-feature.toml", "regime-map-field.toml"]
 
 
 def test_a_suite_member_over_several_client_counts_brings_its_map_to_the_side_by_side(tmp_path):
