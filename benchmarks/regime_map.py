@@ -1,4 +1,4 @@
-"""The RTT x clients map (issue 57): where pipelined DSD stops matching co-located SD as N clients
+"""The RTT x clients map: where pipelined DSD stops matching co-located SD as N clients
 share one verifier, measured against the queueing model's prediction written before the points
 ran (dsd/queueing.py; orchestrator/analysis/frontier.py, summary.json's `frontier`).
 

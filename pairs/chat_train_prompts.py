@@ -28,7 +28,7 @@ from pairs import chat_seeds as seeds
 from pairs import smollm2, stdlib_prompts
 from pairs.chat_data import PromptItem, write_items
 
-WRITTEN = "written for this project from pairs.chat_seeds, 2026-12-07"
+WRITTEN = "written for this project from pairs.chat_seeds (dated in workloads/README.md)"
 TOPICS = "derived from pydoc_data.topics of CPython {v} (Python documentation, PSF License Agreement)"
 DOCSTRINGS = "derived from docstrings of CPython {v}'s standard library (PSF License Agreement)"
 SEED = 61
