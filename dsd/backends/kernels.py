@@ -22,6 +22,7 @@ folder, precision) (``stored_choice``), made once where nothing else runs (the o
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -82,18 +83,15 @@ def available_paths(dtype: torch.dtype, wanted: tuple[str, ...] = PATHS,
     return tuple(found)
 
 
-_CPU: list[CpuCapability] = []
-
-
+@functools.cache
 def _this_cpu() -> CpuCapability:
-    if not _CPU:
-        _CPU.append(CpuCapability.of_this_machine())
-    return _CPU[0]
+    return CpuCapability.of_this_machine()
 
 
-def report_dropped(message: str) -> None:
+def report_dropped(path: str, dtype: torch.dtype, why: str) -> None:
     """A path that this CPU refused is dropped with a line on stderr, never a crash."""
-    print(f"kernels: {message}", file=sys.stderr, flush=True)
+    print(f"kernels: {path} dropped for {str(dtype).removeprefix('torch.')} on {_this_cpu().describe()}: {why}",
+          file=sys.stderr, flush=True)
 
 
 class PathLinear(nn.Module):
@@ -140,8 +138,7 @@ class PathLinear(nn.Module):
             if path == ATEN:
                 raise
             self.drop(path, error)          # a kept choice this CPU cannot run after all
-            report_dropped(f"{path} dropped for {str(x.dtype).removeprefix('torch.')} on "
-                           f"{_this_cpu().describe()}: a pass failed: {self.dropped[path]}")
+            report_dropped(path, x.dtype, f"a pass failed: {self.dropped[path]}")
             return self.run(ATEN, x)
 
     def keep(self, choice: dict[int, str]) -> None:
@@ -183,18 +180,18 @@ def install_paths(model: nn.Module, config: KernelConfig) -> list[PathLinear]:
                 layer = PathLinear(child, paths)
                 setattr(parent, name, layer)
                 installed.append(layer)
-    _report_dropped(installed, str(dtype).removeprefix("torch."))
+    _report_dropped(installed, dtype)
     return installed
 
 
-def _report_dropped(layers: list[PathLinear], dtype: str) -> None:
+def _report_dropped(layers: list[PathLinear], dtype: torch.dtype) -> None:
     """One line per path that some layer dropped, naming the CPU and the library's reason."""
     reasons: dict[str, str] = {}
     for layer in layers:
         for path, why in layer.dropped.items():
             reasons.setdefault(path, why)
     for path, why in reasons.items():
-        report_dropped(f"{path} dropped for {dtype} on {_this_cpu().describe()}: {why}")
+        report_dropped(path, dtype, why)
 
 
 def install_kept_paths(model: nn.Module, folder: str, dtype: str, paths: tuple[str, ...],
@@ -261,8 +258,7 @@ def _time_paths(group: list[PathLinear], paths: list[str], rows: int, repeats: i
                     raise
                 for layer in group:
                     layer.drop(path, error)
-                report_dropped(f"{path} dropped for {str(x.dtype).removeprefix('torch.')} on "
-                               f"{_this_cpu().describe()}: its first pass failed: {group[0].dropped[path]}")
+                report_dropped(path, x.dtype, f"its first pass failed: {group[0].dropped[path]}")
                 del best[path]
                 continue
             best[path] = min(best[path], clock() - start)

@@ -52,7 +52,7 @@ def plot_latency_vs_rtt(points: pd.DataFrame, gamma: int, alpha: float, params: 
             notes.append(f"{name.replace('_', ' ')} {tag}: " + (f"{rtt:.1f} ms" if math.isfinite(rtt)
                          else ("never wins" if rtt < 0 else "wins over the whole grid")))
     _finish_latency_axes(ax, title, notes)
-    return _save_latency_figure(fig, path, f"points: {kind} (median, range over repeats); lines: closed form with "
+    return _save_figure(fig, path, f"points: {kind} (median, range over repeats); lines: closed form with "
                                 "fitted alpha, t_d, t_v; dashed: crossing found in the data, dotted: predicted")
 
 
@@ -76,7 +76,7 @@ def plot_latency_vs_rtt_oos(cells: pd.DataFrame, gamma: int, calibration: dict, 
                                       for r in rtt_grid_ms], style, color=_color(mode), alpha=0.7, lw=width)
     notes = draw_crossovers(ax, crossovers, rtt_max_ms, kind)
     _finish_latency_axes(ax, title, notes)
-    return _save_latency_figure(fig, path, "solid: closed form from the calibration points only (out of sample); "
+    return _save_figure(fig, path, "solid: closed form from the calibration points only (out of sample); "
                                 "dotted: in-sample fit; dashed/shade: crossing in the data and its 95% CI")
 
 
@@ -130,7 +130,7 @@ def plot_latency_vs_rtt_panels(panels: list[dict], path: Path, title: str, launc
         notes = draw_crossovers(ax, panel["crossovers"], max(cells.rtt_ms.max(), 1.0), kind)
         _finish_latency_axes(ax, panel["title"], notes)
     fig.suptitle(title, fontsize=11)
-    return _save_latency_figure(fig, path, "dashed/shade: crossing in the data and its 95% CI; dotted: predicted from "
+    return _save_figure(fig, path, "dashed/shade: crossing in the data and its 95% CI; dotted: predicted from "
                                 "the calibration points before the other points ran (out of sample)", top=0.96)
 
 
@@ -241,10 +241,10 @@ def plot_acceptance(stats: dict, gamma: int, path: Path, title: str) -> Path:
     return path
 
 
-def _save_latency_figure(fig, path: Path, note: str, top: float = 1.0) -> Path:
-    """A latency-vs-RTT figure's footnote, layout and file."""
+def _save_figure(fig, path: Path, note: str, top: float = 1.0, bottom: float = 0.03) -> Path:
+    """A figure's footnote, layout and file."""
     fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
-    fig.tight_layout(rect=(0, 0.03, 1, top))
+    fig.tight_layout(rect=(0, bottom, 1, top))
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -383,13 +383,9 @@ def plot_regime_map(regime: pd.DataFrame, frontier: pd.DataFrame, path: Path, ti
     ax.set_ylabel("clients sharing the server")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.text(0.01, 0.01, f"cells: the fastest mode by {kind} per-token latency (median over repeats), paler and\n"
-             "numbered by its margin over the runner-up; lines: the queueing model's RTT*(N) between the grid's "
-             "columns, clipped to the grid", fontsize=7, color="0.4")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path, f"cells: the fastest mode by {kind} per-token latency (median over repeats), "
+                        "paler and\nnumbered by its margin over the runner-up; lines: the queueing model's RTT*(N) "
+                        "between the grid's columns, clipped to the grid", bottom=0.07)
 
 
 def plot_frontier(frontier: pd.DataFrame, path: Path, title: str, launcher: str) -> Path:
