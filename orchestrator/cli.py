@@ -162,10 +162,15 @@ def _run_sweep(args) -> int:
     return _analyze(out)
 
 
-def _experiment_with_overrides(path: Path, args):
-    """An experiment file with the command line's overrides."""
+def _experiment_with_overrides(path: Path, args, suite: str = ""):
+    """An experiment file with the command line's overrides. In a suite, a member on the sim
+    launcher is emulated compute on virtual time (the main job's map of client counts no machine
+    here holds): --launcher moves the measured members, not the emulated ones."""
     experiment = load_experiment(path, args.profiles)
-    if args.launcher:
+    if args.launcher and suite and experiment.launcher == "sim" and args.launcher != "sim":
+        print(f"suite {suite}: {experiment.name} stays on the sim launcher (emulated compute); "
+              f"--launcher {args.launcher} applies to the others", file=sys.stderr)
+    elif args.launcher:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
     if args.repeat_until_ci is not None:
         experiment = dataclasses.replace(experiment, adaptive_budget_points=args.repeat_until_ci)
@@ -188,15 +193,7 @@ def _sweep_suite(args) -> int:
     from orchestrator.running.suite import check_suite_out, run_suite
 
     suite = load_suite(args.experiment)
-    experiments = [_experiment_with_overrides(path, args) for path in suite.experiments]
-    # a member on the sim launcher is emulated compute on virtual time (the main job's map of client
-    # counts no machine here holds): --launcher moves the measured members, not the emulated ones
-    for i, path in enumerate(suite.experiments):
-        own = load_experiment(path, args.profiles)
-        if args.launcher and own.launcher == "sim" and args.launcher != "sim":
-            experiments[i] = dataclasses.replace(experiments[i], launcher="sim")
-            print(f"suite {suite.name}: {own.name} stays on the sim launcher (emulated compute); "
-                  f"--launcher {args.launcher} applies to the others", file=sys.stderr)
+    experiments = [_experiment_with_overrides(path, args, suite=suite.name) for path in suite.experiments]
     for experiment in experiments:
         if experiment.load is not None:
             raise ValueError(f"suite {suite.name!r}: {experiment.name} has a [load] table; a suite runs "
