@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from typing import Any
 
 from dsd.backends.hf import DEFAULT_PAIR, DTYPE_NAMES, HfBackendConfig  # noqa: F401 - re-exported
 from dsd.backends.protocol import BackendConfig, LanguageModel
@@ -29,7 +30,7 @@ def register_backend(config_class: type[BackendConfig]) -> None:
     BACKEND_CONFIGS[config_class.kind] = config_class
 
 
-def backend_from_dict(values: dict, where: str = "the backend config") -> BackendConfig:
+def backend_from_dict(values: dict[str, Any], where: str = "the backend config") -> BackendConfig:
     """{"kind": KIND, FIELD: VALUE, ...} -> that kind's config; kind defaults to synthetic. A key
     the kind does not have, or a value of the wrong JSON type, is an error naming it."""
     if not isinstance(values, dict):

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -156,7 +157,7 @@ class KernelChoice:
     choice: dict[str, dict[int, str]] = field(default_factory=dict)
     times_ms: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype,
                 "choice": {g: {str(b): p for b, p in c.items()} for g, c in self.choice.items()},
                 "times_ms": {g: {str(b): {p: round(t, 4) for p, t in ts.items()} for b, ts in by.items()}

@@ -31,6 +31,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dsd.backends.machine import CpuCapability, cache_dir, cpu_flags, machine_key, weights_digest
 
@@ -66,16 +67,16 @@ class PrecisionChoice:
     first_guess: str                   # what the CPU-flag rule would have said
     times: tuple[PrecisionTimes, ...]
     machine: str
-    cpu: dict = field(default_factory=dict)      # CpuCapability.to_dict(): the CPU and what runs on it
-    dropped: dict = field(default_factory=dict)  # candidate -> why it could not be timed here
+    cpu: dict[str, Any] = field(default_factory=dict)      # CpuCapability.to_dict(): the CPU and what runs on it
+    dropped: dict[str, Any] = field(default_factory=dict)  # candidate -> why it could not be timed here
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"target_dtype": self.target_dtype, "draft_dtype": self.draft_dtype,
                 "first_guess": self.first_guess, "machine": self.machine, "cpu": self.cpu,
                 "dropped": self.dropped, "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
 
     @classmethod
-    def from_dict(cls, values: dict) -> "PrecisionChoice":
+    def from_dict(cls, values: dict[str, Any]) -> "PrecisionChoice":
         times = tuple(PrecisionTimes(c["dtype"], c["t_ar_s"], {int(n): t for n, t in c["t_verify_s"].items()},
                                      c["t_draft_s"], c.get("kernels", "")) for c in values["candidates"])
         return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"],
@@ -191,7 +192,7 @@ def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]):
     return TorchLM.load(TorchLMConfig(draft_path, dtype, kernel_paths=paths))
 
 
-def _interleaved_samples(models: dict) -> dict[tuple[str, str, int], float]:
+def _interleaved_samples(models: dict[str, Any]) -> dict[tuple[str, str, int], float]:
     """Median seconds per (dtype, role, positions), every candidate's passes in turn per round."""
     vocab = min(m.vocab_size for pair in models.values() for m in pair)
     context = [(7 * i + 11) % vocab for i in range(CONTEXT_TOKENS)]

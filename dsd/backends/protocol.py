@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -89,7 +89,7 @@ class BackendConfig:
     # HardwareProfile (services/compute.py EmulatedDevice); False: passes compute for real.
     emulated: ClassVar[bool] = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}
 
     def to_json(self) -> str:
