@@ -4,15 +4,15 @@ shape of the error, which names the key and the value it got."""
 from __future__ import annotations
 
 import math
-from typing import NoReturn
+from typing import NoReturn, TypeGuard
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """A whole number (an int, not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

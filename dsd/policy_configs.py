@@ -15,7 +15,7 @@ from dsd.checks import is_int, is_number
 
 
 def _is_whole(value: object, low: int) -> bool:
-    return isinstance(value, int) and is_int(value) and value >= low
+    return is_int(value) and value >= low
 
 
 @dataclass(frozen=True)

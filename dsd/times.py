@@ -24,7 +24,7 @@ _OPTIONAL = ("t_prefill_per_token_s", "batch_slope", "t_verify_base_s", "t_verif
 
 
 def _finite(name: str, value: object) -> float:
-    if not (is_number(value) and isinstance(value, (int, float))):
+    if not is_number(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 

@@ -55,7 +55,7 @@ def speculative_sample(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Ten
     return BlockOutcome(accepted, sample_index(residual, generator))
 
 
-def sample_index(weights: torch.Tensor, generator: torch.Generator) -> int:
+def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one index from non-negative weights [vocab] (need not sum to one). The draw is over
     the non-zero entries only: after nucleus truncation they are a few dozen of a 49,152-token
     row, and torch.multinomial's time grows with the row (~1 ms for 49,152 on one core)."""

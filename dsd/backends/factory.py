@@ -8,7 +8,7 @@ backend is a module with its config class and one line in BACKEND_CONFIGS.
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from dsd.backends.hf import DEFAULT_PAIR, DTYPE_NAMES, HfBackendConfig  # noqa: F401 - re-exported
@@ -40,6 +40,8 @@ def backend_from_dict(values: dict[str, Any], where: str = "the backend config")
     if not isinstance(kind, str) or kind not in BACKEND_CONFIGS:
         raise ValueError(f"backend kind must be one of {tuple(BACKEND_CONFIGS)}, got {kind!r}")
     config_class = BACKEND_CONFIGS[kind]
+    if not is_dataclass(config_class):
+        raise TypeError(f"backend kind {kind!r}: its config class is not a dataclass")
     known = {f.name: f for f in fields(config_class)}
     unknown = sorted(set(values) - set(known))
     if unknown:

@@ -29,10 +29,12 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsd.backends.protocol import LanguageModel
 from dsd.backends.machine import CpuCapability, cache_dir, cpu_flags, machine_key, weights_digest
 
 CANDIDATES = ("float32", "bfloat16")
@@ -105,7 +107,8 @@ def first_guess(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
     return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16", "bf16"} else "float32"
 
 
-def check_runs(setting: str, dtype: str, capability: CpuCapability | None = None, log=None) -> None:
+def check_runs(setting: str, dtype: str, capability: CpuCapability | None = None,
+               log: Callable[[str], object] | None = None) -> None:
     """Refuse a precision set by hand that this CPU cannot run (a probe pass of the operations a
     decoder layer uses fails), naming the setting, the CPU and what it lacks; say so where it runs
     only emulated (bfloat16 without AVX512-BF16, AMX or an aarch64 BF16 unit is several times slower)."""
@@ -139,7 +142,7 @@ def _probe_fails(dtype: str) -> str:
 
 def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CANDIDATES, threads: int = 1,
             kernel_paths: tuple[str, ...] | None = None, dropped: dict[str, str] | None = None,
-            log=None) -> list[PrecisionTimes]:
+            log: Callable[[str], object] | None = None) -> list[PrecisionTimes]:
     """Time every candidate precision of the pair that runs on this machine on ``threads`` torch
     threads, the passes interleaved across candidates so that a drift of the machine's speed meets
     all; a candidate that fails to load or to pass is left out, its reason put in ``dropped``."""
@@ -181,7 +184,7 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
         torch.set_num_threads(old)
 
 
-def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]):
+def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]) -> LanguageModel:
     """The draft as the services load it: a feature draft (timed on its own features, as it drafts
     past the last true one) or a layer draft."""
     from dsd.backends.eagle_model import is_eagle_folder
@@ -231,7 +234,8 @@ def cached_choice(target_path: str, draft_path: str) -> PrecisionChoice | None:
         return None
 
 
-def resolve(target_path: str, draft_path: str, device: str = "cpu", log=None) -> PrecisionChoice:
+def resolve(target_path: str, draft_path: str, device: str = "cpu",
+            log: Callable[[str], object] | None = None) -> PrecisionChoice:
     """The pair's precision choice on this machine: from the disk cache, else measured and kept."""
     if device.startswith("cuda"):
         guess = first_guess(device)
