@@ -16,8 +16,9 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
@@ -29,6 +30,7 @@ from dsd.driver import DriverConfig, DsdDriver, run_to_end
 from dsd.edge import EdgeDecoder
 from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
 from dsd.cache_fill import CacheMemory
+from dsd.control import Controller
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
@@ -93,13 +95,16 @@ class VirtualClock:
         return self.now_s
 
 
+Result = TypeVar("Result")
+
 class VirtualDevice:
     """The edge's draft device on virtual time: every step costs ``t_draft_s``."""
 
     def __init__(self, clock: VirtualClock, t_draft_s: float) -> None:
         self.clock, self.t_draft_s = clock, t_draft_s
 
-    async def draft(self, work, n_steps: int, then):
+    async def draft(self, work: Callable[[], None], n_steps: float,
+                    then: Callable[[], Result]) -> tuple[Result, float]:
         start_s = self.clock.now_s
         work()
         whole = int(n_steps)
@@ -119,8 +124,9 @@ class VirtualLink:
     each segment acknowledged as it arrives (the verifier's Queued: an arrival with ``link_rtt_s``),
     and ``withdraw`` drops the segments not started when it arrives (an arrival with ``withdrawn``)."""
 
-    def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts, rtt_at=None,
-                 t_verify_of=None, draft: LanguageModel | None = None, t_open_s: float | None = None) -> None:
+    def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts,
+                 rtt_at: Callable[[float], float] | None = None,
+                 t_verify_of: Callable[[int], float] | None = None, draft: LanguageModel | None = None, t_open_s: float | None = None) -> None:
         self.clock, self.session, self.costs = clock, session, costs
         self.rtt_at, self.t_verify_of = rtt_at, t_verify_of
         self.arrivals: list[tuple[float, int, Arrival]] = []   # (time at the edge, send order, arrival)
@@ -217,6 +223,11 @@ class VirtualLink:
         """When the first asked segment starts (inf if none is asked)."""
         return max(self.pending[0][0], self.verifier_free_at_s) if self.pending else math.inf
 
+    def _server_draft(self) -> LanguageModel:
+        if self.draft is None:
+            raise ValueError("a co-located round on the server needs the link's draft model")
+        return self.draft
+
     def _start_segments(self, before_s: float) -> None:
         """Lay out every asked segment that starts before ``before_s``, in order."""
         while self.pending and self._next_start_s() < before_s:
@@ -226,7 +237,7 @@ class VirtualLink:
         """One segment's steps, back to back from its start, each round's Tokens sent at once."""
         t_s = max(arrive_s, self.verifier_free_at_s)
         if get_mode(mode).drafts == SERVER:
-            begin_request(self.draft, self.server_seq_id, self.session.committed.tokens, gamma)
+            begin_request(self._server_draft(), self.server_seq_id, self.session.committed.tokens, gamma)
             hand_features(self.draft, self.server_seq_id, self.session.decided_features(1))
         produced, steps = 0, 0
         while (produced < max_tokens and not self.session.finished) or steps == 0:
@@ -247,9 +258,11 @@ class VirtualLink:
         before = len(session.committed)
         if not get_mode(mode).speculative:
             tokens = session.ar_step()
+            if self.costs.t_ar_s is None:
+                raise ValueError("an AR step on the server needs costs.t_ar_s")
             return (ServerRound(0, 0, tuple(tokens), session.finished, session.decided_features(before)),
                     self.costs.t_ar_s)
-        drafted, q = draft_block(self.draft, self.server_seq_id, session.committed.tokens, gamma, session.sampling,
+        drafted, q = draft_block(self._server_draft(), self.server_seq_id, session.committed.tokens, gamma, session.sampling,
                                  session.draws)
         verdict = session.verify(session.proposal_for(drafted, q))
         hand_features(self.draft, self.server_seq_id, verdict.features)
@@ -277,8 +290,9 @@ class VirtualLink:
 def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
                  stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
                  sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
-                 controller=None, gamma_max: int | None = None, rtt_at=None,
-                 t_verify_of=None, mode: str | None = None, handover_tokens: int = 4,
+                 controller: Controller | None = None, gamma_max: int | None = None,
+                 rtt_at: Callable[[float], float] | None = None,
+                 t_verify_of: Callable[[int], float] | None = None, mode: str | None = None, handover_tokens: int = 4,
                  t_open_s: float | None = None, cache: CacheConfig | None = None,
                  cache_memory: CacheMemory | None = None) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
