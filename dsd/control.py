@@ -228,6 +228,17 @@ class Controller(Protocol):
     def observe(self, observation: Observation) -> None: ...
 
 
+@runtime_checkable
+class RequestController(Controller, Protocol):
+    """A controller that also plans each request (every policy of dsd/policies.py): the edge asks
+    it for the request's mode before the request and tells it how the request went."""
+    config: ControllerConfig
+
+    def decide_request(self, rtt_s: float | None = None) -> Decision: ...
+
+    def observe_request(self, observation: RequestObservation) -> None: ...
+
+
 # A controller's optional hints to the hand-over stream (dsd/handover.py), one Protocol each, so a
 # controller declares exactly the ones it gives (the module docstring says what each means).
 @runtime_checkable
