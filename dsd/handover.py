@@ -12,15 +12,14 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from dsd.arrivals import AcknowledgedArrival, Arrival, Round, ServedArrival, WithdrawnArrival
-from dsd.contracts import HandsOver, Withdraws
-from dsd.control import LinkRttHint, Observation, ServerStepHint, StreamAheadHint
+from dsd.contracts import HandsOver, Transport, Withdraws
+from dsd.control import Controller, Decision, LinkRttHint, Observation, ServerStepHint, StreamAheadHint
+from dsd.edge import EdgeDecoder
 from dsd.stream_drift import ArrivalDrift, fallen_rtt_s
-
-if TYPE_CHECKING:
-    from dsd.driver import DsdDriver
 
 
 @dataclass
@@ -67,10 +66,28 @@ def server_observation(arrival: ServedArrival, segment: Segment, interval_s: flo
                        shadow_positions=shadow[0], shadow_matches=shadow[1], remaining_tokens=remaining_tokens)
 
 
+class StreamDriver(Protocol):
+    """What the stream reads and sets of its request's driver (dsd.driver.DsdDriver)."""
+    controller: Controller
+    edge: EdgeDecoder
+    mode: str
+    on_round: Callable[[Round], None]
+    rounds: int
+    server_plan: Decision | None
+    transport: Transport
+
+    @property
+    def remaining_tokens(self) -> int: ...
+
+    def plan(self) -> str: ...
+
+    async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]: ...
+
+
 class HandoverStream:
     """The segments asked of the server for one request, and what the stream measured."""
 
-    def __init__(self, driver: DsdDriver, handover_tokens: int) -> None:
+    def __init__(self, driver: StreamDriver, handover_tokens: int) -> None:
         self.driver = driver
         self.handover_tokens = handover_tokens
         self.segments: deque[Segment] = deque()

@@ -15,12 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dsd import latency_model as lm
-
-if TYPE_CHECKING:
-    from dsd.control import Controller, ControllerConfig
 
 AR, COLOCATED, SYNC, PIPELINED, CACHED = "ar", "colocated", "sync", "pipelined", "cached"
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
@@ -52,7 +48,7 @@ class Mode:
     # Its driver policy when no adaptive controller runs: a factory ControllerConfig -> controller
     # (dsd.control: decide() / observe()) that plans each round; None: every round drafts the
     # configured gamma in this mode.
-    policy: Callable[[ControllerConfig], Controller] | None = None
+    policy: Callable[..., object] | None = None
     # while its one block is in flight the edge drafts next blocks for the likely verdicts
     # (dsd.spec_cache) and sends one when its verdict comes
     cache: bool = False

@@ -18,5 +18,8 @@ def make_controller(config: ControllerConfig) -> Controller:
     """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
     own_policy = get_mode(config.mode).policy
     if config.name == "static" and own_policy is not None:
-        return own_policy(config)
+        controller = own_policy(config)
+        if not isinstance(controller, Controller):
+            raise TypeError(f"mode {config.mode!r}: its policy made a {type(controller).__name__}, not a controller")
+        return controller
     return POLICIES[config.name](config)
