@@ -28,8 +28,8 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from dsd.backends.protocol import ForwardJob, run_jobs
 from dsd.drafting import DraftJob, run_draft_jobs
@@ -284,8 +284,8 @@ class Scheduler:
             """Each job's timing and its prepared result, as soon as the pass's times are known."""
             timings = [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
                        for job in batch]
-            return [_capture(functools.partial(prepare, value, timing)) if ok and (prepare := job.prepare) else (ok, value)
-                    for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
+            return [_capture(functools.partial(prepare, value, timing)) if ok and (prepare := job.prepare)
+                    else (ok, value) for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
 
         (outcomes, timings), _, _ = await self.device.run(lambda: _run_batch(batch), cost_s, ready_s, timed)
         self.batch_sizes[len(batch)] += 1
