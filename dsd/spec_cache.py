@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from dsd.checks import is_int
-from dsd.drafting import Block
+
+if TYPE_CHECKING:                  # the annotations only: a [cache] table is read without torch
+    import torch
+
+    from dsd.drafting import Block
 
 AUTO = "auto"
 
@@ -81,6 +84,8 @@ def accepted_length_probability(j: int, gamma: int, alpha: float) -> float:
 def top_tokens(row: torch.Tensor, k: int, exclude: int | None = None) -> list[tuple[int, float]]:
     """The k most probable tokens of a distribution row [vocab] and their probabilities, without
     ``exclude`` and renormalised over the rest (zero-probability tokens left out)."""
+    import torch
+
     row = row.float()
     scale = 1.0
     if exclude is not None:

@@ -145,8 +145,6 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_sweep(args) -> int:
-    from orchestrator.running.run import run_experiment
-
     if not Path(args.experiment).is_file():
         raise FileNotFoundError(f"experiment file {str(args.experiment)!r} does not exist or is not a file")
     if is_suite_file(args.experiment):
@@ -158,6 +156,8 @@ def _run_sweep(args) -> int:
         return run_serving_cli(experiment, out, args.resume, args.dry_run)
     if args.dry_run:
         return _print_sweep_plan(experiment, out)
+    from orchestrator.running.run import run_experiment          # torch: only a sweep that runs needs it
+
     run_experiment(experiment, out, resume=args.resume)
     return _analyze(out)
 

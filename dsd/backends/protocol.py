@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
-import torch
+if TYPE_CHECKING:                  # the annotations only: a backend config is read without torch
+    import torch
 
-from dsd.features import FeatureBlock
+    from dsd.features import FeatureBlock
 
 
 @dataclass

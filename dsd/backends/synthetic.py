@@ -26,15 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from dsd.checks import is_int
 from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
 from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay, read_rounds_csv
 from dsd.backends.protocol import BackendConfig, ForwardStats, LanguageModel, LogitsRequest
 from dsd.sequence import common_prefix_length
+
+if TYPE_CHECKING:
+    import torch
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 _TWO64 = float(1 << 64)
@@ -183,6 +184,8 @@ class SyntheticLM:
         tokens = list(tokens)
         cached = self._cached.setdefault(seq_id, [])
         keep = min(common_prefix_length(cached, tokens), len(tokens) - n_last)
+        import torch                   # here, not at the top: a synthetic config is read without torch
+
         fed = len(tokens) - keep
         self._cached[seq_id] = tokens
         self.stats.passes += 1

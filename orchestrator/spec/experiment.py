@@ -13,7 +13,6 @@ from dsd.control import CONTROLLERS, GAMMA_MAX
 from dsd.modes import BUILTIN, CROSSOVERS, edge_modes, names
 from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from dsd.checks import check, is_int, is_number
-from dsd.simulate_clients import MAX_CLIENTS as MAX_SIM_CLIENTS
 from dsd.spec_cache import CacheConfig
 from orchestrator.common.toml_tables import config_from_table
 from orchestrator.links import keys as link_keys
@@ -132,8 +131,7 @@ class Experiment:
               "rtt_ms", self.rtt_ms, "a non-empty list of numbers in 0..10000")
         check(len(self.gamma) > 0 and all(is_int(g) and 1 <= g <= 64 for g in self.gamma),
               "gamma", self.gamma, "a non-empty list of whole numbers in 1..64")
-        max_clients, holder = ((MAX_SIM_CLIENTS, "the simulator's ceiling, dsd.simulate_clients.MAX_CLIENTS")
-                               if self.launcher == "sim" else
+        max_clients, holder = (_max_sim_clients() if self.launcher == "sim" else
                                (MAX_NETWORK_CLIENTS, "each client holds a session on the one verifier, whose "
                                 "max_sessions admits that many"))
         check(len(self.clients) > 0 and all(is_int(c) and 1 <= c <= max_clients for c in self.clients),
@@ -238,6 +236,13 @@ class Experiment:
 
     def sampling_settings(self) -> list[Setting]:
         return self.sampling.settings(self.seed)
+
+
+def _max_sim_clients() -> tuple[int, str]:
+    # here, not at the top: the simulator imports torch, which only a sim experiment needs
+    from dsd.simulate_clients import MAX_CLIENTS
+
+    return MAX_CLIENTS, "the simulator's ceiling, dsd.simulate_clients.MAX_CLIENTS"
 
 
 def _check_backend(backend: BackendConfig, profile) -> None:
