@@ -2,12 +2,13 @@
 request once with draws keyed by block position and once with one sequential generator, on the
 same prompts and seeds: the two acceptance rates should agree within their noise.
 
-    python benchmarks/common_draws_alpha.py [--pair models/smollm2-chat] [--prompts 8] [--seeds 5]
+    python benchmarks/common_draws_alpha.py [--pair models/smollm2-chat] [--prompts 8] [--seeds 5] [--dtype auto]
 
-bfloat16, one thread, gamma 2, the main job's sampling (temperature 0.7, top-p 0.9), answers of
-at most 48 tokens to the first --prompts evaluation instructions. Prints last
-``requests= keyed_accept_rate= sequential_accept_rate= diff= diff_se=`` (accepted over proposed
-draft tokens; diff_se: the standard error of the per-request paired difference).
+In the precision ``dtype = "auto"`` chooses on this CPU unless --dtype, one thread, gamma 2, the
+main job's sampling (temperature 0.7, top-p 0.9), answers of at most 48 tokens to the first
+--prompts evaluation instructions. Prints last
+``requests= keyed_accept_rate= sequential_accept_rate= diff= diff_se= dtype= draft_dtype=`` (accepted
+over proposed draft tokens; diff_se: the standard error of the per-request paired difference).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsd.backends.hf import HfBackendConfig  # noqa: E402
+from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.protocol import SamplingParams  # noqa: E402
 from dsd.decoding import generate_colocated  # noqa: E402
 from dsd.draws import Draws  # noqa: E402
@@ -52,11 +53,14 @@ def main() -> None:
     parser.add_argument("--pair", default="models/smollm2-chat")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
     from pairs import chat_data, smollm2
-    draft, target = HfBackendConfig(pair_path=args.pair, dtype="bfloat16").load()
+    backend = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)     # refuses what this CPU cannot run
+    draft, target = backend.load()
     tokenizer = AutoTokenizer.from_pretrained(args.pair)
     prompts = [chat_data.render(tokenizer, p)[:MAX_PROMPT_TOKENS]
                for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:args.prompts]]
@@ -74,7 +78,8 @@ def main() -> None:
             diffs.append(rates["keyed"] - rates["sequential"])
     keyed, sequential = (totals[k][0] / totals[k][1] for k in ("keyed", "sequential"))
     print(f"requests={len(diffs)} keyed_accept_rate={keyed:.4f} sequential_accept_rate={sequential:.4f} "
-          f"diff={keyed - sequential:+.4f} diff_se={statistics.stdev(diffs) / math.sqrt(len(diffs)):.4f}")
+          f"diff={keyed - sequential:+.4f} diff_se={statistics.stdev(diffs) / math.sqrt(len(diffs)):.4f} "
+          f"dtype={backend.dtype} draft_dtype={backend.draft_dtype}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
+from dsd.backends.torch_lm import DTYPES  # noqa: E402
 from dsd.backends.vocab_map import VocabMap  # noqa: E402
 from dsd.verification import probs_from_logits  # noqa: E402
 from pairs import chat_data, common, smollm2  # noqa: E402
@@ -133,15 +135,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=int, default=32, help="held-out training prompts to answer")
     parser.add_argument("--seed", type=int, default=2234)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     parser.add_argument("--head", action="store_true", help="also train and judge a correction head")
     args = parser.parse_args(argv)
     if args.answers < 2:
         parser.error(f"--answers must be >= 2, got {args.answers}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    backend = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype)     # refuses what this CPU cannot run
     tokenizer, target, draft, _manifest = common.load_pair(args.pair)
-    target.to(torch.bfloat16)
-    draft.to(torch.bfloat16)
+    target.to(DTYPES[backend.dtype])
+    draft.to(DTYPES[backend.draft_dtype])
     vocab = VocabMap.load(args.pair / "draft")
     if vocab is None:
         raise SystemExit(f"{args.pair}: a draft over the full vocabulary; this benchmark ranks a kept vocabulary")

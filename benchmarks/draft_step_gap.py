@@ -3,8 +3,10 @@ steps as the edge drafts them (dsd.drafting.pick_token on the draft's logits, a 
 pause spun on the same core, against the same blocks back to back.
 
     python benchmarks/draft_step_gap.py [--pair models/smollm2-chat] [--cpu 0] [--gaps-ms 0,5,30,60,120]
+        [--dtype auto]
 
-One thread, pinned to --cpu, bfloat16 (the pair's deployment). Prints per gap
+One thread, pinned to --cpu, in the draft's precision ``dtype = "auto"`` chooses on this CPU unless
+--dtype. Prints per gap
 ``gap_ms= step_ms= first_step_ms= ratio=`` (medians over the blocks; ratio: against gap 0).
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.protocol import SamplingParams  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.drafting import pick_token  # noqa: E402
@@ -61,10 +64,14 @@ def main() -> None:
     parser.add_argument("--pair", default="models/smollm2-chat")
     parser.add_argument("--cpu", type=int, default=0)
     parser.add_argument("--gaps-ms", default="0,5,30,60,120")
+    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.sched_setaffinity(0, [args.cpu])
-    draft = TorchLM.load(TorchLMConfig(str(Path(args.pair) / "draft"), "bfloat16"))
+    backend = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)     # refuses what this CPU cannot run
+    print(f"dtype={backend.draft_dtype}", flush=True)
+    draft = TorchLM.load(TorchLMConfig(str(Path(args.pair) / "draft"), backend.draft_dtype))
     block_times_ms(draft, 0.0)                                      # warm-up
     baseline_ms = None
     for gap_ms in [float(g) for g in args.gaps_ms.split(",")]:

@@ -3,7 +3,7 @@
 drafting (dsd.drafting.run_draft_jobs) and the edge's speculation cache (dsd.cache_fill) ask it.
 
     python benchmarks/eagle_batch.py [--eagle models/smollm2-eagle] [--batch-sizes 1,2,4,8]
-        [--gamma 4] [--repeats 15] [--dtype bfloat16] [--threads 1]
+        [--gamma 4] [--repeats 15] [--dtype auto] [--threads 1]
 
 Each session holds one of the evaluation prompts (chat-rendered, 30-90 tokens) with the target's
 features known for all of it (random values of the features' scale: the step's cost does not
@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.eagle_lm import EagleLM  # noqa: E402
+from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.machine import cpu_model  # noqa: E402
 from dsd.backends.protocol import LogitsRequest  # noqa: E402
 from dsd.features import FeatureBlock  # noqa: E402
@@ -85,16 +86,18 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,2,4,8")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     counts = [int(x) for x in args.batch_sizes.split(",")]
     if not counts or min(counts) < 1 or max(counts) > 40 or args.gamma < 1 or args.repeats < 1:
         parser.error("--batch-sizes: session counts in 1..40 (the evaluation prompts); --gamma, --repeats: at least 1")
     torch.set_num_threads(args.threads)
-    draft = EagleLM.load(args.eagle / "draft", args.dtype)
+    dtype = HfBackendConfig(pair_path=str(args.eagle), dtype=args.dtype).draft_dtype   # refuses what this CPU cannot run
+    draft = EagleLM.load(args.eagle / "draft", dtype)
     contexts = prompts(args.eagle, max(counts))
-    print(f"cpu={cpu_model()!r} threads={args.threads} dtype={args.dtype} gamma={args.gamma}")
+    print(f"cpu={cpu_model()!r} threads={args.threads} dtype={dtype} gamma={args.gamma}")
     figures = {}
     for count in counts:
         result = measure(draft, contexts[:count], args.gamma, args.repeats)

@@ -5,10 +5,11 @@ time against the target's AR step, and the bytes the features add to every verdi
 feature draft waits for the prefill's features before its first block (its TTFT cost).
 
     python benchmarks/feature_draft.py [--eagle models/smollm2-eagle] [--layers models/smollm2-chat]
-        [--prompts 40] [--network --rtt-ms 20 --network-prompts 8] [--sweep results/crossover]
+        [--prompts 40] [--network --rtt-ms 20 --network-prompts 8] [--sweep results/crossover] [--dtype auto]
 
-bfloat16, one thread, the main job's sampling (temperature 0.7, top-p 0.9), answers of at most 64
-tokens. The feature draft's acceptance differs by draft step (it runs on its own features after
+Each model in the precision ``dtype = "auto"`` chooses for its pair on this CPU unless --dtype,
+one thread, the main job's sampling (temperature 0.7, top-p 0.9), answers of at most 64 tokens.
+The feature draft's acceptance differs by draft step (it runs on its own features after
 the first): ``alpha_feature`` is the per-token alpha that gives the same expected tokens per
 round at gamma 4 as its per-step acceptances do (``alpha_feature_step1..4``); the layer draft's
 is the same at every step. Prints key=value lines; with ``--sweep`` (a main job's folder, or a
@@ -29,8 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.machine import cpu_model  # noqa: E402
-from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
+from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig  # noqa: E402
 from dsd.features import FEATURE_DTYPES, encoded_bytes  # noqa: E402
 from dsd.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step  # noqa: E402
 from dsd.timing import step_time_s  # noqa: E402
@@ -39,14 +41,22 @@ from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
 GAMMA, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, SEED = 4, 64, 0.7, 0.9, 77
 
 
-def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int) -> dict:
+def model_dtypes(eagle_dir: Path, layers_dir: Path, dtype: str) -> dict[str, str]:
+    """Each model's precision: the target's and the feature draft's as their pair resolves ``dtype``,
+    the layer draft's as its own pair does."""
+    eagle = HfBackendConfig(pair_path=str(eagle_dir), dtype=dtype)      # refuses what this CPU cannot run
+    layers = HfBackendConfig(pair_path=str(layers_dir), dtype=dtype)
+    return {"target": eagle.dtype, "feature": eagle.draft_dtype, "layers6": layers.draft_dtype}
+
+
+def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int, dtypes: dict[str, str]) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dsd.backends.eagle_model import load_eagle
     from dsd.backends.vocab_map import VocabMap
     from pairs import chat_data, chat_draft, eagle_draft, smollm2
     tokenizer = AutoTokenizer.from_pretrained(str(eagle_dir))
-    target = AutoModelForCausalLM.from_pretrained(str(eagle_dir / "target"), dtype=torch.bfloat16).eval()
+    target = AutoModelForCausalLM.from_pretrained(str(eagle_dir / "target"), dtype=DTYPES[dtypes["target"]]).eval()
     prompts = Path(tempfile.mkdtemp()) / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n"
                                for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts]))
@@ -54,10 +64,10 @@ def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int) -> dict:
                                       temperature=TEMPERATURE, top_p=TOP_P, seed=SEED)
     answers = chat_data.answer_prompts(target, tokenizer, config)
     with torch.inference_mode():
-        eagle = load_eagle(eagle_dir / "draft", torch.bfloat16)
+        eagle = load_eagle(eagle_dir / "draft", DTYPES[dtypes["feature"]])
         feature = eagle_draft.heldout_acceptance(eagle, target, VocabMap.load(eagle_dir / "draft"), answers, GAMMA,
                                                  TEMPERATURE, TOP_P, FEATURE_DTYPES)
-        layers = AutoModelForCausalLM.from_pretrained(str(layers_dir / "draft"), dtype=torch.bfloat16).eval()
+        layers = AutoModelForCausalLM.from_pretrained(str(layers_dir / "draft"), dtype=DTYPES[dtypes["layers6"]]).eval()
         layers_vocab = VocabMap.load(layers_dir / "draft")
         sampled = chat_draft.heldout_acceptance(layers, target, layers_vocab, answers, TEMPERATURE, None, TOP_P)
         greedy = chat_draft.heldout_acceptance(layers, target, layers_vocab, answers, 1.0, 1, 1.0)
@@ -76,16 +86,16 @@ def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int) -> dict:
     return out
 
 
-def step_times(eagle_dir: Path, layers_dir: Path, passes: int = 30) -> dict:
+def step_times(eagle_dir: Path, layers_dir: Path, dtypes: dict[str, str], passes: int = 30) -> dict:
     """Medians of `passes` at a 100-token chat context, one thread: the target's AR step, the
     feature draft's step on its own feature and its first step after a verdict (three true
     features to catch up on), the layer draft's step."""
     from dsd.backends.eagle_lm import EagleLM
     from dsd.features import FeatureBlock
     torch.set_num_threads(1)
-    target = TorchLM.load(TorchLMConfig(str(eagle_dir / "target"), "bfloat16"))
-    eagle = EagleLM.load(eagle_dir / "draft", "bfloat16")
-    layers = TorchLM.load(TorchLMConfig(str(layers_dir / "draft"), "bfloat16"))
+    target = TorchLM.load(TorchLMConfig(str(eagle_dir / "target"), dtypes["target"]))
+    eagle = EagleLM.load(eagle_dir / "draft", dtypes["feature"])
+    layers = TorchLM.load(TorchLMConfig(str(layers_dir / "draft"), dtypes["layers6"]))
     context = [(i * 31 + 11) % 49_000 for i in range(100)]
     t_ar_s = step_time_s(target, context, 1, passes)
     t_feature_s = step_time_s(eagle, context, 1, passes)
@@ -105,7 +115,7 @@ def step_times(eagle_dir: Path, layers_dir: Path, passes: int = 30) -> dict:
             "t_draft_over_t_ar": t_feature_s / t_ar_s, "t_draft_over_t_ar_layers6": t_layers_s / t_ar_s}
 
 
-def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float) -> dict:
+def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float, dtypes: dict[str, str]) -> dict:
     """Sync DSD over loopback for each pair (its own verifier and edge), the same prompts:
     TTFT, time per token after the first, and acceptance S/(S+F) from rounds.csv."""
     from transformers import AutoTokenizer
@@ -117,7 +127,8 @@ def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float) ->
     logs = Path(tempfile.mkdtemp())
     out = {}
     for name, pair in (("feature", eagle_dir), ("layers6", layers_dir)):
-        backend = json.dumps({"kind": "hf", "pair_path": str(pair.resolve()), "dtype": "bfloat16"})
+        backend = json.dumps({"kind": "hf", "pair_path": str(pair.resolve()), "dtype": dtypes["target"],
+                              "draft_dtype": dtypes[name]})
         services = [launch("services.verifier", ["--backend-json", backend], logs),
                     launch("services.edge", ["--backend-json", backend, "--out-dir", str(logs / f"edge-{name}")], logs)]
         try:
@@ -164,6 +175,8 @@ def main() -> None:
     parser.add_argument("--network-prompts", type=int, default=8)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--sweep", type=Path, help="a main job's output folder (results/crossover) or a sweep's")
+    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from pairs import smollm2
@@ -171,18 +184,20 @@ def main() -> None:
         smollm2.materialize_target(pair)
     manifest = json.loads((args.eagle / "manifest.json").read_text())
     width = manifest["features"]["width"]
-    results = teacher_forced(args.eagle, args.layers, args.prompts)
-    results.update(step_times(args.eagle, args.layers))
+    dtypes = model_dtypes(args.eagle, args.layers, args.dtype)
+    results = teacher_forced(args.eagle, args.layers, args.prompts, dtypes)
+    results.update(step_times(args.eagle, args.layers, dtypes))
     tokens = results["tokens_per_round_feature"]
     for dtype in FEATURE_DTYPES:
         suffix = "" if dtype == "bfloat16" else f"_{dtype}"
         header = encoded_bytes(0, width, dtype)                 # one header a verdict, shared by its tokens
         results[f"feature_bytes_per_token{suffix}"] = header / tokens + encoded_bytes(1, width, dtype) - header
     if args.network:
-        results.update(network(args.eagle, args.layers, args.network_prompts, args.rtt_ms))
+        results.update(network(args.eagle, args.layers, args.network_prompts, args.rtt_ms, dtypes))
     if args.sweep is not None:
         results.update(sync_crossover(args.sweep, args.eagle.name))
-    print(f"cpu={cpu_model()!r} threads=1 dtype=bfloat16 gamma={GAMMA}")
+    print(f"cpu={cpu_model()!r} threads=1 dtype={dtypes['target']} draft_dtype_feature={dtypes['feature']} "
+          f"draft_dtype_layers6={dtypes['layers6']} gamma={GAMMA}")
     for key, value in results.items():
         print(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
 

@@ -2,10 +2,11 @@
 among the top tokens first (dsd.verification._nucleus) against sorting the whole row, and the
 draw over the nucleus (dsd.verification.sample_index) against torch.multinomial over the row.
 
-    python benchmarks/sampling_cost.py [--pair models/smollm2-chat] [--passes 200]
+    python benchmarks/sampling_cost.py [--pair models/smollm2-chat] [--passes 200] [--dtype auto]
 
-Rows: the target's logits over one evaluation instruction's answer (bfloat16 target, greedy
-answer of 48 tokens), at the main job's sampling (temperature 0.7, top-p 0.9). Prints last
+Rows: the target's logits over one evaluation instruction's answer (the target in the precision
+``dtype = "auto"`` chooses on this CPU unless --dtype, greedy answer of 48 tokens), at the main
+job's sampling (temperature 0.7, top-p 0.9). Prints last
 ``rows= full_sort_ms= top_first_ms= ratio= share_top64= share_top1024= row_draw_ms=
 support_draw_ms= draw_ratio=`` (per row, medians of the passes; the ratios are the new way over the
 old, below 1 is faster; share_topK: rows whose nucleus lies in their top K tokens).
@@ -22,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
 from dsd.decoding import generate_ar  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
@@ -30,12 +32,12 @@ from dsd.verification import NUCLEUS_FIRST_KS, _nucleus, _nucleus_by_sort, sampl
 TEMPERATURE, TOP_P = 0.7, 0.9
 
 
-def answer_rows(pair: Path) -> torch.Tensor:
+def answer_rows(pair: Path, dtype: str) -> torch.Tensor:
     from transformers import AutoTokenizer
     from pairs import chat_data, smollm2
     tokenizer = AutoTokenizer.from_pretrained(str(pair))
     prompt = chat_data.render(tokenizer, chat_data.read_prompts(smollm2.EVAL_PROMPTS)[0])
-    target = TorchLM.load(TorchLMConfig(str(pair / "target"), "bfloat16"))
+    target = TorchLM.load(TorchLMConfig(str(pair / "target"), dtype))
     answer = generate_ar(target, prompt, StopRule(max_new_tokens=48)).tokens
     return target.logits("rows", prompt + answer, len(answer))
 
@@ -54,12 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", type=Path, default=Path("models/smollm2-chat"))
     parser.add_argument("--passes", type=int, default=200)
+    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
+                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
     args = parser.parse_args(argv)
     if not (args.pair / "target").is_dir():
         parser.error(f"{args.pair}/target missing: python -m pairs.build --family smollm2 "
                      f"--out {args.pair} --target-only")
     torch.set_num_threads(1)
-    probs = torch.softmax(answer_rows(args.pair).float() / TEMPERATURE, dim=-1)
+    dtype = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype).dtype     # refuses what this CPU cannot run
+    probs = torch.softmax(answer_rows(args.pair, dtype).float() / TEMPERATURE, dim=-1)
     sorted_mass = torch.sort(probs, dim=-1, descending=True).values.cumsum(-1)
     shares = " ".join(f"share_top{k}={float((sorted_mass[:, k - 2] >= TOP_P).float().mean()):.3f}"
                       for k in NUCLEUS_FIRST_KS)
