@@ -70,6 +70,12 @@ class SimTestbed:
     def close(self) -> None:
         """Nothing was started."""
 
+    def local_shaper(self) -> None:
+        return None
+
+    def local_processes(self) -> list:
+        return []
+
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
         """The point's one client runs its requests one after another, each on virtual time from 0;
         several clients share one verifier (``run_clients``)."""
