@@ -153,7 +153,7 @@ def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_c
     different alpha); every request's tokens are the target's greedy ones; the plan columns say
     which mode ran."""
     from dsd.times import ComputeTimes
-    from orchestrator.launchers.sim import run_request
+    from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 
     config = SyntheticConfig(alpha=0.5, seed=4, alpha_classes=((1, 0.9), (2, 0.3)))
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
@@ -165,9 +165,9 @@ def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_c
     for i in range(16):
         rtt_ms = 10.0 if (i // 4) % 2 == 0 else 300.0
         prompt = [1 if i < 8 else 2, 30 + i, 7]
-        tokens, rounds, wall_s, _ = run_request("sync", draft, target, prompt, 4, rtt_ms / 1e3, stop, costs, 1,
-                                                f"q{i}", policy=policy, gamma_max=16,
-                                                rtt_at=lambda t, r=rtt_ms: r / 1e3)
+        tokens, rounds, wall_s, _ = run_request(SimClient(draft, target, costs, stop, gamma_max=16),
+                                                SimRequest("sync", 4, prompt, f"q{i}"),
+                                                lambda t, r=rtt_ms: r / 1e3, policy)
         assert tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         kinds = {r.mode for r in rounds}
         assert kinds <= {"ar", "sync", "pipelined"}        # a DSD request may hand over (and start on the server)

@@ -96,12 +96,13 @@ def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_
 def test_sim_launcher_ar_point_rows_come_from_the_protocol():
     """The sim launcher's AR request: one round row per streamed token and the link delay in
     the time to first token only (orchestrator.launchers.sim.run_request)."""
-    from orchestrator.launchers.sim import run_request
+    from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 
     draft, target = _sim_pair()
     times = ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.010, t_verify_by_gamma_s={4: 0.010},
                          t_prefill_per_token_s=0.0005)
-    out = {rtt_s: run_request("ar", draft, target, [1, 2, 3, 4, 5], 4, rtt_s, StopRule(40), times, 1, f"r{rtt_s}")
+    out = {rtt_s: run_request(SimClient(draft, target, times, StopRule(40)),
+                                 SimRequest("ar", 4, [1, 2, 3, 4, 5], f"r{rtt_s}"), lambda _t, r=rtt_s: r)
            for rtt_s in (0.0, 0.04)}
     (tokens0, rounds0, wall0, ttft0), (tokens1, _, wall1, ttft1) = out[0.0], out[0.04]
     assert tokens0 == tokens1 and len(rounds0) == 40 and all(r.emitted == 1 for r in rounds0)
