@@ -3,7 +3,7 @@
 A driver (``dsd.simulate.simulate_dsd``, ``services.edge.Client.dsd``) asks ``decide()`` before the
 request's first block, and after every verdict hands the controller that round's ``Observation``
 and asks again; the edge decoder then drafts its next block with the new plan
-(``EdgeDecoder.set_plan``). What the driver does with a decision is checked by
+(``EdgeDecoder.set_drafting``). What the driver does with a decision is checked by
 ``check_decision``: a controller that returns a gamma outside 1..gamma_max or a mode it may not
 use is refused with a ValueError naming the field.
 

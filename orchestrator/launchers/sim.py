@@ -29,9 +29,9 @@ import pandas as pd
 from dsd.backends.protocol import LanguageModel, SamplingParams
 from dsd.control import (GAMMA_MAX, ControllerConfig, Decision, RequestOutcome, ShadowDraft, request_cycle)
 from dsd.decoding import first_emission
-from dsd.modes import get_mode, plannable_edge_modes, server_modes
+from dsd.modes import plannable_edge_modes, server_modes
 from dsd.policies import make_controller
-from dsd.driver import run_to_end
+from dsd.driver import DriverConfig, run_to_end
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
 from dsd.spec_cache import CacheConfig
@@ -197,7 +197,7 @@ class SimClient:
     stop: StopRule
     max_in_flight: int = 1
     gamma_max: int = GAMMA_MAX
-    cache: CacheConfig | None = None
+    cache: CacheConfig = CacheConfig()
 
 
 @dataclass(frozen=True)
@@ -248,14 +248,14 @@ def _run_in_mode(client: SimClient, request: SimRequest, link_at: Callable[[floa
                                  request.sampling, request.seq_id)
         return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
     # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
-    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s)
     # The edge sends the session's Open and drafts at once (services/edge/ does not wait for
     # Opened): the verifier prefills the Open before it serves the first block or hand-over.
-    run = simulate_dsd(client.draft, client.target, prompt, gamma, client.stop, link, pipelined=get_mode(mode).pipelined,
-                       max_in_flight=client.max_in_flight, sampling=request.sampling, seq_id=request.seq_id,
-                       controller=policy, gamma_max=client.gamma_max, rtt_at=link_at,
-                       # a block is charged its own gamma's t_verify (an adaptive plan or a mode's
-                       # own policy may draft other than the configured gamma)
-                       t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
-                       mode=mode, t_open_s=prefill_s, cache=client.cache)
+    # A block is charged its own gamma's t_verify (an adaptive plan or a mode's own policy may
+    # draft other than the configured gamma).
+    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s, rtt_at=link_at,
+                     t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
+                     t_open_s=prefill_s)
+    config = DriverConfig(gamma, mode, client.max_in_flight, client.gamma_max, cache=client.cache)
+    run = simulate_dsd(client.draft, client.target, prompt, client.stop, link, config, request.sampling,
+                       request.seq_id, controller=policy)
     return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s

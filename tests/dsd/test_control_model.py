@@ -15,6 +15,8 @@ from dsd.policy_model import finite_request_factor
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.checks import every
+from dsd.driver import DriverConfig
+import dataclasses
 
 
 # A known profile: t_draft 2 ms, t_verify = t_ar = 20 ms, alpha 0.8.
@@ -189,8 +191,8 @@ def test_model_hands_a_low_acceptance_request_to_cloud_ar_mid_request_and_back_w
     runs = []
     for i, cls in enumerate([1, 1, 2, 1]):
         prompt = [cls, 40 + i, 7]
-        run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
-                           seq_id=f"m{i}", mode="pipelined")
+        run = simulate_dsd(draft, target, prompt, stop, costs, DriverConfig(8, "pipelined", gamma_max=16),
+                           seq_id=f"m{i}", controller=policy)
         assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         runs.append([r.mode for r in run.generation.rounds if not r.stale])
     assert "ar" not in runs[1]                                   # alpha 0.9: DSD pays
@@ -435,8 +437,8 @@ def _second_request_wall_s(policy: ModelPolicy, first_rtt_s: float) -> float:
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
     for i, rtt_at in enumerate([lambda t: first_rtt_s, lambda t: 0.010 if t < 0.6 else 0.150]):
         prompt = [5, 40 + i, 7]
-        run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
-                           seq_id=f"step{i}", mode="pipelined", rtt_at=rtt_at)
+        run = simulate_dsd(draft, target, prompt, stop, dataclasses.replace(costs, rtt_at=rtt_at),
+                           DriverConfig(8, "pipelined", gamma_max=16), seq_id=f"step{i}", controller=policy)
         assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         assert [r.mode for r in run.generation.rounds if not r.stale][-1] == "ar"
     return run.total_s

