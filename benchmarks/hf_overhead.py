@@ -1,10 +1,14 @@
 """Harness overhead per round on the real pair: round wall time minus the model passes' own time.
 
     python benchmarks/hf_overhead.py [--pair models/default-pair] [--tokens 96] [--requests 4]
+                                     [--gamma 4] [--temperature 0.7 --top-p 0.9] [--dtype float32]
 
 The sibling of benchmarks/overhead.py (synthetic backend) for the hf backend: one verifier and
 one edge over loopback (no added delay), the default pair, one client, one request after another
-in each mode (sync DSD, co-located SD, cloud AR), greedy, gamma 4. From rounds.csv, for every
+in each mode (sync DSD, co-located SD, cloud AR), greedy, gamma 4 by default. The main job's
+rounds are sampled (``--pair models/smollm2-chat --gamma 2 --temperature 0.7 --top-p 0.9``): then
+every Verify carries the draft's q, which the verifier checks and reads outside its pass, so its
+figure there is the sampled one. From rounds.csv, for every
 round but a request's first (it also waits for the prefill), the same quantities as the sweep's
 ``harness_overhead_ms`` (orchestrator.analysis.points.fit_effective_params), as medians:
 
@@ -58,7 +62,6 @@ from orchestrator.spec.workload import make_prompts    # noqa: E402
 from services.frames import DEFAULT_TRANSPORT, TRANSPORTS    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
 
-GAMMA = 4
 MODES = {"server": "sync", "edge": "sync", "colocated": "colocated", "ar": "ar"}
 
 
@@ -96,22 +99,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
                         help="how the per-round messages travel (services/frames.py); the echo floor uses the same")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both services")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus truncation (1: none)")
+    parser.add_argument("--dtype", default="float32", help="the pair's precision (HfBackendConfig.dtype)")
     parser.add_argument("--spin-us", type=int, default=0,
                         help="both services poll for an expected message up to this long (services/spinwait.py; 0: off)")
     parser.add_argument("--spin-lead-us", type=int, default=300, help="from this long before it is due")
     parser.add_argument("--echo-messages", type=int, default=200,
                         help="messages of the paced echo (the floor under the server overhead)")
     args = parser.parse_args(argv)
-    if args.tokens < 8 or args.requests < 1 or args.echo_messages < 1:
-        parser.error("--tokens must be >= 8, --requests >= 1 and --echo-messages >= 1")
+    if args.tokens < 8 or args.requests < 1 or args.echo_messages < 1 or args.gamma < 1:
+        parser.error("--tokens must be >= 8, --requests >= 1, --echo-messages >= 1 and --gamma >= 1")
     return args
 
 
 def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
     """One verifier and one edge, each mode's requests in turn: every part's per-round overheads
     and the sync rounds' cadence (for the echo floor)."""
-    prompts = make_prompts(HfBackendConfig(pair_path=args.pair), args.requests, 24, seed=7)
-    backend = ["--backend-json", HfBackendConfig(pair_path=args.pair).to_json(), "--threads", str(args.threads),
+    config = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)
+    prompts = make_prompts(config, args.requests, 24, seed=7)
+    backend = ["--backend-json", config.to_json(), "--threads", str(args.threads),
                "--spin-us", str(args.spin_us), "--spin-lead-us", str(args.spin_lead_us)]
     overheads: dict[str, list[float]] = {part: [] for part in MODES}
     cadence: EchoCadence | None = None
@@ -119,8 +127,9 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
         edge_args = backend + ["--out-dir", str(Path(tmp) / "edge")]
         with running(("services.verifier", backend), ("services.edge", edge_args), log_dir=Path(tmp)) as (verifier, edge):
             for mode in ("sync", "colocated", "ar"):
-                run = {"run_id": f"hf-overhead-{mode}", "client_id": "client-0", "mode": mode, "gamma": GAMMA,
+                run = {"run_id": f"hf-overhead-{mode}", "client_id": "client-0", "mode": mode, "gamma": args.gamma,
                        "prompts": prompts, "max_new_tokens": args.tokens, "verifier_url": verifier.url,
+                       "temperature": args.temperature, "top_p": args.top_p,
                        "probe_count": 1, "probe_interval_ms": 1000, "transport": args.transport}
                 summaries = wait_for_runs(edge, post_runs(edge, [run]), timeout_s=900)
                 if any(s["status"] != "done" for s in summaries.values()):
@@ -170,6 +179,7 @@ def main(argv=None) -> None:
           file=sys.stderr)
     results = report(overheads, echo_ms)
     results["transport"] = args.transport
+    results["gamma"], results["temperature"], results["top_p"] = args.gamma, args.temperature, args.top_p
     results["spin_us"] = args.spin_us
     # On a VM the hypervisor may run other guests on our CPUs: then everything wakes late.
     results["steal_pct"] = steal_pct(cpu_before, cpu_times())

@@ -15,7 +15,7 @@ from dsd.backends.protocol import Proposal
 
 
 class Device(Protocol):
-    async def draft(self, work: Callable[[], None], n_steps: int,
+    async def draft(self, work: Callable[[], None], n_steps: float,
                     then: Callable[[], Any]) -> tuple[Any, float]: ...
 
 

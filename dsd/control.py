@@ -43,13 +43,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from dsd.checks import is_int
 from dsd.modes import SYNC, edge_modes, get_mode, names, plannable_edge_modes
-from dsd.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, StaticConfig,
-                                policy_config)
+from dsd.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, PolicySettings,
+                                StaticConfig, policy_config)
 from dsd.times import steady_per_token_s
+
+if TYPE_CHECKING:
+    from dsd.backends.protocol import LanguageModel
 
 CONTROLLERS = tuple(POLICY_CONFIGS)
 
@@ -82,7 +85,8 @@ class Observation:
     def starts_request_after(self, previous_remaining: int | None) -> bool:
         """More budget left than the last round had: a new request began (from a driver that
         did not ask ``decide_request``)."""
-        return None not in (self.remaining_tokens, previous_remaining) and self.remaining_tokens > previous_remaining
+        return (self.remaining_tokens is not None and previous_remaining is not None
+                and self.remaining_tokens > previous_remaining)
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class Decision:
             raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
 
 
-def shadow_matches(draft, seq_id: str, prompt: list[int], generated: list[int]) -> tuple[int, int]:
+def shadow_matches(draft: LanguageModel, seq_id: str, prompt: list[int], generated: list[int]) -> tuple[int, int]:
     """(positions, matches): the draft's greedy guess at every generated position, given the
     true prefix, against the token the server generated. In cloud AR the edge is idle while the
     tokens stream in, so it can draft along (one step per token, hidden while t_draft < t_ar) and
@@ -136,7 +140,7 @@ def shadow_matches(draft, seq_id: str, prompt: list[int], generated: list[int]) 
     return len(generated), sum(int(g == t) for g, t in zip(guesses, generated))
 
 
-def check_decision(decision, gamma_max: int, modes: tuple[str, ...]) -> Decision:
+def check_decision(decision: object, gamma_max: int, modes: tuple[str, ...]) -> Decision:
     """What a driver accepts from a controller: a Decision within gamma_max and the usable modes."""
     if not isinstance(decision, Decision):
         raise ValueError(f"controller must return a Decision, got {type(decision).__name__}")
@@ -221,7 +225,7 @@ class ControllerConfig:
             raise ValueError(f"handover must be true or false, got {self.handover!r}")
         object.__setattr__(self, "settings", self._checked_settings())
 
-    def _checked_settings(self):
+    def _checked_settings(self) -> PolicySettings:
         kind = POLICY_CONFIGS[self.name]
         if self.settings is None:
             return kind()

@@ -50,7 +50,11 @@ def ranking_row(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
 def block_generator(draws: Draws | None, prefix: Sequence[int], sampling: SamplingParams) -> torch.Generator | None:
     """The generator of a draft block that starts after ``prefix`` (None under greedy decoding,
     which draws nothing; draws may then be None)."""
-    return None if sampling.greedy else draws.at(len(prefix), DRAFT)
+    if sampling.greedy:
+        return None
+    if draws is None:
+        raise ValueError("a sampled draft block needs the request's draws")
+    return draws.at(len(prefix), DRAFT)
 
 
 class Block:
@@ -91,7 +95,8 @@ class Block:
 
     def result(self) -> tuple[list[int], torch.Tensor | None]:
         """(the drafted tokens, their q [n_tokens, vocab] or None under greedy)."""
-        return list(self.drafted), (torch.stack(self.probs) if not self.sampling.greedy and self.probs else None)
+        probs = [q for q in self.probs if q is not None]
+        return list(self.drafted), (torch.stack(probs) if not self.sampling.greedy and probs else None)
 
 
 def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_tokens: int,

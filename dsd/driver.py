@@ -39,8 +39,9 @@ interfaces and a transport's optional abilities (``HandsOver``, ``Withdraws``), 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 
 from dsd.checks import is_int
@@ -125,7 +126,7 @@ class DsdDriver:
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
         self.device, self.transport, self.clock, self.on_round = ports.device, ports.transport, ports.clock, \
             ports.on_round
-        self.gamma_max = config.gamma_max
+        self.gamma_max = config.gamma_max or config.gamma     # DriverConfig set it (>= gamma)
         self.controller = controller or make_controller(ControllerConfig("static", config.gamma, config.mode,
                                                                          self.gamma_max, modes=(config.mode,)))
         # the modes a round may take: the server's too where the transport can hand over
@@ -189,10 +190,10 @@ class DsdDriver:
         def step() -> None:
             block.step(self.draft, self.seq_id)
 
-        def finish():
+        def finish() -> tuple[list[Proposal], Any]:
             drafted, q_stack = block.result()
             to_send = self.edge.add_draft(request, drafted, q_stack)
-            if to_send and self._fills_cache():
+            if to_send and self._fills_cache() and self.filler is not None:
                 self.filler.block_sent(request.prefix, drafted, block.rows)
             return to_send, self.transport.prepare(to_send)
 
@@ -201,8 +202,11 @@ class DsdDriver:
             t_start_s = self.clock()
             to_send, prepared = finish()
         elif not self.edge.in_flight:     # no verdict can arrive that cuts this block short
-            (to_send, prepared), t_start_s = await self.device.draft(
-                lambda: [step() for _ in range(remaining)], remaining, finish)
+            def steps() -> None:
+                for _ in range(remaining):
+                    step()
+
+            (to_send, prepared), t_start_s = await self.device.draft(steps, remaining, finish)
             self.draft_steps += remaining
         else:                           # a verdict may refute the prefix mid-block: look after every step
             for i in range(remaining):
@@ -213,9 +217,9 @@ class DsdDriver:
                 if self.edge.epoch != request.epoch:
                     break
             to_send, prepared = finish()
-        block = to_send[0] if to_send else self.edge.held      # the block just drafted, if any
-        if block is not None and not request.with_guess:
-            self._drafted[(block.start_pos, block.base_digest)] = (t_start_s, self.clock(), *plan)
+        proposal = to_send[0] if to_send else self.edge.held      # the block just drafted, if any
+        if proposal is not None and not request.with_guess:
+            self._drafted[(proposal.start_pos, proposal.base_digest)] = (t_start_s, self.clock(), *plan)
         await self.send(to_send, prepared)
 
     def _fills_cache(self) -> bool:
@@ -229,12 +233,15 @@ class DsdDriver:
 
     async def fill_step(self) -> None:
         """One device pass of the speculation cache's fill (dsd.cache_fill)."""
-        work, n_steps, branches = self.filler.next_work()
+        filler = self.filler
+        if filler is None:
+            raise RuntimeError("a fill step without a speculation cache")
+        work, n_steps, branches = filler.next_work()
         _, t_start_s = await self.device.draft(work, n_steps, lambda: None)
-        self.filler.note_pass(branches, self.clock() - t_start_s)
+        filler.note_pass(branches, self.clock() - t_start_s)
         self.draft_steps += 1
 
-    async def send(self, proposals: list[Proposal], prepared, after: Arrival | None = None) -> None:
+    async def send(self, proposals: list[Proposal], prepared: Any, after: Arrival | None = None) -> None:
         for proposal, t_send_s in zip(proposals, await self.transport.send(prepared, after)):
             self._sent.append(self._drafted.pop((proposal.start_pos, proposal.base_digest)) + (t_send_s,))
 
@@ -298,7 +305,7 @@ class DsdDriver:
         self.mode = decision.mode
 
 
-def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,
+def observation(arrival: VerdictArrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,
                 t_send_s: float, remaining_tokens: int | None = None) -> Observation:
     """What a controller learns from one round: the link's share of the round trip is what is left
     after the verifier's queue and compute."""
@@ -310,11 +317,15 @@ def observation(arrival: Arrival, gamma: int, mode: str, t_draft_start_s: float,
                        arrival.compute_s, arrival.queue_s, remaining_tokens=remaining_tokens)
 
 
-def run_to_end(coroutine):
+Result = TypeVar("Result")
+
+
+def run_to_end(coroutine: Coroutine[Any, Any, Result]) -> Result:
     """Run a coroutine that never suspends (the simulator's: its clock is virtual) to its result."""
     try:
         coroutine.send(None)
     except StopIteration as done:
-        return done.value
+        result: Result = done.value
+        return result
     coroutine.close()
     raise RuntimeError("a virtual-time driver suspended: its device or transport awaited real I/O")

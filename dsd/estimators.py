@@ -167,7 +167,7 @@ class Acceptance:
     @property
     def value(self) -> float | None:
         a, r = self.accepted.value, self.rejected.value
-        if a is None or a + r == 0:
+        if a is None or r is None or a + r == 0:
             return None
         return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
 
@@ -182,7 +182,8 @@ class Acceptance:
             return None
         p = a / n
         centre, spread = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-        return min(max((centre - spread) / (1 + z * z / n), 0.0), self.value)
+        bound, value = max((centre - spread) / (1 + z * z / n), 0.0), self.value
+        return bound if value is None else min(bound, value)
 
     @property
     def weight(self) -> float:

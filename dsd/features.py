@@ -121,7 +121,7 @@ class ProvidesFeatures(Protocol):
         """Rows start..end - 1 of this sequence, all computed by earlier passes."""
 
 
-def hand_features(draft, seq_id: str, block: FeatureBlock | None) -> None:
+def hand_features(draft: object, seq_id: str, block: FeatureBlock | None) -> None:
     """Give the target's features to a draft that takes them; any other draft ignores them."""
     if block is not None and isinstance(draft, TakesFeatures):
         draft.add_features(seq_id, block)

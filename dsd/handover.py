@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from dsd.arrivals import Arrival, Round
-from dsd.contracts import Transport, Withdraws
+from dsd.arrivals import AcknowledgedArrival, Arrival, Round, ServedArrival, WithdrawnArrival
+from dsd.contracts import HandsOver, Transport, Withdraws
 from dsd.control import Controller, Decision, LinkRttHint, Observation, ServerStepHint, StreamAheadHint
 from dsd.edge import EdgeDecoder
 from dsd.stream_drift import ArrivalDrift, fallen_rtt_s
@@ -49,7 +49,7 @@ def server_step_s(interval_s: float, compute_s: float | None, tokens: int) -> fl
     return max(interval_s / tokens, (compute_s or 0.0) / tokens)
 
 
-def server_observation(arrival: Arrival, segment: Segment, interval_s: float, first: bool,
+def server_observation(arrival: ServedArrival, segment: Segment, interval_s: float, first: bool,
                        shadow: tuple[int, int], remaining_tokens: int) -> Observation:
     """A server round of a hand-over: its tokens over the time since the stream's previous arrival
     (the hand-over's send, for the first round of a stream: the hand-over's cost included). The
@@ -101,7 +101,7 @@ class HandoverStream:
         self._burst_rtt_s: float | None = None      # the link a burst of them is read against
         self._fell_read_s: float | None = None      # when a burst was read as a fall (this request)
 
-    async def handle_served(self, arrival: Arrival) -> None:
+    async def handle_served(self, arrival: ServedArrival) -> None:
         """One server round of a hand-over: commit its tokens, shadow-draft them, report the round,
         re-plan, and ask for the next segment while the plan stays on the server."""
         if not self.segments:
@@ -160,7 +160,7 @@ class HandoverStream:
             self._drift.settle()
         return fell_to_s
 
-    async def handle_acknowledged(self, arrival: Arrival) -> None:
+    async def handle_acknowledged(self, arrival: AcknowledgedArrival) -> None:
         """A segment's acknowledgement: the link's round trip now. A segment's first tokens come
         after every segment asked before it, so a link that gets faster mid-stream (150 -> 10 ms)
         showed there only ~a round trip of the old link later, while the stream went on being
@@ -251,7 +251,7 @@ class HandoverStream:
     def _segments_for_a_round_trip(self) -> int:
         """How many of the segments asked, from the first, keep the server busy for a round trip
         of the link as last measured and a step (1 while the server's pace is not measured)."""
-        if not self._step_s:
+        if not self._step_s or self.rtt_s is None:
             return 1
         due_s = 0.0
         for kept, segment in enumerate(self.segments, start=1):
@@ -260,7 +260,7 @@ class HandoverStream:
                 return kept
         return len(self.segments)
 
-    async def handle_withdrawn(self, arrival: Arrival) -> None:
+    async def handle_withdrawn(self, arrival: WithdrawnArrival) -> None:
         """The server dropped ``arrival.withdrawn`` of the last segments asked, unstarted."""
         self.withdrawing = False
         if self.driver.edge.done:
@@ -335,8 +335,10 @@ class HandoverStream:
             return
         if not self.segments:
             self._stream_tokens = 0
-        plan, n_tokens = self.driver.server_decision, min(self._segment_tokens(), due)
-        t_send_s = await self.driver.transport.generate(plan.mode, plan.gamma, n_tokens, after)
+        plan, transport, n_tokens = self.driver.server_decision, self.driver.transport, min(self._segment_tokens(), due)
+        if plan is None or not isinstance(transport, HandsOver):
+            raise RuntimeError("a hand-over needs a server decision and a transport that hands over")
+        t_send_s = await transport.generate(plan.mode, plan.gamma, n_tokens, after)
         if not self.segments:
             self._stream_s, self._drift = t_send_s, None
         self._stream_tokens += n_tokens

@@ -44,6 +44,7 @@ so with the fill inside the wait it beats co-located SD below rtt* = gamma*t_dra
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 
 def _check_alpha_gamma(alpha: float, gamma: int) -> None:
@@ -189,7 +190,7 @@ def pipelined_within_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_ve
     return bisect_increasing(t_pipe, target_s, 0.0, target_s * expected_tokens_per_round(alpha, gamma))
 
 
-def bisect_increasing(f, level: float, lo: float, hi: float, tol: float = 1e-9) -> float:
+def bisect_increasing(f: Callable[[float], float], level: float, lo: float, hi: float, tol: float = 1e-9) -> float:
     """The largest x in [lo, hi] with f(x) <= level, for a non-decreasing f with f(lo) <= level."""
     for _ in range(200):
         if hi - lo <= tol:

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dsd import latency_model as lm
+
+if TYPE_CHECKING:
+    from dsd.control import Controller, ControllerConfig
 
 AR, COLOCATED, SYNC, PIPELINED, CACHED = "ar", "colocated", "sync", "pipelined", "cached"
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
@@ -48,7 +52,7 @@ class Mode:
     # Its driver policy when no adaptive controller runs: a factory ControllerConfig -> controller
     # (dsd.control: decide() / observe()) that plans each round; None: every round drafts the
     # configured gamma in this mode.
-    policy: Callable | None = None
+    policy: Callable[[ControllerConfig], Controller] | None = None
     # while its one block is in flight the edge drafts next blocks for the likely verdicts
     # (dsd.spec_cache) and sends one when its verdict comes
     cache: bool = False
@@ -76,28 +80,33 @@ class Mode:
         return self.drafts != NOWHERE
 
 
-def _ar(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-        cache_hit_rate=None, cache_fill_s=None) -> float:
+def _ar(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
+        t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
+        cache_fill_s: float | None = None) -> float:
     return t_ar_s                      # one target step per token
 
 
-def _colocated(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-               cache_hit_rate=None, cache_fill_s=None) -> float:
+def _colocated(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
+               t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
+               cache_fill_s: float | None = None) -> float:
     return lm.per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
 
 
-def _sync(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-          cache_hit_rate=None, cache_fill_s=None) -> float:
+def _sync(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
+          t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
+          cache_fill_s: float | None = None) -> float:
     return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
-def _pipelined(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-               cache_hit_rate=None, cache_fill_s=None) -> float:
+def _pipelined(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
+               t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
+               cache_fill_s: float | None = None) -> float:
     return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
-def _cached(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-            cache_hit_rate=None, cache_fill_s=None) -> float:
+def _cached(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
+            t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
+            cache_fill_s: float | None = None) -> float:
     if cache_hit_rate is None:
         raise ValueError("the cached mode's closed form needs the cache's hit rate (cache_hit_rate)")
     return lm.per_token_cached_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, cache_hit_rate,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dsd-pair/1"
@@ -24,8 +25,8 @@ MANIFEST_FORMAT = "dsd-pair/1"
 DRAFT_KINDS = ("causal_lm", "eagle")
 
 
-def draft_kind(manifest: dict) -> str:
-    kind = manifest.get("draft_kind", DRAFT_KINDS[0])
+def draft_kind(manifest: dict[str, Any]) -> str:
+    kind: str = manifest.get("draft_kind", DRAFT_KINDS[0])
     if kind not in DRAFT_KINDS:
         raise PairIntegrityError(f"manifest draft_kind {kind!r}: expected one of {DRAFT_KINDS}")
     return kind
@@ -39,7 +40,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def hash_tree(folder: Path) -> dict[str, dict]:
+def hash_tree(folder: Path) -> dict[str, dict[str, Any]]:
     """Every file under folder except the manifest, by POSIX relative path."""
     return {
         p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
@@ -47,7 +48,7 @@ def hash_tree(folder: Path) -> dict[str, dict]:
     }
 
 
-def write_manifest(folder: Path, manifest: dict) -> dict:
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     manifest = {**manifest, "files": hash_tree(folder)}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
@@ -57,14 +58,14 @@ class PairIntegrityError(RuntimeError):
     """The pair folder differs from what its manifest recorded."""
 
 
-def verify_pair(folder: Path | str) -> dict:
+def verify_pair(folder: Path | str) -> dict[str, Any]:
     """Re-hash every file the manifest lists; raise PairIntegrityError naming each missing,
     changed or unlisted file. Returns the manifest."""
     folder = Path(folder)
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise PairIntegrityError(f"{manifest_path}: missing; not a built pair folder")
-    manifest = json.loads(manifest_path.read_text())
+    manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     if manifest.get("format") != MANIFEST_FORMAT:
         raise PairIntegrityError(f"{manifest_path}: format {manifest.get('format')!r}, "
                                  f"expected {MANIFEST_FORMAT!r}")

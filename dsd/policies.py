@@ -3,17 +3,20 @@ them), or the one a static run's mode brings (dsd/modes.py). The policies import
 interface; this module imports them, so neither is imported through the other."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dsd.control import Controller, ControllerConfig
 from dsd.modes import get_mode
 from dsd.policy_bandit import BanditPolicy
 from dsd.policy_model import ModelPolicy
 from dsd.policy_static import HeuristicPolicy, StaticPolicy
 
-POLICIES = {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy, "bandit": BanditPolicy}
+POLICIES: dict[str, Callable[[ControllerConfig], Controller]] = {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy, "bandit": BanditPolicy}
 
 
 def make_controller(config: ControllerConfig) -> Controller:
     """The run's controller; a static run of a mode with its own policy (dsd/modes.py) gets that."""
-    if config.name == "static" and get_mode(config.mode).policy is not None:
-        return get_mode(config.mode).policy(config)
+    own_policy = get_mode(config.mode).policy
+    if config.name == "static" and own_policy is not None:
+        return own_policy(config)
     return POLICIES[config.name](config)

@@ -9,8 +9,10 @@ from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
 from dsd.estimators import Acceptance, add_shadow_rate
 from dsd.modes import edge_modes, get_mode, server_modes
-from dsd.policy_configs import BanditConfig
-from dsd.policy_model import ModelPolicy, predicted_per_token_s
+from dsd.policy_configs import BanditConfig, settings_as
+from dsd.policy_model import ModelPolicy, known, predicted_per_token_s
+
+Context = tuple[int, int]     # (RTT bucket, acceptance bucket)
 
 
 class BanditPolicy:
@@ -48,14 +50,15 @@ class BanditPolicy:
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        gammas = sorted({g for g in config.settings.gammas if g <= config.gamma_max}) or [config.gamma_max]
+        settings = settings_as(config.settings, BanditConfig)
+        gammas = sorted({g for g in settings.gammas if g <= config.gamma_max}) or [config.gamma_max]
         self.arms: list[Decision] = []
         for mode in config.modes:
             self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
-        self.stats: dict[tuple, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
+        self.stats: dict[Context, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
         self.rtt_bucket = 0
         self.alpha_bucket = 2                             # alpha 0.5 until measured
-        self.acceptance = Acceptance(config.settings.model.discount)
+        self.acceptance = Acceptance(settings.model.discount)
         self.current = config.dsd_start if config.dsd_start in self.arms else \
             next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
         self.remaining_tokens: int | None = None          # the request's budget, as last observed
@@ -63,12 +66,12 @@ class BanditPolicy:
         # the informed prior: the model policy's estimates (it sees every observation; its own
         # decisions are not used), whose closed-form prediction of each arm's rate counts as
         # ``prior_rounds`` pseudo-rounds of that arm in whatever context is current
-        self.model = ModelPolicy(dataclasses.replace(config, name="model", settings=config.settings.model))
+        self.model = ModelPolicy(dataclasses.replace(config, name="model", settings=settings.model))
 
     @property
     def settings(self) -> BanditConfig:
         """This policy's own settings; ``settings.model``: those of the model policy beside it."""
-        return self.config.settings
+        return settings_as(self.config.settings, BanditConfig)
 
     # A context moves only once its estimate is a quarter bucket past the bucket's edge: an RTT
     # near a factor-2 edge (10-12 ms, from jitter and load) or an alpha estimate near a 0.2 edge
@@ -115,7 +118,7 @@ class BanditPolicy:
     def _with_prior(self, table: dict[Decision, list[float]]) -> dict[Decision, list[float]]:
         """``table`` with every arm's prior added (new lists: the statistics stay what was earned)."""
         priors = {arm: self._prior(arm) for arm in table}
-        return {arm: [v + p for v, p in zip(value, priors[arm])] if priors[arm] else value
+        return {arm: value if (prior := priors[arm]) is None else [v + p for v, p in zip(value, prior)]
                 for arm, value in table.items()}
 
     def _prior(self, arm: Decision) -> tuple[float, float, float] | None:
@@ -131,9 +134,9 @@ class BanditPolicy:
         m, n = self.model, self.settings.prior_rounds
         if not n or not m._measured():
             return None
-        alpha = min(max(m.alpha, 0.0), 0.999)
-        per_token_s = predicted_per_token_s(arm.mode, arm.gamma, alpha, m.rtt_s.value, m.t_draft_s.value,
-                                            m.t_verify_s.at(arm.gamma), m._t_ar_s(), m._t_draft_server_s(),
+        alpha = min(max(known(m.alpha, "alpha"), 0.0), 0.999)
+        per_token_s = predicted_per_token_s(arm.mode, arm.gamma, alpha, known(m.rtt_s.value, "rtt_s"),
+                                            m._t_draft_edge_s(), m._t_verify_at(arm.gamma), m._t_ar_s(), m._t_draft_server_s(),
                                             m.server_queue_s)
         if not (per_token_s and per_token_s > 0 and math.isfinite(per_token_s)):
             return None
@@ -142,10 +145,10 @@ class BanditPolicy:
             return n * tokens, n * tokens * per_token_s, n
         return n * self.COUNT_UNIT_S / per_token_s, n * self.COUNT_UNIT_S, n
 
-    def _table(self, context: tuple) -> dict[Decision, list[float]]:
+    def _table(self, context: Context) -> dict[Decision, list[float]]:
         return self.stats.setdefault(context, {a: [0.0, 0.0, 0.0] for a in self.arms})
 
-    def _credit(self, context: tuple, arm: Decision, tokens: float, seconds: float, count: float) -> None:
+    def _credit(self, context: Context, arm: Decision, tokens: float, seconds: float, count: float) -> None:
         if arm not in self.arms or not (seconds > 0 and math.isfinite(seconds)):
             return
         keep = 0.5 ** (seconds / self.settings.horizon_s)
@@ -197,7 +200,7 @@ class BanditPolicy:
         return max(arms, key=lambda a: rates[a] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0)
                                                                     / max(table[a][2], 1e-9)))
 
-    def _observe_server(self, context: tuple, o: Observation) -> None:
+    def _observe_server(self, context: Context, o: Observation) -> None:
         """A server round of a hand-over earns its tokens over the time since the stream's last
         arrival, less the link's round trip where the round measured one (a stream's first: the
         hand-over's round trip is the cost of switching, which ``_worth_handing_over`` weighs, not
@@ -265,7 +268,8 @@ class BanditPolicy:
         acceptance, so that rate is an optimistic initialisation, not a guess; if even it loses to
         the server kind there is nothing to explore -- a hand-over to try DSD at 150 ms costs a
         round trip and a round, ~0.3 s)."""
-        table, values = self._known(), {}
+        table = self._known()
+        values: dict[str, tuple[float, float] | None] = {}
         for kind, modes in kinds.items():
             arms = [a for a in self.arms if a.mode in modes]
             source = table
@@ -299,10 +303,11 @@ class BanditPolicy:
         untried = sorted((k for k, v in values.items() if v is None), key=lambda k: (k != here, k != "dsd"))
         if untried:
             return untried[0]
-        total = sum(count for _, count in values.values())
-        scale = self.settings.exploration * max(rate for rate, _ in values.values())
-        return max(values, key=lambda k: values[k][0] + scale * math.sqrt(
-            math.log(max(total, 1.0) + 1.0) / max(values[k][1], 1e-9)))
+        tried = {k: v for k, v in values.items() if v is not None}
+        total = sum(count for _, count in tried.values())
+        scale = self.settings.exploration * max(rate for rate, _ in tried.values())
+        return max(tried, key=lambda k: tried[k][0] + scale * math.sqrt(
+            math.log(max(total, 1.0) + 1.0) / max(tried[k][1], 1e-9)))
 
     def link_rtt_s(self) -> float | None:
         """As ModelPolicy's: the link's RTT the plans are decided on."""

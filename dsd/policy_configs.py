@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from dsd.checks import is_int, is_number
 
 
-def _is_whole(value, low: int) -> bool:
+def _is_whole(value: object, low: int) -> bool:
     return is_int(value) and value >= low
 
 
@@ -87,7 +88,8 @@ class BanditConfig:
                              f"got {self.model!r}")
 
 
-POLICY_CONFIGS = {"static": StaticConfig, "heuristic": HeuristicConfig, "model": ModelPolicyConfig,
+PolicySettings = StaticConfig | HeuristicConfig | ModelPolicyConfig | BanditConfig
+POLICY_CONFIGS: dict[str, type[PolicySettings]] = {"static": StaticConfig, "heuristic": HeuristicConfig, "model": ModelPolicyConfig,
                   "bandit": BanditConfig}
 
 
@@ -95,7 +97,7 @@ def setting_names(policy: str) -> tuple[str, ...]:
     return tuple(f.name for f in fields(POLICY_CONFIGS[policy]))
 
 
-def policy_config(policy: str, keys: Mapping):
+def policy_config(policy: str, keys: Mapping[str, Any]) -> PolicySettings:
     """The settings of ``policy`` from keys: a key of another policy is refused naming the key,
     the policy it belongs to and the one named; any other unknown key naming the known ones."""
     own = setting_names(policy)
@@ -110,3 +112,13 @@ def policy_config(policy: str, keys: Mapping):
                              f"{policy!r} (its settings: {list(own)}){where}")
         raise ValueError(f"unknown setting {key!r} of controller {policy!r}; known: {list(own)}")
     return POLICY_CONFIGS[policy](**keys)
+
+
+Settings = TypeVar("Settings", StaticConfig, HeuristicConfig, ModelPolicyConfig, BanditConfig)
+
+
+def settings_as(settings: PolicySettings | None, kind: type[Settings]) -> Settings:
+    """A controller config's checked settings as its policy's own kind."""
+    if not isinstance(settings, kind):
+        raise TypeError(f"settings must be a {kind.__name__}, got {type(settings).__name__}")
+    return settings

@@ -17,12 +17,13 @@ request's first round behind its own Open, a segment's first step behind the seg
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from dsd import latency_model as lm
 from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
 from dsd.estimators import Acceptance, Discounted, DiscountedLine, Level, add_shadow_rate
 from dsd.modes import SERVER, SYNC, edge_modes, get_mode, server_modes
-from dsd.policy_configs import ModelPolicyConfig
+from dsd.policy_configs import ModelPolicyConfig, settings_as
 
 
 def passes_per_round(mode: str) -> int:
@@ -58,7 +59,7 @@ def finite_request_factor(mode: str, gamma: int, alpha: float, tokens: int | Non
     return 1.0 + (lm.expected_tokens_per_round(alpha, gamma) - 1.0) / (2.0 * tokens)
 
 
-def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, modes: tuple[str, ...],
+def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: float | Callable[[int], float], modes: tuple[str, ...],
                   gamma_max: int, t_ar_s: float | None = None,
                   t_draft_server_s: float | None = None, tokens: int | None = None,
                   queue_s: float = 0.0) -> tuple[Decision, float]:
@@ -67,14 +68,24 @@ def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s, mode
     ``tokens``: what the request still has to emit (``finite_request_factor``; None: steady state);
     ``queue_s``: the verifier's queueing per pass (``predicted_per_token_s``)."""
     verify = t_verify_s if callable(t_verify_s) else (lambda _g: t_verify_s)
-    best, best_s = None, math.inf
+    best: Decision | None = None
+    best_s = math.inf
     for mode in modes:
         for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
             cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
                                            t_draft_server_s, queue_s) * finite_request_factor(mode, gamma, alpha, tokens)
             if cost_s < best_s - 1e-15:
                 best, best_s = Decision(gamma, mode), cost_s
+    if best is None:
+        raise ValueError(f"no plan among modes {modes!r}")
     return best, best_s
+
+
+def known(value: float | None, name: str) -> float:
+    """An estimate the caller has checked is measured (``ModelPolicy._measured``)."""
+    if value is None:
+        raise RuntimeError(f"{name}: not measured yet")
+    return value
 
 
 class ModelPolicy:
@@ -129,7 +140,7 @@ class ModelPolicy:
     @property
     def settings(self) -> ModelPolicyConfig:
         """This policy's own settings (the config's, so a config replaced on a live policy counts)."""
-        return self.config.settings
+        return settings_as(self.config.settings, ModelPolicyConfig)
 
     def observe(self, observation: Observation) -> None:
         if observation.stale:
@@ -147,8 +158,9 @@ class ModelPolicy:
         self._add_rtt(observation.rtt_s)
         self.t_draft_s.add(observation.t_draft_s)
         self.t_verify_s.add(observation.proposed, observation.t_verify_s)
-        if self.alpha is not None and self.acceptance.weight >= 5:
-            self.alpha_best = max(self.alpha_best, self.alpha)
+        alpha = self.alpha
+        if alpha is not None and self.acceptance.weight >= 5:
+            self.alpha_best = max(self.alpha_best, alpha)
 
     def _add_rtt(self, rtt_s: float | None, measured: bool = True) -> None:
         """A sample of the link; only a measured one moves the fastest and slowest levels seen (a
@@ -156,7 +168,7 @@ class ModelPolicy:
         self.rtt_s.add(rtt_s)
         if measured and rtt_s is not None and math.isfinite(rtt_s) and rtt_s > 0:
             self.rtt_floor_s = rtt_s if self.rtt_floor_s is None else min(self.rtt_floor_s, rtt_s)
-            self.rtt_ceiling_s = max(self.rtt_ceiling_s or 0.0, self.rtt_s.value)
+            self.rtt_ceiling_s = max(self.rtt_ceiling_s or 0.0, known(self.rtt_s.value, "rtt_s"))
 
     def _add_positions(self, positions: int, matches: int) -> None:
         """Count this request's drafted (or shadowed) positions and the accepted (matched) ones."""
@@ -187,11 +199,11 @@ class ModelPolicy:
         if self.current.mode not in server_modes() or not self.config.dsd_modes or not self._measured() \
                 or self.rtt_floor_s is None:
             return None
-        alpha = max(self.alpha, self.request_matches / max(self.request_positions, 1))
+        alpha = max(known(self.alpha, "alpha"), self.request_matches / max(self.request_positions, 1))
         rtt_s = self.rtt_floor_s
         if self._hands_back(self._best(self.config.dsd_modes, alpha, rtt_s)[0], alpha, rtt_s):
             return None
-        return max(self.rtt_ceiling_s, self.settings.stream_ahead_floor_s)     # set with rtt_floor_s
+        return max(known(self.rtt_ceiling_s, "rtt_ceiling_s"), self.settings.stream_ahead_floor_s)     # set with rtt_floor_s
 
     def link_rtt_s(self) -> float | None:
         """The link's RTT as the plans are decided on (the probe before a request, then the
@@ -231,14 +243,20 @@ class ModelPolicy:
         return self.t_draft_server_s.value or self.settings.t_draft_server_s or self.t_draft_s.value
 
     def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
-        return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self.t_draft_s.value,
-                                     self.t_verify_s.at(decision.gamma), self._t_ar_s(), self._t_draft_server_s(),
+        return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self._t_draft_edge_s(),
+                                     self._t_verify_at(decision.gamma), self._t_ar_s(), self._t_draft_server_s(),
                                      self.server_queue_s) \
             * finite_request_factor(decision.mode, decision.gamma, alpha, self.remaining_tokens)
 
     def _best(self, modes: tuple[str, ...], alpha: float, rtt_s: float) -> tuple[Decision, float]:
-        return best_decision(alpha, rtt_s, self.t_draft_s.value, self.t_verify_s.at, modes, self.config.gamma_max,
+        return best_decision(alpha, rtt_s, self._t_draft_edge_s(), self._t_verify_at, modes, self.config.gamma_max,
                              self._t_ar_s(), self._t_draft_server_s(), self.remaining_tokens, self.server_queue_s)
+
+    def _t_draft_edge_s(self) -> float:
+        return known(self.t_draft_s.value, "t_draft_s")
+
+    def _t_verify_at(self, gamma: int) -> float:
+        return known(self.t_verify_s.at(gamma), "t_verify_s")
 
     def _measured(self) -> bool:
         return not (self.alpha is None or self.rtt_s.value is None or self.t_draft_s.value is None
@@ -251,7 +269,7 @@ class ModelPolicy:
         the server, also at alpha's lower confidence bound (``HAND_BACK_Z``)."""
         if not self._measured() or self.t_draft_s.count < self.DRAFT_ROUNDS:
             return self.current                  # not measured enough yet: the configured start
-        alpha, rtt_s, modes = self.alpha, self.rtt_s.value, self.config.round_modes
+        alpha, rtt_s, modes = known(self.alpha, "alpha"), known(self.rtt_s.value, "rtt_s"), self.config.round_modes
         best, _ = self._best(modes, alpha, rtt_s)
         if self.current.mode not in modes:
             self.current = best
@@ -268,7 +286,8 @@ class ModelPolicy:
 
     def _cautious_alpha(self, alpha: float) -> float:
         """``alpha``, or alpha's lower confidence bound (``HAND_BACK_Z``) where that is lower."""
-        return min(alpha, self.acceptance.lower_bound(self.HAND_BACK_Z))
+        lower = self.acceptance.lower_bound(self.HAND_BACK_Z)
+        return alpha if lower is None else min(alpha, lower)
 
     def _hands_back(self, best: Decision, alpha: float, rtt_s: float) -> bool:
         """A request on the server comes back to the edge for ``best`` only if that is worth it
@@ -301,8 +320,8 @@ class ModelPolicy:
             return
         if not speculative:
             self.t_ar_s.add(o.t_verify_s / o.tokens)      # the server's step (arrival gaps are the link's)
-        elif self.t_verify_s.at(o.gamma) is not None and o.proposed:
-            t_ds = (o.t_verify_s - self.t_verify_s.at(o.gamma)) / o.proposed     # compute = drafts + verify
+        elif (t_verify_s := self.t_verify_s.at(o.gamma)) is not None and o.proposed:
+            t_ds = (o.t_verify_s - t_verify_s) / o.proposed     # compute = drafts + verify
             if t_ds > 0:
                 self.t_draft_server_s.add(t_ds)
 
@@ -320,8 +339,8 @@ class ModelPolicy:
         if not self._measured():
             self.last_request = c.dsd_start if c.dsd_modes else Decision(c.gamma, c.modes[0])
             return self.last_request
-        rtt_s = self.rtt_s.value
-        alpha = self.alpha
+        rtt_s = known(self.rtt_s.value, "rtt_s")
+        alpha = known(self.alpha, "alpha")
         best, best_s = self._best(c.modes, alpha, rtt_s)
         last = self.last_request
         if last is not None and last.mode in c.modes and \
@@ -371,9 +390,9 @@ class ModelPolicy:
         if not get_mode(observation.mode).speculative:
             if per_token_s > queued_s:
                 self.t_ar_s.add(per_token_s - queued_s)
-        elif self.alpha is not None and self.t_verify_s.at(observation.gamma) is not None:
+        elif self.alpha is not None and (t_verify_s := self.t_verify_s.at(observation.gamma)) is not None:
             # (gamma*t_ds + t_v + queueing)/E = per token  ->  t_ds
             e = lm.expected_tokens_per_round(self.alpha, observation.gamma)
-            t_ds = (per_token_s * e - self.t_verify_s.at(observation.gamma) - queued_s) / observation.gamma
+            t_ds = (per_token_s * e - t_verify_s - queued_s) / observation.gamma
             if t_ds > 0:
                 self.t_draft_server_s.add(t_ds)

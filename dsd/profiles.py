@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from dsd.times import ComputeTimes
 
@@ -69,7 +70,7 @@ def load_profiles(path: Path | None = None) -> dict[str, HardwareProfile]:
     return profiles_from_tables(data)
 
 
-def profiles_from_tables(data: dict, prefix: str = "") -> dict[str, HardwareProfile]:
+def profiles_from_tables(data: dict[str, Any], prefix: str = "") -> dict[str, HardwareProfile]:
     """Profiles from TOML tables {name: {field: number, field_source: "where it comes from"}}.
 
     Every number must name its source: a missing or empty ``FIELD_source`` is refused naming the

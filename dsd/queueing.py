@@ -77,7 +77,8 @@ Approximations, each what it breaks:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from dsd import latency_model as lm
 from dsd.modes import AR, CACHED, COLOCATED, CROSSOVERS, EDGE, NOWHERE, PIPELINED, SYNC, get_mode, predict_per_token_s
@@ -194,7 +195,7 @@ def per_token_s(mode: str, n_clients: int, alpha: float, gamma: int, rtt_s: floa
         verify_s = times.t_verify_s(gamma, batch)
         if m.drafts == EDGE:
             return verify_s
-        return gamma * times.t_draft_server_s * (verify_s / terms["t_verify_s"]) + verify_s
+        return gamma * times.t_draft_server_s * (verify_s / times.t_verify_s(gamma)) + verify_s
 
     def cycle_s(residence_s: float) -> float:
         if m.drafts != EDGE:
@@ -233,8 +234,8 @@ def serial_bound_rtt_s(n_clients: int, gamma: int, t_draft_edge_s: float, t_draf
     return n_clients * (t_verify_s + gamma * t_draft_server_s) - t_verify_s - gamma * t_draft_edge_s
 
 
-def predicted_frontier(client_counts, alpha: float, gamma: int, times: ComputeTimes,
-                       max_batch: int = 1, service_cv2: float = 0.0) -> list[dict]:
+def predicted_frontier(client_counts: Iterable[int], alpha: float, gamma: int, times: ComputeTimes,
+                       max_batch: int = 1, service_cv2: float = 0.0) -> list[dict[str, Any]]:
     """Rows (clients, pair, predicted_ms, bound_ms) for every pair and client count; bound_ms is
     ``serial_bound_rtt_s`` for the pairs against co-located SD, nan for the others."""
     rows = []
@@ -249,6 +250,6 @@ def predicted_frontier(client_counts, alpha: float, gamma: int, times: ComputeTi
     return rows
 
 
-def _check_whole(name: str, value) -> None:
+def _check_whole(name: str, value: float) -> None:
     if isinstance(value, bool) or int(value) != value or value < 1:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")

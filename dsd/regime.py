@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from dsd import latency_model as lm
 from dsd.modes import PIPELINED, SYNC, predict_per_token_s
@@ -42,9 +43,9 @@ class Regime:
         """No DSD mode beats cloud AR at any RTT (at the known alpha, or for any draft at all)."""
         if self.alpha is None:
             return all(math.isinf(g.break_even_alpha) for g in self.gammas)
-        return all(g.best_dsd_over_ar_at_rtt0 >= 1.0 for g in self.gammas)
+        return all(ratio is not None and ratio >= 1.0 for ratio in (g.best_dsd_over_ar_at_rtt0 for g in self.gammas))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "draft_dtype": self.draft_dtype, "t_ar_ms": round(self.t_ar_ms, 3),
                 "draft_over_ar": round(self.draft_over_ar, 4), "alpha": self.alpha,
                 "alpha_source": self.alpha_source, "no_win": self.no_win,

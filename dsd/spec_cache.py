@@ -22,7 +22,7 @@ next with the branch drafted on it (complete or part-way), or None (a miss).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,7 +134,7 @@ class Calibration:
 
 
 def fill_plan(config: CacheConfig, probabilities: Sequence[float], wait_s: float | None, gamma: int,
-              step_s_of_batch) -> tuple[int, int]:
+              step_s_of_batch: Callable[[int], float]) -> tuple[int, int]:
     """(branches, depth) of a fill, the ranked candidates' estimated ``probabilities`` given. The
     depth is the batched passes that end before the expected verdict, ``wait_s`` (a pass cannot
     be cut short, so one that the verdict would interrupt delays the next block by what is left of
@@ -152,7 +152,7 @@ def fill_plan(config: CacheConfig, probabilities: Sequence[float], wait_s: float
         return gamma if step_s <= 0 else min(gamma, int(max(wait_s, 0.0) / step_s + 1e-9))
 
     if config.fanout != AUTO or wait_s is None:
-        n = limit if config.fanout == AUTO else min(config.fanout, limit)
+        n = min(config.fanout, limit) if isinstance(config.fanout, int) else limit
         return n, depth(n)
     best, best_value, mass = (1, depth(1)), -1.0, 0.0
     for b in range(1, limit + 1):

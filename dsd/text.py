@@ -4,11 +4,15 @@ template, ending where the assistant speaks)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dsd.backends.hf import HfBackendConfig
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def target_tokenizer(backend: HfBackendConfig):
+
+def target_tokenizer(backend: HfBackendConfig) -> PreTrainedTokenizerBase:
     """The target's own tokenizer: from its model folder, else from the pair folder around it."""
     from transformers import AutoTokenizer
 
@@ -25,15 +29,15 @@ def target_tokenizer(backend: HfBackendConfig):
                      f"in {', '.join(map(str, candidates))}")
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict]) -> list[int]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]]) -> list[int]:
     """A text as it is (with the tokenizer's special tokens), or chat messages ({"role",
     "content"}) through the chat template; without a template, a plain transcript that ends
     where the assistant would speak."""
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt, add_special_tokens=True)
     elif getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        ids = list(ids if isinstance(ids, list) else ids["input_ids"])     # newer transformers: a mapping
+        rendered: Any = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])     # newer transformers: a mapping
     else:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant:"
         ids = tokenizer.encode(text, add_special_tokens=True)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from dsd.checks import is_number
 
 _OPTIONAL = ("t_prefill_per_token_s", "batch_slope", "t_verify_base_s", "t_verify_per_position_s")
 
 
-def _finite(name: str, value) -> float:
+def _finite(name: str, value: object) -> float:
     if not is_number(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
@@ -91,13 +91,13 @@ class ComputeTimes:
         table = self.verify_table_s
         if gamma in table:
             single_s = table[gamma]
-        elif self.t_verify_base_s is not None:
+        elif self.t_verify_base_s is not None and self.t_verify_per_position_s is not None:
             single_s = self.t_verify_base_s + self.t_verify_per_position_s * (gamma + 1)
         else:
             raise ValueError(f"gamma {gamma!r}: t_verify was measured only for gamma {sorted(table)}")
         return single_s * self._batch_factor(batch_size)
 
-    def closed_form_terms(self, gamma: int) -> dict[str, float]:
+    def closed_form_terms(self, gamma: int) -> dict[str, float | None]:
         """The compute terms of the closed form at this gamma, as dsd.modes.predict_per_token_s
         takes them."""
         return {"t_ar_s": self.t_ar_s, "t_draft_edge_s": self.t_draft_edge_s,
@@ -126,21 +126,21 @@ class ComputeTimes:
 
     def with_verify_s(self, by_gamma: Mapping[int, float]) -> ComputeTimes:
         """These t_verify values in the table (others kept): a fit to a run's rounds."""
-        return dataclasses.replace(self, t_verify_by_gamma_s={**self.verify_table_s, **by_gamma})
+        return dataclasses.replace(self, t_verify_by_gamma_s=tuple({**self.verify_table_s, **by_gamma}.items()))
 
     def tabulated(self, gammas: Iterable[int]) -> ComputeTimes:
         """The table filled for these gammas from the line (what the sweep ran with, as JSON)."""
         return self.with_verify_s({int(g): self.t_verify_s(int(g)) for g in gammas})
 
-    def replace(self, **changes) -> ComputeTimes:
+    def replace(self, **changes: Any) -> ComputeTimes:
         return dataclasses.replace(self, **changes)
 
     # --- conversions -------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON: every field (None where not known), the table as ``t_verify_s``
         {gamma: seconds}; the line's keys only where there is a line."""
-        out = {"t_draft_edge_s": self.t_draft_edge_s, "t_draft_server_s": self.t_draft_server_s,
+        out: dict[str, Any] = {"t_draft_edge_s": self.t_draft_edge_s, "t_draft_server_s": self.t_draft_server_s,
                "t_ar_s": self.t_ar_s, "t_verify_s": self.verify_table_s,
                "t_prefill_per_token_s": self.t_prefill_per_token_s, "batch_slope": self.batch_slope}
         for name in ("cache_hit_rate", "cache_fill_s"):
@@ -152,7 +152,7 @@ class ComputeTimes:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> ComputeTimes:
+    def from_dict(cls, data: Mapping[str, Any]) -> ComputeTimes:
         """The inverse of ``to_dict``; JSON's string gamma keys become ints. Also reads the
         ``costs`` of sweeps written before this type (no batch_slope) and the analysis params of
         older summaries (no t_prefill_per_token_s): not known, None. An unknown key is an error."""
@@ -172,7 +172,7 @@ class ComputeTimes:
                    t_ar_s=data["t_ar_s"], t_prefill_per_token_s=data.get("t_prefill_per_token_s"),
                    t_verify_base_s=data.get("t_verify_base_s"),
                    t_verify_per_position_s=data.get("t_verify_per_position_s"),
-                   t_verify_by_gamma_s={_gamma(g): s for g, s in table.items()},
+                   t_verify_by_gamma_s=tuple((_gamma(g), s) for g, s in table.items()),
                    batch_slope=data.get("batch_slope"), cache_hit_rate=data.get("cache_hit_rate"),
                    cache_fill_s=data.get("cache_fill_s"))
 
@@ -190,7 +190,7 @@ def fit_verify_line(by_gamma_s: Mapping[int, float]) -> tuple[float, float]:
     return max(mean_y - slope * mean_x, 0.0), slope
 
 
-def _gamma(key) -> int:
+def _gamma(key: Any) -> int:
     try:
         gamma = int(key)
     except (TypeError, ValueError):
@@ -200,12 +200,12 @@ def _gamma(key) -> int:
     return gamma
 
 
-def _verify_table(table) -> tuple[tuple[int, float], ...]:
+def _verify_table(table: object) -> tuple[tuple[int, float], ...]:
     """A mapping or pairs gamma -> seconds as sorted (gamma, seconds) pairs, each checked."""
     pairs = table.items() if isinstance(table, Mapping) else table
     if not isinstance(pairs, Iterable):
         raise ValueError(f"t_verify_by_gamma_s must map gamma to seconds, got {table!r}")
-    out = {}
+    out: dict[int, float] = {}
     for pair in pairs:
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise ValueError(f"t_verify_by_gamma_s must map gamma to seconds, got {table!r}")

@@ -28,10 +28,11 @@ class MeasuredTimes:
         """As the one compute-times type: t_verify as the measured table, one machine drafting for
         edge and server alike."""
         return ComputeTimes(t_draft_edge_s=self.t_draft_s, t_draft_server_s=self.t_draft_s, t_ar_s=self.t_ar_s,
-                            t_prefill_per_token_s=self.t_prefill_per_token_s, t_verify_by_gamma_s=self.t_verify_s)
+                            t_prefill_per_token_s=self.t_prefill_per_token_s,
+                            t_verify_by_gamma_s=tuple(self.t_verify_s.items()))
 
 
-def _median_s(fn: Callable[[], None], repeats: int) -> float:
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -59,8 +60,11 @@ def measure_times(draft: LanguageModel, target: LanguageModel, gammas: tuple[int
                   context_tokens: int = 128, repeats: int = 30) -> MeasuredTimes:
     vocab = min(draft.vocab_size, target.vocab_size)
     context = [(i * 31 + 11) % vocab for i in range(context_tokens)]
-    prefill_s = _median_s(lambda: (target.logits("timing-prefill", context, 1),
-                                   target.release("timing-prefill")), max(3, repeats // 5))
+    def prefill() -> None:
+        target.logits("timing-prefill", context, 1)
+        target.release("timing-prefill")
+
+    prefill_s = _median_s(prefill, max(3, repeats // 5))
     return MeasuredTimes(
         t_draft_s=step_time_s(draft, context, 1, repeats),
         t_ar_s=step_time_s(target, context, 1, repeats),

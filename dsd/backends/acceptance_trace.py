@@ -34,10 +34,11 @@ from __future__ import annotations
 import bisect
 import csv
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from dsd.checks import is_int
 
@@ -79,7 +80,7 @@ class AcceptanceTrace:
             counts[a] = counts.get(a, 0) + 1
         return dict(sorted(counts.items()))
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """What a sidecar records of the trace."""
         return {"source": self.source, "rounds": len(self.rounds), "alpha_measured": self.alpha_measured,
                 "mean_accepted": self.mean_accepted, "histogram": self.histogram()}
@@ -162,12 +163,12 @@ def read_rounds_csv(path: Path | str) -> AcceptanceTrace:
     return AcceptanceTrace(tuple((g, a) for *_, g, a in live), source=str(path))
 
 
-def _request_key(row: dict) -> tuple:
+def _request_key(row: dict[str, Any]) -> tuple[str | int, ...]:
     """Groups a request's rounds: a sweep's rows carry point/client/run ids beside request_index."""
     return tuple(str(row.get(k, "")) for k in ("point", "run_id", "client_id")) + (_int(row.get("request_index")),)
 
 
-def _int(value) -> int:
+def _int(value: Any) -> int:
     try:
         return int(float(value))
     except (TypeError, ValueError):
@@ -182,7 +183,7 @@ class TraceReplay:
         self.seed = seed
         self._anchors: dict[str, tuple[int, int]] = {}    # seq_id -> (first drafted position, trace index)
 
-    def alpha_of(self, seq_id: str, tokens: Sequence[int], n_last: int):
+    def alpha_of(self, seq_id: str, tokens: Sequence[int], n_last: int) -> Callable[[int], float]:
         """For a logits call: position -> this position's acceptance probability (1, 0, or the
         trace's alpha for an untested position). A sequence's first call anchors it: its first
         predicted position is the first position of a trace round."""

@@ -84,8 +84,9 @@ class EagleLM:
         self._seqs: dict[str, _EagleSeq] = {}
         # the head as a linear layer over the kept rows of the tied embedding (a view: one copy of
         # the weights), so that kernel paths can take it like the layer's own products
-        self.head = nn.Linear(c.hidden_size, c.vocab_kept, bias=False, device="meta")     # no weights of its own
-        self.head.weight = nn.Parameter(model.embed.weight.detach()[:c.vocab_kept], requires_grad=False)
+        head = nn.Linear(c.hidden_size, c.vocab_kept, bias=False, device="meta")     # no weights of its own
+        head.weight = nn.Parameter(model.embed.weight.detach()[:c.vocab_kept], requires_grad=False)
+        self.head: nn.Module = head          # a PathLinear once kernel paths are installed
         self.kernel_choice: KernelChoice | None = None
 
     @classmethod

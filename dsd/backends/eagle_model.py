@@ -121,9 +121,10 @@ class EagleDraft(nn.Module):
 
     def project(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """token_ids [..., n] (draft ids), features [..., n, d] (f_{j-1}) -> u [..., n, d]."""
-        return self.fc(torch.cat([self.emb_norm(self.embed(token_ids)), self.feat_norm(features)], dim=-1))
+        u: torch.Tensor = self.fc(torch.cat([self.emb_norm(self.embed(token_ids)), self.feat_norm(features)], dim=-1))
+        return u
 
-    def qkv(self, u: torch.Tensor, positions: torch.Tensor):
+    def qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """u [B, n, d], positions [B, n] -> q [B, H, n, hd], k and v [B, KV, n, hd] (rotated)."""
         c = self.config
         B, n, _ = u.shape
@@ -136,13 +137,15 @@ class EagleDraft(nn.Module):
     def finish(self, features: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """features [B, n, d] (the residual's start), attended [B, H, n, hd] -> h [B, n, d]."""
         B, H, n, hd = attended.shape
-        h = features + self.o_proj(attended.transpose(1, 2).reshape(B, n, H * hd))
+        h: torch.Tensor = features + self.o_proj(attended.transpose(1, 2).reshape(B, n, H * hd))
         x = self.post_norm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        mlp: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return h + mlp
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., d] -> logits [..., K] over the kept tokens (the unknown row is never proposed)."""
-        return self.norm(h) @ self.embed.weight[:self.config.vocab_kept].T
+        normed: torch.Tensor = self.norm(h)
+        return normed @ self.embed.weight[:self.config.vocab_kept].T
 
     # ---- training: every position at once, rollouts on the draft's own features -----------------
 

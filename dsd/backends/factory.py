@@ -8,7 +8,8 @@ backend is a module with its config class and one line in BACKEND_CONFIGS.
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
+from typing import Any
 
 from dsd.backends.hf import DEFAULT_PAIR, DTYPE_NAMES, HfBackendConfig  # noqa: F401 - re-exported
 from dsd.backends.protocol import BackendConfig, LanguageModel
@@ -29,7 +30,7 @@ def register_backend(config_class: type[BackendConfig]) -> None:
     BACKEND_CONFIGS[config_class.kind] = config_class
 
 
-def backend_from_dict(values: dict, where: str = "the backend config") -> BackendConfig:
+def backend_from_dict(values: dict[str, Any], where: str = "the backend config") -> BackendConfig:
     """{"kind": KIND, FIELD: VALUE, ...} -> that kind's config; kind defaults to synthetic. A key
     the kind does not have, or a value of the wrong JSON type, is an error naming it."""
     if not isinstance(values, dict):
@@ -39,6 +40,8 @@ def backend_from_dict(values: dict, where: str = "the backend config") -> Backen
     if not isinstance(kind, str) or kind not in BACKEND_CONFIGS:
         raise ValueError(f"backend kind must be one of {tuple(BACKEND_CONFIGS)}, got {kind!r}")
     config_class = BACKEND_CONFIGS[kind]
+    if not is_dataclass(config_class):
+        raise TypeError(f"backend kind {kind!r}: its config class is not a dataclass")
     known = {f.name: f for f in fields(config_class)}
     unknown = sorted(set(values) - set(known))
     if unknown:

@@ -4,8 +4,9 @@ feature is one layer's output, or the draft's ``fuse`` of several layers' output
 where the target runs, so only d values a position travel to the edge."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,19 +16,26 @@ from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig, load_model
 from dsd.backends.vocab_map import VocabMap
 from dsd.features import FeatureBlock
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class LayerTap:
     """Forward hooks that keep the outputs of some of a transformers model's decoder layers."""
 
-    def __init__(self, model, layers: Sequence[int]) -> None:
+    def __init__(self, model: PreTrainedModel, layers: Sequence[int]) -> None:
         self.layers = tuple(layers)
         self.outputs: dict[int, torch.Tensor] = {}
-        blocks = model.model.layers
+        decoder: Any = model.model       # nn.Module.__getattr__ types a submodule as Tensor | Module
+        blocks = decoder.layers
         self._handles = [blocks[i].register_forward_hook(self._keeper(i)) for i in self.layers]
 
-    def _keeper(self, index: int):
-        def keep(_module, _inputs, output):
-            self.outputs[index] = output[0] if isinstance(output, tuple) else output
+    def _keeper(self, index: int) -> Callable[[torch.nn.Module, object, object], None]:
+        def keep(_module: torch.nn.Module, _inputs: object, output: object) -> None:
+            kept = output[0] if isinstance(output, tuple) else output
+            if not isinstance(kept, torch.Tensor):
+                raise TypeError(f"decoder layer {index} returned {type(kept).__name__}, not a tensor")
+            self.outputs[index] = kept
         return keep
 
     def stacked(self) -> torch.Tensor:
@@ -42,7 +50,7 @@ class LayerTap:
 class FeatureTorchLM(TorchLM):
     """A TorchLM and ProvidesFeatures: rows [positions, d] per sequence, valid up to its cache."""
 
-    def __init__(self, model, name: str, eos_token_id: int | None, feature_layers: Sequence[int],
+    def __init__(self, model: PreTrainedModel, name: str, eos_token_id: int | None, feature_layers: Sequence[int],
                  fuse: torch.nn.Linear | None, vocab_map: VocabMap | None = None) -> None:
         super().__init__(model, name, eos_token_id, vocab_map)
         if fuse is None and len(feature_layers) != 1:

@@ -6,9 +6,12 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from dsd.backends.protocol import BackendConfig
+from dsd.backends.protocol import BackendConfig, LanguageModel
+
+if TYPE_CHECKING:
+    from dsd.backends.precision import PrecisionChoice
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
 AUTO = "auto"        # timed on this machine (dsd.backends.precision)
@@ -61,7 +64,7 @@ class HfBackendConfig(BackendConfig):
         pair = Path(self.pair_path).expanduser()
         return str(pair / "target"), str(pair / "draft")
 
-    def precision_choice(self):
+    def precision_choice(self) -> PrecisionChoice:
         """What "auto" resolves to here, with the timings behind it (dsd.backends.precision)."""
         from dsd.backends.eagle_model import is_eagle_folder
         from dsd.backends.precision import resolve
@@ -85,7 +88,7 @@ class HfBackendConfig(BackendConfig):
             if not Path(value).expanduser().is_dir():
                 raise ValueError(f"'backend.{key}': expected an existing model folder, got {value!r}")
 
-    def load(self):
+    def load(self) -> tuple[LanguageModel, LanguageModel]:
         # transformers is imported only here: a synthetic-only service starts in a second, not five.
         from dsd.backends.kernels import ATEN, PATHS
         from dsd.backends.torch_lm import TorchLM, TorchLMConfig
@@ -106,9 +109,9 @@ class HfBackendConfig(BackendConfig):
                 raise ValueError(f"backend.device: a feature draft's pair runs on 'cpu' only, got {self.device!r}")
             from dsd.backends.eagle_lm import EagleLM
             from dsd.backends.feature_target import FeatureTorchLM
-            target = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device, paths),
+            target: TorchLM = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device, paths),
                                                    draft_path)
-            draft = EagleLM.load(draft_path, self.draft_dtype, target.eos_token_id, paths)
+            draft: LanguageModel = EagleLM.load(draft_path, self.draft_dtype, target.eos_token_id, paths)
         else:
             target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device, paths))
             draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device, paths))

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -124,9 +125,12 @@ class PathLinear(nn.Module):
         if path == MKL_PACKED:
             rows = x.reshape(-1, self.in_features)
             out = torch.ops.mkl._mkl_linear(rows, self.forms[MKL_PACKED], self.weight, self.bias, rows.shape[0])
-            return out.reshape(*x.shape[:-1], self.out_features)
+            shaped: torch.Tensor = out.reshape(*x.shape[:-1], self.out_features)
+            return shaped
         if path == ONEDNN_PACKED:
-            return torch.ops.mkldnn._linear_pointwise(x, self.forms[ONEDNN_PACKED], self.bias, "none", [], "")
+            packed: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.forms[ONEDNN_PACKED], self.bias, "none",
+                                                                      [], "")
+            return packed
         return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,7 +160,7 @@ class KernelChoice:
     choice: dict[str, dict[int, str]] = field(default_factory=dict)
     times_ms: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype,
                 "choice": {g: {str(b): p for b, p in c.items()} for g, c in self.choice.items()},
                 "times_ms": {g: {str(b): {p: round(t, 4) for p, t in ts.items()} for b, ts in by.items()}
@@ -267,7 +271,7 @@ def _time_paths(group: list[PathLinear], paths: list[str], rows: int, repeats: i
 
 def _fastest(times_ms: dict[str, float], margin: float) -> str:
     """aten unless another path beats it by more than ``margin``."""
-    path = min(times_ms, key=times_ms.get)
+    path = min(times_ms, key=lambda p: times_ms[p])
     return path if times_ms[path] < (1.0 - margin) * times_ms[ATEN] else ATEN
 
 

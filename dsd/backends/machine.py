@@ -14,6 +14,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ISA_SWITCHES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
 FLAG_FIELDS = ("flags", "Features")             # x86, aarch64
@@ -87,7 +88,7 @@ class CpuCapability:
         return (f"{self.model} ({self.arch}, ATen {self.aten}"
                 + (f"; no native {', '.join(lacks)}" if lacks else "") + ")")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"isa_switches": {k: os.environ[k] for k in ISA_SWITCHES if os.environ.get(k)}}
 
 

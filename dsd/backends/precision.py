@@ -29,9 +29,12 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from dsd.backends.protocol import LanguageModel
 from dsd.backends.machine import CpuCapability, cache_dir, cpu_flags, machine_key, weights_digest
 
 CANDIDATES = ("float32", "bfloat16")
@@ -66,16 +69,16 @@ class PrecisionChoice:
     first_guess: str                   # what the CPU-flag rule would have said
     times: tuple[PrecisionTimes, ...]
     machine: str
-    cpu: dict = field(default_factory=dict)      # CpuCapability.to_dict(): the CPU and what runs on it
-    dropped: dict = field(default_factory=dict)  # candidate -> why it could not be timed here
+    cpu: dict[str, Any] = field(default_factory=dict)      # CpuCapability.to_dict(): the CPU and what runs on it
+    dropped: dict[str, Any] = field(default_factory=dict)  # candidate -> why it could not be timed here
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"target_dtype": self.target_dtype, "draft_dtype": self.draft_dtype,
                 "first_guess": self.first_guess, "machine": self.machine, "cpu": self.cpu,
                 "dropped": self.dropped, "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
 
     @classmethod
-    def from_dict(cls, values: dict) -> "PrecisionChoice":
+    def from_dict(cls, values: dict[str, Any]) -> "PrecisionChoice":
         times = tuple(PrecisionTimes(c["dtype"], c["t_ar_s"], {int(n): t for n, t in c["t_verify_s"].items()},
                                      c["t_draft_s"], c.get("kernels", "")) for c in values["candidates"])
         return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"],
@@ -104,7 +107,8 @@ def first_guess(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
     return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16", "bf16"} else "float32"
 
 
-def check_runs(setting: str, dtype: str, capability: CpuCapability | None = None, log=None) -> None:
+def check_runs(setting: str, dtype: str, capability: CpuCapability | None = None,
+               log: Callable[[str], object] | None = None) -> None:
     """Refuse a precision set by hand that this CPU cannot run (a probe pass of the operations a
     decoder layer uses fails), naming the setting, the CPU and what it lacks; say so where it runs
     only emulated (bfloat16 without AVX512-BF16, AMX or an aarch64 BF16 unit is several times slower)."""
@@ -138,7 +142,7 @@ def _probe_fails(dtype: str) -> str:
 
 def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CANDIDATES, threads: int = 1,
             kernel_paths: tuple[str, ...] | None = None, dropped: dict[str, str] | None = None,
-            log=None) -> list[PrecisionTimes]:
+            log: Callable[[str], object] | None = None) -> list[PrecisionTimes]:
     """Time every candidate precision of the pair that runs on this machine on ``threads`` torch
     threads, the passes interleaved across candidates so that a drift of the machine's speed meets
     all; a candidate that fails to load or to pass is left out, its reason put in ``dropped``."""
@@ -180,7 +184,7 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
         torch.set_num_threads(old)
 
 
-def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]):
+def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]) -> LanguageModel:
     """The draft as the services load it: a feature draft (timed on its own features, as it drafts
     past the last true one) or a layer draft."""
     from dsd.backends.eagle_model import is_eagle_folder
@@ -191,7 +195,7 @@ def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]):
     return TorchLM.load(TorchLMConfig(draft_path, dtype, kernel_paths=paths))
 
 
-def _interleaved_samples(models: dict) -> dict[tuple[str, str, int], float]:
+def _interleaved_samples(models: dict[str, Any]) -> dict[tuple[str, str, int], float]:
     """Median seconds per (dtype, role, positions), every candidate's passes in turn per round."""
     vocab = min(m.vocab_size for pair in models.values() for m in pair)
     context = [(7 * i + 11) % vocab for i in range(CONTEXT_TOKENS)]
@@ -230,7 +234,8 @@ def cached_choice(target_path: str, draft_path: str) -> PrecisionChoice | None:
         return None
 
 
-def resolve(target_path: str, draft_path: str, device: str = "cpu", log=None) -> PrecisionChoice:
+def resolve(target_path: str, draft_path: str, device: str = "cpu",
+            log: Callable[[str], object] | None = None) -> PrecisionChoice:
     """The pair's precision choice on this machine: from the disk cache, else measured and kept."""
     if device.startswith("cuda"):
         guess = first_guess(device)

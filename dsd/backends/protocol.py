@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -40,10 +40,15 @@ class LogitsRequest:
 class LanguageModel(Protocol):
     name: str
     vocab_size: int
-    eos_token_id: int | None
-    # optional: the longest sequence the model can read (None or absent: no limit of its own)
-    max_positions: int | None
     stats: ForwardStats
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence token, if the model has one (read only: a model may fix it)."""
+
+    # optional: the longest sequence the model can read (None or absent: no limit of its own)
+    @property
+    def max_positions(self) -> int | None: ...
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
         """Logits [n_last, vocab] at the last n_last positions of ``tokens``: row j predicts the
@@ -89,7 +94,9 @@ class BackendConfig:
     # HardwareProfile (services/compute.py EmulatedDevice); False: passes compute for real.
     emulated: ClassVar[bool] = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        if not is_dataclass(self):
+            raise TypeError(f"{type(self).__name__}: a backend config is a dataclass")
         return {"kind": self.kind, **asdict(self)}
 
     def to_json(self) -> str:
@@ -108,22 +115,25 @@ class BackendConfig:
         raise NotImplementedError(f"{type(self).__name__}.load")
 
 
+Result = TypeVar("Result")
+
+
 @dataclass(frozen=True)
-class ForwardJob:
+class ForwardJob(Generic[Result]):
     """A model call whose logits ``finish`` turns into a result (a verdict, an AR token): run
     alone with ``run()``, or with other jobs on the same model in one pass (``run_jobs``)."""
     model: LanguageModel
     request: LogitsRequest
-    finish: Callable[[torch.Tensor], object]     # logits [n_last, vocab] -> the result
+    finish: Callable[[torch.Tensor], Result]     # logits [n_last, vocab] -> the result
 
-    def run(self) -> object:
+    def run(self) -> Result:
         r = self.request
         return self.finish(self.model.logits(r.seq_id, r.tokens, r.n_last))
 
     __call__ = run
 
 
-def run_jobs(jobs: Sequence[ForwardJob]) -> list[tuple[bool, object]]:
+def run_jobs(jobs: Sequence[ForwardJob[object]]) -> list[tuple[bool, object]]:
     """Run jobs on one model in one batched pass; each as (ok, result or the exception it raised).
 
     If the batched pass itself fails (one job's sequence too long for the model, say), every job

@@ -24,16 +24,16 @@ time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a h
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 
 from dsd.checks import is_int
 from dsd.backends.acceptance import ACCEPTANCE_KINDS, RoundLayout
 from dsd.backends.acceptance_trace import AcceptanceTrace, TraceReplay, read_rounds_csv
-from dsd.backends.protocol import BackendConfig, ForwardStats, LogitsRequest
+from dsd.backends.protocol import BackendConfig, ForwardStats, LanguageModel, LogitsRequest
 from dsd.sequence import common_prefix_length
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -116,7 +116,7 @@ def parse_alpha_classes(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def format_alpha_classes(classes) -> str:
+def format_alpha_classes(classes: Iterable[tuple[int, float]]) -> str:
     return ",".join(f"{token}:{alpha!r}" for token, alpha in classes)
 
 
@@ -236,10 +236,8 @@ class SyntheticLM:
             self._replay.fork(seq_id, new_seq_id)
 
     def move(self, seq_id: str, new_seq_id: str) -> None:
-        for table in (self._cached, self._layouts):
-            table.pop(new_seq_id, None)
-            if seq_id in table:
-                table[new_seq_id] = table.pop(seq_id)
+        _rename(self._cached, seq_id, new_seq_id)
+        _rename(self._layouts, seq_id, new_seq_id)
         if self._replay is not None:
             self._replay.fork(seq_id, new_seq_id)
             self._replay.release(seq_id)
@@ -292,8 +290,19 @@ class SyntheticBackendConfig(BackendConfig):
         """The trace inline: a service need not see the file."""
         if not self.acceptance_trace:
             return self
-        return replace(self, acceptance_trace="", acceptance_rounds=self.trace().to_text())
+        trace = self.trace()
+        return self if trace is None else replace(self, acceptance_trace="", acceptance_rounds=trace.to_text())
 
-    def load(self) -> tuple[SyntheticLM, SyntheticLM]:
+    def load(self) -> tuple[LanguageModel, LanguageModel]:
         synthetic = self.synthetic()
         return SyntheticLM(synthetic, "draft"), SyntheticLM(synthetic, "target")
+
+
+Value = TypeVar("Value")
+
+
+def _rename(table: dict[str, Value], seq_id: str, new_seq_id: str) -> None:
+    """``seq_id``'s entry under ``new_seq_id`` (whatever that held dropped)."""
+    table.pop(new_seq_id, None)
+    if seq_id in table:
+        table[new_seq_id] = table.pop(seq_id)

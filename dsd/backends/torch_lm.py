@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,19 +69,25 @@ class _SeqCache:
         self.keys: list[torch.Tensor | None] = [None] * n_layers
         self.values: list[torch.Tensor | None] = [None] * n_layers
 
-    def room(self, layer: int, like: torch.Tensor, length: int, needed: int) -> None:
-        """Make layer's buffers hold ``needed`` positions, keeping the first ``length``.
-        like: [kv_heads, n, head_dim], the new keys (their shape, dtype and device)."""
-        keys = self.keys[layer]
-        if keys is not None and keys.shape[1] >= needed:
-            return
-        capacity = max(needed, _MIN_CAPACITY, 2 * (keys.shape[1] if keys is not None else 0))
+    def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer's (keys, values), None before its first pass."""
+        keys, values = self.keys[layer], self.values[layer]
+        return None if keys is None or values is None else (keys, values)
+
+    def room(self, layer: int, like: torch.Tensor, length: int, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make layer's buffers hold ``needed`` positions, keeping the first ``length``; returns
+        them. like: [kv_heads, n, head_dim], the new keys (their shape, dtype and device)."""
+        held = self.buffers(layer)
+        if held is not None and held[0].shape[1] >= needed:
+            return held
+        capacity = max(needed, _MIN_CAPACITY, 2 * (held[0].shape[1] if held is not None else 0))
         shape = (like.shape[0], capacity, like.shape[2])
         new_keys, new_values = like.new_empty(shape), like.new_empty(shape)
-        if keys is not None and length:
-            new_keys[:, :length] = keys[:, :length]
-            new_values[:, :length] = self.values[layer][:, :length]
+        if held is not None and length:
+            new_keys[:, :length] = held[0][:, :length]
+            new_values[:, :length] = held[1][:, :length]
         self.keys[layer], self.values[layer] = new_keys, new_values
+        return new_keys, new_values
 
 
 class _Rows:
@@ -106,8 +113,7 @@ class _Rows:
             mask = self.masks[i]
             if mask is not None and mask.device != query.device:
                 mask = self.masks[i] = mask.to(query.device)
-            cache.room(layer, key[0], start, end)
-            keys, values = cache.keys[layer], cache.values[layer]
+            keys, values = cache.room(layer, key[0], start, end)
             keys[:, start:end] = key[0, :, offset:offset + n]
             values[:, start:end] = value[0, :, offset:offset + n]
             out = F.scaled_dot_product_attention(query[:, :, offset:offset + n], keys[None, :, :end],
@@ -117,20 +123,23 @@ class _Rows:
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
 
-def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, rows=None, **kwargs):
+def _rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    rows: _Rows | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention of every TorchLM pass; called without ``rows`` (someone else calling the
     model directly, e.g. a test's reference forward) it is transformers' own sdpa."""
     if rows is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
-    return rows.attend(module.layer_idx, query, key, value, scaling), None
+    layer: int = getattr(module, "layer_idx")      # transformers' attention modules number their layer
+    return rows.attend(layer, query, key, value, scaling), None
 
 
 AttentionInterface.register(ATTENTION, _rows_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
-def model_positions(config) -> int | None:
+def model_positions(config: object) -> int | None:
     """The positions a transformers config's model has (learned or trained for), None if it names none."""
     for name in ("max_position_embeddings", "n_positions"):
         value = getattr(config, name, None)
@@ -139,12 +148,12 @@ def model_positions(config) -> int | None:
     return None
 
 
-def load_model(config: TorchLMConfig):
+def load_model(config: TorchLMConfig) -> tuple[PreTrainedModel, KernelChoice | None]:
     """(the transformers model at config.path in its dtype on its device, the KernelChoice its
     linear layers run on: the paths this machine keeps for it, else timed now; None on PyTorch's
     default path)."""
     model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
-    model.to(config.device)
+    model.to(config.device)     # type: ignore[arg-type]  # transformers' wrapped .to types self as its argument
     if config.device != "cpu":
         return model, None
     return model, install_kept_paths(model, config.path, config.dtype, config.kernel_paths, config.kernel_store)
@@ -209,14 +218,20 @@ class TorchLM:
         source = self._caches.get(seq_id)
         keep = min(length, len(source.tokens)) if source is not None else 0
         copy = self._caches[new_seq_id] = _SeqCache(self._n_layers)
-        copy.tokens = list(source.tokens[:keep]) if source is not None else []
-        for layer in range(self._n_layers if keep else 0):
-            keys, values = source.keys[layer], source.values[layer]
+        if source is None or not keep:
+            return
+        copy.tokens = list(source.tokens[:keep])
+        for layer in range(self._n_layers):
+            held = source.buffers(layer)
+            if held is None:
+                raise RuntimeError(f"sequence {seq_id!r} holds {keep} tokens but no cache at layer {layer}")
+            keys, values = held
             capacity = max(_MIN_CAPACITY, keep + _FORK_HEADROOM)
-            copy.keys[layer] = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
-            copy.values[layer] = values.new_empty((values.shape[0], capacity, values.shape[2]))
-            copy.keys[layer][:, :keep] = keys[:, :keep]
-            copy.values[layer][:, :keep] = values[:, :keep]
+            new_keys = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
+            new_values = values.new_empty((values.shape[0], capacity, values.shape[2]))
+            new_keys[:, :keep] = keys[:, :keep]
+            new_values[:, :keep] = values[:, :keep]
+            copy.keys[layer], copy.values[layer] = new_keys, new_values
 
     def move(self, seq_id: str, new_seq_id: str) -> None:
         cache = self._caches.pop(seq_id, None)

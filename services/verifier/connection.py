@@ -6,6 +6,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from dsd.features import encode as encode_features
 from dsd.verifier_session import VerifierSession
 from services import frames, spinwait, wire
@@ -25,6 +27,9 @@ class Served:
     busy: bool = False
     closed: bool = False
     feature_dtype: str | None = None      # the Open's: the target's features go out in it (dsd.features)
+    # a sampled Verify's q [gamma, vocab], read and checked on its arrival, by id() of the message
+    # (alive in the inbox until served): its pass takes it from here
+    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def features(self, block) -> bytes | None:
         """A FeatureBlock as the replies carry it, if the session asked for features."""

@@ -61,26 +61,51 @@ def _check_tokens(field_name: str, tokens: list[int], vocab: int) -> None:
                                  f"vocabulary [0, {vocab})", field_name)
 
 
-def _draft_probs(m: wire.Verify, gamma: int, vocab: int) -> torch.Tensor:
-    """The draft's distributions q [gamma, vocab] from a Verify, checked."""
+def _draft_probs(m: wire.Verify, vocab: int) -> torch.Tensor:
+    """The draft's distributions q [gamma, vocab] from a Verify, checked. It runs between a
+    block's arrival and its pass, where every torch call costs tens of microseconds after a model
+    pass: the dense form is checked in two passes over q, the sparse one on the entries it set."""
+    gamma = len(m.draft_tokens)
     if m.probs_dense is not None:
         _require(len(m.probs_dense) == gamma * vocab * 4, "probs_dense",
                  f"must hold gamma*vocab float32 values ({gamma * vocab * 4} bytes), got {len(m.probs_dense)} bytes")
         q = torch.frombuffer(bytearray(m.probs_dense), dtype=torch.float32).reshape(gamma, vocab)
-    elif m.probs_ids is not None and m.probs_values is not None:
-        _require(len(m.probs_ids) == gamma and len(m.probs_values) == gamma, "probs_ids",
-                 f"must hold one row per draft token ({gamma})")
-        q = torch.zeros(gamma, vocab)                                 # [gamma, vocab]
-        for row, (ids, values) in enumerate(zip(m.probs_ids, m.probs_values)):
-            _require(len(ids) == len(values), "probs_values", f"row {row}: as many values as ids")
-            _check_tokens("probs_ids", ids, vocab)
-            q[row, torch.tensor(ids, dtype=torch.long)] = torch.tensor(values, dtype=torch.float32)
-    else:
+        low, high = torch.aminmax(q)           # a NaN makes both NaN
+        _require(bool(low >= 0) and bool(torch.isfinite(high)), "probs", "must be finite and non-negative")
+        _require(bool((q.sum(dim=-1) > 0).all()), "probs", "every row must have a positive sum")
+        drafted = q[torch.arange(gamma), torch.tensor(m.draft_tokens, dtype=torch.long)]   # [gamma]
+        _require(bool((drafted > 0).all()), "probs", "a draft token must have q > 0: it was drawn from q")
+        return q
+    if m.probs_ids is None or m.probs_values is None:
         raise wire.WireError(wire.BAD_FIELD, "sampling needs the draft's probabilities: probs_dense, "
                              "or probs_ids with probs_values", "probs_dense")
-    _require(bool(torch.isfinite(q).all()) and bool((q >= 0).all()), "probs",
-             "must be finite and non-negative")
-    _require(bool((q.sum(dim=-1) > 0).all()), "probs", "every row must have a positive sum")
-    drafted = q[torch.arange(gamma), torch.tensor(m.draft_tokens, dtype=torch.long)]   # [gamma]
-    _require(bool((drafted > 0).all()), "probs", "a draft token must have q > 0: it was drawn from q")
-    return q
+    return _sparse_draft_probs(m.probs_ids, m.probs_values, m.draft_tokens, vocab)
+
+
+def _sparse_draft_probs(probs_ids: list[list[int]], probs_values: list[list[float]], draft_tokens: list[int],
+                        vocab: int) -> torch.Tensor:
+    """q [gamma, vocab] from per-row ids and values, written in one indexed store and checked,
+    in Python, on what it holds where it was written (float32; a repeated id: what the store
+    left there); everywhere else it is zero: finite, non-negative, and a row's sum is positive
+    exactly when one of its entries is."""
+    gamma = len(draft_tokens)
+    _require(len(probs_ids) == gamma and len(probs_values) == gamma, "probs_ids",
+             f"must hold one row per draft token ({gamma})")
+    flat_index: list[int] = []          # row * vocab + id
+    flat_values: list[float] = []
+    for row, (ids, values) in enumerate(zip(probs_ids, probs_values)):
+        _require(len(ids) == len(values), "probs_values", f"row {row}: as many values as ids")
+        _check_tokens("probs_ids", ids, vocab)
+        base = row * vocab
+        flat_index += [base + token for token in ids]
+        flat_values += values
+    q = torch.zeros(gamma * vocab)                                          # [gamma * vocab]
+    index = torch.tensor(flat_index, dtype=torch.long)                      # [kept]
+    q[index] = torch.tensor(flat_values, dtype=torch.float32)
+    held = q[index].tolist()
+    _require(all(0.0 <= value < math.inf for value in held), "probs", "must be finite and non-negative")
+    positive = {at for at, value in zip(flat_index, held) if value > 0}
+    _require(len({at // vocab for at in positive}) == gamma, "probs", "every row must have a positive sum")
+    _require(all(row * vocab + token in positive for row, token in enumerate(draft_tokens)), "probs",
+             "a draft token must have q > 0: it was drawn from q")
+    return q.view(gamma, vocab)

@@ -6,6 +6,8 @@ import asyncio
 import math
 import time
 
+import torch
+
 from dsd.backends.protocol import SamplingParams
 from dsd.features import FEATURE_DTYPES, ProvidesFeatures
 from dsd.modes import get_mode, server_modes
@@ -59,7 +61,7 @@ class VerifierMessages:
                 await conn.send(wire.Withdrawn(message.seq, message.session,
                                                _withdraw(served, message.keep_through), held_s))
                 return
-            self._check(served, message)
+            q = self._check(served, message)
             if isinstance(message, wire.Close):
                 del conn.sessions[message.session]   # the id is free again at once
             else:
@@ -71,6 +73,8 @@ class VerifierMessages:
                 conn.block_gaps.add(t_arrival_s - conn.replied_s)      # the edge's drafting, and the way
                 conn.replied_s = None
                 self.selector.cancel()
+            if q is not None:      # read and checked once, here; its pass takes it (serving._verify)
+                served.draft_probs[id(message)] = q
             if (isinstance(message, wire.Verify) and not served.busy and served.inbox.empty() and not served.closed
                     and self._alone(served) and self.scheduler.runs_on_loop):
                 await self._serve_inline(served, message, t_arrival_s)
@@ -152,8 +156,9 @@ class VerifierMessages:
         served.inbox.put_nowait((t_arrival_s, m))
         served.task = asyncio.create_task(self._serve(served), name=f"session-{number}")
 
-    def _check(self, served: Served, m) -> None:
-        """Field checks that need the session; order-dependent ones happen when it is served."""
+    def _check(self, served: Served, m) -> torch.Tensor | None:
+        """Field checks that need the session; order-dependent ones happen when it is served.
+        A sampled Verify's draft distributions q [gamma, vocab], read in the checking, are returned."""
         limits, vocab = self.limits, self.target.vocab_size
         if isinstance(m, wire.Verify):
             gamma = len(m.draft_tokens)       # every round: the messages are built only to fail
@@ -165,7 +170,7 @@ class VerifierMessages:
             if not 0 <= m.base_digest <= wire.UINT64_MAX:
                 _require(False, "base_digest", f"must be an unsigned 64-bit number, got {m.base_digest}")
             if not served.state.sampling.greedy:
-                _draft_probs(m, gamma, vocab)
+                return _draft_probs(m, vocab)
         elif isinstance(m, wire.Generate):
             _require(m.mode in server_modes(), "mode", f"must be one of {server_modes()}, got {m.mode!r}")
             low = 1 if get_mode(m.mode).speculative else 0
@@ -173,6 +178,7 @@ class VerifierMessages:
                      f"must be in [{low}, {limits.max_gamma}] for {m.mode}, got {m.gamma}")
             _require(m.max_tokens is None or 1 <= m.max_tokens <= limits.max_tokens_per_session, "max_tokens",
                      f"must be in [1, {limits.max_tokens_per_session}] or absent, got {m.max_tokens}")
+        return None
 
     async def _reply_error(self, conn: Connection, error: wire.WireError) -> None:
         self.errors[error.code] += 1

@@ -14,7 +14,6 @@ from dsd.modes import AR, NOWHERE, SERVER, get_mode
 from services import arrival, wire
 from services.scheduler import PassTiming
 from services.verifier.connection import Connection, Served, _settle
-from services.verifier.limits import _draft_probs
 
 
 log = logging.getLogger("services.verifier")
@@ -98,7 +97,7 @@ class VerifierServing:
 
     async def _verify(self, served: Served, m: wire.Verify, t_arrival_s: float) -> None:
         state = served.state
-        q = None if state.sampling.greedy else _draft_probs(m, len(m.draft_tokens), self.target.vocab_size)
+        q = None if state.sampling.greedy else served.draft_probs.pop(id(m))      # read by _check
         proposal = Proposal(m.start_pos, m.base_digest, tuple(m.draft_tokens), q)
         live = (not state.finished and m.start_pos == len(state.committed)
                 and state.committed.matches(m.start_pos, m.base_digest))

@@ -11,6 +11,7 @@ from dsd.decoding import generate_ar
 from dsd.stopping import StopRule
 from dsd.verification import probs_from_logits
 from pairs import chat_data, smollm2
+from tests.checks import every
 from tests.services.harness import post_runs, read_csv, wait_for_runs
 
 TEMPERATURE, TOP_P = 0.7, 0.9
@@ -36,14 +37,22 @@ def start_pair(spawn, tmp_path_factory, pair, n_prompts: int = 3, dtype: str = "
     return verifier, edge, target, prompts
 
 
-def run(edge, verifier, run_id, mode, prompts, max_new_tokens, temperature=0.0, top_p=1.0, seed=0, **extra):
-    spec = {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
-            "probe_count": 0, "stop_at_eos": True, "temperature": temperature, "top_p": top_p,
-            "seed": seed, **extra}
-    summary = wait_for_runs(edge, post_runs(edge, [spec]), timeout_s=900)[run_id]
-    assert summary["status"] == "done", summary
-    return read_csv(edge, run_id, "requests.csv"), read_csv(edge, run_id, "rounds.csv")
+def run(edge, verifier, run_id, mode, prompts, max_new_tokens, temperature=0.0, top_p=1.0, seed=0, clients=1,
+        **extra):
+    """(requests.csv rows, rounds.csv rows) of ``prompts`` run on the edge. clients > 1: the prompts
+    split into that many consecutive shares, one run each, posted together (the edge drafts for
+    one while the verifier verifies another); each request keeps the sampling seed it has in
+    one run (the run's seed + its index)."""
+    share = -(-len(prompts) // clients)
+    specs = [{"run_id": f"{run_id}-{c}" if clients > 1 else run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
+              "prompts": prompts[c * share:(c + 1) * share], "max_new_tokens": max_new_tokens,
+              "verifier_url": verifier.url, "probe_count": 0, "stop_at_eos": True, "temperature": temperature,
+              "top_p": top_p, "seed": seed + c * share, **extra} for c in range(clients)]
+    summaries = wait_for_runs(edge, post_runs(edge, [{**spec, "client_id": spec["run_id"]} for spec in specs]),
+                              timeout_s=900)
+    assert every(s["status"] == "done" for s in summaries.values()), summaries
+    return ([row for spec in specs for row in read_csv(edge, spec["run_id"], "requests.csv")],
+            [row for spec in specs for row in read_csv(edge, spec["run_id"], "rounds.csv")])
 
 
 def check_first_token_follows_the_target(verifier, edge, target, prompts, n: int = 240) -> None:
@@ -56,7 +65,8 @@ def check_first_token_follows_the_target(verifier, edge, target, prompts, n: int
     best = max(range(len(contexts)), key=lambda i: float(1 - spread[i].max()))
     context, p = contexts[best], spread[best]
     assert float(p.max()) < 0.9, "no context with a spread-out next token"
-    rows, rounds = run(edge, verifier, "sampled-sync", "sync", [context] * n, 1, TEMPERATURE, TOP_P, seed=5)
+    rows, rounds = run(edge, verifier, "sampled-sync", "sync", [context] * n, 1, TEMPERATURE, TOP_P, seed=5, clients=2)
+    assert len(rows) == n
     counts = torch.zeros_like(p)
     for row in rows:
         counts[int(row["token_ids"].split()[0])] += 1
