@@ -83,7 +83,7 @@ def features_of(arrival: Arrival) -> FeatureBlock | None:
 class Round:
     """One answered block, as the driver hands it to its ``on_round`` callback."""
     index: int
-    arrival: Arrival
+    arrival: VerdictArrival | ServedArrival      # the rounds: verdicts, and server rounds of a hand-over
     emitted: list[int]
     gamma: int                       # the plan the block was drafted in (a server round: its segment's)
     mode: str

@@ -164,6 +164,8 @@ class CacheFiller:
     def _rank(self) -> None:
         """The draft's step after the block, the ranking, and a fork per chosen outcome."""
         sent = self.sent
+        if sent is None:
+            raise RuntimeError("a speculation cache ranks outcomes only after a block was sent")
         tokens = sent.base + sent.block
         bonus_row = ranking_row(self.draft.logits(self.seq_id, tokens, 1), self.sampling)
         rows = torch.stack([*sent.rows, bonus_row])                         # [gamma + 1, vocab]
@@ -189,8 +191,11 @@ class CacheFiller:
 
     def _live(self) -> list[Branch]:
         """The branches short of the depth the fill plans."""
-        depth = min(len(self.sent.block), self.depth)
-        return [b for b in self.spec.branches if len(b.block.drafted) < depth]
+        sent, spec = self.sent, self.spec
+        if sent is None or spec is None:
+            raise RuntimeError("a speculation cache has branches only after a block was sent and ranked")
+        depth = min(len(sent.block), self.depth)
+        return [b for b in spec.branches if len(b.block.drafted) < depth]
 
     def _step_s_of(self, branches: int) -> float:
         return self.memory.pass_times.step_s(branches, self.config.batch_slope)

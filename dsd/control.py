@@ -165,12 +165,12 @@ class RequestOutcome:
 @dataclass(frozen=True)
 class ShadowDraft:
     """What drafts along a server request's tokens (``shadow_matches``), under greedy decoding."""
-    draft: object              # dsd.backends.protocol.LanguageModel
+    draft: LanguageModel
     seq_id: str
     prompt: list[int]
 
 
-async def request_cycle(controller, rtt_s: float | None, run: Callable[[Decision], Awaitable[RequestOutcome]],
+async def request_cycle(controller: RequestController, rtt_s: float | None, run: Callable[[Decision], Awaitable[RequestOutcome]],
                         shadow: ShadowDraft | None) -> Decision:
     """One request under a controller that picks its mode: decide at ``rtt_s`` (the module's
     docstring), check the decision, ``run`` the request in it, and hand the controller how it went
@@ -264,6 +264,17 @@ class Controller(Protocol):
     def decide(self) -> Decision: ...
 
     def observe(self, observation: Observation) -> None: ...
+
+
+@runtime_checkable
+class RequestController(Controller, Protocol):
+    """A controller that also plans each request (every policy of dsd/policies.py): the edge asks
+    it for the request's mode before the request and tells it how the request went."""
+    config: ControllerConfig
+
+    def decide_request(self, rtt_s: float | None = None) -> Decision: ...
+
+    def observe_request(self, observation: RequestObservation) -> None: ...
 
 
 # A controller's optional hints to the hand-over stream (dsd/handover.py), one Protocol each, so a

@@ -18,6 +18,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.decoding import Generation, RoundRecord
@@ -29,6 +30,7 @@ from dsd.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver, run_to
 from dsd.edge import EdgeDecoder
 from dsd.modes import SERVER, get_mode, server_modes
 from dsd.cache_fill import CacheMemory
+from dsd.control import Controller
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -104,13 +106,16 @@ class VirtualClock:
         return self.now_s
 
 
+Result = TypeVar("Result")
+
 class VirtualDevice:
     """The edge's draft device on virtual time: every step costs ``t_draft_s``."""
 
     def __init__(self, clock: VirtualClock, t_draft_s: float) -> None:
         self.clock, self.t_draft_s = clock, t_draft_s
 
-    async def draft(self, work, n_steps: int, then):
+    async def draft(self, work: Callable[[], None], n_steps: float,
+                    then: Callable[[], Result]) -> tuple[Result, float]:
         start_s = self.clock.now_s
         work()
         whole = int(n_steps)
@@ -229,6 +234,11 @@ class VirtualLink:
         """When the first asked segment starts (inf if none is asked)."""
         return max(self.pending[0][0], self.verifier_free_at_s) if self.pending else math.inf
 
+    def _server_draft(self) -> LanguageModel:
+        if self.draft is None:
+            raise ValueError("a co-located round on the server needs the link's draft model")
+        return self.draft
+
     def _start_segments(self, before_s: float) -> None:
         """Lay out every asked segment that starts before ``before_s``, in order."""
         while self.pending and self._next_start_s() < before_s:
@@ -238,7 +248,7 @@ class VirtualLink:
         """One segment's steps, back to back from its start, each round's Tokens sent at once."""
         t_s = max(arrive_s, self.verifier_free_at_s)
         if get_mode(mode).drafts == SERVER:
-            begin_request(self.draft, self.server_seq_id, self.session.committed.tokens, gamma)
+            begin_request(self._server_draft(), self.server_seq_id, self.session.committed.tokens, gamma)
             hand_features(self.draft, self.server_seq_id, self.session.decided_features(1))
         produced, steps = 0, 0
         while (produced < max_tokens and not self.session.finished) or steps == 0:
@@ -259,9 +269,11 @@ class VirtualLink:
         before = len(session.committed)
         if not get_mode(mode).speculative:
             tokens = session.ar_step()
+            if self.costs.t_ar_s is None:
+                raise ValueError("an AR step on the server needs costs.t_ar_s")
             return (ServerRound(0, 0, tuple(tokens), session.finished, session.decided_features(before)),
                     self.costs.t_ar_s)
-        drafted, q = draft_block(self.draft, self.server_seq_id, session.committed.tokens, gamma, session.sampling,
+        drafted, q = draft_block(self._server_draft(), self.server_seq_id, session.committed.tokens, gamma, session.sampling,
                                  session.draws)
         verdict = session.verify(session.proposal_for(drafted, q))
         hand_features(self.draft, self.server_seq_id, verdict.features)
@@ -288,7 +300,8 @@ class VirtualLink:
 
 def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
                  costs: LinkCosts, config: DriverConfig, sampling: SamplingParams = SamplingParams(),
-                 seq_id: str = "sim", controller=None, cache_memory: CacheMemory | None = None) -> SimulatedRun:
+                 seq_id: str = "sim", controller: Controller | None = None,
+                 cache_memory: CacheMemory | None = None) -> SimulatedRun:
     """The edge's own drive loop (dsd.driver) on a virtual clock, driven as ``config`` says (its
     mode an edge mode of dsd.modes). ``controller`` (dsd.control; None: gamma and the mode stay)
     is asked for the next plan before the first block and after every verdict; its gamma must be

@@ -39,17 +39,19 @@ mode but pipelined DSD with blocks queued behind each other).
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dsd.checks import is_int
 from dsd.arrivals import Arrival, Round, VerdictArrival
 from dsd.control import GAMMA_MAX
-from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
+from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
 from dsd.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver
@@ -166,7 +168,7 @@ class _Suspend:
     def __init__(self, t_s: float | None) -> None:
         self.t_s = t_s
 
-    def __await__(self):
+    def __await__(self) -> Generator[_Suspend, None, None]:
         yield self
 
 
@@ -261,7 +263,8 @@ class _Verifier:
                 self.loop.at(deadline_s, self.try_start, last=True)
                 return
             start_s = max(start_s, min(deadline_s, self.loop.now_s))     # the window passed, or it filled now
-        batch, others = [heapq.heappop(self.heads)], []
+        batch = [heapq.heappop(self.heads)]
+        others: list[tuple[float, int, _Job]] = []
         while len(batch) < limit and self.heads and self.heads[0][0] <= start_s:
             entry = heapq.heappop(self.heads)
             (batch if entry[2].kind == first.kind else others).append(entry)
@@ -288,13 +291,16 @@ class _Verifier:
 # --- a client's device and link ------------------------------------------------------------------
 
 
+Result = TypeVar("Result")
+
 class _EdgeDevice:
     """A client's own draft device: every step costs ``t_draft_s``; the client waits it out."""
 
     def __init__(self, loop: _Loop, t_draft_s: float) -> None:
         self.loop, self.t_draft_s = loop, t_draft_s
 
-    async def draft(self, work, n_steps: int, then):
+    async def draft(self, work: Callable[[], None], n_steps: float,
+                    then: Callable[[], Result]) -> tuple[Result, float]:
         start_s = t_s = self.loop.now_s
         work()
         whole = int(n_steps)
@@ -344,11 +350,10 @@ class _SharedLink:
             arrive_s = self.to_server_s(sent_s)
             gamma = proposal.gamma if self.setup.times.knows_gamma(proposal.gamma) else self.setup.gamma
             self.verifier.submit(self.session, arrive_s, STALE if verdict.stale else VERIFY, gamma,
-                                 lambda start_s, end_s, batch_size, v=verdict, a=arrive_s:
-                                 self._answer(v, a, start_s, end_s, batch_size))
+                                 functools.partial(self._answer, verdict, arrive_s))
         return [sent_s] * len(proposals)
 
-    def _answer(self, verdict, arrive_s: float, start_s: float, end_s: float, batch_size: int) -> None:
+    def _answer(self, verdict: Verdict, arrive_s: float, start_s: float, end_s: float, batch_size: int) -> None:
         back_s = self.to_edge_s(end_s)
         arrival = VerdictArrival(verdict, back_s, start_s - arrive_s, end_s - start_s)
         self.batch_sizes[id(arrival)] = batch_size
@@ -382,10 +387,13 @@ async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup:
     generation, times = Generation([]), []
 
     def on_round(r: Round) -> None:
-        generation.rounds.append(RoundRecord.from_verdict(r.index, r.arrival.verdict, len(r.emitted), r.gamma,
+        a = r.arrival
+        if not isinstance(a, VerdictArrival) or a.queue_s is None or a.compute_s is None:
+            raise RuntimeError("a round on the shared verifier is a verdict with its queue and compute times")
+        generation.rounds.append(RoundRecord.from_verdict(r.index, a.verdict, len(r.emitted), r.gamma,
                                                           r.mode, r.cache))
-        times.append(RoundTimes(r.t_draft_start_s, r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s,
-                                r.arrival.queue_s, r.arrival.compute_s, link.batch_sizes.pop(id(r.arrival))))
+        times.append(RoundTimes(r.t_draft_start_s, r.t_draft_end_s, r.t_send_s, a.t_receive_s,
+                                a.queue_s, a.compute_s, link.batch_sizes.pop(id(a))))
 
     config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, setup.gamma_max,
                           cache=setup.cache)
@@ -410,8 +418,11 @@ async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, set
 
     async def job(kind: str, size: int, ready_s: float) -> tuple[float, float, int]:
         """Queue one pass of the session once it is ready; returns (queue_s, end_s, batch size) at its end."""
-        verifier.submit(session, ready_s, kind, size, lambda start_s, end_s, batch_size: (
-            passes.append((start_s, end_s, batch_size)), loop.at(end_s, client.wake)))
+        def done(start_s: float, end_s: float, batch_size: int) -> None:
+            passes.append((start_s, end_s, batch_size))
+            loop.at(end_s, client.wake)
+
+        verifier.submit(session, ready_s, kind, size, done)
         while not passes or loop.now_s < passes[-1][1]:
             await _Suspend(None)
         start_s, end_s, batch_size = passes.pop()
@@ -477,7 +488,7 @@ def simulate_clients(setup: ClientsSetup, draft: LanguageModel, target: Language
                                       emits_s[-1] - start_s, emits_s[0] - start_s, times))
 
     for c in range(setup.n_clients):
-        loop.at(0.0, _Client(loop, lambda client, c=c: client_run(c, client)).resume)
+        loop.at(0.0, _Client(loop, functools.partial(client_run, c)).resume)
     loop.run()
     if len(done) != setup.n_clients * len(prompts):
         raise RuntimeError(f"{setup.n_clients * len(prompts) - len(done)} simulated request(s) never finished "

@@ -32,9 +32,10 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from dsd.backends.factory import BackendConfig, backend_from_json
+from dsd.backends.factory import backend_from_json
+from dsd.backends.protocol import BackendConfig
 from dsd.profiles import HardwareProfile, get_profile
 
 T = TypeVar("T")
@@ -101,7 +102,8 @@ class PreciseTimer:
         self._reader_loop: asyncio.AbstractEventLoop | None = None
 
     def _fired(self) -> None:
-        self._timerfd.drain()
+        if self._timerfd is not None:        # registered only with one
+            self._timerfd.drain()
         self._changed.set()
 
     async def sleep_until(self, deadline_s: float) -> None:
@@ -202,8 +204,8 @@ class ThreadDevice:
         self.busy_s += compute_s
         return (result if then is None else then(result, start_s, compute_s)), start_s, compute_s
 
-    def run_here(self, work: Callable[[], T], then: Callable[[T, float, float], T] | None = None
-                 ) -> tuple[T, float, float]:
+    def run_here(self, work: Callable[[], T], then: Callable[[T, float, float], Any] | None = None
+                 ) -> tuple[Any, float, float]:
         """``run`` on the calling thread (the event loop's): no hand-off to the worker thread and
         back, which costs two thread wake-ups (0.1-0.5 ms on a busy 2-core host); the loop reads
         nothing meanwhile, so only for a caller that knows nothing else needs it. Only call it

@@ -160,7 +160,7 @@ class FrameProtocol(asyncio.Protocol):
             self._writable.set_result(None)
         if self.on_lost is not None:
             on_lost, self.on_lost = self.on_lost, None
-            on_lost(self.close_reason)
+            on_lost(self.close_reason or "connection lost")
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
@@ -172,16 +172,22 @@ class FrameProtocol(asyncio.Protocol):
 
     # ---- use -----------------------------------------------------------------------------
 
+    def made_transport(self) -> asyncio.Transport:
+        """The connection's transport (set when the connection is made)."""
+        if self.transport is None:
+            raise ConnectionError("frame connection not made yet")
+        return self.transport
+
     def write(self, data: bytes) -> None:
         """One frame, written at once (one segment for a small message)."""
         if not self.closed:
-            self.transport.write(frame(data))
+            self.made_transport().write(frame(data))
 
     async def send(self, data: bytes) -> None:
         """One frame; waits while the kernel's send buffer is full (as a WebSocket send does)."""
         if self.closed:
             raise ConnectionResetError(f"frame connection closed: {self.close_reason}")
-        self.transport.write(frame(data))
+        self.made_transport().write(frame(data))
         if self._writable is not None and not self._writable.done():
             await self._writable
 
@@ -317,7 +323,7 @@ async def open_connection(host: str, port: int, token: str | None, max_frame_byt
     loop = asyncio.get_running_loop()
     _, protocol = await loop.create_connection(
         lambda: FrameProtocol(max_frame_bytes, 4 * max_frame_bytes, on_frame, on_lost), host, port)
-    protocol.transport.write(MAGIC + frame((token or "").encode()))
+    protocol.made_transport().write(MAGIC + frame((token or "").encode()))
     return protocol
 
 
@@ -330,10 +336,10 @@ class _Sniffer(asyncio.Protocol):
     def __init__(self, http_factory: Callable[[], asyncio.Protocol],
                  frames_factory: Callable[[], asyncio.Protocol]) -> None:
         self.http_factory, self.frames_factory = http_factory, frames_factory
-        self.transport = None
+        self.transport: asyncio.BaseTransport | None = None
         self.head = b""
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
@@ -344,6 +350,8 @@ class _Sniffer(asyncio.Protocol):
             protocol, rest = self.frames_factory(), self.head[len(MAGIC):]
         else:
             protocol, rest = self.http_factory(), self.head
+        if self.transport is None:
+            raise ConnectionError("data before the connection was made")
         self.transport.set_protocol(protocol)
         protocol.connection_made(self.transport)
         if rest:
@@ -365,6 +373,8 @@ class SniffingSite(web.TCPSite):
     async def start(self) -> None:
         self._runner._reg_site(self)          # BaseSite.start (TCPSite.start would bind aiohttp's own)
         server = self._runner.server
+        if server is None:
+            raise RuntimeError("the runner is not set up: call its setup() before starting a site")
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Sniffer(server, self._frames_factory), self._host, self._port, backlog=self._backlog)
 

@@ -23,10 +23,12 @@ What a batched pass costs:
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
+from typing import Any
 from dataclasses import dataclass
 
 from dsd.backends.protocol import ForwardJob, run_jobs
@@ -105,7 +107,7 @@ class Scheduler:
     async def submit(self, kind: str, size: int, work: Callable[[], object], client: Hashable = None,
                      ready_s: float | None = None,
                      prepare: Callable[[object, PassTiming], object] | None = None,
-                     on_loop: bool = False, arrived_s: float | None = None) -> tuple[object, PassTiming]:
+                     on_loop: bool = False, arrived_s: float | None = None) -> tuple[Any, PassTiming]:
         """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing).
 
         ``ready_s``: when the job could first have run (its request's arrival, or the end of the
@@ -282,7 +284,7 @@ class Scheduler:
             """Each job's timing and its prepared result, as soon as the pass's times are known."""
             timings = [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
                        for job in batch]
-            return [_capture(lambda: job.prepare(value, timing)) if ok and job.prepare else (ok, value)
+            return [_capture(functools.partial(prepare, value, timing)) if ok and (prepare := job.prepare) else (ok, value)
                     for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
 
         (outcomes, timings), _, _ = await self.device.run(lambda: _run_batch(batch), cost_s, ready_s, timed)
@@ -301,10 +303,12 @@ def _run_batch(batch: list[_Job]) -> list[tuple[bool, object]]:
     """Each job's (ok, result): model calls on one model in one batched pass, draft blocks on one
     model in one batched pass per step, the rest in turn."""
     works = [job.work for job in batch]
-    if len(works) > 1 and all(isinstance(w, ForwardJob) and w.model is works[0].model for w in works):
-        return run_jobs(works)
-    if len(works) > 1 and all(isinstance(w, DraftJob) and w.model is works[0].model for w in works):
-        return run_draft_jobs(works)
+    forward = [w for w in works if isinstance(w, ForwardJob)]
+    if len(works) > 1 and len(forward) == len(works) and all(w.model is forward[0].model for w in forward):
+        return run_jobs(forward)
+    drafts = [w for w in works if isinstance(w, DraftJob)]
+    if len(works) > 1 and len(drafts) == len(works) and all(w.model is drafts[0].model for w in drafts):
+        return run_draft_jobs(drafts)
     return [_capture(w) for w in works]
 
 

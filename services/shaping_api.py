@@ -26,11 +26,15 @@ import socket
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from dsd.checks import is_number
 from netem.spec import LinkSpec
+
+if TYPE_CHECKING:
+    from netem.inside import InsideShaper
 
 log = logging.getLogger("services.shaping_api")
 SPEC_FIELDS = tuple(f.name for f in fields(LinkSpec))
@@ -78,7 +82,7 @@ class ShapingApi:
         the RTTs in ms (the edge's WebSocket probes)."""
         self.shaping_allowed = shaping_allowed
         self.probe = probe
-        self.shaper = None                  # netem.inside.InsideShaper while shaping
+        self.shaper: InsideShaper | None = None     # while shaping
         self._record: dict | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-shaping")
         self._lock = asyncio.Lock()

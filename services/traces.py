@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from dsd.backends.machine import cpu_model
 from dsd.provenance import git_commit
@@ -202,8 +203,8 @@ def _cell(value) -> str:
     return str(value)
 
 
-def environment() -> dict:
-    versions = {}
+def environment() -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
     for package in ("torch", "transformers", "aiohttp", "msgpack"):
         try:
             versions[package] = metadata.version(package)

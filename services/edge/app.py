@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 
 from dsd.backends.protocol import LanguageModel
-from dsd.control import Decision, RequestOutcome, ShadowDraft, request_cycle
+from dsd.control import Decision, RequestController, RequestOutcome, ShadowDraft, request_cycle
 from dsd.modes import edge_modes
 from dsd.stopping import StopRule
 from services import access, frames, spinwait
@@ -44,7 +44,7 @@ class Edge:
         self._thread_device = None if emulated else ThreadDevice()
         self._timer = PreciseTimer()          # every run's emulated device waits on it
         self.tokenizer, self.model_name = tokenizer, model_name    # the OpenAI-compatible API's (None: none)
-        self.openai = None
+        self.openai: OpenAIServing | None = None
 
     def app(self) -> web.Application:
         @web.middleware
@@ -80,10 +80,10 @@ class Edge:
     def _add_openai(self, app: web.Application) -> None:
         """/v1/ (the OpenAI-compatible API) and GET/PUT /openai (its settings), decoding on this
         edge's draft and device."""
-        self.openai = OpenAIServing(self.draft, self._thread_device or EmulatedDevice(self._timer), self.t_draft_s,
+        self.openai = openai = OpenAIServing(self.draft, self._thread_device or EmulatedDevice(self._timer), self.t_draft_s,
                                     self._timer, self.token, self.out_dir, self.backend_info, self.tokenizer,
                                     self.model_name, lambda: sum(r.status == "running" for r in self.runs.values()))
-        routes.add_routes(app, self.openai, self.token)
+        routes.add_routes(app, openai, self.token)
 
     async def health(self, _request: web.Request) -> web.Response:
         statuses = [r.status for r in self.runs.values()]
@@ -176,7 +176,7 @@ class Edge:
                         await channel.abandon(request.session)
                 request_row(writer, clock, channel, request)
                 run.requests_done += 1
-                run.tokens += request.n_emitted if request.gave_up else len(request.tokens)
+                run.tokens += request.n_emitted if request.gave_up else len(request.tokens or ())
                 request = None
             run.status = "done"
         except Exception as exc:          # any failure ends the run and is recorded as rows
@@ -199,6 +199,9 @@ class Edge:
         if config.controller == "static":
             await (client.dsd(request) if config.mode in edge_modes() else client.on_server(request))
             return
+        controller = client.controller
+        if not isinstance(controller, RequestController):
+            raise RunError(f"controller {config.controller!r} does not plan requests")
         rtt_s = probe_for_request_s(channel.rtt_probe_ms, channel.rtt_probe_sent_s, client.last_request_end_s)
 
         async def run(decision: Decision) -> RequestOutcome:
@@ -212,7 +215,7 @@ class Edge:
 
         shadow = ShadowDraft(client.draft, f"{config.run_id}/{request.index}", request.prompt) \
             if config.temperature == 0 else None
-        await request_cycle(client.controller, rtt_s, run, shadow)
+        await request_cycle(controller, rtt_s, run, shadow)
 
 
 def _since_start_s(request: Request, t_s: float | None) -> float | None:

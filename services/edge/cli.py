@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
-from dsd.backends.factory import HfBackendConfig, SyntheticBackendConfig, load_pair
+from dsd.backends.factory import load_pair
+from dsd.backends.hf import HfBackendConfig
+from dsd.backends.synthetic import SyntheticBackendConfig
 from dsd.text import target_tokenizer
 from services import access, spinwait
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap
@@ -74,11 +76,12 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
              json.dumps(asdict(args.spin)))
     app = edge.app()
     if serve is not None:
-        if edge.openai is None:
+        openai = edge.openai
+        if openai is None:
             parser.error(f"--openai-json: the {backend.kind} backend has no tokenizer to serve text with")
 
         async def serve_from_start(_app) -> None:
-            await edge.openai.configure(serve)
+            await openai.configure(serve)
 
         app.on_startup.append(serve_from_start)
     return app, args

@@ -80,13 +80,13 @@ class RunConfig:
         if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "top_p", float(self.top_p))
-        for name, low in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
-                          ("request_timeout_s", 0.001), ("start_at_unix_s", 0.0),
-                          ("request_deadline_s", 0.0)):
+        for name, least in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
+                            ("request_timeout_s", 0.001), ("start_at_unix_s", 0.0),
+                            ("request_deadline_s", 0.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value) and value >= low):
-                raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
+                    and math.isfinite(value) and value >= least):
+                raise ValueError(f"{name} must be a finite number >= {least}, got {value!r}")
             object.__setattr__(self, name, float(value))      # JSON may say 15 for 15.0
         if not isinstance(self.stop_at_eos, bool):
             raise ValueError(f"stop_at_eos must be true or false, got {self.stop_at_eos!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from services.edge.config import Request, RunConfig
 from services.edge.verifier_channel import VerifierChannel
@@ -41,7 +42,7 @@ async def probe_loop(channel: VerifierChannel, interval_s: float) -> None:
 
 def request_row(writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel, r: Request) -> None:
     c = r.config
-    n_tokens = r.n_emitted if r.gave_up else len(r.tokens)
+    n_tokens = r.n_emitted if r.gave_up else len(r.tokens or ())
     writer.request(RequestRow(
         run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=r.index,
         prompt_tokens=len(r.prompt), tokens=n_tokens, rounds=r.rounds, stale_rounds=r.stale_rounds,
@@ -56,7 +57,7 @@ def request_row(writer: TraceWriter, clock: EdgeClock, channel: VerifierChannel,
 
 def error_rows(writer: TraceWriter, channel: VerifierChannel, run: Run, request: Request | None) -> None:
     c = run.config
-    keys = {"run_id": c.run_id, "client_id": c.client_id, "mode": c.mode, "gamma": c.gamma,
+    keys: dict[str, Any] = {"run_id": c.run_id, "client_id": c.client_id, "mode": c.mode, "gamma": c.gamma,
             "request_index": request.index if request else run.requests_done,
             "rtt_probe_ms": channel.rtt_probe_ms, "app_delay_ms": c.app_delay_ms, "error": run.error}
     rounds = request.rounds if request else 0

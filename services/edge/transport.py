@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from dsd.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
 from dsd.backends.protocol import SamplingParams, Verdict
@@ -133,6 +135,8 @@ class SessionTransport:
             raise RunError(f"request {self.request.index}: verifier sent unreadable features: {exc}") from None
 
 
+Result = TypeVar("Result")
+
 class DraftDevice:
     """The edge's device as dsd.driver's device: emulated (charged t_draft_s a step, starting when
     its input was ready) or real (the device thread). A block is one pass: one wait instead of a
@@ -145,7 +149,8 @@ class DraftDevice:
     def __init__(self, device, t_draft_s: float, transport: SessionTransport) -> None:
         self.device, self.t_draft_s, self.transport = device, t_draft_s, transport
 
-    async def draft(self, work, n_steps: int, then):
+    async def draft(self, work: Callable[[], None], n_steps: float,
+                    then: Callable[[], Result]) -> tuple[Result, float]:
         if isinstance(self.device, ThreadDevice) and self.device.runs == 1 and self.transport.quiet:
             result, start_s, _ = self.device.run_here(work, lambda *_: then())
             return result, start_s

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import time
+from typing import Any
 
 import aiohttp
 import yarl
@@ -59,7 +60,7 @@ class VerifierChannel:
         self._incoming: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._http: aiohttp.ClientSession | None = None
-        self._ws = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
         self.closed_reason: str | None = None
         self.rto_max_ms = 0                    # RunConfig.tcp_rto_max_ms
         # services.spinwait: how long a block's verdict took lately, and whether this channel's run
@@ -80,6 +81,8 @@ class VerifierChannel:
     async def connect(self, client_id: str, timeout_s: float = 30.0) -> wire.Welcome:
         if self.transport == "tcp":
             url = yarl.URL(self.url)
+            if url.host is None or url.port is None:
+                raise RunError(f"verifier URL {self.url!r}: no host and port to connect to")
             try:
                 self._frames = await asyncio.wait_for(frames.open_connection(
                     url.host, url.port, self.token, MAX_RECEIVE_BYTES, self._on_frame, self._fail), timeout_s)
@@ -94,9 +97,11 @@ class VerifierChannel:
                 raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
                                f"{' (token sent)' if self.token else ' (no token)'}") from None
             self._tasks = [asyncio.create_task(self._read())]
-        frames.cap_retransmission_backoff(
-            self._ws.get_extra_info("socket") if self._ws is not None else self._frames.transport.get_extra_info("socket"),
-            self.rto_max_ms)
+        if self._ws is not None:
+            sock = self._ws.get_extra_info("socket")
+        else:
+            sock = self._frames.made_transport().get_extra_info("socket") if self._frames is not None else None
+        frames.cap_retransmission_backoff(sock, self.rto_max_ms)
         if self.delay_s > 0:
             self._tasks += [asyncio.create_task(self._release_outgoing()),
                             asyncio.create_task(self._release_incoming())]
@@ -109,6 +114,12 @@ class VerifierChannel:
             raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}{token_note}")
         self.welcome = welcome
         return welcome
+
+    def welcomed(self) -> wire.Welcome:
+        """The verifier's Welcome (after ``connect``)."""
+        if self.welcome is None:
+            raise RunError("the channel to the verifier is not connected")
+        return self.welcome
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -157,14 +168,22 @@ class VerifierChannel:
                 self._outgoing.put_nowait((t_send_s + self.delay_s, data))
                 return t_send_s
             try:
-                await (self._frames.send(data) if self._frames is not None else self._ws.send_bytes(data))
+                await self._send_now(data)
                 return t_send_s
             except (OSError, aiohttp.ClientError) as exc:    # the drop, seen by the writer before the reader
                 self._fail(f"send failed, connection lost: {type(exc).__name__}: {exc}")
         # the code a waiting session is handed too (_fail): either may see the drop first
         raise RunError(f"verifier error {wire.LINK_DOWN} (link to the verifier is down): {self.closed_reason}")
 
-    async def request(self, message) -> tuple[float, object]:
+    async def _send_now(self, data: bytes) -> None:
+        if self._frames is not None:
+            await self._frames.send(data)
+        elif self._ws is not None:
+            await self._ws.send_bytes(data)
+        else:
+            raise RuntimeError("the channel is not connected")
+
+    async def request(self, message: Any) -> tuple[float, Any]:
         """Send a message whose reply carries its seq and no session; returns (t_receive, reply)."""
         future = asyncio.get_running_loop().create_future()
         self._waiting[message.seq] = future
@@ -181,8 +200,11 @@ class VerifierChannel:
         return self.rtt_probe_ms
 
     async def _read(self) -> None:
+        ws = self._ws
         try:
-            async for msg in self._ws:
+            if ws is None:
+                raise RuntimeError("a WebSocket reader without a WebSocket")
+            async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.BINARY:
                     break
                 t_receive_s = time.perf_counter()
@@ -190,7 +212,7 @@ class VerifierChannel:
                     self._incoming.put_nowait((t_receive_s + self.delay_s, msg.data))
                 else:
                     self._deliver(t_receive_s, msg.data)
-            self._fail(f"connection closed (code {self._ws.close_code})")
+            self._fail(f"connection closed (code {ws.close_code})")
         except Exception as exc:        # anything that ends the reader ends the channel
             self._fail(f"{type(exc).__name__}: {exc}")
 
@@ -205,8 +227,10 @@ class VerifierChannel:
             else:
                 self._deliver(t_receive_s, data)
         except Exception as exc:        # as in _read: anything that ends the reader ends the channel
-            self._fail(f"{type(exc).__name__}: {exc}")
-            self._frames.abort(self.closed_reason)
+            reason = f"{type(exc).__name__}: {exc}"
+            self._fail(reason)
+            if self._frames is not None:
+                self._frames.abort(self.closed_reason or reason)
 
     def _deliver(self, t_receive_s: float, data: bytes) -> None:
         message = wire.decode(data)
@@ -237,7 +261,7 @@ class VerifierChannel:
             due_s, data = await self._outgoing.get()
             await self.timer.sleep_until(due_s)
             try:
-                await (self._frames.send(data) if self._frames is not None else self._ws.send_bytes(data))
+                await self._send_now(data)
             except Exception as exc:
                 self._fail(f"send failed: {type(exc).__name__}: {exc}")
 

@@ -3,6 +3,7 @@ sends, and the bookkeeping of requests in flight and withdrawn segments."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -50,7 +51,7 @@ class Connection:
         self.sessions_live = 0                   # not yet freed (closing ones too)
         self.tokens_live = 0                     # their Served.tokens
         self.inflight = 0                        # INFLIGHT requests queued or being served
-        self.watched = None                      # services.arrival's handle on its socket
+        self.watched: socket.socket | None = None     # services.arrival's handle on its socket
         self.held_since_s: float | None = None   # bytes came in during a pass on the loop's thread
         self._unhold_due = False
         self.held: dict[int, float] = {}         # seq -> arrival of a request read late that way

@@ -12,14 +12,14 @@ from aiohttp import WSMsgType, web
 from dsd.modes import server_modes
 from services import access, arrival, frames, spinwait, wire
 from services.verifier.connection import Connection
+from services.verifier.messages import VerifierMessages
 
 
 log = logging.getLogger("services.verifier")
 _TEXT = object()        # a WebSocket text frame (the messages are binary)
-VERIFIER_KEY = web.AppKey("verifier", object)
 
 
-class VerifierHttp:
+class VerifierHttp(VerifierMessages):
     """Serving connections: HTTP endpoints, WebSockets and frames."""
 
     def app(self) -> web.Application:
@@ -118,14 +118,16 @@ class VerifierHttp:
         def on_frame(_t_read_s: float, data) -> None:
             nonlocal conn
             if conn is None:
-                channel.timer.cancel()
+                if channel.timer is not None:
+                    channel.timer.cancel()
                 conn = self._accept_frames(channel, data)
                 return
             conn.last_message_s = loop.time()
             runner.submit(lambda: self._on_item(conn, data))
 
         def on_lost(_reason: str) -> None:
-            channel.timer.cancel()
+            if channel.timer is not None:
+                channel.timer.cancel()
             runner.cancel()
             if conn is not None:
                 self._close_connection(conn)
@@ -137,18 +139,18 @@ class VerifierHttp:
         if isinstance(token, frames.Oversize) or not frames.token_matches(token, self.token):
             reason = "no token" if token == b"" else "wrong token"
             self.errors[wire.UNAUTHORIZED] += 1
-            log.warning("refused a frame connection from %s: %s", channel.transport.get_extra_info("peername"),
+            log.warning("refused a frame connection from %s: %s", channel.made_transport().get_extra_info("peername"),
                         reason)
             channel.write(wire.encode(wire.Error(None, None, wire.UNAUTHORIZED, "token",
                                                  f"{reason}: this verifier requires its token as the first frame")))
             # Half-close and read no more: closing with the client's next frames unread would send
             # a reset, which can destroy the Error before the client reads it.
             channel.closed, channel.close_reason = True, reason
-            channel.transport.write_eof()
-            asyncio.get_running_loop().call_later(5.0, channel.transport.abort)
+            channel.made_transport().write_eof()
+            asyncio.get_running_loop().call_later(5.0, channel.made_transport().abort)
             return None
         conn = Connection(next(self._numbers), channel, "tcp")
-        self._open_connection(conn, channel.transport.get_extra_info("socket"))
+        self._open_connection(conn, channel.made_transport().get_extra_info("socket"))
         conn.last_message_s = asyncio.get_running_loop().time()
         self._watch_idle(conn, channel)
         return conn
@@ -218,3 +220,6 @@ class VerifierHttp:
                     await self._on_frame(conn, data, *conn.stamp())
         finally:
             self._close_connection(conn)
+
+
+VERIFIER_KEY = web.AppKey("verifier", VerifierHttp)

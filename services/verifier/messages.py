@@ -15,10 +15,11 @@ from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from services import wire
 from services.verifier.connection import Connection, Served, _withdraw
+from services.verifier.serving import VerifierServing
 from services.verifier.limits import INFLIGHT, INT63_MAX, _check_tokens, _draft_probs, _limit, _require
 
 
-class VerifierMessages:
+class VerifierMessages(VerifierServing):
     """Admitting and dispatching messages; opening sessions."""
 
     async def _on_frame(self, conn: Connection, data: bytes, t_arrival_s: float, held_s: float = 0.0) -> None:
@@ -72,7 +73,8 @@ class VerifierMessages:
             if isinstance(message, wire.Verify) and conn.replied_s is not None:     # set only if polling
                 conn.block_gaps.add(t_arrival_s - conn.replied_s)      # the edge's drafting, and the way
                 conn.replied_s = None
-                self.selector.cancel()
+                if self.selector is not None:
+                    self.selector.cancel()
             if q is not None:      # read and checked once, here; its pass takes it (serving._verify)
                 served.draft_probs[id(message)] = q
             if (isinstance(message, wire.Verify) and not served.busy and served.inbox.empty() and not served.closed

@@ -14,12 +14,13 @@ from dsd.modes import AR, NOWHERE, SERVER, get_mode
 from services import arrival, wire
 from services.scheduler import PassTiming
 from services.verifier.connection import Connection, Served, _settle
+from services.verifier.state import VerifierState
 
 
 log = logging.getLogger("services.verifier")
 
 
-class VerifierServing:
+class VerifierServing(VerifierState):
     """Serving one session's messages through the scheduler."""
 
     async def _serve(self, served: Served) -> None:
@@ -111,8 +112,11 @@ class VerifierServing:
                                              served.features(verdict.features)))
             return served.conn.send_if_on_loop(data, timing.on_loop)
 
+        job = state.verify_job(proposal) if live else None
         if live:
-            data, _ = await self.scheduler.submit("verify", proposal.gamma, state.verify_job(proposal),
+            if job is None:
+                raise RuntimeError(f"session {served.seq_id!r}: a live block without a verification job")
+            data, _ = await self.scheduler.submit("verify", proposal.gamma, job,
                                                   served.conn.number, t_arrival_s, reply, self._alone(served),
                                                   served.conn.held.get(m.seq))
         else:
@@ -143,8 +147,11 @@ class VerifierServing:
                     self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
                     state.draws), served.conn.number, ready_s, on_loop=self._alone(served),
                     arrived_s=arrived_s)
+                job = state.verify_job(state.proposal_for(drafted, q))
+                if job is None:
+                    raise RuntimeError(f"session {served.seq_id!r}: its own draft block went stale")
                 data, timing = await self.scheduler.submit(
-                    "verify", m.gamma, state.verify_job(state.proposal_for(drafted, q)), served.conn.number,
+                    "verify", m.gamma, job, served.conn.number,
                     drafting.end_s, reply(drafting), self._alone(served))
             ready_s, arrived_s = timing.end_s, None
             if drafts == SERVER:

@@ -47,11 +47,11 @@ class ServeConfig:
             value = getattr(self, name)
             if not (is_int(value) and value >= low):
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
-        for name, low in (("request_timeout_s", 0.001), ("probe_interval_ms", 0.0), ("app_delay_ms", 0.0)):
+        for name, least in (("request_timeout_s", 0.001), ("probe_interval_ms", 0.0), ("app_delay_ms", 0.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                    and value >= low):
-                raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
+                    and value >= least):
+                raise ValueError(f"{name} must be a finite number >= {least}, got {value!r}")
             object.__setattr__(self, name, float(value))
         frames.check_transport(self.transport)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from dsd.checks import is_int
 from dsd.modes import get_mode
@@ -22,7 +23,7 @@ CHAT, TEXT = "chat", "text"
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
 # a neutral value of each refused option: the field may be present with it (clients send defaults)
-_NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+_NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (None, 1), "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
             "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None,),
             "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
             "response_format": (None, {"type": "text"}), "min_tokens": (None, 0)}
@@ -229,7 +230,7 @@ def chunk(kind: str, id_: str, created: int, model: str, text: str | None, finis
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-    out = {"id": id_, "object": "chat.completion.chunk" if kind == CHAT else "text_completion",
+    out: dict[str, Any] = {"id": id_, "object": "chat.completion.chunk" if kind == CHAT else "text_completion",
            "created": created, "model": model, "choices": [choice]}
     if usage_ is not None or with_usage:
         out["usage"] = usage_

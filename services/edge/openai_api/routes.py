@@ -109,8 +109,9 @@ class OpenAIRoutes:
                 raise invalid(param, f"token id {max(generate.prompt)} is outside the vocabulary [0, {vocab})")
             return list(generate.prompt)
         try:
-            return encode_prompt(self.serving.tokenizer, generate.prompt if generate.kind == TEXT
-                                 else list(generate.prompt))
+            prompt = generate.prompt
+            return encode_prompt(self.serving.tokenizer, prompt if isinstance(prompt, str)
+                                 else [message for message in prompt if isinstance(message, dict)])
         except Exception as exc:        # the chat template's own checks (roles, order) raise what they like
             raise invalid(param, f"cannot render it with the pair's chat template: {exc}") from None
 

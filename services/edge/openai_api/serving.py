@@ -145,7 +145,7 @@ class OpenAIServing:
                            "rate_limit_error", None, "queue_full")
         self.waiting += 1
         try:
-            await self._slots.acquire()
+            await self.slots().acquire()
         finally:
             self.waiting -= 1
         try:
@@ -153,12 +153,18 @@ class OpenAIServing:
             return Generation(self, serving, channel, self._run_config(serving, request, prompt, channel),
                               request, t_start_s, request_id)
         except BaseException:
-            self._slots.release()
+            self.slots().release()
             raise
+
+    def slots(self) -> asyncio.Semaphore:
+        """The decoding slots (max_concurrent; made when the API is configured)."""
+        if self._slots is None:
+            raise ApiError(503, "the OpenAI-compatible API is not configured", "not_configured")
+        return self._slots
 
     def _run_config(self, serving: _Serving, request: GenerateRequest, prompt: list[int],
                     channel: VerifierChannel) -> RunConfig:
-        config, welcome = serving.config, channel.welcome
+        config, welcome = serving.config, channel.welcomed()
         gamma = request.gamma or config.gamma
         if gamma > welcome.max_gamma:
             raise ApiError(422, f"dsd.gamma: {gamma} is over the verifier's max_gamma {welcome.max_gamma}",
@@ -175,7 +181,7 @@ class OpenAIServing:
                                 f"edge's context: room for {context} tokens at gamma {gamma}", param="max_tokens",
                            code="context_length_exceeded")
         return RunConfig(run_id=config.run_id, client_id=config.client_id, mode=request.mode or config.mode,
-                         gamma=gamma, prompts=(tuple(prompt),), max_new_tokens=max_tokens,
+                         gamma=gamma, prompts=(tuple(prompt),), max_new_tokens=int(max_tokens),
                          verifier_url=config.verifier_url, max_in_flight=config.max_in_flight,
                          temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
                          app_delay_ms=config.app_delay_ms, stop_at_eos=not request.ignore_eos, probe_count=0,
@@ -227,10 +233,10 @@ class Generation:
         self.owner, self.serving, self.channel = owner, serving, channel
         self.index = next(serving.indices)
         seed = request.seed if request.seed is not None else secrets.randbelow(1 << 31)
-        eos = channel.welcome.eos_token_id if config.stop_at_eos else None
+        eos = channel.welcomed().eos_token_id if config.stop_at_eos else None
         self.record = Request(self.index, list(config.prompts[0]), config, StopRule(config.max_new_tokens, eos),
                               t_start_s=t_start_s, seed=seed, request_id=request_id)
-        self.eos_token_id = channel.welcome.eos_token_id
+        self.eos_token_id = channel.welcomed().eos_token_id
         self._arrivals: asyncio.Queue = asyncio.Queue()
         self.record.on_tokens = lambda _t, tokens: self._arrivals.put_nowait(list(tokens))
         self.tokens: list[int] = []
@@ -300,7 +306,7 @@ class Generation:
             owner.device.runs -= 2
             owner.active -= 1
             owner.done += 1
-            owner._slots.release()
+            owner.slots().release()
 
     def _write_row(self) -> None:
         record, serving = self.record, self.serving
