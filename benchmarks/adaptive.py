@@ -76,7 +76,7 @@ from dsd.policies import make_controller  # noqa: E402
 from dsd.profiles import get_profile  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
 from dsd.times import ComputeTimes  # noqa: E402
-from orchestrator.launchers.sim import run_request  # noqa: E402
+from orchestrator.launchers.sim import SimClient, SimRequest, run_request  # noqa: E402
 from benchmarks.adaptive_scenario import (CLASS_TOKEN, GAMMAS, POLICIES, RequestRun, Scenario,  # noqa: E402,F401
                                           arms, load_rtt_trace, matched_vs_oracle_pct, oracle_tokens,
                                           policy_config, touched_levels_ms, vs_oracle_pct)
@@ -116,9 +116,9 @@ def sim_run(scenario: Scenario, pair, costs: ComputeTimes, prompts, arm=None, po
         rtt_at = (lambda t, s=start_s: scenario.rtt_at_ms(s + t) / 1e3) if rtt_ms is None else \
             (lambda _t: rtt_ms / 1e3)
         mode, gamma = arm or ("sync", 4)
-        tokens, rounds, wall_s, _ = run_request(mode, draft, target, prompt, gamma, rtt_at(0.0), stop, costs, 1,
-                                                f"r{index}", policy=policy, gamma_max=scenario.gamma_max,
-                                                rtt_at=rtt_at)
+        tokens, rounds, wall_s, _ = run_request(
+            SimClient(draft, target, costs, stop, gamma_max=scenario.gamma_max),
+            SimRequest(mode, gamma, prompt, f"r{index}"), rtt_at, policy)
         plans = [(r.gamma, r.mode) if r.mode else (gamma, mode) for r in rounds if not r.stale]
         out.append(RequestRun(start_s, wall_s, len(tokens), draft.config.alpha_of(prompt), plans))
         clock_s += wall_s

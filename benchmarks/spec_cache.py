@@ -44,6 +44,7 @@ from dsd.simulate import LinkCosts, simulate_dsd  # noqa: E402
 from dsd.spec_cache import CacheConfig  # noqa: E402
 from dsd.stopping import StopRule  # noqa: E402
 from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
+from dsd.driver import DriverConfig
 
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = (1, 2, 4, 8, 16, 32, 48)
@@ -80,11 +81,11 @@ def hit_rates(draft: TorchLM, target: TorchLM, prompts: list[list[int]], cache: 
     for i, prompt in enumerate(prompts):
         sampling = SamplingParams(seed=i, **SAMPLING)
         stop = StopRule(MAX_NEW_TOKENS, target.eos_token_id)
-        cached = simulate_dsd(draft, target, prompt, GAMMA, stop, link, pipelined=False, sampling=sampling,
-                              mode="cached", seq_id=f"cached-{i}", cache=cache, cache_memory=memory)
+        cached = simulate_dsd(draft, target, prompt, stop, link, DriverConfig(GAMMA, "cached", cache=cache),
+                              sampling=sampling, seq_id=f"cached-{i}", cache_memory=memory)
         records += [r.cache for r in cached.generation.rounds if r.cache is not None]
-        guess = simulate_dsd(draft, target, prompt, GAMMA, stop, link, pipelined=True, max_in_flight=2,
-                             sampling=sampling, mode="pipelined", seq_id=f"guess-{i}")
+        guess = simulate_dsd(draft, target, prompt, stop, link, DriverConfig(GAMMA, "pipelined", max_in_flight=2),
+                             sampling=sampling, seq_id=f"guess-{i}")
         live = sum(not r.stale for r in guess.generation.rounds)
         verdicts += live
         survived += live - guess.edge.epoch          # every verdict that refuted the guess restarted

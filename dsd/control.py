@@ -3,7 +3,7 @@
 A driver (``dsd.simulate.simulate_dsd``, ``services.edge.Client.dsd``) asks ``decide()`` before the
 request's first block, and after every verdict hands the controller that round's ``Observation``
 and asks again; the edge decoder then drafts its next block with the new plan
-(``EdgeDecoder.set_plan``). What the driver does with a decision is checked by
+(``EdgeDecoder.set_drafting``). What the driver does with a decision is checked by
 ``check_decision``: a controller that returns a gamma outside 1..gamma_max or a mode it may not
 use is refused with a ValueError naming the field.
 
@@ -41,7 +41,7 @@ tokens measured the pace: ``_pace``).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -149,6 +149,44 @@ def check_decision(decision: object, gamma_max: int, modes: tuple[str, ...]) -> 
         raise ValueError(f"controller decision gamma must be a whole number in 1..{gamma_max}, got {gamma!r}")
     if decision.mode not in modes:
         raise ValueError(f"controller decision mode must be one of {modes}, got {decision.mode!r}")
+    return decision
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """One request as its driver measured it, from its start (seconds): its tokens, the time to
+    the last token (None: no token came) and to the first, and how many the first emission carried."""
+    tokens: list[int]
+    wall_s: float | None
+    ttft_s: float | None
+    first_emitted: int = 1
+
+
+@dataclass(frozen=True)
+class ShadowDraft:
+    """What drafts along a server request's tokens (``shadow_matches``), under greedy decoding."""
+    draft: LanguageModel
+    seq_id: str
+    prompt: list[int]
+
+
+async def request_cycle(controller: RequestController, rtt_s: float | None, run: Callable[[Decision], Awaitable[RequestOutcome]],
+                        shadow: ShadowDraft | None) -> Decision:
+    """One request under a controller that picks its mode: decide at ``rtt_s`` (the module's
+    docstring), check the decision, ``run`` the request in it, and hand the controller how it went
+    (a server mode's with the shadow draft's matches, where ``shadow`` is given). Every driver
+    (services/edge/, the sim launcher) runs its requests' decisions through this one cycle."""
+    config = controller.config
+    decision = check_decision(controller.decide_request(rtt_s), config.gamma_max, tuple(config.modes))
+    outcome = await run(decision)
+    if outcome.wall_s is None:
+        return decision
+    matches = (0, 0)
+    if shadow is not None and decision.mode not in edge_modes():
+        matches = shadow_matches(shadow.draft, f"{shadow.seq_id}/shadow", shadow.prompt, outcome.tokens)
+    controller.observe_request(RequestObservation(
+        decision.mode, decision.gamma, len(outcome.tokens), outcome.wall_s, outcome.ttft_s, rtt_s, *matches,
+        first_emitted=outcome.first_emitted))
     return decision
 
 

@@ -61,7 +61,7 @@ from dsd.modes import EDGE, SYNC, edge_modes, get_mode, server_modes
 from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 
-__all__ = ["AcknowledgedArrival", "Arrival", "Device", "DriverConfig", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
+__all__ = ["AcknowledgedArrival", "Arrival", "Device", "DrivePorts", "DriveRequest", "DriverConfig", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
            "VerdictArrival", "WithdrawnArrival", "observation", "run_to_end", "step_limit"]
 
 
@@ -91,33 +91,54 @@ class DriverConfig:
         object.__setattr__(self, "gamma_max", max(self.gamma_max or self.gamma, self.gamma))
 
 
+@dataclass(frozen=True)
+class DriveRequest:
+    """The request a driver drafts for: its sequence id (the draft's cache key), prompt, stop rule
+    and sampling; ``prefill_features``: the target's features over the prompt (dsd.features), for
+    a feature draft."""
+    seq_id: str
+    prompt: Sequence[int]
+    stop: StopRule
+    sampling: SamplingParams = SamplingParams()
+    prefill_features: FeatureBlock | None = None
+
+
+@dataclass(frozen=True)
+class DrivePorts:
+    """What differs between the simulator and the service (the module's docstring): the draft
+    device, the transport, the clock, and where each round is reported."""
+    device: Device
+    transport: Transport
+    clock: Callable[[], float]
+    on_round: Callable[[Round], None]
+
+
 class DsdDriver:
     """One DSD request: ``await run()`` drafts until the stop rule holds; ``handle(arrival)``
     applies a verdict or a server round (also for the stale ones a transport drains after the end).
     Without a ``controller`` every round is ``config.mode`` at ``config.gamma``.
-    ``prefill_features``: the target's features over the prompt (dsd.features), for a feature draft.
     ``cache_memory``: what the cached mode's fills learnt in earlier requests on this draft
     (dsd.cache_fill: pass times, the ranking's calibration)."""
 
-    def __init__(self, draft: LanguageModel, seq_id: str, prompt: Sequence[int], stop: StopRule,
-                 sampling: SamplingParams, device: Device, transport: Transport, clock: Callable[[], float],
-                 on_round: Callable[[Round], None], config: DriverConfig,
-                 controller: Controller | None = None, prefill_features: FeatureBlock | None = None,
-                 cache_memory: CacheMemory | None = None) -> None:
+    def __init__(self, draft: LanguageModel, request: DriveRequest, ports: DrivePorts, config: DriverConfig,
+                 controller: Controller | None = None, cache_memory: CacheMemory | None = None) -> None:
+        seq_id, prompt, stop, sampling = request.seq_id, request.prompt, request.stop, request.sampling
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
-        self.device, self.transport, self.clock, self.on_round = device, transport, clock, on_round
+        self.device, self.transport, self.clock, self.on_round = ports.device, ports.transport, ports.clock, \
+            ports.on_round
         self.gamma_max = config.gamma_max or config.gamma     # DriverConfig set it (>= gamma)
         self.controller = controller or make_controller(ControllerConfig("static", config.gamma, config.mode,
                                                                          self.gamma_max, modes=(config.mode,)))
         # the modes a round may take: the server's too where the transport can hand over
-        self.modes = edge_modes() + (server_modes() if isinstance(transport, HandsOver) and transport.hands_over else ())
-        self.server_plan: Decision | None = None
+        self.modes = edge_modes() + (server_modes() if isinstance(self.transport, HandsOver) and self.transport.hands_over
+                                     else ())
+        self.server_decision: Decision | None = None
         self.stream = HandoverStream(self, config.handover_tokens)
         self.stop = stop
         self.draft_steps = 0
         self.rounds = 0
         self.edge = EdgeDecoder(prompt, config.gamma, stop, max_in_flight=config.max_in_flight)
-        self.mode = self.plan()
+        self.decide()
         self.draws = Draws(sampling.seed)
         # the cached mode's speculation cache (dsd.cache_fill), made when a round first plans it
         self.cache_config = config.cache
@@ -126,7 +147,7 @@ class DsdDriver:
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
         self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
         begin_request(draft, seq_id, prompt, config.gamma)
-        hand_features(draft, seq_id, prefill_features)
+        hand_features(draft, seq_id, request.prefill_features)
 
     async def run(self) -> list[int]:
         """Draft, send and apply verdicts until the request is done; returns the output."""
@@ -135,7 +156,7 @@ class DsdDriver:
             await self.deliver_ready()
             if self.edge.done:
                 break
-            if self.server_plan is not None and not self.stream.segments and not self.edge.in_flight \
+            if self.server_decision is not None and not self.stream.segments and not self.edge.in_flight \
                     and self.edge.held is None:
                 await self.stream.keep_server_busy(None)
             # a withdraw's answer says which segments will still come: nothing is drafted before it
@@ -241,14 +262,18 @@ class DsdDriver:
         cache = None
         if self.filler is not None and not arrival.verdict.stale:
             cache = self.filler.on_verdict(arrival.verdict, self.edge.committed.tokens, arrival.t_receive_s - t_send_s)
-        self.on_round(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s,
-                            cache))
-        self.rounds += 1
+        self.report(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s,
+                          cache))
         seen = observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, self.remaining_tokens)
         self.stream.rtt_s = self.stream.rtt_s if arrival.verdict.stale else seen.rtt_s
         self.controller.observe(seen)
-        self.mode = self.plan()
+        self.decide()
         await self.send(to_send, self.transport.prepare(to_send), arrival)
+
+    def report(self, round_: Round) -> None:
+        """Hand a round (its index the next: ``self.rounds``) to the caller's ``on_round``."""
+        self.on_round(round_)
+        self.rounds += 1
 
     async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]:
         """(positions, matches): the draft's greedy guess at each streamed token given the true
@@ -270,14 +295,14 @@ class DsdDriver:
         """What the token budget still allows (an end-of-sequence may come sooner)."""
         return self.stop.max_new_tokens - len(self.edge.generated)
 
-    def plan(self) -> str:
-        """Ask the controller for the next gamma and mode; returns the mode. A server mode stops
-        drafting (the hand-over starts once no block is in flight)."""
+    def decide(self) -> None:
+        """Ask the controller for the next gamma and mode, and follow it from now on. A server mode
+        stops drafting (the hand-over starts once no block is in flight)."""
         decision = check_decision(self.controller.decide(), self.gamma_max, self.modes)
         on_server = decision.mode in server_modes()
-        self.server_plan = decision if on_server else None
-        self.edge.set_plan(decision.gamma, not on_server and get_mode(decision.mode).pipelined)
-        return decision.mode
+        self.server_decision = decision if on_server else None
+        self.edge.set_drafting(decision.gamma, not on_server and get_mode(decision.mode).pipelined)
+        self.mode = decision.mode
 
 
 def observation(arrival: VerdictArrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,

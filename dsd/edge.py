@@ -43,7 +43,7 @@ class EdgeDecoder:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight!r}")
         self.stop = stop
         self.depth = max_in_flight                # blocks in flight when pipelined
-        self.set_plan(gamma, pipelined)
+        self.set_drafting(gamma, pipelined)
         self.committed = TokenSequence(prompt)
         self.prompt_length = len(prompt)
         self.speculative: list[int] = []          # assumed beyond committed: sent blocks and guesses
@@ -53,7 +53,7 @@ class EdgeDecoder:
         self.epoch = 0
         self.stale_verdicts = 0
 
-    def set_plan(self, gamma: int, pipelined: bool) -> None:
+    def set_drafting(self, gamma: int, pipelined: bool) -> None:
         """The gamma and mode of the blocks drafted from now on (dsd.control). Blocks already
         drafted keep theirs; leaving pipelined mode only stops new speculation (blocks in flight
         are answered as before, a held block waits for its slot), so no token is lost."""

@@ -3,16 +3,15 @@ segments asked of the server while the controller keeps a server mode, kept aske
 ahead, the link measured from their acknowledgements and first tokens, a fall of the link read
 from a burst of arrivals, and the segments withdrawn when the plan comes back to the edge.
 
-``HandoverStream`` belongs to one ``DsdDriver`` (``driver``): it commits the server's tokens
-through the driver's edge decoder, reports rounds through the driver, and re-plans with the
-driver's controller.
+``HandoverStream`` belongs to one ``DsdDriver``, of which it uses only ``StreamDriver``: it
+commits the server's tokens through the driver's edge decoder, reports rounds through the driver,
+asks segments of its transport, and re-plans with its controller.
 """
 from __future__ import annotations
 
 import itertools
 from collections import deque
 from dataclasses import dataclass, replace
-from collections.abc import Callable
 from typing import Protocol
 
 from dsd.arrivals import AcknowledgedArrival, Arrival, Round, ServedArrival, WithdrawnArrival
@@ -67,21 +66,23 @@ def server_observation(arrival: ServedArrival, segment: Segment, interval_s: flo
 
 
 class StreamDriver(Protocol):
-    """What the stream reads and sets of its request's driver (dsd.driver.DsdDriver)."""
-    controller: Controller
-    edge: EdgeDecoder
-    mode: str
-    on_round: Callable[[Round], None]
-    rounds: int
-    server_plan: Decision | None
-    transport: Transport
+    """What a hand-over stream uses of its request's driver (dsd.driver.DsdDriver)."""
+    edge: EdgeDecoder                   # commits the server's tokens; says when the request is done
+    controller: Controller              # observes the stream's rounds; its hints size the stream
+    transport: Transport                # asks segments of the server (HandsOver), withdraws them (Withdraws)
+    server_decision: Decision | None        # the plan while it is on the server, None once back on the edge
 
     @property
     def remaining_tokens(self) -> int: ...
 
-    def plan(self) -> str: ...
-
     async def shadow(self, prefix: list[int], tokens: list[int]) -> tuple[int, int]: ...
+
+    def report(self, round_: Round) -> None: ...
+
+    def decide(self) -> None: ...
+
+    @property
+    def rounds(self) -> int: ...
 
 
 class HandoverStream:
@@ -115,9 +116,8 @@ class HandoverStream:
         if segment.remaining <= 0 or served.done or self.driver.edge.done:
             self.segments.popleft()
         shadow = await self.driver.shadow(prefix, emitted)
-        self.driver.on_round(Round(self.driver.rounds, arrival, emitted, segment.gamma, segment.mode, None, None,
-                                   segment.t_send_s))
-        self.driver.rounds += 1
+        self.driver.report(Round(self.driver.rounds, arrival, emitted, segment.gamma, segment.mode, None, None,
+                                 segment.t_send_s))
         seen = server_observation(arrival, segment, interval_s, first, shadow, self.driver.remaining_tokens)
         if seen.rtt_s is not None and self._asked_before_the_fall(segment.t_send_s):
             seen = replace(seen, rtt_s=None)
@@ -131,8 +131,8 @@ class HandoverStream:
         if fell_to_s is not None:           # a burst: the link got faster (dsd/stream_drift.py)
             self._fell_read_s = arrival.t_receive_s
             self._observe_link(segment, fell_to_s, inferred=True)
-        self.driver.mode = self.driver.plan()
-        await self.follow_plan(arrival)
+        self.driver.decide()
+        await self.follow_decision(arrival)
 
     def _asked_before_the_fall(self, t_send_s: float) -> bool:
         """Whether a segment sent at ``t_send_s`` was asked before a burst read as a fall arrived:
@@ -170,8 +170,8 @@ class HandoverStream:
                 self._asked_before_the_fall(arrival.t_receive_s - arrival.link_rtt_s):
             return                       # the end of a request, a stream already served, a stale measure
         self._observe_link(self.segments[-1], arrival.link_rtt_s)
-        self.driver.mode = self.driver.plan()
-        await self.follow_plan(arrival)
+        self.driver.decide()
+        await self.follow_decision(arrival)
 
     def _observe_link(self, segment: Segment, rtt_s: float, inferred: bool = False) -> None:
         """The link measured (or, ``inferred``, guessed from a burst) outside a round: the
@@ -180,7 +180,7 @@ class HandoverStream:
         self.driver.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, rtt_s, None, None, None,
                                             remaining_tokens=self.driver.remaining_tokens, rtt_inferred=inferred))
 
-    async def follow_plan(self, after: Arrival) -> None:
+    async def follow_decision(self, after: Arrival) -> None:
         """After a server round or an acknowledgement re-planned: on the server, keep the stream
         asked ahead; back to the edge after the link fell (to ``LINK_FELL_RATIO`` of the link the
         segments were asked on or less: 150 -> 10 ms), withdraw the segments asked beyond a
@@ -193,7 +193,7 @@ class HandoverStream:
         draft well; the segments of the link's own round trip stay. A plan that stays on the
         server across a fall withdraws what is asked beyond the new link's needs too
         (``_asked_for_a_fallen_link``), and asks again as the stream goes on."""
-        if self.driver.server_plan is not None:
+        if self.driver.server_decision is not None:
             drop = self._asked_for_a_fallen_link()
             if not (drop and await self._withdraw(drop, after)):
                 await self.keep_server_busy(after)
@@ -267,7 +267,7 @@ class HandoverStream:
             return
         for _ in range(min(arrival.withdrawn, len(self.segments))):
             self.segments.pop()
-        if self.driver.server_plan is not None:      # the plan went back to the server meanwhile
+        if self.driver.server_decision is not None:      # the plan went back to the server meanwhile
             await self.keep_server_busy(arrival)
 
     async def keep_server_busy(self, after: Arrival | None) -> None:
@@ -335,9 +335,9 @@ class HandoverStream:
             return
         if not self.segments:
             self._stream_tokens = 0
-        plan, transport, n_tokens = self.driver.server_plan, self.driver.transport, min(self._segment_tokens(), due)
+        plan, transport, n_tokens = self.driver.server_decision, self.driver.transport, min(self._segment_tokens(), due)
         if plan is None or not isinstance(transport, HandsOver):
-            raise RuntimeError("a hand-over needs a server plan and a transport that hands over")
+            raise RuntimeError("a hand-over needs a server decision and a transport that hands over")
         t_send_s = await transport.generate(plan.mode, plan.gamma, n_tokens, after)
         if not self.segments:
             self._stream_s, self._drift = t_send_s, None

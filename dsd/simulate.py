@@ -26,12 +26,11 @@ from dsd.drafting import begin_request, draft_block
 from dsd.features import hand_features
 from dsd.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
                           WithdrawnArrival)
-from dsd.driver import DriverConfig, DsdDriver, run_to_end
+from dsd.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver, run_to_end
 from dsd.edge import EdgeDecoder
-from dsd.modes import PIPELINED, SERVER, SYNC, get_mode, server_modes
+from dsd.modes import SERVER, get_mode, server_modes
 from dsd.cache_fill import CacheMemory
 from dsd.control import Controller
-from dsd.spec_cache import CacheConfig
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 
@@ -39,18 +38,30 @@ from dsd.verifier_session import VerifierSession
 @dataclass(frozen=True)
 class LinkCosts:
     """A DSD request's virtual-time costs; with ``t_ar_s`` (and, for co-located SD,
-    ``t_draft_server_s``) the verifier can also take the request over mid-way (a hand-over)."""
+    ``t_draft_server_s``) the verifier can also take the request over mid-way (a hand-over).
+    ``rtt_at(t_s)``: the link's RTT for a message sent at virtual time t_s, for links that change
+    during the request (default: ``rtt_s``); ``t_verify_of(n_drafted)``: a block's verification
+    time, for plans whose gamma changes (default: ``t_verify_s`` for every block); ``t_open_s``
+    (the prefill): the session's Open goes out at time 0 and the edge drafts at once, as
+    services/edge/ does, so the verifier serves nothing before the Open arrived and was prefilled
+    (None: the session is already open at time 0)."""
     t_draft_s: float
     t_verify_s: float
     rtt_s: float
     t_ar_s: float | None = None
     t_draft_server_s: float | None = None
+    rtt_at: Callable[[float], float] | None = None
+    t_verify_of: Callable[[int], float] | None = None
+    t_open_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("t_draft_s", "t_verify_s", "rtt_s", "t_ar_s", "t_draft_server_s"):
+        for name in ("t_draft_s", "t_verify_s", "rtt_s", "t_ar_s", "t_draft_server_s", "t_open_s"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
+        for name in ("rtt_at", "t_verify_of"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"{name} must be a function, got {getattr(self, name)!r}")
 
     @property
     def one_way_s(self) -> float:
@@ -125,10 +136,10 @@ class VirtualLink:
     and ``withdraw`` drops the segments not started when it arrives (an arrival with ``withdrawn``)."""
 
     def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts,
-                 rtt_at: Callable[[float], float] | None = None,
-                 t_verify_of: Callable[[int], float] | None = None, draft: LanguageModel | None = None, t_open_s: float | None = None) -> None:
+                 draft: LanguageModel | None = None) -> None:
         self.clock, self.session, self.costs = clock, session, costs
-        self.rtt_at, self.t_verify_of = rtt_at, t_verify_of
+        self.rtt_at, self.t_verify_of = costs.rtt_at, costs.t_verify_of
+        t_open_s = costs.t_open_s
         self.arrivals: list[tuple[float, int, Arrival]] = []   # (time at the edge, send order, arrival)
         self.order = itertools.count()
         # the session's Open, sent at 0 ahead of everything: the verifier prefills it on arrival
@@ -287,31 +298,20 @@ class VirtualLink:
         return heapq.heappop(self.arrivals)[2]
 
 
-def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
-                 stop: StopRule, costs: LinkCosts, pipelined: bool, max_in_flight: int = 1,
-                 sampling: SamplingParams = SamplingParams(), seq_id: str = "sim",
-                 controller: Controller | None = None, gamma_max: int | None = None,
-                 rtt_at: Callable[[float], float] | None = None,
-                 t_verify_of: Callable[[int], float] | None = None, mode: str | None = None, handover_tokens: int = 4,
-                 t_open_s: float | None = None, cache: CacheConfig | None = None,
+def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
+                 costs: LinkCosts, config: DriverConfig, sampling: SamplingParams = SamplingParams(),
+                 seq_id: str = "sim", controller: Controller | None = None,
                  cache_memory: CacheMemory | None = None) -> SimulatedRun:
-    """The edge's own drive loop (dsd.driver) on a virtual clock, in ``mode`` (an edge mode of
-    dsd.modes; default: pipelined or sync as ``pipelined`` says). ``controller`` (dsd.control;
-    None: gamma and the mode stay) is asked for the next plan before the first block and after
-    every verdict; its gamma must be in 1..gamma_max (default: gamma). ``rtt_at(t_s)`` (optional)
-    is the link's RTT for a message sent at virtual time t_s, for links that change during the
-    request; ``t_verify_of(n_drafted)`` (optional) the verification time of a block, for plans
-    whose gamma changes (default: ``costs.t_verify_s`` for every block). With ``costs.t_ar_s`` the
-    controller may also hand the request to the server mid-way, ``handover_tokens`` at a time
-    (dsd.driver). ``t_open_s`` (the prefill): the session's Open goes out at time 0 and the edge
-    drafts at once, as services/edge/ does (it does not wait for Opened): the verifier serves
-    nothing before the Open arrived and was prefilled, and the times include it (without it the
-    session is already open at time 0). ``cache_memory``: the cached mode's learning from earlier
-    requests (dsd.cache_fill), as an edge's run keeps it."""
+    """The edge's own drive loop (dsd.driver) on a virtual clock, driven as ``config`` says (its
+    mode an edge mode of dsd.modes). ``controller`` (dsd.control; None: gamma and the mode stay)
+    is asked for the next plan before the first block and after every verdict; its gamma must be
+    in 1..config.gamma_max. With ``costs.t_ar_s`` the controller may also hand the request to the
+    server mid-way, ``config.handover_tokens`` at a time (dsd.driver). ``cache_memory``: the
+    cached mode's learning from earlier requests (dsd.cache_fill), as an edge's run keeps it."""
     clock = VirtualClock()
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
-    link = VirtualLink(clock, session, costs, rtt_at, t_verify_of, draft, t_open_s)
+    link = VirtualLink(clock, session, costs, draft)
     generation = Generation([])
     emits_s: list[float] = []
 
@@ -325,11 +325,9 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
         if r.emitted:
             emits_s.append(r.arrival.t_receive_s)
 
-    config = DriverConfig(gamma, mode or (PIPELINED if pipelined else SYNC), max_in_flight, gamma_max,
-                          handover_tokens, cache or CacheConfig())
-    driver = DsdDriver(draft, seq_id, prompt, stop, sampling, VirtualDevice(clock, costs.t_draft_s), link, clock,
-                       on_round, config, controller, prefill_features=session.decided_features(1),
-                       cache_memory=cache_memory)
+    driver = DsdDriver(draft, DriveRequest(seq_id, prompt, stop, sampling, session.decided_features(1)),
+                       DrivePorts(VirtualDevice(clock, costs.t_draft_s), link, clock, on_round), config, controller,
+                       cache_memory)
     generation.tokens = run_to_end(driver.run())
     session.close()
     draft.release(link.server_seq_id)

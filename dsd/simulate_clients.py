@@ -54,7 +54,7 @@ from dsd.control import GAMMA_MAX
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
 from dsd.decoding import Generation, RoundRecord
 from dsd.drafting import begin_request, draft_block
-from dsd.driver import DriverConfig, DsdDriver
+from dsd.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver
 from dsd.features import hand_features
 from dsd.modes import AR, SERVER, get_mode, server_modes
 from dsd.spec_cache import CacheConfig
@@ -397,8 +397,8 @@ async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup:
 
     config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, setup.gamma_max,
                           cache=setup.cache)
-    driver = DsdDriver(draft, seq_id, prompt, stop, sampling, _EdgeDevice(loop, setup.times.t_draft_edge_s),
-                       link, loop, on_round, config, prefill_features=session.decided_features(1))
+    driver = DsdDriver(draft, DriveRequest(seq_id, prompt, stop, sampling, session.decided_features(1)),
+                       DrivePorts(_EdgeDevice(loop, setup.times.t_draft_edge_s), link, loop, on_round), config)
     generation.tokens = await driver.run()
     session.close()
     return generation, times

@@ -74,7 +74,7 @@ def predicted_tok_s_per_client(mode: str, clients: int, alpha: float, gamma: int
     return math.nan
 
 
-def capacity_table(points: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
+def client_rates(points: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
     """Per group, mode and client count: each client's token rate while all ran (median over
     repeats)."""
     keys = [k for k in group_keys if k in points.columns] + ["mode", "gamma", "rtt_ms", "clients"]

@@ -104,7 +104,7 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
         points.insert(0, "profile", profile)
     measured = measured_crossovers(points, gamma)
     predicted = predicted_crossovers(gamma, alpha, fit.params)
-    crossovers = crossover_rows(measured, predicted, set(points["mode"]))
+    crossovers = crossover_comparison(measured, predicted, set(points["mode"]))
     if not math.isnan(alpha_configured):
         at_configured = predicted_crossovers(gamma, alpha_configured, fit.params)
         for name, row in crossovers.items():
@@ -132,7 +132,7 @@ def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: 
     return points
 
 
-def crossover_rows(measured: dict, predicted: dict, modes: set) -> dict:
+def crossover_comparison(measured: dict, predicted: dict, modes: set) -> dict:
     """Crossovers between modes the sweep ran."""
     return {name: {"measured_rtt_ms": measured.get(name, {}).get("rtt_ms", math.nan),
                    "measured_rtt_ms_min": measured.get(name, {}).get("rtt_ms_min", math.nan),
@@ -161,10 +161,10 @@ def select(frame: pd.DataFrame, keys: list[str], values: tuple) -> pd.DataFrame:
 
 def capacity_summary(points: pd.DataFrame, groups: list[GroupResult],
                      compute: dict[str, ComputeTimes]) -> tuple[pd.DataFrame, list[dict]]:
-    """A multi-client sweep's per-client token rates (capacity.capacity_table) and its capacity
+    """A multi-client sweep's per-client token rates (capacity.client_rates) and its capacity
     rows: per subset of the table and edge mode, the measured capacity ratio against its
     reference with its bootstrap interval, beside 1 + gamma*t_draft/t_verify (ratio_predicted)."""
-    table = capacity.capacity_table(points, GROUP_KEYS)
+    table = capacity.client_rates(points, GROUP_KEYS)
     rows = []
     subset_keys = [k for k in table.columns if k not in ("mode", "clients", "tok_s_per_client")]
     for values, subset_rows in frame_groups(table, subset_keys):

@@ -77,15 +77,15 @@ def pin_testbed(testbed, plan: dict) -> dict:
     its containers' cpusets); with an unpinned plan, give them every usable CPU back. Returns {process name: mask read back}."""
     applied = {}
     everything = plan.get("cpus") or usable_cpus()
-    for process in getattr(testbed, "_processes", []):
+    for process in testbed.local_processes():
         if process.proc.poll() is None:
             role = "verifier" if process.name == "verifier" else process.name
             cpus = plan["sets"].get(role, everything) if plan["pinned"] else everything
             applied[process.name] = pin(process.proc.pid, cpus)
     if hasattr(testbed, "pin_containers"):          # compose: a cpuset per container
         applied.update(testbed.pin_containers(plan["sets"] if plan["pinned"] else {}, everything))
-    shaper = getattr(testbed, "_shaper", None)
-    for i, daemon in enumerate(getattr(shaper, "daemons", []) if shaper is not None else []):
+    shaper = testbed.local_shaper()
+    for i, daemon in enumerate(shaper.daemons if shaper is not None else []):
         if daemon.child.alive():
             cpus = plan["sets"].get("shaper", everything) if plan["pinned"] else everything
             applied[f"shaper{i}"] = pin(daemon.pid, cpus)

@@ -92,6 +92,14 @@ class Testbed(Protocol):
     def close(self) -> None:
         """Stop everything this launcher started; idempotent."""
 
+    def local_shaper(self):
+        """The netem Shaper of the links this host shapes now (its daemons are pinned, its rules
+        count the bytes on the wire); None where no link is shaped on this host."""
+
+    def local_processes(self) -> list:
+        """The service processes this launcher started on this host (services.processes
+        ServiceProcess), to pin; empty where it started none."""
+
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
         """Run one sweep point (orchestrator.spec.plan.Point), request i of each client on
         prompts[i]; return (rounds rows, request rows, link rows, facts) as run_sweep takes them,

@@ -286,6 +286,9 @@ class ComposeTestbed(ControlApiTestbed):
         self.link_records = self._shaper.verify()
         return [link_rows.link_state(r) for r in self.link_records]
 
+    def local_shaper(self) -> Shaper | None:
+        return self._shaper
+
     @property
     def link_shaper(self):
         """The netem Shaper of the links shaped now (a link schedule changes them through it)."""

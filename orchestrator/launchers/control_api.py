@@ -72,7 +72,7 @@ def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]],
 
 def _wire_counters(testbed) -> list[dict] | None:
     """Packets and bytes that crossed each edge's link so far (NFQUEUE rules' counters)."""
-    shaper = getattr(testbed, "_shaper", None)
+    shaper = testbed.local_shaper()
     return shaper.wire_counters() if shaper is not None else None
 
 
@@ -132,3 +132,11 @@ class ControlApiTestbed:
 
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
         return run_point_on_edges(point, self, prompts, settings)
+
+    def local_shaper(self):
+        """None: a launcher that shapes links on this host (netns, compose) gives its Shaper."""
+        return None
+
+    def local_processes(self) -> list:
+        """Empty: a launcher that starts services on this host (netns, loopback) gives them."""
+        return []

@@ -58,6 +58,9 @@ class LoopbackTestbed(ControlApiTestbed):
     def heal(self) -> list[str]:
         return heal_services(self._processes, self.config.ready_timeout_s)
 
+    def local_processes(self) -> list[ServiceProcess]:
+        return list(self._processes)
+
     def close(self) -> None:
         for process in reversed(self._processes):
             process.stop()

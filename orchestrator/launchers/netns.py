@@ -82,6 +82,12 @@ class NetnsTestbed(ControlApiTestbed):
         records = shaper.apply(self._topology.links(specs))
         return [link_rows.link_state(r) for r in records]
 
+    def local_shaper(self) -> Shaper | None:
+        return self._shaper
+
+    def local_processes(self) -> list[ServiceProcess]:
+        return list(self._processes)
+
     @property
     def link_shaper(self):
         """The netem Shaper of the links shaped now (a link schedule changes them through it)."""

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pandas as pd
 
-from dsd.backends.protocol import SamplingParams
-from dsd.control import GAMMA_MAX, ControllerConfig, RequestObservation, check_decision, shadow_matches
+from dsd.backends.protocol import LanguageModel, SamplingParams
+from dsd.control import (GAMMA_MAX, ControllerConfig, Decision, RequestOutcome, ShadowDraft, request_cycle)
 from dsd.decoding import first_emission
-from dsd.modes import edge_modes, get_mode, plannable_edge_modes, server_modes
+from dsd.modes import plannable_edge_modes, server_modes
 from dsd.policies import make_controller
+from dsd.driver import DriverConfig, run_to_end
 from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
 from dsd.spec_cache import CacheConfig
@@ -70,6 +73,12 @@ class SimTestbed:
     def close(self) -> None:
         """Nothing was started."""
 
+    def local_shaper(self) -> None:
+        return None
+
+    def local_processes(self) -> list:
+        return []
+
     def run_point(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
         """The point's one client runs its requests one after another, each on virtual time from 0;
         several clients share one verifier (``run_clients``)."""
@@ -85,13 +94,12 @@ class SimTestbed:
         schedule = settings.link_options.schedule if settings.link_options is not None else None
         link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
         t_point_s = 0.0            # virtual time since the point's first request (warm-up included)
+        client = SimClient(self.draft, self.target, self.times, stop, settings.max_in_flight, settings.gamma_max,
+                           settings.cache)
         for index, prompt in enumerate(prompts):
-            rtt_at = (lambda t, start=t_point_s: link_at(start + t))
+            request = SimRequest(point.mode, point.gamma, prompt, f"{point.key}-{index}", point.sampling.params(index))
             tokens, records, wall_s, ttft_s = run_request(
-                point.mode, self.draft, self.target, prompt, point.gamma, rtt_at(0.0), stop, self.times,
-                settings.max_in_flight, f"{point.key}-{index}", point.sampling.params(index),
-                settings.controller, settings.gamma_max, policy=policy, rtt_at=rtt_at if schedule else None,
-                cache=settings.cache)
+                client, request, lambda t, start=t_point_s: link_at(start + t), policy)
             t_point_s += wall_s
             keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
                     "request_index": index}
@@ -179,51 +187,75 @@ def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, 
                       token_ids=" ".join(map(str, tokens)))
 
 
-def run_request(mode: str, draft, target, prompt: list[int], gamma: int, rtt_s: float,
-                stop: StopRule, times: ComputeTimes, max_in_flight: int, seq_id: str,
-                sampling: SamplingParams = SamplingParams(), controller: str = "static", gamma_max: int = GAMMA_MAX,
-                policy=None, rtt_at=None, cache: CacheConfig | None = None):
+@dataclass(frozen=True)
+class SimClient:
+    """What a sim client keeps across its requests: the model pair, the compute times, the stop
+    rule and the run's settings (checked where they entered: the experiment file)."""
+    draft: LanguageModel
+    target: LanguageModel
+    times: ComputeTimes
+    stop: StopRule
+    max_in_flight: int = 1
+    gamma_max: int = GAMMA_MAX
+    cache: CacheConfig = CacheConfig()
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """One request: its mode and gamma (a controller's decision replaces them), prompt, sequence
+    id and sampling."""
+    mode: str
+    gamma: int
+    prompt: list[int]
+    seq_id: str
+    sampling: SamplingParams = SamplingParams()
+
+
+def run_request(client: SimClient, request: SimRequest, link_at: Callable[[float], float], policy=None):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
-    its protocol (dsd.simulate): no time here comes from the closed form.
+    its protocol (dsd.simulate): no time here comes from the closed form. ``link_at(t_s)``: the
+    link's RTT t_s after the request starts.
 
     ``policy`` (a live dsd.control policy, kept across a run's requests) picks the request's mode
-    among its modes (``decide_request`` at the RTT in force, ``observe_request`` after) and then
-    its rounds' plans; without it, ``controller`` names a policy made for this request alone (DSD
-    modes only). ``rtt_at(t_s)``: the link's RTT t_s after the request starts (default rtt_s)."""
-    link_at = rtt_at or (lambda _t: rtt_s)
+    among its modes (dsd.control.request_cycle, at the RTT in force when it starts) and then its
+    rounds' plans; without it the request runs in its own mode and gamma."""
+    if policy is None:
+        return _run_in_mode(client, request, link_at, None)
+    done = []
+
+    async def run(decision: Decision) -> RequestOutcome:
+        planned = dataclasses.replace(request, mode=decision.mode, gamma=decision.gamma)
+        tokens, rounds, wall_s, ttft_s = _run_in_mode(client, planned, link_at, policy)
+        done.append((tokens, rounds, wall_s, ttft_s))
+        return RequestOutcome(tokens, wall_s, ttft_s, first_emission(rounds))
+
+    shadow = ShadowDraft(client.draft, request.seq_id, request.prompt) if request.sampling.greedy else None
+    decision = run_to_end(request_cycle(policy, link_at(0.0), run, shadow))
+    tokens, rounds, wall_s, ttft_s = done[0]
+    if decision.mode in server_modes():     # the plan columns say what the controller chose
+        rounds = [dataclasses.replace(r, gamma=decision.gamma, mode=decision.mode) for r in rounds]
+    return tokens, rounds, wall_s, ttft_s
+
+
+def _run_in_mode(client: SimClient, request: SimRequest, link_at: Callable[[float], float], policy):
+    times, mode, gamma, prompt = client.times, request.mode, request.gamma, request.prompt
     rtt_s = link_at(0.0)
-    if policy is not None:
-        choice = check_decision(policy.decide_request(rtt_s), policy.config.gamma_max, tuple(policy.config.modes))
-        mode, gamma = choice.mode, choice.gamma
-    elif controller != "static" and mode in edge_modes():
-        policy = make_controller(ControllerConfig(controller, gamma, mode, gamma_max))
     prefill_s = times.t_prefill_s(len(prompt) - 1)
     t_verify_s = times.t_verify_s(gamma)
     if mode in server_modes():
         server = ServerCosts(times.t_ar_s, times.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
-        run = simulate_on_server(draft, target, prompt, gamma, stop, mode, server, sampling, seq_id)
-        rounds = run.generation.rounds
-        if policy is not None:     # the plan columns say what the controller chose
-            rounds = [dataclasses.replace(r, gamma=gamma, mode=mode) for r in rounds]
-            shadow = shadow_matches(draft, f"{seq_id}/shadow", prompt, run.generation.tokens) \
-                if sampling.greedy else (0, 0)
-            policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
-                                                      run.first_token_s, rtt_s, *shadow,
-                                                      first_emitted=first_emission(run.generation.rounds)))
-        return run.generation.tokens, rounds, run.total_s, run.first_token_s
+        run = simulate_on_server(client.draft, client.target, prompt, gamma, client.stop, mode, server,
+                                 request.sampling, request.seq_id)
+        return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
     # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
-    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s)
     # The edge sends the session's Open and drafts at once (services/edge/ does not wait for
     # Opened): the verifier prefills the Open before it serves the first block or hand-over.
-    run = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=get_mode(mode).pipelined,
-                       max_in_flight=max_in_flight, sampling=sampling, seq_id=seq_id,
-                       controller=policy, gamma_max=gamma_max, rtt_at=rtt_at,
-                       # a block is charged its own gamma's t_verify (an adaptive plan or a mode's
-                       # own policy may draft other than the configured gamma)
-                       t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
-                       mode=mode, t_open_s=prefill_s, cache=cache)
-    if policy is not None:
-        policy.observe_request(RequestObservation(mode, gamma, len(run.generation.tokens), run.total_s,
-                                                  run.first_token_s, rtt_s,
-                                                  first_emitted=first_emission(run.generation.rounds)))
+    # A block is charged its own gamma's t_verify (an adaptive plan or a mode's own policy may
+    # draft other than the configured gamma).
+    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s, rtt_at=link_at,
+                     t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
+                     t_open_s=prefill_s)
+    config = DriverConfig(gamma, mode, client.max_in_flight, client.gamma_max, cache=client.cache)
+    run = simulate_dsd(client.draft, client.target, prompt, client.stop, link, config, request.sampling,
+                       request.seq_id, controller=policy)
     return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s

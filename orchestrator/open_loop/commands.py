@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from orchestrator.spec.arrivals import RENAMED_KEYS, RENAMED_PROCESSES
 from orchestrator.spec.experiment import Experiment
 from orchestrator.open_loop.plan import check_serving, plan_serving
 from orchestrator.running.run import choose_launcher
@@ -78,4 +79,14 @@ def _experiment_table(record: dict) -> dict:
         if link.get("schedule_order") == "path":
             link.pop("schedule_order")
         table["link"] = link
+    if isinstance(table.get("load"), dict):
+        table["load"] = recorded_load(table["load"])
     return table
+
+
+def recorded_load(load: dict) -> dict:
+    """A [load] record as sweep.json holds it; one written before the arrival process's key and its
+    gamma value were renamed (orchestrator/spec/arrivals.py) reads as the same process."""
+    load = {RENAMED_KEYS.get(k, k): v for k, v in load.items()}
+    process = load.get("arrival_process")
+    return {**load, "arrival_process": RENAMED_PROCESSES.get(process, process)} if process else load

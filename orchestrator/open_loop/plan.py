@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from orchestrator.links import keys as link_keys
 from orchestrator.open_loop.figures import ServingModel
 from orchestrator.open_loop.sim import SIM_MODES, ServingSetup
-from orchestrator.spec.arrivals import Arrival, schedule
+from orchestrator.spec.arrivals import OpenLoopRequest, schedule
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.plan import Point
 from services.verifier.limits import VerifierLimits
@@ -64,7 +64,7 @@ def check_serving(experiment: Experiment, launcher: str) -> None:
     if len(experiment.gamma) != 1 or experiment.alpha or isinstance(experiment.profile, tuple):
         raise ValueError("experiment key 'gamma': one gamma, one alpha and one profile with [load] "
                          "(the sweep's axes are mode and rate)")
-    if experiment.load.arrival == "trace" and experiment.load.search_iterations:
+    if experiment.load.arrival_process == "trace" and experiment.load.search_iterations:
         raise ValueError("experiment key 'load.search_iterations': no rate search with a trace (it has one rate)")
     if len(experiment.sampling_settings()) != 1:
         raise ValueError("experiment key 'sampling': one sampling setting with [load] (the sweep's axes are mode "
@@ -125,7 +125,7 @@ def edge_rtts_ms(experiment: Experiment, rtt_ms: float | None = None) -> tuple[f
     return tuple(s.rtt_ms if s.rtt_ms is not None else s.delay_up_ms + s.delay_down_ms for s in specs)
 
 
-def arrivals_for(experiment: Experiment, point: ServingPoint) -> list[Arrival]:
+def arrivals_for(experiment: Experiment, point: ServingPoint) -> list[OpenLoopRequest]:
     seed = (experiment.load.seed if experiment.load.seed >= 0 else experiment.seed) * 1009 + point.repeat
     return schedule(experiment.load, point.rate_rps, experiment.edges, experiment.max_new_tokens, seed)
 

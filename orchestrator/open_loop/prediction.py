@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from orchestrator.spec.arrivals import Arrival, SloConfig
+from orchestrator.spec.arrivals import OpenLoopRequest, SloConfig
 from orchestrator.open_loop.figures import ServingModel, add_slo, max_rate, next_search_rate, point_figures
 from orchestrator.open_loop.sim import ServingSetup, simulate_serving
 
@@ -34,7 +34,7 @@ RUN_RESOLUTION = 0.005          # the virtual-time search stops once its bracket
 RUN_MAX_STEPS = 30
 
 # one (arrivals, seed) per repeat at a rate: the sweep's own schedules
-Schedules = Callable[[float], list[tuple[list[Arrival], int]]]
+Schedules = Callable[[float], list[tuple[list[OpenLoopRequest], int]]]
 
 
 def virtual_points(setup: ServingSetup, schedules: Schedules, rate_rps: float, slo: SloConfig) -> list[dict]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from dsd.modes import AR, COLOCATED, SYNC
 from dsd.times import ComputeTimes, pass_cost_s
-from orchestrator.spec.arrivals import Arrival
+from orchestrator.spec.arrivals import OpenLoopRequest
 
 SIM_MODES = (AR, COLOCATED, SYNC)
 REFUSED_MAX_SESSIONS = "limit max_sessions"
@@ -69,7 +69,7 @@ class ServingSetup:
 @dataclass
 class Served:
     """One request as the edge saw it (absolute virtual times, seconds)."""
-    arrival: Arrival
+    arrival: OpenLoopRequest
     rtt_ms: float
     refused: str = ""
     first_token_s: float = math.nan
@@ -166,7 +166,7 @@ def accepted_draws(alpha: float, gamma: int, n: int, rng: np.random.Generator) -
     return np.where(hits.all(axis=1), gamma, np.argmin(hits, axis=1))
 
 
-def simulate_serving(setup: ServingSetup, arrivals: list[Arrival], seed: int) -> list[dict]:
+def simulate_serving(setup: ServingSetup, arrivals: list[OpenLoopRequest], seed: int) -> list[dict]:
     """Every request of one open-loop point, served on virtual time; one row each (Served.row)."""
     sim = _Sim()
     verifier = _Verifier(sim, setup)

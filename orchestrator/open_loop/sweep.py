@@ -53,7 +53,7 @@ from orchestrator.open_loop.sim import SIM_MODES, simulate_serving
 from orchestrator.records.sweep_folder import add_facts, merge, point_done, prepare_out_dir, record_point
 from orchestrator.running.run import (choose_launcher, cpu_plan_for, launcher_errors, point_settings, times_for,
                                       verifier_link_args)
-from orchestrator.spec.arrivals import Arrival
+from orchestrator.spec.arrivals import OpenLoopRequest
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.workload import load_prompts
 
@@ -84,7 +84,7 @@ def write_prediction(out: Path, experiment: Experiment, times, launcher: str,
         write_json(path, predict_rate_map(models, experiment.slo, modes))
         return
     runs = {}
-    if launcher != "sim" and experiment.load.arrival != "trace":
+    if launcher != "sim" and experiment.load.arrival_process != "trace":
         for mode in modes:
             def schedules(rate_rps, mode=mode):
                 return [(arrivals_for(experiment, ServingPoint(mode, rate_rps, experiment.gamma[0], r)),
@@ -115,7 +115,7 @@ def run_open_loop_point(experiment: Experiment, point: ServingPoint, testbed, pr
     sampling = experiment.sampling_settings()[0]
     runs = {}
 
-    def post(a: Arrival) -> str:
+    def post(a: OpenLoopRequest) -> str:
         edge = testbed.edges[a.edge]
         run_id = f"serve-{point.key}-{attempt}-{a.index}"
         call("POST", f"{edge.control_url}/runs", token=edge.token, body=run_body(
@@ -157,7 +157,7 @@ def _wait_idle(testbed, deadline_unix_s: float) -> None:
     raise TimeoutError("open-loop runs unfinished at the point's deadline")
 
 
-def _net_row(testbed, a: Arrival, posted: tuple, t0_unix_s: float, links) -> dict:
+def _net_row(testbed, a: OpenLoopRequest, posted: tuple, t0_unix_s: float, links) -> dict:
     """A request's row from its run's traces; a run that failed (a refusal by admission among
     them) is a row with its reason."""
     run_id, error = posted

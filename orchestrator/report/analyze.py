@@ -75,11 +75,11 @@ def analyze_sweep(out: Path) -> dict:
     if window is not None:
         window.to_csv(out / "gain_window.csv", index=False)
         summary["gain_window"] = window.to_dict("records")
-    capacity_table, capacity_rows = capacity_summary(points, groups, compute) if points.clients.nunique() >= 2 \
+    client_rates, capacity_rows = capacity_summary(points, groups, compute) if points.clients.nunique() >= 2 \
         else (None, None)
     if capacity_rows is not None:
         summary["capacity"] = capacity_rows
-    summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary, capacity_table)
+    summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary, client_rates)
     summary["plots"] += _link_timeline_plot(out, sweep, requests, links)
     summary["plots"] += _frontier_plots(out, sweep, points, groups, summary, gamma)
     if optimum:
@@ -393,7 +393,7 @@ def _frontier_plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[G
 
 def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[GroupResult], params: dict[str, ComputeTimes],
            compute: dict[str, ComputeTimes], gamma: int, summary: dict,
-           capacity_table: pd.DataFrame | None) -> list[str]:
+           client_rates: pd.DataFrame | None) -> list[str]:
     """Whichever plots the sweep's data supports, drawn from what the analysis computed (the
     summary's latency cells, gain window and capacity rows); returns the files made."""
     name, launcher, made = sweep["experiment"]["name"], sweep["launcher"], []
@@ -419,14 +419,14 @@ def _plots(out: Path, sweep: dict, points: pd.DataFrame, groups: list[GroupResul
         plots.plot_gain_window(points, groups, params, gamma, dsd_modes, out / "gain_window.png",
                                f"{name}: where DSD beats cloud AR (gamma={gamma}, launcher={launcher})", launcher)
         made.append("gain_window.png")
-    if capacity_table is not None:
+    if client_rates is not None:
         g = groups[0]
         rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
 
         def predicted(mode: str, clients: float) -> float:
             return predicted_tok_s_per_client(mode, clients, g.alpha_measured, gamma, rtt_s, compute[g.profile])
 
-        plots.plot_capacity(capacity_table, summary["capacity"], out / "capacity_vs_clients.png",
+        plots.plot_capacity(client_rates, summary["capacity"], out / "capacity_vs_clients.png",
                             f"{name}: per-client token rate, saturated server (launcher={launcher})",
                             predicted if len(groups) == 1 and points.rtt_ms.nunique() == 1 else None)
         made.append("capacity_vs_clients.png")

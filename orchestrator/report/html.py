@@ -125,7 +125,7 @@ def _crossovers_section(summary: dict) -> tuple[str, list]:
                  "on the synthetic backend, at the configured alpha."),
         ("table", ["group", "crossover", "measured (ms)", "repeats range (ms)",
                    "predicted in sample, at measured alpha (ms)", "predicted at configured alpha (ms)"],
-         _crossover_rows(summary)),
+         _group_crossover_cells(summary)),
     ])
 
 
@@ -368,7 +368,7 @@ def _configured_alphas(summary: dict) -> str:
     return _num(values[0], 3) if len(values) == 1 else "per group: " + ", ".join(_num(v, 3) for v in values)
 
 
-def _crossover_rows(summary: dict) -> list[list[str]]:
+def _group_crossover_cells(summary: dict) -> list[list[str]]:
     rows = []
     for group in summary["groups"]:
         label = ", ".join(f"{k}={group[k]}" for k in summary.get("group_keys", [])) or "all points"

@@ -1,9 +1,9 @@
 """Open-loop load: when requests arrive, on which edge, and how long their answers are (pure).
 
     [load]
-    arrival = "poisson"          # poisson | gamma | trace
+    arrival_process = "poisson"  # poisson | gamma_gaps | trace
     rate_rps = [1, 2, 4]         # requests per second, all edges together; a list is swept
-    cv = 2.0                     # gamma only: coefficient of variation of the gaps (1 = Poisson)
+    cv = 2.0                     # gamma_gaps only: coefficient of variation of the gaps (1 = Poisson)
     trace = "arrivals.csv"       # trace only: a CSV with an ``arrival_s`` column (seconds from 0)
     duration_s = 30              # arrivals over this long (or: requests = 200, a fixed count)
     warmup_s = 5                 # requests arriving before this run but are dropped from the figures
@@ -36,14 +36,17 @@ import numpy as np
 from dsd.checks import check, is_int, is_number
 from orchestrator.common.toml_tables import config_from_table
 
-ARRIVALS = ("poisson", "gamma", "trace")
+ARRIVAL_PROCESSES = ("poisson", "gamma_gaps", "trace")
+# keys and values an older experiment file may use, refused with the name that replaced them
+RENAMED_KEYS = {"arrival": "arrival_process"}
+RENAMED_PROCESSES = {"gamma": "gamma_gaps"}
 ASSIGNMENTS = ("round_robin", "random", "weighted")
 OUTPUTS = ("fixed", "lengths")
 
 
 @dataclass(frozen=True)
 class LoadConfig:
-    arrival: str = "poisson"
+    arrival_process: str = "poisson"
     rate_rps: tuple[float, ...] = ()
     cv: float = 1.0
     trace: str = ""
@@ -60,24 +63,28 @@ class LoadConfig:
     seed: int = -1
 
     def __post_init__(self) -> None:
-        check(self.arrival in ARRIVALS, "load.arrival", self.arrival, f"one of {ARRIVALS}")
+        if self.arrival_process in RENAMED_PROCESSES:
+            raise ValueError(f"load.arrival_process {self.arrival_process!r} is now "
+                             f"{RENAMED_PROCESSES[self.arrival_process]!r} (gamma is the draft length)")
+        check(self.arrival_process in ARRIVAL_PROCESSES, "load.arrival_process", self.arrival_process,
+              f"one of {ARRIVAL_PROCESSES}")
         rates = self.rate_rps if isinstance(self.rate_rps, tuple) else (self.rate_rps,)
         object.__setattr__(self, "rate_rps", tuple(rates))
-        if self.arrival == "trace":
+        if self.arrival_process == "trace":
             check(isinstance(self.trace, str) and Path(self.trace).expanduser().is_file(), "load.trace", self.trace,
-                  "an existing CSV file with an arrival_s column (arrival = 'trace')")
-            check(not self.rate_rps, "load.rate_rps", list(self.rate_rps), "empty with arrival = 'trace' (the trace sets the times)")
+                  "an existing CSV file with an arrival_s column (arrival_process = 'trace')")
+            check(not self.rate_rps, "load.rate_rps", list(self.rate_rps), "empty with arrival_process = 'trace' (the trace sets the times)")
             check(not self.duration_s and not self.requests, "load.duration_s", self.duration_s,
-                  "unset with arrival = 'trace' (the trace sets how many)")
+                  "unset with arrival_process = 'trace' (the trace sets how many)")
         else:
-            check(not self.trace, "load.trace", self.trace, "only with arrival = 'trace'")
+            check(not self.trace, "load.trace", self.trace, "only with arrival_process = 'trace'")
             check(len(self.rate_rps) > 0 and all(is_number(r) and 0 < r <= 10_000 for r in self.rate_rps),
                   "load.rate_rps", list(self.rate_rps), "a non-empty list of numbers in (0, 10000]")
             check(len(set(self.rate_rps)) == len(self.rate_rps), "load.rate_rps", list(self.rate_rps), "no repeated values")
             check((self.duration_s > 0) != (self.requests > 0), "load.duration_s", self.duration_s,
                   "duration_s > 0 or requests > 0 (one of the two)")
         check(is_number(self.cv) and 0 < self.cv <= 20, "load.cv", self.cv, "a number in (0, 20]")
-        check(self.cv == 1.0 or self.arrival == "gamma", "load.cv", self.cv, "only with arrival = 'gamma'")
+        check(self.cv == 1.0 or self.arrival_process == "gamma_gaps", "load.cv", self.cv, "only with arrival_process = 'gamma_gaps'")
         check(is_number(self.duration_s) and 0 <= self.duration_s <= 86_400, "load.duration_s", self.duration_s,
                "a number of seconds in 0..86400")
         for name, low, high in (("requests", 0, 1_000_000), ("max_sessions", 0, 100_000),
@@ -99,8 +106,8 @@ class LoadConfig:
         object.__setattr__(self, "rtt_ms", tuple(rtts))
         check(all(is_number(r) and 0 <= r <= 10_000 for r in rtts) and len(set(rtts)) == len(rtts), "load.rtt_ms",
               list(rtts), "a list of distinct RTTs in 0..10000 ms (empty: no rate map, one link per edge)")
-        check(not rtts or self.arrival != "trace", "load.rtt_ms", list(rtts),
-              "empty with arrival = 'trace' (a rate map sweeps rate_rps at each RTT; a trace has one rate)")
+        check(not rtts or self.arrival_process != "trace", "load.rtt_ms", list(rtts),
+              "empty with arrival_process = 'trace' (a rate map sweeps rate_rps at each RTT; a trace has one rate)")
         check(self.output in OUTPUTS, "load.output", self.output, f"one of {OUTPUTS}")
         if self.output == "lengths":
             check(bool(read_lengths(self.lengths_csv)) if _is_file(self.lengths_csv) else False, "load.lengths_csv",
@@ -144,6 +151,10 @@ def parse_load(table, source: str = "experiment") -> LoadConfig:
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
         return values
+    renamed = sorted(set(table) & set(RENAMED_KEYS)) if isinstance(table, dict) else []
+    if renamed:
+        raise ValueError(f"{source}: [load] {renamed[0]} is now {RENAMED_KEYS[renamed[0]]} "
+                         f"(the request arrival process)")
     return config_from_table(LoadConfig, table, "load", source, convert)
 
 
@@ -168,12 +179,12 @@ def gamma_gaps_s(rate_rps: float, cv: float, n: int, rng: np.random.Generator) -
 def arrival_times_s(config: LoadConfig, rate_rps: float | None, seed: int) -> np.ndarray:
     """The request arrival times (s from the start, ascending) at one rate: ``requests`` of them,
     or every one before ``duration_s``; a trace's own times."""
-    if config.arrival == "trace":
+    if config.arrival_process == "trace":
         return read_trace(config.trace)
     rng = np.random.default_rng([seed, 0x10AD])
 
     def gaps(n: int) -> np.ndarray:
-        return poisson_gaps_s(rate_rps, n, rng) if config.arrival == "poisson" else \
+        return poisson_gaps_s(rate_rps, n, rng) if config.arrival_process == "poisson" else \
             gamma_gaps_s(rate_rps, config.cv, n, rng)
 
     if config.requests:
@@ -204,8 +215,8 @@ def output_lengths(n_requests: int, config: LoadConfig, max_new_tokens: int, see
 
 
 @dataclass(frozen=True)
-class Arrival:
-    """One request of an open-loop point."""
+class OpenLoopRequest:
+    """One request of an open-loop point: when it arrives, at which edge, how long its answer."""
     index: int
     arrival_s: float
     edge: int
@@ -214,12 +225,12 @@ class Arrival:
 
 
 def schedule(config: LoadConfig, rate_rps: float | None, n_edges: int, max_new_tokens: int,
-             seed: int) -> list[Arrival]:
+             seed: int) -> list[OpenLoopRequest]:
     """Every request of one open-loop point, in order of arrival."""
     times = arrival_times_s(config, rate_rps, seed)
     edges = assign_edges(len(times), n_edges, config, seed)
     lengths = output_lengths(len(times), config, max_new_tokens, seed)
-    return [Arrival(i, float(t), int(e), int(n), bool(t < config.warmup_s))
+    return [OpenLoopRequest(i, float(t), int(e), int(n), bool(t < config.warmup_s))
             for i, (t, e, n) in enumerate(zip(times, edges, lengths))]
 
 

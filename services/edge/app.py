@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 
 from dsd.backends.protocol import LanguageModel
-from dsd.control import RequestController, RequestObservation, check_decision, shadow_matches
+from dsd.control import Decision, RequestController, RequestOutcome, ShadowDraft, request_cycle
 from dsd.modes import edge_modes
 from dsd.stopping import StopRule
 from services import access, frames, spinwait
@@ -203,20 +203,20 @@ class Edge:
         if not isinstance(controller, RequestController):
             raise RunError(f"controller {config.controller!r} does not plan requests")
         rtt_s = probe_for_request_s(channel.rtt_probe_ms, channel.rtt_probe_sent_s, client.last_request_end_s)
-        choice = check_decision(controller.decide_request(rtt_s), controller.config.gamma_max,
-                                config.controller_modes)
-        if choice.mode in edge_modes():
-            await client.dsd(request)
-        else:
-            await client.on_server(request, (choice.gamma, choice.mode))
-        wall_s = None if request.t_last_s is None else request.t_last_s - request.t_start_s
-        client.last_request_end_s = request.t_last_s or client.last_request_end_s
-        if wall_s is not None:
-            ttft_s = None if request.t_first_s is None else request.t_first_s - request.t_start_s
-            shadow = (0, 0)
-            if choice.mode not in edge_modes() and config.temperature == 0:
-                shadow = shadow_matches(client.draft, f"{config.run_id}/{request.index}/shadow", request.prompt,
-                                        request.tokens or [])
-            controller.observe_request(RequestObservation(
-                choice.mode, choice.gamma, len(request.tokens or ()), wall_s, ttft_s, rtt_s, *shadow,
-                first_emitted=request.first_emitted))
+
+        async def run(decision: Decision) -> RequestOutcome:
+            if decision.mode in edge_modes():
+                await client.dsd(request)
+            else:
+                await client.on_server(request, (decision.gamma, decision.mode))
+            client.last_request_end_s = request.t_last_s or client.last_request_end_s
+            return RequestOutcome(request.tokens or [], _since_start_s(request, request.t_last_s),
+                                  _since_start_s(request, request.t_first_s), request.first_emitted)
+
+        shadow = ShadowDraft(client.draft, f"{config.run_id}/{request.index}", request.prompt) \
+            if config.temperature == 0 else None
+        await request_cycle(controller, rtt_s, run, shadow)
+
+
+def _since_start_s(request: Request, t_s: float | None) -> float | None:
+    return None if t_s is None else t_s - request.t_start_s

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
 from dsd.cache_fill import CacheMemory
 from dsd.policies import make_controller
-from dsd.driver import DriverConfig, DsdDriver, Round
+from dsd.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver, Round
 from dsd.features import FeatureBlock, TakesFeatures
 from dsd.modes import get_mode
 from services import wire
@@ -16,6 +17,24 @@ from services.traces import EdgeClock, RoundRow, TraceWriter, cache_columns
 from services.edge.config import Request, RunConfig, RunError
 from services.edge.transport import DraftDevice, SessionTransport
 from services.edge.verifier_channel import VerifierChannel
+
+
+@dataclass(frozen=True)
+class EdgeRound:
+    """One round as the edge saw it: the verifier's message that answered it (Verified, or Tokens
+    of a server round: its proposed, accepted and the server's measures), what it emitted, and the
+    edge's times (its clock's seconds; no draft times where the server drafted); ``plan`` (gamma,
+    mode) where a controller chose them, ``cache`` the speculation cache's record."""
+    index: int
+    message: wire.Verified | wire.Tokens
+    emitted: int
+    stale: bool
+    t_send_s: float
+    t_receive_s: float
+    t_draft_start_s: float | None = None
+    t_draft_end_s: float | None = None
+    plan: tuple[int, str] | None = None
+    cache: object = None
 
 
 class Client:
@@ -46,19 +65,17 @@ class Client:
                            f"(field {message.field}): {message.message}")
         return t_receive_s, message
 
-    def round_row(self, request: Request, round_index: int, proposed: int, accepted: int, emitted: int,
-                  stale: bool, t_draft_start_s, t_draft_end_s, t_send_s, t_receive_s, m,
-                  plan: tuple[int, str] | None = None, cache=None) -> None:
-        e, c, rtt_probe_ms = self.clock.epoch_s, self.config, self.channel.rtt_probe_ms
-        round_gamma, round_mode = plan or (None, "")
+    def round_row(self, request: Request, r: EdgeRound) -> None:
+        e, c, rtt_probe_ms, m = self.clock.epoch_s, self.config, self.channel.rtt_probe_ms, r.message
+        round_gamma, round_mode = r.plan or (None, "")
         self.writer.round(lambda: RoundRow(       # built when written: after the next block is out
             run_id=c.run_id, client_id=c.client_id, mode=c.mode, gamma=c.gamma, request_index=request.index,
-            round_index=round_index, proposed=proposed, accepted=accepted, emitted=emitted, stale=stale,
-            t_draft_start_s=e(t_draft_start_s), t_draft_end_s=e(t_draft_end_s), t_send_s=e(t_send_s),
-            t_receive_s=e(t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
+            round_index=r.index, proposed=m.proposed, accepted=m.accepted, emitted=r.emitted, stale=r.stale,
+            t_draft_start_s=e(r.t_draft_start_s), t_draft_end_s=e(r.t_draft_end_s), t_send_s=e(r.t_send_s),
+            t_receive_s=e(r.t_receive_s), server_queue_s=m.queue_s, server_compute_s=m.compute_s,
             server_batch_size=m.batch_size, rtt_probe_ms=rtt_probe_ms, app_delay_ms=c.app_delay_ms,
             round_gamma=round_gamma, round_mode=round_mode, feature_bytes=len(m.features or b""),
-            **cache_columns(cache)))
+            **cache_columns(r.cache)))
 
     async def close_session(self, session: int, inbox: asyncio.Queue, request: Request, on_message) -> None:
         await self.channel.send(wire.Close(self.channel.next_seq(), session))
@@ -94,8 +111,8 @@ class Client:
                 tokens += m.tokens
                 request.emitted(t_receive_s, m.tokens)
                 if m.tokens or not m.done:
-                    self.round_row(request, m.round_index, m.proposed, m.accepted, len(m.tokens), False,
-                                   None, None, t_send_s, t_receive_s, m, plan)
+                    self.round_row(request, EdgeRound(m.round_index, m, len(m.tokens), False, t_send_s, t_receive_s,
+                                                      plan=plan))
                     request.rounds += 1
                 if m.done:
                     break
@@ -120,8 +137,8 @@ class Client:
             m = r.arrival.message                       # Verified, or Tokens of a hand-over
             stale = isinstance(m, wire.Verified) and m.stale
             request.emitted(r.arrival.t_receive_s, r.emitted)
-            self.round_row(request, r.index, m.proposed, m.accepted, len(r.emitted), stale, r.t_draft_start_s,
-                           r.t_draft_end_s, r.t_send_s, r.arrival.t_receive_s, m, (r.gamma, r.mode), r.cache)
+            self.round_row(request, EdgeRound(r.index, m, len(r.emitted), stale, r.t_send_s, r.arrival.t_receive_s,
+                                              r.t_draft_start_s, r.t_draft_end_s, (r.gamma, r.mode), r.cache))
             request.rounds += 1
             request.stale_rounds += stale
 
@@ -131,9 +148,10 @@ class Client:
         await self.channel.send(self.open_message(request, session, c.feature_dtype if takes_features else None))
         prefill = await self.prefill_features(inbox, request, transport) if takes_features else None
         config = DriverConfig(c.gamma, c.mode, c.max_in_flight, c.gamma_max, cache=c.cache)
-        driver = DsdDriver(self.draft, f"{c.run_id}/{request.index}", request.prompt, request.stop, sampling, device,
-                           transport, time.perf_counter, on_round, config, controller=self.controller,
-                           prefill_features=prefill, cache_memory=self.cache_memory)
+        driver = DsdDriver(self.draft, DriveRequest(f"{c.run_id}/{request.index}", request.prompt, request.stop,
+                                                    sampling, prefill),
+                           DrivePorts(device, transport, time.perf_counter, on_round), config, self.controller,
+                           self.cache_memory)
         try:
             request.tokens = await driver.run()
         except RuntimeError as exc:

@@ -10,6 +10,7 @@ from dsd.decoding import generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.acceptance_traces import bimodal_trace, histogram, total_variation, write_rounds
+from dsd.driver import DriverConfig
 
 
 def pair(trace, seed=0):
@@ -83,7 +84,7 @@ def test_a_trace_driven_run_reproduces_the_traces_accepted_count_histogram():
     traced, iid = [], []
     for index, prompt in enumerate(prompts(150, seed=2)):
         for name, model, out in (("t", draft, traced), ("i", iid_draft, iid)):
-            run = simulate_dsd(model, target, prompt, 4, StopRule(48, None), link, pipelined=False,
+            run = simulate_dsd(model, target, prompt, StopRule(48, None), link, DriverConfig(4, "sync"),
                                seq_id=f"{name}{index}")
             out += [r.accepted for r in run.generation.rounds if not r.stale]
     want = {a: c / len(trace.rounds) for a, c in trace.histogram().items()}
@@ -100,8 +101,9 @@ def test_greedy_output_stays_the_targets_in_every_mode_with_a_trace():
         want = generate_ar(target, prompt, StopRule(40, None), seq_id=f"ar{index}").tokens
         assert generate_colocated(draft, target, prompt, 4, StopRule(40, None), seq_id=f"co{index}").tokens == want
         for pipelined in (False, True):
-            run = simulate_dsd(draft, target, prompt, 4, StopRule(40, None), link, pipelined=pipelined,
-                               max_in_flight=2, seq_id=f"d{index}{pipelined}")
+            run = simulate_dsd(draft, target, prompt, StopRule(40, None), link,
+                               DriverConfig(4, "pipelined" if pipelined else "sync", max_in_flight=2),
+                               seq_id=f"d{index}{pipelined}")
             assert run.generation.tokens == want
 
 

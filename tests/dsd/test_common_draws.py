@@ -10,6 +10,7 @@ from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_serve
 from dsd.stopping import StopRule
 from tests.toy_models import BigramLM, random_bigram
 from tests.checks import every
+from dsd.driver import DriverConfig
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
 PROMPT = [3, 14, 15]
@@ -27,14 +28,13 @@ def _outputs(seed: int, sampling: SamplingParams):
     draft, target = _pair(seed)
     stop = StopRule(TOKENS)
     link = LinkCosts(t_draft_s=0.01, t_verify_s=0.03, rtt_s=0.05)
-    pipelined = simulate_dsd(draft, target, PROMPT, GAMMA, stop, link, pipelined=True, max_in_flight=2,
+    pipelined = simulate_dsd(draft, target, PROMPT, stop, link, DriverConfig(GAMMA, "pipelined", max_in_flight=2),
                              sampling=sampling)
     return {
         "colocated": generate_colocated(draft, target, PROMPT, GAMMA, stop, sampling).tokens,
         "colocated, as the services run it": simulate_on_server(
             draft, target, PROMPT, GAMMA, stop, "colocated", SERVER, sampling).generation.tokens,
-        "sync": simulate_dsd(draft, target, PROMPT, GAMMA, stop, link, pipelined=False,
-                             sampling=sampling).generation.tokens,
+        "sync": simulate_dsd(draft, target, PROMPT, stop, link, DriverConfig(GAMMA, "sync"), sampling=sampling).generation.tokens,
         "pipelined": pipelined.generation.tokens,
     }, pipelined
 

@@ -11,6 +11,7 @@ from dsd.policy_configs import BanditConfig
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.dsd.control_helpers import synthetic_pair
+from dsd.driver import DriverConfig
 
 
 def _bandit_round(policy, decision, accepted, rtt_s=0.01):
@@ -74,8 +75,8 @@ def test_bandit_is_a_controller_the_driver_accepts():
     draft, target = synthetic_pair()
     stop = StopRule(60)
     policy = make_controller(ControllerConfig("bandit", 4, "sync", 8))
-    run = simulate_dsd(draft, target, [3, 1, 4], 4, stop, LinkCosts(0.001, 0.002, 0.01), pipelined=False,
-                       controller=policy, gamma_max=8)
+    run = simulate_dsd(draft, target, [3, 1, 4], stop, LinkCosts(0.001, 0.002, 0.01),
+                       DriverConfig(4, "sync", gamma_max=8), controller=policy)
     assert run.generation.tokens == generate_ar(target, [3, 1, 4], stop, seq_id="x").tokens
     assert len({(r.gamma, r.mode) for r in run.generation.rounds}) > 1
 

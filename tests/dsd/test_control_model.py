@@ -15,6 +15,8 @@ from dsd.policy_model import finite_request_factor
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.checks import every
+from dsd.driver import DriverConfig
+import dataclasses
 
 
 # A known profile: t_draft 2 ms, t_verify = t_ar = 20 ms, alpha 0.8.
@@ -153,7 +155,7 @@ def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_c
     different alpha); every request's tokens are the target's greedy ones; the plan columns say
     which mode ran."""
     from dsd.times import ComputeTimes
-    from orchestrator.launchers.sim import run_request
+    from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 
     config = SyntheticConfig(alpha=0.5, seed=4, alpha_classes=((1, 0.9), (2, 0.3)))
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
@@ -165,9 +167,9 @@ def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_c
     for i in range(16):
         rtt_ms = 10.0 if (i // 4) % 2 == 0 else 300.0
         prompt = [1 if i < 8 else 2, 30 + i, 7]
-        tokens, rounds, wall_s, _ = run_request("sync", draft, target, prompt, 4, rtt_ms / 1e3, stop, costs, 1,
-                                                f"q{i}", policy=policy, gamma_max=16,
-                                                rtt_at=lambda t, r=rtt_ms: r / 1e3)
+        tokens, rounds, wall_s, _ = run_request(SimClient(draft, target, costs, stop, gamma_max=16),
+                                                SimRequest("sync", 4, prompt, f"q{i}"),
+                                                lambda t, r=rtt_ms: r / 1e3, policy)
         assert tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         kinds = {r.mode for r in rounds}
         assert kinds <= {"ar", "sync", "pipelined"}        # a DSD request may hand over (and start on the server)
@@ -189,8 +191,8 @@ def test_model_hands_a_low_acceptance_request_to_cloud_ar_mid_request_and_back_w
     runs = []
     for i, cls in enumerate([1, 1, 2, 1]):
         prompt = [cls, 40 + i, 7]
-        run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
-                           seq_id=f"m{i}", mode="pipelined")
+        run = simulate_dsd(draft, target, prompt, stop, costs, DriverConfig(8, "pipelined", gamma_max=16),
+                           seq_id=f"m{i}", controller=policy)
         assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         runs.append([r.mode for r in run.generation.rounds if not r.stale])
     assert "ar" not in runs[1]                                   # alpha 0.9: DSD pays
@@ -435,8 +437,8 @@ def _second_request_wall_s(policy: ModelPolicy, first_rtt_s: float) -> float:
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
     for i, rtt_at in enumerate([lambda t: first_rtt_s, lambda t: 0.010 if t < 0.6 else 0.150]):
         prompt = [5, 40 + i, 7]
-        run = simulate_dsd(draft, target, prompt, 8, stop, costs, True, controller=policy, gamma_max=16,
-                           seq_id=f"step{i}", mode="pipelined", rtt_at=rtt_at)
+        run = simulate_dsd(draft, target, prompt, stop, dataclasses.replace(costs, rtt_at=rtt_at),
+                           DriverConfig(8, "pipelined", gamma_max=16), seq_id=f"step{i}", controller=policy)
         assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id=f"a{i}").tokens
         assert [r.mode for r in run.generation.rounds if not r.stale][-1] == "ar"
     return run.total_s

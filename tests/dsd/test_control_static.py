@@ -14,6 +14,7 @@ from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from tests.dsd.control_helpers import Scripted, bigram_sequence_probs, synthetic_pair
 from tests.checks import every
+from dsd.driver import DriverConfig
 
 
 PLANS = [Decision(g, m) for g, m in [(1, "sync"), (5, "pipelined"), (2, "pipelined"), (7, "sync"), (3, "pipelined"),
@@ -29,8 +30,9 @@ def test_gamma_and_mode_changes_mid_request_keep_the_target_greedy_output(rtt_s,
         prompt = [i + 1, 7, 3]
         expected = generate_ar(target, prompt, stop, seq_id=f"ar{i}").tokens
         controller = Scripted(PLANS)
-        run = simulate_dsd(draft, target, prompt, 4, stop, LinkCosts(0.001, 0.002, rtt_s), pipelined=False,
-                           max_in_flight=depth, seq_id=f"c{i}", controller=controller, gamma_max=8)
+        run = simulate_dsd(draft, target, prompt, stop, LinkCosts(0.001, 0.002, rtt_s),
+                           DriverConfig(4, "sync", max_in_flight=depth, gamma_max=8), seq_id=f"c{i}",
+                           controller=controller)
         assert run.generation.tokens == expected
         live = [r for r in run.generation.rounds if not r.stale]
         assert {r.mode for r in live} == {"sync", "pipelined"}       # the switch happened mid-request
@@ -43,11 +45,13 @@ def test_static_controller_changes_nothing_but_the_plan_columns():
     draft, target = synthetic_pair()
     stop = StopRule(60)
     for pipelined in (False, True):
-        plain = simulate_dsd(draft, target, [4, 2], 4, stop, LinkCosts(0.001, 0.002, 0.01), pipelined, seq_id="a")
+        plain = simulate_dsd(draft, target, [4, 2], stop, LinkCosts(0.001, 0.002, 0.01),
+                             DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id="a")
         mode = "pipelined" if pipelined else "sync"
         static = make_controller(ControllerConfig("static", 4, mode))
-        controlled = simulate_dsd(draft, target, [4, 2], 4, stop, LinkCosts(0.001, 0.002, 0.01), pipelined,
-                                  seq_id="b", controller=static)
+        controlled = simulate_dsd(draft, target, [4, 2], stop, LinkCosts(0.001, 0.002, 0.01),
+                                  DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id="b",
+                                  controller=static)
         assert controlled.generation.tokens == plain.generation.tokens
         assert controlled.total_s == plain.total_s
         assert controlled.generation.rounds == plain.generation.rounds
@@ -58,8 +62,8 @@ def test_static_controller_changes_nothing_but_the_plan_columns():
 def test_a_controller_returning_an_invalid_plan_is_refused_naming_the_field(bad):
     draft, target = synthetic_pair()
     with pytest.raises(ValueError, match="gamma|Decision"):
-        simulate_dsd(draft, target, [1, 2], 4, StopRule(30), LinkCosts(0.001, 0.002, 0.01), False,
-                     controller=Scripted([Decision(4, "sync"), bad]), gamma_max=8)
+        simulate_dsd(draft, target, [1, 2], StopRule(30), LinkCosts(0.001, 0.002, 0.01),
+                     DriverConfig(4, "sync", gamma_max=8), controller=Scripted([Decision(4, "sync"), bad]))
     with pytest.raises(ValueError, match="gamma"):
         check_decision(Decision(9, "sync"), 8, ("sync",))
     with pytest.raises(ValueError, match="mode"):
@@ -153,9 +157,10 @@ def test_plan_changes_mid_request_keep_speculative_sampling_exact():
     counts = dict.fromkeys(exact, 0)
     plans = [Decision(1, "pipelined"), Decision(2, "sync"), Decision(1, "sync"), Decision(3, "pipelined")] * 4
     for run in range(n_runs):
-        out = simulate_dsd(draft, target, [0], 2, StopRule(length), LinkCosts(0.001, 0.002, 0.005), False,
-                           max_in_flight=1 + run % 2, sampling=SamplingParams(temperature=1.0, seed=run),
-                           seq_id=str(run), controller=Scripted(plans[run % 4:]), gamma_max=3)
+        out = simulate_dsd(draft, target, [0], StopRule(length), LinkCosts(0.001, 0.002, 0.005),
+                           DriverConfig(2, "sync", max_in_flight=1 + run % 2, gamma_max=3),
+                           sampling=SamplingParams(temperature=1.0, seed=run), seq_id=str(run),
+                           controller=Scripted(plans[run % 4:]))
         counts[tuple(out.generation.tokens)] += 1
     total = sum(exact.values())
     _, p_value = stats.chisquare([counts[s] for s in exact], [exact[s] * n_runs / total for s in exact])

@@ -8,6 +8,7 @@ from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from dsd.verifier_session import VerifierSession
 from tests.checks import every
+from dsd.driver import DriverConfig
 
 
 def test_verifier_answers_stale_without_compute_when_the_base_differs():
@@ -51,8 +52,8 @@ def test_speculation_survives_a_full_acceptance_and_dies_with_a_rejection():
 
 def test_blocks_sent_on_a_refuted_prefix_come_back_stale_and_are_counted():
     config = SyntheticConfig(alpha=0.5, seed=1)
-    run = simulate_dsd(SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [4, 5, 6], 3,
-                       StopRule(300), LinkCosts(0.002, 0.001, 0.050), pipelined=True, max_in_flight=3)
+    run = simulate_dsd(SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [4, 5, 6], StopRule(300),
+                       LinkCosts(0.002, 0.001, 0.050), DriverConfig(3, "pipelined", max_in_flight=3))
     stale = [r for r in run.generation.rounds if r.stale]
     assert stale and run.edge.stale_verdicts == len(stale)
     assert every(r.emitted == 0 for r in stale)

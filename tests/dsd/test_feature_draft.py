@@ -28,6 +28,7 @@ from dsd.stopping import StopRule
 from dsd.verification import probs_from_logits, sampling_probs
 from pairs import eagle_draft
 from services import wire, wire_size
+from dsd.driver import DriverConfig
 
 VOCAB, PROMPT, LENGTH = 6, [1, 2, 3], 3
 COSTS = LinkCosts(t_draft_s=0.001, t_verify_s=0.002, rtt_s=0.01)
@@ -190,8 +191,8 @@ def test_the_q_the_verifier_uses_is_the_q_each_draft_token_was_drawn_from(monkey
             events.append(("verify", prefix, proposal.draft_tokens, proposal.draft_probs, now))
         return job
     monkeypatch.setattr(verifier_session.VerifierSession, "verify_job", spying)
-    run = simulate_dsd(draft, target, PROMPT, 3, StopRule(max_new_tokens=40), COSTS, pipelined=True,
-                       max_in_flight=2, sampling=sampling, seq_id="q")
+    run = simulate_dsd(draft, target, PROMPT, StopRule(max_new_tokens=40), COSTS,
+                       DriverConfig(3, "pipelined", max_in_flight=2), sampling=sampling, seq_id="q")
     assert len(run.generation.tokens) == 40
     checked = changed = 0
     for n, event in enumerate(events):
@@ -213,8 +214,7 @@ def test_greedy_dsd_with_a_feature_draft_emits_the_targets_greedy_tokens(mode):
     draft, target = tiny_pair()
     stop = StopRule(max_new_tokens=20)
     expected = generate_ar(target, PROMPT, stop, seq_id="ar").tokens
-    run = simulate_dsd(draft, target, PROMPT, 3, stop, COSTS, pipelined=mode == "pipelined", max_in_flight=2,
-                       seq_id="g", mode=mode)
+    run = simulate_dsd(draft, target, PROMPT, stop, COSTS, DriverConfig(3, mode, max_in_flight=2), seq_id="g")
     assert run.generation.tokens == expected
     assert any(r.accepted > 0 for r in run.generation.rounds)
     if mode == "cached":        # the branches fork the draft's cache and features; some verdicts hit
@@ -286,8 +286,8 @@ def test_sampled_dsd_with_a_feature_draft_follows_the_targets_distribution(mode,
     draft, target = tiny_pair()
     n, counts, rounds = 600, {}, []
     for i in range(n):
-        run = simulate_dsd(draft, target, PROMPT, 2, StopRule(max_new_tokens=LENGTH), COSTS,
-                           pipelined=mode == "pipelined", max_in_flight=2, mode=mode,
+        run = simulate_dsd(draft, target, PROMPT, StopRule(max_new_tokens=LENGTH), COSTS,
+                           DriverConfig(2, mode, max_in_flight=2),
                            sampling=SamplingParams(temperature, None, 100 + i, top_p), seq_id=f"x{i}")
         seq = tuple(run.generation.tokens)
         counts[seq] = counts.get(seq, 0) + 1

@@ -5,6 +5,7 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
+from dsd.driver import DriverConfig
 
 GAMMAS = (1, 2, 4, 8)
 PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(3 + i % 5)] for i in range(20)]
@@ -16,12 +17,12 @@ def check_all_modes(draft, target, prompt, gamma, stop, seq_id):
     reference = generate_ar(target, prompt, stop, seq_id=f"{seq_id}-ar").tokens
     outputs = {"colocated": generate_colocated(draft, target, prompt, gamma, stop, seq_id=f"{seq_id}-co").tokens}
     for i, link in enumerate(LINKS):
-        outputs[f"sync/{i}"] = simulate_dsd(draft, target, prompt, gamma, stop, link, pipelined=False,
+        outputs[f"sync/{i}"] = simulate_dsd(draft, target, prompt, stop, link, DriverConfig(gamma, "sync"),
                                             seq_id=f"{seq_id}-s{i}").generation.tokens
         for depth in (1, 2):
-            outputs[f"pipelined/{i}/{depth}"] = simulate_dsd(
-                draft, target, prompt, gamma, stop, link, pipelined=True, max_in_flight=depth,
-                seq_id=f"{seq_id}-p{i}{depth}").generation.tokens
+            outputs[f"pipelined/{i}/{depth}"] = simulate_dsd(draft, target, prompt, stop, link,
+                                                             DriverConfig(gamma, "pipelined", max_in_flight=depth),
+                                                             seq_id=f"{seq_id}-p{i}{depth}").generation.tokens
     for mode, tokens in outputs.items():
         assert tokens == reference, f"{mode} differs from the target's greedy output"
     return reference

@@ -23,6 +23,7 @@ from orchestrator.analysis.points import add_predictions
 from orchestrator.report import plots
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.plan import plan_points
+from dsd.driver import DriverConfig
 
 TIMES = {"t_ar_s": 0.010, "t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_verify_s": 0.012}
 PARAMS = ComputeTimes.from_dict({**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}})
@@ -163,8 +164,7 @@ def test_a_registered_toy_mode_runs_its_policy_in_the_one_driver(toy):
     total_s, tokens, rounds = 0.0, 0, []
     for i in range(8):
         prompt = [i + 1, 2, 3]
-        run = simulate_dsd(draft, target, prompt, 4, StopRule(200), costs, pipelined=False, seq_id=str(i),
-                           mode="toy")
+        run = simulate_dsd(draft, target, prompt, StopRule(200), costs, DriverConfig(4, "toy"), seq_id=str(i))
         assert run.generation.tokens == generate_ar(target, prompt, StopRule(200), seq_id=f"ar{i}").tokens
         assert {(r.proposed, r.gamma, r.mode) for r in run.generation.rounds} == {(1, 1, "toy")}
         total_s += run.total_s - run.first_token_s

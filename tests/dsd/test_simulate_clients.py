@@ -12,7 +12,7 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
 from dsd.times import pass_cost_s
 from dsd.stopping import StopRule
-from orchestrator.launchers.sim import run_request
+from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 from dsd.times import ComputeTimes
 
 GAMMA = 4
@@ -46,8 +46,9 @@ def test_one_client_is_the_single_client_simulation_to_the_bit(mode, rtt_s):
     dsd.simulate's run (the sim launcher's one-client path), prefill and all."""
     times = TIMES.replace(t_prefill_per_token_s=0.0003)
     draft, target = pair(0.6)
-    tokens, rounds, wall_s, ttft_s = run_request(mode, draft, target, [5, 6, 7, 8], GAMMA, rtt_s, StopRule(40),
-                                                 times, 2, "single")
+    tokens, rounds, wall_s, ttft_s = run_request(
+        SimClient(draft, target, times, StopRule(40), max_in_flight=2), SimRequest(mode, GAMMA, [5, 6, 7, 8], "single"),
+        lambda _t: rtt_s)
     setup = ClientsSetup(1, mode, GAMMA, times, lambda _t: rtt_s, max_in_flight=2)
     [shared] = simulate_clients(setup, draft, target, [[5, 6, 7, 8]], StopRule(40))
     assert shared.tokens == tokens and shared.rounds == rounds

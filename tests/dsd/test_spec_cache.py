@@ -17,6 +17,7 @@ from dsd.spec_cache import (CacheConfig, Calibration, Outcome, SpeculationCache,
 from dsd.stopping import StopRule
 from tests.checks import every
 from tests.toy_models import BigramLM, random_bigram
+from dsd.driver import DriverConfig
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
 PROMPT = [3, 14, 15]
@@ -29,10 +30,11 @@ def _pair(seed: int, agreement: float = 0.6):
     return draft, target
 
 
-def _run(mode: str, seed: int, sampling: SamplingParams, link: LinkCosts, cache: CacheConfig | None = None):
+def _run(mode: str, seed: int, sampling: SamplingParams, link: LinkCosts, cache: CacheConfig = CacheConfig()):
     draft, target = _pair(seed)
-    return simulate_dsd(draft, target, PROMPT, GAMMA, StopRule(TOKENS), link, pipelined=mode == "pipelined",
-                        max_in_flight=2 if mode == "pipelined" else 1, sampling=sampling, mode=mode, cache=cache)
+    return simulate_dsd(draft, target, PROMPT, StopRule(TOKENS), link,
+                        DriverConfig(GAMMA, mode, max_in_flight=2 if mode == "pipelined" else 1, cache=cache),
+                        sampling=sampling)
 
 
 def _records(run):
@@ -171,8 +173,7 @@ def test_synthetic_drafts_branch_as_their_source_would_draft(acceptance):
     config = SyntheticConfig(alpha=0.9, acceptance=acceptance, seed=3)
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
     link = LinkCosts(t_draft_s=0.01, t_verify_s=0.03, rtt_s=0.02)
-    runs = {mode: simulate_dsd(draft, target, [1, 2, 3, 4], 4, StopRule(64), link, pipelined=False, mode=mode,
-                               seq_id=mode) for mode in ("sync", "cached")}
+    runs = {mode: simulate_dsd(draft, target, [1, 2, 3, 4], StopRule(64), link, DriverConfig(4, mode), seq_id=mode) for mode in ("sync", "cached")}
     assert runs["sync"].generation.tokens == runs["cached"].generation.tokens
     # one-hot drafts know nothing of a correction; their guess of the bonus hits where they are right
     assert any(r.cache.hit for r in runs["cached"].generation.rounds)

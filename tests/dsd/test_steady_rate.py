@@ -8,7 +8,7 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.control import Decision, RequestObservation
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes, steady_per_token_s
-from orchestrator.launchers.sim import request_row, run_request
+from orchestrator.launchers.sim import request_row, SimClient, SimRequest, run_request
 
 GAMMA = 3
 TIMES = ComputeTimes(0.004, 0.002, 0.020, t_prefill_per_token_s=0.0, t_verify_by_gamma_s={GAMMA: 0.010})
@@ -33,8 +33,9 @@ def test_the_controller_and_requests_csv_agree_on_a_colocated_request_whose_firs
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
     policy = Recording()
     prompt = [5, 9, 2, 7]
-    tokens, rounds, wall_s, ttft_s = run_request("colocated", draft, target, prompt, GAMMA, 0.010,
-                                                 StopRule(max_new_tokens=24), TIMES, 2, "steady", policy=policy)
+    tokens, rounds, wall_s, ttft_s = run_request(
+        SimClient(draft, target, TIMES, StopRule(max_new_tokens=24), max_in_flight=2),
+        SimRequest("colocated", GAMMA, prompt, "steady"), lambda _t: 0.010, policy)
     assert rounds[0].emitted == GAMMA + 1, "alpha 1: the first round emits the whole block and its bonus"
     keys = {"run_id": "r", "client_id": "c", "request_index": 0, "mode": "colocated", "gamma": GAMMA}
     row = request_row(keys, prompt, tokens, rounds, wall_s, ttft_s)

@@ -11,6 +11,7 @@ from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.decoding import Generation, generate_ar, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
+from dsd.driver import DriverConfig
 
 ALPHAS = [0.5, 0.7, 0.85, 0.9]
 COSTS = LinkCosts(t_draft_s=0.01, t_verify_s=0.05, rtt_s=0.02)
@@ -53,8 +54,8 @@ def test_every_request_realises_alpha_within_0_005(alpha, mode):
         if mode == "colocated":
             rounds = generate_colocated(draft, target, _prompt(i), gamma, stop, seq_id=str(i)).rounds
         else:
-            rounds = simulate_dsd(draft, target, _prompt(i), gamma, stop, COSTS, mode == "pipelined",
-                                  seq_id=str(i)).generation.rounds
+            rounds = simulate_dsd(draft, target, _prompt(i), stop, COSTS,
+                                  DriverConfig(gamma, "pipelined" if mode == "pipelined" else "sync"), seq_id=str(i)).generation.rounds
         worst = max(worst, abs(Generation([], rounds).alpha_measured - alpha))
     assert worst <= 0.005
 
@@ -76,7 +77,8 @@ def test_accepted_counts_per_round_are_truncated_geometric(alpha, gamma):
     draft, target = _pair(alpha, seed=2)
     histogram = [0] * (gamma + 1)
     for i in range(100):
-        run = simulate_dsd(draft, target, _prompt(i), gamma, StopRule(200), COSTS, True, seq_id=str(i))
+        run = simulate_dsd(draft, target, _prompt(i), StopRule(200), COSTS, DriverConfig(gamma, "pipelined"),
+                           seq_id=str(i))
         for r in run.generation.rounds:
             if not r.stale:
                 histogram[r.accepted] += 1
@@ -113,14 +115,15 @@ def test_stratified_drafts_leave_the_output_the_target_stream():
     reference = generate_ar(target, prompt, stop, seq_id="ar").tokens
     assert generate_colocated(draft, target, prompt, 5, stop, seq_id="co").tokens == reference
     for pipelined in (False, True):
-        assert simulate_dsd(draft, target, prompt, 5, stop, COSTS, pipelined, seq_id="d").generation.tokens == reference
+        assert simulate_dsd(draft, target, prompt, stop, COSTS, DriverConfig(5, "pipelined" if pipelined else "sync"),
+                            seq_id="d").generation.tokens == reference
 
 
 def test_a_request_gets_the_same_rounds_in_every_mode():
     draft, target = _pair(0.85)
     prompt, stop = _prompt(3), StopRule(200)
     co = [r.accepted for r in generate_colocated(draft, target, prompt, 5, stop, seq_id="a").rounds]
-    sync = [r.accepted for r in simulate_dsd(draft, target, prompt, 5, stop, COSTS, False, seq_id="b").generation.rounds]
+    sync = [r.accepted for r in simulate_dsd(draft, target, prompt, stop, COSTS, DriverConfig(5, "sync"), seq_id="b").generation.rounds]
     assert co == sync
 
 

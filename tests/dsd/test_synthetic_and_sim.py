@@ -9,6 +9,7 @@ from dsd.decoding import Generation, generate_colocated
 from dsd.simulate import LinkCosts, simulate_dsd
 from dsd.stopping import StopRule
 from dsd.times import ComputeTimes
+from dsd.driver import DriverConfig
 
 
 @pytest.mark.parametrize("alpha,gamma", [(0.5, 4), (0.8, 4), (0.9, 8), (0.7, 1)])
@@ -46,7 +47,8 @@ def test_simulated_protocol_meets_the_closed_form(pipelined, rtt_s):
     costs = LinkCosts(t_draft_s=0.004, t_verify_s=0.010, rtt_s=rtt_s)
     total_s, tokens, rounds = 0.0, 0, []
     for i in range(10):
-        run = simulate_dsd(draft, target, [i + 1, 2, 3], 4, StopRule(300), costs, pipelined, seq_id=str(i))
+        run = simulate_dsd(draft, target, [i + 1, 2, 3], StopRule(300), costs,
+                           DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id=str(i))
         total_s += run.total_s - run.first_token_s
         tokens += len(run.generation.tokens) - run.generation.rounds[0].emitted
         rounds += run.generation.rounds
@@ -96,12 +98,13 @@ def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_
 def test_sim_launcher_ar_point_rows_come_from_the_protocol():
     """The sim launcher's AR request: one round row per streamed token and the link delay in
     the time to first token only (orchestrator.launchers.sim.run_request)."""
-    from orchestrator.launchers.sim import run_request
+    from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 
     draft, target = _sim_pair()
     times = ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.010, t_verify_by_gamma_s={4: 0.010},
                          t_prefill_per_token_s=0.0005)
-    out = {rtt_s: run_request("ar", draft, target, [1, 2, 3, 4, 5], 4, rtt_s, StopRule(40), times, 1, f"r{rtt_s}")
+    out = {rtt_s: run_request(SimClient(draft, target, times, StopRule(40)),
+                                 SimRequest("ar", 4, [1, 2, 3, 4, 5], f"r{rtt_s}"), lambda _t, r=rtt_s: r)
            for rtt_s in (0.0, 0.04)}
     (tokens0, rounds0, wall0, ttft0), (tokens1, _, wall1, ttft1) = out[0.0], out[0.04]
     assert tokens0 == tokens1 and len(rounds0) == 40 and all(r.emitted == 1 for r in rounds0)

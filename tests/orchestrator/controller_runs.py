@@ -31,6 +31,7 @@ def modes_by_request(rounds: pd.DataFrame, by: str) -> dict:
 
 
 def assert_greedy(requests: pd.DataFrame, expected: list[list[int]]) -> None:
+    assert len(requests), "no request rows"
     for row in requests.itertuples():
         assert [int(t) for t in str(row.token_ids).split()] == expected[row.request_index], row
 

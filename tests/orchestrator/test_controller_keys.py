@@ -55,6 +55,7 @@ def test_the_controller_key_reaches_the_edge_on_a_network_launcher(tmp_path):
     _, target = load_pair(experiment.backend)
     prompts = make_prompts(experiment.backend, 2, experiment.prompt_tokens, experiment.seed)
     requests = pd.read_csv(tmp_path / "lo" / "requests.csv")
+    assert len(requests) == 2 * 2                     # modes x requests
     for row in requests.itertuples():
         expected = generate_ar(target, prompts[row.request_index], StopRule(40, target.eos_token_id),
                                seq_id=f"r{row.request_index}").tokens

@@ -13,7 +13,7 @@ BASE = {"name": "serve", "launcher": "sim", "modes": ["sync"], "profile": "toy-e
 
 
 def test_poisson_gaps_pass_a_ks_test_against_the_exponential_at_the_rate():
-    config = LoadConfig(arrival="poisson", rate_rps=(4.0,), requests=2000)
+    config = LoadConfig(arrival_process="poisson", rate_rps=(4.0,), requests=2000)
     gaps = np.diff(arrival_times_s(config, 4.0, seed=3), prepend=0.0)
     result = stats.kstest(gaps, "expon", args=(0, 1 / 4.0))
     assert result.pvalue > 0.01
@@ -30,7 +30,7 @@ def test_gamma_gaps_have_the_configured_cv_and_mean():
 
 
 def test_arrivals_are_seeded_and_a_duration_bounds_them():
-    config = LoadConfig(arrival="gamma", rate_rps=(3.0,), cv=2.0, duration_s=20.0, warmup_s=2.0)
+    config = LoadConfig(arrival_process="gamma_gaps", rate_rps=(3.0,), cv=2.0, duration_s=20.0, warmup_s=2.0)
     a, b = schedule(config, 3.0, 4, 32, seed=1), schedule(config, 3.0, 4, 32, seed=1)
     assert a == b and a != schedule(config, 3.0, 4, 32, seed=2)
     assert every(r.arrival_s < 20.0 for r in a) and 30 < len(a) < 90
@@ -48,7 +48,7 @@ def test_weighted_assignment_follows_the_weights():
 def test_a_trace_gives_its_own_times(tmp_path):
     (tmp_path / "arrivals.csv").write_text("arrival_s\n0.5\n0.1\n2.0\n")
     (tmp_path / "serve.toml").write_text('name = "serve"\nprofile = "toy-edge-cloud"\nmodes = ["sync"]\n'
-                                         '[load]\narrival = "trace"\ntrace = "arrivals.csv"\n')   # beside the file
+                                         '[load]\narrival_process = "trace"\ntrace = "arrivals.csv"\n')   # beside the file
     experiment = load_experiment(tmp_path / "serve.toml")
     assert list(arrival_times_s(experiment.load, None, 0)) == [0.1, 0.5, 2.0]
 
@@ -69,6 +69,23 @@ def test_a_bad_load_or_slo_key_gets_one_line_naming_it(table, body, names):
         experiment_from_dict(data, source="serve.toml")
     message = str(error.value)
     assert "\n" not in message and names in message and message.startswith("serve.toml")
+
+
+@pytest.mark.parametrize("body,new", [({"arrival": "poisson"}, "arrival_process"),
+                                      ({"arrival_process": "gamma", "cv": 2.0}, "'gamma_gaps'")])
+def test_the_renamed_arrival_key_and_gamma_value_are_refused_naming_the_new_name(body, new):
+    data = {**BASE, "load": {"rate_rps": [1.0], "duration_s": 10, **body}}
+    with pytest.raises(ValueError) as error:
+        experiment_from_dict(data, source="serve.toml")
+    message = str(error.value)
+    assert "\n" not in message and new in message and message.startswith("serve.toml"), message
+
+
+def test_a_sweep_recorded_before_the_rename_reads_as_the_same_arrival_process():
+    from orchestrator.open_loop.commands import recorded_load
+    old = {"arrival": "gamma", "cv": 2.0, "rate_rps": [1.0], "duration_s": 10}
+    assert recorded_load(old) == {"arrival_process": "gamma_gaps", "cv": 2.0, "rate_rps": [1.0], "duration_s": 10}
+    assert experiment_from_dict({**BASE, "load": recorded_load(old)}).load.arrival_process == "gamma_gaps"
 
 
 def test_without_load_the_experiment_stays_closed_loop():

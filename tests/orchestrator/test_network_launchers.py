@@ -64,6 +64,7 @@ def test_sim_and_loopback_write_the_same_columns_with_the_same_meaning(tmp_path)
     assert tokens["sim"].equals(tokens["loopback"])
     for launcher, t in tables.items():
         requests, rounds = t["requests"], t["rounds"]
+        assert len(requests) and len(rounds), launcher
         first = rounds[rounds.emitted > 0].sort_values("round_index").groupby(["mode", "request_index"])["emitted"].first()
         for row in requests.itertuples():
             expected = (row.wall_s - row.ttft_s) / (row.tokens - first[row.mode, row.request_index])

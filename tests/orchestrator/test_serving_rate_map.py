@@ -65,7 +65,7 @@ def rate_map_experiment(mode: str, **changes) -> dict:
     spec = {"name": "rate-map", "launcher": "sim", "modes": [mode], "profile": "toy-edge-cloud", "edges": 2,
             "gamma": [GAMMA], "max_new_tokens": TOKENS, "prompt_tokens": PROMPT,
             "backend": {"kind": "synthetic", "alpha": 1.0},
-            "load": {"arrival": "gamma", "cv": 0.01, "rate_rps": [round(f * limit_rps, 4) for f in GRID],
+            "load": {"arrival_process": "gamma_gaps", "cv": 0.01, "rate_rps": [round(f * limit_rps, 4) for f in GRID],
                      "requests": 400, "rtt_ms": [10, 80], "max_sessions": 5000},
             "slo": {"tpot_ms": TPOT_MS[mode], "attainment": 0.9}}
     for key, value in changes.items():

@@ -6,7 +6,7 @@ import pytest
 
 from dsd.times import ComputeTimes
 from orchestrator.open_loop.sim import ServingSetup, simulate_serving
-from orchestrator.spec.arrivals import Arrival
+from orchestrator.spec.arrivals import OpenLoopRequest
 
 # the edge drafts its first block (4 x 10 ms) for longer than the prompt's prefill takes (4 x 0.5 ms)
 TIMES = ComputeTimes(0.010, 0.002, 0.020, t_prefill_per_token_s=0.0005, t_verify_by_gamma_s={4: 0.025},
@@ -16,14 +16,14 @@ TIMES = ComputeTimes(0.010, 0.002, 0.020, t_prefill_per_token_s=0.0005, t_verify
 @pytest.mark.parametrize("rtt_ms", [0.0, 20.0, 120.0])
 def test_a_lone_synchronous_request_never_waits_at_the_verifier(rtt_ms):
     [row] = simulate_serving(ServingSetup("sync", 4, 0.7, TIMES, (rtt_ms,), prompt_tokens=4),
-                             [Arrival(0, 0.0, 0, 24, False)], seed=1)
+                             [OpenLoopRequest(0, 0.0, 0, 24, False)], seed=1)
     assert row["tokens"] == 24 and row["queue_s"] == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])
 def test_no_synchronous_block_waits_a_negative_time_under_load(max_batch):
     rng = np.random.default_rng(3)
-    arrivals = [Arrival(i, float(t), i % 4, 24, False) for i, t in enumerate(np.cumsum(rng.exponential(0.4, 40)))]
+    arrivals = [OpenLoopRequest(i, float(t), i % 4, 24, False) for i, t in enumerate(np.cumsum(rng.exponential(0.4, 40)))]
     rows = simulate_serving(ServingSetup("sync", 4, 0.7, TIMES, (120.0,), prompt_tokens=4, max_batch=max_batch),
                             arrivals, seed=1)
     queues = [r["queue_s"] for r in rows]

@@ -178,7 +178,7 @@ def check_greedy(edge, run_ids, reference):
     for run_id in run_ids:
         assert summaries[run_id]["status"] == "done", summaries[run_id]
         rows = read_csv(edge, run_id, "requests.csv")
-        assert len(rows) == summaries[run_id]["requests_total"]
+        assert len(rows) == summaries[run_id]["requests_total"] > 0
         for row in rows:
             got = [int(t) for t in row["token_ids"].split()]
             assert got == reference(int(row["request_index"])), f"{run_id} request {row['request_index']}"

@@ -133,6 +133,7 @@ def test_every_mode_over_frames_emits_the_target_greedy_tokens_and_records_the_t
     for run_id, summary in summaries.items():
         assert summary["status"] == "done", summary
         rows = read_csv(edge, run_id, "requests.csv")
+        assert len(rows) == len(prompts), run_id
         for row in rows:
             got = [int(t) for t in row["token_ids"].split()]
             assert got == reference_tokens(prompts[int(row["request_index"])], 40), run_id

@@ -97,6 +97,7 @@ def test_sampled_sequences_follow_the_targets_truncated_distribution_over_the_ne
         assert summaries[run["run_id"]]["status"] == "done", summaries[run["run_id"]]
         rows = read_csv(edge, run["run_id"], "requests.csv")
         observed: dict[tuple, int] = {}
+        assert rows, run["run_id"]
         for row in rows:
             seq = tuple(int(t) for t in row["token_ids"].split())
             observed[seq] = observed.get(seq, 0) + 1
