@@ -1,7 +1,7 @@
 """Harness overhead per round on the real pair: round wall time minus the model passes' own time.
 
     python benchmarks/hf_overhead.py [--pair models/default-pair] [--tokens 96] [--requests 4]
-                                     [--gamma 4] [--temperature 0.7 --top-p 0.9] [--dtype float32]
+                                     [--gamma 4] [--temperature 0.7 --top-p 0.9] [--dtype auto]
 
 The sibling of benchmarks/overhead.py (synthetic backend) for the hf backend: one verifier and
 one edge over loopback (no added delay), the default pair, one client, one request after another
@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.echo_floor import EchoCadence, paced_echo_ms  # noqa: E402
 from benchmarks.overhead import cpu_times, steal_pct  # noqa: E402
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig  # noqa: E402
+from dsd.backends.hf import AUTO  # noqa: E402
 from orchestrator.spec.workload import make_prompts    # noqa: E402
 from services.frames import DEFAULT_TRANSPORT, TRANSPORTS    # noqa: E402
 from services.launch import post_runs, read_csv, running, wait_for_runs    # noqa: E402
@@ -102,7 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus truncation (1: none)")
-    parser.add_argument("--dtype", default="float32", help="the pair's precision (HfBackendConfig.dtype)")
+    parser.add_argument("--dtype", default=AUTO, help="the pair's precision (HfBackendConfig.dtype; auto: as the "
+                        "services choose it on this CPU, as the main job does)")
     parser.add_argument("--spin-us", type=int, default=0,
                         help="both services poll for an expected message up to this long (services/spinwait.py; 0: off)")
     parser.add_argument("--spin-lead-us", type=int, default=300, help="from this long before it is due")
@@ -180,6 +182,7 @@ def main(argv=None) -> None:
     results = report(overheads, echo_ms)
     results["transport"] = args.transport
     results["gamma"], results["temperature"], results["top_p"] = args.gamma, args.temperature, args.top_p
+    results["dtype"] = HfBackendConfig(pair_path=args.pair, dtype=args.dtype).dtype
     results["spin_us"] = args.spin_us
     # On a VM the hypervisor may run other guests on our CPUs: then everything wakes late.
     results["steal_pct"] = steal_pct(cpu_before, cpu_times())

@@ -105,11 +105,13 @@ def test_batched_verify_prints_the_capacity_figures_and_their_predictions(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.model
-@pytest.mark.parametrize("transport", ["ws", "tcp"])
-def test_hf_overhead_prints_every_part_and_the_echo_floor_measured_beside_it(tmp_path, transport):
+@pytest.mark.parametrize("transport, sampling", [("ws", []), ("tcp", []),
+                                                ("ws", ["--gamma", "2", "--temperature", "0.7", "--top-p", "0.9"])])
+def test_hf_overhead_prints_every_part_and_the_echo_floor_measured_beside_it(tmp_path, transport, sampling):
     figures = _run(["benchmarks/hf_overhead.py", "--requests", "1", "--tokens", "16", "--echo-messages", "20",
-                    "--transport", transport], tmp_path)
+                    "--transport", transport, *sampling], tmp_path)
     assert figures["transport"] == transport
+    assert figures["temperature"] == (0.7 if sampling else 0.0) and figures["gamma"] == (2 if sampling else 4)
     for key in ("hf_overhead_server_p50_ms", "hf_overhead_edge_p50_ms", "hf_overhead_colocated_p50_ms",
                 "hf_overhead_ar_p50_ms", "echo_floor_p50_ms"):
         assert math.isfinite(figures[key]), (key, figures)
