@@ -72,10 +72,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM  # noqa: E402
-from dsd.policies import make_controller  # noqa: E402
-from dsd.profiles import get_profile  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
-from dsd.times import ComputeTimes  # noqa: E402
+from dsd.controller.policies import make_controller  # noqa: E402
+from dsd.costs.profiles import get_profile  # noqa: E402
+from dsd.speculation.stopping import StopRule  # noqa: E402
+from dsd.costs.compute_times import ComputeTimes  # noqa: E402
 from orchestrator.launchers.sim import SimClient, SimRequest, run_request  # noqa: E402
 from benchmarks.adaptive_scenario import (CLASS_TOKEN, GAMMAS, POLICIES, RequestRun, Scenario,  # noqa: E402,F401
                                           arms, load_rtt_trace, matched_vs_oracle_pct, oracle_tokens,

@@ -9,7 +9,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from dsd.control import ControllerConfig
+from dsd.controller.interface import ControllerConfig
 
 POLICIES = ("model", "bandit", "heuristic")
 GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)

@@ -6,7 +6,7 @@
 Default pair, CPU, torch threads as the services use them (1). Four parts, each measured here:
 
 1. The batched cost curve t_verify(gamma, b): one pass verifying b sessions' gamma-blocks, each
-   on its own cached context (``dsd.timing.batched_verify_times_s``), and the profile's
+   on its own cached context (``dsd.costs.measurement.batched_verify_times_s``), and the profile's
    batch_slope fitted to it (t(gamma, b) = t(gamma, 1) * (1 + s * (b - 1))).
 2. ``batch8_speedup``: 8 sessions of different prefix lengths and gammas (1..8) verified one
    after another against the same 8 verifications in one batched pass, the two interleaved
@@ -14,13 +14,13 @@ Default pair, CPU, torch threads as the services use them (1). Four parts, each 
 3. ``batched_equal``: the same 8 sessions decoded greedily to the end, every round verified in
    one batched pass, against each verified alone: 1 if every emitted token is the same.
 4. Capacity at one per-client token rate, DSD over co-located SD, with the verifier's own
-   scheduler (services.scheduler) and device thread running the real passes in this process,
+   scheduler (services.verifier.scheduler) and device thread running the real passes in this process,
    batching off (max batch 1) and on (64). The edges are other machines: a DSD client's drafting
    is its measured time gamma * t_draft_s waited out (its tokens precomputed with the real draft
    on the target's greedy stream, which is exactly what greedy decoding commits), so the server's
    CPU does only the server's work; co-located drafting runs on the server, the draft blocks of
    the sessions waiting together batched like verifications (one draft pass per step,
-   dsd.drafting.run_draft_jobs). Each client count runs every client to the end; a client's
+   dsd.speculation.drafting.run_draft_jobs). Each client count runs every client to the end; a client's
    rate is the tokens it received while all of them ran (orchestrator.analysis.capacity.overlap_counts).
    Drift-immune target: the host's speed drifts (other jobs load it), so the target rate is not
    measured once but around every point: one co-located client alone on a serial server (median
@@ -36,7 +36,7 @@ t(b) = t(1) * (1 + s * (b - 1)) through its passes' means by batch size
 (orchestrator.analysis.capacity.fit_cost_line; with one batch size only, the configuration's median slope),
 and the idle gap g: the mean time the device sat idle between two passes while the second's
 work was already waiting (orchestrator.analysis.capacity.backlogged_gaps_s: the harness's hand-off, about
-0.5-6 ms a pass on this loaded host). The point's round (dsd.latency_model):
+0.5-6 ms a pass on this loaded host). The point's round (dsd.analytic.latency_model):
   serial:  N * (t_v + g) for DSD, N * (gamma * t_d + t_v + 2g) co-located (serial_round_s)
   batched: two alternating groups (logged as the verify batch sizes):
            t_v * (2 + s * (N - 2)) + 2g, co-located + gamma * t_d * (2 + s_d * (N - 2)) + 2g
@@ -81,17 +81,17 @@ import torch    # noqa: E402
 
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair  # noqa: E402
 from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs    # noqa: E402
-from dsd.decoding import generate_ar    # noqa: E402
-from dsd import latency_model as lm    # noqa: E402
-from dsd.drafting import DraftJob, draft_block    # noqa: E402
-from dsd.stopping import StopRule    # noqa: E402
-from dsd.timing import step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
-from dsd.verifier_session import VerifierSession    # noqa: E402
+from dsd.drive.generation import generate_ar    # noqa: E402
+from dsd.analytic import latency_model as lm    # noqa: E402
+from dsd.speculation.drafting import DraftJob, draft_block    # noqa: E402
+from dsd.speculation.stopping import StopRule    # noqa: E402
+from dsd.costs.measurement import step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
+from dsd.drive.verifier_session import VerifierSession    # noqa: E402
 from orchestrator.analysis.capacity import (backlogged_gaps_s, capacity_at, fit_cost_line, overlap_counts,    # noqa: E402
                                    overlap_window)
 from orchestrator.spec.workload import make_prompts    # noqa: E402
 from services.compute import PreciseTimer, ThreadDevice    # noqa: E402
-from services.scheduler import Scheduler, SchedulerConfig    # noqa: E402
+from services.verifier.scheduler import Scheduler, SchedulerConfig    # noqa: E402
 
 GREEDY = SamplingParams()
 GAMMA = 4                       # the capacity experiment's draft length
@@ -321,7 +321,7 @@ def point_fits(points: dict[tuple, Point]) -> dict[tuple, Fit]:
 
 def point_model_tok_s(mode: str, max_batch: int, n: int, fit: Fit, e: float, t_draft_edge_s: float) -> float:
     """One point's per-client rate predicted from its own passes (immune to the host's drift
-    between points): E over the saturated server's round of dsd.latency_model (serial: every
+    between points): E over the saturated server's round of dsd.analytic.latency_model (serial: every
     client's passes in a row; batched: two alternating groups), never shorter than one client's
     own critical path (its drafting, its verification, a gap after each pass)."""
     colocated = mode == "colocated"
@@ -468,7 +468,7 @@ def _point_ratios(points: dict, models: dict, results: dict) -> None:
 
 
 def _closed_form(configs, points: dict, fits: dict, predicted: dict, results: dict) -> None:
-    """The closed forms of dsd.latency_model, each configuration's count at its own passes where
+    """The closed forms of dsd.analytic.latency_model, each configuration's count at its own passes where
     its modelled rate crosses the target (the mean Fit, target and E of the two counts around its
     predicted crossing): claim 4 (no gap) and serial_capacity, batched_capacity (with the gap)."""
     near = {}

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from dsd.latency_model import capacity_factor  # noqa: E402
+from dsd.analytic.latency_model import capacity_factor  # noqa: E402
 from orchestrator.analysis.capacity import overlap_counts  # noqa: E402
 from services.launch import Service, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 

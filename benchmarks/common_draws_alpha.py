@@ -1,4 +1,4 @@
-"""Do keyed draws (dsd.draws) change acceptance? Co-located SD in process on the real pair, each
+"""Do keyed draws (dsd.speculation.draws) change acceptance? Co-located SD in process on the real pair, each
 request once with draws keyed by block position and once with one sequential generator, on the
 same prompts and seeds: the two acceptance rates should agree within their noise.
 
@@ -24,15 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.protocol import SamplingParams  # noqa: E402
-from dsd.decoding import generate_colocated  # noqa: E402
-from dsd.draws import Draws  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
+from dsd.drive.generation import generate_colocated  # noqa: E402
+from dsd.speculation.draws import Draws  # noqa: E402
+from dsd.speculation.stopping import StopRule  # noqa: E402
 
 GAMMA, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS = 2, 48, 96
 
 
 class SequentialDraws:
-    """One generator for the whole request, whatever the position: the draws before dsd.draws."""
+    """One generator for the whole request, whatever the position: the draws before dsd.speculation.draws."""
 
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)

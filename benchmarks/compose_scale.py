@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsd.backends.factory import backend_from_dict  # noqa: E402
-from dsd.profiles import get_profile  # noqa: E402
+from dsd.costs.profiles import get_profile  # noqa: E402
 from orchestrator.common.http_client import call  # noqa: E402
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed  # noqa: E402
 
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--backend", choices=("synthetic", "hf"), default="synthetic",
                         help="hf: the default pair in models/default-pair")
-    parser.add_argument("--profile", default="toy-edge-cloud", help="synthetic: compute times (dsd/profiles.toml)")
+    parser.add_argument("--profile", default="toy-edge-cloud", help="synthetic: compute times (dsd/costs/profiles.toml)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=3, help="requests per edge, one after another")
     parser.add_argument("--max-new-tokens", type=int, default=64)

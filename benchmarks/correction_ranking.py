@@ -1,5 +1,5 @@
 """How well can an edge rank the token a verdict sends back after a rejection (the correction),
-before the verdict arrives? The speculation cache (dsd.spec_cache) drafts next blocks for its
+before the verdict arrives? The speculation cache (dsd.cache.speculation_cache) drafts next blocks for its
 best-ranked candidates; a correction is drawn from max(0, p - q) normalised, and the edge knows
 only q.
 
@@ -10,7 +10,7 @@ every build holds out: the draft never trained on them), sampled at T 0.7 / top-
 job samples. At every answer position, teacher-forced, a rejection happens with probability
 TVD(p, q) (``rejection_rate``: its mean over the answer positions) and rejects token x with probability max(0, q(x) - p(x)) / TVD; each ranking is judged
 by the correction mass among its first 16 candidates (x left out), weighted by how likely each
-rejection is. Rankings: ``shipped`` (the draft's tempered distribution, dsd.drafting.ranking_row),
+rejection is. Rankings: ``shipped`` (the draft's tempered distribution, dsd.speculation.drafting.ranking_row),
 ``residual_s{sigma}`` (the expected residual E[max(0, p~ - q)] with p~ the tempered distribution
 under a log-normal error), ``oracle`` (the corrections' own order: the ceiling). With --head, a
 head on the draft's last hidden state (the draft's logits plus a learned bias, scale and rank-16
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.torch_lm import DTYPES  # noqa: E402
 from dsd.backends.vocab_map import VocabMap  # noqa: E402
-from dsd.verification import probs_from_logits  # noqa: E402
+from dsd.speculation.verification import probs_from_logits  # noqa: E402
 from pairs import chat_data, common, smollm2  # noqa: E402
 
 TEMPERATURE, TOP_P, CANDIDATES = 0.7, 0.9, 16

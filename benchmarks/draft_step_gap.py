@@ -1,5 +1,5 @@
 """What an idle gap before a draft block costs the draft's step: blocks of gamma sampled draft
-steps as the edge drafts them (dsd.drafting.pick_token on the draft's logits, a growing context), separated by a
+steps as the edge drafts them (dsd.speculation.drafting.pick_token on the draft's logits, a growing context), separated by a
 pause spun on the same core, against the same blocks back to back.
 
     python benchmarks/draft_step_gap.py [--pair models/smollm2-chat] [--cpu 0] [--gaps-ms 0,5,30,60,120]
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.protocol import SamplingParams  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
-from dsd.drafting import pick_token  # noqa: E402
+from dsd.speculation.drafting import pick_token  # noqa: E402
 
 GAMMA, CONTEXT_TOKENS, NEW_TOKENS, REQUESTS = 2, 96, 48, 4
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)

@@ -1,6 +1,6 @@
 """The feature draft drafting for several sessions at once: one batched pass a draft step
 (``EagleLM.logits_batch``) against one pass per session and step, as a co-located server's
-drafting (dsd.drafting.run_draft_jobs) and the edge's speculation cache (dsd.cache_fill) ask it.
+drafting (dsd.speculation.drafting.run_draft_jobs) and the edge's speculation cache (dsd.cache.filler) ask it.
 
     python benchmarks/eagle_batch.py [--eagle models/smollm2-eagle] [--batch-sizes 1,2,4,8]
         [--gamma 4] [--repeats 15] [--dtype auto] [--threads 1]

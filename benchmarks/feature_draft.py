@@ -34,8 +34,8 @@ from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.machine import cpu_model  # noqa: E402
 from dsd.backends.torch_lm import DTYPES, TorchLM, TorchLMConfig  # noqa: E402
 from dsd.features import FEATURE_DTYPES, encoded_bytes  # noqa: E402
-from dsd.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step  # noqa: E402
-from dsd.timing import step_time_s  # noqa: E402
+from dsd.analytic.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step  # noqa: E402
+from dsd.costs.measurement import step_time_s  # noqa: E402
 from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
 
 GAMMA, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, SEED = 4, 64, 0.7, 0.9, 77

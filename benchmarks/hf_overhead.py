@@ -38,7 +38,7 @@ session). The echo floor is then the raw blocking-TCP echo (the kernel's part al
 
 Server compute is what the verifier measured around its passes (the forward pass and the
 verdict's arithmetic), so what is left is the harness. With one client every pass but the
-prefills runs on the event loop's own thread (services.scheduler's on_loop; the verifier's
+prefills runs on the event loop's own thread (services.verifier.scheduler's on_loop; the verifier's
 ``passes_on_loop`` metric, printed to stderr, counts them). Progress goes to stderr; the
 last stdout line is key=value pairs (measurements: docs/results/overhead.md). A shared host
 moves these figures: the load average is reported with them, and ``steal_pct``, the share of

@@ -130,8 +130,8 @@ def run_stall_sweep(launcher: str, trace: list[tuple[float, float]], out: Path, 
 
 def greedy_tokens(toml: Path, n: int) -> list[list[int]]:
     from dsd.backends.factory import load_pair
-    from dsd.decoding import generate_ar
-    from dsd.stopping import StopRule
+    from dsd.drive.generation import generate_ar
+    from dsd.speculation.stopping import StopRule
     from orchestrator.spec.experiment import load_experiment
     from orchestrator.spec.workload import make_prompts
 

@@ -56,8 +56,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsd.latency_model import expected_tokens_per_round  # noqa: E402
-from dsd.profiles import HardwareProfile  # noqa: E402
+from dsd.analytic.latency_model import expected_tokens_per_round  # noqa: E402
+from dsd.costs.profiles import HardwareProfile  # noqa: E402
 from netem.measure import percentile  # noqa: E402
 from services.launch import free_port, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 

@@ -110,7 +110,7 @@ def main() -> int:
     launcher = choose_launcher(args.launcher)
     base = tomllib.loads(EXPERIMENT.read_text())
     out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-paper-"))
-    from dsd.profiles import get_profile
+    from dsd.costs.profiles import get_profile
 
     gamma = int(base["gamma"][0])
     rows, started = [], time.monotonic()

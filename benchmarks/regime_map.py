@@ -1,6 +1,6 @@
 """The RTT x clients map: where pipelined DSD stops matching co-located SD as N clients
 share one verifier, measured against the queueing model's prediction written before the points
-ran (dsd/queueing.py; orchestrator/analysis/frontier.py, summary.json's `frontier`).
+ran (dsd/analytic/queueing.py; orchestrator/analysis/frontier.py, summary.json's `frontier`).
 
     python benchmarks/regime_map.py [--launcher sim|netns] [--out DIR] [--clients 1,2,4,8,16,32]
         [--rtt-ms 0,1,2,...] [--requests 1] [--max-new-tokens 48] [--max-batch 1]

@@ -1,6 +1,6 @@
 """What sampling costs per row on the real pair's vocabulary (49,152 tokens): the nucleus found
-among the top tokens first (dsd.verification._nucleus) against sorting the whole row, and the
-draw over the nucleus (dsd.verification.sample_index) against torch.multinomial over the row.
+among the top tokens first (dsd.speculation.verification._nucleus) against sorting the whole row, and the
+draw over the nucleus (dsd.speculation.verification.sample_index) against torch.multinomial over the row.
 
     python benchmarks/sampling_cost.py [--pair models/smollm2-chat] [--passes 200] [--dtype auto]
 
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
-from dsd.decoding import generate_ar  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
-from dsd.verification import NUCLEUS_FIRST_KS, _nucleus, _nucleus_by_sort, sample_index  # noqa: E402
+from dsd.drive.generation import generate_ar  # noqa: E402
+from dsd.speculation.stopping import StopRule  # noqa: E402
+from dsd.speculation.verification import NUCLEUS_FIRST_KS, _nucleus, _nucleus_by_sort, sample_index  # noqa: E402
 
 TEMPERATURE, TOP_P = 0.7, 0.9
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch    # noqa: E402
 
 from dsd.backends.factory import HfBackendConfig, load_pair  # noqa: E402
-from dsd.decoding import generate_ar, generate_colocated    # noqa: E402
-from dsd.stopping import StopRule    # noqa: E402
+from dsd.drive.generation import generate_ar, generate_colocated    # noqa: E402
+from dsd.speculation.stopping import StopRule    # noqa: E402
 from orchestrator.spec.workload import make_prompts    # noqa: E402
 
 

@@ -10,7 +10,7 @@ one 100-token context, each fed one new position in one batched pass of the draf
 --passes), over the one-sequence step (``batch{B}_over_step``). The hit rates: the evaluation
 prompts (workloads/instructions.jsonl, the draft never trained on them) decoded in the cached
 mode and in the one-guess pipelined mode by the protocol code on the simulator's virtual clock
-with the real models (dsd.simulate), gamma 2, T 0.7 / top-p 0.9 as the main job samples, one
+with the real models (dsd.simulation.one_client), gamma 2, T 0.7 / top-p 0.9 as the main job samples, one
 seed per prompt, the prompts one edge run's requests (what the fills learn carries over;
 --no-calibrate ranks the outcomes on the draft's distribution as is): ``hit_rate`` (a branch
 held the verdict, complete or part-way),
@@ -39,12 +39,12 @@ from dsd.backends.hf import HfBackendConfig  # noqa: E402
 from dsd.backends.machine import CpuCapability  # noqa: E402
 from dsd.backends.protocol import LogitsRequest, SamplingParams  # noqa: E402
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig  # noqa: E402
-from dsd.cache_fill import CacheMemory  # noqa: E402
-from dsd.simulate import LinkCosts, simulate_dsd  # noqa: E402
-from dsd.spec_cache import CacheConfig  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
+from dsd.cache.filler import CacheMemory  # noqa: E402
+from dsd.simulation.one_client import LinkCosts, simulate_dsd  # noqa: E402
+from dsd.cache.speculation_cache import CacheConfig  # noqa: E402
+from dsd.speculation.stopping import StopRule  # noqa: E402
 from orchestrator.records.suite_folder import sweep_crossovers  # noqa: E402
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = (1, 2, 4, 8, 16, 32, 48)

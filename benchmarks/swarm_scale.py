@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pandas as pd  # noqa: E402
 
 from benchmarks.compose_scale import run_sync_everywhere  # noqa: E402
-from dsd.profiles import get_profile  # noqa: E402
+from dsd.costs.profiles import get_profile  # noqa: E402
 from orchestrator.launchers import control_api  # noqa: E402
 from orchestrator.launchers.swarm import SwarmConfig, SwarmTestbed  # noqa: E402
 from orchestrator.launchers.swarm_images import distribute  # noqa: E402
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--edges", type=int, default=32)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--tolerance-ms", type=float, default=2.0, help="an edge's shaping verifies within this")
-    parser.add_argument("--profile", default="toy-edge-cloud", help="synthetic compute times (dsd/profiles.toml)")
+    parser.add_argument("--profile", default="toy-edge-cloud", help="synthetic compute times (dsd/costs/profiles.toml)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=3, help="requests per edge, one after another")
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from dsd.times import ComputeTimes  # noqa: E402
+from dsd.costs.compute_times import ComputeTimes  # noqa: E402
 from orchestrator.analysis import points as analysis  # noqa: E402
 from orchestrator.spec.experiment import experiment_from_dict  # noqa: E402
 from orchestrator.report.analyze import analyze_sweep  # noqa: E402

@@ -24,8 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsd.backends.factory import load_pair  # noqa: E402
-from dsd.decoding import generate_colocated  # noqa: E402
-from dsd.stopping import StopRule  # noqa: E402
+from dsd.drive.generation import generate_colocated  # noqa: E402
+from dsd.speculation.stopping import StopRule  # noqa: E402
 from orchestrator.spec.experiment import load_experiment  # noqa: E402
 from orchestrator.records.request_stats import distinct_ngram_ratio  # noqa: E402
 from orchestrator.spec.workload import experiment_prompts  # noqa: E402

@@ -2,7 +2,7 @@
 
 A mode says where it drafts (``EDGE``, ``SERVER`` or ``NOWHERE``), whether the edge pipelines
 (drafts the next block while one is in flight), its closed-form per-token time
-(``dsd.latency_model``), whether an adaptive controller may pick it for a round (``dsd.control``)
+(``dsd.analytic.latency_model``), whether an adaptive controller may pick it for a round (``dsd.controller.interface``)
 and how plots label and colour it. Adding a mode is one ``register(Mode(...))`` plus its driver
 policy (what the edge or the server does in its rounds); the experiment's validation, the
 analysis, the predictions and the plots then know it.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 
 AR, COLOCATED, SYNC, PIPELINED, CACHED = "ar", "colocated", "sync", "pipelined", "cached"
 CROSSOVERS = {  # name: (mode that wins at low RTT, reference it is compared with)
@@ -46,11 +46,11 @@ class Mode:
     color: str                      # matplotlib colour
     plannable: bool = False         # an adaptive controller may pick it for a round
     # Its driver policy when no adaptive controller runs: a factory ControllerConfig -> controller
-    # (dsd.control: decide() / observe()) that plans each round; None: every round drafts the
+    # (dsd.controller.interface: decide() / observe()) that plans each round; None: every round drafts the
     # configured gamma in this mode.
     policy: Callable[..., object] | None = None
     # while its one block is in flight the edge drafts next blocks for the likely verdicts
-    # (dsd.spec_cache) and sends one when its verdict comes
+    # (dsd.cache.speculation_cache) and sends one when its verdict comes
     cache: bool = False
 
     def __post_init__(self) -> None:

@@ -140,7 +140,7 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
                              "crossover's cells (the file's adaptive_budget_points); with --resume, also on a "
                              "finished sweep")
     parser.add_argument("--profiles", type=Path, metavar="FILE",
-                        help="hardware profiles in the format of dsd/profiles.toml (every number with its source), "
+                        help="hardware profiles in the format of dsd/costs/profiles.toml (every number with its source), "
                              "usable by name beside the packaged ones and the file's [profiles.NAME]")
 
 

@@ -214,7 +214,7 @@ def heldout_acceptance(draft, target, vocab: VocabMap, samples: list[ChatSample]
                        temperature: float, top_k: int | None, top_p: float) -> Acceptance:
     """Teacher-forced on the target's own answers: the acceptance a round sees at each position,
     at the deployment's sampling (alpha_sampled) and greedily."""
-    from dsd.verification import probs_from_logits
+    from dsd.speculation.verification import probs_from_logits
     to_draft = vocab.to_draft()
     total_min, agree, n = 0.0, 0, 0
     for s in samples:

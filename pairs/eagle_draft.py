@@ -26,7 +26,7 @@ import torch
 from dsd.backends.eagle_model import EagleConfig, EagleDraft, load_eagle
 from dsd.backends.vocab_map import VocabMap
 from dsd.features import round_trip
-from dsd.verification import probs_from_logits
+from dsd.speculation.verification import probs_from_logits
 from pairs.chat_data import ChatSample
 from pairs.chat_draft import lr_at, position_loss
 from pairs.common import log

@@ -8,7 +8,7 @@ A layer draft (draft_kind causal_lm) has one alpha at every draft step. A featur
 runs on its own features after its first step, so it is scored per step over a block of
 ``--gamma`` (pairs.eagle_draft.heldout_acceptance, as benchmarks/feature_draft.py scores it), and
 its alpha is the one per-token alpha with the same expected tokens per round at that gamma
-(dsd.latency_model.alpha_for_tokens_per_round). Prints one JSON line; with categories, a table
+(dsd.analytic.latency_model.alpha_for_tokens_per_round). Prints one JSON line; with categories, a table
 of them on stderr first. ``--per-category N`` scores the first N items of each category only.
 """
 
@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dsd.backends.hf import AUTO, DTYPE_NAMES, HfBackendConfig
 from dsd.backends.vocab_map import VocabMap
-from dsd.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step
+from dsd.analytic.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step
 from dsd.pair_manifest import draft_kind
 from pairs import chat_data, chat_draft, eagle_draft
 

@@ -30,7 +30,7 @@ from dsd.backends.vocab_map import VocabMap
 from dsd.features import FEATURE_DTYPES, feature_bytes_per_row
 from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, write_manifest
 from dsd.provenance import git_commit
-from dsd.timing import step_time_s
+from dsd.costs.measurement import step_time_s
 from pairs import chat_data, chat_draft, eagle_draft, eagle_features, smollm2
 from pairs.common import PhaseTimer, building, log, torch_settings, versions
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
-from dsd.timing import step_time_s
+from dsd.costs.measurement import step_time_s
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from dsd.backends.factory import backend_from_json
 from dsd.backends.protocol import BackendConfig
-from dsd.profiles import HardwareProfile, get_profile
+from dsd.costs.profiles import HardwareProfile, get_profile
 
 T = TypeVar("T")
 # Sleep coarsely until this long before a deadline, then spin: epoll's timeouts are whole
@@ -222,7 +222,7 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--backend-json", default="",
                        help='the backend config as one JSON object, {"kind": "synthetic"|"hf"|..., FIELD: VALUE, ...} '
                             "(dsd/backends/factory.py); empty: the synthetic backend's defaults")
-    group.add_argument("--profile", default="", help="emulated backends: a profile name in dsd/profiles.toml")
+    group.add_argument("--profile", default="", help="emulated backends: a profile name in dsd/costs/profiles.toml")
     group.add_argument("--profile-json", default="",
                        help="emulated backends: the HardwareProfile fields as a JSON object")
     group.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

@@ -73,10 +73,10 @@ class RoundRow:
     rtt_probe_ms: float | None = None
     app_delay_ms: float | None = None
     error: str = ""
-    round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.control);
+    round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.controller.interface);
     round_mode: str = ""             # empty for the modes the server runs alone
     feature_bytes: int = 0           # the target's features the reply carried (dsd.features), encoded
-    # the cached mode (dsd.cache_fill.CacheRecord): what the verdict met in the speculation cache;
+    # the cached mode (dsd.cache.filler.CacheRecord): what the verdict met in the speculation cache;
     # empty for the other modes
     cache_hit: bool | None = None
     cache_depth: int | None = None

@@ -110,7 +110,7 @@ def probs_encoding(temperature: float, top_k: int | None, top_p: float) -> str:
 @dataclass(frozen=True)
 class Generate:
     """Run the request on the verifier: a mode of ``dsd.modes.server_modes()`` (cloud AR, co-located SD).
-    With ``max_tokens`` (a hand-over, dsd/driver.py) only until that many more tokens are generated
+    With ``max_tokens`` (a hand-over, dsd/drive/driver.py) only until that many more tokens are generated
     (a round may overshoot by its accepted drafts); the session stays open for Verify and Generate."""
     seq: int
     session: int
@@ -156,7 +156,7 @@ class Pong:
     t_send_s: float
     t_server_s: float
     # how long the ping waited unread behind a model pass on the verifier's event-loop thread
-    # (services.arrival): not the link's, so the prober subtracts it from the round trip
+    # (services.verifier.frame_stamps): not the link's, so the prober subtracts it from the round trip
     held_s: float = 0.0
 
 

@@ -72,7 +72,7 @@ class LanguageModel(Protocol):
 @runtime_checkable
 class ForksCaches(Protocol):
     """An optional ability: start a sequence from another's cached prefix without recomputing it
-    (the branches of a speculation cache, dsd.spec_cache), and hand a sequence's cache to another
+    (the branches of a speculation cache, dsd.cache.speculation_cache), and hand a sequence's cache to another
     id (the branch that hit becomes the request's)."""
 
     def fork(self, seq_id: str, new_seq_id: str, length: int) -> None:

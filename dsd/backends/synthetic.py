@@ -11,7 +11,7 @@ the draft is right or wrong where a real pair's recorded rounds say (acceptance_
 With ``acceptance = "stratified"`` the draft instead follows a per-request layout of rounds
 (``dsd.backends.acceptance``): each round's accepted count is still truncated geometric, and every
 request realises alpha within a stated bound. The layout needs the request's prompt and gamma,
-given by ``begin_request`` (``dsd.drafting.begin_request``) before the first draft.
+given by ``begin_request`` (``dsd.speculation.drafting.begin_request``) before the first draft.
 
 With ``alpha_classes`` ((token id, alpha), ...) the prompt says the acceptance: a request whose
 prompt starts with one of those tokens is drafted with that alpha (others with ``alpha``), still
@@ -214,7 +214,7 @@ class SyntheticLM:
             return None
         if seq_id not in self._layouts:
             raise ValueError(f"stratified acceptance: sequence {seq_id!r} was drafted before begin_request "
-                             "gave its prompt and gamma (dsd.drafting.begin_request)")
+                             "gave its prompt and gamma (dsd.speculation.drafting.begin_request)")
         return self._layouts[seq_id]
 
     def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.modes import COLOCATED, SYNC
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis.rounds import rounds_with_receipts
 
 

@@ -2,7 +2,7 @@
 measured with its 95% bootstrap interval beside the prediction; and the fastest mode of every
 (RTT, clients) cell. Pure functions over the analysis's frames.
 
-The prediction of a client count is the one predictions.csv holds (dsd.queueing, written before
+The prediction of a client count is the one predictions.csv holds (dsd.analytic.queueing, written before
 the points of that count ran, from the calibration points and the batch curve): out of sample for
 every count above the calibration's (the smallest). At the calibration's count, or for a folder
 without predictions, it is the queueing model with the group's in-sample fit.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from dsd import queueing
+from dsd.analytic import queueing
 from dsd.modes import gammaless_modes
 from orchestrator.analysis import bootstrap
 from orchestrator.analysis.points import measured_crossovers
@@ -29,7 +29,7 @@ WHAT = ("per client count N and pair of modes: the RTT below which the first mod
         "token as the second (crossover_ms, from the median-of-repeats cells as summary crossovers are), its "
         "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats, requests and clients drawn jointly for every "
         "cell of every client count; ci_degenerate: a point, no resampled value differs, not a spread), and the "
-        "queueing model's prediction (predicted_ms, dsd.queueing: mean-value analysis); in_or_out_of_sample says whether "
+        "queueing model's prediction (predicted_ms, dsd.analytic.queueing: mean-value analysis); in_or_out_of_sample says whether "
         "that prediction was written before any point of that N ran")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dsd.modes import predict_per_token_s
-from dsd.times import ComputeTimes, fit_verify_line
+from dsd.costs.compute_times import ComputeTimes, fit_verify_line
 
 SHARE_MIN = 0.025            # a gamma chosen in fewer replicates is outside the set
 GAMMA_SEARCH_MAX = 64        # the unrestricted argmin searches 1..this
@@ -91,7 +91,7 @@ def model_argmin(per_token_s, gamma_max: int = GAMMA_SEARCH_MAX) -> tuple[int, f
 
 def times_for_any_gamma(times: ComputeTimes) -> ComputeTimes:
     """t_verify for every gamma from one line: the least-squares line through the fitted table
-    (dsd.times.fit_verify_line; flat with one gamma in it), else the times' own line. Never the
+    (dsd.costs.compute_times.fit_verify_line; flat with one gamma in it), else the times' own line. Never the
     table for its gammas and an assumed line for the others: on loopback the client-view table
     carries ~1 ms of harness overhead the profile's line does not, and the argmin then jumps to
     the untabled gammas (seen: 3, 5, 7 on a grid of 1, 2, 4, 8)."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from dsd import latency_model as lm
-from dsd.times import ComputeTimes
+from dsd.analytic import latency_model as lm
+from dsd.costs.compute_times import ComputeTimes
 
 NEVER = "never (DSD never wins)"
 

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.modes import AR, CACHED, COLOCATED, CROSSOVERS, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
-from dsd.times import ComputeTimes, steady_per_token_s
+from dsd.costs.compute_times import ComputeTimes, steady_per_token_s
 from netem.measure import percentile
 from orchestrator.analysis import capacity
 from orchestrator.records import request_stats
@@ -292,7 +292,7 @@ def requests_steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) ->
     """Each request's steady-state time per token. Where rounds carry receipt times (network
     launchers): over its steady window (``steady_windows``), from the receipt before the window
     to the window's last, over the tokens the window received. Elsewhere the request's own
-    figure (first to last receipt). Both are dsd.times.steady_per_token_s."""
+    figure (first to last receipt). Both are dsd.costs.compute_times.steady_per_token_s."""
     fallback = requests["steady_per_token_s"]
     windows = steady_windows(rounds)
     if windows is None:

@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsd import queueing
-from dsd.latency_model import expected_tokens_per_round
+from dsd.analytic import queueing
+from dsd.analytic.latency_model import expected_tokens_per_round
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode, predict_per_token_s, speculative_modes
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, cache_hit_rate, fit_alpha_tokens_per_round,
                                           cache_fill_s, fit_effective_params, fit_params, point_keys, predicted_crossovers,
                                           steady_window_rounds)
@@ -147,10 +147,10 @@ def _median_times(fits: list[ComputeTimes]) -> ComputeTimes:
 def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float,
                     wire: WireTerms | None = None, max_batch: int = 1) -> list[dict]:
     """One row per planned point: its predicted per-token latency, and its group's predicted
-    crossovers at its gamma and client count (every pair of dsd.queueing.FRONTIER_PAIRS); a point
+    crossovers at its gamma and client count (every pair of dsd.analytic.queueing.FRONTIER_PAIRS); a point
     with a rate cap with the closed form's serialisation term (``wire``: what a round puts on the
     wire, orchestrator.analysis.wire). A point with more than one client is predicted by the
-    queueing model (dsd.queueing: the calibration's times and the batch curve, its batch_slope,
+    queueing model (dsd.analytic.queueing: the calibration's times and the batch curve, its batch_slope,
     with the server's max_batch); one that cannot be (no batch curve) gets NaN."""
     alpha, params = calibration["alpha"], calibration["params"]
     utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now_s)) + f".{int(now_s % 1 * 1e6):06d}Z"
@@ -183,7 +183,7 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
 
 def _queueing_prediction(point: Point, alpha: float, params: ComputeTimes, max_batch: int, ok: bool,
                          crossable: bool) -> tuple[float, dict[str, float]]:
-    """(per-token ms, crossover name -> RTT ms) of a point with several clients (dsd.queueing);
+    """(per-token ms, crossover name -> RTT ms) of a point with several clients (dsd.analytic.queueing);
     NaN where the times cannot answer (a batched server without a batch slope)."""
     try:
         per_token_ms = 1e3 * queueing.per_token_s(point.mode, point.clients, alpha, point.gamma, point.rtt_ms / 1e3,
@@ -196,7 +196,7 @@ def _queueing_prediction(point: Point, alpha: float, params: ComputeTimes, max_b
 
 def _queueing_crossover_ms(name: str, clients: int, alpha: float, gamma: int, params: ComputeTimes,
                            max_batch: int) -> float:
-    """dsd.queueing's RTT*(N) in ms; NaN where the times cannot answer (no batch slope for a
+    """dsd.analytic.queueing's RTT*(N) in ms; NaN where the times cannot answer (no batch slope for a
     batched server, a client-view co-located round of no time)."""
     try:
         return 1e3 * queueing.crossover_rtt_s(name, clients, alpha, gamma, params, max_batch)

@@ -5,8 +5,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from dsd.control import GAMMA_MAX
-from dsd.spec_cache import CacheConfig
+from dsd.controller.interface import GAMMA_MAX
+from dsd.cache.speculation_cache import CacheConfig
 
 from orchestrator.links.keys import LinkOptions
 from orchestrator.links.rows import LinkState
@@ -43,7 +43,7 @@ class PointSettings:
     transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
     request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
     tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
-    cache: CacheConfig = CacheConfig()       # the cached mode's speculation cache (dsd/spec_cache.py)
+    cache: CacheConfig = CacheConfig()       # the cached mode's speculation cache (dsd/cache/speculation_cache.py)
     run_prefix: str = "run"
     link_options: LinkOptions | None = None   # the experiment's [link]
     after_shape: Callable | None = None

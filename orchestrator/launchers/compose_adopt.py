@@ -12,7 +12,7 @@ import shlex
 from dataclasses import asdict
 
 from dsd.backends.factory import BackendConfig, backend_from_json
-from dsd.profiles import HardwareProfile, get_profile
+from dsd.costs.profiles import HardwareProfile, get_profile
 
 VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"      # compose.yaml's services
 

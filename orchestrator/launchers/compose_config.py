@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from dsd.checks import is_int, is_number
 from dsd.backends.factory import BackendConfig, HfBackendConfig, SyntheticBackendConfig
-from dsd.profiles import HardwareProfile
+from dsd.costs.profiles import HardwareProfile
 from netem.probe import BACKENDS
 from orchestrator.launchers.base import LauncherError
 from orchestrator.launchers.services_config import ServicesConfig
@@ -85,7 +85,7 @@ class ComposeConfig:
             raise ValueError(f"profile must be a HardwareProfile or None, got {self.profile!r}")
         if self.backend.emulated and self.profile is None:
             raise ValueError(f"profile: the {self.backend.kind} backend emulates its compute and needs a HardwareProfile, "
-                             "got None (e.g. dsd.profiles.get_profile('toy-edge-cloud'))")
+                             "got None (e.g. dsd.costs.profiles.get_profile('toy-edge-cloud'))")
         if not isinstance(self.project, str) or not _PROJECT_RE.match(self.project):
             raise ValueError(f"project must be lowercase letters, digits, '-' or '_', got {self.project!r}")
         if self.build not in BUILD_POLICIES:

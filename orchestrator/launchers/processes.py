@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
-from dsd.profiles import HardwareProfile
+from dsd.costs.profiles import HardwareProfile
 from netem.owners import process_identity
 from orchestrator.common import http_client
 from services.processes import OWNER_MARK, REPO, SERVICE_MARK, free_port, kill_group, start_service

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig
-from dsd.profiles import HardwareProfile
+from dsd.costs.profiles import HardwareProfile
 from orchestrator.launchers.processes import backend_args
 
 

@@ -1,15 +1,15 @@
 """The ``sim`` launcher: real models and the real protocol code, on virtual time.
 
-Compute times (``dsd.times.ComputeTimes``) are those measured on this machine (``dsd.timing``)
+Compute times (``dsd.costs.compute_times.ComputeTimes``) are those measured on this machine (``dsd.costs.measurement``)
 or taken from a hardware profile; the link is a constant RTT split evenly, a delay per message.
 Every mode, cloud AR and co-located SD included, runs its message exchange on virtual time
-(``dsd.simulate``). It predicts what the network launchers should measure, and runs anywhere in
+(``dsd.simulation.one_client``). It predicts what the network launchers should measure, and runs anywhere in
 seconds.
 
 A ``SimTestbed`` is a Testbed (base.py) like the network ones, with no processes and no link to
 shape, everything in this process. One client runs its requests one after another on a verifier
-of its own (``dsd.simulate``). Several clients (``point.clients`` > 1) run in a closed loop on
-one shared verifier (``dsd.simulate_clients``): each issues its next request when its last one
+of its own (``dsd.simulation.one_client``). Several clients (``point.clients`` > 1) run in a closed loop on
+one shared verifier (``dsd.simulation.many_clients``): each issues its next request when its last one
 ends, and the verifier's device serves their jobs in turn, serial (``max_batch`` 1) or batched
 at the compute times' batch curve. Its rows are those of services/traces.py, one run per client
 (``client_id``) as on the network launchers; what it does not measure (``rtt_probe_ms``,
@@ -27,16 +27,16 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
-from dsd.control import (GAMMA_MAX, ControllerConfig, Decision, RequestOutcome, ShadowDraft, request_cycle)
-from dsd.decoding import first_emission
+from dsd.controller.interface import (GAMMA_MAX, ControllerConfig, Decision, RequestOutcome, ShadowDraft, request_cycle)
+from dsd.drive.generation import first_emission
 from dsd.modes import plannable_edge_modes, server_modes
-from dsd.policies import make_controller
-from dsd.driver import DriverConfig, run_to_end
-from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
-from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
-from dsd.spec_cache import CacheConfig
-from dsd.stopping import StopRule
-from dsd.times import ComputeTimes, steady_per_token_s
+from dsd.controller.policies import make_controller
+from dsd.drive.driver import DriverConfig, run_to_end
+from dsd.simulation.one_client import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
+from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
+from dsd.cache.speculation_cache import CacheConfig
+from dsd.speculation.stopping import StopRule
+from dsd.costs.compute_times import ComputeTimes, steady_per_token_s
 from orchestrator.launchers.base import EdgeHandle, LinkState, PointSettings
 from netem.spec import LinkSpec
 from orchestrator.records.request_stats import finish_point
@@ -112,9 +112,9 @@ class SimTestbed:
         return rounds.to_dict("records"), requests.to_dict("records"), [], {}
 
     def run_clients(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
-        """The point's clients in a closed loop on one verifier (dsd.simulate_clients), each
+        """The point's clients in a closed loop on one verifier (dsd.simulation.many_clients), each
         running every prompt in turn; one run (run id, client_id) per client. Each round carries
-        its times on the point's virtual clock, which the clients share (dsd.simulate_clients
+        its times on the point's virtual clock, which the clients share (dsd.simulation.many_clients
         RoundTimes: drafting, send, receipt, the verifier's queue, compute and batch size), so
         the analysis reads them as it reads a network launcher's."""
         check_clients_settings(point.clients, settings.controller)
@@ -159,7 +159,7 @@ def rtt_schedule_s(schedule, base_rtt_ms: float):
     """The RTT (s) a link schedule (RTT steps) gives t_s after the point's start, by bisection: a
     measured trace has thousands of steps and a point asks once per round.
     NOTE: cloud AR and co-located SD keep the RTT in force at their request's start for the whole
-    request (dsd.simulate's server streams have one link cost), so a stall inside such a request
+    request (dsd.simulation.one_client's server streams have one link cost), so a stall inside such a request
     is not simulated; sync and pipelined DSD follow the schedule round by round."""
     steps = schedule.specs(LinkSpec(rtt_ms=base_rtt_ms))
     times_s = [at_s for at_s, _ in steps]
@@ -172,7 +172,7 @@ def rtt_schedule_s(schedule, base_rtt_ms: float):
 
 
 def round_row(keys: dict, record) -> RoundRow:
-    """A simulated round (dsd.decoding.RoundRecord) as a trace row; it keeps no clock."""
+    """A simulated round (dsd.drive.generation.RoundRecord) as a trace row; it keeps no clock."""
     return RoundRow(**keys, round_index=record.round_index, proposed=record.proposed, accepted=record.accepted,
                     emitted=record.emitted, stale=record.stale, round_gamma=record.gamma or None,
                     round_mode=record.mode, **cache_columns(record.cache))
@@ -213,11 +213,11 @@ class SimRequest:
 
 def run_request(client: SimClient, request: SimRequest, link_at: Callable[[float], float], policy=None):
     """Returns (generated tokens, round records, wall_s, ttft_s) on virtual time. Every mode runs
-    its protocol (dsd.simulate): no time here comes from the closed form. ``link_at(t_s)``: the
+    its protocol (dsd.simulation.one_client): no time here comes from the closed form. ``link_at(t_s)``: the
     link's RTT t_s after the request starts.
 
-    ``policy`` (a live dsd.control policy, kept across a run's requests) picks the request's mode
-    among its modes (dsd.control.request_cycle, at the RTT in force when it starts) and then its
+    ``policy`` (a live dsd.controller.interface policy, kept across a run's requests) picks the request's mode
+    among its modes (dsd.controller.interface.request_cycle, at the RTT in force when it starts) and then its
     rounds' plans; without it the request runs in its own mode and gamma."""
     if policy is None:
         return _run_in_mode(client, request, link_at, None)
@@ -247,7 +247,7 @@ def _run_in_mode(client: SimClient, request: SimRequest, link_at: Callable[[floa
         run = simulate_on_server(client.draft, client.target, prompt, gamma, client.stop, mode, server,
                                  request.sampling, request.seq_id)
         return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
-    # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.driver)
+    # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.drive.driver)
     # The edge sends the session's Open and drafts at once (services/edge/ does not wait for
     # Opened): the verifier prefills the Open before it serves the first block or hand-over.
     # A block is charged its own gamma's t_verify (an adaptive plan or a mode's own policy may

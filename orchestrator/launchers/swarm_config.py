@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from dsd.checks import is_int, is_number
 from dsd.backends.factory import BackendConfig, SyntheticBackendConfig
-from dsd.profiles import HardwareProfile
+from dsd.costs.profiles import HardwareProfile
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig
 from orchestrator.launchers.services_config import ServicesConfig
 

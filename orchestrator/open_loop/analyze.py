@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from orchestrator.common.files import jsonable, write_json
 from orchestrator.open_loop.figures import max_rate, point_figures
 from orchestrator.open_loop.plan import PREDICTION, map_rtts_ms, serving_model

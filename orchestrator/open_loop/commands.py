@@ -55,7 +55,7 @@ def is_serving_sweep(out: Path) -> bool:
 def reanalyze_serving(out: Path) -> int:
     """`dsdbed analyze` of an open-loop sweep: points.csv, serving.json and the report again, from
     the experiment and compute times sweep.json recorded."""
-    from dsd.times import ComputeTimes
+    from dsd.costs.compute_times import ComputeTimes
     from orchestrator.spec.experiment import experiment_from_dict
 
     data = json.loads((Path(out) / "sweep.json").read_text())

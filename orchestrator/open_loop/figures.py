@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.modes import AR, COLOCATED, SYNC
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from netem.distributions import normal_cdf
 from orchestrator.spec.arrivals import SloConfig
 

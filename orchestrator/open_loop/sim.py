@@ -1,7 +1,7 @@
 """Open-loop serving on virtual time: many requests, one verifier, each edge behind its own link.
 
 The sim launcher's serving model (pure, seeded, seconds for thousands of requests). It keeps the
-verifier's scheduling (services/scheduler.py) and the exchange of every mode, and draws each
+verifier's scheduling (services/verifier/scheduler.py) and the exchange of every mode, and draws each
 round's accepted count instead of running models:
 
 - the verifier is one device: work-conserving, each pass takes the oldest waiting job and every
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dsd.modes import AR, COLOCATED, SYNC
-from dsd.times import ComputeTimes, pass_cost_s
+from dsd.costs.compute_times import ComputeTimes, pass_cost_s
 from orchestrator.spec.arrivals import OpenLoopRequest
 
 SIM_MODES = (AR, COLOCATED, SYNC)

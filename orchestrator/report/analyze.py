@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsd import latency_model as lm
-from dsd import queueing
+from dsd.analytic import latency_model as lm
+from dsd.analytic import queueing
 from dsd.modes import AR, PIPELINED, SYNC, speculative_modes
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis import bootstrap, frontier, gamma_opt, paper
 from orchestrator.analysis.acceptance import acceptance_histograms
 from orchestrator.analysis.capacity import predicted_tok_s_per_client

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from dsd.modes import AR, BUILTIN, COLOCATED, edge_modes, predict_per_token_s
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.links import geography
 
 SAMPLE = (("CZ", "CZ"), ("ES", "ES"), ("DE", "DE"), ("DE", "FR"), ("DE", "US"), ("BR", "US"), ("IN", "US"),

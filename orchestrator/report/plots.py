@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dsd import queueing  # noqa: E402
+from dsd.analytic import queueing  # noqa: E402
 from dsd.modes import SYNC, gammaless_modes, get_mode, names, predict_per_token_s  # noqa: E402
 from orchestrator.analysis import paper  # noqa: E402
 from orchestrator.analysis.points import predicted_ar_boundary_rtt_ms  # noqa: E402
@@ -423,7 +423,7 @@ def plot_frontier(frontier: pd.DataFrame, path: Path, title: str, launcher: str)
     ax.legend(fontsize=7, loc="upper left")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     fig.text(0.01, 0.01, "below a curve its first mode is at least as fast; triangles: never wins (bottom), wins over "
-             "the whole grid (top);\ndotted: the queueing model in sample (dsd.queueing)", fontsize=7, color="0.4")
+             "the whole grid (top);\ndotted: the queueing model in sample (dsd.analytic.queueing)", fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path)
     plt.close(fig)

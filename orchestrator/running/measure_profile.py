@@ -8,8 +8,8 @@ import torch
 
 from dsd.backends.factory import HfBackendConfig, load_pair
 from dsd.backends.machine import cpu_model
-from dsd.times import fit_verify_line
-from dsd.timing import batched_verify_times_s, fit_batch_slope, measure_times
+from dsd.costs.compute_times import fit_verify_line
+from dsd.costs.measurement import batched_verify_times_s, fit_batch_slope, measure_times
 
 
 def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:

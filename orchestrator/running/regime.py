@@ -1,4 +1,4 @@
-"""The run's compute regime, printed and recorded before its first point (dsd.regime): the
+"""The run's compute regime, printed and recorded before its first point (dsd.analytic.regime): the
 precision, t_verify/t_ar and t_draft/t_ar as measured here, the acceptance rate at which
 synchronous DSD breaks even, and a one-line warning where no DSD mode can beat cloud AR."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from dsd.backends.precision import cached_choice
-from dsd.regime import regime
-from dsd.times import ComputeTimes
+from dsd.analytic.regime import regime
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.spec.experiment import Experiment
 
 

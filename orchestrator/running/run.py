@@ -16,9 +16,9 @@ import torch
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
-from dsd.simulate_clients import VerifierConfig
-from dsd.times import ComputeTimes
-from dsd.timing import measure_times
+from dsd.simulation.many_clients import VerifierConfig
+from dsd.costs.compute_times import ComputeTimes
+from dsd.costs.measurement import measure_times
 from orchestrator.analysis.predictions import Predictor
 from orchestrator.common import cpus
 from orchestrator.common.host import host_facts
@@ -132,7 +132,7 @@ def sweep_facts(experiment: Experiment, launcher: str, testbed, times: dict, poo
     first = point_experiment(experiment, plan_points(experiment)[0]).profile
     facts = {**host_facts(), "costs": times[first].to_dict(), "launcher": launcher, "workload": describe(pool),
              "costs_source": "profile " + first if experiment.backend.emulated
-             else "measured here (dsd.timing)"}
+             else "measured here (dsd.costs.measurement)"}
     if len(times) > 1:
         facts["costs_by_profile"] = {name: t.to_dict() for name, t in times.items()}
     trace = experiment.backend.trace() if experiment.backend.kind == "synthetic" else None

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dsd.backends.factory import BackendConfig, SyntheticBackendConfig, backend_from_dict
-from dsd.control import CONTROLLERS, GAMMA_MAX
+from dsd.controller.interface import CONTROLLERS, GAMMA_MAX
 from dsd.modes import BUILTIN, CROSSOVERS, edge_modes, names
-from dsd.profiles import HardwareProfile, load_profiles, profiles_from_tables
+from dsd.costs.profiles import HardwareProfile, load_profiles, profiles_from_tables
 from dsd.checks import check, is_int, is_number
-from dsd.spec_cache import CacheConfig
+from dsd.cache.speculation_cache import CacheConfig
 from orchestrator.common.toml_tables import config_from_table
 from orchestrator.links import keys as link_keys
 from orchestrator.spec.sampling import SamplingSweep, Setting, parse_sampling
@@ -24,7 +24,7 @@ from orchestrator.spec.arrivals import LoadConfig, SloConfig, parse_load, parse_
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 # The most clients a point can have, and what holds them: the sim runs a coroutine per client
-# (dsd/simulate_clients.py); on the others each client holds a session open on the one verifier,
+# (dsd/simulation/many_clients.py); on the others each client holds a session open on the one verifier,
 # which admits max_sessions of them (services/verifier/limits.py VerifierLimits, 256 by default;
 # more would be refused mid-grid, after the points before them ran).
 MAX_NETWORK_CLIENTS = 256
@@ -64,7 +64,7 @@ class Experiment:
     seed: int = 0
     retries: int = 1                   # a failed point is run again this often, after healing the testbed
     retry_backoff_s: float = 2.0       # wait before a retry (times the attempt number)
-    # synthetic backend: hardware profile name (dsd/profiles.toml), or a list of them to sweep
+    # synthetic backend: hardware profile name (dsd/costs/profiles.toml), or a list of them to sweep
     profile: str | tuple[str, ...] = ""
     alpha: tuple[float, ...] = ()      # synthetic backend: acceptance rates to sweep (empty: backend.alpha)
     # network launchers: pin verifier, edges, shaper, orchestrator to disjoint CPU sets
@@ -79,7 +79,7 @@ class Experiment:
     backend: BackendConfig = field(default_factory=SyntheticBackendConfig)   # [backend]: kind and its fields
     sampling: SamplingSweep = field(default_factory=SamplingSweep)     # [sampling], orchestrator/spec/sampling.py
     workload: Workload = field(default_factory=Workload)               # [workload], orchestrator/spec/workload.py
-    cache: CacheConfig = field(default_factory=CacheConfig)            # [cache]: the cached mode's (dsd/spec_cache.py)
+    cache: CacheConfig = field(default_factory=CacheConfig)            # [cache]: the cached mode's (dsd/cache/speculation_cache.py)
     # The link beyond its RTT (netns, compose): each swept like rtt_ms; see orchestrator/links/keys.py.
     jitter_ms: tuple[float, ...] = (0.0,)
     delay_distribution: tuple[str, ...] = ("uniform",)
@@ -89,15 +89,15 @@ class Experiment:
     delay_up_ms: tuple[float, ...] = ()            # with delay_down_ms: one-way delays instead of rtt_ms
     delay_down_ms: tuple[float, ...] = ()
     link: link_keys.LinkOptions = field(default_factory=link_keys.LinkOptions)   # [link]: per-edge links
-    # Adaptive DSD (dsd/control.py): who picks each round's gamma and mode (static: the point's),
+    # Adaptive DSD (dsd/controller/interface.py): who picks each round's gamma and mode (static: the point's),
     # and the largest gamma it may pick. The point's gamma and mode are where it starts.
     controller: str = "static"
     gamma_max: int = GAMMA_MAX
     # what the controller may pick (empty: the edge modes, per round). Listing ar or colocated lets
-    # it hand a request, or the rest of one, to the server (dsd/driver.py); the points' modes are
+    # it hand a request, or the rest of one, to the server (dsd/drive/driver.py); the points' modes are
     # where it starts and must be among them.
     controller_modes: tuple[str, ...] = ()
-    # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/profiles.toml
+    # the file's own [profiles.NAME] tables and those of `--profiles FILE`, beside dsd/costs/profiles.toml
     hardware_profiles: tuple[HardwareProfile, ...] = ()
     external: ExternalConfig | None = None   # [external]: services started elsewhere (launcher "external")
     # [load]: open-loop arrivals (orchestrator/spec/arrivals.py); None keeps the closed-loop clients above.
@@ -192,12 +192,12 @@ class Experiment:
         own = [p.name for p in self.hardware_profiles]
         for name in own:
             check(name not in packaged, f"profiles.{name}", name,
-                   "a name that dsd/profiles.toml does not use already (choose another)")
+                   "a name that dsd/costs/profiles.toml does not use already (choose another)")
         check(len(set(own)) == len(own), "profiles", own, "each profile defined once (in the file or --profiles)")
         known = sorted(packaged) + own
         for name in self.profiles():
             check(not name or name in known, "profile", name,
-                   f"a profile of dsd/profiles.toml, [profiles.NAME] or --profiles {known}")
+                   f"a profile of dsd/costs/profiles.toml, [profiles.NAME] or --profiles {known}")
 
     def _check_controller(self) -> None:
         check(self.controller in CONTROLLERS, "controller", self.controller, f"one of {CONTROLLERS}")
@@ -221,7 +221,7 @@ class Experiment:
         return self.profile if isinstance(self.profile, tuple) else (self.profile,)
 
     def hardware_profile(self, name: str) -> HardwareProfile:
-        """The named profile: the experiment's own, else dsd/profiles.toml's."""
+        """The named profile: the experiment's own, else dsd/costs/profiles.toml's."""
         own = {p.name: p for p in self.hardware_profiles}
         return own[name] if name in own else load_profiles()[name]
 
@@ -240,9 +240,9 @@ class Experiment:
 
 def _max_sim_clients() -> tuple[int, str]:
     # here, not at the top: the simulator imports torch, which only a sim experiment needs
-    from dsd.simulate_clients import MAX_CLIENTS
+    from dsd.simulation.many_clients import MAX_CLIENTS
 
-    return MAX_CLIENTS, "the simulator's ceiling, dsd.simulate_clients.MAX_CLIENTS"
+    return MAX_CLIENTS, "the simulator's ceiling, dsd.simulation.many_clients.MAX_CLIENTS"
 
 
 def _check_backend(backend: BackendConfig, profile) -> None:
@@ -260,7 +260,7 @@ def _check_backend(backend: BackendConfig, profile) -> None:
 
 def load_experiment(path: Path, profiles_file: Path | None = None) -> Experiment:
     """An experiment file; ``profiles_file`` (the CLI's --profiles) adds hardware profiles in the
-    format of dsd/profiles.toml."""
+    format of dsd/costs/profiles.toml."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as error:

@@ -9,7 +9,7 @@ every mode, so that all four are measured from the same place over the same link
     GET  /health
 
 A run is one client: one WebSocket to the verifier and its prompts one after another. In sync and
-pipelined DSD this process drafts (``dsd.edge.EdgeDecoder`` on a real clock: one draft step at a
+pipelined DSD this process drafts (``dsd.drive.edge_decoder.EdgeDecoder`` on a real clock: one draft step at a
 time, handling verdicts between steps and abandoning a draft whose epoch has passed; an emulated
 block with no block in flight, which no verdict can cut short, is charged in one wait); for cloud
 AR and co-located SD it asks the verifier to generate and records the streamed rounds. Each run
@@ -22,7 +22,7 @@ run; ``app_delay_ms`` delays every message in each direction (for hosts whose li
 shaped), in order, and is recorded in every row.
 
 The package, by role: ``config`` (RunConfig, a request's record), ``verifier_channel`` (the
-connection to the verifier), ``transport`` (dsd.driver's transport and device), ``client`` (one
+connection to the verifier), ``transport`` (dsd.drive.driver's transport and device), ``client`` (one
 request in each mode), ``app`` (the HTTP API and its runs), ``cli`` (the command line; ``__main__``).
 """
 from services.edge.app import Edge, Run

@@ -11,9 +11,9 @@ from pathlib import Path
 from aiohttp import web
 
 from dsd.backends.protocol import LanguageModel
-from dsd.control import Decision, RequestController, RequestOutcome, ShadowDraft, request_cycle
+from dsd.controller.interface import Decision, RequestController, RequestOutcome, ShadowDraft, request_cycle
 from dsd.modes import edge_modes
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from services import access, frames, spinwait
 from services.shaping_api import ShapingApi
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice

@@ -1,4 +1,4 @@
-"""One request in each mode (``Client``): DSD through dsd.driver, cloud AR and co-located SD
+"""One request in each mode (``Client``): DSD through dsd.drive.driver, cloud AR and co-located SD
 asked of the verifier, each recorded as trace rows."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
-from dsd.cache_fill import CacheMemory
-from dsd.policies import make_controller
-from dsd.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver, Round
+from dsd.cache.filler import CacheMemory
+from dsd.controller.policies import make_controller
+from dsd.drive.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver, Round
 from dsd.features import FeatureBlock, TakesFeatures
 from dsd.modes import get_mode
 from services import wire
@@ -124,7 +124,7 @@ class Client:
         await self.close_session(session, inbox, request, unexpected)
 
     async def dsd(self, request: Request) -> None:
-        """Sync and pipelined DSD: the edge drafts (dsd.driver, on this process's clock and device),
+        """Sync and pipelined DSD: the edge drafts (dsd.drive.driver, on this process's clock and device),
         the verifier verifies."""
         c = self.config
         session, inbox = self.channel.open_inbox()

@@ -10,10 +10,10 @@ from dataclasses import MISSING, dataclass, fields
 from dsd.checks import is_int
 from dsd.backends.protocol import SamplingParams
 from dsd.features import check_feature_dtype
-from dsd.stopping import StopRule
-from dsd.control import CONTROLLERS, GAMMA_MAX, ControllerConfig
+from dsd.speculation.stopping import StopRule
+from dsd.controller.interface import CONTROLLERS, GAMMA_MAX, ControllerConfig
 from dsd.modes import SYNC, edge_modes, get_mode, plannable_edge_modes
-from dsd.spec_cache import CacheConfig
+from dsd.cache.speculation_cache import CacheConfig
 from services import frames
 
 
@@ -45,7 +45,7 @@ class RunConfig:
     # cap TCP's retransmission backoff on the link (frames.cap_retransmission_backoff): after an
     # outage the request resumes within this of the link's return; 0 = the kernel's backoff
     tcp_rto_max_ms: int = 0
-    controller: str = "static"        # dsd.control: who picks each round's gamma and mode
+    controller: str = "static"        # dsd.controller.interface: who picks each round's gamma and mode
     gamma_max: int = GAMMA_MAX        # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
     # server) and per round (sync/pipelined)
@@ -56,7 +56,7 @@ class RunConfig:
     # open-loop load: the first request starts at this epoch time (0: at once), so a request's
     # arrival does not move with how long the connection took to open
     start_at_unix_s: float = 0.0
-    # the cached mode's speculation cache (dsd/spec_cache.py; JSON: a table of its fields)
+    # the cached mode's speculation cache (dsd/cache/speculation_cache.py; JSON: a table of its fields)
     cache: CacheConfig = CacheConfig()
     # the category of each prompt (a categorized workload; requests.csv's category), or none
     categories: tuple[str, ...] = ()

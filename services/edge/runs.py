@@ -9,7 +9,7 @@ from typing import Any
 
 from services.edge.config import Request, RunConfig
 from services.edge.verifier_channel import VerifierChannel
-from dsd.times import steady_per_token_s
+from dsd.costs.compute_times import steady_per_token_s
 from services.traces import EdgeClock, RequestRow, RoundRow, TraceWriter
 
 

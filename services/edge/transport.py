@@ -1,4 +1,4 @@
-"""dsd.driver's transport and device on the edge: a DSD session on the verifier channel
+"""dsd.drive.driver's transport and device on the edge: a DSD session on the verifier channel
 (``SessionTransport``) and the draft device (``DraftDevice``, emulated or real)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from dsd.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
+from dsd.drive.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
 from dsd.backends.protocol import SamplingParams, Verdict
 from dsd.features import FeatureBlock, decode as decode_features
 from dsd.modes import get_mode
@@ -18,7 +18,7 @@ from services.edge.verifier_channel import VerifierChannel
 
 
 class SessionTransport:
-    """A DSD session on the verifier channel, as dsd.driver's transport: blocks go out as Verify
+    """A DSD session on the verifier channel, as dsd.drive.driver's transport: blocks go out as Verify
     frames, Verified replies come back as arrivals; a hand-over goes out as a Generate with
     max_tokens on the open session, its Tokens come back as server rounds. The draft device may
     start a pass once the last message it depends on had arrived (``ready_s``)."""
@@ -138,7 +138,7 @@ class SessionTransport:
 Result = TypeVar("Result")
 
 class DraftDevice:
-    """The edge's device as dsd.driver's device: emulated (charged t_draft_s a step, starting when
+    """The edge's device as dsd.drive.driver's device: emulated (charged t_draft_s a step, starting when
     its input was ready) or real (the device thread). A block is one pass: one wait instead of a
     wake-up per step, and its frames are built while that time runs.
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from dsd.backends.factory import load_pair
 from services import access, frames, spinwait
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
-from services.scheduler import Scheduler, SchedulerConfig
+from services.verifier.scheduler import Scheduler, SchedulerConfig
 from services.verifier.http import VERIFIER_KEY
 from services.verifier.limits import VerifierLimits
 from services.verifier.server import Verifier

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dsd.features import encode as encode_features
-from dsd.verifier_session import VerifierSession
+from dsd.drive.verifier_session import VerifierSession
 from services import frames, spinwait, wire
 from services.verifier.limits import INFLIGHT
 
@@ -51,7 +51,7 @@ class Connection:
         self.sessions_live = 0                   # not yet freed (closing ones too)
         self.tokens_live = 0                     # their Served.tokens
         self.inflight = 0                        # INFLIGHT requests queued or being served
-        self.watched: socket.socket | None = None     # services.arrival's handle on its socket
+        self.watched: socket.socket | None = None     # services.verifier.frame_stamps's handle on its socket
         self.held_since_s: float | None = None   # bytes came in during a pass on the loop's thread
         self._unhold_due = False
         self.held: dict[int, float] = {}         # seq -> arrival of a request read late that way

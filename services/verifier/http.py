@@ -10,7 +10,8 @@ from dataclasses import asdict
 from aiohttp import WSMsgType, web
 
 from dsd.modes import server_modes
-from services import access, arrival, frames, spinwait, wire
+from services import access, frames, spinwait, wire
+import services.verifier.frame_stamps as frame_stamps
 from services.verifier.connection import Connection
 from services.verifier.messages import VerifierMessages
 
@@ -186,7 +187,7 @@ class VerifierHttp(VerifierMessages):
 
     def _open_connection(self, conn: Connection, sock) -> None:
         frames.cap_retransmission_backoff(sock, self.limits.tcp_rto_max_ms)
-        conn.watched = arrival.watch(sock)
+        conn.watched = frame_stamps.watch(sock)
         self._connections[conn.number] = conn
         self.counts["connections"] += 1
         self.counts[f"connections_{conn.transport}"] += 1

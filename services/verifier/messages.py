@@ -11,8 +11,8 @@ import torch
 from dsd.backends.protocol import SamplingParams
 from dsd.features import FEATURE_DTYPES, ProvidesFeatures
 from dsd.modes import get_mode, server_modes
-from dsd.stopping import StopRule
-from dsd.verifier_session import VerifierSession
+from dsd.speculation.stopping import StopRule
+from dsd.drive.verifier_session import VerifierSession
 from services import wire
 from services.verifier.connection import Connection, Served, _withdraw
 from services.verifier.serving import VerifierServing

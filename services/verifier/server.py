@@ -7,7 +7,7 @@ from collections import Counter
 
 from dsd.backends.protocol import LanguageModel
 from services import spinwait
-from services.scheduler import Scheduler
+from services.verifier.scheduler import Scheduler
 from services.verifier.connection import Connection
 from services.verifier.http import VerifierHttp
 from services.verifier.limits import VerifierLimits

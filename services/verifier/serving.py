@@ -8,11 +8,12 @@ import math
 import time
 
 from dsd.backends.protocol import Proposal
-from dsd.drafting import DraftJob, begin_request
+from dsd.speculation.drafting import DraftJob, begin_request
 from dsd.features import hand_features
 from dsd.modes import AR, NOWHERE, SERVER, get_mode
-from services import arrival, wire
-from services.scheduler import PassTiming
+from services import wire
+import services.verifier.frame_stamps as frame_stamps
+from services.verifier.scheduler import PassTiming
 from services.verifier.connection import Connection, Served, _settle
 from services.verifier.state import VerifierState
 
@@ -201,7 +202,7 @@ class VerifierServing(VerifierState):
         """Right after a pass on the loop's thread: note when what came in meanwhile arrived."""
         for conn in self._connections.values():
             if conn.held_since_s is None:
-                conn.held_since_s = arrival.pending_since_s(conn.watched, start_s)
+                conn.held_since_s = frame_stamps.pending_since_s(conn.watched, start_s)
 
     def _drop(self, conn: Connection) -> None:
         """The client is gone: every session ends after its current pass and frees its caches."""

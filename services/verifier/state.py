@@ -10,7 +10,7 @@ from typing import Any
 from dsd.backends.protocol import LanguageModel
 from services import spinwait, wire
 from services.compute import EmulatedDevice, ThreadDevice
-from services.scheduler import Scheduler
+from services.verifier.scheduler import Scheduler
 from services.verifier.connection import Connection
 from services.verifier.limits import VerifierLimits
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.common import cpus
 from orchestrator.common.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeError, ComposeTestbed, cleanup_project

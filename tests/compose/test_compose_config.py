@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from dsd.backends.factory import HfBackendConfig, SyntheticBackendConfig
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.launchers.compose import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, COMPOSE_FILE, ComposeConfig,
                                            adopt_mismatches, fix_command)
 from orchestrator.launchers.services_config import ServicesConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.launchers.compose import COMPOSE_FILE, ComposeConfig, ComposeError, ComposeTestbed
 from tests.compose.host import host_state, new_since
 

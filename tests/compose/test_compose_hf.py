@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.edge_runs import check_greedy, run_waves
 from tests.compose.host import host_state, new_since

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from dsd.backends.factory import SyntheticBackendConfig, load_pair
-from dsd.decoding import generate_ar
-from dsd.profiles import HardwareProfile
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.costs.profiles import HardwareProfile
+from dsd.speculation.stopping import StopRule
 from netem.probe import BACKENDS
 from orchestrator.common import cpus
 from orchestrator.common.http_client import call

@@ -7,7 +7,7 @@ from dataclasses import MISSING, fields
 import pytest
 
 from dsd.backends.factory import BACKEND_CONFIGS
-from dsd.profiles import HardwareProfile
+from dsd.costs.profiles import HardwareProfile
 from orchestrator.spec.experiment import Experiment
 from tests.docs.pages import documented_names, section, section_text
 from tests.checks import every

@@ -6,11 +6,11 @@ import pytest
 from dsd.backends.acceptance_trace import ACCEPT, REJECT, UNTESTED, AcceptanceTrace, read_rounds_csv
 from dsd.backends.factory import SyntheticBackendConfig, backend_from_dict, load_pair
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import generate_ar, generate_colocated
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar, generate_colocated
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
 from tests.acceptance_traces import bimodal_trace, histogram, total_variation, write_rounds
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 
 def pair(trace, seed=0):

@@ -1,7 +1,7 @@
 """The batched cost curve t_verify(gamma, b) and the batch_slope fitted to it."""
 import pytest
 
-from dsd.timing import batched_verify_times_s, fit_batch_slope
+from dsd.costs.measurement import batched_verify_times_s, fit_batch_slope
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
 

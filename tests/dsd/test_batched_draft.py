@@ -1,4 +1,4 @@
-"""Batched co-located drafting (dsd.drafting.run_draft_jobs): several sessions' draft blocks
+"""Batched co-located drafting (dsd.speculation.drafting.run_draft_jobs): several sessions' draft blocks
 (different prefix lengths, different block lengths, caches holding rejected drafts) drafted with
 one pass of the draft per step give each session the blocks of drafting alone, token for token
 under greedy decoding (float32) and draw for draw under sampling, and leave its cache the same."""
@@ -9,10 +9,10 @@ import torch
 
 from dsd.backends.protocol import SamplingParams
 from dsd.backends.torch_lm import TorchLM
-from dsd.draws import Draws
-from dsd.drafting import DraftJob, draft_block, run_draft_jobs
+from dsd.speculation.draws import Draws
+from dsd.speculation.drafting import DraftJob, draft_block, run_draft_jobs
 from services.compute import ThreadDevice
-from services.scheduler import Scheduler, SchedulerConfig
+from services.verifier.scheduler import Scheduler, SchedulerConfig
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
 
@@ -92,7 +92,7 @@ def test_a_failing_draft_job_fails_alone_and_the_others_finish_their_blocks():
 
 
 def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
-    """services.scheduler batches DraftJobs like verifications: the jobs waiting when the device
+    """services.verifier.scheduler batches DraftJobs like verifications: the jobs waiting when the device
     frees up become one pass (batch size > 1), each answered with its own block."""
     batched_lm, alone_lm = _twins()
 

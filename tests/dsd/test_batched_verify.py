@@ -7,11 +7,11 @@ from scipy import stats
 
 from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs
 from dsd.backends.torch_lm import TorchLM
-from dsd.decoding import generate_ar
-from dsd.draws import Draws
-from dsd.drafting import draft_block
-from dsd.stopping import StopRule
-from dsd.verifier_session import VerifierSession
+from dsd.drive.generation import generate_ar
+from dsd.speculation.draws import Draws
+from dsd.speculation.drafting import draft_block
+from dsd.speculation.stopping import StopRule
+from dsd.drive.verifier_session import VerifierSession
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
 

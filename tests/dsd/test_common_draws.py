@@ -1,16 +1,16 @@
-"""Common random numbers across modes (dsd.draws): with one seed, co-located SD, synchronous DSD
+"""Common random numbers across modes (dsd.speculation.draws): with one seed, co-located SD, synchronous DSD
 and pipelined DSD commit the same tokens, because each block draws from a generator keyed by
 where it starts; different seeds still give different outputs."""
 import pytest
 
 from dsd.backends.protocol import SamplingParams
-from dsd.decoding import generate_colocated
-from dsd.draws import DRAFT, TARGET, VERIFY, Draws, draw_key
-from dsd.simulate import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_colocated
+from dsd.speculation.draws import DRAFT, TARGET, VERIFY, Draws, draw_key
+from dsd.simulation.one_client import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
+from dsd.speculation.stopping import StopRule
 from tests.toy_models import BigramLM, random_bigram
 from tests.checks import every
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
 PROMPT = [3, 14, 15]

@@ -1,17 +1,17 @@
-"""The bandit policy (dsd/policy_bandit.py): discounted UCB over (mode, gamma) arms tries
+"""The bandit policy (dsd/controller/bandit.py): discounted UCB over (mode, gamma) arms tries
 arms, settles on the best rate, follows changes, chooses kinds of request, and uses its informed
 prior as specified."""
 import pytest
 
-from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
-from dsd.policies import make_controller
-from dsd.policy_bandit import BanditPolicy
-from dsd.decoding import generate_ar
-from dsd.policy_configs import BanditConfig
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
+from dsd.controller.interface import ControllerConfig, Decision, Observation, RequestObservation
+from dsd.controller.policies import make_controller
+from dsd.controller.bandit import BanditPolicy
+from dsd.drive.generation import generate_ar
+from dsd.controller.policy_configs import BanditConfig
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
 from tests.dsd.control_helpers import synthetic_pair
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 
 def _bandit_round(policy, decision, accepted, rtt_s=0.01):

@@ -1,17 +1,17 @@
-"""Hand-over (dsd/driver.py, dsd/handover.py) driven by scripted controllers in the sim: a
+"""Hand-over (dsd/drive/driver.py, dsd/drive/handover.py) driven by scripted controllers in the sim: a
 request moves between the edge and the server mid-request with the target's output and exact
 sampling, streams are asked ahead and withdrawn as the link moves, and every segment measures it."""
 import itertools
 
 import pytest
 
-from dsd.control import ControllerConfig, Decision
-from dsd.decoding import generate_ar
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
+from dsd.controller.interface import ControllerConfig, Decision
+from dsd.drive.generation import generate_ar
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
 from tests.dsd.control_helpers import Scripted, bigram_sequence_probs, synthetic_pair
 from tests.checks import every
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 import dataclasses
 
 
@@ -78,11 +78,11 @@ class ByRtt:
 
 
 def _tokens_on_the_server_across_a_fall(new_protocol: bool, monkeypatch) -> tuple[int, float, list[int]]:
-    from dsd import simulate
+    from dsd.simulation import one_client
 
     if not new_protocol:       # a verifier without Queued and Withdraw: the segments' tokens show the link
-        monkeypatch.setattr(simulate.VirtualLink, "acknowledge", lambda *_: None)
-        monkeypatch.setattr(simulate.VirtualLink, "withdraws", False)
+        monkeypatch.setattr(one_client.VirtualLink, "acknowledge", lambda *_: None)
+        monkeypatch.setattr(one_client.VirtualLink, "withdraws", False)
     draft, target = synthetic_pair()
     stop = StopRule(160)
     run = simulate_dsd(draft, target, [5, 9, 4], stop,
@@ -108,16 +108,16 @@ def test_withdrawing_asked_segments_brings_a_stream_back_soon_after_the_link_get
 def test_a_plan_back_to_the_edge_on_a_link_that_held_still_withdraws_nothing(monkeypatch):
     """Withdrawing is for a link that fell: on a steady link the segments asked stay (and the
     output is the target's); across the fall of the test above, a withdraw is sent."""
-    from dsd import simulate
+    from dsd.simulation import one_client
 
     calls = []
-    real = simulate.VirtualLink.withdraw
+    real = one_client.VirtualLink.withdraw
 
     async def spy(self, drop, after):
         calls.append(drop)
         return await real(self, drop, after)
 
-    monkeypatch.setattr(simulate.VirtualLink, "withdraw", spy)
+    monkeypatch.setattr(one_client.VirtualLink, "withdraw", spy)
     draft, target = synthetic_pair()
     stop = StopRule(120)
     run = simulate_dsd(draft, target, [2, 9, 4], stop, LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
@@ -161,7 +161,7 @@ class ByRttLookingAhead(ByRtt):
 
 
 def _ar_tokens_across_a_late_fall(infer: bool, monkeypatch) -> tuple[int, float, list[int]]:
-    from dsd import handover
+    from dsd.drive import handover
 
     if not infer:
         monkeypatch.setattr(handover, "fallen_rtt_s", lambda *args: None)
@@ -311,7 +311,7 @@ def test_a_session_that_hands_over_at_once_costs_about_a_plain_server_request():
     """The edge sends Open and Generate back to back (it does not wait for Opened), so a request
     that starts on the server inside a DSD session takes what cloud AR alone takes, not an extra
     round trip (the sim used to charge one)."""
-    from dsd.simulate import ServerCosts, simulate_on_server
+    from dsd.simulation.one_client import ServerCosts, simulate_on_server
 
     draft, target = synthetic_pair(alpha=0.8)
     stop = StopRule(48)
@@ -338,7 +338,7 @@ def test_a_stream_begun_on_the_server_is_asked_a_round_trip_ahead_on_the_pace_le
     segments (8 tokens, 0.16 s at 20 ms) ahead: on a 150 ms link the server idled until the next
     Generate came (~12 ms a request on netns). With the controller's pace from earlier requests it
     is asked a round trip ahead from the start and takes what one plain server request takes."""
-    from dsd.simulate import ServerCosts, simulate_on_server
+    from dsd.simulation.one_client import ServerCosts, simulate_on_server
 
     draft, target = synthetic_pair(alpha=0.8)
     stop = StopRule(48)
@@ -407,7 +407,7 @@ class ByRttOnAStaleProbeWithThePace(ByRtt):
 
 
 def _server_tokens_as_the_link_falls(monkeypatch, withdraw_on_the_server: bool) -> tuple[int, list[int]]:
-    from dsd import handover
+    from dsd.drive import handover
 
     if not withdraw_on_the_server:
         monkeypatch.setattr(handover.HandoverStream, "_asked_for_a_fallen_link", lambda self: 0)

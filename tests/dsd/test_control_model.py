@@ -1,21 +1,21 @@
-"""The model policy (dsd/policy_model.py) and its estimators (dsd/estimators.py): the closed
+"""The model policy (dsd/controller/model_based.py) and its estimators (dsd/controller/estimators.py): the closed
 form on running estimates picks the plan and the request's mode as specified, follows the link
 and the acceptance, and hands over to the server and back only where that pays."""
 import pytest
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.control import ControllerConfig, Decision, Observation, RequestObservation
-from dsd.policies import make_controller
-from dsd.policy_model import ModelPolicy, best_decision
-from dsd.decoding import generate_ar
+from dsd.controller.interface import ControllerConfig, Decision, Observation, RequestObservation
+from dsd.controller.policies import make_controller
+from dsd.controller.model_based import ModelPolicy, best_decision
+from dsd.drive.generation import generate_ar
 from dsd.modes import edge_modes, server_modes
-from dsd.policy_configs import ModelPolicyConfig
-from dsd.policy_model import finite_request_factor
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
+from dsd.controller.policy_configs import ModelPolicyConfig
+from dsd.controller.model_based import finite_request_factor
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
 from tests.checks import every
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 import dataclasses
 
 
@@ -154,7 +154,7 @@ def test_request_level_dispatch_in_the_sim_keeps_greedy_output_and_records_the_c
     cloud AR and near ones to DSD (a link schedule moving under it, two prompt classes of
     different alpha); every request's tokens are the target's greedy ones; the plan columns say
     which mode ran."""
-    from dsd.times import ComputeTimes
+    from dsd.costs.compute_times import ComputeTimes
     from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 
     config = SyntheticConfig(alpha=0.5, seed=4, alpha_classes=((1, 0.9), (2, 0.3)))
@@ -203,7 +203,7 @@ def test_model_hands_a_low_acceptance_request_to_cloud_ar_mid_request_and_back_w
 
 
 def test_level_follows_a_step_of_the_link_but_not_one_outlier():
-    from dsd.estimators import Level
+    from dsd.controller.estimators import Level
 
     level = Level(0.9)
     for _ in range(30):
@@ -221,7 +221,7 @@ def test_level_follows_a_step_of_the_link_but_not_one_outlier():
 def test_acceptance_change_test_finds_a_drop_within_a_few_rounds_and_holds_when_stationary():
     import random
 
-    from dsd.estimators import Acceptance
+    from dsd.controller.estimators import Acceptance
 
     def rounds(alpha, gamma, n, rng):
         for _ in range(n):
@@ -255,7 +255,7 @@ def test_acceptance_restarts_sooner_on_a_drop_that_begins_with_a_request():
     The rounds of netns seed 2's two alpha-drop requests (gamma 8-10) after a history at ~0.8."""
     import random
 
-    from dsd.estimators import Acceptance
+    from dsd.controller.estimators import Acceptance
 
     def first_below_half(sequence, boundary):
         acceptance = Acceptance(0.9)
@@ -361,7 +361,7 @@ def test_a_noisy_shadow_rate_does_not_take_requests_back_from_the_server(monkeyp
 
 
 def test_finite_request_factor_charges_the_budget_overshoot_of_long_rounds():
-    from dsd.policy_model import finite_request_factor
+    from dsd.controller.model_based import finite_request_factor
 
     assert finite_request_factor("ar", 1, 0.9, 10) == 1.0
     assert finite_request_factor("sync", 8, 0.9, None) == 1.0

@@ -1,20 +1,20 @@
-"""The controller contract (dsd/control.py) and the fixed policies (dsd/policy_static.py):
+"""The controller contract (dsd/controller/interface.py) and the fixed policies (dsd/controller/rule_based.py):
 plans change between rounds of one request without changing the target's greedy output or its
 sampling, bad plans and bad configs are refused naming the field, each policy takes only its own
 settings, and static and heuristic decide as specified."""
 import pytest
 
-from dsd.control import ControllerConfig, Decision, Observation, check_decision, shadow_matches
-from dsd.policies import make_controller
-from dsd.policy_bandit import BanditPolicy
-from dsd.policy_static import HeuristicPolicy
-from dsd.decoding import generate_ar
-from dsd.policy_configs import BanditConfig, ModelPolicyConfig, StaticConfig
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
+from dsd.controller.interface import ControllerConfig, Decision, Observation, check_decision, shadow_matches
+from dsd.controller.policies import make_controller
+from dsd.controller.bandit import BanditPolicy
+from dsd.controller.rule_based import HeuristicPolicy
+from dsd.drive.generation import generate_ar
+from dsd.controller.policy_configs import BanditConfig, ModelPolicyConfig, StaticConfig
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
 from tests.dsd.control_helpers import Scripted, bigram_sequence_probs, synthetic_pair
 from tests.checks import every
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 
 PLANS = [Decision(g, m) for g, m in [(1, "sync"), (5, "pipelined"), (2, "pipelined"), (7, "sync"), (3, "pipelined"),

@@ -3,12 +3,12 @@ import pytest
 
 from dsd.backends.protocol import Proposal, SamplingParams, Verdict
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.edge import EdgeDecoder
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
-from dsd.verifier_session import VerifierSession
+from dsd.drive.edge_decoder import EdgeDecoder
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
+from dsd.drive.verifier_session import VerifierSession
 from tests.checks import every
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 
 def test_verifier_answers_stale_without_compute_when_the_base_differs():

@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dsd import verifier_session
+from dsd.drive import verifier_session
 from dsd.backends.eagle_lm import EagleLM
 from dsd.backends.eagle_model import save_eagle
 from dsd.backends.feature_target import FeatureTorchLM, LayerTap
@@ -19,16 +19,16 @@ from dsd.backends.hf import HfBackendConfig
 from dsd.backends.protocol import LogitsRequest, SamplingParams
 from dsd.backends.torch_lm import TorchLM
 from dsd.backends.vocab_map import VocabMap
-from dsd.decoding import generate_ar
+from dsd.drive.generation import generate_ar
 from dsd.features import (FEATURE_DTYPES, FeatureBlock, ProvidesFeatures, TakesFeatures, decode, encode,
                           encoded_bytes)
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
-from dsd.verification import probs_from_logits, sampling_probs
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
+from dsd.speculation.verification import probs_from_logits, sampling_probs
 from pairs import eagle_draft
 from services import wire, wire_size
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 VOCAB, PROMPT, LENGTH = 6, [1, 2, 3], 3
 COSTS = LinkCosts(t_draft_s=0.001, t_verify_s=0.002, rtt_s=0.01)

@@ -2,10 +2,10 @@
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import generate_ar, generate_colocated
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
-from dsd.driver import DriverConfig
+from dsd.drive.generation import generate_ar, generate_colocated
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
+from dsd.drive.driver import DriverConfig
 
 GAMMAS = (1, 2, 4, 8)
 PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(3 + i % 5)] for i in range(20)]

@@ -3,9 +3,9 @@ computed twice (counted in forward positions)."""
 import torch
 
 from dsd.backends.protocol import SamplingParams
-from dsd.drafting import draft_block
-from dsd.stopping import StopRule
-from dsd.verifier_session import VerifierSession
+from dsd.speculation.drafting import draft_block
+from dsd.speculation.stopping import StopRule
+from dsd.drive.verifier_session import VerifierSession
 from tests.torch_pairs import tiny_pair
 
 

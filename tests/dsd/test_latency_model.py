@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 
 
 def test_expected_tokens_matches_hand_computed_values():

@@ -9,21 +9,21 @@ import math
 import pandas as pd
 import pytest
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd import modes
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.control import ControllerConfig, Decision
-from dsd.policy_model import best_decision
-from dsd.decoding import generate_ar
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
+from dsd.controller.interface import ControllerConfig, Decision
+from dsd.controller.model_based import best_decision
+from dsd.drive.generation import generate_ar
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
 from dsd.modes import AR, CACHED, COLOCATED, EDGE, NOWHERE, PIPELINED, SERVER, SYNC, Mode, get_mode, register
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis.points import add_predictions
 from orchestrator.report import plots
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.plan import plan_points
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 TIMES = {"t_ar_s": 0.010, "t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_verify_s": 0.012}
 PARAMS = ComputeTimes.from_dict({**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}})
@@ -155,7 +155,7 @@ def test_a_registered_toy_mode_gets_its_label_and_colour_in_the_plots(toy, tmp_p
 
 
 def test_a_registered_toy_mode_runs_its_policy_in_the_one_driver(toy):
-    """The driver (dsd/driver.py, the edge service's loop too) asks the mode for its plan: every
+    """The driver (dsd/drive/driver.py, the edge service's loop too) asks the mode for its plan: every
     round proposes one token although gamma 4 is configured, the output is the target's own, and
     the time per token is the toy's closed form."""
     config = SyntheticConfig(alpha=0.8, seed=3)

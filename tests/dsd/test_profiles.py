@@ -1,6 +1,6 @@
 import pytest
 
-from dsd.profiles import get_profile, load_profiles
+from dsd.costs.profiles import get_profile, load_profiles
 from tests.checks import every
 
 

@@ -2,10 +2,10 @@ import math
 
 import pytest
 
-from dsd import latency_model as lm
-from dsd import queueing as q
+from dsd.analytic import latency_model as lm
+from dsd.analytic import queueing as q
 from dsd.modes import predict_per_token_s
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 
 ALPHA, GAMMA = 0.5, 2
 T_AR_S = 0.056
@@ -206,8 +206,8 @@ def test_predicted_frontier_has_a_row_per_client_count_and_pair():
 
 def _simulated_per_token_s(mode, n_clients, times, rtt_s, max_batch):
     from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-    from dsd.simulate_clients import ClientsSetup, VerifierConfig, simulate_clients
-    from dsd.stopping import StopRule
+    from dsd.simulation.many_clients import ClientsSetup, VerifierConfig, simulate_clients
+    from dsd.speculation.stopping import StopRule
 
     config = SyntheticConfig(alpha=1.0, seed=3)
     setup = ClientsSetup(n_clients, mode, SIM_GAMMA, times, lambda _t: rtt_s, VerifierConfig(max_batch))
@@ -226,7 +226,7 @@ SIM_TIMES = ComputeTimes(0.004, 0.002, 0.020, t_prefill_per_token_s=0.001, t_ver
 @pytest.mark.parametrize("n_clients", [2, 3, 4, 6, 8])
 @pytest.mark.parametrize("rtt_s", [0.0, 0.02])
 def test_the_batched_model_is_within_15_percent_of_the_simulator_with_constant_times(max_batch, n_clients, rtt_s):
-    # dsd.simulate_clients batches as the scheduler does (a running pass admits nobody). Its
+    # dsd.simulation.many_clients batches as the scheduler does (a running pass admits nobody). Its
     # clients fall into step (those that waited for a pass go together from then on), which
     # the model's arrival at a random moment of the running pass does not know: the model is
     # low by up to 14% at 8 clients in one pass of 8 (the rate model it replaces: 20%).

@@ -1,12 +1,12 @@
-"""The regime line a run prints before its first point (dsd.regime)."""
+"""The regime line a run prints before its first point (dsd.analytic.regime)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from dsd.regime import regime
-from dsd.times import ComputeTimes
+from dsd.analytic.regime import regime
+from dsd.costs.compute_times import ComputeTimes
 
 
 def pair_times(verify_over_ar: float, draft_over_ar: float, t_ar_s: float = 0.055) -> ComputeTimes:

@@ -1,4 +1,4 @@
-"""N closed-loop clients on one verifier (dsd.simulate_clients): one client is dsd.simulate's run
+"""N closed-loop clients on one verifier (dsd.simulation.many_clients): one client is dsd.simulation.one_client's run
 to the bit, and with deterministic times the per-token time is the closed network's cycle.
 
 A closed network of N clients, one queue (service S per visit) and a delay (think time Z per
@@ -9,11 +9,11 @@ is in steady state and its steady per-token time is the cycle over the tokens of
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.simulate_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
-from dsd.times import pass_cost_s
-from dsd.stopping import StopRule
+from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
+from dsd.costs.compute_times import pass_cost_s
+from dsd.speculation.stopping import StopRule
 from orchestrator.launchers.sim import SimClient, SimRequest, run_request
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 
 GAMMA = 4
 T_DRAFT_EDGE_S, T_DRAFT_SERVER_S, T_AR_S, T_VERIFY_S = 0.004, 0.002, 0.020, 0.010
@@ -43,7 +43,7 @@ def run(mode: str, n_clients: int, alpha: float, rtt_s: float, max_batch: int = 
 @pytest.mark.parametrize("rtt_s", [0.0, 0.03, 0.2])
 def test_one_client_is_the_single_client_simulation_to_the_bit(mode, rtt_s):
     """The shared verifier with one client adds nothing: tokens, rounds and times are those of
-    dsd.simulate's run (the sim launcher's one-client path), prefill and all."""
+    dsd.simulation.one_client's run (the sim launcher's one-client path), prefill and all."""
     times = TIMES.replace(t_prefill_per_token_s=0.0003)
     draft, target = pair(0.6)
     tokens, rounds, wall_s, ttft_s = run_request(

@@ -1,23 +1,23 @@
-"""Cached pipelined DSD (dsd.spec_cache, dsd.cache_fill): the outcomes it drafts for, that it
+"""Cached pipelined DSD (dsd.cache.speculation_cache, dsd.cache.filler): the outcomes it drafts for, that it
 commits the tokens of every other mode for one seed, hit or miss, and that its closed form
-(dsd.latency_model.per_token_cached_dsd_s) is the protocol's time on the simulator."""
+(dsd.analytic.latency_model.per_token_cached_dsd_s) is the protocol's time on the simulator."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.backends.protocol import SamplingParams
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.cache_fill import PassTimes
-from dsd.decoding import generate_colocated
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.spec_cache import (CacheConfig, Calibration, Outcome, SpeculationCache, batch_step_s, fill_plan,
+from dsd.cache.filler import PassTimes
+from dsd.drive.generation import generate_colocated
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.cache.speculation_cache import (CacheConfig, Calibration, Outcome, SpeculationCache, batch_step_s, fill_plan,
                             rank_outcomes, top_tokens)
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from tests.checks import every
 from tests.toy_models import BigramLM, random_bigram
-from dsd.driver import DriverConfig
+from dsd.drive.driver import DriverConfig
 
 VOCAB, GAMMA, TOKENS = 40, 3, 60
 PROMPT = [3, 14, 15]

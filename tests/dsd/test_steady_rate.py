@@ -1,13 +1,13 @@
-"""One steady per-token rate (dsd.times.steady_per_token_s): a co-located request's first emission
+"""One steady per-token rate (dsd.costs.compute_times.steady_per_token_s): a co-located request's first emission
 is a whole accepted run, and the controller learns the rate requests.csv records, not another."""
 from types import SimpleNamespace
 
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.control import Decision, RequestObservation
-from dsd.stopping import StopRule
-from dsd.times import ComputeTimes, steady_per_token_s
+from dsd.controller.interface import Decision, RequestObservation
+from dsd.speculation.stopping import StopRule
+from dsd.costs.compute_times import ComputeTimes, steady_per_token_s
 from orchestrator.launchers.sim import request_row, SimClient, SimRequest, run_request
 
 GAMMA = 3

@@ -8,10 +8,10 @@ from scipy import stats
 from dsd.backends import acceptance as acc
 from dsd.backends.factory import SyntheticBackendConfig, load_pair
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import Generation, generate_ar, generate_colocated
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
-from dsd.driver import DriverConfig
+from dsd.drive.generation import Generation, generate_ar, generate_colocated
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
+from dsd.drive.driver import DriverConfig
 
 ALPHAS = [0.5, 0.7, 0.85, 0.9]
 COSTS = LinkCosts(t_draft_s=0.01, t_verify_s=0.05, rtt_s=0.02)
@@ -158,7 +158,7 @@ def test_service_flags_carry_acceptance():
 def test_compose_carries_acceptance_to_both_services():
     from pathlib import Path
 
-    from dsd.profiles import get_profile
+    from dsd.costs.profiles import get_profile
     from orchestrator.launchers.compose import ComposeConfig
 
     env = ComposeConfig(n_edges=1, profile=get_profile("toy-edge-cloud"),

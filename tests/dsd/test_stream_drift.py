@@ -1,7 +1,7 @@
-"""A server stream's arrivals as a measure of a link that got faster (dsd/stream_drift.py)."""
+"""A server stream's arrivals as a measure of a link that got faster (dsd/drive/stream_drift.py)."""
 import pytest
 
-from dsd.stream_drift import ArrivalDrift, fallen_rtt_s
+from dsd.drive.stream_drift import ArrivalDrift, fallen_rtt_s
 
 
 def falls(gaps_ms: list[float], compute_ms: float = 20.0) -> list[float]:

@@ -3,13 +3,13 @@ import math
 
 import pytest
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import Generation, generate_colocated
-from dsd.simulate import LinkCosts, simulate_dsd
-from dsd.stopping import StopRule
-from dsd.times import ComputeTimes
-from dsd.driver import DriverConfig
+from dsd.drive.generation import Generation, generate_colocated
+from dsd.simulation.one_client import LinkCosts, simulate_dsd
+from dsd.speculation.stopping import StopRule
+from dsd.costs.compute_times import ComputeTimes
+from dsd.drive.driver import DriverConfig
 
 
 @pytest.mark.parametrize("alpha,gamma", [(0.5, 4), (0.8, 4), (0.9, 8), (0.7, 1)])
@@ -68,8 +68,8 @@ def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_
     """The server's own modes run the message exchange on virtual time: each message pays the
     link's one-way delay, so a longer delay per message adds exactly two of them (Open out, the
     first Tokens back) to the time to first token and nothing to the time per token after it."""
-    from dsd.decoding import generate_ar
-    from dsd.simulate import ServerCosts, simulate_on_server
+    from dsd.drive.generation import generate_ar
+    from dsd.simulation.one_client import ServerCosts, simulate_on_server
 
     draft, target = _sim_pair()
     runs = {}
@@ -114,8 +114,8 @@ def test_sim_launcher_ar_point_rows_come_from_the_protocol():
 
 def test_sim_colocated_lays_out_stratified_acceptance_like_generate_colocated():
     """With stratified acceptance the draft must be told the request first (begin_request): the
-    simulated co-located run then accepts exactly what dsd.decoding.generate_colocated does."""
-    from dsd.simulate import ServerCosts, simulate_on_server
+    simulated co-located run then accepts exactly what dsd.drive.generation.generate_colocated does."""
+    from dsd.simulation.one_client import ServerCosts, simulate_on_server
 
     config = SyntheticConfig(alpha=0.7, seed=4, acceptance="stratified")
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from dsd.profiles import HardwareProfile, get_profile
-from dsd.times import ComputeTimes, fit_verify_line
-from dsd.timing import MeasuredTimes
+from dsd.costs.profiles import HardwareProfile, get_profile
+from dsd.costs.compute_times import ComputeTimes, fit_verify_line
+from dsd.costs.measurement import MeasuredTimes
 
 
 def line_times(**changes) -> ComputeTimes:

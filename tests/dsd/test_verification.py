@@ -5,9 +5,9 @@ import torch
 from scipy import stats
 
 from dsd.backends.protocol import SamplingParams
-from dsd.decoding import generate_colocated
-from dsd.stopping import StopRule
-from dsd.verification import greedy_verify, probs_from_logits, sample_index, speculative_sample
+from dsd.drive.generation import generate_colocated
+from dsd.speculation.stopping import StopRule
+from dsd.speculation.verification import greedy_verify, probs_from_logits, sample_index, speculative_sample
 from tests.dsd.control_helpers import bigram_sequence_probs
 from tests.toy_models import BigramLM, random_bigram
 
@@ -143,7 +143,7 @@ def test_colocated_sampling_with_truncation_reproduces_the_targets_truncated_dis
 @pytest.mark.parametrize("scale", [8.0, 3.0, 0.01])      # peaked rows (nucleus in the top 1,024) .. flat (it is not)
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
 def test_the_nucleus_found_among_the_top_tokens_is_the_full_sorts(scale, top_p):
-    from dsd.verification import _nucleus, _nucleus_by_sort
+    from dsd.speculation.verification import _nucleus, _nucleus_by_sort
     generator = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
     probs = torch.softmax(torch.randn(4, 49152, generator=generator) * scale, dim=-1)
     fast, full = _nucleus(probs, top_p), _nucleus_by_sort(probs, top_p)

@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dsd.backends.protocol import SamplingParams
 from dsd.backends.torch_lm import TorchLM
 from dsd.backends.vocab_map import VocabMap
-from dsd.decoding import generate_ar, generate_colocated
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar, generate_colocated
+from dsd.speculation.stopping import StopRule
 
 VOCAB = 97
 KEPT = list(range(0, VOCAB, 2))      # the even ids; odd ids are dropped

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from dsd.backends.factory import load_pair
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from orchestrator.launchers import leftovers
 from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.spec.experiment import experiment_from_dict
@@ -149,7 +149,7 @@ def whole_trace_rows(path: Path) -> tuple[int, int]:
 
 def netns_testbed(tmp_path, experiment, **kwargs):
     """A netns testbed (not started) for one small experiment's services."""
-    from dsd.profiles import get_profile
+    from dsd.costs.profiles import get_profile
     from orchestrator.launchers.netns import NetnsTestbed
     from orchestrator.launchers.services_config import ServicesConfig
     config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=experiment.edges,

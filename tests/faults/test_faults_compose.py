@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.common.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.leftovers import service_processes

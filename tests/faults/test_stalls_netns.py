@@ -20,7 +20,7 @@ import time
 import pandas as pd
 import pytest
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from netem import nsutil
 from orchestrator.launchers.netns import NetnsTestbed
 from orchestrator.launchers.services_config import ServicesConfig

@@ -3,8 +3,8 @@ shared by the orchestrator's and the compose launcher's tests."""
 import pandas as pd
 
 from dsd.backends.factory import load_pair
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.running.run import run_experiment
 from orchestrator.spec.workload import make_prompts

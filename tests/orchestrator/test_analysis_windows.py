@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsd import latency_model as lm
-from dsd.times import ComputeTimes
+from dsd.analytic import latency_model as lm
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis.points import (add_speedups, fit_effective_params, point_table,
                                           predicted_ar_boundary_alpha, predicted_ar_boundary_rtt_ms)
 from orchestrator.analysis import bootstrap

@@ -5,11 +5,11 @@ import math
 import pandas as pd
 import pytest
 
-from dsd import latency_model as lm
+from dsd.analytic import latency_model as lm
 from dsd.modes import predict_per_token_s
 from orchestrator.analysis.points import fit_alpha, fit_alpha_tokens_per_round, steady_windows
 from orchestrator.analysis.predictions import calibrate
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 
 
 def _rounds(accepted_by_request: list[list[int]], gamma: int = 4, mode: str = "sync",

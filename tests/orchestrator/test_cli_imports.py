@@ -27,4 +27,4 @@ def test_a_network_experiment_is_read_and_planned_without_torch():
 
 
 def test_the_probe_sees_torch_when_a_model_module_is_imported():
-    assert modules_loaded_by("import dsd.drafting") == ["torch"]
+    assert modules_loaded_by("import dsd.speculation.drafting") == ["torch"]

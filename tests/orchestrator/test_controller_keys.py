@@ -42,8 +42,8 @@ def test_the_controller_key_reaches_the_edge_on_a_network_launcher(tmp_path):
     """Loopback: the edge services run the heuristic; greedy output stays the target's and the
     merged rounds.csv shows the per-round plans."""
     from dsd.backends.factory import load_pair
-    from dsd.decoding import generate_ar
-    from dsd.stopping import StopRule
+    from dsd.drive.generation import generate_ar
+    from dsd.speculation.stopping import StopRule
     from orchestrator.spec.workload import make_prompts
 
     experiment = experiment_from_dict({**BASE, "launcher": "loopback", "rtt_ms": [10], "clients": [1], "edges": 1,

@@ -121,8 +121,8 @@ def test_a_path_found_only_from_the_working_directory_is_used_with_a_warning(tmp
 
 
 def test_the_regime_map_files_are_valid_and_reach_past_the_predicted_crossover():
-    from dsd import queueing
-    from dsd.profiles import load_profiles
+    from dsd.analytic import queueing
+    from dsd.costs.profiles import load_profiles
 
     for name in ("regime-map-sim-serial", "regime-map-sim-batched", "regime-map-netns", "regime-map-real"):
         experiment = load_experiment(f"experiments/{name}.toml")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsd import queueing
+from dsd.analytic import queueing
 from orchestrator.analysis import bootstrap, frontier
 from orchestrator.analysis.predictions import Predictor
 from orchestrator.records.sweep_folder import run_sweep
@@ -142,7 +142,7 @@ def test_points_with_more_clients_are_predicted_by_the_queueing_model_before_the
     assert several["predicted_at_s"].max() < min(done[k]["started_s"] for k in several["point"])
     assert all(not is_calibration(p, experiment) for p in plan if p.clients > 1)
     calibration = json.loads((out / "calibration.json").read_text())["all"]
-    from dsd.times import ComputeTimes
+    from dsd.costs.compute_times import ComputeTimes
     params = ComputeTimes.from_dict(calibration["params"])
     for row in several.itertuples():
         expected_ms = 1e3 * queueing.per_token_s(row.mode, row.clients, calibration["alpha"], 4, row.rtt_ms / 1e3,

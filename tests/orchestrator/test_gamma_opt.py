@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsd import latency_model as lm
-from dsd.times import ComputeTimes
+from dsd.analytic import latency_model as lm
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis import gamma_opt
 from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.report.html import write_report

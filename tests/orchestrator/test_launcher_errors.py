@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsd.backends.factory import SyntheticBackendConfig
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.cli import error_line
 from orchestrator.launchers.base import LauncherError
 from orchestrator.launchers.loopback import LoopbackTestbed

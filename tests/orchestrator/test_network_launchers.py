@@ -12,8 +12,8 @@ import pytest
 from pathlib import Path
 
 from dsd.backends.factory import load_pair
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.report.analyze import analyze_sweep
 from orchestrator.running.run import run_experiment

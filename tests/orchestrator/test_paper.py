@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis import paper
 from orchestrator.spec.experiment import experiment_from_dict, load_experiment
 from orchestrator.report.html import write_report
@@ -40,7 +40,7 @@ def test_every_paper_experiment_loads_and_names_profiles_with_sources():
     for name in ("paper-sync-vs-ar", "paper-pipelined-window", "paper-capacity"):
         experiment = load_experiment(REPO / "experiments" / f"{name}.toml")
         assert experiment.launcher == "netns" and experiment.backend.acceptance == "stratified"
-    from dsd.profiles import load_profiles
+    from dsd.costs.profiles import load_profiles
     profiles = load_profiles()
     tv50 = profiles["paper-sync-tv50"]
     assert (tv50.t_draft_edge_s, tv50.t_ar_s, tv50.t_verify_s(5)) == (0.010, 0.050, 0.050)

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsd import latency_model as lm
-from dsd.profiles import get_profile
+from dsd.analytic import latency_model as lm
+from dsd.costs.profiles import get_profile
 from orchestrator.analysis import bootstrap
 from orchestrator import cli
 from orchestrator.running import repeat_until_ci

@@ -1,6 +1,6 @@
 """Hardware profiles given with the experiment: [profiles.NAME] tables and --profiles FILE.
 
-The same rule as dsd/profiles.toml (every number names its source), and the profile must reach
+The same rule as dsd/costs/profiles.toml (every number names its source), and the profile must reach
 the services, not just the analysis.
 """
 import json

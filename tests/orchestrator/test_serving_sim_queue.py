@@ -4,7 +4,7 @@ pass starts before its block is there, however the prefill and the edge's drafti
 import numpy as np
 import pytest
 
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.open_loop.sim import ServingSetup, simulate_serving
 from orchestrator.spec.arrivals import OpenLoopRequest
 

@@ -1,10 +1,10 @@
-"""The sim launcher with several clients per point: one shared verifier (dsd.simulate_clients),
+"""The sim launcher with several clients per point: one shared verifier (dsd.simulation.many_clients),
 rows per client as the network launchers write them, and the limits refused naming the key."""
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.simulate_clients import MAX_CLIENTS, VerifierConfig
-from dsd.times import ComputeTimes
+from dsd.simulation.many_clients import MAX_CLIENTS, VerifierConfig
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.launchers.base import PointSettings
 from orchestrator.launchers.sim import SimTestbed, check_clients_settings
 from orchestrator.spec.experiment import experiment_from_dict

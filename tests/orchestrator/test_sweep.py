@@ -4,7 +4,7 @@ import json
 import pandas as pd
 import pytest
 
-from dsd.times import ComputeTimes
+from dsd.costs.compute_times import ComputeTimes
 from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.report.analyze import analyze_sweep
 from orchestrator.running.run import run_experiment

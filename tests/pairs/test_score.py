@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from dsd.backends.eagle_model import load_eagle
 from dsd.backends.vocab_map import VocabMap
-from dsd.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step
+from dsd.analytic.latency_model import alpha_for_tokens_per_round, tokens_per_round_by_step
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from pairs import chat_data, chat_draft, eagle_draft, score
 from tests.dsd.test_feature_draft import VOCAB, saved_pair, tiny_target

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 import yarl
 
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from services import frames, wire
 from services.access import bearer_header
 from services.launch import Service, launch, post_runs, read_csv, wait_for_runs, wait_ready  # noqa: F401

@@ -7,9 +7,9 @@ from scipy import stats
 
 from dsd.backends.hf import HfBackendConfig
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
-from dsd.verification import probs_from_logits
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
+from dsd.speculation.verification import probs_from_logits
 from pairs import chat_data, smollm2
 from tests.checks import every
 from tests.services.harness import post_runs, read_csv, wait_for_runs

@@ -15,9 +15,9 @@ import pytest
 
 from dsd.backends.factory import SyntheticBackendConfig
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import generate_ar
-from dsd.profiles import HardwareProfile
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.costs.profiles import HardwareProfile
+from dsd.speculation.stopping import StopRule
 from orchestrator.launchers.loopback import LoopbackTestbed
 from orchestrator.launchers.services_config import ServicesConfig
 from services import access, wire

@@ -7,11 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import generate_ar
-from dsd.drafting import draft_block
+from dsd.drive.generation import generate_ar
+from dsd.speculation.drafting import draft_block
 from dsd.backends.protocol import SamplingParams
 from dsd.sequence import prefix_digest
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from services import wire
 from tests.services.harness import (RawClient, open_message, post_runs, read_csv, run, sessions_open, synthetic_args,
                                     wait_for_runs)

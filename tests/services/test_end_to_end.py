@@ -7,9 +7,9 @@ import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
-from dsd.decoding import generate_ar
+from dsd.drive.generation import generate_ar
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from tests.services.harness import (PROMPTS, TEST_PROFILE, check_greedy, post_runs, read_csv, run_body,
                                     synthetic_args, synthetic_reference, wait_for_runs)
 from tests.torch_pairs import tiny_pair

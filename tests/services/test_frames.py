@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from services import frames, wire
 from services.edge import VerifierChannel
 from services.edge.config import RunError

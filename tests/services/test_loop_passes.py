@@ -1,6 +1,6 @@
 """Passes on the event loop's own thread (the lean real-model path): they give the same tokens,
 they run only when nothing else can need the loop, and what comes in during one is stamped with
-when it arrived (services.arrival), so queue waits and probed round trips stay what they were."""
+when it arrived (services.verifier.frame_stamps), so queue waits and probed round trips stay what they were."""
 import asyncio
 import json
 import socket
@@ -10,14 +10,15 @@ import pytest
 
 from dsd.backends.factory import DEFAULT_PAIR
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
-from dsd.decoding import generate_ar
+from dsd.drive.generation import generate_ar
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.sequence import TokenSequence
-from dsd.stopping import StopRule
-from services import arrival, wire
-from dsd.profiles import get_profile
+from dsd.speculation.stopping import StopRule
+from services import wire
+import services.verifier.frame_stamps as frame_stamps
+from dsd.costs.profiles import get_profile
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
-from services.scheduler import Scheduler, SchedulerConfig
+from services.verifier.scheduler import Scheduler, SchedulerConfig
 from tests.services.harness import RawClient, post_runs, read_csv, wait_for_runs
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
@@ -34,10 +35,10 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
 
 def test_pending_since_is_when_the_waiting_bytes_arrived_and_none_when_nothing_waits():
     client, server = socket_pair()
-    watched = arrival.watch(server)
+    watched = frame_stamps.watch(server)
     try:
         floor_s = time.perf_counter() - 1.0
-        assert arrival.pending_since_s(watched, floor_s) is None
+        assert frame_stamps.pending_since_s(watched, floor_s) is None
         # The kernel turns receive stamps on in the background when a first socket asks for
         # them; until then a segment has none (pending_since_s then falls back to the floor).
         client.send(b"w")
@@ -47,16 +48,16 @@ def test_pending_since_is_when_the_waiting_bytes_arrived_and_none_when_nothing_w
         client.send(b"frame")
         after_s = time.perf_counter()
         time.sleep(0.03)                       # the loop "busy": the bytes wait unread
-        since_s = arrival.pending_since_s(watched, floor_s)
+        since_s = frame_stamps.pending_since_s(watched, floor_s)
         assert before_s - 0.002 <= since_s <= after_s + 0.002       # the kernel's stamp, not now
-        assert arrival.pending_since_s(watched, after_s + 0.01) == pytest.approx(after_s + 0.01)  # floored
+        assert frame_stamps.pending_since_s(watched, after_s + 0.01) == pytest.approx(after_s + 0.01)  # floored
         assert server.recv(16) == b"frame"      # peeking consumed nothing
-        assert arrival.pending_since_s(watched, floor_s) is None
+        assert frame_stamps.pending_since_s(watched, floor_s) is None
     finally:
         watched.close()
         client.close()
         server.close()
-    assert arrival.watch(None) is None and arrival.pending_since_s(None, 0.0) is None
+    assert frame_stamps.watch(None) is None and frame_stamps.pending_since_s(None, 0.0) is None
 
 
 def test_a_loop_pass_is_marked_reports_its_start_and_arrived_s_counts_the_wait_before_it():

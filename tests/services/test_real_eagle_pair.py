@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from dsd.decoding import generate_ar
+from dsd.drive.generation import generate_ar
 from dsd.features import encoded_bytes
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from pairs import smollm2
 from tests.services.real_pair_checks import check_first_token_follows_the_target, run, start_pair
 

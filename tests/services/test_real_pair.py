@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
-from dsd.decoding import generate_ar, generate_colocated
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar, generate_colocated
+from dsd.speculation.stopping import StopRule
 from pairs import chat_data, smollm2
 from tests.services.real_pair_checks import check_first_token_follows_the_target, run, start_pair
 

@@ -6,9 +6,9 @@ import pytest
 
 from dsd.backends.hf import HfBackendConfig
 from dsd.backends.machine import CpuCapability
-from dsd.decoding import generate_ar
+from dsd.drive.generation import generate_ar
 from dsd.modes import names, speculative_modes
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from pairs import smollm2
 from tests.services.real_pair_checks import run, start_pair
 

@@ -13,7 +13,7 @@ from scipy import stats
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
-from dsd.verification import probs_from_logits
+from dsd.speculation.verification import probs_from_logits
 from tests.services.harness import post_runs, read_csv, wait_for_runs
 
 VOCAB, LENGTH, PROMPT, N_REQUESTS = 6, 3, [1, 2], 800

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dsd.decoding import generate_ar
+from dsd.drive.generation import generate_ar
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from services import spinwait
 from tests.services.harness import post_runs, read_csv, wait_for_runs

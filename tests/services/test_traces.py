@@ -1,7 +1,7 @@
 """The trace rows: keywords only, and the one steady-state definition every launcher uses."""
 import pytest
 
-from dsd.times import steady_per_token_s
+from dsd.costs.compute_times import steady_per_token_s
 from services.traces import REQUEST_COLUMNS, RequestRow, RoundRow, as_dict
 
 

@@ -10,10 +10,10 @@ import time
 import msgpack
 import pytest
 
-from dsd.profiles import HardwareProfile
+from dsd.costs.profiles import HardwareProfile
 from services import wire
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, freeze_startup_heap, profile_from_json
-from services.scheduler import Scheduler, SchedulerConfig, pass_cost_s
+from services.verifier.scheduler import Scheduler, SchedulerConfig, pass_cost_s
 from tests.checks import every
 
 EXAMPLES = [
@@ -252,7 +252,7 @@ def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order()
 
 @pytest.mark.parametrize("mode", ["dsd", "colocated"])
 def test_saturated_clients_fall_into_two_groups_whose_passes_alternate(mode):
-    """The structure dsd.latency_model.batched_capacity rests on: the scheduler starts the next
+    """The structure dsd.analytic.latency_model.batched_capacity rests on: the scheduler starts the next
     pass at once with every job of one kind waiting, and the clients a pass served are not among
     them (a DSD client drafts on its edge, shorter than a pass here; a co-located client submits
     its next job only after its answer), so clients that did not arrive all at once settle into

@@ -9,8 +9,8 @@ import msgpack
 import pytest
 
 from dsd.backends.protocol import Proposal, SamplingParams
-from dsd.draws import Draws
-from dsd.drafting import draft_block
+from dsd.speculation.draws import Draws
+from dsd.speculation.drafting import draft_block
 from dsd.sequence import prefix_digest
 from services import wire, wire_size
 from services.edge import _verify_message

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.decoding import generate_ar
-from dsd.stopping import StopRule
+from dsd.drive.generation import generate_ar
+from dsd.speculation.stopping import StopRule
 from services import wire
 from tests.services.harness import TEST_PROFILE, RawClient, open_message, run, sessions_open, synthetic_args
 from tests.checks import every

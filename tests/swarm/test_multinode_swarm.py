@@ -16,7 +16,7 @@ import docker as docker_sdk
 import pandas as pd
 import pytest
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.launchers import control_api
 from orchestrator.launchers.swarm import SwarmConfig, SwarmError, SwarmTestbed, find_stack
 from orchestrator.launchers.swarm_local import LocalSwarm, LocalSwarmConfig

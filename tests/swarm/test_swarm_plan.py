@@ -12,7 +12,7 @@ import threading
 import pytest
 import yaml
 
-from dsd.profiles import get_profile
+from dsd.costs.profiles import get_profile
 from orchestrator.common import http_client
 from orchestrator.launchers.compose import COMPOSE_FILE
 from orchestrator.launchers.swarm import SwarmConfig, stack_file

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 def test_stack_file_places_the_verifier_by_label_and_gives_edges_the_token_and_caps():
     import yaml
-    from dsd.profiles import get_profile
+    from dsd.costs.profiles import get_profile
     from orchestrator.launchers.compose import COMPOSE_FILE
     config = SwarmConfig(n_edges=5, profile=get_profile("toy-edge-cloud"))
     stack = stack_file(config, yaml.safe_load(COMPOSE_FILE.read_text()), "/tmp/t")
@@ -52,7 +52,7 @@ def test_swarm_sweep_runs_end_to_end_and_leaves_nothing_behind(single_node_swarm
 def test_dsdbed_cleanup_removes_what_a_crashed_swarm_sweep_left(single_node_swarm, tmp_path):
     """A testbed whose orchestrator died without close(): `dsdbed cleanup` (leftovers.clean) finds
     its stack by label and removes services, control container, network and secret."""
-    from dsd.profiles import get_profile
+    from dsd.costs.profiles import get_profile
     from orchestrator.launchers import leftovers
     from orchestrator.launchers.swarm import SwarmTestbed
     testbed = SwarmTestbed(SwarmConfig(n_edges=1, profile=get_profile("toy-edge-cloud"), work_dir=str(tmp_path)))

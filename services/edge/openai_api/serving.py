@@ -25,7 +25,7 @@ import aiohttp
 
 from dsd.backends.protocol import LanguageModel
 from dsd.modes import edge_modes
-from dsd.stopping import StopRule
+from dsd.speculation.stopping import StopRule
 from services.compute import PreciseTimer
 from services.traces import EdgeClock, TraceWriter
 from services.edge.runs import Run, error_rows, probe_loop, request_row
