@@ -21,8 +21,10 @@ and the scheduler lets connections take turns, so one flooding client cannot sta
 
 The package, by role: ``limits`` (admission and limits, field checks), ``connection`` (a
 connection and its sessions), ``http`` (endpoints, WebSocket, frames), ``messages`` (decoding,
-checks, dispatch), ``serving`` (one session's requests through the scheduler), ``server`` (the
-``Verifier`` made of those), ``cli`` (the command line; ``__main__``).
+checks, dispatch), ``serving`` (one session's requests through the scheduler), ``scheduler`` (the
+one device's queue of passes, batched), ``frame_stamps`` (when a frame reached a socket the loop
+did not read at once), ``server`` (the ``Verifier`` made of those), ``cli`` (the command line;
+``__main__``).
 """
 from services.verifier.cli import build, main
 from services.verifier.connection import Connection, Served
