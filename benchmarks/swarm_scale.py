@@ -85,7 +85,7 @@ def docker(*args: str, check: bool = True) -> str:
 class SingleNodeSwarm:
     """A swarm for the run if there is none; everything it changed is undone on exit."""
 
-    def __enter__(self) -> "SingleNodeSwarm":
+    def __enter__(self) -> SingleNodeSwarm:
         self.gwbridge_before = docker("network", "ls", "-q", "--filter", "name=^docker_gwbridge$") != ""
         self.joined = docker("info", "--format", "{{.Swarm.LocalNodeState}}") != "active"
         if self.joined:

@@ -41,7 +41,7 @@ class Child:
 
     @classmethod
     def start(cls, module: str, config: dict, *, tag: str, netns: str | None = None,
-              ready_timeout_s: float = 10.0, keep_stdin: bool = False) -> "Child":
+              ready_timeout_s: float = 10.0, keep_stdin: bool = False) -> Child:
         name = module.rsplit(".", 1)[-1]
         fd, log_path = tempfile.mkstemp(prefix=f"{PREFIX}-{name}-", suffix=".log")
         argv = nsutil.in_netns(netns, [sys.executable, "-m", module, "--tag", tag])

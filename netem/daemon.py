@@ -54,7 +54,7 @@ class NfqueueDaemon:
 
     @classmethod
     def start(cls, netns: str | None, queues: list[QueueAssignment], tag: str, rt_priority: int = 10,
-              ready_timeout_s: float = 15.0, reinject_mark: int = 0) -> "NfqueueDaemon":
+              ready_timeout_s: float = 15.0, reinject_mark: int = 0) -> NfqueueDaemon:
         """``reinject_mark``: the firewall mark of the copies a reinject queue sends (its rule
         must skip packets carrying it)."""
         if any(q.reinject for q in queues) and not reinject_mark:

@@ -47,7 +47,7 @@ def normal_cdf(x: float) -> float:
     return 0.5 + 0.5 * math.erf(x / math.sqrt(2.0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table(distribution: str) -> tuple[int, ...]:
     """The 4096 signed entries of netem's table for `distribution` (units of 1/8192 jitter)."""
     if distribution == "pareto":
@@ -76,7 +76,7 @@ def _normal_grid_quantile(i: int) -> float:
     return -10.0 + lo * step
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def moments(distribution: str) -> tuple[float, float]:
     """(mean, stdev) of a table draw, in units of jitter."""
     values = [t / TABLE_FACTOR for t in table(distribution)]

@@ -199,7 +199,7 @@ class InsideShaper:
         self._lock = threading.Lock()
         self._claimed = False
 
-    def __enter__(self) -> "InsideShaper":
+    def __enter__(self) -> InsideShaper:
         return self
 
     def __exit__(self, *exc) -> None:

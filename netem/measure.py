@@ -231,7 +231,7 @@ def measure_rate_mbit(src_netns: str | None, dst_netns: str | None, dst_ip: str,
             while not stop.is_set():
                 try:
                     rx.recv(65535)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 arrivals_s.append(time.monotonic())
 

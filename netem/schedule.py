@@ -61,7 +61,7 @@ class LinkSchedule:
         return bool(self.steps)
 
     @classmethod
-    def from_steps(cls, steps: list[dict]) -> "LinkSchedule":
+    def from_steps(cls, steps: list[dict]) -> LinkSchedule:
         out = []
         for i, step in enumerate(steps):
             if not isinstance(step, dict) or "at_s" not in step:
@@ -74,7 +74,7 @@ class LinkSchedule:
         return cls(tuple(out), "steps")
 
     @classmethod
-    def from_trace_csv(cls, path: str | Path) -> "LinkSchedule":
+    def from_trace_csv(cls, path: str | Path) -> LinkSchedule:
         """A measured trace: header t_s, rtt_ms and any of jitter_ms, loss_pct, rate_mbit."""
         path = Path(path)
         with path.open(newline="") as f:

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from netem import kernel, names, owners, rules
 from netem.daemon import DaemonDied, NfqueueDaemon, QueueAssignment
@@ -114,7 +114,7 @@ class Shaper:
         self._schedule_threads: list[threading.Thread] = []
         self._claimed = False
 
-    def __enter__(self) -> "Shaper":
+    def __enter__(self) -> Shaper:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -177,7 +177,7 @@ class LinkSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LinkSpec":
+    def from_dict(cls, data: dict) -> LinkSpec:
         """From a config mapping; a misspelt key is an error, never silently ignored."""
         check_known_keys(cls, data, "LinkSpec")
         return cls(**data)

@@ -107,7 +107,7 @@ class Topology:
             raise ValueError(f"specs must have 1 to {len(self.edges)} entries (one per edge), got {len(specs)}")
         return [Link(e.name, e, self.verifier, s) for e, s in zip(self.edges, specs)]
 
-    def __enter__(self) -> "Topology":
+    def __enter__(self) -> Topology:
         try:
             self._realise()
         except BaseException:

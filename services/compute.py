@@ -58,7 +58,7 @@ class _TimerFd:
         weakref.finalize(self, os.close, fd)
 
     @classmethod
-    def create(cls) -> "_TimerFd | None":
+    def create(cls) -> _TimerFd | None:
         """None where there is no timerfd, or perf_counter is not CLOCK_MONOTONIC."""
         clock = time.get_clock_info("perf_counter").implementation
         if not sys.platform.startswith("linux") or "CLOCK_MONOTONIC)" not in clock:

@@ -34,7 +34,7 @@ import struct
 import time
 import types
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -119,7 +119,7 @@ class FrameProtocol(asyncio.Protocol):
 
     def __init__(self, max_frame_bytes: int, drop_beyond_bytes: int,
                  on_frame: Callable, on_lost: Callable[[str], None] | None = None,
-                 on_made: Callable[["FrameProtocol"], None] | None = None) -> None:
+                 on_made: Callable[[FrameProtocol], None] | None = None) -> None:
         self.deframer = Deframer(max_frame_bytes, drop_beyond_bytes)
         self.on_frame, self.on_lost, self.on_made = on_frame, on_lost, on_made
         self.transport: asyncio.Transport | None = None

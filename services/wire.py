@@ -49,7 +49,7 @@ class WireError(ValueError):
         self.code, self.message, self.field, self.seq, self.session = code, message, field, seq, session
         self.limit = limit
 
-    def reply(self) -> "Error":
+    def reply(self) -> Error:
         return Error(self.seq, self.session, self.code, self.field, self.message, self.limit)
 
 

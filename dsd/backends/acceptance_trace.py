@@ -123,7 +123,7 @@ class AcceptanceTrace:
         return text
 
     @classmethod
-    def from_text(cls, text: str, source: str = "inline") -> "AcceptanceTrace":
+    def from_text(cls, text: str, source: str = "inline") -> AcceptanceTrace:
         rounds = []
         for item in text.split(","):
             try:

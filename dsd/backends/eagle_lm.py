@@ -91,7 +91,7 @@ class EagleLM:
 
     @classmethod
     def load(cls, folder: str | Path, dtype: str = "float32", eos_token_id: int | None = None,
-             kernel_paths: tuple[str, ...] = PATHS, kernel_store: bool = True) -> "EagleLM":
+             kernel_paths: tuple[str, ...] = PATHS, kernel_store: bool = True) -> EagleLM:
         """The draft in ``folder``; its products on the paths this machine keeps for it or times
         now among ``kernel_paths`` (dsd.backends.kernels; ("aten",): PyTorch's default), as a
         target's are."""

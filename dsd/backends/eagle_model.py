@@ -60,7 +60,7 @@ class EagleConfig:
         (Path(folder) / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, folder: Path | str) -> "EagleConfig":
+    def load(cls, folder: Path | str) -> EagleConfig:
         return cls(**json.loads((Path(folder) / CONFIG_FILE).read_text()))
 
 

@@ -60,7 +60,7 @@ class FeatureTorchLM(TorchLM):
         self._features: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def load_for_draft(cls, config: TorchLMConfig, draft_folder: str | Path) -> "FeatureTorchLM":
+    def load_for_draft(cls, config: TorchLMConfig, draft_folder: str | Path) -> FeatureTorchLM:
         """The target at config.path, tapped at the layers the draft in draft_folder reads."""
         import safetensors.torch
         eagle = EagleConfig.load(draft_folder)

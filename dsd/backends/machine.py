@@ -69,7 +69,7 @@ class CpuCapability:
     onednn_fp16: bool
 
     @classmethod
-    def of_this_machine(cls) -> "CpuCapability":
+    def of_this_machine(cls) -> CpuCapability:
         import torch
 
         mkldnn = torch.ops.mkldnn

@@ -78,7 +78,7 @@ class PrecisionChoice:
                 "dropped": self.dropped, "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "PrecisionChoice":
+    def from_dict(cls, values: dict[str, Any]) -> PrecisionChoice:
         times = tuple(PrecisionTimes(c["dtype"], c["t_ar_s"], {int(n): t for n, t in c["t_verify_s"].items()},
                                      c["t_draft_s"], c.get("kernels", "")) for c in values["candidates"])
         return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"],

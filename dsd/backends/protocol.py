@@ -103,7 +103,7 @@ class BackendConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
-    def portable(self) -> "BackendConfig":
+    def portable(self) -> BackendConfig:
         """The same backend for a service that cannot read this host's files (a container,
         another machine); what the launchers send."""
         return self

@@ -289,7 +289,7 @@ class SyntheticBackendConfig(BackendConfig):
                                eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace(),
                                alpha_classes=parse_alpha_classes(self.alpha_classes))
 
-    def portable(self) -> "SyntheticBackendConfig":
+    def portable(self) -> SyntheticBackendConfig:
         """The trace inline: a service need not see the file."""
         if not self.acceptance_trace:
             return self

@@ -191,7 +191,7 @@ class TorchLM:
         self.kernel_choice: KernelChoice | None = None     # the paths chosen at load, if any
 
     @classmethod
-    def load(cls, config: TorchLMConfig) -> "TorchLM":
+    def load(cls, config: TorchLMConfig) -> TorchLM:
         model, choice = load_model(config)
         eos = model.config.eos_token_id
         lm = cls(model, name=Path(config.path).name, eos_token_id=eos, vocab_map=VocabMap.load(config.path))

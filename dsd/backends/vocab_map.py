@@ -53,7 +53,7 @@ class VocabMap:
             {"target_vocab_size": self.target_vocab_size, "kept_target_ids": self.kept}) + "\n")
 
     @classmethod
-    def load(cls, folder: Path | str) -> "VocabMap | None":
+    def load(cls, folder: Path | str) -> VocabMap | None:
         """The folder's map, or None for a model over the full vocabulary."""
         path = Path(folder) / VOCAB_MAP
         if not path.is_file():

@@ -28,7 +28,7 @@ class RoundRecord:
 
     @classmethod
     def from_verdict(cls, round_index: int, verdict: Verdict, emitted: int, gamma: int = 0,
-                     mode: str = "", cache: object = None) -> "RoundRecord":
+                     mode: str = "", cache: object = None) -> RoundRecord:
         return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale, gamma, mode, cache)
 
 

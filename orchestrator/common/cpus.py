@@ -110,7 +110,7 @@ class CpuSample:
     load_1m: float
 
     @classmethod
-    def now(cls) -> "CpuSample":
+    def now(cls) -> CpuSample:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:9]]
         user, nice, system, idle, iowait, irq, softirq, steal = fields

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 from dsd.controller.interface import GAMMA_MAX
 from dsd.cache.speculation_cache import CacheConfig

@@ -98,7 +98,7 @@ class ComposeTestbed(ControlApiTestbed):
             self.close()
             raise
 
-    def __enter__(self) -> "ComposeTestbed":
+    def __enter__(self) -> ComposeTestbed:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -56,7 +56,7 @@ class ComposeConfig:
     log_dir: str = ""                 # where close() saves `compose logs`; "" = nowhere
 
     @classmethod
-    def from_services(cls, services: ServicesConfig, **overrides) -> "ComposeConfig":
+    def from_services(cls, services: ServicesConfig, **overrides) -> ComposeConfig:
         """The sweep's launcher config (services_config.ServicesConfig) as a compose config."""
         if services.extra_verifier_args:
             raise ValueError(f"extra_verifier_args: the compose launcher cannot pass them, got "

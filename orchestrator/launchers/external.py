@@ -185,7 +185,7 @@ class ExternalTestbed(ControlApiTestbed):
         if errors:
             raise RuntimeError("could not remove the shaping of " + "; ".join(errors))
 
-    def __enter__(self) -> "ExternalTestbed":
+    def __enter__(self) -> ExternalTestbed:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -66,7 +66,7 @@ class LoopbackTestbed(ControlApiTestbed):
             process.stop()
         self._processes.clear()
 
-    def __enter__(self) -> "LoopbackTestbed":
+    def __enter__(self) -> LoopbackTestbed:
         return self
 
     def __exit__(self, *exc) -> None:

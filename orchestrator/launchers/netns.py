@@ -130,7 +130,7 @@ class NetnsTestbed(ControlApiTestbed):
         self._topology.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
-    def __enter__(self) -> "NetnsTestbed":
+    def __enter__(self) -> NetnsTestbed:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -121,7 +121,7 @@ class SwarmTestbed(ControlApiTestbed):
             self.close()
             raise
 
-    def __enter__(self) -> "SwarmTestbed":
+    def __enter__(self) -> SwarmTestbed:
         return self
 
     def __exit__(self, *exc) -> None:

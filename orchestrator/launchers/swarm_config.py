@@ -86,7 +86,7 @@ class SwarmConfig:
         return bool(self.docker_host) and not self.docker_host.startswith("unix://")
 
     @classmethod
-    def from_services(cls, services: ServicesConfig, **overrides) -> "SwarmConfig":
+    def from_services(cls, services: ServicesConfig, **overrides) -> SwarmConfig:
         """A sweep's swarm: the services' settings, and where the swarm is from the environment,
         as Docker takes DOCKER_HOST: DSD_SWARM_MANAGER (the manager's API) and DSD_SWARM_NODES
         (the nodes' APIs, space-separated, for copying the image to them)."""

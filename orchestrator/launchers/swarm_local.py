@@ -110,7 +110,7 @@ class LocalSwarm:
             self.close()
             raise
 
-    def __enter__(self) -> "LocalSwarm":
+    def __enter__(self) -> LocalSwarm:
         return self
 
     def __exit__(self, *exc) -> None:

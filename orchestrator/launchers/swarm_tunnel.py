@@ -33,7 +33,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 async def _serve(allow: ipaddress.IPv4Network, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10.0)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
         writer.close()
         return
     method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ") + [""]
@@ -48,7 +48,7 @@ async def _serve(allow: ipaddress.IPv4Network, reader: asyncio.StreamReader, wri
         return
     try:
         up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
         writer.close()
         return

@@ -241,7 +241,7 @@ class LinkOptions:
             fail("link.seed", self.seed, "a whole number >= 0")
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LinkOptions":
+    def from_dict(cls, data: dict) -> LinkOptions:
         check_known_keys(cls, data, "[link]")
         data = dict(data)
         if "edges" in data:

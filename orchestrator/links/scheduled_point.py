@@ -35,7 +35,7 @@ class ScheduledPoint:
         self._timeline: list[list] = [[] for _ in specs]
         self._prober: threading.Thread | None = None
 
-    def __enter__(self) -> "ScheduledPoint":
+    def __enter__(self) -> ScheduledPoint:
         from netem import measure
 
         self.t0_s = time.monotonic() + 0.05           # the daemon gets the changes before the first

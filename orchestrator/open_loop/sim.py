@@ -105,7 +105,7 @@ class _Job:
 class _Verifier:
     """The one device and its queue, on the simulation's event heap."""
 
-    def __init__(self, sim: "_Sim", setup: ServingSetup) -> None:
+    def __init__(self, sim: _Sim, setup: ServingSetup) -> None:
         self.sim, self.setup = sim, setup
         self.waiting: list[_Job] = []
         self.busy = False

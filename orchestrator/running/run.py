@@ -230,7 +230,7 @@ class GroupTestbeds:
             with launcher_errors(self.launcher, "to stop"):
                 testbed.close()
 
-    def __enter__(self) -> "GroupTestbeds":
+    def __enter__(self) -> GroupTestbeds:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from orchestrator.common.files import write_json
 from orchestrator.records.sweep_folder import SweepExists, check_out_dir

@@ -229,7 +229,7 @@ class Experiment:
         """The alphas swept; (None,) for a backend without one (a real model pair)."""
         return tuple(float(a) for a in self.alpha) or (getattr(self.backend, "alpha", None),)
 
-    def for_group(self, profile: str, alpha: float | None) -> "Experiment":
+    def for_group(self, profile: str, alpha: float | None) -> Experiment:
         """The experiment with one profile and one alpha: what one testbed runs."""
         backend = self.backend if alpha is None else replace(self.backend, alpha=alpha)
         return replace(self, profile=profile, alpha=(), backend=backend)

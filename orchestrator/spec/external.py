@@ -57,7 +57,7 @@ class ExternalConfig:
             raise ValueError(f"[external] token_file: {exc}") from None
 
     @classmethod
-    def from_dict(cls, table: dict) -> "ExternalConfig":
+    def from_dict(cls, table: dict) -> ExternalConfig:
         """From the experiment file's [external] table; a misspelt key is an error."""
         if not isinstance(table, dict):
             raise ValueError(f"[external] must be a table, got {table!r}")

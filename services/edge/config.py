@@ -122,7 +122,7 @@ class RunConfig:
                                 else SYNC, self.gamma_max, self.controller_modes)
 
     @classmethod
-    def from_json(cls, body) -> "RunConfig":
+    def from_json(cls, body) -> RunConfig:
         check_json_fields(cls, body, "a run")
         values = dict(body)
         if isinstance(values.get("prompts"), list):

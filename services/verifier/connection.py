@@ -19,7 +19,7 @@ from services.verifier.limits import INFLIGHT
 class Served:
     """One session: the target's side of one request, and the queue of its messages."""
     number: int                     # unique in this process: the models' sequence id
-    conn: "Connection"
+    conn: Connection
     session: int                    # the client's id for it
     state: VerifierSession
     tokens: int                     # prompt + max_new_tokens: what it counts against its connection

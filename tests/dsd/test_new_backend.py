@@ -141,7 +141,7 @@ async def serve_and_run(backend: ToyBackendConfig, prompts: list[list[int]], tmp
         for runner in runners:
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0).start()
-            urls.append("http://127.0.0.1:%d" % runner.addresses[0][1])
+            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
         verifier_url, edge_url = urls
         run = {"run_id": "toy", "client_id": "c0", "mode": "sync", "gamma": 4, "prompts": prompts,
                "max_new_tokens": 12, "verifier_url": verifier_url, "probe_count": 1}

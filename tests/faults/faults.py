@@ -61,7 +61,7 @@ class FaultWhenMidRun:
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._watch, name="fault", daemon=True)
 
-    def __enter__(self) -> "FaultWhenMidRun":
+    def __enter__(self) -> FaultWhenMidRun:
         self._thread.start()
         return self
 

@@ -68,7 +68,7 @@ class RawClient:
         self.transport = transport
         self.seq = 0
 
-    async def __aenter__(self) -> "RawClient":
+    async def __aenter__(self) -> RawClient:
         if self.transport == "tcp":
             address = yarl.URL(self.url)
             self.reader, self.writer = await asyncio.wait_for(

@@ -56,6 +56,6 @@ class ServeConfig:
         frames.check_transport(self.transport)
 
     @classmethod
-    def from_json(cls, body) -> "ServeConfig":
+    def from_json(cls, body) -> ServeConfig:
         check_json_fields(cls, body, "a serving config")
         return cls(**body)

@@ -131,7 +131,7 @@ class OpenAIServing:
                            param="model", code="model_not_found")
 
     async def generate(self, request: GenerateRequest, prompt: list[int], t_start_s: float,
-                       request_id: str = "") -> "Generation":
+                       request_id: str = "") -> Generation:
         """Admit, connect, check the request against the context; then it decodes. Raises
         ApiError: 429 queue full, 503 no settings or verifier unreachable, 400/422 out of range."""
         serving = self.serving
