@@ -18,6 +18,7 @@ import time
 
 import pandas as pd
 
+from netem.spec import LinkSpec
 from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.common.http_client import call
 from orchestrator.links.keys import edge_specs
@@ -42,8 +43,9 @@ def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]],
         scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule,
                                    keep_order=link_options.schedule_order == "queue")
     wire_before = _wire_counters(testbed)
+    start_at_unix_s = time.time() + start_lead_s(specs, point.clients) if point.clients > 1 else 0.0
     with scheduled or contextlib.nullcontext():
-        _run_clients(point, testbed, prompts, settings, timeout_s, runs)
+        _run_clients(point, testbed, prompts, settings, timeout_s, runs, start_at_unix_s)
     wire_after = _wire_counters(testbed)
     testbed.check()
     round_frames, request_frames, dropped = [], [], 0
@@ -61,13 +63,44 @@ def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]],
     link_rows = [dataclasses.asdict(link) for link in links]
     if wire_before and wire_after:
         add_wire_bytes(link_rows, wire_before, wire_after, rounds, len(testbed.edges))
+    start = _start_spread(requests, start_at_unix_s)
     # Each client's own link (per-edge links differ): client c ran on edge c mod N.
     rounds, requests = finish_point(rounds, requests, settings.warmup, testbed.shaper, links)
     if scheduled is not None:
         rounds = scheduled.annotate_rounds(rounds, len(testbed.edges))
         link_rows += scheduled.rows(links)
-    extra = {"partial_rows_dropped": dropped, **({"cpu_masks": masks} if masks else {})}
+    extra = {"partial_rows_dropped": dropped, **start, **({"cpu_masks": masks} if masks else {})}
     return rounds.to_dict("records"), requests.to_dict("records"), link_rows, extra
+
+
+PROBES_BEFORE_RUN = 5
+POST_LEAD_S = 0.3               # posting the runs one after the other, and slack
+POST_LEAD_PER_CLIENT_S = 0.02
+
+
+def start_lead_s(specs: list[LinkSpec], clients: int) -> float:
+    """How far ahead the clients of one point are given their common start: each edge connects
+    and probes its link (a round trip each) before it waits for the start, and the runs are
+    posted one after the other. Without a common start the first client's requests can run alone
+    while the last is still probing, so a point would measure fewer clients than it names (the
+    sim starts every client at t = 0)."""
+    rtt_s = max(round_trip_ms(spec) for spec in specs) / 1000
+    return (PROBES_BEFORE_RUN + 2) * rtt_s + POST_LEAD_S + POST_LEAD_PER_CLIENT_S * clients
+
+
+def round_trip_ms(spec: LinkSpec) -> float:
+    one_way_ms = (spec.delay_up_ms or 0.0) + (spec.delay_down_ms or 0.0)
+    return (spec.rtt_ms if spec.rtt_ms is not None else one_way_ms) + 2 * spec.jitter_ms
+
+
+def _start_spread(requests: pd.DataFrame, start_at_unix_s: float) -> dict:
+    """When the clients' first requests started, against the common start they were given: a
+    spread of a few ms says they started together; a late start says the lead was too short."""
+    if not start_at_unix_s or requests.empty or "t_start_s" not in requests:
+        return {}
+    first = requests.groupby("client_id")["t_start_s"].min()
+    return {"start_at_unix_s": start_at_unix_s, "start_spread_ms": 1000 * float(first.max() - first.min()),
+            "start_late_ms": 1000 * max(0.0, float(first.max()) - start_at_unix_s)}
 
 
 def _wire_counters(testbed) -> list[dict] | None:
@@ -91,8 +124,9 @@ def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict],
 
 
 def _run_clients(point: Point, testbed: Testbed, prompts, settings: PointSettings, timeout_s: float,
-                 runs: list) -> None:
-    """Start one run per client on its edge and wait for all of them; `runs` gets (edge, run id)."""
+                 runs: list, start_at_unix_s: float) -> None:
+    """Start one run per client on its edge, their first requests at start_at_unix_s (0: at once),
+    and wait for all of them; `runs` gets (edge, run id)."""
     attempt_id = os.urandom(3).hex()
     for client in range(point.clients):
         edge = testbed.edges[client % len(testbed.edges)]
@@ -101,7 +135,7 @@ def _run_clients(point: Point, testbed: Testbed, prompts, settings: PointSetting
             settings, run_id=run_id, client_id=str(client), mode=point.mode, gamma=point.gamma,
             sampling=point.sampling.run_fields(), prompts=prompts, max_new_tokens=settings.max_new_tokens,
             verifier_url=testbed.verifier_url, app_delay_ms=testbed.app_delay_ms(client),
-            probe_count=5, probe_interval_ms=200.0))
+            probe_count=PROBES_BEFORE_RUN, probe_interval_ms=200.0, start_at_unix_s=start_at_unix_s))
         runs.append((edge, run_id))
     deadline = time.monotonic() + timeout_s
     pending = list(runs)

@@ -3,6 +3,7 @@
 Checks what a user relies on: every mode's tokens are the target's greedy tokens, the traces are
 whole, and on netns the measured RTT is near the configured one and nothing is left behind.
 """
+import json
 import math
 import os
 import subprocess
@@ -147,3 +148,8 @@ def test_netns_default_pair_sixteen_clients_emit_target_greedy_tokens(tmp_path):
     expected = generate_ar(target, prompt, StopRule(16, target.eos_token_id), seq_id="ref").tokens
     for row in requests.itertuples():
         assert [int(t) for t in str(row.token_ids).split()] == expected, (row.point, row.client_id)
+    # the 16 clients of a point start together (posted one after the other, they were ~0.1 s apart)
+    done = [json.loads(path.read_text()) for path in (tmp_path / "ns16" / "points").glob("*/done.json")]
+    assert len(done) == 4
+    for record in done:
+        assert record["start_spread_ms"] < 50 and record["start_late_ms"] < 50, record
