@@ -89,8 +89,8 @@ def start_lead_s(specs: list[LinkSpec], clients: int) -> float:
 
 
 def round_trip_ms(spec: LinkSpec) -> float:
-    one_way_ms = (spec.delay_up_ms or 0.0) + (spec.delay_down_ms or 0.0)
-    return (spec.rtt_ms if spec.rtt_ms is not None else one_way_ms) + 2 * spec.jitter_ms
+    """The link's configured round trip with each direction's jitter at its widest."""
+    return spec.expected_rtt_ms() + spec.up.jitter_ms + spec.down.jitter_ms
 
 
 def _start_spread(requests: pd.DataFrame, start_at_unix_s: float) -> dict:
