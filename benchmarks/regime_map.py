@@ -22,6 +22,8 @@ Every figure is of the pair pipelined_vs_colocated:
     slope_*_ms_per_client     least-squares slope of RTT*(N) over the counts measured inside the grid
     sim_vs_net_err_max_pct    |netns / sim - 1| at shared counts with the sim's crossover >= 10 ms
     wan_crossover_ms          the largest crossover measured on the real pair, any N
+    real_edge_draft_step_ratio_max  the pipelined edges' measured draft step at N over N = 1's,
+                              the largest on the real pair (above 1.25 the edges slowed each other)
 A figure that cannot be measured prints as nan, with the reason on stderr. Progress goes to
 stderr; the last line is key=value.
 """
@@ -97,9 +99,11 @@ def real_figures(rows: list[dict]) -> dict:
               if r["in_or_out_of_sample"] == OUT_OF_SAMPLE and math.isfinite(r["predicted_ms"])
               and r["predicted_ms"] >= ERR_FLOOR_MS]
     located = [r["crossover_ms"] for r in rows if math.isfinite(r["crossover_ms"])]
+    ratios = [r["edge_draft_step_ratio"] for r in rows if math.isfinite(r.get("edge_draft_step_ratio", math.nan))]
     return {"real_clients_max": max(int(r["clients"]) for r in rows),
             "real_frontier_err_max_pct": max(errors) if errors else math.nan,
-            "wan_crossover_ms": max(located) if located else math.nan}
+            "wan_crossover_ms": max(located) if located else math.nan,
+            "real_edge_draft_step_ratio_max": max(ratios) if ratios else math.nan}
 
 
 def err_pct(measured_ms: float, predicted_ms: float) -> float:
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                      "frontier_inside_share": nan, "frontier_ci_finite_share": nan, "frontier_err_p50_pct": nan,
                      "frontier_err_max_pct": nan, "slope_ms_per_client": nan, "slope_predicted_ms_per_client": nan,
                      "sim_vs_net_err_max_pct": nan, "sim_clients_max": nan, "real_clients_max": nan,
-                     "real_frontier_err_max_pct": nan, "wan_crossover_ms": nan}
+                     "real_frontier_err_max_pct": nan, "wan_crossover_ms": nan,
+                     "real_edge_draft_step_ratio_max": nan}
     launcher, rows, rtt_max_ms = frontier_of(folder)
     figures["launcher"] = launcher
     if rows:
@@ -170,11 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.real_sweep is not None:
         _, real_rows, _ = frontier_of(args.real_sweep)
         if real_rows:
+            _print_rows(real_rows)
             figures |= real_figures(real_rows)
         else:
             _why(f"real_*: {args.real_sweep} has no {PAIR} frontier rows")
     else:
-        _why("real_clients_max, real_frontier_err_max_pct, wan_crossover_ms: no real-pair sweep (run "
+        _why("real_clients_max, real_frontier_err_max_pct, wan_crossover_ms, real_edge_draft_step_ratio_max: "
+             "no real-pair sweep (run "
              "`dsdbed sweep experiments/regime-map-real.toml` as root, then --real-sweep results/regime-map-real)")
     for key in [k for k, v in figures.items() if isinstance(v, float) and math.isnan(v)]:
         _why(f"{key}: nan (see above)")
@@ -188,7 +195,15 @@ def _print_rows(rows: list[dict]) -> None:
         print(f"N={r['clients']:>4}  {PAIR} measured {r['crossover_ms']:8.2f} ms "
               f"[{r['ci_low_ms']:.2f} .. {r['ci_high_ms']:.2f}]{' (degenerate)' if r.get('ci_degenerate') else ''}"
               f"  predicted {r['predicted_ms']:8.2f} ms "
-              f"({r['in_or_out_of_sample']})", file=sys.stderr)
+              f"({r['in_or_out_of_sample']})"
+              f"{_edge_note(r.get('edge_draft_step_ratio', math.nan), r.get('edge_draft_inflated', False))}",
+              file=sys.stderr)
+
+
+def _edge_note(ratio: float, inflated: bool) -> str:
+    if not math.isfinite(ratio):
+        return ""
+    return f"  edge draft step x{ratio:.2f}" + (" (inflated: the edges slowed each other)" if inflated else "")
 
 
 def _why(message: str) -> None:

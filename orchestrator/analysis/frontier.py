@@ -25,12 +25,19 @@ IN_SAMPLE, OUT_OF_SAMPLE = "in_sample", "out_of_sample"
 # Out-of-sample crossovers predicted below this are left out of the error summary: a few ms of
 # difference there is a large percentage of nothing.
 ERR_FLOOR_MS = 10.0
+# A DSD mode's measured edge draft step at N clients over its step at the calibration's count:
+# above this the edges slowed each other (on a testbed whose edges share CPUs, pipelined edges
+# draft at once), so the row measures the testbed's edge sharing, not a deployment's edges.
+EDGE_DRAFT_INFLATED_RATIO = 1.25
 WHAT = ("per client count N and pair of modes: the RTT below which the first mode is at least as fast per "
         "token as the second (crossover_ms, from the median-of-repeats cells as summary crossovers are), its "
         "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats, requests and clients drawn jointly for every "
         "cell of every client count; ci_degenerate: a point, no resampled value differs, not a spread), and the "
         "queueing model's prediction (predicted_ms, dsd.analytic.queueing: mean-value analysis); in_or_out_of_sample says whether "
-        "that prediction was written before any point of that N ran")
+        "that prediction was written before any point of that N ran; edge_draft_step_ratio: the DSD mode's measured "
+        "edge draft step at N over its step at the smallest N, and edge_draft_inflated above "
+        f"{EDGE_DRAFT_INFLATED_RATIO}: the edges slowed each other (they share CPUs on this testbed), so that row "
+        "measures the testbed, not a deployment's edges")
 
 
 def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], group_values: dict, gamma: int,
@@ -52,6 +59,8 @@ def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], g
             written_before = not math.isnan(predicted.get(pair, math.nan))
             predicted_ms = predicted[pair] if written_before else in_sample_ms(pair, clients)
             crossover_ms = measured[pair]["rtt_ms"]
+            draft_ratio = edge_draft_step_ratio(points, queueing.FRONTIER_PAIRS[pair][0], clients,
+                                                calibration_clients)
             rows.append({**group_values, "clients": clients, "pair": pair, "crossover_ms": crossover_ms,
                          "ci_low_ms": ci.get("ci_low", math.nan), "ci_high_ms": ci.get("ci_high", math.nan),
                          "ci_covers_grid": bool(ci.get("ci_covers_grid", False)),
@@ -59,8 +68,25 @@ def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], g
                          "predicted_ms": predicted_ms,
                          "in_or_out_of_sample": OUT_OF_SAMPLE if written_before and clients > calibration_clients
                          else IN_SAMPLE,
-                         "err_pct": crossover_err_pct(crossover_ms, predicted_ms)})
+                         "err_pct": crossover_err_pct(crossover_ms, predicted_ms),
+                         "edge_draft_step_ratio": draft_ratio,
+                         "edge_draft_inflated": bool(draft_ratio > EDGE_DRAFT_INFLATED_RATIO)})
     return rows
+
+
+def edge_draft_step_ratio(points: pd.DataFrame, mode: str, clients: int, calibration_clients: int) -> float:
+    """The mode's median measured edge draft step (t_draft_ms_measured) over the points of this
+    client count, divided by the same at the calibration's count; nan where either is unmeasured
+    (a mode that drafts on the server, or points without the column)."""
+    if "t_draft_ms_measured" not in points:
+        return math.nan
+
+    def median_step_ms(n: int) -> float:
+        steps = points.loc[(points["mode"] == mode) & (points["clients"] == n), "t_draft_ms_measured"].dropna()
+        return float(steps.median()) if len(steps) else math.nan
+
+    base_ms = median_step_ms(calibration_clients)
+    return median_step_ms(clients) / base_ms if base_ms > 0 else math.nan
 
 
 def frontier_evidence(rows: list[dict]) -> dict:
@@ -72,7 +98,9 @@ def frontier_evidence(rows: list[dict]) -> dict:
               and math.isfinite(r["predicted_ms"]) and r["predicted_ms"] >= ERR_FLOOR_MS]
     return {"err_p50_pct": float(np.median(errors)) if errors else math.nan,
             "err_max_pct": float(max(errors)) if errors else math.nan, "err_rows": len(errors),
-            "err_floor_ms": ERR_FLOOR_MS}
+            "err_floor_ms": ERR_FLOOR_MS,
+            "edge_draft_inflated_rows": [f"{r['pair']} at N = {r['clients']}" for r in rows
+                                         if r.get("edge_draft_inflated")]}
 
 
 def regime_cells(cells: pd.DataFrame, gamma: int) -> pd.DataFrame:

@@ -212,3 +212,27 @@ def test_a_single_request_a_cell_gives_a_degenerate_interval_that_is_flagged_not
     ci = bootstrap.crossover_cis(reps, cell_keys, {"gamma": 2, "clients": 1}, RTTS_MS, queueing.FRONTIER_PAIRS)
     text = bootstrap.describe_crossover(row["crossover_ms"], ci["pipelined_vs_colocated"])
     assert "no interval" in text and "95% CI" not in text
+
+
+def test_rows_whose_edges_slowed_each_other_are_flagged_with_the_measured_draft_step_ratio():
+    points, latencies = _constructed_sweep()
+    # Pipelined edges draft at once and share a core: their step grows with N; sync's does not.
+    steps_ms = {"pipelined": {1: 14.0, 2: 23.0, 3: 42.0}, "sync": {1: 15.0, 2: 16.0, 3: 17.0}}
+    points["t_draft_ms_measured"] = [steps_ms.get(m, {}).get(n, math.nan)
+                                     for m, n in zip(points["mode"], points["clients"])]
+    rows = {(r["pair"], r["clients"]): r for r in _frontier(points, latencies, None)}
+    assert rows[("pipelined_vs_colocated", 3)]["edge_draft_step_ratio"] == pytest.approx(3.0)
+    assert rows[("pipelined_vs_colocated", 3)]["edge_draft_inflated"]
+    assert rows[("pipelined_vs_colocated", 2)]["edge_draft_inflated"]
+    assert not rows[("pipelined_vs_colocated", 1)]["edge_draft_inflated"]
+    assert rows[("sync_vs_colocated", 3)]["edge_draft_step_ratio"] == pytest.approx(17 / 15)
+    assert not rows[("sync_vs_colocated", 3)]["edge_draft_inflated"]
+    evidence = frontier.frontier_evidence(list(rows.values()))
+    assert evidence["edge_draft_inflated_rows"] == ["pipelined_vs_colocated at N = 2", "pipelined_vs_ar at N = 2",
+                                                     "pipelined_vs_colocated at N = 3", "pipelined_vs_ar at N = 3"]
+
+
+def test_without_measured_draft_steps_no_row_is_flagged():
+    points, latencies = _constructed_sweep()
+    rows = _frontier(points, latencies, None)
+    assert rows and all(math.isnan(r["edge_draft_step_ratio"]) and not r["edge_draft_inflated"] for r in rows)
