@@ -61,6 +61,7 @@ rounds, request-level mode changes included) and goals_met=.
 The judged runs, with the command that reproduces each, are in docs/results/adaptive.md; the
 policies' design is in docs/controller.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,9 +78,20 @@ from dsd.costs.profiles import get_profile  # noqa: E402
 from dsd.speculation.stopping import StopRule  # noqa: E402
 from dsd.costs.compute_times import ComputeTimes  # noqa: E402
 from orchestrator.launchers.sim import SimClient, SimRequest, run_request  # noqa: E402
-from benchmarks.adaptive_scenario import (CLASS_TOKEN, GAMMAS, POLICIES, RequestRun, Scenario,  # noqa: E402,F401
-                                          arms, load_rtt_trace, matched_vs_oracle_pct, oracle_tokens,
-                                          policy_config, touched_levels_ms, vs_oracle_pct)
+from benchmarks.adaptive_scenario import (
+    CLASS_TOKEN,
+    GAMMAS,
+    POLICIES,
+    RequestRun,
+    Scenario,  # noqa: E402,F401
+    arms,
+    load_rtt_trace,
+    matched_vs_oracle_pct,
+    oracle_tokens,
+    policy_config,
+    touched_levels_ms,
+    vs_oracle_pct,
+)
 from benchmarks.trace_levels import LevelRule, level_segments  # noqa: E402
 
 
@@ -90,9 +102,15 @@ def print_matched(per_seed: list[tuple[dict, dict]], matched: list[dict], scenar
     for (results, _), oracle in zip(per_seed, matched):
         for name in POLICIES:
             pct[name].append(matched_vs_oracle_pct(results[name], oracle, scenario))
-    print(f"prompt-matched oracle (not judged; seeds {first_seed}-{first_seed + len(matched) - 1}): " + " ".join(
-        f"{name}={statistics.mean(v):.1f}+-{statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0:.1f}% "
-        f"({' / '.join(f'{x:.1f}' for x in v)})" for name, v in pct.items()), flush=True)
+    print(
+        f"prompt-matched oracle (not judged; seeds {first_seed}-{first_seed + len(matched) - 1}): "
+        + " ".join(
+            f"{name}={statistics.mean(v):.1f}+-{statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0:.1f}% "
+            f"({' / '.join(f'{x:.1f}' for x in v)})"
+            for name, v in pct.items()
+        ),
+        flush=True,
+    )
 
 
 def switches_per_100(runs: list[RequestRun]) -> float:
@@ -102,23 +120,28 @@ def switches_per_100(runs: list[RequestRun]) -> float:
 
 # ---- sim: the real protocol code on virtual time ------------------------------------------------
 
+
 def sim_costs(profile, gamma_max: int) -> ComputeTimes:
     return profile.times.tabulated(range(1, gamma_max + 1))
 
 
-def sim_run(scenario: Scenario, pair, costs: ComputeTimes, prompts, arm=None, policy=None, rtt_ms=None) -> list[RequestRun]:
+def sim_run(
+    scenario: Scenario, pair, costs: ComputeTimes, prompts, arm=None, policy=None, rtt_ms=None
+) -> list[RequestRun]:
     """The requests one after another on one virtual clock; ``rtt_ms`` fixes the link."""
     draft, target = pair
     stop = StopRule(scenario.tokens)
     out, clock_s = [], 0.0
     for index, prompt in enumerate(prompts):
         start_s = clock_s
-        rtt_at = (lambda t, s=start_s: scenario.rtt_at_ms(s + t) / 1e3) if rtt_ms is None else \
-            (lambda _t: rtt_ms / 1e3)
+        rtt_at = (lambda t, s=start_s: scenario.rtt_at_ms(s + t) / 1e3) if rtt_ms is None else (lambda _t: rtt_ms / 1e3)
         mode, gamma = arm or ("sync", 4)
         tokens, rounds, wall_s, _ = run_request(
             SimClient(draft, target, costs, stop, gamma_max=scenario.gamma_max),
-            SimRequest(mode, gamma, prompt, f"r{index}"), rtt_at, policy)
+            SimRequest(mode, gamma, prompt, f"r{index}"),
+            rtt_at,
+            policy,
+        )
         plans = [(r.gamma, r.mode) if r.mode else (gamma, mode) for r in rounds if not r.stale]
         out.append(RequestRun(start_s, wall_s, len(tokens), draft.config.alpha_of(prompt), plans))
         clock_s += wall_s
@@ -156,7 +179,8 @@ def sim_oracle(scenario: Scenario, profile, seed: int, levels_ms: list[float]) -
             for mode, gamma in arms(scenario):
                 runs = sim_run(scenario, pair, costs, [prompts[i] for i in mine], arm=(mode, gamma), rtt_ms=rtt)
                 measured.setdefault(f"static {mode} {gamma}", {})[(rtt, alpha)] = [
-                    (i, r.wall_s, r.tokens) for i, r in zip(mine, runs)]
+                    (i, r.wall_s, r.tokens) for i, r in zip(mine, runs)
+                ]
     split, in_sample = constant_oracle(measured)
     return in_sample, split, prompt_matched_oracle(measured), measured
 
@@ -171,9 +195,12 @@ def print_levels_check(seed: int, results: dict, measured: dict | None, scenario
     errors = levels_err_pct({k: v for k, v in results.items() if k.startswith("static")}, measured, scenario)
     if errors:
         low, high = min(errors, key=errors.get), max(errors, key=errors.get)
-        print(f"  seed {seed} levels check (static arms under the link against their own times at the levels): "
-              f"median {statistics.median(errors.values()):+.1f}%, {low} {errors[low]:+.1f}% .. {high} "
-              f"{errors[high]:+.1f}% ({len(errors)} arms)", flush=True)
+        print(
+            f"  seed {seed} levels check (static arms under the link against their own times at the levels): "
+            f"median {statistics.median(errors.values()):+.1f}%, {low} {errors[low]:+.1f}% .. {high} "
+            f"{errors[high]:+.1f}% ({len(errors)} arms)",
+            flush=True,
+        )
     return errors
 
 
@@ -186,15 +213,24 @@ def check_netns_oracle(seed: int, results: dict, best_s: dict, split_c: dict, sc
 
     statics = {k: v for k, v in results.items() if k.startswith("static")}
     split = split_oracle(statics, scenario)
-    print_oracle(f"seed {seed} constant-condition (constant split; schedule split, in-sample)", best_s, split_c,
-                 split, in_sample_oracle(statics, scenario))
+    print_oracle(
+        f"seed {seed} constant-condition (constant split; schedule split, in-sample)",
+        best_s,
+        split_c,
+        split,
+        in_sample_oracle(statics, scenario),
+    )
     for label, oracle in (("constant-condition split", split_c), ("under-the-schedule split", split)):
         if all(k in oracle for k in best_s):
-            print(f"  seed {seed} vs the {label} oracle: " + " ".join(
-                f"{name}={vs_oracle_pct(results[name], oracle, scenario):.1f}%" for name in POLICIES), flush=True)
+            print(
+                f"  seed {seed} vs the {label} oracle: "
+                + " ".join(f"{name}={vs_oracle_pct(results[name], oracle, scenario):.1f}%" for name in POLICIES),
+                flush=True,
+            )
 
 
 # ---- report ----------------------------------------------------------------------------------------
+
 
 def summarise(per_seed: list[tuple[dict, dict]], scenario: Scenario, first_seed: int = 0) -> dict[str, float]:
     pct: dict[str, list[float]] = {name: [] for name in (*POLICIES, "best_static")}
@@ -210,8 +246,12 @@ def summarise(per_seed: list[tuple[dict, dict]], scenario: Scenario, first_seed:
         for r in results["model"]:
             for _, m in r.plans[:1]:
                 modes[m] = modes.get(m, 0) + 1
-        print(f"seed {seed}: " + " ".join(f"{k}={v[-1]:.1f}%" for k, v in pct.items())
-              + f" (best static: {best_static}; model's request modes {modes})", flush=True)
+        print(
+            f"seed {seed}: "
+            + " ".join(f"{k}={v[-1]:.1f}%" for k, v in pct.items())
+            + f" (best static: {best_static}; model's request modes {modes})",
+            flush=True,
+        )
     out = {f"{k}_vs_oracle_pct": statistics.mean(v) for k, v in pct.items()}
     out["switches_per_100_rounds"] = statistics.mean(switch_rates)
     return out
@@ -222,6 +262,7 @@ def plot(results: dict, scenario: Scenario, path: Path) -> None:
     schedule (or trace) and the prompts' alpha, for every policy (rounds placed evenly within
     their request's wall time)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -241,8 +282,12 @@ def plot(results: dict, scenario: Scenario, path: Path) -> None:
         for r in results[name]:
             n = max(len(r.plans), 1)
             for i, (gamma, mode) in enumerate(r.plans):
-                ax.scatter(r.start_s + (i + 0.5) * r.wall_s / n, gamma if mode not in ("ar",) else 0,
-                           s=6, color=colours.get(mode, "grey"))
+                ax.scatter(
+                    r.start_s + (i + 0.5) * r.wall_s / n,
+                    gamma if mode not in ("ar",) else 0,
+                    s=6,
+                    color=colours.get(mode, "grey"),
+                )
         ax.set_ylabel(f"{name}: gamma")
         for mode, colour in colours.items():
             ax.scatter([], [], color=colour, label=mode + (" (at 0)" if mode == "ar" else ""))
@@ -256,8 +301,7 @@ def plot(results: dict, scenario: Scenario, path: Path) -> None:
 def goals_met(s: dict[str, float]) -> bool:
     model, bandit, heur, static = (s[f"{k}_vs_oracle_pct"] for k in ("model", "bandit", "heuristic", "best_static"))
     # "at least 15% better than the best static": the static's per-token time at least 15% above the model's
-    return (model <= 5 and bandit <= 10 and (100 + static) >= 1.15 * (100 + model)
-            and model < heur and bandit < heur)
+    return model <= 5 and bandit <= 10 and (100 + static) >= 1.15 * (100 + model) and model < heur and bandit < heur
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -266,34 +310,61 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--launcher", choices=("sim", "netns"), default="sim")
     parser.add_argument("--profile", default="paper-cap-td1")
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[10.0, 150.0])
-    parser.add_argument("--rtt-trace", default="", help="a trace CSV (t_s, rtt_ms from t_s 0, e.g. "
-                        "experiments/traces/roaming-de.csv) the link follows instead of --rtt-ms/--segment-s")
-    parser.add_argument("--level-window-s", type=float, default=0.0, help="with --rtt-trace: the oracle's segments "
-                        "are windows of this many seconds grouped into levels (benchmarks/trace_levels.py; a measured "
-                        "trace needs it); 0 (default): each of the trace's RTTs is a level")
-    parser.add_argument("--level-factor", type=float, default=1.25, help="with --level-window-s: the levels' bins "
-                        "on a geometric grid of this factor")
+    parser.add_argument(
+        "--rtt-trace",
+        default="",
+        help="a trace CSV (t_s, rtt_ms from t_s 0, e.g. "
+        "experiments/traces/roaming-de.csv) the link follows instead of --rtt-ms/--segment-s",
+    )
+    parser.add_argument(
+        "--level-window-s",
+        type=float,
+        default=0.0,
+        help="with --rtt-trace: the oracle's segments "
+        "are windows of this many seconds grouped into levels (benchmarks/trace_levels.py; a measured "
+        "trace needs it); 0 (default): each of the trace's RTTs is a level",
+    )
+    parser.add_argument(
+        "--level-factor",
+        type=float,
+        default=1.25,
+        help="with --level-window-s: the levels' bins on a geometric grid of this factor",
+    )
     parser.add_argument("--segment-s", type=float, default=None, help="default 6 (sim), 4 (netns: its schedule)")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.9, 0.3])
-    parser.add_argument("--alpha-requests", type=int, default=None, help="requests per prompt class, in turn "
-                        "(default 12 sim, 6 netns)")
+    parser.add_argument(
+        "--alpha-requests", type=int, default=None, help="requests per prompt class, in turn (default 12 sim, 6 netns)"
+    )
     parser.add_argument("--requests", type=int, default=None, help="default 48 sim, 24 netns")
     parser.add_argument("--tokens", type=int, default=None, help="per request; default 48 sim, 32 netns")
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--modes", nargs="+", default=["ar", "sync", "pipelined"])
     parser.add_argument("--gamma-max", type=int, default=16)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--oracle", choices=("constant", "schedule"), default="constant",
-                        help="netns: measure each static arm at each condition held constant (default), or "
-                        "estimate the oracle from the static runs under the schedule only (quicker, noisier)")
-    parser.add_argument("--schedule-order", choices=("path", "queue"), default=None,
-                        help="netns: what the schedule's RTT cuts mean (orchestrator/links/keys.py): path = packets "
-                             "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in "
-                             "order; default: experiments/adaptive-netns.toml's (queue)")
+    parser.add_argument(
+        "--oracle",
+        choices=("constant", "schedule"),
+        default="constant",
+        help="netns: measure each static arm at each condition held constant (default), or "
+        "estimate the oracle from the static runs under the schedule only (quicker, noisier)",
+    )
+    parser.add_argument(
+        "--schedule-order",
+        choices=("path", "queue"),
+        default=None,
+        help="netns: what the schedule's RTT cuts mean (orchestrator/links/keys.py): path = packets "
+        "after a cut overtake held ones (TCP may time out spuriously), queue = they drain in "
+        "order; default: experiments/adaptive-netns.toml's (queue)",
+    )
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
-    parser.add_argument("--warmup-requests", type=int, default=0, help="score every run from this request on, "
-                        "policies, static arms and the oracle's prompts alike (the controller's cold start left out); "
-                        "the score over every request is printed beside")
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=0,
+        help="score every run from this request on, "
+        "policies, static arms and the oracle's prompts alike (the controller's cold start left out); "
+        "the score over every request is printed beside",
+    )
     parser.add_argument("--save", default="", help="a pickle of every seed's runs and oracle (for analysis)")
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
     args = parser.parse_args(argv)
@@ -309,14 +380,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not sim and args.schedule_order is None:
         from benchmarks.adaptive_netns import EXPERIMENT
         from orchestrator.spec.experiment import load_experiment
+
         args.schedule_order = load_experiment(EXPERIMENT).link.schedule_order
-    for name, on_sim, on_netns in (("segment_s", 6.0, 4.0), ("alpha_requests", 12, 6), ("requests", 48, 24),
-                                   ("tokens", 48, 32)):
+    for name, on_sim, on_netns in (
+        ("segment_s", 6.0, 4.0),
+        ("alpha_requests", 12, 6),
+        ("requests", 48, 24),
+        ("tokens", 48, 32),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, on_sim if sim else on_netns)
     if not 0 <= args.warmup_requests < args.alpha_requests:
-        parser.error(f"--warmup-requests {args.warmup_requests}: must be >= 0 and below --alpha-requests "
-                     f"{args.alpha_requests} (the oracle needs prompts of each class after it)")
+        parser.error(
+            f"--warmup-requests {args.warmup_requests}: must be >= 0 and below --alpha-requests "
+            f"{args.alpha_requests} (the oracle needs prompts of each class after it)"
+        )
     return args
 
 
@@ -326,14 +404,31 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
         trace = load_rtt_trace(args.rtt_trace)
         if args.level_window_s:
             levels = level_segments(trace, LevelRule(args.level_window_s, args.level_factor))
-    scenario = Scenario(args.rtt_ms, args.segment_s, args.alphas, args.alpha_requests, args.requests, args.tokens,
-                        args.prompt_tokens, tuple(args.modes), args.gamma_max, trace,
-                        Path(args.rtt_trace).name if args.rtt_trace else "", levels)
+    scenario = Scenario(
+        args.rtt_ms,
+        args.segment_s,
+        args.alphas,
+        args.alpha_requests,
+        args.requests,
+        args.tokens,
+        args.prompt_tokens,
+        tuple(args.modes),
+        args.gamma_max,
+        trace,
+        Path(args.rtt_trace).name if args.rtt_trace else "",
+        levels,
+    )
     if args.rtt_trace:
-        rule = (f"windows of {args.level_window_s:g} s at their median RTT, levels in bins of x{args.level_factor:g}"
-                if levels else "each RTT of the trace a level")
-        print(f"link: {scenario.trace_name}, {len(trace)} rows; the oracle's segments: {len(levels or trace)} "
-              f"({rule}), levels {scenario.levels_ms()} ms (the oracle measured at each, with each alpha)", flush=True)
+        rule = (
+            f"windows of {args.level_window_s:g} s at their median RTT, levels in bins of x{args.level_factor:g}"
+            if levels
+            else "each RTT of the trace a level"
+        )
+        print(
+            f"link: {scenario.trace_name}, {len(trace)} rows; the oracle's segments: {len(levels or trace)} "
+            f"({rule}), levels {scenario.levels_ms()} ms (the oracle measured at each, with each alpha)",
+            flush=True,
+        )
     return scenario
 
 
@@ -353,6 +448,7 @@ def main(argv=None) -> dict[str, float]:
             check_netns_oracle(seed, results, best, split_c, scenario)
         else:
             from benchmarks.adaptive_netns import netns_seed
+
             results, best, by_prompt, measured = netns_seed(scenario, args, seed)
         per_seed.append((results, best))
         measured_per_seed.append(measured)
@@ -362,8 +458,12 @@ def main(argv=None) -> dict[str, float]:
         plot(per_seed[0][0], scenario, Path(args.plot))
     if args.save:
         import pickle
-        Path(args.save).write_bytes(pickle.dumps({"scenario": scenario, "first_seed": args.first_seed,
-                                                  "per_seed": per_seed, "matched": matched}))
+
+        Path(args.save).write_bytes(
+            pickle.dumps(
+                {"scenario": scenario, "first_seed": args.first_seed, "per_seed": per_seed, "matched": matched}
+            )
+        )
     if all(matched):
         print_matched(per_seed, matched, scenario, args.first_seed)
     if args.warmup_requests:
@@ -372,13 +472,21 @@ def main(argv=None) -> dict[str, float]:
     if args.warmup_requests:
         print("every request: " + " ".join(f"{k}={v:.1f}" for k, v in every.items()))
         print(f"scored from request {args.warmup_requests} (policies, static arms and the oracle's prompts alike):")
-        s = summarise(scored_after_warmup(per_seed, measured_per_seed, args.warmup_requests, sim), scenario,
-                      args.first_seed)
-    print(" ".join(f"{k}={v:.1f}" for k, v in s.items()) + f" launcher={args.launcher}"
-          + ("" if sim else f" schedule_order={args.schedule_order}") + f" goals_met={goals_met(s)}")
-    return {**s, "levels_err_pct_min": min(level_errors, default=math.nan),
-            "levels_err_pct_max": max(level_errors, default=math.nan),
-            **{f"{k}_every_request": v for k, v in every.items()}}
+        s = summarise(
+            scored_after_warmup(per_seed, measured_per_seed, args.warmup_requests, sim), scenario, args.first_seed
+        )
+    print(
+        " ".join(f"{k}={v:.1f}" for k, v in s.items())
+        + f" launcher={args.launcher}"
+        + ("" if sim else f" schedule_order={args.schedule_order}")
+        + f" goals_met={goals_met(s)}"
+    )
+    return {
+        **s,
+        "levels_err_pct_min": min(level_errors, default=math.nan),
+        "levels_err_pct_max": max(level_errors, default=math.nan),
+        **{f"{k}_every_request": v for k, v in every.items()},
+    }
 
 
 def scored_after_warmup(per_seed: list, measured_per_seed: list, warmup: int, sim: bool) -> list[tuple[dict, dict]]:
@@ -386,8 +494,10 @@ def scored_after_warmup(per_seed: list, measured_per_seed: list, warmup: int, si
     ``after_warmup``; the sim's oracle in-sample, netns's split, as without the cut)."""
     from benchmarks.adaptive_oracle import after_warmup
 
-    return [after_warmup(results, measured, warmup, split=not sim)
-            for (results, _), measured in zip(per_seed, measured_per_seed)]
+    return [
+        after_warmup(results, measured, warmup, split=not sim)
+        for (results, _), measured in zip(per_seed, measured_per_seed)
+    ]
 
 
 if __name__ == "__main__":

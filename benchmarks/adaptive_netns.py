@@ -16,14 +16,21 @@ every request, split by request; the judged one before) is printed beside it, wi
 scored against it too: those arms ran other prompts in each condition than the policies, so
 it moved with the prompts' luck from seed to seed.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
 from pathlib import Path
 
-from benchmarks.adaptive_oracle import (constant_oracle, in_sample_oracle, pilot_survivors, print_oracle,
-                                        prompt_matched_oracle, split_oracle)
+from benchmarks.adaptive_oracle import (
+    constant_oracle,
+    in_sample_oracle,
+    pilot_survivors,
+    print_oracle,
+    prompt_matched_oracle,
+    split_oracle,
+)
 from dsd.backends.synthetic import parse_alpha_classes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,12 +40,16 @@ EXPERIMENT = ROOT / "experiments" / "adaptive-netns.toml"
 def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of) -> list:
     from benchmarks.adaptive_scenario import RequestRun
 
-    changes = [row for row in links if row.get("change_index", 0) and row.get("change_index") == row.get("change_index")]
+    changes = [
+        row for row in links if row.get("change_index", 0) and row.get("change_index") == row.get("change_index")
+    ]
     if not changes:
-        raise ValueError("links.csv has no change of the link schedule within this run: the requests are "
-                         "placed on the schedule by its changes' times, so the RTT trace must change while "
-                         "every run lasts (a link held constant is the oracle's --rtt-ms condition, not a "
-                         "schedule)")
+        raise ValueError(
+            "links.csv has no change of the link schedule within this run: the requests are "
+            "placed on the schedule by its changes' times, so the RTT trace must change while "
+            "every run lasts (a link held constant is the oracle's --rtt-ms condition, not a "
+            "schedule)"
+        )
     t0_unix = min(row["change_t_unix_s"] - row["change_at_s"] for row in changes)
     plans: dict[int, list] = {}
     for r in sorted(rounds, key=lambda r: (r["request_index"], r["round_index"])):
@@ -46,10 +57,18 @@ def _runs(requests: list[dict], rounds: list[dict], links: list[dict], alpha_of)
             continue
         gamma = r.get("round_gamma")
         plans.setdefault(int(r["request_index"]), []).append(
-            (int(gamma) if gamma == gamma and gamma is not None else int(r["gamma"]), r.get("round_mode") or r["mode"]))
-    return [RequestRun(q["t_start_s"] - t0_unix, q["wall_s"], int(q["tokens"]), alpha_of(int(q["request_index"])),
-                       plans.get(int(q["request_index"]), []))
-            for q in sorted(requests, key=lambda q: q["request_index"])]
+            (int(gamma) if gamma == gamma and gamma is not None else int(r["gamma"]), r.get("round_mode") or r["mode"])
+        )
+    return [
+        RequestRun(
+            q["t_start_s"] - t0_unix,
+            q["wall_s"],
+            int(q["tokens"]),
+            alpha_of(int(q["request_index"])),
+            plans.get(int(q["request_index"]), []),
+        )
+        for q in sorted(requests, key=lambda q: q["request_index"])
+    ]
 
 
 def scenario_experiment(scenario, schedule_order: str | None):
@@ -63,16 +82,20 @@ def scenario_experiment(scenario, schedule_order: str | None):
     experiment = dataclasses.replace(experiment, link=dataclasses.replace(experiment.link, schedule_order=order))
     classes = dict(parse_alpha_classes(experiment.backend.alpha_classes))
     if any(classes.get(CLASS_TOKEN + k) != alpha for k, alpha in enumerate(scenario.alphas)):
-        raise ValueError(f"--alphas {scenario.alphas} must match {EXPERIMENT.name}'s backend.alpha_classes "
-                         f"{experiment.backend.alpha_classes!r}")
+        raise ValueError(
+            f"--alphas {scenario.alphas} must match {EXPERIMENT.name}'s backend.alpha_classes "
+            f"{experiment.backend.alpha_classes!r}"
+        )
     if scenario.trace:
         return _with_trace(experiment, scenario), classes
     base = experiment.rtt_ms[0]
     for step in experiment.link.schedule.steps:
         rtt = dict(step.changes).get("rtt_ms", base)
         if rtt != scenario.rtt_at_ms(step.at_s) or scenario.rtt_at_ms(0.0) != base:
-            raise ValueError(f"{EXPERIMENT.name}'s link schedule ({step.at_s} s: {rtt} ms) is not the scenario's "
-                             f"(--rtt-ms {scenario.rtts_ms} every --segment-s {scenario.segment_s})")
+            raise ValueError(
+                f"{EXPERIMENT.name}'s link schedule ({step.at_s} s: {rtt} ms) is not the scenario's "
+                f"(--rtt-ms {scenario.rtts_ms} every --segment-s {scenario.segment_s})"
+            )
     return experiment, classes
 
 
@@ -82,8 +105,9 @@ def _with_trace(experiment, scenario):
     from netem.schedule import LinkSchedule, LinkStep
 
     steps = tuple(LinkStep(t_s, (("rtt_ms", rtt),)) for t_s, rtt in scenario.trace[1:])
-    link = dataclasses.replace(experiment.link, schedule=LinkSchedule(steps, scenario.trace_name),
-                               trace_csv=scenario.trace_name)
+    link = dataclasses.replace(
+        experiment.link, schedule=LinkSchedule(steps, scenario.trace_name), trace_csv=scenario.trace_name
+    )
     return dataclasses.replace(experiment, rtt_ms=(scenario.trace[0][1],), link=link)
 
 
@@ -110,43 +134,73 @@ def netns_seed(scenario, args, seed: int):
     plan = [p for p in plan_points(experiment) if p.mode in scenario.modes]
     work = Path(f"/tmp/dsd-adaptive-netns-{seed}-{int(time.time())}")
     results: dict = {}
-    with GroupTestbeds("netns", experiment, work, {}, None) as testbeds:     # no sim times or pairs: netns
+    with GroupTestbeds("netns", experiment, work, {}, None) as testbeds:  # no sim times or pairs: netns
         testbed = testbeds.for_point(plan[0])
         prefix = time.strftime("%Y%m%dT%H%M%S") + f"-s{seed}"
-        common = dict(testbed=testbed, prompts=prompts, warmup=0, max_new_tokens=scenario.tokens, max_in_flight=1,
-                      run_prefix=prefix, link_options=experiment.link)
+        common = dict(
+            testbed=testbed,
+            prompts=prompts,
+            warmup=0,
+            max_new_tokens=scenario.tokens,
+            max_in_flight=1,
+            run_prefix=prefix,
+            link_options=experiment.link,
+        )
         jobs = [(f"static {p.mode} {p.gamma}", p, "static", ()) for p in plan]
         start = dataclasses.replace(plan[0], mode="sync", gamma=4)
         jobs += [(name, start, name, policy_config(name, scenario).modes) for name in POLICIES]
         for label, point, controller, modes in jobs:
             t_s = time.monotonic()
-            rounds, requests, links, _ = run_common(run_point_on_edges, point, common, controller=controller,
-                                                    gamma_max=scenario.gamma_max, controller_modes=modes)
+            rounds, requests, links, _ = run_common(
+                run_point_on_edges,
+                point,
+                common,
+                controller=controller,
+                gamma_max=scenario.gamma_max,
+                controller_modes=modes,
+            )
             results[label] = _runs(requests, rounds, links, alpha_of)
-            print(f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in "
-                  f"{time.monotonic() - t_s:.1f} s", flush=True)
+            print(
+                f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in "
+                f"{time.monotonic() - t_s:.1f} s",
+                flush=True,
+            )
         if args.oracle == "constant":
-            constant = {**common, "link_options": dataclasses.replace(experiment.link, schedule_order="path",
-                                                                      schedule=type(experiment.link.schedule)())}
+            constant = {
+                **common,
+                "link_options": dataclasses.replace(
+                    experiment.link, schedule_order="path", schedule=type(experiment.link.schedule)()
+                ),
+            }
             levels = touched_levels_ms(results, scenario)
             measured = constant_runs(plan, scenario, prompts, alpha_of, constant, seed, levels)
             (split_c, in_sample_c), by_prompt = constant_oracle(measured), prompt_matched_oracle(measured)
     statics = {k: v for k, v in results.items() if k.startswith("static")}
     best = split_oracle(statics, scenario)
-    missing = [(rtt, a) for rtt in touched_levels_ms(results, scenario) for a in scenario.alphas
-               if (rtt, a) not in best]
+    missing = [
+        (rtt, a) for rtt in touched_levels_ms(results, scenario) for a in scenario.alphas if (rtt, a) not in best
+    ]
     if missing and args.oracle == "schedule":
-        raise RuntimeError(f"no static arm spent a request's worth of time in the conditions {missing}: "
-                           "lengthen --segment-s or --requests")
+        raise RuntimeError(
+            f"no static arm spent a request's worth of time in the conditions {missing}: "
+            "lengthen --segment-s or --requests"
+        )
     print_oracle(f"seed {seed} under the schedule (split, in-sample)", best, in_sample_oracle(statics, scenario))
     if args.oracle == "constant":
         print_oracle(f"seed {seed} constant-condition (split, in-sample)", split_c, in_sample_c)
         from benchmarks.adaptive_scenario import POLICIES, vs_oracle_pct
-        print(f"  seed {seed} scored with the in-sample constant-condition oracle: " + " ".join(
-            f"{name}={vs_oracle_pct(results[name], in_sample_c, scenario):.1f}%" for name in POLICIES), flush=True)
+
+        print(
+            f"  seed {seed} scored with the in-sample constant-condition oracle: "
+            + " ".join(f"{name}={vs_oracle_pct(results[name], in_sample_c, scenario):.1f}%" for name in POLICIES),
+            flush=True,
+        )
         if all(k in best for k in split_c):
-            print(f"  seed {seed} scored with the oracle under the schedule: " + " ".join(
-                f"{name}={vs_oracle_pct(results[name], best, scenario):.1f}%" for name in POLICIES), flush=True)
+            print(
+                f"  seed {seed} scored with the oracle under the schedule: "
+                + " ".join(f"{name}={vs_oracle_pct(results[name], best, scenario):.1f}%" for name in POLICIES),
+                flush=True,
+            )
         best = split_c
     if args.oracle == "constant":
         return results, best, by_prompt, measured
@@ -170,15 +224,25 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int, le
         if not indices:
             return
         t_s = time.monotonic()
-        _, requests, _, _ = run_common(run_point_on_edges, dataclasses.replace(point, rtt_ms=rtt),
-                                       {**common, "prompts": [prompts[i] for i in indices],
-                                        "run_prefix": common["run_prefix"] + f"-const{round(rtt * 10)}"})
+        _, requests, _, _ = run_common(
+            run_point_on_edges,
+            dataclasses.replace(point, rtt_ms=rtt),
+            {
+                **common,
+                "prompts": [prompts[i] for i in indices],
+                "run_prefix": common["run_prefix"] + f"-const{round(rtt * 10)}",
+            },
+        )
         for q in requests:
             i = indices[int(q["request_index"])]
             measured.setdefault(f"static {point.mode} {point.gamma}", {}).setdefault((rtt, alpha_of(i)), []).append(
-                (i, float(q["wall_s"]), int(q["tokens"])))
-        print(f"  seed {seed} constant {int(rtt)} ms static {point.mode} {point.gamma}: {len(indices)} prompts "
-              f"in {time.monotonic() - t_s:.1f} s", flush=True)
+                (i, float(q["wall_s"]), int(q["tokens"]))
+            )
+        print(
+            f"  seed {seed} constant {int(rtt)} ms static {point.mode} {point.gamma}: {len(indices)} prompts "
+            f"in {time.monotonic() - t_s:.1f} s",
+            flush=True,
+        )
 
     for rtt in levels_ms:
         for point in plan:
@@ -187,6 +251,14 @@ def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int, le
     for rtt in levels_ms:
         for point in plan:
             arm = f"static {point.mode} {point.gamma}"
-            run(point, rtt, sorted(i for alpha, ids in by_alpha.items() if arm in survivors.get((rtt, alpha), ())
-                                   for i in ids[PILOT_PROMPTS:]))
+            run(
+                point,
+                rtt,
+                sorted(
+                    i
+                    for alpha, ids in by_alpha.items()
+                    if arm in survivors.get((rtt, alpha), ())
+                    for i in ids[PILOT_PROMPTS:]
+                ),
+            )
     return measured

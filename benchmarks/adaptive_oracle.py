@@ -28,6 +28,7 @@ low, which inflates every policy's ``vs_oracle`` and moves it from seed to seed.
   of a half only with at least a median request's worth of seconds there (a sliver of a straddling
   request alone says little).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ PASSES = 20
 def condition_rates(runs, scenario) -> dict[tuple[float, float], tuple[float, float]]:
     """(rtt_ms, alpha) -> (tokens, seconds) of one arm's ``runs`` (RequestRun: start_s, wall_s,
     tokens, alpha), every piece of every request, tokens shared by time times rate."""
-    pieces = [(r.tokens, [((rtt, r.alpha), s) for rtt, s in scenario.pieces(r.start_s, r.start_s + r.wall_s)])
-              for r in runs]
+    pieces = [
+        (r.tokens, [((rtt, r.alpha), s) for rtt, s in scenario.pieces(r.start_s, r.start_s + r.wall_s)]) for r in runs
+    ]
     seconds: dict = {}
     for _, parts in pieces:
         for key, s in parts:
@@ -109,15 +111,20 @@ def split_oracle(statics: dict, scenario) -> dict:
 
 def print_oracle(label: str, best: dict, *others: dict) -> None:
     """One line: each condition's oracle ms/token, then each of ``others``' in parentheses."""
-    print(f"  {label} oracle ms/token: " + " ".join(
-        f"{k}={v * 1e3:.2f}" + "".join(f" ({o[k] * 1e3:.2f})" for o in others if k in o) for k, v in sorted(best.items())),
-        flush=True)
+    print(
+        f"  {label} oracle ms/token: "
+        + " ".join(
+            f"{k}={v * 1e3:.2f}" + "".join(f" ({o[k] * 1e3:.2f})" for o in others if k in o)
+            for k, v in sorted(best.items())
+        ),
+        flush=True,
+    )
 
 
 # ---- the constant-condition oracle (netns): each arm measured at each condition held still ------
 
-PILOT_PROMPTS = 2          # per class: every arm runs these first, at each RTT
-ELIMINATE_FACTOR = 1.25    # an arm slower than this times the pilot's best is not measured further
+PILOT_PROMPTS = 2  # per class: every arm runs these first, at each RTT
+ELIMINATE_FACTOR = 1.25  # an arm slower than this times the pilot's best is not measured further
 
 
 def per_token_s(rows) -> float:
@@ -135,8 +142,9 @@ def pilot_survivors(pilot: dict, factor: float = ELIMINATE_FACTOR) -> dict:
     for arm, conditions in pilot.items():
         for key, rows in conditions.items():
             times.setdefault(key, {})[arm] = per_token_s(rows)
-    return {key: sorted(arm for arm, t in arms.items() if t <= factor * min(arms.values()))
-            for key, arms in times.items()}
+    return {
+        key: sorted(arm for arm, t in arms.items() if t <= factor * min(arms.values())) for key, arms in times.items()
+    }
 
 
 def _full_arms(measured: dict) -> dict:
@@ -178,8 +186,7 @@ def constant_oracle(measured: dict) -> tuple[dict, dict]:
     split, in_sample = {}, {}
     for key, full in _full_arms(measured).items():
         in_sample[key] = min(per_token_s(rows.values()) for rows in full.values())
-        split[key] = statistics.mean(per_token_s([full[arm][p] for p in half])
-                                     for half, arm in _chosen_elsewhere(full))
+        split[key] = statistics.mean(per_token_s([full[arm][p] for p in half]) for half, arm in _chosen_elsewhere(full))
     return split, in_sample
 
 
@@ -197,8 +204,11 @@ def levels_err_pct(statics: dict, measured: dict, scenario) -> dict[str, float]:
     out = {}
     for arm, runs in statics.items():
         own = {key: per_token_s(arms[arm].values()) for key, arms in full.items() if arm in arms}
-        mine = [r for r in runs if {(rtt, r.alpha) for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)}
-                <= set(own)]
+        mine = [
+            r
+            for r in runs
+            if {(rtt, r.alpha) for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)} <= set(own)
+        ]
         if mine:
             out[arm] = vs_oracle_pct(mine, own, scenario)
     return out
@@ -228,7 +238,9 @@ def after_warmup(results: dict, measured: dict, warmup: int, split: bool) -> tup
     -> rows, ``constant_oracle``'s split if ``split``, else its in-sample best). A policy's cold
     start (its estimates forming on its first request) then weighs as it would in a long session
     rather than as one twelfth of a short run. Returns (results, oracle)."""
-    kept = {arm: {key: mine for key, rows in conditions.items() if (mine := [row for row in rows if row[0] >= warmup])}
-            for arm, conditions in measured.items()}
+    kept = {
+        arm: {key: mine for key, rows in conditions.items() if (mine := [row for row in rows if row[0] >= warmup])}
+        for arm, conditions in measured.items()
+    }
     split_s, in_sample_s = constant_oracle(kept)
     return {name: runs[warmup:] for name, runs in results.items()}, (split_s if split else in_sample_s)

@@ -6,6 +6,7 @@ negative: faster than the oracle, the prompts' luck). The seconds sum to the run
 
     python benchmarks/adaptive_regret.py /tmp/seed2.pkl model [--top 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,11 @@ def describe(index: int, run, lost: float, scenario) -> str:
         label = mode if mode in ("ar", "colocated") else f"{mode}{gamma}"
         if not modes or modes[-1] != label:
             modes.append(label)
-    return (f"  request {index:2d} t={run.start_s:6.2f}s wall={run.wall_s:5.2f}s tokens={run.tokens:3d} "
-            f"rtt={link} ms alpha={run.alpha:g} lost={lost:+.3f}s "
-            f"modes={' '.join(modes[:8])}{' ...' if len(modes) > 8 else ''}")
+    return (
+        f"  request {index:2d} t={run.start_s:6.2f}s wall={run.wall_s:5.2f}s tokens={run.tokens:3d} "
+        f"rtt={link} ms alpha={run.alpha:g} lost={lost:+.3f}s "
+        f"modes={' '.join(modes[:8])}{' ...' if len(modes) > 8 else ''}"
+    )
 
 
 class _Unpickler(pickle.Unpickler):
@@ -62,7 +65,7 @@ def main(argv=None) -> None:
         losses = [lost_s(r, best_s, scenario) for r in runs]
         wall = sum(r.wall_s for r in runs)
         print(f"seed {seed} {args.policy}: lost {sum(losses):.3f} s of {wall:.2f} s")
-        order = sorted(range(len(runs)), key=lambda i: -losses[i])[:args.top] if args.top else range(len(runs))
+        order = sorted(range(len(runs)), key=lambda i: -losses[i])[: args.top] if args.top else range(len(runs))
         for i in order:
             print(describe(i, runs[i], losses[i], scenario))
 

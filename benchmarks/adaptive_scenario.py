@@ -1,6 +1,7 @@
 """What benchmarks/adaptive.py (sim) and benchmarks/adaptive_netns.py (netns) share: the scenario
 (the link's schedule and the prompts' acceptance classes), a request's run, the score against the
 oracle, the static arms and the policies' configs."""
+
 from __future__ import annotations
 
 import bisect
@@ -13,7 +14,7 @@ from dsd.controller.interface import ControllerConfig
 
 POLICIES = ("model", "bandit", "heuristic")
 GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)
-CLASS_TOKEN = 1          # prompt class k starts with token CLASS_TOKEN + k
+CLASS_TOKEN = 1  # prompt class k starts with token CLASS_TOKEN + k
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Scenario:
     prompt_tokens: int
     modes: tuple[str, ...]
     gamma_max: int
-    trace: tuple[tuple[float, float], ...] = ()    # (t_s, rtt_ms) from 0: the link, in place of the alternation
+    trace: tuple[tuple[float, float], ...] = ()  # (t_s, rtt_ms) from 0: the link, in place of the alternation
     trace_name: str = ""
     # (t_s, rtt_ms) from 0: the oracle's segments of the trace, each at its level
     # (benchmarks/trace_levels.py); empty: the trace's own rows
@@ -78,8 +79,10 @@ class Scenario:
 
     def prompts(self, seed: int) -> list[list[int]]:
         rng = random.Random(seed)
-        return [[CLASS_TOKEN + self.alpha_class(i)] + [rng.randrange(16, 500) for _ in range(self.prompt_tokens - 1)]
-                for i in range(self.requests)]
+        return [
+            [CLASS_TOKEN + self.alpha_class(i)] + [rng.randrange(16, 500) for _ in range(self.prompt_tokens - 1)]
+            for i in range(self.requests)
+        ]
 
     def pieces(self, start_s: float, end_s: float) -> list[tuple[float, float]]:
         """(level rtt_ms, seconds) of [start, end) in each of the oracle's segments."""
@@ -104,31 +107,38 @@ def load_rtt_trace(path: str) -> tuple[tuple[float, float], ...]:
     for step in schedule.steps:
         changes = dict(step.changes)
         if set(changes) != {"rtt_ms"}:
-            raise ValueError(f"--rtt-trace {path}: only the columns t_s, rtt_ms are replayed here, got "
-                             f"{sorted(changes)} at t_s {step.at_s}")
+            raise ValueError(
+                f"--rtt-trace {path}: only the columns t_s, rtt_ms are replayed here, got "
+                f"{sorted(changes)} at t_s {step.at_s}"
+            )
         trace.append((float(step.at_s), float(changes["rtt_ms"])))
     if trace[0][0] != 0:
-        raise ValueError(f"--rtt-trace {path}: the first row must be at t_s 0 (the link from the start), "
-                         f"got {trace[0][0]}")
+        raise ValueError(
+            f"--rtt-trace {path}: the first row must be at t_s 0 (the link from the start), got {trace[0][0]}"
+        )
     if len({rtt for _, rtt in trace}) < 2:
-        raise ValueError(f"--rtt-trace {path}: one RTT level ({trace[0][1]:g} ms) is nothing to adapt to, and "
-                         f"the network runs place requests on the trace by its changes")
+        raise ValueError(
+            f"--rtt-trace {path}: one RTT level ({trace[0][1]:g} ms) is nothing to adapt to, and "
+            f"the network runs place requests on the trace by its changes"
+        )
     return tuple(trace)
 
 
 @dataclass
 class RequestRun:
-    start_s: float            # since the schedule's start
+    start_s: float  # since the schedule's start
     wall_s: float
     tokens: int
     alpha: float
-    plans: list[tuple[int, str]] = field(default_factory=list)    # each live round's (gamma, mode)
+    plans: list[tuple[int, str]] = field(default_factory=list)  # each live round's (gamma, mode)
 
 
 def oracle_tokens(run: RequestRun, best_s: dict, scenario: Scenario) -> float:
     """The tokens the oracle emits in the request's wall time: each piece of the schedule it ran
     in at that condition's best per-token time."""
-    return sum(seconds / best_s[(rtt, run.alpha)] for rtt, seconds in scenario.pieces(run.start_s, run.start_s + run.wall_s))
+    return sum(
+        seconds / best_s[(rtt, run.alpha)] for rtt, seconds in scenario.pieces(run.start_s, run.start_s + run.wall_s)
+    )
 
 
 def vs_oracle_pct(runs: list[RequestRun], best_s: dict, scenario: Scenario) -> float:
@@ -139,16 +149,19 @@ def matched_vs_oracle_pct(runs: list[RequestRun], matched: dict, scenario: Scena
     """As ``vs_oracle_pct`` against the prompt-matched oracle (benchmarks/adaptive_oracle.py
     ``prompt_matched_oracle``): request i's pieces at the oracle's per-token time on prompt i
     (``runs[i]`` ran prompt i, as every run of the benchmark does)."""
-    oracle = sum(oracle_tokens(r, {key: times[i] for key, times in matched.items() if i in times}, scenario)
-                 for i, r in enumerate(runs))
+    oracle = sum(
+        oracle_tokens(r, {key: times[i] for key, times in matched.items() if i in times}, scenario)
+        for i, r in enumerate(runs)
+    )
     return 100.0 * (oracle / sum(r.tokens for r in runs) - 1.0)
 
 
 def touched_levels_ms(results: dict, scenario: Scenario) -> list[float]:
     """The levels some request of ``results`` (name -> [RequestRun]) spent time at: the only ones the
     oracle is needed at (a trace's slice may hold levels past where the runs end)."""
-    return sorted({rtt for runs in results.values() for r in runs
-                   for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)})
+    return sorted(
+        {rtt for runs in results.values() for r in runs for rtt, _ in scenario.pieces(r.start_s, r.start_s + r.wall_s)}
+    )
 
 
 def arms(scenario: Scenario) -> list[tuple[str, int]]:

@@ -60,6 +60,7 @@ difference of large terms, suffers most).
 
 Progress goes to stderr; a table to stdout, then the last line of key=value figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,25 +77,30 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np    # noqa: E402
-import torch    # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from dsd.backends.factory import DEFAULT_PAIR, HfBackendConfig, load_pair  # noqa: E402
-from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs    # noqa: E402
-from dsd.drive.generation import generate_ar    # noqa: E402
-from dsd.analytic import latency_model as lm    # noqa: E402
-from dsd.speculation.drafting import DraftJob, draft_block    # noqa: E402
-from dsd.speculation.stopping import StopRule    # noqa: E402
-from dsd.costs.measurement import step_time_s, batched_verify_times_s, fit_batch_slope    # noqa: E402
-from dsd.drive.verifier_session import VerifierSession    # noqa: E402
-from orchestrator.analysis.capacity import (backlogged_gaps_s, capacity_at, fit_cost_line, overlap_counts,    # noqa: E402
-                                   overlap_window)
-from orchestrator.spec.workload import make_prompts    # noqa: E402
-from services.compute import PreciseTimer, ThreadDevice    # noqa: E402
-from services.verifier.scheduler import Scheduler, SchedulerConfig    # noqa: E402
+from dsd.backends.protocol import LogitsRequest, SamplingParams, run_jobs  # noqa: E402
+from dsd.drive.generation import generate_ar  # noqa: E402
+from dsd.analytic import latency_model as lm  # noqa: E402
+from dsd.speculation.drafting import DraftJob, draft_block  # noqa: E402
+from dsd.speculation.stopping import StopRule  # noqa: E402
+from dsd.costs.measurement import step_time_s, batched_verify_times_s, fit_batch_slope  # noqa: E402
+from dsd.drive.verifier_session import VerifierSession  # noqa: E402
+from orchestrator.analysis.capacity import (
+    backlogged_gaps_s,
+    capacity_at,
+    fit_cost_line,
+    overlap_counts,  # noqa: E402
+    overlap_window,
+)
+from orchestrator.spec.workload import make_prompts  # noqa: E402
+from services.compute import PreciseTimer, ThreadDevice  # noqa: E402
+from services.verifier.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
 GREEDY = SamplingParams()
-GAMMA = 4                       # the capacity experiment's draft length
+GAMMA = 4  # the capacity experiment's draft length
 MIXED_GAMMAS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
@@ -104,19 +110,20 @@ def log(message: str) -> None:
 
 # ---- 2. batch8_speedup ----------------------------------------------------------------------
 
+
 def speedup_8(draft, target, prompts: list[list[int]], repeats: int) -> tuple[float, float, float]:
     """(serial_s, batched_s, speedup): 8 verifications of mixed prefix lengths and gammas."""
     requests = []
     for i, (prompt, gamma) in enumerate(zip(prompts, MIXED_GAMMAS)):
         seq_id = f"speed-{i}"
-        target.logits(seq_id, prompt, 1)                               # the session's cache: its prompt
+        target.logits(seq_id, prompt, 1)  # the session's cache: its prompt
         drafted, _ = draft_block(draft, seq_id, prompt, gamma, GREEDY, None)
         requests.append(LogitsRequest(seq_id, prompt + drafted, gamma + 1))
     serial, batched = [], []
-    for _ in range(repeats + 1):          # the first of each is a warm-up, dropped
+    for _ in range(repeats + 1):  # the first of each is a warm-up, dropped
         start = time.perf_counter()
         for r in requests:
-            target.logits(r.seq_id, r.tokens, r.n_last)                 # crops back to the prompt each time
+            target.logits(r.seq_id, r.tokens, r.n_last)  # crops back to the prompt each time
         serial.append(time.perf_counter() - start)
         start = time.perf_counter()
         target.logits_batch(requests)
@@ -129,15 +136,19 @@ def speedup_8(draft, target, prompts: list[list[int]], repeats: int) -> tuple[fl
 
 # ---- 3. batched_equal -----------------------------------------------------------------------
 
+
 def batched_equal(draft, target, prompts: list[list[int]], max_new_tokens: int) -> tuple[bool, int, int]:
     """(equal, tokens compared, batched passes): greedy decoding, batched vs one at a time."""
     from dsd.backends.torch_lm import TorchLM
+
     alone = TorchLM(target.model, target.name + "-alone", target.eos_token_id)
     outputs = {}
     passes = 0
     for label, model in (("batched", target), ("alone", alone)):
-        sessions = [VerifierSession(model, f"eq-{label}-{i}", p, GREEDY, StopRule(max_new_tokens))
-                    for i, p in enumerate(prompts)]
+        sessions = [
+            VerifierSession(model, f"eq-{label}-{i}", p, GREEDY, StopRule(max_new_tokens))
+            for i, p in enumerate(prompts)
+        ]
         for s in sessions:
             s.prefill()
         for _ in range(4 * max_new_tokens):
@@ -166,6 +177,7 @@ def batched_equal(draft, target, prompts: list[list[int]], max_new_tokens: int) 
 
 # ---- 4. capacity ----------------------------------------------------------------------------
 
+
 def draft_tables(draft, target, prompts: list[list[int]], tokens: int) -> list[dict[int, list[int]]]:
     """Per prompt: committed length -> the draft's greedy block there, on the target's own greedy
     stream (what greedy decoding commits, whatever the verdicts)."""
@@ -184,21 +196,23 @@ def draft_tables(draft, target, prompts: list[list[int]], tokens: int) -> list[d
 @dataclass
 class Point:
     """One capacity run: n clients of one configuration, each to the end."""
-    rate_tok_s: float          # each client's token rate while all of them ran
-    tokens_per_round: float    # E, this run's
-    passes: list[tuple]        # the passes ending while all ran: (kind, batch size, start_s, end_s, ready_s)
-    target_tok_s: float = math.nan     # the target rate of its moment (rate_curves)
+
+    rate_tok_s: float  # each client's token rate while all of them ran
+    tokens_per_round: float  # E, this run's
+    passes: list[tuple]  # the passes ending while all ran: (kind, batch size, start_s, end_s, ready_s)
+    target_tok_s: float = math.nan  # the target rate of its moment (rate_curves)
 
 
-async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, prompts, tables,
-                     tokens: int, t_draft_edge_s: float) -> Point:
+async def _run_point(
+    mode: str, n_clients: int, max_batch: int, draft, target, prompts, tables, tokens: int, t_draft_edge_s: float
+) -> Point:
     """n clients of one mode on a scheduler of ``max_batch``; every pass the device ran is logged
     with its start, end and when its earliest job was submitted (its ready time)."""
     device = ThreadDevice()
     scheduler = Scheduler(SchedulerConfig(max_batch, 0.0), device, None)
     scheduler.start()
     timer = PreciseTimer()
-    log_: dict[float, list] = {}        # pass end -> [kind, batch size, compute_s, largest queue_s]
+    log_: dict[float, list] = {}  # pass end -> [kind, batch size, compute_s, largest queue_s]
     receipts: list[list[float]] = [[] for _ in range(n_clients)]
     emitted: list[list[int]] = [[] for _ in range(n_clients)]
 
@@ -212,13 +226,16 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
         await scheduler.submit("prefill", len(prompts[i]) - 1, session.prefill, i)
         while not session.finished:
             if mode == "dsd":
-                await timer.sleep_until(time.perf_counter() + GAMMA * t_draft_edge_s)   # the edge drafting
+                await timer.sleep_until(time.perf_counter() + GAMMA * t_draft_edge_s)  # the edge drafting
                 drafted = tables[i][len(session.committed)]
             else:
-                (drafted, _), timing = await scheduler.submit("draft", GAMMA, DraftJob(
-                    draft, seq_id, session.committed.tokens, GAMMA, GREEDY, None), i)
+                (drafted, _), timing = await scheduler.submit(
+                    "draft", GAMMA, DraftJob(draft, seq_id, session.committed.tokens, GAMMA, GREEDY, None), i
+                )
                 note("draft", timing)
-            verdict, timing = await scheduler.submit("verify", GAMMA, session.verify_job(session.proposal_for(drafted, None)), i)
+            verdict, timing = await scheduler.submit(
+                "verify", GAMMA, session.verify_job(session.proposal_for(drafted, None)), i
+            )
             note("verify", timing)
             receipts[i].append(time.perf_counter())
             emitted[i].append(verdict.emitted)
@@ -232,8 +249,9 @@ async def _run_point(mode: str, n_clients: int, max_batch: int, draft, target, p
         device.executor.shutdown()
     window_s, _, received = overlap_counts([np.array(r) for r in receipts], [np.array(e) for e in emitted])
     start_s, end_s = overlap_window(receipts)
-    passes = [(kind, b, end - c, end, end - c - q) for end, (kind, b, c, q) in sorted(log_.items())
-              if start_s < end <= end_s]
+    passes = [
+        (kind, b, end - c, end, end - c - q) for end, (kind, b, c, q) in sorted(log_.items()) if start_s < end <= end_s
+    ]
     rate = received / (n_clients * window_s) if window_s > 0 else math.nan
     return Point(rate, sum(map(sum, emitted)) / sum(map(len, emitted)), passes)
 
@@ -261,19 +279,22 @@ def rate_curves(configs: list[tuple[str, int]], counts: list[int], **kw) -> dict
             point.target_tok_s, reference = (reference + after) / 6, after
             points[mode, max_batch, n] = point
             sizes = Counter(b for kind, b, *_ in point.passes if kind == "verify")
-            log(f"  {mode:9s} max_batch {max_batch:2d} {n:3d} clients: {point.rate_tok_s:7.1f} tok/s per client "
-                f"(target {point.target_tok_s:.1f}); verify batch sizes {dict(sizes.most_common(3))}")
+            log(
+                f"  {mode:9s} max_batch {max_batch:2d} {n:3d} clients: {point.rate_tok_s:7.1f} tok/s per client "
+                f"(target {point.target_tok_s:.1f}); verify batch sizes {dict(sizes.most_common(3))}"
+            )
             below[mode, max_batch] = below[mode, max_batch] + 1 if point.rate_tok_s < 0.7 * point.target_tok_s else 0
     return points
 
 
 class Fit(NamedTuple):
     """One point's pass costs, from its own passes."""
-    t_v: float      # t_v(GAMMA, b=1)
-    s: float        # verify batch slope
-    t_d: float      # co-located draft step, b=1
-    s_d: float      # draft batch slope
-    gap_s: float    # the device's idle gap between passes while work waited
+
+    t_v: float  # t_v(GAMMA, b=1)
+    s: float  # verify batch slope
+    t_d: float  # co-located draft step, b=1
+    s_d: float  # draft batch slope
+    gap_s: float  # the device's idle gap between passes while work waited
 
 
 def _cost(passes: list[tuple], kind: str, per: int, pooled_slope: float) -> tuple[float, float]:
@@ -313,9 +334,11 @@ def point_fits(points: dict[tuple, Point]) -> dict[tuple, Fit]:
         pooled_gap_s = float(np.mean(gaps)) if len(gaps) else 0.0
         for key, p in mine.items():
             own = _gaps_s(p.passes)
-            fits[key] = Fit(*_cost(p.passes, "verify", 1, pooled["verify"]),
-                            *_cost(p.passes, "draft", GAMMA, pooled["draft"]),
-                            float(np.mean(own)) if len(own) else pooled_gap_s)
+            fits[key] = Fit(
+                *_cost(p.passes, "verify", 1, pooled["verify"]),
+                *_cost(p.passes, "draft", GAMMA, pooled["draft"]),
+                float(np.mean(own)) if len(own) else pooled_gap_s,
+            )
     return fits
 
 
@@ -344,11 +367,21 @@ def main() -> None:
     if not args.no_capacity:
         _capacity(backend, draft, target, args, counts, results)
     else:
-        results.update(capacity_ratio_batched=math.nan, capacity_ratio_serial=math.nan, predicted=math.nan,
-                       predicted_batched=math.nan)
+        results.update(
+            capacity_ratio_batched=math.nan,
+            capacity_ratio_serial=math.nan,
+            predicted=math.nan,
+            predicted_batched=math.nan,
+        )
     results["threads"], results["load_avg_1m"], results["cpus"] = args.threads, os.getloadavg()[0], os.cpu_count()
-    first = ("batch8_speedup", "batched_equal", "capacity_ratio_batched", "capacity_ratio_serial", "predicted",
-             "predicted_batched")
+    first = (
+        "batch8_speedup",
+        "batched_equal",
+        "capacity_ratio_batched",
+        "capacity_ratio_serial",
+        "predicted",
+        "predicted_batched",
+    )
     ordered = {k: results[k] for k in first} | {k: v for k, v in results.items() if k not in first}
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in ordered.items()))
 
@@ -360,7 +393,9 @@ def _parse_args() -> tuple[argparse.Namespace, list[int]]:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--context", type=int, default=64, help="cached tokens per session in the cost curve")
     parser.add_argument("--tokens", type=int, default=96, help="tokens per client in the capacity runs")
-    parser.add_argument("--counts", default="1,2,3,4,5,6,8,10,12,16,20,24,32", help="client counts of the capacity runs")
+    parser.add_argument(
+        "--counts", default="1,2,3,4,5,6,8,10,12,16,20,24,32", help="client counts of the capacity runs"
+    )
     parser.add_argument("--no-capacity", action="store_true", help="skip part 4 (minutes)")
     args = parser.parse_args()
     if args.threads < 1 or args.repeats < 3 or args.context < 8 or args.tokens < 16:
@@ -391,21 +426,25 @@ def _batch8(backend, draft, target, args, results: dict) -> None:
     log("2. batch8_speedup")
     prompts8 = [p[:n] for p, n in zip(make_prompts(backend, 8, 96, seed=5), (12, 90, 40, 64, 24, 80, 33, 56))]
     serial_s, batched_s, speedup = speedup_8(draft, target, prompts8, args.repeats)
-    print(f"8 sessions (gamma {list(MIXED_GAMMAS)}, prefixes {[len(p) for p in prompts8]}): one after another "
-          f"{1e3 * serial_s:.2f} ms, one batched pass {1e3 * batched_s:.2f} ms")
+    print(
+        f"8 sessions (gamma {list(MIXED_GAMMAS)}, prefixes {[len(p) for p in prompts8]}): one after another "
+        f"{1e3 * serial_s:.2f} ms, one batched pass {1e3 * batched_s:.2f} ms"
+    )
     results.update(batch8_serial_ms=1e3 * serial_s, batch8_batched_ms=1e3 * batched_s, batch8_speedup=speedup)
 
     log("3. batched_equal")
     equal, compared, passes = batched_equal(draft, target, prompts8, 40)
-    print(f"greedy decoding of the 8 sessions, {compared} tokens in {passes} batched passes: "
-          f"{'equal' if equal else 'DIFFERENT'} to one session per pass")
+    print(
+        f"greedy decoding of the 8 sessions, {compared} tokens in {passes} batched passes: "
+        f"{'equal' if equal else 'DIFFERENT'} to one session per pass"
+    )
     results["batched_equal"] = int(equal)
 
 
 def _capacity(backend, draft, target, args, counts: list[int], results: dict) -> None:
     log("4. capacity")
     context = [(i * 31 + 11) % target.vocab_size for i in range(24 + args.tokens // 2)]
-    t_d_edge = step_time_s(draft, context, 1, 3 * args.repeats)        # the emulated edges' draft step
+    t_d_edge = step_time_s(draft, context, 1, 3 * args.repeats)  # the emulated edges' draft step
     prompts = make_prompts(backend, max(counts), 24, seed=3)
     tables = draft_tables(draft, target, prompts, args.tokens)
     kw = dict(draft=draft, target=target, prompts=prompts, tables=tables, tokens=args.tokens, t_draft_edge_s=t_d_edge)
@@ -421,18 +460,24 @@ def _capacity(backend, draft, target, args, counts: list[int], results: dict) ->
         results[f"capacity_ratio_{label}"] = measured[dsd] / measured[co]
         results["predicted" if label == "serial" else "predicted_batched"] = predicted[dsd] / predicted[co]
     results["t_draft_edge_ms"] = 1e3 * t_d_edge
-    print(f"capacity ratio DSD / co-located: serial {results['capacity_ratio_serial']:.3f} (predicted "
-          f"{results['predicted']:.3f}; claim 4 without the gap {results['predicted_claim4']:.3f}), batched "
-          f"{results['capacity_ratio_batched']:.3f} (predicted {results['predicted_batched']:.3f})")
+    print(
+        f"capacity ratio DSD / co-located: serial {results['capacity_ratio_serial']:.3f} (predicted "
+        f"{results['predicted']:.3f}; claim 4 without the gap {results['predicted_claim4']:.3f}), batched "
+        f"{results['capacity_ratio_batched']:.3f} (predicted {results['predicted_batched']:.3f})"
+    )
 
 
 def _print_curves(configs, counts: list[int], points: dict, models: dict) -> None:
     print("\nper-client tok/s over the target of its moment (capacity: where it crosses 1), measured (model):")
     print("clients        " + "".join(f"{n:>13d}" for n in counts))
     for mode, b in configs:
-        cells = [f"{points[mode, b, n].rate_tok_s / points[mode, b, n].target_tok_s:6.2f}"
-                 f"({models[mode, b, n] / points[mode, b, n].target_tok_s:5.2f})"
-                 if (mode, b, n) in points else f"{'':13s}" for n in counts]
+        cells = [
+            f"{points[mode, b, n].rate_tok_s / points[mode, b, n].target_tok_s:6.2f}"
+            f"({models[mode, b, n] / points[mode, b, n].target_tok_s:5.2f})"
+            if (mode, b, n) in points
+            else f"{'':13s}"
+            for n in counts
+        ]
         print(f"{'serial' if b == 1 else 'batched':7s} {mode[:6]:6s} " + "".join(cells))
 
 
@@ -460,8 +505,9 @@ def _capacities(configs, points: dict, models: dict, results: dict) -> tuple[dic
 def _point_ratios(points: dict, models: dict, results: dict) -> None:
     """Each point (n > 1) measured over its own model: how well a round is predicted, whatever the drift."""
     for label, b in (("serial", 1), ("batched", 64)):
-        ratios = [p.rate_tok_s / models[k] for k, p in points.items() if k[1] == b and k[2] > 1
-                  and math.isfinite(models[k])]
+        ratios = [
+            p.rate_tok_s / models[k] for k, p in points.items() if k[1] == b and k[2] > 1 and math.isfinite(models[k])
+        ]
         if ratios:
             results[f"point_model_ratio_{label}_median"] = statistics.median(ratios)
             results[f"point_model_ratio_{label}_max_dev"] = max(abs(r - 1) for r in ratios)
@@ -478,23 +524,35 @@ def _closed_form(configs, points: dict, fits: dict, predicted: dict, results: di
         above = [k for k in keys if k[2] >= predicted[mode, b]][:1] or keys[-1:]
         pair = below + above
         fit = Fit(*(_finite_mean(getattr(fits[k], f) for k in pair) for f in Fit._fields))
-        near[mode, b] = (fit, float(np.mean([points[k].target_tok_s for k in pair])),
-                         float(np.mean([points[k].tokens_per_round for k in pair])))
-        print(f"passes of {mode} max_batch {b} at counts {[k[2] for k in pair]}: t_v {1e3 * fit.t_v:.2f} ms, "
-              f"slope {fit.s:.3f}, t_d {1e3 * fit.t_d:.2f} ms, draft slope {fit.s_d:.3f}, gap {1e3 * fit.gap_s:.2f} ms")
+        near[mode, b] = (
+            fit,
+            float(np.mean([points[k].target_tok_s for k in pair])),
+            float(np.mean([points[k].tokens_per_round for k in pair])),
+        )
+        print(
+            f"passes of {mode} max_batch {b} at counts {[k[2] for k in pair]}: t_v {1e3 * fit.t_v:.2f} ms, "
+            f"slope {fit.s:.3f}, t_d {1e3 * fit.t_d:.2f} ms, draft slope {fit.s_d:.3f}, gap {1e3 * fit.gap_s:.2f} ms"
+        )
     (dsd1, _, _), (co1, r1, e1), (dsd64, rd, ed), (co64, rc, ec) = (near[c] for c in configs)
-    n = {"dsd_serial": lm.serial_capacity(e1, r1, GAMMA, co1.t_d, dsd1.t_v, dsd1.gap_s)[0],
-         "colocated_serial": lm.serial_capacity(e1, r1, GAMMA, co1.t_d, co1.t_v, co1.gap_s)[1],
-         "dsd_batched": lm.batched_capacity(ed, rd, GAMMA, co64.t_d, dsd64.t_v, dsd64.s, 1.0, dsd64.gap_s)[0],
-         "colocated_batched": lm.batched_capacity(ec, rc, GAMMA, co64.t_d, co64.t_v, co64.s, co64.s_d, co64.gap_s)[1]}
+    n = {
+        "dsd_serial": lm.serial_capacity(e1, r1, GAMMA, co1.t_d, dsd1.t_v, dsd1.gap_s)[0],
+        "colocated_serial": lm.serial_capacity(e1, r1, GAMMA, co1.t_d, co1.t_v, co1.gap_s)[1],
+        "dsd_batched": lm.batched_capacity(ed, rd, GAMMA, co64.t_d, dsd64.t_v, dsd64.s, 1.0, dsd64.gap_s)[0],
+        "colocated_batched": lm.batched_capacity(ec, rc, GAMMA, co64.t_d, co64.t_v, co64.s, co64.s_d, co64.gap_s)[1],
+    }
     results.update({f"closed_clients_{k}": v for k, v in n.items()})
-    results.update(predicted_claim4=lm.capacity_factor(GAMMA, co1.t_d, dsd1.t_v),
-                   predicted_closed_serial=n["dsd_serial"] / n["colocated_serial"],
-                   predicted_closed_batched=n["dsd_batched"] / n["colocated_batched"],
-                   target_rate_tok_s=statistics.median(p.target_tok_s for p in points.values()),
-                   tokens_per_round=statistics.mean(p.tokens_per_round for p in points.values()),
-                   t_draft_ms=1e3 * co1.t_d, t_verify_ms=1e3 * dsd1.t_v, gap_ms=1e3 * co1.gap_s,
-                   batch_slope_runs=dsd64.s, draft_slope_runs=co64.s_d)
+    results.update(
+        predicted_claim4=lm.capacity_factor(GAMMA, co1.t_d, dsd1.t_v),
+        predicted_closed_serial=n["dsd_serial"] / n["colocated_serial"],
+        predicted_closed_batched=n["dsd_batched"] / n["colocated_batched"],
+        target_rate_tok_s=statistics.median(p.target_tok_s for p in points.values()),
+        tokens_per_round=statistics.mean(p.tokens_per_round for p in points.values()),
+        t_draft_ms=1e3 * co1.t_d,
+        t_verify_ms=1e3 * dsd1.t_v,
+        gap_ms=1e3 * co1.gap_s,
+        batch_slope_runs=dsd64.s,
+        draft_slope_runs=co64.s_d,
+    )
     print("closed forms at those passes, clients: " + ", ".join(f"{k} {v:.2f}" for k, v in n.items()))
 
 

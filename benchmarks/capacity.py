@@ -14,6 +14,7 @@ batch_slope), reported beside it.
 
 Progress goes to stderr; the last stdout line is key=value pairs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,16 @@ from orchestrator.analysis.capacity import overlap_counts  # noqa: E402
 from services.launch import Service, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 
 GAMMA, ALPHA = 4, 0.8
-PROFILE = {"name": "capacity", "t_draft_edge_s": 0.010, "t_draft_server_s": 0.010, "t_ar_s": 0.040,
-           "t_verify_base_s": 0.040, "t_verify_per_position_s": 0.0, "t_prefill_per_token_s": 0.0,
-           "batch_slope": 0.25}
+PROFILE = {
+    "name": "capacity",
+    "t_draft_edge_s": 0.010,
+    "t_draft_server_s": 0.010,
+    "t_ar_s": 0.040,
+    "t_verify_base_s": 0.040,
+    "t_verify_per_position_s": 0.0,
+    "t_prefill_per_token_s": 0.0,
+    "batch_slope": 0.25,
+}
 # Saturated, n clients take n*(gamma*t_d + t_v) = n*80 ms per round co-located and n*t_v = n*40 ms
 # under DSD. The budget sits 10% above 3 co-located and 6 DSD clients (240 ms) and below 7 DSD
 # (280 ms) and 4 co-located clients (320 ms), so harness overhead of a few percent cannot move
@@ -55,10 +63,20 @@ class Prober:
 
     def steady_round_s(self, mode: str, n_clients: int) -> float:
         """Per-client round time while all n_clients run (rounds counted in the common window)."""
-        runs = [{"run_id": f"{self.label}-{mode}-{n_clients}-{i}", "client_id": f"client-{i}",
-                 "mode": MODES[mode], "gamma": GAMMA, "prompts": [[i % 400 + 1, 9, 4]],
-                 "max_new_tokens": self.tokens, "verifier_url": self.verifier.url, "probe_count": 1,
-                 "probe_interval_ms": 2000} for i in range(n_clients)]
+        runs = [
+            {
+                "run_id": f"{self.label}-{mode}-{n_clients}-{i}",
+                "client_id": f"client-{i}",
+                "mode": MODES[mode],
+                "gamma": GAMMA,
+                "prompts": [[i % 400 + 1, 9, 4]],
+                "max_new_tokens": self.tokens,
+                "verifier_url": self.verifier.url,
+                "probe_count": 1,
+                "probe_interval_ms": 2000,
+            }
+            for i in range(n_clients)
+        ]
         summaries = wait_for_runs(self.edge, post_runs(self.edge, runs), timeout_s=900)
         failed = [s for s in summaries.values() if s["status"] != "done"]
         if failed:
@@ -77,8 +95,10 @@ class Prober:
     def sustained(self, mode: str, n_clients: int) -> bool:
         if (mode, n_clients) not in self.round_s:
             self.round_s[mode, n_clients] = self.steady_round_s(mode, n_clients)
-            print(f"  {self.label} {mode} {n_clients:3d} clients: round {1000 * self.round_s[mode, n_clients]:.1f} ms",
-                  file=sys.stderr)
+            print(
+                f"  {self.label} {mode} {n_clients:3d} clients: round {1000 * self.round_s[mode, n_clients]:.1f} ms",
+                file=sys.stderr,
+            )
         return self.round_s[mode, n_clients] <= ROUND_BUDGET_S
 
     def capacity(self, mode: str, max_clients: int) -> int:
@@ -115,17 +135,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dsd-capacity-") as tmp:
         dsd, colocated, prober = measure(1, args.max_clients, args.tokens, Path(tmp), "batch1")
         ratio = dsd / colocated if colocated else float("inf")
-        results.update(capacity_dsd=dsd, capacity_colocated=colocated, capacity_ratio=ratio, predicted=predicted,
-                       ratio_error_pct=100 * (ratio - predicted) / predicted)
+        results.update(
+            capacity_dsd=dsd,
+            capacity_colocated=colocated,
+            capacity_ratio=ratio,
+            predicted=predicted,
+            ratio_error_pct=100 * (ratio - predicted) / predicted,
+        )
         if not args.no_batching:
             dsd_b, colocated_b, _ = measure(64, args.max_clients, args.tokens, Path(tmp), "batched")
-            results.update(capacity_dsd_batched=dsd_b, capacity_colocated_batched=colocated_b,
-                           capacity_ratio_batched=dsd_b / colocated_b if colocated_b else float("inf"))
+            results.update(
+                capacity_dsd_batched=dsd_b,
+                capacity_colocated_batched=colocated_b,
+                capacity_ratio_batched=dsd_b / colocated_b if colocated_b else float("inf"),
+            )
     tokens_per_round = sum(prober.tokens_per_round) / len(prober.tokens_per_round)
-    results.update(gamma=GAMMA, t_draft_ms=1000 * PROFILE["t_draft_server_s"],
-                   t_verify_ms=1000 * PROFILE["t_verify_base_s"], round_budget_ms=1000 * ROUND_BUDGET_S,
-                   rate_tokens_per_s=tokens_per_round / ROUND_BUDGET_S, batch_slope=PROFILE["batch_slope"],
-                   max_clients=args.max_clients, load_avg_1m=os.getloadavg()[0], cpus=os.cpu_count())
+    results.update(
+        gamma=GAMMA,
+        t_draft_ms=1000 * PROFILE["t_draft_server_s"],
+        t_verify_ms=1000 * PROFILE["t_verify_base_s"],
+        round_budget_ms=1000 * ROUND_BUDGET_S,
+        rate_tokens_per_s=tokens_per_round / ROUND_BUDGET_S,
+        batch_slope=PROFILE["batch_slope"],
+        max_clients=args.max_clients,
+        load_avg_1m=os.getloadavg()[0],
+        cpus=os.cpu_count(),
+    )
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
 
 

@@ -10,6 +10,7 @@ main job's sampling (temperature 0.7, top-p 0.9), answers of at most 48 tokens t
 ``requests= keyed_accept_rate= sequential_accept_rate= diff= diff_se= dtype= draft_dtype=`` (accepted
 over proposed draft tokens; diff_se: the standard error of the per-request paired difference).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,9 @@ class SequentialDraws:
 
 def accept_counts(draft, target, prompt: list[int], seed: int, draws, seq_id: str) -> tuple[int, int]:
     sampling = SamplingParams(temperature=0.7, seed=seed, top_p=0.9)
-    rounds = generate_colocated(draft, target, prompt, GAMMA, StopRule(MAX_NEW_TOKENS, target.eos_token_id),
-                                sampling, seq_id, draws).rounds
+    rounds = generate_colocated(
+        draft, target, prompt, GAMMA, StopRule(MAX_NEW_TOKENS, target.eos_token_id), sampling, seq_id, draws
+    ).rounds
     return sum(r.accepted for r in rounds), sum(r.proposed for r in rounds)
 
 
@@ -53,17 +55,24 @@ def main() -> None:
     parser.add_argument("--pair", default="models/smollm2-chat")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
-                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
+    parser.add_argument(
+        "--dtype",
+        default=AUTO,
+        choices=(AUTO, *DTYPE_NAMES),
+        help="auto: as the services choose it on this CPU (dsd.backends.precision)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
     from pairs import chat_data, smollm2
-    backend = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)     # refuses what this CPU cannot run
+
+    backend = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)  # refuses what this CPU cannot run
     draft, target = backend.load()
     tokenizer = AutoTokenizer.from_pretrained(args.pair)
-    prompts = [chat_data.render(tokenizer, p)[:MAX_PROMPT_TOKENS]
-               for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:args.prompts]]
+    prompts = [
+        chat_data.render(tokenizer, p)[:MAX_PROMPT_TOKENS]
+        for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[: args.prompts]
+    ]
     totals = {"keyed": [0, 0], "sequential": [0, 0]}
     diffs = []
     for i, prompt in enumerate(prompts):
@@ -77,9 +86,11 @@ def main() -> None:
                 rates[name] = accepted / proposed
             diffs.append(rates["keyed"] - rates["sequential"])
     keyed, sequential = (totals[k][0] / totals[k][1] for k in ("keyed", "sequential"))
-    print(f"requests={len(diffs)} keyed_accept_rate={keyed:.4f} sequential_accept_rate={sequential:.4f} "
-          f"diff={keyed - sequential:+.4f} diff_se={statistics.stdev(diffs) / math.sqrt(len(diffs)):.4f} "
-          f"dtype={backend.dtype} draft_dtype={backend.draft_dtype}")
+    print(
+        f"requests={len(diffs)} keyed_accept_rate={keyed:.4f} sequential_accept_rate={sequential:.4f} "
+        f"diff={keyed - sequential:+.4f} diff_se={statistics.stdev(diffs) / math.sqrt(len(diffs)):.4f} "
+        f"dtype={backend.dtype} draft_dtype={backend.draft_dtype}"
+    )
 
 
 if __name__ == "__main__":

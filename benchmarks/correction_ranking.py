@@ -17,6 +17,7 @@ head on the draft's last hidden state (the draft's logits plus a learned bias, s
 term) trained on the corrections of one half of the prompts and judged on the other half
 (``head_before`` / ``head_after``). Progress goes to stderr; the last line is key=value.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ from pairs import chat_data, common, smollm2  # noqa: E402
 
 TEMPERATURE, TOP_P, CANDIDATES = 0.7, 0.9, 16
 SIGMAS = (0.5, 1.0, 2.0)
-REJECTED_KEPT = 4            # the most likely rejected tokens a position's rejection is averaged over
+REJECTED_KEPT = 4  # the most likely rejected tokens a position's rejection is averaged over
 
 
 def log(message: str) -> None:
@@ -62,13 +63,13 @@ def rejections(target, draft, vocab: VocabMap, samples) -> dict[str, torch.Tenso
     for s in samples:
         ids = torch.tensor([s.prompt_ids + s.answer_ids])
         first, n = len(s.prompt_ids) - 1, len(s.answer_ids)
-        p = probs_from_logits(target(input_ids=ids).logits[0, first:first + n].float(), TEMPERATURE, None, TOP_P)
+        p = probs_from_logits(target(input_ids=ids).logits[0, first : first + n].float(), TEMPERATURE, None, TOP_P)
         out = draft(input_ids=to_draft[ids], output_hidden_states=True)
-        logits = out.logits[0, first:first + n, :len(vocab.kept)].float()
+        logits = out.logits[0, first : first + n, : len(vocab.kept)].float()
         q = probs_from_logits(vocab.full_logits(logits), TEMPERATURE, None, TOP_P)
         tvd = (q - p).clamp(min=0).sum(-1)
         some = tvd > 1e-4
-        rows["hidden"].append(out.hidden_states[-1][0, first:first + n].float()[some])
+        rows["hidden"].append(out.hidden_states[-1][0, first : first + n].float()[some])
         rows["logits"].append(logits[some])
         rows["q"].append(q[:, kept][some])
         rows["r"].append(((p - q).clamp(min=0) / tvd.clamp(min=1e-9)[:, None])[:, kept][some])
@@ -80,10 +81,10 @@ def rejections(target, draft, vocab: VocabMap, samples) -> dict[str, torch.Tenso
 def share_within(scores: torch.Tensor, rows: dict[str, torch.Tensor]) -> float:
     """The correction mass among each rejection's first CANDIDATES by ``scores`` [n, kept] (the
     rejected token left out), weighted by the rejection's probability."""
-    chance, rejected = torch.topk(rows["rejected"], REJECTED_KEPT)                # [n, R]
+    chance, rejected = torch.topk(rows["rejected"], REJECTED_KEPT)  # [n, R]
     caught = total = 0.0
     for k in range(REJECTED_KEPT):
-        ranked = scores.scatter(1, rejected[:, k:k + 1], float("-inf"))
+        ranked = scores.scatter(1, rejected[:, k : k + 1], float("-inf"))
         top = torch.topk(ranked, CANDIDATES).indices
         weight = rows["tvd"] * chance[:, k]
         caught += float((weight * rows["r"].gather(1, top).sum(-1)).sum())
@@ -96,7 +97,7 @@ def expected_residual(rows: dict[str, torch.Tensor], sigma: float) -> torch.Tens
     tempered = torch.softmax(rows["logits"] / TEMPERATURE, -1).clamp(min=1e-30)
     q = rows["q"]
     normal = torch.distributions.Normal(0.0, 1.0)
-    d1 = (torch.log(tempered / q.clamp(min=1e-30)) + sigma ** 2 / 2) / sigma
+    d1 = (torch.log(tempered / q.clamp(min=1e-30)) + sigma**2 / 2) / sigma
     return torch.where(q > 0, tempered * normal.cdf(d1) - q * normal.cdf(d1 - sigma), tempered)
 
 
@@ -135,15 +136,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=int, default=32, help="held-out training prompts to answer")
     parser.add_argument("--seed", type=int, default=2234)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
-                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
+    parser.add_argument(
+        "--dtype",
+        default=AUTO,
+        choices=(AUTO, *DTYPE_NAMES),
+        help="auto: as the services choose it on this CPU (dsd.backends.precision)",
+    )
     parser.add_argument("--head", action="store_true", help="also train and judge a correction head")
     args = parser.parse_args(argv)
     if args.answers < 2:
         parser.error(f"--answers must be >= 2, got {args.answers}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    backend = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype)     # refuses what this CPU cannot run
+    backend = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype)  # refuses what this CPU cannot run
     tokenizer, target, draft, _manifest = common.load_pair(args.pair)
     target.to(DTYPES[backend.dtype])
     draft.to(DTYPES[backend.draft_dtype])
@@ -155,21 +160,25 @@ def main(argv: list[str] | None = None) -> None:
     prompts = heldout_prompts(tokenizer, args.answers)
     samples = []
     for start in range(0, len(prompts), config.batch_size):
-        samples += chat_data.answer_batch(target, tokenizer, prompts[start:start + config.batch_size], config,
-                                          args.seed + start)
+        samples += chat_data.answer_batch(
+            target, tokenizer, prompts[start : start + config.batch_size], config, args.seed + start
+        )
         log(f"[answers] {len(samples)}/{len(prompts)} in {time.perf_counter() - t0_s:.0f}s")
     rows = rejections(target, draft, vocab, samples)
     answer_positions = sum(len(s.answer_ids) for s in samples)
-    figures = {"answers": len(samples), "positions": answer_positions,
-               "rejection_rate": round(float(rows["tvd"].sum()) / answer_positions, 4),
-               "shipped": share_within(rows["logits"], rows),
-               **{f"residual_s{s}": share_within(expected_residual(rows, s), rows) for s in SIGMAS},
-               "oracle": share_within(rows["r"], rows)}
+    figures = {
+        "answers": len(samples),
+        "positions": answer_positions,
+        "rejection_rate": round(float(rows["tvd"].sum()) / answer_positions, 4),
+        "shipped": share_within(rows["logits"], rows),
+        **{f"residual_s{s}": share_within(expected_residual(rows, s), rows) for s in SIGMAS},
+        "oracle": share_within(rows["r"], rows),
+    }
     if args.head:
         half = len(samples) // 2
         fit = rejections(target, draft, vocab, samples[:half])
         judge = rejections(target, draft, vocab, samples[half:])
-        head = CorrectionHead(draft.lm_head.weight[:len(vocab.kept)].float().detach(), rank=16)
+        head = CorrectionHead(draft.lm_head.weight[: len(vocab.kept)].float().detach(), rank=16)
         with torch.no_grad():
             figures["head_before"] = share_within(head(judge["hidden"]), judge)
         train_head(head, fit)

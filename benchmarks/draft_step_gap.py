@@ -9,6 +9,7 @@ One thread, pinned to --cpu, in the draft's precision ``dtype = "auto"`` chooses
 --dtype. Prints per gap
 ``gap_ms= step_ms= first_step_ms= ratio=`` (medians over the blocks; ratio: against gap 0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ def block_times_ms(draft: TorchLM, gap_s: float) -> tuple[float, float]:
                 steps_ms.append(1e3 * (time.perf_counter() - start_s))
                 firsts_ms += steps_ms[-1:] if not block else []
                 block.append(token)
-            tokens += block[:rng.randrange(GAMMA + 1)] + [rng.randrange(2, 40_000)]
+            tokens += block[: rng.randrange(GAMMA + 1)] + [rng.randrange(2, 40_000)]
             spin(gap_s)
         draft.release(seq_id)
     return statistics.median(steps_ms), statistics.median(firsts_ms)
@@ -64,21 +65,27 @@ def main() -> None:
     parser.add_argument("--pair", default="models/smollm2-chat")
     parser.add_argument("--cpu", type=int, default=0)
     parser.add_argument("--gaps-ms", default="0,5,30,60,120")
-    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
-                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
+    parser.add_argument(
+        "--dtype",
+        default=AUTO,
+        choices=(AUTO, *DTYPE_NAMES),
+        help="auto: as the services choose it on this CPU (dsd.backends.precision)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.sched_setaffinity(0, [args.cpu])
-    backend = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)     # refuses what this CPU cannot run
+    backend = HfBackendConfig(pair_path=args.pair, dtype=args.dtype)  # refuses what this CPU cannot run
     print(f"dtype={backend.draft_dtype}", flush=True)
     draft = TorchLM.load(TorchLMConfig(str(Path(args.pair) / "draft"), backend.draft_dtype))
-    block_times_ms(draft, 0.0)                                      # warm-up
+    block_times_ms(draft, 0.0)  # warm-up
     baseline_ms = None
     for gap_ms in [float(g) for g in args.gaps_ms.split(",")]:
         step_ms, first_ms = block_times_ms(draft, gap_ms / 1e3)
         baseline_ms = baseline_ms or step_ms
-        print(f"gap_ms={gap_ms:g} step_ms={step_ms:.2f} first_step_ms={first_ms:.2f} "
-              f"ratio={step_ms / baseline_ms:.3f}", flush=True)
+        print(
+            f"gap_ms={gap_ms:g} step_ms={step_ms:.2f} first_step_ms={first_ms:.2f} ratio={step_ms / baseline_ms:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

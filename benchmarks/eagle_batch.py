@@ -14,6 +14,7 @@ their prompts before each. Printed per session count: the median time of a draft
 sessions' next token) each way, their ratio, and whether both ways drafted the same tokens.
 Progress to stderr; the last line is key=value figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ def prompts(eagle_dir: Path, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from pairs import chat_data, smollm2
+
     tokenizer = AutoTokenizer.from_pretrained(str(eagle_dir))
     texts = chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:count]
     return [chat_data.render(tokenizer, text) for text in texts]
@@ -49,8 +51,9 @@ def draft_blocks(draft: EagleLM, contexts: list[list[int]], gamma: int, batched:
     blocks = [[] for _ in contexts]
     step_s = []
     for _ in range(gamma):
-        requests = [LogitsRequest(f"s{i}", context + block, 1) for i, (context, block) in
-                    enumerate(zip(contexts, blocks))]
+        requests = [
+            LogitsRequest(f"s{i}", context + block, 1) for i, (context, block) in enumerate(zip(contexts, blocks))
+        ]
         start = time.perf_counter()
         if batched:
             rows = draft.logits_batch(requests)
@@ -67,17 +70,20 @@ def measure(draft: EagleLM, contexts: list[list[int]], gamma: int, repeats: int)
     for i, context in enumerate(contexts):
         draft.release(f"s{i}")
         draft.add_features(f"s{i}", FeatureBlock(0, scale * torch.randn(len(context), draft.feature_width)))
-        draft.logits(f"s{i}", context, 1)                     # the prompt's positions, cached once
+        draft.logits(f"s{i}", context, 1)  # the prompt's positions, cached once
     alone, batched, same = [], [], True
-    for repeat in range(repeats + 1):                         # the first repeat warms up, dropped
+    for repeat in range(repeats + 1):  # the first repeat warms up, dropped
         steps_alone, blocks_alone = draft_blocks(draft, contexts, gamma, batched=False)
         steps_batched, blocks_batched = draft_blocks(draft, contexts, gamma, batched=True)
         same = same and blocks_alone == blocks_batched
         if repeat:
             alone += steps_alone
             batched += steps_batched
-    return {"alone_ms": 1e3 * statistics.median(alone), "batched_ms": 1e3 * statistics.median(batched),
-            "same_tokens": int(same)}
+    return {
+        "alone_ms": 1e3 * statistics.median(alone),
+        "batched_ms": 1e3 * statistics.median(batched),
+        "same_tokens": int(same),
+    }
 
 
 def main() -> None:
@@ -86,15 +92,19 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,2,4,8")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
-                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
+    parser.add_argument(
+        "--dtype",
+        default=AUTO,
+        choices=(AUTO, *DTYPE_NAMES),
+        help="auto: as the services choose it on this CPU (dsd.backends.precision)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     counts = [int(x) for x in args.batch_sizes.split(",")]
     if not counts or min(counts) < 1 or max(counts) > 40 or args.gamma < 1 or args.repeats < 1:
         parser.error("--batch-sizes: session counts in 1..40 (the evaluation prompts); --gamma, --repeats: at least 1")
     torch.set_num_threads(args.threads)
-    dtype = HfBackendConfig(pair_path=str(args.eagle), dtype=args.dtype).draft_dtype   # refuses what this CPU cannot run
+    dtype = HfBackendConfig(pair_path=str(args.eagle), dtype=args.dtype).draft_dtype  # refuses what this CPU cannot run
     draft = EagleLM.load(args.eagle / "draft", dtype)
     contexts = prompts(args.eagle, max(counts))
     print(f"cpu={cpu_model()!r} threads={args.threads} dtype={dtype} gamma={args.gamma}")
@@ -102,13 +112,20 @@ def main() -> None:
     for count in counts:
         result = measure(draft, contexts[:count], args.gamma, args.repeats)
         ratio = result["alone_ms"] / result["batched_ms"]
-        print(f"sessions {count:2d}: a draft step {result['alone_ms']:7.2f} ms one by one, "
-              f"{result['batched_ms']:7.2f} ms batched ({ratio:.2f}x), same tokens {result['same_tokens']}",
-              file=sys.stderr, flush=True)
-        figures.update({f"step_ms_alone_b{count}": f"{result['alone_ms']:.3f}",
-                        f"step_ms_batched_b{count}": f"{result['batched_ms']:.3f}",
-                        f"batched_speedup_b{count}": f"{ratio:.3f}",
-                        f"same_tokens_b{count}": str(result["same_tokens"])})
+        print(
+            f"sessions {count:2d}: a draft step {result['alone_ms']:7.2f} ms one by one, "
+            f"{result['batched_ms']:7.2f} ms batched ({ratio:.2f}x), same tokens {result['same_tokens']}",
+            file=sys.stderr,
+            flush=True,
+        )
+        figures.update(
+            {
+                f"step_ms_alone_b{count}": f"{result['alone_ms']:.3f}",
+                f"step_ms_batched_b{count}": f"{result['batched_ms']:.3f}",
+                f"batched_speedup_b{count}": f"{ratio:.3f}",
+                f"same_tokens_b{count}": str(result["same_tokens"]),
+            }
+        )
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 

@@ -23,6 +23,7 @@ Measurements: docs/results/overhead.md.
 its own run, at the cadence its rounds had: the floor under ``hf_overhead_server_p50_ms``.
 Progress goes to stderr; the last stdout line is key=value pairs (p50 ms per case).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.launch import free_port  # noqa: E402
 
 TRANSPORTS = ("ws", "tcp")
-_REPLY = struct.Struct("<d")           # the server's compute time, seconds
-MESSAGE_BYTES = 124                    # a greedy gamma-4 Verify frame's size
+_REPLY = struct.Struct("<d")  # the server's compute time, seconds
+MESSAGE_BYTES = 124  # a greedy gamma-4 Verify frame's size
 
 
 @dataclass(frozen=True)
 class EchoCadence:
     transport: str = "ws"
-    draft_s: float = 0.0          # the client computes this long before each message
-    verify_s: float = 0.0         # the server computes this long before each answer
-    spin: bool = False            # receives poll (bounded: the expected wait + 1 ms) before blocking
+    draft_s: float = 0.0  # the client computes this long before each message
+    verify_s: float = 0.0  # the server computes this long before each answer
+    spin: bool = False  # receives poll (bounded: the expected wait + 1 ms) before blocking
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -158,7 +159,7 @@ def _serve(cadence: EchoCadence, port: int, ready) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         ready.set()
-        await asyncio.sleep(900)            # bounded: the parent terminates it long before
+        await asyncio.sleep(900)  # bounded: the parent terminates it long before
 
     _loop(cadence.server_spin_s).run_until_complete(serve())
 
@@ -216,9 +217,13 @@ def paced_echo_ms(cadence: EchoCadence, n_messages: int, warmup: int = 5) -> lis
         server.join(5)
 
 
-CASES = {      # name: (transport, paced, spin)
-    "tcp_b2b": ("tcp", False, False), "tcp_paced": ("tcp", True, False), "tcp_paced_spin": ("tcp", True, True),
-    "ws_b2b": ("ws", False, False), "ws_paced": ("ws", True, False), "ws_paced_spin": ("ws", True, True),
+CASES = {  # name: (transport, paced, spin)
+    "tcp_b2b": ("tcp", False, False),
+    "tcp_paced": ("tcp", True, False),
+    "tcp_paced_spin": ("tcp", True, True),
+    "ws_b2b": ("ws", False, False),
+    "ws_paced": ("ws", True, False),
+    "ws_paced_spin": ("ws", True, True),
 }
 
 
@@ -232,12 +237,15 @@ def main() -> None:
     results: dict[str, float | int] = {}
     for name in args.cases:
         transport, paced, spin = CASES[name]
-        cadence = EchoCadence(transport, args.draft_ms / 1e3 if paced else 0.0,
-                              args.verify_ms / 1e3 if paced else 0.0, spin)
+        cadence = EchoCadence(
+            transport, args.draft_ms / 1e3 if paced else 0.0, args.verify_ms / 1e3 if paced else 0.0, spin
+        )
         values = sorted(paced_echo_ms(cadence, args.messages))
         results[f"{name}_p50_ms"] = statistics.median(values)
-        print(f"{name:16s} p50 {statistics.median(values):.3f} ms  p90 {values[int(0.9 * (len(values) - 1))]:.3f} ms",
-              file=sys.stderr)
+        print(
+            f"{name:16s} p50 {statistics.median(values):.3f} ms  p90 {values[int(0.9 * (len(values) - 1))]:.3f} ms",
+            file=sys.stderr,
+        )
     results["load_avg_1m"], results["cpus"] = os.getloadavg()[0], os.cpu_count()
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
 

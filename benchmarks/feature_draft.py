@@ -16,6 +16,7 @@ is the same at every step. Prints key=value lines; with ``--sweep`` (a main job'
 sweep's), also its feature sweep's ``sync_vs_ar`` crossover: measured with its 95% interval, and
 predicted from the calibration points before the other points ran (``sync_vs_ar_predicted_ms``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ GAMMA, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, SEED = 4, 64, 0.7, 0.9, 77
 def model_dtypes(eagle_dir: Path, layers_dir: Path, dtype: str) -> dict[str, str]:
     """Each model's precision: the target's and the feature draft's as their pair resolves ``dtype``,
     the layer draft's as its own pair does."""
-    eagle = HfBackendConfig(pair_path=str(eagle_dir), dtype=dtype)      # refuses what this CPU cannot run
+    eagle = HfBackendConfig(pair_path=str(eagle_dir), dtype=dtype)  # refuses what this CPU cannot run
     layers = HfBackendConfig(pair_path=str(layers_dir), dtype=dtype)
     return {"target": eagle.dtype, "feature": eagle.draft_dtype, "layers6": layers.draft_dtype}
 
@@ -55,18 +56,22 @@ def teacher_forced(eagle_dir: Path, layers_dir: Path, n_prompts: int, dtypes: di
     from dsd.backends.eagle_model import load_eagle
     from dsd.backends.vocab_map import VocabMap
     from pairs import chat_data, chat_draft, eagle_draft, smollm2
+
     tokenizer = AutoTokenizer.from_pretrained(str(eagle_dir))
     target = AutoModelForCausalLM.from_pretrained(str(eagle_dir / "target"), dtype=DTYPES[dtypes["target"]]).eval()
     prompts = Path(tempfile.mkdtemp()) / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n"
-                               for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts]))
-    config = chat_data.ChatDataConfig(prompts, samples_per_prompt=1, max_new_tokens=MAX_NEW_TOKENS,
-                                      temperature=TEMPERATURE, top_p=TOP_P, seed=SEED)
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts])
+    )
+    config = chat_data.ChatDataConfig(
+        prompts, samples_per_prompt=1, max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE, top_p=TOP_P, seed=SEED
+    )
     answers = chat_data.answer_prompts(target, tokenizer, config)
     with torch.inference_mode():
         eagle = load_eagle(eagle_dir / "draft", DTYPES[dtypes["feature"]])
-        feature = eagle_draft.heldout_acceptance(eagle, target, VocabMap.load(eagle_dir / "draft"), answers, GAMMA,
-                                                 TEMPERATURE, TOP_P, FEATURE_DTYPES)
+        feature = eagle_draft.heldout_acceptance(
+            eagle, target, VocabMap.load(eagle_dir / "draft"), answers, GAMMA, TEMPERATURE, TOP_P, FEATURE_DTYPES
+        )
         layers = AutoModelForCausalLM.from_pretrained(str(layers_dir / "draft"), dtype=DTYPES[dtypes["layers6"]]).eval()
         layers_vocab = VocabMap.load(layers_dir / "draft")
         sampled = chat_draft.heldout_acceptance(layers, target, layers_vocab, answers, TEMPERATURE, None, TOP_P)
@@ -92,6 +97,7 @@ def step_times(eagle_dir: Path, layers_dir: Path, dtypes: dict[str, str], passes
     features to catch up on), the layer draft's step."""
     from dsd.backends.eagle_lm import EagleLM
     from dsd.features import FeatureBlock
+
     torch.set_num_threads(1)
     target = TorchLM.load(TorchLMConfig(str(eagle_dir / "target"), dtypes["target"]))
     eagle = EagleLM.load(eagle_dir / "draft", dtypes["feature"])
@@ -102,7 +108,7 @@ def step_times(eagle_dir: Path, layers_dir: Path, dtypes: dict[str, str], passes
     t_layers_s = step_time_s(layers, context, 1, passes)
     features = torch.randn(len(context), eagle.feature_width)
     first_s = []
-    for _ in range(passes):                # a verdict's 3 rows arrive, then the block's first token
+    for _ in range(passes):  # a verdict's 3 rows arrive, then the block's first token
         eagle.release("catch-up")
         eagle.add_features("catch-up", FeatureBlock(0, features[:-3]))
         eagle.logits("catch-up", context[:-2], 1)
@@ -110,9 +116,14 @@ def step_times(eagle_dir: Path, layers_dir: Path, dtypes: dict[str, str], passes
         start_s = time.perf_counter()
         eagle.logits("catch-up", context + [5], 1)
         first_s.append(time.perf_counter() - start_s)
-    return {"t_ar_ms": 1e3 * t_ar_s, "t_draft_feature_ms": 1e3 * t_feature_s,
-            "t_draft_feature_first_ms": 1e3 * statistics.median(first_s), "t_draft_layers6_ms": 1e3 * t_layers_s,
-            "t_draft_over_t_ar": t_feature_s / t_ar_s, "t_draft_over_t_ar_layers6": t_layers_s / t_ar_s}
+    return {
+        "t_ar_ms": 1e3 * t_ar_s,
+        "t_draft_feature_ms": 1e3 * t_feature_s,
+        "t_draft_feature_first_ms": 1e3 * statistics.median(first_s),
+        "t_draft_layers6_ms": 1e3 * t_layers_s,
+        "t_draft_over_t_ar": t_feature_s / t_ar_s,
+        "t_draft_over_t_ar_layers6": t_layers_s / t_ar_s,
+    }
 
 
 def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float, dtypes: dict[str, str]) -> dict:
@@ -122,20 +133,35 @@ def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float, dt
 
     from pairs import chat_data, smollm2
     from services.launch import launch, post_runs, read_csv, wait_for_runs, wait_ready
+
     tokenizer = AutoTokenizer.from_pretrained(str(eagle_dir))
     prompts = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts]]
     logs = Path(tempfile.mkdtemp())
     out = {}
     for name, pair in (("feature", eagle_dir), ("layers6", layers_dir)):
-        backend = json.dumps({"kind": "hf", "pair_path": str(pair.resolve()), "dtype": dtypes["target"],
-                              "draft_dtype": dtypes[name]})
-        services = [launch("services.verifier", ["--backend-json", backend], logs),
-                    launch("services.edge", ["--backend-json", backend, "--out-dir", str(logs / f"edge-{name}")], logs)]
+        backend = json.dumps(
+            {"kind": "hf", "pair_path": str(pair.resolve()), "dtype": dtypes["target"], "draft_dtype": dtypes[name]}
+        )
+        services = [
+            launch("services.verifier", ["--backend-json", backend], logs),
+            launch("services.edge", ["--backend-json", backend, "--out-dir", str(logs / f"edge-{name}")], logs),
+        ]
         try:
             verifier, edge = [wait_ready(s, 300) for s in services]
-            run = {"run_id": name, "client_id": name, "mode": "sync", "gamma": GAMMA, "prompts": prompts,
-                   "max_new_tokens": MAX_NEW_TOKENS, "verifier_url": verifier.url, "probe_count": 3,
-                   "temperature": TEMPERATURE, "top_p": TOP_P, "seed": SEED, "app_delay_ms": rtt_ms / 2}
+            run = {
+                "run_id": name,
+                "client_id": name,
+                "mode": "sync",
+                "gamma": GAMMA,
+                "prompts": prompts,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "verifier_url": verifier.url,
+                "probe_count": 3,
+                "temperature": TEMPERATURE,
+                "top_p": TOP_P,
+                "seed": SEED,
+                "app_delay_ms": rtt_ms / 2,
+            }
             summary = wait_for_runs(edge, post_runs(edge, [run]), timeout_s=3600)[name]
             if summary["status"] != "done":
                 raise RuntimeError(f"{name}: {summary}")
@@ -149,8 +175,9 @@ def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float, dt
         accepted = sum(int(r["accepted"]) for r in rounds)
         failed = sum(int(r["accepted"]) < int(r["proposed"]) for r in rounds)
         out[f"ttft_ms_{name}"] = 1e3 * statistics.median(float(r["ttft_s"]) for r in requests)
-        out[f"per_token_ms_{name}"] = 1e3 * statistics.median(float(r["steady_per_token_s"]) for r in requests
-                                                                if r["steady_per_token_s"])
+        out[f"per_token_ms_{name}"] = 1e3 * statistics.median(
+            float(r["steady_per_token_s"]) for r in requests if r["steady_per_token_s"]
+        )
         out[f"alpha_network_{name}"] = accepted / (accepted + failed)
         out[f"tokens_per_round_network_{name}"] = statistics.mean(int(r["emitted"]) for r in rounds)
         out[f"feature_bytes_per_round_{name}"] = statistics.mean(int(r["feature_bytes"]) for r in rounds)
@@ -160,10 +187,12 @@ def network(eagle_dir: Path, layers_dir: Path, n_prompts: int, rtt_ms: float, dt
 def sync_crossover(folder: Path, pair: str) -> dict:
     """The feature sweep's sync DSD vs cloud AR crossover (ms), from the main job's summary."""
     row = sweep_crossovers(folder, pair).get("sync_vs_ar", {})
-    return {"sync_vs_ar_ms": row.get("measured_rtt_ms", float("nan")),
-            "sync_vs_ar_ci_low_ms": row.get("ci_low", float("nan")),
-            "sync_vs_ar_ci_high_ms": row.get("ci_high", float("nan")),
-            "sync_vs_ar_predicted_ms": row.get("predicted_rtt_ms_oos", float("nan"))}
+    return {
+        "sync_vs_ar_ms": row.get("measured_rtt_ms", float("nan")),
+        "sync_vs_ar_ci_low_ms": row.get("ci_low", float("nan")),
+        "sync_vs_ar_ci_high_ms": row.get("ci_high", float("nan")),
+        "sync_vs_ar_predicted_ms": row.get("predicted_rtt_ms_oos", float("nan")),
+    }
 
 
 def main() -> None:
@@ -175,11 +204,16 @@ def main() -> None:
     parser.add_argument("--network-prompts", type=int, default=8)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--sweep", type=Path, help="a main job's output folder (results/crossover) or a sweep's")
-    parser.add_argument("--dtype", default=AUTO, choices=(AUTO, *DTYPE_NAMES),
-                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
+    parser.add_argument(
+        "--dtype",
+        default=AUTO,
+        choices=(AUTO, *DTYPE_NAMES),
+        help="auto: as the services choose it on this CPU (dsd.backends.precision)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     from pairs import smollm2
+
     for pair in (args.eagle, args.layers):
         smollm2.materialize_target(pair)
     manifest = json.loads((args.eagle / "manifest.json").read_text())
@@ -190,14 +224,16 @@ def main() -> None:
     tokens = results["tokens_per_round_feature"]
     for dtype in FEATURE_DTYPES:
         suffix = "" if dtype == "bfloat16" else f"_{dtype}"
-        header = encoded_bytes(0, width, dtype)                 # one header a verdict, shared by its tokens
+        header = encoded_bytes(0, width, dtype)  # one header a verdict, shared by its tokens
         results[f"feature_bytes_per_token{suffix}"] = header / tokens + encoded_bytes(1, width, dtype) - header
     if args.network:
         results.update(network(args.eagle, args.layers, args.network_prompts, args.rtt_ms, dtypes))
     if args.sweep is not None:
         results.update(sync_crossover(args.sweep, args.eagle.name))
-    print(f"cpu={cpu_model()!r} threads=1 dtype={dtypes['target']} draft_dtype_feature={dtypes['feature']} "
-          f"draft_dtype_layers6={dtypes['layers6']} gamma={GAMMA}")
+    print(
+        f"cpu={cpu_model()!r} threads=1 dtype={dtypes['target']} draft_dtype_feature={dtypes['feature']} "
+        f"draft_dtype_layers6={dtypes['layers6']} gamma={GAMMA}"
+    )
     for key, value in results.items():
         print(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
 

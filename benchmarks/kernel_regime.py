@@ -22,6 +22,7 @@ Prints one key=value line: ``cpu`` (the model and what PyTorch runs on it), ``cp
 (``*_aten_*``), ``draft_step_over_ar`` (the draft in its chosen precision over the chosen
 target's step), and the kernel paths chosen. Progress goes to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def timed_rounds(models: dict, rounds: int) -> dict:
     for label, model in models.items():
         model.logits("regime", context, 1)
     samples = {(label, n): [] for label in models for n in sizes[label]}
-    for r in range(rounds + 1):                                  # round 0 warms up
+    for r in range(rounds + 1):  # round 0 warms up
         for label, model in models.items():
             for n in sizes[label]:
                 extra = [(3 * j + r) % vocab for j in range(n)]
@@ -80,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     for part in ("target", "draft"):
         if not (args.pair / part / "config.json").is_file():
-            parser.error(f"--pair {args.pair}: no {part}/ model (for the shipped pair: "
-                         f"python -m pairs.build --family smollm2 --out {args.pair} --target-only)")
+            parser.error(
+                f"--pair {args.pair}: no {part}/ model (for the shipped pair: "
+                f"python -m pairs.build --family smollm2 --out {args.pair} --target-only)"
+            )
     cpu = args.cpu if args.cpu is not None else max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
@@ -96,20 +99,31 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(dtype: str, paths: str, n: int) -> float:
         return round(t[(("target", dtype, paths), n)] / t[(("target", dtype, paths), 1)], 4)
 
-    table = [PrecisionTimes(d, t[(("target", d, "auto"), 1)], {n: t[(("target", d, "auto"), n)] for n in (3, 5)},
-                            t[(("draft", d, "auto"), 1)]) for d in ("float32", "bfloat16")]
+    table = [
+        PrecisionTimes(
+            d,
+            t[(("target", d, "auto"), 1)],
+            {n: t[(("target", d, "auto"), n)] for n in (3, 5)},
+            t[(("draft", d, "auto"), 1)],
+        )
+        for d in ("float32", "bfloat16")
+    ]
     target_dtype, draft_dtype = choose(table)
     flags = cpu_flags()
     figures = {
         "cpu": f'"{CpuCapability.of_this_machine().describe()}"',
         "cpu_flags_bf16": "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none",
         "cpu_pinned": cpu,
-        "chosen_dtype": target_dtype, "chosen_draft_dtype": draft_dtype,
+        "chosen_dtype": target_dtype,
+        "chosen_draft_dtype": draft_dtype,
         "t_ar_ms": round(1e3 * t[(("target", target_dtype, "auto"), 1)], 2),
-        "verify3_over_ar": ratio(target_dtype, "auto", 3), "verify5_over_ar": ratio(target_dtype, "auto", 5),
-        "fp32_verify3_over_ar": ratio("float32", "auto", 3), "fp32_verify5_over_ar": ratio("float32", "auto", 5),
+        "verify3_over_ar": ratio(target_dtype, "auto", 3),
+        "verify5_over_ar": ratio(target_dtype, "auto", 5),
+        "fp32_verify3_over_ar": ratio("float32", "auto", 3),
+        "fp32_verify5_over_ar": ratio("float32", "auto", 5),
         "fp32_verify9_over_ar": ratio("float32", "auto", 9),
-        "bf16_verify3_over_ar": ratio("bfloat16", "auto", 3), "bf16_verify5_over_ar": ratio("bfloat16", "auto", 5),
+        "bf16_verify3_over_ar": ratio("bfloat16", "auto", 3),
+        "bf16_verify5_over_ar": ratio("bfloat16", "auto", 5),
         "fp32_aten_verify3_over_ar": ratio("float32", "aten", 3),
         "fp32_aten_verify5_over_ar": ratio("float32", "aten", 5),
         "bf16_aten_verify3_over_ar": ratio("bfloat16", "aten", 3),
@@ -118,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         "fp32_aten_t_ar_ms": round(1e3 * t[(("target", "float32", "aten"), 1)], 2),
         "bf16_t_ar_ms": round(1e3 * t[(("target", "bfloat16", "auto"), 1)], 2),
         "bf16_aten_t_ar_ms": round(1e3 * t[(("target", "bfloat16", "aten"), 1)], 2),
-        "draft_step_over_ar": round(t[(("draft", draft_dtype, "auto"), 1)] / t[(("target", target_dtype, "auto"), 1)], 4),
+        "draft_step_over_ar": round(
+            t[(("draft", draft_dtype, "auto"), 1)] / t[(("target", target_dtype, "auto"), 1)], 4
+        ),
         "fp32_kernels": f'"{models[("target", "float32", "auto")].kernel_choice.summary()}"',
         "bf16_kernels": f'"{models[("target", "bfloat16", "auto")].kernel_choice.summary()}"',
         "load_avg_1m": round(os.getloadavg()[0], 2),

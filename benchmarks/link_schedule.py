@@ -19,6 +19,7 @@ jitter_stdev_err_pct= loss_err_pct_points= goals_met=`` (goals: settle <= 5 ms, 
 
     sudo python benchmarks/link_schedule.py [--probes 2000] [--backend auto] [--seed 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from netem import LinkSpec, Shaper, ShaperConfig, Topology, TopologyConfig  # noqa: E402
 from netem import measure, schedule  # noqa: E402
 
-GOALS = {"step_settle_ms_p50": 5.0, "trace_rtt_err_p50_ms": 0.5, "jitter_stdev_err_pct": 10.0,
-         "loss_err_pct_points": 1.0}
-LOSS_PER_DIRECTION_PCT = 100 * (1 - math.sqrt(0.95))    # 5% of round trips
+GOALS = {
+    "step_settle_ms_p50": 5.0,
+    "trace_rtt_err_p50_ms": 0.5,
+    "jitter_stdev_err_pct": 10.0,
+    "loss_err_pct_points": 1.0,
+}
+LOSS_PER_DIRECTION_PCT = 100 * (1 - math.sqrt(0.95))  # 5% of round trips
 
 
 def timed_probes(topo: Topology, n_edges: int, interval_s: float, count: int) -> list[list[tuple[float, float]]]:
@@ -50,10 +55,11 @@ def timed_probes(topo: Topology, n_edges: int, interval_s: float, count: int) ->
 def run_steps(topo: Topology, backend: str, n_steps: int = 12, period_s: float = 0.4) -> list[float]:
     base = LinkSpec(rtt_ms=20)
     steps = schedule.LinkSchedule.from_steps(
-        [{"at_s": 0.3 + i * period_s, "rtt_ms": 60 if i % 2 == 0 else 20} for i in range(n_steps)])
+        [{"at_s": 0.3 + i * period_s, "rtt_ms": 60 if i % 2 == 0 else 20} for i in range(n_steps)]
+    )
     with Shaper(ShaperConfig(backend=backend, verify_count=20)) as shaper:
         shaper.apply(topo.links([base]))
-        t0 = time.monotonic() + 0.2          # the probes start ~10 ms after they are called
+        t0 = time.monotonic() + 0.2  # the probes start ~10 ms after they are called
         shaper.schedule([(t0 + at_s, [spec]) for at_s, spec in steps.specs(base)])
         samples = timed_probes(topo, 1, 0.001, int((0.2 + 0.3 + n_steps * period_s) / 0.001))[0]
     changes, old = [], base.expected_rtt_ms(measure.PROBE_IP_BYTES)
@@ -92,9 +98,11 @@ def run_trace(topo: Topology, backend: str, seed: int) -> list[float]:
 
 
 def run_fidelity(topo: Topology, backend: str, n_probes: int) -> dict:
-    specs = [LinkSpec(rtt_ms=20, jitter_ms=2, distribution="normal"),
-             LinkSpec(rtt_ms=20, jitter_ms=2, distribution="pareto"),
-             LinkSpec(rtt_ms=20, loss_pct=LOSS_PER_DIRECTION_PCT)]
+    specs = [
+        LinkSpec(rtt_ms=20, jitter_ms=2, distribution="normal"),
+        LinkSpec(rtt_ms=20, jitter_ms=2, distribution="pareto"),
+        LinkSpec(rtt_ms=20, loss_pct=LOSS_PER_DIRECTION_PCT),
+    ]
     with Shaper(ShaperConfig(backend=backend, verify_count=20)) as shaper:
         shaper.apply(topo.links(specs))
         targets = [measure.RttTarget(e.name, e.netns, topo.verifier.ip) for e in topo.edges[:3]]
@@ -127,8 +135,10 @@ def main() -> None:
     print(f"{'case':<28}{'measured':>12}{'configured':>12}")
     print(f"{'steps seen':<28}{len(seen):>12}{len(settle_ms):>12}")
     print(f"{'settle ms p50 / max':<28}{statistics.median(seen):>12.3f}{max(seen):>12.3f}")
-    print(f"{'trace |err| ms p50 / p99':<28}{measure.percentile(trace_err_ms, 50, 'linear'):>12.3f}"
-          f"{measure.percentile(trace_err_ms, 99, 'linear'):>12.3f}   ({len(trace_err_ms)} probes)")
+    print(
+        f"{'trace |err| ms p50 / p99':<28}{measure.percentile(trace_err_ms, 50, 'linear'):>12.3f}"
+        f"{measure.percentile(trace_err_ms, 99, 'linear'):>12.3f}   ({len(trace_err_ms)} probes)"
+    )
     for key, (got, want) in fidelity.items():
         print(f"{key:<28}{got:>12.3f}{want:>12.3f}")
     stdev_err_pct = max(abs(got / want - 1) * 100 for k, (got, want) in fidelity.items() if k.startswith("stdev"))

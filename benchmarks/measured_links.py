@@ -31,6 +31,7 @@ one). A part left out (``--parts``) prints nan.
     flock /tmp/dsd-netns.lock python benchmarks/measured_links.py [--launcher auto|netns|sim]
         [--parts replay stalls adaptive] [--slice-s 20] [--stall-from-s 80] [--adaptive-slice-s 30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,8 +97,13 @@ def replay_errors_ms(trace: list[tuple[float, float]]) -> list[float]:
         shaper.schedule([(t0 + at_s, [spec]) for at_s, spec in specs], keep_order=True)
         target = measure.RttTarget(topo.edges[0].name, topo.edges[0].netns, topo.verifier.ip)
         timeline = [[]]
-        measure.probe_rtts([target], count=int((0.2 + duration_s) / PROBE_INTERVAL_S), interval_s=PROBE_INTERVAL_S,
-                           timeout_s=15.0, timeline=timeline)
+        measure.probe_rtts(
+            [target],
+            count=int((0.2 + duration_s) / PROBE_INTERVAL_S),
+            interval_s=PROBE_INTERVAL_S,
+            timeout_s=15.0,
+            timeline=timeline,
+        )
     errors = []
     for sent_abs_s, rtt_ms in timeline[0]:
         sent_s = sent_abs_s - t0
@@ -120,11 +126,25 @@ def run_stall_sweep(launcher: str, trace: list[tuple[float, float]], out: Path, 
     text = text.replace('trace_csv = "../data/cicv5g/south_n8_v10_02.csv"', f'trace_csv = "{csv_path}"')
     text = "\n".join(f"requests = {requests}" if line.startswith("requests = ") else line for line in text.splitlines())
     if launcher == "netns":
-        text += '\nschedule_order = "queue"\n'          # the stall's packets leave together, as measured
+        text += '\nschedule_order = "queue"\n'  # the stall's packets leave together, as measured
     toml = out / "experiment.toml"
     toml.write_text(text + "\n")
-    subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(toml), "--launcher", launcher,
-                    "--out", str(out / "sweep")], check=True, cwd=ROOT, timeout=1800)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "sweep",
+            str(toml),
+            "--launcher",
+            launcher,
+            "--out",
+            str(out / "sweep"),
+        ],
+        check=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
     return out / "sweep"
 
 
@@ -137,8 +157,9 @@ def greedy_tokens(toml: Path, n: int) -> list[list[int]]:
 
     experiment = load_experiment(toml)
     _, target = load_pair(experiment.backend)
-    prompts = make_prompts(experiment.backend, experiment.warmup_requests + n, experiment.prompt_tokens,
-                           experiment.seed)
+    prompts = make_prompts(
+        experiment.backend, experiment.warmup_requests + n, experiment.prompt_tokens, experiment.seed
+    )
     stop = StopRule(experiment.max_new_tokens, target.eos_token_id)
     return [generate_ar(target, prompts[experiment.warmup_requests + i], stop, seq_id=str(i)).tokens for i in range(n)]
 
@@ -147,16 +168,21 @@ def stall_figures(sweep: Path, expected: list[list[int]], n_modes: int) -> dict:
     requests = pd.read_csv(sweep / "requests.csv")
     if "longest_gap_ms" in requests and requests["longest_gap_ms"].notna().any():
         crossed = requests["longest_gap_ms"] >= STALL_MIN_MS
-    else:                           # the sim's rows carry no receipt times: a request that long
+    else:  # the sim's rows carry no receipt times: a request that long
         crossed = requests["wall_s"] * 1000 >= STALL_MIN_MS
-    exact = [str(row.token_ids).split() == [str(t) for t in expected[int(row.request_index)]]
-             for row in requests.itertuples()]
+    exact = [
+        str(row.token_ids).split() == [str(t) for t in expected[int(row.request_index)]]
+        for row in requests.itertuples()
+    ]
     stalled = requests[crossed]
-    return {"stall_requests": int(crossed.sum()),
-            "stall_requests_exact": int(sum(e for e, c in zip(exact, crossed) if c)),
-            "rows_lost": n_modes * len(expected) - len(requests.drop_duplicates(["point", "request_index"])),
-            "all_exact": all(exact), "stalled_modes": sorted(set(stalled["mode"])),
-            "gave_up": int(requests["gave_up"].astype("string").fillna("").ne("").sum()) if "gave_up" in requests else 0}
+    return {
+        "stall_requests": int(crossed.sum()),
+        "stall_requests_exact": int(sum(e for e, c in zip(exact, crossed) if c)),
+        "rows_lost": n_modes * len(expected) - len(requests.drop_duplicates(["point", "request_index"])),
+        "all_exact": all(exact),
+        "stalled_modes": sorted(set(stalled["mode"])),
+        "gave_up": int(requests["gave_up"].astype("string").fillna("").ne("").sum()) if "gave_up" in requests else 0,
+    }
 
 
 def netns_available() -> bool:
@@ -194,11 +220,28 @@ def stall_part(launcher: str, args: argparse.Namespace, out: Path) -> dict:
 def adaptive_argv(launcher: str, trace_csv: Path, args: argparse.Namespace) -> list[str]:
     """benchmarks/adaptive.py's command line for one trace's slice: the oracle's segments by the
     level rule (benchmarks/trace_levels.py), the same scenario on either launcher."""
-    return ["--launcher", launcher, "--rtt-trace", str(trace_csv), "--level-window-s", f"{args.level_window_s:g}",
-            "--level-factor", f"{args.level_factor:g}", "--seeds", str(args.seeds), "--first-seed",
-            str(args.first_seed), "--requests", str(args.adaptive_requests), "--alpha-requests",
-            str(args.alpha_requests), "--tokens", str(args.adaptive_tokens), "--warmup-requests",
-            str(args.warmup_requests)]
+    return [
+        "--launcher",
+        launcher,
+        "--rtt-trace",
+        str(trace_csv),
+        "--level-window-s",
+        f"{args.level_window_s:g}",
+        "--level-factor",
+        f"{args.level_factor:g}",
+        "--seeds",
+        str(args.seeds),
+        "--first-seed",
+        str(args.first_seed),
+        "--requests",
+        str(args.adaptive_requests),
+        "--alpha-requests",
+        str(args.alpha_requests),
+        "--tokens",
+        str(args.adaptive_tokens),
+        "--warmup-requests",
+        str(args.warmup_requests),
+    ]
 
 
 def adaptive_trace(path: Path, launcher: str, args: argparse.Namespace, out: Path) -> dict:
@@ -218,8 +261,10 @@ def adaptive_trace(path: Path, launcher: str, args: argparse.Namespace, out: Pat
         print(f"--- {path.name}: read back from {done} (commit {saved['commit']})", flush=True)
         return saved["figures"]
     trace_csv.write_text(measured.format_trace(trace_slice(path, from_s, args.adaptive_slice_s)))
-    print(f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py "
-          + " ".join(argv), flush=True)
+    print(
+        f"--- {path.name} from {from_s:g} s for {args.adaptive_slice_s:g} s: benchmarks/adaptive.py " + " ".join(argv),
+        flush=True,
+    )
     figures = {**adaptive.main(argv + ["--save", str(out / f"{stem}.pkl")]), "from_s": from_s}
     commit = (git_commit() or "")[:7]
     done.write_text(json.dumps({"argv": argv, "commit": commit, "figures": figures}, indent=1) + "\n")
@@ -230,44 +275,78 @@ def adaptive_part(launcher: str, args: argparse.Namespace, out: Path) -> dict[st
     """The adaptive controller against the per-segment oracle on each trace's slice: trace name ->
     benchmarks/adaptive.py's figures (scored from request --warmup-requests on; "every request"
     beside)."""
-    figures = {path.name: adaptive_trace(path, launcher, args, out)
-               for path in TRACES if not args.traces or path.name in args.traces}
-    print(f"{'trace':<28}{'from s':>7}{'model %':>9}{'bandit %':>10}{'best static %':>15}{'levels check %':>20}"
-          f"{'every request: model %':>24}{'best static %':>15}")
+    figures = {
+        path.name: adaptive_trace(path, launcher, args, out)
+        for path in TRACES
+        if not args.traces or path.name in args.traces
+    }
+    print(
+        f"{'trace':<28}{'from s':>7}{'model %':>9}{'bandit %':>10}{'best static %':>15}{'levels check %':>20}"
+        f"{'every request: model %':>24}{'best static %':>15}"
+    )
     for name, f in figures.items():
         check = f"{f['levels_err_pct_min']:+.1f} .. {f['levels_err_pct_max']:+.1f}"
-        print(f"{name:<28}{f['from_s']:>7g}{f['model_vs_oracle_pct']:>9.1f}{f['bandit_vs_oracle_pct']:>10.1f}"
-              f"{f['best_static_vs_oracle_pct']:>15.1f}{check:>20}{f['model_vs_oracle_pct_every_request']:>24.1f}"
-              f"{f['best_static_vs_oracle_pct_every_request']:>15.1f}")
+        print(
+            f"{name:<28}{f['from_s']:>7g}{f['model_vs_oracle_pct']:>9.1f}{f['bandit_vs_oracle_pct']:>10.1f}"
+            f"{f['best_static_vs_oracle_pct']:>15.1f}{check:>20}{f['model_vs_oracle_pct_every_request']:>24.1f}"
+            f"{f['best_static_vs_oracle_pct_every_request']:>15.1f}"
+        )
     return figures
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--launcher", choices=("auto", "netns", "sim"), default="auto")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure (default: all); a part not run prints nan")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to measure (default: all); a part not run prints nan",
+    )
     parser.add_argument("--slice-s", type=float, default=20.0, help="seconds of each trace replayed (0 = whole)")
-    parser.add_argument("--stall-from-s", type=float, default=80.0,
-                        help="where the rural slice starts (its 12-s stall is at 84.1 s)")
+    parser.add_argument(
+        "--stall-from-s", type=float, default=80.0, help="where the rural slice starts (its 12-s stall is at 84.1 s)"
+    )
     parser.add_argument("--requests", type=int, default=24, help="requests per mode through the rural slice")
-    parser.add_argument("--traces", nargs="+", choices=[p.name for p in TRACES], default=[],
-                        help="adaptive: only these traces (default: every one)")
-    parser.add_argument("--adaptive-slice-s", type=float, default=30.0,
-                        help="seconds of each trace the adaptive runs follow (from ADAPTIVE_FROM_S: 0, the rural 12)")
-    parser.add_argument("--adaptive-from-s", type=float, default=None,
-                        help="where every chosen trace's adaptive slice starts (default: ADAPTIVE_FROM_S)")
+    parser.add_argument(
+        "--traces",
+        nargs="+",
+        choices=[p.name for p in TRACES],
+        default=[],
+        help="adaptive: only these traces (default: every one)",
+    )
+    parser.add_argument(
+        "--adaptive-slice-s",
+        type=float,
+        default=30.0,
+        help="seconds of each trace the adaptive runs follow (from ADAPTIVE_FROM_S: 0, the rural 12)",
+    )
+    parser.add_argument(
+        "--adaptive-from-s",
+        type=float,
+        default=None,
+        help="where every chosen trace's adaptive slice starts (default: ADAPTIVE_FROM_S)",
+    )
     parser.add_argument("--level-window-s", type=float, default=1.0, help="the level rule's windows")
     parser.add_argument("--level-factor", type=float, default=1.25, help="the level rule's bins")
     parser.add_argument("--seeds", type=int, default=1, help="adaptive: seeds per trace")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--adaptive-requests", type=int, default=12, help="adaptive: requests per run")
-    parser.add_argument("--alpha-requests", type=int, default=6,
-                        help="adaptive: requests per prompt class, in turn (default: 6 at alpha 0.9, then 6 at 0.3)")
+    parser.add_argument(
+        "--alpha-requests",
+        type=int,
+        default=6,
+        help="adaptive: requests per prompt class, in turn (default: 6 at alpha 0.9, then 6 at 0.3)",
+    )
     parser.add_argument("--adaptive-tokens", type=int, default=32, help="adaptive: tokens per request")
-    parser.add_argument("--warmup-requests", type=int, default=1,
-                        help="adaptive: every run scored from this request on, the oracle's prompts too (the "
-                             "controller's cold start left out; every request's score printed beside)")
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=1,
+        help="adaptive: every run scored from this request on, the oracle's prompts too (the "
+        "controller's cold start left out; every request's score printed beside)",
+    )
     parser.add_argument("--out", default="", help="where the sweep and slices go (default: a temp folder)")
     return parser.parse_args(argv)
 
@@ -285,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     pct = lambda q: percentile(errors, q) if errors else math.nan  # noqa: E731
     model = max((f["model_vs_oracle_pct"] for f in adaptive.values()), default=math.nan)
     static = min((f["best_static_vs_oracle_pct"] for f in adaptive.values()), default=math.nan)
-    print(f"traces={len(TRACES)} replay_err_p50_ms={pct(50):.3f} replay_err_p99_ms={pct(99):.3f} "
-          f"stall_requests={stalls['stall_requests']} stall_requests_exact={stalls['stall_requests_exact']} "
-          f"rows_lost={stalls['rows_lost']} model_vs_oracle_pct_max={model:.1f} "
-          f"best_static_vs_oracle_pct_min={static:.1f}")
+    print(
+        f"traces={len(TRACES)} replay_err_p50_ms={pct(50):.3f} replay_err_p99_ms={pct(99):.3f} "
+        f"stall_requests={stalls['stall_requests']} stall_requests_exact={stalls['stall_requests_exact']} "
+        f"rows_lost={stalls['rows_lost']} model_vs_oracle_pct_max={model:.1f} "
+        f"best_static_vs_oracle_pct_min={static:.1f}"
+    )
     return 0
 
 

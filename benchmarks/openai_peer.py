@@ -21,6 +21,7 @@ first arrival: the same quotient as the peer's). Per rate, a line of key=value; 
 ``*_diff_pct`` = 100 (peer - own) / own of the p50s, with a 95% interval from resampling the
 requests (paired); ``rows_lost``: requests the peer sent with no row of ours. Needs root.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / ".venv-peer"
 PEER_TOOL = "aiperf"
-EDGE_PORT = 8701          # orchestrator/launchers/netns.py's
+EDGE_PORT = 8701  # orchestrator/launchers/netns.py's
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="sync")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--prompts", default=str(ROOT / "workloads" / "instructions.jsonl"))
-    parser.add_argument("--aiperf", default=os.environ.get("DSD_AIPERF", str(PEER_VENV / "bin" / "aiperf")),
-                        help="the aiperf command (scripts/peer_venv.sh makes .venv-peer; env DSD_AIPERF)")
+    parser.add_argument(
+        "--aiperf",
+        default=os.environ.get("DSD_AIPERF", str(PEER_VENV / "bin" / "aiperf")),
+        help="the aiperf command (scripts/peer_venv.sh makes .venv-peer; env DSD_AIPERF)",
+    )
     parser.add_argument("--out", default="", help="where the testbed's logs, rows and AIPerf's artifacts go")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="the whole run's bound")
     args = parser.parse_args(argv)
@@ -66,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=False)
     deadline = time.monotonic() + args.timeout_s
     print(f"peer_tool={PEER_TOOL} peer_version={_version(args.aiperf)}")
-    print(f"pair={Path(args.pair).name} mode={args.mode} gamma={args.gamma} rtt_ms={args.rtt_ms:g} "
-          f"max_tokens={args.max_tokens} cpu={_cpu()!r} load_1m_before={os.getloadavg()[0]:.2f}")
+    print(
+        f"pair={Path(args.pair).name} mode={args.mode} gamma={args.gamma} rtt_ms={args.rtt_ms:g} "
+        f"max_tokens={args.max_tokens} cpu={_cpu()!r} load_1m_before={os.getloadavg()[0]:.2f}"
+    )
     joined = []
     for rate, rows in run_testbed(args, rates, out, deadline):
         joined.append(rows.assign(rate_rps=rate))
@@ -86,8 +92,7 @@ def run_testbed(args, rates: list[float], out: Path, deadline: float):
     from orchestrator.launchers.netns import NetnsTestbed
     from orchestrator.launchers.services_config import ServicesConfig
 
-    config = ServicesConfig(HfBackendConfig(pair_path=args.pair), work_dir=str(out / "testbed"),
-                            ready_timeout_s=300.0)
+    config = ServicesConfig(HfBackendConfig(pair_path=args.pair), work_dir=str(out / "testbed"), ready_timeout_s=300.0)
     dataset = write_dataset(Path(args.prompts), out / "prompts.jsonl", args.max_tokens)
     with NetnsTestbed(config) as testbed:
         testbed.shape([args.rtt_ms])
@@ -95,14 +100,25 @@ def run_testbed(args, rates: list[float], out: Path, deadline: float):
         netns, ip = testbed.edge_endpoint(0)
         for rate in rates:
             run_id = f"peer-rate{rate:g}"
-            http_client.call("PUT", f"{edge.control_url}/openai", {
-                "verifier_url": testbed.verifier_url, "mode": args.mode, "gamma": args.gamma, "run_id": run_id,
-                "max_concurrent": 16, "probe_interval_ms": 0}, token=edge.token)
+            http_client.call(
+                "PUT",
+                f"{edge.control_url}/openai",
+                {
+                    "verifier_url": testbed.verifier_url,
+                    "mode": args.mode,
+                    "gamma": args.gamma,
+                    "run_id": run_id,
+                    "max_concurrent": 16,
+                    "probe_interval_ms": 0,
+                },
+                token=edge.token,
+            )
             artifacts = out / run_id
             run_peer(args, netns, f"http://{ip}:{EDGE_PORT}", edge.token, dataset, rate, artifacts, deadline)
             testbed.check()
-            ours = pd.read_csv(io.BytesIO(http_client.call(
-                "GET", f"{edge.control_url}/runs/{run_id}/requests.csv", token=edge.token)))
+            ours = pd.read_csv(
+                io.BytesIO(http_client.call("GET", f"{edge.control_url}/runs/{run_id}/requests.csv", token=edge.token))
+            )
             yield rate, join(peer_records(artifacts / "profile_export.jsonl"), ours)
 
 
@@ -115,16 +131,48 @@ def write_dataset(prompts: Path, path: Path, max_tokens: int) -> Path:
     return path
 
 
-def run_peer(args, netns: str, url: str, token: str | None, dataset: Path, rate: float, artifacts: Path,
-             deadline: float) -> None:
+def run_peer(
+    args, netns: str, url: str, token: str | None, dataset: Path, rate: float, artifacts: Path, deadline: float
+) -> None:
     """AIPerf in the edge's namespace, in its own process group, bounded by the run's deadline."""
-    command = ["nsenter", f"--net={netns}", "--", args.aiperf, "profile", "--model", Path(args.pair).name,
-               "--url", url, "--endpoint-type", "chat", "--streaming", "--tokenizer", args.pair,
-               "--input-file", str(dataset), "--custom-dataset-type", "single_turn",
-               "--request-rate", f"{rate:g}", "--request-count", str(args.requests), "--warmup-request-count", "1",
-               "--use-server-token-count", "--per-chunk-usage", "--random-seed", "0",
-               "--extra-inputs", json.dumps({"ignore_eos": True, "temperature": 0}),
-               "--output-artifact-dir", str(artifacts), "--export-level", "records", "--ui-type", "none"]
+    command = [
+        "nsenter",
+        f"--net={netns}",
+        "--",
+        args.aiperf,
+        "profile",
+        "--model",
+        Path(args.pair).name,
+        "--url",
+        url,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--tokenizer",
+        args.pair,
+        "--input-file",
+        str(dataset),
+        "--custom-dataset-type",
+        "single_turn",
+        "--request-rate",
+        f"{rate:g}",
+        "--request-count",
+        str(args.requests),
+        "--warmup-request-count",
+        "1",
+        "--use-server-token-count",
+        "--per-chunk-usage",
+        "--random-seed",
+        "0",
+        "--extra-inputs",
+        json.dumps({"ignore_eos": True, "temperature": 0}),
+        "--output-artifact-dir",
+        str(artifacts),
+        "--export-level",
+        "records",
+        "--ui-type",
+        "none",
+    ]
     if token:
         command += ["--api-key", token]
     artifacts.mkdir(parents=True)
@@ -155,30 +203,48 @@ def peer_records(path: Path) -> pd.DataFrame:
         if meta.get("benchmark_phase", "profiling") != "profiling":
             continue
         value = lambda name: metrics.get(name, {}).get("value", np.nan)  # noqa: E731
-        rows.append({"request_id": meta["x_request_id"], "peer_ttft_ms": value("time_to_first_token"),
-                     "peer_itl_ms": value("inter_token_latency"), "peer_error": bool(record.get("error"))})
+        rows.append(
+            {
+                "request_id": meta["x_request_id"],
+                "peer_ttft_ms": value("time_to_first_token"),
+                "peer_itl_ms": value("inter_token_latency"),
+                "peer_error": bool(record.get("error")),
+            }
+        )
     return pd.DataFrame(rows, columns=["request_id", "peer_ttft_ms", "peer_itl_ms", "peer_error"])
 
 
 def join(peer: pd.DataFrame, ours: pd.DataFrame) -> pd.DataFrame:
     """The peer's records with our row of each (NaN where we have none)."""
-    ours = ours.assign(request_id=ours["request_id"].astype(str), own_ttft_ms=1e3 * ours["ttft_s"],
-                       own_itl_ms=1e3 * ours["steady_per_token_s"],
-                       own_ok=ours["error"].isna() & ours["gave_up"].isna())
-    return peer.merge(ours[["request_id", "own_ttft_ms", "own_itl_ms", "own_ok"]], on="request_id", how="left",
-                      indicator=True)
+    ours = ours.assign(
+        request_id=ours["request_id"].astype(str),
+        own_ttft_ms=1e3 * ours["ttft_s"],
+        own_itl_ms=1e3 * ours["steady_per_token_s"],
+        own_ok=ours["error"].isna() & ours["gave_up"].isna(),
+    )
+    return peer.merge(
+        ours[["request_id", "own_ttft_ms", "own_itl_ms", "own_ok"]], on="request_id", how="left", indicator=True
+    )
 
 
 def summary(rows: pd.DataFrame) -> dict:
     ok = rows[~rows["peer_error"] & (rows["_merge"] == "both") & rows["own_ok"].fillna(False).astype(bool)]
     ttft = diff_pct(ok["peer_ttft_ms"].to_numpy(), ok["own_ttft_ms"].to_numpy())
     itl = diff_pct(ok["peer_itl_ms"].to_numpy(), ok["own_itl_ms"].to_numpy())
-    return {"peer_tool": PEER_TOOL, "requests": len(rows), "requests_ok": len(ok),
-            "peer_ttft_p50_ms": f"{np.median(ok['peer_ttft_ms']):.1f}",
-            "own_ttft_p50_ms": f"{np.median(ok['own_ttft_ms']):.1f}", "ttft_diff_pct": ttft[0],
-            "ttft_diff_pct_ci95": ttft[1], "peer_itl_p50_ms": f"{np.median(ok['peer_itl_ms']):.2f}",
-            "own_token_latency_p50_ms": f"{np.median(ok['own_itl_ms']):.2f}", "itl_diff_pct": itl[0],
-            "itl_diff_pct_ci95": itl[1], "rows_lost": int((rows["_merge"] != "both").sum())}
+    return {
+        "peer_tool": PEER_TOOL,
+        "requests": len(rows),
+        "requests_ok": len(ok),
+        "peer_ttft_p50_ms": f"{np.median(ok['peer_ttft_ms']):.1f}",
+        "own_ttft_p50_ms": f"{np.median(ok['own_ttft_ms']):.1f}",
+        "ttft_diff_pct": ttft[0],
+        "ttft_diff_pct_ci95": ttft[1],
+        "peer_itl_p50_ms": f"{np.median(ok['peer_itl_ms']):.2f}",
+        "own_token_latency_p50_ms": f"{np.median(ok['own_itl_ms']):.2f}",
+        "itl_diff_pct": itl[0],
+        "itl_diff_pct_ci95": itl[1],
+        "rows_lost": int((rows["_merge"] != "both").sum()),
+    }
 
 
 def diff_pct(peer: np.ndarray, own: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[str, str]:
@@ -203,6 +269,7 @@ def _version(aiperf: str) -> str:
 
 def _cpu() -> str:
     from dsd.backends.machine import cpu_flags, cpu_model
+
     return f"{cpu_model()} x{os.cpu_count()}" + (" amx" if "amx_bf16" in cpu_flags() else "")
 
 

@@ -39,6 +39,7 @@ On a VM, ``steal_pct`` (per phase) is the share of CPU time the hypervisor gave 
 while the phase ran (/proc/stat): then processes wake late however little they do, and the
 figures say more about the host than about the harness.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,16 @@ from netem.measure import percentile  # noqa: E402
 from services.launch import free_port, post_runs, read_csv, running, wait_for_runs  # noqa: E402
 
 GAMMA, ALPHA = 4, 0.8
-PROFILE = {"name": "overhead", "t_draft_edge_s": 0.001, "t_draft_server_s": 0.001, "t_ar_s": 0.003,
-           "t_verify_base_s": 0.002, "t_verify_per_position_s": 0.0002, "t_prefill_per_token_s": 0.00001,
-           "batch_slope": 0.05}
+PROFILE = {
+    "name": "overhead",
+    "t_draft_edge_s": 0.001,
+    "t_draft_server_s": 0.001,
+    "t_ar_s": 0.003,
+    "t_verify_base_s": 0.002,
+    "t_verify_per_position_s": 0.0002,
+    "t_prefill_per_token_s": 0.00001,
+    "batch_slope": 0.05,
+}
 
 
 def backend_args() -> list[str]:
@@ -81,15 +89,24 @@ def verify_pass_s() -> float:
 
 def round_parts(row: dict, after: dict) -> dict[str, float]:
     """One steady round's overhead split into its parts (seconds); they add up to the total."""
-    t = {k: float(row[k]) for k in ("t_draft_start_s", "t_draft_end_s", "t_receive_s", "server_queue_s",
-                                      "server_compute_s")}
-    return {"draft": t["t_draft_end_s"] - t["t_draft_start_s"] - GAMMA * PROFILE["t_draft_edge_s"],
-            "wire": t["t_receive_s"] - t["t_draft_end_s"] - t["server_queue_s"] - t["server_compute_s"],
-            "edge": float(after["t_draft_start_s"]) - t["t_receive_s"]}
+    t = {
+        k: float(row[k])
+        for k in ("t_draft_start_s", "t_draft_end_s", "t_receive_s", "server_queue_s", "server_compute_s")
+    }
+    return {
+        "draft": t["t_draft_end_s"] - t["t_draft_start_s"] - GAMMA * PROFILE["t_draft_edge_s"],
+        "wire": t["t_receive_s"] - t["t_draft_end_s"] - t["server_queue_s"] - t["server_compute_s"],
+        "edge": float(after["t_draft_start_s"]) - t["t_receive_s"],
+    }
 
 
-def measure(n_clients: int, rounds_per_client: int, work: Path, blocks: int = 1,
-            between_blocks: Callable[[], None] | None = None) -> list[dict[str, float]]:
+def measure(
+    n_clients: int,
+    rounds_per_client: int,
+    work: Path,
+    blocks: int = 1,
+    between_blocks: Callable[[], None] | None = None,
+) -> list[dict[str, float]]:
     """Overhead parts (seconds) of every steady round of n_clients concurrent sync-DSD clients,
     in ``blocks`` runs one after another on the same services; ``between_blocks`` runs after each
     (the paced echo, so that it sees the same moments of the host as the rounds)."""
@@ -100,22 +117,34 @@ def measure(n_clients: int, rounds_per_client: int, work: Path, blocks: int = 1,
     with running(("services.verifier", verifier_args), ("services.edge", edge_args), log_dir=work) as (verifier, edge):
         started = time.monotonic()
         for block in range(blocks):
-            runs = [{"run_id": f"c{n_clients}-{block}-{i}", "client_id": f"client-{i}", "mode": "sync",
-                     "gamma": GAMMA, "prompts": [[i % 400 + 1, 7, 11]], "max_new_tokens": tokens,
-                     "verifier_url": verifier.url, "probe_count": 3, "probe_interval_ms": 1000}
-                    for i in range(n_clients)]
+            runs = [
+                {
+                    "run_id": f"c{n_clients}-{block}-{i}",
+                    "client_id": f"client-{i}",
+                    "mode": "sync",
+                    "gamma": GAMMA,
+                    "prompts": [[i % 400 + 1, 7, 11]],
+                    "max_new_tokens": tokens,
+                    "verifier_url": verifier.url,
+                    "probe_count": 3,
+                    "probe_interval_ms": 1000,
+                }
+                for i in range(n_clients)
+            ]
             summaries = wait_for_runs(edge, post_runs(edge, runs), timeout_s=600)
             failed = [s for s in summaries.values() if s["status"] != "done"]
             if failed:
                 raise RuntimeError(f"runs failed: {failed[:3]}")
             for run_id in summaries:
                 rows = read_csv(edge, run_id, "rounds.csv")
-                for row, after in zip(rows[1:], rows[2:]):      # not the first (prefill) nor the last
+                for row, after in zip(rows[1:], rows[2:]):  # not the first (prefill) nor the last
                     overheads.append(round_parts(row, after))
             if between_blocks is not None:
                 between_blocks()
-        print(f"{n_clients} clients: {len(overheads)} rounds in {blocks} block(s), "
-              f"{time.monotonic() - started:.1f} s", file=sys.stderr)
+        print(
+            f"{n_clients} clients: {len(overheads)} rounds in {blocks} block(s), {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
     return overheads
 
 
@@ -141,7 +170,7 @@ def _echo_server(port: int, ready, wait_s: float) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         ready.set()
-        await asyncio.sleep(600)            # bounded: the parent terminates it long before
+        await asyncio.sleep(600)  # bounded: the parent terminates it long before
 
     asyncio.run(serve())
 
@@ -163,8 +192,9 @@ def echo_server(server_wait_s: float = 0.0) -> Iterator[int]:
         server.join(5)
 
 
-def echo_rtts_s(port: int, n_messages: int, size_bytes: int = 120, client_wait_s: float = 0.0,
-                server_wait_s: float = 0.0) -> list[float]:
+def echo_rtts_s(
+    port: int, n_messages: int, size_bytes: int = 120, client_wait_s: float = 0.0, server_wait_s: float = 0.0
+) -> list[float]:
     """Round trips through the echo server on ``port``, less its wait; the client waits
     ``client_wait_s`` before each message."""
     import aiohttp
@@ -219,7 +249,9 @@ def multi_client_rounds(rounds: int, n_clients: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--rounds", type=int, default=600, help="rounds of the one client (n clients: see multi_client_rounds)")
+    parser.add_argument(
+        "--rounds", type=int, default=600, help="rounds of the one client (n clients: see multi_client_rounds)"
+    )
     args = parser.parse_args()
     if min(args.clients) < 1 or args.rounds < 20:
         parser.error("--clients must be >= 1 and --rounds >= 20")
@@ -227,14 +259,19 @@ def main() -> None:
     client_wait_s, server_wait_s = GAMMA * PROFILE["t_draft_edge_s"], verify_pass_s()
     paced_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="dsd-overhead-") as tmp, echo_server(server_wait_s) as paced_port:
+
         def paced_block() -> None:
-            paced_ms.extend(1000 * s for s in echo_rtts_s(paced_port, ECHO_BLOCK_MESSAGES, client_wait_s=client_wait_s,
-                                                          server_wait_s=server_wait_s))
+            paced_ms.extend(
+                1000 * s
+                for s in echo_rtts_s(
+                    paced_port, ECHO_BLOCK_MESSAGES, client_wait_s=client_wait_s, server_wait_s=server_wait_s
+                )
+            )
 
         for n in args.clients:
             suffix = "" if n == 1 else f"_{n}"
             cpu_before = cpu_times()
-            if n == 1:       # the paced echo between blocks of rounds: the same moments of the host
+            if n == 1:  # the paced echo between blocks of rounds: the same moments of the host
                 parts = measure(n, args.rounds, Path(tmp), max(1, args.rounds // ROUNDS_PER_BLOCK), paced_block)
             else:
                 parts = measure(n, multi_client_rounds(args.rounds, n), Path(tmp))
@@ -245,10 +282,13 @@ def main() -> None:
             results[f"overhead_p99_ms{suffix}"] = percentile(overheads_ms, 99)
             results[f"rounds{suffix}"] = len(overheads_ms)
             results[f"steal_pct{suffix}"] = stolen_pct
-            print(f"{n} clients: p50 {results[f'overhead_p50_ms{suffix}']:.3f} ms, "
-                  f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms; p50 of its parts: "
-                  + ", ".join(f"{k} {v:.3f} ms" for k, v in part_p50_ms.items())
-                  + f"; CPU stolen by the host {results[f'steal_pct{suffix}']:.1f}%", file=sys.stderr)
+            print(
+                f"{n} clients: p50 {results[f'overhead_p50_ms{suffix}']:.3f} ms, "
+                f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms; p50 of its parts: "
+                + ", ".join(f"{k} {v:.3f} ms" for k, v in part_p50_ms.items())
+                + f"; CPU stolen by the host {results[f'steal_pct{suffix}']:.1f}%",
+                file=sys.stderr,
+            )
             if n == 1:
                 results.update({f"{k}_part_p50_ms": v for k, v in part_p50_ms.items()})
         if not paced_ms:
@@ -264,9 +304,12 @@ def main() -> None:
         # The whole one-client overhead against the floor measured beside it: what the harness
         # costs on this host, as a ratio that a faster or slower host leaves about the same.
         results["overhead_vs_paced_p50_ratio"] = results["overhead_p50_ms"] / results["paced_ws_rtt_p50_ms"]
-    print(f"baseline: bare WebSocket echo between two processes p50 {results['baseline_ws_rtt_p50_ms']:.3f} ms, "
-          f"p99 {results['baseline_ws_rtt_p99_ms']:.3f} ms; paced like a round p50 "
-          f"{results['paced_ws_rtt_p50_ms']:.3f} ms, p99 {results['paced_ws_rtt_p99_ms']:.3f} ms", file=sys.stderr)
+    print(
+        f"baseline: bare WebSocket echo between two processes p50 {results['baseline_ws_rtt_p50_ms']:.3f} ms, "
+        f"p99 {results['baseline_ws_rtt_p99_ms']:.3f} ms; paced like a round p50 "
+        f"{results['paced_ws_rtt_p50_ms']:.3f} ms, p99 {results['paced_ws_rtt_p99_ms']:.3f} ms",
+        file=sys.stderr,
+    )
     results["gamma"], results["t_draft_edge_ms"] = GAMMA, 1000 * PROFILE["t_draft_edge_s"]
     # Emulated waits are only as punctual as the CPU is free: say how busy the machine was.
     results["load_avg_1m"] = os.getloadavg()[0]

@@ -17,6 +17,7 @@ cells= (cells where the closed form says DSD can win) cells_ok= max_err_pct= lau
 
 Run it alone: under load the cells' timing moves. Measurements: docs/results/paper.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,11 +66,18 @@ def error_pct(measured_ms: float, closed_form_ms: float) -> float:
     return 100.0 * abs(measured_ms / closed_form_ms - 1.0)
 
 
-def run_cell(base: dict, profile: str, alpha: float, rtts_ms: list[float], launcher: str, tokens: int,
-             out: Path) -> dict:
-    data = {**base, "name": f"paper-{profile}-a{alpha:g}", "launcher": launcher, "profile": profile,
-            "rtt_ms": rtts_ms, "max_new_tokens": tokens,
-            "backend": {**base["backend"], "alpha": alpha}}
+def run_cell(
+    base: dict, profile: str, alpha: float, rtts_ms: list[float], launcher: str, tokens: int, out: Path
+) -> dict:
+    data = {
+        **base,
+        "name": f"paper-{profile}-a{alpha:g}",
+        "launcher": launcher,
+        "profile": profile,
+        "rtt_ms": rtts_ms,
+        "max_new_tokens": tokens,
+        "backend": {**base["backend"], "alpha": alpha},
+    }
     data.pop("alpha", None)
     experiment = experiment_from_dict(data, source=str(EXPERIMENT))
     for attempt in range(LEFTOVER_WAITS + 1):
@@ -83,8 +91,9 @@ def run_cell(base: dict, profile: str, alpha: float, rtts_ms: list[float], launc
             print(f"waiting {LEFTOVER_WAIT_S:g} s: {error}", file=sys.stderr, flush=True)
             time.sleep(LEFTOVER_WAIT_S)
     summary = analyze_sweep(out)
-    row = paper.crossover_rows(summary["groups"], {profile: assumed_params(_sweep(out), profile)},
-                               int(experiment.gamma[0]))[0]
+    row = paper.crossover_rows(
+        summary["groups"], {profile: assumed_params(_sweep(out), profile)}, int(experiment.gamma[0])
+    )[0]
     # Beside the paper's closed form: the closed form with the times the client saw (compute plus
     # the harness's measured per-round overhead) at the measured alpha, and that overhead.
     row["client_view_ms"] = summary["groups"][0]["crossovers"]["sync_vs_ar"]["predicted_rtt_ms"]
@@ -97,6 +106,7 @@ def run_cell(base: dict, profile: str, alpha: float, rtts_ms: list[float], launc
 
 def _sweep(out: Path) -> dict:
     import json
+
     return json.loads((out / "sweep.json").read_text())
 
 
@@ -121,35 +131,53 @@ def main() -> int:
             closed_form_ms = paper.closed_form_crossover_ms("sync_vs_ar", alpha, gamma, params)
             rtts_ms = cell_rtts_ms(closed_form_ms, args.margin)
             row = run_cell(base, profile, alpha, rtts_ms, launcher, args.tokens, out / f"{profile}-a{alpha:g}")
-            row.update(rtts_ms=rtts_ms, ok=cell_ok(row["measured_ms"], closed_form_ms),
-                       err_pct=error_pct(row["measured_ms"], closed_form_ms))
+            row.update(
+                rtts_ms=rtts_ms,
+                ok=cell_ok(row["measured_ms"], closed_form_ms),
+                err_pct=error_pct(row["measured_ms"], closed_form_ms),
+            )
             rows.append(row)
-            print(f"[{time.monotonic() - started:6.0f} s] {profile} alpha {alpha}: closed form "
-                  f"{paper.cell(closed_form_ms)}, measured {paper.cell(row['measured_ms'])} ms "
-                  f"(alpha measured {row['alpha_measured']:.4f})", file=sys.stderr, flush=True)
+            print(
+                f"[{time.monotonic() - started:6.0f} s] {profile} alpha {alpha}: closed form "
+                f"{paper.cell(closed_form_ms)}, measured {paper.cell(row['measured_ms'])} ms "
+                f"(alpha measured {row['alpha_measured']:.4f})",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    print(f"{'t_ar=t_v':>9} {'alpha':>6} {'RTTs (ms)':>14} {'measured':>9} {'closed@conf':>12} "
-          f"{'closed@real':>12} {'measured':>10} {'err %':>6}  ok  {'client view':>11} {'overhead/round':>14}")
+    print(
+        f"{'t_ar=t_v':>9} {'alpha':>6} {'RTTs (ms)':>14} {'measured':>9} {'closed@conf':>12} "
+        f"{'closed@real':>12} {'measured':>10} {'err %':>6}  ok  {'client view':>11} {'overhead/round':>14}"
+    )
+
     def short(value: float) -> str:
         return "never" if value == -math.inf else paper.cell(value)
 
     for r in rows:
-        print(f"{r['t_ar_ms']:>7.0f}ms {r['alpha_configured']:>6.2f} {str(r['rtts_ms']):>14} {r['alpha_measured']:>9.4f} "
-              f"{short(r['closed_form_at_configured_alpha_ms']):>12} {short(r['closed_form_at_measured_alpha_ms']):>12} "
-              f"{short(r['measured_ms']):>10} {r['err_pct']:>6.1f}  {'yes' if r['ok'] else 'NO ':3} "
-              f"{short(r['client_view_ms']):>11} {r['overhead_ms']:>11.2f} ms")
-    print("closed@conf / closed@real: the closed form with the configured times at the configured / measured "
-          "alpha; client view: with the times the client saw (compute + the harness's per-round overhead, "
-          "fitted), at the measured alpha; overhead/round: that overhead in a sync round (ms)")
+        print(
+            f"{r['t_ar_ms']:>7.0f}ms {r['alpha_configured']:>6.2f} {str(r['rtts_ms']):>14} {r['alpha_measured']:>9.4f} "
+            f"{short(r['closed_form_at_configured_alpha_ms']):>12} {short(r['closed_form_at_measured_alpha_ms']):>12} "
+            f"{short(r['measured_ms']):>10} {r['err_pct']:>6.1f}  {'yes' if r['ok'] else 'NO ':3} "
+            f"{short(r['client_view_ms']):>11} {r['overhead_ms']:>11.2f} ms"
+        )
+    print(
+        "closed@conf / closed@real: the closed form with the configured times at the configured / measured "
+        "alpha; client view: with the times the client saw (compute + the harness's per-round overhead, "
+        "fitted), at the measured alpha; overhead/round: that overhead in a sync round (ms)"
+    )
     winnable = [r for r in rows if math.isfinite(r["closed_form_at_configured_alpha_ms"])]
     errors = [r["err_pct"] for r in winnable if not math.isnan(r["err_pct"])]
     never_ok = sum(r["ok"] for r in rows if not math.isfinite(r["closed_form_at_configured_alpha_ms"]))
-    print(f"never cells (closed form: DSD loses at every RTT) measured as never: "
-          f"{never_ok}/{len(rows) - len(winnable)}; sweeps in {out}")
-    print(f"cells={len(winnable)} cells_ok={sum(r['ok'] for r in winnable)} "
-          f"max_err_pct={max(errors) if errors else math.nan:.1f} "
-          f"max_alpha_err={max(abs(r['alpha_measured'] - r['alpha_configured']) for r in rows):.4f} "
-          f"launcher={launcher}")
+    print(
+        f"never cells (closed form: DSD loses at every RTT) measured as never: "
+        f"{never_ok}/{len(rows) - len(winnable)}; sweeps in {out}"
+    )
+    print(
+        f"cells={len(winnable)} cells_ok={sum(r['ok'] for r in winnable)} "
+        f"max_err_pct={max(errors) if errors else math.nan:.1f} "
+        f"max_alpha_err={max(abs(r['alpha_measured'] - r['alpha_configured']) for r in rows):.4f} "
+        f"launcher={launcher}"
+    )
     return 0
 
 

@@ -27,6 +27,7 @@ Every figure is of the pair pipelined_vs_colocated:
 A figure that cannot be measured prints as nan, with the reason on stderr. Progress goes to
 stderr; the last line is key=value.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,9 @@ def frontier_of(folder: Path) -> tuple[str, list[dict], float]:
     summary_path = folder / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else analyze_sweep(folder)
     sweep = json.loads((folder / "sweep.json").read_text())
-    rows = sorted((r for r in summary.get("frontier", {}).get("rows", []) if r["pair"] == PAIR),
-                  key=lambda r: r["clients"])
+    rows = sorted(
+        (r for r in summary.get("frontier", {}).get("rows", []) if r["pair"] == PAIR), key=lambda r: r["clients"]
+    )
     return sweep.get("launcher", "?"), rows, max(sweep["experiment"]["rtt_ms"])
 
 
@@ -72,38 +74,60 @@ def frontier_figures(rows: list[dict], rtt_max_ms: float) -> dict:
         return {}
     counts = [int(r["clients"]) for r in rows]
     inside = [r for r in rows if 0 < r["crossover_ms"] < rtt_max_ms]
-    finite_ci = [r for r in rows if math.isfinite(r["ci_low_ms"]) and math.isfinite(r["ci_high_ms"])
-                 and not r["ci_covers_grid"] and not r.get("ci_degenerate", False)]
-    errors = [err_pct(r["crossover_ms"], r["predicted_ms"]) for r in rows
-              if r["in_or_out_of_sample"] == OUT_OF_SAMPLE and math.isfinite(r["predicted_ms"])
-              and r["predicted_ms"] >= ERR_FLOOR_MS]
+    finite_ci = [
+        r
+        for r in rows
+        if math.isfinite(r["ci_low_ms"])
+        and math.isfinite(r["ci_high_ms"])
+        and not r["ci_covers_grid"]
+        and not r.get("ci_degenerate", False)
+    ]
+    errors = [
+        err_pct(r["crossover_ms"], r["predicted_ms"])
+        for r in rows
+        if r["in_or_out_of_sample"] == OUT_OF_SAMPLE
+        and math.isfinite(r["predicted_ms"])
+        and r["predicted_ms"] >= ERR_FLOOR_MS
+    ]
     sloped = [r for r in inside if math.isfinite(r["predicted_ms"])]
-    return {"client_counts": ",".join(map(str, counts)), "clients_max": max(counts),
-            "frontier_inside_share": len(inside) / len(rows), "frontier_ci_finite_share": len(finite_ci) / len(rows),
-            "frontier_err_p50_pct": float(np.median(errors)) if errors else math.nan,
-            "frontier_err_max_pct": max(errors) if errors else math.nan,
-            "slope_ms_per_client": slope([r["clients"] for r in sloped], [r["crossover_ms"] for r in sloped]),
-            "slope_predicted_ms_per_client": slope([r["clients"] for r in sloped],
-                                                   [r["predicted_ms"] for r in sloped])}
+    return {
+        "client_counts": ",".join(map(str, counts)),
+        "clients_max": max(counts),
+        "frontier_inside_share": len(inside) / len(rows),
+        "frontier_ci_finite_share": len(finite_ci) / len(rows),
+        "frontier_err_p50_pct": float(np.median(errors)) if errors else math.nan,
+        "frontier_err_max_pct": max(errors) if errors else math.nan,
+        "slope_ms_per_client": slope([r["clients"] for r in sloped], [r["crossover_ms"] for r in sloped]),
+        "slope_predicted_ms_per_client": slope([r["clients"] for r in sloped], [r["predicted_ms"] for r in sloped]),
+    }
 
 
 def sim_vs_net_err_max_pct(net_rows: list[dict], sim_rows: list[dict]) -> float:
     sim = {r["clients"]: r["crossover_ms"] for r in sim_rows}
-    errors = [err_pct(r["crossover_ms"], sim[r["clients"]]) for r in net_rows
-              if r["clients"] in sim and math.isfinite(sim[r["clients"]]) and sim[r["clients"]] >= ERR_FLOOR_MS]
+    errors = [
+        err_pct(r["crossover_ms"], sim[r["clients"]])
+        for r in net_rows
+        if r["clients"] in sim and math.isfinite(sim[r["clients"]]) and sim[r["clients"]] >= ERR_FLOOR_MS
+    ]
     return max(errors) if errors else math.nan
 
 
 def real_figures(rows: list[dict]) -> dict:
-    errors = [err_pct(r["crossover_ms"], r["predicted_ms"]) for r in rows
-              if r["in_or_out_of_sample"] == OUT_OF_SAMPLE and math.isfinite(r["predicted_ms"])
-              and r["predicted_ms"] >= ERR_FLOOR_MS]
+    errors = [
+        err_pct(r["crossover_ms"], r["predicted_ms"])
+        for r in rows
+        if r["in_or_out_of_sample"] == OUT_OF_SAMPLE
+        and math.isfinite(r["predicted_ms"])
+        and r["predicted_ms"] >= ERR_FLOOR_MS
+    ]
     located = [r["crossover_ms"] for r in rows if math.isfinite(r["crossover_ms"])]
     ratios = [r["edge_draft_step_ratio"] for r in rows if math.isfinite(r.get("edge_draft_step_ratio", math.nan))]
-    return {"real_clients_max": max(int(r["clients"]) for r in rows),
-            "real_frontier_err_max_pct": max(errors) if errors else math.nan,
-            "wan_crossover_ms": max(located) if located else math.nan,
-            "real_edge_draft_step_ratio_max": max(ratios) if ratios else math.nan}
+    return {
+        "real_clients_max": max(int(r["clients"]) for r in rows),
+        "real_frontier_err_max_pct": max(errors) if errors else math.nan,
+        "wan_crossover_ms": max(located) if located else math.nan,
+        "real_edge_draft_step_ratio_max": max(ratios) if ratios else math.nan,
+    }
 
 
 def err_pct(measured_ms: float, predicted_ms: float) -> float:
@@ -118,9 +142,16 @@ def slope(x: list[float], y: list[float]) -> float:
 
 def reduced_sim(args: argparse.Namespace) -> Experiment:
     """The serial sim file with the flags' clients, RTT grid, request counts and max_batch."""
-    return replace(load_experiment(SIM_FILE), name="regime-map-bench", clients=tuple(args.clients),
-                   rtt_ms=tuple(args.rtt_ms), requests=args.requests, warmup_requests=args.warmup_requests,
-                   max_new_tokens=args.max_new_tokens, max_batch=args.max_batch)
+    return replace(
+        load_experiment(SIM_FILE),
+        name="regime-map-bench",
+        clients=tuple(args.clients),
+        rtt_ms=tuple(args.rtt_ms),
+        requests=args.requests,
+        warmup_requests=args.warmup_requests,
+        max_new_tokens=args.max_new_tokens,
+        max_batch=args.max_batch,
+    )
 
 
 def run(experiment: Experiment, out: Path) -> Path:
@@ -146,12 +177,23 @@ def main(argv: list[str] | None = None) -> int:
         folder = sim_folder = run(reduced_sim(args), out / "sim")
 
     nan = math.nan
-    figures: dict = {"launcher": "none", "client_counts": "none", "clients_max": nan,
-                     "frontier_inside_share": nan, "frontier_ci_finite_share": nan, "frontier_err_p50_pct": nan,
-                     "frontier_err_max_pct": nan, "slope_ms_per_client": nan, "slope_predicted_ms_per_client": nan,
-                     "sim_vs_net_err_max_pct": nan, "sim_clients_max": nan, "real_clients_max": nan,
-                     "real_frontier_err_max_pct": nan, "wan_crossover_ms": nan,
-                     "real_edge_draft_step_ratio_max": nan}
+    figures: dict = {
+        "launcher": "none",
+        "client_counts": "none",
+        "clients_max": nan,
+        "frontier_inside_share": nan,
+        "frontier_ci_finite_share": nan,
+        "frontier_err_p50_pct": nan,
+        "frontier_err_max_pct": nan,
+        "slope_ms_per_client": nan,
+        "slope_predicted_ms_per_client": nan,
+        "sim_vs_net_err_max_pct": nan,
+        "sim_clients_max": nan,
+        "real_clients_max": nan,
+        "real_frontier_err_max_pct": nan,
+        "wan_crossover_ms": nan,
+        "real_edge_draft_step_ratio_max": nan,
+    }
     launcher, rows, rtt_max_ms = frontier_of(folder)
     figures["launcher"] = launcher
     if rows:
@@ -168,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         if launcher != "sim" and rows and sim_rows:
             figures["sim_vs_net_err_max_pct"] = sim_vs_net_err_max_pct(rows, sim_rows)
     if launcher == "sim":
-        _why("sim_vs_net_err_max_pct: no network sweep (--launcher netns as root, or --sweep NETNS_DIR "
-             "--sim-sweep SIM_DIR)")
+        _why(
+            "sim_vs_net_err_max_pct: no network sweep (--launcher netns as root, or --sweep NETNS_DIR "
+            "--sim-sweep SIM_DIR)"
+        )
     elif sim_folder is None:
         _why("sim_vs_net_err_max_pct, sim_clients_max: no sim sweep of the same grid (--sim-sweep DIR)")
     if args.real_sweep is not None:
@@ -180,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _why(f"real_*: {args.real_sweep} has no {PAIR} frontier rows")
     else:
-        _why("real_clients_max, real_frontier_err_max_pct, wan_crossover_ms, real_edge_draft_step_ratio_max: "
-             "no real-pair sweep (run "
-             "`dsdbed sweep experiments/regime-map-real.toml` as root, then --real-sweep results/regime-map-real)")
+        _why(
+            "real_clients_max, real_frontier_err_max_pct, wan_crossover_ms, real_edge_draft_step_ratio_max: "
+            "no real-pair sweep (run "
+            "`dsdbed sweep experiments/regime-map-real.toml` as root, then --real-sweep results/regime-map-real)"
+        )
     for key in [k for k, v in figures.items() if isinstance(v, float) and math.isnan(v)]:
         _why(f"{key}: nan (see above)")
     figures |= {"load_avg_1m": round(os.getloadavg()[0], 2), "out": folder}
@@ -192,12 +238,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_rows(rows: list[dict]) -> None:
     for r in rows:
-        print(f"N={r['clients']:>4}  {PAIR} measured {r['crossover_ms']:8.2f} ms "
-              f"[{r['ci_low_ms']:.2f} .. {r['ci_high_ms']:.2f}]{' (degenerate)' if r.get('ci_degenerate') else ''}"
-              f"  predicted {r['predicted_ms']:8.2f} ms "
-              f"({r['in_or_out_of_sample']})"
-              f"{_edge_note(r.get('edge_draft_step_ratio', math.nan), r.get('edge_draft_inflated', False))}",
-              file=sys.stderr)
+        print(
+            f"N={r['clients']:>4}  {PAIR} measured {r['crossover_ms']:8.2f} ms "
+            f"[{r['ci_low_ms']:.2f} .. {r['ci_high_ms']:.2f}]{' (degenerate)' if r.get('ci_degenerate') else ''}"
+            f"  predicted {r['predicted_ms']:8.2f} ms "
+            f"({r['in_or_out_of_sample']})"
+            f"{_edge_note(r.get('edge_draft_step_ratio', math.nan), r.get('edge_draft_inflated', False))}",
+            file=sys.stderr,
+        )
 
 
 def _edge_note(ratio: float, inflated: bool) -> str:

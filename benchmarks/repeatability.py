@@ -13,6 +13,7 @@ per-token time (points.csv's per_token_ms_p50). Spread = (max - min) / median ov
 The last line: spread_pinned_pct= spread_unpinned_pct= and the machine's figures. Other work on
 the machine (load_avg_1m, contended runs) counts in both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,31 +26,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd    # noqa: E402
+import pandas as pd  # noqa: E402
 
 from dsd.backends.factory import HfBackendConfig  # noqa: E402
 from dsd.modes import SYNC  # noqa: E402
 from orchestrator.analysis.points import requests_steady_per_token_s
 from orchestrator.common import cpus
-from orchestrator.launchers.loopback import LoopbackTestbed    # noqa: E402
-from orchestrator.launchers.services_config import ServicesConfig    # noqa: E402
-from orchestrator.launchers.base import PointSettings    # noqa: E402
-from orchestrator.launchers.control_api import run_point_on_edges    # noqa: E402
-from orchestrator.records.sweep_folder import Point    # noqa: E402
-from orchestrator.spec.workload import make_prompts    # noqa: E402
+from orchestrator.launchers.loopback import LoopbackTestbed  # noqa: E402
+from orchestrator.launchers.services_config import ServicesConfig  # noqa: E402
+from orchestrator.launchers.base import PointSettings  # noqa: E402
+from orchestrator.launchers.control_api import run_point_on_edges  # noqa: E402
+from orchestrator.records.sweep_folder import Point  # noqa: E402
+from orchestrator.spec.workload import make_prompts  # noqa: E402
 
 
 def run_once(testbed, plan: dict, repeat: int, prompts, args) -> dict:
     cpus.pin_self(plan)
     before = cpus.CpuSample.now()
-    settings = PointSettings(warmup=1, max_new_tokens=args.max_new_tokens, max_in_flight=1,
-                             run_prefix=f"rep{os.getpid()}", after_shape=lambda bed: cpus.pin_testbed(bed, plan))
-    rounds, requests, _links, extra = run_point_on_edges(Point(SYNC, args.rtt_ms, args.gamma, 1, repeat), testbed,
-                                                         prompts, settings)
+    settings = PointSettings(
+        warmup=1,
+        max_new_tokens=args.max_new_tokens,
+        max_in_flight=1,
+        run_prefix=f"rep{os.getpid()}",
+        after_shape=lambda bed: cpus.pin_testbed(bed, plan),
+    )
+    rounds, requests, _links, extra = run_point_on_edges(
+        Point(SYNC, args.rtt_ms, args.gamma, 1, repeat), testbed, prompts, settings
+    )
     conditions = cpus.conditions(before, cpus.CpuSample.now())
     per_token_ms = 1e3 * requests_steady_per_token_s(pd.DataFrame(requests), pd.DataFrame(rounds))
-    return {"pinned": plan["pinned"], "repeat": repeat, "per_token_ms_p50": float(per_token_ms.median()),
-            "masks": extra.get("cpu_masks", {}), **conditions}
+    return {
+        "pinned": plan["pinned"],
+        "repeat": repeat,
+        "per_token_ms_p50": float(per_token_ms.median()),
+        "masks": extra.get("cpu_masks", {}),
+        **conditions,
+    }
 
 
 def spread_pct(values: list[float]) -> float:
@@ -76,6 +88,7 @@ def main() -> int:
     results = []
     if args.launcher == "netns":
         from orchestrator.launchers.netns import NetnsTestbed
+
         testbed = NetnsTestbed(config)
     else:
         testbed = LoopbackTestbed(config)
@@ -85,9 +98,12 @@ def main() -> int:
             for plan in order:
                 t0 = time.monotonic()
                 results.append(run_once(testbed, plan, repeat, prompts, args))
-                print(f"run {len(results)}: {'pinned' if plan['pinned'] else 'unpinned'} "
-                      f"{results[-1]['per_token_ms_p50']:.3f} ms/token, load {results[-1]['load_avg_1m']:.2f}, "
-                      f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
+                print(
+                    f"run {len(results)}: {'pinned' if plan['pinned'] else 'unpinned'} "
+                    f"{results[-1]['per_token_ms_p50']:.3f} ms/token, load {results[-1]['load_avg_1m']:.2f}, "
+                    f"{time.monotonic() - t0:.1f} s",
+                    file=sys.stderr,
+                )
     finally:
         testbed.close()
         os.sched_setaffinity(0, own)
@@ -96,14 +112,25 @@ def main() -> int:
     pinned = table[table.pinned]["per_token_ms_p50"].tolist()
     unpinned = table[~table.pinned]["per_token_ms_p50"].tolist()
     print(f"pinning: {pinned_plan['reason']}; masks read back: {results[0]['masks'] or results[1]['masks']}")
-    print(" ".join([
-        f"spread_pinned_pct={spread_pct(pinned):.2f}", f"spread_unpinned_pct={spread_pct(unpinned):.2f}",
-        f"median_pinned_ms={statistics.median(pinned):.3f}", f"median_unpinned_ms={statistics.median(unpinned):.3f}",
-        f"cpus={len(cpus.usable_cpus())}", f"disjoint={pinned_plan['disjoint']}",
-        f"contended_runs={int(table.contended.sum())}/{len(table)}",
-        f"load_avg_1m_max={table.load_avg_1m.max():.2f}", f"steal_pct_max={table.cpu_steal_pct.max():.2f}",
-        f"launcher={args.launcher}", f"rtt_ms={args.rtt_ms:g}", f"gamma={args.gamma}", f"runs={args.runs}",
-    ]))
+    print(
+        " ".join(
+            [
+                f"spread_pinned_pct={spread_pct(pinned):.2f}",
+                f"spread_unpinned_pct={spread_pct(unpinned):.2f}",
+                f"median_pinned_ms={statistics.median(pinned):.3f}",
+                f"median_unpinned_ms={statistics.median(unpinned):.3f}",
+                f"cpus={len(cpus.usable_cpus())}",
+                f"disjoint={pinned_plan['disjoint']}",
+                f"contended_runs={int(table.contended.sum())}/{len(table)}",
+                f"load_avg_1m_max={table.load_avg_1m.max():.2f}",
+                f"steal_pct_max={table.cpu_steal_pct.max():.2f}",
+                f"launcher={args.launcher}",
+                f"rtt_ms={args.rtt_ms:g}",
+                f"gamma={args.gamma}",
+                f"runs={args.runs}",
+            ]
+        )
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ cut at duration_s. ``random.Random(seed)``: the same config gives the same trace
 Output: rows (t_s, rtt_ms, pair), t_s the segment's start (0 first); the CSV holds t_s and rtt_ms
 (the link schedule's trace format, netem/schedule.py ``LinkSchedule.from_trace_csv``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ def _number(value) -> bool:
 
 @dataclass(frozen=True)
 class RoamingConfig:
-    pairs: tuple[str, ...] = ("DE-DE", "DE-US", "DE-JP")    # "EDGE-CLOUD", ISO 3166 alpha-2
+    pairs: tuple[str, ...] = ("DE-DE", "DE-US", "DE-JP")  # "EDGE-CLOUD", ISO 3166 alpha-2
     duration_s: float = 300.0
     mean_segment_s: float = 6.0
     min_segment_s: float = 3.0
@@ -54,15 +55,18 @@ class RoamingConfig:
             raise ValueError(f"pairs must be at least two distinct country pairs like 'DE-US', got {self.pairs!r}")
         for i, pair in enumerate(self.pairs):
             if not (isinstance(pair, str) and len(pair.split("-")) == 2):
-                raise ValueError(f"pairs[{i}] must be 'EDGE-CLOUD' (ISO 3166 alpha-2 codes, e.g. 'DE-US'), "
-                                 f"got {pair!r}")
+                raise ValueError(
+                    f"pairs[{i}] must be 'EDGE-CLOUD' (ISO 3166 alpha-2 codes, e.g. 'DE-US'), got {pair!r}"
+                )
         if not (_number(self.duration_s) and 0 < self.duration_s <= 86_400):
             raise ValueError(f"duration_s must be a number of seconds in (0, 86400], got {self.duration_s!r}")
         if not (_number(self.min_segment_s) and self.min_segment_s > 0):
             raise ValueError(f"min_segment_s must be a number of seconds > 0, got {self.min_segment_s!r}")
         if not (_number(self.mean_segment_s) and self.mean_segment_s > self.min_segment_s):
-            raise ValueError(f"mean_segment_s must be a number of seconds > min_segment_s "
-                             f"({self.min_segment_s}), got {self.mean_segment_s!r}")
+            raise ValueError(
+                f"mean_segment_s must be a number of seconds > min_segment_s "
+                f"({self.min_segment_s}), got {self.mean_segment_s!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a whole number >= 0, got {self.seed!r}")
 
@@ -117,8 +121,10 @@ def main(argv=None) -> None:
     for (t_s, _, pair), end_s in zip(rows, [r[0] for r in rows[1:]] + [config.duration_s]):
         seconds[pair] = seconds.get(pair, 0.0) + end_s - t_s
     levels = pair_levels_ms(config)
-    print(f"{args.out}: {len(rows)} segments over {config.duration_s:g} s; " + ", ".join(
-        f"{p} {levels[p]:g} ms {seconds.get(p, 0.0):.1f} s" for p in config.pairs))
+    print(
+        f"{args.out}: {len(rows)} segments over {config.duration_s:g} s; "
+        + ", ".join(f"{p} {levels[p]:g} ms {seconds.get(p, 0.0):.1f} s" for p in config.pairs)
+    )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ and the closed form's steady state, the ensemble's figures, steady_err_pct, sing
 (modes whose point nearest the largest rate was still building its queue, in at least half of
 its repeats), the load average and the wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,22 +67,27 @@ from orchestrator.spec.experiment import load_experiment  # noqa: E402
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "serving.toml"
 MODES = {"ar": "ar", "colocated": "colocated", "dsd": "sync"}
-ENSEMBLE_GRID = (0.5, 0.65, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.7)   # x the closed form's rate
+ENSEMBLE_GRID = (0.5, 0.65, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.7)  # x the closed form's rate
 NET_SEARCH_STEPS = 4
-NET_OPEN_STEP = 0.03           # the network search's step from the predicted rate until it brackets the level
+NET_OPEN_STEP = 0.03  # the network search's step from the predicted rate until it brackets the level
 MAX_REALISATIONS = 6
 
 
 def with_load(experiment, launcher: str, repeats: int = 1, **load):
-    return dataclasses.replace(experiment, launcher=launcher, repeats=repeats,
-                               load=dataclasses.replace(experiment.load, **load))
+    return dataclasses.replace(
+        experiment, launcher=launcher, repeats=repeats, load=dataclasses.replace(experiment.load, **load)
+    )
 
 
 def run(experiment, out: Path, label: str, plan=None, open_step: float = 1.0) -> dict:
     t0 = time.monotonic()
-    run_serving(experiment, out, plan=plan, open_step=open_step,
-                on_point_done=lambda p, d: print(f"  {label} {p.key}: {d['status']} {d['error']}", file=sys.stderr,
-                                            flush=True))
+    run_serving(
+        experiment,
+        out,
+        plan=plan,
+        open_step=open_step,
+        on_point_done=lambda p, d: print(f"  {label} {p.key}: {d['status']} {d['error']}", file=sys.stderr, flush=True),
+    )
     print(f"{label}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return json.loads((out / "serving.json").read_text())["modes"]
 
@@ -91,15 +97,18 @@ def ensemble(base, out: Path, repeats: int, duration_s: float, warmup_s: float) 
     and the spread of the realisations' own largest rates (relative SD)."""
     experiment = with_load(base, "sim", repeats, duration_s=duration_s, warmup_s=warmup_s, search_iterations=4)
     model = serving_model(experiment, serving_times(experiment, out))
-    plan = [ServingPoint(mode, round(f * model.max_rate_rps(mode, experiment.slo), 4), base.gamma[0], r)
-            for f in ENSEMBLE_GRID for mode in MODES.values() for r in range(repeats)]
+    plan = [
+        ServingPoint(mode, round(f * model.max_rate_rps(mode, experiment.slo), 4), base.gamma[0], r)
+        for f in ENSEMBLE_GRID
+        for mode in MODES.values()
+        for r in range(repeats)
+    ]
     modes = run(experiment, out, "ensemble", plan)
     points = pd.read_csv(out / "points.csv")
     for mode, row in modes.items():
         singles = per_repeat_max_rates(points[points["mode"] == mode], experiment.slo.attainment)
         singles = singles[np.isfinite(singles)]
-        row["single_run_sd_pct"] = 100 * float(np.std(singles)) / row["max_rate_rps"] if len(singles) > 1 \
-            else math.nan
+        row["single_run_sd_pct"] = 100 * float(np.std(singles)) / row["max_rate_rps"] if len(singles) > 1 else math.nan
     return modes
 
 
@@ -114,13 +123,22 @@ def realisations(rate_rps: float, requests: int, measured_s: float) -> int:
 def network(base, launcher: str, out: Path, duration_s: float, warmup_s: float, repeats: dict) -> dict:
     """The run on the network launcher, its prediction written first: each mode starts at its
     predicted rate and searches from there, every rate over the mode's ``repeats`` realisations."""
-    experiment = with_load(base, launcher, max(repeats.values()), duration_s=duration_s, warmup_s=warmup_s,
-                           search_iterations=NET_SEARCH_STEPS)
+    experiment = with_load(
+        base,
+        launcher,
+        max(repeats.values()),
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        search_iterations=NET_SEARCH_STEPS,
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_prediction(out, experiment, serving_times(experiment, out), launcher, repeats)
     predicted = json.loads((out / PREDICTION).read_text())["modes"]
-    plan = [ServingPoint(mode, round(predicted[mode]["run_max_rate_rps"], 4), base.gamma[0], r)
-            for mode in MODES.values() for r in range(repeats[mode])]
+    plan = [
+        ServingPoint(mode, round(predicted[mode]["run_max_rate_rps"], 4), base.gamma[0], r)
+        for mode in MODES.values()
+        for r in range(repeats[mode])
+    ]
     return run(experiment, out, launcher, plan, open_step=NET_OPEN_STEP)
 
 
@@ -130,8 +148,12 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=30.0, help="arrivals per point")
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--ensemble-repeats", type=int, default=16, help="arrival realisations per sim rate")
-    parser.add_argument("--requests-per-rate", type=int, default=100,
-                        help="the network run pools enough realisations per rate to measure about this many")
+    parser.add_argument(
+        "--requests-per-rate",
+        type=int,
+        default=100,
+        help="the network run pools enough realisations per rate to measure about this many",
+    )
     parser.add_argument("--out", type=Path, default=None, help="keep the sweep folders here")
     args = parser.parse_args()
     t0 = time.monotonic()
@@ -140,29 +162,44 @@ def main() -> None:
     work = args.out or Path(tempfile.mkdtemp(prefix="dsd-serving-"))
     many = ensemble(base, work / "ensemble", args.ensemble_repeats, args.duration_s, args.warmup_s)
     if launcher == "sim":
-        rows = {name: {**many[mode], "predicted_max_rate_rps": many[mode]["steady_max_rate_rps"],
-                       "rate_err_pct": many[mode]["steady_err_pct"]} for name, mode in MODES.items()}
+        rows = {
+            name: {
+                **many[mode],
+                "predicted_max_rate_rps": many[mode]["steady_max_rate_rps"],
+                "rate_err_pct": many[mode]["steady_err_pct"],
+            }
+            for name, mode in MODES.items()
+        }
     else:
-        repeats = {mode: realisations(many[mode]["max_rate_rps"], args.requests_per_rate,
-                                      args.duration_s - args.warmup_s) for mode in MODES.values()}
+        repeats = {
+            mode: realisations(many[mode]["max_rate_rps"], args.requests_per_rate, args.duration_s - args.warmup_s)
+            for mode in MODES.values()
+        }
         net = network(base, launcher, work / launcher, args.duration_s, args.warmup_s, repeats)
         rows = {name: net[mode] for name, mode in MODES.items()}
     print_table(rows, many)
-    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}"
-                   for k, v in figures(base, launcher, rows, many, time.monotonic() - t0).items()))
+    print(
+        " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k}={v}"
+            for k, v in figures(base, launcher, rows, many, time.monotonic() - t0).items()
+        )
+    )
 
 
 def print_table(rows: dict, many: dict) -> None:
     for name, row in rows.items():
         e = many[MODES[name]]
-        print(f"{name:10s} measured {row['max_rate_rps']:.3f} req/s [{row['max_rate_ci_low_rps']:.3f} .. "
-              f"{row['max_rate_ci_high_rps']:.3f}]; attainment {row['attainment_at_max']:.3f} "
-              f"[{row['attainment_ci_low']:.3f} .. {row['attainment_ci_high']:.3f}] over "
-              f"{row['attainment_requests']} requests at {row['attainment_rate_rps']:.4g} req/s, "
-              f"{row['repeats']} realisation(s); predicted "
-              f"{row['predicted_max_rate_rps']:.3f}; ensemble {e['max_rate_rps']:.3f} [{e['max_rate_ci_low_rps']:.3f}"
-              f" .. {e['max_rate_ci_high_rps']:.3f}], one run's SD {e['single_run_sd_pct']:.1f}%; closed form "
-              f"{row['steady_max_rate_rps']:.3f}; goodput there {row['goodput_at_max_rps']:.3f}", file=sys.stderr)
+        print(
+            f"{name:10s} measured {row['max_rate_rps']:.3f} req/s [{row['max_rate_ci_low_rps']:.3f} .. "
+            f"{row['max_rate_ci_high_rps']:.3f}]; attainment {row['attainment_at_max']:.3f} "
+            f"[{row['attainment_ci_low']:.3f} .. {row['attainment_ci_high']:.3f}] over "
+            f"{row['attainment_requests']} requests at {row['attainment_rate_rps']:.4g} req/s, "
+            f"{row['repeats']} realisation(s); predicted "
+            f"{row['predicted_max_rate_rps']:.3f}; ensemble {e['max_rate_rps']:.3f} [{e['max_rate_ci_low_rps']:.3f}"
+            f" .. {e['max_rate_ci_high_rps']:.3f}], one run's SD {e['single_run_sd_pct']:.1f}%; closed form "
+            f"{row['steady_max_rate_rps']:.3f}; goodput there {row['goodput_at_max_rps']:.3f}",
+            file=sys.stderr,
+        )
 
 
 def figures(base, launcher: str, rows: dict, many: dict, wall_s: float) -> dict:
@@ -170,28 +207,38 @@ def figures(base, launcher: str, rows: dict, many: dict, wall_s: float) -> dict:
     measured = {name: row["max_rate_rps"] for name, row in rows.items()}
     predicted = {name: row["predicted_max_rate_rps"] for name, row in rows.items()}
     steady = {name: row["steady_max_rate_rps"] for name, row in rows.items()}
-    return {"edges": base.edges, "launcher": launcher,
-            "max_rate_ar_rps": measured["ar"], "max_rate_colocated_rps": measured["colocated"],
-            "max_rate_dsd_rps": measured["dsd"], "dsd_over_colocated": measured["dsd"] / measured["colocated"],
-            "predicted_dsd_over_colocated": predicted["dsd"] / predicted["colocated"],
-            "rate_err_pct": max((row["rate_err_pct"] for row in rows.values()), key=abs),
-            "goodput_at_max_dsd": rows["dsd"]["goodput_at_max_rps"],
-            "attainment_at_max_dsd": rows["dsd"]["attainment_at_max"],
-            "attainment_err_pts": 100 * max(abs(row["attainment_at_max"] - level) for row in rows.values()),
-            **{f"attainment_{name}": rows[name]["attainment_at_max"] for name in MODES},
-            **{f"attainment_ci_{name}": f"{rows[name]['attainment_ci_low']:.3f}..{rows[name]['attainment_ci_high']:.3f}"
-               for name in MODES},
-            **{f"realisations_{name}": rows[name]["repeats"] for name in MODES},
-            **{f"predicted_{name}_rps": predicted[name] for name in MODES},
-            **{f"ci_{name}_rps": f"{rows[name]['max_rate_ci_low_rps']:.3f}..{rows[name]['max_rate_ci_high_rps']:.3f}"
-               for name in MODES},
-            **{f"steady_{name}_rps": steady[name] for name in MODES},
-            "steady_dsd_over_colocated": steady["dsd"] / steady["colocated"],
-            **{f"ensemble_{name}_rps": many[mode]["max_rate_rps"] for name, mode in MODES.items()},
-            "steady_err_pct": max((many[mode]["steady_err_pct"] for mode in MODES.values()), key=abs),
-            "single_run_sd_pct": max(many[mode]["single_run_sd_pct"] for mode in MODES.values()),
-            "queue_growing_at_max": sum((row.get("queue_growing_at_max") or 0) >= 0.5 for row in rows.values()),
-            "load_avg_1m": os.getloadavg()[0], "wall_s": wall_s}
+    return {
+        "edges": base.edges,
+        "launcher": launcher,
+        "max_rate_ar_rps": measured["ar"],
+        "max_rate_colocated_rps": measured["colocated"],
+        "max_rate_dsd_rps": measured["dsd"],
+        "dsd_over_colocated": measured["dsd"] / measured["colocated"],
+        "predicted_dsd_over_colocated": predicted["dsd"] / predicted["colocated"],
+        "rate_err_pct": max((row["rate_err_pct"] for row in rows.values()), key=abs),
+        "goodput_at_max_dsd": rows["dsd"]["goodput_at_max_rps"],
+        "attainment_at_max_dsd": rows["dsd"]["attainment_at_max"],
+        "attainment_err_pts": 100 * max(abs(row["attainment_at_max"] - level) for row in rows.values()),
+        **{f"attainment_{name}": rows[name]["attainment_at_max"] for name in MODES},
+        **{
+            f"attainment_ci_{name}": f"{rows[name]['attainment_ci_low']:.3f}..{rows[name]['attainment_ci_high']:.3f}"
+            for name in MODES
+        },
+        **{f"realisations_{name}": rows[name]["repeats"] for name in MODES},
+        **{f"predicted_{name}_rps": predicted[name] for name in MODES},
+        **{
+            f"ci_{name}_rps": f"{rows[name]['max_rate_ci_low_rps']:.3f}..{rows[name]['max_rate_ci_high_rps']:.3f}"
+            for name in MODES
+        },
+        **{f"steady_{name}_rps": steady[name] for name in MODES},
+        "steady_dsd_over_colocated": steady["dsd"] / steady["colocated"],
+        **{f"ensemble_{name}_rps": many[mode]["max_rate_rps"] for name, mode in MODES.items()},
+        "steady_err_pct": max((many[mode]["steady_err_pct"] for mode in MODES.values()), key=abs),
+        "single_run_sd_pct": max(many[mode]["single_run_sd_pct"] for mode in MODES.values()),
+        "queue_growing_at_max": sum((row.get("queue_growing_at_max") or 0) >= 0.5 for row in rows.values()),
+        "load_avg_1m": os.getloadavg()[0],
+        "wall_s": wall_s,
+    }
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ delay beyond the due time: a CPU stall on the machine, not a modelling error, sh
 
     sudo python benchmarks/shaper_fidelity.py [--probes 300] [--backend auto] [--dry-run]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,13 @@ from netem import measure  # noqa: E402
 
 N_MANY = 64
 N_POOLED = 8
-GOALS = {"rtt_err_p50_ms": 0.5, "rtt_err_p99_ms": 2.0, "jitter_stdev_err_pct": 20.0, "loss_err_sigma": 3.0,
-         "rate_err_pct": 5.0}
+GOALS = {
+    "rtt_err_p50_ms": 0.5,
+    "rtt_err_p99_ms": 2.0,
+    "jitter_stdev_err_pct": 20.0,
+    "loss_err_sigma": 3.0,
+    "rate_err_pct": 5.0,
+}
 RATE_CASES = ((10.0, 15.0), (50.0, 75.0))  # (cap, offered) Mbit/s, UDP for 3 s
 
 
@@ -53,8 +59,9 @@ def sweep_plan(n_probes: int) -> list[Case]:
         spec = LinkSpec(rtt_ms=50, jitter_ms=5, distribution=dist)
         cases.append(Case(f"jitter {dist}", "jitter", (spec,) * N_POOLED, n_probes // 3, 0.05))
     cases.append(Case("loss 5%/dir", "loss", (LinkSpec(rtt_ms=20, loss_pct=5),) * N_POOLED, 250, 0.01))
-    cases.append(Case(f"{N_MANY} links", "many", tuple(LinkSpec(rtt_ms=5 + 3 * i) for i in range(N_MANY)),
-                      n_probes // 2, 0.02))
+    cases.append(
+        Case(f"{N_MANY} links", "many", tuple(LinkSpec(rtt_ms=5 + 3 * i) for i in range(N_MANY)), n_probes // 2, 0.02)
+    )
     return cases
 
 
@@ -78,9 +85,16 @@ def run_case(topo: Topology, case: Case, backend: str):
 def _measurement(spec: LinkSpec, rtts_ms: list[float], n_sent: int) -> measure.LinkMeasurement:
     s = measure.summarize(rtts_ms, n_sent)
     return measure.LinkMeasurement(
-        configured_rtt_ms=spec.expected_rtt_ms(measure.PROBE_IP_BYTES), expected_rtt_stdev_ms=spec.expected_rtt_stdev_ms,
-        expected_loss_pct=spec.expected_rtt_loss_pct, rtt_p50_ms=s.p50_ms, rtt_p99_ms=s.p99_ms, rtt_stdev_ms=s.stdev_ms,
-        loss_pct=s.loss_pct, n_sent=s.n_sent, n_received=s.n_received)
+        configured_rtt_ms=spec.expected_rtt_ms(measure.PROBE_IP_BYTES),
+        expected_rtt_stdev_ms=spec.expected_rtt_stdev_ms,
+        expected_loss_pct=spec.expected_rtt_loss_pct,
+        rtt_p50_ms=s.p50_ms,
+        rtt_p99_ms=s.p99_ms,
+        rtt_stdev_ms=s.stdev_ms,
+        loss_pct=s.loss_pct,
+        n_sent=s.n_sent,
+        n_received=s.n_received,
+    )
 
 
 def run_rate(topo: Topology, cap_mbit: float, offered_mbit: float, backend: str) -> float:
@@ -90,15 +104,19 @@ def run_rate(topo: Topology, cap_mbit: float, offered_mbit: float, backend: str)
         return measure.measure_rate_mbit(edge.netns, verifier.netns, verifier.ip, offered_mbit, duration_s=3.0)
 
 
-HEADER = (f"{'case':<16} {'n':>6} {'conf_ms':>9} {'p50_ms':>9} {'p99_ms':>9} {'sd_ms':>7} {'sd_exp':>7} "
-          f"{'loss%':>6} {'exp%':>6} {'err_p50':>8} {'err_p99':>8} {'late_max_us':>11}")
+HEADER = (
+    f"{'case':<16} {'n':>6} {'conf_ms':>9} {'p50_ms':>9} {'p99_ms':>9} {'sd_ms':>7} {'sd_exp':>7} "
+    f"{'loss%':>6} {'exp%':>6} {'err_p50':>8} {'err_p99':>8} {'late_max_us':>11}"
+)
 
 
 def row(name: str, m: measure.LinkMeasurement, late: list[dict] = ()) -> str:
     late_max = max((d.get("max_us", 0) for d in late), default=float("nan"))
-    return (f"{name:<16} {m.n_sent:6d} {m.configured_rtt_ms:9.2f} {m.rtt_p50_ms:9.3f} {m.rtt_p99_ms:9.3f} "
-            f"{m.rtt_stdev_ms:7.3f} {m.expected_rtt_stdev_ms:7.3f} {m.loss_pct:6.2f} {m.expected_loss_pct:6.2f} "
-            f"{m.rtt_err_p50_ms:+8.3f} {m.rtt_p99_ms - m.configured_rtt_ms:+8.3f} {late_max:11.0f}")
+    return (
+        f"{name:<16} {m.n_sent:6d} {m.configured_rtt_ms:9.2f} {m.rtt_p50_ms:9.3f} {m.rtt_p99_ms:9.3f} "
+        f"{m.rtt_stdev_ms:7.3f} {m.expected_rtt_stdev_ms:7.3f} {m.loss_pct:6.2f} {m.expected_loss_pct:6.2f} "
+        f"{m.rtt_err_p50_ms:+8.3f} {m.rtt_p99_ms - m.configured_rtt_ms:+8.3f} {late_max:11.0f}"
+    )
 
 
 def main() -> int:
@@ -170,8 +188,10 @@ def _many_links(case, per_link, pooled, late, err: dict) -> None:
         err["many_p99"].append(abs(m.rtt_p99_ms - m.configured_rtt_ms))
         if i % 9 == 0 or i == len(per_link) - 1:
             print(row(f"  link {i}", m, late))
-    print(f"{case.name}: worst |err_p50| {max(err['many_p50']):.3f} ms, worst |err_p99| "
-          f"{max(err['many_p99']):.3f} ms, {pooled.n_sent - pooled.n_received} of {pooled.n_sent} probes lost")
+    print(
+        f"{case.name}: worst |err_p50| {max(err['many_p50']):.3f} ms, worst |err_p99| "
+        f"{max(err['many_p99']):.3f} ms, {pooled.n_sent - pooled.n_received} of {pooled.n_sent} probes lost"
+    )
 
 
 def _figures(err: dict, backends: set, late_p99: list, elapsed_s: float) -> dict:
@@ -190,8 +210,10 @@ def _figures(err: dict, backends: set, late_p99: list, elapsed_s: float) -> dict
     }
     for key, goal in GOALS.items():
         figures[key.rsplit("_", 1)[0] + "_ok"] = int(figures[key] <= goal)
-    figures["many_rtt_err_ok"] = int(figures["many_rtt_err_p50_ms"] <= GOALS["rtt_err_p50_ms"]
-                                     and figures["many_rtt_err_p99_ms"] <= GOALS["rtt_err_p99_ms"])
+    figures["many_rtt_err_ok"] = int(
+        figures["many_rtt_err_p50_ms"] <= GOALS["rtt_err_p50_ms"]
+        and figures["many_rtt_err_p99_ms"] <= GOALS["rtt_err_p99_ms"]
+    )
     return figures
 
 

@@ -22,6 +22,7 @@ that folder's summary.json (of a main job's folder: its sweep on --pair; ``cross
 its 95% interval, ``crossover_predicted_ms`` out of sample: predicted from the calibration points
 before the others ran), and the one-guess baseline's ``pipelined_vs_colocated`` beside it. Progress goes to stderr; the last line is key=value.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,47 +76,74 @@ def batch_curve_s(draft: TorchLM, passes: int) -> dict[int, float]:
 
 
 def hit_rates(draft: TorchLM, target: TorchLM, prompts: list[list[int]], cache: CacheConfig) -> dict:
-    link = LinkCosts(t_draft_s=0.014, t_verify_s=0.06, rtt_s=0.02)     # virtual: what the fill has time for
+    link = LinkCosts(t_draft_s=0.014, t_verify_s=0.06, rtt_s=0.02)  # virtual: what the fill has time for
     records, survived, verdicts = [], 0, 0
-    memory = CacheMemory()                   # one edge's run: the fills learn across its requests
+    memory = CacheMemory()  # one edge's run: the fills learn across its requests
     for i, prompt in enumerate(prompts):
         sampling = SamplingParams(seed=i, **SAMPLING)
         stop = StopRule(MAX_NEW_TOKENS, target.eos_token_id)
-        cached = simulate_dsd(draft, target, prompt, stop, link, DriverConfig(GAMMA, "cached", cache=cache),
-                              sampling=sampling, seq_id=f"cached-{i}", cache_memory=memory)
+        cached = simulate_dsd(
+            draft,
+            target,
+            prompt,
+            stop,
+            link,
+            DriverConfig(GAMMA, "cached", cache=cache),
+            sampling=sampling,
+            seq_id=f"cached-{i}",
+            cache_memory=memory,
+        )
         records += [r.cache for r in cached.generation.rounds if r.cache is not None]
-        guess = simulate_dsd(draft, target, prompt, stop, link, DriverConfig(GAMMA, "pipelined", max_in_flight=2),
-                             sampling=sampling, seq_id=f"guess-{i}")
+        guess = simulate_dsd(
+            draft,
+            target,
+            prompt,
+            stop,
+            link,
+            DriverConfig(GAMMA, "pipelined", max_in_flight=2),
+            sampling=sampling,
+            seq_id=f"guess-{i}",
+        )
         live = sum(not r.stale for r in guess.generation.rounds)
         verdicts += live
-        survived += live - guess.edge.epoch          # every verdict that refuted the guess restarted
+        survived += live - guess.edge.epoch  # every verdict that refuted the guess restarted
         print(f"prompt {i}: {len(records)} cached rounds so far", file=sys.stderr, flush=True)
     n = len(records)
     at = {b: round(sum(0 <= r.rank < b for r in records) / n, 4) for b in (1, 4, 8, 16, 32, 48)}
-    return {"rounds": n, "hit_rate": round(sum(r.hit for r in records) / n, 4),
-            "hit_rate_complete": round(sum(r.hit and r.depth == GAMMA for r in records) / n, 4),
-            "hit_rate_predicted": round(sum(r.predicted_hit for r in records) / n, 4),
-            "baseline_hit_rate": round(survived / verdicts, 4),
-            "branches_p50": statistics.median(r.branches for r in records),
-            "hit_rate_at": "{" + ",".join(f"{b}:{v}" for b, v in at.items()) + "}"}
+    return {
+        "rounds": n,
+        "hit_rate": round(sum(r.hit for r in records) / n, 4),
+        "hit_rate_complete": round(sum(r.hit and r.depth == GAMMA for r in records) / n, 4),
+        "hit_rate_predicted": round(sum(r.predicted_hit for r in records) / n, 4),
+        "baseline_hit_rate": round(survived / verdicts, 4),
+        "branches_p50": statistics.median(r.branches for r in records),
+        "hit_rate_at": "{" + ",".join(f"{b}:{v}" for b, v in at.items()) + "}",
+    }
 
 
 def cache_crossover(folder: Path, pair: str) -> dict:
     crossovers = sweep_crossovers(folder, pair)
     crossover = crossovers.get("cached_vs_colocated", {})
     baseline = crossovers.get("pipelined_vs_colocated", {})
-    return {"crossover_ms": crossover.get("measured_rtt_ms"), "crossover_ci_low_ms": crossover.get("ci_low"),
-            "crossover_ci_high_ms": crossover.get("ci_high"),
-            "crossover_predicted_ms": crossover.get("predicted_rtt_ms_oos"),
-            "baseline_crossover_ms": baseline.get("measured_rtt_ms")}
+    return {
+        "crossover_ms": crossover.get("measured_rtt_ms"),
+        "crossover_ci_low_ms": crossover.get("ci_low"),
+        "crossover_ci_high_ms": crossover.get("ci_high"),
+        "crossover_predicted_ms": crossover.get("predicted_rtt_ms_oos"),
+        "baseline_crossover_ms": baseline.get("measured_rtt_ms"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", type=Path, default=REPO / "models" / "smollm2-chat")
     parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="auto: as the services choose it on this CPU (dsd.backends.precision)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: as the services choose it on this CPU (dsd.backends.precision)",
+    )
     parser.add_argument("--passes", type=int, default=12)
     parser.add_argument("--max-branches", type=int, default=CacheConfig.max_branches)
     parser.add_argument("--cpu", type=int, default=None)
@@ -124,17 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", type=Path, help="a main job's output folder (results/crossover) or a sweep's")
     args = parser.parse_args(argv)
     if not (args.pair / "target" / "config.json").is_file():
-        parser.error(f"--pair {args.pair}: no target/ (python -m pairs.build --family smollm2 --out {args.pair} "
-                     "--target-only)")
+        parser.error(
+            f"--pair {args.pair}: no target/ (python -m pairs.build --family smollm2 --out {args.pair} --target-only)"
+        )
     os.sched_setaffinity(0, {args.cpu if args.cpu is not None else max(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
     from pairs import chat_data, smollm2
+
     tokenizer = AutoTokenizer.from_pretrained(str(args.pair))
-    prompts = [chat_data.render(tokenizer, p)[-PROMPT_TOKENS:]
-               for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:args.prompts]]
-    backend = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype)     # refuses what this CPU cannot run
+    prompts = [
+        chat_data.render(tokenizer, p)[-PROMPT_TOKENS:]
+        for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[: args.prompts]
+    ]
+    backend = HfBackendConfig(pair_path=str(args.pair), dtype=args.dtype)  # refuses what this CPU cannot run
     target = TorchLM.load(TorchLMConfig(str(args.pair / "target"), backend.dtype))
     draft = TorchLM.load(TorchLMConfig(str(args.pair / "draft"), backend.draft_dtype))
     figures = {}
@@ -142,13 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         curve = batch_curve_s(draft, args.passes)
         figures = {f"batch{b}_over_step": round(curve[b] / curve[1], 3) for b in BATCHES}
         figures["t_draft_step_ms"] = round(1e3 * curve[1], 2)
-    figures |= hit_rates(draft, target, prompts, CacheConfig(max_branches=args.max_branches,
-                                                             calibrate=not args.no_calibrate))
+    figures |= hit_rates(
+        draft, target, prompts, CacheConfig(max_branches=args.max_branches, calibrate=not args.no_calibrate)
+    )
     if args.sweep is not None:
         figures |= cache_crossover(args.sweep, args.pair.name)
-    figures |= {"prompts": args.prompts, "dtype": backend.dtype, "draft_dtype": backend.draft_dtype,
-                "cpu": f'"{CpuCapability.of_this_machine().describe()}"', "calibrate": not args.no_calibrate,
-                "load_avg_1m": round(os.getloadavg()[0], 2)}
+    figures |= {
+        "prompts": args.prompts,
+        "dtype": backend.dtype,
+        "draft_dtype": backend.draft_dtype,
+        "cpu": f'"{CpuCapability.of_this_machine().describe()}"',
+        "calibrate": not args.no_calibrate,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
     return 0
 

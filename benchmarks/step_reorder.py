@@ -17,6 +17,7 @@ across the step. Measurements: docs/results/links.md.
 The last line: ``worst_after_step_ms= before_ms= after_ms= tcp_timeouts= spurious_rtos=`` (timeouts
 and spurious RTOs summed over both namespaces).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,11 @@ COUNTERS = ("TcpExtTCPTimeouts", "TcpExtTCPSpuriousRTOs")
 
 def tcp_counters(netns: str) -> dict[str, int]:
     out = subprocess.run(nsutil.in_netns(netns, ["nstat", "-az"]), capture_output=True, text=True, timeout=10).stdout
-    values = {line.split()[0]: int(line.split()[1]) for line in out.splitlines()[1:] if len(line.split()) >= 2
-              and line.split()[1].isdigit()}
+    values = {
+        line.split()[0]: int(line.split()[1])
+        for line in out.splitlines()[1:]
+        if len(line.split()) >= 2 and line.split()[1].isdigit()
+    }
     return {name: values.get(name, 0) for name in COUNTERS}
 
 
@@ -79,9 +83,11 @@ def run(from_ms: float, to_ms: float, step_after_s: float, duration_s: float, or
         server = subprocess.Popen(nsutil.in_netns(topo.verifier.netns, [sys.executable, "-c", SERVER]))
         try:
             time.sleep(0.3)
-            client = subprocess.Popen(nsutil.in_netns(topo.edges[0].netns, [sys.executable, "-c", CLIENT,
-                                                                            topo.verifier.ip, str(duration_s)]),
-                                      stdout=subprocess.PIPE, text=True)
+            client = subprocess.Popen(
+                nsutil.in_netns(topo.edges[0].netns, [sys.executable, "-c", CLIENT, topo.verifier.ip, str(duration_s)]),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             step_s = time.monotonic() + step_after_s
             shaper.schedule([(step_s, [LinkSpec(rtt_ms=to_ms)])], keep_order=order == "queue")
             out, _ = client.communicate(timeout=duration_s + 30)
@@ -93,10 +99,14 @@ def run(from_ms: float, to_ms: float, step_after_s: float, duration_s: float, or
     rows = [tuple(map(float, line.split())) for line in out.splitlines() if line.strip()]
     before = [ms for sent, ms in rows if step_s - 1.0 < sent < step_s - 0.2]
     after = [ms for sent, ms in rows if sent > step_s + 1.0]
-    return {"backend": backend, "worst_after_step_ms": max(ms for sent, ms in rows if sent >= step_s - 0.2),
-            "before_ms": statistics.median(before), "after_ms": statistics.median(after),
-            "tcp_timeouts": sum(c["TcpExtTCPTimeouts"] for c in counters),
-            "spurious_rtos": sum(c["TcpExtTCPSpuriousRTOs"] for c in counters)}
+    return {
+        "backend": backend,
+        "worst_after_step_ms": max(ms for sent, ms in rows if sent >= step_s - 0.2),
+        "before_ms": statistics.median(before),
+        "after_ms": statistics.median(after),
+        "tcp_timeouts": sum(c["TcpExtTCPTimeouts"] for c in counters),
+        "spurious_rtos": sum(c["TcpExtTCPSpuriousRTOs"] for c in counters),
+    }
 
 
 def main() -> None:
@@ -105,8 +115,12 @@ def main() -> None:
     parser.add_argument("--to-ms", type=float, default=10.0)
     parser.add_argument("--step-after-s", type=float, default=2.5, help="after the client starts (about)")
     parser.add_argument("--duration-s", type=float, default=5.0)
-    parser.add_argument("--order", choices=("path", "queue"), default="path",
-                        help="path: packets after the step may overtake held ones; queue: never")
+    parser.add_argument(
+        "--order",
+        choices=("path", "queue"),
+        default="path",
+        help="path: packets after the step may overtake held ones; queue: never",
+    )
     args = parser.parse_args()
     if not 0 <= args.to_ms < args.from_ms <= 2000:
         raise SystemExit(f"--to-ms must be below --from-ms (both in 0..2000), got {args.to_ms} and {args.from_ms}")

@@ -27,6 +27,7 @@ was retried and completed; nan without --node-fault).
     sudo python benchmarks/swarm_scale.py [--edges 32] [--rtt-ms 20] [--tolerance-ms 2]
     sudo python benchmarks/swarm_scale.py --nodes 3 --edges 24 --node-fault
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,9 +111,11 @@ class SingleNodeSwarm:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     prompts = [[(7 * p + 3 * j) % 200 + 1 for j in range(8)] for p in range(args.prompts)]
-    print(f"plan: {args.nodes} node(s), {args.edges} edge tasks + 1 verifier (synthetic {args.profile}), links at "
-          f"{args.rtt_ms} ms shaped in-container, one sync DSD run per edge ({args.prompts} x {args.max_new_tokens} "
-          f"tokens){'; then a 2-point sweep' if args.nodes > 1 else ''}{', a node lost in it' * args.node_fault}")
+    print(
+        f"plan: {args.nodes} node(s), {args.edges} edge tasks + 1 verifier (synthetic {args.profile}), links at "
+        f"{args.rtt_ms} ms shaped in-container, one sync DSD run per edge ({args.prompts} x {args.max_new_tokens} "
+        f"tokens){'; then a 2-point sweep' if args.nodes > 1 else ''}{', a node lost in it' * args.node_fault}"
+    )
     where = LocalSwarm(LocalSwarmConfig(n_nodes=args.nodes)) if args.nodes > 1 else SingleNodeSwarm()
     figures: dict = {"nodes": args.nodes}
     with where as swarm:
@@ -122,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
             t0_s = time.monotonic()
             print("image:", "; ".join(distribute("dsdbed-shaper:latest", swarm.host, swarm.node_urls)))
             figures["image_s"] = time.monotonic() - t0_s
-        config = SwarmConfig(n_edges=args.edges, profile=get_profile(args.profile), max_batch=args.max_batch,
-                             verify_tolerance_ms=args.tolerance_ms, **reach)
+        config = SwarmConfig(
+            n_edges=args.edges,
+            profile=get_profile(args.profile),
+            max_batch=args.max_batch,
+            verify_tolerance_ms=args.tolerance_ms,
+            **reach,
+        )
         figures.update(scale(config, prompts, args))
         if args.nodes > 1:
             figures.update(sweep_across_nodes(swarm, args))
@@ -137,7 +145,7 @@ def scale(config: SwarmConfig, prompts: list[list[int]], args) -> dict:
     try:
         print(f"up: {testbed.up_s:.1f} s for {args.edges} edges")
         links, errors = [], []
-        for edge in testbed.edges:          # one at a time: 32 edges probing at once on 2 cores
+        for edge in testbed.edges:  # one at a time: 32 edges probing at once on 2 cores
             try:
                 links.append(testbed._shape_edge(edge, args.rtt_ms))
             except RuntimeError as exc:
@@ -164,27 +172,52 @@ def scale(config: SwarmConfig, prompts: list[list[int]], args) -> dict:
         print(f"{edge:<24} {link.rtt_measured_p50_ms if link else float('nan'):>10.2f} {tokens:>6} {tok_s[-1]:>7.1f}")
     shaped = [link for link in links if link is not None and link.rtt_measured_p50_ms == link.rtt_measured_p50_ms]
     nan = float("nan")
-    return {"nodes_with_edges": len(edge_nodes), "edges": args.edges, "up_s": testbed.up_s, "shaped": len(shaped),
-            "shaper": shaper, "rtt_ms": args.rtt_ms,
-            "rtt_measured_p50_ms": statistics.median(s.rtt_measured_p50_ms for s in shaped) if shaped else nan,
-            "rtt_base_p50_ms": statistics.median(s.rtt_base_ms for s in shaped) if shaped else nan,
-            "tok_s_per_edge": statistics.mean(tok_s), "tok_s_per_edge_min": min(tok_s),
-            "max_batch": args.max_batch, "down_s": down_s}
+    return {
+        "nodes_with_edges": len(edge_nodes),
+        "edges": args.edges,
+        "up_s": testbed.up_s,
+        "shaped": len(shaped),
+        "shaper": shaper,
+        "rtt_ms": args.rtt_ms,
+        "rtt_measured_p50_ms": statistics.median(s.rtt_measured_p50_ms for s in shaped) if shaped else nan,
+        "rtt_base_p50_ms": statistics.median(s.rtt_base_ms for s in shaped) if shaped else nan,
+        "tok_s_per_edge": statistics.mean(tok_s),
+        "tok_s_per_edge_min": min(tok_s),
+        "max_batch": args.max_batch,
+        "down_s": down_s,
+    }
 
 
 def sweep_across_nodes(swarm: LocalSwarm, args) -> dict:
     """Two points, one client per edge, through the swarm launcher as `dsdbed sweep` runs it;
     with --node-fault the last node (a worker with edges) is lost in the second point."""
-    experiment = experiment_from_dict({
-        "name": "swarm-scale", "launcher": "swarm", "modes": ["sync"], "rtt_ms": [args.rtt_ms, 2 * args.rtt_ms],
-        "gamma": [args.gamma], "clients": [args.edges], "edges": args.edges, "requests": SWEEP_REQUESTS,
-        "warmup_requests": 1, "max_new_tokens": 32, "prompt_tokens": 8, "profile": args.profile,
-        "max_batch": args.max_batch, "backend": {"kind": "synthetic", "alpha": 0.7}, "retries": 2,
-        "retry_backoff_s": 1.0})
+    experiment = experiment_from_dict(
+        {
+            "name": "swarm-scale",
+            "launcher": "swarm",
+            "modes": ["sync"],
+            "rtt_ms": [args.rtt_ms, 2 * args.rtt_ms],
+            "gamma": [args.gamma],
+            "clients": [args.edges],
+            "edges": args.edges,
+            "requests": SWEEP_REQUESTS,
+            "warmup_requests": 1,
+            "max_new_tokens": 32,
+            "prompt_tokens": 8,
+            "profile": args.profile,
+            "max_batch": args.max_batch,
+            "backend": {"kind": "synthetic", "alpha": 0.7},
+            "retries": 2,
+            "retry_backoff_s": 1.0,
+        }
+    )
     lost = args.nodes - 1
     env = {"DSD_SWARM_MANAGER": swarm.manager_url, "DSD_SWARM_NODES": " ".join(swarm.node_urls)}
-    with tempfile.TemporaryDirectory(prefix="dsdbed-swarm-scale-") as tmp, _environment(env), \
-            (_node_lost_in_second_point(swarm, lost) if args.node_fault else contextlib.nullcontext()):
+    with (
+        tempfile.TemporaryDirectory(prefix="dsdbed-swarm-scale-") as tmp,
+        _environment(env),
+        _node_lost_in_second_point(swarm, lost) if args.node_fault else contextlib.nullcontext(),
+    ):
         out = Path(tmp) / "out"
         try:
             run_experiment(experiment, out, resume=False)
@@ -194,15 +227,21 @@ def sweep_across_nodes(swarm: LocalSwarm, args) -> dict:
         has_rows = (out / "requests.csv").exists() and (out / "requests.csv").stat().st_size > 0
         requests = pd.read_csv(out / "requests.csv") if has_rows else pd.DataFrame()
     for d in done:
-        print(f"sweep point {d['key']}: {d['status']}, attempts "
-              + "; ".join(f"{a['status']} {a['error'][:120]} healed {a['healed']}" for a in d["attempts"]))
+        print(
+            f"sweep point {d['key']}: {d['status']}, attempts "
+            + "; ".join(f"{a['status']} {a['error'][:120]} healed {a['healed']}" for a in d["attempts"])
+        )
     expected = 2 * args.edges * SWEEP_REQUESTS
     unique = len(requests.drop_duplicates(subset=["rtt_ms", "client_id", "request_index"])) if len(requests) else 0
     retried = [d for d in done if len(d["attempts"]) > 1]
-    recovered = (float("nan") if not args.node_fault
-                 else int(bool(retried) and all(d["status"] == "ok" for d in retried)))
-    return {"points_ok": sum(d["status"] == "ok" for d in done),
-            "rows_lost": expected - unique + (len(requests) - unique), "node_fault_recovered": recovered}
+    recovered = (
+        float("nan") if not args.node_fault else int(bool(retried) and all(d["status"] == "ok" for d in retried))
+    )
+    return {
+        "points_ok": sum(d["status"] == "ok" for d in done),
+        "rows_lost": expected - unique + (len(requests) - unique),
+        "node_fault_recovered": recovered,
+    }
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ which predicts the crossover early. Measurements: docs/results/theory-agreement.
 
     python benchmarks/theory_agreement.py [--launcher auto|netns|loopback|sim] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,20 +62,31 @@ def main() -> int:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     errors, errors_compute = _crossover_errors(summary)
     print("parameters (client view):", json.dumps(summary["params"], default=str))
-    print(" ".join(_oos_keys(summary) + [
-        f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
-        f"median_latency_err_pct={table.err_pct.abs().median():.2f}",
-        f"max_crossover_err_pct={max(errors):.2f}",
-        f"max_latency_err_pct_compute_only={table.err_compute_only_pct.abs().max():.2f}",
-        f"median_latency_err_pct_compute_only={table.err_compute_only_pct.abs().median():.2f}",
-        f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
-        *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
-        f"alpha_measured={summary['alpha_measured']:.4f}", f"launcher={launcher}", f"alpha={args.alpha}",
-        f"gamma={GAMMA}", f"profile={PROFILE}", f"repeats={args.repeats}", f"requests={args.requests}",
-        f"acceptance={args.acceptance}",
-        f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}",
-        f"load_avg_1m={os.getloadavg()[0]:.2f}", f"out={out}",
-    ]))
+    print(
+        " ".join(
+            _oos_keys(summary)
+            + [
+                f"max_latency_err_pct={table.err_pct.abs().max():.2f}",
+                f"median_latency_err_pct={table.err_pct.abs().median():.2f}",
+                f"max_crossover_err_pct={max(errors):.2f}",
+                f"max_latency_err_pct_compute_only={table.err_compute_only_pct.abs().max():.2f}",
+                f"median_latency_err_pct_compute_only={table.err_compute_only_pct.abs().median():.2f}",
+                f"max_crossover_err_pct_compute_only={max(errors_compute):.2f}",
+                *(f"overhead_{kind}_ms={value:.3f}" for kind, value in summary["harness_overhead_ms"].items()),
+                f"alpha_measured={summary['alpha_measured']:.4f}",
+                f"launcher={launcher}",
+                f"alpha={args.alpha}",
+                f"gamma={GAMMA}",
+                f"profile={PROFILE}",
+                f"repeats={args.repeats}",
+                f"requests={args.requests}",
+                f"acceptance={args.acceptance}",
+                f"contended_points={summary['cpu']['points_contended']}/{summary['cpu']['points_recorded']}",
+                f"load_avg_1m={os.getloadavg()[0]:.2f}",
+                f"out={out}",
+            ]
+        )
+    )
     return 0
 
 
@@ -85,33 +97,56 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--alpha", type=float, default=0.8)
     parser.add_argument("--out", default="")
     parser.add_argument("--requests", type=int, default=4, help="measured requests per point")
-    parser.add_argument("--acceptance", default="stratified", choices=("stratified", "iid"),
-                        help="stratified (default): every request realises alpha, so the intervals measure "
-                             "the testbed, not the luck of the draw; iid: independent acceptance per position")
+    parser.add_argument(
+        "--acceptance",
+        default="stratified",
+        choices=("stratified", "iid"),
+        help="stratified (default): every request realises alpha, so the intervals measure "
+        "the testbed, not the luck of the draw; iid: independent acceptance per position",
+    )
     return parser.parse_args()
 
 
 def _experiment(args: argparse.Namespace, launcher: str):
-    return experiment_from_dict({
-        "name": "theory-agreement", "launcher": launcher, "rtt_ms": [0, 4, 8, 12, 16, 24, 40],
-        "gamma": [GAMMA], "requests": args.requests, "warmup_requests": 1, "max_new_tokens": 96, "prompt_tokens": 16,
-        "repeats": args.repeats, "edges": 1, "profile": PROFILE,
-        "backend": {"kind": "synthetic", "alpha": args.alpha, "acceptance": args.acceptance}})
+    return experiment_from_dict(
+        {
+            "name": "theory-agreement",
+            "launcher": launcher,
+            "rtt_ms": [0, 4, 8, 12, 16, 24, 40],
+            "gamma": [GAMMA],
+            "requests": args.requests,
+            "warmup_requests": 1,
+            "max_new_tokens": 96,
+            "prompt_tokens": 16,
+            "repeats": args.repeats,
+            "edges": 1,
+            "profile": PROFILE,
+            "backend": {"kind": "synthetic", "alpha": args.alpha, "acceptance": args.acceptance},
+        }
+    )
 
 
 def _latency_table(out: Path, summary: dict) -> pd.DataFrame:
     """Per (mode, RTT): measured beside the in-sample, compute-only and out-of-sample predictions."""
     points = pd.read_csv(out / "points.csv")
-    table = (points.groupby(["mode", "rtt_ms"])
-             .agg(measured_ms=("per_token_ms_p50", "median"), predicted_ms=("per_token_ms_predicted", "first"),
-                  compute_only_ms=("per_token_ms_predicted_compute_only", "first"),
-                  rtt_probe_ms=("rtt_measured_ms", "median"), alpha=("alpha_measured", "median"))
-             .reset_index())
+    table = (
+        points.groupby(["mode", "rtt_ms"])
+        .agg(
+            measured_ms=("per_token_ms_p50", "median"),
+            predicted_ms=("per_token_ms_predicted", "first"),
+            compute_only_ms=("per_token_ms_predicted_compute_only", "first"),
+            rtt_probe_ms=("rtt_measured_ms", "median"),
+            alpha=("alpha_measured", "median"),
+        )
+        .reset_index()
+    )
     oos = pd.DataFrame(summary["latency_cells"])
-    oos = oos[oos["clients"] == oos["clients"].min()][["mode", "rtt_ms", "per_token_ms_predicted_oos", "err_oos_pct",
-                                                      "ci_low", "ci_high"]]
-    table = table.merge(oos.rename(columns={"per_token_ms_predicted_oos": "oos_predicted_ms"}), on=["mode", "rtt_ms"],
-                        how="left")
+    oos = oos[oos["clients"] == oos["clients"].min()][
+        ["mode", "rtt_ms", "per_token_ms_predicted_oos", "err_oos_pct", "ci_low", "ci_high"]
+    ]
+    table = table.merge(
+        oos.rename(columns={"per_token_ms_predicted_oos": "oos_predicted_ms"}), on=["mode", "rtt_ms"], how="left"
+    )
     table["err_pct"] = 100 * (table.measured_ms / table.predicted_ms - 1)
     table["err_compute_only_pct"] = 100 * (table.measured_ms / table.compute_only_ms - 1)
     return table
@@ -119,16 +154,19 @@ def _latency_table(out: Path, summary: dict) -> pd.DataFrame:
 
 def _crossover_errors(summary: dict) -> tuple[list[float], list[float]]:
     """Prints each crossover; returns its in-sample and compute-only errors (percent)."""
-    compute_crossovers = analysis.predicted_crossovers(GAMMA, summary["alpha_measured"],
-                                                       ComputeTimes.from_dict(summary["params_compute"]))
+    compute_crossovers = analysis.predicted_crossovers(
+        GAMMA, summary["alpha_measured"], ComputeTimes.from_dict(summary["params_compute"])
+    )
     errors, errors_compute = [], []
     for name, c in summary["crossovers"].items():
         m, p, q = c["measured_rtt_ms"], c["predicted_rtt_ms"], compute_crossovers[name]["rtt_ms"]
         errors.append(_err_pct(m, p))
         errors_compute.append(_err_pct(m, q))
-        print(f"{name}: measured {c['text']} (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
-              f"predicted before measuring {c['predicted_rtt_ms_oos']:.2f} ms (error {c['oos_err_pct']:.1f}%), "
-              f"in-sample {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)")
+        print(
+            f"{name}: measured {c['text']} (repeats {c['measured_rtt_ms_min']:.2f}..{c['measured_rtt_ms_max']:.2f}), "
+            f"predicted before measuring {c['predicted_rtt_ms_oos']:.2f} ms (error {c['oos_err_pct']:.1f}%), "
+            f"in-sample {p:.2f} ms (error {errors[-1]:.1f}%), compute only {q:.2f} ms (error {errors_compute[-1]:.1f}%)"
+        )
     return errors, errors_compute
 
 
@@ -138,10 +176,14 @@ def _oos_keys(summary: dict) -> list[str]:
     located = [c for c in summary["crossovers"].values() if math.isfinite(c["measured_rtt_ms"])]
     widths = [c["ci_high"] - c["ci_low"] for c in located]
     # Near RTT 0 a relative error says little (0.02 vs -0.5 ms is "100%"): the absolute one too.
-    oos_abs_ms = [abs(c["measured_rtt_ms"] - c["predicted_rtt_ms_oos"]) for c in located
-                  if math.isfinite(c["predicted_rtt_ms_oos"])]
-    widths_pct = [100 * w / abs(c["measured_rtt_ms"]) if c["measured_rtt_ms"] else math.inf
-                  for w, c in zip(widths, located)]
+    oos_abs_ms = [
+        abs(c["measured_rtt_ms"] - c["predicted_rtt_ms_oos"])
+        for c in located
+        if math.isfinite(c["predicted_rtt_ms_oos"])
+    ]
+    widths_pct = [
+        100 * w / abs(c["measured_rtt_ms"]) if c["measured_rtt_ms"] else math.inf for w, c in zip(widths, located)
+    ]
     return [
         f"oos_latency_err_p50_pct={oos_summary['latency_err_p50_pct']:.2f}",
         f"oos_latency_err_max_pct={oos_summary['latency_err_max_pct']:.2f}",

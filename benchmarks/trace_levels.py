@@ -24,19 +24,20 @@ How well the levels stand for the trace is measured, not assumed: benchmarks/ada
 every static arm's time under the trace beside what its own times at the levels give for the same
 requests (``levels_err_pct``).
 """
+
 from __future__ import annotations
 
 import bisect
 import math
 from dataclasses import dataclass
 
-Trace = tuple[tuple[float, float], ...]       # (t_s, rtt_ms) from t_s 0, the link schedule's trace rows
+Trace = tuple[tuple[float, float], ...]  # (t_s, rtt_ms) from t_s 0, the link schedule's trace rows
 
 
 @dataclass(frozen=True)
 class LevelRule:
-    window_s: float = 1.0       # the windows' length
-    factor: float = 1.25        # the levels' bins: rtt_ms in [factor**k, factor**(k+1))
+    window_s: float = 1.0  # the windows' length
+    factor: float = 1.25  # the levels' bins: rtt_ms in [factor**k, factor**(k+1))
 
     def __post_init__(self) -> None:
         if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s) and self.window_s > 0):
@@ -74,8 +75,10 @@ def trace_pieces(trace: Trace, start_s: float, end_s: float) -> list[tuple[float
 def window_rtts_ms(trace: Trace, window_s: float) -> list[tuple[float, float]]:
     """(start_s, median rtt_ms) of each window of ``window_s`` from 0 through the trace's last row."""
     count = math.floor(trace[-1][0] / window_s + 1e-9) + 1
-    return [(round(k * window_s, 9), time_weighted_median(trace_pieces(trace, k * window_s, (k + 1) * window_s)))
-            for k in range(count)]
+    return [
+        (round(k * window_s, 9), time_weighted_median(trace_pieces(trace, k * window_s, (k + 1) * window_s)))
+        for k in range(count)
+    ]
 
 
 def level_bin(rtt_ms: float, factor: float) -> int:

@@ -10,6 +10,7 @@ key=value pairs.
 
     python benchmarks/trace_vs_iid.py [--experiment FILE] [--out DIR] [--launcher sim|loopback|...] [--resume]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ def iid_twin(experiment):
     trace = experiment.backend.trace()
     if trace is None:
         raise ValueError(f"experiment {experiment.name!r}: backend.acceptance_trace is not set")
-    backend = dataclasses.replace(experiment.backend, acceptance_trace="", acceptance_rounds="",
-                                  alpha=round(trace.alpha_measured, 6))
+    backend = dataclasses.replace(
+        experiment.backend, acceptance_trace="", acceptance_rounds="", alpha=round(trace.alpha_measured, 6)
+    )
     return dataclasses.replace(experiment, name=f"{experiment.name}-iid", backend=backend), trace
 
 
@@ -69,12 +71,18 @@ def main() -> int:
         run_experiment(experiment, out, resume=args.resume)
         summary = analyze_sweep(out)
         group = summary["groups"][0]
-        results[label] = {"alpha": group["alpha_measured"], "crossovers": group["crossovers"],
-                          "histogram": histogram(out, gamma), "out": out}
+        results[label] = {
+            "alpha": group["alpha_measured"],
+            "crossovers": group["crossovers"],
+            "histogram": histogram(out, gamma),
+            "out": out,
+        }
 
-    print(f"trace {trace.source}: {len(trace.rounds)} rounds, measured alpha {trace.alpha_measured:.3f}, "
-          f"mean accepted {trace.mean_accepted:.2f}; profile {traced.profile}, gamma {gamma}, "
-          f"launcher {traced.launcher}")
+    print(
+        f"trace {trace.source}: {len(trace.rounds)} rounds, measured alpha {trace.alpha_measured:.3f}, "
+        f"mean accepted {trace.mean_accepted:.2f}; profile {traced.profile}, gamma {gamma}, "
+        f"launcher {traced.launcher}"
+    )
     print(f"{'variant':8} {'alpha':>6}  accepted-count histogram (co-located rounds)")
     for label, r in results.items():
         bars = "  ".join(f"{k}:{v:.2f}" for k, v in r["histogram"].items())
@@ -85,15 +93,19 @@ def main() -> int:
     print(f"{'crossover (RTT, ms)':24} {'trace meas':>10} {'trace pred':>10} {'iid meas':>10} {'iid pred':>10}")
     for name in names:
         t, i = results["trace"]["crossovers"][name], results["iid"]["crossovers"].get(name, {})
-        print(f"{name:24} {_ms(t['measured_rtt_ms']):>10} {_ms(t['predicted_rtt_ms']):>10} "
-              f"{_ms(i.get('measured_rtt_ms', math.nan)):>10} {_ms(i.get('predicted_rtt_ms', math.nan)):>10}")
+        print(
+            f"{name:24} {_ms(t['measured_rtt_ms']):>10} {_ms(t['predicted_rtt_ms']):>10} "
+            f"{_ms(i.get('measured_rtt_ms', math.nan)):>10} {_ms(i.get('predicted_rtt_ms', math.nan)):>10}"
+        )
     print(f"results: {results['trace']['out']} {results['iid']['out']}")
     pairs = {"trace_alpha": f"{results['trace']['alpha']:.3f}", "iid_alpha": f"{results['iid']['alpha']:.3f}"}
     for name in names:
         pairs[f"{name}_trace_ms"] = _ms(results["trace"]["crossovers"][name]["measured_rtt_ms"])
         pairs[f"{name}_iid_ms"] = _ms(results["iid"]["crossovers"].get(name, {}).get("measured_rtt_ms", math.nan))
         pairs[f"{name}_trace_predicted_ms"] = _ms(results["trace"]["crossovers"][name]["predicted_rtt_ms"])
-        pairs[f"{name}_iid_predicted_ms"] = _ms(results["iid"]["crossovers"].get(name, {}).get("predicted_rtt_ms", math.nan))
+        pairs[f"{name}_iid_predicted_ms"] = _ms(
+            results["iid"]["crossovers"].get(name, {}).get("predicted_rtt_ms", math.nan)
+        )
     print(" ".join(f"{k}={v}" for k, v in pairs.items()))
     return 0
 

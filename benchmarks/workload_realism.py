@@ -11,6 +11,7 @@ Goals: alpha in 0.5..0.85 (published pairs: 0.6-0.8), distinct-4-gram p50 >= 0.6
 Prints one row per prompt, then a last line: alpha= distinct4_p50= prompts= tokens=
 (alpha: maximum likelihood over all rounds; distinct4_p50: median over requests).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     experiment = load_experiment(Path(args.experiment))
     if args.source:
         experiment = dataclasses.replace(
-            experiment, workload=dataclasses.replace(experiment.workload, source=args.source, path=args.path))
+            experiment, workload=dataclasses.replace(experiment.workload, source=args.source, path=args.path)
+        )
     setting = experiment.sampling_settings()[0]
     overrides = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     setting = dataclasses.replace(setting, **{k: v for k, v in overrides.items() if v is not None})
@@ -57,8 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     accepted = failures = tokens = 0
     distinct = []
     if not args.quiet:
-        print(f"{'prompt':>6} {'tokens':>6} {'alpha':>6} {'distinct4':>9}  (T={setting.temperature:g} "
-              f"top_k={setting.top_k} top_p={setting.top_p:g} gamma={gamma})")
+        print(
+            f"{'prompt':>6} {'tokens':>6} {'alpha':>6} {'distinct4':>9}  (T={setting.temperature:g} "
+            f"top_k={setting.top_k} top_p={setting.top_p:g} gamma={gamma})"
+        )
     for index, prompt in enumerate(prompts):
         out = generate_colocated(draft, target, prompt, gamma, stop, setting.params(index), seq_id=f"w{index}")
         request_accepted = sum(r.accepted for r in out.rounds)
@@ -68,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
         if not args.quiet:
             print(f"{index:>6} {len(out.tokens):>6} {out.alpha_measured:>6.3f} {distinct[-1]:>9.3f}")
     alpha = accepted / (accepted + failures) if accepted + failures else float("nan")
-    print(f"alpha={alpha:.3f} distinct4_p50={statistics.median(distinct):.3f} "
-          f"prompts={len({tuple(p) for p in prompts})} tokens={tokens}")
+    print(
+        f"alpha={alpha:.3f} distinct4_p50={statistics.median(distinct):.3f} "
+        f"prompts={len({tuple(p) for p in prompts})} tokens={tokens}"
+    )
 
 
 if __name__ == "__main__":

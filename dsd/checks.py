@@ -1,6 +1,7 @@
 """Argument checks shared by every config dataclass of the testbed (dsd's, the services' and the
 orchestrator's experiment keys): what counts as a whole number and as a number, and the one
 shape of the error, which names the key and the value it got."""
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ bonus's predecessor included). A prefill carries rows 0 .. len(prompt) - 2.
 Encoded, rows travel in one of FEATURE_DTYPES: bfloat16 (2 bytes a value), or int8 with one
 float32 scale per row (max |x| / 127: 1 byte a value + 4 a row), after a 9-byte header.
 """
+
 from __future__ import annotations
 
 import struct
@@ -32,20 +33,22 @@ def check_feature_dtype(value: str, name: str = "feature dtype") -> str:
 
 @dataclass(frozen=True)
 class FeatureBlock:
-    start: int                       # sequence position of row 0
-    values: torch.Tensor             # [rows, d]
+    start: int  # sequence position of row 0
+    values: torch.Tensor  # [rows, d]
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.values.dim() != 2:
-            raise ValueError(f"a FeatureBlock is rows [n, d] from a position >= 0, got start {self.start} "
-                             f"and shape {tuple(self.values.shape)}")
+            raise ValueError(
+                f"a FeatureBlock is rows [n, d] from a position >= 0, got start {self.start} "
+                f"and shape {tuple(self.values.shape)}"
+            )
 
     @property
     def end(self) -> int:
         return self.start + self.values.shape[0]
 
 
-HEADER = struct.Struct("<IHHB")          # start, rows, width, dtype code
+HEADER = struct.Struct("<IHHB")  # start, rows, width, dtype code
 _CODES = {name: code for code, name in enumerate(FEATURE_DTYPES)}
 
 
@@ -72,7 +75,7 @@ def encode(block: FeatureBlock, dtype: str) -> bytes:
         raw = block.values.to(torch.bfloat16).contiguous().view(torch.int16).numpy().astype("<i2")
         return header + raw.tobytes()
     values = block.values.float()
-    scale = values.abs().amax(dim=-1).clamp(min=1e-12) / 127.0                  # [rows]
+    scale = values.abs().amax(dim=-1).clamp(min=1e-12) / 127.0  # [rows]
     quantized = torch.round(values / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return header + quantized.numpy().tobytes() + scale.numpy().astype("<f4").tobytes()
 
@@ -86,15 +89,17 @@ def decode(data: bytes) -> tuple[FeatureBlock, str]:
         raise ValueError(f"features: dtype code {code}, width {width}")
     dtype = FEATURE_DTYPES[code]
     if len(data) != encoded_bytes(rows, width, dtype):
-        raise ValueError(f"features: {len(data)} bytes for {rows} rows of width {width} in {dtype}, "
-                         f"expected {encoded_bytes(rows, width, dtype)}")
-    body = data[HEADER.size:]
+        raise ValueError(
+            f"features: {len(data)} bytes for {rows} rows of width {width} in {dtype}, "
+            f"expected {encoded_bytes(rows, width, dtype)}"
+        )
+    body = data[HEADER.size :]
     if dtype == "bfloat16":
         raw = np.frombuffer(body, dtype="<i2").astype(np.int16)
         values = torch.from_numpy(raw).view(torch.bfloat16).float()
     else:
-        quantized = torch.from_numpy(np.frombuffer(body[:rows * width], dtype=np.int8).astype(np.float32))
-        scale = torch.from_numpy(np.frombuffer(body[rows * width:], dtype="<f4").astype(np.float32))
+        quantized = torch.from_numpy(np.frombuffer(body[: rows * width], dtype=np.int8).astype(np.float32))
+        scale = torch.from_numpy(np.frombuffer(body[rows * width :], dtype="<f4").astype(np.float32))
         values = quantized.view(rows, width) * scale[:, None]
     return FeatureBlock(start, values.reshape(rows, width)), dtype
 

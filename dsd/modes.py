@@ -11,6 +11,7 @@ The names of the four modes of docs/concepts.md are constants (``AR``, ``COLOCAT
 ``PIPELINED``) for the few places that treat one mode specially (a crossover between two
 named modes, the parameter a mode's rounds measure); everywhere else asks by property.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,12 +40,12 @@ Predictor = Callable[..., float]
 @dataclass(frozen=True)
 class Mode:
     name: str
-    drafts: str                     # EDGE, SERVER or NOWHERE (no drafts: gamma does not apply)
-    pipelined: bool                 # the edge drafts ahead and sends while a block is in flight
-    per_token_s: Predictor          # (alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s)
-    label: str                      # plots and reports
-    color: str                      # matplotlib colour
-    plannable: bool = False         # an adaptive controller may pick it for a round
+    drafts: str  # EDGE, SERVER or NOWHERE (no drafts: gamma does not apply)
+    pipelined: bool  # the edge drafts ahead and sends while a block is in flight
+    per_token_s: Predictor  # (alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s)
+    label: str  # plots and reports
+    color: str  # matplotlib colour
+    plannable: bool = False  # an adaptive controller may pick it for a round
     # Its driver policy when no adaptive controller runs: a factory ControllerConfig -> controller
     # (dsd.controller.interface: decide() / observe()) that plans each round; None: every round drafts the
     # configured gamma in this mode.
@@ -63,7 +64,9 @@ class Mode:
         if not callable(self.per_token_s):
             raise ValueError(f"per_token_s must be callable, got {self.per_token_s!r}")
         if not isinstance(self.cache, bool) or (self.cache and (self.drafts != EDGE or self.pipelined)):
-            raise ValueError(f"cache must be a bool, True only for an edge mode that does not pipeline, got {self.cache!r}")
+            raise ValueError(
+                f"cache must be a bool, True only for an edge mode that does not pipeline, got {self.cache!r}"
+            )
         if self.policy is not None and not (callable(self.policy) and self.drafts == EDGE):
             raise ValueError(f"policy must be callable, and only for a mode the edge drafts in, got {self.policy!r}")
         for name in ("label", "color"):
@@ -76,40 +79,86 @@ class Mode:
         return self.drafts != NOWHERE
 
 
-def _ar(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
-        t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
-        cache_fill_s: float | None = None) -> float:
-    return t_ar_s                      # one target step per token
+def _ar(
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    *,
+    t_ar_s: float,
+    t_draft_edge_s: float,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    cache_hit_rate: float | None = None,
+    cache_fill_s: float | None = None,
+) -> float:
+    return t_ar_s  # one target step per token
 
 
-def _colocated(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
-               t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
-               cache_fill_s: float | None = None) -> float:
+def _colocated(
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    *,
+    t_ar_s: float,
+    t_draft_edge_s: float,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    cache_hit_rate: float | None = None,
+    cache_fill_s: float | None = None,
+) -> float:
     return lm.per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
 
 
-def _sync(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
-          t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
-          cache_fill_s: float | None = None) -> float:
+def _sync(
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    *,
+    t_ar_s: float,
+    t_draft_edge_s: float,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    cache_hit_rate: float | None = None,
+    cache_fill_s: float | None = None,
+) -> float:
     return lm.per_token_sync_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
-def _pipelined(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
-               t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
-               cache_fill_s: float | None = None) -> float:
+def _pipelined(
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    *,
+    t_ar_s: float,
+    t_draft_edge_s: float,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    cache_hit_rate: float | None = None,
+    cache_fill_s: float | None = None,
+) -> float:
     return lm.per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
 
-def _cached(alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float, t_draft_edge_s: float,
-            t_draft_server_s: float, t_verify_s: float, cache_hit_rate: float | None = None,
-            cache_fill_s: float | None = None) -> float:
+def _cached(
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    *,
+    t_ar_s: float,
+    t_draft_edge_s: float,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    cache_hit_rate: float | None = None,
+    cache_fill_s: float | None = None,
+) -> float:
     if cache_hit_rate is None:
         raise ValueError("the cached mode's closed form needs the cache's hit rate (cache_hit_rate)")
-    return lm.per_token_cached_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, cache_hit_rate,
-                                     cache_fill_s or 0.0)
+    return lm.per_token_cached_dsd_s(
+        alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s, cache_hit_rate, cache_fill_s or 0.0
+    )
 
 
-MODES: dict[str, Mode] = {}       # name -> Mode, in registration order (the order of plots and grids)
+MODES: dict[str, Mode] = {}  # name -> Mode, in registration order (the order of plots and grids)
 
 
 def register(mode: Mode) -> Mode:
@@ -132,7 +181,7 @@ register(Mode(AR, NOWHERE, False, _ar, "cloud AR", "tab:gray", plannable=True))
 register(Mode(COLOCATED, SERVER, False, _colocated, "co-located SD", "tab:green"))
 register(Mode(SYNC, EDGE, False, _sync, "synchronous DSD", "tab:blue", plannable=True))
 register(Mode(PIPELINED, EDGE, True, _pipelined, "pipelined DSD", "tab:orange", plannable=True))
-BUILTIN = tuple(MODES)              # the four modes of docs/concepts.md: an experiment's default
+BUILTIN = tuple(MODES)  # the four modes of docs/concepts.md: an experiment's default
 # NOTE: not plannable: an adaptive controller has no estimate of the cache's hit rate yet, so it
 # cannot weigh this mode against the others.
 register(Mode(CACHED, EDGE, False, _cached, "cached pipelined DSD", "tab:red", cache=True))
@@ -179,11 +228,28 @@ def plannable_edge_modes() -> tuple[str, ...]:
     return tuple(n for n, m in MODES.items() if m.plannable and m.drafts == EDGE)
 
 
-def predict_per_token_s(name: str, alpha: float, gamma: int, rtt_s: float, *, t_ar_s: float | None,
-                        t_draft_edge_s: float | None, t_draft_server_s: float | None,
-                        t_verify_s: float | None, cache_hit_rate: float | None = None,
-                        cache_fill_s: float | None = None) -> float:
+def predict_per_token_s(
+    name: str,
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    *,
+    t_ar_s: float | None,
+    t_draft_edge_s: float | None,
+    t_draft_server_s: float | None,
+    t_verify_s: float | None,
+    cache_hit_rate: float | None = None,
+    cache_fill_s: float | None = None,
+) -> float:
     """The named mode's closed-form seconds per token (see ``Predictor``)."""
-    return get_mode(name).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_edge_s,
-                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s,
-                                      cache_hit_rate=cache_hit_rate, cache_fill_s=cache_fill_s)
+    return get_mode(name).per_token_s(
+        alpha,
+        gamma,
+        rtt_s,
+        t_ar_s=t_ar_s,
+        t_draft_edge_s=t_draft_edge_s,
+        t_draft_server_s=t_draft_server_s,
+        t_verify_s=t_verify_s,
+        cache_hit_rate=cache_hit_rate,
+        cache_fill_s=cache_fill_s,
+    )

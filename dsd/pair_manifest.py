@@ -44,7 +44,8 @@ def hash_tree(folder: Path) -> dict[str, dict[str, Any]]:
     """Every file under folder except the manifest, by POSIX relative path."""
     return {
         p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-        for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
     }
 
 
@@ -67,11 +68,9 @@ def verify_pair(folder: Path | str) -> dict[str, Any]:
         raise PairIntegrityError(f"{manifest_path}: missing; not a built pair folder")
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     if manifest.get("format") != MANIFEST_FORMAT:
-        raise PairIntegrityError(f"{manifest_path}: format {manifest.get('format')!r}, "
-                                 f"expected {MANIFEST_FORMAT!r}")
+        raise PairIntegrityError(f"{manifest_path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}")
     expected, problems = manifest["files"], []
-    actual = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-              if p.is_file() and p.name != MANIFEST}
+    actual = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
     for relpath, entry in sorted(expected.items()):
         path = folder / relpath
         if not path.is_file():

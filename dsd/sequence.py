@@ -5,6 +5,7 @@ assumed prefix with the digest of its committed prefix of the same length in O(1
 a 64-bit FNV-1a-style hash chained over token ids, identical in every language that implements it
 the same way (it travels on the wire).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -66,7 +67,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):
         return n
-    lo, hi = 0, n     # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
+    lo, hi = 0, n  # a[:lo] == b[:lo] holds, a[:hi] == b[:hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if list(a[:mid]) == list(b[:mid]):

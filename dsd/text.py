@@ -1,6 +1,7 @@
 """A pair's text side: its target's own tokenizer (``target_tokenizer``), and a prompt, a text or a
 chat, as the target's token ids (``encode_prompt``: a chat rendered with the tokenizer's chat
 template, ending where the assistant speaks)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,10 @@ def target_tokenizer(backend: HfBackendConfig) -> PreTrainedTokenizerBase:
     for folder in candidates:
         if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(str(folder))
-    raise ValueError(f"no tokenizer beside the target: looked for tokenizer.json or tokenizer_config.json "
-                     f"in {', '.join(map(str, candidates))}")
+    raise ValueError(
+        f"no tokenizer beside the target: looked for tokenizer.json or tokenizer_config.json "
+        f"in {', '.join(map(str, candidates))}"
+    )
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]]) -> list[int]:
@@ -37,7 +40,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[st
         ids = tokenizer.encode(prompt, add_special_tokens=True)
     elif getattr(tokenizer, "chat_template", None):
         rendered: Any = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])     # newer transformers: a mapping
+        ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])  # newer transformers: a mapping
     else:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant:"
         ids = tokenizer.encode(text, add_special_tokens=True)

@@ -28,21 +28,31 @@ What the orchestrator calls::
   force; `shaper.schedule([(t_monotonic_s, [spec per link]), ...])` applies changes while running.
 - `cleanup_leftovers()` (cleanup.py): idempotent removal of leftovers by prefix.
 """
+
 import importlib
 
 # Exported lazily: the NFQUEUE daemon imports `netem.nfqueue_daemon`, and a package __init__ that
 # imported everything would load pyroute2 and the rest into it for nothing (~0.3 s, more memory).
 _EXPORTS = {
     "cleanup_leftovers": "netem.cleanup",
-    "Endpoint": "netem.endpoints", "Link": "netem.endpoints",
-    "endpoint_from_container": "netem.endpoints", "endpoint_from_netns": "netem.endpoints",
+    "Endpoint": "netem.endpoints",
+    "Link": "netem.endpoints",
+    "endpoint_from_container": "netem.endpoints",
+    "endpoint_from_netns": "netem.endpoints",
     "LinkMeasurement": "netem.measure",
-    "KERNEL_NETEM": "netem.probe", "NFQUEUE": "netem.probe", "ProbeResult": "netem.probe",
+    "KERNEL_NETEM": "netem.probe",
+    "NFQUEUE": "netem.probe",
+    "ProbeResult": "netem.probe",
     "probe_backends": "netem.probe",
-    "LinkRecord": "netem.shaper", "Shaper": "netem.shaper", "ShaperConfig": "netem.shaper",
+    "LinkRecord": "netem.shaper",
+    "Shaper": "netem.shaper",
+    "ShaperConfig": "netem.shaper",
     "ShaperFailed": "netem.shaper",
-    "DirectionSpec": "netem.spec", "LinkSpec": "netem.spec", "LinkSchedule": "netem.schedule",
-    "Topology": "netem.topology", "TopologyConfig": "netem.topology",
+    "DirectionSpec": "netem.spec",
+    "LinkSpec": "netem.spec",
+    "LinkSchedule": "netem.schedule",
+    "Topology": "netem.topology",
+    "TopologyConfig": "netem.topology",
 }
 __all__ = sorted(_EXPORTS)
 

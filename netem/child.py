@@ -7,6 +7,7 @@ stays open and `send` writes further JSON lines (the NFQUEUE daemon's timed sett
 (``/tmp/dsdbed-*.log``) so a crash can be reported without a pipe that might fill up; the file
 is removed when the child is stopped, its tail kept for error messages.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,16 +41,29 @@ class Child:
         self._final_log = ""
 
     @classmethod
-    def start(cls, module: str, config: dict, *, tag: str, netns: str | None = None,
-              ready_timeout_s: float = 10.0, keep_stdin: bool = False) -> Child:
+    def start(
+        cls,
+        module: str,
+        config: dict,
+        *,
+        tag: str,
+        netns: str | None = None,
+        ready_timeout_s: float = 10.0,
+        keep_stdin: bool = False,
+    ) -> Child:
         name = module.rsplit(".", 1)[-1]
         fd, log_path = tempfile.mkstemp(prefix=f"{PREFIX}-{name}-", suffix=".log")
         argv = nsutil.in_netns(netns, [sys.executable, "-m", module, "--tag", tag])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p))
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)
+        )
         with os.fdopen(fd, "w") as log:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
                 start_new_session=True,  # own process group: our Ctrl-C does not reach it first
                 cwd=_PROJECT_ROOT,
             )
@@ -106,7 +120,7 @@ class Child:
             if ready:
                 line = self.proc.stdout.readline().decode(errors="replace")
                 if line.startswith("READY"):
-                    self.ready_info = json.loads(line[len("READY"):] or "{}")
+                    self.ready_info = json.loads(line[len("READY") :] or "{}")
                     return
                 if line == "":  # EOF: the child is gone
                     self.proc.wait(timeout=5)
@@ -151,11 +165,12 @@ def _signal_group(pid: int, sig: int) -> None:
 def _parse_stats(text: str) -> dict | None:
     for line in reversed(text.splitlines()):
         if line.startswith("STATS"):
-            return json.loads(line[len("STATS"):])
+            return json.loads(line[len("STATS") :])
     return None
 
 
 # ---- child side -----------------------------------------------------------------------------
+
 
 def child_preamble() -> dict:
     """Read the config; die with our parent (a crashed parent must not leave us holding packets).

@@ -8,6 +8,7 @@ log files. Idempotent: a second call finds nothing and returns [].
 A live run's objects are not leftovers (`netem.owners`: its tag's owner process still runs):
 neither function touches or reports them; `live_runs` names those runs instead.
 """
+
 from __future__ import annotations
 
 import glob
@@ -48,10 +49,14 @@ def find_leftovers() -> list[str]:
     found += [f"netns {n}" for n in _our_namespaces(live)]
     with IPRoute() as ipr:
         host_ifnames = [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
-        found += [f"interface {n}" for n in host_ifnames
-                  if n.startswith(names.IFNAME_PREFIX) and not owners.ifname_is_live(n, live)]
-        found += [f"qdisc on {n}" for n in host_ifnames
-                  if _has_our_root_qdisc(ipr, n) and not owners.ifname_is_live(n, live)]
+        found += [
+            f"interface {n}"
+            for n in host_ifnames
+            if n.startswith(names.IFNAME_PREFIX) and not owners.ifname_is_live(n, live)
+        ]
+        found += [
+            f"qdisc on {n}" for n in host_ifnames if _has_our_root_qdisc(ipr, n) and not owners.ifname_is_live(n, live)
+        ]
     return found
 
 
@@ -113,8 +118,11 @@ def _our_chains(live: dict[str, int]) -> list[str]:
 
 
 def _our_namespaces(live: dict[str, int]) -> list[str]:
-    return [n for n in sorted(pyroute2_netns.listnetns())
-            if n.startswith(names.PREFIX + "-") and owners.tag_of("netns", n) not in live]
+    return [
+        n
+        for n in sorted(pyroute2_netns.listnetns())
+        if n.startswith(names.PREFIX + "-") and owners.tag_of("netns", n) not in live
+    ]
 
 
 def _remove_chains(live: dict[str, int]) -> list[str]:
@@ -144,8 +152,10 @@ def _has_our_root_qdisc(ipr: IPRoute, ifname: str) -> bool:
     index = ipr.link_lookup(ifname=ifname)
     if not index:
         return False
-    return any(q["parent"] == kernel.TC_H_ROOT and q["handle"] >> 16 in names.OUR_QDISC_MAJORS
-               for q in ipr.get_qdiscs(index=index[0]))
+    return any(
+        q["parent"] == kernel.TC_H_ROOT and q["handle"] >> 16 in names.OUR_QDISC_MAJORS
+        for q in ipr.get_qdiscs(index=index[0])
+    )
 
 
 def _all_netns(live: dict[str, int]) -> list[str | None]:

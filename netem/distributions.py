@@ -18,6 +18,7 @@ see `netem.model`) picks an entry. "normal" stays a continuous Gaussian (netem's
 one, discretised and clipped at 4 stdev) and "uniform" netem's table-free uniform draw.
 `tests/netem/test_netem_distributions.py` checks these tables against iproute2's files.
 """
+
 from __future__ import annotations
 
 import functools

@@ -5,6 +5,7 @@ pair. The peer's index is the interface's IFLA_LINK; its name is looked up in th
 namespace. A container is the same thing with the namespace at ``/proc/PID/ns/net`` and the
 bridge in the host's namespace.
 """
+
 from __future__ import annotations
 
 import socket
@@ -70,8 +71,9 @@ def endpoint_from_netns(name: str, netns: str | None, ifname: str, bridge_netns:
     with open_iproute(bridge_netns) as ipr:
         peers = ipr.get_links(peer_index)
         bridge_port = peers[0].get_attr("IFLA_IFNAME")
-    return Endpoint(name=name, netns=netns, ifname=ifname, ip=addrs[0],
-                    bridge_port=bridge_port, bridge_netns=bridge_netns)
+    return Endpoint(
+        name=name, netns=netns, ifname=ifname, ip=addrs[0], bridge_port=bridge_port, bridge_netns=bridge_netns
+    )
 
 
 def endpoint_from_container(container, ifname: str = "eth0", bridge_netns: str | None = None) -> Endpoint:

@@ -28,6 +28,7 @@ The link is verified as the bridge shaper's is (`netem.measure`: ICMP echo to th
 receive timestamps), against the base RTT measured just before shaping plus the configured one:
 a real link's own round trip is not zero.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,7 +50,7 @@ from netem.spec import LinkSpec
 
 log = logging.getLogger(__name__)
 
-REINJECT_MARK = 0x44534442         # "DSDB": copies the daemon sends; the "up" rule skips them
+REINJECT_MARK = 0x44534442  # "DSDB": copies the daemon sends; the "up" rule skips them
 INGRESS_HANDLE = 0xFFFF0000
 ETH_P_ALL = 0x0003
 BASE_PROBES = 20
@@ -67,9 +68,11 @@ class InsideRulePlan:
 
     def rule_specs(self) -> list[str]:
         """The chain's rules exactly as ``iptables -S CHAIN`` prints them."""
-        return [f"-A {self.chain} -d {self.peer_ip}/32 -m mark ! --mark 0x{self.mark:x} "
-                f"-j NFQUEUE --queue-num {self.queue_up}",
-                f"-A {self.chain} -s {self.peer_ip}/32 -j NFQUEUE --queue-num {self.queue_down}"]
+        return [
+            f"-A {self.chain} -d {self.peer_ip}/32 -m mark ! --mark 0x{self.mark:x} "
+            f"-j NFQUEUE --queue-num {self.queue_up}",
+            f"-A {self.chain} -s {self.peer_ip}/32 -j NFQUEUE --queue-num {self.queue_down}",
+        ]
 
     def restore_text(self) -> str:
         return "\n".join(["*filter", f":{self.chain} - [0:0]", *self.rule_specs(), "COMMIT", ""])
@@ -85,7 +88,7 @@ def plan_inside_rules(tag: str, peer_ip: str, queue_base: int) -> InsideRulePlan
 
 
 def ifb_name(tag: str) -> str:
-    return names.check_ifname(f"dsdbi{tag}"[:names.IFNAME_MAX_CHARS])
+    return names.check_ifname(f"dsdbi{tag}"[: names.IFNAME_MAX_CHARS])
 
 
 def plan_inside_kernel(ifname: str, ifb: str, spec: LinkSpec, max_pps: int) -> list[TcRequest]:
@@ -109,6 +112,7 @@ def route_interface(peer_ip: str) -> str:
 
 # ---- which backend works here --------------------------------------------------------------
 
+
 def probe_here(tag: str) -> tuple[bool, bool, str]:
     """(kernel netem works, NFQUEUE works, detail), tried in this namespace without touching any
     traffic: a netem qdisc on a throwaway veth pair, an NFQUEUE rule in a chain nothing jumps to."""
@@ -118,8 +122,13 @@ def probe_here(tag: str) -> tuple[bool, bool, str]:
         try:
             ipr.link("add", ifname=pair[0], kind="veth", peer=pair[1])
             try:
-                ipr.tc("add", "netem", ipr.link_lookup(ifname=pair[0])[0],
-                       names.qdisc_handle(names.QDISC_MAJOR_NETEM), delay=1000)
+                ipr.tc(
+                    "add",
+                    "netem",
+                    ipr.link_lookup(ifname=pair[0])[0],
+                    names.qdisc_handle(names.QDISC_MAJOR_NETEM),
+                    delay=1000,
+                )
                 netem_ok, netem_detail = True, "sch_netem works"
             except NetlinkError as exc:
                 netem_detail = "sch_netem missing (ENOENT)" if exc.code == 2 else f"sch_netem failed: {exc}"
@@ -163,6 +172,7 @@ def choose_here(requested: str, tag: str) -> tuple[str, str]:
 
 # ---- the shaper ----------------------------------------------------------------------------
 
+
 @dataclass
 class InsideRecord:
     """What was done to the link, as JSON for the edge's control API."""
@@ -172,16 +182,24 @@ class InsideRecord:
     spec: LinkSpec
     backend: str
     backend_reason: str
-    base: LinkMeasurement | None = None       # before shaping: the real link's own RTT
-    measured: LinkMeasurement | None = None   # after: should be base + configured
+    base: LinkMeasurement | None = None  # before shaping: the real link's own RTT
+    measured: LinkMeasurement | None = None  # after: should be base + configured
     problems: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict:
         def m(x):
             return None if x is None else {k: getattr(x, k) for k in x.__dataclass_fields__}
-        return {"peer_ip": self.peer_ip, "interface": self.interface, "spec": self.spec.as_dict(),
-                "backend": self.backend, "backend_reason": self.backend_reason, "base": m(self.base),
-                "measured": m(self.measured), "problems": self.problems}
+
+        return {
+            "peer_ip": self.peer_ip,
+            "interface": self.interface,
+            "spec": self.spec.as_dict(),
+            "backend": self.backend,
+            "backend_reason": self.backend_reason,
+            "base": m(self.base),
+            "measured": m(self.measured),
+            "problems": self.problems,
+        }
 
 
 class InsideShaper:
@@ -208,11 +226,11 @@ class InsideShaper:
     def apply(self, peer_ip: str, spec: LinkSpec, tolerance_ms: float | None = None) -> InsideRecord:
         if self.record is not None:
             raise RuntimeError("apply() was called already: use one InsideShaper per link setting")
-        socket.inet_aton(peer_ip)           # an IPv4 address (the rules are IPv4 only)
+        socket.inet_aton(peer_ip)  # an IPv4 address (the rules are IPv4 only)
         tolerance_ms = self.config.verify_tolerance_ms if tolerance_ms is None else tolerance_ms
         ifname = route_interface(peer_ip)
         with self._lock:
-            if not self._claimed:            # the probe's and the shaping's objects are ours from here
+            if not self._claimed:  # the probe's and the shaping's objects are ours from here
                 owners.claim(self.config.tag)
                 self._claimed = True
         backend, reason = choose_here(self.config.backend, self.config.tag)
@@ -230,15 +248,18 @@ class InsideShaper:
                 self._apply_nfqueue(peer_ip, spec)
                 priority = self.daemon.child.ready_info.get("realtime", True)
                 if priority is not True:
-                    record.backend_reason += (f"; daemon not real-time ({priority or 'normal priority'}): SCHED_FIFO "
-                                              "needs CAP_SYS_NICE and a cgroup real-time budget")
+                    record.backend_reason += (
+                        f"; daemon not real-time ({priority or 'normal priority'}): SCHED_FIFO "
+                        "needs CAP_SYS_NICE and a cgroup real-time budget"
+                    )
             self.record = record
             if count:
                 record.measured = self._measure(peer_ip, spec, count, base=record.base)
                 record.problems = record.measured.problems(tolerance_ms)
                 if record.problems:
-                    raise ShaperFailed(f"link to {peer_ip} does not behave as configured: "
-                                       + "; ".join(record.problems))
+                    raise ShaperFailed(
+                        f"link to {peer_ip} does not behave as configured: " + "; ".join(record.problems)
+                    )
         except BaseException:
             self.close()
             raise
@@ -254,9 +275,15 @@ class InsideShaper:
             index = ipr.link_lookup(ifname=ifname)[0]
             ipr.tc("add", "ingress", index, INGRESS_HANDLE)
             self._ingress_on = ifname
-            ipr.tc("add-filter", "u32", index, parent=INGRESS_HANDLE, protocol=ETH_P_ALL,
-                   keys=["0x0/0x0+0"], action={"kind": "mirred", "direction": "egress",
-                                              "action": "redirect", "ifindex": ifb_index})
+            ipr.tc(
+                "add-filter",
+                "u32",
+                index,
+                parent=INGRESS_HANDLE,
+                protocol=ETH_P_ALL,
+                keys=["0x0/0x0+0"],
+                action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": ifb_index},
+            )
         self.tc_plan = plan_inside_kernel(ifname, ifb, spec, self.config.max_pps)
         kernel.apply_plan(self.tc_plan)
         problems = kernel.read_back(self.tc_plan)
@@ -266,13 +293,27 @@ class InsideShaper:
     def _apply_nfqueue(self, peer_ip: str, spec: LinkSpec) -> None:
         c = self.config
         plan = plan_inside_rules(c.tag, peer_ip, c.queue_base)
-        assignments = [QueueAssignment(queue_num=q, label=f"{peer_ip}/{label}", direction=d,
-                                       limit_pkts=queue_limit_pkts(d, c.max_pps, c.backlog_pkts),
-                                       backlog_pkts=c.backlog_pkts, seed=c.seed * 1_000_003 + q, reinject=label == "up")
-                       for q, label, d in ((plan.queue_up, "up", spec.up), (plan.queue_down, "down", spec.down))]
+        assignments = [
+            QueueAssignment(
+                queue_num=q,
+                label=f"{peer_ip}/{label}",
+                direction=d,
+                limit_pkts=queue_limit_pkts(d, c.max_pps, c.backlog_pkts),
+                backlog_pkts=c.backlog_pkts,
+                seed=c.seed * 1_000_003 + q,
+                reinject=label == "up",
+            )
+            for q, label, d in ((plan.queue_up, "up", spec.up), (plan.queue_down, "down", spec.down))
+        ]
         # The daemon first: a rule pointing at a queue nobody serves drops packets.
-        self.daemon = NfqueueDaemon.start(None, assignments, names.process_tag(c.tag), rt_priority=c.rt_priority,
-                                          ready_timeout_s=c.ready_timeout_s, reinject_mark=plan.mark)
+        self.daemon = NfqueueDaemon.start(
+            None,
+            assignments,
+            names.process_tag(c.tag),
+            rt_priority=c.rt_priority,
+            ready_timeout_s=c.ready_timeout_s,
+            reinject_mark=plan.mark,
+        )
         self.rule_plan = plan
         nsutil.run(["iptables-restore", "-w", "--noflush"], input_text=plan.restore_text())
         for jump in plan.jumps:
@@ -281,20 +322,29 @@ class InsideShaper:
         if problems:
             raise ShaperFailed("iptables state differs from the plan: " + "; ".join(problems))
 
-    def _measure(self, peer_ip: str, spec: LinkSpec, count: int, base: LinkMeasurement | None = None
-                 ) -> LinkMeasurement:
+    def _measure(
+        self, peer_ip: str, spec: LinkSpec, count: int, base: LinkMeasurement | None = None
+    ) -> LinkMeasurement:
         """ICMP echo to the peer from here; expected: the base median plus the configured RTT."""
         base_ms = base.rtt_p50_ms if base is not None and base.n_received else 0.0
         expected_ms = spec.expected_rtt_ms(PROBE_IP_BYTES) + base_ms
         timeout_s = 1.0 + 3.0 * expected_ms / 1000.0
         # Read times, not the kernel's receive stamps: "down" is held after the stamp is taken.
-        rtts = probe_rtts([RttTarget(peer_ip, None, peer_ip)], count, self.config.verify_interval_s, timeout_s,
-                          kernel_stamps=False)[0]
+        rtts = probe_rtts(
+            [RttTarget(peer_ip, None, peer_ip)], count, self.config.verify_interval_s, timeout_s, kernel_stamps=False
+        )[0]
         s = summarize(rtts, count)
-        return LinkMeasurement(configured_rtt_ms=expected_ms, expected_rtt_stdev_ms=spec.expected_rtt_stdev_ms,
-                               expected_loss_pct=spec.expected_rtt_loss_pct, rtt_p50_ms=s.p50_ms,
-                               rtt_p99_ms=s.p99_ms, rtt_stdev_ms=s.stdev_ms, loss_pct=s.loss_pct,
-                               n_sent=s.n_sent, n_received=s.n_received)
+        return LinkMeasurement(
+            configured_rtt_ms=expected_ms,
+            expected_rtt_stdev_ms=spec.expected_rtt_stdev_ms,
+            expected_loss_pct=spec.expected_rtt_loss_pct,
+            rtt_p50_ms=s.p50_ms,
+            rtt_p99_ms=s.p99_ms,
+            rtt_stdev_ms=s.stdev_ms,
+            loss_pct=s.loss_pct,
+            n_sent=s.n_sent,
+            n_received=s.n_received,
+        )
 
     def failures(self) -> list[str]:
         return self.daemon.failures() if self.daemon is not None else []
@@ -349,7 +399,7 @@ def _remove_ingress(ifname: str) -> None:
             try:
                 ipr.tc("del", "ingress", found[0], INGRESS_HANDLE)
             except NetlinkError as exc:
-                if exc.code not in (2, 22):      # already gone
+                if exc.code not in (2, 22):  # already gone
                     raise
 
 

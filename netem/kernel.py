@@ -3,6 +3,7 @@
 `observe` turns the kernel's answer into plain data and `compare` (pure) checks it against the
 plan, so the comparison is tested without a kernel that has sch_netem.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,13 @@ def _qdisc_data(msg) -> dict:
 
 
 def _class_data(msg) -> dict:
-    data = {"command": "replace-class", "kind": msg.get_attr("TCA_KIND"), "handle": msg["handle"],
-            "parent": _parent(msg), "options": {}}
+    data = {
+        "command": "replace-class",
+        "kind": msg.get_attr("TCA_KIND"),
+        "handle": msg["handle"],
+        "parent": _parent(msg),
+        "options": {},
+    }
     opts = msg.get_attr("TCA_OPTIONS")
     parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
     if parms is not None:

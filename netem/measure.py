@@ -15,6 +15,7 @@ header too: 14 bytes more per packet).
 
 Statistics are pure functions near the end, followed by a link's configured-vs-measured summary.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,9 +60,15 @@ class RttStats:
     max_ms: float
 
 
-def probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_s: float = 2.0,
-               stop: threading.Event | None = None, timeline: list[list] | None = None,
-               kernel_stamps: bool = True) -> list[list[float]]:
+def probe_rtts(
+    targets: list[RttTarget],
+    count: int,
+    interval_s: float,
+    timeout_s: float = 2.0,
+    stop: threading.Event | None = None,
+    timeline: list[list] | None = None,
+    kernel_stamps: bool = True,
+) -> list[list[float]]:
     """`count` echo requests per target, one every `interval_s`; the RTTs (ms) of the replies.
 
     Bounded: returns at the latest `timeout_s` after the last send. `stop` ends the sending early
@@ -93,8 +100,15 @@ def _thread_realtime(priority: int):
         os.sched_setscheduler(0, policy, param)
 
 
-def _probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout_s: float,
-                stop: threading.Event | None, timeline: list[list] | None, kernel_stamps: bool) -> list[list[float]]:
+def _probe_rtts(
+    targets: list[RttTarget],
+    count: int,
+    interval_s: float,
+    timeout_s: float,
+    stop: threading.Event | None,
+    timeline: list[list] | None,
+    kernel_stamps: bool,
+) -> list[list[float]]:
     socks = [_icmp_socket(t.src_netns) for t in targets]
     ident_base = os.getpid() & 0xFF00
     rtts: list[list[float]] = [[] for _ in targets]
@@ -111,7 +125,7 @@ def _probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout
         while time.monotonic() < end_s:
             now_s = time.monotonic()
             if stop is not None and stop.is_set() and next_send < total:
-                total = next_send             # no more sends: wait for the replies in flight
+                total = next_send  # no more sends: wait for the replies in flight
                 end_s = now_s + timeout_s
             while next_send < total and send_at(next_send) <= now_s:
                 i, k = next_send % n, next_send // n
@@ -122,8 +136,14 @@ def _probe_rtts(targets: list[RttTarget], count: int, interval_s: float, timeout
                 wake_s = min(wake_s, now_s + 0.1)
             ready, _, _ = select.select(socks, [], [], max(0.0, wake_s - time.monotonic()))
             for sock in ready:
-                _read_replies(sock, by_fd[sock.fileno()], rtts, timeline=timeline,
-                              real_minus_mono_s=real_minus_mono_s, kernel_stamps=kernel_stamps)
+                _read_replies(
+                    sock,
+                    by_fd[sock.fileno()],
+                    rtts,
+                    timeline=timeline,
+                    real_minus_mono_s=real_minus_mono_s,
+                    kernel_stamps=kernel_stamps,
+                )
             if next_send == total and sum(map(len, rtts)) == total:
                 break
     finally:
@@ -172,9 +192,15 @@ def _send_echo(sock: socket.socket, dst_ip: str, ident: int, index: int, seq: in
         pass  # counted as lost: the socket buffer is full, which a probe must not wait out
 
 
-def _read_replies(sock: socket.socket, index: int, rtts: list[list[float]], count_warm_up: bool = False,
-                  timeline: list[list] | None = None, real_minus_mono_s: float = 0.0,
-                  kernel_stamps: bool = True) -> None:
+def _read_replies(
+    sock: socket.socket,
+    index: int,
+    rtts: list[list[float]],
+    count_warm_up: bool = False,
+    timeline: list[list] | None = None,
+    real_minus_mono_s: float = 0.0,
+    kernel_stamps: bool = True,
+) -> None:
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(2048, 64)
@@ -212,8 +238,15 @@ def _inet_checksum(data: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def measure_rate_mbit(src_netns: str | None, dst_netns: str | None, dst_ip: str, offered_mbit: float,
-                      duration_s: float = 3.0, warmup_s: float = 1.0, payload_bytes: int = 1400) -> float:
+def measure_rate_mbit(
+    src_netns: str | None,
+    dst_netns: str | None,
+    dst_ip: str,
+    offered_mbit: float,
+    duration_s: float = 3.0,
+    warmup_s: float = 1.0,
+    payload_bytes: int = 1400,
+) -> float:
     """Received IP-layer rate of a UDP stream offered at `offered_mbit` for `duration_s`.
 
     The first `warmup_s` of arrivals are left out: the shaper's queue is still filling then.
@@ -253,8 +286,9 @@ def measure_rate_mbit(src_netns: str | None, dst_netns: str | None, dst_ip: str,
     return ip_bytes * 8 / (window[-1] - window[0]) / 1e6
 
 
-def _send_paced(sock: socket.socket, dst: tuple[str, int], rate_mbit: float, duration_s: float,
-                payload_bytes: int) -> None:
+def _send_paced(
+    sock: socket.socket, dst: tuple[str, int], rate_mbit: float, duration_s: float, payload_bytes: int
+) -> None:
     gap_s = (payload_bytes + UDP_IP_OVERHEAD_BYTES) * 8 / (rate_mbit * 1e6)
     payload = b"\0" * payload_bytes
     start_s = time.monotonic()
@@ -268,6 +302,7 @@ def _send_paced(sock: socket.socket, dst: tuple[str, int], rate_mbit: float, dur
 
 
 # ---- statistics (pure) --------------------------------------------------------------------------
+
 
 def percentile(values: list[float], pct: float, method: str = "inverted_cdf") -> float:
     """The pct-th percentile of values, NaN if there are none; the testbed's one definition.
@@ -293,10 +328,15 @@ def summarize(rtts_ms: list[float], n_sent: int) -> RttStats:
     mean = sum(rtts_ms) / n if n else math.nan
     var = sum((x - mean) ** 2 for x in rtts_ms) / (n - 1) if n > 1 else math.nan
     return RttStats(
-        n_sent=n_sent, n_received=n, loss_pct=100.0 * (n_sent - n) / n_sent if n_sent else math.nan,
-        p50_ms=percentile(rtts_ms, 50, "linear"), p99_ms=percentile(rtts_ms, 99, "linear"), mean_ms=mean,
+        n_sent=n_sent,
+        n_received=n,
+        loss_pct=100.0 * (n_sent - n) / n_sent if n_sent else math.nan,
+        p50_ms=percentile(rtts_ms, 50, "linear"),
+        p99_ms=percentile(rtts_ms, 99, "linear"),
+        mean_ms=mean,
         stdev_ms=math.sqrt(var) if n > 1 else math.nan,
-        min_ms=min(rtts_ms) if n else math.nan, max_ms=max(rtts_ms) if n else math.nan,
+        min_ms=min(rtts_ms) if n else math.nan,
+        max_ms=max(rtts_ms) if n else math.nan,
     )
 
 
@@ -310,6 +350,7 @@ def loss_sigma(n_sent: int, measured_loss_pct: float, expected_loss_pct: float) 
 
 
 # ---- a shaped link, configured vs measured ----------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LinkMeasurement:
@@ -363,12 +404,19 @@ def measure_links(links, count: int = 100, interval_s: float = 0.02) -> list[Lin
     out = []
     for link, rtts_ms in zip(links, rtts):
         s = summarize(rtts_ms, count)
-        out.append(LinkMeasurement(
-            configured_rtt_ms=link.spec.expected_rtt_ms(PROBE_IP_BYTES),
-            expected_rtt_stdev_ms=link.spec.expected_rtt_stdev_ms,
-            expected_loss_pct=link.spec.expected_rtt_loss_pct,
-            rtt_p50_ms=s.p50_ms, rtt_p99_ms=s.p99_ms, rtt_stdev_ms=s.stdev_ms, loss_pct=s.loss_pct,
-            n_sent=s.n_sent, n_received=s.n_received,
-            expected_rtt_p50_ms=link.spec.expected_rtt_p50_ms(PROBE_IP_BYTES), rtt_mean_ms=s.mean_ms,
-        ))
+        out.append(
+            LinkMeasurement(
+                configured_rtt_ms=link.spec.expected_rtt_ms(PROBE_IP_BYTES),
+                expected_rtt_stdev_ms=link.spec.expected_rtt_stdev_ms,
+                expected_loss_pct=link.spec.expected_rtt_loss_pct,
+                rtt_p50_ms=s.p50_ms,
+                rtt_p99_ms=s.p99_ms,
+                rtt_stdev_ms=s.stdev_ms,
+                loss_pct=s.loss_pct,
+                n_sent=s.n_sent,
+                n_received=s.n_received,
+                expected_rtt_p50_ms=link.spec.expected_rtt_p50_ms(PROBE_IP_BYTES),
+                rtt_mean_ms=s.mean_ms,
+            )
+        )
     return out

@@ -26,6 +26,7 @@ no echo was sent in keeps the previous bin's RTT. Consecutive bins with the same
 Figures use the inverted-CDF percentile (the smallest sample with at least q of the samples at or
 below it: always one of the measured values), and duration_s is last send - first send.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,16 @@ def read_raw(path: str | Path) -> list[tuple[int, int]]:
     if tuple(header[:3]) != RAW_COLUMNS:
         raise ValueError(f"{path}: the header must start with {' '.join(RAW_COLUMNS)}, got {header[:3]}")
     out: list[tuple[int, int]] = []
-    for number, line in enumerate(lines[1:MAX_ROWS + 1], start=2):
+    for number, line in enumerate(lines[1 : MAX_ROWS + 1], start=2):
         if not line.strip():
             continue
         fields = line.split()
         try:
             pub_ms, sub_ms, delay_ms = (int(fields[0]), int(fields[1]), int(float(fields[2])))
         except (IndexError, ValueError):
-            raise ValueError(f"{path}:{number}: expected pub_time sub_time delay as integers, got {line[:80]!r}") \
-                from None
+            raise ValueError(
+                f"{path}:{number}: expected pub_time sub_time delay as integers, got {line[:80]!r}"
+            ) from None
         if sub_ms - pub_ms != delay_ms:
             raise ValueError(f"{path}:{number}: delay {delay_ms} ms is not sub - pub = {sub_ms - pub_ms} ms")
         if out and pub_ms < out[-1][0]:
@@ -93,9 +95,14 @@ def resample(trace: list[tuple[float, float]], step_s: float) -> list[tuple[floa
 def figures(trace: list[tuple[float, float]]) -> dict:
     """What PROVENANCE-style tables give per file: rows, duration (s), RTT percentiles (ms)."""
     rtts = [rtt for _, rtt in trace]
-    return {"rows": len(trace), "duration_s": trace[-1][0] - trace[0][0],
-            "rtt_p50_ms": percentile(rtts, 50), "rtt_p95_ms": percentile(rtts, 95),
-            "rtt_p99_ms": percentile(rtts, 99), "rtt_max_ms": max(rtts)}
+    return {
+        "rows": len(trace),
+        "duration_s": trace[-1][0] - trace[0][0],
+        "rtt_p50_ms": percentile(rtts, 50),
+        "rtt_p95_ms": percentile(rtts, 95),
+        "rtt_p99_ms": percentile(rtts, 99),
+        "rtt_max_ms": max(rtts),
+    }
 
 
 def stalls(trace: list[tuple[float, float]], min_rtt_ms: float = 1000.0) -> list[tuple[float, float]]:
@@ -131,12 +138,17 @@ def trace_name(raw: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m netem.measured", description=__doc__.split("\n\n")[0],
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m netem.measured", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("raw", nargs="+", type=Path, help="CICV5G raw text files")
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--resample-ms", type=float, default=0.0,
-                        help="bin width in ms (0 = the raw sampling, the default); see the module's rule")
+    parser.add_argument(
+        "--resample-ms",
+        type=float,
+        default=0.0,
+        help="bin width in ms (0 = the raw sampling, the default); see the module's rule",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing trace")
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         write_trace(trace, out)
         f = figures(trace)
-        print(f"{out}: raw sha256 {sha256(raw)} rows={f['rows']} duration_s={f['duration_s']:.3f} "
-              f"rtt_ms p50/p95/p99/max={f['rtt_p50_ms']:g}/{f['rtt_p95_ms']:g}/{f['rtt_p99_ms']:g}/"
-              f"{f['rtt_max_ms']:g} stalls_ge_1s={len(stalls(trace))}")
+        print(
+            f"{out}: raw sha256 {sha256(raw)} rows={f['rows']} duration_s={f['duration_s']:.3f} "
+            f"rtt_ms p50/p95/p99/max={f['rtt_p50_ms']:g}/{f['rtt_p95_ms']:g}/{f['rtt_p99_ms']:g}/"
+            f"{f['rtt_max_ms']:g} stalls_ge_1s={len(stalls(trace))}"
+        )
     return 0
 
 

@@ -23,6 +23,7 @@ benchmarks/step_reorder.py). `update(direction, keep_order=True)` keeps the floo
 never leaves before one sent ahead of it, so after a cut the delay falls as the held packets
 drain, as when a queue empties. The random state, a loss burst and the wire's backlog carry over.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Every kernel object carries the prefix: network namespaces ``dsdbed-<tag>-<role>
 chains ``DSDBED-<tag>``, interfaces ``dsdb...`` (at most 15 characters, the kernel's limit), root
 qdiscs the handle majors below, child processes a ``--tag dsdbed-<tag>`` argument.
 """
+
 from __future__ import annotations
 
 import os

@@ -37,6 +37,7 @@ milliseconds to be scheduled after a wake-up (measured: p99 3-5 ms), which is de
 every link. So the daemon runs SCHED_FIFO (``rt_priority``, 0 = off); it sleeps nearly all the
 time, and the kernel's RT throttling still leaves other tasks 5% of each CPU if it ever spins.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,8 +109,15 @@ class Clock:
 class Queue:
     """One NFQUEUE queue number = one direction of one link."""
 
-    def __init__(self, cfg: dict, heap: list, seq: itertools.count, clock: Clock, read_lag: Histogram,
-                 raw_socket: socket.socket | None = None):
+    def __init__(
+        self,
+        cfg: dict,
+        heap: list,
+        seq: itertools.count,
+        clock: Clock,
+        read_lag: Histogram,
+        raw_socket: socket.socket | None = None,
+    ):
         from netfilterqueue import COPY_PACKET, NetfilterQueue
 
         self.queue_num = int(cfg["queue_num"])
@@ -128,8 +136,13 @@ class Queue:
         self.n_send_failed = 0
         self._heap, self._seq, self._clock, self._read_lag = heap, seq, clock, read_lag
         self.nfq = NetfilterQueue()
-        self.nfq.bind(self.queue_num, self._on_packet, max_len=self.limit_pkts + KERNEL_QUEUE_MARGIN_PKTS,
-                      mode=COPY_PACKET, range=REINJECT_RANGE_BYTES if self.reinject else COPY_RANGE_BYTES)
+        self.nfq.bind(
+            self.queue_num,
+            self._on_packet,
+            max_len=self.limit_pkts + KERNEL_QUEUE_MARGIN_PKTS,
+            mode=COPY_PACKET,
+            range=REINJECT_RANGE_BYTES if self.reinject else COPY_RANGE_BYTES,
+        )
 
     def _on_packet(self, pkt) -> None:
         now_s = time.monotonic()
@@ -148,7 +161,7 @@ class Queue:
             pkt.drop()
             return
         if self.reinject:
-            pkt.drop()          # the sender's socket is credited now; the copy leaves later
+            pkt.drop()  # the sender's socket is credited now; the copy leaves later
             pkt = payload
         self.held += 1
         heapq.heappush(self._heap, (release_s, next(self._seq), pkt, self, now_s))
@@ -163,13 +176,22 @@ class Queue:
         try:
             self.raw_socket.sendto(pkt, (socket.inet_ntoa(pkt[16:20]), 0))
         except OSError:
-            self.n_send_failed += 1     # as a lost packet; counted in the stats
+            self.n_send_failed += 1  # as a lost packet; counted in the stats
 
     def stats(self) -> dict:
         s = self.scheduler
-        return {"queue_num": self.queue_num, "label": self.label, "n_in": s.n_in, "n_lost": s.n_lost,
-                "n_overflow": s.n_overflow, "n_limit": self.n_limit, "n_out": self.n_out, "held": self.held,
-                "n_send_failed": self.n_send_failed, "n_updates": s.n_updates}
+        return {
+            "queue_num": self.queue_num,
+            "label": self.label,
+            "n_in": s.n_in,
+            "n_lost": s.n_lost,
+            "n_overflow": s.n_overflow,
+            "n_limit": self.n_limit,
+            "n_out": self.n_out,
+            "held": self.held,
+            "n_send_failed": self.n_send_failed,
+            "n_updates": s.n_updates,
+        }
 
 
 def ip_length(head: bytes) -> int:
@@ -237,9 +259,16 @@ class Control:
             if line.strip():
                 for change in json.loads(line)["changes"]:
                     queue = self.by_num[int(change["queue_num"])]
-                    heapq.heappush(self.pending, (float(change["at_mono_s"]), next(self._seq), queue,
-                                                  DirectionSpec(**change["direction"]),
-                                                  bool(change.get("keep_order", False))))
+                    heapq.heappush(
+                        self.pending,
+                        (
+                            float(change["at_mono_s"]),
+                            next(self._seq),
+                            queue,
+                            DirectionSpec(**change["direction"]),
+                            bool(change.get("keep_order", False)),
+                        ),
+                    )
         return True
 
     def next_s(self) -> float:
@@ -253,8 +282,9 @@ class Control:
             self.n_applied += 1
 
 
-def serve(queues: list[Queue], heap: list, clock: Clock, lead: WakeLead, late: Histogram,
-          control: Control | None = None) -> None:
+def serve(
+    queues: list[Queue], heap: list, clock: Clock, lead: WakeLead, late: Histogram, control: Control | None = None
+) -> None:
     epoll = select.epoll()
     by_fd = {}
     for q in queues:
@@ -348,10 +378,18 @@ def main() -> None:
         for q in queues:
             q.nfq.unbind()
         stamp_switch.close()
-        announce("STATS", {"queues": stats, "read_lag": read_lag.summary(), "release_late": late.summary(),
-                           "wake_lead_us": round(lead.lead_s * 1e6, 1), "realtime": realtime,
-                           "changes_applied": control.n_applied if control else 0,
-                           "change_late": control.late.summary() if control else {}})
+        announce(
+            "STATS",
+            {
+                "queues": stats,
+                "read_lag": read_lag.summary(),
+                "release_late": late.summary(),
+                "wake_lead_us": round(lead.lead_s * 1e6, 1),
+                "realtime": realtime,
+                "changes_applied": control.n_applied if control else 0,
+                "change_late": control.late.summary() if control else {},
+            },
+        )
 
 
 if __name__ == "__main__":

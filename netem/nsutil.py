@@ -3,6 +3,7 @@
 A namespace is named by a path: ``/run/netns/NAME`` for one we created, ``/proc/PID/ns/net`` for
 a container's. ``None`` means the namespace this process runs in (the host, for Docker).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,15 +35,16 @@ def in_netns(netns: str | None, argv: list[str]) -> list[str]:
     return ["nsenter", f"--net={netns_path(netns)}", "--", *argv]
 
 
-def run(argv: list[str], netns: str | None = None, check: bool = True, timeout_s: float = 30.0,
-        input_text: str | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        in_netns(netns, argv), capture_output=True, text=True, timeout=timeout_s, input=input_text
-    )
+def run(
+    argv: list[str],
+    netns: str | None = None,
+    check: bool = True,
+    timeout_s: float = 30.0,
+    input_text: str | None = None,
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(in_netns(netns, argv), capture_output=True, text=True, timeout=timeout_s, input=input_text)
     if check and proc.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(argv)} (netns {netns}) exited {proc.returncode}: {proc.stderr.strip()}"
-        )
+        raise RuntimeError(f"{' '.join(argv)} (netns {netns}) exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
 
 
@@ -78,8 +80,9 @@ def call_in_netns(netns: str | None, fn):
     return result["value"]
 
 
-def socket_in_netns(netns: str | None, family: int = socket.AF_INET, kind: int = socket.SOCK_DGRAM,
-                    proto: int = 0) -> socket.socket:
+def socket_in_netns(
+    netns: str | None, family: int = socket.AF_INET, kind: int = socket.SOCK_DGRAM, proto: int = 0
+) -> socket.socket:
     """A socket that lives in `netns`, used from this process."""
     return call_in_netns(netns, lambda: socket.socket(family, kind, proto))
 

@@ -8,6 +8,7 @@ a second sweep or `dsdbed cleanup` must leave those alone. A tag without a file,
 is gone, is a dead run's, as before. The caller's own tags count as its own to clean (a test that
 plays a crash in-process, or a run cleaning up after itself).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 from netem import names
 
 OWNER_SUFFIX = ".owner"
-_claims: dict[str, int] = {}          # tag -> how many objects of this process hold the claim
+_claims: dict[str, int] = {}  # tag -> how many objects of this process hold the claim
 _lock = threading.Lock()
 
 
@@ -30,13 +31,13 @@ def owners_dir() -> Path:
 
 
 def process_identity(pid: int) -> str | None:
-    """"pid:start time in clock ticks since boot" (/proc/PID/stat field 22); None if no such process."""
+    """ "pid:start time in clock ticks since boot" (/proc/PID/stat field 22); None if no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = stat[stat.rindex(b")") + 2:].split()        # after "pid (comm) ": field 3 onwards
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
     return f"{pid}:{int(fields[19])}"
 
 
@@ -99,17 +100,17 @@ def describe(tag: str, pid: int) -> str:
 def tag_of(kind: str, name: str) -> str | None:
     """The run tag in one of our objects' names: a namespace, a chain or a process marker."""
     if kind == "netns" and name.startswith(names.PREFIX + "-"):
-        return name[len(names.PREFIX) + 1:].split("-")[0]
+        return name[len(names.PREFIX) + 1 :].split("-")[0]
     if kind == "chain" and name.startswith(names.CHAIN_PREFIX):
-        return name[len(names.CHAIN_PREFIX):].split("-")[0]
+        return name[len(names.CHAIN_PREFIX) :].split("-")[0]
     if kind == "process" and name.startswith(names.PREFIX + "-"):
-        return name[len(names.PREFIX) + 1:]
+        return name[len(names.PREFIX) + 1 :]
     return None
 
 
 def ifname_is_live(ifname: str, live: dict[str, int]) -> bool:
     """An interface name carries its tag after the 5-letter prefix (``dsdbi<tag>``, ``dsdbp<tag>a``)."""
-    return any(tag in ifname[len(names.IFNAME_PREFIX):] for tag in live)
+    return any(tag in ifname[len(names.IFNAME_PREFIX) :] for tag in live)
 
 
 def _owner_files() -> dict[str, str]:
@@ -119,7 +120,7 @@ def _owner_files() -> dict[str, str]:
     found = {}
     for path in folder.glob(f"*{OWNER_SUFFIX}"):
         try:
-            found[path.name[:-len(OWNER_SUFFIX)]] = path.read_text().strip()
+            found[path.name[: -len(OWNER_SUFFIX)]] = path.read_text().strip()
         except FileNotFoundError:
-            continue                      # its run ended while we looked
+            continue  # its run ended while we looked
     return found

@@ -16,6 +16,7 @@ Attributes are in pyroute2's units (the `pyroute2_units` function is the only pl
 converts): delay and jitter integer microseconds, loss percent, rate bytes per second.
 Requests use "replace": applying a plan twice gives the same kernel state.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,8 +43,10 @@ class TcRequest:
 
     def describe(self) -> str:
         where = "root" if self.parent is None else f"parent {self.parent >> 16:x}:{self.parent & 0xFFFF:x}"
-        return (f"tc {self.command} {self.kind} dev {self.ifname} (netns {self.netns}) "
-                f"handle {self.handle >> 16:x}:{self.handle & 0xFFFF:x} {where} {self.attrs}")
+        return (
+            f"tc {self.command} {self.kind} dev {self.ifname} (netns {self.netns}) "
+            f"handle {self.handle >> 16:x}:{self.handle & 0xFFFF:x} {where} {self.attrs}"
+        )
 
 
 class KernelPlanError(ValueError):

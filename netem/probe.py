@@ -6,6 +6,7 @@
 
 Nothing outside the probe namespace (``dsdbed-<tag>-probe``) is touched; it is removed at once.
 """
+
 from __future__ import annotations
 
 import functools
@@ -74,8 +75,9 @@ def _probe_nfqueue(netns: str) -> tuple[bool, str]:
     except ImportError as exc:
         return False, f"NetfilterQueue not importable ({exc}): pip install NetfilterQueue"
     try:
-        added = nsutil.run(["iptables", "-w", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0"],
-                           netns=netns, check=False)
+        added = nsutil.run(
+            ["iptables", "-w", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0"], netns=netns, check=False
+        )
     except FileNotFoundError:
         return False, "iptables not installed"
     if added.returncode != 0:

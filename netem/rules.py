@@ -21,6 +21,7 @@ packets held here before its first packet is confirmed clash at confirmation and
 (``insert_failed``). TCP never has two such packets in flight; ICMP does (the RTT probe warms
 each flow up first), and so would a burst opening a UDP flow on a kernel without clash resolution.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ def bridge_netfilter_enabled(netns: str | None) -> bool:
 
     Without it the physdev rules never match and every link would silently stay unshaped.
     """
+
     def read() -> str:
         with open("/proc/sys/net/bridge/bridge-nf-call-iptables") as f:
             return f.read().strip()
@@ -152,8 +154,11 @@ def remove_chain(netns: str | None, chain: str) -> list[str]:
 
 def list_chains(netns: str | None, prefix: str) -> list[str]:
     listed = nsutil.run([IPTABLES, "-w", "-S"], netns=netns, check=False)
-    return [line.split()[1] for line in listed.stdout.splitlines()
-            if line.startswith("-N ") and line.split()[1].startswith(prefix)]
+    return [
+        line.split()[1]
+        for line in listed.stdout.splitlines()
+        if line.startswith("-N ") and line.split()[1].startswith(prefix)
+    ]
 
 
 def _jump_present(plan: RulePlan) -> bool:

@@ -10,6 +10,7 @@ jitter_ms, delay_distribution, correlation_pct, loss_pct, rate_mbit (0 = no cap)
 step the link is `base`. The shaper applies a schedule without restarting anything (netem.shaper:
 the kernel qdisc is changed in place; the NFQUEUE daemon switches each queue at its time).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -21,8 +22,16 @@ from pathlib import Path
 
 from netem.spec import LinkSpec
 
-STEP_KEYS = ("rtt_ms", "delay_up_ms", "delay_down_ms", "jitter_ms", "delay_distribution", "correlation_pct",
-             "loss_pct", "rate_mbit")
+STEP_KEYS = (
+    "rtt_ms",
+    "delay_up_ms",
+    "delay_down_ms",
+    "jitter_ms",
+    "delay_distribution",
+    "correlation_pct",
+    "loss_pct",
+    "rate_mbit",
+)
 TRACE_COLUMNS = ("t_s", "rtt_ms", "jitter_ms", "loss_pct", "rate_mbit")
 MAX_STEPS = 1_000_000
 
@@ -33,8 +42,12 @@ class LinkStep:
     changes: tuple[tuple[str, object], ...]  # (key, value), keys from STEP_KEYS
 
     def __post_init__(self):
-        if isinstance(self.at_s, bool) or not isinstance(self.at_s, (int, float)) or not math.isfinite(self.at_s) \
-                or self.at_s < 0:
+        if (
+            isinstance(self.at_s, bool)
+            or not isinstance(self.at_s, (int, float))
+            or not math.isfinite(self.at_s)
+            or self.at_s < 0
+        ):
             raise ValueError(f"at_s must be a finite number of seconds >= 0, got {self.at_s!r}")
         unknown = sorted({k for k, _ in self.changes} - set(STEP_KEYS))
         if unknown:
@@ -81,8 +94,9 @@ class LinkSchedule:
             reader = csv.DictReader(f)
             columns = [c.strip() for c in reader.fieldnames or []]
             if columns[:2] != ["t_s", "rtt_ms"] or set(columns) - set(TRACE_COLUMNS):
-                raise ValueError(f"{path}: trace columns must be t_s, rtt_ms[, jitter_ms, loss_pct, rate_mbit]; "
-                                 f"got {columns}")
+                raise ValueError(
+                    f"{path}: trace columns must be t_s, rtt_ms[, jitter_ms, loss_pct, rate_mbit]; got {columns}"
+                )
             steps = []
             for line, row in enumerate(reader, start=2):
                 try:
@@ -103,7 +117,7 @@ class LinkSchedule:
 
     def state_at(self, base: LinkSpec, t_s: float) -> LinkSpec:
         spec = base
-        for step in self.steps[:self.index_at(t_s)]:
+        for step in self.steps[: self.index_at(t_s)]:
             spec = apply_changes(spec, dict(step.changes))
         return spec
 
@@ -147,8 +161,9 @@ def expected_rtt_at_ms(schedule: LinkSchedule, base: LinkSpec, sent_s: float, pr
     return up_ms + down_ms
 
 
-def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tuple[float, float]],
-                    tolerance_ms: float) -> list[tuple[float, float]]:
+def effect_brackets(
+    changes: list[tuple[float, float, float]], samples: list[tuple[float, float]], tolerance_ms: float
+) -> list[tuple[float, float]]:
     """When each change took effect as probes saw it, bracketed: for (at_s, old_rtt_ms, new_rtt_ms),
     (not_before_s, seen_s). seen_s is the send time of the first probe at or after at_s whose RTT is
     within tolerance_ms of the new RTT and nearer the new than the old one (NaN if none did before the
@@ -164,7 +179,7 @@ def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tup
     for i, (at_s, old_ms, new_ms) in enumerate(changes):
         until_s = changes[i + 1][0] if i + 1 < len(changes) else math.inf
         not_before_s, found = at_s, math.nan
-        for sent_s, rtt_ms in samples[bisect.bisect_left(sent, at_s):]:
+        for sent_s, rtt_ms in samples[bisect.bisect_left(sent, at_s) :]:
             if sent_s >= until_s:
                 break
             to_new_ms = abs(rtt_ms - new_ms)
@@ -178,7 +193,8 @@ def effect_brackets(changes: list[tuple[float, float, float]], samples: list[tup
     return out
 
 
-def effect_times(changes: list[tuple[float, float, float]], samples: list[tuple[float, float]],
-                 tolerance_ms: float) -> list[float]:
+def effect_times(
+    changes: list[tuple[float, float, float]], samples: list[tuple[float, float]], tolerance_ms: float
+) -> list[float]:
     """The upper ends (seen_s) of `effect_brackets`: when a probe first saw each change."""
     return [seen_s for _, seen_s in effect_brackets(changes, samples, tolerance_ms)]

@@ -8,6 +8,7 @@
 The backend is chosen once per `apply` (`netem.probe`): the kernel's netem where it exists,
 else the NFQUEUE daemon. Each record says which one shaped its link.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +55,14 @@ class ShaperConfig:
         if self.backend not in ("auto", *BACKENDS):
             raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {self.backend!r}")
         names.check_tag(self.tag)
-        for name, lo, hi in (("max_pps", 1, 10_000_000), ("backlog_pkts", 1, 1_000_000),
-                             ("queue_base", 0, MAX_QUEUE_NUM), ("rt_priority", 0, 99), ("seed", 0, 2**63),
-                             ("verify_count", 0, 100_000)):
+        for name, lo, hi in (
+            ("max_pps", 1, 10_000_000),
+            ("backlog_pkts", 1, 1_000_000),
+            ("queue_base", 0, MAX_QUEUE_NUM),
+            ("rt_priority", 0, 99),
+            ("seed", 0, 2**63),
+            ("verify_count", 0, 100_000),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
@@ -83,11 +89,18 @@ class LinkRecord:
     measured: LinkMeasurement | None = None
 
     def as_row(self) -> dict:
-        row = {"link": self.link, "edge": self.edge, "verifier": self.verifier, "edge_ip": self.edge_ip,
-               "verifier_ip": self.verifier_ip, "backend": self.backend, "backend_reason": self.backend_reason,
-               "queue_up": self.queues[0] if self.queues else None,
-               "queue_down": self.queues[1] if self.queues else None,
-               "interfaces": " ".join(self.interfaces)}
+        row = {
+            "link": self.link,
+            "edge": self.edge,
+            "verifier": self.verifier,
+            "edge_ip": self.edge_ip,
+            "verifier_ip": self.verifier_ip,
+            "backend": self.backend,
+            "backend_reason": self.backend_reason,
+            "queue_up": self.queues[0] if self.queues else None,
+            "queue_down": self.queues[1] if self.queues else None,
+            "interfaces": " ".join(self.interfaces),
+        }
         row.update({f"spec_{k}": v for k, v in self.spec.as_dict().items()})
         if self.measured is not None:
             row.update({f"measured_{k}": v for k, v in dataclasses.asdict(self.measured).items()})
@@ -127,7 +140,7 @@ class Shaper:
             raise RuntimeError("apply() was called already: use one Shaper per set of links")
         _check_links(links)
         self.links = list(links)
-        owners.claim(self.config.tag)        # its chains and daemons are a live run's from here
+        owners.claim(self.config.tag)  # its chains and daemons are a live run's from here
         self._claimed = True
         unusable = _kernel_unusable_reason(links)
         self.backend, reason = choose_backend(self.config.backend, unusable)
@@ -139,8 +152,9 @@ class Shaper:
                 self.records = self._apply_nfqueue(links, reason)
             if self.config.verify_count:
                 self.verify()
-                problems = [f"{r.link}: {p}" for r in self.records
-                            for p in r.measured.problems(self.config.verify_tolerance_ms)]
+                problems = [
+                    f"{r.link}: {p}" for r in self.records for p in r.measured.problems(self.config.verify_tolerance_ms)
+                ]
                 if problems:
                     raise ShaperFailed("links do not behave as configured: " + "; ".join(problems))
         except BaseException:
@@ -157,8 +171,15 @@ class Shaper:
         if problems:
             raise ShaperFailed("kernel state differs from the plan: " + "; ".join(problems))
         return [
-            _record(link, KERNEL_NETEM, reason,
-                    interfaces=(f"{link.edge.netns}:{link.edge.ifname}", f"{link.edge.bridge_netns}:{link.edge.bridge_port}"))
+            _record(
+                link,
+                KERNEL_NETEM,
+                reason,
+                interfaces=(
+                    f"{link.edge.netns}:{link.edge.ifname}",
+                    f"{link.edge.bridge_netns}:{link.edge.bridge_port}",
+                ),
+            )
             for link in links
         ]
 
@@ -173,25 +194,40 @@ class Shaper:
             records.append(_record(link, NFQUEUE, reason, queues=(q_up, q_down)))
         for bridge_netns, group in by_bridge.items():
             if not rules.bridge_netfilter_enabled(bridge_netns):
-                raise ShaperFailed(f"bridge netfilter is off in {bridge_netns or 'this namespace'}: set "
-                                   "net.bridge.bridge-nf-call-iptables=1 (modprobe br_netfilter), else no rule matches")
+                raise ShaperFailed(
+                    f"bridge netfilter is off in {bridge_netns or 'this namespace'}: set "
+                    "net.bridge.bridge-nf-call-iptables=1 (modprobe br_netfilter), else no rule matches"
+                )
             assignments, queue_rules = [], []
             for link, q_up, q_down in group:
                 for queue_num, label, direction, port_in, port_out in (
                     (q_up, f"{link.name}/up", link.spec.up, link.edge.bridge_port, link.verifier.bridge_port),
                     (q_down, f"{link.name}/down", link.spec.down, link.verifier.bridge_port, link.edge.bridge_port),
                 ):
-                    assignments.append(QueueAssignment(
-                        queue_num=queue_num, label=label, direction=direction,
-                        limit_pkts=queue_limit_pkts(direction, cfg.max_pps, cfg.backlog_pkts),
-                        backlog_pkts=cfg.backlog_pkts, seed=cfg.seed * 1_000_003 + queue_num))
+                    assignments.append(
+                        QueueAssignment(
+                            queue_num=queue_num,
+                            label=label,
+                            direction=direction,
+                            limit_pkts=queue_limit_pkts(direction, cfg.max_pps, cfg.backlog_pkts),
+                            backlog_pkts=cfg.backlog_pkts,
+                            seed=cfg.seed * 1_000_003 + queue_num,
+                        )
+                    )
                     queue_rules.append(rules.QueueRule(port_in, port_out, queue_num))
             # The daemon first: a rule pointing at a queue nobody serves drops packets.
-            self.daemons.append(NfqueueDaemon.start(bridge_netns, assignments, names.process_tag(cfg.tag),
-                                                    rt_priority=cfg.rt_priority,
-                                                    ready_timeout_s=cfg.ready_timeout_s))
-            plan = rules.plan_rules(bridge_netns, names.chain_name(cfg.tag), rules.parent_chain_for(bridge_netns),
-                                    queue_rules)
+            self.daemons.append(
+                NfqueueDaemon.start(
+                    bridge_netns,
+                    assignments,
+                    names.process_tag(cfg.tag),
+                    rt_priority=cfg.rt_priority,
+                    ready_timeout_s=cfg.ready_timeout_s,
+                )
+            )
+            plan = rules.plan_rules(
+                bridge_netns, names.chain_name(cfg.tag), rules.parent_chain_for(bridge_netns), queue_rules
+            )
             self.rule_plans.append(plan)
             rules.apply_rules(plan)
             problems = rules.read_back(plan)
@@ -212,29 +248,48 @@ class Shaper:
         if not self.records:
             raise RuntimeError("schedule() needs apply() first")
         if keep_order and self.backend != NFQUEUE:
-            raise ShaperFailed(f"keep_order (schedule_order = \"queue\") needs the nfqueue backend; this "
-                               f"run shapes with {self.backend}, whose netem orders packets by release time")
+            raise ShaperFailed(
+                f'keep_order (schedule_order = "queue") needs the nfqueue backend; this '
+                f"run shapes with {self.backend}, whose netem orders packets by release time"
+            )
         for _, specs in changes:
             if len(specs) != len(self.links):
                 raise ValueError(f"one LinkSpec (or None) per link ({len(self.links)}), got {len(specs)}")
         if self.backend == NFQUEUE:
             for daemon in self.daemons:
                 by_queue = {q.queue_num for q in daemon.queues}
-                timed = [(at_s, queue_num, direction)
-                         for at_s, specs in changes for record, spec in zip(self.records, specs) if spec is not None
-                         for queue_num, direction in zip(record.queues, (spec.up, spec.down)) if queue_num in by_queue]
+                timed = [
+                    (at_s, queue_num, direction)
+                    for at_s, specs in changes
+                    for record, spec in zip(self.records, specs)
+                    if spec is not None
+                    for queue_num, direction in zip(record.queues, (spec.up, spec.down))
+                    if queue_num in by_queue
+                ]
                 if timed:
                     daemon.schedule(timed, keep_order)
             return
-        unusable = _kernel_unusable_reason([dataclasses.replace(link, spec=spec) for _, specs in changes
-                                            for link, spec in zip(self.links, specs) if spec is not None])
+        unusable = _kernel_unusable_reason(
+            [
+                dataclasses.replace(link, spec=spec)
+                for _, specs in changes
+                for link, spec in zip(self.links, specs)
+                if spec is not None
+            ]
+        )
         if unusable:
             raise ShaperFailed(f"the kernel backend cannot change to this link: {unusable}")
-        plans = [(at_s, plan_links([dataclasses.replace(link, spec=spec)
-                                    for link, spec in zip(self.links, specs) if spec is not None],
-                                   self.config.max_pps)) for at_s, specs in changes]
-        thread = threading.Thread(target=self._run_kernel_schedule, args=(plans,), name="dsdbed-schedule",
-                                  daemon=True)
+        plans = [
+            (
+                at_s,
+                plan_links(
+                    [dataclasses.replace(link, spec=spec) for link, spec in zip(self.links, specs) if spec is not None],
+                    self.config.max_pps,
+                ),
+            )
+            for at_s, specs in changes
+        ]
+        thread = threading.Thread(target=self._run_kernel_schedule, args=(plans,), name="dsdbed-schedule", daemon=True)
         self._schedule_threads.append(thread)
         thread.start()
 
@@ -260,8 +315,14 @@ class Shaper:
         out = []
         for record in self.records:
             (up_pkts, up_bytes), (down_pkts, down_bytes) = (counts.get(q, (0, 0)) for q in record.queues)
-            out.append({"wire_pkts_up": up_pkts, "wire_bytes_up": up_bytes,
-                        "wire_pkts_down": down_pkts, "wire_bytes_down": down_bytes})
+            out.append(
+                {
+                    "wire_pkts_up": up_pkts,
+                    "wire_bytes_up": up_bytes,
+                    "wire_pkts_down": down_pkts,
+                    "wire_bytes_down": down_bytes,
+                }
+            )
         return out
 
     # ---- verify and watch -------------------------------------------------------------------
@@ -269,8 +330,9 @@ class Shaper:
     def verify(self, count: int | None = None, interval_s: float | None = None) -> list[LinkRecord]:
         """Measure every link's RTT from its edge now; fills each record's `measured`."""
         self.check()
-        measured = measure_links(self.links, count or self.config.verify_count,
-                                 interval_s or self.config.verify_interval_s)
+        measured = measure_links(
+            self.links, count or self.config.verify_count, interval_s or self.config.verify_interval_s
+        )
         for record, m in zip(self.records, measured):
             record.measured = m
         self.check()
@@ -328,7 +390,7 @@ class Shaper:
         if self.tc_plan:
             _collect(errors, kernel.remove_plan, self.tc_plan)
             self.tc_plan = []
-        if self._claimed:                   # what teardown missed is a dead run's from here
+        if self._claimed:  # what teardown missed is a dead run's from here
             owners.release(self.config.tag)
             self._claimed = False
         if errors:
@@ -345,8 +407,17 @@ def _collect(errors: list[str], fn, *args):
 
 
 def _record(link: Link, backend: str, reason: str, **kwargs) -> LinkRecord:
-    return LinkRecord(link=link.name, edge=link.edge.name, verifier=link.verifier.name, edge_ip=link.edge.ip,
-                      verifier_ip=link.verifier.ip, spec=link.spec, backend=backend, backend_reason=reason, **kwargs)
+    return LinkRecord(
+        link=link.name,
+        edge=link.edge.name,
+        verifier=link.verifier.name,
+        edge_ip=link.edge.ip,
+        verifier_ip=link.verifier.ip,
+        spec=link.spec,
+        backend=backend,
+        backend_reason=reason,
+        **kwargs,
+    )
 
 
 def _check_links(links: list[Link]) -> None:

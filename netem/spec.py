@@ -19,6 +19,7 @@ How a round trip is split: ``rtt_ms`` puts half of it on each direction (``delay
 Delays are never negative: a draw below zero is clipped, so jitter_ms may not exceed the one-way
 delay (a uniform draw is then never clipped; a normal one is, in its tail).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -159,8 +160,12 @@ class LinkSpec:
         median of the sum of the two directions' draws (exact over the tables, see `_sum_median`)."""
         up, down = self.up, self.down
         shift = sum(d.jitter_ms * _table_offset(d.distribution) for d in (up, down) if d.jitter_ms)
-        if up.jitter_ms and down.jitter_ms and up.distribution in distributions.TABLE_DISTRIBUTIONS \
-                and down.distribution in distributions.TABLE_DISTRIBUTIONS:
+        if (
+            up.jitter_ms
+            and down.jitter_ms
+            and up.distribution in distributions.TABLE_DISTRIBUTIONS
+            and down.distribution in distributions.TABLE_DISTRIBUTIONS
+        ):
             shift = _sum_median(up.distribution, up.jitter_ms, down.distribution, down.jitter_ms)
         return self.expected_rtt_ms(probe_bytes) + shift
 

@@ -11,6 +11,7 @@ namespace: the iptables rules of the userspace shaper are IPv4 only and nothing 
 
 Declared first (`plan_topology`, plain data), then realised by `Topology` and torn down on exit.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -74,11 +75,13 @@ class TopologyPlan:
 def plan_topology(config: TopologyConfig) -> TopologyPlan:
     net = ipaddress.IPv4Network(config.subnet)
     hosts = net.hosts()
-    verifier = PlannedEndpoint("verifier", names.netns_name(config.tag, "v"),
-                               names.check_ifname("dsdbpv"), str(next(hosts)))
+    verifier = PlannedEndpoint(
+        "verifier", names.netns_name(config.tag, "v"), names.check_ifname("dsdbpv"), str(next(hosts))
+    )
     edges = tuple(
-        PlannedEndpoint(f"edge{i}", names.netns_name(config.tag, f"e{i}"),
-                        names.check_ifname(f"dsdbp{i}"), str(next(hosts)))
+        PlannedEndpoint(
+            f"edge{i}", names.netns_name(config.tag, f"e{i}"), names.check_ifname(f"dsdbp{i}"), str(next(hosts))
+        )
         for i in range(config.n_edges)
     )
     return TopologyPlan(names.netns_name(config.tag, "br"), net.prefixlen, verifier, edges)
@@ -120,7 +123,7 @@ class Topology:
 
     def _realise(self) -> None:
         plan = self.plan
-        owners.claim(self.config.tag)       # before the first namespace: ours while we run
+        owners.claim(self.config.tag)  # before the first namespace: ours while we run
         self._claimed = True
         for name in plan.all_netns:
             if os.path.exists(nsutil.netns_path(name)):
@@ -139,8 +142,12 @@ class Topology:
             bridge_index = ifindex(ipr, BRIDGE_IFNAME)
             ipr.link("set", index=bridge_index, state="up")
             for ep in (plan.verifier, *plan.edges):
-                ipr.link("add", ifname=ep.bridge_port, kind="veth",
-                         peer={"ifname": ENDPOINT_IFNAME, "net_ns_fd": nsutil.netns_path(ep.netns_name)})
+                ipr.link(
+                    "add",
+                    ifname=ep.bridge_port,
+                    kind="veth",
+                    peer={"ifname": ENDPOINT_IFNAME, "net_ns_fd": nsutil.netns_path(ep.netns_name)},
+                )
                 port_index = ifindex(ipr, ep.bridge_port)
                 ipr.link("set", index=port_index, master=bridge_index, state="up")
         for ep in (plan.verifier, *plan.edges):
@@ -153,8 +160,14 @@ class Topology:
         self.edges = [self._endpoint(e) for e in plan.edges]
 
     def _endpoint(self, ep: PlannedEndpoint) -> Endpoint:
-        return Endpoint(name=ep.name, netns=nsutil.netns_path(ep.netns_name), ifname=ENDPOINT_IFNAME,
-                        ip=ep.ip, bridge_port=ep.bridge_port, bridge_netns=self.bridge_netns)
+        return Endpoint(
+            name=ep.name,
+            netns=nsutil.netns_path(ep.netns_name),
+            ifname=ENDPOINT_IFNAME,
+            ip=ep.ip,
+            bridge_port=ep.bridge_port,
+            bridge_netns=self.bridge_netns,
+        )
 
     def close(self) -> None:
         for name in reversed(self._created):

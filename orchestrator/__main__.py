@@ -1,4 +1,5 @@
 """`python -m orchestrator`: the dsdbed command line."""
+
 from orchestrator.cli import main
 
 raise SystemExit(main())

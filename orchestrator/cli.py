@@ -1,4 +1,5 @@
 """dsdbed: the command line of the testbed."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,12 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("experiment", type=Path)
     _sweep_options(sweep)
 
-    crossover = add("crossover", help="the main job: experiments/main.toml (the layer draft's and the feature "
-                                      "draft's crossover sweeps, side by side)")
+    crossover = add(
+        "crossover",
+        help="the main job: experiments/main.toml (the layer draft's and the feature "
+        "draft's crossover sweeps, side by side)",
+    )
     _sweep_options(crossover)
 
-    analyze = add("analyze", help="fit, crossovers and plots from a sweep folder (or a suite's: each sweep's, then "
-                                  "the side-by-side files)")
+    analyze = add(
+        "analyze",
+        help="fit, crossovers and plots from a sweep folder (or a suite's: each sweep's, then the side-by-side files)",
+    )
     analyze.add_argument("out", type=Path)
 
     report = add("report", help="one self-contained HTML (or Markdown) report of a sweep folder")
@@ -77,14 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     build = add("build-pair", help="build the default offline model pair")
     build.add_argument("rest", nargs=argparse.REMAINDER)
 
-    profile = add("measure-profile",
-                             help="measure a model pair's compute times here; prints a profiles.toml entry")
+    profile = add("measure-profile", help="measure a model pair's compute times here; prints a profiles.toml entry")
     profile.add_argument("--pair", default=str(REPO / "models" / "default-pair"))
     profile.add_argument("--name", default="cpu-default-pair")
     profile.add_argument("--threads", type=int, default=1)
 
-    add("cleanup", help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons, "
-                                   "service processes, containers, networks)")
+    add(
+        "cleanup",
+        help="remove leftovers of crashed runs (namespaces, rules, qdiscs, daemons, "
+        "service processes, containers, networks)",
+    )
     return parser
 
 
@@ -96,25 +104,30 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_sweep(args)
     if args.command == "analyze":
         from orchestrator.open_loop.commands import is_serving_sweep, reanalyze_serving
-        if is_serving_sweep(args.out):            # an open-loop sweep: orchestrator/open_loop/commands.py
+
+        if is_serving_sweep(args.out):  # an open-loop sweep: orchestrator/open_loop/commands.py
             return reanalyze_serving(args.out)
         if (Path(args.out) / SUITE_RECORD).exists():
             return _analyze_suite(args.out)
         return _analyze(args.out)
     if args.command == "report":
         from orchestrator.report.html import write_report
+
         print(f"report: {write_report(args.out, args.format)}")
         return 0
     if args.command == "build-pair":
         from pairs import build
+
         return build.main(args.rest)
     if args.command == "measure-profile":
         from orchestrator.running.measure_profile import measure_profile_toml
+
         print(measure_profile_toml(args.pair, args.name, args.threads))
         return 0
     if args.command == "cleanup":
         from orchestrator.launchers import leftovers
         from netem.cleanup import live_runs
+
         removed = leftovers.clean()
         print("\n".join(removed) if removed else "nothing to clean up")
         for run in live_runs():
@@ -135,13 +148,21 @@ def _sweep_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--launcher", choices=LAUNCHERS, help="run on this launcher instead of the file's")
-    parser.add_argument("--repeat-until-ci", type=int, metavar="POINTS",
-                        help="after the grid, spend up to POINTS extra points on repeats of the least certain "
-                             "crossover's cells (the file's adaptive_budget_points); with --resume, also on a "
-                             "finished sweep")
-    parser.add_argument("--profiles", type=Path, metavar="FILE",
-                        help="hardware profiles in the format of dsd/costs/profiles.toml (every number with its source), "
-                             "usable by name beside the packaged ones and the file's [profiles.NAME]")
+    parser.add_argument(
+        "--repeat-until-ci",
+        type=int,
+        metavar="POINTS",
+        help="after the grid, spend up to POINTS extra points on repeats of the least certain "
+        "crossover's cells (the file's adaptive_budget_points); with --resume, also on a "
+        "finished sweep",
+    )
+    parser.add_argument(
+        "--profiles",
+        type=Path,
+        metavar="FILE",
+        help="hardware profiles in the format of dsd/costs/profiles.toml (every number with its source), "
+        "usable by name beside the packaged ones and the file's [profiles.NAME]",
+    )
 
 
 def _run_sweep(args) -> int:
@@ -151,12 +172,13 @@ def _run_sweep(args) -> int:
         return _sweep_suite(args)
     experiment = _experiment_with_overrides(args.experiment, args)
     out = args.out or REPO / "results" / experiment.name
-    if experiment.load is not None:          # open-loop arrivals: orchestrator/open_loop/sweep.py
+    if experiment.load is not None:  # open-loop arrivals: orchestrator/open_loop/sweep.py
         from orchestrator.open_loop.commands import run_serving_cli
+
         return run_serving_cli(experiment, out, args.resume, args.dry_run)
     if args.dry_run:
         return _print_sweep_plan(experiment, out)
-    from orchestrator.running.run import run_experiment          # torch: only a sweep that runs needs it
+    from orchestrator.running.run import run_experiment  # torch: only a sweep that runs needs it
 
     run_experiment(experiment, out, resume=args.resume)
     return _analyze(out)
@@ -168,8 +190,11 @@ def _experiment_with_overrides(path: Path, args, suite: str = ""):
     here holds): --launcher moves the measured members, not the emulated ones."""
     experiment = load_experiment(path, args.profiles)
     if args.launcher and suite and experiment.launcher == "sim" and args.launcher != "sim":
-        print(f"suite {suite}: {experiment.name} stays on the sim launcher (emulated compute); "
-              f"--launcher {args.launcher} applies to the others", file=sys.stderr)
+        print(
+            f"suite {suite}: {experiment.name} stays on the sim launcher (emulated compute); "
+            f"--launcher {args.launcher} applies to the others",
+            file=sys.stderr,
+        )
     elif args.launcher:
         experiment = dataclasses.replace(experiment, launcher=args.launcher)
     if args.repeat_until_ci is not None:
@@ -196,8 +221,10 @@ def _sweep_suite(args) -> int:
     experiments = [_experiment_with_overrides(path, args, suite=suite.name) for path in suite.experiments]
     for experiment in experiments:
         if experiment.load is not None:
-            raise ValueError(f"suite {suite.name!r}: {experiment.name} has a [load] table; a suite runs "
-                             "closed-loop sweeps (run an open-loop experiment on its own)")
+            raise ValueError(
+                f"suite {suite.name!r}: {experiment.name} has a [load] table; a suite runs "
+                "closed-loop sweeps (run an open-loop experiment on its own)"
+            )
     out = args.out or REPO / "results" / suite.name
     if args.dry_run:
         check_suite_out(out, suite, experiments, args.resume)
@@ -227,10 +254,14 @@ def _analyze_suite(out: Path) -> int:
 def _print_side_by_side(result: dict, out: Path) -> None:
     print(f"suite {result['suite']}, side by side:")
     for run in result["runs"]:
-        crossings = "; ".join(f"{name} {c.get('text') or _ms(c.get('measured_rtt_ms', math.nan))}"
-                              for name, c in run["crossovers"].items())
-        print(f"  {run['experiment']} ({run['pair']}, {run['draft']}): alpha {run['alpha_measured']:.3f}; "
-              f"{crossings or 'no crossover'}")
+        crossings = "; ".join(
+            f"{name} {c.get('text') or _ms(c.get('measured_rtt_ms', math.nan))}"
+            for name, c in run["crossovers"].items()
+        )
+        print(
+            f"  {run['experiment']} ({run['pair']}, {run['draft']}): alpha {run['alpha_measured']:.3f}; "
+            f"{crossings or 'no crossover'}"
+        )
     print(f"results: {out}/summary.json, {out}/latency_vs_rtt.png; report: {out}/report.html")
 
 
@@ -239,12 +270,16 @@ def out_of_sample_line(oos: dict) -> str:
     if not oos.get("available"):
         return ""
     if not oos.get("cells"):
-        return ("out-of-sample per-token latency error: no cell to judge (every one-client point is a "
-                "calibration point, and only one-client points are predicted)")
-    return (f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
-            f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded); "
-            f"the server's compute per pass moved p50 {oos.get('compute_drift_p50_pct', math.nan):.1f}%, "
-            f"max {oos.get('compute_drift_max_pct', math.nan):.1f}% from the calibration")
+        return (
+            "out-of-sample per-token latency error: no cell to judge (every one-client point is a "
+            "calibration point, and only one-client points are predicted)"
+        )
+    return (
+        f"out-of-sample per-token latency error: p50 {oos['latency_err_p50_pct']:.2f}%, "
+        f"max {oos['latency_err_max_pct']:.2f}% over {oos['cells']} cells (calibration points excluded); "
+        f"the server's compute per pass moved p50 {oos.get('compute_drift_p50_pct', math.nan):.1f}%, "
+        f"max {oos.get('compute_drift_max_pct', math.nan):.1f}% from the calibration"
+    )
 
 
 def _analyze(out: Path) -> int:
@@ -256,32 +291,43 @@ def _analyze(out: Path) -> int:
         for name, values in group["crossovers"].items():
             measured, predicted = values["measured_rtt_ms"], values["predicted_rtt_ms"]
             oos = values.get("predicted_rtt_ms_oos", math.nan)
-            print(f"{name}{' (' + label + ')' if label else ''}: "
-                  f"measured {values.get('text') or _ms(measured)}, predicted before measuring {_ms(oos)}, "
-                  f"in-sample fit {_ms(predicted)}")
+            print(
+                f"{name}{' (' + label + ')' if label else ''}: "
+                f"measured {values.get('text') or _ms(measured)}, predicted before measuring {_ms(oos)}, "
+                f"in-sample fit {_ms(predicted)}"
+            )
     line = out_of_sample_line(summary.get("out_of_sample", {}))
     if line:
         print(line)
     for row in summary.get("capacity", []):
-        print(f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
-              f"measured {row['ratio_measured']:.2f} [{paper.ratio_interval(row)}], "
-              f"predicted {row['ratio_predicted']:.2f}")
+        print(
+            f"capacity {row['mode']}/{row['reference']} at {row['rate_tok_s_per_client']:.1f} tok/s per client: "
+            f"measured {row['ratio_measured']:.2f} [{paper.ratio_interval(row)}], "
+            f"predicted {row['ratio_predicted']:.2f}"
+        )
     for row in summary.get("gamma_opt", {}).get("rows", []):
-        print(f"optimal gamma {row['mode']} at {row['rtt_ms']:g} ms: measured {row['gamma_best']} "
-              f"(bootstrap set {row['gamma_set']}), closed form on the grid {row['gamma_best_predicted_grid_oos']:g} "
-              f"({'in sample: calibration points' if row.get('predicted_from_calibration_points') else 'out of sample'}), "
-              f"over 1..64 {row['gamma_model_oos']:g}; penalty {row['penalty_pct']:.1f}%")
-    files = ["points.csv", "summary.json", *(["gamma_opt.csv"] if summary.get("gamma_opt") else []),
-             *summary["plots"]]
+        print(
+            f"optimal gamma {row['mode']} at {row['rtt_ms']:g} ms: measured {row['gamma_best']} "
+            f"(bootstrap set {row['gamma_set']}), closed form on the grid {row['gamma_best_predicted_grid_oos']:g} "
+            f"({'in sample: calibration points' if row.get('predicted_from_calibration_points') else 'out of sample'}), "
+            f"over 1..64 {row['gamma_model_oos']:g}; penalty {row['penalty_pct']:.1f}%"
+        )
+    files = ["points.csv", "summary.json", *(["gamma_opt.csv"] if summary.get("gamma_opt") else []), *summary["plots"]]
     print("results: " + ", ".join(f"{out}/{name}" for name in files))
     from orchestrator.report.html import write_report
-    print(f"report: {write_report(out)}")      # rewritten, so it never shows an older analysis
+
+    print(f"report: {write_report(out)}")  # rewritten, so it never shows an older analysis
     return 0
 
 
 def _ms(value: float) -> str:
-    return f"{value:.1f} ms" if math.isfinite(value) else ("never wins" if value < 0 else "wins over the whole grid") \
-        if not math.isnan(value) else "not measured"
+    return (
+        f"{value:.1f} ms"
+        if math.isfinite(value)
+        else ("never wins" if value < 0 else "wins over the whole grid")
+        if not math.isnan(value)
+        else "not measured"
+    )
 
 
 if __name__ == "__main__":

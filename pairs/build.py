@@ -28,14 +28,17 @@ from pathlib import Path
 
 from pairs import smollm2, smollm2_eagle, stdlib_gpt2
 
-FAMILY_CHOICES = ("stdlib-gpt2", "smollm2", "smollm2-eagle")     # pairs.stdlib_gpt2, pairs.smollm2, ...
+FAMILY_CHOICES = ("stdlib-gpt2", "smollm2", "smollm2-eagle")  # pairs.stdlib_gpt2, pairs.smollm2, ...
 
 
 def make_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt option must fail, not match a longer one by prefix.
-    parser = argparse.ArgumentParser(prog="python -m pairs.build", description=__doc__,
-                                     allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pairs.build",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--family", choices=FAMILY_CHOICES, default="stdlib-gpt2")
     parser.add_argument("--quick", action="store_true", help="toy sizes, seconds (tests)")
@@ -48,26 +51,44 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=float, help="smollm2 only")
     parser.add_argument("--draft-layers", type=int, help="smollm2 only")
     parser.add_argument("--vocab-keep", type=int, help="smollm2 only")
-    parser.add_argument("--tvd-weight", type=float,
-                        help="smollm2 only: weight of the acceptance term in the draft's loss (0: off)")
-    parser.add_argument("--data-rounds", type=int,
-                        help="smollm2 only: answer every training prompt this often, a new seed each")
+    parser.add_argument(
+        "--tvd-weight", type=float, help="smollm2 only: weight of the acceptance term in the draft's loss (0: off)"
+    )
+    parser.add_argument(
+        "--data-rounds", type=int, help="smollm2 only: answer every training prompt this often, a new seed each"
+    )
     parser.add_argument("--data-cache", type=Path, help="smollm2 only: keep the target's answers here")
-    parser.add_argument("--prompts", type=Path,
-                        help="smollm2 only: the training instructions (default workloads/train_instructions.jsonl)")
-    parser.add_argument("--samples-per-prompt", type=int,
-                        help="smollm2 only: answers to each instruction a round")
-    parser.add_argument("--feature-layers", type=int, nargs="+",
-                        help="smollm2-eagle only: the target layers the draft reads (fused when several)")
-    parser.add_argument("--answer-batches", type=str,
-                        help="smollm2-eagle only: answer only these batches of the first round, e.g. 0-9,19-23")
-    parser.add_argument("--rollout-steps", type=int,
-                        help="smollm2-eagle only: draft steps per block the training simulates")
-    parser.add_argument("--init-draft", type=Path,
-                        help="smollm2-eagle only: train on from this feature draft folder (e.g. "
-                             "models/smollm2-eagle/draft), keeping its vocabulary")
-    parser.add_argument("--target-only", action="store_true",
-                        help="smollm2 only: write target/ into a shipped pair folder and verify it")
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        help="smollm2 only: the training instructions (default workloads/train_instructions.jsonl)",
+    )
+    parser.add_argument("--samples-per-prompt", type=int, help="smollm2 only: answers to each instruction a round")
+    parser.add_argument(
+        "--feature-layers",
+        type=int,
+        nargs="+",
+        help="smollm2-eagle only: the target layers the draft reads (fused when several)",
+    )
+    parser.add_argument(
+        "--answer-batches",
+        type=str,
+        help="smollm2-eagle only: answer only these batches of the first round, e.g. 0-9,19-23",
+    )
+    parser.add_argument(
+        "--rollout-steps", type=int, help="smollm2-eagle only: draft steps per block the training simulates"
+    )
+    parser.add_argument(
+        "--init-draft",
+        type=Path,
+        help="smollm2-eagle only: train on from this feature draft folder (e.g. "
+        "models/smollm2-eagle/draft), keeping its vocabulary",
+    )
+    parser.add_argument(
+        "--target-only",
+        action="store_true",
+        help="smollm2 only: write target/ into a shipped pair folder and verify it",
+    )
     return parser
 
 
@@ -76,20 +97,42 @@ def parse_args(argv: list[str] | None):
     --family smollm2-eagle (TargetOnly with --target-only)."""
     parser = make_parser()
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in [("seed", args.seed), ("target_steps", args.target_steps),
-                                   ("draft_steps", args.draft_steps), ("threads", args.threads),
-                                   ("precision", args.precision)] if v is not None}
+    overrides = {
+        k: v
+        for k, v in [
+            ("seed", args.seed),
+            ("target_steps", args.target_steps),
+            ("draft_steps", args.draft_steps),
+            ("threads", args.threads),
+            ("precision", args.precision),
+        ]
+        if v is not None
+    }
     overrides["overwrite"] = args.force
-    smollm2_only = {k: v for k, v in [("epochs", args.epochs), ("draft_layers", args.draft_layers),
-                                      ("vocab_keep", args.vocab_keep), ("tvd_weight", args.tvd_weight),
-                                      ("data_rounds", args.data_rounds), ("data_cache", args.data_cache),
-                                      ("prompts_path", args.prompts),
-                                      ("samples_per_prompt", args.samples_per_prompt)]
-                    if v is not None}
-    eagle_only = {k: v for k, v in [("feature_layers", args.feature_layers),
-                                    ("rollout_steps", args.rollout_steps),
-                                    ("answer_batches", _ranges(parser, args.answer_batches)),
-                                    ("init_draft", args.init_draft)] if v is not None}
+    smollm2_only = {
+        k: v
+        for k, v in [
+            ("epochs", args.epochs),
+            ("draft_layers", args.draft_layers),
+            ("vocab_keep", args.vocab_keep),
+            ("tvd_weight", args.tvd_weight),
+            ("data_rounds", args.data_rounds),
+            ("data_cache", args.data_cache),
+            ("prompts_path", args.prompts),
+            ("samples_per_prompt", args.samples_per_prompt),
+        ]
+        if v is not None
+    }
+    eagle_only = {
+        k: v
+        for k, v in [
+            ("feature_layers", args.feature_layers),
+            ("rollout_steps", args.rollout_steps),
+            ("answer_batches", _ranges(parser, args.answer_batches)),
+            ("init_draft", args.init_draft),
+        ]
+        if v is not None
+    }
     if eagle_only and args.family != "smollm2-eagle":
         parser.error(f"--{_flag(sorted(eagle_only)[0])} applies to --family smollm2-eagle only")
     if args.family == "smollm2-eagle":
@@ -125,7 +168,7 @@ def _flag(field: str) -> str:
 
 
 def _ranges(parser, text: str | None) -> tuple[int, ...] | None:
-    """"0-9,19-23" -> (0, ..., 9, 19, ..., 23)."""
+    """ "0-9,19-23" -> (0, ..., 9, 19, ..., 23)."""
     if text is None:
         return None
     try:
@@ -144,8 +187,7 @@ class TargetOnly:
 
 
 def summary_line(manifest: dict, out_dir: Path) -> str:
-    agreement = (manifest["heldout_alpha"]["greedy"] if "heldout_alpha" in manifest
-                 else manifest["greedy_agreement"])
+    agreement = manifest["heldout_alpha"]["greedy"] if "heldout_alpha" in manifest else manifest["greedy_agreement"]
     fields = {
         "agreement": f"{agreement:.4f}",
         "build_s": f"{manifest['build_s']:.1f}",

@@ -12,6 +12,7 @@ from both evaluation sets (smollm2.check_apart_from_evaluation) or nothing is wr
 
     python -m pairs.chat_train_prompts --out workloads/train_chat.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,68 +43,129 @@ def written_items(rng: random.Random) -> list[PromptItem]:
     coding = [form.format(lang=lang, t="{t}") for form in seeds.CODING_FORMS for lang in seeds.CODING_LANGUAGES]
     items += _combos(rng, "coding", coding, seeds.CODING_TASKS, 240)
     items += [PromptItem(q, category="coding", source=WRITTEN) for q in seeds.CODING_QUESTIONS]
-    items += [PromptItem(_math_problem(rng, template), category="math", source=WRITTEN)
-              for template in seeds.MATH_TEMPLATES for _ in range(14)]
-    items += [PromptItem(rng.choice(seeds.TRANSLATION_FORMS).format(lang=rng.choice(seeds.TRANSLATION_LANGUAGES),
-                                                                    t=sentence), category="translation", source=WRITTEN)
-              for sentence in seeds.TRANSLATION_SENTENCES]
-    items += [PromptItem(follow_up, ((("user", q), ("assistant", a))), "conversation", WRITTEN)
-              for q, a in seeds.CONVERSATION_OPENERS
-              for follow_up in rng.sample(seeds.CONVERSATION_FOLLOW_UPS, 2)]
+    items += [
+        PromptItem(_math_problem(rng, template), category="math", source=WRITTEN)
+        for template in seeds.MATH_TEMPLATES
+        for _ in range(14)
+    ]
+    items += [
+        PromptItem(
+            rng.choice(seeds.TRANSLATION_FORMS).format(lang=rng.choice(seeds.TRANSLATION_LANGUAGES), t=sentence),
+            category="translation",
+            source=WRITTEN,
+        )
+        for sentence in seeds.TRANSLATION_SENTENCES
+    ]
+    items += [
+        PromptItem(follow_up, ((("user", q), ("assistant", a))), "conversation", WRITTEN)
+        for q, a in seeds.CONVERSATION_OPENERS
+        for follow_up in rng.sample(seeds.CONVERSATION_FOLLOW_UPS, 2)
+    ]
     items += [PromptItem(_note(rng), category="extraction", source=WRITTEN) for _ in range(80)]
     return items
 
 
 def _combos(rng: random.Random, category: str, forms, topics, count: int) -> list[PromptItem]:
     pairs = [(form, topic) for form in forms for topic in topics]
-    return [PromptItem(form.format(t=topic), category=category, source=WRITTEN)
-            for form, topic in rng.sample(pairs, min(count, len(pairs)))]
+    return [
+        PromptItem(form.format(t=topic), category=category, source=WRITTEN)
+        for form, topic in rng.sample(pairs, min(count, len(pairs)))
+    ]
 
 
 def _math_problem(rng: random.Random, template: str) -> str:
     a, b = rng.randint(2, 40), rng.randint(2, 40)
     name, name2 = rng.sample(seeds.NAMES, 2)
-    values = dict(name=name, name2=name2, a=a, b=b, c=a * rng.randint(2, 9) + b,
-                  d=rng.randint(2, 90), p=rng.randint(2, 12), h=rng.randint(2, 9), h2=rng.randint(1, 5),
-                  s=rng.randint(2, 6), s2=rng.randint(3, 12), n=rng.randint(50, 999), pct=rng.choice([5, 10, 15, 20, 25, 30, 40]),
-                  odd=2 * rng.randint(10, 300) + 1, p0=rng.randint(20, 200), a2=a * 6, b2=b * 6)
+    values = dict(
+        name=name,
+        name2=name2,
+        a=a,
+        b=b,
+        c=a * rng.randint(2, 9) + b,
+        d=rng.randint(2, 90),
+        p=rng.randint(2, 12),
+        h=rng.randint(2, 9),
+        h2=rng.randint(1, 5),
+        s=rng.randint(2, 6),
+        s2=rng.randint(3, 12),
+        n=rng.randint(50, 999),
+        pct=rng.choice([5, 10, 15, 20, 25, 30, 40]),
+        odd=2 * rng.randint(10, 300) + 1,
+        p0=rng.randint(20, 200),
+        a2=a * 6,
+        b2=b * 6,
+    )
     values["p1"] = values["p0"] + rng.randint(1, 60)
-    values["note"] = (a * values["p"] // 50 + 1) * 50           # enough to pay for the notebooks
-    values["ages"] = 2 * rng.randint(3, 60) + a + 2 * values["h"]   # whole ages for both
+    values["note"] = (a * values["p"] // 50 + 1) * 50  # enough to pay for the notebooks
+    values["ages"] = 2 * rng.randint(3, 60) + a + 2 * values["h"]  # whole ages for both
     return template.format(**values)
 
 
-NOTE_EVENTS = ("team lunch", "parents' evening", "book club", "football practice", "dentist appointment",
-               "yoga class", "quarterly review", "choir rehearsal", "flat viewing", "birthday party")
-NOTE_PLACES = ("the café on Mill Street", "room 4B", "the community hall", "Platform 2", "the north car park",
-               "Dr Patel's surgery", "the park gates", "our office on the third floor")
-NOTE_ASKS = ("Extract the event, day, time and place as a JSON object.",
-             "Pull out every date, time and place from this message.",
-             "From this message, list who is involved and what they need to bring.",
-             "Extract the key details (what, when, where) as a bulleted list.")
+NOTE_EVENTS = (
+    "team lunch",
+    "parents' evening",
+    "book club",
+    "football practice",
+    "dentist appointment",
+    "yoga class",
+    "quarterly review",
+    "choir rehearsal",
+    "flat viewing",
+    "birthday party",
+)
+NOTE_PLACES = (
+    "the café on Mill Street",
+    "room 4B",
+    "the community hall",
+    "Platform 2",
+    "the north car park",
+    "Dr Patel's surgery",
+    "the park gates",
+    "our office on the third floor",
+)
+NOTE_ASKS = (
+    "Extract the event, day, time and place as a JSON object.",
+    "Pull out every date, time and place from this message.",
+    "From this message, list who is involved and what they need to bring.",
+    "Extract the key details (what, when, where) as a bulleted list.",
+)
 
 
 def _note(rng: random.Random) -> str:
     who, other = rng.sample(seeds.NAMES, 2)
     day = rng.choice(("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"))
     hour = f"{rng.randint(7, 20)}:{rng.choice(('00', '15', '30', '45'))}"
-    extra = rng.choice(("Bring a water bottle.", f"{other} will bring the slides.", "Parking is free after six.",
-                        "Please reply by Wednesday.", f"Call {other} on 0161 {rng.randint(100, 999)} {rng.randint(1000, 9999)} if you are late.",
-                        f"It costs {rng.randint(3, 30)} pounds per person."))
-    note = (f"Hi {who}, the {rng.choice(NOTE_EVENTS)} is now on {day} at {hour} at {rng.choice(NOTE_PLACES)}. "
-            f"{extra} Thanks, {other}")
+    extra = rng.choice(
+        (
+            "Bring a water bottle.",
+            f"{other} will bring the slides.",
+            "Parking is free after six.",
+            "Please reply by Wednesday.",
+            f"Call {other} on 0161 {rng.randint(100, 999)} {rng.randint(1000, 9999)} if you are late.",
+            f"It costs {rng.randint(3, 30)} pounds per person.",
+        )
+    )
+    note = (
+        f"Hi {who}, the {rng.choice(NOTE_EVENTS)} is now on {day} at {hour} at {rng.choice(NOTE_PLACES)}. "
+        f"{extra} Thanks, {other}"
+    )
     return f"{rng.choice(NOTE_ASKS)}\n\n{note}"
 
 
-SUMMARIZE_ASKS = ("Summarize the following passage in two sentences.", "Give a one-sentence summary of this text.",
-                  "Summarize this paragraph as three short bullet points.",
-                  "What is the main point of the passage below? Answer briefly.",
-                  "Rewrite this passage as a short summary a beginner could follow.")
-EXTRACT_ASKS = ("List every technical term this passage uses, separated by commas.",
-                "Extract the rules this passage states, as a numbered list.",
-                "Which Python names (keywords, functions, attributes) does this passage mention? List them.",
-                "Pull out any exception names, numbers or default values the passage mentions, or say there are none.",
-                "From the passage below, extract each condition and what happens when it holds.")
+SUMMARIZE_ASKS = (
+    "Summarize the following passage in two sentences.",
+    "Give a one-sentence summary of this text.",
+    "Summarize this paragraph as three short bullet points.",
+    "What is the main point of the passage below? Answer briefly.",
+    "Rewrite this passage as a short summary a beginner could follow.",
+)
+EXTRACT_ASKS = (
+    "List every technical term this passage uses, separated by commas.",
+    "Extract the rules this passage states, as a numbered list.",
+    "Which Python names (keywords, functions, attributes) does this passage mention? List them.",
+    "Pull out any exception names, numbers or default values the passage mentions, or say there are none.",
+    "From the passage below, extract each condition and what happens when it holds.",
+)
 TRANSLATE_ASK = "Translate this sentence from the Python documentation into {lang}: {t}"
 
 
@@ -113,32 +175,56 @@ def documentation_items(rng: random.Random, stdlib: Path) -> list[PromptItem]:
     passages = [(p, topics) for p in _paragraphs(pydoc_data.topics.topics.values())]
     passages += [(p, docstrings) for p in _paragraphs(_module_docstrings(stdlib).values())]
     rng.shuffle(passages)
-    cut = len(passages) * 3 // 5       # extraction has the written notes besides
-    items = [PromptItem(f"{rng.choice(SUMMARIZE_ASKS)}\n\n{p}", category="summarization", source=s)
-             for p, s in passages[:cut]]
-    items += [PromptItem(f"{rng.choice(EXTRACT_ASKS)}\n\n{p}", category="extraction", source=s)
-              for p, s in passages[cut:]]
+    cut = len(passages) * 3 // 5  # extraction has the written notes besides
+    items = [
+        PromptItem(f"{rng.choice(SUMMARIZE_ASKS)}\n\n{p}", category="summarization", source=s)
+        for p, s in passages[:cut]
+    ]
+    items += [
+        PromptItem(f"{rng.choice(EXTRACT_ASKS)}\n\n{p}", category="extraction", source=s) for p, s in passages[cut:]
+    ]
     sentences = _sentences(pydoc_data.topics.topics.values())
-    items += [PromptItem(TRANSLATE_ASK.format(lang=rng.choice(seeds.TRANSLATION_LANGUAGES), t=t),
-                         category="translation", source=topics) for t in rng.sample(sentences, min(110, len(sentences)))]
+    items += [
+        PromptItem(
+            TRANSLATE_ASK.format(lang=rng.choice(seeds.TRANSLATION_LANGUAGES), t=t),
+            category="translation",
+            source=topics,
+        )
+        for t in rng.sample(sentences, min(110, len(sentences)))
+    ]
     modules = _module_docstrings(stdlib)
     for name in rng.sample(sorted(modules), min(90, len(modules))):
         first = _first_sentences(modules[name])
         if first:
-            items.append(PromptItem(rng.choice(seeds.CONVERSATION_FOLLOW_UPS),
-                                    (("user", f"What is the {name} module in Python for?"), ("assistant", first)),
-                                    "conversation", docstrings))
+            items.append(
+                PromptItem(
+                    rng.choice(seeds.CONVERSATION_FOLLOW_UPS),
+                    (("user", f"What is the {name} module in Python for?"), ("assistant", first)),
+                    "conversation",
+                    docstrings,
+                )
+            )
     described = [(name, _first_sentences(modules[name])) for name in sorted(modules)]
-    items += [PromptItem(f"Python's documentation describes the {name} module as: \"{first}\" "
-                         "Explain what that means in plain words, and when you would reach for it.",
-                         category="explanation", source=docstrings)
-              for name, first in [d for d in described if d[1]]]
+    items += [
+        PromptItem(
+            f'Python\'s documentation describes the {name} module as: "{first}" '
+            "Explain what that means in plain words, and when you would reach for it.",
+            category="explanation",
+            source=docstrings,
+        )
+        for name, first in [d for d in described if d[1]]
+    ]
     lines = stdlib_prompts.docstring_lines(stdlib)
     for module, qualname, line in rng.sample(lines, 80):
         verb, rest = line.split(" ", 1)
         lang = rng.choice([lang for lang in seeds.CODING_LANGUAGES if lang != "Python"])
-        items.append(PromptItem(f"Write a {lang} function that {stdlib_prompts.third_person(verb)} {rest}",
-                                category="coding", source=docstrings))
+        items.append(
+            PromptItem(
+                f"Write a {lang} function that {stdlib_prompts.third_person(verb)} {rest}",
+                category="coding",
+                source=docstrings,
+            )
+        )
     return items
 
 
@@ -159,8 +245,11 @@ def _sentences(texts) -> list[str]:
     found = set()
     for text in texts:
         for sentence in re.split(r"(?<=\.)\s+", " ".join(text.split())):
-            if 10 <= len(sentence.split()) <= 28 and re.match(r"^[A-Z][a-z]", sentence) \
-                    and not re.search(r"[=(){}\[\]\"*]", sentence):
+            if (
+                10 <= len(sentence.split()) <= 28
+                and re.match(r"^[A-Z][a-z]", sentence)
+                and not re.search(r"[=(){}\[\]\"*]", sentence)
+            ):
                 found.add(sentence)
     return sorted(found)
 
@@ -202,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     smollm2.check_apart_from_evaluation(partial)
     partial.rename(args.out)
     counts = Counter(item.category for item in items)
-    print(f"items={len(items)} " + " ".join(f"{c}={n}" for c, n in sorted(counts.items())) +
-          f" written={sum(i.source == WRITTEN for i in items)} python={sys.version.split()[0]} out={args.out}")
+    print(
+        f"items={len(items)} "
+        + " ".join(f"{c}={n}" for c, n in sorted(counts.items()))
+        + f" written={sum(i.source == WRITTEN for i in items)} python={sys.version.split()[0]} out={args.out}"
+    )
     return 0
 
 

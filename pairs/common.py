@@ -85,11 +85,11 @@ class PhaseTimer:
         return round(time.perf_counter() - self.t0_s, 3)
 
     def manifest_fields(self) -> dict:
-        return {"phases_s": self.phases_s, "phases_cpu_s": self.phases_cpu_s,
-                "build_s": self.total_s()}
+        return {"phases_s": self.phases_s, "phases_cpu_s": self.phases_cpu_s, "build_s": self.total_s()}
 
 
 # ---- the output folder -------------------------------------------------------------------------
+
 
 def prepare_out_dir(out_dir: Path, overwrite: bool) -> Path:
     """Build into a sibling work folder and rename at the end: a crash never leaves a half pair

@@ -14,6 +14,7 @@ draft: the target reads the held-out answer, and at each answer position the dra
 the true tokens; step k's acceptance is that of a block's (k+1)-th token when its first k were
 accepted. The features go through the wire's packing (dsd.features) first.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,9 +46,9 @@ class EagleTrainConfig:
     kl_weight: float = 0.8
     tvd_weight: float = 4.0
     tvd_temperature: float = 0.7
-    rollout_steps: int = 4           # draft tokens per block the training simulates
+    rollout_steps: int = 4  # draft tokens per block the training simulates
     step_decay: float = 0.8
-    bf16: bool = True                # autocast the forward (fast on a CPU with AMX)
+    bf16: bool = True  # autocast the forward (fast on a CPU with AMX)
     seed: int = 1234
     checkpoint_every_s: float = 300.0
 
@@ -61,8 +62,10 @@ class EagleTrainConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"EagleTrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.kl_weight <= 1 or not self.tvd_weight >= 0 or not 0 < self.step_decay <= 1:
-            raise ValueError(f"EagleTrainConfig: kl_weight in [0, 1], tvd_weight >= 0, step_decay in (0, 1]; "
-                             f"got {self.kl_weight!r}, {self.tvd_weight!r}, {self.step_decay!r}")
+            raise ValueError(
+                f"EagleTrainConfig: kl_weight in [0, 1], tvd_weight >= 0, step_decay in (0, 1]; "
+                f"got {self.kl_weight!r}, {self.tvd_weight!r}, {self.step_decay!r}"
+            )
         if not self.feature_layers:
             raise ValueError("EagleTrainConfig.feature_layers must name at least one target layer")
 
@@ -78,10 +81,17 @@ def new_eagle(target, feature_layers: tuple[int, ...], vocab: VocabMap) -> Eagle
     top = tc.num_hidden_layers - 1
     if feature_layers[-1] != top:
         raise ValueError(f"feature_layers must end with the top layer {top}, got {feature_layers}")
-    config = EagleConfig(tc.hidden_size, tc.num_attention_heads, tc.num_key_value_heads,
-                         tc.hidden_size // tc.num_attention_heads, tc.intermediate_size, len(vocab.kept),
-                         feature_layers, float(tc.rms_norm_eps),
-                         float((tc.rope_parameters or {}).get("rope_theta", 10000.0)))
+    config = EagleConfig(
+        tc.hidden_size,
+        tc.num_attention_heads,
+        tc.num_key_value_heads,
+        tc.hidden_size // tc.num_attention_heads,
+        tc.intermediate_size,
+        len(vocab.kept),
+        feature_layers,
+        float(tc.rms_norm_eps),
+        float((tc.rope_parameters or {}).get("rope_theta", 10000.0)),
+    )
     model = EagleDraft(config)
     layer = target.model.layers[top]
     d = config.hidden_size
@@ -113,14 +123,19 @@ def continued_eagle(folder: Path, target, feature_layers: tuple[int, ...]) -> tu
     if vocab is None:
         raise ValueError(f"{folder}: no vocab_map.json; a feature draft to continue keeps its kept vocabulary")
     if model.config.vocab_kept != len(vocab.kept):
-        raise ValueError(f"{folder}: the draft's head has {model.config.vocab_kept} rows, its vocab_map.json "
-                         f"keeps {len(vocab.kept)} tokens")
+        raise ValueError(
+            f"{folder}: the draft's head has {model.config.vocab_kept} rows, its vocab_map.json "
+            f"keeps {len(vocab.kept)} tokens"
+        )
     if model.config.feature_layers != tuple(feature_layers):
-        raise ValueError(f"{folder}: the draft reads target layers {model.config.feature_layers}, "
-                         f"the build asks for {tuple(feature_layers)}")
+        raise ValueError(
+            f"{folder}: the draft reads target layers {model.config.feature_layers}, "
+            f"the build asks for {tuple(feature_layers)}"
+        )
     if model.config.hidden_size != target.config.hidden_size:
-        raise ValueError(f"{folder}: a draft of width {model.config.hidden_size}, the target's is "
-                         f"{target.config.hidden_size}")
+        raise ValueError(
+            f"{folder}: a draft of width {model.config.hidden_size}, the target's is {target.config.hidden_size}"
+        )
     return freeze_head(model), vocab
 
 
@@ -133,15 +148,15 @@ def freeze_head(model: EagleDraft) -> EagleDraft:
 
 @dataclass(frozen=True)
 class EagleBatch:
-    token_ids: torch.Tensor          # [B, L] draft ids of x_j, j = 0..L-1
-    layer_outputs: torch.Tensor      # [B, L, layers * d] the target's at j - 1 (zeros at j = 0)
-    positions: torch.Tensor          # [B, L] j
-    rows: torch.Tensor               # [N] batch row of each answer position
-    cols: torch.Tensor               # [N] position whose output predicts it
-    answer_start: torch.Tensor       # [N] index of its answer's first prediction (a block's earliest start)
-    top_ids: torch.Tensor            # [N, k] draft ids of the target's top tokens
-    top_logits: torch.Tensor         # [N, k]
-    sampled: torch.Tensor            # [N] draft id of the token the target sampled
+    token_ids: torch.Tensor  # [B, L] draft ids of x_j, j = 0..L-1
+    layer_outputs: torch.Tensor  # [B, L, layers * d] the target's at j - 1 (zeros at j = 0)
+    positions: torch.Tensor  # [B, L] j
+    rows: torch.Tensor  # [N] batch row of each answer position
+    cols: torch.Tensor  # [N] position whose output predicts it
+    answer_start: torch.Tensor  # [N] index of its answer's first prediction (a block's earliest start)
+    top_ids: torch.Tensor  # [N, k] draft ids of the target's top tokens
+    top_logits: torch.Tensor  # [N, k]
+    sampled: torch.Tensor  # [N] draft id of the token the target sampled
 
 
 def make_batch(samples: list[ChatSample], features: list[torch.Tensor], to_draft: torch.Tensor) -> EagleBatch:
@@ -155,8 +170,8 @@ def make_batch(samples: list[ChatSample], features: list[torch.Tensor], to_draft
     for b, (s, seq, f) in enumerate(zip(samples, seqs, features)):
         L = len(seq)
         ids[b, :L] = to_draft[torch.tensor(seq)]
-        outputs[b, 1:L] = f[:L - 1].reshape(L - 1, width)
-        first = len(s.prompt_ids) - 1          # position P - 1 predicts answer[0]
+        outputs[b, 1:L] = f[: L - 1].reshape(L - 1, width)
+        first = len(s.prompt_ids) - 1  # position P - 1 predicts answer[0]
         rows += [b] * len(s.answer_ids)
         cols += range(first, first + len(s.answer_ids))
         starts += [first] * len(s.answer_ids)
@@ -164,12 +179,22 @@ def make_batch(samples: list[ChatSample], features: list[torch.Tensor], to_draft
     top_ids = torch.from_numpy(np.concatenate([s.top_ids for s in samples])).long()
     top_logits = torch.from_numpy(np.concatenate([s.top_logits for s in samples])).float()
     sampled = torch.tensor([t for s in samples for t in s.answer_ids])
-    return EagleBatch(ids, outputs, positions, torch.tensor(rows), torch.tensor(cols), torch.tensor(starts),
-                      to_draft[top_ids], top_logits, to_draft[sampled])
+    return EagleBatch(
+        ids,
+        outputs,
+        positions,
+        torch.tensor(rows),
+        torch.tensor(cols),
+        torch.tensor(starts),
+        to_draft[top_ids],
+        top_logits,
+        to_draft[sampled],
+    )
 
 
-def rollout_loss(model: EagleDraft, batch: EagleBatch, config: EagleTrainConfig, unknown_id: int
-                 ) -> tuple[torch.Tensor, list[float]]:
+def rollout_loss(
+    model: EagleDraft, batch: EagleBatch, config: EagleTrainConfig, unknown_id: int
+) -> tuple[torch.Tensor, list[float]]:
     """The weighted sum over rollout steps of pairs.chat_draft's loss; and each step's loss."""
     features = model.fuse_features(batch.layer_outputs.to(model.fc.weight.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
@@ -179,23 +204,38 @@ def rollout_loss(model: EagleDraft, batch: EagleBatch, config: EagleTrainConfig,
             valid = batch.cols - k >= batch.answer_start
             if not bool(valid.any()):
                 break
-            logits = model.logits(h[batch.rows[valid], batch.cols[valid]])                 # [N_k, K]
-            loss = position_loss(logits, batch.top_ids[valid], batch.top_logits[valid], batch.sampled[valid],
-                                 unknown_id, config.kl_weight, config.tvd_weight, config.tvd_temperature)
-            total = total + config.step_decay ** k * loss
+            logits = model.logits(h[batch.rows[valid], batch.cols[valid]])  # [N_k, K]
+            loss = position_loss(
+                logits,
+                batch.top_ids[valid],
+                batch.top_logits[valid],
+                batch.sampled[valid],
+                unknown_id,
+                config.kl_weight,
+                config.tvd_weight,
+                config.tvd_temperature,
+            )
+            total = total + config.step_decay**k * loss
             per_step.append(float(loss.detach()))
     return total, per_step
 
 
-def train_eagle(model: EagleDraft, samples: list[ChatSample], feature_set: FeatureSet, indices: list[int],
-                vocab: VocabMap, config: EagleTrainConfig, checkpoint: Path | None = None) -> list[float]:
+def train_eagle(
+    model: EagleDraft,
+    samples: list[ChatSample],
+    feature_set: FeatureSet,
+    indices: list[int],
+    vocab: VocabMap,
+    config: EagleTrainConfig,
+    checkpoint: Path | None = None,
+) -> list[float]:
     """Epochs over the training answers (``indices`` into samples and feature_set) in shuffled
     batches of similar length. With ``checkpoint``, the model, optimiser and step are kept there
     every checkpoint_every_s, and a run that finds one resumes from it."""
     rng = np.random.default_rng(config.seed)
     to_draft = vocab.to_draft()
     order = sorted(indices, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].answer_ids))
-    batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
+    batches = [order[i : i + config.batch_size] for i in range(0, len(order), config.batch_size)]
     epoch_orders = []
     steps = max(1, round(config.epochs * len(batches)))
     for _ in range(int(np.ceil(steps / len(batches)))):
@@ -218,8 +258,10 @@ def train_eagle(model: EagleDraft, samples: list[ChatSample], feature_set: Featu
         opt.step()
         losses.append(float(loss.detach()))
         if step % 20 == 0 or step == steps - 1:
-            log(f"[eagle] step {step + 1}/{steps} loss {losses[-1]:.3f} per step "
-                f"{' '.join(f'{x:.3f}' for x in per_step)} elapsed {time.perf_counter() - t0_s:.0f}s")
+            log(
+                f"[eagle] step {step + 1}/{steps} loss {losses[-1]:.3f} per step "
+                f"{' '.join(f'{x:.3f}' for x in per_step)} elapsed {time.perf_counter() - t0_s:.0f}s"
+            )
         if checkpoint is not None and time.perf_counter() - last_save_s > config.checkpoint_every_s:
             _save_checkpoint(checkpoint, model, opt, step + 1, losses, config)
             last_save_s = time.perf_counter()
@@ -233,8 +275,16 @@ def _save_checkpoint(path: Path, model, opt, step: int, losses: list[float], con
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "losses": losses,
-                "config": repr(asdict(config))}, temporary)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "opt": opt.state_dict(),
+            "step": step,
+            "losses": losses,
+            "config": repr(asdict(config)),
+        },
+        temporary,
+    )
     temporary.replace(path)
     log(f"[eagle] checkpoint at step {step}: {path}")
 
@@ -253,11 +303,11 @@ def _resume(path: Path | None, model, opt, config: EagleTrainConfig) -> tuple[li
 
 @dataclass(frozen=True)
 class StepAcceptance:
-    sampled: list[float]             # step k: mean over positions of sum_x min(p, q)
-    greedy: list[float]              # step k: share of positions where the argmaxes agree
+    sampled: list[float]  # step k: mean over positions of sum_x min(p, q)
+    greedy: list[float]  # step k: share of positions where the argmaxes agree
     positions: list[int]
     feature_dtype: str = "bfloat16"
-    block_sampled: float = field(init=False)   # the mean over a gamma = len(sampled) block's steps
+    block_sampled: float = field(init=False)  # the mean over a gamma = len(sampled) block's steps
     block_greedy: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -266,25 +316,32 @@ class StepAcceptance:
 
 
 @torch.no_grad()
-def heldout_acceptance(model: EagleDraft, target, vocab: VocabMap, samples: list[ChatSample], steps: int,
-                       temperature: float, top_p: float, feature_dtypes: tuple[str, ...] = ("bfloat16",)
-                       ) -> dict[str, StepAcceptance]:
+def heldout_acceptance(
+    model: EagleDraft,
+    target,
+    vocab: VocabMap,
+    samples: list[ChatSample],
+    steps: int,
+    temperature: float,
+    top_p: float,
+    feature_dtypes: tuple[str, ...] = ("bfloat16",),
+) -> dict[str, StepAcceptance]:
     """Per feature dtype, each step's acceptance teacher-forced on held-out answers (the module's
     docstring): sampled at (temperature, top_p) and greedy, as pairs.chat_draft measures."""
     to_draft = vocab.to_draft()
-    sums = {d: np.zeros((3, steps)) for d in feature_dtypes}          # sampled, greedy, count
+    sums = {d: np.zeros((3, steps)) for d in feature_dtypes}  # sampled, greedy, count
     tap = LayerTap(target, model.config.feature_layers)
     dtype = model.fc.weight.dtype
     try:
         for s in samples:
             seq = sequence(s)
-            first = len(s.prompt_ids) - 1                                     # position predicting answer[0]
-            p_logits = target(input_ids=torch.tensor([seq])).logits[0, first:].float()       # [A, V]
+            first = len(s.prompt_ids) - 1  # position predicting answer[0]
+            p_logits = target(input_ids=torch.tensor([seq])).logits[0, first:].float()  # [A, V]
             p = probs_from_logits(p_logits, temperature, None, top_p)
             p_top = p_logits.argmax(-1)
-            layer_outputs = tap.stacked()[0, :-1].flatten(-2).to(dtype)       # [L-1, layers * d]
+            layer_outputs = tap.stacked()[0, :-1].flatten(-2).to(dtype)  # [L-1, layers * d]
             true = torch.cat([torch.zeros(1, layer_outputs.shape[1], dtype=dtype), layer_outputs])
-            true = model.fuse_features(true).float()                          # [L, d]: f_{j-1}, zeros at 0
+            true = model.fuse_features(true).float()  # [L, d]: f_{j-1}, zeros at 0
             ids = to_draft[torch.tensor(seq)][None]
             positions = torch.arange(len(seq))[None]
             for feature_dtype in feature_dtypes:
@@ -294,7 +351,7 @@ def heldout_acceptance(model: EagleDraft, target, vocab: VocabMap, samples: list
                     cols = torch.arange(first + k, first + len(s.answer_ids))
                     if not len(cols):
                         break
-                    q_logits = vocab.full_logits(model.logits(h[0, cols]).float())      # [n, V]
+                    q_logits = vocab.full_logits(model.logits(h[0, cols]).float())  # [n, V]
                     q = probs_from_logits(q_logits, temperature, None, top_p)
                     answer = cols - first
                     sums[feature_dtype][0, k] += float(torch.minimum(p[answer], q).sum())
@@ -302,5 +359,4 @@ def heldout_acceptance(model: EagleDraft, target, vocab: VocabMap, samples: list
                     sums[feature_dtype][2, k] += len(cols)
     finally:
         tap.close()
-    return {d: StepAcceptance(list(v[0] / v[2]), list(v[1] / v[2]), [int(x) for x in v[2]], d)
-            for d, v in sums.items()}
+    return {d: StepAcceptance(list(v[0] / v[2]), list(v[1] / v[2]), [int(x) for x in v[2]], d) for d, v in sums.items()}

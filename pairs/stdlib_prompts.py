@@ -9,6 +9,7 @@ instructions come first, then the derived ones, none equal to an evaluation prom
 The output depends on the Python it runs on (its standard library's docstrings); the file in
 workloads/ is what the builds read, and workloads/README.md names the Python that wrote it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,64 @@ from pathlib import Path
 
 from pairs import chat_data, smollm2
 
-SKIPPED_PACKAGES = {"test", "tests", "idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip",
-                    "site-packages", "encodings", "distutils", "pydoc_data", "__phello__"}
-VERBS = {"Return", "Returns", "Get", "Parse", "Convert", "Encode", "Decode", "Create", "Find", "Read", "Copy",
-         "Write", "Format", "Generate", "Extract", "Split", "Remove", "Compute", "Calculate", "Check", "Make",
-         "Build", "Join", "Normalize", "Strip", "Count", "Compare", "Escape", "Unescape", "Quote", "Test",
-         "Add", "Open", "Wrap", "Guess", "Set", "Clear", "Print", "Translate", "Replace", "Sort", "Search"}
+SKIPPED_PACKAGES = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "site-packages",
+    "encodings",
+    "distutils",
+    "pydoc_data",
+    "__phello__",
+}
+VERBS = {
+    "Return",
+    "Returns",
+    "Get",
+    "Parse",
+    "Convert",
+    "Encode",
+    "Decode",
+    "Create",
+    "Find",
+    "Read",
+    "Copy",
+    "Write",
+    "Format",
+    "Generate",
+    "Extract",
+    "Split",
+    "Remove",
+    "Compute",
+    "Calculate",
+    "Check",
+    "Make",
+    "Build",
+    "Join",
+    "Normalize",
+    "Strip",
+    "Count",
+    "Compare",
+    "Escape",
+    "Unescape",
+    "Quote",
+    "Test",
+    "Add",
+    "Open",
+    "Wrap",
+    "Guess",
+    "Set",
+    "Clear",
+    "Print",
+    "Translate",
+    "Replace",
+    "Sort",
+    "Search",
+}
 
 
 def docstring_lines(stdlib: Path) -> list[tuple[str, str, str]]:

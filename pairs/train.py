@@ -49,8 +49,7 @@ def encode_stream(tok: Tokenizer, texts: list[str], sep_id: int) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def encode_prefix(tok: Tokenizer, texts: list[str], sep_id: int,
-                  n_tokens: int) -> np.ndarray:
+def encode_prefix(tok: Tokenizer, texts: list[str], sep_id: int, n_tokens: int) -> np.ndarray:
     """encode_stream of only as many leading documents as it takes to reach n_tokens."""
     chunks, total = [], 0
     for text in texts:
@@ -61,14 +60,23 @@ def encode_prefix(tok: Tokenizer, texts: list[str], sep_id: int,
     return np.concatenate(chunks)
 
 
-def gpt2_config(vocab_size: int, n_layer: int, d_model: int, n_head: int, n_positions: int,
-                eos_token_id: int) -> GPT2Config:
+def gpt2_config(
+    vocab_size: int, n_layer: int, d_model: int, n_head: int, n_positions: int, eos_token_id: int
+) -> GPT2Config:
     # No dropout: a few hundred steps on a few MB do not overfit, and dropout would only slow
     # convergence.
     return GPT2Config(
-        vocab_size=vocab_size, n_positions=n_positions, n_embd=d_model, n_layer=n_layer,
-        n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=d_model,
+        n_layer=n_layer,
+        n_head=n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
     )
 
 
@@ -96,12 +104,11 @@ def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def sample_batch(stream: np.ndarray, rng: np.random.Generator, batch_size: int,
-                 seq_len: int) -> torch.Tensor:
+def sample_batch(stream: np.ndarray, rng: np.random.Generator, batch_size: int, seq_len: int) -> torch.Tensor:
     """Random windows of the stream; they may span a document boundary, as at inference time
     a prompt may follow an EOS.  -> [batch_size, seq_len]"""
     starts = rng.integers(0, len(stream) - seq_len, size=batch_size)
-    return torch.from_numpy(np.stack([stream[s:s + seq_len] for s in starts]))
+    return torch.from_numpy(np.stack([stream[s : s + seq_len] for s in starts]))
 
 
 def lr_at(step: int, steps: int, lr: float, warmup_steps: int) -> float:
@@ -115,25 +122,36 @@ def lr_at(step: int, steps: int, lr: float, warmup_steps: int) -> float:
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     # foreach=False: the per-tensor loop gives the same result on every run; no weight decay,
     # the runs are far too short to need it.
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0,
-                             foreach=False)
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
 
 
-def distill_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, ids: torch.Tensor,
-                 kl_weight: float, temperature: float) -> torch.Tensor:
+def distill_loss(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, ids: torch.Tensor, kl_weight: float, temperature: float
+) -> torch.Tensor:
     """kl_weight * T^2 * KL(target_T || draft_T) + (1 - kl_weight) * CE(next token).
     logits: [batch, seq, vocab]; ids: [batch, seq]"""
     vocab = draft_logits.shape[-1]
     log_q = F.log_softmax(draft_logits.float() / temperature, dim=-1).view(-1, vocab)
     log_p = F.log_softmax(target_logits.float() / temperature, dim=-1).view(-1, vocab)
-    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean") * temperature ** 2
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean") * temperature**2
     ce = F.cross_entropy(draft_logits[:, :-1].reshape(-1, vocab).float(), ids[:, 1:].reshape(-1))
     return kl_weight * kl + (1 - kl_weight) * ce
 
 
-def train_loop(name: str, model: torch.nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor],
-               stream: np.ndarray, rng: np.random.Generator, steps: int, batch_size: int,
-               seq_len: int, lr: float, warmup_steps: int, bf16: bool, log: Log) -> list[float]:
+def train_loop(
+    name: str,
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor],
+    stream: np.ndarray,
+    rng: np.random.Generator,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    lr: float,
+    warmup_steps: int,
+    bf16: bool,
+    log: Log,
+) -> list[float]:
     """Fixed step count (not a time budget) so that the result does not depend on machine load.
     bf16: autocast the forward pass; a large gain on CPUs with AMX, a large loss without."""
     model.train()
@@ -151,39 +169,63 @@ def train_loop(name: str, model: torch.nn.Module, loss_fn: Callable[[torch.Tenso
         opt.step()
         losses.append(loss.item())
         if step % log_every == 0 or step == steps - 1:
-            log(f"[{name}] step {step + 1}/{steps} loss {losses[-1]:.3f} "
-                f"elapsed {time.perf_counter() - t0_s:.1f}s")
+            log(f"[{name}] step {step + 1}/{steps} loss {losses[-1]:.3f} elapsed {time.perf_counter() - t0_s:.1f}s")
     model.eval()
     return losses
 
 
-def train_target(model: GPT2LMHeadModel, stream: np.ndarray, rng: np.random.Generator,
-                 steps: int, batch_size: int, seq_len: int, lr: float, warmup_steps: int,
-                 bf16: bool, log: Log) -> list[float]:
+def train_target(
+    model: GPT2LMHeadModel,
+    stream: np.ndarray,
+    rng: np.random.Generator,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    lr: float,
+    warmup_steps: int,
+    bf16: bool,
+    log: Log,
+) -> list[float]:
     def loss_fn(ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, labels=ids).loss
-    return train_loop("target", model, loss_fn, stream, rng, steps, batch_size, seq_len, lr,
-                      warmup_steps, bf16, log)
+
+    return train_loop("target", model, loss_fn, stream, rng, steps, batch_size, seq_len, lr, warmup_steps, bf16, log)
 
 
-def distill_draft(draft: torch.nn.Module, target: torch.nn.Module, stream: np.ndarray,
-                  rng: np.random.Generator, steps: int, batch_size: int, seq_len: int,
-                  lr: float, warmup_steps: int, kl_weight: float, temperature: float,
-                  bf16: bool, log: Log) -> list[float]:
+def distill_draft(
+    draft: torch.nn.Module,
+    target: torch.nn.Module,
+    stream: np.ndarray,
+    rng: np.random.Generator,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    lr: float,
+    warmup_steps: int,
+    kl_weight: float,
+    temperature: float,
+    bf16: bool,
+    log: Log,
+) -> list[float]:
     target.eval()
 
     def loss_fn(ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             target_logits = target(input_ids=ids).logits
-        return distill_loss(draft(input_ids=ids).logits, target_logits, ids, kl_weight,
-                            temperature)
-    return train_loop("draft", draft, loss_fn, stream, rng, steps, batch_size, seq_len, lr,
-                      warmup_steps, bf16, log)
+        return distill_loss(draft(input_ids=ids).logits, target_logits, ids, kl_weight, temperature)
+
+    return train_loop("draft", draft, loss_fn, stream, rng, steps, batch_size, seq_len, lr, warmup_steps, bf16, log)
 
 
 @torch.no_grad()
-def greedy_agreement(draft: torch.nn.Module, target: torch.nn.Module, stream: np.ndarray,
-                     n_tokens: int, seq_len: int, batch_size: int = 8) -> float:
+def greedy_agreement(
+    draft: torch.nn.Module,
+    target: torch.nn.Module,
+    stream: np.ndarray,
+    n_tokens: int,
+    seq_len: int,
+    batch_size: int = 8,
+) -> float:
     """Teacher-forced on the first n_tokens of the held-out stream, in non-overlapping windows
     of seq_len (the context length the models were trained on)."""
     seq_len = min(seq_len, len(stream))

@@ -13,6 +13,7 @@ and on /metrics; an edge with one sends it to the verifier and requires it on it
 readiness polls. The token says "a member of this testbed", not which client: per-client limits
 apply per connection.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,24 +31,33 @@ from services.wire import UNAUTHORIZED
 TOKEN_ENV = "DSD_TOKEN"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 MIN_TOKEN_CHARS = 16
-_TOKEN_RE = re.compile(r"[\x21-\x7e]+")        # printable ASCII, no spaces: it travels in a header
+_TOKEN_RE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces: it travels in a header
 
 
 def add_access_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("access")
-    group.add_argument("--allow-any-host", action="store_true",
-                       help="allow --host 0.0.0.0/:: without a warning: only where the network namespace "
-                            "is the testbed's own (a container on the internal testbed network)")
-    group.add_argument("--token-file", default="",
-                       help=f"a file holding the shared token (default: ${TOKEN_ENV} if set, else no token)")
+    group.add_argument(
+        "--allow-any-host",
+        action="store_true",
+        help="allow --host 0.0.0.0/:: without a warning: only where the network namespace "
+        "is the testbed's own (a container on the internal testbed network)",
+    )
+    group.add_argument(
+        "--token-file",
+        default="",
+        help=f"a file holding the shared token (default: ${TOKEN_ENV} if set, else no token)",
+    )
 
 
 def check_host(host: str, allow_any_host: bool, log: logging.Logger) -> None:
     """Warn about a wildcard listen address unless it was allowed explicitly."""
     if host in WILDCARD_HOSTS and not allow_any_host:
-        log.warning("listening on %r: every interface of this network namespace, which on a host means "
-                    "every network it is on. Use the testbed address (or 127.0.0.1), or pass "
-                    "--allow-any-host where the namespace holds only the testbed network.", host or "*")
+        log.warning(
+            "listening on %r: every interface of this network namespace, which on a host means "
+            "every network it is on. Use the testbed address (or 127.0.0.1), or pass "
+            "--allow-any-host where the namespace holds only the testbed network.",
+            host or "*",
+        )
 
 
 def load_token(token_file: str, environ=os.environ, log: logging.Logger | None = None) -> str | None:
@@ -68,8 +78,10 @@ def load_token(token_file: str, environ=os.environ, log: logging.Logger | None =
             return None
         source = f"${TOKEN_ENV}"
     if not _TOKEN_RE.fullmatch(token) or len(token) < MIN_TOKEN_CHARS:
-        raise ValueError(f"{source}: a token is at least {MIN_TOKEN_CHARS} printable ASCII characters without "
-                         f"spaces, got {len(token)} characters")
+        raise ValueError(
+            f"{source}: a token is at least {MIN_TOKEN_CHARS} printable ASCII characters without "
+            f"spaces, got {len(token)} characters"
+        )
     return token
 
 
@@ -91,6 +103,11 @@ def refusal(request: web.Request, token: str | None, log: logging.Logger) -> web
     reason = "no Authorization header" if "Authorization" not in request.headers else "wrong token"
     log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, reason)
     return web.json_response(
-        {"code": UNAUTHORIZED, "field": "Authorization",
-         "message": f"{reason}: this service requires 'Authorization: Bearer <token>'"},
-        status=401, headers={"WWW-Authenticate": "Bearer"})
+        {
+            "code": UNAUTHORIZED,
+            "field": "Authorization",
+            "message": f"{reason}: this service requires 'Authorization: Bearer <token>'",
+        },
+        status=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )

@@ -15,6 +15,7 @@ loaded 2-core host the edge and the verifier spinning at once take CPU from each
 ThreadDevice (real models): the pass computes for real in one worker thread, so the event loop
 keeps serving sockets meanwhile; one thread is one device, so passes never overlap.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,11 @@ _SPIN_TIMERFD_S = 0.00025
 
 class _TimerFd:
     """A Linux timerfd on CLOCK_MONOTONIC (perf_counter's clock here), armed at absolute times."""
+
     _CLOCK_MONOTONIC, _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
     _PR_SET_TIMERSLACK = 29
 
-    class _Itimerspec(ctypes.Structure):       # two struct timespec {tv_sec, tv_nsec}
+    class _Itimerspec(ctypes.Structure):  # two struct timespec {tv_sec, tv_nsec}
         _fields_ = [("it_interval", ctypes.c_long * 2), ("it_value", ctypes.c_long * 2)]
 
     def __init__(self, libc, fd: int) -> None:
@@ -70,7 +72,7 @@ class _TimerFd:
             return None
         if fd < 0:
             return None
-        libc.prctl(cls._PR_SET_TIMERSLACK, 1, 0, 0, 0)    # hrtimer slack 50 us -> 1 ns; best effort
+        libc.prctl(cls._PR_SET_TIMERSLACK, 1, 0, 0, 0)  # hrtimer slack 50 us -> 1 ns; best effort
         return cls(libc, fd)
 
     def arm(self, at_s: float) -> None:
@@ -102,7 +104,7 @@ class PreciseTimer:
         self._reader_loop: asyncio.AbstractEventLoop | None = None
 
     def _fired(self) -> None:
-        if self._timerfd is not None:        # registered only with one
+        if self._timerfd is not None:  # registered only with one
             self._timerfd.drain()
         self._changed.set()
 
@@ -114,13 +116,13 @@ class PreciseTimer:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="precise-timer")
         elif self._deadlines[0][2] is future:
-            self._changed.set()          # a new earliest deadline: re-plan the coarse sleep
+            self._changed.set()  # a new earliest deadline: re-plan the coarse sleep
         await future
 
     async def _run(self) -> None:
         timerfd = self._timerfd
         loop = asyncio.get_running_loop()
-        if timerfd is not None and self._reader_loop is not loop:     # once per event loop
+        if timerfd is not None and self._reader_loop is not loop:  # once per event loop
             loop.add_reader(timerfd.fd, self._fired)
             self._reader_loop = loop
         spin_s = _SPIN_S if timerfd is None else _SPIN_TIMERFD_S
@@ -137,13 +139,13 @@ class PreciseTimer:
                 self._changed.clear()
                 if timerfd is not None:
                     timerfd.arm(self._deadlines[0][0] - spin_s)
-                    await self._changed.wait()       # the timer fired, or a new earliest deadline
+                    await self._changed.wait()  # the timer fired, or a new earliest deadline
                     continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(coarse_s):
                         await self._changed.wait()
             else:
-                await asyncio.sleep(0)       # spin: one loop iteration, then look at the clock
+                await asyncio.sleep(0)  # spin: one loop iteration, then look at the clock
 
 
 class EmulatedDevice:
@@ -157,16 +159,21 @@ class EmulatedDevice:
     the model, the pass is charged what it took.
     """
 
-    starts_when_ready = True       # a pass may start at its ready_s, before the harness reached it
+    starts_when_ready = True  # a pass may start at its ready_s, before the harness reached it
 
     def __init__(self, timer: PreciseTimer) -> None:
         self.timer = timer
         self.busy_until_s = 0.0
         self.busy_s = 0.0
-        self.runs = 0          # clients using it (one per edge run)
+        self.runs = 0  # clients using it (one per edge run)
 
-    async def run(self, work: Callable[[], T], cost_s: float, ready_s: float | None = None,
-                  then: Callable[[T, float, float], T] | None = None) -> tuple[T, float, float]:
+    async def run(
+        self,
+        work: Callable[[], T],
+        cost_s: float,
+        ready_s: float | None = None,
+        then: Callable[[T, float, float], T] | None = None,
+    ) -> tuple[T, float, float]:
         """Returns (work's result, start_s, compute_s charged); start_s on perf_counter's clock.
 
         ``then(result, start_s, compute_s)``, if given, replaces the result before what is left
@@ -178,24 +185,30 @@ class EmulatedDevice:
         compute_s = max(cost_s, time.perf_counter() - start_s)
         self.busy_until_s = start_s + compute_s
         self.busy_s += compute_s
-        if then is not None:     # if it outlasts the modelled time, the pass ends late: overhead
+        if then is not None:  # if it outlasts the modelled time, the pass ends late: overhead
             result = then(result, start_s, compute_s)
         await self.timer.sleep_until(self.busy_until_s)
         return result, start_s, compute_s
 
 
 class ThreadDevice:
-    starts_when_ready = False      # real work starts when the thread takes it; the wait before is real
+    starts_when_ready = False  # real work starts when the thread takes it; the wait before is real
 
     def __init__(self, executor: ThreadPoolExecutor | None = None) -> None:
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="device")
         self.busy_s = 0.0
-        self.runs = 0          # clients using it (the edge's runs): one alone may use run_here
+        self.runs = 0  # clients using it (the edge's runs): one alone may use run_here
 
-    async def run(self, work: Callable[[], T], cost_s: float = 0.0, ready_s: float | None = None,
-                  then: Callable[[T, float, float], T] | None = None) -> tuple[T, float, float]:
+    async def run(
+        self,
+        work: Callable[[], T],
+        cost_s: float = 0.0,
+        ready_s: float | None = None,
+        then: Callable[[T, float, float], T] | None = None,
+    ) -> tuple[T, float, float]:
         """Returns (work's result, start_s, compute_s measured); cost_s and ready_s are ignored:
         the work is real, and starts when the thread takes it. ``then`` as for EmulatedDevice."""
+
         def timed():
             start_s = time.perf_counter()
             return work(), start_s, time.perf_counter() - start_s
@@ -204,8 +217,9 @@ class ThreadDevice:
         self.busy_s += compute_s
         return (result if then is None else then(result, start_s, compute_s)), start_s, compute_s
 
-    def run_here(self, work: Callable[[], T], then: Callable[[T, float, float], Any] | None = None
-                 ) -> tuple[Any, float, float]:
+    def run_here(
+        self, work: Callable[[], T], then: Callable[[T, float, float], Any] | None = None
+    ) -> tuple[Any, float, float]:
         """``run`` on the calling thread (the event loop's): no hand-off to the worker thread and
         back, which costs two thread wake-ups (0.1-0.5 ms on a busy 2-core host); the loop reads
         nothing meanwhile, so only for a caller that knows nothing else needs it. Only call it
@@ -219,12 +233,16 @@ class ThreadDevice:
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("backend")
-    group.add_argument("--backend-json", default="",
-                       help='the backend config as one JSON object, {"kind": "synthetic"|"hf"|..., FIELD: VALUE, ...} '
-                            "(dsd/backends/factory.py); empty: the synthetic backend's defaults")
+    group.add_argument(
+        "--backend-json",
+        default="",
+        help='the backend config as one JSON object, {"kind": "synthetic"|"hf"|..., FIELD: VALUE, ...} '
+        "(dsd/backends/factory.py); empty: the synthetic backend's defaults",
+    )
     group.add_argument("--profile", default="", help="emulated backends: a profile name in dsd/costs/profiles.toml")
-    group.add_argument("--profile-json", default="",
-                       help="emulated backends: the HardwareProfile fields as a JSON object")
+    group.add_argument(
+        "--profile-json", default="", help="emulated backends: the HardwareProfile fields as a JSON object"
+    )
     group.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
 
 
@@ -238,8 +256,10 @@ def backend_from_args(args: argparse.Namespace) -> tuple[BackendConfig, Hardware
     elif args.profile_json:
         profile = profile_from_json(args.profile_json)
     if config.emulated and profile is None:
-        raise ValueError(f"the {config.kind} backend computes nothing: give --profile or --profile-json "
-                         "for the compute times to emulate")
+        raise ValueError(
+            f"the {config.kind} backend computes nothing: give --profile or --profile-json "
+            "for the compute times to emulate"
+        )
     return config, profile
 
 

@@ -24,6 +24,7 @@ answers it with an Error naming ``max_message_bytes``, as on the WebSocket); one
 writes one frame (one write, so one segment for a small message with TCP_NODELAY) and waits
 only if the kernel's buffer is full.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,6 +61,7 @@ def frame(data: bytes) -> bytes:
 @dataclass(frozen=True)
 class Oversize:
     """A frame longer than the receiver's limit: skipped, its length kept for the error."""
+
     n_bytes: int
 
 
@@ -78,7 +80,7 @@ class Deframer:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         self.max_frame_bytes, self.drop_beyond_bytes = max_frame_bytes, drop_beyond_bytes
         self._buffer = bytearray()
-        self._skip = 0              # bytes of an oversized frame still to discard
+        self._skip = 0  # bytes of an oversized frame still to discard
 
     def feed(self, data: bytes) -> list:
         out: list = []
@@ -86,7 +88,7 @@ class Deframer:
             dropped = min(self._skip, len(data))
             self._skip -= dropped
             data = data[dropped:]
-        if not self._buffer and len(data) >= 4:       # the usual case: whole frames in one read
+        if not self._buffer and len(data) >= 4:  # the usual case: whole frames in one read
             n = HEADER.unpack_from(data)[0]
             if len(data) == 4 + n and n <= self.max_frame_bytes:
                 out.append(bytes(data[4:]))
@@ -96,19 +98,20 @@ class Deframer:
             n = HEADER.unpack_from(self._buffer)[0]
             if n > self.max_frame_bytes:
                 if n > self.drop_beyond_bytes:
-                    raise FrameTooLarge(f"a frame of {n} bytes exceeds {self.drop_beyond_bytes} bytes: "
-                                        "connection closed")
+                    raise FrameTooLarge(
+                        f"a frame of {n} bytes exceeds {self.drop_beyond_bytes} bytes: connection closed"
+                    )
                 out.append(Oversize(n))
                 dropped = min(n, len(self._buffer) - 4)
-                del self._buffer[:4 + dropped]
+                del self._buffer[: 4 + dropped]
                 self._skip = n - dropped
                 if self._skip:
                     break
                 continue
             if len(self._buffer) < 4 + n:
                 break
-            out.append(bytes(self._buffer[4:4 + n]))
-            del self._buffer[:4 + n]
+            out.append(bytes(self._buffer[4 : 4 + n]))
+            del self._buffer[: 4 + n]
         return out
 
 
@@ -117,17 +120,22 @@ class FrameProtocol(asyncio.Protocol):
     called for every frame as it is read.
     ``on_lost(reason)`` is called once when the connection ends, ``on_made(self)`` when it starts."""
 
-    def __init__(self, max_frame_bytes: int, drop_beyond_bytes: int,
-                 on_frame: Callable, on_lost: Callable[[str], None] | None = None,
-                 on_made: Callable[[FrameProtocol], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_frame_bytes: int,
+        drop_beyond_bytes: int,
+        on_frame: Callable,
+        on_lost: Callable[[str], None] | None = None,
+        on_made: Callable[[FrameProtocol], None] | None = None,
+    ) -> None:
         self.deframer = Deframer(max_frame_bytes, drop_beyond_bytes)
         self.on_frame, self.on_lost, self.on_made = on_frame, on_lost, on_made
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.close_reason: str | None = None
-        self._writable: asyncio.Future | None = None    # set while the kernel's buffer is full
-        self.task: asyncio.Task | None = None           # a server's task serving it (held here)
-        self.timer: asyncio.TimerHandle | None = None   # a server's timeout on it
+        self._writable: asyncio.Future | None = None  # set while the kernel's buffer is full
+        self.task: asyncio.Task | None = None  # a server's task serving it (held here)
+        self.timer: asyncio.TimerHandle | None = None  # a server's timeout on it
 
     # ---- asyncio.Protocol --------------------------------------------------------------
 
@@ -154,8 +162,9 @@ class FrameProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if not self.closed:
             self.closed = True
-            self.close_reason = self.close_reason or ("connection closed by the peer" if exc is None
-                                                      else f"connection lost: {type(exc).__name__}: {exc}")
+            self.close_reason = self.close_reason or (
+                "connection closed by the peer" if exc is None else f"connection lost: {type(exc).__name__}: {exc}"
+            )
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         if self.on_lost is not None:
@@ -191,7 +200,7 @@ class FrameProtocol(asyncio.Protocol):
         if self._writable is not None and not self._writable.done():
             await self._writable
 
-    send_bytes = send            # the name a WebSocket's send has: either can be a connection's channel
+    send_bytes = send  # the name a WebSocket's send has: either can be a connection's channel
 
     def abort(self, reason: str) -> None:
         """Close now (what is buffered to send is dropped), with this reason."""
@@ -219,8 +228,8 @@ class InlineRunner:
 
     def __init__(self, on_error: Callable[[BaseException], None]) -> None:
         self.on_error = on_error
-        self._pending: collections.deque = collections.deque()     # zero-argument coroutine makers
-        self.task: asyncio.Task | None = None       # the one that finishes a suspended coroutine
+        self._pending: collections.deque = collections.deque()  # zero-argument coroutine makers
+        self.task: asyncio.Task | None = None  # the one that finishes a suspended coroutine
 
     def submit(self, make: Callable) -> None:
         if self.task is not None:
@@ -231,7 +240,7 @@ class InlineRunner:
             yielded = coro.send(None)
         except StopIteration:
             return
-        except Exception as exc:         # noqa: BLE001 - handed to on_error, as a task's failure
+        except Exception as exc:  # noqa: BLE001 - handed to on_error, as a task's failure
             self.on_error(exc)
             return
         self.task = asyncio.get_running_loop().create_task(self._finish(coro, yielded))
@@ -243,11 +252,11 @@ class InlineRunner:
                 await self._pending.popleft()()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:         # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.on_error(exc)
         finally:
             self.task = None
-            while self._pending and self.task is None:    # after a failure: the rest, in order
+            while self._pending and self.task is None:  # after a failure: the rest, in order
                 self.submit(self._pending.popleft())
 
     def cancel(self) -> None:
@@ -284,7 +293,7 @@ def _resume(coro, yielded):
         except GeneratorExit:
             coro.close()
             raise
-        except BaseException as exc:     # noqa: BLE001 - thrown in by the Task: passed down
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the Task: passed down
             try:
                 yielded = coro.throw(exc)
             except StopIteration as stop:
@@ -317,24 +326,28 @@ def cap_retransmission_backoff(sock, rto_max_ms: int) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, int(rto_max_ms))
 
 
-async def open_connection(host: str, port: int, token: str | None, max_frame_bytes: int,
-                          on_frame: Callable, on_lost: Callable[[str], None]) -> FrameProtocol:
+async def open_connection(
+    host: str, port: int, token: str | None, max_frame_bytes: int, on_frame: Callable, on_lost: Callable[[str], None]
+) -> FrameProtocol:
     """A frame connection to a verifier at host:port, its token already sent."""
     loop = asyncio.get_running_loop()
     _, protocol = await loop.create_connection(
-        lambda: FrameProtocol(max_frame_bytes, 4 * max_frame_bytes, on_frame, on_lost), host, port)
+        lambda: FrameProtocol(max_frame_bytes, 4 * max_frame_bytes, on_frame, on_lost), host, port
+    )
     protocol.made_transport().write(MAGIC + frame((token or "").encode()))
     return protocol
 
 
 # ---- the server: one port for HTTP and frames --------------------------------------------------
 
+
 class _Sniffer(asyncio.Protocol):
     """A new connection's first bytes decide who serves it: ``MAGIC`` -> the frame protocol
     (``frames()`` makes it), anything else -> aiohttp's request handler."""
 
-    def __init__(self, http_factory: Callable[[], asyncio.Protocol],
-                 frames_factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, http_factory: Callable[[], asyncio.Protocol], frames_factory: Callable[[], asyncio.Protocol]
+    ) -> None:
         self.http_factory, self.frames_factory = http_factory, frames_factory
         self.transport: asyncio.BaseTransport | None = None
         self.head = b""
@@ -345,9 +358,9 @@ class _Sniffer(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.head += data
         if len(self.head) < len(MAGIC) and MAGIC.startswith(self.head):
-            return                                      # could still be either: wait for more
+            return  # could still be either: wait for more
         if self.head.startswith(MAGIC):
-            protocol, rest = self.frames_factory(), self.head[len(MAGIC):]
+            protocol, rest = self.frames_factory(), self.head[len(MAGIC) :]
         else:
             protocol, rest = self.http_factory(), self.head
         if self.transport is None:
@@ -358,29 +371,38 @@ class _Sniffer(asyncio.Protocol):
             protocol.data_received(rest)
 
     def connection_lost(self, exc) -> None:
-        pass                       # closed before it said what it is: nothing was made for it
+        pass  # closed before it said what it is: nothing was made for it
 
 
 class SniffingSite(web.TCPSite):
     """aiohttp's TCP site, whose connections that open with ``MAGIC`` speak frames instead."""
+
     __slots__ = ("_frames_factory",)
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int,
-                 frames_factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, frames_factory: Callable[[], asyncio.Protocol]
+    ) -> None:
         super().__init__(runner, host, port)
         self._frames_factory = frames_factory
 
     async def start(self) -> None:
-        self._runner._reg_site(self)          # BaseSite.start (TCPSite.start would bind aiohttp's own)
+        self._runner._reg_site(self)  # BaseSite.start (TCPSite.start would bind aiohttp's own)
         server = self._runner.server
         if server is None:
             raise RuntimeError("the runner is not set up: call its setup() before starting a site")
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Sniffer(server, self._frames_factory), self._host, self._port, backlog=self._backlog)
+            lambda: _Sniffer(server, self._frames_factory), self._host, self._port, backlog=self._backlog
+        )
 
 
-def run_app(app: web.Application, host: str, port: int, unix_socket: str | None,
-            frames_factory: Callable[[], asyncio.Protocol], loop: asyncio.AbstractEventLoop) -> None:
+def run_app(
+    app: web.Application,
+    host: str,
+    port: int,
+    unix_socket: str | None,
+    frames_factory: Callable[[], asyncio.Protocol],
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     """Serve ``app`` on host:port (HTTP and frames) and on a Unix socket (HTTP) until SIGINT or
     SIGTERM, as ``aiohttp.web.run_app`` does."""
     asyncio.set_event_loop(loop)

@@ -7,6 +7,7 @@ SIGTERM when the thread that started it dies (services.processes: a killed pytes
 services behind) and carries the service and owner marks, so `dsdbed cleanup` would find one
 that outlived its owner anyway.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,7 @@ from pathlib import Path
 from services.access import bearer_header
 from services.processes import REPO, free_port, start_service
 
-__all__ = ["REPO", "Service", "free_port", "launch", "post_runs", "read_csv", "running", "wait_for_runs",
-           "wait_ready"]
+__all__ = ["REPO", "Service", "free_port", "launch", "post_runs", "read_csv", "running", "wait_for_runs", "wait_ready"]
 START_TIMEOUT_S = 60.0
 
 
@@ -37,7 +37,7 @@ class Service:
     url: str
     process: subprocess.Popen
     log_path: Path
-    token: str | None = None        # sent as a bearer token (a verifier started with --token-file)
+    token: str | None = None  # sent as a bearer token (a verifier started with --token-file)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -54,8 +54,12 @@ class Service:
         return self._get(path, timeout_s).decode()
 
     def post_json(self, path: str, body: dict, timeout_s: float = 10.0) -> tuple[int, dict]:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", **bearer_header(self.token)})
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", **bearer_header(self.token)},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return response.status, json.loads(response.read())
@@ -84,8 +88,12 @@ def launch(module: str, args: list[str], log_dir: Path, host: str = "127.0.0.1")
     port = free_port(host)
     log_path = Path(log_dir) / f"{module.rsplit('.', 1)[-1]}-{port}.log"
     with open(log_path, "wb") as log:
-        process = start_service([module, "--host", host, "--port", str(port), *args], f"{module}-{port}", log,
-                                env={"TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"})
+        process = start_service(
+            [module, "--host", host, "--port", str(port), *args],
+            f"{module}-{port}",
+            log,
+            env={"TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"},
+        )
     return Service(module, f"http://{host}:{port}", process, log_path)
 
 
@@ -93,8 +101,9 @@ def wait_ready(service: Service, timeout_s: float = START_TIMEOUT_S) -> Service:
     deadline = time.monotonic() + timeout_s
     while True:
         if service.process.poll() is not None:
-            raise RuntimeError(f"{service.name} exited with {service.process.returncode} while "
-                               f"starting:\n{service.log()}")
+            raise RuntimeError(
+                f"{service.name} exited with {service.process.returncode} while starting:\n{service.log()}"
+            )
         try:
             if service.get_json("/health", timeout_s=1.0)["status"] == "ok":
                 return service

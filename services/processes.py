@@ -6,6 +6,7 @@ Each child dies with the thread that started it (a parent-death signal set by `s
 across the exec of nsenter and python), and carries SERVICE_MARK and OWNER_MARK in its
 environment so that `dsdbed cleanup` finds one that survived its owner anyway.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,8 @@ from typing import IO
 from netem.owners import process_identity
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICE_MARK = "DSDBED_SERVICE"      # environment variable every service process carries
-OWNER_MARK = "DSDBED_OWNER"          # and the process that started it: "pid:start time"
+SERVICE_MARK = "DSDBED_SERVICE"  # environment variable every service process carries
+OWNER_MARK = "DSDBED_OWNER"  # and the process that started it: "pid:start time"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -30,8 +31,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def start_service(argv: list[str], mark: str, log: IO[bytes], env: dict[str, str] | None = None,
-                  netns: str | None = None) -> subprocess.Popen:
+def start_service(
+    argv: list[str], mark: str, log: IO[bytes], env: dict[str, str] | None = None, netns: str | None = None
+) -> subprocess.Popen:
     """`python -m *argv` in its own process group, in ``netns`` if given, output to ``log``;
     ``mark``: its SERVICE_MARK; ``env``: added to this process's environment.
     NOTE: the parent-death signal fires when the *thread* that started the child exits: start
@@ -39,10 +41,22 @@ def start_service(argv: list[str], mark: str, log: IO[bytes], env: dict[str, str
     prefix = ["setpriv", "--pdeathsig", "SIGTERM", "--"] if shutil.which("setpriv") else []
     if netns:
         prefix += ["nsenter", f"--net={netns}", "--"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {}), SERVICE_MARK: mark,
-           OWNER_MARK: process_identity(os.getpid()) or ""}
-    return subprocess.Popen(prefix + [sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO, env=env)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        **(env or {}),
+        SERVICE_MARK: mark,
+        OWNER_MARK: process_identity(os.getpid()) or "",
+    }
+    return subprocess.Popen(
+        prefix + [sys.executable, "-m", *argv],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def kill_group(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:

@@ -17,6 +17,7 @@ The kernel work runs on one thread of its own that lives as long as the edge: th
 daemon dies with the thread that started it (PR_SET_PDEATHSIG), and one thread orders the
 applies and removals.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,7 +83,7 @@ class ShapingApi:
         the RTTs in ms (the edge's WebSocket probes)."""
         self.shaping_allowed = shaping_allowed
         self.probe = probe
-        self.shaper: InsideShaper | None = None     # while shaping
+        self.shaper: InsideShaper | None = None  # while shaping
         self._record: dict | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-shaping")
         self._lock = asyncio.Lock()
@@ -105,13 +106,19 @@ class ShapingApi:
         return self.shaper.failures() if self.shaper is not None else []
 
     async def get(self, _request: web.Request) -> web.Response:
-        return web.json_response({"shaping_allowed": self.shaping_allowed, "record": self._record,
-                                  "failures": self.failures()})
+        return web.json_response(
+            {"shaping_allowed": self.shaping_allowed, "record": self._record, "failures": self.failures()}
+        )
 
     async def put(self, request: web.Request) -> web.Response:
         if not self.shaping_allowed:
-            return web.json_response({"error": "this edge does not shape its link: start it with --shape-link "
-                                               "(and CAP_NET_ADMIN in its network namespace)"}, status=403)
+            return web.json_response(
+                {
+                    "error": "this edge does not shape its link: start it with --shape-link "
+                    "(and CAP_NET_ADMIN in its network namespace)"
+                },
+                status=403,
+            )
         try:
             body = _check_keys(await request.json(), PUT_FIELDS)
             spec = LinkSpec.from_dict({k: body[k] for k in SPEC_FIELDS if k in body})
@@ -119,6 +126,7 @@ class ShapingApi:
             tolerance_ms = _number_in(body, "tolerance_ms", 2.0, 0.001, 10_000)
             backend = body.get("backend", "auto")
             from netem.probe import BACKENDS
+
             if backend not in ("auto", *BACKENDS):
                 raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
             ip = peer_ip(body["verifier_url"])
@@ -158,11 +166,12 @@ class ShapingApi:
     # ---- on the link thread ----------------------------------------------------------------
 
     def _apply(self, ip: str, spec: LinkSpec, backend: str, verify_count: int, tolerance_ms: float) -> dict:
-        from netem.inside import InsideShaper       # pyroute2 and the rest only where shaping is used
+        from netem.inside import InsideShaper  # pyroute2 and the rest only where shaping is used
         from netem.shaper import ShaperConfig
+
         self._remove()
         shaper = InsideShaper(ShaperConfig(backend=backend, verify_count=verify_count))
-        record = shaper.apply(ip, spec, tolerance_ms=tolerance_ms)    # closes itself on failure
+        record = shaper.apply(ip, spec, tolerance_ms=tolerance_ms)  # closes itself on failure
         self.shaper = shaper
         return record.as_json()
 

@@ -27,6 +27,7 @@ pass alone moves +-1 ms round to round here) and gained nothing. Two sync client
 process each (benchmarks/spin_clients.py): with polling aimed regardless, 161 -> 137 tok/s per
 client, the reason for the shared-verifier check; with it, 6 windows in the whole run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,8 @@ MAX_SPIN_US = 5000
 
 @dataclass(frozen=True)
 class SpinConfig:
-    spin_us: int = 0          # the longest busy poll per expected message (0: never poll)
-    lead_us: int = 300        # the window opens this long before the message is due
+    spin_us: int = 0  # the longest busy poll per expected message (0: never poll)
+    lead_us: int = 300  # the window opens this long before the message is due
 
     def __post_init__(self) -> None:
         for name, high in (("spin_us", MAX_SPIN_US), ("lead_us", MAX_SPIN_US)):
@@ -54,8 +55,10 @@ class SpinConfig:
             if not (is_int(value) and 0 <= value <= high):
                 raise ValueError(f"{name} must be a whole number of microseconds in [0, {high}], got {value!r}")
         if self.spin_us and self.lead_us > self.spin_us:
-            raise ValueError(f"lead_us ({self.lead_us}) must not exceed spin_us ({self.spin_us}): "
-                             "the window would close before the message is due")
+            raise ValueError(
+                f"lead_us ({self.lead_us}) must not exceed spin_us ({self.spin_us}): "
+                "the window would close before the message is due"
+            )
 
     @property
     def on(self) -> bool:
@@ -68,12 +71,12 @@ class SpinSelector(selectors.EpollSelector):
     def __init__(self, config: SpinConfig) -> None:
         super().__init__()
         self.config = config
-        self._start_s = math.inf      # the open window [start, end), perf_counter's clock
+        self._start_s = math.inf  # the open window [start, end), perf_counter's clock
         self._end_s = -math.inf
-        self.windows = 0              # expect() calls that opened a window
-        self.caught = 0               # windows in which something became ready while polling
-        self.spun_s = 0.0             # time spent polling, all windows together
-        self.timer: _TimerFd | None = None      # set by install(): wakes the loop at a window's start
+        self.windows = 0  # expect() calls that opened a window
+        self.caught = 0  # windows in which something became ready while polling
+        self.spun_s = 0.0  # time spent polling, all windows together
+        self.timer: _TimerFd | None = None  # set by install(): wakes the loop at a window's start
 
     def expect(self, due_s: float) -> None:
         """A message should arrive at ``due_s`` (perf_counter): poll from lead_us before it."""
@@ -88,7 +91,7 @@ class SpinSelector(selectors.EpollSelector):
     def cancel(self) -> None:
         """What was expected came (or will not): close the window (and its timer, if pending)."""
         if self.timer is not None and self._start_s != math.inf and self._start_s > time.perf_counter():
-            self.timer.arm(0.0)          # zero: disarmed
+            self.timer.arm(0.0)  # zero: disarmed
         self._start_s, self._end_s = math.inf, -math.inf
 
     def select(self, timeout=None):
@@ -103,7 +106,7 @@ class SpinSelector(selectors.EpollSelector):
             polled_s = time.perf_counter()
             if ready or polled_s >= end_s:
                 break
-        self.spun_s += min(polled_s, end_s) - now_s     # the window's share (a preempted last poll: not ours)
+        self.spun_s += min(polled_s, end_s) - now_s  # the window's share (a preempted last poll: not ours)
         if ready:
             self.caught += 1
             self.cancel()
@@ -113,8 +116,7 @@ class SpinSelector(selectors.EpollSelector):
         return super().select(None if timeout is None else max(0.0, timeout - (polled_s - now_s)))
 
     def stats(self) -> dict:
-        return {**asdict(self.config), "windows": self.windows, "caught": self.caught,
-                "spun_ms": 1e3 * self.spun_s}
+        return {**asdict(self.config), "windows": self.windows, "caught": self.caught, "spun_ms": 1e3 * self.spun_s}
 
 
 def new_event_loop(config: SpinConfig) -> asyncio.AbstractEventLoop:
@@ -153,7 +155,7 @@ class Gaps:
 
     def add(self, gap_s: float) -> None:
         if gap_s >= 0:
-            self._gaps = (self._gaps + [gap_s])[-self.keep:]
+            self._gaps = (self._gaps + [gap_s])[-self.keep :]
 
     def expected_s(self) -> float | None:
         return statistics.median(self._gaps) if self._gaps else None
@@ -161,10 +163,18 @@ class Gaps:
 
 def add_spin_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("polling for an expected message (services/spinwait.py)")
-    group.add_argument("--spin-us", type=int, default=SpinConfig.spin_us,
-                       help="the longest busy poll per expected message, microseconds (0: off, the default)")
-    group.add_argument("--spin-lead-us", type=int, default=SpinConfig.lead_us,
-                       help="start polling this long before the message is due, microseconds")
+    group.add_argument(
+        "--spin-us",
+        type=int,
+        default=SpinConfig.spin_us,
+        help="the longest busy poll per expected message, microseconds (0: off, the default)",
+    )
+    group.add_argument(
+        "--spin-lead-us",
+        type=int,
+        default=SpinConfig.lead_us,
+        help="start polling this long before the message is due, microseconds",
+    )
 
 
 def spin_from_args(args: argparse.Namespace) -> SpinConfig:

@@ -34,6 +34,7 @@ These two row types are the columns of every launcher's traces: the sim launcher
 does not measure (clocks, server measures, ``rtt_probe_ms``, ``app_delay_ms``). Rows are built
 with keywords only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,9 +74,9 @@ class RoundRow:
     rtt_probe_ms: float | None = None
     app_delay_ms: float | None = None
     error: str = ""
-    round_gamma: int | None = None   # the gamma and mode the block was drafted in (dsd.controller.interface);
-    round_mode: str = ""             # empty for the modes the server runs alone
-    feature_bytes: int = 0           # the target's features the reply carried (dsd.features), encoded
+    round_gamma: int | None = None  # the gamma and mode the block was drafted in (dsd.controller.interface);
+    round_mode: str = ""  # empty for the modes the server runs alone
+    feature_bytes: int = 0  # the target's features the reply carried (dsd.features), encoded
     # the cached mode (dsd.cache.filler.CacheRecord): what the verdict met in the speculation cache;
     # empty for the other modes
     cache_hit: bool | None = None
@@ -91,9 +92,15 @@ def cache_columns(record) -> dict:
     """A CacheRecord (or None) as RoundRow's cache_* fields."""
     if record is None:
         return {}
-    return {"cache_hit": record.hit, "cache_depth": record.depth, "cache_rank": record.rank,
-            "cache_branches": record.branches, "cache_fill_s": record.fill_s,
-            "cache_hit_predicted": record.predicted_hit, "cache_filled": record.filled}
+    return {
+        "cache_hit": record.hit,
+        "cache_depth": record.depth,
+        "cache_rank": record.rank,
+        "cache_branches": record.branches,
+        "cache_fill_s": record.fill_s,
+        "cache_hit_predicted": record.predicted_hit,
+        "cache_filled": record.filled,
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,9 +123,9 @@ class RequestRow:
     app_delay_ms: float | None = None
     token_ids: str = ""
     error: str = ""
-    gave_up: str = ""     # why the client gave the request up (its deadline; tokens = those received)
+    gave_up: str = ""  # why the client gave the request up (its deadline; tokens = those received)
     request_id: str = ""  # the HTTP client's X-Request-ID, for requests through the OpenAI-compatible API
-    category: str = ""    # the prompt's category in a categorized workload (workloads/README.md), else empty
+    category: str = ""  # the prompt's category in a categorized workload (workloads/README.md), else empty
 
 
 def as_dict(row: RoundRow | RequestRow) -> dict:
@@ -144,12 +151,12 @@ class EdgeClock:
 
 class TraceWriter:
     def __init__(self, folder: Path, sidecar: dict) -> None:
-        folder.mkdir(parents=True, exist_ok=False)      # never overwrite another run's traces
+        folder.mkdir(parents=True, exist_ok=False)  # never overwrite another run's traces
         self.folder = folder
         (folder / "run.json").write_text(json.dumps({**sidecar, "environment": environment()}, indent=2))
         self._rounds = self._open("rounds.csv", ROUND_COLUMNS)
         self._requests = self._open("requests.csv", REQUEST_COLUMNS)
-        self._due: list = []        # round rows (or what builds them) to write at the loop's next turn
+        self._due: list = []  # round rows (or what builds them) to write at the loop's next turn
 
     def _open(self, name: str, columns: tuple[str, ...]):
         handle = open(self.folder / name, "w", newline="")
@@ -163,7 +170,7 @@ class TraceWriter:
         turn: building a row of 22 fields also costs tens of microseconds right after a verdict)."""
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:          # no event loop (a script): write it now
+        except RuntimeError:  # no event loop (a script): write it now
             self._write(self._rounds, [row])
             return
         if not self._due:
@@ -210,5 +217,10 @@ def environment() -> dict[str, Any]:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_model(),
-            "packages": versions, "git_commit": git_commit()}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "packages": versions,
+        "git_commit": git_commit(),
+    }

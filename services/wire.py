@@ -13,6 +13,7 @@ is answered by a stream of ``Tokens`` with its seq; a hand-over's, with ``max_to
 ``Withdrawn``). ``session`` is the client's id for one
 request (prompt) on its connection. Times are seconds, measured on the verifier's clock.
 """
+
 from __future__ import annotations
 
 import types
@@ -25,26 +26,33 @@ VERSION = 1
 UINT64_MAX = (1 << 64) - 1
 
 # Error codes (Error.code)
-MALFORMED = "malformed"            # not msgpack, not a map, truncated
+MALFORMED = "malformed"  # not msgpack, not a map, truncated
 BAD_VERSION = "bad_version"
 UNKNOWN_TYPE = "unknown_type"
-BAD_FIELD = "bad_field"            # missing, unknown or of the wrong type
-OUT_OF_RANGE = "out_of_range"      # well typed but outside the limits
+BAD_FIELD = "bad_field"  # missing, unknown or of the wrong type
+OUT_OF_RANGE = "out_of_range"  # well typed but outside the limits
 UNKNOWN_SESSION = "unknown_session"
 DUPLICATE_SESSION = "duplicate_session"
-LIMIT = "limit"                    # a limit reached (Error.limit names it): sessions, size, tokens
-BUSY = "busy"                      # max_inflight_per_connection requests in flight: retry later
-UNAUTHORIZED = "unauthorized"      # HTTP 401 body at the WebSocket upgrade, not a frame
+LIMIT = "limit"  # a limit reached (Error.limit names it): sessions, size, tokens
+BUSY = "busy"  # max_inflight_per_connection requests in flight: retry later
+UNAUTHORIZED = "unauthorized"  # HTTP 401 body at the WebSocket upgrade, not a frame
 IDLE_TIMEOUT = "idle_timeout"
 INTERNAL = "internal"
-LINK_DOWN = "link_down"            # the edge's own, never sent: its connection to the verifier dropped
+LINK_DOWN = "link_down"  # the edge's own, never sent: its connection to the verifier dropped
 
 
 class WireError(ValueError):
     """A request that cannot be served; becomes an ``Error`` reply."""
 
-    def __init__(self, code: str, message: str, field: str | None = None,
-                 seq: int | None = None, session: int | None = None, limit: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        field: str | None = None,
+        seq: int | None = None,
+        session: int | None = None,
+        limit: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.field, self.seq, self.session = code, message, field, seq, session
         self.limit = limit
@@ -55,6 +63,7 @@ class WireError(ValueError):
 
 # ---- edge -> verifier ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Hello:
     seq: int
@@ -64,12 +73,13 @@ class Hello:
 @dataclass(frozen=True)
 class Ping:
     seq: int
-    t_send_s: float                 # the sender's clock, echoed
+    t_send_s: float  # the sender's clock, echoed
 
 
 @dataclass(frozen=True)
 class Open:
     """Start a request: the verifier prefills the prompt."""
+
     seq: int
     session: int
     prompt: list[int]
@@ -78,7 +88,7 @@ class Open:
     top_k: int | None
     seed: int
     stop_at_eos: bool
-    top_p: float = 1.0              # nucleus truncation of drafter and target (1: none)
+    top_p: float = 1.0  # nucleus truncation of drafter and target (1: none)
     # the target's features for a feature draft (dsd.features), in this dtype, on the Opened (the
     # prefill's), every Verified and every Tokens of this session; None: no features
     feature_dtype: str | None = None
@@ -88,6 +98,7 @@ class Open:
 class Verify:
     """One draft block (a dsd Proposal). Under sampling the draft's distributions q travel too:
     dense as float32 little-endian bytes [gamma, vocab], or sparse as per-row ids and values."""
+
     seq: int
     session: int
     start_pos: int
@@ -112,6 +123,7 @@ class Generate:
     """Run the request on the verifier: a mode of ``dsd.modes.server_modes()`` (cloud AR, co-located SD).
     With ``max_tokens`` (a hand-over, dsd/drive/driver.py) only until that many more tokens are generated
     (a round may overshoot by its accepted drafts); the session stays open for Verify and Generate."""
+
     seq: int
     session: int
     mode: str
@@ -124,6 +136,7 @@ class Withdraw:
     """Drop the session's hand-over segments (Generates with max_tokens) asked after the Generate
     ``keep_through`` (a seq; -1: every one) that have not started: the edge takes the request back.
     A segment being served runs to its end; answered at once."""
+
     seq: int
     session: int
     keep_through: int = -1
@@ -136,6 +149,7 @@ class Close:
 
 
 # ---- verifier -> edge ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Welcome:
@@ -165,6 +179,7 @@ class Queued:
     """A hand-over's Generate (with max_tokens) has arrived: sent at once on its arrival, before it
     is served and not behind the session's queue, so its round trip is the link's now (less held_s,
     as a Pong's), where the segment's first Tokens come only after every segment asked before it."""
+
     seq: int
     session: int
     held_s: float = 0.0
@@ -174,6 +189,7 @@ class Queued:
 class Withdrawn:
     """A Withdraw's answer, sent as it arrives: the seqs of the segments dropped (the last ones
     asked, in order; none if every segment had started)."""
+
     seq: int
     session: int
     segments: list[int]
@@ -187,12 +203,13 @@ class Opened:
     prefill_positions: int
     queue_s: float
     compute_s: float
-    features: bytes | None = None   # dsd.features.encode: rows 0..len(prompt)-2, if the Open asked
+    features: bytes | None = None  # dsd.features.encode: rows 0..len(prompt)-2, if the Open asked
 
 
 @dataclass(frozen=True)
 class Verified:
     """A dsd Verdict plus what it cost on the verifier (stale: no compute, batch size 0)."""
+
     seq: int
     session: int
     start_pos: int
@@ -203,13 +220,14 @@ class Verified:
     queue_s: float
     compute_s: float
     batch_size: int
-    features: bytes | None = None   # dsd.features.encode: the positions this verdict decided, if asked
+    features: bytes | None = None  # dsd.features.encode: the positions this verdict decided, if asked
 
 
 @dataclass(frozen=True)
 class Tokens:
     """One round of a Generate: AR emits one token with proposed = 0; co-located SD emits
     accepted + 1. queue_s and compute_s add up the round's draft and verify passes."""
+
     seq: int
     session: int
     round_index: int
@@ -220,7 +238,7 @@ class Tokens:
     queue_s: float
     compute_s: float
     batch_size: int
-    features: bytes | None = None   # dsd.features.encode: the positions this round decided, if asked
+    features: bytes | None = None  # dsd.features.encode: the positions this round decided, if asked
 
 
 @dataclass(frozen=True)
@@ -237,11 +255,30 @@ class Error:
     code: str
     field: str | None
     message: str
-    limit: str | None = None        # codes limit and busy: the limit's name, e.g. "max_sessions"
+    limit: str | None = None  # codes limit and busy: the limit's name, e.g. "max_sessions"
 
 
-MESSAGES = {cls.__name__: cls for cls in (Hello, Ping, Open, Verify, Generate, Withdraw, Close, Welcome, Pong,
-                                          Queued, Withdrawn, Opened, Verified, Tokens, Closed, Error)}
+MESSAGES = {
+    cls.__name__: cls
+    for cls in (
+        Hello,
+        Ping,
+        Open,
+        Verify,
+        Generate,
+        Withdraw,
+        Close,
+        Welcome,
+        Pong,
+        Queued,
+        Withdrawn,
+        Opened,
+        Verified,
+        Tokens,
+        Closed,
+        Error,
+    )
+}
 
 
 def encode(message) -> bytes:
@@ -254,7 +291,7 @@ def decode(data: bytes):
         body = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
     except WireError:
         raise
-    except Exception as exc:          # msgpack raises several unrelated types for bad input
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise WireError(MALFORMED, f"not a msgpack message: {type(exc).__name__}: {exc}") from None
     if not isinstance(body, dict):
         raise WireError(MALFORMED, f"a message is a map, got {type(body).__name__}")
@@ -272,7 +309,7 @@ def decode(data: bytes):
     message = schema.read(body)
     if message is not None:
         return message
-    values = {}              # something is wrong: find the first bad field, as documented
+    values = {}  # something is wrong: find the first bad field, as documented
     for field, check, required, type_name in schema.fields:
         if field not in body:
             if required:
@@ -280,8 +317,9 @@ def decode(data: bytes):
             continue
         value = body[field]
         if not check(value):
-            raise WireError(BAD_FIELD, f"{name}.{field}: expected {type_name}, got {_describe(value)}",
-                            field, seq, session)
+            raise WireError(
+                BAD_FIELD, f"{name}.{field}: expected {type_name}, got {_describe(value)}", field, seq, session
+            )
         values[field] = float(value) if type_name == "float" else value
     return schema.cls(**values)
 
@@ -291,8 +329,8 @@ class _Schema:
     cls: type
     names: tuple[str, ...]
     known: frozenset
-    fields: tuple            # (name, check, required, type name) per field
-    read: typing.Callable    # body -> the message, or None if a field is missing or mistyped
+    fields: tuple  # (name, check, required, type name) per field
+    read: typing.Callable  # body -> the message, or None if a field is missing or mistyped
     encode: typing.Callable  # message -> bytes
 
 
@@ -319,10 +357,12 @@ def _checker(tp):
 def _schema(cls) -> _Schema:
     hints = typing.get_type_hints(cls)
     names = tuple(f.name for f in fields(cls))
-    checks = tuple((f.name, _checker(hints[f.name]), f.default is MISSING, _type_name(hints[f.name]))
-                   for f in fields(cls))
-    return _Schema(cls, names, frozenset(names) | {"v", "type"}, checks, _reader(cls, checks, hints),
-                   _encoder(cls.__name__, names))
+    checks = tuple(
+        (f.name, _checker(hints[f.name]), f.default is MISSING, _type_name(hints[f.name])) for f in fields(cls)
+    )
+    return _Schema(
+        cls, names, frozenset(names) | {"v", "type"}, checks, _reader(cls, checks, hints), _encoder(cls.__name__, names)
+    )
 
 
 _ABSENT = object()
@@ -361,10 +401,16 @@ def _reader(cls, checks: tuple, hints: dict):
             lines += ["    if v is _ABSENT or not " + test + ":", "        return None", f"    v{i} = {value}"]
         else:
             namespace[f"_default{i}"] = cls.__dataclass_fields__[field].default
-            lines += ["    if v is _ABSENT:", f"        v{i} = _default{i}", "    elif not " + test + ":",
-                      "        return None", "    else:", f"        v{i} = {value}"]
+            lines += [
+                "    if v is _ABSENT:",
+                f"        v{i} = _default{i}",
+                "    elif not " + test + ":",
+                "        return None",
+                "    else:",
+                f"        v{i} = {value}",
+            ]
     lines.append("    return _cls(" + ", ".join(f"v{i}" for i in range(len(checks))) + ")")
-    exec("\n".join(lines), namespace)      # noqa: S102 -- our own schema's source, no input in it
+    exec("\n".join(lines), namespace)  # noqa: S102 -- our own schema's source, no input in it
     return namespace[f"read_{cls.__name__}"]
 
 
@@ -374,9 +420,8 @@ def _encoder(name: str, names: tuple[str, ...]):
     Python costs several times its usual time, so fewer is faster)."""
     namespace = {"_packb": msgpack.packb}
     items = ", ".join([f'"v": {VERSION}', f'"type": {name!r}'] + [f"{n!r}: m.{n}" for n in names])
-    exec(f"def encode_{name}(m):\n    return _packb({{{items}}}, use_bin_type=True)", namespace)   # noqa: S102
+    exec(f"def encode_{name}(m):\n    return _packb({{{items}}}, use_bin_type=True)", namespace)  # noqa: S102
     return namespace[f"encode_{name}"]
-
 
 
 def _refuse_ext(code: int, _data: bytes):

@@ -1,5 +1,6 @@
 """Acceptance traces for the tests: a bimodal trace, histograms of accepted counts and their
 distance, a rounds.csv written by hand."""
+
 import csv
 import random
 
@@ -28,8 +29,9 @@ def total_variation(p, q):
     return 0.5 * sum(abs(p.get(k, 0) - q.get(k, 0)) for k in set(p) | set(q))
 
 
-def write_rounds(path, rows, columns=("point", "client_id", "request_index", "round_index", "proposed",
-                                      "accepted", "stale", "error")):
+def write_rounds(
+    path, rows, columns=("point", "client_id", "request_index", "round_index", "proposed", "accepted", "stale", "error")
+):
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)

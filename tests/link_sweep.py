@@ -1,5 +1,6 @@
 """The loss-and-jitter sweep that issue 16's tests run on each shaping launcher (netns, compose):
 one small experiment, run end to end and analysed, and what every launcher must show for it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,10 +15,24 @@ from orchestrator.running.run import run_experiment
 def run_loss_jitter_sweep(out: Path, launcher: str, **keys) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """AR and sync over the given link keys (jitter_ms, delay_distribution, loss_pct, ...) at 20 ms;
     returns requests.csv, links.csv and points.csv."""
-    experiment = experiment_from_dict({
-        "name": f"lossjit-{launcher}", "launcher": launcher, "modes": ["ar", "sync"], "rtt_ms": [20], "gamma": [3],
-        "clients": [1], "edges": 1, "requests": 2, "warmup_requests": 1, "max_new_tokens": 16, "prompt_tokens": 8,
-        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.8}, **keys})
+    experiment = experiment_from_dict(
+        {
+            "name": f"lossjit-{launcher}",
+            "launcher": launcher,
+            "modes": ["ar", "sync"],
+            "rtt_ms": [20],
+            "gamma": [3],
+            "clients": [1],
+            "edges": 1,
+            "requests": 2,
+            "warmup_requests": 1,
+            "max_new_tokens": 16,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+            **keys,
+        }
+    )
     run_experiment(experiment, out, resume=False)
     analyze_sweep(out)
     return tuple(pd.read_csv(out / f"{name}.csv") for name in ("requests", "links", "points"))
@@ -28,8 +43,14 @@ def check_tokens_exact_and_link_columns(requests: pd.DataFrame, points: pd.DataF
     target's greedy tokens) emits the same tokens; points.csv carries each point's link."""
     tokens = requests.groupby("request_index")["token_ids"].nunique()
     assert (tokens == 1).all(), requests[["point", "mode", "request_index", "token_ids"]]
-    for column in ("jitter_ms", "loss_pct", "loss_link_pct", "loss_link_expected_pct", "rtt_link_stdev_ms",
-                   "rtt_link_expected_p50_ms"):
+    for column in (
+        "jitter_ms",
+        "loss_pct",
+        "loss_link_pct",
+        "loss_link_expected_pct",
+        "rtt_link_stdev_ms",
+        "rtt_link_expected_p50_ms",
+    ):
         assert points[column].notna().all(), column
 
 

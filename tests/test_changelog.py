@@ -1,5 +1,6 @@
 """CHANGELOG.md is a list of dated 0.x releases, newest first, and pyproject's version is the
 newest of them."""
+
 import datetime
 import re
 import tomllib

@@ -1,6 +1,7 @@
 """The house rules the field's own tools check (configured in pyproject.toml): ruff's lint rules,
 import-linter's contracts for the layers and the core's and the orchestrator's packages, and mypy's
 types on dsd and services. A failure prints the tool's own report."""
+
 import shutil
 import subprocess
 import sys

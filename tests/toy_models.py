@@ -1,4 +1,5 @@
 """Small exact language models for tests: a bigram table behind the LanguageModel interface."""
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,7 @@ class BigramLM:
     """p(next | previous token) from a fixed table; logits are log-probabilities."""
 
     def __init__(self, probs: torch.Tensor, name: str = "bigram") -> None:
-        self.probs = probs                        # [vocab, vocab], rows sum to one
+        self.probs = probs  # [vocab, vocab], rows sum to one
         self.name = name
         self.vocab_size = probs.shape[0]
         self.eos_token_id = None
@@ -21,8 +22,8 @@ class BigramLM:
     def logits(self, seq_id, tokens, n_last):
         self.stats.passes += 1
         self._cached[seq_id] = len(tokens)
-        previous = torch.tensor(list(tokens[len(tokens) - n_last:]))
-        return torch.log(self.probs[previous])    # [n_last, vocab]
+        previous = torch.tensor(list(tokens[len(tokens) - n_last :]))
+        return torch.log(self.probs[previous])  # [n_last, vocab]
 
     def logits_batch(self, requests):
         return [self.logits(r.seq_id, r.tokens, r.n_last) for r in requests]

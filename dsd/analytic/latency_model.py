@@ -41,6 +41,7 @@ gamma + 1, fill_s / (gamma + 1), and never after the fill's end. So
 so with the fill inside the wait it beats co-located SD below rtt* = gamma*t_draft_server -
 (1-h)*gamma*t_draft_edge: the paper's drafting window gamma*t_draft as h -> 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,13 +101,13 @@ def per_token_colocated_s(alpha: float, gamma: int, t_draft_server_s: float, t_v
     return (gamma * t_draft_server_s + t_verify_s) / expected_tokens_per_round(alpha, gamma)
 
 
-def per_token_sync_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
-                         rtt_s: float) -> float:
+def per_token_sync_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, rtt_s: float) -> float:
     return (gamma * t_draft_edge_s + rtt_s + t_verify_s) / expected_tokens_per_round(alpha, gamma)
 
 
-def per_token_pipelined_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
-                              rtt_s: float) -> float:
+def per_token_pipelined_dsd_s(
+    alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, rtt_s: float
+) -> float:
     pi = survival_probability(alpha, gamma)
     wait_s = rtt_s + t_verify_s
     drafting_s = (gamma + 1) * t_draft_edge_s
@@ -120,8 +121,15 @@ def per_token_pipelined_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t
     return cycle_s / expected_tokens_per_round(alpha, gamma)
 
 
-def per_token_cached_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, rtt_s: float,
-                           hit_rate: float, fill_s: float = 0.0) -> float:
+def per_token_cached_dsd_s(
+    alpha: float,
+    gamma: int,
+    t_draft_edge_s: float,
+    t_verify_s: float,
+    rtt_s: float,
+    hit_rate: float,
+    fill_s: float = 0.0,
+) -> float:
     if not 0.0 <= hit_rate <= 1.0:
         raise ValueError(f"hit_rate must be in [0, 1], got {hit_rate!r}")
     wait_s = rtt_s + t_verify_s
@@ -130,8 +138,15 @@ def per_token_cached_dsd_s(alpha: float, gamma: int, t_draft_edge_s: float, t_ve
     return cycle_s / expected_tokens_per_round(alpha, gamma)
 
 
-def cached_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_draft_server_s: float,
-                                 t_verify_s: float, hit_rate: float, fill_s: float = 0.0) -> float:
+def cached_beats_colocated_rtt_s(
+    alpha: float,
+    gamma: int,
+    t_draft_edge_s: float,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    hit_rate: float,
+    fill_s: float = 0.0,
+) -> float:
     """The RTT below which cached pipelined DSD is at least as fast as co-located SD; -inf if
     even rtt = 0 loses (T_cache is non-decreasing in the RTT: bisection)."""
     target_s = per_token_colocated_s(alpha, gamma, t_draft_server_s, t_verify_s)
@@ -149,8 +164,7 @@ def colocated_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1.0)
 
 
-def sync_dsd_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
-                            t_ar_s: float) -> float:
+def sync_dsd_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, t_ar_s: float) -> float:
     """The RTT below which synchronous DSD is faster per token than cloud AR.
 
     From T_sync = t_ar: rtt* = t_ar*E - gamma*t_draft - t_verify; with t_verify = t_ar this is
@@ -160,8 +174,9 @@ def sync_dsd_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_v
     return t_ar_s * e - gamma * t_draft_edge_s - t_verify_s
 
 
-def pipelined_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float,
-                                    t_draft_server_s: float, t_verify_s: float) -> float:
+def pipelined_beats_colocated_rtt_s(
+    alpha: float, gamma: int, t_draft_edge_s: float, t_draft_server_s: float, t_verify_s: float
+) -> float:
     """The RTT below which pipelined DSD is at least as fast as co-located SD.
 
     T_pipe is non-decreasing in the RTT (with steps where R rounds up to a draft step), so the
@@ -171,16 +186,19 @@ def pipelined_beats_colocated_rtt_s(alpha: float, gamma: int, t_draft_edge_s: fl
     return pipelined_within_rtt_s(alpha, gamma, t_draft_edge_s, t_verify_s, target_s)
 
 
-def pipelined_beats_ar_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
-                             t_ar_s: float) -> float:
+def pipelined_beats_ar_rtt_s(
+    alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, t_ar_s: float
+) -> float:
     """The RTT below which pipelined DSD is at least as fast as cloud AR; -inf if even rtt = 0 loses."""
     return pipelined_within_rtt_s(alpha, gamma, t_draft_edge_s, t_verify_s, t_ar_s)
 
 
-def pipelined_within_rtt_s(alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float,
-                           target_s: float) -> float:
+def pipelined_within_rtt_s(
+    alpha: float, gamma: int, t_draft_edge_s: float, t_verify_s: float, target_s: float
+) -> float:
     """The largest RTT at which pipelined DSD takes at most target_s per token (by bisection:
     T_pipe is non-decreasing in the RTT); -inf if even rtt = 0 takes longer."""
+
     def t_pipe(rtt_s: float) -> float:
         return per_token_pipelined_dsd_s(alpha, gamma, t_draft_edge_s, t_verify_s, rtt_s)
 
@@ -215,8 +233,14 @@ def capacity_factor(gamma: int, t_draft_s: float, t_verify_s: float, gap_s: floa
     return 1.0 + (gamma * t_draft_s + gap_s) / (t_verify_s + gap_s)
 
 
-def serial_round_s(n_clients: float, gamma: int, t_draft_server_s: float, t_verify_s: float,
-                   gap_s: float = 0.0, colocated: bool = False) -> float:
+def serial_round_s(
+    n_clients: float,
+    gamma: int,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    gap_s: float = 0.0,
+    colocated: bool = False,
+) -> float:
     """A saturated serial server's round (one sequence per pass): every client's passes one after
     another, each followed by the idle gap g: N * (t_v + g) for DSD, N * (gamma*t_d + t_v + 2g)
     co-located (a draft pass and a verification pass per client)."""
@@ -225,8 +249,14 @@ def serial_round_s(n_clients: float, gamma: int, t_draft_server_s: float, t_veri
     return n_clients * (t_verify_s + gap_s)
 
 
-def serial_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_draft_server_s: float,
-                    t_verify_s: float, gap_s: float = 0.0) -> tuple[float, float]:
+def serial_capacity(
+    tokens_per_round: float,
+    rate_tok_s: float,
+    gamma: int,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    gap_s: float = 0.0,
+) -> tuple[float, float]:
     """(N_dsd, N_co) of a saturated serial server at a per-client token rate: serial_round_s = E / r."""
     if rate_tok_s <= 0 or t_verify_s <= 0:
         raise ValueError(f"rate_tok_s and t_verify_s must be > 0, got {rate_tok_s!r}, {t_verify_s!r}")
@@ -234,9 +264,16 @@ def serial_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_dr
     return round_s / (t_verify_s + gap_s), round_s / (gamma * t_draft_server_s + t_verify_s + 2 * gap_s)
 
 
-def batched_round_s(n_clients: float, gamma: int, t_draft_server_s: float, t_verify_s: float,
-                    batch_slope: float, draft_slope: float = 1.0, gap_s: float = 0.0,
-                    colocated: bool = False) -> float:
+def batched_round_s(
+    n_clients: float,
+    gamma: int,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    batch_slope: float,
+    draft_slope: float = 1.0,
+    gap_s: float = 0.0,
+    colocated: bool = False,
+) -> float:
     """A saturated batching server's round for one client (``batched_capacity`` explains it): two
     alternating groups, so two verification passes, t_v * (2 + s * (N - 2)), and co-located also
     two draft passes, gamma * t_d * (2 + s_d * (N - 2)); every pass followed by the idle gap g.
@@ -249,9 +286,16 @@ def batched_round_s(n_clients: float, gamma: int, t_draft_server_s: float, t_ver
     return verify_s + gamma * t_draft_server_s * (2 + draft_slope * (n_clients - 2)) + 2 * gap_s
 
 
-def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_draft_server_s: float,
-                     t_verify_s: float, batch_slope: float, draft_slope: float = 1.0,
-                     gap_s: float = 0.0) -> tuple[float, float]:
+def batched_capacity(
+    tokens_per_round: float,
+    rate_tok_s: float,
+    gamma: int,
+    t_draft_server_s: float,
+    t_verify_s: float,
+    batch_slope: float,
+    draft_slope: float = 1.0,
+    gap_s: float = 0.0,
+) -> tuple[float, float]:
     """(N_dsd, N_co): clients a saturated batching server sustains at a per-client token rate,
     with t_v(b) = t_verify_s * (1 + s * (b - 1)) for b verifications in one pass, and a draft
     step of b co-located sessions in one pass t_d(b) = t_draft_server_s * (1 + s_d * (b - 1))
@@ -283,6 +327,8 @@ def batched_capacity(tokens_per_round: float, rate_tok_s: float, gamma: int, t_d
     round_s = tokens_per_round / rate_tok_s
     s = batch_slope
     n_dsd = 2 + ((round_s - 2 * gap_s) / t_verify_s - 2) / s if s > 0 else math.inf
-    n_co = 2 + ((round_s - 4 * gap_s - 2 * (gamma * t_draft_server_s + t_verify_s))
-                / (gamma * t_draft_server_s * draft_slope + t_verify_s * s))
+    n_co = 2 + (
+        (round_s - 4 * gap_s - 2 * (gamma * t_draft_server_s + t_verify_s))
+        / (gamma * t_draft_server_s * draft_slope + t_verify_s * s)
+    )
     return n_dsd, n_co

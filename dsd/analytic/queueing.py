@@ -74,6 +74,7 @@ Approximations, each what it breaks:
 - Co-located drafting batches with the same slope as verification, and a pass that waits for a
   batch to fill (the scheduler's windows) is not modelled.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,13 @@ FRONTIER_PAIRS: dict[str, tuple[str, str]] = {
 }
 
 
-def mva_residence_s(n_clients: int, pass_s: Callable[[int], float], cycle_s: Callable[[float], float],
-                    max_batch: int = 1, service_cv2: float = 0.0) -> float:
+def mva_residence_s(
+    n_clients: int,
+    pass_s: Callable[[int], float],
+    cycle_s: Callable[[float], float],
+    max_batch: int = 1,
+    service_cv2: float = 0.0,
+) -> float:
     """R(N): a client's mean residence at the verifier (queueing and service) with n_clients in
     the closed network. pass_s(b): one pass of b jobs; cycle_s(R): a client's cycle given R;
     service_cv2: the passes' squared coefficient of variation (0 constant, 1 exponential)."""
@@ -110,10 +116,11 @@ def mva_residence_s(n_clients: int, pass_s: Callable[[int], float], cycle_s: Cal
     return _batched_residence_s(n_clients, pass_s, cycle_s, max_batch, service_cv2)
 
 
-def _serial_residence_s(n_clients: int, service_s: float, cycle_s: Callable[[float], float],
-                        service_cv2: float) -> float:
+def _serial_residence_s(
+    n_clients: int, service_s: float, cycle_s: Callable[[float], float], service_cv2: float
+) -> float:
     """Reiser's recursion: R(n) = S*(1 + Q(n-1)) - U(n-1)*S*(1 - cv2)/2, Q = X*R, U = X*S."""
-    queue, busy = 0.0, 0.0                              # Q(0), U(0)
+    queue, busy = 0.0, 0.0  # Q(0), U(0)
     residence_s = service_s
     for n in range(1, n_clients + 1):
         residence_s = service_s * (1 + queue) - busy * service_s * (1 - service_cv2) / 2
@@ -123,32 +130,37 @@ def _serial_residence_s(n_clients: int, service_s: float, cycle_s: Callable[[flo
     return residence_s
 
 
-def _batched_residence_s(n_clients: int, pass_s: Callable[[int], float], cycle_s: Callable[[float], float],
-                         max_batch: int, service_cv2: float) -> float:
+def _batched_residence_s(
+    n_clients: int,
+    pass_s: Callable[[int], float],
+    cycle_s: Callable[[float], float],
+    max_batch: int,
+    service_cv2: float,
+) -> float:
     """Mean-value recursion for a verifier that batches as services/verifier/scheduler.py does: a pass
     takes the jobs waiting at its start (up to max_batch) and nobody joins it once it runs. An
     arrival that finds the verifier idle starts a pass of one; one that finds it busy (U, seen
     with n - 1 clients) waits the residual of the running pass, (1 + cv2)/2 of it, then any full
     passes of those queued ahead of it, then its own pass with the rest of them and the clients
     that arrive while it waits. Means throughout; with max_batch = 1 it is Reiser's recursion."""
-    busy, in_service, waiting, throughput = 0.0, 0.0, 0.0, 0.0     # U, jobs in service, queued, X of n - 1
+    busy, in_service, waiting, throughput = 0.0, 0.0, 0.0, 0.0  # U, jobs in service, queued, X of n - 1
     residence_s = pass_s(1)
     if cycle_s(0.0) <= 0:
         # No delay station (co-located SD, AR): a job comes back as its pass ends, when the next
         # pass starts with it and all that wait; the clients go round in passes of max_batch at
         # the server's fastest rate.
-        return _within_the_servers_rate(residence_s, n_clients, max(
-            b / pass_s(b) for b in range(1, min(n_clients, max_batch) + 1)), cycle_s)
+        return _within_the_servers_rate(
+            residence_s, n_clients, max(b / pass_s(b) for b in range(1, min(n_clients, max_batch) + 1)), cycle_s
+        )
     for n in range(1, n_clients + 1):
         if busy > 0:
-            running, ahead = in_service / busy, waiting / busy          # given busy: the pass, the queue
-            outside = max(0.0, n - 1 - running - ahead)                  # the others not at the verifier
+            running, ahead = in_service / busy, waiting / busy  # given busy: the pass, the queue
+            outside = max(0.0, n - 1 - running - ahead)  # the others not at the verifier
         else:
             running, ahead, outside = 1.0, 0.0, 0.0
-        full_before = max(0.0, ahead + 1 - max_batch) / max_batch       # full passes ahead of its own
-        wait_s = (1 + service_cv2) / 2 * _pass_at_s(pass_s, running, max_batch) \
-            + full_before * pass_s(max_batch)
-        late = min(throughput * wait_s, outside)                         # arrive before its pass starts
+        full_before = max(0.0, ahead + 1 - max_batch) / max_batch  # full passes ahead of its own
+        wait_s = (1 + service_cv2) / 2 * _pass_at_s(pass_s, running, max_batch) + full_before * pass_s(max_batch)
+        late = min(throughput * wait_s, outside)  # arrive before its pass starts
         own = min(float(max_batch), ahead + 1 - full_before * max_batch + late)
         own_s = _pass_at_s(pass_s, own, max_batch)
         residence_s = (1 - busy) * pass_s(1) + busy * (wait_s + own_s)
@@ -156,7 +168,7 @@ def _batched_residence_s(n_clients: int, pass_s: Callable[[int], float], cycle_s
         residence_s = _within_the_servers_rate(residence_s, n, rate, cycle_s)
         throughput = n / cycle_s(residence_s)
         service_s = (1 - busy) * pass_s(1) + busy * own_s
-        busy_share_s = (1 - busy) * pass_s(1) + busy * own_s / own        # a job's share of its pass
+        busy_share_s = (1 - busy) * pass_s(1) + busy * own_s / own  # a job's share of its pass
         busy, in_service = min(1.0, throughput * busy_share_s), throughput * service_s
         waiting = throughput * max(residence_s - service_s, 0.0)
     return residence_s
@@ -171,8 +183,9 @@ def _pass_at_s(pass_s: Callable[[int], float], batch: float, max_batch: int) -> 
     return pass_s(low) + (batch - low) * (pass_s(low + 1) - pass_s(low))
 
 
-def _within_the_servers_rate(residence_s: float, n_clients: int, max_rate: float,
-                             cycle_s: Callable[[float], float]) -> float:
+def _within_the_servers_rate(
+    residence_s: float, n_clients: int, max_rate: float, cycle_s: Callable[[float], float]
+) -> float:
     """The residence raised, if need be, until the clients' rounds (n / cycle) are no faster than
     the verifier's fastest rate: with constant times the residual correction underestimates the
     wait of a client that arrives as another's pass starts (no think time: cycle = N*S exactly)."""
@@ -182,8 +195,16 @@ def _within_the_servers_rate(residence_s: float, n_clients: int, max_rate: float
     return lm.bisect_increasing(cycle_s, floor_s, residence_s, max(floor_s, residence_s), tol=1e-12)
 
 
-def per_token_s(mode: str, n_clients: int, alpha: float, gamma: int, rtt_s: float, times: ComputeTimes,
-                max_batch: int = 1, service_cv2: float = 0.0) -> float:
+def per_token_s(
+    mode: str,
+    n_clients: int,
+    alpha: float,
+    gamma: int,
+    rtt_s: float,
+    times: ComputeTimes,
+    max_batch: int = 1,
+    service_cv2: float = 0.0,
+) -> float:
     """Seconds per output token of one of n_clients clients in this mode (the module docstring)."""
     m = get_mode(mode)
     tokens = lm.expected_tokens_per_round(alpha, gamma) if m.speculative else 1.0
@@ -205,8 +226,15 @@ def per_token_s(mode: str, n_clients: int, alpha: float, gamma: int, rtt_s: floa
     return cycle_s(mva_residence_s(n_clients, pass_s, cycle_s, max_batch, service_cv2)) / tokens
 
 
-def crossover_rtt_s(name: str, n_clients: int, alpha: float, gamma: int, times: ComputeTimes,
-                    max_batch: int = 1, service_cv2: float = 0.0) -> float:
+def crossover_rtt_s(
+    name: str,
+    n_clients: int,
+    alpha: float,
+    gamma: int,
+    times: ComputeTimes,
+    max_batch: int = 1,
+    service_cv2: float = 0.0,
+) -> float:
     """RTT*(N) of a FRONTIER_PAIRS pair: the largest RTT at which the mode is at least as fast per
     token as its reference with n_clients clients; -inf if even rtt = 0 loses. nan for the cached
     mode without a hit rate."""
@@ -223,30 +251,45 @@ def crossover_rtt_s(name: str, n_clients: int, alpha: float, gamma: int, times: 
     if mode_s(0.0) > level_s:
         return -math.inf
     # A cycle holds the round trip, so at rtt = 2 * level * E the mode has certainly lost.
-    return lm.bisect_increasing(mode_s, level_s, 0.0, 2 * level_s * lm.expected_tokens_per_round(alpha, gamma),
-                                tol=1e-7)
+    return lm.bisect_increasing(
+        mode_s, level_s, 0.0, 2 * level_s * lm.expected_tokens_per_round(alpha, gamma), tol=1e-7
+    )
 
 
-def serial_bound_rtt_s(n_clients: int, gamma: int, t_draft_edge_s: float, t_draft_server_s: float,
-                       t_verify_s: float) -> float:
+def serial_bound_rtt_s(
+    n_clients: int, gamma: int, t_draft_edge_s: float, t_draft_server_s: float, t_verify_s: float
+) -> float:
     """The first-order bound for DSD against co-located SD on a serial server, constant times and
     the DSD client never waiting: N*(t_verify + gamma*t_draft_server) - t_verify - gamma*t_draft_edge."""
     return n_clients * (t_verify_s + gamma * t_draft_server_s) - t_verify_s - gamma * t_draft_edge_s
 
 
-def predicted_frontier(client_counts: Iterable[int], alpha: float, gamma: int, times: ComputeTimes,
-                       max_batch: int = 1, service_cv2: float = 0.0) -> list[dict[str, Any]]:
+def predicted_frontier(
+    client_counts: Iterable[int],
+    alpha: float,
+    gamma: int,
+    times: ComputeTimes,
+    max_batch: int = 1,
+    service_cv2: float = 0.0,
+) -> list[dict[str, Any]]:
     """Rows (clients, pair, predicted_ms, bound_ms) for every pair and client count; bound_ms is
     ``serial_bound_rtt_s`` for the pairs against co-located SD, nan for the others."""
     rows = []
     for n in sorted({int(c) for c in client_counts}):
         for name, (_, reference) in FRONTIER_PAIRS.items():
-            bound_s = (serial_bound_rtt_s(n, gamma, times.t_draft_edge_s, times.t_draft_server_s,
-                                          times.t_verify_s(gamma)) if reference == COLOCATED else math.nan)
-            rows.append({"clients": n, "pair": name,
-                         "predicted_ms": 1e3 * crossover_rtt_s(name, n, alpha, gamma, times, max_batch,
-                                                               service_cv2),
-                         "bound_ms": 1e3 * bound_s})
+            bound_s = (
+                serial_bound_rtt_s(n, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma))
+                if reference == COLOCATED
+                else math.nan
+            )
+            rows.append(
+                {
+                    "clients": n,
+                    "pair": name,
+                    "predicted_ms": 1e3 * crossover_rtt_s(name, n, alpha, gamma, times, max_batch, service_cv2),
+                    "bound_ms": 1e3 * bound_s,
+                }
+            )
     return rows
 
 

@@ -35,6 +35,7 @@ Guarantee, every request: |alpha_measured - alpha| <= (B + max|c|) / (S + F); se
 The bonus position after a round that accepted all gamma (the pipelined edge's guess) keeps its
 i.i.d. coin: the speculation then survives with probability alpha^(gamma+1), as in the model.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -48,7 +49,7 @@ ACCEPTANCE_KINDS = ("iid", "stratified")
 
 def truncated_geometric_pmf(alpha: float, gamma: int) -> list[float]:
     """P(accepted = k), k = 0..gamma, under i.i.d. acceptance with probability alpha."""
-    return [(1.0 - alpha) * alpha ** k for k in range(gamma)] + [alpha ** gamma]
+    return [(1.0 - alpha) * alpha**k for k in range(gamma)] + [alpha**gamma]
 
 
 def alpha_drift(k: int, alpha: float, gamma: int) -> float:
@@ -69,7 +70,7 @@ def drift_start(alpha: float, gamma: int) -> tuple[float, float, float]:
     band = drift_band(alpha, gamma)
     lo, hi = -band, band
     f_lo, f_hi = _mean_minus_start(alpha, gamma, lo), _mean_minus_start(alpha, gamma, hi)
-    if not f_lo > 0 >= f_hi:                      # alpha 0 or 1 (one count), or no crossing
+    if not f_lo > 0 >= f_hi:  # alpha 0 or 1 (one count), or no crossing
         return 0.0, 0.0, 1.0
     for _ in range(12):
         mid = (lo + hi) / 2
@@ -104,19 +105,20 @@ def tokens_needed(alpha: float, gamma: int, tolerance: float = 0.005) -> int:
     request's last round, whose tokens are clipped."""
     if alpha >= 1.0:
         return 1
-    tested_per_token = (1.0 - alpha ** gamma) / (1.0 - alpha ** (gamma + 1))
+    tested_per_token = (1.0 - alpha**gamma) / (1.0 - alpha ** (gamma + 1))
     return math.ceil(tested_positions_needed(alpha, gamma, tolerance) / tested_per_token) + gamma + 1
 
 
-def stratified_accepted_counts(alpha: float, gamma: int, rng: random.Random,
-                               start: float | None = None) -> Iterator[int]:
+def stratified_accepted_counts(
+    alpha: float, gamma: int, rng: random.Random, start: float | None = None
+) -> Iterator[int]:
     """Accepted counts of successive rounds (endless), as described in the module docstring;
     the running total starts at ``start`` (default: ``drift_start``'s, drawn with ``rng``)."""
     pmf = truncated_geometric_pmf(alpha, gamma)
     drift = [alpha_drift(k, alpha, gamma) for k in range(gamma + 1)]
     long = [k for k in range(gamma + 1) if pmf[k] > 0 and drift[k] > 0]
     short = [k for k in range(gamma + 1) if pmf[k] > 0 and drift[k] <= 0]
-    if not long or not short:           # alpha 0 or 1: one count only
+    if not long or not short:  # alpha 0 or 1: one count only
         only = (long or short)[0]
         while True:
             yield only

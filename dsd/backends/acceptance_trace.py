@@ -29,6 +29,7 @@ past the trace's end wraps around to its start.
 Launchers send a trace to the services inline (``to_text``: "proposed:accepted,...") so a
 container needs no access to the file.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -43,23 +44,24 @@ from typing import Any
 from dsd.checks import is_int
 
 ACCEPT, REJECT, UNTESTED = 1, 0, 2
-MAX_TEXT_CHARS = 100_000      # one argv string must stay well under Linux's 128 KiB limit
+MAX_TEXT_CHARS = 100_000  # one argv string must stay well under Linux's 128 KiB limit
 
 
 @dataclass(frozen=True)
 class AcceptanceTrace:
-    rounds: tuple[tuple[int, int], ...]      # (proposed, accepted) per live round, recorded order
+    rounds: tuple[tuple[int, int], ...]  # (proposed, accepted) per live round, recorded order
     source: str = ""
 
     def __post_init__(self) -> None:
         if not self.rounds:
             raise ValueError(f"acceptance trace {self.source!r}: no live rounds (proposed >= 1, not stale)")
         for index, pair in enumerate(self.rounds):
-            ok = (len(pair) == 2 and all(is_int(v) for v in pair)
-                  and 1 <= pair[0] <= 1024 and 0 <= pair[1] <= pair[0])
+            ok = len(pair) == 2 and all(is_int(v) for v in pair) and 1 <= pair[0] <= 1024 and 0 <= pair[1] <= pair[0]
             if not ok:
-                raise ValueError(f"acceptance trace {self.source!r}: round {index} must be (proposed in "
-                                 f"1..1024, accepted in 0..proposed), got {pair!r}")
+                raise ValueError(
+                    f"acceptance trace {self.source!r}: round {index} must be (proposed in "
+                    f"1..1024, accepted in 0..proposed), got {pair!r}"
+                )
 
     @property
     def alpha_measured(self) -> float:
@@ -82,8 +84,13 @@ class AcceptanceTrace:
 
     def summary(self) -> dict[str, Any]:
         """What a sidecar records of the trace."""
-        return {"source": self.source, "rounds": len(self.rounds), "alpha_measured": self.alpha_measured,
-                "mean_accepted": self.mean_accepted, "histogram": self.histogram()}
+        return {
+            "source": self.source,
+            "rounds": len(self.rounds),
+            "alpha_measured": self.alpha_measured,
+            "mean_accepted": self.mean_accepted,
+            "histogram": self.histogram(),
+        }
 
     @cached_property
     def outcomes(self) -> bytes:
@@ -112,14 +119,16 @@ class AcceptanceTrace:
         return self.round_starts[bisect.bisect_right(self.round_starts, position) - 1]
 
     def outcome(self, index: int) -> int:
-        return self.outcomes[index % len(self.outcomes)]      # wrap around
+        return self.outcomes[index % len(self.outcomes)]  # wrap around
 
     def to_text(self) -> str:
         text = ",".join(f"{g}:{a}" for g, a in self.rounds)
         if len(text) > MAX_TEXT_CHARS:
-            raise ValueError(f"acceptance trace {self.source!r}: {len(self.rounds)} rounds are too many to send "
-                             f"to the services ({len(text)} characters, at most {MAX_TEXT_CHARS}); "
-                             "use a shorter trace")
+            raise ValueError(
+                f"acceptance trace {self.source!r}: {len(self.rounds)} rounds are too many to send "
+                f"to the services ({len(text)} characters, at most {MAX_TEXT_CHARS}); "
+                "use a shorter trace"
+            )
         return text
 
     @classmethod
@@ -130,8 +139,10 @@ class AcceptanceTrace:
                 proposed, accepted = item.split(":")
                 rounds.append((int(proposed), int(accepted)))
             except ValueError:
-                raise ValueError(f"acceptance rounds {source!r}: expected 'proposed:accepted' pairs separated "
-                                 f"by commas, got {item!r}") from None
+                raise ValueError(
+                    f"acceptance rounds {source!r}: expected 'proposed:accepted' pairs separated "
+                    f"by commas, got {item!r}"
+                ) from None
         return cls(tuple(rounds), source)
 
 
@@ -153,8 +164,10 @@ def read_rounds_csv(path: Path | str) -> AcceptanceTrace:
         try:
             proposed, accepted = int(float(row["proposed"])), int(float(row["accepted"]))
         except ValueError:
-            raise ValueError(f"acceptance_trace {str(path)!r}: row {order + 2} has proposed={row['proposed']!r}, "
-                             f"accepted={row['accepted']!r}") from None
+            raise ValueError(
+                f"acceptance_trace {str(path)!r}: row {order + 2} has proposed={row['proposed']!r}, "
+                f"accepted={row['accepted']!r}"
+            ) from None
         stale = str(row.get("stale", "")).strip().lower() in ("true", "1", "yes")
         if proposed < 1 or stale or str(row.get("error") or "").strip() not in ("", "nan"):
             continue
@@ -181,7 +194,7 @@ class TraceReplay:
     def __init__(self, trace: AcceptanceTrace, seed: int) -> None:
         self.trace = trace
         self.seed = seed
-        self._anchors: dict[str, tuple[int, int]] = {}    # seq_id -> (first drafted position, trace index)
+        self._anchors: dict[str, tuple[int, int]] = {}  # seq_id -> (first drafted position, trace index)
 
     def alpha_of(self, seq_id: str, tokens: Sequence[int], n_last: int) -> Callable[[int], float]:
         """For a logits call: position -> this position's acceptance probability (1, 0, or the
@@ -198,6 +211,7 @@ class TraceReplay:
                 return alpha_measured
             outcome = self.trace.outcome(start + position - base)
             return 1.0 if outcome == ACCEPT else 0.0 if outcome == REJECT else alpha_measured
+
         return alpha_at
 
     def fork(self, seq_id: str, new_seq_id: str) -> None:

@@ -13,6 +13,7 @@ and are fed again, so a cached position always read the best feature known.
 vocabulary, -inf where the draft's head has no row), so drafting draws from these rows and the
 q it draws from is exactly what the verifier's rejection sampling gets.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -75,7 +76,7 @@ class EagleLM:
         self.vocab_map = vocab_map
         self.vocab_size = vocab_map.target_vocab_size
         self.eos_token_id = eos_token_id
-        self.max_positions = None          # rotary positions: the target's limit is the one that binds
+        self.max_positions = None  # rotary positions: the target's limit is the one that binds
         self.stats = ForwardStats()
         self.dtype = model.fc.weight.dtype
         c = model.config
@@ -84,25 +85,32 @@ class EagleLM:
         self._seqs: dict[str, _EagleSeq] = {}
         # the head as a linear layer over the kept rows of the tied embedding (a view: one copy of
         # the weights), so that kernel paths can take it like the layer's own products
-        head = nn.Linear(c.hidden_size, c.vocab_kept, bias=False, device="meta")     # no weights of its own
-        head.weight = nn.Parameter(model.embed.weight.detach()[:c.vocab_kept], requires_grad=False)
-        self.head: nn.Module = head          # a PathLinear once kernel paths are installed
+        head = nn.Linear(c.hidden_size, c.vocab_kept, bias=False, device="meta")  # no weights of its own
+        head.weight = nn.Parameter(model.embed.weight.detach()[: c.vocab_kept], requires_grad=False)
+        self.head: nn.Module = head  # a PathLinear once kernel paths are installed
         self.kernel_choice: KernelChoice | None = None
 
     @classmethod
-    def load(cls, folder: str | Path, dtype: str = "float32", eos_token_id: int | None = None,
-             kernel_paths: tuple[str, ...] = PATHS, kernel_store: bool = True) -> EagleLM:
+    def load(
+        cls,
+        folder: str | Path,
+        dtype: str = "float32",
+        eos_token_id: int | None = None,
+        kernel_paths: tuple[str, ...] = PATHS,
+        kernel_store: bool = True,
+    ) -> EagleLM:
         """The draft in ``folder``; its products on the paths this machine keeps for it or times
         now among ``kernel_paths`` (dsd.backends.kernels; ("aten",): PyTorch's default), as a
         target's are."""
         from dsd.backends.torch_lm import DTYPES
+
         vocab_map = VocabMap.load(folder)
         if vocab_map is None:
             raise ValueError(f"{folder}: a feature draft needs its vocab_map.json")
         lm = cls(load_eagle(folder, DTYPES[dtype]), vocab_map, Path(folder).name, eos_token_id)
         modules = nn.ModuleList([lm.model, lm.head])
         lm.kernel_choice = install_kept_paths(modules, str(folder), dtype, tuple(kernel_paths), kernel_store)
-        lm.head = modules[1]                            # a PathLinear now, where paths were installed
+        lm.head = modules[1]  # a PathLinear now, where paths were installed
         return lm
 
     @property
@@ -121,14 +129,17 @@ class EagleLM:
     def add_features(self, seq_id: str, block: FeatureBlock) -> None:
         seq = self._seq(seq_id)
         if block.start > seq.m:
-            raise ValueError(f"{seq_id}: features from position {block.start}, but only {seq.m} are known "
-                             "(they come in order, without gaps)")
+            raise ValueError(
+                f"{seq_id}: features from position {block.start}, but only {seq.m} are known "
+                "(they come in order, without gaps)"
+            )
         if block.values.shape[1] != self.feature_width:
-            raise ValueError(f"{seq_id}: features of width {block.values.shape[1]}, the draft reads "
-                             f"{self.feature_width}")
+            raise ValueError(
+                f"{seq_id}: features of width {block.values.shape[1]}, the draft reads {self.feature_width}"
+            )
         if block.end > seq.true.shape[0]:
             seq.true = _grown(seq.true, max(block.end, _MIN_CAPACITY, 2 * seq.true.shape[0]), dim=0)
-        seq.true[block.start:block.end] = block.values.to(self.dtype)
+        seq.true[block.start : block.end] = block.values.to(self.dtype)
         seq.m = max(seq.m, block.end)
         # a cached position j that read its own feature at j - 1 where a true one is now known
         for j in range(block.start + 1, min(len(seq.tokens), block.end + 1)):
@@ -167,8 +178,8 @@ class EagleLM:
         copy.tokens, copy.read_true = source.tokens[:keep], source.read_true[:keep]
         copy.keys[:, :keep], copy.values[:, :keep] = source.keys[:, :keep], source.values[:, :keep]
         copy.outputs[:keep] = source.outputs[:keep]
-        copy.m = min(source.m, length)         # a true feature past the fork describes the source's tokens
-        copy.true = source.true[:copy.m].clone()
+        copy.m = min(source.m, length)  # a true feature past the fork describes the source's tokens
+        copy.true = source.true[: copy.m].clone()
 
     def move(self, seq_id: str, new_seq_id: str) -> None:
         """As ForksCaches says, but the true features ``new_seq_id`` knew stay known: a branch moves
@@ -181,7 +192,7 @@ class EagleLM:
             return
         self._seqs[new_seq_id] = seq
         if replaced is not None and replaced.m > seq.m:
-            self.add_features(new_seq_id, FeatureBlock(seq.m, replaced.true[seq.m:replaced.m]))
+            self.add_features(new_seq_id, FeatureBlock(seq.m, replaced.true[seq.m : replaced.m]))
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
         return self.logits_batch([LogitsRequest(seq_id, tokens, n_last)])[0]
@@ -209,7 +220,7 @@ class EagleLM:
             for i in pending:
                 seq, tokens = seqs[i], requests[i].tokens
                 j = len(seq.tokens)
-                end = max(j + 1, min(len(tokens), seq.m + 1))     # positions that read only known features
+                end = max(j + 1, min(len(tokens), seq.m + 1))  # positions that read only known features
                 if end - j > 1:
                     self._feed(seq, tokens, j, end)
                 else:
@@ -220,8 +231,8 @@ class EagleLM:
             elif singles:
                 self._feed_one_each([seqs[i] for i in singles], [requests[i].tokens for i in singles])
             pending = [i for i in pending if len(seqs[i].tokens) < len(requests[i].tokens)]
-        h = torch.cat([seq.outputs[len(r.tokens) - r.n_last:len(r.tokens)] for seq, r in zip(seqs, requests)])
-        logits = self.vocab_map.full_logits(self.head(self.model.norm(h)).float())          # [rows, vocab]
+        h = torch.cat([seq.outputs[len(r.tokens) - r.n_last : len(r.tokens)] for seq, r in zip(seqs, requests)])
+        logits = self.vocab_map.full_logits(self.head(self.model.norm(h)).float())  # [rows, vocab]
         return list(logits.split([r.n_last for r in requests]))
 
     def _feed(self, seq: _EagleSeq, tokens: Sequence[int], start: int, end: int) -> None:
@@ -231,14 +242,15 @@ class EagleLM:
         seq.room(end)
         features = torch.zeros(count, self.feature_width, dtype=self.dtype)
         read_true = [_read_feature(seq, j, features[i]) for i, j in enumerate(range(start, end))]
-        ids = self._to_draft[torch.tensor(list(tokens[start:end]))][None]               # [1, count]
+        ids = self._to_draft[torch.tensor(list(tokens[start:end]))][None]  # [1, count]
         positions = torch.arange(start, end)[None]
-        q, k, v = model.qkv(model.project(ids, features[None]), positions)              # [1, H|KV, count, hd]
+        q, k, v = model.qkv(model.project(ids, features[None]), positions)  # [1, H|KV, count, hd]
         seq.keys[:, start:end] = k[0]
         seq.values[:, start:end] = v[0]
         mask = None if count == 1 else torch.ones(count, end, dtype=torch.bool).tril(start)
-        attended = F.scaled_dot_product_attention(q, seq.keys[None, :, :end], seq.values[None, :, :end],
-                                                  attn_mask=mask, enable_gqa=self._group > 1)
+        attended = F.scaled_dot_product_attention(
+            q, seq.keys[None, :, :end], seq.values[None, :, :end], attn_mask=mask, enable_gqa=self._group > 1
+        )
         seq.outputs[start:end] = model.finish(features[None], attended)[0]
         seq.tokens.extend(int(t) for t in tokens[start:end])
         seq.read_true.extend(read_true)
@@ -254,18 +266,18 @@ class EagleLM:
         length = max(starts) + 1
         features = torch.zeros(B, 1, self.feature_width, dtype=self.dtype)
         read_true = [_read_feature(seq, j, features[b, 0]) for b, (seq, j) in enumerate(zip(seqs, starts))]
-        ids = self._to_draft[torch.tensor([int(t[j]) for t, j in zip(tokens, starts)])][:, None]     # [B, 1]
-        q, k, v = model.qkv(model.project(ids, features), torch.tensor(starts)[:, None])          # [B, H|KV, 1, hd]
+        ids = self._to_draft[torch.tensor([int(t[j]) for t, j in zip(tokens, starts)])][:, None]  # [B, 1]
+        q, k, v = model.qkv(model.project(ids, features), torch.tensor(starts)[:, None])  # [B, H|KV, 1, hd]
         keys = k.new_zeros(B, k.shape[1], length, k.shape[3])
         values = torch.zeros_like(keys)
         mask = torch.zeros(B, 1, 1, length, dtype=torch.bool)
         for b, (seq, j) in enumerate(zip(seqs, starts)):
             seq.room(j + 1)
             seq.keys[:, j], seq.values[:, j] = k[b, :, 0], v[b, :, 0]
-            keys[b, :, :j + 1], values[b, :, :j + 1] = seq.keys[:, :j + 1], seq.values[:, :j + 1]
-            mask[b, ..., :j + 1] = True
+            keys[b, :, : j + 1], values[b, :, : j + 1] = seq.keys[:, : j + 1], seq.values[:, : j + 1]
+            mask[b, ..., : j + 1] = True
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self._group > 1)
-        outputs = model.finish(features, attended)                                              # [B, 1, d]
+        outputs = model.finish(features, attended)  # [B, 1, d]
         for b, (seq, j) in enumerate(zip(seqs, starts)):
             seq.outputs[j] = outputs[b, 0]
             seq.tokens.append(int(tokens[b][j]))
@@ -282,5 +294,5 @@ def _read_feature(seq: _EagleSeq, j: int, into: torch.Tensor) -> bool:
     if j - 1 < seq.m:
         into.copy_(seq.true[j - 1])
         return True
-    into.copy_(seq.outputs[j - 1])               # only ever a pass's first position
+    into.copy_(seq.outputs[j - 1])  # only ever a pass's first position
     return False

@@ -15,6 +15,7 @@ weights travel with the draft folder but the edge never uses them.
 Positions: draft position j reads f_{j-1}, zeros at j = 0 (no feature before it); rotary position
 ids are the sequence positions j.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,8 @@ class EagleConfig:
     kv_heads: int
     head_dim: int
     intermediate_size: int
-    vocab_kept: int                      # K: the head's rows; the embedding has K + 1 (unknown last)
-    feature_layers: tuple[int, ...]      # the target's layers (0-based outputs) the feature reads
+    vocab_kept: int  # K: the head's rows; the embedding has K + 1 (unknown last)
+    feature_layers: tuple[int, ...]  # the target's layers (0-based outputs) the feature reads
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
 
@@ -80,7 +81,7 @@ class RMSNorm(nn.Module):
 def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [..., n, head_dim] for integer positions [..., n] (Llama's layout: halves)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = positions.float()[..., None] * inv_freq                       # [..., n, hd/2]
+    angles = positions.float()[..., None] * inv_freq  # [..., n, hd/2]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
 
@@ -145,12 +146,13 @@ class EagleDraft(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., d] -> logits [..., K] over the kept tokens (the unknown row is never proposed)."""
         normed: torch.Tensor = self.norm(h)
-        return normed @ self.embed.weight[:self.config.vocab_kept].T
+        return normed @ self.embed.weight[: self.config.vocab_kept].T
 
     # ---- training: every position at once, rollouts on the draft's own features -----------------
 
-    def rollout(self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                steps: int) -> list[torch.Tensor]:
+    def rollout(
+        self, token_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, steps: int
+    ) -> list[torch.Tensor]:
         """Training-time test: step 0 reads the true features; step k at index i reads step
         k - 1's output at i - 1 and attends to step-0 keys up to i - k and to step s's key at
         i - k + s (s = 1..k), as the draft's cache holds them at its k-th draft token.
@@ -158,31 +160,31 @@ class EagleDraft(nn.Module):
         -> [h_0, ..., h_{steps-1}], each [B, n, d] (h_k[:, i] is meaningful for i >= k)."""
         c = self.config
         group = c.heads // c.kv_heads
-        scale = c.head_dim ** -0.5
+        scale = c.head_dim**-0.5
         n = token_ids.shape[1]
         keys, values, outputs = [], [], []
         inputs = features
         for k in range(steps):
             q, key, value = self.qkv(self.project(token_ids, inputs), positions)
-            key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)   # [B, H, n, hd]
+            key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)  # [B, H, n, hd]
             keys.append(key)
             values.append(value)
-            scores = [(q @ keys[0].transpose(-1, -2)) * scale]                                 # [B, H, n, n]
+            scores = [(q @ keys[0].transpose(-1, -2)) * scale]  # [B, H, n, n]
             allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril(-k)
             scores[0] = scores[0].masked_fill(~allowed, float("-inf"))
             for s in range(1, k + 1):
-                shifted = _shift(keys[s], k - s)                                                # [B, H, n, hd]
-                diag = (q * shifted).sum(-1, keepdim=True) * scale                              # [B, H, n, 1]
+                shifted = _shift(keys[s], k - s)  # [B, H, n, hd]
+                diag = (q * shifted).sum(-1, keepdim=True) * scale  # [B, H, n, 1]
                 if k - s:
-                    diag[:, :, :k - s] = float("-inf")
+                    diag[:, :, : k - s] = float("-inf")
                 scores.append(diag)
             weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
             attended = weights[..., :n] @ values[0]
             for s in range(1, k + 1):
-                attended = attended + weights[..., n + s - 1:n + s] * _shift(values[s], k - s)
+                attended = attended + weights[..., n + s - 1 : n + s] * _shift(values[s], k - s)
             h = self.finish(inputs, attended)
             outputs.append(h)
-            inputs = _shift(h, 1)                     # the next step reads h at i - 1
+            inputs = _shift(h, 1)  # the next step reads h at i - 1
         return outputs
 
 
@@ -195,6 +197,7 @@ def _shift(x: torch.Tensor, by: int) -> torch.Tensor:
 
 def save_eagle(model: EagleDraft, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
     import safetensors.torch
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save(folder)
@@ -209,6 +212,7 @@ def is_eagle_folder(folder: Path | str) -> bool:
 
 def load_eagle(folder: Path | str, dtype: torch.dtype = torch.float32) -> EagleDraft:
     import safetensors.torch
+
     folder = Path(folder)
     model = EagleDraft(EagleConfig.load(folder))
     model.load_state_dict(safetensors.torch.load_file(str(folder / WEIGHTS_FILE)))

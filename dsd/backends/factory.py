@@ -5,6 +5,7 @@ that loads its (draft, target) pair. The services take it whole (``--backend-jso
 launchers pass it on whole, an experiment's [backend] table is its fields beside ``kind``. A new
 backend is a module with its config class and one line in BACKEND_CONFIGS.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,10 +46,11 @@ def backend_from_dict(values: dict[str, Any], where: str = "the backend config")
     known = {f.name: f for f in fields(config_class)}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"unknown key(s) in {where}: {unknown} (backend kind {kind!r}); known: "
-                         f"{sorted(known) + ['kind']}")
+        raise ValueError(
+            f"unknown key(s) in {where}: {unknown} (backend kind {kind!r}); known: {sorted(known) + ['kind']}"
+        )
     for name, value in values.items():
-        declared = known[name].type        # a string under `from __future__ import annotations`
+        declared = known[name].type  # a string under `from __future__ import annotations`
         types = _JSON_TYPES.get(declared if isinstance(declared, str) else getattr(declared, "__name__", ""))
         if types is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
             raise ValueError(f"backend.{name} must be a JSON {types[-1].__name__}, got {value!r}")

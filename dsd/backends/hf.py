@@ -1,5 +1,6 @@
 """The Hugging Face backend (``kind = "hf"``): a built model pair, or two model folders that share
 a tokenizer, run with torch (dsd/backends/torch_lm.py)."""
+
 from __future__ import annotations
 
 import functools
@@ -13,9 +14,9 @@ from dsd.backends.protocol import BackendConfig, LanguageModel
 if TYPE_CHECKING:
     from dsd.backends.precision import PrecisionChoice
 
-DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")   # dsd.backends.torch_lm.DTYPES
-AUTO = "auto"        # timed on this machine (dsd.backends.precision)
-KERNEL_CHOICES = ("auto", "aten")   # dsd.backends.kernels: measured paths, or PyTorch's default
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")  # dsd.backends.torch_lm.DTYPES
+AUTO = "auto"  # timed on this machine (dsd.backends.precision)
+KERNEL_CHOICES = ("auto", "aten")  # dsd.backends.kernels: measured paths, or PyTorch's default
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PAIR = REPO / "models" / "default-pair"
 
@@ -34,7 +35,7 @@ class HfBackendConfig(BackendConfig):
     dtype: str = "float32"
     draft_dtype: str = ""
     device: str = "cpu"
-    kernels: str = "auto"           # "auto": each linear layer's fastest path, timed at load; "aten"
+    kernels: str = "auto"  # "auto": each linear layer's fastest path, timed at load; "aten"
 
     def __post_init__(self) -> None:
         pair = Path(self.pair_path).expanduser()
@@ -71,17 +72,23 @@ class HfBackendConfig(BackendConfig):
 
         target, draft = self.model_paths()
         for folder in (target, draft):
-            model = (Path(folder).expanduser() / "config.json").is_file() or (folder == draft and is_eagle_folder(draft))
+            model = (Path(folder).expanduser() / "config.json").is_file() or (
+                folder == draft and is_eagle_folder(draft)
+            )
             if not model:
-                raise ValueError(f"dtype/draft_dtype 'auto' times the pair on this machine, but {folder} holds no "
-                                 "model (build it first, e.g. `python -m pairs.build`), or give a dtype")
+                raise ValueError(
+                    f"dtype/draft_dtype 'auto' times the pair on this machine, but {folder} holds no "
+                    "model (build it first, e.g. `python -m pairs.build`), or give a dtype"
+                )
         return resolve(target, draft, self.device, log=_log)
 
     def check_files(self) -> None:
         if not self.target_path:
             if not (Path(self.pair_path).expanduser() / "manifest.json").is_file():
-                raise ValueError(f"'backend.pair_path': expected a model pair folder with a manifest.json "
-                                 f"(`dsdbed build-pair`), got {self.pair_path!r}")
+                raise ValueError(
+                    f"'backend.pair_path': expected a model pair folder with a manifest.json "
+                    f"(`dsdbed build-pair`), got {self.pair_path!r}"
+                )
             return
         for key in ("target_path", "draft_path"):
             value = getattr(self, key)
@@ -99,8 +106,8 @@ class HfBackendConfig(BackendConfig):
             pair = Path(self.pair_path).expanduser()
             if not (pair / "manifest.json").is_file():
                 raise FileNotFoundError(
-                    f"no model pair at {pair} (manifest.json missing); build it with "
-                    f"`dsdbed build-pair --out {pair}`")
+                    f"no model pair at {pair} (manifest.json missing); build it with `dsdbed build-pair --out {pair}`"
+                )
             kind = draft_kind(verify_pair(pair))
         target_path, draft_path = self.model_paths()
         paths = PATHS if self.kernels == "auto" else (ATEN,)
@@ -109,15 +116,18 @@ class HfBackendConfig(BackendConfig):
                 raise ValueError(f"backend.device: a feature draft's pair runs on 'cpu' only, got {self.device!r}")
             from dsd.backends.eagle_lm import EagleLM
             from dsd.backends.feature_target import FeatureTorchLM
-            target: TorchLM = FeatureTorchLM.load_for_draft(TorchLMConfig(target_path, self.dtype, self.device, paths),
-                                                   draft_path)
+
+            target: TorchLM = FeatureTorchLM.load_for_draft(
+                TorchLMConfig(target_path, self.dtype, self.device, paths), draft_path
+            )
             draft: LanguageModel = EagleLM.load(draft_path, self.draft_dtype, target.eos_token_id, paths)
         else:
             target = TorchLM.load(TorchLMConfig(target_path, self.dtype, self.device, paths))
             draft = TorchLM.load(TorchLMConfig(draft_path, self.draft_dtype, self.device, paths))
         if draft.vocab_size != target.vocab_size:
-            raise ValueError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: "
-                             "the pair must share a tokenizer")
+            raise ValueError(
+                f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}: the pair must share a tokenizer"
+            )
         return draft, target
 
 

@@ -20,6 +20,7 @@ a 2-core machine time each other's load. So a choice is kept on disk per (CPU, P
 folder, precision) (``stored_choice``), made once where nothing else runs (the orchestrator's
 ``dtype = "auto"`` timing, or the first load), and every later load of that model here takes it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +42,7 @@ from dsd.backends.machine import CpuCapability, cache_dir, machine_key, weights_
 
 ATEN, MKL_PACKED, ONEDNN_PACKED = "aten", "mkl_packed", "onednn_packed"
 PATHS = (ATEN, MKL_PACKED, ONEDNN_PACKED)
-BUCKETS = (1, 2, 3, 4, 8, 16)            # a pass of n rows runs as the smallest bucket >= n
+BUCKETS = (1, 2, 3, 4, 8, 16)  # a pass of n rows runs as the smallest bucket >= n
 # oneDNN lays packed weights out for an expected row count: 4 serves 1-16 rows within a few
 # percent of the best layout for each, where a layout for 1 row costs up to 1.5x at 2-3 rows
 ONEDNN_ROWS_HINT = 4
@@ -49,9 +50,9 @@ ONEDNN_ROWS_HINT = 4
 
 @dataclass(frozen=True)
 class KernelConfig:
-    paths: tuple[str, ...] = PATHS       # the candidates; ("aten",) keeps PyTorch's default
-    repeats: int = 5                     # timings per (group, bucket, path); the minimum counts
-    margin: float = 0.03                 # another path must beat aten by this share to be chosen
+    paths: tuple[str, ...] = PATHS  # the candidates; ("aten",) keeps PyTorch's default
+    repeats: int = 5  # timings per (group, bucket, path); the minimum counts
+    margin: float = 0.03  # another path must beat aten by this share to be chosen
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.paths if p not in PATHS]
@@ -68,8 +69,9 @@ def bucket_of(rows: int) -> int | None:
     return next((b for b in BUCKETS if rows <= b), None)
 
 
-def available_paths(dtype: torch.dtype, wanted: tuple[str, ...] = PATHS,
-                    capability: CpuCapability | None = None) -> tuple[str, ...]:
+def available_paths(
+    dtype: torch.dtype, wanted: tuple[str, ...] = PATHS, capability: CpuCapability | None = None
+) -> tuple[str, ...]:
     """The paths this PyTorch build runs for weights of ``dtype`` on this CPU (or on the CPU that
     ``capability`` describes): MKL's packed GEMM where MKL is built in (x86) and the weights are
     float32; oneDNN's where oneDNN is built in and runs the precision natively (its bfloat16
@@ -91,8 +93,11 @@ def _this_cpu() -> CpuCapability:
 
 def report_dropped(path: str, dtype: torch.dtype, why: str) -> None:
     """A path that this CPU refused is dropped with a line on stderr, never a crash."""
-    print(f"kernels: {path} dropped for {str(dtype).removeprefix('torch.')} on {_this_cpu().describe()}: {why}",
-          file=sys.stderr, flush=True)
+    print(
+        f"kernels: {path} dropped for {str(dtype).removeprefix('torch.')} on {_this_cpu().describe()}: {why}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class PathLinear(nn.Module):
@@ -100,14 +105,16 @@ class PathLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, paths: tuple[str, ...]) -> None:
         super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias          # shared: tied weights stay tied
+        self.weight, self.bias = linear.weight, linear.bias  # shared: tied weights stay tied
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.forms: dict[str, torch.Tensor] = {}
-        self.dropped: dict[str, str] = {}                             # path -> why this CPU refused it
-        self.choice: dict[int, str] = {}                              # bucket -> path
+        self.dropped: dict[str, str] = {}  # path -> why this CPU refused it
+        self.choice: dict[int, str] = {}  # bucket -> path
         weight = linear.weight.detach()
-        packers = {MKL_PACKED: lambda: torch.ops.mkl._mkl_reorder_linear_weight(weight, 1),
-                   ONEDNN_PACKED: lambda: torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)}
+        packers = {
+            MKL_PACKED: lambda: torch.ops.mkl._mkl_reorder_linear_weight(weight, 1),
+            ONEDNN_PACKED: lambda: torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT),
+        }
         for path in (p for p in paths if p in packers):
             try:
                 self.forms[path] = packers[path]()
@@ -128,8 +135,9 @@ class PathLinear(nn.Module):
             shaped: torch.Tensor = out.reshape(*x.shape[:-1], self.out_features)
             return shaped
         if path == ONEDNN_PACKED:
-            packed: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.forms[ONEDNN_PACKED], self.bias, "none",
-                                                                      [], "")
+            packed: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x, self.forms[ONEDNN_PACKED], self.bias, "none", [], ""
+            )
             return packed
         return F.linear(x, self.weight, self.bias)
 
@@ -141,7 +149,7 @@ class PathLinear(nn.Module):
         except (RuntimeError, NotImplementedError) as error:
             if path == ATEN:
                 raise
-            self.drop(path, error)          # a kept choice this CPU cannot run after all
+            self.drop(path, error)  # a kept choice this CPU cannot run after all
             report_dropped(path, x.dtype, f"a pass failed: {self.dropped[path]}")
             return self.run(ATEN, x)
 
@@ -156,15 +164,20 @@ class PathLinear(nn.Module):
 class KernelChoice:
     """What ``choose_paths`` measured and chose: per shape group 'out x in', per bucket, the
     path and every candidate's time (milliseconds for the whole group)."""
+
     dtype: str
     choice: dict[str, dict[int, str]] = field(default_factory=dict)
     times_ms: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype,
-                "choice": {g: {str(b): p for b, p in c.items()} for g, c in self.choice.items()},
-                "times_ms": {g: {str(b): {p: round(t, 4) for p, t in ts.items()} for b, ts in by.items()}
-                             for g, by in self.times_ms.items()}}
+        return {
+            "dtype": self.dtype,
+            "choice": {g: {str(b): p for b, p in c.items()} for g, c in self.choice.items()},
+            "times_ms": {
+                g: {str(b): {p: round(t, 4) for p, t in ts.items()} for b, ts in by.items()}
+                for g, by in self.times_ms.items()
+            },
+        }
 
     def summary(self) -> str:
         """One line: per bucket, how many shape groups use each non-default path."""
@@ -198,8 +211,9 @@ def _report_dropped(layers: list[PathLinear], dtype: torch.dtype) -> None:
         report_dropped(path, dtype, why)
 
 
-def install_kept_paths(model: nn.Module, folder: str, dtype: str, paths: tuple[str, ...],
-                       store: bool = True) -> KernelChoice | None:
+def install_kept_paths(
+    model: nn.Module, folder: str, dtype: str, paths: tuple[str, ...], store: bool = True
+) -> KernelChoice | None:
     """Put ``model`` (loaded from ``folder`` in ``dtype``) on the paths this machine keeps for it,
     else on the ones timed now (and keep them, with ``store``); None where ``paths`` is aten only."""
     if paths == (ATEN,):
@@ -226,8 +240,9 @@ def apply_choice(layers: list[PathLinear], choice: dict[str, dict[int, str]]) ->
         layer.keep(choice.get(group_of(layer), {}))
 
 
-def choose_paths(layers: list[PathLinear], config: KernelConfig, dtype: str,
-                 clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
+def choose_paths(
+    layers: list[PathLinear], config: KernelConfig, dtype: str, clock: Callable[[], float] = time.perf_counter
+) -> KernelChoice:
     """Time every path on each group of equally shaped layers (all of them in a row, as a pass
     streams them) for every bucket, keep the fastest per (group, bucket), free the rest."""
     groups: dict[str, list[PathLinear]] = {}
@@ -245,13 +260,14 @@ def choose_paths(layers: list[PathLinear], config: KernelConfig, dtype: str,
     return result
 
 
-def _time_paths(group: list[PathLinear], paths: list[str], rows: int, repeats: int,
-                clock: Callable[[], float]) -> dict[str, float]:
+def _time_paths(
+    group: list[PathLinear], paths: list[str], rows: int, repeats: int, clock: Callable[[], float]
+) -> dict[str, float]:
     """Milliseconds for the whole group at ``rows`` rows per path: the minimum over repeats,
     the paths interleaved so that a drift of the machine's speed meets them all alike."""
-    x = torch.randn(1, rows, group[0].in_features, dtype=group[0].weight.dtype)   # as a pass feeds it
+    x = torch.randn(1, rows, group[0].in_features, dtype=group[0].weight.dtype)  # as a pass feeds it
     best = {p: float("inf") for p in paths}
-    for _ in range(repeats + 1):                    # the first round warms caches and packs
+    for _ in range(repeats + 1):  # the first round warms caches and packs
         for path in [p for p in paths if p in best]:
             start = clock()
             try:

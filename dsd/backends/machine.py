@@ -7,6 +7,7 @@ dsd.backends.kernels).
 instructions in ``flags``; aarch64 has ``Features`` and, at most, ``CPU implementer`` and
 ``CPU part``. Both are read here, so nothing downstream assumes x86.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 ISA_SWITCHES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
-FLAG_FIELDS = ("flags", "Features")             # x86, aarch64
+FLAG_FIELDS = ("flags", "Features")  # x86, aarch64
 MODEL_FIELDS = ("model name", "Model", "Hardware")
 # Arm's part numbers of the server cores a user may rent (Graviton 2/3/4, Ampere Altra, Grace)
 ARM_PARTS = {"0xd0c": "Neoverse-N1", "0xd40": "Neoverse-V1", "0xd49": "Neoverse-N2", "0xd4f": "Neoverse-V2"}
@@ -60,12 +61,13 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
 class CpuCapability:
     """What this PyTorch build runs on this CPU, as PyTorch and oneDNN report it (so a switch that
     holds the libraries to a smaller instruction set counts, as it does for the kernels)."""
+
     model: str
-    arch: str                   # platform.machine(): x86_64, aarch64, ...
-    aten: str                   # ATen's vector capability: AVX512, AVX2, DEFAULT, SVE256, ...
-    has_mkl: bool               # MKL built in (x86 builds)
-    has_onednn: bool            # oneDNN built in
-    onednn_bf16: bool           # oneDNN runs bfloat16 matmuls natively on this CPU
+    arch: str  # platform.machine(): x86_64, aarch64, ...
+    aten: str  # ATen's vector capability: AVX512, AVX2, DEFAULT, SVE256, ...
+    has_mkl: bool  # MKL built in (x86 builds)
+    has_onednn: bool  # oneDNN built in
+    onednn_bf16: bool  # oneDNN runs bfloat16 matmuls natively on this CPU
     onednn_fp16: bool
 
     @classmethod
@@ -73,10 +75,15 @@ class CpuCapability:
         import torch
 
         mkldnn = torch.ops.mkldnn
-        return cls(cpu_model(), platform.machine(), torch.backends.cpu.get_cpu_capability(),
-                   bool(torch._C.has_mkl), bool(torch.backends.mkldnn.is_available()),
-                   bool(hasattr(mkldnn, "_is_mkldnn_bf16_supported") and mkldnn._is_mkldnn_bf16_supported()),
-                   bool(hasattr(mkldnn, "_is_mkldnn_fp16_supported") and mkldnn._is_mkldnn_fp16_supported()))
+        return cls(
+            cpu_model(),
+            platform.machine(),
+            torch.backends.cpu.get_cpu_capability(),
+            bool(torch._C.has_mkl),
+            bool(torch.backends.mkldnn.is_available()),
+            bool(hasattr(mkldnn, "_is_mkldnn_bf16_supported") and mkldnn._is_mkldnn_bf16_supported()),
+            bool(hasattr(mkldnn, "_is_mkldnn_fp16_supported") and mkldnn._is_mkldnn_fp16_supported()),
+        )
 
     def native(self, dtype: str) -> bool:
         """Whether this CPU computes ``dtype`` matmuls natively (else PyTorch emulates them)."""
@@ -85,8 +92,9 @@ class CpuCapability:
     def describe(self) -> str:
         """One line: the CPU and what the libraries use of it."""
         lacks = [d for d in ("bfloat16", "float16") if not self.native(d)]
-        return (f"{self.model} ({self.arch}, ATen {self.aten}"
-                + (f"; no native {', '.join(lacks)}" if lacks else "") + ")")
+        return (
+            f"{self.model} ({self.arch}, ATen {self.aten}" + (f"; no native {', '.join(lacks)}" if lacks else "") + ")"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"isa_switches": {k: os.environ[k] for k in ISA_SWITCHES if os.environ.get(k)}}
@@ -100,7 +108,6 @@ def machine_key(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:12]}]" + (f" {isa}" if isa else "")
 
 
-
 def weights_digest(path: str) -> str:
     """Names, sizes and modification times of a model folder's files: a rebuilt model is new."""
     folder = Path(path)
@@ -108,9 +115,9 @@ def weights_digest(path: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-
-
 def cache_dir() -> Path:
     """Where this machine keeps its choices: $DSD_CACHE_DIR, else the XDG cache's dsd-testbed."""
-    return Path(os.environ.get("DSD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                / "dsd-testbed")
+    return Path(
+        os.environ.get("DSD_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsd-testbed"
+    )

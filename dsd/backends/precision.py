@@ -22,6 +22,7 @@ Both run on one torch thread, as the services do by default and the main job pin
 is kept on disk per (CPU, PyTorch, pair), so the services and the orchestrator of one machine
 resolve "auto" alike and the timing runs once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,11 +47,12 @@ TIMED_PASSES = 12
 @dataclass(frozen=True)
 class PrecisionTimes:
     """One candidate's measured times (medians, seconds)."""
+
     dtype: str
     t_ar_s: float
-    t_verify_s: dict[int, float]       # positions -> one target pass over that many new positions
+    t_verify_s: dict[int, float]  # positions -> one target pass over that many new positions
     t_draft_s: float
-    kernels: str = ""                  # the kernel paths chosen (KernelChoice.summary)
+    kernels: str = ""  # the kernel paths chosen (KernelChoice.summary)
 
     @property
     def verify_s(self) -> float:
@@ -58,31 +60,53 @@ class PrecisionTimes:
         return statistics.fmean(self.t_verify_s.values())
 
     def ratios(self) -> dict[str, float]:
-        return {f"verify{n}_over_ar": round(t / self.t_ar_s, 4) for n, t in self.t_verify_s.items()} | \
-               {"draft_step_over_ar": round(self.t_draft_s / self.t_ar_s, 4)}
+        return {f"verify{n}_over_ar": round(t / self.t_ar_s, 4) for n, t in self.t_verify_s.items()} | {
+            "draft_step_over_ar": round(self.t_draft_s / self.t_ar_s, 4)
+        }
 
 
 @dataclass(frozen=True)
 class PrecisionChoice:
     target_dtype: str
     draft_dtype: str
-    first_guess: str                   # what the CPU-flag rule would have said
+    first_guess: str  # what the CPU-flag rule would have said
     times: tuple[PrecisionTimes, ...]
     machine: str
-    cpu: dict[str, Any] = field(default_factory=dict)      # CpuCapability.to_dict(): the CPU and what runs on it
+    cpu: dict[str, Any] = field(default_factory=dict)  # CpuCapability.to_dict(): the CPU and what runs on it
     dropped: dict[str, Any] = field(default_factory=dict)  # candidate -> why it could not be timed here
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target_dtype": self.target_dtype, "draft_dtype": self.draft_dtype,
-                "first_guess": self.first_guess, "machine": self.machine, "cpu": self.cpu,
-                "dropped": self.dropped, "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times]}
+        return {
+            "target_dtype": self.target_dtype,
+            "draft_dtype": self.draft_dtype,
+            "first_guess": self.first_guess,
+            "machine": self.machine,
+            "cpu": self.cpu,
+            "dropped": self.dropped,
+            "candidates": [asdict(t) | {"ratios": t.ratios()} for t in self.times],
+        }
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PrecisionChoice:
-        times = tuple(PrecisionTimes(c["dtype"], c["t_ar_s"], {int(n): t for n, t in c["t_verify_s"].items()},
-                                     c["t_draft_s"], c.get("kernels", "")) for c in values["candidates"])
-        return cls(values["target_dtype"], values["draft_dtype"], values["first_guess"], times, values["machine"],
-                   values.get("cpu", {}), values.get("dropped", {}))
+        times = tuple(
+            PrecisionTimes(
+                c["dtype"],
+                c["t_ar_s"],
+                {int(n): t for n, t in c["t_verify_s"].items()},
+                c["t_draft_s"],
+                c.get("kernels", ""),
+            )
+            for c in values["candidates"]
+        )
+        return cls(
+            values["target_dtype"],
+            values["draft_dtype"],
+            values["first_guess"],
+            times,
+            values["machine"],
+            values.get("cpu", {}),
+            values.get("dropped", {}),
+        )
 
 
 def choose(times: list[PrecisionTimes], tie_margin: float = 0.03, ar_slack: float = 0.05) -> tuple[str, str]:
@@ -91,8 +115,11 @@ def choose(times: list[PrecisionTimes], tie_margin: float = 0.03, ar_slack: floa
     if "float32" not in by_dtype:
         raise ValueError(f"the table must hold float32 (the reference), got {sorted(by_dtype)}")
     base = by_dtype["float32"]
-    better = [t for t in times if t.verify_s < (1.0 - tie_margin) * base.verify_s
-              and t.t_ar_s <= (1.0 + ar_slack) * base.t_ar_s]
+    better = [
+        t
+        for t in times
+        if t.verify_s < (1.0 - tie_margin) * base.verify_s and t.t_ar_s <= (1.0 + ar_slack) * base.t_ar_s
+    ]
     target = min(better, key=lambda t: t.verify_s).dtype if better else "float32"
     fastest = min(times, key=lambda t: t.t_draft_s)
     draft = fastest.dtype if fastest.t_draft_s < (1.0 - tie_margin) * by_dtype[target].t_draft_s else target
@@ -107,19 +134,23 @@ def first_guess(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
     return "bfloat16" if cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16", "bf16"} else "float32"
 
 
-def check_runs(setting: str, dtype: str, capability: CpuCapability | None = None,
-               log: Callable[[str], object] | None = None) -> None:
+def check_runs(
+    setting: str, dtype: str, capability: CpuCapability | None = None, log: Callable[[str], object] | None = None
+) -> None:
     """Refuse a precision set by hand that this CPU cannot run (a probe pass of the operations a
     decoder layer uses fails), naming the setting, the CPU and what it lacks; say so where it runs
     only emulated (bfloat16 without AVX512-BF16, AMX or an aarch64 BF16 unit is several times slower)."""
     cpu = capability or CpuCapability.of_this_machine()
     why = _probe_fails(dtype)
     if why:
-        raise ValueError(f"{setting} = {dtype!r}: this CPU cannot run it ({cpu.describe()}): {why}; "
-                         f"use 'auto' (timed here) or 'float32'")
+        raise ValueError(
+            f"{setting} = {dtype!r}: this CPU cannot run it ({cpu.describe()}): {why}; "
+            f"use 'auto' (timed here) or 'float32'"
+        )
     if not cpu.native(dtype) and log is not None:
-        log(f"{setting} = {dtype!r} runs emulated on {cpu.describe()}: expect it slower than float32; "
-            "'auto' times both")
+        log(
+            f"{setting} = {dtype!r} runs emulated on {cpu.describe()}: expect it slower than float32; 'auto' times both"
+        )
 
 
 def _probe_fails(dtype: str) -> str:
@@ -140,9 +171,15 @@ def _probe_fails(dtype: str) -> str:
     return ""
 
 
-def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CANDIDATES, threads: int = 1,
-            kernel_paths: tuple[str, ...] | None = None, dropped: dict[str, str] | None = None,
-            log: Callable[[str], object] | None = None) -> list[PrecisionTimes]:
+def measure(
+    target_path: str,
+    draft_path: str,
+    candidates: tuple[str, ...] = CANDIDATES,
+    threads: int = 1,
+    kernel_paths: tuple[str, ...] | None = None,
+    dropped: dict[str, str] | None = None,
+    log: Callable[[str], object] | None = None,
+) -> list[PrecisionTimes]:
     """Time every candidate precision of the pair that runs on this machine on ``threads`` torch
     threads, the passes interleaved across candidates so that a drift of the machine's speed meets
     all; a candidate that fails to load or to pass is left out, its reason put in ``dropped``."""
@@ -158,9 +195,11 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
         models = {}
         for dtype in candidates:
             try:
-                pair = (TorchLM.load(TorchLMConfig(target_path, dtype, kernel_paths=paths)),
-                        _load_draft(draft_path, dtype, paths))
-                for model in pair:                  # a path or kernel this CPU refuses fails here
+                pair = (
+                    TorchLM.load(TorchLMConfig(target_path, dtype, kernel_paths=paths)),
+                    _load_draft(draft_path, dtype, paths),
+                )
+                for model in pair:  # a path or kernel this CPU refuses fails here
                     model.logits("precision-probe", [1, 2, 3], 3)
                     model.release("precision-probe")
                 models[dtype] = pair
@@ -176,9 +215,15 @@ def measure(target_path: str, draft_path: str, candidates: tuple[str, ...] = CAN
         out = []
         for dtype, (target, _) in models.items():
             choice = target.kernel_choice
-            out.append(PrecisionTimes(dtype, samples[(dtype, "target", 1)],
-                                      {n: samples[(dtype, "target", n)] for n in VERIFY_POSITIONS},
-                                      samples[(dtype, "draft", 1)], choice.summary() if choice else "aten"))
+            out.append(
+                PrecisionTimes(
+                    dtype,
+                    samples[(dtype, "target", 1)],
+                    {n: samples[(dtype, "target", n)] for n in VERIFY_POSITIONS},
+                    samples[(dtype, "draft", 1)],
+                    choice.summary() if choice else "aten",
+                )
+            )
         return out
     finally:
         torch.set_num_threads(old)
@@ -188,10 +233,13 @@ def _load_draft(draft_path: str, dtype: str, paths: tuple[str, ...]) -> Language
     """The draft as the services load it: a feature draft (timed on its own features, as it drafts
     past the last true one) or a layer draft."""
     from dsd.backends.eagle_model import is_eagle_folder
+
     if is_eagle_folder(draft_path):
         from dsd.backends.eagle_lm import EagleLM
+
         return EagleLM.load(draft_path, dtype, kernel_paths=paths)
     from dsd.backends.torch_lm import TorchLM, TorchLMConfig
+
     return TorchLM.load(TorchLMConfig(draft_path, dtype, kernel_paths=paths))
 
 
@@ -199,13 +247,16 @@ def _interleaved_samples(models: dict[str, Any]) -> dict[tuple[str, str, int], f
     """Median seconds per (dtype, role, positions), every candidate's passes in turn per round."""
     vocab = min(m.vocab_size for pair in models.values() for m in pair)
     context = [(7 * i + 11) % vocab for i in range(CONTEXT_TOKENS)]
-    jobs = [(d, role, n) for d in models for role, n in [("target", 1), *[("target", n) for n in VERIFY_POSITIONS],
-                                                         ("draft", 1)]]
+    jobs = [
+        (d, role, n)
+        for d in models
+        for role, n in [("target", 1), *[("target", n) for n in VERIFY_POSITIONS], ("draft", 1)]
+    ]
     samples: dict[tuple[str, str, int], list[float]] = {job: [] for job in jobs}
     for dtype, (target, draft) in models.items():
         for model in (target, draft):
             model.logits("precision", context, 1)
-    for round_index in range(TIMED_PASSES + 1):            # the first round warms up
+    for round_index in range(TIMED_PASSES + 1):  # the first round warms up
         for dtype, role, n in jobs:
             model = models[dtype][0 if role == "target" else 1]
             extra = [(3 * j + round_index) % vocab for j in range(n)]
@@ -220,8 +271,16 @@ def cache_path(target_path: str, draft_path: str) -> Path:
     """Where this machine keeps the choice for this pair (XDG cache, or DSD_CACHE_DIR)."""
     import torch
 
-    key = json.dumps([machine_key(), torch.__version__, weights_digest(target_path), weights_digest(draft_path),
-                      CANDIDATES, VERIFY_POSITIONS])
+    key = json.dumps(
+        [
+            machine_key(),
+            torch.__version__,
+            weights_digest(target_path),
+            weights_digest(draft_path),
+            CANDIDATES,
+            VERIFY_POSITIONS,
+        ]
+    )
     return cache_dir() / "precision" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
@@ -234,8 +293,9 @@ def cached_choice(target_path: str, draft_path: str) -> PrecisionChoice | None:
         return None
 
 
-def resolve(target_path: str, draft_path: str, device: str = "cpu",
-            log: Callable[[str], object] | None = None) -> PrecisionChoice:
+def resolve(
+    target_path: str, draft_path: str, device: str = "cpu", log: Callable[[str], object] | None = None
+) -> PrecisionChoice:
     """The pair's precision choice on this machine: from the disk cache, else measured and kept."""
     if device.startswith("cuda"):
         guess = first_guess(device)

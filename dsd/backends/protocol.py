@@ -10,6 +10,7 @@ sequences' calls in one forward pass (the verifier's scheduler batches sessions 
 ``BackendConfig`` is what every backend kind's settings are: one frozen dataclass per kind, of
 JSON values, that loads its (draft, target) pair; dsd/backends/factory.py registers the kinds.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
-if TYPE_CHECKING:                  # the annotations only: a backend config is read without torch
+if TYPE_CHECKING:  # the annotations only: a backend config is read without torch
     import torch
 
     from dsd.features import FeatureBlock
@@ -26,13 +27,15 @@ if TYPE_CHECKING:                  # the annotations only: a backend config is r
 @dataclass
 class ForwardStats:
     """What a model has computed, to show that nothing is computed twice."""
-    passes: int = 0           # forward calls
-    positions_fed: int = 0    # input positions processed, summed over calls
+
+    passes: int = 0  # forward calls
+    positions_fed: int = 0  # input positions processed, summed over calls
 
 
 @dataclass(frozen=True)
 class LogitsRequest:
     """One sequence's share of a forward pass: the arguments of ``LanguageModel.logits``."""
+
     seq_id: str
     tokens: Sequence[int]
     n_last: int
@@ -90,6 +93,7 @@ class BackendConfig:
     to factory.BACKEND_CONFIGS (or ``factory.register_backend``): the services take it whole as
     ``--backend-json``, the launchers pass it on unchanged, and an experiment's [backend] table
     holds its fields beside ``kind``."""
+
     kind: ClassVar[str] = ""
     # True: the models answer at once and the services charge each pass its time from a
     # HardwareProfile (services/compute.py EmulatedDevice); False: passes compute for real.
@@ -123,9 +127,10 @@ Result = TypeVar("Result")
 class ForwardJob(Generic[Result]):
     """A model call whose logits ``finish`` turns into a result (a verdict, an AR token): run
     alone with ``run()``, or with other jobs on the same model in one pass (``run_jobs``)."""
+
     model: LanguageModel
     request: LogitsRequest
-    finish: Callable[[torch.Tensor], Result]     # logits [n_last, vocab] -> the result
+    finish: Callable[[torch.Tensor], Result]  # logits [n_last, vocab] -> the result
 
     def run(self) -> Result:
         r = self.request
@@ -154,16 +159,16 @@ def run_jobs(jobs: Sequence[ForwardJob[object]]) -> list[tuple[bool, object]]:
 def _capture(work: Callable[[], object]) -> tuple[bool, object]:
     try:
         return True, work()
-    except Exception as exc:         # handed to that job's caller
+    except Exception as exc:  # handed to that job's caller
         return False, exc
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0    # 0 means greedy
+    temperature: float = 0.0  # 0 means greedy
     top_k: int | None = None
     seed: int = 0
-    top_p: float = 1.0          # nucleus: keep the smallest set of tokens holding top_p of the mass
+    top_p: float = 1.0  # nucleus: keep the smallest set of tokens holding top_p of the mass
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -181,9 +186,10 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Proposal:
     """A draft block sent for verification: what the edge assumed and what it drafted."""
-    start_pos: int                     # position of the first draft token in the sequence
-    base_digest: int                   # dsd.sequence digest of the assumed tokens[:start_pos]
-    draft_tokens: tuple[int, ...]      # [gamma]
+
+    start_pos: int  # position of the first draft token in the sequence
+    base_digest: int  # dsd.sequence digest of the assumed tokens[:start_pos]
+    draft_tokens: tuple[int, ...]  # [gamma]
     draft_probs: torch.Tensor | None = field(default=None, compare=False)  # [gamma, vocab] q
 
     @property
@@ -194,10 +200,11 @@ class Proposal:
 @dataclass(frozen=True)
 class Verdict:
     """The target's answer to a Proposal."""
+
     start_pos: int
     proposed: int
-    accepted: int            # 0..proposed; 0 if stale
-    next_token: int          # corrected or bonus token; -1 if stale
+    accepted: int  # 0..proposed; 0 if stale
+    next_token: int  # corrected or bonus token; -1 if stale
     stale: bool = False
     # the target's features at the positions this verdict decided (dsd.features), if it keeps them
     features: FeatureBlock | None = field(default=None, compare=False)

@@ -22,6 +22,7 @@ output) is untouched.
 Logits are one-hot rows, so every algorithm in ``dsd`` runs on these models unchanged. Compute
 time is not spent here: ``services.compute.EmulatedDevice`` emulates it from a hardware profile.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -57,13 +58,13 @@ def _hash(*values: int) -> int:
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    alpha: float = 0.8          # probability that a draft token is the target's token
+    alpha: float = 0.8  # probability that a draft token is the target's token
     vocab_size: int = 512
     seed: int = 0
     eos_token_id: int = 0
-    eos_prob: float = 0.0       # per generated position
-    context_tokens: int = 4     # how much of the context decides the next token
-    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
+    eos_prob: float = 0.0  # per generated position
+    context_tokens: int = 4  # how much of the context decides the next token
+    acceptance: str = "iid"  # or "stratified": every request realises alpha (dsd.backends.acceptance)
     # replay a real pair's acceptance instead of i.i.d. alpha (dsd/backends/acceptance_trace.py)
     acceptance_trace: AcceptanceTrace | None = None
     # per prompt class: ((first prompt token, alpha), ...); other prompts draft with alpha
@@ -84,11 +85,18 @@ class SyntheticConfig:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_KINDS}, got {self.acceptance!r}")
         classes = self.alpha_classes
         if not isinstance(classes, tuple) or not all(
-                isinstance(c, tuple) and len(c) == 2 and is_int(c[0])
-                and 0 <= c[0] < self.vocab_size and isinstance(c[1], (int, float)) and not isinstance(c[1], bool)
-                and 0.0 <= c[1] <= 1.0 for c in classes):
-            raise ValueError(f"alpha_classes must be (token id in [0, vocab_size), alpha in [0, 1]) pairs, "
-                             f"got {classes!r}")
+            isinstance(c, tuple)
+            and len(c) == 2
+            and is_int(c[0])
+            and 0 <= c[0] < self.vocab_size
+            and isinstance(c[1], (int, float))
+            and not isinstance(c[1], bool)
+            and 0.0 <= c[1] <= 1.0
+            for c in classes
+        ):
+            raise ValueError(
+                f"alpha_classes must be (token id in [0, vocab_size), alpha in [0, 1]) pairs, got {classes!r}"
+            )
         if len({t for t, _ in classes}) != len(classes):
             raise ValueError(f"alpha_classes names a token twice: {classes!r}")
         if classes and (self.acceptance != "iid" or self.acceptance_trace is not None):
@@ -104,7 +112,7 @@ class SyntheticConfig:
 
 
 def parse_alpha_classes(text: str) -> tuple[tuple[int, float], ...]:
-    """"1:0.9,2:0.3" -> ((1, 0.9), (2, 0.3)): alpha_classes as the launchers pass them."""
+    """ "1:0.9,2:0.3" -> ((1, 0.9), (2, 0.3)): alpha_classes as the launchers pass them."""
     out = []
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         token, sep, alpha = item.partition(":")
@@ -123,11 +131,11 @@ def format_alpha_classes(classes: Iterable[tuple[int, float]]) -> str:
 
 def target_token(config: SyntheticConfig, context: Sequence[int]) -> int:
     """The target's next token after ``context`` (at position len(context))."""
-    return _target_at(config, len(context), context[-config.context_tokens:])
+    return _target_at(config, len(context), context[-config.context_tokens :])
 
 
 def draft_token(config: SyntheticConfig, context: Sequence[int]) -> int:
-    return _draft_at(config, len(context), context[-config.context_tokens:])
+    return _draft_at(config, len(context), context[-config.context_tokens :])
 
 
 def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) -> int:
@@ -139,8 +147,9 @@ def _target_at(config: SyntheticConfig, position: int, window: Sequence[int]) ->
     return token + 1 if token >= config.eos_token_id else token
 
 
-def _draft_at(config: SyntheticConfig, position: int, window: Sequence[int], outcome: str = "",
-              alpha: float | None = None) -> int:
+def _draft_at(
+    config: SyntheticConfig, position: int, window: Sequence[int], outcome: str = "", alpha: float | None = None
+) -> int:
     """The draft's token; ``outcome`` "right"/"wrong" from a stratified layout, else a coin that
     comes up right with probability ``alpha`` (config.alpha unless a trace decides it)."""
     right = _target_at(config, position, window)
@@ -169,7 +178,7 @@ class SyntheticLM:
         self._cached: dict[str, list[int]] = {}
         trace = config.acceptance_trace if role == "draft" else None
         self._replay = TraceReplay(trace, config.seed) if trace is not None else None
-        self._layouts: dict[str, RoundLayout] = {}     # stratified acceptance, per sequence
+        self._layouts: dict[str, RoundLayout] = {}  # stratified acceptance, per sequence
 
     def begin_request(self, seq_id: str, prompt: Sequence[int], gamma: int) -> None:
         """A draft with stratified acceptance lays out the request's rounds (seeded by the
@@ -184,23 +193,23 @@ class SyntheticLM:
         tokens = list(tokens)
         cached = self._cached.setdefault(seq_id, [])
         keep = min(common_prefix_length(cached, tokens), len(tokens) - n_last)
-        import torch                   # here, not at the top: a synthetic config is read without torch
+        import torch  # here, not at the top: a synthetic config is read without torch
 
         fed = len(tokens) - keep
         self._cached[seq_id] = tokens
         self.stats.passes += 1
         self.stats.positions_fed += fed
-        out = torch.zeros(n_last, self.vocab_size)                        # [n_last, vocab]
+        out = torch.zeros(n_last, self.vocab_size)  # [n_last, vocab]
         k = self.config.context_tokens
         first = len(tokens) - n_last + 1
         layout = self._layout(seq_id)
         alpha_at = self._replay.alpha_of(seq_id, tokens, n_last) if self._replay is not None else None
         if self.role == "draft" and self.config.alpha_classes:
             alpha = self.config.alpha_of(tokens)
-            alpha_at = lambda _position: alpha      # noqa: E731
+            alpha_at = lambda _position: alpha  # noqa: E731
         for row in range(n_last):
             position = first + row
-            window = tokens[max(0, position - k):position]
+            window = tokens[max(0, position - k) : position]
             if layout is not None:
                 out[row, _draft_at(self.config, position, window, layout.outcome(position))] = 1.0
             elif alpha_at is not None:
@@ -213,8 +222,10 @@ class SyntheticLM:
         if self.role != "draft" or self.config.acceptance != "stratified":
             return None
         if seq_id not in self._layouts:
-            raise ValueError(f"stratified acceptance: sequence {seq_id!r} was drafted before begin_request "
-                             "gave its prompt and gamma (dsd.speculation.drafting.begin_request)")
+            raise ValueError(
+                f"stratified acceptance: sequence {seq_id!r} was drafted before begin_request "
+                "gave its prompt and gamma (dsd.speculation.drafting.begin_request)"
+            )
         return self._layouts[seq_id]
 
     def logits_batch(self, requests: Sequence[LogitsRequest]) -> list[torch.Tensor]:
@@ -255,6 +266,7 @@ class SyntheticLM:
 @dataclass(frozen=True)
 class SyntheticBackendConfig(BackendConfig):
     """The synthetic backend as the services and experiments name it (``kind = "synthetic"``)."""
+
     kind: ClassVar[str] = "synthetic"
     emulated: ClassVar[bool] = True
     alpha: float = 0.8
@@ -265,7 +277,7 @@ class SyntheticBackendConfig(BackendConfig):
     # rounds.csv path, or the rounds inline as "proposed:accepted,..." (what services are sent)
     acceptance_trace: str = ""
     acceptance_rounds: str = ""
-    acceptance: str = "iid"     # or "stratified": every request realises alpha (dsd.backends.acceptance)
+    acceptance: str = "iid"  # or "stratified": every request realises alpha (dsd.backends.acceptance)
     # alpha per prompt class, "token:alpha,..." (a prompt's first token says its class)
     alpha_classes: str = ""
 
@@ -274,7 +286,7 @@ class SyntheticBackendConfig(BackendConfig):
             raise ValueError("acceptance_trace and acceptance_rounds: give one (a rounds.csv, or its rounds inline)")
         if (self.acceptance_trace or self.acceptance_rounds) and self.acceptance != "iid":
             raise ValueError(f"acceptance_trace replaces acceptance={self.acceptance!r}: the trace decides acceptance")
-        self.synthetic()          # validates alpha, vocab_size, eos_prob, acceptance, the trace
+        self.synthetic()  # validates alpha, vocab_size, eos_prob, acceptance, the trace
 
     def trace(self) -> AcceptanceTrace | None:
         """The acceptance trace to replay, or None (acceptance by alpha)."""
@@ -285,9 +297,15 @@ class SyntheticBackendConfig(BackendConfig):
         return None
 
     def synthetic(self) -> SyntheticConfig:
-        return SyntheticConfig(alpha=self.alpha, vocab_size=self.vocab_size, seed=self.seed,
-                               eos_prob=self.eos_prob, acceptance=self.acceptance, acceptance_trace=self.trace(),
-                               alpha_classes=parse_alpha_classes(self.alpha_classes))
+        return SyntheticConfig(
+            alpha=self.alpha,
+            vocab_size=self.vocab_size,
+            seed=self.seed,
+            eos_prob=self.eos_prob,
+            acceptance=self.acceptance,
+            acceptance_trace=self.trace(),
+            alpha_classes=parse_alpha_classes(self.alpha_classes),
+        )
 
     def portable(self) -> SyntheticBackendConfig:
         """The trace inline: a service need not see the file."""

@@ -14,6 +14,7 @@ rounding.
 
 Only the positions whose logits are asked for go through the LM head.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,16 +33,15 @@ from dsd.backends.protocol import ForwardStats, LogitsRequest
 from dsd.backends.vocab_map import VocabMap
 from dsd.sequence import common_prefix_length
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION = "dsd_rows"
 _MIN_CAPACITY = 64
-_FORK_HEADROOM = 32        # room a forked cache gets for a branch's block before it must grow
+_FORK_HEADROOM = 32  # room a forked cache gets for a branch's block before it must grow
 
 
 @dataclass(frozen=True)
 class TorchLMConfig:
-    path: str                   # a local Hugging Face model folder (or a hub id where online)
+    path: str  # a local Hugging Face model folder (or a hub id where online)
     dtype: str = "float32"
     device: str = "cpu"
     # matrix-product paths to choose from by measurement at load (dsd.backends.kernels); ("aten",)
@@ -99,11 +99,14 @@ class _Rows:
         self.caches, self.starts, self.lengths = caches, starts, lengths
         self.offsets = [sum(lengths[:i]) for i in range(len(lengths))]
         # Sequence i's new position j sees cached and new positions up to its own: start + j.
-        self.masks = [None if n == 1 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
-                      for start, n in zip(starts, lengths)]        # [n, start + n] or None
+        self.masks = [
+            None if n == 1 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
+            for start, n in zip(starts, lengths)
+        ]  # [n, start + n] or None
 
-    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float | None) -> torch.Tensor:
+    def attend(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+    ) -> torch.Tensor:
         """query [1, heads, T, head_dim], key/value [1, kv_heads, T, head_dim] (every sequence's
         new positions, packed) -> attention output [1, T, heads, head_dim]."""
         gqa = query.shape[1] != key.shape[1]
@@ -114,24 +117,38 @@ class _Rows:
             if mask is not None and mask.device != query.device:
                 mask = self.masks[i] = mask.to(query.device)
             keys, values = cache.room(layer, key[0], start, end)
-            keys[:, start:end] = key[0, :, offset:offset + n]
-            values[:, start:end] = value[0, :, offset:offset + n]
-            out = F.scaled_dot_product_attention(query[:, :, offset:offset + n], keys[None, :, :end],
-                                                 values[None, :, :end], attn_mask=mask, scale=scaling,
-                                                 enable_gqa=gqa)                                  # [1, heads, n, hd]
-            outputs.append(out.transpose(1, 2))                                                   # [1, n, heads, hd]
+            keys[:, start:end] = key[0, :, offset : offset + n]
+            values[:, start:end] = value[0, :, offset : offset + n]
+            out = F.scaled_dot_product_attention(
+                query[:, :, offset : offset + n],
+                keys[None, :, :end],
+                values[None, :, :end],
+                attn_mask=mask,
+                scale=scaling,
+                enable_gqa=gqa,
+            )  # [1, heads, n, hd]
+            outputs.append(out.transpose(1, 2))  # [1, n, heads, hd]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
 
-def _rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                    rows: _Rows | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _rows_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    rows: _Rows | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention of every TorchLM pass; called without ``rows`` (someone else calling the
     model directly, e.g. a test's reference forward) it is transformers' own sdpa."""
     if rows is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
-    layer: int = getattr(module, "layer_idx")      # transformers' attention modules number their layer
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    layer: int = getattr(module, "layer_idx")  # transformers' attention modules number their layer
     return rows.attend(layer, query, key, value, scaling), None
 
 
@@ -153,7 +170,7 @@ def load_model(config: TorchLMConfig) -> tuple[PreTrainedModel, KernelChoice | N
     linear layers run on: the paths this machine keeps for it, else timed now; None on PyTorch's
     default path)."""
     model = AutoModelForCausalLM.from_pretrained(config.path, dtype=DTYPES[config.dtype])
-    model.to(config.device)     # type: ignore[arg-type]  # transformers' wrapped .to types self as its argument
+    model.to(config.device)  # type: ignore[arg-type]  # transformers' wrapped .to types self as its argument
     if config.device != "cpu":
         return model, None
     return model, install_kept_paths(model, config.path, config.dtype, config.kernel_paths, config.kernel_store)
@@ -162,16 +179,19 @@ def load_model(config: TorchLMConfig) -> tuple[PreTrainedModel, KernelChoice | N
 class TorchLM:
     """A LanguageModel over a transformers causal LM."""
 
-    def __init__(self, model: PreTrainedModel, name: str, eos_token_id: int | None,
-                 vocab_map: VocabMap | None = None) -> None:
+    def __init__(
+        self, model: PreTrainedModel, name: str, eos_token_id: int | None, vocab_map: VocabMap | None = None
+    ) -> None:
         self.model = model.eval()
         config = model.config
         # NOTE: the per-row attention has no sliding window and no logit soft-capping: a model
         # that needs either would get wrong logits, so it is refused here.
         for feature in ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping"):
             if getattr(config, feature, None):
-                raise ValueError(f"model {name!r}: config.{feature} = {getattr(config, feature)!r} "
-                                 "is not supported by the hf backend's attention")
+                raise ValueError(
+                    f"model {name!r}: config.{feature} = {getattr(config, feature)!r} "
+                    "is not supported by the hf backend's attention"
+                )
         model.set_attn_implementation(ATTENTION)
         self.name = name
         # A draft over part of the target's vocabulary reads and answers in target ids.
@@ -182,13 +202,13 @@ class TorchLM:
         self.max_positions = model_positions(config)
         self.device = next(model.parameters()).device
         self.stats = ForwardStats()
-        self._base = model.base_model                    # the transformer without the LM head
+        self._base = model.base_model  # the transformer without the LM head
         self._head = model.get_output_embeddings()
         self._n_layers = int(config.num_hidden_layers)
         # A 4D mask makes transformers skip building one: _Rows.attend masks each row itself.
         self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         self._caches: dict[str, _SeqCache] = {}
-        self.kernel_choice: KernelChoice | None = None     # the paths chosen at load, if any
+        self.kernel_choice: KernelChoice | None = None  # the paths chosen at load, if any
 
     @classmethod
     def load(cls, config: TorchLMConfig) -> TorchLM:
@@ -212,7 +232,7 @@ class TorchLM:
     def crop(self, seq_id: str, length: int) -> None:
         cache = self._caches.get(seq_id)
         if cache is not None:
-            del cache.tokens[length:]        # the buffers' later positions are overwritten next
+            del cache.tokens[length:]  # the buffers' later positions are overwritten next
 
     def fork(self, seq_id: str, new_seq_id: str, length: int) -> None:
         source = self._caches.get(seq_id)
@@ -261,20 +281,25 @@ class TorchLM:
             starts.append(keep)
             news.append(list(r.tokens[keep:]))
         lengths = [len(new) for new in news]
-        input_ids = torch.tensor([[t for new in news for t in new]], device=self.device)          # [1, T]
+        input_ids = torch.tensor([[t for new in news for t in new]], device=self.device)  # [1, T]
         if self._to_model_ids is not None:
             input_ids = self._to_model_ids[input_ids]
-        positions = torch.tensor([[p for start, n in zip(starts, lengths) for p in range(start, start + n)]],
-                                 device=self.device)                                             # [1, T]
+        positions = torch.tensor(
+            [[p for start, n in zip(starts, lengths) for p in range(start, start + n)]], device=self.device
+        )  # [1, T]
         rows = _Rows(caches, starts, lengths)
-        hidden = self._base(input_ids=input_ids, position_ids=positions, attention_mask=self._no_mask,
-                            use_cache=False, rows=rows).last_hidden_state[0]                      # [T, d]
+        hidden = self._base(
+            input_ids=input_ids, position_ids=positions, attention_mask=self._no_mask, use_cache=False, rows=rows
+        ).last_hidden_state[0]  # [T, d]
         self._after_pass(requests, starts, lengths)
         if len(requests) > 1 or requests[0].n_last < lengths[0]:
-            wanted = [p for r, n, offset in zip(requests, lengths, rows.offsets)
-                      for p in range(offset + n - r.n_last, offset + n)]
-            hidden = hidden[torch.tensor(wanted, device=self.device)]                             # [sum n_last, d]
-        logits = self._head(hidden).float().cpu()                                                 # [sum n_last, vocab]
+            wanted = [
+                p
+                for r, n, offset in zip(requests, lengths, rows.offsets)
+                for p in range(offset + n - r.n_last, offset + n)
+            ]
+            hidden = hidden[torch.tensor(wanted, device=self.device)]  # [sum n_last, d]
+        logits = self._head(hidden).float().cpu()  # [sum n_last, vocab]
         if self._vocab_map is not None:
             logits = self._vocab_map.full_logits(logits)
         for cache, new in zip(caches, news):

@@ -3,6 +3,7 @@
 Draft id i stands for target id ``kept[i]``; one more draft id, ``unknown_id``, stands for every
 target token the draft dropped: it is a valid input (an embedding row) and never a proposal.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ class VocabMap:
         if not self.kept or len(set(self.kept)) != len(self.kept):
             raise ValueError("VocabMap.kept must be non-empty target ids without repeats")
         if min(self.kept) < 0 or max(self.kept) >= self.target_vocab_size:
-            raise ValueError(f"VocabMap.kept must lie in [0, {self.target_vocab_size}), "
-                             f"got {min(self.kept)}..{max(self.kept)}")
+            raise ValueError(
+                f"VocabMap.kept must lie in [0, {self.target_vocab_size}), got {min(self.kept)}..{max(self.kept)}"
+            )
 
     @property
     def unknown_id(self) -> int:
@@ -45,12 +47,13 @@ class VocabMap:
         """[..., >= K] draft logits -> [..., target_vocab_size], -inf where the draft cannot
         propose (its unknown row included)."""
         full = logits.new_full((*logits.shape[:-1], self.target_vocab_size), float("-inf"))
-        full[..., self.kept_tensor.to(logits.device)] = logits[..., :len(self.kept)]
+        full[..., self.kept_tensor.to(logits.device)] = logits[..., : len(self.kept)]
         return full
 
     def save(self, folder: Path) -> None:
-        (Path(folder) / VOCAB_MAP).write_text(json.dumps(
-            {"target_vocab_size": self.target_vocab_size, "kept_target_ids": self.kept}) + "\n")
+        (Path(folder) / VOCAB_MAP).write_text(
+            json.dumps({"target_vocab_size": self.target_vocab_size, "kept_target_ids": self.kept}) + "\n"
+        )
 
     @classmethod
     def load(cls, folder: Path | str) -> VocabMap | None:

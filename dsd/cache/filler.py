@@ -12,6 +12,7 @@ committed prefix, if any, for ``take``, which hands it (complete, or part-way wi
 to go on) to the next block. Everything else is released. ``CacheMemory`` carries what the fills
 learn (pass times, the ranking's calibration) from one request to the next.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -22,22 +23,30 @@ import torch
 from dsd.backends.protocol import ForksCaches, LanguageModel, SamplingParams, Verdict
 from dsd.speculation.drafting import Block, ranking_row
 from dsd.speculation.draws import Draws
-from dsd.cache.speculation_cache import (Branch, CacheConfig, Calibration, SpeculationCache, batch_step_s, fill_plan,
-                            rank_outcomes)
+from dsd.cache.speculation_cache import (
+    Branch,
+    CacheConfig,
+    Calibration,
+    SpeculationCache,
+    batch_step_s,
+    fill_plan,
+    rank_outcomes,
+)
 
-_EMA = 0.3          # weight of the newest sample in the running wait and step-time estimates
+_EMA = 0.3  # weight of the newest sample in the running wait and step-time estimates
 
 
 @dataclass(frozen=True)
 class CacheRecord:
     """What one round's verdict met in the cache (a rounds.csv row's cache_* columns)."""
-    hit: bool               # a branch was drafted on the committed prefix
-    depth: int              # its tokens drafted by the verdict (0 at a miss)
-    rank: int               # the verdict's outcome among the ranked candidates (-1: not a candidate)
-    branches: int           # branches drafted for this block
-    fill_s: float           # device time spent on the fill by the verdict
-    predicted_hit: float    # the estimated probability of a hit, summed over the branches
-    filled: bool = False    # every branch was drafted as deep as planned by the verdict (fill_s is the whole fill)
+
+    hit: bool  # a branch was drafted on the committed prefix
+    depth: int  # its tokens drafted by the verdict (0 at a miss)
+    rank: int  # the verdict's outcome among the ranked candidates (-1: not a candidate)
+    branches: int  # branches drafted for this block
+    fill_s: float  # device time spent on the fill by the verdict
+    predicted_hit: float  # the estimated probability of a hit, summed over the branches
+    filled: bool = False  # every branch was drafted as deep as planned by the verdict (fill_s is the whole fill)
 
 
 class PassTimes:
@@ -60,29 +69,37 @@ class PassTimes:
 class CacheMemory:
     """What the fills of earlier requests learnt: kept by whoever runs requests one after another
     on one draft (an edge's run), so every request's first fill is planned on what was seen."""
+
     pass_times: PassTimes = field(default_factory=PassTimes)
     calibration: Calibration = field(default_factory=Calibration)
 
 
 @dataclass
 class _Sent:
-    base: list[int]                  # committed tokens the block was drafted on
+    base: list[int]  # committed tokens the block was drafted on
     block: list[int]
-    rows: list[torch.Tensor]         # the draft's distribution at each block position
+    rows: list[torch.Tensor]  # the draft's distribution at each block position
 
 
 class CacheFiller:
-    def __init__(self, draft: LanguageModel, seq_id: str, sampling: SamplingParams, draws: Draws | None,
-                 config: CacheConfig, memory: CacheMemory | None = None) -> None:
+    def __init__(
+        self,
+        draft: LanguageModel,
+        seq_id: str,
+        sampling: SamplingParams,
+        draws: Draws | None,
+        config: CacheConfig,
+        memory: CacheMemory | None = None,
+    ) -> None:
         if not isinstance(draft, ForksCaches):
             raise ValueError(f"the cached mode needs a draft that can fork its KV cache; {draft.name!r} cannot")
         self.draft, self.seq_id, self.sampling, self.draws, self.config = draft, seq_id, sampling, draws, config
         self.sent: _Sent | None = None
         self.spec: SpeculationCache | None = None
-        self.depth = 0                               # passes the current fill plans (dsd.cache.speculation_cache.fill_plan)
+        self.depth = 0  # passes the current fill plans (dsd.cache.speculation_cache.fill_plan)
         self.hit: Branch | None = None
         self.accepted, self.proposed = 0, 0
-        self.wait_s: float | None = None             # send -> verdict, running estimate
+        self.wait_s: float | None = None  # send -> verdict, running estimate
         self.memory = memory if memory is not None else CacheMemory()
 
     @property
@@ -123,16 +140,22 @@ class CacheFiller:
         self.proposed += verdict.proposed
         self.wait_s = wait_s if self.wait_s is None else (1 - _EMA) * self.wait_s + _EMA * wait_s
         spec, sent, self.sent = self.spec, self.sent, None
-        if spec is None:                 # the verdict came before the fill began
+        if spec is None:  # the verdict came before the fill began
             return None if sent is None else CacheRecord(False, 0, -1, 0, 0.0, 0.0)
         branch = spec.branch_for(committed)
         outcome = spec.outcome_of(committed)
         if outcome is not None:
             self.memory.calibration.note(spec.candidates, outcome)
         filled = all(len(b.block.drafted) >= min(len(spec.block), self.depth) for b in spec.branches)
-        record = CacheRecord(branch is not None, len(branch.block.drafted) if branch else 0,
-                             spec.rank_of(outcome), len(spec.branches), spec.fill_s,
-                             spec.predicted_hit, filled)
+        record = CacheRecord(
+            branch is not None,
+            len(branch.block.drafted) if branch else 0,
+            spec.rank_of(outcome),
+            len(spec.branches),
+            spec.fill_s,
+            spec.predicted_hit,
+            filled,
+        )
         self.hit = branch
         self._release_branches(keep=branch)
         self.spec = None
@@ -168,14 +191,20 @@ class CacheFiller:
             raise RuntimeError("a speculation cache ranks outcomes only after a block was sent")
         tokens = sent.base + sent.block
         bonus_row = ranking_row(self.draft.logits(self.seq_id, tokens, 1), self.sampling)
-        rows = torch.stack([*sent.rows, bonus_row])                         # [gamma + 1, vocab]
-        candidates = rank_outcomes(sent.block, rows, self.alpha, self.config.tokens_per_position,
-                                   self.memory.calibration.coverage(len(sent.block)) if self.config.calibrate else None)
+        rows = torch.stack([*sent.rows, bonus_row])  # [gamma + 1, vocab]
+        candidates = rank_outcomes(
+            sent.block,
+            rows,
+            self.alpha,
+            self.config.tokens_per_position,
+            self.memory.calibration.coverage(len(sent.block)) if self.config.calibrate else None,
+        )
         wait_s = None if self.wait_s is None else self.wait_s - self._step_s_of(1)
-        n, self.depth = fill_plan(self.config, [c.probability for c in candidates], wait_s, len(sent.block),
-                                  self._step_s_of)
+        n, self.depth = fill_plan(
+            self.config, [c.probability for c in candidates], wait_s, len(sent.block), self._step_s_of
+        )
         branches = []
-        for i, candidate in enumerate(candidates[:n] if self.depth else []):   # no pass fits: no branch
+        for i, candidate in enumerate(candidates[:n] if self.depth else []):  # no pass fits: no branch
             j, t = candidate.outcome.accepted, candidate.outcome.token
             prefix = sent.base + sent.block[:j] + [t]
             seq_id = f"{self.seq_id}#cache{i}"
@@ -186,7 +215,7 @@ class CacheFiller:
     def _depth(self, live: list[Branch]) -> None:
         """One batched draft pass: the next token of every live branch."""
         rows = self.draft.logits_batch([b.block.request(b.seq_id) for b in live])
-        for branch, logits in zip(live, rows):                              # logits [1, vocab]
+        for branch, logits in zip(live, rows):  # logits [1, vocab]
             branch.block.take(logits)
 
     def _live(self) -> list[Branch]:

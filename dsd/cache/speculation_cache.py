@@ -20,6 +20,7 @@ the block it drafts is the block synchronous DSD would draft there, hit or miss.
 ``SpeculationCache`` holds one block's branches; ``take`` answers the prefix the edge drafts on
 next with the branch drafted on it (complete or part-way), or None (a miss).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from dsd.checks import is_int
 
-if TYPE_CHECKING:                  # the annotations only: a [cache] table is read without torch
+if TYPE_CHECKING:  # the annotations only: a [cache] table is read without torch
     import torch
 
     from dsd.speculation.drafting import Block
@@ -38,18 +39,17 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class CacheConfig:
-    fanout: int | str = AUTO           # branches per wait; "auto": as many as the wait allows
-    tokens_per_position: int = 4       # candidate tokens the verifier may send back, per accepted length
+    fanout: int | str = AUTO  # branches per wait; "auto": as many as the wait allows
+    tokens_per_position: int = 4  # candidate tokens the verifier may send back, per accepted length
     max_branches: int = 16
     # emulated devices only: a batched draft pass over B branches costs (1 + slope (B - 1)) steps
     batch_slope: float = 0.05
-    alpha_prior: float = 0.5           # the acceptance estimate before a request's first verdict ...
-    alpha_prior_tokens: int = 8        # ... weighted as this many draft tokens
-    calibrate: bool = True             # scale P(t | j) by how often the draft caught the verdict's token at j
+    alpha_prior: float = 0.5  # the acceptance estimate before a request's first verdict ...
+    alpha_prior_tokens: int = 8  # ... weighted as this many draft tokens
+    calibrate: bool = True  # scale P(t | j) by how often the draft caught the verdict's token at j
 
     def __post_init__(self) -> None:
-        if self.fanout != AUTO and not (is_int(self.fanout)
-                                        and self.fanout >= 1):
+        if self.fanout != AUTO and not (is_int(self.fanout) and self.fanout >= 1):
             raise ValueError(f"fanout must be {AUTO!r} or a whole number >= 1, got {self.fanout!r}")
         for name in ("tokens_per_position", "max_branches", "alpha_prior_tokens"):
             value = getattr(self, name)
@@ -65,20 +65,20 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class Outcome:
-    accepted: int        # j: draft tokens the target accepted
-    token: int           # t: the corrected (j < gamma) or bonus (j = gamma) token
+    accepted: int  # j: draft tokens the target accepted
+    token: int  # t: the corrected (j < gamma) or bonus (j = gamma) token
 
 
 @dataclass(frozen=True)
 class Candidate:
     outcome: Outcome
-    probability: float          # estimated before the verdict
-    token_probability: float    # its share of P(t | j) in the draft's distribution, uncalibrated
+    probability: float  # estimated before the verdict
+    token_probability: float  # its share of P(t | j) in the draft's distribution, uncalibrated
 
 
 def accepted_length_probability(j: int, gamma: int, alpha: float) -> float:
     """P(j of gamma accepted) with i.i.d. acceptance alpha: alpha^j (1 - alpha), alpha^gamma at j = gamma."""
-    return alpha ** j * (1.0 - alpha) if j < gamma else alpha ** gamma
+    return alpha**j * (1.0 - alpha) if j < gamma else alpha**gamma
 
 
 def top_tokens(row: torch.Tensor, k: int, exclude: int | None = None) -> list[tuple[int, float]]:
@@ -98,8 +98,9 @@ def top_tokens(row: torch.Tensor, k: int, exclude: int | None = None) -> list[tu
     return [(int(i), float(v) / scale) for i, v in zip(ids, values) if v > 0]
 
 
-def rank_outcomes(block: Sequence[int], rows: torch.Tensor, alpha: float, k: int,
-                  coverage: Sequence[float] | None = None) -> list[Candidate]:
+def rank_outcomes(
+    block: Sequence[int], rows: torch.Tensor, alpha: float, k: int, coverage: Sequence[float] | None = None
+) -> list[Candidate]:
     """Every outcome the edge can draft for, most probable first. block: the gamma draft tokens;
     rows [gamma + 1, vocab]: the draft's distribution at each block position and after the block;
     ``coverage`` [gamma + 1]: per accepted length, how much of P(t | j) the draft's distribution
@@ -134,12 +135,18 @@ class Calibration:
         self.caught[j] = self.caught.get(j, 0.0) + any(c.outcome == outcome for c in candidates)
 
     def coverage(self, gamma: int) -> list[float]:
-        return [(self.caught.get(j, 0.0) + self.prior) / (self.claimed.get(j, 0.0) + self.prior)
-                for j in range(gamma + 1)]
+        return [
+            (self.caught.get(j, 0.0) + self.prior) / (self.claimed.get(j, 0.0) + self.prior) for j in range(gamma + 1)
+        ]
 
 
-def fill_plan(config: CacheConfig, probabilities: Sequence[float], wait_s: float | None, gamma: int,
-              step_s_of_batch: Callable[[int], float]) -> tuple[int, int]:
+def fill_plan(
+    config: CacheConfig,
+    probabilities: Sequence[float],
+    wait_s: float | None,
+    gamma: int,
+    step_s_of_batch: Callable[[int], float],
+) -> tuple[int, int]:
     """(branches, depth) of a fill, the ranked candidates' estimated ``probabilities`` given. The
     depth is the batched passes that end before the expected verdict, ``wait_s`` (a pass cannot
     be cut short, so one that the verdict would interrupt delays the next block by what is left of
@@ -183,7 +190,7 @@ def batch_step_s(measured_s: dict[int, float], branches: int, slope: float) -> f
         return measured_s[lo] + (measured_s[hi] - measured_s[lo]) * (branches - lo) / (hi - lo)
     if not sizes:
         return 0.0
-    if not below:                     # smaller than any measured: no cheaper than the smallest
+    if not below:  # smaller than any measured: no cheaper than the smallest
         return measured_s[sizes[0]]
     top, one = sizes[-1], measured_s.get(1)
     if one is None or top == 1:
@@ -196,6 +203,7 @@ def batch_step_s(measured_s: dict[int, float], branches: int, slope: float) -> f
 class Branch:
     """The next block drafted for one outcome: on its prefix (committed + x_0..x_{j-1} + t), in
     its own KV cache ``seq_id``, from the draws of its start position (its ``block``)."""
+
     candidate: Candidate
     rank: int
     seq_id: str
@@ -209,11 +217,12 @@ class Branch:
 @dataclass
 class SpeculationCache:
     """One block's branches, drafted while it is verified."""
-    base: list[int]                      # the prefix the block was drafted on (committed tokens)
+
+    base: list[int]  # the prefix the block was drafted on (committed tokens)
     block: list[int]
-    candidates: list[Candidate]          # every outcome ranked, most probable first
+    candidates: list[Candidate]  # every outcome ranked, most probable first
     branches: list[Branch]
-    fill_s: float = 0.0                  # device time spent drafting the branches (and the bonus step)
+    fill_s: float = 0.0  # device time spent drafting the branches (and the bonus step)
 
     @property
     def predicted_hit(self) -> float:
@@ -225,7 +234,7 @@ class SpeculationCache:
         does not extend the base that way (an end of the request, a hand-over)."""
         n = len(self.base)
         j = len(prefix) - n - 1
-        if not 0 <= j <= len(self.block) or list(prefix[:n]) != self.base or list(prefix[n:n + j]) != self.block[:j]:
+        if not 0 <= j <= len(self.block) or list(prefix[:n]) != self.base or list(prefix[n : n + j]) != self.block[:j]:
             return None
         return Outcome(j, int(prefix[-1]))
 

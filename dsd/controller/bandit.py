@@ -1,5 +1,6 @@
 """The ``bandit`` policy of dsd/controller/interface.py: discounted UCB over (mode, gamma) arms, the reward
 a round's (or a server request's) tokens per second, with no latency model inside."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ from dsd.modes import edge_modes, get_mode, server_modes
 from dsd.controller.policy_configs import BanditConfig, settings_as
 from dsd.controller.model_based import ModelPolicy, known, predicted_per_token_s
 
-Context = tuple[int, int]     # (RTT bucket, acceptance bucket)
+Context = tuple[int, int]  # (RTT bucket, acceptance bucket)
 
 
 class BanditPolicy:
@@ -55,14 +56,17 @@ class BanditPolicy:
         self.arms: list[Decision] = []
         for mode in config.modes:
             self.arms += [Decision(g, mode) for g in gammas] if get_mode(mode).speculative else [Decision(1, mode)]
-        self.stats: dict[Context, dict[Decision, list[float]]] = {}     # context -> arm -> [tokens, seconds, count]
+        self.stats: dict[Context, dict[Decision, list[float]]] = {}  # context -> arm -> [tokens, seconds, count]
         self.rtt_bucket = 0
-        self.alpha_bucket = 2                             # alpha 0.5 until measured
+        self.alpha_bucket = 2  # alpha 0.5 until measured
         self.acceptance = Acceptance(settings.model.discount)
-        self.current = config.dsd_start if config.dsd_start in self.arms else \
-            next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
-        self.remaining_tokens: int | None = None          # the request's budget, as last observed
-        self.fresh = False                                # decide_request chose; no round asked since
+        self.current = (
+            config.dsd_start
+            if config.dsd_start in self.arms
+            else next((a for a in self.arms if a.mode in edge_modes()), self.arms[0])
+        )
+        self.remaining_tokens: int | None = None  # the request's budget, as last observed
+        self.fresh = False  # decide_request chose; no round asked since
         # the informed prior: the model policy's estimates (it sees every observation; its own
         # decisions are not used), whose closed-form prediction of each arm's rate counts as
         # ``prior_rounds`` pseudo-rounds of that arm in whatever context is current
@@ -103,14 +107,22 @@ class BanditPolicy:
         table = self._table(self.context)
         r, a = self.context
         if not any(v[1] > 0 for v in table.values()):
-            known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
-                     if any(v[1] > 0 for v in t.values())]
+            known = [
+                (abs(r - kr) + abs(a - ka), c)
+                for c, t in self.stats.items()
+                for kr, ka in [c]
+                if any(v[1] > 0 for v in t.values())
+            ]
             return self._with_prior(self.stats[min(known)[1]] if known else table)
         merged = dict(table)
         for arm, value in table.items():
             if value[1] <= 0:
-                near = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
-                        if t[arm][1] > 0 and abs(r - kr) + abs(a - ka) <= 1]
+                near = [
+                    (abs(r - kr) + abs(a - ka), c)
+                    for c, t in self.stats.items()
+                    for kr, ka in [c]
+                    if t[arm][1] > 0 and abs(r - kr) + abs(a - ka) <= 1
+                ]
                 if near:
                     merged[arm] = self.stats[min(near)[1]][arm]
         return self._with_prior(merged)
@@ -118,8 +130,10 @@ class BanditPolicy:
     def _with_prior(self, table: dict[Decision, list[float]]) -> dict[Decision, list[float]]:
         """``table`` with every arm's prior added (new lists: the statistics stay what was earned)."""
         priors = {arm: self._prior(arm) for arm in table}
-        return {arm: value if (prior := priors[arm]) is None else [v + p for v, p in zip(value, prior)]
-                for arm, value in table.items()}
+        return {
+            arm: value if (prior := priors[arm]) is None else [v + p for v, p in zip(value, prior)]
+            for arm, value in table.items()
+        }
 
     def _prior(self, arm: Decision) -> tuple[float, float, float] | None:
         """An informed prior, NOT a measurement of the arm: the closed form of dsd/analytic/latency_model on
@@ -135,9 +149,17 @@ class BanditPolicy:
         if not n or not m._measured():
             return None
         alpha = min(max(known(m.alpha, "alpha"), 0.0), 0.999)
-        per_token_s = predicted_per_token_s(arm.mode, arm.gamma, alpha, known(m.rtt_s.value, "rtt_s"),
-                                            m._t_draft_edge_s(), m._t_verify_at(arm.gamma), m._t_ar_s(), m._t_draft_server_s(),
-                                            m.server_queue_s)
+        per_token_s = predicted_per_token_s(
+            arm.mode,
+            arm.gamma,
+            alpha,
+            known(m.rtt_s.value, "rtt_s"),
+            m._t_draft_edge_s(),
+            m._t_verify_at(arm.gamma),
+            m._t_ar_s(),
+            m._t_draft_server_s(),
+            m.server_queue_s,
+        )
         if not (per_token_s and per_token_s > 0 and math.isfinite(per_token_s)):
             return None
         if get_mode(arm.mode).speculative:
@@ -165,7 +187,7 @@ class BanditPolicy:
         self.model.observe(o)
         if o.stale:
             return
-        context = self.context                  # the one the round was planned in
+        context = self.context  # the one the round was planned in
         self.rtt_bucket = self.rtt_bucket_of(o.rtt_s, self.rtt_bucket)
         if o.starts_request_after(self.remaining_tokens):
             self.acceptance.new_request()
@@ -192,13 +214,13 @@ class BanditPolicy:
             # the configured start first, then its neighbours (a kind is worth its best tried
             # arm: trying its extreme first, gamma 1, makes a good kind look bad)
             start = self.config.dsd_start
-            return min(untried, key=lambda a: (a.mode != start.mode,
-                                               abs(math.log2(a.gamma) - math.log2(start.gamma))))
+            return min(untried, key=lambda a: (a.mode != start.mode, abs(math.log2(a.gamma) - math.log2(start.gamma))))
         rates = {a: table[a][0] / table[a][1] for a in arms}
         total = sum(table[a][2] for a in arms)
         scale = self.settings.exploration * max(rates.values())
-        return max(arms, key=lambda a: rates[a] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0)
-                                                                    / max(table[a][2], 1e-9)))
+        return max(
+            arms, key=lambda a: rates[a] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0) / max(table[a][2], 1e-9))
+        )
 
     def _observe_server(self, context: Context, o: Observation) -> None:
         """A server round of a hand-over earns its tokens over the time since the stream's last
@@ -225,7 +247,7 @@ class BanditPolicy:
         allowed), leaving the current kind only for one whose rate is ``margin_pct`` higher and
         whose time saved over the remaining tokens outweighs the hand-over's round trip (so
         exploration does not make it flap between edge and server); then UCB within the kind."""
-        if self.fresh:                       # the request's first round: its start plan
+        if self.fresh:  # the request's first round: its start plan
             self.fresh = False
             return self.current
         kinds = self._kinds(self.config.round_modes)
@@ -245,7 +267,7 @@ class BanditPolicy:
     def _worth_handing_over(self, new_rate: float, old_rate: float) -> bool:
         saved_s = (1 / old_rate - 1 / new_rate) * (self.remaining_tokens or 0)
         margin = 1 + self.settings.model.margin_pct / 100
-        return new_rate >= old_rate * margin and saved_s >= 2.0 ** self.rtt_bucket / 1e3
+        return new_rate >= old_rate * margin and saved_s >= 2.0**self.rtt_bucket / 1e3
 
     @staticmethod
     def _kind_of(mode: str) -> str:
@@ -257,8 +279,7 @@ class BanditPolicy:
             kinds.setdefault(self._kind_of(mode), []).append(mode)
         return kinds
 
-    def _kind_values(self, kinds: dict[str, list[str]],
-                     borrow: bool = False) -> dict[str, tuple[float, float] | None]:
+    def _kind_values(self, kinds: dict[str, list[str]], borrow: bool = False) -> dict[str, tuple[float, float] | None]:
         """Per kind: (its best tried arm's rate, shrunk toward the kind's pooled rate by one
         observation, and its arms' count), None if none was tried; with ``borrow``, a kind not
         tried in this context is worth what it earned in the nearest one: a server kind in any (its
@@ -284,17 +305,23 @@ class BanditPolicy:
             # one sync 8 round of 9 tokens made DSD look faster than cloud AR and kept a request
             # exploring DSD arms for a second); shrunk, one lucky round moves it halfway
             pooled = sum(source[a][0] for a in tried) / sum(source[a][1] for a in tried)
-            values[kind] = (max((source[a][0] / source[a][1] * source[a][2] + pooled) / (source[a][2] + 1)
-                                for a in tried), sum(source[a][2] for a in arms))
+            values[kind] = (
+                max((source[a][0] / source[a][1] * source[a][2] + pooled) / (source[a][2] + 1) for a in tried),
+                sum(source[a][2] for a in arms),
+            )
         return values
 
-    def _nearest_with(self, arms: list[Decision], within: int | None = None,
-                      dominating: bool = False) -> dict[Decision, list[float]] | None:
+    def _nearest_with(
+        self, arms: list[Decision], within: int | None = None, dominating: bool = False
+    ) -> dict[Decision, list[float]] | None:
         r, a = self.context
-        known = [(abs(r - kr) + abs(a - ka), c) for c, t in self.stats.items() for kr, ka in [c]
-                 if any(t[arm][1] > 0 for arm in arms)]
-        known = [k for k in known if within is None or k[0] <= within
-                 or (dominating and k[1][0] <= r and k[1][1] >= a)]
+        known = [
+            (abs(r - kr) + abs(a - ka), c)
+            for c, t in self.stats.items()
+            for kr, ka in [c]
+            if any(t[arm][1] > 0 for arm in arms)
+        ]
+        known = [k for k in known if within is None or k[0] <= within or (dominating and k[1][0] <= r and k[1][1] >= a)]
         return self.stats[min(known)[1]] if known else None
 
     def _ucb_kind(self, values: dict[str, tuple[float, float] | None], here: str = "dsd") -> str:
@@ -306,8 +333,10 @@ class BanditPolicy:
         tried = {k: v for k, v in values.items() if v is not None}
         total = sum(count for _, count in tried.values())
         scale = self.settings.exploration * max(rate for rate, _ in tried.values())
-        return max(tried, key=lambda k: tried[k][0] + scale * math.sqrt(
-            math.log(max(total, 1.0) + 1.0) / max(tried[k][1], 1e-9)))
+        return max(
+            tried,
+            key=lambda k: tried[k][0] + scale * math.sqrt(math.log(max(total, 1.0) + 1.0) / max(tried[k][1], 1e-9)),
+        )
 
     def link_rtt_s(self) -> float | None:
         """As ModelPolicy's: the link's RTT the plans are decided on."""
@@ -323,7 +352,7 @@ class BanditPolicy:
         self.rtt_bucket = self.rtt_bucket_of(rtt_s, self.rtt_bucket)
         self.remaining_tokens = None
         self.acceptance.new_request()
-        self.model.decide_request(rtt_s)          # only for its estimates: a probe restarts the RTT's
+        self.model.decide_request(rtt_s)  # only for its estimates: a probe restarts the RTT's
         kinds = self._kinds(self.config.modes)
         values = self._kind_values(kinds, borrow=True)
         kind = self._ucb_kind(values)

@@ -1,5 +1,6 @@
 """Running estimates the adaptive policies (dsd/controller/model_based.py, dsd/controller/bandit.py) keep:
 a discounted mean, a discounted least-squares line, and the acceptance rate with a change test."""
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,7 @@ class Discounted:
 
     def __init__(self, discount: float) -> None:
         self.discount, self.total, self.weight = discount, 0.0, 0.0
-        self.count = 0           # values added (since a Level's restart): the weight is discounted
+        self.count = 0  # values added (since a Level's restart): the weight is discounted
 
     def add(self, value: float | None) -> None:
         if value is not None and math.isfinite(value):
@@ -41,7 +42,7 @@ class Level(Discounted):
 
     def __init__(self, discount: float) -> None:
         super().__init__(discount)
-        self.recent: deque[tuple[float, float | None]] = deque(maxlen=self.STEP_RUN)   # (value, level before)
+        self.recent: deque[tuple[float, float | None]] = deque(maxlen=self.STEP_RUN)  # (value, level before)
 
     def add(self, value: float | None) -> None:
         if value is None or not math.isfinite(value):
@@ -51,12 +52,15 @@ class Level(Discounted):
         super().add(value)
         if level is None:
             return
-        start = self.recent[0][1]             # the level before the run (the run itself moves it)
-        high = len(self.recent) == self.STEP_RUN and start is not None and \
-            all(v > start * self.STEP_FACTOR for v, _ in self.recent)
+        start = self.recent[0][1]  # the level before the run (the run itself moves it)
+        high = (
+            len(self.recent) == self.STEP_RUN
+            and start is not None
+            and all(v > start * self.STEP_FACTOR for v, _ in self.recent)
+        )
         if high or value * self.STEP_FACTOR < level:
             self.total, self.weight, self.count = 0.0, 0.0, 0
-            for v, _ in (list(self.recent) if high else [(value, None)]):
+            for v, _ in list(self.recent) if high else [(value, None)]:
                 super().add(v)
 
 
@@ -66,7 +70,7 @@ class DiscountedLine:
 
     def __init__(self, discount: float) -> None:
         self.discount = discount
-        self.sums = [0.0] * 5                    # weight, x, y, xx, xy
+        self.sums = [0.0] * 5  # weight, x, y, xx, xy
 
     def add(self, x: float, y: float | None) -> None:
         if y is not None and math.isfinite(y):
@@ -77,7 +81,7 @@ class DiscountedLine:
         if not w:
             return None
         var = sxx / w - (sx / w) ** 2
-        slope = max((sxy / w - sx * sy / w ** 2) / var, 0.0) if var > 1e-9 else 0.0
+        slope = max((sxy / w - sx * sy / w**2) / var, 0.0) if var > 1e-9 else 0.0
         return sy / w + slope * (x - sx / w)
 
 
@@ -120,7 +124,7 @@ class Acceptance:
         self.discount = discount
         self.accepted, self.rejected = Discounted(discount), Discounted(discount)
         self.recent: deque[tuple[float, float]] = deque()
-        self.request_observations = 0      # of the current request (new_request), the latest in ``recent``
+        self.request_observations = 0  # of the current request (new_request), the latest in ``recent``
 
     def new_request(self) -> None:
         self.request_observations = 0
@@ -169,7 +173,7 @@ class Acceptance:
         a, r = self.accepted.value, self.rejected.value
         if a is None or r is None or a + r == 0:
             return None
-        return min(a / (a + r), 0.999)     # alpha = 1 would make every gamma look free
+        return min(a / (a + r), 0.999)  # alpha = 1 would make every gamma look free
 
     def lower_bound(self, z: float) -> float | None:
         """A lower confidence bound on alpha: Wilson's score interval on the discounted positions
@@ -196,4 +200,4 @@ def add_shadow_rate(acceptance: Acceptance, positions: int, matches: int) -> Non
     estimator's form)."""
     rate = matches / positions
     for _ in range(max(positions // 4, 1)):
-        acceptance.add(lm.expected_accepted_per_round(rate, 4), 1.0 - rate ** 4)
+        acceptance.add(lm.expected_accepted_per_round(rate, 4), 1.0 - rate**4)

@@ -39,6 +39,7 @@ link that fell since shows as a fall: ``_asked_on_rtt_s``), and ``server_step_s(
 step per streamed token (with ``link_rtt_s()``, how far ahead a stream is asked before its own
 tokens measured the pace: ``_pace``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
@@ -47,8 +48,15 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from dsd.checks import is_int
 from dsd.modes import SYNC, edge_modes, get_mode, names, plannable_edge_modes
-from dsd.controller.policy_configs import (POLICY_CONFIGS, BanditConfig, HeuristicConfig, ModelPolicyConfig, PolicySettings,
-                                StaticConfig, policy_config)
+from dsd.controller.policy_configs import (
+    POLICY_CONFIGS,
+    BanditConfig,
+    HeuristicConfig,
+    ModelPolicyConfig,
+    PolicySettings,
+    StaticConfig,
+    policy_config,
+)
 from dsd.costs.compute_times import steady_per_token_s
 
 if TYPE_CHECKING:
@@ -63,14 +71,15 @@ GAMMA_MAX = 16
 @dataclass(frozen=True)
 class Observation:
     """One answered block, as the edge measured it (seconds; None where not measured)."""
-    gamma: int                     # the block's planned gamma
-    mode: str                      # the mode it was drafted in
+
+    gamma: int  # the block's planned gamma
+    mode: str  # the mode it was drafted in
     proposed: int
     accepted: int
     stale: bool
-    rtt_s: float | None            # send -> verdict, less the server's queueing and compute: the link
-    t_draft_s: float | None        # per draft step
-    t_verify_s: float | None       # the server's compute for the block
+    rtt_s: float | None  # send -> verdict, less the server's queueing and compute: the link
+    t_draft_s: float | None  # per draft step
+    t_verify_s: float | None  # the server's compute for the block
     server_queue_s: float | None
     # a server round of a hand-over (mode a server mode; dsd.drive.driver): the tokens it emitted, the
     # time since the segment's previous arrival (its send, for the first), and shadow drafting's
@@ -79,14 +88,17 @@ class Observation:
     interval_s: float | None = None
     shadow_positions: int = 0
     shadow_matches: int = 0
-    remaining_tokens: int | None = None    # what the request's token budget still allows
-    rtt_inferred: bool = False     # rtt_s is a guess from a burst of stream arrivals (dsd/drive/stream_drift.py)
+    remaining_tokens: int | None = None  # what the request's token budget still allows
+    rtt_inferred: bool = False  # rtt_s is a guess from a burst of stream arrivals (dsd/drive/stream_drift.py)
 
     def starts_request_after(self, previous_remaining: int | None) -> bool:
         """More budget left than the last round had: a new request began (from a driver that
         did not ask ``decide_request``)."""
-        return (self.remaining_tokens is not None and previous_remaining is not None
-                and self.remaining_tokens > previous_remaining)
+        return (
+            self.remaining_tokens is not None
+            and previous_remaining is not None
+            and self.remaining_tokens > previous_remaining
+        )
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,7 @@ class RequestObservation:
     """One finished request as the edge measured it (seconds): its mode and gamma (the start
     plan for DSD), tokens, wall time from start to the last token, time to the first token, and
     the link's RTT as last probed (None where not known)."""
+
     mode: str
     gamma: int
     tokens: int
@@ -111,8 +124,9 @@ class RequestObservation:
     steady_per_token_s: float | None = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "steady_per_token_s",
-                           steady_per_token_s(self.ttft_s, self.wall_s, self.tokens - self.first_emitted))
+        object.__setattr__(
+            self, "steady_per_token_s", steady_per_token_s(self.ttft_s, self.wall_s, self.tokens - self.first_emitted)
+        )
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,7 @@ class Decision:
     def __post_init__(self) -> None:
         if not (is_int(self.gamma) and self.gamma >= 1):
             raise ValueError(f"gamma must be a whole number >= 1, got {self.gamma!r}")
-        if self.mode not in names():             # dsd/modes.py; server modes only per request
+        if self.mode not in names():  # dsd/modes.py; server modes only per request
             raise ValueError(f"mode must be one of {names()}, got {self.mode!r}")
 
 
@@ -134,7 +148,7 @@ def shadow_matches(draft: LanguageModel, seq_id: str, prompt: list[int], generat
     keep measuring alpha; here done in one pass at the request's end (not charged: the same work)."""
     if not generated:
         return 0, 0
-    logits = draft.logits(seq_id, list(prompt) + list(generated[:-1]), len(generated))     # [n, vocab]
+    logits = draft.logits(seq_id, list(prompt) + list(generated[:-1]), len(generated))  # [n, vocab]
     guesses = logits.argmax(dim=-1).tolist()
     draft.release(seq_id)
     return len(generated), sum(int(g == t) for g, t in zip(guesses, generated))
@@ -156,6 +170,7 @@ def check_decision(decision: object, gamma_max: int, modes: tuple[str, ...]) -> 
 class RequestOutcome:
     """One request as its driver measured it, from its start (seconds): its tokens, the time to
     the last token (None: no token came) and to the first, and how many the first emission carried."""
+
     tokens: list[int]
     wall_s: float | None
     ttft_s: float | None
@@ -165,13 +180,18 @@ class RequestOutcome:
 @dataclass(frozen=True)
 class ShadowDraft:
     """What drafts along a server request's tokens (``shadow_matches``), under greedy decoding."""
+
     draft: LanguageModel
     seq_id: str
     prompt: list[int]
 
 
-async def request_cycle(controller: RequestController, rtt_s: float | None, run: Callable[[Decision], Awaitable[RequestOutcome]],
-                        shadow: ShadowDraft | None) -> Decision:
+async def request_cycle(
+    controller: RequestController,
+    rtt_s: float | None,
+    run: Callable[[Decision], Awaitable[RequestOutcome]],
+    shadow: ShadowDraft | None,
+) -> Decision:
     """One request under a controller that picks its mode: decide at ``rtt_s`` (the module's
     docstring), check the decision, ``run`` the request in it, and hand the controller how it went
     (a server mode's with the shadow draft's matches, where ``shadow`` is given). Every driver
@@ -184,9 +204,18 @@ async def request_cycle(controller: RequestController, rtt_s: float | None, run:
     matches = (0, 0)
     if shadow is not None and decision.mode not in edge_modes():
         matches = shadow_matches(shadow.draft, f"{shadow.seq_id}/shadow", shadow.prompt, outcome.tokens)
-    controller.observe_request(RequestObservation(
-        decision.mode, decision.gamma, len(outcome.tokens), outcome.wall_s, outcome.ttft_s, rtt_s, *matches,
-        first_emitted=outcome.first_emitted))
+    controller.observe_request(
+        RequestObservation(
+            decision.mode,
+            decision.gamma,
+            len(outcome.tokens),
+            outcome.wall_s,
+            outcome.ttft_s,
+            rtt_s,
+            *matches,
+            first_emitted=outcome.first_emitted,
+        )
+    )
     return decision
 
 
@@ -194,13 +223,14 @@ async def request_cycle(controller: RequestController, rtt_s: float | None, run:
 class ControllerConfig:
     """What every policy shares, the policy's name, and its own ``settings`` (dsd/controller/policy_configs.py:
     the policy's dataclass; None for its defaults; a dict of its keys is built and checked)."""
+
     name: str = "static"
-    gamma: int = 4                  # the first round's gamma (every round's, for static)
-    mode: str = SYNC                # the first round's mode
-    gamma_max: int = GAMMA_MAX            # raised to gamma for static (its every round's gamma)
+    gamma: int = 4  # the first round's gamma (every round's, for static)
+    mode: str = SYNC  # the first round's mode
+    gamma_max: int = GAMMA_MAX  # raised to gamma for static (its every round's gamma)
     # what a policy may choose from (server modes: per request); an adaptive policy only plannable ones
     modes: tuple[str, ...] = plannable_edge_modes()
-    handover: bool = True           # a round may hand the request to a server mode of ``modes``
+    handover: bool = True  # a round may hand the request to a server mode of ``modes``
     settings: StaticConfig | HeuristicConfig | ModelPolicyConfig | BanditConfig | None = None
 
     def __post_init__(self) -> None:
@@ -219,8 +249,10 @@ class ControllerConfig:
             raise ValueError(f"modes must be a non-empty list from {names()}, got {self.modes!r}")
         unplannable = [m for m in self.modes if self.name != "static" and not get_mode(m).plannable]
         if unplannable:
-            raise ValueError(f"modes: controller {self.name!r} cannot plan {unplannable[0]!r} (dsd/modes.py: not "
-                             f"plannable); plannable: {[m for m in names() if get_mode(m).plannable]}")
+            raise ValueError(
+                f"modes: controller {self.name!r} cannot plan {unplannable[0]!r} (dsd/modes.py: not "
+                f"plannable); plannable: {[m for m in names() if get_mode(m).plannable]}"
+            )
         if not isinstance(self.handover, bool):
             raise ValueError(f"handover must be true or false, got {self.handover!r}")
         object.__setattr__(self, "settings", self._checked_settings())
@@ -232,12 +264,15 @@ class ControllerConfig:
         if isinstance(self.settings, Mapping):
             shared = sorted(set(self.settings) & {f.name for f in fields(self)})
             if shared:
-                raise ValueError(f"{shared[0]} is shared by every policy: a field of the controller config, "
-                                 f"not a setting of controller {self.name!r}")
+                raise ValueError(
+                    f"{shared[0]} is shared by every policy: a field of the controller config, "
+                    f"not a setting of controller {self.name!r}"
+                )
             return policy_config(self.name, self.settings)
         if not isinstance(self.settings, kind):
-            raise ValueError(f"settings of controller {self.name!r} must be a {kind.__name__}, "
-                             f"got {type(self.settings).__name__}")
+            raise ValueError(
+                f"settings of controller {self.name!r} must be a {kind.__name__}, got {type(self.settings).__name__}"
+            )
         return self.settings
 
     @property
@@ -270,6 +305,7 @@ class Controller(Protocol):
 class RequestController(Controller, Protocol):
     """A controller that also plans each request (every policy of dsd/controller/policies.py): the edge asks
     it for the request's mode before the request and tells it how the request went."""
+
     config: ControllerConfig
 
     def decide_request(self, rtt_s: float | None = None) -> Decision: ...

@@ -14,6 +14,7 @@ DSD depending on where its t_ar came from. Only rounds whose queueing cannot be 
 ahead of them are counted (``_queue_sample``): a sync round after a sync round of the request, a
 hand-over stream's later steps; a pipelined block queues behind the edge's previous block, a
 request's first round behind its own Open, a segment's first step behind the segment before."""
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,17 @@ def passes_per_round(mode: str) -> int:
     return 2 if get_mode(mode).drafts == SERVER else 1
 
 
-def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_draft_s: float,
-                          t_verify_s: float, t_ar_s: float | None, t_draft_server_s: float | None = None,
-                          queue_s: float = 0.0) -> float:
+def predicted_per_token_s(
+    mode: str,
+    gamma: int,
+    alpha: float,
+    rtt_s: float,
+    t_draft_s: float,
+    t_verify_s: float,
+    t_ar_s: float | None,
+    t_draft_server_s: float | None = None,
+    queue_s: float = 0.0,
+) -> float:
     """The closed form's steady-state time per token of one plan (the mode's predictor in
     dsd/modes.py; t_draft_s is the edge's, t_draft_server_s the server's where a mode drafts there),
     with ``queue_s`` of the verifier's queueing per server pass added to the server's part of a
@@ -44,8 +53,15 @@ def predicted_per_token_s(mode: str, gamma: int, alpha: float, rtt_s: float, t_d
         t_verify_s = t_verify_s + wait_s
     elif t_ar_s is not None:
         t_ar_s = t_ar_s + wait_s
-    return get_mode(mode).per_token_s(alpha, gamma, rtt_s, t_ar_s=t_ar_s, t_draft_edge_s=t_draft_s,
-                                      t_draft_server_s=t_draft_server_s, t_verify_s=t_verify_s)
+    return get_mode(mode).per_token_s(
+        alpha,
+        gamma,
+        rtt_s,
+        t_ar_s=t_ar_s,
+        t_draft_edge_s=t_draft_s,
+        t_draft_server_s=t_draft_server_s,
+        t_verify_s=t_verify_s,
+    )
 
 
 def finite_request_factor(mode: str, gamma: int, alpha: float, tokens: int | None) -> float:
@@ -59,10 +75,18 @@ def finite_request_factor(mode: str, gamma: int, alpha: float, tokens: int | Non
     return 1.0 + (lm.expected_tokens_per_round(alpha, gamma) - 1.0) / (2.0 * tokens)
 
 
-def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: float | Callable[[int], float], modes: tuple[str, ...],
-                  gamma_max: int, t_ar_s: float | None = None,
-                  t_draft_server_s: float | None = None, tokens: int | None = None,
-                  queue_s: float = 0.0) -> tuple[Decision, float]:
+def best_decision(
+    alpha: float,
+    rtt_s: float,
+    t_draft_s: float,
+    t_verify_s: float | Callable[[int], float],
+    modes: tuple[str, ...],
+    gamma_max: int,
+    t_ar_s: float | None = None,
+    t_draft_server_s: float | None = None,
+    tokens: int | None = None,
+    queue_s: float = 0.0,
+) -> tuple[Decision, float]:
     """The plan of the lowest predicted per-token latency and that latency (ties: smaller gamma,
     then the earlier mode in ``modes``). ``t_verify_s``: seconds, or a function of gamma;
     ``tokens``: what the request still has to emit (``finite_request_factor``; None: steady state);
@@ -71,9 +95,10 @@ def best_decision(alpha: float, rtt_s: float, t_draft_s: float, t_verify_s: floa
     best: Decision | None = None
     best_s = math.inf
     for mode in modes:
-        for gamma in (range(1, gamma_max + 1) if get_mode(mode).speculative else [1]):
-            cost_s = predicted_per_token_s(mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s,
-                                           t_draft_server_s, queue_s) * finite_request_factor(mode, gamma, alpha, tokens)
+        for gamma in range(1, gamma_max + 1) if get_mode(mode).speculative else [1]:
+            cost_s = predicted_per_token_s(
+                mode, gamma, alpha, rtt_s, t_draft_s, verify(gamma), t_ar_s, t_draft_server_s, queue_s
+            ) * finite_request_factor(mode, gamma, alpha, tokens)
             if cost_s < best_s - 1e-15:
                 best, best_s = Decision(gamma, mode), cost_s
     if best is None:
@@ -116,26 +141,26 @@ class ModelPolicy:
         discount = self.settings.discount
         self.current = config.dsd_start
         self.acceptance = Acceptance(discount)
-        self.rtt_s = Level(discount)                     # the link: follows its steps
-        self.rtt_floor_s: float | None = None             # the fastest the link has been measured
-        self.rtt_ceiling_s: float | None = None           # the slowest its running level has been
-        self.request_positions = 0                        # positions drafted or shadowed in this request
-        self.request_matches = 0                          # ... and those accepted or matched
+        self.rtt_s = Level(discount)  # the link: follows its steps
+        self.rtt_floor_s: float | None = None  # the fastest the link has been measured
+        self.rtt_ceiling_s: float | None = None  # the slowest its running level has been
+        self.request_positions = 0  # positions drafted or shadowed in this request
+        self.request_matches = 0  # ... and those accepted or matched
         # the edge's draft step: a Level, as the link (a host stall only adds time, so a step
         # far below restarts it), and no round is planned on it before two rounds measured it (a
         # stall in the run's first block read 21 ms a step on a 1 ms device and sent a 5 ms edge
         # to cloud AR for its whole run: CI's compose run of 1c2c999)
         self.t_draft_s = Level(discount)
-        self.t_verify_s = DiscountedLine(discount)       # against gamma
-        self.t_ar_s = Discounted(0.5)                    # per AR request: steady per-token time
+        self.t_verify_s = DiscountedLine(discount)  # against gamma
+        self.t_ar_s = Discounted(0.5)  # per AR request: steady per-token time
         self.t_draft_server_s = Discounted(0.5)
-        self.queue_s = Discounted(discount)              # the verifier's queueing per pass (others' work)
-        self.last_round_mode: str | None = None           # the request's previous round's mode
-        self.alpha_best = 0.0                             # the highest alpha estimate so far
-        self.server_streak = 0                            # server requests in a row
+        self.queue_s = Discounted(discount)  # the verifier's queueing per pass (others' work)
+        self.last_round_mode: str | None = None  # the request's previous round's mode
+        self.alpha_best = 0.0  # the highest alpha estimate so far
+        self.server_streak = 0  # server requests in a row
         self.last_request: Decision | None = None
-        self.remaining_tokens: int | None = None          # the request's budget, as last observed
-        self.request_tokens: int | None = None            # the last request's length (the next one's guess)
+        self.remaining_tokens: int | None = None  # the request's budget, as last observed
+        self.request_tokens: int | None = None  # the last request's length (the next one's guess)
 
     @property
     def settings(self) -> ModelPolicyConfig:
@@ -196,14 +221,20 @@ class ModelPolicy:
         request's own rate so far: a new prompt may bring a new alpha, and the running estimate
         (discounted) follows a rise over many positions. Asked once per stream arrival, beside
         ``decide``: about as dear (~0.12 ms here)."""
-        if self.current.mode not in server_modes() or not self.config.dsd_modes or not self._measured() \
-                or self.rtt_floor_s is None:
+        if (
+            self.current.mode not in server_modes()
+            or not self.config.dsd_modes
+            or not self._measured()
+            or self.rtt_floor_s is None
+        ):
             return None
         alpha = max(known(self.alpha, "alpha"), self.request_matches / max(self.request_positions, 1))
         rtt_s = self.rtt_floor_s
         if self._hands_back(self._best(self.config.dsd_modes, alpha, rtt_s)[0], alpha, rtt_s):
             return None
-        return max(known(self.rtt_ceiling_s, "rtt_ceiling_s"), self.settings.stream_ahead_floor_s)     # set with rtt_floor_s
+        return max(
+            known(self.rtt_ceiling_s, "rtt_ceiling_s"), self.settings.stream_ahead_floor_s
+        )  # set with rtt_floor_s
 
     def link_rtt_s(self) -> float | None:
         """The link's RTT as the plans are decided on (the probe before a request, then the
@@ -222,7 +253,7 @@ class ModelPolicy:
         of the edge's own can have been ahead of it (module docstring); else None."""
         if o.server_queue_s is None:
             return None
-        if o.mode in server_modes():     # a segment's later steps (rtt_s None) are ready at our previous pass's end
+        if o.mode in server_modes():  # a segment's later steps (rtt_s None) are ready at our previous pass's end
             return o.server_queue_s / passes_per_round(o.mode) if o.rtt_s is None and o.tokens else None
         return o.server_queue_s if o.mode == SYNC and self.last_round_mode == SYNC else None
 
@@ -243,14 +274,31 @@ class ModelPolicy:
         return self.t_draft_server_s.value or self.settings.t_draft_server_s or self.t_draft_s.value
 
     def _cost_s(self, decision: Decision, alpha: float, rtt_s: float) -> float:
-        return predicted_per_token_s(decision.mode, decision.gamma, alpha, rtt_s, self._t_draft_edge_s(),
-                                     self._t_verify_at(decision.gamma), self._t_ar_s(), self._t_draft_server_s(),
-                                     self.server_queue_s) \
-            * finite_request_factor(decision.mode, decision.gamma, alpha, self.remaining_tokens)
+        return predicted_per_token_s(
+            decision.mode,
+            decision.gamma,
+            alpha,
+            rtt_s,
+            self._t_draft_edge_s(),
+            self._t_verify_at(decision.gamma),
+            self._t_ar_s(),
+            self._t_draft_server_s(),
+            self.server_queue_s,
+        ) * finite_request_factor(decision.mode, decision.gamma, alpha, self.remaining_tokens)
 
     def _best(self, modes: tuple[str, ...], alpha: float, rtt_s: float) -> tuple[Decision, float]:
-        return best_decision(alpha, rtt_s, self._t_draft_edge_s(), self._t_verify_at, modes, self.config.gamma_max,
-                             self._t_ar_s(), self._t_draft_server_s(), self.remaining_tokens, self.server_queue_s)
+        return best_decision(
+            alpha,
+            rtt_s,
+            self._t_draft_edge_s(),
+            self._t_verify_at,
+            modes,
+            self.config.gamma_max,
+            self._t_ar_s(),
+            self._t_draft_server_s(),
+            self.remaining_tokens,
+            self.server_queue_s,
+        )
 
     def _t_draft_edge_s(self) -> float:
         return known(self.t_draft_s.value, "t_draft_s")
@@ -259,8 +307,12 @@ class ModelPolicy:
         return known(self.t_verify_s.at(gamma), "t_verify_s")
 
     def _measured(self) -> bool:
-        return not (self.alpha is None or self.rtt_s.value is None or self.t_draft_s.value is None
-                    or self.t_verify_s.at(1) is None)
+        return not (
+            self.alpha is None
+            or self.rtt_s.value is None
+            or self.t_draft_s.value is None
+            or self.t_verify_s.at(1) is None
+        )
 
     def decide(self) -> Decision:
         """The next round's plan: the best predicted, if at least ``margin_pct`` faster than the
@@ -268,7 +320,7 @@ class ModelPolicy:
         request's remaining tokens outweighs the round trip the hand-over costs; a hand-back from
         the server, also at alpha's lower confidence bound (``HAND_BACK_Z``)."""
         if not self._measured() or self.t_draft_s.count < self.DRAFT_ROUNDS:
-            return self.current                  # not measured enough yet: the configured start
+            return self.current  # not measured enough yet: the configured start
         alpha, rtt_s, modes = known(self.alpha, "alpha"), known(self.rtt_s.value, "rtt_s"), self.config.round_modes
         best, _ = self._best(modes, alpha, rtt_s)
         if self.current.mode not in modes:
@@ -292,16 +344,18 @@ class ModelPolicy:
     def _hands_back(self, best: Decision, alpha: float, rtt_s: float) -> bool:
         """A request on the server comes back to the edge for ``best`` only if that is worth it
         (``_worth_switching``) at ``alpha`` and at alpha's lower confidence bound."""
-        return self._worth_switching(best, alpha, rtt_s, True) and \
-            self._worth_switching(best, self._cautious_alpha(alpha), rtt_s, True)
+        return self._worth_switching(best, alpha, rtt_s, True) and self._worth_switching(
+            best, self._cautious_alpha(alpha), rtt_s, True
+        )
 
     def _worth_switching(self, best: Decision, alpha: float, rtt_s: float, hands_over: bool) -> bool:
         """``best`` is predicted at least ``margin_pct`` faster than the current plan at ``alpha``,
         and a hand-over (to the server or back) saves more over the request's remaining tokens
         than the round trip it costs."""
         best_s, current_s = self._cost_s(best, alpha, rtt_s), self._cost_s(self.current, alpha, rtt_s)
-        pays_off = not hands_over or self.remaining_tokens is None or \
-            (current_s - best_s) * self.remaining_tokens > rtt_s
+        pays_off = (
+            not hands_over or self.remaining_tokens is None or (current_s - best_s) * self.remaining_tokens > rtt_s
+        )
         return best_s < current_s * (1 - self.settings.margin_pct / 100) and pays_off
 
     def _observe_server(self, o: Observation) -> None:
@@ -319,9 +373,9 @@ class ModelPolicy:
         if o.t_verify_s is None or not o.tokens:
             return
         if not speculative:
-            self.t_ar_s.add(o.t_verify_s / o.tokens)      # the server's step (arrival gaps are the link's)
+            self.t_ar_s.add(o.t_verify_s / o.tokens)  # the server's step (arrival gaps are the link's)
         elif (t_verify_s := self.t_verify_s.at(o.gamma)) is not None and o.proposed:
-            t_ds = (o.t_verify_s - t_verify_s) / o.proposed     # compute = drafts + verify
+            t_ds = (o.t_verify_s - t_verify_s) / o.proposed  # compute = drafts + verify
             if t_ds > 0:
                 self.t_draft_server_s.add(t_ds)
 
@@ -330,10 +384,10 @@ class ModelPolicy:
         just probed (else the running estimate), with the margin against the last choice; after a
         request on the server, the edge only if it wins at alpha's lower bound too (``HAND_BACK_Z``)."""
         c = self.config
-        self.remaining_tokens = self.request_tokens     # the new request's, until its rounds say
-        self.last_round_mode = None                     # its first round queues behind its own Open
+        self.remaining_tokens = self.request_tokens  # the new request's, until its rounds say
+        self.last_round_mode = None  # its first round queues behind its own Open
         self._new_request_positions()
-        if rtt_s is not None:      # a probe is the link now: the rounds' running estimate restarts from it
+        if rtt_s is not None:  # a probe is the link now: the rounds' running estimate restarts from it
             self.rtt_s = Level(self.settings.discount)
             self._add_rtt(rtt_s)
         if not self._measured():
@@ -343,12 +397,15 @@ class ModelPolicy:
         alpha = known(self.alpha, "alpha")
         best, best_s = self._best(c.modes, alpha, rtt_s)
         last = self.last_request
-        if last is not None and last.mode in c.modes and \
-                best_s >= self._cost_s(last, alpha, rtt_s) * (1 - self.settings.margin_pct / 100):
+        if (
+            last is not None
+            and last.mode in c.modes
+            and best_s >= self._cost_s(last, alpha, rtt_s) * (1 - self.settings.margin_pct / 100)
+        ):
             best = last if last.mode in server_modes() else self._best((last.mode,), alpha, rtt_s)[0]
         if last is not None and last.mode in c.modes and last.mode in server_modes() and best.mode in edge_modes():
             if self._best(c.modes, self._cautious_alpha(alpha), rtt_s)[0].mode in server_modes():
-                best = last          # back from the server only if the edge wins at alpha's lower bound too
+                best = last  # back from the server only if the edge wins at alpha's lower bound too
         if best.mode in server_modes() and c.dsd_modes and self.server_streak >= self.settings.explore_after:
             # alpha may have risen while the server generated: look again where it could pay off
             dsd, dsd_s = self._best(c.dsd_modes, max(alpha, self.alpha_best), rtt_s)
@@ -381,12 +438,12 @@ class ModelPolicy:
             return
         self.server_streak += 1
         if observation.shadow_positions:
-            self.server_streak = 0                # alpha is measured along the stream: no need to look
+            self.server_streak = 0  # alpha is measured along the stream: no need to look
             add_shadow_rate(self.acceptance, observation.shadow_positions, observation.shadow_matches)
         per_token_s = observation.steady_per_token_s
         if per_token_s is None:
             return
-        queued_s = self.server_queue_s * passes_per_round(observation.mode)    # per step or round: not compute
+        queued_s = self.server_queue_s * passes_per_round(observation.mode)  # per step or round: not compute
         if not get_mode(observation.mode).speculative:
             if per_token_s > queued_s:
                 self.t_ar_s.add(per_token_s - queued_s)

@@ -1,6 +1,7 @@
 """The controller of a run: the policy its ControllerConfig names (dsd/controller/interface.py describes
 them), or the one a static run's mode brings (dsd/modes.py). The policies import control's
 interface; this module imports them, so neither is imported through the other."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,7 +12,12 @@ from dsd.controller.bandit import BanditPolicy
 from dsd.controller.model_based import ModelPolicy
 from dsd.controller.rule_based import HeuristicPolicy, StaticPolicy
 
-POLICIES: dict[str, Callable[[ControllerConfig], Controller]] = {"static": StaticPolicy, "heuristic": HeuristicPolicy, "model": ModelPolicy, "bandit": BanditPolicy}
+POLICIES: dict[str, Callable[[ControllerConfig], Controller]] = {
+    "static": StaticPolicy,
+    "heuristic": HeuristicPolicy,
+    "model": ModelPolicy,
+    "bandit": BanditPolicy,
+}
 
 
 def make_controller(config: ControllerConfig) -> Controller:

@@ -1,5 +1,6 @@
 """The fixed policies of dsd/controller/interface.py: ``static`` (the configured plan every round) and
 ``heuristic`` (transformers' +2/-1 schedule on acceptance alone, the peer baseline)."""
+
 from __future__ import annotations
 
 from dsd.controller.interface import ControllerConfig, Decision, Observation, RequestObservation

@@ -11,6 +11,7 @@ an error rather than a guess.
 The dict form (``to_dict``/``from_dict``) is the JSON of sweep.json's ``costs``, calibration.json
 and summary.json's ``params``: ``t_verify_s`` is the table (gamma -> seconds), as it always was.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,24 +32,24 @@ def _finite(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class ComputeTimes:
-    t_draft_edge_s: float                 # one draft step on the edge device
+    t_draft_edge_s: float  # one draft step on the edge device
     # One draft step on the server (co-located SD). NOTE: may be below 0: the client-view fit
     # (orchestrator/analysis/points.py fit_effective_params, predictions.calibrate) derives it as
     # (co-located round - DSD's t_verify) / gamma, and DSD's t_verify carries message overhead a
     # co-located round does not pay; refusing it would stop a sweep's predictions.
     t_draft_server_s: float
-    t_ar_s: float                         # one autoregressive target step, batch 1
+    t_ar_s: float  # one autoregressive target step, batch 1
     # None below: not known (a measurement has no batch slope; an older sweep's record no prefill).
-    t_prefill_per_token_s: float | None = None      # prompt processing, per token
-    t_verify_base_s: float | None = None            # the line: fixed part of a target pass ...
-    t_verify_per_position_s: float | None = None    # ... and per position (gamma + 1 of them)
-    t_verify_by_gamma_s: tuple[tuple[int, float], ...] = ()   # the table: (gamma, seconds), measured
-    batch_slope: float | None = None      # extra cost per extra sequence in a batched pass, as a fraction
+    t_prefill_per_token_s: float | None = None  # prompt processing, per token
+    t_verify_base_s: float | None = None  # the line: fixed part of a target pass ...
+    t_verify_per_position_s: float | None = None  # ... and per position (gamma + 1 of them)
+    t_verify_by_gamma_s: tuple[tuple[int, float], ...] = ()  # the table: (gamma, seconds), measured
+    batch_slope: float | None = None  # extra cost per extra sequence in a batched pass, as a fraction
     # The cached mode's hit rate (dsd/cache/speculation_cache.py): the share of verdicts its speculation cache
     # held a complete next block for. Not compute, but what the closed form needs beside it, and
     # fitted from a run's rounds with it; None: not known (only the cached mode reads it).
     cache_hit_rate: float | None = None
-    cache_fill_s: float | None = None     # ... and how long its fill takes (a complete one)
+    cache_fill_s: float | None = None  # ... and how long its fill takes (a complete one)
 
     def __post_init__(self) -> None:
         for name in ("t_draft_edge_s", "t_draft_server_s", "t_ar_s") + _OPTIONAL:
@@ -72,8 +73,9 @@ class ComputeTimes:
             raise ValueError(f"t_verify_base_s and t_verify_per_position_s come together, got {line!r}")
         object.__setattr__(self, "t_verify_by_gamma_s", _verify_table(self.t_verify_by_gamma_s))
         if line[0] is None and not self.t_verify_by_gamma_s:
-            raise ValueError("t_verify: give t_verify_base_s and t_verify_per_position_s, "
-                             "or t_verify_by_gamma_s, got neither")
+            raise ValueError(
+                "t_verify: give t_verify_base_s and t_verify_per_position_s, or t_verify_by_gamma_s, got neither"
+            )
 
     # --- the times -------------------------------------------------------------------------------
 
@@ -100,9 +102,14 @@ class ComputeTimes:
     def closed_form_terms(self, gamma: int) -> dict[str, float | None]:
         """The compute terms of the closed form at this gamma, as dsd.modes.predict_per_token_s
         takes them."""
-        return {"t_ar_s": self.t_ar_s, "t_draft_edge_s": self.t_draft_edge_s,
-                "t_draft_server_s": self.t_draft_server_s, "t_verify_s": self.t_verify_s(gamma),
-                "cache_hit_rate": self.cache_hit_rate, "cache_fill_s": self.cache_fill_s}
+        return {
+            "t_ar_s": self.t_ar_s,
+            "t_draft_edge_s": self.t_draft_edge_s,
+            "t_draft_server_s": self.t_draft_server_s,
+            "t_verify_s": self.t_verify_s(gamma),
+            "cache_hit_rate": self.cache_hit_rate,
+            "cache_fill_s": self.cache_fill_s,
+        }
 
     def t_ar_batch_s(self, batch_size: int = 1) -> float:
         return self.t_ar_s * self._batch_factor(batch_size)
@@ -118,8 +125,10 @@ class ComputeTimes:
         if batch_size == 1:
             return 1.0
         if self.batch_slope is None:
-            raise ValueError(f"batch_size {batch_size}: batch_slope is not known for these times (a measurement "
-                             "of single passes); measure it (dsd.costs.measurement.fit_batch_slope)")
+            raise ValueError(
+                f"batch_size {batch_size}: batch_slope is not known for these times (a measurement "
+                "of single passes); measure it (dsd.costs.measurement.fit_batch_slope)"
+            )
         return 1.0 + self.batch_slope * (batch_size - 1)
 
     # --- new values from old -----------------------------------------------------------------------
@@ -140,9 +149,14 @@ class ComputeTimes:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON: every field (None where not known), the table as ``t_verify_s``
         {gamma: seconds}; the line's keys only where there is a line."""
-        out: dict[str, Any] = {"t_draft_edge_s": self.t_draft_edge_s, "t_draft_server_s": self.t_draft_server_s,
-               "t_ar_s": self.t_ar_s, "t_verify_s": self.verify_table_s,
-               "t_prefill_per_token_s": self.t_prefill_per_token_s, "batch_slope": self.batch_slope}
+        out: dict[str, Any] = {
+            "t_draft_edge_s": self.t_draft_edge_s,
+            "t_draft_server_s": self.t_draft_server_s,
+            "t_ar_s": self.t_ar_s,
+            "t_verify_s": self.verify_table_s,
+            "t_prefill_per_token_s": self.t_prefill_per_token_s,
+            "batch_slope": self.batch_slope,
+        }
         for name in ("cache_hit_rate", "cache_fill_s"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -156,9 +170,18 @@ class ComputeTimes:
         """The inverse of ``to_dict``; JSON's string gamma keys become ints. Also reads the
         ``costs`` of sweeps written before this type (no batch_slope) and the analysis params of
         older summaries (no t_prefill_per_token_s): not known, None. An unknown key is an error."""
-        known = {"t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s", "t_prefill_per_token_s",
-                 "batch_slope", "t_verify_base_s", "t_verify_per_position_s", "cache_hit_rate",
-                 "cache_fill_s"}
+        known = {
+            "t_draft_edge_s",
+            "t_draft_server_s",
+            "t_ar_s",
+            "t_verify_s",
+            "t_prefill_per_token_s",
+            "batch_slope",
+            "t_verify_base_s",
+            "t_verify_per_position_s",
+            "cache_hit_rate",
+            "cache_fill_s",
+        }
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"compute times: unknown keys {unknown}; known: {sorted(known)}")
@@ -168,13 +191,18 @@ class ComputeTimes:
         table = data.get("t_verify_s") or {}
         if not isinstance(table, Mapping):
             raise ValueError(f"t_verify_s must be a table {{gamma: seconds}}, got {table!r}")
-        return cls(t_draft_edge_s=data["t_draft_edge_s"], t_draft_server_s=data["t_draft_server_s"],
-                   t_ar_s=data["t_ar_s"], t_prefill_per_token_s=data.get("t_prefill_per_token_s"),
-                   t_verify_base_s=data.get("t_verify_base_s"),
-                   t_verify_per_position_s=data.get("t_verify_per_position_s"),
-                   t_verify_by_gamma_s=tuple((_gamma(g), s) for g, s in table.items()),
-                   batch_slope=data.get("batch_slope"), cache_hit_rate=data.get("cache_hit_rate"),
-                   cache_fill_s=data.get("cache_fill_s"))
+        return cls(
+            t_draft_edge_s=data["t_draft_edge_s"],
+            t_draft_server_s=data["t_draft_server_s"],
+            t_ar_s=data["t_ar_s"],
+            t_prefill_per_token_s=data.get("t_prefill_per_token_s"),
+            t_verify_base_s=data.get("t_verify_base_s"),
+            t_verify_per_position_s=data.get("t_verify_per_position_s"),
+            t_verify_by_gamma_s=tuple((_gamma(g), s) for g, s in table.items()),
+            batch_slope=data.get("batch_slope"),
+            cache_hit_rate=data.get("cache_hit_rate"),
+            cache_fill_s=data.get("cache_fill_s"),
+        )
 
 
 def fit_verify_line(by_gamma_s: Mapping[int, float]) -> tuple[float, float]:
@@ -226,6 +254,7 @@ PASS_KINDS = (PREFILL, AR_STEP, DRAFT, VERIFY, STALE)
 
 class BatchCosts(Protocol):
     """What prices a pass: ComputeTimes, or a hardware profile (dsd.costs.profiles.HardwareProfile)."""
+
     @property
     def t_ar_s(self) -> float: ...
     @property

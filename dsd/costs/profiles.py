@@ -3,6 +3,7 @@
 Profiles live in ``profiles.toml`` beside this file, in a file given with ``--profiles``, or in an
 experiment's own ``[profiles.NAME]`` tables; every number names its source (``FIELD_source``).
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -20,15 +21,16 @@ class HardwareProfile:
     """A named ComputeTimes with the source of every number. The numbers are flat fields because
     they are the schema of profiles.toml and of ``--profile-json``; what they mean and how they
     combine (t_verify per gamma and batch, prefill) is ``times``, the one compute-times type."""
+
     name: str
-    t_draft_edge_s: float            # one draft step on the edge device
-    t_draft_server_s: float          # one draft step on the server (co-located SD)
-    t_ar_s: float                    # one autoregressive target step, batch 1
-    t_verify_base_s: float           # target pass, fixed part
-    t_verify_per_position_s: float   # target pass, per position (gamma + 1 of them)
-    t_prefill_per_token_s: float     # prompt processing, per token
-    batch_slope: float               # extra cost per extra sequence in a batched pass, as a fraction
-    sources: tuple[tuple[str, str], ...] = ()   # (field, where the number comes from)
+    t_draft_edge_s: float  # one draft step on the edge device
+    t_draft_server_s: float  # one draft step on the server (co-located SD)
+    t_ar_s: float  # one autoregressive target step, batch 1
+    t_verify_base_s: float  # target pass, fixed part
+    t_verify_per_position_s: float  # target pass, per position (gamma + 1 of them)
+    t_prefill_per_token_s: float  # prompt processing, per token
+    batch_slope: float  # extra cost per extra sequence in a batched pass, as a fraction
+    sources: tuple[tuple[str, str], ...] = ()  # (field, where the number comes from)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -37,17 +39,22 @@ class HardwareProfile:
                 if not (isinstance(value, (int, float)) and value >= 0):
                     raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
         try:
-            _ = self.times               # builds the ComputeTimes, which checks them
+            _ = self.times  # builds the ComputeTimes, which checks them
         except ValueError as error:
             raise ValueError(f"profile {self.name!r}: {error}") from None
 
     @cached_property
     def times(self) -> ComputeTimes:
         """The profile's numbers as the one compute-times type (t_verify as its line)."""
-        return ComputeTimes(t_draft_edge_s=self.t_draft_edge_s, t_draft_server_s=self.t_draft_server_s,
-                            t_ar_s=self.t_ar_s, t_prefill_per_token_s=self.t_prefill_per_token_s,
-                            t_verify_base_s=self.t_verify_base_s,
-                            t_verify_per_position_s=self.t_verify_per_position_s, batch_slope=self.batch_slope)
+        return ComputeTimes(
+            t_draft_edge_s=self.t_draft_edge_s,
+            t_draft_server_s=self.t_draft_server_s,
+            t_ar_s=self.t_ar_s,
+            t_prefill_per_token_s=self.t_prefill_per_token_s,
+            t_verify_base_s=self.t_verify_base_s,
+            t_verify_per_position_s=self.t_verify_per_position_s,
+            batch_slope=self.batch_slope,
+        )
 
     def t_verify_s(self, gamma: int, batch_size: int = 1) -> float:
         return self.times.t_verify_s(gamma, batch_size)
@@ -61,8 +68,7 @@ class HardwareProfile:
 
 def load_profiles(path: Path | None = None) -> dict[str, HardwareProfile]:
     """The package's profiles (``profiles.toml``), or those of another file in the same format."""
-    text = (path.read_text() if path else
-            resources.files("dsd.costs").joinpath("profiles.toml").read_text())
+    text = path.read_text() if path else resources.files("dsd.costs").joinpath("profiles.toml").read_text()
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -89,12 +95,15 @@ def profiles_from_tables(data: dict[str, Any], prefix: str = "") -> dict[str, Ha
         missing = known - set(values)
         if missing:
             raise ValueError(f"{where}: missing keys {sorted(missing)}")
-        sources = tuple((k[:-len('_source')], v) for k, v in table.items() if k.endswith("_source"))
+        sources = tuple((k[: -len("_source")], v) for k, v in table.items() if k.endswith("_source"))
         stray = sorted(f"{k}_source" for k, _ in sources if k not in known)
         if stray:
             raise ValueError(f"{where}: sources for unknown keys {stray}")
-        unsourced = sorted(f"{prefix}{name}.{k}_source" for k in known
-                           if not (isinstance(dict(sources).get(k), str) and dict(sources)[k].strip()))
+        unsourced = sorted(
+            f"{prefix}{name}.{k}_source"
+            for k in known
+            if not (isinstance(dict(sources).get(k), str) and dict(sources)[k].strip())
+        )
         if unsourced:
             raise ValueError(f"{where}: every number names its source; no source given for {unsourced}")
         profiles[name] = HardwareProfile(name=name, sources=sources, **values)

@@ -5,6 +5,7 @@ the server to generate a request's next tokens) and ``Withdraws`` (it can take b
 asked but not started). Their flag (``hands_over``, ``withdraws``) says whether the ability is on
 for this transport (the simulator's is off without a server AR time).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,8 +16,7 @@ from dsd.backends.protocol import Proposal
 
 
 class Device(Protocol):
-    async def draft(self, work: Callable[[], None], n_steps: float,
-                    then: Callable[[], Any]) -> tuple[Any, float]: ...
+    async def draft(self, work: Callable[[], None], n_steps: float, then: Callable[[], Any]) -> tuple[Any, float]: ...
 
 
 class Transport(Protocol):

@@ -36,6 +36,7 @@ device) so the controller keeps measuring alpha while the server generates.
 The hand-over stream is ``dsd.drive.handover.HandoverStream``; what arrives, ``dsd.drive.arrivals``; the
 interfaces and a transport's optional abilities (``HandsOver``, ``Withdraws``), ``dsd.drive.device_transport``.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -45,8 +46,16 @@ from typing import Any, TypeVar
 
 
 from dsd.checks import is_int
-from dsd.drive.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
-                          WithdrawnArrival, features_of)
+from dsd.drive.arrivals import (
+    AcknowledgedArrival,
+    Arrival,
+    Round,
+    ServedArrival,
+    ServerRound,
+    VerdictArrival,
+    WithdrawnArrival,
+    features_of,
+)
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.cache.filler import CacheFiller, CacheMemory
 from dsd.drive.device_transport import Device, HandsOver, Transport
@@ -61,8 +70,24 @@ from dsd.modes import EDGE, SYNC, edge_modes, get_mode, server_modes
 from dsd.cache.speculation_cache import CacheConfig
 from dsd.speculation.stopping import StopRule
 
-__all__ = ["AcknowledgedArrival", "Arrival", "Device", "DrivePorts", "DriveRequest", "DriverConfig", "DsdDriver", "Round", "ServedArrival", "ServerRound", "Transport",
-           "VerdictArrival", "WithdrawnArrival", "observation", "run_to_end", "step_limit"]
+__all__ = [
+    "AcknowledgedArrival",
+    "Arrival",
+    "Device",
+    "DrivePorts",
+    "DriveRequest",
+    "DriverConfig",
+    "DsdDriver",
+    "Round",
+    "ServedArrival",
+    "ServerRound",
+    "Transport",
+    "VerdictArrival",
+    "WithdrawnArrival",
+    "observation",
+    "run_to_end",
+    "step_limit",
+]
 
 
 def step_limit(max_new_tokens: int, gamma_max: int) -> int:
@@ -74,11 +99,12 @@ def step_limit(max_new_tokens: int, gamma_max: int) -> int:
 class DriverConfig:
     """How a DSD request is driven. Its mode is ``mode``, or, with an adaptive controller, what
     the controller picks each round (then ``mode`` is only where a static run would stay)."""
+
     gamma: int
     mode: str = SYNC
-    max_in_flight: int = 1              # blocks in flight when pipelined
-    gamma_max: int | None = None        # the largest gamma a controller may pick (default: gamma)
-    handover_tokens: int = 4            # the length of a hand-over segment (the module's docstring)
+    max_in_flight: int = 1  # blocks in flight when pipelined
+    gamma_max: int | None = None  # the largest gamma a controller may pick (default: gamma)
+    handover_tokens: int = 4  # the length of a hand-over segment (the module's docstring)
     cache: CacheConfig = CacheConfig()  # the cached mode's speculation cache
 
     def __post_init__(self) -> None:
@@ -96,6 +122,7 @@ class DriveRequest:
     """The request a driver drafts for: its sequence id (the draft's cache key), prompt, stop rule
     and sampling; ``prefill_features``: the target's features over the prompt (dsd.features), for
     a feature draft."""
+
     seq_id: str
     prompt: Sequence[int]
     stop: StopRule
@@ -107,6 +134,7 @@ class DriveRequest:
 class DrivePorts:
     """What differs between the simulator and the service (the module's docstring): the draft
     device, the transport, the clock, and where each round is reported."""
+
     device: Device
     transport: Transport
     clock: Callable[[], float]
@@ -120,18 +148,31 @@ class DsdDriver:
     ``cache_memory``: what the cached mode's fills learnt in earlier requests on this draft
     (dsd.cache.filler: pass times, the ranking's calibration)."""
 
-    def __init__(self, draft: LanguageModel, request: DriveRequest, ports: DrivePorts, config: DriverConfig,
-                 controller: Controller | None = None, cache_memory: CacheMemory | None = None) -> None:
+    def __init__(
+        self,
+        draft: LanguageModel,
+        request: DriveRequest,
+        ports: DrivePorts,
+        config: DriverConfig,
+        controller: Controller | None = None,
+        cache_memory: CacheMemory | None = None,
+    ) -> None:
         seq_id, prompt, stop, sampling = request.seq_id, request.prompt, request.stop, request.sampling
         self.draft, self.seq_id, self.sampling = draft, seq_id, sampling
-        self.device, self.transport, self.clock, self.on_round = ports.device, ports.transport, ports.clock, \
-            ports.on_round
-        self.gamma_max = config.gamma_max or config.gamma     # DriverConfig set it (>= gamma)
-        self.controller = controller or make_controller(ControllerConfig("static", config.gamma, config.mode,
-                                                                         self.gamma_max, modes=(config.mode,)))
+        self.device, self.transport, self.clock, self.on_round = (
+            ports.device,
+            ports.transport,
+            ports.clock,
+            ports.on_round,
+        )
+        self.gamma_max = config.gamma_max or config.gamma  # DriverConfig set it (>= gamma)
+        self.controller = controller or make_controller(
+            ControllerConfig("static", config.gamma, config.mode, self.gamma_max, modes=(config.mode,))
+        )
         # the modes a round may take: the server's too where the transport can hand over
-        self.modes = edge_modes() + (server_modes() if isinstance(self.transport, HandsOver) and self.transport.hands_over
-                                     else ())
+        self.modes = edge_modes() + (
+            server_modes() if isinstance(self.transport, HandsOver) and self.transport.hands_over else ()
+        )
         self.server_decision: Decision | None = None
         self.stream = HandoverStream(self, config.handover_tokens)
         self.stop = stop
@@ -145,7 +186,7 @@ class DsdDriver:
         self.filler: CacheFiller | None = None
         self.cache_memory = cache_memory
         self._drafted: dict[tuple[int, int], tuple[float, float, int, str]] = {}  # block -> times, plan
-        self._sent: deque[tuple[float, float, int, str, float]] = deque()        # ... + send time
+        self._sent: deque[tuple[float, float, int, str, float]] = deque()  # ... + send time
         begin_request(draft, seq_id, prompt, config.gamma)
         hand_features(draft, seq_id, request.prefill_features)
 
@@ -156,8 +197,12 @@ class DsdDriver:
             await self.deliver_ready()
             if self.edge.done:
                 break
-            if self.server_decision is not None and not self.stream.segments and not self.edge.in_flight \
-                    and self.edge.held is None:
+            if (
+                self.server_decision is not None
+                and not self.stream.segments
+                and not self.edge.in_flight
+                and self.edge.held is None
+            ):
                 await self.stream.keep_server_busy(None)
             # a withdraw's answer says which segments will still come: nothing is drafted before it
             request = None if self.stream.segments or self.stream.withdrawing else self.edge.next_draft()
@@ -183,9 +228,12 @@ class DsdDriver:
         plan = (request.n_tokens, self.mode)
         branch = self.filler.take(request.prefix) if self.filler is not None and not request.with_guess else None
         # a speculation cache may have drafted (part of) this block already
-        block = branch.block if branch is not None else Block(request.prefix, self.sampling, self.draws,
-                                                               keep_rows=get_mode(self.mode).cache)
-        del block.drafted[request.n_tokens:], block.probs[request.n_tokens:], block.rows[request.n_tokens:]
+        block = (
+            branch.block
+            if branch is not None
+            else Block(request.prefix, self.sampling, self.draws, keep_rows=get_mode(self.mode).cache)
+        )
+        del block.drafted[request.n_tokens :], block.probs[request.n_tokens :], block.rows[request.n_tokens :]
 
         def step() -> None:
             block.step(self.draft, self.seq_id)
@@ -198,17 +246,18 @@ class DsdDriver:
             return to_send, self.transport.prepare(to_send)
 
         remaining = request.n_tokens - len(block.drafted)
-        if remaining == 0:              # a complete cached block: out at once
+        if remaining == 0:  # a complete cached block: out at once
             t_start_s = self.clock()
             to_send, prepared = finish()
-        elif not self.edge.in_flight:     # no verdict can arrive that cuts this block short
+        elif not self.edge.in_flight:  # no verdict can arrive that cuts this block short
+
             def steps() -> None:
                 for _ in range(remaining):
                     step()
 
             (to_send, prepared), t_start_s = await self.device.draft(steps, remaining, finish)
             self.draft_steps += remaining
-        else:                           # a verdict may refute the prefix mid-block: look after every step
+        else:  # a verdict may refute the prefix mid-block: look after every step
             for i in range(remaining):
                 _, step_start_s = await self.device.draft(step, 1, lambda: None)
                 t_start_s = step_start_s if i == 0 else t_start_s
@@ -217,7 +266,7 @@ class DsdDriver:
                 if self.edge.epoch != request.epoch:
                     break
             to_send, prepared = finish()
-        proposal = to_send[0] if to_send else self.edge.held      # the block just drafted, if any
+        proposal = to_send[0] if to_send else self.edge.held  # the block just drafted, if any
         if proposal is not None and not request.with_guess:
             self._drafted[(proposal.start_pos, proposal.base_digest)] = (t_start_s, self.clock(), *plan)
         await self.send(to_send, prepared)
@@ -227,8 +276,9 @@ class DsdDriver:
         if not get_mode(self.mode).cache:
             return False
         if self.filler is None:
-            self.filler = CacheFiller(self.draft, self.seq_id, self.sampling, self.draws, self.cache_config,
-                                      self.cache_memory)
+            self.filler = CacheFiller(
+                self.draft, self.seq_id, self.sampling, self.draws, self.cache_config, self.cache_memory
+            )
         return True
 
     async def fill_step(self) -> None:
@@ -262,8 +312,7 @@ class DsdDriver:
         cache = None
         if self.filler is not None and not arrival.verdict.stale:
             cache = self.filler.on_verdict(arrival.verdict, self.edge.committed.tokens, arrival.t_receive_s - t_send_s)
-        self.report(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s,
-                          cache))
+        self.report(Round(self.rounds, arrival, emitted, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, cache))
         seen = observation(arrival, gamma, mode, t_draft_start_s, t_draft_end_s, t_send_s, self.remaining_tokens)
         self.stream.rtt_s = self.stream.rtt_s if arrival.verdict.stale else seen.rtt_s
         self.controller.observe(seen)
@@ -283,7 +332,7 @@ class DsdDriver:
         guesses = []
 
         def work() -> None:
-            logits = self.draft.logits(self.seq_id, prefix + tokens[:-1], len(tokens))     # [n, vocab]
+            logits = self.draft.logits(self.seq_id, prefix + tokens[:-1], len(tokens))  # [n, vocab]
             guesses.extend(logits.argmax(dim=-1).tolist())
 
         await self.device.draft(work, len(tokens), lambda: None)
@@ -305,16 +354,31 @@ class DsdDriver:
         self.mode = decision.mode
 
 
-def observation(arrival: VerdictArrival, gamma: int, mode: str, t_draft_start_s: float, t_draft_end_s: float,
-                t_send_s: float, remaining_tokens: int | None = None) -> Observation:
+def observation(
+    arrival: VerdictArrival,
+    gamma: int,
+    mode: str,
+    t_draft_start_s: float,
+    t_draft_end_s: float,
+    t_send_s: float,
+    remaining_tokens: int | None = None,
+) -> Observation:
     """What a controller learns from one round: the link's share of the round trip is what is left
     after the verifier's queue and compute."""
     v = arrival.verdict
     server_s = (arrival.queue_s or 0.0) + (arrival.compute_s or 0.0)
-    return Observation(gamma, mode, v.proposed, v.accepted, v.stale,
-                       max(arrival.t_receive_s - t_send_s - server_s, 0.0),
-                       (t_draft_end_s - t_draft_start_s) / v.proposed if v.proposed else None,
-                       arrival.compute_s, arrival.queue_s, remaining_tokens=remaining_tokens)
+    return Observation(
+        gamma,
+        mode,
+        v.proposed,
+        v.accepted,
+        v.stale,
+        max(arrival.t_receive_s - t_send_s - server_s, 0.0),
+        (t_draft_end_s - t_draft_start_s) / v.proposed if v.proposed else None,
+        arrival.compute_s,
+        arrival.queue_s,
+        remaining_tokens=remaining_tokens,
+    )
 
 
 Result = TypeVar("Result")

@@ -13,6 +13,7 @@ accepted and the bonus equals g; otherwise every block drafted on it is dropped 
 sent come back stale) and drafting restarts from the corrected prefix. ``epoch`` counts such
 restarts, so a driver can tell that a draft it was working on has become useless.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -28,28 +29,29 @@ from dsd.speculation.stopping import StopRule, round_tokens
 
 @dataclass(frozen=True)
 class DraftRequest:
-    prefix: list[int]       # draft after these tokens
-    n_tokens: int           # how many to draft
-    with_guess: bool        # one token: the guess of the bonus of the last block in flight
+    prefix: list[int]  # draft after these tokens
+    n_tokens: int  # how many to draft
+    with_guess: bool  # one token: the guess of the bonus of the last block in flight
     epoch: int
 
 
 class EdgeDecoder:
-    def __init__(self, prompt: Sequence[int], gamma: int, stop: StopRule,
-                 pipelined: bool = False, max_in_flight: int = 1) -> None:
+    def __init__(
+        self, prompt: Sequence[int], gamma: int, stop: StopRule, pipelined: bool = False, max_in_flight: int = 1
+    ) -> None:
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma!r}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight!r}")
         self.stop = stop
-        self.depth = max_in_flight                # blocks in flight when pipelined
+        self.depth = max_in_flight  # blocks in flight when pipelined
         self.set_drafting(gamma, pipelined)
         self.committed = TokenSequence(prompt)
         self.prompt_length = len(prompt)
-        self.speculative: list[int] = []          # assumed beyond committed: sent blocks and guesses
+        self.speculative: list[int] = []  # assumed beyond committed: sent blocks and guesses
         self.in_flight: deque[tuple[Proposal, int | None]] = deque()  # (block, guess drafted after it)
-        self.held: Proposal | None = None         # drafted, waiting for a free slot
-        self.doomed = 0                           # sent blocks that will come back stale
+        self.held: Proposal | None = None  # drafted, waiting for a free slot
+        self.doomed = 0  # sent blocks that will come back stale
         self.epoch = 0
         self.stale_verdicts = 0
 
@@ -65,7 +67,7 @@ class EdgeDecoder:
 
     @property
     def generated(self) -> list[int]:
-        return self.committed.tokens[self.prompt_length:]
+        return self.committed.tokens[self.prompt_length :]
 
     @property
     def done(self) -> bool:
@@ -83,18 +85,19 @@ class EdgeDecoder:
         if self.in_flight[-1][1] is None:
             return DraftRequest(prefix, 1, True, self.epoch)
         if len(prefix) - self.prompt_length >= self.stop.max_new_tokens:
-            return None                            # speculation already reaches the budget
+            return None  # speculation already reaches the budget
         return DraftRequest(prefix, self.gamma, False, self.epoch)
 
-    def add_draft(self, request: DraftRequest, drafted: Sequence[int],
-                  draft_probs: torch.Tensor | None) -> list[Proposal]:
+    def add_draft(
+        self, request: DraftRequest, drafted: Sequence[int], draft_probs: torch.Tensor | None
+    ) -> list[Proposal]:
         """Take what was drafted for ``request``; returns the blocks to send now (possibly none).
 
         A guess is registered at once, so that a verdict arriving while the next block is being
         drafted already knows it.
         """
         if request.epoch != self.epoch:
-            return []                              # drafted on a prefix a verdict has since refuted
+            return []  # drafted on a prefix a verdict has since refuted
         start = len(self.committed) + len(self.speculative)
         if start != len(request.prefix):
             raise AssertionError(f"draft for length {len(request.prefix)} arrived at length {start}")
@@ -118,8 +121,9 @@ class EdgeDecoder:
         """
         if self.doomed:
             if not verdict.stale:
-                raise ValueError(f"a block sent on a refuted prefix (start_pos {verdict.start_pos}) "
-                                 "was not answered stale")
+                raise ValueError(
+                    f"a block sent on a refuted prefix (start_pos {verdict.start_pos}) was not answered stale"
+                )
             self.doomed -= 1
             self.stale_verdicts += 1
             return [], []
@@ -127,15 +131,19 @@ class EdgeDecoder:
             raise ValueError(f"verdict for start_pos {verdict.start_pos} with no block in flight")
         block, guess = self.in_flight.popleft()
         if verdict.start_pos != block.start_pos or verdict.stale:
-            raise ValueError(f"verdict (start_pos {verdict.start_pos}, stale={verdict.stale}) does not "
-                             f"answer the block in flight (start_pos {block.start_pos})")
-        emitted = self.stop.clip(round_tokens(block.draft_tokens, verdict.accepted, verdict.next_token),
-                                 len(self.generated))
+            raise ValueError(
+                f"verdict (start_pos {verdict.start_pos}, stale={verdict.stale}) does not "
+                f"answer the block in flight (start_pos {block.start_pos})"
+            )
+        emitted = self.stop.clip(
+            round_tokens(block.draft_tokens, verdict.accepted, verdict.next_token), len(self.generated)
+        )
         self.committed.extend(emitted)
-        survived = (verdict.accepted == block.gamma and guess is not None
-                    and verdict.next_token == guess and not self.done)
+        survived = (
+            verdict.accepted == block.gamma and guess is not None and verdict.next_token == guess and not self.done
+        )
         if survived:
-            del self.speculative[:block.gamma + 1]
+            del self.speculative[: block.gamma + 1]
         else:
             self._drop_speculation()
         return emitted, self._send_held()
@@ -145,8 +153,10 @@ class EdgeDecoder:
         those emitted. Only with nothing in flight or held: the server owns the prefix meanwhile
         (stale answers to blocks of a refuted speculation may still be on the way: they come first)."""
         if self.in_flight or self.held is not None or self.speculative:
-            raise ValueError(f"server tokens at length {len(self.committed)} while {len(self.in_flight)} "
-                             "block(s) are in flight or held: hand over only once they are answered")
+            raise ValueError(
+                f"server tokens at length {len(self.committed)} while {len(self.in_flight)} "
+                "block(s) are in flight or held: hand over only once they are answered"
+            )
         emitted = self.stop.clip([int(t) for t in tokens], len(self.generated))
         self.committed.extend(emitted)
         return emitted

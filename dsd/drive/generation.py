@@ -2,6 +2,7 @@
 
 The edge side of DSD is ``dsd.drive.edge_decoder.EdgeDecoder``; ``dsd.simulation.one_client`` drives it in process.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,13 +23,14 @@ class RoundRecord:
     accepted: int
     emitted: int
     stale: bool = False
-    gamma: int = 0              # the block's planned gamma and mode (dsd.controller.interface); 0/"" where unplanned
+    gamma: int = 0  # the block's planned gamma and mode (dsd.controller.interface); 0/"" where unplanned
     mode: str = ""
-    cache: object = None         # the cached mode: what the verdict met (dsd.cache.filler.CacheRecord)
+    cache: object = None  # the cached mode: what the verdict met (dsd.cache.filler.CacheRecord)
 
     @classmethod
-    def from_verdict(cls, round_index: int, verdict: Verdict, emitted: int, gamma: int = 0,
-                     mode: str = "", cache: object = None) -> RoundRecord:
+    def from_verdict(
+        cls, round_index: int, verdict: Verdict, emitted: int, gamma: int = 0, mode: str = "", cache: object = None
+    ) -> RoundRecord:
         return cls(round_index, verdict.proposed, verdict.accepted, emitted, verdict.stale, gamma, mode, cache)
 
 
@@ -40,7 +42,7 @@ def first_emission(rounds: Sequence[RoundRecord]) -> int:
 
 @dataclass
 class Generation:
-    tokens: list[int]                     # generated tokens, prompt excluded
+    tokens: list[int]  # generated tokens, prompt excluded
     rounds: list[RoundRecord] = field(default_factory=list)
 
     @property
@@ -58,8 +60,13 @@ class Generation:
         return sum(r.emitted for r in live) / len(live) if live else float("nan")
 
 
-def generate_ar(target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                sampling: SamplingParams = SamplingParams(), seq_id: str = "autoregressive") -> Generation:
+def generate_ar(
+    target: LanguageModel,
+    prompt: Sequence[int],
+    stop: StopRule,
+    sampling: SamplingParams = SamplingParams(),
+    seq_id: str = "autoregressive",
+) -> Generation:
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
     session.prefill()
     while not session.finished:
@@ -69,9 +76,16 @@ def generate_ar(target: LanguageModel, prompt: Sequence[int], stop: StopRule,
     return Generation(tokens)
 
 
-def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int],
-                       gamma: int, stop: StopRule, sampling: SamplingParams = SamplingParams(),
-                       seq_id: str = "co", draws: Draws | None = None) -> Generation:
+def generate_colocated(
+    draft: LanguageModel,
+    target: LanguageModel,
+    prompt: Sequence[int],
+    gamma: int,
+    stop: StopRule,
+    sampling: SamplingParams = SamplingParams(),
+    seq_id: str = "co",
+    draws: Draws | None = None,
+) -> Generation:
     """Co-located SD: each round drafts gamma tokens and verifies them in one target pass.
     ``draws``: the request's random draws (default: dsd.speculation.draws keyed by the sampling seed)."""
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
@@ -85,8 +99,9 @@ def generate_colocated(draft: LanguageModel, target: LanguageModel, prompt: Sequ
         before = len(session.committed)
         verdict = session.verify(session.proposal_for(drafted, q))
         hand_features(draft, seq_id, verdict.features)
-        generation.rounds.append(RoundRecord.from_verdict(len(generation.rounds), verdict,
-                                                          len(session.committed) - before))
+        generation.rounds.append(
+            RoundRecord.from_verdict(len(generation.rounds), verdict, len(session.committed) - before)
+        )
     generation.tokens = session.generated
     session.close()
     draft.release(seq_id)

@@ -7,6 +7,7 @@ from a burst of arrivals, and the segments withdrawn when the plan comes back to
 commits the server's tokens through the driver's edge decoder, reports rounds through the driver,
 asks segments of its transport, and re-plans with its controller.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,13 +25,14 @@ from dsd.drive.stream_drift import ArrivalDrift, fallen_rtt_s
 @dataclass
 class Segment:
     """A hand-over segment asked of the server: its plan, the tokens still due, its times."""
+
     gamma: int
     mode: str
     remaining: int
     t_send_s: float
     rounds: int = 0
-    rtt_s: float | None = None       # the link as measured when it was asked
-    ahead: bool = False              # asked only for the controller's look-ahead (stream_ahead_s)
+    rtt_s: float | None = None  # the link as measured when it was asked
+    ahead: bool = False  # asked only for the controller's look-ahead (stream_ahead_s)
 
 
 # A stream is withdrawn only from a link at most this fraction of the one its segments were asked
@@ -49,8 +51,14 @@ def server_step_s(interval_s: float, compute_s: float | None, tokens: int) -> fl
     return max(interval_s / tokens, (compute_s or 0.0) / tokens)
 
 
-def server_observation(arrival: ServedArrival, segment: Segment, interval_s: float, first: bool,
-                       shadow: tuple[int, int], remaining_tokens: int) -> Observation:
+def server_observation(
+    arrival: ServedArrival,
+    segment: Segment,
+    interval_s: float,
+    first: bool,
+    shadow: tuple[int, int],
+    remaining_tokens: int,
+) -> Observation:
     """A server round of a hand-over: its tokens over the time since the stream's previous arrival
     (the hand-over's send, for the first round of a stream: the hand-over's cost included). The
     first round of every segment measures the link: its Generate's send to its first tokens, less
@@ -58,19 +66,31 @@ def server_observation(arrival: ServedArrival, segment: Segment, interval_s: flo
     and compute, as a DSD round does; so a stream sees the link move, once per segment."""
     s = arrival.served
     server_s = (arrival.queue_s or 0.0) + (arrival.compute_s or 0.0)
-    return Observation(segment.gamma, segment.mode, s.proposed, s.accepted, False,
-                       max(arrival.t_receive_s - segment.t_send_s - server_s, 0.0) if first else None, None,
-                       arrival.compute_s,
-                       arrival.queue_s, tokens=len(s.tokens), interval_s=interval_s,
-                       shadow_positions=shadow[0], shadow_matches=shadow[1], remaining_tokens=remaining_tokens)
+    return Observation(
+        segment.gamma,
+        segment.mode,
+        s.proposed,
+        s.accepted,
+        False,
+        max(arrival.t_receive_s - segment.t_send_s - server_s, 0.0) if first else None,
+        None,
+        arrival.compute_s,
+        arrival.queue_s,
+        tokens=len(s.tokens),
+        interval_s=interval_s,
+        shadow_positions=shadow[0],
+        shadow_matches=shadow[1],
+        remaining_tokens=remaining_tokens,
+    )
 
 
 class StreamDriver(Protocol):
     """What a hand-over stream uses of its request's driver (dsd.drive.driver.DsdDriver)."""
-    edge: EdgeDecoder                   # commits the server's tokens; says when the request is done
-    controller: Controller              # observes the stream's rounds; its hints size the stream
-    transport: Transport                # asks segments of the server (HandsOver), withdraws them (Withdraws)
-    server_decision: Decision | None        # the plan while it is on the server, None once back on the edge
+
+    edge: EdgeDecoder  # commits the server's tokens; says when the request is done
+    controller: Controller  # observes the stream's rounds; its hints size the stream
+    transport: Transport  # asks segments of the server (HandsOver), withdraws them (Withdraws)
+    server_decision: Decision | None  # the plan while it is on the server, None once back on the edge
 
     @property
     def remaining_tokens(self) -> int: ...
@@ -92,20 +112,20 @@ class HandoverStream:
         self.driver = driver
         self.handover_tokens = handover_tokens
         self.segments: deque[Segment] = deque()
-        self._stream_s = 0.0             # the hand-over's send, then its last server round's arrival
-        self.rtt_s: float | None = None      # the link, as last measured (sizes the segments)
-        self._step_s: float | None = None    # a server round's steady time per token
-        self.withdrawing = False             # a withdraw of unstarted segments awaits its answer
-        self._stream_tokens = 0              # tokens asked since the stream (its first segment) began
-        self._drift: ArrivalDrift | None = None     # the stream's arrivals after its first
-        self._burst_rtt_s: float | None = None      # the link a burst of them is read against
-        self._fell_read_s: float | None = None      # when a burst was read as a fall (this request)
+        self._stream_s = 0.0  # the hand-over's send, then its last server round's arrival
+        self.rtt_s: float | None = None  # the link, as last measured (sizes the segments)
+        self._step_s: float | None = None  # a server round's steady time per token
+        self.withdrawing = False  # a withdraw of unstarted segments awaits its answer
+        self._stream_tokens = 0  # tokens asked since the stream (its first segment) began
+        self._drift: ArrivalDrift | None = None  # the stream's arrivals after its first
+        self._burst_rtt_s: float | None = None  # the link a burst of them is read against
+        self._fell_read_s: float | None = None  # when a burst was read as a fall (this request)
 
     async def handle_served(self, arrival: ServedArrival) -> None:
         """One server round of a hand-over: commit its tokens, shadow-draft them, report the round,
         re-plan, and ask for the next segment while the plan stays on the server."""
         if not self.segments:
-            return                       # the end of a stream asked for past the request's end
+            return  # the end of a stream asked for past the request's end
         served, segment = arrival.served, self.segments[0]
         prefix = list(self.driver.edge.committed.tokens)
         emitted = self.driver.edge.on_tokens(served.tokens)
@@ -116,8 +136,9 @@ class HandoverStream:
         if segment.remaining <= 0 or served.done or self.driver.edge.done:
             self.segments.popleft()
         shadow = await self.driver.shadow(prefix, emitted)
-        self.driver.report(Round(self.driver.rounds, arrival, emitted, segment.gamma, segment.mode, None, None,
-                                 segment.t_send_s))
+        self.driver.report(
+            Round(self.driver.rounds, arrival, emitted, segment.gamma, segment.mode, None, None, segment.t_send_s)
+        )
         seen = server_observation(arrival, segment, interval_s, first, shadow, self.driver.remaining_tokens)
         if seen.rtt_s is not None and self._asked_before_the_fall(segment.t_send_s):
             seen = replace(seen, rtt_s=None)
@@ -126,9 +147,9 @@ class HandoverStream:
         elif not first and served.tokens:
             self._step_s = server_step_s(interval_s, arrival.compute_s, len(served.tokens))
         if self._step_s is None and served.tokens and arrival.compute_s:
-            self._step_s = arrival.compute_s / len(served.tokens)    # until a gap between arrivals is seen
+            self._step_s = arrival.compute_s / len(served.tokens)  # until a gap between arrivals is seen
         self.driver.controller.observe(seen)
-        if fell_to_s is not None:           # a burst: the link got faster (dsd/drive/stream_drift.py)
+        if fell_to_s is not None:  # a burst: the link got faster (dsd/drive/stream_drift.py)
             self._fell_read_s = arrival.t_receive_s
             self._observe_link(segment, fell_to_s, inferred=True)
         self.driver.decide()
@@ -153,7 +174,7 @@ class HandoverStream:
         if fall_s <= 0:
             self._burst_rtt_s = None
             return None
-        if self._burst_rtt_s is None:            # the whole burst is read against the link before it
+        if self._burst_rtt_s is None:  # the whole burst is read against the link before it
             self._burst_rtt_s = self._asked_on_rtt_s()
         fell_to_s = fallen_rtt_s(self._burst_rtt_s, fall_s, LINK_FELL_RATIO)
         if fell_to_s is not None:
@@ -166,9 +187,12 @@ class HandoverStream:
         showed there only ~a round trip of the old link later, while the stream went on being
         asked as far ahead as the old link needs. The controller sees it as a server round
         without tokens (it may take the request back to the edge: nothing more is asked then)."""
-        if self.driver.edge.done or not self.segments or \
-                self._asked_before_the_fall(arrival.t_receive_s - arrival.link_rtt_s):
-            return                       # the end of a request, a stream already served, a stale measure
+        if (
+            self.driver.edge.done
+            or not self.segments
+            or self._asked_before_the_fall(arrival.t_receive_s - arrival.link_rtt_s)
+        ):
+            return  # the end of a request, a stream already served, a stale measure
         self._observe_link(self.segments[-1], arrival.link_rtt_s)
         self.driver.decide()
         await self.follow_decision(arrival)
@@ -177,8 +201,21 @@ class HandoverStream:
         """The link measured (or, ``inferred``, guessed from a burst) outside a round: the
         driver's link from now on, and a server round without tokens for the controller."""
         self.rtt_s = rtt_s
-        self.driver.controller.observe(Observation(segment.gamma, segment.mode, 0, 0, False, rtt_s, None, None, None,
-                                            remaining_tokens=self.driver.remaining_tokens, rtt_inferred=inferred))
+        self.driver.controller.observe(
+            Observation(
+                segment.gamma,
+                segment.mode,
+                0,
+                0,
+                False,
+                rtt_s,
+                None,
+                None,
+                None,
+                remaining_tokens=self.driver.remaining_tokens,
+                rtt_inferred=inferred,
+            )
+        )
 
     async def follow_decision(self, after: Arrival) -> None:
         """After a server round or an acknowledgement re-planned: on the server, keep the stream
@@ -243,7 +280,7 @@ class HandoverStream:
         is kept: segments asked on a slow probe after the link fell would hold the hand-back."""
         if self.rtt_s is None:
             return 0
-        beyond = list(self.segments)[self._segments_for_a_round_trip():]
+        beyond = list(self.segments)[self._segments_for_a_round_trip() :]
         if any(s.rtt_s is not None and self.rtt_s <= LINK_FELL_RATIO * s.rtt_s for s in beyond):
             return len(beyond)
         return len(list(itertools.takewhile(lambda s: s.ahead, reversed(beyond))))
@@ -267,7 +304,7 @@ class HandoverStream:
             return
         for _ in range(min(arrival.withdrawn, len(self.segments))):
             self.segments.pop()
-        if self.driver.server_decision is not None:      # the plan went back to the server meanwhile
+        if self.driver.server_decision is not None:  # the plan went back to the server meanwhile
             await self.keep_server_busy(arrival)
 
     async def keep_server_busy(self, after: Arrival | None) -> None:
@@ -281,9 +318,9 @@ class HandoverStream:
         the slowest link seen while no edge plan would take the request back): a link that slows
         mid-stream then does not leave the server idle."""
         if self.withdrawing:
-            return                        # its answer counts the last segments asked: ask none meanwhile
+            return  # its answer counts the last segments asked: ask none meanwhile
         ahead_s = self._stream_ahead_s()
-        for _ in range(self.driver.remaining_tokens + 1):          # each segment asks for one token or more
+        for _ in range(self.driver.remaining_tokens + 1):  # each segment asks for one token or more
             if self._asked_enough(ahead_s):
                 return
             asked = len(self.segments)
@@ -342,8 +379,9 @@ class HandoverStream:
         if not self.segments:
             self._stream_s, self._drift = t_send_s, None
         self._stream_tokens += n_tokens
-        self.segments.append(Segment(plan.gamma, plan.mode, n_tokens, t_send_s, rtt_s=self._asked_on_rtt_s(),
-                                     ahead=ahead))
+        self.segments.append(
+            Segment(plan.gamma, plan.mode, n_tokens, t_send_s, rtt_s=self._asked_on_rtt_s(), ahead=ahead)
+        )
 
     def _segment_tokens(self) -> int:
         """``handover_tokens``; one for a stream's first segment while this request has not

@@ -12,6 +12,7 @@ This matters where no segment's acknowledgement can show the fall: when the stre
 budget was asked before it: the stream then ends on the fast link with the estimate still the
 slow one's, and the next request starts from it (docs/results/adaptive.md).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -30,15 +31,15 @@ class ArrivalDrift:
 
     def __init__(self) -> None:
         self.drift_s = 0.0
-        self.before: deque[float] = deque([0.0], maxlen=BASELINE_ARRIVALS)   # drifts before the burst
-        self.settled = False      # the current burst was read as a fall (``settle``)
+        self.before: deque[float] = deque([0.0], maxlen=BASELINE_ARRIVALS)  # drifts before the burst
+        self.settled = False  # the current burst was read as a fall (``settle``)
 
     def add(self, gap_s: float, compute_s: float) -> float:
         if not (compute_s > 0 and gap_s >= 0):
             return 0.0
         self.drift_s += gap_s - compute_s
         if gap_s >= BURST_FRACTION * compute_s:
-            if self.settled:          # the first arrival at the new link's pace: its new baseline
+            if self.settled:  # the first arrival at the new link's pace: its new baseline
                 self.before.clear()
                 self.settled = False
             self.before.append(self.drift_s)

@@ -4,6 +4,7 @@ KV invariant: after every operation the target's cache holds exactly ``committed
 last committed token is fed as the first position of the next pass (the gpt-fast layout), so a
 verification is one pass over gamma+1 positions and nothing committed is computed twice.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -19,8 +20,9 @@ from dsd.speculation.verification import greedy_verify, sample_index, sampling_p
 
 
 class VerifierSession:
-    def __init__(self, target: LanguageModel, seq_id: str, prompt: Sequence[int],
-                 sampling: SamplingParams, stop: StopRule) -> None:
+    def __init__(
+        self, target: LanguageModel, seq_id: str, prompt: Sequence[int], sampling: SamplingParams, stop: StopRule
+    ) -> None:
         if len(prompt) < 1:
             raise ValueError("prompt must hold at least one token")
         self.target = target
@@ -34,7 +36,7 @@ class VerifierSession:
 
     @property
     def generated(self) -> list[int]:
-        return self.committed.tokens[self.prompt_length:]
+        return self.committed.tokens[self.prompt_length :]
 
     @property
     def finished(self) -> bool:
@@ -54,7 +56,8 @@ class VerifierSession:
 
     def ar_job(self) -> ForwardJob[list[int]]:
         """An AR step as a job the scheduler may batch with other sessions' (not once finished)."""
-        def finish(logits: torch.Tensor) -> list[int]:                   # [1, vocab]
+
+        def finish(logits: torch.Tensor) -> list[int]:  # [1, vocab]
             return self._commit(round_tokens((), 0, self._pick(logits)[0]))
 
         return ForwardJob(self.target, LogitsRequest(self.seq_id, self.committed.tokens, 1), finish)
@@ -75,18 +78,22 @@ class VerifierSession:
         if not self.sampling.greedy and draft_probs is None:
             raise ValueError("sampling verification needs the draft's probabilities q")
 
-        def finish(logits: torch.Tensor) -> Verdict:                      # [gamma+1, vocab]
-            draft = torch.tensor(block, dtype=torch.long)                  # [gamma]
+        def finish(logits: torch.Tensor) -> Verdict:  # [gamma+1, vocab]
+            draft = torch.tensor(block, dtype=torch.long)  # [gamma]
             if self.sampling.greedy:
                 outcome = greedy_verify(logits, draft)
             else:
-                assert draft_probs is not None          # checked above: a sampling verification has q
+                assert draft_probs is not None  # checked above: a sampling verification has q
                 p = sampling_probs(logits, self.sampling)
-                outcome = speculative_sample(p, draft_probs.float(), draft,
-                                             self.draws.at(proposal.start_pos, VERIFY))
+                outcome = speculative_sample(p, draft_probs.float(), draft, self.draws.at(proposal.start_pos, VERIFY))
             self._commit(round_tokens(block, outcome.accepted, outcome.next_token))
-            return Verdict(proposal.start_pos, gamma, outcome.accepted, outcome.next_token,
-                           features=self.decided_features(proposal.start_pos))
+            return Verdict(
+                proposal.start_pos,
+                gamma,
+                outcome.accepted,
+                outcome.next_token,
+                features=self.decided_features(proposal.start_pos),
+            )
 
         return ForwardJob(self.target, LogitsRequest(self.seq_id, self.committed.tokens + block, gamma + 1), finish)
 
@@ -106,8 +113,9 @@ class VerifierSession:
         return Proposal(n, self.committed.digest_at(n), tuple(draft_tokens), draft_probs)
 
     def _proposal_matches(self, proposal: Proposal) -> bool:
-        return (proposal.start_pos == len(self.committed)
-                and self.committed.matches(proposal.start_pos, proposal.base_digest))
+        return proposal.start_pos == len(self.committed) and self.committed.matches(
+            proposal.start_pos, proposal.base_digest
+        )
 
     def _pick(self, logits: torch.Tensor) -> list[int]:
         if self.sampling.greedy:

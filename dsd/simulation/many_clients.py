@@ -37,6 +37,7 @@ NOTE: services/verifier/scheduler.py gives the next pass to the client served le
 goes to the job ready first. The two agree while each client has at most one job waiting (every
 mode but pipelined DSD with blocks queued behind each other).
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,21 +63,25 @@ from dsd.speculation.stopping import StopRule
 from dsd.costs.compute_times import DRAFT, PREFILL, STALE, VERIFY, ComputeTimes, pass_cost_s
 from dsd.drive.verifier_session import VerifierSession
 
-MAX_CLIENTS = 4096        # the sim launcher's ceiling: thousands of clients in seconds (docs/launchers.md)
+MAX_CLIENTS = 4096  # the sim launcher's ceiling: thousands of clients in seconds (docs/launchers.md)
 
 
 @dataclass(frozen=True)
 class VerifierConfig:
     """The shared verifier's device: sequences per pass (1 = serial) and how long a pass that is
     not full waits for more, as services/verifier/scheduler.py SchedulerConfig."""
+
     max_batch: int = 1
     batch_window_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not (is_int(self.max_batch) and self.max_batch >= 1):
             raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
-        if not (isinstance(self.batch_window_ms, (int, float)) and math.isfinite(self.batch_window_ms)
-                and self.batch_window_ms >= 0):
+        if not (
+            isinstance(self.batch_window_ms, (int, float))
+            and math.isfinite(self.batch_window_ms)
+            and self.batch_window_ms >= 0
+        ):
             raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
 
 
@@ -84,6 +89,7 @@ class VerifierConfig:
 class ClientsSetup:
     """One point's clients: their mode and plan, the link, and the shared verifier.
     ``rtt_at(t_s)``: the link's RTT (s) at virtual time t_s from the point's start."""
+
     n_clients: int
     mode: str
     gamma: int
@@ -91,21 +97,24 @@ class ClientsSetup:
     rtt_at: Callable[[float], float]
     verifier: VerifierConfig = VerifierConfig()
     max_in_flight: int = 1
-    gamma_max: int = GAMMA_MAX          # as dsd.simulation.one_client's runs: what a mode's own policy may reach
+    gamma_max: int = GAMMA_MAX  # as dsd.simulation.one_client's runs: what a mode's own policy may reach
     cache: CacheConfig = CacheConfig()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.n_clients, int) and 1 <= self.n_clients <= MAX_CLIENTS):
-            raise ValueError(f"clients must be a whole number in 1..{MAX_CLIENTS} on the sim launcher, "
-                             f"got {self.n_clients!r}")
+            raise ValueError(
+                f"clients must be a whole number in 1..{MAX_CLIENTS} on the sim launcher, got {self.n_clients!r}"
+            )
         get_mode(self.mode)
         for name in ("gamma", "max_in_flight", "gamma_max"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.verifier.max_batch > 1 and self.times.batch_slope is None:
-            raise ValueError(f"max_batch {self.verifier.max_batch}: a batched verifier costs the compute times' "
-                             "batch curve (batch_slope), and these times carry none (a measurement of single "
-                             "passes; dsd.costs.measurement.fit_batch_slope measures it)")
+            raise ValueError(
+                f"max_batch {self.verifier.max_batch}: a batched verifier costs the compute times' "
+                "batch curve (batch_slope), and these times carry none (a measurement of single "
+                "passes; dsd.costs.measurement.fit_batch_slope measures it)"
+            )
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class RoundTimes:
     the same names): the edge's drafting (None for the server's own modes), the send of its
     block (the Generate for the server's modes), its answer's receipt, and on the verifier the
     wait for and the time of its passes (a co-located round's two summed) and the batch's size."""
+
     t_draft_start_s: float | None
     t_draft_end_s: float | None
     t_send_s: float
@@ -127,13 +137,14 @@ class RoundTimes:
 class ClientRequest:
     """One request as its client saw it: times (s) from the request's start, which is
     ``start_s`` on the point's virtual clock."""
+
     client: int
     index: int
     start_s: float
     tokens: list[int]
     rounds: list[RoundRecord]
-    total_s: float            # until its last tokens arrived
-    first_token_s: float      # until its first tokens arrived
+    total_s: float  # until its last tokens arrived
+    first_token_s: float  # until its first tokens arrived
     round_times: list[RoundTimes]
 
 
@@ -204,7 +215,7 @@ class _Job:
     kind: str
     size: int
     session: object
-    done: Callable[[float, float, int], None]     # (its pass's start, its pass's end, the pass's batch size)
+    done: Callable[[float, float, int], None]  # (its pass's start, its pass's end, the pass's batch size)
     arrived: bool = False
 
 
@@ -215,16 +226,17 @@ class _Verifier:
 
     def __init__(self, loop: _Loop, times: ComputeTimes, config: VerifierConfig) -> None:
         self.loop, self.times, self.config = loop, times, config
-        self.queues: dict[object, deque[_Job]] = {}     # per session, in the order sent
+        self.queues: dict[object, deque[_Job]] = {}  # per session, in the order sent
         self.heads: list[tuple[float, int, _Job]] = []
-        self.last_end_s: dict[object, float] = {}        # per session: the end of its last pass
+        self.last_end_s: dict[object, float] = {}  # per session: the end of its last pass
         self.busy = False
         self.free_at_s = 0.0
         self.order = itertools.count()
-        self.deciding = False           # a decision is due at the loop's present time
+        self.deciding = False  # a decision is due at the loop's present time
 
-    def submit(self, session: object, arrive_s: float, kind: str, size: int,
-               done: Callable[[float, float, int], None]) -> None:
+    def submit(
+        self, session: object, arrive_s: float, kind: str, size: int, done: Callable[[float, float, int], None]
+    ) -> None:
         """A job that reaches the verifier at ``arrive_s``; ``done(start_s, end_s, batch_size)``
         when its pass starts."""
         job = _Job(arrive_s, kind, size, session, done)
@@ -262,7 +274,7 @@ class _Verifier:
             if here < limit and deadline_s > self.loop.now_s:
                 self.loop.at(deadline_s, self.try_start, last=True)
                 return
-            start_s = max(start_s, min(deadline_s, self.loop.now_s))     # the window passed, or it filled now
+            start_s = max(start_s, min(deadline_s, self.loop.now_s))  # the window passed, or it filled now
         batch = [heapq.heappop(self.heads)]
         others: list[tuple[float, int, _Job]] = []
         while len(batch) < limit and self.heads and self.heads[0][0] <= start_s:
@@ -278,7 +290,7 @@ class _Verifier:
             queue.popleft()
             if not queue:
                 del self.queues[job.session]
-            elif queue[0].arrived:      # the session's next job: it can start once this pass ends
+            elif queue[0].arrived:  # the session's next job: it can start once this pass ends
                 heapq.heappush(self.heads, (max(queue[0].arrive_s, end_s), next(self.order), queue[0]))
             job.done(start_s, end_s, len(batch))
         self.loop.at(end_s, lambda: self._end(end_s))
@@ -293,18 +305,18 @@ class _Verifier:
 
 Result = TypeVar("Result")
 
+
 class _EdgeDevice:
     """A client's own draft device: every step costs ``t_draft_s``; the client waits it out."""
 
     def __init__(self, loop: _Loop, t_draft_s: float) -> None:
         self.loop, self.t_draft_s = loop, t_draft_s
 
-    async def draft(self, work: Callable[[], None], n_steps: float,
-                    then: Callable[[], Result]) -> tuple[Result, float]:
+    async def draft(self, work: Callable[[], None], n_steps: float, then: Callable[[], Result]) -> tuple[Result, float]:
         start_s = t_s = self.loop.now_s
         work()
         whole = int(n_steps)
-        for _ in range(whole):          # step by step: the same sums as dsd.simulation.one_client's device
+        for _ in range(whole):  # step by step: the same sums as dsd.simulation.one_client's device
             t_s += self.t_draft_s
         if n_steps > whole:
             t_s += (n_steps - whole) * self.t_draft_s
@@ -316,13 +328,14 @@ class _SharedLink:
     """A client's connection to the shared verifier (a ``dsd.drive.device_transport.Transport``): each message
     takes half the RTT at its send, each block is a job on the verifier."""
 
-    def __init__(self, loop: _Loop, verifier: _Verifier, client: _Client, session: VerifierSession,
-                 setup: ClientsSetup) -> None:
+    def __init__(
+        self, loop: _Loop, verifier: _Verifier, client: _Client, session: VerifierSession, setup: ClientsSetup
+    ) -> None:
         self.loop, self.verifier, self.client, self.session, self.setup = loop, verifier, client, session, setup
         self.arrivals: list[tuple[float, int, Arrival]] = []
         self.order = itertools.count()
-        self.last_out_s = self.last_back_s = 0.0       # one connection: each direction is FIFO
-        self.batch_sizes: dict[int, int] = {}           # id(verdict arrival) -> its pass's batch size
+        self.last_out_s = self.last_back_s = 0.0  # one connection: each direction is FIFO
+        self.batch_sizes: dict[int, int] = {}  # id(verdict arrival) -> its pass's batch size
 
     def one_way_s(self, at_s: float) -> float:
         return self.setup.rtt_at(at_s) / 2
@@ -337,8 +350,13 @@ class _SharedLink:
 
     def open(self, n_prompt_tokens: int) -> None:
         """The session's Open, sent as the request starts: a prefill on the verifier."""
-        self.verifier.submit(self.session, self.to_server_s(self.loop.now_s), PREFILL, n_prompt_tokens,
-                             lambda start_s, end_s, batch_size: None)
+        self.verifier.submit(
+            self.session,
+            self.to_server_s(self.loop.now_s),
+            PREFILL,
+            n_prompt_tokens,
+            lambda start_s, end_s, batch_size: None,
+        )
 
     def prepare(self, proposals: list[Proposal]) -> list[Proposal]:
         return proposals
@@ -346,11 +364,16 @@ class _SharedLink:
     async def send(self, proposals: list[Proposal], after: Arrival | None) -> list[float]:
         sent_s = self.loop.now_s if after is None else after.t_receive_s
         for proposal in proposals:
-            verdict = self.session.verify(proposal)      # a session's blocks are verified in order
+            verdict = self.session.verify(proposal)  # a session's blocks are verified in order
             arrive_s = self.to_server_s(sent_s)
             gamma = proposal.gamma if self.setup.times.knows_gamma(proposal.gamma) else self.setup.gamma
-            self.verifier.submit(self.session, arrive_s, STALE if verdict.stale else VERIFY, gamma,
-                                 functools.partial(self._answer, verdict, arrive_s))
+            self.verifier.submit(
+                self.session,
+                arrive_s,
+                STALE if verdict.stale else VERIFY,
+                gamma,
+                functools.partial(self._answer, verdict, arrive_s),
+            )
         return [sent_s] * len(proposals)
 
     def _answer(self, verdict: Verdict, arrive_s: float, start_s: float, end_s: float, batch_size: int) -> None:
@@ -375,9 +398,18 @@ class _SharedLink:
 # --- one request of each kind --------------------------------------------------------------------
 
 
-async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup: ClientsSetup,
-                       draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                       sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[RoundTimes]]:
+async def _dsd_request(
+    loop: _Loop,
+    verifier: _Verifier,
+    client: _Client,
+    setup: ClientsSetup,
+    draft: LanguageModel,
+    target: LanguageModel,
+    prompt: Sequence[int],
+    stop: StopRule,
+    sampling: SamplingParams,
+    seq_id: str,
+) -> tuple[Generation, list[RoundTimes]]:
     """The request's output and its rounds' times. As dsd.simulation.one_client.simulate_dsd: the edge's
     drive loop, its Open sent as it starts drafting."""
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
@@ -390,23 +422,43 @@ async def _dsd_request(loop: _Loop, verifier: _Verifier, client: _Client, setup:
         a = r.arrival
         if not isinstance(a, VerdictArrival) or a.queue_s is None or a.compute_s is None:
             raise RuntimeError("a round on the shared verifier is a verdict with its queue and compute times")
-        generation.rounds.append(RoundRecord.from_verdict(r.index, a.verdict, len(r.emitted), r.gamma,
-                                                          r.mode, r.cache))
-        times.append(RoundTimes(r.t_draft_start_s, r.t_draft_end_s, r.t_send_s, a.t_receive_s,
-                                a.queue_s, a.compute_s, link.batch_sizes.pop(id(a))))
+        generation.rounds.append(RoundRecord.from_verdict(r.index, a.verdict, len(r.emitted), r.gamma, r.mode, r.cache))
+        times.append(
+            RoundTimes(
+                r.t_draft_start_s,
+                r.t_draft_end_s,
+                r.t_send_s,
+                a.t_receive_s,
+                a.queue_s,
+                a.compute_s,
+                link.batch_sizes.pop(id(a)),
+            )
+        )
 
-    config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, setup.gamma_max,
-                          cache=setup.cache)
-    driver = DsdDriver(draft, DriveRequest(seq_id, prompt, stop, sampling, session.decided_features(1)),
-                       DrivePorts(_EdgeDevice(loop, setup.times.t_draft_edge_s), link, loop, on_round), config)
+    config = DriverConfig(setup.gamma, setup.mode, setup.max_in_flight, setup.gamma_max, cache=setup.cache)
+    driver = DsdDriver(
+        draft,
+        DriveRequest(seq_id, prompt, stop, sampling, session.decided_features(1)),
+        DrivePorts(_EdgeDevice(loop, setup.times.t_draft_edge_s), link, loop, on_round),
+        config,
+    )
     generation.tokens = await driver.run()
     session.close()
     return generation, times
 
 
-async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, setup: ClientsSetup,
-                          draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                          sampling: SamplingParams, seq_id: str) -> tuple[Generation, list[RoundTimes]]:
+async def _server_request(
+    loop: _Loop,
+    verifier: _Verifier,
+    client: _Client,
+    setup: ClientsSetup,
+    draft: LanguageModel,
+    target: LanguageModel,
+    prompt: Sequence[int],
+    stop: StopRule,
+    sampling: SamplingParams,
+    seq_id: str,
+) -> tuple[Generation, list[RoundTimes]]:
     """The request's output and its rounds' times. As dsd.simulation.one_client.simulate_on_server: Open and
     Generate out, then the server's steps, each a job on the shared verifier queued behind the
     session's last, each step's Tokens sent back at once."""
@@ -414,10 +466,11 @@ async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, set
     one_way_s = setup.rtt_at(sent_s) / 2
     gamma, drafts = setup.gamma, get_mode(setup.mode).drafts == SERVER
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
-    passes: list[tuple[float, float, int]] = []          # the last job's (start, end, batch size)
+    passes: list[tuple[float, float, int]] = []  # the last job's (start, end, batch size)
 
     async def job(kind: str, size: int, ready_s: float) -> tuple[float, float, int]:
         """Queue one pass of the session once it is ready; returns (queue_s, end_s, batch size) at its end."""
+
         def done(start_s: float, end_s: float, batch_size: int) -> None:
             passes.append((start_s, end_s, batch_size))
             loop.at(end_s, client.wake)
@@ -431,7 +484,7 @@ async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, set
     session.prefill()
     _, t_s, _ = await job(PREFILL, len(prompt) - 1, sent_s + one_way_s)
     if drafts:
-        begin_request(draft, seq_id, prompt, gamma)          # as dsd.drive.generation.generate_colocated
+        begin_request(draft, seq_id, prompt, gamma)  # as dsd.drive.generation.generate_colocated
         hand_features(draft, seq_id, session.decided_features(1))
     generation, times = Generation([]), []
     while not session.finished:
@@ -450,8 +503,7 @@ async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, set
             queue_s += verify_queue_s
             record = RoundRecord.from_verdict(len(generation.rounds), verdict, len(session.committed) - before)
         generation.rounds.append(record)
-        times.append(RoundTimes(None, None, sent_s, t_s + one_way_s, queue_s, t_s - started_s - queue_s,
-                                batch_size))
+        times.append(RoundTimes(None, None, sent_s, t_s + one_way_s, queue_s, t_s - started_s - queue_s, batch_size))
     generation.tokens = session.generated
     session.close()
     if drafts:
@@ -465,10 +517,15 @@ async def _server_request(loop: _Loop, verifier: _Verifier, client: _Client, set
 # --- the clients ---------------------------------------------------------------------------------
 
 
-def simulate_clients(setup: ClientsSetup, draft: LanguageModel, target: LanguageModel,
-                     prompts: Sequence[Sequence[int]], stop: StopRule,
-                     sampling_of: Callable[[int], SamplingParams] = lambda _i: SamplingParams(),
-                     seq_prefix: str = "sim") -> list[ClientRequest]:
+def simulate_clients(
+    setup: ClientsSetup,
+    draft: LanguageModel,
+    target: LanguageModel,
+    prompts: Sequence[Sequence[int]],
+    stop: StopRule,
+    sampling_of: Callable[[int], SamplingParams] = lambda _i: SamplingParams(),
+    seq_prefix: str = "sim",
+) -> list[ClientRequest]:
     """Every client runs every prompt in turn from time 0, all on one verifier; returns each
     request (client by client, in order). ``sampling_of(index)``: a request's sampling."""
     loop = _Loop()
@@ -479,18 +536,40 @@ def simulate_clients(setup: ClientsSetup, draft: LanguageModel, target: Language
     async def client_run(c: int, client: _Client) -> None:
         for index, prompt in enumerate(prompts):
             start_s = loop.now_s
-            generation, times = await run(loop, verifier, client, setup, draft, target, prompt, stop,
-                                          sampling_of(index), f"{seq_prefix}-c{c}-{index}")
+            generation, times = await run(
+                loop,
+                verifier,
+                client,
+                setup,
+                draft,
+                target,
+                prompt,
+                stop,
+                sampling_of(index),
+                f"{seq_prefix}-c{c}-{index}",
+            )
             # the output is complete when the last emitting answer arrives; a stale one after it
             # does not delay it
             emits_s = [t.t_receive_s for t, r in zip(times, generation.rounds) if r.emitted] or [loop.now_s]
-            done.append(ClientRequest(c, index, start_s, generation.tokens, generation.rounds,
-                                      emits_s[-1] - start_s, emits_s[0] - start_s, times))
+            done.append(
+                ClientRequest(
+                    c,
+                    index,
+                    start_s,
+                    generation.tokens,
+                    generation.rounds,
+                    emits_s[-1] - start_s,
+                    emits_s[0] - start_s,
+                    times,
+                )
+            )
 
     for c in range(setup.n_clients):
         loop.at(0.0, _Client(loop, functools.partial(client_run, c)).resume)
     loop.run()
     if len(done) != setup.n_clients * len(prompts):
-        raise RuntimeError(f"{setup.n_clients * len(prompts) - len(done)} simulated request(s) never finished "
-                           "(a client waited for an answer that was never sent)")
+        raise RuntimeError(
+            f"{setup.n_clients * len(prompts) - len(done)} simulated request(s) never finished "
+            "(a client waited for an answer that was never sent)"
+        )
     return sorted(done, key=lambda r: (r.client, r.index))

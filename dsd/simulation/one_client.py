@@ -10,6 +10,7 @@ mode's time comes from the closed form. With synthetic models this is the predic
 measurements are compared with; with real models it checks that every mode emits the target's
 tokens whatever the timing.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -24,8 +25,15 @@ from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams
 from dsd.drive.generation import Generation, RoundRecord
 from dsd.speculation.drafting import begin_request, draft_block
 from dsd.features import hand_features
-from dsd.drive.arrivals import (AcknowledgedArrival, Arrival, Round, ServedArrival, ServerRound, VerdictArrival,
-                          WithdrawnArrival)
+from dsd.drive.arrivals import (
+    AcknowledgedArrival,
+    Arrival,
+    Round,
+    ServedArrival,
+    ServerRound,
+    VerdictArrival,
+    WithdrawnArrival,
+)
 from dsd.drive.driver import DrivePorts, DriveRequest, DriverConfig, DsdDriver, run_to_end
 from dsd.drive.edge_decoder import EdgeDecoder
 from dsd.modes import SERVER, get_mode, server_modes
@@ -45,6 +53,7 @@ class LinkCosts:
     (the prefill): the session's Open goes out at time 0 and the edge drafts at once, as
     services/edge/ does, so the verifier serves nothing before the Open arrived and was prefilled
     (None: the session is already open at time 0)."""
+
     t_draft_s: float
     t_verify_s: float
     rtt_s: float
@@ -73,6 +82,7 @@ class LinkCosts:
 class ServerCosts:
     """Virtual-time costs of the modes the server runs alone: per AR step, per draft step of its
     own draft model, per verification, the prefill, and the link's delay per message."""
+
     t_ar_s: float
     t_draft_s: float
     t_verify_s: float
@@ -88,10 +98,10 @@ class ServerCosts:
 @dataclass
 class SimulatedRun:
     generation: Generation
-    total_s: float                 # from the first draft step to the last verdict
-    first_token_s: float           # until the first verdict arrives
+    total_s: float  # from the first draft step to the last verdict
+    first_token_s: float  # until the first verdict arrives
     draft_steps: int
-    edge: EdgeDecoder | None       # None for the modes the server runs alone
+    edge: EdgeDecoder | None  # None for the modes the server runs alone
 
     @property
     def per_token_s(self) -> float:
@@ -108,20 +118,20 @@ class VirtualClock:
 
 Result = TypeVar("Result")
 
+
 class VirtualDevice:
     """The edge's draft device on virtual time: every step costs ``t_draft_s``."""
 
     def __init__(self, clock: VirtualClock, t_draft_s: float) -> None:
         self.clock, self.t_draft_s = clock, t_draft_s
 
-    async def draft(self, work: Callable[[], None], n_steps: float,
-                    then: Callable[[], Result]) -> tuple[Result, float]:
+    async def draft(self, work: Callable[[], None], n_steps: float, then: Callable[[], Result]) -> tuple[Result, float]:
         start_s = self.clock.now_s
         work()
         whole = int(n_steps)
-        for _ in range(whole):          # step by step: the same sums as a clock that ticks per step
+        for _ in range(whole):  # step by step: the same sums as a clock that ticks per step
             self.clock.now_s += self.t_draft_s
-        if n_steps > whole:             # a batched pass (a speculation cache's) costs a fraction more
+        if n_steps > whole:  # a batched pass (a speculation cache's) costs a fraction more
             self.clock.now_s += (n_steps - whole) * self.t_draft_s
         return then(), start_s
 
@@ -135,19 +145,20 @@ class VirtualLink:
     each segment acknowledged as it arrives (the verifier's Queued: an arrival with ``link_rtt_s``),
     and ``withdraw`` drops the segments not started when it arrives (an arrival with ``withdrawn``)."""
 
-    def __init__(self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts,
-                 draft: LanguageModel | None = None) -> None:
+    def __init__(
+        self, clock: VirtualClock, session: VerifierSession, costs: LinkCosts, draft: LanguageModel | None = None
+    ) -> None:
         self.clock, self.session, self.costs = clock, session, costs
         self.rtt_at, self.t_verify_of = costs.rtt_at, costs.t_verify_of
         t_open_s = costs.t_open_s
-        self.arrivals: list[tuple[float, int, Arrival]] = []   # (time at the edge, send order, arrival)
+        self.arrivals: list[tuple[float, int, Arrival]] = []  # (time at the edge, send order, arrival)
         self.order = itertools.count()
         # the session's Open, sent at 0 ahead of everything: the verifier prefills it on arrival
         self.verifier_free_at_s = 0.0 if t_open_s is None else self.one_way_s(0.0) + t_open_s
-        self.last_out_s = self.last_back_s = 0.0     # one connection: each direction is FIFO
-        self.back_log: list[tuple[float, float]] = []     # (sent by the verifier, reaches the edge)
+        self.last_out_s = self.last_back_s = 0.0  # one connection: each direction is FIFO
+        self.back_log: list[tuple[float, float]] = []  # (sent by the verifier, reaches the edge)
         self.hands_over = costs.t_ar_s is not None
-        self.pending: deque[tuple[float, str, int, int]] = deque()    # segments asked, not started
+        self.pending: deque[tuple[float, str, int, int]] = deque()  # segments asked, not started
         self.draft, self.server_seq_id = draft, f"{session.seq_id}/server"
 
     @property
@@ -187,17 +198,22 @@ class VirtualLink:
     async def send(self, proposals: list[Proposal], after: Arrival | None) -> list[float]:
         # A verdict's consequences leave when it arrives, even if the step it interrupted runs on.
         sent_s = self.clock.now_s if after is None else after.t_receive_s
-        self._start_segments(math.inf)           # asked before: served before
+        self._start_segments(math.inf)  # asked before: served before
         for proposal in proposals:
             arrive_s = self.to_server_s(sent_s)
             start_s = max(arrive_s, self.verifier_free_at_s)
             verdict = self.session.verify(proposal)
-            compute_s = 0.0 if verdict.stale else (self.costs.t_verify_s if self.t_verify_of is None
-                                                   else self.t_verify_of(proposal.gamma))
+            compute_s = (
+                0.0
+                if verdict.stale
+                else (self.costs.t_verify_s if self.t_verify_of is None else self.t_verify_of(proposal.gamma))
+            )
             self.verifier_free_at_s = start_s + compute_s
             back_s = self.to_edge_s(self.verifier_free_at_s)
-            heapq.heappush(self.arrivals, (back_s, next(self.order),
-                                           VerdictArrival(verdict, back_s, start_s - arrive_s, compute_s)))
+            heapq.heappush(
+                self.arrivals,
+                (back_s, next(self.order), VerdictArrival(verdict, back_s, start_s - arrive_s, compute_s)),
+            )
         return [sent_s] * len(proposals)
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after: Arrival | None) -> float:
@@ -257,8 +273,14 @@ class VirtualLink:
             t_s += step_s
             produced, steps = produced + len(served.tokens), steps + 1
             back_s = self.to_edge_s(t_s)
-            heapq.heappush(self.arrivals, (back_s, next(self.order), ServedArrival(
-                served, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s)))
+            heapq.heappush(
+                self.arrivals,
+                (
+                    back_s,
+                    next(self.order),
+                    ServedArrival(served, back_s, start_s - arrive_s if steps == 1 else 0.0, step_s),
+                ),
+            )
         self.verifier_free_at_s = t_s
 
     def _server_step(self, mode: str, gamma: int) -> tuple[ServerRound, float]:
@@ -271,18 +293,25 @@ class VirtualLink:
             tokens = session.ar_step()
             if self.costs.t_ar_s is None:
                 raise ValueError("an AR step on the server needs costs.t_ar_s")
-            return (ServerRound(0, 0, tuple(tokens), session.finished, session.decided_features(before)),
-                    self.costs.t_ar_s)
-        drafted, q = draft_block(self._server_draft(), self.server_seq_id, session.committed.tokens, gamma, session.sampling,
-                                 session.draws)
+            return (
+                ServerRound(0, 0, tuple(tokens), session.finished, session.decided_features(before)),
+                self.costs.t_ar_s,
+            )
+        drafted, q = draft_block(
+            self._server_draft(), self.server_seq_id, session.committed.tokens, gamma, session.sampling, session.draws
+        )
         verdict = session.verify(session.proposal_for(drafted, q))
         hand_features(self.draft, self.server_seq_id, verdict.features)
         t_verify_s = self.costs.t_verify_s if self.t_verify_of is None else self.t_verify_of(gamma)
-        return (ServerRound(gamma, verdict.accepted, tuple(session.committed.tokens[before:]), session.finished,
-                            verdict.features), gamma * (self.costs.t_draft_server_s or 0.0) + t_verify_s)
+        return (
+            ServerRound(
+                gamma, verdict.accepted, tuple(session.committed.tokens[before:]), session.finished, verdict.features
+            ),
+            gamma * (self.costs.t_draft_server_s or 0.0) + t_verify_s,
+        )
 
     async def poll(self) -> list[Arrival]:
-        self._start_segments(math.nextafter(self.clock.now_s, math.inf))    # those started by now
+        self._start_segments(math.nextafter(self.clock.now_s, math.inf))  # those started by now
         ready = []
         while self.arrivals and self.arrivals[0][0] <= self.clock.now_s:
             ready.append(heapq.heappop(self.arrivals)[2])
@@ -298,10 +327,18 @@ class VirtualLink:
         return heapq.heappop(self.arrivals)[2]
 
 
-def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], stop: StopRule,
-                 costs: LinkCosts, config: DriverConfig, sampling: SamplingParams = SamplingParams(),
-                 seq_id: str = "sim", controller: Controller | None = None,
-                 cache_memory: CacheMemory | None = None) -> SimulatedRun:
+def simulate_dsd(
+    draft: LanguageModel,
+    target: LanguageModel,
+    prompt: Sequence[int],
+    stop: StopRule,
+    costs: LinkCosts,
+    config: DriverConfig,
+    sampling: SamplingParams = SamplingParams(),
+    seq_id: str = "sim",
+    controller: Controller | None = None,
+    cache_memory: CacheMemory | None = None,
+) -> SimulatedRun:
     """The edge's own drive loop (dsd.drive.driver) on a virtual clock, driven as ``config`` says (its
     mode an edge mode of dsd.modes). ``controller`` (dsd.controller.interface; None: gamma and the mode stay)
     is asked for the next plan before the first block and after every verdict; its gamma must be
@@ -325,21 +362,35 @@ def simulate_dsd(draft: LanguageModel, target: LanguageModel, prompt: Sequence[i
         if r.emitted:
             emits_s.append(r.arrival.t_receive_s)
 
-    driver = DsdDriver(draft, DriveRequest(seq_id, prompt, stop, sampling, session.decided_features(1)),
-                       DrivePorts(VirtualDevice(clock, costs.t_draft_s), link, clock, on_round), config, controller,
-                       cache_memory)
+    driver = DsdDriver(
+        draft,
+        DriveRequest(seq_id, prompt, stop, sampling, session.decided_features(1)),
+        DrivePorts(VirtualDevice(clock, costs.t_draft_s), link, clock, on_round),
+        config,
+        controller,
+        cache_memory,
+    )
     generation.tokens = run_to_end(driver.run())
     session.close()
     draft.release(link.server_seq_id)
     # The output is complete when the last emitting verdict arrives; stale answers to doomed
     # blocks still on the way do not delay it.
-    return SimulatedRun(generation, emits_s[-1] if emits_s else 0.0, emits_s[0] if emits_s else 0.0,
-                        driver.draft_steps, driver.edge)
+    return SimulatedRun(
+        generation, emits_s[-1] if emits_s else 0.0, emits_s[0] if emits_s else 0.0, driver.draft_steps, driver.edge
+    )
 
 
-def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequence[int], gamma: int,
-                       stop: StopRule, mode: str, costs: ServerCosts,
-                       sampling: SamplingParams = SamplingParams(), seq_id: str = "sim") -> SimulatedRun:
+def simulate_on_server(
+    draft: LanguageModel,
+    target: LanguageModel,
+    prompt: Sequence[int],
+    gamma: int,
+    stop: StopRule,
+    mode: str,
+    costs: ServerCosts,
+    sampling: SamplingParams = SamplingParams(),
+    seq_id: str = "sim",
+) -> SimulatedRun:
     """Cloud AR or co-located SD as the services run it (services/edge/client.py Client.on_server,
     services/verifier/): at time 0 the client sends Open and Generate; each arrives one link
     delay later; the verifier prefills, then runs one AR step (t_ar) or one co-located round
@@ -350,11 +401,11 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
         raise ValueError(f"mode must be one of {server_modes()} (the server's own modes), got {mode!r}")
     drafts = get_mode(mode).drafts == SERVER
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
-    clock_s = costs.one_way_s                     # the Open (and the Generate behind it) arrives
+    clock_s = costs.one_way_s  # the Open (and the Generate behind it) arrives
     session.prefill()
     clock_s += costs.t_prefill_s
     if drafts:
-        begin_request(draft, seq_id, prompt, gamma)          # as dsd.drive.generation.generate_colocated
+        begin_request(draft, seq_id, prompt, gamma)  # as dsd.drive.generation.generate_colocated
         hand_features(draft, seq_id, session.decided_features(1))
     generation = Generation([])
     receipts_s: list[float] = []
@@ -374,11 +425,12 @@ def simulate_on_server(draft: LanguageModel, target: LanguageModel, prompt: Sequ
             clock_s += costs.t_verify_s
             record = RoundRecord.from_verdict(len(generation.rounds), verdict, len(session.committed) - before)
         generation.rounds.append(record)
-        receipts_s.append(clock_s + costs.one_way_s)      # this step's Tokens message reaches the client
+        receipts_s.append(clock_s + costs.one_way_s)  # this step's Tokens message reaches the client
     generation.tokens = session.generated
     session.close()
     if drafts:
         draft.release(seq_id)
     emitting = [t for t, r in zip(receipts_s, generation.rounds) if r.emitted]
-    return SimulatedRun(generation, emitting[-1] if emitting else clock_s, emitting[0] if emitting else 0.0,
-                        draft_steps, None)
+    return SimulatedRun(
+        generation, emitting[-1] if emitting else clock_s, emitting[0] if emitting else 0.0, draft_steps, None
+    )

@@ -8,6 +8,7 @@ logits with its own draws in the same order as alone, so batched drafting is the
 one: greedy token for token, sampled the same draws from the same q (to float rounding). A
 block's draws are keyed by where it starts (dsd.speculation.draws).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,12 +30,13 @@ def begin_request(model: LanguageModel, seq_id: str, prompt: Sequence[int], gamm
         begin(seq_id, prompt, gamma)
 
 
-def pick_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
-               ) -> tuple[int, torch.Tensor | None]:
+def pick_token(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> tuple[int, torch.Tensor | None]:
     """The draft token from one position's logits [1, vocab], and its q ([vocab] or None)."""
     if sampling.greedy:
         return int(logits[0].argmax()), None
-    q = sampling_probs(logits, sampling)[0]                           # [vocab]
+    q = sampling_probs(logits, sampling)[0]  # [vocab]
     return sample_index(q, generator), q
 
 
@@ -64,13 +66,14 @@ class Block:
     the q it was drawn from, and (``keep_rows``) the draft's distribution for a speculation cache
     to rank (``ranking_row``)."""
 
-    def __init__(self, prefix: Sequence[int], sampling: SamplingParams, draws: Draws | None,
-                 keep_rows: bool = False) -> None:
+    def __init__(
+        self, prefix: Sequence[int], sampling: SamplingParams, draws: Draws | None, keep_rows: bool = False
+    ) -> None:
         self.prefix, self.sampling, self.keep_rows = list(prefix), sampling, keep_rows
         self.generator = block_generator(draws, prefix, sampling)
         self.drafted: list[int] = []
-        self.probs: list[torch.Tensor | None] = []     # q per token (None: greedy)
-        self.rows: list[torch.Tensor] = []             # ranking rows, with keep_rows
+        self.probs: list[torch.Tensor | None] = []  # q per token (None: greedy)
+        self.rows: list[torch.Tensor] = []  # ranking rows, with keep_rows
 
     @property
     def tokens(self) -> list[int]:
@@ -99,8 +102,14 @@ class Block:
         return list(self.drafted), (torch.stack(probs) if not self.sampling.greedy and probs else None)
 
 
-def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_tokens: int,
-                sampling: SamplingParams, draws: Draws | None) -> tuple[list[int], torch.Tensor | None]:
+def draft_block(
+    model: LanguageModel,
+    seq_id: str,
+    prefix: Sequence[int],
+    n_tokens: int,
+    sampling: SamplingParams,
+    draws: Draws | None,
+) -> tuple[list[int], torch.Tensor | None]:
     """n_tokens draft tokens after ``prefix`` and their q ([n_tokens, vocab] or None)."""
     block = Block(prefix, sampling, draws)
     for _ in range(n_tokens):
@@ -112,12 +121,13 @@ def draft_block(model: LanguageModel, seq_id: str, prefix: Sequence[int], n_toke
 class DraftJob:
     """One session's draft block of ``n_tokens`` after ``prefix``: run alone with ``run()``
     (``draft_block``), or with other sessions' blocks on the same model (``run_draft_jobs``)."""
+
     model: LanguageModel
     seq_id: str
     prefix: Sequence[int]
     n_tokens: int
     sampling: SamplingParams
-    draws: Draws | None               # None: greedy
+    draws: Draws | None  # None: greedy
 
     def run(self) -> tuple[list[int], torch.Tensor | None]:
         return draft_block(self.model, self.seq_id, self.prefix, self.n_tokens, self.sampling, self.draws)
@@ -136,7 +146,7 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
     if len({job.seq_id for job in jobs}) != len(jobs):
         raise ValueError(f"a batch holds each sequence once, got {[job.seq_id for job in jobs]}")
     blocks = [Block(job.prefix, job.sampling, job.draws) for job in jobs]
-    alone: list[int] = []                        # jobs whose batched pass failed
+    alone: list[int] = []  # jobs whose batched pass failed
     for step in range(max(job.n_tokens for job in jobs)):
         live = [i for i, job in enumerate(jobs) if step < job.n_tokens and i not in alone]
         try:
@@ -144,10 +154,12 @@ def run_draft_jobs(jobs: Sequence[DraftJob]) -> list[tuple[bool, object]]:
         except Exception:
             alone.extend(live)
             continue
-        for i, logits in zip(live, rows):                               # logits [1, vocab]
+        for i, logits in zip(live, rows):  # logits [1, vocab]
             blocks[i].take(logits)
-    return [_finish_alone(job, block) if i in alone else (True, block.result())
-            for i, (job, block) in enumerate(zip(jobs, blocks))]
+    return [
+        _finish_alone(job, block) if i in alone else (True, block.result())
+        for i, (job, block) in enumerate(zip(jobs, blocks))
+    ]
 
 
 def _finish_alone(job: DraftJob, block: Block) -> tuple[bool, object]:
@@ -156,5 +168,5 @@ def _finish_alone(job: DraftJob, block: Block) -> tuple[bool, object]:
         while len(block.drafted) < job.n_tokens:
             block.step(job.model, job.seq_id)
         return True, block.result()
-    except Exception as exc:         # handed to that job's caller
+    except Exception as exc:  # handed to that job's caller
         return False, exc

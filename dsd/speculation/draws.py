@@ -14,6 +14,7 @@ j commits up to j and the next block starts at j + 1, so no start position is ve
 a draft block redrafted at a start after its first drafting was dropped had no say in what was
 committed. Different roles and positions get independent streams (splitmix64 of the key).
 """
+
 from __future__ import annotations
 
 import torch

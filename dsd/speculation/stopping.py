@@ -3,6 +3,7 @@
 Edge and verifier apply the same rule to the same verdict, so they agree on the output without
 another message.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,9 +22,9 @@ class StopRule:
     def clip(self, new_tokens: Sequence[int], already_generated: int) -> list[int]:
         """The part of ``new_tokens`` that is emitted after ``already_generated`` tokens."""
         room = self.max_new_tokens - already_generated
-        kept = list(new_tokens[:max(room, 0)])
+        kept = list(new_tokens[: max(room, 0)])
         if self.eos_token_id is not None and self.eos_token_id in kept:
-            kept = kept[:kept.index(self.eos_token_id) + 1]
+            kept = kept[: kept.index(self.eos_token_id) + 1]
         return kept
 
     def finished(self, generated: Sequence[int]) -> bool:
@@ -37,7 +38,8 @@ class StopRule:
 
     def _finished(self, n_generated: int, last_token: int | None) -> bool:
         return n_generated >= self.max_new_tokens or (
-            self.eos_token_id is not None and n_generated > 0 and last_token == self.eos_token_id)
+            self.eos_token_id is not None and n_generated > 0 and last_token == self.eos_token_id
+        )
 
 
 def round_tokens(draft_tokens: Sequence[int], accepted: int, next_token: int) -> list[int]:

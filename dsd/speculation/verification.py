@@ -6,6 +6,7 @@ rejection sample the corrected token from norm(max(0, p_i - q_i)); if all gamma 
 sample the bonus token from p_gamma. Greedy decoding is the special case where acceptance is
 exact match with argmax p_i, and the corrected/bonus token is argmax p.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,35 +20,36 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BlockOutcome:
-    accepted: int      # draft tokens accepted, 0..gamma
-    next_token: int    # corrected (accepted < gamma) or bonus (accepted == gamma)
+    accepted: int  # draft tokens accepted, 0..gamma
+    next_token: int  # corrected (accepted < gamma) or bonus (accepted == gamma)
 
 
 def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> BlockOutcome:
     """target_logits: [gamma+1, vocab], row i predicts position i of the block; draft_tokens: [gamma]."""
-    target_tokens = target_logits.argmax(dim=-1)                     # [gamma+1]
+    target_tokens = target_logits.argmax(dim=-1)  # [gamma+1]
     gamma = draft_tokens.shape[0]
     mismatch = (target_tokens[:gamma] != draft_tokens).nonzero()
     accepted = int(mismatch[0, 0]) if mismatch.numel() else gamma
     return BlockOutcome(accepted, int(target_tokens[accepted]))
 
 
-def speculative_sample(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
-                       generator: torch.Generator) -> BlockOutcome:
+def speculative_sample(
+    p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator
+) -> BlockOutcome:
     """p: [gamma+1, vocab] target probabilities; q: [gamma, vocab] draft probabilities the draft
     tokens were sampled from; draft_tokens: [gamma]. Returns the accepted count and next token.
     """
     gamma = draft_tokens.shape[0]
     rows = torch.arange(gamma)
-    p_x = p[rows, draft_tokens]                                      # [gamma]
-    q_x = q[rows, draft_tokens]                                      # [gamma]
-    r = torch.rand(gamma, generator=generator, dtype=p.dtype)        # [gamma]
+    p_x = p[rows, draft_tokens]  # [gamma]
+    q_x = q[rows, draft_tokens]  # [gamma]
+    r = torch.rand(gamma, generator=generator, dtype=p.dtype)  # [gamma]
     # Accept if r < p/q, written as r*q < p so that q_x = 0 (impossible draft) never divides.
     rejected = (r * q_x >= p_x).nonzero()
     if not rejected.numel():
         return BlockOutcome(gamma, sample_index(p[gamma], generator))
     accepted = int(rejected[0, 0])
-    residual = torch.clamp(p[accepted] - q[accepted], min=0.0)      # [vocab]
+    residual = torch.clamp(p[accepted] - q[accepted], min=0.0)  # [vocab]
     if float(residual.sum()) <= 0.0:
         # Deviation from the paper: p == q at this row makes the residual empty, and then a
         # rejection has probability 0; floating-point noise can still get here, so fall back to p.
@@ -65,8 +67,7 @@ def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> in
     return int(support[torch.multinomial(weights[support], 1, generator=generator)])
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | None,
-                      top_p: float = 1.0) -> torch.Tensor:
+def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float = 1.0) -> torch.Tensor:
     """Sampling distribution over the vocabulary for each row of logits [n, vocab]: temperature,
     then top-k, then top-p (nucleus) truncation, renormalised. Drafter and target apply the same
     truncation to their own logits, so speculative sampling is exact for the target's truncated
@@ -75,13 +76,13 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int | Non
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)                             # [n, vocab]
+    probs = torch.softmax(logits, dim=-1)  # [n, vocab]
     if top_p < 1.0:
         probs = _nucleus(probs, top_p)
     return probs
 
 
-NUCLEUS_FIRST_KS = (64, 1024)   # look for the nucleus among this many top tokens before sorting all
+NUCLEUS_FIRST_KS = (64, 1024)  # look for the nucleus among this many top tokens before sorting all
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -95,7 +96,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     for k in NUCLEUS_FIRST_KS:
         if k >= probs.shape[-1]:
             break
-        top_probs, top_ids = torch.topk(probs, k, dim=-1)            # [n, k], descending
+        top_probs, top_ids = torch.topk(probs, k, dim=-1)  # [n, k], descending
         mass_before = torch.cumsum(top_probs, dim=-1) - top_probs
         if bool((mass_before[..., -1] >= top_p).all()):
             kept = top_probs * (mass_before < top_p)
@@ -106,7 +107,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [n, vocab]
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs   # mass of the tokens ahead
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of the tokens ahead
     keep_sorted = mass_before < top_p
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     kept = probs * keep

@@ -36,6 +36,7 @@ shared machine (tens of percent between two repeats of one point), which a boots
 requests alone would hide; with one repeat it reduces to the request bootstrap. The seed is
 fixed, so the same data gives the same interval.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,12 +65,16 @@ def request_latencies(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFr
         values = 1e3 * requests_steady_per_token_s(group, point_rounds)
         columns = keys + [c for c in ("client_id", "request_index") if c in group]
         frames.append(group[columns].assign(per_token_ms=values.to_numpy()))
-    return (pd.concat(frames, ignore_index=True) if frames
-            else pd.DataFrame(columns=keys + ["client_id", "request_index", "per_token_ms"]))
+    return (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(columns=keys + ["client_id", "request_index", "per_token_ms"])
+    )
 
 
-def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int = N_BOOT,
-                    seed: int = SEED) -> tuple[pd.DataFrame, dict]:
+def cell_replicates(
+    latencies: pd.DataFrame, cell_keys: list[str], n_boot: int = N_BOOT, seed: int = SEED
+) -> tuple[pd.DataFrame, dict]:
     """(cells: one row per cell with per_token_ms, the median over repeats of each point's median
     over its requests; replicates: cell tuple -> n_boot bootstrap values). Repeats, request
     indices and, per client count, clients are each drawn once per replicate for all cells (see
@@ -80,8 +85,8 @@ def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int =
         return pd.DataFrame(columns=cell_keys + ["per_token_ms", "repeats"]), {}
     repeat_ids = np.array(sorted(data["repeat"].unique()))
     n_requests = int(data["request_index"].max()) + 1
-    drawn_repeats = rng.choice(repeat_ids, size=(n_boot, len(repeat_ids)))       # [n_boot, repeats]
-    drawn_requests = rng.integers(0, n_requests, size=(n_boot, n_requests))     # [n_boot, requests]
+    drawn_repeats = rng.choice(repeat_ids, size=(n_boot, len(repeat_ids)))  # [n_boot, repeats]
+    drawn_requests = rng.integers(0, n_requests, size=(n_boot, n_requests))  # [n_boot, requests]
     fallback = rng.random(size=drawn_repeats.shape)
     drawn_clients = _ClientDraws(n_boot, seed)
     rows, replicates = [], {}
@@ -89,8 +94,8 @@ def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int =
         cell = cell if isinstance(cell, tuple) else (cell,)
         boot_by_repeat, point_medians = {}, []
         for repeat, g in group.groupby("repeat"):
-            values = _by_client_and_request(g, n_requests)                       # [clients, requests]
-            boot = _replicate_medians(values, drawn_clients.of(len(values)), drawn_requests)   # [n_boot]
+            values = _by_client_and_request(g, n_requests)  # [clients, requests]
+            boot = _replicate_medians(values, drawn_clients.of(len(values)), drawn_requests)  # [n_boot]
             # A draw of only requests this point lacks (a failed request) falls back to its median.
             boot_by_repeat[repeat] = np.where(np.isnan(boot), np.nanmedian(values), boot)
             point_medians.append(float(np.nanmedian(values)))
@@ -98,13 +103,18 @@ def cell_replicates(latencies: pd.DataFrame, cell_keys: list[str], n_boot: int =
         # A drawn repeat this cell lacks (a failed point) is replaced by one it has, at random.
         substitute = available[(fallback * len(available)).astype(int)]
         slots = np.where(np.isin(drawn_repeats, available), drawn_repeats, substitute)
-        medians = np.empty(slots.shape)                                           # [n_boot, repeats]
+        medians = np.empty(slots.shape)  # [n_boot, repeats]
         for repeat, boot in boot_by_repeat.items():
             rows_b, cols = np.nonzero(slots == repeat)
             medians[rows_b, cols] = boot[rows_b]
         replicates[cell] = np.median(medians, axis=1)
-        rows.append({**dict(zip(cell_keys, cell)), "per_token_ms": float(np.median(point_medians)),
-                     "repeats": len(boot_by_repeat)})
+        rows.append(
+            {
+                **dict(zip(cell_keys, cell)),
+                "per_token_ms": float(np.median(point_medians)),
+                "repeats": len(boot_by_repeat),
+            }
+        )
     return pd.DataFrame(rows), replicates
 
 
@@ -118,8 +128,11 @@ class _ClientDraws:
 
     def of(self, m: int) -> np.ndarray:
         if m not in self.draws:
-            self.draws[m] = (np.zeros((self.n_boot, 1), dtype=int) if m == 1 else
-                             np.random.default_rng([self.seed, m]).integers(0, m, size=(self.n_boot, m)))
+            self.draws[m] = (
+                np.zeros((self.n_boot, 1), dtype=int)
+                if m == 1
+                else np.random.default_rng([self.seed, m]).integers(0, m, size=(self.n_boot, m))
+            )
         return self.draws[m]
 
 
@@ -145,10 +158,10 @@ def _replicate_medians(values: np.ndarray, drawn_clients: np.ndarray, drawn_requ
     out = np.empty(n_boot)
     chunk = max(1, 2_000_000 // max(values.size, 1))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN draws: the caller's fallback
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN draws: the caller's fallback
         for lo in range(0, n_boot, chunk):
             hi = min(lo + chunk, n_boot)
-            picked = values[drawn_clients[lo:hi, :, None], drawn_requests[lo:hi, None, :]]   # [b, clients, requests]
+            picked = values[drawn_clients[lo:hi, :, None], drawn_requests[lo:hi, None, :]]  # [b, clients, requests]
             out[lo:hi] = np.nanmedian(picked.reshape(hi - lo, -1), axis=1)
     return out
 
@@ -160,8 +173,10 @@ def interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     if not len(values):
         return math.nan, math.nan
     tail = 100 * (1 - level) / 2
-    return (float(np.percentile(values, tail, method="lower")),
-            float(np.percentile(values, 100 - tail, method="higher")))
+    return (
+        float(np.percentile(values, tail, method="lower")),
+        float(np.percentile(values, 100 - tail, method="higher")),
+    )
 
 
 def latency_cis(cells: pd.DataFrame, replicates: dict, cell_keys: list[str]) -> pd.DataFrame:
@@ -172,8 +187,13 @@ def latency_cis(cells: pd.DataFrame, replicates: dict, cell_keys: list[str]) -> 
     return cells
 
 
-def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_ms: list[float],
-                  pairs: dict[str, tuple[str, str]] = CROSSOVERS) -> dict:
+def crossover_cis(
+    replicates: dict,
+    cell_keys: list[str],
+    fixed: dict,
+    rtt_grid_ms: list[float],
+    pairs: dict[str, tuple[str, str]] = CROSSOVERS,
+) -> dict:
     """Per crossover of pairs (name -> (mode, reference)): the 95% interval of the crossing over the
     replicates. fixed: the other cell keys (group, gamma, clients); AR is matched at any gamma.
     covers_grid: the interval reaches both ends of the swept RTTs (or beyond), i.e. the data
@@ -190,22 +210,30 @@ def crossover_cis(replicates: dict, cell_keys: list[str], fixed: dict, rtt_grid_
                 attrs = dict(zip(cell_keys, cell))
                 if attrs["mode"] != which:
                     continue
-                if any(attrs[k] != v for k, v in fixed.items()
-                       if k in attrs and not (k == "gamma" and not get_mode(which).speculative)):
+                if any(
+                    attrs[k] != v
+                    for k, v in fixed.items()
+                    if k in attrs and not (k == "gamma" and not get_mode(which).speculative)
+                ):
                     continue
                 found[float(attrs["rtt_ms"])] = values
             curves[which] = found
         common = sorted(set(curves[mode]) & set(curves[reference]))
         if len(common) < 2:
             continue
-        diffs = np.stack([curves[mode][r] - curves[reference][r] for r in common], axis=1)   # [n_boot, rtts]
+        diffs = np.stack([curves[mode][r] - curves[reference][r] for r in common], axis=1)  # [n_boot, rtts]
         degenerate = all(np.all(curves[m][r] == curves[m][r][0]) for m in (mode, reference) for r in common)
         crossings = np.array([crossing_rtt_ms(np.array(common), d) for d in diffs])
         low, high = interval(crossings)
         lo_grid, hi_grid = min(rtt_grid_ms), max(rtt_grid_ms)
-        out[name] = {"ci_low": low, "ci_high": high, "ci_width_ms": 0.0 if low == high else high - low,
-                     "ci_covers_grid": bool(low <= lo_grid and high >= hi_grid), "ci_degenerate": degenerate,
-                     "replicates_never_cross": float(np.mean(np.isinf(crossings)))}
+        out[name] = {
+            "ci_low": low,
+            "ci_high": high,
+            "ci_width_ms": 0.0 if low == high else high - low,
+            "ci_covers_grid": bool(low <= lo_grid and high >= hi_grid),
+            "ci_degenerate": degenerate,
+            "replicates_never_cross": float(np.mean(np.isinf(crossings))),
+        }
     return out
 
 
@@ -213,8 +241,11 @@ def describe_crossover(rtt_ms: float, ci: dict | None) -> str:
     """A crossover as text: the number with its interval, or what the interval allows."""
     if ci and ci.get("ci_covers_grid"):
         return "undetermined (95% CI covers the whole grid)"
-    text = ("never wins" if rtt_ms < 0 else "wins over the whole grid") if math.isinf(rtt_ms) else \
-        ("-" if math.isnan(rtt_ms) else f"{rtt_ms:.2f} ms")
+    text = (
+        ("never wins" if rtt_ms < 0 else "wins over the whole grid")
+        if math.isinf(rtt_ms)
+        else ("-" if math.isnan(rtt_ms) else f"{rtt_ms:.2f} ms")
+    )
     if ci and ci.get("ci_degenerate"):
         text += " (no interval: no resampled value differs)"
     elif ci and math.isinf(rtt_ms) and ci.get("ci_low") == ci.get("ci_high") == rtt_ms:
@@ -235,5 +266,9 @@ def capacity_ratio_interval(points: pd.DataFrame, mode: str) -> dict:
     redrawn jointly for every point, as above (capacity.capacity_ratio_replicates)."""
     replicates = capacity.capacity_ratio_replicates(points, mode, n_boot=N_BOOT, seed=SEED)
     low, high = interval(replicates, LEVEL)
-    return {"ratio_ci_low": low, "ratio_ci_high": high, "ratio_repeats": int(points["repeat"].nunique()),
-            "ratio_replicates_undefined": float(np.isnan(replicates).mean()) if len(replicates) else math.nan}
+    return {
+        "ratio_ci_low": low,
+        "ratio_ci_high": high,
+        "ratio_repeats": int(points["repeat"].nunique()),
+        "ratio_replicates_undefined": float(np.isnan(replicates).mean()) if len(replicates) else math.nan,
+    }

@@ -1,6 +1,7 @@
 """Multi-tenant capacity from traces: each client's token rate while all of a point's clients
 ran, and how many clients a saturated server sustains at one per-client rate. Shared by the
 capacity sweep's analysis and benchmarks/capacity.py. Pure functions."""
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def overlap_tok_s_per_client(rounds: pd.DataFrame) -> float:
     clients = [g.sort_values("t_receive_s") for _, g in live.groupby("client_id")]
     if not clients or any(len(c) < 2 for c in clients):
         return math.nan
-    window_s, _, tokens = overlap_counts([c["t_receive_s"].to_numpy() for c in clients],
-                                         [c["emitted"].to_numpy() for c in clients])
+    window_s, _, tokens = overlap_counts(
+        [c["t_receive_s"].to_numpy() for c in clients], [c["emitted"].to_numpy() for c in clients]
+    )
     return tokens / (len(clients) * window_s) if window_s > 0 else math.nan
 
 
@@ -61,8 +63,9 @@ def capacity_at(clients: np.ndarray, per_token_s: np.ndarray, target_s: float) -
     return float(n[-1])
 
 
-def predicted_tok_s_per_client(mode: str, clients: int, alpha: float, gamma: int, rtt_s: float,
-                               times: ComputeTimes) -> float:
+def predicted_tok_s_per_client(
+    mode: str, clients: int, alpha: float, gamma: int, rtt_s: float, times: ComputeTimes
+) -> float:
     """Each of n clients' token rate against a server that runs one sequence per pass: a client
     round takes its own critical path or, saturated, n times the server's work per round,
     whichever is longer (queueing before saturation left out). nan for modes it does not cover."""
@@ -78,33 +81,48 @@ def client_rates(points: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
     """Per group, mode and client count: each client's token rate while all ran (median over
     repeats)."""
     keys = [k for k in group_keys if k in points.columns] + ["mode", "gamma", "rtt_ms", "clients"]
-    return (points.groupby(keys)["tok_s_per_client_overlap"].median()
-            .rename("tok_s_per_client").reset_index())
+    return points.groupby(keys)["tok_s_per_client_overlap"].median().rename("tok_s_per_client").reset_index()
 
 
-def capacity_ratio(table: pd.DataFrame, dsd_mode: str = SYNC, reference: str = COLOCATED,
-                   rate_tok_s: float | None = None) -> dict:
+def capacity_ratio(
+    table: pd.DataFrame, dsd_mode: str = SYNC, reference: str = COLOCATED, rate_tok_s: float | None = None
+) -> dict:
     """Clients sustained at one per-client token rate, DSD over co-located SD. The rate defaults
     to what DSD gives each client at its largest measured count (where the server is most
     surely saturated), so the DSD count is measured and the co-located one interpolated."""
     mine, ref = table[table["mode"] == dsd_mode], table[table["mode"] == reference]
     if mine.empty or ref.empty:
         return {}
-    rate_tok_s, n_dsd, n_ref = _clients_at_rate(mine.clients.values, mine.tok_s_per_client.values,
-                                                ref.clients.values, ref.tok_s_per_client.values, rate_tok_s)
-    return {"mode": dsd_mode, "reference": reference, "rate_tok_s_per_client": rate_tok_s,
-            "clients_dsd": n_dsd, "clients_reference": n_ref, "ratio_measured": _ratio(n_dsd, n_ref)}
+    rate_tok_s, n_dsd, n_ref = _clients_at_rate(
+        mine.clients.values, mine.tok_s_per_client.values, ref.clients.values, ref.tok_s_per_client.values, rate_tok_s
+    )
+    return {
+        "mode": dsd_mode,
+        "reference": reference,
+        "rate_tok_s_per_client": rate_tok_s,
+        "clients_dsd": n_dsd,
+        "clients_reference": n_ref,
+        "ratio_measured": _ratio(n_dsd, n_ref),
+    }
 
 
-def capacity_ratio_replicates(points: pd.DataFrame, dsd_mode: str = SYNC, reference: str = COLOCATED,
-                              rate_tok_s: float | None = None, *, n_boot: int, seed: int) -> np.ndarray:
+def capacity_ratio_replicates(
+    points: pd.DataFrame,
+    dsd_mode: str = SYNC,
+    reference: str = COLOCATED,
+    rate_tok_s: float | None = None,
+    *,
+    n_boot: int,
+    seed: int,
+) -> np.ndarray:
     """Bootstrap replicates of capacity_ratio over the repeats of one subset's points: each
     replicate draws the repeats with replacement, the same draw for every (mode, clients) point
     (repeat r of all of them ran in one pass over the machine), takes each point's median over
     the drawn repeats, and recomputes the ratio, its rate included. Empty with fewer than two
     repeats or without both modes; nan where a replicate's ratio is undefined."""
     wide = points[points["mode"].isin([dsd_mode, reference])].pivot_table(
-        index=["mode", "clients"], columns="repeat", values="tok_s_per_client_overlap", aggfunc="median")
+        index=["mode", "clients"], columns="repeat", values="tok_s_per_client_overlap", aggfunc="median"
+    )
     modes = wide.index.get_level_values("mode")
     mine, ref = np.asarray(modes == dsd_mode), np.asarray(modes == reference)
     if wide.shape[1] < 2 or not mine.any() or not ref.any():
@@ -116,20 +134,27 @@ def capacity_ratio_replicates(points: pd.DataFrame, dsd_mode: str = SYNC, refere
     replicates = np.empty(n_boot)
     for b in range(n_boot):
         drawn = rates_by_repeat[:, rng.integers(0, n_repeats, n_repeats)]
-        rates = np.array([np.median(row[~np.isnan(row)]) if (~np.isnan(row)).any() else math.nan
-                          for row in drawn])
+        rates = np.array([np.median(row[~np.isnan(row)]) if (~np.isnan(row)).any() else math.nan for row in drawn])
         _, n_dsd, n_ref = _clients_at_rate(clients[mine], rates[mine], clients[ref], rates[ref], rate_tok_s)
         replicates[b] = _ratio(n_dsd, n_ref)
     return replicates
 
 
-def _clients_at_rate(dsd_clients: np.ndarray, dsd_tok_s: np.ndarray, ref_clients: np.ndarray,
-                     ref_tok_s: np.ndarray, rate_tok_s: float | None) -> tuple[float, float, float]:
+def _clients_at_rate(
+    dsd_clients: np.ndarray,
+    dsd_tok_s: np.ndarray,
+    ref_clients: np.ndarray,
+    ref_tok_s: np.ndarray,
+    rate_tok_s: float | None,
+) -> tuple[float, float, float]:
     """(rate, clients DSD sustains at it, clients the reference sustains); capacity_at converts."""
     if rate_tok_s is None:
         rate_tok_s = float(dsd_tok_s[np.argmax(dsd_clients)])
-    return (rate_tok_s, capacity_at(dsd_clients, 1 / dsd_tok_s, 1 / rate_tok_s),
-            capacity_at(ref_clients, 1 / ref_tok_s, 1 / rate_tok_s))
+    return (
+        rate_tok_s,
+        capacity_at(dsd_clients, 1 / dsd_tok_s, 1 / rate_tok_s),
+        capacity_at(ref_clients, 1 / ref_tok_s, 1 / rate_tok_s),
+    )
 
 
 def _ratio(n_dsd: float, n_ref: float) -> float:

@@ -1,5 +1,6 @@
 """Acceptance and latency by the prompts' category (a categorized workload, workloads/README.md):
 what a user reads off for their own mix of traffic. Pure functions over the sweep's frames."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -7,7 +8,7 @@ import pandas as pd
 from dsd.modes import speculative_modes
 from orchestrator.analysis.points import fit_alpha
 
-REQUEST_KEYS = ["run_id", "request_index"]      # a request's rounds carry these, not its category
+REQUEST_KEYS = ["run_id", "request_index"]  # a request's rounds carry these, not its category
 
 
 def has_categories(requests: pd.DataFrame) -> bool:
@@ -20,8 +21,11 @@ def by_category(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict[str, dict]
     (requests.csv's steady_per_token_s; a request without one is left out of the mean)."""
     finished = requests[_ok(requests)].assign(category=_categories(requests))
     finished = finished[finished["category"] != ""]
-    tagged = rounds.merge(finished[REQUEST_KEYS + ["category"]], on=REQUEST_KEYS, how="inner") \
-        if len(rounds) else pd.DataFrame(columns=[*REQUEST_KEYS, "category", "mode"])
+    tagged = (
+        rounds.merge(finished[REQUEST_KEYS + ["category"]], on=REQUEST_KEYS, how="inner")
+        if len(rounds)
+        else pd.DataFrame(columns=[*REQUEST_KEYS, "category", "mode"])
+    )
     spec = tagged[tagged["mode"].isin(speculative_modes())]
     result = {}
     for category, rows in finished.groupby("category", sort=True):
@@ -29,7 +33,8 @@ def by_category(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict[str, dict]
         result[str(category)] = {
             "requests": len(rows),
             "alpha_measured": fit_alpha(spec[spec["category"] == category]),
-            "steady_per_token_ms_mean": {str(mode): float(v) for mode, v in steady_ms.items()}}
+            "steady_per_token_ms_mean": {str(mode): float(v) for mode, v in steady_ms.items()},
+        }
     return result
 
 

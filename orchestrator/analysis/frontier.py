@@ -7,6 +7,7 @@ the points of that count ran, from the calibration points and the batch curve): 
 every count above the calibration's (the smallest). At the calibration's count, or for a folder
 without predictions, it is the queueing model with the group's in-sample fit.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,19 +30,28 @@ ERR_FLOOR_MS = 10.0
 # above this the edges slowed each other (on a testbed whose edges share CPUs, pipelined edges
 # draft at once), so the row measures the testbed's edge sharing, not a deployment's edges.
 EDGE_DRAFT_INFLATED_RATIO = 1.25
-WHAT = ("per client count N and pair of modes: the RTT below which the first mode is at least as fast per "
-        "token as the second (crossover_ms, from the median-of-repeats cells as summary crossovers are), its "
-        "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats, requests and clients drawn jointly for every "
-        "cell of every client count; ci_degenerate: a point, no resampled value differs, not a spread), and the "
-        "queueing model's prediction (predicted_ms, dsd.analytic.queueing: mean-value analysis); in_or_out_of_sample says whether "
-        "that prediction was written before any point of that N ran; edge_draft_step_ratio: the DSD mode's measured "
-        "edge draft step at N over its step at the smallest N, and edge_draft_inflated above "
-        f"{EDGE_DRAFT_INFLATED_RATIO}: the edges slowed each other (they share CPUs on this testbed), so that row "
-        "measures the testbed, not a deployment's edges")
+WHAT = (
+    "per client count N and pair of modes: the RTT below which the first mode is at least as fast per "
+    "token as the second (crossover_ms, from the median-of-repeats cells as summary crossovers are), its "
+    "95% bootstrap interval (ci_low_ms, ci_high_ms; repeats, requests and clients drawn jointly for every "
+    "cell of every client count; ci_degenerate: a point, no resampled value differs, not a spread), and the "
+    "queueing model's prediction (predicted_ms, dsd.analytic.queueing: mean-value analysis); in_or_out_of_sample says whether "
+    "that prediction was written before any point of that N ran; edge_draft_step_ratio: the DSD mode's measured "
+    "edge draft step at N over its step at the smallest N, and edge_draft_inflated above "
+    f"{EDGE_DRAFT_INFLATED_RATIO}: the edges slowed each other (they share CPUs on this testbed), so that row "
+    "measures the testbed, not a deployment's edges"
+)
 
 
-def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], group_values: dict, gamma: int,
-                  predictions: pd.DataFrame | None, in_sample_ms: Callable[[str, int], float]) -> list[dict]:
+def frontier_rows(
+    points: pd.DataFrame,
+    cell_reps: dict,
+    cell_keys: list[str],
+    group_values: dict,
+    gamma: int,
+    predictions: pd.DataFrame | None,
+    in_sample_ms: Callable[[str, int], float],
+) -> list[dict]:
     """One row per (client count, pair) the group's points measure both modes of. points: the
     group's; in_sample_ms(pair, clients): the fallback prediction (the group's in-sample fit)."""
     rtt_grid = sorted(points["rtt_ms"].unique())
@@ -59,18 +69,26 @@ def frontier_rows(points: pd.DataFrame, cell_reps: dict, cell_keys: list[str], g
             written_before = not math.isnan(predicted.get(pair, math.nan))
             predicted_ms = predicted[pair] if written_before else in_sample_ms(pair, clients)
             crossover_ms = measured[pair]["rtt_ms"]
-            draft_ratio = edge_draft_step_ratio(points, queueing.FRONTIER_PAIRS[pair][0], clients,
-                                                calibration_clients)
-            rows.append({**group_values, "clients": clients, "pair": pair, "crossover_ms": crossover_ms,
-                         "ci_low_ms": ci.get("ci_low", math.nan), "ci_high_ms": ci.get("ci_high", math.nan),
-                         "ci_covers_grid": bool(ci.get("ci_covers_grid", False)),
-                         "ci_degenerate": bool(ci.get("ci_degenerate", False)),
-                         "predicted_ms": predicted_ms,
-                         "in_or_out_of_sample": OUT_OF_SAMPLE if written_before and clients > calibration_clients
-                         else IN_SAMPLE,
-                         "err_pct": crossover_err_pct(crossover_ms, predicted_ms),
-                         "edge_draft_step_ratio": draft_ratio,
-                         "edge_draft_inflated": bool(draft_ratio > EDGE_DRAFT_INFLATED_RATIO)})
+            draft_ratio = edge_draft_step_ratio(points, queueing.FRONTIER_PAIRS[pair][0], clients, calibration_clients)
+            rows.append(
+                {
+                    **group_values,
+                    "clients": clients,
+                    "pair": pair,
+                    "crossover_ms": crossover_ms,
+                    "ci_low_ms": ci.get("ci_low", math.nan),
+                    "ci_high_ms": ci.get("ci_high", math.nan),
+                    "ci_covers_grid": bool(ci.get("ci_covers_grid", False)),
+                    "ci_degenerate": bool(ci.get("ci_degenerate", False)),
+                    "predicted_ms": predicted_ms,
+                    "in_or_out_of_sample": OUT_OF_SAMPLE
+                    if written_before and clients > calibration_clients
+                    else IN_SAMPLE,
+                    "err_pct": crossover_err_pct(crossover_ms, predicted_ms),
+                    "edge_draft_step_ratio": draft_ratio,
+                    "edge_draft_inflated": bool(draft_ratio > EDGE_DRAFT_INFLATED_RATIO),
+                }
+            )
     return rows
 
 
@@ -93,14 +111,24 @@ def frontier_evidence(rows: list[dict]) -> dict:
     """The out-of-sample error of the frontier: |measured / predicted - 1| over the rows predicted
     before their points ran whose crossover lies inside the grid with an interval that places it,
     and whose prediction is at least ERR_FLOOR_MS."""
-    errors = [r["err_pct"] for r in rows if r["in_or_out_of_sample"] == OUT_OF_SAMPLE
-              and math.isfinite(r["crossover_ms"]) and not r["ci_covers_grid"]
-              and math.isfinite(r["predicted_ms"]) and r["predicted_ms"] >= ERR_FLOOR_MS]
-    return {"err_p50_pct": float(np.median(errors)) if errors else math.nan,
-            "err_max_pct": float(max(errors)) if errors else math.nan, "err_rows": len(errors),
-            "err_floor_ms": ERR_FLOOR_MS,
-            "edge_draft_inflated_rows": [f"{r['pair']} at N = {r['clients']}" for r in rows
-                                         if r.get("edge_draft_inflated")]}
+    errors = [
+        r["err_pct"]
+        for r in rows
+        if r["in_or_out_of_sample"] == OUT_OF_SAMPLE
+        and math.isfinite(r["crossover_ms"])
+        and not r["ci_covers_grid"]
+        and math.isfinite(r["predicted_ms"])
+        and r["predicted_ms"] >= ERR_FLOOR_MS
+    ]
+    return {
+        "err_p50_pct": float(np.median(errors)) if errors else math.nan,
+        "err_max_pct": float(max(errors)) if errors else math.nan,
+        "err_rows": len(errors),
+        "err_floor_ms": ERR_FLOOR_MS,
+        "edge_draft_inflated_rows": [
+            f"{r['pair']} at N = {r['clients']}" for r in rows if r.get("edge_draft_inflated")
+        ],
+    }
 
 
 def regime_cells(cells: pd.DataFrame, gamma: int) -> pd.DataFrame:
@@ -113,9 +141,16 @@ def regime_cells(cells: pd.DataFrame, gamma: int) -> pd.DataFrame:
         ranked = cell.sort_values("per_token_ms")
         best = ranked.iloc[0]
         second = ranked.iloc[1] if len(ranked) > 1 else None
-        rows.append({"clients": int(clients), "rtt_ms": float(rtt_ms), "fastest": best["mode"],
-                     "per_token_ms": float(best["per_token_ms"]),
-                     "runner_up": second["mode"] if second is not None else "",
-                     "margin_pct": 100 * (second["per_token_ms"] / best["per_token_ms"] - 1)
-                     if second is not None else math.nan})
+        rows.append(
+            {
+                "clients": int(clients),
+                "rtt_ms": float(rtt_ms),
+                "fastest": best["mode"],
+                "per_token_ms": float(best["per_token_ms"]),
+                "runner_up": second["mode"] if second is not None else "",
+                "margin_pct": 100 * (second["per_token_ms"] / best["per_token_ms"] - 1)
+                if second is not None
+                else math.nan,
+            }
+        )
     return pd.DataFrame(rows, columns=["clients", "rtt_ms", "fastest", "per_token_ms", "runner_up", "margin_pct"])

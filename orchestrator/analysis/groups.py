@@ -2,6 +2,7 @@
 each group's points and its typed record (alphas, crossovers), and the capacity rows per subset of
 a multi-client sweep. A group is one value of each group key the sweep varies
 (points.varied_group_keys: profile, alpha, the link's keys, the sampling setting)."""
+
 from __future__ import annotations
 
 import math
@@ -13,9 +14,18 @@ from dsd.analytic import latency_model as lm
 from dsd.modes import edge_modes, speculative_modes
 from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis import bootstrap, capacity
-from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, add_predictions, fit_alpha,
-                                          fit_effective_params, fit_params, measured_crossovers, point_keys,
-                                          point_table, predicted_crossovers)
+from orchestrator.analysis.points import (
+    CROSSOVERS,
+    GROUP_KEYS,
+    add_predictions,
+    fit_alpha,
+    fit_effective_params,
+    fit_params,
+    measured_crossovers,
+    point_keys,
+    point_table,
+    predicted_crossovers,
+)
 from orchestrator.analysis import wire as wire_prediction
 from orchestrator.links import rows as link_rows
 
@@ -31,6 +41,7 @@ class ProfileFit:
     compute (compute: what a saturated server's capacity depends on), and as the client sees them
     (params: compute plus the harness's measured per-round overhead; what the predictions use;
     = compute on the sim launcher)."""
+
     assumed: ComputeTimes
     compute: ComputeTimes
     compute_source: dict
@@ -49,8 +60,7 @@ def fit_profiles(sweep: dict, requests: pd.DataFrame, rounds: pd.DataFrame) -> d
             profile_rounds = profile_rounds[profile_rounds["clients"] == 1]
         assumed = assumed_params(sweep, profile)
         compute, compute_source = fit_params(profile_rounds, assumed)
-        fits[profile] = ProfileFit(assumed, compute, compute_source,
-                                   *fit_effective_params(profile_rounds, compute))
+        fits[profile] = ProfileFit(assumed, compute, compute_source, *fit_effective_params(profile_rounds, compute))
     return fits
 
 
@@ -64,26 +74,39 @@ class GroupResult:
     """One group: its profile, the alpha measured over its rounds and the one configured, and its
     crossovers (rows that the intervals and the out-of-sample predictions fill in later); with the
     crossings measured and predicted at the measured alpha, which the plots draw."""
-    keys: dict                 # the group's value of each varied group key
+
+    keys: dict  # the group's value of each varied group key
     profile: str
     alpha_measured: float
     alpha_configured: float
-    crossovers: dict           # name -> summary.json's crossover row
-    measured: dict             # points.measured_crossovers
-    predicted: dict            # points.predicted_crossovers at alpha_measured
+    crossovers: dict  # name -> summary.json's crossover row
+    measured: dict  # points.measured_crossovers
+    predicted: dict  # points.predicted_crossovers at alpha_measured
 
     def entry(self) -> dict:
         """summary.json's entry of the group."""
-        return {**self.keys, "profile": self.profile, "alpha_measured": self.alpha_measured,
-                "alpha_configured": self.alpha_configured, "crossovers": self.crossovers}
+        return {
+            **self.keys,
+            "profile": self.profile,
+            "alpha_measured": self.alpha_measured,
+            "alpha_configured": self.alpha_configured,
+            "crossovers": self.crossovers,
+        }
 
     def group_values(self) -> dict:
         """The group's values of the group keys, its profile always among them."""
         return {k: v for k, v in self.entry().items() if k in GROUP_KEYS}
 
 
-def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFrame,
-                  fits: dict[str, ProfileFit], gamma: int) -> tuple[pd.DataFrame, GroupResult]:
+def analyze_group(
+    sweep: dict,
+    group: dict,
+    requests: pd.DataFrame,
+    rounds: pd.DataFrame,
+    links: pd.DataFrame,
+    fits: dict[str, ProfileFit],
+    gamma: int,
+) -> tuple[pd.DataFrame, GroupResult]:
     """One group's points.csv rows (statistics, predictions at the measured and configured alpha)
     and its record; ``group``: its value of each varied group key."""
     profile = group.get("profile", single_profile(sweep))
@@ -93,10 +116,14 @@ def analyze_group(sweep: dict, group: dict, requests: pd.DataFrame, rounds: pd.D
     points = point_table(requests, rounds, links)
     points = link_rows.add_link_columns(points, links, point_keys(requests))
     points = add_predictions(points, alpha, fit.params)
-    points = wire_prediction.add_wire_prediction(points, wire_prediction.experiment_vocab(sweep["experiment"]),
-                                                 wire_prediction.experiment_features(sweep["experiment"]))
-    points["per_token_ms_predicted_compute_only"] = add_predictions(
-        points, alpha, fit.compute)["per_token_ms_predicted"]
+    points = wire_prediction.add_wire_prediction(
+        points,
+        wire_prediction.experiment_vocab(sweep["experiment"]),
+        wire_prediction.experiment_features(sweep["experiment"]),
+    )
+    points["per_token_ms_predicted_compute_only"] = add_predictions(points, alpha, fit.compute)[
+        "per_token_ms_predicted"
+    ]
     points["alpha_measured_group"] = alpha
     alpha_configured = configured_alpha(sweep["experiment"], group)
     points = add_configured_alpha(points, alpha_configured, fit.params)
@@ -127,18 +154,25 @@ def add_configured_alpha(points: pd.DataFrame, alpha_configured: float, params: 
     points = points.copy()
     points.insert(list(points.columns).index("alpha_measured"), "alpha_configured", alpha_configured)
     points["per_token_ms_predicted_at_configured_alpha"] = (
-        math.nan if math.isnan(alpha_configured) else
-        add_predictions(points, alpha_configured, params)["per_token_ms_predicted"])
+        math.nan
+        if math.isnan(alpha_configured)
+        else add_predictions(points, alpha_configured, params)["per_token_ms_predicted"]
+    )
     return points
 
 
 def crossover_comparison(measured: dict, predicted: dict, modes: set) -> dict:
     """Crossovers between modes the sweep ran."""
-    return {name: {"measured_rtt_ms": measured.get(name, {}).get("rtt_ms", math.nan),
-                   "measured_rtt_ms_min": measured.get(name, {}).get("rtt_ms_min", math.nan),
-                   "measured_rtt_ms_max": measured.get(name, {}).get("rtt_ms_max", math.nan),
-                   "predicted_rtt_ms": predicted[name]["rtt_ms"]}
-            for name, pair in CROSSOVERS.items() if set(pair) <= modes}
+    return {
+        name: {
+            "measured_rtt_ms": measured.get(name, {}).get("rtt_ms", math.nan),
+            "measured_rtt_ms_min": measured.get(name, {}).get("rtt_ms_min", math.nan),
+            "measured_rtt_ms_max": measured.get(name, {}).get("rtt_ms_max", math.nan),
+            "predicted_rtt_ms": predicted[name]["rtt_ms"],
+        }
+        for name, pair in CROSSOVERS.items()
+        if set(pair) <= modes
+    }
 
 
 def frame_groups(frame: pd.DataFrame, keys: list[str]):
@@ -159,8 +193,9 @@ def select(frame: pd.DataFrame, keys: list[str], values: tuple) -> pd.DataFrame:
     return frame[mask]
 
 
-def capacity_summary(points: pd.DataFrame, groups: list[GroupResult],
-                     compute: dict[str, ComputeTimes]) -> tuple[pd.DataFrame, list[dict]]:
+def capacity_summary(
+    points: pd.DataFrame, groups: list[GroupResult], compute: dict[str, ComputeTimes]
+) -> tuple[pd.DataFrame, list[dict]]:
     """A multi-client sweep's per-client token rates (capacity.client_rates) and its capacity
     rows: per subset of the table and edge mode, the measured capacity ratio against its
     reference with its bootstrap interval, beside 1 + gamma*t_draft/t_verify (ratio_predicted)."""

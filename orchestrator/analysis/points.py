@@ -2,6 +2,7 @@
 
 Pure functions over pandas frames; the CLI does the reading and writing.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,7 +11,17 @@ import numpy as np
 import pandas as pd
 
 from dsd.analytic import latency_model as lm
-from dsd.modes import AR, CACHED, COLOCATED, CROSSOVERS, PIPELINED, SYNC, edge_modes, gammaless_modes, predict_per_token_s
+from dsd.modes import (
+    AR,
+    CACHED,
+    COLOCATED,
+    CROSSOVERS,
+    PIPELINED,
+    SYNC,
+    edge_modes,
+    gammaless_modes,
+    predict_per_token_s,
+)
 from dsd.costs.compute_times import ComputeTimes, steady_per_token_s
 from netem.measure import percentile
 from orchestrator.analysis import capacity
@@ -20,8 +31,16 @@ from orchestrator.analysis.rounds import rounds_with_receipts
 POINT_KEYS = ["mode", "rtt_ms", "gamma", "clients", "repeat"]
 # Point keys only in sweeps that vary them; the link's keys (orchestrator/links/keys.py) make groups of
 # their own, each with its crossovers over RTT.
-GROUP_KEYS = ["profile", "alpha", "jitter_ms", "delay_distribution", "correlation_pct", "loss_pct", "rate_mbit",
-              "delay_up_ms"]
+GROUP_KEYS = [
+    "profile",
+    "alpha",
+    "jitter_ms",
+    "delay_distribution",
+    "correlation_pct",
+    "loss_pct",
+    "rate_mbit",
+    "delay_up_ms",
+]
 # Every sweep's rows carry its sampling setting (orchestrator/spec/sampling.py); a swept one is a group.
 SAMPLING_KEYS = ["temperature", "top_k", "top_p", "sampling_seed"]
 GROUP_KEYS += SAMPLING_KEYS
@@ -30,6 +49,8 @@ GROUP_KEYS += SAMPLING_KEYS
 def varied_group_keys(frame: pd.DataFrame) -> list[str]:
     """The group keys of a sweep: profile and alpha where present, sampling keys where they vary."""
     return [k for k in GROUP_KEYS if k in frame.columns and (k not in SAMPLING_KEYS or frame[k].nunique() > 1)]
+
+
 def fit_alpha(rounds: pd.DataFrame) -> float:
     """Pooled maximum-likelihood alpha over live rounds: accepted successes, one failure per
     round that did not accept everything."""
@@ -61,7 +82,7 @@ def fit_alpha_tokens_per_round(rounds: pd.DataFrame) -> float:
     return lm.bisect_increasing(tokens, emitted, 0.0, 1.0, tol=1e-7)
 
 
-FITTED = ("t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s")   # what a run's rounds can say
+FITTED = ("t_draft_edge_s", "t_draft_server_s", "t_ar_s", "t_verify_s")  # what a run's rounds can say
 
 
 def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTimes, dict]:
@@ -84,8 +105,9 @@ def fit_params(rounds: pd.DataFrame, fallback: ComputeTimes) -> tuple[ComputeTim
         times = times.replace(t_draft_edge_s=float(draft_s.median()))
         source["t_draft_edge_s"] = f"fitted: median draft time per token over {len(sync)} sync rounds"
     verify = edge[edge["server_compute_s"].notna()]
-    times = times.with_verify_s({int(gamma): float(group["server_compute_s"].median())
-                                 for gamma, group in verify.groupby("gamma")})
+    times = times.with_verify_s(
+        {int(gamma): float(group["server_compute_s"].median()) for gamma, group in verify.groupby("gamma")}
+    )
     if len(verify):
         source["t_verify_s"] = f"fitted: median server compute over {len(verify)} DSD rounds"
     ar = live[(live["mode"] == AR) & live["server_compute_s"].notna()]
@@ -162,15 +184,18 @@ def fit_effective_params(rounds: pd.DataFrame, compute: ComputeTimes) -> tuple[C
     live = live.sort_values("round_index")
     keys = [k for k in ["point", "client_id", "request_index"] if k in live]
     previous_receive_s = live.groupby(keys)["t_receive_s"].shift(1)
-    live = live.assign(since_previous_s=live["t_receive_s"] - previous_receive_s,
-                       send_since_previous_s=live["t_send_s"] - previous_receive_s)
+    live = live.assign(
+        since_previous_s=live["t_receive_s"] - previous_receive_s,
+        send_since_previous_s=live["t_send_s"] - previous_receive_s,
+    )
     for fit in (_client_view_ar, _client_view_sync, _client_view_colocated):
         times = fit(live, times, compute, source, overhead_ms)
     return times, source, overhead_ms
 
 
-def _client_view_ar(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
-                    overhead_ms: dict) -> ComputeTimes:
+def _client_view_ar(
+    live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict, overhead_ms: dict
+) -> ComputeTimes:
     steps = live[(live["mode"] == AR) & live["since_previous_s"].notna()]
     if not len(steps):
         return times
@@ -187,8 +212,9 @@ def _client_view_ar(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTim
     return times.replace(t_ar_s=float(ar.mean()))
 
 
-def _client_view_sync(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
-                      overhead_ms: dict) -> ComputeTimes:
+def _client_view_sync(
+    live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict, overhead_ms: dict
+) -> ComputeTimes:
     sync = live[live["mode"] == SYNC]
     # A request's first round also waits for its prompt's prefill; the steady state the per-token
     # statistic measures (steady_windows) leaves it out, and so does the fit where it can.
@@ -205,19 +231,25 @@ def _client_view_sync(live: pd.DataFrame, times: ComputeTimes, compute: ComputeT
         times = times.replace(t_draft_edge_s=float(edge.mean()))
         source["t_draft_edge_s"] = f"client view: mean (send - previous receipt) / gamma over {len(edge)} sync rounds"
         overhead_ms["dsd_round_edge_side"] = 1e3 * float(
-            (sync["send_since_previous_s"] - (sync["t_draft_end_s"] - sync["t_draft_start_s"])).mean())
+            (sync["send_since_previous_s"] - (sync["t_draft_end_s"] - sync["t_draft_start_s"])).mean()
+        )
     return times
 
 
-def _client_view_colocated(live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict,
-                           overhead_ms: dict) -> ComputeTimes:
+def _client_view_colocated(
+    live: pd.DataFrame, times: ComputeTimes, compute: ComputeTimes, source: dict, overhead_ms: dict
+) -> ComputeTimes:
     co = live[live["mode"] == COLOCATED].dropna(subset=["since_previous_s"])
     if not len(co):
         return times
-    estimates = [(g["since_previous_s"].mean() - _t_verify_or_zero_s(times, int(gamma))) / gamma
-                 for gamma, g in co.groupby("gamma")]
-    source["t_draft_server_s"] = ("client view: (mean time between co-located rounds - t_verify) / gamma; "
-                                  "below compute when t_verify carries DSD's message overhead")
+    estimates = [
+        (g["since_previous_s"].mean() - _t_verify_or_zero_s(times, int(gamma))) / gamma
+        for gamma, g in co.groupby("gamma")
+    ]
+    source["t_draft_server_s"] = (
+        "client view: (mean time between co-located rounds - t_verify) / gamma; "
+        "below compute when t_verify carries DSD's message overhead"
+    )
     overhead_ms["colocated_round"] = 1e3 * float((co["since_previous_s"] - co["server_compute_s"]).mean())
     return times.replace(t_draft_server_s=float(max(np.median(estimates), 0.0)))
 
@@ -234,29 +266,34 @@ def point_table(requests: pd.DataFrame, rounds: pd.DataFrame, links: pd.DataFram
         point = dict(zip(keys, key))
         point_rounds = rounds_by_point.get(key, rounds.iloc[0:0])
         per_token_ms = 1e3 * requests_steady_per_token_s(group, point_rounds)
-        rows.append({
-            **point,
-            "requests": len(group),
-            "rtt_configured_ms": point["rtt_ms"],
-            # the edge's RTT probe; NaN on the sim launcher, whose link is only configured
-            "rtt_measured_ms": group["rtt_probe_ms"].median() if "rtt_probe_ms" in group else math.nan,
-            "rtt_link_measured_ms": link_rtt_ms.get(key, math.nan),
-            # what delayed the point's link (kernel-netem, nfqueue, app-delay, none): every row says
-            **({"shaper": ",".join(sorted(set(group["shaper"].astype(str))))} if "shaper" in group else {}),
-            "alpha_measured": fit_alpha(point_rounds) if len(point_rounds) else math.nan,
-            "tokens_per_round": (point_rounds.loc[~point_rounds["stale"].astype(bool), "emitted"].mean()
-                                 if len(point_rounds) else math.nan),
-            **cache_figures(point_rounds),
-            "per_token_ms_mean": per_token_ms.mean(),
-            "per_token_ms_p50": per_token_ms.quantile(0.5),
-            "per_token_ms_p99": per_token_ms.quantile(0.99),
-            "ttft_ms_p50": 1e3 * group["ttft_s"].quantile(0.5),
-            **user_latency(group, point_rounds),
-            "throughput_tok_s": group["tokens"].sum() / group["wall_s"].sum() * point["clients"],
-            "tok_s_per_client": group["tokens"].sum() / group["wall_s"].sum(),
-            "tok_s_per_client_overlap": capacity.overlap_tok_s_per_client(point_rounds),
-            **measured_compute_ms(point_rounds),
-        })
+        rows.append(
+            {
+                **point,
+                "requests": len(group),
+                "rtt_configured_ms": point["rtt_ms"],
+                # the edge's RTT probe; NaN on the sim launcher, whose link is only configured
+                "rtt_measured_ms": group["rtt_probe_ms"].median() if "rtt_probe_ms" in group else math.nan,
+                "rtt_link_measured_ms": link_rtt_ms.get(key, math.nan),
+                # what delayed the point's link (kernel-netem, nfqueue, app-delay, none): every row says
+                **({"shaper": ",".join(sorted(set(group["shaper"].astype(str))))} if "shaper" in group else {}),
+                "alpha_measured": fit_alpha(point_rounds) if len(point_rounds) else math.nan,
+                "tokens_per_round": (
+                    point_rounds.loc[~point_rounds["stale"].astype(bool), "emitted"].mean()
+                    if len(point_rounds)
+                    else math.nan
+                ),
+                **cache_figures(point_rounds),
+                "per_token_ms_mean": per_token_ms.mean(),
+                "per_token_ms_p50": per_token_ms.quantile(0.5),
+                "per_token_ms_p99": per_token_ms.quantile(0.99),
+                "ttft_ms_p50": 1e3 * group["ttft_s"].quantile(0.5),
+                **user_latency(group, point_rounds),
+                "throughput_tok_s": group["tokens"].sum() / group["wall_s"].sum() * point["clients"],
+                "tok_s_per_client": group["tokens"].sum() / group["wall_s"].sum(),
+                "tok_s_per_client_overlap": capacity.overlap_tok_s_per_client(point_rounds),
+                **measured_compute_ms(point_rounds),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -267,10 +304,12 @@ def cache_figures(rounds: pd.DataFrame) -> dict:
     if cached.empty:
         return {}
     hit = cached["cache_hit"].astype(bool)
-    return {"cache_hit_rate": cache_hit_rate(rounds),
-            "cache_partial_hit_rate": float((hit & (cached["cache_depth"] < cached["proposed"])).mean()),
-            "cache_hit_predicted": float(cached["cache_hit_predicted"].mean()),
-            "cache_branches_p50": float(cached["cache_branches"].median())}
+    return {
+        "cache_hit_rate": cache_hit_rate(rounds),
+        "cache_partial_hit_rate": float((hit & (cached["cache_depth"] < cached["proposed"])).mean()),
+        "cache_hit_predicted": float(cached["cache_hit_predicted"].mean()),
+        "cache_branches_p50": float(cached["cache_branches"].median()),
+    }
 
 
 def user_latency(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict:
@@ -278,14 +317,19 @@ def user_latency(requests: pd.DataFrame, rounds: pd.DataFrame) -> dict:
     requests together (request_stats.token_latencies_ms: a stall's tokens are a few among many,
     so it moves the p99, not the p50), time to first token p99, the longest gap between arrivals in
     any request, and how many requests were given up at their deadline (requests.csv gave_up)."""
-    pooled = [ms for arrivals in request_stats.request_arrivals(rounds).values()
-              for ms in request_stats.token_latencies_ms(arrivals)]
+    pooled = [
+        ms
+        for arrivals in request_stats.request_arrivals(rounds).values()
+        for ms in request_stats.token_latencies_ms(arrivals)
+    ]
     gave_up = requests["gave_up"].fillna("").astype(str).ne("") if "gave_up" in requests else pd.Series(False)
-    return {"token_latency_ms_p50": percentile(pooled, 50),
-            "token_latency_ms_p99": percentile(pooled, 99),
-            "ttft_ms_p99": 1e3 * requests["ttft_s"].quantile(0.99),
-            "longest_gap_ms_max": (requests["longest_gap_ms"].max() if "longest_gap_ms" in requests else math.nan),
-            "requests_gave_up": int(gave_up.sum())}
+    return {
+        "token_latency_ms_p50": percentile(pooled, 50),
+        "token_latency_ms_p99": percentile(pooled, 99),
+        "ttft_ms_p99": 1e3 * requests["ttft_s"].quantile(0.99),
+        "longest_gap_ms_max": (requests["longest_gap_ms"].max() if "longest_gap_ms" in requests else math.nan),
+        "requests_gave_up": int(gave_up.sum()),
+    }
 
 
 def requests_steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
@@ -297,10 +341,13 @@ def requests_steady_per_token_s(requests: pd.DataFrame, rounds: pd.DataFrame) ->
     windows = steady_windows(rounds)
     if windows is None:
         return fallback
-    values = {key: steady_per_token_s(t_start_s, window["t_receive_s"].iloc[-1],
-                                             int(window["emitted"].sum()))
-              for key, (t_start_s, window) in windows.items()}
-    measured = [values.get((str(c), int(r)), math.nan) for c, r in zip(requests["client_id"], requests["request_index"])]
+    values = {
+        key: steady_per_token_s(t_start_s, window["t_receive_s"].iloc[-1], int(window["emitted"].sum()))
+        for key, (t_start_s, window) in windows.items()
+    }
+    measured = [
+        values.get((str(c), int(r)), math.nan) for c, r in zip(requests["client_id"], requests["request_index"])
+    ]
     return pd.Series(measured, index=requests.index).fillna(fallback)
 
 
@@ -333,7 +380,7 @@ def _windows(live: pd.DataFrame) -> dict:
         g = g.sort_values("round_index")
         full = np.flatnonzero((g["emitted"] == g["accepted"] + 1).to_numpy()[1:]) + 1
         if len(full):
-            windows[str(client), int(request)] = (g.iloc[0], g.iloc[1:full[-1] + 1])
+            windows[str(client), int(request)] = (g.iloc[0], g.iloc[1 : full[-1] + 1])
     return windows
 
 
@@ -355,7 +402,8 @@ def measured_compute_ms(rounds: pd.DataFrame) -> dict:
     drafted = live[live["t_draft_end_s"].notna() & (live["proposed"] > 0)]
     if len(drafted):
         out["t_draft_ms_measured"] = 1e3 * float(
-            ((drafted.t_draft_end_s - drafted.t_draft_start_s) / drafted.proposed).median())
+            ((drafted.t_draft_end_s - drafted.t_draft_start_s) / drafted.proposed).median()
+        )
     if live["server_compute_s"].notna().any():
         out["server_compute_ms_p50"] = 1e3 * float(live["server_compute_s"].median())
         if live["mode"].isin(edge_modes()).all():
@@ -366,9 +414,12 @@ def measured_compute_ms(rounds: pd.DataFrame) -> dict:
 def add_predictions(points: pd.DataFrame, alpha: float, times: ComputeTimes) -> pd.DataFrame:
     points = points.copy()
     points["per_token_ms_predicted"] = [
-        1e3 * predict_per_token_s(row.mode, alpha, int(row.gamma), row.rtt_ms / 1e3,
-                                   **times.closed_form_terms(int(row.gamma)))
-        for row in points.itertuples()]
+        1e3
+        * predict_per_token_s(
+            row.mode, alpha, int(row.gamma), row.rtt_ms / 1e3, **times.closed_form_terms(int(row.gamma))
+        )
+        for row in points.itertuples()
+    ]
     points["latency_err_pct"] = 100 * (points["per_token_ms_p50"] / points["per_token_ms_predicted"] - 1)
     return points
 
@@ -387,8 +438,9 @@ def crossing_rtt_ms(rtt_ms: np.ndarray, diff_ms: np.ndarray) -> float:
     return math.inf
 
 
-def measured_crossovers(points: pd.DataFrame, gamma: int, clients: int = 1,
-                        pairs: dict[str, tuple[str, str]] = CROSSOVERS) -> dict:
+def measured_crossovers(
+    points: pd.DataFrame, gamma: int, clients: int = 1, pairs: dict[str, tuple[str, str]] = CROSSOVERS
+) -> dict:
     """Per crossover of pairs (name -> (mode, reference)): the median-of-repeats crossing and the
     range over repeats."""
     result = {}
@@ -420,17 +472,39 @@ def measured_crossovers(points: pd.DataFrame, gamma: int, clients: int = 1,
 
 def predicted_crossovers(gamma: int, alpha: float, times: ComputeTimes) -> dict:
     return {
-        "sync_vs_ar": {"rtt_ms": 1e3 * lm.sync_dsd_beats_ar_rtt_s(
-            alpha, gamma, times.t_draft_edge_s, times.t_verify_s(gamma), times.t_ar_s)},
-        "pipelined_vs_colocated": {"rtt_ms": 1e3 * lm.pipelined_beats_colocated_rtt_s(
-            alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma))},
-        **({"cached_vs_colocated": {"rtt_ms": 1e3 * lm.cached_beats_colocated_rtt_s(
-            alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma),
-            times.cache_hit_rate, times.cache_fill_s or 0.0)}} if times.cache_hit_rate is not None else {}),
+        "sync_vs_ar": {
+            "rtt_ms": 1e3
+            * lm.sync_dsd_beats_ar_rtt_s(alpha, gamma, times.t_draft_edge_s, times.t_verify_s(gamma), times.t_ar_s)
+        },
+        "pipelined_vs_colocated": {
+            "rtt_ms": 1e3
+            * lm.pipelined_beats_colocated_rtt_s(
+                alpha, gamma, times.t_draft_edge_s, times.t_draft_server_s, times.t_verify_s(gamma)
+            )
+        },
+        **(
+            {
+                "cached_vs_colocated": {
+                    "rtt_ms": 1e3
+                    * lm.cached_beats_colocated_rtt_s(
+                        alpha,
+                        gamma,
+                        times.t_draft_edge_s,
+                        times.t_draft_server_s,
+                        times.t_verify_s(gamma),
+                        times.cache_hit_rate,
+                        times.cache_fill_s or 0.0,
+                    )
+                }
+            }
+            if times.cache_hit_rate is not None
+            else {}
+        ),
     }
 
 
 # --- the gain window: where DSD beats cloud AR over (alpha, RTT) -------------------------------
+
 
 def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
     """speedup_vs_ar: cloud AR's per-token latency (p50) at the same RTT, clients, repeat and
@@ -439,8 +513,9 @@ def add_speedups(points: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in point_keys(points) if k not in ("mode", "gamma")]
     ar = points[points["mode"] == AR].set_index(keys)["per_token_ms_p50"]
     ar = ar[~ar.index.duplicated()]
-    reference = [ar.get(tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]], math.nan)
-                 for _, row in points.iterrows()]
+    reference = [
+        ar.get(tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]], math.nan) for _, row in points.iterrows()
+    ]
     points["speedup_vs_ar"] = np.asarray(reference, dtype=float) / points["per_token_ms_p50"]
     return points
 
@@ -459,20 +534,25 @@ def predicted_ar_boundary_rtt_ms(mode: str, alpha: float, gamma: int, times: Com
 def predicted_ar_boundary_alpha(mode: str, rtt_ms: float, gamma: int, times: ComputeTimes) -> float:
     """The other view of the same edge: at this RTT, the alpha at which `mode` ties cloud AR
     (the boundary RTT rises with alpha). nan if it loses even at alpha = 1."""
+
     def boundary(alpha: float) -> float:
         return predicted_ar_boundary_rtt_ms(mode, alpha, gamma, times)
 
     if boundary(1.0) < rtt_ms:
         return math.nan
-    lo, hi = 0.0, 1.0                  # boundary(lo) < rtt_ms <= boundary(hi)
+    lo, hi = 0.0, 1.0  # boundary(lo) < rtt_ms <= boundary(hi)
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if boundary(mid) < rtt_ms else (lo, mid)
     return hi
 
 
-def gain_window_table(points: pd.DataFrame, gamma: int, times_by_profile: dict[str, ComputeTimes],
-                      modes: tuple[str, ...] = (SYNC, PIPELINED)) -> pd.DataFrame:
+def gain_window_table(
+    points: pd.DataFrame,
+    gamma: int,
+    times_by_profile: dict[str, ComputeTimes],
+    modes: tuple[str, ...] = (SYNC, PIPELINED),
+) -> pd.DataFrame:
     """Per profile, mode and RTT: the alpha at which DSD ties cloud AR, measured (interpolated
     over the swept alphas, medians over repeats, at the measured alphas) and predicted."""
     rows = []
@@ -483,9 +563,16 @@ def gain_window_table(points: pd.DataFrame, gamma: int, times_by_profile: dict[s
             for rtt_ms, at_rtt in mine.groupby("rtt_ms"):
                 per_alpha = at_rtt.groupby("alpha_measured_group")["speedup_vs_ar"].median()
                 # crossing_rtt_ms works for any x: where speedup - 1 first turns positive.
-                measured = crossing_rtt_ms(per_alpha.index.values, per_alpha.values - 1.0) \
-                    if len(per_alpha) >= 2 else math.nan
-                rows.append({"profile": profile, "mode": mode, "rtt_ms": rtt_ms,
-                             "alpha_boundary_measured": measured,
-                             "alpha_boundary_predicted": predicted_ar_boundary_alpha(mode, rtt_ms, gamma, times)})
+                measured = (
+                    crossing_rtt_ms(per_alpha.index.values, per_alpha.values - 1.0) if len(per_alpha) >= 2 else math.nan
+                )
+                rows.append(
+                    {
+                        "profile": profile,
+                        "mode": mode,
+                        "rtt_ms": rtt_ms,
+                        "alpha_boundary_measured": measured,
+                        "alpha_boundary_predicted": predicted_ar_boundary_alpha(mode, rtt_ms, gamma, times),
+                    }
+                )
     return pd.DataFrame(rows)

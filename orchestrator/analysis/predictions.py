@@ -24,6 +24,7 @@ prediction existed (a folder from an older version) gets none rather than a post
 The analysis then compares every non-calibration point with its prediction: the out-of-sample
 error, the headline of summary.json, points.csv, the plot and the report.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,18 @@ from dsd.analytic import queueing
 from dsd.analytic.latency_model import expected_tokens_per_round
 from dsd.modes import AR, COLOCATED, PIPELINED, SYNC, get_mode, predict_per_token_s, speculative_modes
 from dsd.costs.compute_times import ComputeTimes
-from orchestrator.analysis.points import (CROSSOVERS, GROUP_KEYS, cache_hit_rate, fit_alpha_tokens_per_round,
-                                          cache_fill_s, fit_effective_params, fit_params, point_keys, predicted_crossovers,
-                                          steady_window_rounds)
+from orchestrator.analysis.points import (
+    CROSSOVERS,
+    GROUP_KEYS,
+    cache_hit_rate,
+    fit_alpha_tokens_per_round,
+    cache_fill_s,
+    fit_effective_params,
+    fit_params,
+    point_keys,
+    predicted_crossovers,
+    steady_window_rounds,
+)
 from orchestrator.analysis.wire import add_wire_prediction, experiment_features, experiment_vocab
 from orchestrator.common.csv_rows import read_whole_rows
 from orchestrator.common.files import write_atomic, write_json
@@ -54,6 +64,7 @@ CALIBRATION = "calibration.json"
 
 
 # --- before the measurements ---------------------------------------------------------------------
+
 
 def calibrate(rounds: pd.DataFrame, assumed: ComputeTimes) -> dict:
     """The closed form's inputs from the calibration rounds alone (assumed: the compute times
@@ -79,13 +90,19 @@ def calibrate(rounds: pd.DataFrame, assumed: ComputeTimes) -> dict:
         note = f" (per request; median over {len(by_request)} requests)"
         sources = {k: v + note for k, v in sources.items()}
         compute_sources = {k: v + note for k, v in compute_sources.items()}
-    hit_rate = cache_hit_rate(rounds)         # pooled over the requests, as alpha is: hits do not stall
+    hit_rate = cache_hit_rate(rounds)  # pooled over the requests, as alpha is: hits do not stall
     if hit_rate is not None:
         pooled = {"cache_hit_rate": hit_rate, "cache_fill_s": cache_fill_s(rounds)}
         params, compute = params.replace(**pooled), compute.replace(**pooled)
-    return {"alpha": alpha, "alpha_source": alpha_source, "params": params, "params_source": sources,
-            "params_compute": compute,
-            "params_compute_source": compute_sources, "harness_overhead_ms": overhead}
+    return {
+        "alpha": alpha,
+        "alpha_source": alpha_source,
+        "params": params,
+        "params_source": sources,
+        "params_compute": compute,
+        "params_compute_source": compute_sources,
+        "harness_overhead_ms": overhead,
+    }
 
 
 def _steady_alpha(spec: pd.DataFrame) -> tuple[float, str]:
@@ -103,12 +120,15 @@ def _steady_alpha(spec: pd.DataFrame) -> tuple[float, str]:
     if window.empty:
         window, what = spec, "all of them (no request has a steady window)"
     alpha = fit_alpha_tokens_per_round(window)
-    return alpha, (f"tokens per round: E(alpha, gamma) = the mean emitted over {len(window)} speculative "
-                   f"calibration rounds, {what}")
+    return alpha, (
+        f"tokens per round: E(alpha, gamma) = the mean emitted over {len(window)} speculative "
+        f"calibration rounds, {what}"
+    )
 
 
-def _fit_per_request(rounds: pd.DataFrame, requests: list[pd.DataFrame],
-                     assumed: ComputeTimes) -> tuple[ComputeTimes, ComputeTimes, dict]:
+def _fit_per_request(
+    rounds: pd.DataFrame, requests: list[pd.DataFrame], assumed: ComputeTimes
+) -> tuple[ComputeTimes, ComputeTimes, dict]:
     """(compute, params, overhead_ms): each the median over the requests' own fits."""
     fits = []
     for request_rounds in requests:
@@ -123,29 +143,37 @@ def _fit_per_request(rounds: pd.DataFrame, requests: list[pd.DataFrame],
     co_gammas = sorted({int(g) for g in rounds.loc[rounds["mode"] == COLOCATED, "gamma"]})
     estimates = []
     for gamma in co_gammas:
-        co_round_s = np.median([gamma * f[1].t_draft_server_s + f[1].t_verify_s(gamma) for f in fits
-                                if gamma in f[1].verify_table_s])
+        co_round_s = np.median(
+            [gamma * f[1].t_draft_server_s + f[1].t_verify_s(gamma) for f in fits if gamma in f[1].verify_table_s]
+        )
         estimates.append((co_round_s - params.t_verify_s(gamma)) / gamma)
     if estimates:
         params = params.replace(t_draft_server_s=float(np.median(estimates)))
-    overhead = {k: float(np.median([f[3][k] for f in fits if k in f[3]]))
-                for k in set().union(*(f[3] for f in fits))}
+    overhead = {k: float(np.median([f[3][k] for f in fits if k in f[3]])) for k in set().union(*(f[3] for f in fits))}
     return compute, params, overhead
 
 
 def _median_times(fits: list[ComputeTimes]) -> ComputeTimes:
     """Every fitted time the median over the fits; the table per gamma of the first fit."""
+
     def median(name: str) -> float:
         return float(np.median([getattr(f, name) for f in fits]))
 
-    table = {g: float(np.median([f.verify_table_s[g] for f in fits if g in f.verify_table_s]))
-             for g in fits[0].verify_table_s}
-    return fits[0].replace(t_draft_edge_s=median("t_draft_edge_s"), t_draft_server_s=median("t_draft_server_s"),
-                           t_ar_s=median("t_ar_s"), t_verify_by_gamma_s=table)
+    table = {
+        g: float(np.median([f.verify_table_s[g] for f in fits if g in f.verify_table_s]))
+        for g in fits[0].verify_table_s
+    }
+    return fits[0].replace(
+        t_draft_edge_s=median("t_draft_edge_s"),
+        t_draft_server_s=median("t_draft_server_s"),
+        t_ar_s=median("t_ar_s"),
+        t_verify_by_gamma_s=table,
+    )
 
 
-def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float,
-                    wire: WireTerms | None = None, max_batch: int = 1) -> list[dict]:
+def prediction_rows(
+    points: list[Point], calibration: dict, is_cal, now_s: float, wire: WireTerms | None = None, max_batch: int = 1
+) -> list[dict]:
     """One row per planned point: its predicted per-token latency, and its group's predicted
     crossovers at its gamma and client count (every pair of dsd.analytic.queueing.FRONTIER_PAIRS); a point
     with a rate cap with the closed form's serialisation term (``wire``: what a round puts on the
@@ -164,38 +192,69 @@ def prediction_rows(points: list[Point], calibration: dict, is_cal, now_s: float
         if point.clients > 1:
             per_token_ms, crossover_ms = _queueing_prediction(point, alpha, params, max_batch, ok, crossable)
         else:
-            per_token_ms = 1e3 * predict_per_token_s(point.mode, alpha, point.gamma, point.rtt_ms / 1e3,
-                                                     **params.closed_form_terms(point.gamma)) if ok else math.nan
+            per_token_ms = (
+                1e3
+                * predict_per_token_s(
+                    point.mode, alpha, point.gamma, point.rtt_ms / 1e3, **params.closed_form_terms(point.gamma)
+                )
+                if ok
+                else math.nan
+            )
             crossovers = predicted_crossovers(point.gamma, alpha, params) if crossable else {}
             crossover_ms = {name: crossovers.get(name, {}).get("rtt_ms", math.nan) for name in CROSSOVERS}
-            crossover_ms |= {name: _queueing_crossover_ms(name, 1, alpha, point.gamma, params, 1) if crossable
-                             else math.nan for name in queueing.FRONTIER_PAIRS if name not in CROSSOVERS}
+            crossover_ms |= {
+                name: _queueing_crossover_ms(name, 1, alpha, point.gamma, params, 1) if crossable else math.nan
+                for name in queueing.FRONTIER_PAIRS
+                if name not in CROSSOVERS
+            }
         if wire is not None and (point.rate_mbit or 0) > 0 and ok:
             per_token_ms += wire.ms_per_token(point, point.mode, alpha)
-            crossover_ms = (wire.capped_crossovers(point, alpha, crossover_ms) if point.clients == 1
-                            else dict.fromkeys(crossover_ms, math.nan))
-        rows.append({"point": point.key, **point.columns(), "group": point.group, "calibration": is_cal(point),
-                     "alpha_calibrated": alpha, "per_token_ms_predicted": per_token_ms,
-                     **{f"crossover_{name}_rtt_ms": value for name, value in crossover_ms.items()},
-                     "predicted_at_s": now_s, "predicted_utc": utc})
+            crossover_ms = (
+                wire.capped_crossovers(point, alpha, crossover_ms)
+                if point.clients == 1
+                else dict.fromkeys(crossover_ms, math.nan)
+            )
+        rows.append(
+            {
+                "point": point.key,
+                **point.columns(),
+                "group": point.group,
+                "calibration": is_cal(point),
+                "alpha_calibrated": alpha,
+                "per_token_ms_predicted": per_token_ms,
+                **{f"crossover_{name}_rtt_ms": value for name, value in crossover_ms.items()},
+                "predicted_at_s": now_s,
+                "predicted_utc": utc,
+            }
+        )
     return rows
 
 
-def _queueing_prediction(point: Point, alpha: float, params: ComputeTimes, max_batch: int, ok: bool,
-                         crossable: bool) -> tuple[float, dict[str, float]]:
+def _queueing_prediction(
+    point: Point, alpha: float, params: ComputeTimes, max_batch: int, ok: bool, crossable: bool
+) -> tuple[float, dict[str, float]]:
     """(per-token ms, crossover name -> RTT ms) of a point with several clients (dsd.analytic.queueing);
     NaN where the times cannot answer (a batched server without a batch slope)."""
     try:
-        per_token_ms = 1e3 * queueing.per_token_s(point.mode, point.clients, alpha, point.gamma, point.rtt_ms / 1e3,
-                                                  params, max_batch) if ok else math.nan
+        per_token_ms = (
+            1e3
+            * queueing.per_token_s(point.mode, point.clients, alpha, point.gamma, point.rtt_ms / 1e3, params, max_batch)
+            if ok
+            else math.nan
+        )
     except ValueError:
         per_token_ms = math.nan
-    return per_token_ms, {name: _queueing_crossover_ms(name, point.clients, alpha, point.gamma, params, max_batch)
-                          if crossable else math.nan for name in queueing.FRONTIER_PAIRS}
+    return per_token_ms, {
+        name: _queueing_crossover_ms(name, point.clients, alpha, point.gamma, params, max_batch)
+        if crossable
+        else math.nan
+        for name in queueing.FRONTIER_PAIRS
+    }
 
 
-def _queueing_crossover_ms(name: str, clients: int, alpha: float, gamma: int, params: ComputeTimes,
-                           max_batch: int) -> float:
+def _queueing_crossover_ms(
+    name: str, clients: int, alpha: float, gamma: int, params: ComputeTimes, max_batch: int
+) -> float:
     """dsd.analytic.queueing's RTT*(N) in ms; NaN where the times cannot answer (no batch slope for a
     batched server, a client-view co-located round of no time)."""
     try:
@@ -209,15 +268,22 @@ class WireTerms:
     """The serialisation term for predictions made before a capped point runs: the bytes a round
     of each mode carries, predicted (orchestrator.analysis.wire) where the wire schema says, else
     as the calibration points (uncapped) measured them; the cap itself only delays them."""
+
     vocab: int | None
     features: FeatureWire | None
-    measured_bytes: dict[str, tuple[float, float]]   # mode -> (up, down) per round, calibration
+    measured_bytes: dict[str, tuple[float, float]]  # mode -> (up, down) per round, calibration
 
     def ms_per_token(self, point: Point, mode: str, alpha: float) -> float:
         up, down = self.measured_bytes.get(mode, (math.nan, math.nan))
         tokens = expected_tokens_per_round(alpha, point.gamma) if get_mode(mode).speculative else 1.0
-        row = {**point.columns(), "mode": mode, "tokens_per_round": tokens, "per_token_ms_predicted": 0.0,
-               "wire_bytes_per_round_up": up, "wire_bytes_per_round_down": down}
+        row = {
+            **point.columns(),
+            "mode": mode,
+            "tokens_per_round": tokens,
+            "per_token_ms_predicted": 0.0,
+            "wire_bytes_per_round_up": up,
+            "wire_bytes_per_round_down": down,
+        }
         value = add_wire_prediction(pd.DataFrame([row]), self.vocab, self.features)["serialisation_ms_per_token"]
         return float(value.iloc[0])
 
@@ -238,8 +304,10 @@ def wire_terms(experiment, links: pd.DataFrame) -> WireTerms:
     measured = {}
     if not links.empty and {"wire_bytes_per_round_up", "wire_bytes_per_round_down"} <= set(links):
         for mode, rows in links.groupby("mode"):
-            measured[mode] = (float(rows["wire_bytes_per_round_up"].mean()),
-                              float(rows["wire_bytes_per_round_down"].mean()))
+            measured[mode] = (
+                float(rows["wire_bytes_per_round_up"].mean()),
+                float(rows["wire_bytes_per_round_down"].mean()),
+            )
     return WireTerms(experiment_vocab(record), experiment_features(record), measured)
 
 
@@ -256,26 +324,49 @@ class Predictor:
         group = unit_points[0].group
         repeat = calibration_unit(unit_points[0], self.experiment)[1]
         if _already_predicted(read_predictions(self.out_dir), group, {p.repeat for p in unit_points}):
-            return                                    # resume: the original predictions stand
+            return  # resume: the original predictions stand
         calibration_points = [p for p in unit_points if is_calibration(p, self.experiment)]
-        measured_first = [p.key for p in unit_points
-                          if not is_calibration(p, self.experiment) and point_done(self.out_dir, p)]
+        measured_first = [
+            p.key for p in unit_points if not is_calibration(p, self.experiment) and point_done(self.out_dir, p)
+        ]
         if measured_first:
-            self._record(group, repeat, {"predicted": False, "reason": (
-                f"{len(measured_first)} point(s) of this group were measured before any prediction "
-                "was written (a folder from an older version); no post-hoc predictions")})
+            self._record(
+                group,
+                repeat,
+                {
+                    "predicted": False,
+                    "reason": (
+                        f"{len(measured_first)} point(s) of this group were measured before any prediction "
+                        "was written (a folder from an older version); no post-hoc predictions"
+                    ),
+                },
+            )
             return
         rounds = _read_points_csv(self.out_dir, calibration_points, "rounds")
         calibration = calibrate(rounds, self.assumed_for(unit_points[0]))
         wire = wire_terms(self.experiment, _read_points_csv(self.out_dir, calibration_points, "links"))
         now_s = time.time()
-        rows = prediction_rows(unit_points, calibration, lambda p: is_calibration(p, self.experiment), now_s, wire,
-                               self.experiment.max_batch)
+        rows = prediction_rows(
+            unit_points,
+            calibration,
+            lambda p: is_calibration(p, self.experiment),
+            now_s,
+            wire,
+            self.experiment.max_batch,
+        )
         append_predictions(self.out_dir, rows)
-        self._record(group, repeat, {"predicted": True, "predicted_at_s": now_s,
-                                     "calibration_points": [p.key for p in calibration_points], **calibration,
-                                     "params": calibration["params"].to_dict(),
-                                     "params_compute": calibration["params_compute"].to_dict()})
+        self._record(
+            group,
+            repeat,
+            {
+                "predicted": True,
+                "predicted_at_s": now_s,
+                "calibration_points": [p.key for p in calibration_points],
+                **calibration,
+                "params": calibration["params"].to_dict(),
+                "params_compute": calibration["params_compute"].to_dict(),
+            },
+        )
 
     def _record(self, group: str, repeat: int | None, entry: dict) -> None:
         """calibration.json: per group its first calibration's record; a later repeat's (calibrate =
@@ -294,7 +385,7 @@ def _already_predicted(existing: pd.DataFrame | None, group: str, repeats: set[i
     if existing is None:
         return False
     rows = existing[existing["group"].astype(object).fillna("").astype(str) == group]
-    return bool(rows["repeat"].isin(repeats).any())         # every row has its point's repeat
+    return bool(rows["repeat"].isin(repeats).any())  # every row has its point's repeat
 
 
 def append_predictions(out_dir: Path, rows: list[dict]) -> None:
@@ -328,6 +419,7 @@ def _read_json(path: Path) -> dict:
 
 
 # --- after the measurements ----------------------------------------------------------------------
+
 
 def add_out_of_sample(points: pd.DataFrame, predictions: pd.DataFrame | None) -> pd.DataFrame:
     """points.csv's out-of-sample columns: calibration (the point fed the prediction),
@@ -382,22 +474,35 @@ def oos_cells(points: pd.DataFrame) -> pd.DataFrame:
     """Per (group, mode, RTT, gamma) cell of one-client points: the median over its
     non-calibration repeats of per_token_ms_p50 against the median of their predictions, the
     error, and the median compute drift of those points (add_compute_drift)."""
-    single = points[(points["clients"] == points["clients"].min()) & ~points["calibration"]
-                    & points["per_token_ms_predicted_oos"].notna()]
+    single = points[
+        (points["clients"] == points["clients"].min())
+        & ~points["calibration"]
+        & points["per_token_ms_predicted_oos"].notna()
+    ]
     keys = [k for k in GROUP_KEYS if k in single.columns] + ["mode", "rtt_ms", "gamma"]
     if single.empty:
-        return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats",
-                                            "compute_drift_pct"])
-    cells = (single.groupby(keys).agg(measured_ms=("per_token_ms_p50", "median"),
-                                      predicted_ms=("per_token_ms_predicted_oos", "median"),
-                                      repeats=("repeat", "nunique"),
-                                      compute_drift_pct=("compute_drift_pct", "median")).reset_index())
+        return pd.DataFrame(columns=keys + ["measured_ms", "predicted_ms", "err_pct", "repeats", "compute_drift_pct"])
+    cells = (
+        single.groupby(keys)
+        .agg(
+            measured_ms=("per_token_ms_p50", "median"),
+            predicted_ms=("per_token_ms_predicted_oos", "median"),
+            repeats=("repeat", "nunique"),
+            compute_drift_pct=("compute_drift_pct", "median"),
+        )
+        .reset_index()
+    )
     cells["err_pct"] = 100 * (cells["measured_ms"] / cells["predicted_ms"] - 1)
     return cells
 
 
-def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int, clients: int | None = None,
-                   pairs: dict[str, tuple[str, str]] = CROSSOVERS) -> dict:
+def oos_crossovers(
+    predictions: pd.DataFrame | None,
+    group: dict,
+    gamma: int,
+    clients: int | None = None,
+    pairs: dict[str, tuple[str, str]] = CROSSOVERS,
+) -> dict:
     """The group's crossovers as predicted from calibration alone (name -> RTT in ms; with a
     calibration per repeat, the median over them), at this client count (default: the smallest,
     the calibration's)."""
@@ -411,9 +516,12 @@ def oos_crossovers(predictions: pd.DataFrame | None, group: dict, gamma: int, cl
             rows = rows[rows[key] == value]
     if rows.empty:
         return {}
-    per_unit = rows.groupby("repeat").first()                     # one row per calibration
-    return {name: float(np.median(per_unit[f"crossover_{name}_rtt_ms"].to_numpy(dtype=float)))
-            for name in pairs if f"crossover_{name}_rtt_ms" in rows.columns}
+    per_unit = rows.groupby("repeat").first()  # one row per calibration
+    return {
+        name: float(np.median(per_unit[f"crossover_{name}_rtt_ms"].to_numpy(dtype=float)))
+        for name in pairs
+        if f"crossover_{name}_rtt_ms" in rows.columns
+    }
 
 
 def crossover_err_pct(measured_ms: float, predicted_ms: float) -> float:

@@ -1,4 +1,5 @@
 """Views of a sweep's rounds table that more than one analysis needs."""
+
 from __future__ import annotations
 
 import pandas as pd

@@ -1,5 +1,6 @@
 """The closed form's serialisation term under a rate cap: the bytes a round puts on the wire
 each way, predicted per points.csv row (services/wire_size.py)."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from dsd import modes
 from services import wire_size
 
 
-def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None,
-                        features: wire_size.FeatureWire | None = None) -> pd.DataFrame:
+def add_wire_prediction(
+    points: pd.DataFrame, vocab: int | None = None, features: wire_size.FeatureWire | None = None
+) -> pd.DataFrame:
     """The closed form with a serialisation term: under a rate cap every round also waits for its
     bytes to cross the wire each way, (bytes_up + bytes_down) / rate, shared by the tokens the
     round emits. Bytes per round are predicted from what a round carries (services/wire_size.py:
@@ -47,31 +49,48 @@ def add_wire_prediction(points: pd.DataFrame, vocab: int | None = None,
     return points
 
 
-def predicted_round_bytes(point: dict, vocab: int | None, acks: bool = True,
-                          features: wire_size.FeatureWire | None = None) -> tuple[float, float]:
+def predicted_round_bytes(
+    point: dict, vocab: int | None, acks: bool = True, features: wire_size.FeatureWire | None = None
+) -> tuple[float, float]:
     """(up, down) IP bytes of one round of a points.csv row; NaN where they cannot be predicted.
     Rows without sampling columns are greedy (every sweep before [sampling] was)."""
     nan = (math.nan, math.nan)
-    get = lambda key, default: default if point.get(key) is None or point.get(key) != point.get(key) \
-        else point[key]  # noqa: E731
+    get = lambda key, default: default if point.get(key) is None or point.get(key) != point.get(key) else point[key]  # noqa: E731
     if not vocab or get("gamma", None) is None:
         return nan
     gamma, mode = int(point["gamma"]), point.get("mode")
     if mode not in modes.names():
         return nan
-    if mode not in modes.edge_modes():              # the verifier runs it: a Tokens message a round
+    if mode not in modes.edge_modes():  # the verifier runs it: a Tokens message a round
         tokens = get("tokens_per_round", 1.0)
         return wire_size.stream_round_wire_bytes(max(1, round(tokens)), vocab, max(gamma, 1), acks)
     temperature, top_k, top_p = float(get("temperature", 0.0)), int(get("top_k", 0)), float(get("top_p", 1.0))
-    rows = get("tokens_per_round", 1.0)            # a verdict carries a feature per emitted token
+    rows = get("tokens_per_round", 1.0)  # a verdict carries a feature per emitted token
     if temperature > 0 and top_p < 1.0 and not top_k:
         # a nucleus keeps what the drafter's q gives it: the Verify's size is unknown, the verdict's
         # is not (its ACKs counted for a Verify of one segment)
-        _, down = wire_size.round_wire_bytes(gamma, vocab, temperature, None, top_p, kept_per_row=1.0, acks=acks,
-                                             features=features, feature_rows=rows if features else 0.0)
+        _, down = wire_size.round_wire_bytes(
+            gamma,
+            vocab,
+            temperature,
+            None,
+            top_p,
+            kept_per_row=1.0,
+            acks=acks,
+            features=features,
+            feature_rows=rows if features else 0.0,
+        )
         return math.nan, down
-    return wire_size.round_wire_bytes(gamma, vocab, temperature, top_k or None, top_p, acks=acks,
-                                      features=features, feature_rows=rows if features else 0.0)
+    return wire_size.round_wire_bytes(
+        gamma,
+        vocab,
+        temperature,
+        top_k or None,
+        top_p,
+        acks=acks,
+        features=features,
+        feature_rows=rows if features else 0.0,
+    )
 
 
 def experiment_features(experiment: dict) -> wire_size.FeatureWire | None:
@@ -95,7 +114,9 @@ def experiment_vocab(experiment: dict) -> int | None:
     backend = experiment.get("backend") or {}
     if backend.get("kind", "synthetic") == "synthetic":
         return backend.get("vocab_size", 512)
-    folder = Path(backend["target_path"]) if backend.get("target_path") else Path(backend.get("pair_path", "")) / "target"
+    folder = (
+        Path(backend["target_path"]) if backend.get("target_path") else Path(backend.get("pair_path", "")) / "target"
+    )
     try:
         return int(json.loads((folder / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -15,6 +15,7 @@ recorded in the point's done.json and points.csv. A point is flagged as contende
 1-minute load exceeds the CPU count (more runnable threads than cores, ours included) or more
 than STEAL_LIMIT_PCT of the CPU time was stolen.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,20 +45,38 @@ def plan_cpus(cpus: list[int], n_edges: int, mode: str = "auto") -> dict:
         return {"pinned": False, "disjoint": False, "reason": "cpu_pinning = off", "sets": {}, "cpus": cpus}
     if n >= MIN_CPUS_TO_PIN:
         n_verifier = max(1, (n - 2) // 2)
-        sets = {"orchestrator": cpus[:1], "shaper": cpus[1:2], "verifier": cpus[2:2 + n_verifier]}
-        edges = cpus[2 + n_verifier:]
-        return {"pinned": True, "disjoint": True, "reason": f"{n} CPUs: disjoint sets",
-                "sets": {**sets, **{f"edge{i}": edges for i in range(n_edges)}}, "cpus": cpus}
+        sets = {"orchestrator": cpus[:1], "shaper": cpus[1:2], "verifier": cpus[2 : 2 + n_verifier]}
+        edges = cpus[2 + n_verifier :]
+        return {
+            "pinned": True,
+            "disjoint": True,
+            "reason": f"{n} CPUs: disjoint sets",
+            "sets": {**sets, **{f"edge{i}": edges for i in range(n_edges)}},
+            "cpus": cpus,
+        }
     if mode == "auto" or n < 2:
-        return {"pinned": False, "disjoint": False, "cpus": cpus, "sets": {},
-                "reason": f"only {n} CPU(s) (disjoint sets for verifier, edges, shaper and orchestrator need "
-                          f"{MIN_CPUS_TO_PIN}): not pinned; every process shares every CPU"}
+        return {
+            "pinned": False,
+            "disjoint": False,
+            "cpus": cpus,
+            "sets": {},
+            "reason": f"only {n} CPU(s) (disjoint sets for verifier, edges, shaper and orchestrator need "
+            f"{MIN_CPUS_TO_PIN}): not pinned; every process shares every CPU",
+        }
     rest = cpus[:-1]
-    return {"pinned": True, "disjoint": False, "cpus": cpus,
-            "reason": f"only {n} CPUs, pinned on request: the verifier alone on CPU {cpus[-1]}, the edges, the "
-                      f"shaper and the orchestrator share {rest}",
-            "sets": {"orchestrator": rest, "shaper": rest, "verifier": cpus[-1:],
-                     **{f"edge{i}": rest for i in range(n_edges)}}}
+    return {
+        "pinned": True,
+        "disjoint": False,
+        "cpus": cpus,
+        "reason": f"only {n} CPUs, pinned on request: the verifier alone on CPU {cpus[-1]}, the edges, the "
+        f"shaper and the orchestrator share {rest}",
+        "sets": {
+            "orchestrator": rest,
+            "shaper": rest,
+            "verifier": cpus[-1:],
+            **{f"edge{i}": rest for i in range(n_edges)},
+        },
+    }
 
 
 def pin(pid: int, cpus: list[int]) -> list[int]:
@@ -67,7 +86,7 @@ def pin(pid: int, cpus: list[int]) -> list[int]:
     for tid in tids:
         try:
             os.sched_setaffinity(tid, cpus)
-        except ProcessLookupError:          # a thread that ended meanwhile
+        except ProcessLookupError:  # a thread that ended meanwhile
             pass
     return sorted(os.sched_getaffinity(pid))
 
@@ -82,7 +101,7 @@ def pin_testbed(testbed, plan: dict) -> dict:
             role = "verifier" if process.name == "verifier" else process.name
             cpus = plan["sets"].get(role, everything) if plan["pinned"] else everything
             applied[process.name] = pin(process.proc.pid, cpus)
-    if hasattr(testbed, "pin_containers"):          # compose: a cpuset per container
+    if hasattr(testbed, "pin_containers"):  # compose: a cpuset per container
         applied.update(testbed.pin_containers(plan["sets"] if plan["pinned"] else {}, everything))
     shaper = testbed.local_shaper()
     for i, daemon in enumerate(shaper.daemons if shaper is not None else []):
@@ -101,10 +120,11 @@ def pin_self(plan: dict) -> list[int]:
 
 # --- contention ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CpuSample:
     at_s: float
-    busy: int           # jiffies spent not idle (user, nice, system, irq, softirq, steal)
+    busy: int  # jiffies spent not idle (user, nice, system, irq, softirq, steal)
     total: int
     steal: int
     load_1m: float
@@ -124,6 +144,10 @@ def conditions(before: CpuSample, after: CpuSample, n_cpus: int | None = None) -
     total = max(after.total - before.total, 1)
     steal_pct = 100 * (after.steal - before.steal) / total
     load_1m = max(before.load_1m, after.load_1m)
-    return {"cpu_busy_pct": 100 * (after.busy - before.busy) / total, "cpu_steal_pct": steal_pct,
-            "load_avg_1m": load_1m, "cpus": n_cpus,
-            "contended": bool(load_1m > n_cpus or steal_pct > STEAL_LIMIT_PCT)}
+    return {
+        "cpu_busy_pct": 100 * (after.busy - before.busy) / total,
+        "cpu_steal_pct": steal_pct,
+        "load_avg_1m": load_1m,
+        "cpus": n_cpus,
+        "contended": bool(load_1m > n_cpus or steal_pct > STEAL_LIMIT_PCT),
+    }

@@ -5,6 +5,7 @@ The edges write their traces live, one flushed row per round, so an edge killed 
 a last line without its line end (or a row with too few fields). Such rows are detected and
 dropped here; the caller records how many, so a loss is never silent.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,7 +20,7 @@ def whole_rows(text: str) -> tuple[str, int]:
     dropped = 0
     if text and not text.endswith("\n"):
         cut = text.rfind("\n")
-        text, dropped = (text[:cut + 1] if cut >= 0 else ""), 1
+        text, dropped = (text[: cut + 1] if cut >= 0 else ""), 1
     if not text.strip():
         return "", dropped
     records = list(csv.reader(io.StringIO(text, newline="")))

@@ -7,6 +7,7 @@ written ``NaN``, ``Infinity`` or ``-Infinity`` (Python's json and pandas read th
 crossover at -Infinity says "never wins" and one at Infinity "wins over the whole grid", which a
 null could not.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """What a reader needs to trust a sweep's numbers, as sweep.json records it: versions, the git
 commit, the machine."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,14 @@ def host_facts() -> dict:
 
     cpu = CpuCapability.of_this_machine()
     return {
-        "git_commit": git_commit(), "git_dirty": git_dirty(),
-        "python": sys.version.split()[0], "torch": torch.__version__,
-        "transformers": transformers.__version__, "platform": platform.platform(),
-        "cpu": cpu.describe(), "cpu_capability": cpu.to_dict(),
-        "cpus": os.cpu_count(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "cpu": cpu.describe(),
+        "cpu_capability": cpu.to_dict(),
+        "cpus": os.cpu_count(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

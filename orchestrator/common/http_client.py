@@ -4,6 +4,7 @@ A service inside a network namespace is out of the host's reach over IP (the nam
 route to the host), but a Unix socket lives in the file system and crosses namespaces; so the
 control API of a service in a namespace is addressed as ``unix:/path/to.sock`` + the HTTP path.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -35,6 +36,7 @@ class _NetnsConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         from netem.nsutil import socket_in_netns
+
         self.sock = socket_in_netns(self.netns, socket.AF_INET, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect((self.host, self.port))
@@ -46,19 +48,21 @@ def split_url(url: str) -> tuple[http.client.HTTPConnection, str]:
     tunnel:HOST:PORT;http://host:port/path (through an HTTP CONNECT tunnel at HOST:PORT:
     orchestrator/launchers/swarm_tunnel.py, onto a swarm's overlay from off the manager)."""
     if url.startswith("tunnel:"):
-        proxy, _, rest = url[len("tunnel:"):].partition(";")
+        proxy, _, rest = url[len("tunnel:") :].partition(";")
         proxy_host, _, proxy_port = proxy.rpartition(":")
         parsed = urllib.parse.urlsplit(rest)
         connection = http.client.HTTPConnection(proxy_host, int(proxy_port), timeout=10.0)
         connection.set_tunnel(parsed.hostname, parsed.port)
         return connection, (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
     if url.startswith("netns:"):
-        netns, _, rest = url[len("netns:"):].partition(";")
+        netns, _, rest = url[len("netns:") :].partition(";")
         parsed = urllib.parse.urlsplit(rest)
-        return (_NetnsConnection(netns, parsed.hostname, parsed.port, 10.0),
-                (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else ""))
+        return (
+            _NetnsConnection(netns, parsed.hostname, parsed.port, 10.0),
+            (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else ""),
+        )
     if url.startswith("unix:"):
-        rest = url[len("unix:"):]
+        rest = url[len("unix:") :]
         socket_path, _, path = rest.partition(".sock")
         return _UnixConnection(socket_path + ".sock", 10.0), path or "/"
     parsed = urllib.parse.urlsplit(url)
@@ -66,8 +70,9 @@ def split_url(url: str) -> tuple[http.client.HTTPConnection, str]:
     return connection, (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
 
 
-def request(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0,
-            token: str | None = None) -> tuple[int, bytes]:
+def request(
+    method: str, url: str, body: dict | None = None, timeout_s: float = 10.0, token: str | None = None
+) -> tuple[int, bytes]:
     """``token``: sent as a bearer token (a service started with the testbed's token requires it)."""
     connection, path = split_url(url)
     connection.timeout = timeout_s
@@ -82,8 +87,7 @@ def request(method: str, url: str, body: dict | None = None, timeout_s: float = 
         connection.close()
 
 
-def call(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0,
-         token: str | None = None) -> bytes:
+def call(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0, token: str | None = None) -> bytes:
     """A request that must succeed (2xx); otherwise a RuntimeError with the service's answer."""
     status, data = request(method, url, body, timeout_s, token)
     if not 200 <= status < 300:

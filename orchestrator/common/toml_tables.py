@@ -1,5 +1,6 @@
 """Sub-tables of an experiment file ([sampling], [workload], ...) parsed into their frozen config:
 one place that refuses a non-table, names unknown keys, and prefixes the file to any error."""
+
 from __future__ import annotations
 
 from dataclasses import fields

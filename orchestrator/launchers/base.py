@@ -1,4 +1,5 @@
 """What every launcher provides to the sweep: a ``Testbed`` that runs a point and returns its rows."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,9 @@ class LauncherError(RuntimeError):
 @dataclass(frozen=True)
 class EdgeHandle:
     client_id: int
-    control_url: str          # the edge's HTTP control API, as the orchestrator reaches it
-    name: str                 # netns or container name; for link records
-    token: str | None = field(default=None, repr=False)   # the testbed's token: its control API requires it
+    control_url: str  # the edge's HTTP control API, as the orchestrator reaches it
+    name: str  # netns or container name; for link records
+    token: str | None = field(default=None, repr=False)  # the testbed's token: its control API requires it
 
 
 @dataclass(frozen=True)
@@ -35,18 +36,19 @@ class PointSettings:
     it from the experiment). The network launchers also use run_prefix (the start of their run
     ids), link_options and after_shape(testbed) (called once the links are shaped, before the
     runs start: the CPU pinning); the sim launcher has no link and nothing to pin."""
+
     warmup: int
     max_new_tokens: int
     max_in_flight: int
     controller: str = "static"
     gamma_max: int = GAMMA_MAX
-    controller_modes: tuple[str, ...] = ()    # what the controller may pick (empty: the edge modes)
-    transport: str = "ws"                     # services/frames.py: the edges' link to the verifier
-    request_deadline_s: float = 0.0           # services/edge/config.py RunConfig: 0 = none
-    tcp_rto_max_ms: int = 0                   # services/edge/config.py RunConfig: 0 = the kernel's
-    cache: CacheConfig = CacheConfig()       # the cached mode's speculation cache (dsd/cache/speculation_cache.py)
+    controller_modes: tuple[str, ...] = ()  # what the controller may pick (empty: the edge modes)
+    transport: str = "ws"  # services/frames.py: the edges' link to the verifier
+    request_deadline_s: float = 0.0  # services/edge/config.py RunConfig: 0 = none
+    tcp_rto_max_ms: int = 0  # services/edge/config.py RunConfig: 0 = the kernel's
+    cache: CacheConfig = CacheConfig()  # the cached mode's speculation cache (dsd/cache/speculation_cache.py)
     run_prefix: str = "run"
-    link_options: LinkOptions | None = None   # the experiment's [link]
+    link_options: LinkOptions | None = None  # the experiment's [link]
     after_shape: Callable | None = None
     # the category of each of the point's prompts (a categorized workload), or none: set per
     # point by orchestrator/running/run.py, as the prompts are
@@ -61,20 +63,22 @@ class PointSettings:
         """The keys of an edge run (services/edge/config.py RunConfig) these settings set; a key
         at the edge's own default stays out, so an edge built before it still takes the run."""
         adaptive = self.controller != "static"
-        return {"max_in_flight": self.max_in_flight,
-                **({"controller": self.controller, "gamma_max": self.gamma_max} if adaptive else {}),
-                **({"controller_modes": list(self.controller_modes)} if adaptive and self.controller_modes else {}),
-                **({"transport": self.transport} if self.transport != "ws" else {}),
-                **({"cache": dataclasses.asdict(self.cache)} if self.cache != CacheConfig() else {}),
-                **({"request_deadline_s": self.request_deadline_s} if self.request_deadline_s else {}),
-                **({"tcp_rto_max_ms": self.tcp_rto_max_ms} if self.tcp_rto_max_ms else {}),
-                **({"categories": list(self.categories)} if self.categories else {})}
+        return {
+            "max_in_flight": self.max_in_flight,
+            **({"controller": self.controller, "gamma_max": self.gamma_max} if adaptive else {}),
+            **({"controller_modes": list(self.controller_modes)} if adaptive and self.controller_modes else {}),
+            **({"transport": self.transport} if self.transport != "ws" else {}),
+            **({"cache": dataclasses.asdict(self.cache)} if self.cache != CacheConfig() else {}),
+            **({"request_deadline_s": self.request_deadline_s} if self.request_deadline_s else {}),
+            **({"tcp_rto_max_ms": self.tcp_rto_max_ms} if self.tcp_rto_max_ms else {}),
+            **({"categories": list(self.categories)} if self.categories else {}),
+        }
 
 
 class Testbed(Protocol):
-    verifier_url: str         # the verifier's WebSocket URL as the edges reach it
+    verifier_url: str  # the verifier's WebSocket URL as the edges reach it
     edges: list[EdgeHandle]
-    shaper: str               # which backend shapes the links (recorded in every trace)
+    shaper: str  # which backend shapes the links (recorded in every trace)
 
     def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
         """Set each edge's link to its RTT (replacing any earlier shaping), measure, return the

@@ -25,6 +25,7 @@ removes the containers and the network. The sweep's ``ServicesConfig`` is accept
 Shaping: a netem ``Shaper`` applies once, so each `shape` call closes the previous one and
 applies a new one over endpoints resolved again (a restarted container has a new host-side veth).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,29 +45,53 @@ from netem.probe import choose_backend
 from orchestrator.links import keys as link_keys
 from orchestrator.links import rows as link_rows
 from orchestrator.launchers.base import EdgeHandle, LinkState
-from orchestrator.launchers.compose_adopt import (ADOPT_SETTINGS, COMPOSE_DEFAULTS, EDGE_SERVICE,  # noqa: F401
-                                                 VERIFIER_SERVICE, adopt_mismatches, fix_command)
-from orchestrator.launchers.compose_config import (COMPOSE_FILE, MODELS_DIR, REPO, ComposeConfig,  # noqa: F401
-                                                  ComposeError)
+from orchestrator.launchers.compose_adopt import (
+    ADOPT_SETTINGS,
+    COMPOSE_DEFAULTS,
+    EDGE_SERVICE,  # noqa: F401
+    VERIFIER_SERVICE,
+    adopt_mismatches,
+    fix_command,
+)
+from orchestrator.launchers.compose_config import (
+    COMPOSE_FILE,
+    MODELS_DIR,
+    REPO,
+    ComposeConfig,  # noqa: F401
+    ComposeError,
+)
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.control_api import ControlApiTestbed
 
-__all__ = ["ADOPT_SETTINGS", "COMPOSE_DEFAULTS", "COMPOSE_FILE", "EDGE_SERVICE", "MODELS_DIR", "VERIFIER_SERVICE",
-           "ComposeConfig", "ComposeError", "ComposeTestbed", "adopt_mismatches", "cleanup_project", "docker_client",
-           "fix_command", "project_is_up", "project_labels"]
+__all__ = [
+    "ADOPT_SETTINGS",
+    "COMPOSE_DEFAULTS",
+    "COMPOSE_FILE",
+    "EDGE_SERVICE",
+    "MODELS_DIR",
+    "VERIFIER_SERVICE",
+    "ComposeConfig",
+    "ComposeError",
+    "ComposeTestbed",
+    "adopt_mismatches",
+    "cleanup_project",
+    "docker_client",
+    "fix_command",
+    "project_is_up",
+    "project_labels",
+]
 log = logging.getLogger(__name__)
 
 BUILD_SCRIPT = REPO / "scripts" / "build_images.sh"
 
 VERIFIER_PORT, EDGE_PORT = 8700, 8701
-NETWORK_KEY = "testbed"                                # compose.yaml's network; docker: PROJECT_testbed
+NETWORK_KEY = "testbed"  # compose.yaml's network; docker: PROJECT_testbed
 PROJECT_LABEL = "com.docker.compose.project"
 NUMBER_LABEL = "com.docker.compose.container-number"
-ROLE_LABEL = "dsdbed.role"                             # compose.yaml: "verifier" or "edge"
+ROLE_LABEL = "dsdbed.role"  # compose.yaml: "verifier" or "edge"
 
 _HEALTH_TIMEOUT_S = 5.0
 _POLL_INTERVAL_S = 0.25
-
 
 
 class ComposeTestbed(ControlApiTestbed):
@@ -79,15 +104,15 @@ class ComposeTestbed(ControlApiTestbed):
         self.config = config
         self.verifier_url = f"ws://{VERIFIER_SERVICE}:{VERIFIER_PORT}/ws"
         self.edges: list[EdgeHandle] = []
-        self.shaper = "none"                 # the netem backend; set on start and by shape()
+        self.shaper = "none"  # the netem backend; set on start and by shape()
         self.shaper_reason = ""
         self.link_records: list[LinkRecord] = []
         self.verifier_container = None
         self.edge_containers: list = []
-        self.owned = False                   # we ran `compose up`, so close() runs `compose down`
-        self.up_s = float("nan")             # from `compose up` until every service answered /health
+        self.owned = False  # we ran `compose up`, so close() runs `compose down`
+        self.up_s = float("nan")  # from `compose up` until every service answered /health
         self._shaper: Shaper | None = None
-        self._cpusets_before: dict[str, str] = {}     # container -> its cpuset before pin_containers
+        self._cpusets_before: dict[str, str] = {}  # container -> its cpuset before pin_containers
         # The verifier and the edges share it through compose.yaml's DSD_TOKEN; an adopted project
         # keeps the one it was started with, which the edges' handles read from their containers.
         self._token = secrets.token_urlsafe(32)
@@ -111,10 +136,12 @@ class ComposeTestbed(ControlApiTestbed):
         if existing and c.adopt is False:
             raise ComposeError(
                 f"project {c.project!r} already has containers {sorted(x.name for x in existing)}: pass "
-                f"adopt=True to use them, or remove them with `docker compose -p {c.project} down`")
+                f"adopt=True to use them, or remove them with `docker compose -p {c.project} down`"
+            )
         if not existing and c.adopt is True:
-            raise ComposeError(f"no compose project {c.project!r} is up to adopt; start it with "
-                               f"`{fix_command(c, c.n_edges)}`")
+            raise ComposeError(
+                f"no compose project {c.project!r} is up to adopt; start it with `{fix_command(c, c.n_edges)}`"
+            )
         if existing:
             log.info("using the running compose project %s (left up afterwards)", c.project)
             self._check_adoptable(existing)
@@ -122,11 +149,20 @@ class ComposeTestbed(ControlApiTestbed):
             self._wait_ready(deadline_s=time.monotonic() + c.up_timeout_s)
             return
         self._ensure_image()
-        self.owned = True               # from here on, close() takes down whatever came up
+        self.owned = True  # from here on, close() takes down whatever came up
         t0_s = time.monotonic()
         try:
-            self.compose("up", "--detach", "--no-build", "--pull", "never", "--remove-orphans",
-                         "--scale", f"{EDGE_SERVICE}={c.n_edges}", timeout_s=c.up_timeout_s)
+            self.compose(
+                "up",
+                "--detach",
+                "--no-build",
+                "--pull",
+                "never",
+                "--remove-orphans",
+                "--scale",
+                f"{EDGE_SERVICE}={c.n_edges}",
+                timeout_s=c.up_timeout_s,
+            )
             self._discover()
             self._wait_ready(deadline_s=t0_s + c.up_timeout_s)
         except ComposeError as exc:
@@ -139,7 +175,7 @@ class ComposeTestbed(ControlApiTestbed):
         c = self.config
         verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier" and x.status == "running"]
         edges = _edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge" and x.status == "running")
-        mismatches = adopt_mismatches(c, verifiers[0] if verifiers else None, edges[:c.n_edges])
+        mismatches = adopt_mismatches(c, verifiers[0] if verifiers else None, edges[: c.n_edges])
         problems = [text for _, text in mismatches]
         if len(verifiers) != 1:
             problems.insert(0, f"verifiers running {len(verifiers)}, wanted 1")
@@ -149,7 +185,8 @@ class ComposeTestbed(ControlApiTestbed):
             fix = fix_command(c, max(c.n_edges, len(edges)), also=[v for variables, _ in mismatches for v in variables])
             raise ComposeError(
                 f"the running compose project {c.project!r} does not match the experiment: {'; '.join(problems)}; "
-                f"fix: `{fix}`, or `docker compose -p {c.project} down` and the sweep brings up its own")
+                f"fix: `{fix}`, or `docker compose -p {c.project} down` and the sweep brings up its own"
+            )
 
     def _ensure_image(self) -> None:
         c = self.config
@@ -158,33 +195,49 @@ class ComposeTestbed(ControlApiTestbed):
             raise ComposeError(f"image {c.image} is missing and build='never': run scripts/build_images.sh")
         if c.build == "always" or not present:
             log.info("building %s with %s", c.image, BUILD_SCRIPT)
-            _run(["bash", str(BUILD_SCRIPT)], env={**os.environ, "DSD_IMAGE": c.image},
-                 timeout_s=c.build_timeout_s, what="scripts/build_images.sh")
+            _run(
+                ["bash", str(BUILD_SCRIPT)],
+                env={**os.environ, "DSD_IMAGE": c.image},
+                timeout_s=c.build_timeout_s,
+                what="scripts/build_images.sh",
+            )
 
     def _discover(self) -> None:
         c = self.config
-        containers = self.project_containers()         # running or not: a dead one is named below
+        containers = self.project_containers()  # running or not: a dead one is named below
         verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier"]
         edges = _edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge")
         if len(verifiers) != 1 or len(edges) < c.n_edges or (self.owned and len(edges) != c.n_edges):
-            raise ComposeError(f"project {c.project!r} has {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
-                               f"expected 1 and {c.n_edges}")
-        edges = edges[:c.n_edges]        # an adopted project may run more: the first ones are used
+            raise ComposeError(
+                f"project {c.project!r} has {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
+                f"expected 1 and {c.n_edges}"
+            )
+        edges = edges[: c.n_edges]  # an adopted project may run more: the first ones are used
         stopped = sorted(x.name for x in [*verifiers, *edges] if x.status != "running")
         if stopped:
             raise ComposeError(f"containers stopped while starting: {stopped}")
         self.verifier_container, self.edge_containers = verifiers[0], edges
-        self.edges = [EdgeHandle(client_id=i, control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}", name=x.name,
-                                 token=_container_token(x))
-                      for i, x in enumerate(edges)]
+        self.edges = [
+            EdgeHandle(
+                client_id=i,
+                control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}",
+                name=x.name,
+                token=_container_token(x),
+            )
+            for i, x in enumerate(edges)
+        ]
 
     def _wait_ready(self, deadline_s: float) -> None:
         """Poll every service's /health from the host until each answers with its role; notice a
         container that stopped. Docker's own healthchecks are too dear for this: each is an exec
         costing ~0.1 s of CPU, and 17 containers checked every 2 s took about half of a
         2-core host (compose.yaml checks every 30 s instead)."""
-        pending = {self.verifier_container.name: (f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
-                                                  "verifier")}
+        pending = {
+            self.verifier_container.name: (
+                f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
+                "verifier",
+            )
+        }
         pending.update({h.name: (h.control_url, "edge") for h in self.edges})
         next_crash_check_s = 0.0
         while True:
@@ -235,12 +288,21 @@ class ComposeTestbed(ControlApiTestbed):
         """For a sweep's sidecar: what ran, on which engine, shaped how."""
         version = self._client.version()
         image = self._client.images.get(self.config.image)
-        return {"launcher": "compose", "project": self.config.project, "image": self.config.image,
-                "image_id": image.id, "engine_version": version.get("Version"),
-                "engine_api_version": version.get("ApiVersion"), "subnet": self.config.subnet,
-                "adopted": not self.owned, "up_s": self.up_s, "shaper": self.shaper, "shaper_reason": self.shaper_reason,
-                "verifier": self.verifier_container.name if self.verifier_container else None,
-                "edges": [h.name for h in self.edges]}
+        return {
+            "launcher": "compose",
+            "project": self.config.project,
+            "image": self.config.image,
+            "image_id": image.id,
+            "engine_version": version.get("Version"),
+            "engine_api_version": version.get("ApiVersion"),
+            "subnet": self.config.subnet,
+            "adopted": not self.owned,
+            "up_s": self.up_s,
+            "shaper": self.shaper,
+            "shaper_reason": self.shaper_reason,
+            "verifier": self.verifier_container.name if self.verifier_container else None,
+            "edges": [h.name for h in self.edges],
+        }
 
     def pin_containers(self, sets: dict, everything: list[int]) -> dict:
         """Each container's cpuset (`docker update --cpuset-cpus`, the cgroup a container's every
@@ -248,8 +310,10 @@ class ComposeTestbed(ControlApiTestbed):
         every usable CPU for a role the plan has none for. Returns {container: the CPUs its main
         process may run on, read back from the kernel}."""
         applied = {}
-        for role, container in [("verifier", self.verifier_container),
-                                *((f"edge{h.client_id}", x) for h, x in zip(self.edges, self.edge_containers))]:
+        for role, container in [
+            ("verifier", self.verifier_container),
+            *((f"edge{h.client_id}", x) for h, x in zip(self.edges, self.edge_containers)),
+        ]:
             if container is None:
                 continue
             cpus = sets.get(role, everything)
@@ -265,15 +329,18 @@ class ComposeTestbed(ControlApiTestbed):
     def shape(self, rtt_ms_per_edge: list) -> list[LinkState]:
         """One RTT (ms) or one LinkSpec per edge."""
         if len(rtt_ms_per_edge) != len(self.edges):
-            raise ValueError(f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), "
-                             f"got {len(rtt_ms_per_edge)}")
-        specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]      # validates each value
+            raise ValueError(
+                f"rtt_ms_per_edge must have one RTT per edge ({len(self.edges)}), got {len(rtt_ms_per_edge)}"
+            )
+        specs = [link_keys.as_spec(link) for link in rtt_ms_per_edge]  # validates each value
         self._close_shaper()
         verifier = endpoint_from_container(self.verifier_container)
-        edge_links = [Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
-                      for h, x, spec in zip(self.edges, self.edge_containers, specs)]
+        edge_links = [
+            Link(name=f"edge{h.client_id}", edge=endpoint_from_container(x), verifier=verifier, spec=spec)
+            for h, x, spec in zip(self.edges, self.edge_containers, specs)
+        ]
         shaper = Shaper(ShaperConfig(backend=self.config.shaper_backend, verify_count=self.config.verify_count))
-        self.link_records = shaper.apply(edge_links)    # on failure it has removed what it made
+        self.link_records = shaper.apply(edge_links)  # on failure it has removed what it made
         self._shaper = shaper
         self.shaper = self.link_records[0].backend
         self.shaper_reason = self.link_records[0].backend_reason
@@ -309,8 +376,16 @@ class ComposeTestbed(ControlApiTestbed):
         if self._shaper is not None and self._shaper.failures():
             healed.append(f"removed dead shaping ({self._shaper.failures()[0][:120]}); the next point re-applies it")
             self._close_shaper()
-        urls = {self.verifier_container.id: (f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
-                                             "verifier")} if self.verifier_container else {}
+        urls = (
+            {
+                self.verifier_container.id: (
+                    f"http://{self.container_ip(self.verifier_container)}:{VERIFIER_PORT}",
+                    "verifier",
+                )
+            }
+            if self.verifier_container
+            else {}
+        )
         urls.update({x.id: (h.control_url, "edge") for h, x in zip(self.edges, self.edge_containers)})
         for container in self._containers_in_use(reload=True):
             url, role = urls.get(container.id, ("", ""))
@@ -327,7 +402,7 @@ class ComposeTestbed(ControlApiTestbed):
     def app_delay_ms(self, client_id: int) -> float:
         if not 0 <= client_id < len(self.edges):
             raise ValueError(f"client_id must be in [0, {len(self.edges)}), got {client_id!r}")
-        return 0.0      # the link itself is shaped
+        return 0.0  # the link itself is shaped
 
     # ---- teardown --------------------------------------------------------------------------------
 
@@ -345,8 +420,16 @@ class ComposeTestbed(ControlApiTestbed):
             _step(errors, "restoring the cpusets", self._restore_cpusets)
         if self.owned:
             _step(errors, "saving the logs", self._save_logs)
-            _step(errors, "compose down", self.compose, "down", "--remove-orphans", "--timeout", "10",
-                  timeout_s=self.config.down_timeout_s)
+            _step(
+                errors,
+                "compose down",
+                self.compose,
+                "down",
+                "--remove-orphans",
+                "--timeout",
+                "10",
+                timeout_s=self.config.down_timeout_s,
+            )
             left = _step(errors, "cleanup by label", cleanup_project, self.config.project, self._client)
             if left:
                 errors.append(f"compose down left {left}; removed them by label")
@@ -376,8 +459,12 @@ class ComposeTestbed(ControlApiTestbed):
     def compose(self, *args: str, timeout_s: float) -> str:
         c = self.config
         env = {**os.environ, **c.compose_env(), "DSD_TOKEN": self._token, "COMPOSE_BAKE": "false"}
-        return _run(["docker", "compose", "--project-name", c.project, "--file", c.compose_file, *args],
-                    env=env, timeout_s=timeout_s, what=f"docker compose {args[0]}")
+        return _run(
+            ["docker", "compose", "--project-name", c.project, "--file", c.compose_file, *args],
+            env=env,
+            timeout_s=timeout_s,
+            what=f"docker compose {args[0]}",
+        )
 
 
 def docker_client():
@@ -385,8 +472,9 @@ def docker_client():
     try:
         return docker.from_env(timeout=60)
     except docker.errors.DockerException as exc:
-        raise ComposeError(f"the Docker engine does not answer ({exc}); start it as root with "
-                           "`bash scripts/docker_setup.sh`") from exc
+        raise ComposeError(
+            f"the Docker engine does not answer ({exc}); start it as root with `bash scripts/docker_setup.sh`"
+        ) from exc
 
 
 def project_labels(project: str) -> list[str]:
@@ -450,8 +538,16 @@ def cleanup_project(project: str = "dsdbed", client=None) -> list[str]:
 def _run(argv: list[str], env: dict[str, str], timeout_s: float, what: str) -> str:
     """Run a command in its own process group; kill the group at the timeout. Returns its output."""
     log.info("running %s", " ".join(argv))
-    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -5,6 +5,7 @@ differ from what the experiment asks for, read from the containers' commands, an
 ``config`` below is a ``ComposeConfig``: what is read of it is ``compose_env()``,
 ``container_backend``, ``backend``, ``profile``, ``profile_json`` and ``project``.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,13 +15,18 @@ from dataclasses import asdict
 from dsd.backends.factory import BackendConfig, backend_from_json
 from dsd.costs.profiles import HardwareProfile, get_profile
 
-VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"      # compose.yaml's services
+VERIFIER_SERVICE, EDGE_SERVICE = "verifier", "edge"  # compose.yaml's services
 
 # compose.yaml's defaults for the variables a user sets by hand (`DSD_PROFILE=... docker compose
 # up`); tests/compose/test_compose_config.py reads them back from the file.
 COMPOSE_DEFAULTS = {
-    "DSD_BACKEND_JSON": "", "DSD_PROFILE": "toy-edge-cloud", "DSD_PROFILE_JSON": "", "DSD_THREADS": "1",
-    "DSD_MAX_BATCH": "1", "DSD_BATCH_WINDOW_MS": "0", "DSD_MAX_SESSIONS": "256",
+    "DSD_BACKEND_JSON": "",
+    "DSD_PROFILE": "toy-edge-cloud",
+    "DSD_PROFILE_JSON": "",
+    "DSD_THREADS": "1",
+    "DSD_MAX_BATCH": "1",
+    "DSD_BATCH_WINDOW_MS": "0",
+    "DSD_MAX_SESSIONS": "256",
 }
 # What an adopted project must match: (setting, the services' flag in compose.yaml's commands,
 # compose.yaml's variable, verifier only). The backend (--backend-json, field by field) and the
@@ -52,8 +58,7 @@ def _backend_differences(running_json: str, wanted: BackendConfig) -> list[tuple
         return [("backend", running_json, wanted.to_json())]
     if running["kind"] != wanted.kind:
         return [("backend.kind", running["kind"], wanted.kind)]
-    return [(f"backend.{key}", running[key], value) for key, value in wanted.to_dict().items()
-            if running[key] != value]
+    return [(f"backend.{key}", running[key], value) for key, value in wanted.to_dict().items() if running[key] != value]
 
 
 def _same(running: str | None, wanted: str) -> bool:
@@ -92,22 +97,29 @@ def adopt_mismatches(config, verifier, edges: list) -> list[tuple[tuple[str, ...
     for x in services:
         differences = _backend_differences(flags[x.name].get("backend-json", ""), config.container_backend)
         if differences:
-            problems += [(("DSD_BACKEND_JSON",), f"{setting}: running {running!r} ({x.name}), the experiment's {value!r}")
-                         for setting, running, value in differences]
+            problems += [
+                (("DSD_BACKEND_JSON",), f"{setting}: running {running!r} ({x.name}), the experiment's {value!r}")
+                for setting, running, value in differences
+            ]
             break
     for setting, flag, variable, verifier_only in ADOPT_SETTINGS:
         for x in services[:1] if verifier_only else services:
             running = flags[x.name].get(flag)
             if not _same(running, wanted[variable]):
-                problems.append(((variable,), f"{setting}: running {running!r} ({x.name}), "
-                                              f"the experiment's {wanted[variable]!r}"))
+                problems.append(
+                    ((variable,), f"{setting}: running {running!r} ({x.name}), the experiment's {wanted[variable]!r}")
+                )
                 break
     if config.backend.emulated and config.profile is not None:
         for x in services:
             name, numbers = _running_profile(flags[x.name])
             if numbers != _profile_numbers(config.profile):
-                problems.append((("DSD_PROFILE", "DSD_PROFILE_JSON"),
-                                 f"profile: running {name!r} ({x.name}), the experiment's {config.profile.name!r}"))
+                problems.append(
+                    (
+                        ("DSD_PROFILE", "DSD_PROFILE_JSON"),
+                        f"profile: running {name!r} ({x.name}), the experiment's {config.profile.name!r}",
+                    )
+                )
                 break
     return problems
 
@@ -119,7 +131,7 @@ def fix_command(config, n_edges: int, also=()) -> str:
     env = config.compose_env()
     wanted = {}
     if "DSD_BACKEND_JSON" in also or _backend_differences("", config.container_backend):
-        wanted["DSD_BACKEND_JSON"] = env["DSD_BACKEND_JSON"]      # else compose.yaml's default is it
+        wanted["DSD_BACKEND_JSON"] = env["DSD_BACKEND_JSON"]  # else compose.yaml's default is it
     wanted.update({variable: env[variable] for _, _, variable, _ in ADOPT_SETTINGS})
     if config.backend.emulated and config.profile is not None:
         try:
@@ -130,8 +142,12 @@ def fix_command(config, n_edges: int, also=()) -> str:
             wanted["DSD_PROFILE"] = config.profile.name
         else:
             wanted.update({"DSD_PROFILE": "", "DSD_PROFILE_JSON": config.profile_json})
-    parts = [f"{k}={shlex.quote(v)}" for k, v in wanted.items()
-             if k in also or k == "DSD_BACKEND_JSON" or not _same(v, COMPOSE_DEFAULTS[k])]
+    parts = [
+        f"{k}={shlex.quote(v)}"
+        for k, v in wanted.items()
+        if k in also or k == "DSD_BACKEND_JSON" or not _same(v, COMPOSE_DEFAULTS[k])
+    ]
     project = [] if config.project == "dsdbed" else ["-p", config.project]
-    return " ".join([*parts, "docker", "compose", *project, "up", "-d", "--scale", f"{EDGE_SERVICE}={n_edges}",
-                     "--wait"])
+    return " ".join(
+        [*parts, "docker", "compose", *project, "up", "-d", "--scale", f"{EDGE_SERVICE}={n_edges}", "--wait"]
+    )

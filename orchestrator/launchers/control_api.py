@@ -8,6 +8,7 @@ checked: a dead NFQUEUE daemon fails the point at once, with its reason, instead
 until the timeout. A partial last row of an edge's trace (an edge killed mid-write) is dropped
 and counted in the point's record.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,9 @@ from orchestrator.records.request_stats import finish_point
 from orchestrator.spec.plan import Point
 
 
-def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]], settings: PointSettings,
-                       timeout_s: float = 900.0) -> tuple[list[dict], list[dict], list[LinkState], dict]:
+def run_point_on_edges(
+    point: Point, testbed: Testbed, prompts: list[list[int]], settings: PointSettings, timeout_s: float = 900.0
+) -> tuple[list[dict], list[dict], list[LinkState], dict]:
     """One point, its clients' runs on the testbed's edges, everything of it as ``settings`` says;
     settings.after_shape(testbed) is called once the links are shaped (and any shaping daemon
     runs), before the runs start: the CPU pinning uses it (orchestrator/common/cpus.py)."""
@@ -40,8 +42,9 @@ def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]],
     runs: list = []
     scheduled = None
     if link_options is not None and link_options.schedule:
-        scheduled = ScheduledPoint(testbed.link_shaper, specs, link_options.schedule,
-                                   keep_order=link_options.schedule_order == "queue")
+        scheduled = ScheduledPoint(
+            testbed.link_shaper, specs, link_options.schedule, keep_order=link_options.schedule_order == "queue"
+        )
     wire_before = _wire_counters(testbed)
     start_at_unix_s = time.time() + start_lead_s(specs, point.clients) if point.clients > 1 else 0.0
     with scheduled or contextlib.nullcontext():
@@ -51,8 +54,9 @@ def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]],
     round_frames, request_frames, dropped = [], [], 0
     for edge, run_id in runs:
         for name, frames in (("rounds", round_frames), ("requests", request_frames)):
-            frame, n_dropped = read_whole_rows(call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv",
-                                                    token=edge.token))
+            frame, n_dropped = read_whole_rows(
+                call("GET", f"{edge.control_url}/runs/{run_id}/{name}.csv", token=edge.token)
+            )
             frames.append(frame)
             dropped += n_dropped
     rounds = pd.concat(round_frames, ignore_index=True)
@@ -74,7 +78,7 @@ def run_point_on_edges(point: Point, testbed: Testbed, prompts: list[list[int]],
 
 
 PROBES_BEFORE_RUN = 5
-POST_LEAD_S = 0.3               # posting the runs one after the other, and slack
+POST_LEAD_S = 0.3  # posting the runs one after the other, and slack
 POST_LEAD_PER_CLIENT_S = 0.02
 
 
@@ -99,8 +103,11 @@ def _start_spread(requests: pd.DataFrame, start_at_unix_s: float) -> dict:
     if not start_at_unix_s or requests.empty or "t_start_s" not in requests:
         return {}
     first = requests.groupby("client_id")["t_start_s"].min()
-    return {"start_at_unix_s": start_at_unix_s, "start_spread_ms": 1000 * float(first.max() - first.min()),
-            "start_late_ms": 1000 * max(0.0, float(first.max()) - start_at_unix_s)}
+    return {
+        "start_at_unix_s": start_at_unix_s,
+        "start_spread_ms": 1000 * float(first.max() - first.min()),
+        "start_late_ms": 1000 * max(0.0, float(first.max()) - start_at_unix_s),
+    }
 
 
 def _wire_counters(testbed) -> list[dict] | None:
@@ -109,8 +116,9 @@ def _wire_counters(testbed) -> list[dict] | None:
     return shaper.wire_counters() if shaper is not None else None
 
 
-def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict], rounds: pd.DataFrame,
-                   n_edges: int) -> None:
+def add_wire_bytes(
+    link_rows: list[dict], before: list[dict], after: list[dict], rounds: pd.DataFrame, n_edges: int
+) -> None:
     """Each edge's bytes on the wire during the point's runs (warm-up included, and whatever the
     schedule's probes sent: 84 bytes each way per 10 ms), and per round its clients ran."""
     per_edge = rounds["client_id"].astype(int) % n_edges if len(rounds) else pd.Series(dtype=int)
@@ -119,23 +127,46 @@ def add_wire_bytes(link_rows: list[dict], before: list[dict], after: list[dict],
         for key in a:
             row[key] = a[key] - b[key]
         for direction in ("up", "down"):
-            row[f"wire_bytes_per_round_{direction}"] = (row[f"wire_bytes_{direction}"] / n_rounds
-                                                        if n_rounds else float("nan"))
+            row[f"wire_bytes_per_round_{direction}"] = (
+                row[f"wire_bytes_{direction}"] / n_rounds if n_rounds else float("nan")
+            )
 
 
-def _run_clients(point: Point, testbed: Testbed, prompts, settings: PointSettings, timeout_s: float,
-                 runs: list, start_at_unix_s: float) -> None:
+def _run_clients(
+    point: Point,
+    testbed: Testbed,
+    prompts,
+    settings: PointSettings,
+    timeout_s: float,
+    runs: list,
+    start_at_unix_s: float,
+) -> None:
     """Start one run per client on its edge, their first requests at start_at_unix_s (0: at once),
     and wait for all of them; `runs` gets (edge, run id)."""
     attempt_id = os.urandom(3).hex()
     for client in range(point.clients):
         edge = testbed.edges[client % len(testbed.edges)]
         run_id = f"{settings.run_prefix}-{point.key}-{attempt_id}-c{client}"
-        call("POST", f"{edge.control_url}/runs", token=edge.token, body=run_body(
-            settings, run_id=run_id, client_id=str(client), mode=point.mode, gamma=point.gamma,
-            sampling=point.sampling.run_fields(), prompts=prompts, max_new_tokens=settings.max_new_tokens,
-            verifier_url=testbed.verifier_url, app_delay_ms=testbed.app_delay_ms(client),
-            probe_count=PROBES_BEFORE_RUN, probe_interval_ms=200.0, start_at_unix_s=start_at_unix_s))
+        call(
+            "POST",
+            f"{edge.control_url}/runs",
+            token=edge.token,
+            body=run_body(
+                settings,
+                run_id=run_id,
+                client_id=str(client),
+                mode=point.mode,
+                gamma=point.gamma,
+                sampling=point.sampling.run_fields(),
+                prompts=prompts,
+                max_new_tokens=settings.max_new_tokens,
+                verifier_url=testbed.verifier_url,
+                app_delay_ms=testbed.app_delay_ms(client),
+                probe_count=PROBES_BEFORE_RUN,
+                probe_interval_ms=200.0,
+                start_at_unix_s=start_at_unix_s,
+            ),
+        )
         runs.append((edge, run_id))
     deadline = time.monotonic() + timeout_s
     pending = list(runs)
@@ -152,12 +183,20 @@ def _run_clients(point: Point, testbed: Testbed, prompts, settings: PointSetting
                 pending.remove((edge, run_id))
 
 
-def run_body(settings: PointSettings, *, run_id: str, client_id: str, mode: str, gamma: int, sampling: dict,
-             **run) -> dict:
+def run_body(
+    settings: PointSettings, *, run_id: str, client_id: str, mode: str, gamma: int, sampling: dict, **run
+) -> dict:
     """The body of an edge's POST /runs (services/edge/config.py RunConfig): the run, its sampling
     (a Setting's run_fields), and every key of the point's settings the edge takes."""
-    return {"run_id": run_id, "client_id": client_id, "mode": mode, "gamma": gamma, **sampling,
-            **settings.run_fields(), **run}
+    return {
+        "run_id": run_id,
+        "client_id": client_id,
+        "mode": mode,
+        "gamma": gamma,
+        **sampling,
+        **settings.run_fields(),
+        **run,
+    }
 
 
 class ControlApiTestbed:

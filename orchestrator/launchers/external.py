@@ -27,6 +27,7 @@ The link, by ``shaping``:
 close() removes the shaping it applied and leaves the services running: they are not ours.
 heal() cannot restart them either; it drops broken shaping and names a service that is down.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,15 +52,18 @@ class ExternalTestbed(ControlApiTestbed):
 
     def __init__(self, config: ExternalConfig, n_edges: int) -> None:
         if n_edges > len(config.edge_urls):
-            raise ValueError(f"[external] edge_urls: the experiment needs {n_edges} edges, "
-                             f"{len(config.edge_urls)} given")
+            raise ValueError(
+                f"[external] edge_urls: the experiment needs {n_edges} edges, {len(config.edge_urls)} given"
+            )
         self.config = config
         self.token = config.token
         self.verifier_url = config.verifier_url
         self.shaper = {"off": "none", "app-delay": "app-delay", "edge": "in-edge"}[config.shaping]
         self.shaper_reason = f"external devices, shaping = {config.shaping!r}"
-        self.edges = [EdgeHandle(i, url.rstrip("/"), _edge_name(i, url), self.token)
-                      for i, url in enumerate(config.edge_urls[:n_edges])]
+        self.edges = [
+            EdgeHandle(i, url.rstrip("/"), _edge_name(i, url), self.token)
+            for i, url in enumerate(config.edge_urls[:n_edges])
+        ]
         self._delay_ms: dict[int, float] = {}
         self._shaped: list[EdgeHandle] = []
         self._last_check_s = 0.0
@@ -87,8 +91,10 @@ class ExternalTestbed(ControlApiTestbed):
             if status != 200:
                 raise RuntimeError(f"edge {edge.control_url} has no /link API (HTTP {status}): update the edge")
             if c.shaping == "edge" and not json.loads(body).get("shaping_allowed"):
-                raise RuntimeError(f"edge {edge.control_url} does not shape its link: shaping = 'edge' needs it "
-                                   "started with --shape-link (and CAP_NET_ADMIN in its network namespace)")
+                raise RuntimeError(
+                    f"edge {edge.control_url} does not shape its link: shaping = 'edge' needs it "
+                    "started with --shape-link (and CAP_NET_ADMIN in its network namespace)"
+                )
 
     # ---- Testbed ----------------------------------------------------------------------------
 
@@ -101,8 +107,11 @@ class ExternalTestbed(ControlApiTestbed):
         if mode == "edge":
             pairs = list(zip(self.edges, [as_spec(link) for link in rtt_ms_per_edge]))
             self._shaped += [e for e, _ in pairs if e not in self._shaped]
-            return list(self._pool.map(lambda p: shape_in_edge(p[0], p[1], self._edge_body(), self.token,
-                                                               self.config.timeout_s), pairs))
+            return list(
+                self._pool.map(
+                    lambda p: shape_in_edge(p[0], p[1], self._edge_body(), self.token, self.config.timeout_s), pairs
+                )
+            )
         pairs = list(zip(self.edges, [_plain_rtt_ms(link) for link in rtt_ms_per_edge]))
         if mode == "off" and any(rtt != 0 for _, rtt in pairs):
             raise ValueError("rtt_ms must be 0 with [external] shaping = 'off' (the real link; nothing is added)")
@@ -111,22 +120,35 @@ class ExternalTestbed(ControlApiTestbed):
 
     def _edge_body(self) -> dict:
         c = self.config
-        return {"verifier_url": self.verifier_url, "backend": c.shaper_backend, "verify_count": c.verify_count,
-                "tolerance_ms": c.verify_tolerance_ms}
+        return {
+            "verifier_url": self.verifier_url,
+            "backend": c.shaper_backend,
+            "verify_count": c.verify_count,
+            "tolerance_ms": c.verify_tolerance_ms,
+        }
 
     def _probe_edge(self, edge: EdgeHandle, rtt_ms: float) -> LinkState:
         """The edge's RTT to the verifier as a run would see it (its app delay included)."""
         c = self.config
-        body = {"verifier_url": self.verifier_url, "count": c.probe_count, "interval_ms": c.probe_interval_ms,
-                "app_delay_ms": self._delay_ms.get(edge.client_id, 0.0)}
+        body = {
+            "verifier_url": self.verifier_url,
+            "count": c.probe_count,
+            "interval_ms": c.probe_interval_ms,
+            "app_delay_ms": self._delay_ms.get(edge.client_id, 0.0),
+        }
         timeout_s = c.timeout_s + c.probe_count * (c.probe_interval_ms / 1000 + 1.0)
-        rtts = json.loads(http_client.call("POST", edge.control_url + "/link/probe", body, timeout_s,
-                                           self.token))["rtt_ms"]
-        return LinkState(edge=edge.name, shaper=self.shaper, rtt_configured_ms=float(rtt_ms),
-                         rtt_measured_p50_ms=percentile(rtts, 50, "linear"),
-                         rtt_measured_p99_ms=percentile(rtts, 99, "linear"),
-                         rtt_measured_stdev_ms=statistics.stdev(rtts) if len(rtts) > 1 else float("nan"),
-                         loss_measured_pct=100.0 * (1 - len(rtts) / c.probe_count))
+        rtts = json.loads(http_client.call("POST", edge.control_url + "/link/probe", body, timeout_s, self.token))[
+            "rtt_ms"
+        ]
+        return LinkState(
+            edge=edge.name,
+            shaper=self.shaper,
+            rtt_configured_ms=float(rtt_ms),
+            rtt_measured_p50_ms=percentile(rtts, 50, "linear"),
+            rtt_measured_p99_ms=percentile(rtts, 99, "linear"),
+            rtt_measured_stdev_ms=statistics.stdev(rtts) if len(rtts) > 1 else float("nan"),
+            loss_measured_pct=100.0 * (1 - len(rtts) / c.probe_count),
+        )
 
     def _shape_edge(self, edge: EdgeHandle, link) -> LinkState:
         state = shape_in_edge(edge, as_spec(link), self._edge_body(), self.token, self.config.timeout_s)
@@ -143,8 +165,9 @@ class ExternalTestbed(ControlApiTestbed):
             return
         self._last_check_s = time.monotonic()
         for edge in self._shaped:
-            failures = json.loads(http_client.call("GET", edge.control_url + "/link", None, self.config.timeout_s,
-                                                   self.token))["failures"]
+            failures = json.loads(
+                http_client.call("GET", edge.control_url + "/link", None, self.config.timeout_s, self.token)
+            )["failures"]
             if failures:
                 raise RuntimeError(f"shaping in {edge.name} failed: {failures[0]}")
 
@@ -154,16 +177,19 @@ class ExternalTestbed(ControlApiTestbed):
         healed, down = [], []
         for edge in self._shaped:
             try:
-                state = json.loads(http_client.call("GET", edge.control_url + "/link", None, self.config.timeout_s,
-                                                    self.token))
+                state = json.loads(
+                    http_client.call("GET", edge.control_url + "/link", None, self.config.timeout_s, self.token)
+                )
             except (OSError, RuntimeError):
                 down.append(edge.name)
                 continue
             if state["failures"]:
                 http_client.call("DELETE", edge.control_url + "/link", None, self.config.timeout_s, self.token)
                 healed.append(f"removed broken shaping in {edge.name} ({state['failures'][0][:120]})")
-        for url, role in [(self.config.verifier_health_url, "verifier"),
-                          *((e.control_url, "edge") for e in self.edges)]:
+        for url, role in [
+            (self.config.verifier_health_url, "verifier"),
+            *((e.control_url, "edge") for e in self.edges),
+        ]:
             try:
                 _expect_role(url, role, self.config.timeout_s)
             except RuntimeError:
@@ -201,12 +227,18 @@ def shape_in_edge(edge: EdgeHandle, spec: LinkSpec, body: dict, token: str | Non
     record = json.loads(http_client.call("PUT", edge.control_url + "/link", {**body, **fields_}, timeout_s, token))
     m = record["measured"] or {}
     nan = float("nan")
-    return LinkState(edge=edge.name, shaper=f"in-edge-{record['backend']}",
-                     rtt_configured_ms=m.get("configured_rtt_ms", spec.expected_rtt_ms()),
-                     jitter_configured_ms=spec.jitter_ms, loss_configured_pct=spec.loss_pct,
-                     rate_configured_mbit=spec.rate_mbit or 0.0,
-                     rtt_measured_p50_ms=m.get("rtt_p50_ms", nan), rtt_measured_p99_ms=m.get("rtt_p99_ms", nan),
-                     rtt_measured_stdev_ms=m.get("rtt_stdev_ms", nan), loss_measured_pct=m.get("loss_pct", nan))
+    return LinkState(
+        edge=edge.name,
+        shaper=f"in-edge-{record['backend']}",
+        rtt_configured_ms=m.get("configured_rtt_ms", spec.expected_rtt_ms()),
+        jitter_configured_ms=spec.jitter_ms,
+        loss_configured_pct=spec.loss_pct,
+        rate_configured_mbit=spec.rate_mbit or 0.0,
+        rtt_measured_p50_ms=m.get("rtt_p50_ms", nan),
+        rtt_measured_p99_ms=m.get("rtt_p99_ms", nan),
+        rtt_measured_stdev_ms=m.get("rtt_stdev_ms", nan),
+        loss_measured_pct=m.get("loss_pct", nan),
+    )
 
 
 def _edge_name(index: int, url: str) -> str:
@@ -234,6 +266,8 @@ def _plain_rtt_ms(link) -> float:
     if not isinstance(link, LinkSpec):
         return float(link)
     if link != LinkSpec(rtt_ms=link.rtt_ms):
-        raise ValueError(f"[external] shaping 'off' or 'app-delay' can only give an RTT; got {link} "
-                         "(shaping = 'edge' shapes the rest)")
+        raise ValueError(
+            f"[external] shaping 'off' or 'app-delay' can only give an RTT; got {link} "
+            "(shaping = 'edge' shapes the rest)"
+        )
     return link.rtt_ms

@@ -7,6 +7,7 @@ containers, with the volumes holding their engines' storage, and their network).
 `find()` only looks (a sweep on a network launcher refuses to start over leftovers);
 `clean()` removes them and is idempotent: a second call returns [].
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import os
 from netem.cleanup import stop_processes
 from orchestrator.launchers.processes import OWNER_MARK, SERVICE_MARK, process_identity
 
-CONTAINER_LABEL = "dsdbed.role"        # compose.yaml labels every service with it
+CONTAINER_LABEL = "dsdbed.role"  # compose.yaml labels every service with it
 NETWORK_LABEL = "dsdbed.testbed"
 
 
@@ -50,9 +51,11 @@ def refuse_if_any(services: bool = True) -> None:
 
     others = live_runs()
     if others:
-        raise AnotherRunLive(f"another network run is going on: {'; '.join(others)}; wait for it to end "
-                             "(two at once would distort each other's timing). `dsdbed cleanup` leaves a live "
-                             "run alone; stop its process to end it")
+        raise AnotherRunLive(
+            f"another network run is going on: {'; '.join(others)}; wait for it to end "
+            "(two at once would distort each other's timing). `dsdbed cleanup` leaves a live "
+            "run alone; stop its process to end it"
+        )
     found = find(docker=False, services=services)
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
@@ -64,9 +67,9 @@ def clean() -> list[str]:
 
     removed = _stop_service_processes()
     removed += cleanup_leftovers()
-    removed += _swarm_stacks(remove=True)       # services first: their containers would stay
+    removed += _swarm_stacks(remove=True)  # services first: their containers would stay
     for kind, name, obj in _docker_objects():
-        obj.remove(**({"force": True, "v": True} if kind == "container" else {}))   # v: a swarm node's engine storage
+        obj.remove(**({"force": True, "v": True} if kind == "container" else {}))  # v: a swarm node's engine storage
         removed.append(f"{kind} {name}")
     return removed
 
@@ -80,8 +83,9 @@ def service_processes() -> list[int]:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         marks = _marks(int(entry))
-        if SERVICE_MARK in marks and not (marks.get(OWNER_MARK) and
-                                          process_identity(int(marks[OWNER_MARK].split(":")[0])) == marks[OWNER_MARK]):
+        if SERVICE_MARK in marks and not (
+            marks.get(OWNER_MARK) and process_identity(int(marks[OWNER_MARK].split(":")[0])) == marks[OWNER_MARK]
+        ):
             pids.append(int(entry))
     return pids
 
@@ -118,7 +122,7 @@ def _docker_objects() -> list[tuple[str, str, object]]:
         return []
     containers = client.containers.list(all=True, filters={"label": CONTAINER_LABEL})
     networks = client.networks.list(filters={"label": NETWORK_LABEL})
-    return ([("container", c.name, c) for c in containers] + [("network", n.name, n) for n in networks])
+    return [("container", c.name, c) for c in containers] + [("network", n.name, n) for n in networks]
 
 
 def _swarm_stacks(remove: bool) -> list[str]:
@@ -129,6 +133,7 @@ def _swarm_stacks(remove: bool) -> list[str]:
         import docker
 
         from orchestrator.launchers.swarm import OUR_LABEL, cleanup_stack, find_stack
+
         manager = os.environ.get("DSD_SWARM_MANAGER", "")
         client = docker.DockerClient(base_url=manager, timeout=30) if manager else docker.from_env(timeout=30)
         if not client.info().get("Swarm", {}).get("ControlAvailable"):
@@ -136,12 +141,17 @@ def _swarm_stacks(remove: bool) -> list[str]:
     except Exception:  # noqa: BLE001 - no engine or no swarm here: nothing of ours in it
         return []
     try:
-        stacks = {obj.attrs.get("Spec", obj.attrs).get("Labels", {}).get(OUR_LABEL)
-                  for obj in client.services.list(filters={"label": OUR_LABEL})
-                  + client.networks.list(filters={"label": OUR_LABEL})}
+        stacks = {
+            obj.attrs.get("Spec", obj.attrs).get("Labels", {}).get(OUR_LABEL)
+            for obj in client.services.list(filters={"label": OUR_LABEL})
+            + client.networks.list(filters={"label": OUR_LABEL})
+        }
         stacks |= {c.labels.get(OUR_LABEL) for c in client.containers.list(all=True, filters={"label": OUR_LABEL})}
         stacks.discard(None)
-        return [item for stack in sorted(stacks)
-                for item in (cleanup_stack(stack, client) if remove else find_stack(stack, client))]
+        return [
+            item
+            for stack in sorted(stacks)
+            for item in (cleanup_stack(stack, client) if remove else find_stack(stack, client))
+        ]
     finally:
         client.close()

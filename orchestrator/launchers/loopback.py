@@ -5,6 +5,7 @@ the application (half the RTT each way) and every trace says shaper=app-delay.
 Every testbed (this one and netns) gets a fresh random token in ``WORK_DIR/token`` (mode 0600),
 passed to the verifier and every edge by ``--token-file``: other users and programs on the host
 can reach 127.0.0.1 too."""
+
 from __future__ import annotations
 
 from netem.spec import LinkSpec
@@ -26,16 +27,25 @@ class LoopbackTestbed(ControlApiTestbed):
             token_file = write_token_file(work)
             token = token_file.read_text()
             port = free_port()
-            verifier = ServiceProcess("verifier", config.verifier_argv("127.0.0.1", port, token_file),
-                                      f"http://127.0.0.1:{port}/health", log_dir=work)
+            verifier = ServiceProcess(
+                "verifier",
+                config.verifier_argv("127.0.0.1", port, token_file),
+                f"http://127.0.0.1:{port}/health",
+                log_dir=work,
+            )
             self._processes.append(verifier)
             self.verifier_url = f"ws://127.0.0.1:{port}/ws"
             self.edges = []
             for i in range(config.n_edges):
                 edge_port = free_port()
-                self._processes.append(ServiceProcess(
-                    f"edge{i}", config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}", token_file),
-                    f"http://127.0.0.1:{edge_port}/health", log_dir=work))
+                self._processes.append(
+                    ServiceProcess(
+                        f"edge{i}",
+                        config.edge_argv("127.0.0.1", edge_port, work / f"edge{i}", token_file),
+                        f"http://127.0.0.1:{edge_port}/health",
+                        log_dir=work,
+                    )
+                )
                 self.edges.append(EdgeHandle(i, f"http://127.0.0.1:{edge_port}", f"edge{i}", token))
             for process in self._processes:
                 process.wait_ready(config.ready_timeout_s)
@@ -77,6 +87,8 @@ def _plain_rtt_ms(link) -> float:
     if not isinstance(link, LinkSpec):
         return link
     if link != LinkSpec(rtt_ms=link.rtt_ms):
-        raise ValueError(f"the loopback launcher delays in the application and can only give an RTT; "
-                         f"got {link} (use netns or compose)")
+        raise ValueError(
+            f"the loopback launcher delays in the application and can only give an RTT; "
+            f"got {link} (use netns or compose)"
+        )
     return link.rtt_ms

@@ -5,6 +5,7 @@ Data traffic (the WebSocket between edge and verifier) crosses the shaped bridge
 orchestrator reaches the services' HTTP APIs through Unix sockets, which are not bound to a
 network namespace, so control traffic never touches the shaped links.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,10 +27,11 @@ EDGE_PORT = 8701
 
 
 class NetnsTestbed(ControlApiTestbed):
-    def __init__(self, config: ServicesConfig, shaper_config: ShaperConfig | None = None,
-                 loss_pct: float = 0.0) -> None:
+    def __init__(
+        self, config: ServicesConfig, shaper_config: ShaperConfig | None = None, loss_pct: float = 0.0
+    ) -> None:
         self.config = config
-        self.loss_pct = loss_pct          # each direction of every link (fault tests)
+        self.loss_pct = loss_pct  # each direction of every link (fault tests)
         self.shaper_config = shaper_config or ShaperConfig()
         # Probed now so the sweep's sidecar can say which backend shapes every link.
         self.shaper, self.shaper_reason = choose_backend(self.shaper_config.backend)
@@ -47,22 +49,32 @@ class NetnsTestbed(ControlApiTestbed):
     def _start_services(self) -> None:
         topology = self._topology
         work = self.config.make_work_dir()
-        token_file = write_token_file(work)       # the bridge is reachable from the host namespace
+        token_file = write_token_file(work)  # the bridge is reachable from the host namespace
         token = token_file.read_text()
         verifier_socket = self._socket_dir / "verifier.sock"
         verifier = ServiceProcess(
-            "verifier", self.config.verifier_argv(topology.verifier.ip, VERIFIER_PORT, token_file)
+            "verifier",
+            self.config.verifier_argv(topology.verifier.ip, VERIFIER_PORT, token_file)
             + ["--unix-socket", str(verifier_socket)],
-            f"unix:{verifier_socket}/health", netns=topology.verifier.netns, log_dir=work)
+            f"unix:{verifier_socket}/health",
+            netns=topology.verifier.netns,
+            log_dir=work,
+        )
         self._processes.append(verifier)
         self.verifier_url = f"ws://{topology.verifier.ip}:{VERIFIER_PORT}/ws"
         self.edges = []
         for i, endpoint in enumerate(topology.edges):
             edge_socket = self._socket_dir / f"edge{i}.sock"
-            self._processes.append(ServiceProcess(
-                f"edge{i}", self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}", token_file)
-                + ["--unix-socket", str(edge_socket)],
-                f"unix:{edge_socket}/health", netns=endpoint.netns, log_dir=work))
+            self._processes.append(
+                ServiceProcess(
+                    f"edge{i}",
+                    self.config.edge_argv(endpoint.ip, EDGE_PORT, work / f"edge{i}", token_file)
+                    + ["--unix-socket", str(edge_socket)],
+                    f"unix:{edge_socket}/health",
+                    netns=endpoint.netns,
+                    log_dir=work,
+                )
+            )
             self.edges.append(EdgeHandle(i, f"unix:{edge_socket}", endpoint.name, token))
         for process in self._processes:
             process.wait_ready(self.config.ready_timeout_s)

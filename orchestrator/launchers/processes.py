@@ -3,6 +3,7 @@ namespace; services.processes), polled until healthy or crashed, killed as a gro
 restarted by a heal. Each dies with the orchestrator and carries SERVICE_MARK in its environment
 so that `dsdbed cleanup` finds one that survived anyway.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ from netem.owners import process_identity
 from orchestrator.common import http_client
 from services.processes import OWNER_MARK, REPO, SERVICE_MARK, free_port, kill_group, start_service
 
-__all__ = ["OWNER_MARK", "REPO", "SERVICE_MARK", "ServiceProcess", "backend_args", "free_port", "heal_services",
-           "process_identity", "write_token_file"]
+__all__ = [
+    "OWNER_MARK",
+    "REPO",
+    "SERVICE_MARK",
+    "ServiceProcess",
+    "backend_args",
+    "free_port",
+    "heal_services",
+    "process_identity",
+    "write_token_file",
+]
 
 
 def backend_args(backend: BackendConfig, profile: HardwareProfile | None) -> list[str]:
@@ -39,21 +49,22 @@ def write_token_file(folder: Path) -> Path:
     path = Path(folder) / "token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)         # O_CREAT's mode applies only to a new file
+        os.fchmod(f.fileno(), 0o600)  # O_CREAT's mode applies only to a new file
         f.write(secrets.token_urlsafe(32))
     return path
 
 
 class ServiceProcess:
-    def __init__(self, name: str, argv: list[str], health_url: str, netns: str | None = None,
-                 log_dir: Path | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], health_url: str, netns: str | None = None, log_dir: Path | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
         self.netns = netns
         self.health_url = health_url
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="dsdbed-logs-"))
         self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "ab")       # a restart appends: the crash stays readable
+        self._log = open(self.log_path, "ab")  # a restart appends: the crash stays readable
         self.restarts = 0
         self.proc = self._spawn()
 
@@ -82,8 +93,10 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
-                                   f"log: {self.log_path}\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.proc.returncode} while starting; "
+                    f"log: {self.log_path}\n{self.log_tail()}"
+                )
             try:
                 if http_client.request("GET", self.health_url, timeout_s=1.0)[0] == 200:
                     return
@@ -113,5 +126,7 @@ def heal_services(processes: list[ServiceProcess], ready_timeout_s: float) -> li
         if not process.healthy():
             code = process.proc.poll()
             process.restart(ready_timeout_s)
-            healed.append(f"restarted {process.name} ({'exit code ' + str(code) if code is not None else 'not answering'})")
+            healed.append(
+                f"restarted {process.name} ({'exit code ' + str(code) if code is not None else 'not answering'})"
+            )
     return healed

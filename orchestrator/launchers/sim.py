@@ -17,6 +17,7 @@ at the compute times' batch curve. Its rows are those of services/traces.py, one
 never filled with a configured value. Several clients' rounds carry the virtual clock's times
 (drafting, send, receipt, the verifier's queue, compute and batch size), shared by the clients.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dsd.backends.protocol import LanguageModel, SamplingParams
-from dsd.controller.interface import (GAMMA_MAX, ControllerConfig, Decision, RequestOutcome, ShadowDraft, request_cycle)
+from dsd.controller.interface import GAMMA_MAX, ControllerConfig, Decision, RequestOutcome, ShadowDraft, request_cycle
 from dsd.drive.generation import first_emission
 from dsd.modes import plannable_edge_modes, server_modes
 from dsd.controller.policies import make_controller
@@ -54,8 +55,8 @@ class SimTestbed:
 
     def __init__(self, draft, target, times: ComputeTimes, verifier: VerifierConfig = VerifierConfig()) -> None:
         self.draft, self.target, self.times = draft, target, times
-        self.verifier = verifier                # the shared verifier's device, for points of several clients
-        self.edges: list[EdgeHandle] = []       # no edge service: the client runs in this process
+        self.verifier = verifier  # the shared verifier's device, for points of several clients
+        self.edges: list[EdgeHandle] = []  # no edge service: the client runs in this process
 
     def shape(self, rtt_ms_per_edge: list[float]) -> list[LinkState]:
         """The virtual link as configured; nothing is measured on it."""
@@ -88,27 +89,53 @@ class SimTestbed:
         round_rows, request_rows = [], []
         # As on an edge (services/edge/): one controller for the client's run, which picks each
         # request's mode among its modes and learns across the requests.
-        policy = None if settings.controller == "static" else make_controller(ControllerConfig(
-            settings.controller, point.gamma, point.mode, settings.gamma_max,
-            settings.controller_modes or plannable_edge_modes()))
+        policy = (
+            None
+            if settings.controller == "static"
+            else make_controller(
+                ControllerConfig(
+                    settings.controller,
+                    point.gamma,
+                    point.mode,
+                    settings.gamma_max,
+                    settings.controller_modes or plannable_edge_modes(),
+                )
+            )
+        )
         schedule = settings.link_options.schedule if settings.link_options is not None else None
         link_at = rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3)
-        t_point_s = 0.0            # virtual time since the point's first request (warm-up included)
-        client = SimClient(self.draft, self.target, self.times, stop, settings.max_in_flight, settings.gamma_max,
-                           settings.cache)
+        t_point_s = 0.0  # virtual time since the point's first request (warm-up included)
+        client = SimClient(
+            self.draft, self.target, self.times, stop, settings.max_in_flight, settings.gamma_max, settings.cache
+        )
         for index, prompt in enumerate(prompts):
             request = SimRequest(point.mode, point.gamma, prompt, f"{point.key}-{index}", point.sampling.params(index))
             tokens, records, wall_s, ttft_s = run_request(
-                client, request, lambda t, start=t_point_s: link_at(start + t), policy)
+                client, request, lambda t, start=t_point_s: link_at(start + t), policy
+            )
             t_point_s += wall_s
-            keys = {"run_id": f"sim-{point.key}", "client_id": "0", "mode": point.mode, "gamma": point.gamma,
-                    "request_index": index}
+            keys = {
+                "run_id": f"sim-{point.key}",
+                "client_id": "0",
+                "mode": point.mode,
+                "gamma": point.gamma,
+                "request_index": index,
+            }
             round_rows += [as_dict(round_row(keys, record)) for record in records]
-            request_rows.append(as_dict(request_row({**keys, "category": category_of(settings, index)},
-                                                    prompt, tokens, records, wall_s, ttft_s)))
-        rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
-                                        pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
-                                        self.shaper, self.shape([point.rtt_ms]))
+            request_rows.append(
+                as_dict(
+                    request_row(
+                        {**keys, "category": category_of(settings, index)}, prompt, tokens, records, wall_s, ttft_s
+                    )
+                )
+            )
+        rounds, requests = finish_point(
+            pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
+            pd.DataFrame(request_rows, columns=REQUEST_COLUMNS),
+            settings.warmup,
+            self.shaper,
+            self.shape([point.rtt_ms]),
+        )
         return rounds.to_dict("records"), requests.to_dict("records"), [], {}
 
     def run_clients(self, point, prompts: list[list[int]], settings: PointSettings) -> tuple:
@@ -119,25 +146,58 @@ class SimTestbed:
         the analysis reads them as it reads a network launcher's."""
         check_clients_settings(point.clients, settings.controller)
         schedule = settings.link_options.schedule if settings.link_options is not None else None
-        setup = ClientsSetup(point.clients, point.mode, point.gamma, self.times,
-                             rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3),
-                             self.verifier, settings.max_in_flight, settings.gamma_max,
-                             settings.cache)
-        done = simulate_clients(setup, self.draft, self.target, prompts,
-                                StopRule(settings.max_new_tokens, self.target.eos_token_id),
-                                point.sampling.params, seq_prefix=point.key)
+        setup = ClientsSetup(
+            point.clients,
+            point.mode,
+            point.gamma,
+            self.times,
+            rtt_schedule_s(schedule, point.rtt_ms) if schedule else (lambda _t: point.rtt_ms / 1e3),
+            self.verifier,
+            settings.max_in_flight,
+            settings.gamma_max,
+            settings.cache,
+        )
+        done = simulate_clients(
+            setup,
+            self.draft,
+            self.target,
+            prompts,
+            StopRule(settings.max_new_tokens, self.target.eos_token_id),
+            point.sampling.params,
+            seq_prefix=point.key,
+        )
         round_rows, request_rows = [], []
         for request in done:
-            keys = {"run_id": f"sim-{point.key}-c{request.client}", "client_id": str(request.client),
-                    "mode": point.mode, "gamma": point.gamma, "request_index": request.index}
-            round_rows += [as_dict(dataclasses.replace(round_row(keys, record), **dataclasses.asdict(times)))
-                           for record, times in zip(request.rounds, request.round_times)]
-            request_rows.append(as_dict(request_row({**keys, "category": category_of(settings, request.index)},
-                                                    prompts[request.index], request.tokens, request.rounds,
-                                                    request.total_s, request.first_token_s)))
-        rounds, requests = finish_point(pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
-                                        pd.DataFrame(request_rows, columns=REQUEST_COLUMNS), settings.warmup,
-                                        self.shaper, self.shape([point.rtt_ms]))
+            keys = {
+                "run_id": f"sim-{point.key}-c{request.client}",
+                "client_id": str(request.client),
+                "mode": point.mode,
+                "gamma": point.gamma,
+                "request_index": request.index,
+            }
+            round_rows += [
+                as_dict(dataclasses.replace(round_row(keys, record), **dataclasses.asdict(times)))
+                for record, times in zip(request.rounds, request.round_times)
+            ]
+            request_rows.append(
+                as_dict(
+                    request_row(
+                        {**keys, "category": category_of(settings, request.index)},
+                        prompts[request.index],
+                        request.tokens,
+                        request.rounds,
+                        request.total_s,
+                        request.first_token_s,
+                    )
+                )
+            )
+        rounds, requests = finish_point(
+            pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
+            pd.DataFrame(request_rows, columns=REQUEST_COLUMNS),
+            settings.warmup,
+            self.shaper,
+            self.shape([point.rtt_ms]),
+        )
         return rounds.to_dict("records"), requests.to_dict("records"), [], {}
 
 
@@ -147,8 +207,10 @@ def check_clients_settings(clients: int, controller: str) -> None:
     if not 1 <= clients <= MAX_CLIENTS:
         raise ValueError(f"clients must be in 1..{MAX_CLIENTS} on the sim launcher, got {clients!r}")
     if clients > 1 and controller != "static":
-        raise ValueError(f"controller must be 'static' on the sim launcher with clients > 1 (its shared "
-                         f"verifier does not take hand-overs), got {controller!r} with {clients} clients")
+        raise ValueError(
+            f"controller must be 'static' on the sim launcher with clients > 1 (its shared "
+            f"verifier does not take hand-overs), got {controller!r} with {clients} clients"
+        )
 
 
 def category_of(settings: PointSettings, index: int) -> str:
@@ -168,29 +230,47 @@ def rtt_schedule_s(schedule, base_rtt_ms: float):
     def rtt_at(t_s: float) -> float:
         i = bisect.bisect_right(times_s, t_s)
         return rtts_s[i - 1] if i else base_rtt_ms / 1e3
+
     return rtt_at
 
 
 def round_row(keys: dict, record) -> RoundRow:
     """A simulated round (dsd.drive.generation.RoundRecord) as a trace row; it keeps no clock."""
-    return RoundRow(**keys, round_index=record.round_index, proposed=record.proposed, accepted=record.accepted,
-                    emitted=record.emitted, stale=record.stale, round_gamma=record.gamma or None,
-                    round_mode=record.mode, **cache_columns(record.cache))
+    return RoundRow(
+        **keys,
+        round_index=record.round_index,
+        proposed=record.proposed,
+        accepted=record.accepted,
+        emitted=record.emitted,
+        stale=record.stale,
+        round_gamma=record.gamma or None,
+        round_mode=record.mode,
+        **cache_columns(record.cache),
+    )
 
 
-def request_row(keys: dict, prompt: list[int], tokens: list[int], rounds: list, wall_s: float,
-                ttft_s: float) -> RequestRow:
+def request_row(
+    keys: dict, prompt: list[int], tokens: list[int], rounds: list, wall_s: float, ttft_s: float
+) -> RequestRow:
     first_emitted = first_emission(rounds)
-    return RequestRow(**keys, prompt_tokens=len(prompt), tokens=len(tokens), rounds=len(rounds),
-                      stale_rounds=sum(bool(r.stale) for r in rounds), wall_s=wall_s, ttft_s=ttft_s,
-                      steady_per_token_s=steady_per_token_s(ttft_s, wall_s, len(tokens) - first_emitted),
-                      token_ids=" ".join(map(str, tokens)))
+    return RequestRow(
+        **keys,
+        prompt_tokens=len(prompt),
+        tokens=len(tokens),
+        rounds=len(rounds),
+        stale_rounds=sum(bool(r.stale) for r in rounds),
+        wall_s=wall_s,
+        ttft_s=ttft_s,
+        steady_per_token_s=steady_per_token_s(ttft_s, wall_s, len(tokens) - first_emitted),
+        token_ids=" ".join(map(str, tokens)),
+    )
 
 
 @dataclass(frozen=True)
 class SimClient:
     """What a sim client keeps across its requests: the model pair, the compute times, the stop
     rule and the run's settings (checked where they entered: the experiment file)."""
+
     draft: LanguageModel
     target: LanguageModel
     times: ComputeTimes
@@ -204,6 +284,7 @@ class SimClient:
 class SimRequest:
     """One request: its mode and gamma (a controller's decision replaces them), prompt, sequence
     id and sampling."""
+
     mode: str
     gamma: int
     prompt: list[int]
@@ -232,7 +313,7 @@ def run_request(client: SimClient, request: SimRequest, link_at: Callable[[float
     shadow = ShadowDraft(client.draft, request.seq_id, request.prompt) if request.sampling.greedy else None
     decision = run_to_end(request_cycle(policy, link_at(0.0), run, shadow))
     tokens, rounds, wall_s, ttft_s = done[0]
-    if decision.mode in server_modes():     # the plan columns say what the controller chose
+    if decision.mode in server_modes():  # the plan columns say what the controller chose
         rounds = [dataclasses.replace(r, gamma=decision.gamma, mode=decision.mode) for r in rounds]
     return tokens, rounds, wall_s, ttft_s
 
@@ -244,18 +325,35 @@ def _run_in_mode(client: SimClient, request: SimRequest, link_at: Callable[[floa
     t_verify_s = times.t_verify_s(gamma)
     if mode in server_modes():
         server = ServerCosts(times.t_ar_s, times.t_draft_server_s, t_verify_s, prefill_s, rtt_s / 2)
-        run = simulate_on_server(client.draft, client.target, prompt, gamma, client.stop, mode, server,
-                                 request.sampling, request.seq_id)
+        run = simulate_on_server(
+            client.draft, client.target, prompt, gamma, client.stop, mode, server, request.sampling, request.seq_id
+        )
         return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s
     # t_ar_s and the server's draft step: what a hand-over to the server costs (dsd.drive.driver)
     # The edge sends the session's Open and drafts at once (services/edge/ does not wait for
     # Opened): the verifier prefills the Open before it serves the first block or hand-over.
     # A block is charged its own gamma's t_verify (an adaptive plan or a mode's own policy may
     # draft other than the configured gamma).
-    link = LinkCosts(times.t_draft_edge_s, t_verify_s, rtt_s, times.t_ar_s, times.t_draft_server_s, rtt_at=link_at,
-                     t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
-                     t_open_s=prefill_s)
+    link = LinkCosts(
+        times.t_draft_edge_s,
+        t_verify_s,
+        rtt_s,
+        times.t_ar_s,
+        times.t_draft_server_s,
+        rtt_at=link_at,
+        t_verify_of=lambda g: times.t_verify_s(g) if times.knows_gamma(g) else t_verify_s,
+        t_open_s=prefill_s,
+    )
     config = DriverConfig(gamma, mode, client.max_in_flight, client.gamma_max, cache=client.cache)
-    run = simulate_dsd(client.draft, client.target, prompt, client.stop, link, config, request.sampling,
-                       request.seq_id, controller=policy)
+    run = simulate_dsd(
+        client.draft,
+        client.target,
+        prompt,
+        client.stop,
+        link,
+        config,
+        request.sampling,
+        request.seq_id,
+        controller=policy,
+    )
     return run.generation.tokens, run.generation.rounds, run.total_s, run.first_token_s

@@ -43,6 +43,7 @@ Cleanup: `docker stack rm`, then everything that carries the stack's label
 (``com.docker.stack.namespace``, ``dsdbed.stack``): services, the control container, networks,
 secrets; `cleanup_stack` does the same after a crash.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,9 +70,21 @@ from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.swarm_images import PROBE_SUFFIX, distribute, image_id, missing_on
 from orchestrator.links.keys import as_spec
-from orchestrator.launchers.swarm_config import (EDGE_CAPS, EDGE_PORT, ENGINE_SCHEMES, OUR_LABEL,  # noqa: F401
-                                                 ROLE_LABEL, SECRET, SECRET_PATH, STACK_LABEL, TUNNEL_PORT,
-                                                 VERIFIER_PORT, SwarmConfig, interpolate, stack_file)
+from orchestrator.launchers.swarm_config import (
+    EDGE_CAPS,
+    EDGE_PORT,
+    ENGINE_SCHEMES,
+    OUR_LABEL,  # noqa: F401
+    ROLE_LABEL,
+    SECRET,
+    SECRET_PATH,
+    STACK_LABEL,
+    TUNNEL_PORT,
+    VERIFIER_PORT,
+    SwarmConfig,
+    interpolate,
+    stack_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +96,9 @@ class SwarmError(RuntimeError):
 @dataclass
 class SwarmLinkState(LinkState):
     """A row of links.csv from a swarm edge: where it ran and the overlay's own RTT under the shaping."""
+
     node: str = ""
-    rtt_base_ms: float = math.nan         # edge -> verifier across the overlay, before shaping (ICMP median)
+    rtt_base_ms: float = math.nan  # edge -> verifier across the overlay, before shaping (ICMP median)
 
 
 class SwarmTestbed(ControlApiTestbed):
@@ -102,16 +116,19 @@ class SwarmTestbed(ControlApiTestbed):
         self.owned = False
         self._token = secrets.token_urlsafe(32)
         self._work = Path(config.work_dir or f"/tmp/dsdbed-swarm-{os.getpid()}")
-        self._client = (docker.DockerClient(base_url=config.docker_host, timeout=120) if config.docker_host
-                        else docker.from_env(timeout=120))
+        self._client = (
+            docker.DockerClient(base_url=config.docker_host, timeout=120)
+            if config.docker_host
+            else docker.from_env(timeout=120)
+        )
         self._env = {**os.environ, **({"DOCKER_HOST": config.docker_host} if config.docker_host else {})}
         self._controller = None
-        self._reach = ""              # how a task's address is reached: netns:PATH; or tunnel:HOST:PORT;
+        self._reach = ""  # how a task's address is reached: netns:PATH; or tunnel:HOST:PORT;
         self._verifier_http = ""
         self.image_ref = ""
         self.image_steps: list[str] = []
-        self.nodes: dict[str, str] = {}     # node ID -> hostname
-        self._edge_nodes: list[str] = []    # node ID of each edge
+        self.nodes: dict[str, str] = {}  # node ID -> hostname
+        self._edge_nodes: list[str] = []  # node ID of each edge
         self.verifier_node = ""
         self._shaped = False
         self._pool = ThreadPoolExecutor(max_workers=min(32, config.n_edges), thread_name_prefix="dsd-swarm")
@@ -136,13 +153,17 @@ class SwarmTestbed(ControlApiTestbed):
             raise SwarmError("this Docker engine is not a swarm manager: `docker swarm init` (or join as a manager)")
         nodes = self._client.nodes.list()
         if not [n for n in nodes if n.attrs["Spec"].get("Labels", {}).get(ROLE_LABEL) == "verifier"]:
-            raise SwarmError(f"no node is labelled {ROLE_LABEL}=verifier: "
-                             f"`docker node update --label-add {ROLE_LABEL}=verifier NODE`")
+            raise SwarmError(
+                f"no node is labelled {ROLE_LABEL}=verifier: "
+                f"`docker node update --label-add {ROLE_LABEL}=verifier NODE`"
+            )
         left = find_stack(c.stack, self._client)
         if left:
-            raise SwarmError(f"stack {c.stack!r} has leftovers {left}: remove them with `dsdbed cleanup` "
-                             f"or `docker stack rm {c.stack}`")
-        self.owned = True          # from here on close() removes what carries the stack's labels
+            raise SwarmError(
+                f"stack {c.stack!r} has leftovers {left}: remove them with `dsdbed cleanup` "
+                f"or `docker stack rm {c.stack}`"
+            )
+        self.owned = True  # from here on close() removes what carries the stack's labels
         self._image_everywhere()
         self._work.mkdir(parents=True, exist_ok=True)
         token_file = self._work / "token"
@@ -155,8 +176,12 @@ class SwarmTestbed(ControlApiTestbed):
         stack_path.write_text(json.dumps(stack, indent=1))  # JSON is YAML
         t0_s = time.monotonic()
         # --resolve-image never: the image is named by ID, and there is no registry to ask.
-        _run(["docker", "stack", "deploy", "--resolve-image", "never", "--compose-file", str(stack_path), c.stack],
-             env=self._env, timeout_s=120, what="docker stack deploy")
+        _run(
+            ["docker", "stack", "deploy", "--resolve-image", "never", "--compose-file", str(stack_path), c.stack],
+            env=self._env,
+            timeout_s=120,
+            what="docker stack deploy",
+        )
         self._start_controller()
         self._discover(deadline_s=t0_s + c.up_timeout_s)
         self.up_s = time.monotonic() - t0_s
@@ -173,7 +198,7 @@ class SwarmTestbed(ControlApiTestbed):
                 local.images.get(c.image)
                 source = local
             except (docker.errors.DockerException, OSError):
-                if local is not None:   # not built here: the manager's
+                if local is not None:  # not built here: the manager's
                     local.close()
         try:
             self.image_ref = image_id(source, c.image)
@@ -187,19 +212,37 @@ class SwarmTestbed(ControlApiTestbed):
                 source.close()
         missing = missing_on(self._client, self.image_ref, f"{c.stack}_{PROBE_SUFFIX}", {OUR_LABEL: c.stack})
         if missing:
-            raise SwarmError(f"image {c.image} ({self.image_ref[:19]}) is not on node(s) {', '.join(missing)}: give "
-                             "their Docker APIs (DSD_SWARM_NODES) to copy it there, or `docker save "
-                             f"{c.image} | docker -H NODE load` for each")
+            raise SwarmError(
+                f"image {c.image} ({self.image_ref[:19]}) is not on node(s) {', '.join(missing)}: give "
+                "their Docker APIs (DSD_SWARM_NODES) to copy it there, or `docker save "
+                f"{c.image} | docker -H NODE load` for each"
+            )
 
     def _start_controller(self) -> None:
         """The container the orchestrator reaches the overlay through (module docstring, 2)."""
         c = self.config
-        common = {"detach": True, "name": f"{c.stack}-control", "network": f"{c.stack}_testbed", "init": True,
-                  "labels": {OUR_LABEL: c.stack, ROLE_LABEL: "control"}}
+        common = {
+            "detach": True,
+            "name": f"{c.stack}-control",
+            "network": f"{c.stack}_testbed",
+            "init": True,
+            "labels": {OUR_LABEL: c.stack, ROLE_LABEL: "control"},
+        }
         if c.remote:
             self._controller = self._client.containers.run(
-                self.image_ref, ["python3", "-m", "orchestrator.launchers.swarm_tunnel", "--port", str(c.tunnel_port),
-                                 "--allow", c.subnet], ports={f"{c.tunnel_port}/tcp": c.tunnel_port}, **common)
+                self.image_ref,
+                [
+                    "python3",
+                    "-m",
+                    "orchestrator.launchers.swarm_tunnel",
+                    "--port",
+                    str(c.tunnel_port),
+                    "--allow",
+                    c.subnet,
+                ],
+                ports={f"{c.tunnel_port}/tcp": c.tunnel_port},
+                **common,
+            )
             self._reach = f"tunnel:{urllib.parse.urlsplit(c.docker_host).hostname}:{c.tunnel_port};"
         else:
             self._controller = self._client.containers.run(self.image_ref, ["sleep", "infinity"], **common)
@@ -219,28 +262,44 @@ class SwarmTestbed(ControlApiTestbed):
             wanted = {s: [t for t in self._tasks(s) if t["DesiredState"] == "running"] for s in ("verifier", "edge")}
             current = wanted["verifier"] + wanted["edge"]
             verifier = [t for t in wanted["verifier"] if t["Status"]["State"] == "running"]
-            edges = sorted((t for t in wanted["edge"] if t["Status"]["State"] == "running"),
-                           key=lambda t: t.get("Slot", 0))
-            failed = [f"{t['ServiceID'][:8]}.{t.get('Slot', '')}@{self.nodes.get(t.get('NodeID'), '?')}: "
-                      f"{t['Status'].get('Err') or t['Status']['State']}"
-                      for t in current if t["Status"]["State"] in ("failed", "rejected", "complete")]
+            edges = sorted(
+                (t for t in wanted["edge"] if t["Status"]["State"] == "running"), key=lambda t: t.get("Slot", 0)
+            )
+            failed = [
+                f"{t['ServiceID'][:8]}.{t.get('Slot', '')}@{self.nodes.get(t.get('NodeID'), '?')}: "
+                f"{t['Status'].get('Err') or t['Status']['State']}"
+                for t in current
+                if t["Status"]["State"] in ("failed", "rejected", "complete")
+            ]
             if failed:
                 raise SwarmError(f"tasks did not start: {failed[:5]}")
             if len(verifier) == 1 and len(edges) == c.n_edges:
                 self._verifier_http = self._url(verifier[0], VERIFIER_PORT)
-                handles = [EdgeHandle(i, self._url(t, EDGE_PORT),
-                                      f"edge.{t.get('Slot', i)}@{self.nodes.get(t['NodeID'], t['NodeID'][:12])}",
-                                      self._token) for i, t in enumerate(edges)]
-                healthy = list(self._pool.map(lambda pair: _healthy(*pair), [(self._verifier_http, "verifier"),
-                                              *((h.control_url, "edge") for h in handles)]))
+                handles = [
+                    EdgeHandle(
+                        i,
+                        self._url(t, EDGE_PORT),
+                        f"edge.{t.get('Slot', i)}@{self.nodes.get(t['NodeID'], t['NodeID'][:12])}",
+                        self._token,
+                    )
+                    for i, t in enumerate(edges)
+                ]
+                healthy = list(
+                    self._pool.map(
+                        lambda pair: _healthy(*pair),
+                        [(self._verifier_http, "verifier"), *((h.control_url, "edge") for h in handles)],
+                    )
+                )
                 if all(healthy):
                     self.edges = handles
                     self.verifier_node = self.nodes.get(verifier[0]["NodeID"], "")
                     self._edge_nodes = [t["NodeID"] for t in edges]
                     return
             if time.monotonic() > deadline_s:
-                raise SwarmError(f"stack not up after {c.up_timeout_s:.0f} s: {len(verifier)} verifier and "
-                                 f"{len(edges)} of {c.n_edges} edge tasks running")
+                raise SwarmError(
+                    f"stack not up after {c.up_timeout_s:.0f} s: {len(verifier)} verifier and "
+                    f"{len(edges)} of {c.n_edges} edge tasks running"
+                )
             time.sleep(1.0)
 
     def _url(self, task: dict, port: int) -> str:
@@ -261,7 +320,7 @@ class SwarmTestbed(ControlApiTestbed):
         # One edge per node at a time: an edge's verification probes share its node's CPUs with
         # the other edges there (24 edges verifying at once on a 2-core host measured 33 ms for 20).
         by_node: dict[str, list[int]] = {}
-        for i, node in enumerate(self._edge_nodes[:len(rtt_ms_per_edge)]):
+        for i, node in enumerate(self._edge_nodes[: len(rtt_ms_per_edge)]):
             by_node.setdefault(node, []).append(i)
         states: list = [None] * len(rtt_ms_per_edge)
 
@@ -274,25 +333,37 @@ class SwarmTestbed(ControlApiTestbed):
 
     def _shape_edge(self, edge: EdgeHandle, link) -> SwarmLinkState:
         c = self.config
-        body = {"verifier_url": self.verifier_url, "backend": c.shaper_backend, "verify_count": c.verify_count,
-                "tolerance_ms": c.verify_tolerance_ms}
+        body = {
+            "verifier_url": self.verifier_url,
+            "backend": c.shaper_backend,
+            "verify_count": c.verify_count,
+            "tolerance_ms": c.verify_tolerance_ms,
+        }
         state = shape_in_edge(edge, as_spec(link), body, self._token, 30.0)
         self.shaper = state.shaper
         record = json.loads(http_client.call("GET", edge.control_url + "/link", None, 10.0, self._token))["record"]
         base = (record or {}).get("base") or {}
-        return SwarmLinkState(**dataclasses.asdict(state), node=self._edge_nodes_by_name().get(edge.name, ""),
-                              rtt_base_ms=base.get("rtt_p50_ms", math.nan))
+        return SwarmLinkState(
+            **dataclasses.asdict(state),
+            node=self._edge_nodes_by_name().get(edge.name, ""),
+            rtt_base_ms=base.get("rtt_p50_ms", math.nan),
+        )
 
     def _edge_nodes_by_name(self) -> dict[str, str]:
         return {edge.name: self.nodes.get(node, node) for edge, node in zip(self.edges, self._edge_nodes)}
 
     def facts(self) -> dict:
         """sweep.json's record of the swarm: its nodes, the image by ID and how it got there."""
-        return {"nodes": sorted(self.nodes.values()), "verifier_node": self.verifier_node,
-                "edge_nodes": sorted(set(self._edge_nodes_by_name().values())),
-                "image": self.config.image, "image_id": self.image_ref,
-                "image_steps": self.image_steps, "manager": self.config.docker_host or "this machine's engine",
-                "reached_by": "tunnel" if self.config.remote else "netns"}
+        return {
+            "nodes": sorted(self.nodes.values()),
+            "verifier_node": self.verifier_node,
+            "edge_nodes": sorted(set(self._edge_nodes_by_name().values())),
+            "image": self.config.image,
+            "image_id": self.image_ref,
+            "image_steps": self.image_steps,
+            "manager": self.config.docker_host or "this machine's engine",
+            "reached_by": "tunnel" if self.config.remote else "netns",
+        }
 
     def app_delay_ms(self, client_id: int) -> float:
         return 0.0
@@ -301,16 +372,23 @@ class SwarmTestbed(ControlApiTestbed):
         if not self._shaped:
             return
         for edge in self.edges:
-            failures = json.loads(http_client.call("GET", edge.control_url + "/link", None, 10.0, self._token))["failures"]
+            failures = json.loads(http_client.call("GET", edge.control_url + "/link", None, 10.0, self._token))[
+                "failures"
+            ]
             if failures:
                 raise RuntimeError(f"shaping in {edge.name} failed: {failures[0]}")
 
     def heal(self) -> list[str]:
         """Replace what stopped answering (module docstring, Heal); drop broken shaping (the next
         point re-applies it)."""
-        lost = [role for role, answers in (
-            ("verifier", _healthy(self._verifier_http, "verifier")),
-            ("edge", all(self._pool.map(lambda e: _healthy(e.control_url, "edge"), self.edges)))) if not answers]
+        lost = [
+            role
+            for role, answers in (
+                ("verifier", _healthy(self._verifier_http, "verifier")),
+                ("edge", all(self._pool.map(lambda e: _healthy(e.control_url, "edge"), self.edges))),
+            )
+            if not answers
+        ]
         if lost:
             return self._replace(lost)
         healed = []
@@ -333,8 +411,12 @@ class SwarmTestbed(ControlApiTestbed):
                 break
             # A task the manager still calls running, on a node it still calls ready, that does
             # not answer: its node is probably going; wait for the manager to say so.
-            running = [(t, s) for s in services for t in self._tasks(s)
-                       if t["DesiredState"] == "running" and t["Status"]["State"] == "running"]
+            running = [
+                (t, s)
+                for s in services
+                for t in self._tasks(s)
+                if t["DesiredState"] == "running" and t["Status"]["State"] == "running"
+            ]
             answers = self._pool.map(lambda pair: _healthy(self._task_url(*pair), pair[1]), running)
             if all(answers):
                 break
@@ -360,15 +442,14 @@ class SwarmTestbed(ControlApiTestbed):
         errors = []
         self._pool.shutdown()
         if self.owned:
-            if self._controller is not None:        # it holds the network: out of the way first
+            if self._controller is not None:  # it holds the network: out of the way first
                 try:
                     self._controller.remove(force=True)
                 except docker.errors.APIError as exc:
                     errors.append(f"control container: {exc.explanation}")
                 self._controller = None
             try:
-                _run(["docker", "stack", "rm", self.config.stack], env=self._env, timeout_s=120,
-                     what="docker stack rm")
+                _run(["docker", "stack", "rm", self.config.stack], env=self._env, timeout_s=120, what="docker stack rm")
             except ComposeError as exc:
                 # Typically the network, still in use by tasks shutting down: removed below.
                 log.info("docker stack rm left something: %s", exc)
@@ -386,7 +467,6 @@ class SwarmTestbed(ControlApiTestbed):
         self._client.close()
         if errors:
             raise SwarmError("teardown incomplete: " + "; ".join(errors))
-
 
     def _wait_nodes_clean(self, timeout_s: float = 60.0) -> list[str]:
         """On every node engine given that still answers (a lost one does not): wait until none of
@@ -407,7 +487,7 @@ class SwarmTestbed(ControlApiTestbed):
                         break
                     time.sleep(1.0)
             except (docker.errors.DockerException, OSError):
-                pass                    # went away meanwhile: nothing of it left running
+                pass  # went away meanwhile: nothing of it left running
             finally:
                 node.close()
         return [f"left on nodes: {left}"] if left else []

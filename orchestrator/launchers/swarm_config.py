@@ -1,6 +1,7 @@
 """The swarm launcher's configuration (orchestrator/launchers/swarm.py): where the swarm is (a
 manager's Docker API, the nodes' APIs), what it runs (the services' settings, as compose has them),
 and the stack file made from compose.yaml for ``docker stack deploy``; checked on construction."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ ROLE_LABEL = "dsdbed.role"
 SECRET = "dsdbed_token"
 SECRET_PATH = f"/run/secrets/{SECRET}"
 VERIFIER_PORT, EDGE_PORT = 8700, 8701
-TUNNEL_PORT = 8790            # published on the manager node when the orchestrator is off it
+TUNNEL_PORT = 8790  # published on the manager node when the orchestrator is off it
 ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 EDGE_CAPS = ["NET_ADMIN", "NET_RAW", "SYS_NICE"]
 _STACK_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
@@ -36,7 +37,7 @@ class SwarmConfig:
     max_batch: int = 1
     batch_window_ms: float = 0.0
     stack: str = "dsdbed"
-    image: str = "dsdbed-shaper:latest"     # scripts/build_shaper_image.sh: iptables + NFQUEUE inside
+    image: str = "dsdbed-shaper:latest"  # scripts/build_shaper_image.sh: iptables + NFQUEUE inside
     subnet: str = "10.231.0.0/22"
     shaper_backend: str = "auto"
     verify_count: int = 50
@@ -44,7 +45,7 @@ class SwarmConfig:
     up_timeout_s: float = 900.0
     compose_file: str = str(COMPOSE_FILE)
     work_dir: str = ""
-    docker_host: str = ""             # the manager's Docker API; "" = this machine's engine (DOCKER_HOST)
+    docker_host: str = ""  # the manager's Docker API; "" = this machine's engine (DOCKER_HOST)
     node_hosts: tuple[str, ...] = ()  # the nodes' Docker APIs: the image is copied to those lacking it
     tunnel_port: int = TUNNEL_PORT
     heal_timeout_s: float = 120.0
@@ -53,10 +54,12 @@ class SwarmConfig:
         # The service values are validated as compose validates them (same variables).
         _ = self.compose_config
         for name, url in [("docker_host", self.docker_host)] * bool(self.docker_host) + [
-                ("node_hosts", u) for u in self.node_hosts]:
+            ("node_hosts", u) for u in self.node_hosts
+        ]:
             if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ENGINE_SCHEMES:
-                raise ValueError(f"{name} must be Docker API URLs ({', '.join(s + '://' for s in ENGINE_SCHEMES)}), "
-                                 f"got {url!r}")
+                raise ValueError(
+                    f"{name} must be Docker API URLs ({', '.join(s + '://' for s in ENGINE_SCHEMES)}), got {url!r}"
+                )
         if not isinstance(self.node_hosts, tuple):
             raise ValueError(f"node_hosts must be a tuple of URLs, got {self.node_hosts!r}")
         if not (is_int(self.tunnel_port) and 1 <= self.tunnel_port <= 65535):
@@ -75,10 +78,19 @@ class SwarmConfig:
 
     @property
     def compose_config(self) -> ComposeConfig:
-        return ComposeConfig(n_edges=self.n_edges, backend=self.backend, profile=self.profile, threads=self.threads,
-                             max_batch=self.max_batch, batch_window_ms=self.batch_window_ms, image=self.image,
-                             subnet=self.subnet, shaper_backend=self.shaper_backend, build="never",
-                             compose_file=self.compose_file)
+        return ComposeConfig(
+            n_edges=self.n_edges,
+            backend=self.backend,
+            profile=self.profile,
+            threads=self.threads,
+            max_batch=self.max_batch,
+            batch_window_ms=self.batch_window_ms,
+            image=self.image,
+            subnet=self.subnet,
+            shaper_backend=self.shaper_backend,
+            build="never",
+            compose_file=self.compose_file,
+        )
 
     @property
     def remote(self) -> bool:
@@ -91,23 +103,37 @@ class SwarmConfig:
         as Docker takes DOCKER_HOST: DSD_SWARM_MANAGER (the manager's API) and DSD_SWARM_NODES
         (the nodes' APIs, space-separated, for copying the image to them)."""
         if services.extra_verifier_args:
-            raise ValueError(f"extra_verifier_args: the swarm launcher cannot pass them, got "
-                             f"{services.extra_verifier_args!r}")
-        where = {"docker_host": os.environ.get("DSD_SWARM_MANAGER", ""),
-                 "node_hosts": tuple(os.environ.get("DSD_SWARM_NODES", "").split())}
-        return cls(**{"n_edges": services.n_edges, "backend": services.backend, "profile": services.profile,
-                      "max_batch": services.max_batch, "batch_window_ms": services.batch_window_ms,
-                      "work_dir": services.work_dir, **where, **overrides})
+            raise ValueError(
+                f"extra_verifier_args: the swarm launcher cannot pass them, got {services.extra_verifier_args!r}"
+            )
+        where = {
+            "docker_host": os.environ.get("DSD_SWARM_MANAGER", ""),
+            "node_hosts": tuple(os.environ.get("DSD_SWARM_NODES", "").split()),
+        }
+        return cls(
+            **{
+                "n_edges": services.n_edges,
+                "backend": services.backend,
+                "profile": services.profile,
+                "max_batch": services.max_batch,
+                "batch_window_ms": services.batch_window_ms,
+                "work_dir": services.work_dir,
+                **where,
+                **overrides,
+            }
+        )
 
 
 def interpolate(value, env: dict[str, str]):
     """compose's ${NAME}, ${NAME:-default}, ${NAME-default} in every string of a structure."""
     if isinstance(value, str):
+
         def one(m: re.Match) -> str:
             name, op, default = m.group(1), m.group(2), m.group(3)
             if name in env and (env[name] != "" or op != ":-"):
                 return env[name]
             return default if op else ""
+
         return _VAR_RE.sub(one, value)
     if isinstance(value, list):
         return [interpolate(v, env) for v in value]
@@ -116,8 +142,9 @@ def interpolate(value, env: dict[str, str]):
     return value
 
 
-def stack_file(config: SwarmConfig, compose: dict, token_file: str, image_ref: str = "",
-               edges_beside_verifier: bool = True) -> dict:
+def stack_file(
+    config: SwarmConfig, compose: dict, token_file: str, image_ref: str = "", edges_beside_verifier: bool = True
+) -> dict:
     """compose.yaml (parsed) -> the stack file `docker stack deploy` reads. Pure. ``image_ref``:
     the image by ID (default: by name); ``edges_beside_verifier`` False keeps the edges off the
     verifier's node. An update (heal's force-update) replaces every task at once."""
@@ -127,14 +154,23 @@ def stack_file(config: SwarmConfig, compose: dict, token_file: str, image_ref: s
 
     def service(name: str, extra_args: list[str], deploy: dict, **more) -> dict:
         source = compose["services"][name]
-        command = [a for a in interpolate(source["command"], env) if not a.endswith("=")]   # empty flags
-        return {"image": image_ref or config.image, "command": command + ["--token-file", SECRET_PATH, *extra_args],
-                "networks": ["testbed"], "secrets": [SECRET], "stop_grace_period": "5s",
+        command = [a for a in interpolate(source["command"], env) if not a.endswith("=")]  # empty flags
+        return {
+            "image": image_ref or config.image,
+            "command": command + ["--token-file", SECRET_PATH, *extra_args],
+            "networks": ["testbed"],
+            "secrets": [SECRET],
+            "stop_grace_period": "5s",
+            "labels": {ROLE_LABEL: name, **labels},
+            "deploy": {
                 "labels": {ROLE_LABEL: name, **labels},
-                "deploy": {"labels": {ROLE_LABEL: name, **labels}, "restart_policy": {"condition": "none"},
-                           "endpoint_mode": "dnsrr", "update_config": {"parallelism": 0, "order": "stop-first",
-                                                                       "failure_action": "continue"},
-                           **deploy}, **more}
+                "restart_policy": {"condition": "none"},
+                "endpoint_mode": "dnsrr",
+                "update_config": {"parallelism": 0, "order": "stop-first", "failure_action": "continue"},
+                **deploy,
+            },
+            **more,
+        }
 
     edge_placement = {"preferences": [{"spread": "node.id"}]}
     if not edges_beside_verifier:
@@ -143,12 +179,23 @@ def stack_file(config: SwarmConfig, compose: dict, token_file: str, image_ref: s
     return {
         "version": "3.8",
         "services": {
-            "verifier": service("verifier", [], {"replicas": 1, "placement": {
-                "constraints": [f"node.labels.{ROLE_LABEL} == verifier"]}}),
-            "edge": service("edge", ["--shape-link"], {"replicas": config.n_edges, "placement": edge_placement},
-                            cap_add=list(EDGE_CAPS)),
+            "verifier": service(
+                "verifier", [], {"replicas": 1, "placement": {"constraints": [f"node.labels.{ROLE_LABEL} == verifier"]}}
+            ),
+            "edge": service(
+                "edge",
+                ["--shape-link"],
+                {"replicas": config.n_edges, "placement": edge_placement},
+                cap_add=list(EDGE_CAPS),
+            ),
         },
-        "networks": {"testbed": {"driver": "overlay", "attachable": True, "labels": labels,
-                                 "ipam": {"config": [{"subnet": config.subnet}]}}},
-        "secrets": {SECRET: {"file": token_file}},          # labelled by the stack (namespace)
+        "networks": {
+            "testbed": {
+                "driver": "overlay",
+                "attachable": True,
+                "labels": labels,
+                "ipam": {"config": [{"subnet": config.subnet}]},
+            }
+        },
+        "secrets": {SECRET: {"file": token_file}},  # labelled by the stack (namespace)
     }

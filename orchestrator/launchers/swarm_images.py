@@ -8,6 +8,7 @@ ready node; a node without that exact image rejects its task with "No such image
 then names the image by ID too, so no node ever looks for it in a registry, and a node with a
 stale image under the same tag cannot run the wrong one.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,10 @@ def image_id(client: docker.DockerClient, image: str) -> str:
     try:
         return client.images.get(image).id
     except docker.errors.ImageNotFound:
-        raise RuntimeError(f"image {image} is not on {client.api.base_url}: scripts/build_images.sh, then "
-                           "scripts/build_shaper_image.sh") from None
+        raise RuntimeError(
+            f"image {image} is not on {client.api.base_url}: scripts/build_images.sh, then "
+            "scripts/build_shaper_image.sh"
+        ) from None
 
 
 def distribute(image: str, source: docker.DockerClient, node_urls: list[str]) -> list[str]:
@@ -64,25 +67,39 @@ def _has(client: docker.DockerClient, wanted_id: str) -> bool:
         return False
 
 
-def missing_on(manager: docker.DockerClient, image_ref: str, name: str, labels: dict[str, str],
-               timeout_s: float = 60.0) -> list[str]:
+def missing_on(
+    manager: docker.DockerClient, image_ref: str, name: str, labels: dict[str, str], timeout_s: float = 60.0
+) -> list[str]:
     """Hostnames of the ready nodes that cannot run ``image_ref`` (an ID), by a global probe
     service named ``name`` (removed again)."""
     if not (is_number(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
-    ready = {n.id: n.attrs["Description"]["Hostname"] for n in manager.nodes.list()
-             if n.attrs["Status"]["State"] == "ready" and n.attrs["Spec"].get("Availability") == "active"}
-    service = manager.services.create(image_ref, ["true"], name=name, labels=labels, mode="global",
-                                      restart_policy=docker.types.RestartPolicy(condition="none"))
+    ready = {
+        n.id: n.attrs["Description"]["Hostname"]
+        for n in manager.nodes.list()
+        if n.attrs["Status"]["State"] == "ready" and n.attrs["Spec"].get("Availability") == "active"
+    }
+    service = manager.services.create(
+        image_ref,
+        ["true"],
+        name=name,
+        labels=labels,
+        mode="global",
+        restart_policy=docker.types.RestartPolicy(condition="none"),
+    )
     try:
         deadline_s = time.monotonic() + timeout_s
         while True:
             tasks = {t["NodeID"]: t for t in service.tasks() if t["NodeID"] in ready}
-            final = {node: t for node, t in tasks.items()
-                     if t["Status"]["State"] in ("complete", "failed", "rejected", "shutdown")}
+            final = {
+                node: t
+                for node, t in tasks.items()
+                if t["Status"]["State"] in ("complete", "failed", "rejected", "shutdown")
+            }
             if len(final) == len(ready):
-                return sorted(ready[node] for node, t in final.items()
-                              if "No such image" in (t["Status"].get("Err") or ""))
+                return sorted(
+                    ready[node] for node, t in final.items() if "No such image" in (t["Status"].get("Err") or "")
+                )
             if time.monotonic() > deadline_s:
                 waiting = sorted(ready[node] for node in ready if node not in final)
                 raise RuntimeError(f"the image check did not finish on {waiting} within {timeout_s:.0f} s")

@@ -16,6 +16,7 @@ Every object carries the ``dsdbed.role`` / ``dsdbed.testbed`` labels, so `dsdbed
 (orchestrator/launchers/leftovers.py) removes what a crashed run left; the engines' storage is
 each container's anonymous volume, removed with it.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -39,11 +40,11 @@ class LocalSwarmError(RuntimeError):
 @dataclass(frozen=True)
 class LocalSwarmConfig:
     n_nodes: int = 3
-    image: str = "dsdbed-node:latest"          # scripts/build_node_image.sh
+    image: str = "dsdbed-node:latest"  # scripts/build_node_image.sh
     prefix: str = "dsdbed-node"
     subnet: str = "10.233.0.0/24"
-    verifier_node: int = 1                     # labelled dsdbed.role=verifier: a worker, so the manager takes edges
-    heartbeat_s: float = 1.0                   # the manager notices a lost node after a few of these
+    verifier_node: int = 1  # labelled dsdbed.role=verifier: a worker, so the manager takes edges
+    heartbeat_s: float = 1.0  # the manager notices a lost node after a few of these
     up_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
@@ -64,11 +65,13 @@ class LocalSwarmConfig:
 
 
 # Linux capability numbers, as /proc/PID/status counts them (CAP_CHOWN = 0, ...).
-CAPABILITIES = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
-                "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO "
-                "SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME "
-                "SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG "
-                "WAKE_ALARM BLOCK_SUSPEND AUDIT_READ").split()    # the ones Engine 20.10 knows
+CAPABILITIES = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
+    "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO "
+    "SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME "
+    "SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG "
+    "WAKE_ALARM BLOCK_SUSPEND AUDIT_READ"
+).split()  # the ones Engine 20.10 knows
 
 
 def capabilities(bounding_mask: int) -> list[str]:
@@ -81,13 +84,19 @@ def plan(config: LocalSwarmConfig, bounding_mask: int) -> list[dict]:
     a nested engine, spelt out: every capability this host holds (`--privileged` asks for all, and
     fails where the host itself lacks one, as a host that is a container may), no seccomp, AppArmor
     profile, every device node makable; the entrypoint remounts /sys, /proc/sys and the cgroups rw."""
-    return [{"image": config.image, "name": config.node_name(i), "hostname": config.node_name(i),
-             "command": [f"--host=tcp://{config.node_ip(i)}:{ENGINE_PORT}"],
-             "cap_add": capabilities(bounding_mask),
-             "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
-             "device_cgroup_rules": ["c *:* rmw", "b *:* rmw"],
-             "labels": {"dsdbed.role": NODE_ROLE, "dsdbed.testbed": config.prefix}}
-            for i in range(config.n_nodes)]
+    return [
+        {
+            "image": config.image,
+            "name": config.node_name(i),
+            "hostname": config.node_name(i),
+            "command": [f"--host=tcp://{config.node_ip(i)}:{ENGINE_PORT}"],
+            "cap_add": capabilities(bounding_mask),
+            "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+            "device_cgroup_rules": ["c *:* rmw", "b *:* rmw"],
+            "labels": {"dsdbed.role": NODE_ROLE, "dsdbed.testbed": config.prefix},
+        }
+        for i in range(config.n_nodes)
+    ]
 
 
 def bounding_set() -> int:
@@ -133,8 +142,12 @@ class LocalSwarm:
             raise LocalSwarmError(f"containers labelled dsdbed.testbed={c.prefix} exist: `dsdbed cleanup` first")
         pool = docker.types.IPAMPool(subnet=c.subnet, gateway=str(ipaddress.IPv4Network(c.subnet).network_address + 1))
         self.network = self.host.networks.create(
-            c.prefix, driver="bridge", internal=True, ipam=docker.types.IPAMConfig(pool_configs=[pool]),
-            labels={"dsdbed.testbed": NETWORK_ROLE})
+            c.prefix,
+            driver="bridge",
+            internal=True,
+            ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+            labels={"dsdbed.testbed": NETWORK_ROLE},
+        )
         for i, args in enumerate(plan(c, bounding_set())):
             container = self.host.containers.create(**args)
             self.network.connect(container, ipv4_address=c.node_ip(i))
@@ -146,12 +159,17 @@ class LocalSwarm:
             self.engines[i] = self._wait_engine(i, deadline_s)
         manager = self.engines[0]
         heartbeat_ns = int(c.heartbeat_s * 1e9)
-        manager.swarm.init(advertise_addr=c.node_ip(0), listen_addr=f"{c.node_ip(0)}:2377",
-                           dispatcher_heartbeat_period=heartbeat_ns)
+        manager.swarm.init(
+            advertise_addr=c.node_ip(0), listen_addr=f"{c.node_ip(0)}:2377", dispatcher_heartbeat_period=heartbeat_ns
+        )
         token = manager.swarm.attrs["JoinTokens"]["Worker"]
         for i in range(1, c.n_nodes):
-            self.engines[i].swarm.join(remote_addrs=[f"{c.node_ip(0)}:2377"], join_token=token,
-                                       advertise_addr=c.node_ip(i), listen_addr=f"{c.node_ip(i)}:2377")
+            self.engines[i].swarm.join(
+                remote_addrs=[f"{c.node_ip(0)}:2377"],
+                join_token=token,
+                advertise_addr=c.node_ip(i),
+                listen_addr=f"{c.node_ip(i)}:2377",
+            )
         self.node_ids = {i: self.engines[i].info()["Swarm"]["NodeID"] for i in range(c.n_nodes)}
         self._wait_ready(deadline_s)
         node = manager.nodes.get(self.node_ids[c.verifier_node])
@@ -162,7 +180,7 @@ class LocalSwarm:
     def _wait_engine(self, i: int, deadline_s: float) -> docker.DockerClient:
         while True:
             try:
-                client = docker.DockerClient(base_url=self.url(i), timeout=120)     # asks the engine's version
+                client = docker.DockerClient(base_url=self.url(i), timeout=120)  # asks the engine's version
                 client.ping()
                 return client
             except Exception as exc:  # noqa: BLE001 - an engine still starting refuses or resets
@@ -176,8 +194,9 @@ class LocalSwarm:
 
     def _wait_ready(self, deadline_s: float) -> None:
         while True:
-            states = {n.attrs["Description"]["Hostname"]: n.attrs["Status"]["State"]
-                      for n in self.engines[0].nodes.list()}
+            states = {
+                n.attrs["Description"]["Hostname"]: n.attrs["Status"]["State"] for n in self.engines[0].nodes.list()
+            }
             if len(states) == self.config.n_nodes and set(states.values()) == {"ready"}:
                 return
             if time.monotonic() > deadline_s:
@@ -194,7 +213,7 @@ class LocalSwarm:
             client.close()
         self.engines = {}
         nodes = self.host.containers.list(all=True, filters={"label": f"dsdbed.testbed={self.config.prefix}"})
-        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:      # each volume holds GBs
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:  # each volume holds GBs
             list(pool.map(lambda container: container.remove(force=True, v=True), nodes))
         self.containers = {}
         for network in self.host.networks.list(names=[self.config.prefix]):

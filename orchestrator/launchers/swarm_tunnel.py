@@ -9,6 +9,7 @@ copies bytes both ways; a destination outside ``--allow`` (the stack's overlay s
 one that does not answer within 5 s 502. It carries the testbed's own traffic only: the control
 APIs behind it require the testbed's token, and it holds nothing itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,7 @@ async def _serve(allow: ipaddress.IPv4Network, reader: asyncio.StreamReader, wri
 
 
 async def serve(port: int, allow: ipaddress.IPv4Network) -> None:
-    server = await asyncio.start_server(lambda r, w: _serve(allow, r, w), "0.0.0.0", port,
-                                        limit=HEADER_LIMIT_BYTES)
+    server = await asyncio.start_server(lambda r, w: _serve(allow, r, w), "0.0.0.0", port, limit=HEADER_LIMIT_BYTES)
     async with server:
         await server.serve_forever()
 

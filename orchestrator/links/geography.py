@@ -16,6 +16,7 @@ The sampler, `PairStats.draw_rtt_ms`: a truncated lognormal.
   tails are cut; drawn by inverse CDF between the truncation points.
 A pair measured with no spread (std 0, or a single ping) gives its mean.
 """
+
 from __future__ import annotations
 
 import csv
@@ -55,7 +56,7 @@ class PairStats:
             return None
         sigma = math.sqrt(math.log(1.0 + min(self.std_ms / self.mean_ms, CV_CAP) ** 2))
         a, b = math.log(lo), math.log(hi)
-        lo_mu, hi_mu = a - 40 * sigma - 5, b + 40 * sigma + 5    # the truncated mean rises with mu
+        lo_mu, hi_mu = a - 40 * sigma - 5, b + 40 * sigma + 5  # the truncated mean rises with mu
         for _ in range(100):
             mu = (lo_mu + hi_mu) / 2
             if truncated_lognormal_mean(mu, sigma, lo, hi) < self.mean_ms:
@@ -82,13 +83,13 @@ class PairStats:
 
 def truncated_lognormal_mean(mu: float, sigma: float, lo: float, hi: float) -> float:
     a, b = (math.log(lo) - mu) / sigma, (math.log(hi) - mu) / sigma
-    if b < -25 or a > 25:                                  # all the mass beyond one end (erfc underflows)
+    if b < -25 or a > 25:  # all the mass beyond one end (erfc underflows)
         return hi if b < -25 else lo
     # In the upper tail, differences of upper-tail probabilities keep their digits.
     between = (lambda x, y: _upper(x) - _upper(y)) if a > 0 else (lambda x, y: _upper(-y) - _upper(-x))  # noqa: E731
     mass = between(a, b)
     if mass <= 0:
-        return hi if b <= 0 else lo                        # all the mass lies beyond one end
+        return hi if b <= 0 else lo  # all the mass lies beyond one end
     return min(max(math.exp(mu + sigma * sigma / 2) * between(a - sigma, b - sigma) / mass, lo), hi)
 
 
@@ -102,9 +103,17 @@ def load_pairs(path: str = str(DATA_PATH)) -> dict[tuple[str, str], tuple]:
     """(cty1, cty2) with cty1 <= cty2 -> (count, mean, std, min, max). A pair of one ping has no
     std in the file: 0 here. Rows of unplaced addresses ("None") are left out."""
     with gzip.open(path, "rt", newline="") as f:
-        return {(row["cty1"], row["cty2"]): (int(row["rtt_cnt"]), float(row["rtt_avg"]), float(row["rtt_std"] or 0),
-                                               float(row["rtt_min"]), float(row["rtt_max"]))
-                for row in csv.DictReader(f) if _is_code(row["cty1"]) and _is_code(row["cty2"])}
+        return {
+            (row["cty1"], row["cty2"]): (
+                int(row["rtt_cnt"]),
+                float(row["rtt_avg"]),
+                float(row["rtt_std"] or 0),
+                float(row["rtt_min"]),
+                float(row["rtt_max"]),
+            )
+            for row in csv.DictReader(f)
+            if _is_code(row["cty1"]) and _is_code(row["cty2"])
+        }
 
 
 def _is_code(code: str) -> bool:
@@ -122,8 +131,10 @@ def pair_stats(edge_country: str, cloud_country: str, path: str = str(DATA_PATH)
     known = countries(path)
     for key, code in (("edge_country", edge_country), ("cloud_country", cloud_country)):
         if not isinstance(code, str) or code.upper() not in known:
-            raise ValueError(f"{key} must be an ISO 3166 alpha-2 code measured in {Path(path).name} "
-                             f"({len(known)} countries, e.g. 'US', 'DE', 'IN'), got {code!r}")
+            raise ValueError(
+                f"{key} must be an ISO 3166 alpha-2 code measured in {Path(path).name} "
+                f"({len(known)} countries, e.g. 'US', 'DE', 'IN'), got {code!r}"
+            )
     a, b = sorted((edge_country.upper(), cloud_country.upper()))
     row = load_pairs(path).get((a, b))
     if row is None:

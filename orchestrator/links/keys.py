@@ -51,6 +51,7 @@ carry the change in force when the round was sent (`link_change_index`, `link_rt
 The schedule during a point runs in orchestrator/links/scheduled_point.py; the rows of links.csv are
 orchestrator/links/rows.py's, the wire-bytes prediction orchestrator/analysis/wire.py's.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -62,11 +63,23 @@ from netem.schedule import LinkSchedule, apply_changes
 from netem.spec import DISTRIBUTIONS, LinkSpec, check_known_keys
 
 # Sweep key -> its default (one value). Order = the order of the point key's suffix.
-LINK_DEFAULTS = {"jitter_ms": 0.0, "delay_distribution": "uniform", "correlation_pct": 0.0,
-                 "loss_pct": 0.0, "rate_mbit": 0.0, "delay_up_ms": None}
+LINK_DEFAULTS = {
+    "jitter_ms": 0.0,
+    "delay_distribution": "uniform",
+    "correlation_pct": 0.0,
+    "loss_pct": 0.0,
+    "rate_mbit": 0.0,
+    "delay_up_ms": None,
+}
 LINK_KEYS = tuple(LINK_DEFAULTS)
-_SUFFIX = {"jitter_ms": "j{:g}ms", "delay_distribution": "{}", "correlation_pct": "corr{:g}",
-           "loss_pct": "loss{:g}", "rate_mbit": "rate{:g}mbit", "delay_up_ms": "up{:g}ms"}
+_SUFFIX = {
+    "jitter_ms": "j{:g}ms",
+    "delay_distribution": "{}",
+    "correlation_pct": "corr{:g}",
+    "loss_pct": "loss{:g}",
+    "rate_mbit": "rate{:g}mbit",
+    "delay_up_ms": "up{:g}ms",
+}
 # Launchers that shape real packets; the others have a delay and nothing else.
 SHAPING_LAUNCHERS = ("netns", "compose")
 
@@ -92,8 +105,11 @@ def check_link_keys(experiment) -> None:
         fail("delay_distribution", dists, f"a non-empty list of distinct names from {DISTRIBUTIONS}")
     up, down = experiment.delay_up_ms, experiment.delay_down_ms
     if bool(up) != bool(down):
-        fail("delay_up_ms" if not up else "delay_down_ms", up or down,
-              "delay_up_ms and delay_down_ms given together (one-way delays, in place of rtt_ms)")
+        fail(
+            "delay_up_ms" if not up else "delay_down_ms",
+            up or down,
+            "delay_up_ms and delay_down_ms given together (one-way delays, in place of rtt_ms)",
+        )
     if up:
         _numbers("delay_up_ms", up, 0, 5_000)
         _numbers("delay_down_ms", down, 0, 5_000)
@@ -107,8 +123,10 @@ def check_link_keys(experiment) -> None:
             try:
                 edge_spec(base, experiment.link.edge_entry(i))
             except ValueError as error:
-                raise ValueError(f"experiment key 'link.edges[{i % max(len(experiment.link.edges), 1)}]': "
-                                 f"{error} (with the point's link {axes})") from None
+                raise ValueError(
+                    f"experiment key 'link.edges[{i % max(len(experiment.link.edges), 1)}]': "
+                    f"{error} (with the point's link {axes})"
+                ) from None
         schedule = experiment.link.schedule
         for i in range(experiment.edges if experiment.link.per_edge else 1) if schedule else ():
             try:
@@ -134,7 +152,10 @@ def link_axes(experiment) -> list[dict]:
     others = [k for k in varied if k != "delay_up_ms"]
     out = []
     for (rtt_ms, up), values in itertools.product(delays, itertools.product(*(getattr(experiment, k) for k in others))):
-        axes = {"rtt_ms": float(rtt_ms), **{k: (v if k == "delay_distribution" else float(v)) for k, v in zip(others, values)}}
+        axes = {
+            "rtt_ms": float(rtt_ms),
+            **{k: (v if k == "delay_distribution" else float(v)) for k, v in zip(others, values)},
+        }
         if up is not None:
             axes["delay_up_ms"] = float(up)
         out.append(axes)
@@ -147,9 +168,14 @@ def _spec(axes: dict) -> LinkSpec:
     delays = {"rtt_ms": axes["rtt_ms"]}
     if axes.get("delay_up_ms") is not None:
         delays = {"delay_up_ms": axes["delay_up_ms"], "delay_down_ms": axes["rtt_ms"] - axes["delay_up_ms"]}
-    return LinkSpec(**delays, jitter_ms=get("jitter_ms"), loss_pct=get("loss_pct"),
-                    rate_mbit=get("rate_mbit") or None, correlation_pct=get("correlation_pct"),
-                    distribution=get("delay_distribution"))
+    return LinkSpec(
+        **delays,
+        jitter_ms=get("jitter_ms"),
+        loss_pct=get("loss_pct"),
+        rate_mbit=get("rate_mbit") or None,
+        correlation_pct=get("correlation_pct"),
+        distribution=get("delay_distribution"),
+    )
 
 
 def point_spec(point) -> LinkSpec:
@@ -175,13 +201,19 @@ def check_launcher(experiment, launcher: str) -> None:
     if options.schedule and launcher == "sim":
         other = sorted({k for step in options.schedule.steps for k, _ in step.changes} - {"rtt_ms"})
         if other:
-            fail("link.schedule", options.trace_csv or "steps",
-                  f"only rtt_ms steps on the sim launcher (its link is an RTT on virtual time), not {other}")
+            fail(
+                "link.schedule",
+                options.trace_csv or "steps",
+                f"only rtt_ms steps on the sim launcher (its link is an RTT on virtual time), not {other}",
+            )
         if options.schedule_order != "path":
             fail("link.schedule_order", options.schedule_order, "the default on the sim launcher (no packets)")
     elif options.schedule:
-        fail("link.schedule", options.trace_csv or "steps",
-              f"none on the {launcher} launcher, which shapes no link (use netns or compose)")
+        fail(
+            "link.schedule",
+            options.trace_csv or "steps",
+            f"none on the {launcher} launcher, which shapes no link (use netns or compose)",
+        )
     if launcher == "sim" and options.per_edge:
         fail("link", "per-edge links", "none on the sim launcher (one client, one constant RTT)")
     for i, entry in enumerate(options.edges):
@@ -189,15 +221,28 @@ def check_launcher(experiment, launcher: str) -> None:
             fail(f"link.edges[{i}]", dict(entry), f"only rtt_ms on the {launcher} launcher (use netns or compose)")
     varied = varied_link_keys(experiment)
     if varied:
-        fail(varied[0], getattr(experiment, varied[0]),
-              f"its default on the {launcher} launcher, whose link is a constant RTT (use netns or compose)")
+        fail(
+            varied[0],
+            getattr(experiment, varied[0]),
+            f"its default on the {launcher} launcher, whose link is a constant RTT (use netns or compose)",
+        )
 
 
 # ---- per-edge links -----------------------------------------------------------------------------
 
 # Keys an edge's entry may set (the point's link keys, in their experiment spelling).
-EDGE_KEYS = ("rtt_ms", "delay_up_ms", "delay_down_ms", "jitter_ms", "delay_distribution", "correlation_pct",
-             "loss_pct", "rate_mbit", "edge_country", "cloud_country")
+EDGE_KEYS = (
+    "rtt_ms",
+    "delay_up_ms",
+    "delay_down_ms",
+    "jitter_ms",
+    "delay_distribution",
+    "correlation_pct",
+    "loss_pct",
+    "rate_mbit",
+    "edge_country",
+    "cloud_country",
+)
 COUNTRY_KEYS = ("edge_country", "cloud_country")
 SCHEDULE_ORDERS = ("path", "queue")
 
@@ -206,18 +251,20 @@ SCHEDULE_ORDERS = ("path", "queue")
 class LinkOptions:
     """The experiment's `[link]` table: per-edge links (see the module docstring)."""
 
-    edges: tuple[tuple[tuple[str, object], ...], ...] = ()   # one entry per edge: sorted (key, value) pairs
-    draw_rtt_ms: tuple[float, ...] = ()                       # (low, high): each edge's RTT drawn uniformly
+    edges: tuple[tuple[tuple[str, object], ...], ...] = ()  # one entry per edge: sorted (key, value) pairs
+    draw_rtt_ms: tuple[float, ...] = ()  # (low, high): each edge's RTT drawn uniformly
     seed: int = 0
-    schedule: LinkSchedule = field(default_factory=LinkSchedule)   # steps, or the trace's rows
-    trace_csv: str = ""                                             # where schedule came from, if a trace
-    schedule_order: str = "path"             # "queue": packets never overtake across a step
+    schedule: LinkSchedule = field(default_factory=LinkSchedule)  # steps, or the trace's rows
+    trace_csv: str = ""  # where schedule came from, if a trace
+    schedule_order: str = "path"  # "queue": packets never overtake across a step
 
     def __post_init__(self) -> None:
         if self.schedule_order not in SCHEDULE_ORDERS:
             fail("link.schedule_order", self.schedule_order, f"one of {list(SCHEDULE_ORDERS)}")
         if self.schedule_order != "path" and not self.schedule:
-            fail("link.schedule_order", self.schedule_order, "only with a link schedule ([[link.schedule]] or trace_csv)")
+            fail(
+                "link.schedule_order", self.schedule_order, "only with a link schedule ([[link.schedule]] or trace_csv)"
+            )
         if self.edges and self.draw_rtt_ms:
             fail("link.draw_rtt_ms", list(self.draw_rtt_ms), "not given together with link.edges (choose one)")
         for i, entry in enumerate(self.edges):
@@ -230,7 +277,7 @@ class LinkOptions:
             if given and set(dict(entry)) & {"rtt_ms", "delay_up_ms", "delay_down_ms"}:
                 fail(f"link.edges[{i}]", dict(entry), "a delay (rtt_ms, delay_*_ms) or a country pair, not both")
             try:
-                edge_spec(LinkSpec(rtt_ms=100), self.edge_entry(i))   # its own values valid on a roomy link
+                edge_spec(LinkSpec(rtt_ms=100), self.edge_entry(i))  # its own values valid on a roomy link
             except ValueError as error:
                 raise ValueError(f"experiment key 'link.edges[{i}]': {error}") from None
         if self.draw_rtt_ms:
@@ -263,8 +310,9 @@ class LinkOptions:
             except (OSError, ValueError) as error:
                 raise ValueError(f"experiment key 'link.trace_csv': {error}") from None
         if "draw_rtt_ms" in data:
-            data["draw_rtt_ms"] = tuple(data["draw_rtt_ms"]) if isinstance(data["draw_rtt_ms"], list) \
-                else (data["draw_rtt_ms"],)
+            data["draw_rtt_ms"] = (
+                tuple(data["draw_rtt_ms"]) if isinstance(data["draw_rtt_ms"], list) else (data["draw_rtt_ms"],)
+            )
         return cls(**data)
 
     @property

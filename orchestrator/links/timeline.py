@@ -6,6 +6,7 @@ schedule start (links.csv: each change's ``change_t_unix_s - change_at_s``). The
 no clock, but runs a point's requests back to back from the schedule's start, so a request starts
 where the ones before it ended.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -38,7 +39,7 @@ def request_times(requests: pd.DataFrame, links: pd.DataFrame, warmup_requests: 
     if "t_start_s" not in rows or rows["t_start_s"].isna().any():
         if warmup_requests:
             return pd.DataFrame(columns=COLUMNS)
-        rows = rows.sort_values(["point", "request_index"])     # the sim: back to back from the start
+        rows = rows.sort_values(["point", "request_index"])  # the sim: back to back from the start
         rows["t_s"] = rows.groupby("point")["wall_s"].cumsum() - rows["wall_s"]
     else:
         changes = links[links["change_index"].fillna(0) > 0] if "change_index" in links else links.iloc[0:0]

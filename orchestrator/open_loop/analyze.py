@@ -2,6 +2,7 @@
 mode the largest rate at the SLO's attainment with its interval, beside what prediction.json
 predicted before the points ran; a rate map's per mode and RTT, ``rate_frontier``) and the
 report."""
+
 from __future__ import annotations
 
 import json
@@ -32,27 +33,42 @@ def analyze_serving(out: Path, experiment: Experiment, times) -> pd.DataFrame:
     for key, group in requests.groupby("point", sort=False):
         first = group.iloc[0]
         rtt = {"rtt_ms": first["rtt_ms"]} if experiment.load.rtt_ms else {}
-        rows.append({"point": key, "mode": first["mode"], **rtt, "rate_rps": first["rate_rps"],
-                     "gamma": first["gamma"], "repeat": first["repeat"], "searched": first["searched"],
-                     **point_figures(group)})
+        rows.append(
+            {
+                "point": key,
+                "mode": first["mode"],
+                **rtt,
+                "rate_rps": first["rate_rps"],
+                "gamma": first["gamma"],
+                "repeat": first["repeat"],
+                "searched": first["searched"],
+                **point_figures(group),
+            }
+        )
     order = ["mode", "rtt_ms", "rate_rps", "repeat"] if experiment.load.rtt_ms else ["mode", "rate_rps", "repeat"]
     points = pd.DataFrame(rows).sort_values(order) if rows else pd.DataFrame()
     points.to_csv(out / "points.csv", index=False)
-    summary = {"slo": asdict(experiment.slo) if experiment.slo else None, "load": jsonable(asdict(experiment.load)),
-               "modes": {}}
+    summary = {
+        "slo": asdict(experiment.slo) if experiment.slo else None,
+        "load": jsonable(asdict(experiment.load)),
+        "modes": {},
+    }
     if experiment.slo is not None and not points.empty:
         prediction = _prediction(out, experiment, times)
-        if experiment.load.rtt_ms:          # a rate map: a mode's figures are per RTT, in rate_frontier
-            summary["rate_frontier"] = rate_frontier(points, experiment.slo.attainment,
-                                                     prediction.get("rate_frontier", []))
+        if experiment.load.rtt_ms:  # a rate map: a mode's figures are per RTT, in rate_frontier
+            summary["rate_frontier"] = rate_frontier(
+                points, experiment.slo.attainment, prediction.get("rate_frontier", [])
+            )
         else:
             for mode in experiment.modes:
-                summary["modes"][mode] = _mode_summary(points[points["mode"] == mode], experiment.slo.attainment,
-                                                       prediction["modes"].get(mode, {}))
+                summary["modes"][mode] = _mode_summary(
+                    points[points["mode"] == mode], experiment.slo.attainment, prediction["modes"].get(mode, {})
+                )
         summary["prediction_made_before_points"] = prediction["made_before_points"]
         gamma = experiment.gamma[0]
-        summary["capacity_factor_closed_form"] = lm.capacity_factor(gamma, times.t_draft_server_s,
-                                                                    times.t_verify_s(gamma))
+        summary["capacity_factor_closed_form"] = lm.capacity_factor(
+            gamma, times.t_draft_server_s, times.t_verify_s(gamma)
+        )
         summary["tokens_per_round"] = lm.expected_tokens_per_round(experiment.backend.alpha, gamma)
     write_json(out / "serving.json", summary)
     write_serving_report(out, points, summary)
@@ -88,16 +104,20 @@ def _mode_summary(mine: pd.DataFrame, level: float, predicted: dict) -> dict:
     def err_pct(reference) -> float:
         return 100 * (rate - reference) / reference if reference else math.nan
 
-    row = {**measured, "predicted_max_rate_rps": predicted.get("run_max_rate_rps"),
-           "predicted_ci_low_rps": predicted.get("run_max_rate_ci_low_rps"),
-           "predicted_ci_high_rps": predicted.get("run_max_rate_ci_high_rps"),
-           "rate_err_pct": err_pct(predicted.get("run_max_rate_rps")),
-           "steady_max_rate_rps": predicted.get("steady_max_rate_rps"),
-           "steady_err_pct": err_pct(predicted.get("steady_max_rate_rps")),
-           "saturation_rps": predicted.get("saturation_rps")}
+    row = {
+        **measured,
+        "predicted_max_rate_rps": predicted.get("run_max_rate_rps"),
+        "predicted_ci_low_rps": predicted.get("run_max_rate_ci_low_rps"),
+        "predicted_ci_high_rps": predicted.get("run_max_rate_ci_high_rps"),
+        "rate_err_pct": err_pct(predicted.get("run_max_rate_rps")),
+        "steady_max_rate_rps": predicted.get("steady_max_rate_rps"),
+        "steady_err_pct": err_pct(predicted.get("steady_max_rate_rps")),
+        "saturation_rps": predicted.get("saturation_rps"),
+    }
     at = mine.loc[(mine["rate_rps"] - rate).abs().idxmin()] if len(mine) and math.isfinite(rate) else None
     row["goodput_at_max_rps"] = float(at["goodput_rps"]) if at is not None else math.nan
     # the share of the repeats there whose queue was still building (each flags by chance ~4%)
-    row["queue_growing_at_max"] = float(mine[mine["rate_rps"] == at["rate_rps"]]["queue_growing"].mean()) \
-        if at is not None else None
+    row["queue_growing_at_max"] = (
+        float(mine[mine["rate_rps"] == at["rate_rps"]]["queue_growing"].mean()) if at is not None else None
+    )
     return row

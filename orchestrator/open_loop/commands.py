@@ -1,6 +1,7 @@
 """The dsdbed commands of an open-loop sweep (orchestrator/open_loop/sweep.py runs and analyses it):
 ``dsdbed sweep`` of an experiment with [load] (its plan, or the run and its figures) and
 ``dsdbed analyze`` of a serving folder (the figures again from what sweep.json recorded)."""
+
 from __future__ import annotations
 
 import json
@@ -18,31 +19,40 @@ from orchestrator.open_loop.sweep import run_serving
 def run_serving_cli(experiment: Experiment, out: Path, resume: bool, dry_run: bool) -> int:
     """`dsdbed sweep` of an experiment with [load]: the plan, or the run and its figures."""
     if dry_run:
-        check_serving(experiment, choose_launcher(experiment.launcher))     # refused before the plan prints
+        check_serving(experiment, choose_launcher(experiment.launcher))  # refused before the plan prints
         plan = plan_serving(experiment)
-        print(f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode"
-              f"{' and RTT' if experiment.load.rtt_ms else ''}), "
-              f"launcher {experiment.launcher}, into {out}:")
+        print(
+            f"{len(plan)} points (+ up to {experiment.load.search_iterations} searched rates per mode"
+            f"{' and RTT' if experiment.load.rtt_ms else ''}), "
+            f"launcher {experiment.launcher}, into {out}:"
+        )
         for point in plan:
             print(f"  {point.key}")
         return 0
 
     def on_point_done(point, done):
-        print(f"{experiment.name}: {point.key}: {done['status']}{' ' + done['error'] if done['error'] else ''}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{experiment.name}: {point.key}: {done['status']}{' ' + done['error'] if done['error'] else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     run_serving(experiment, out, resume, on_point_done=on_point_done)
     summary = json.loads((Path(out) / "serving.json").read_text())
     for row in summary.get("rate_frontier", []):
-        print(f"rtt {row['rtt_ms']:g} ms, {row['mode']}: largest rate at {experiment.slo.attainment:.0%} attainment "
-              f"{row['max_rate_rps']:.3g} req/s [95% CI {row['ci_low_rps']:.3g} .. {row['ci_high_rps']:.3g}; grid "
-              f"{row['met_rps']:.3g} .. {row['missed_rps']:.3g}], predicted {row['predicted_rps']}"
-              f"{'  <- highest' if row['best'] else ''}")
+        print(
+            f"rtt {row['rtt_ms']:g} ms, {row['mode']}: largest rate at {experiment.slo.attainment:.0%} attainment "
+            f"{row['max_rate_rps']:.3g} req/s [95% CI {row['ci_low_rps']:.3g} .. {row['ci_high_rps']:.3g}; grid "
+            f"{row['met_rps']:.3g} .. {row['missed_rps']:.3g}], predicted {row['predicted_rps']}"
+            f"{'  <- highest' if row['best'] else ''}"
+        )
     for mode, row in summary["modes"].items():
-        print(f"{mode}: largest rate at {experiment.slo.attainment:.0%} attainment {row.get('max_rate_rps')} req/s "
-              f"[95% CI {row.get('max_rate_ci_low_rps')} .. {row.get('max_rate_ci_high_rps')}], "
-              f"predicted for this run {row.get('predicted_max_rate_rps')}, "
-              f"steady state {row.get('steady_max_rate_rps')}")
+        print(
+            f"{mode}: largest rate at {experiment.slo.attainment:.0%} attainment {row.get('max_rate_rps')} req/s "
+            f"[95% CI {row.get('max_rate_ci_low_rps')} .. {row.get('max_rate_ci_high_rps')}], "
+            f"predicted for this run {row.get('predicted_max_rate_rps')}, "
+            f"steady state {row.get('steady_max_rate_rps')}"
+        )
     print(f"results: {out}/points.csv, {out}/requests.csv, {out}/serving.json, {out}/report.md")
     return 0
 

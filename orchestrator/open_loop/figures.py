@@ -21,6 +21,7 @@ P(W > x) = rho exp(-x / w) with w set so that the mean is right. The predicted a
 rate is the edges' probability of meeting the SLO, weighted by their share of arrivals, and the
 predicted largest rate is where it crosses the level (bisection).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,12 +37,12 @@ from netem.distributions import normal_cdf
 from orchestrator.spec.arrivals import SloConfig
 
 PERCENTILES = (50, 90, 99)
-GROWTH_BATCHES = 4              # the stationarity check: batches of a point's requests, in arrival order
+GROWTH_BATCHES = 4  # the stationarity check: batches of a point's requests, in arrival order
 MIN_PER_BATCH = 5
-GROWTH_FACTOR = 1.5             # the last batch's mean of requests in the system at least this times the first's
-GROWTH_FLOOR = 1.0              # ... and this many requests above it
-SEARCH_TOLERANCE = 0.02         # the rate search stops at a rate this close to the attainment level
-SEARCH_RESOLUTION = 0.01        # ... or once its bracket is this narrow (relative to its low end)
+GROWTH_FACTOR = 1.5  # the last batch's mean of requests in the system at least this times the first's
+GROWTH_FLOOR = 1.0  # ... and this many requests above it
+SEARCH_TOLERANCE = 0.02  # the rate search stops at a rate this close to the attainment level
+SEARCH_RESOLUTION = 0.01  # ... or once its bracket is this narrow (relative to its low end)
 
 
 def add_slo(requests: pd.DataFrame, slo: SloConfig | None) -> pd.DataFrame:
@@ -50,9 +51,12 @@ def add_slo(requests: pd.DataFrame, slo: SloConfig | None) -> pd.DataFrame:
     if slo is None:
         requests["slo_met"] = pd.NA
         return requests
-    requests["slo_met"] = [bool(admitted) and slo.met(ttft, tpot, e2e) and math.isfinite(e2e)
-                           for admitted, ttft, tpot, e2e in zip(requests["admitted"].astype(bool), requests["ttft_s"],
-                                                                requests["tpot_s"], requests["e2e_s"])]
+    requests["slo_met"] = [
+        bool(admitted) and slo.met(ttft, tpot, e2e) and math.isfinite(e2e)
+        for admitted, ttft, tpot, e2e in zip(
+            requests["admitted"].astype(bool), requests["ttft_s"], requests["tpot_s"], requests["e2e_s"]
+        )
+    ]
     return requests
 
 
@@ -61,8 +65,12 @@ def point_figures(requests: pd.DataFrame) -> dict:
     measured = requests[~requests["warmup"].astype(bool)]
     served = measured[measured["admitted"].astype(bool) & measured["e2e_s"].notna()]
     good = served[served["slo_met"] == True]  # noqa: E712 - a column of True/False/NA
-    out = {"requests_measured": len(measured), "requests_served": len(served),
-           "requests_refused": int((~measured["admitted"].astype(bool)).sum()), "requests_good": len(good)}
+    out = {
+        "requests_measured": len(measured),
+        "requests_served": len(served),
+        "requests_refused": int((~measured["admitted"].astype(bool)).sum()),
+        "requests_good": len(good),
+    }
     if len(served):
         start_s = float(measured["arrival_s"].min())
         end_s = float((served["arrival_s"] + served["e2e_s"]).max())
@@ -78,9 +86,11 @@ def point_figures(requests: pd.DataFrame) -> dict:
         values = served[column].dropna().to_numpy(dtype=float)
         for q in PERCENTILES:
             out[f"{column[:-2]}_p{q}_ms"] = float(np.percentile(values, q)) * 1e3 if len(values) else math.nan
-    seen = in_system_at(requests["arrival_s"].to_numpy(dtype=float),
-                        (requests["arrival_s"] + requests["e2e_s"]).to_numpy(dtype=float),
-                        np.sort(measured["arrival_s"].to_numpy(dtype=float)))
+    seen = in_system_at(
+        requests["arrival_s"].to_numpy(dtype=float),
+        (requests["arrival_s"] + requests["e2e_s"]).to_numpy(dtype=float),
+        np.sort(measured["arrival_s"].to_numpy(dtype=float)),
+    )
     out["in_system_growth"] = queue_growth(seen)
     out["queue_growing"] = queue_growing(seen)
     return out
@@ -167,43 +177,71 @@ def max_rate(points: pd.DataFrame, level: float, n_boot: int = 400, seed: int = 
         crossings.append(crossing_rate(rates, drawn, level))
     crossings = np.array([c if math.isfinite(c) else rates.min() for c in crossings])
     low, high = np.percentile(crossings, [2.5, 97.5]) if len(crossings) else (math.nan, math.nan)
-    return {"max_rate_rps": rate, "max_rate_ci_low_rps": float(low), "max_rate_ci_high_rps": float(high),
-            "censored": bool(len(rates) and attainment[np.argmax(rates)] >= level),
-            **_attainment_near(rates, pooled_good, pooled_n, rate), "repeats": int(good.shape[1])}
+    return {
+        "max_rate_rps": rate,
+        "max_rate_ci_low_rps": float(low),
+        "max_rate_ci_high_rps": float(high),
+        "censored": bool(len(rates) and attainment[np.argmax(rates)] >= level),
+        **_attainment_near(rates, pooled_good, pooled_n, rate),
+        "repeats": int(good.shape[1]),
+    }
 
 
 def per_repeat_max_rates(points: pd.DataFrame, level: float) -> np.ndarray:
     """Each repeat's own largest rate at the level (its arrival realisation alone, not pooled):
     how far one run's figure scatters."""
     good, n, rates = _by_rate_and_repeat(points)
-    return np.array([crossing_rate(rates[n[:, k] > 0], good[n[:, k] > 0, k] / n[n[:, k] > 0, k], level)
-                     for k in range(good.shape[1])])
+    return np.array(
+        [
+            crossing_rate(rates[n[:, k] > 0], good[n[:, k] > 0, k] / n[n[:, k] > 0, k], level)
+            for k in range(good.shape[1])
+        ]
+    )
 
 
 def _by_rate_and_repeat(points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(good, measured) as rates x repeats arrays (0 where a repeat did not run a rate), and the rates."""
     frame = points.assign(repeat=points["repeat"] if "repeat" in points else 0)
-    table = frame.pivot_table(index="rate_rps", columns="repeat", values=["requests_good", "requests_measured"],
-                              aggfunc="sum", fill_value=0)
-    return (table["requests_good"].to_numpy(dtype=int), table["requests_measured"].to_numpy(dtype=int),
-            table.index.to_numpy(dtype=float))
+    table = frame.pivot_table(
+        index="rate_rps", columns="repeat", values=["requests_good", "requests_measured"], aggfunc="sum", fill_value=0
+    )
+    return (
+        table["requests_good"].to_numpy(dtype=int),
+        table["requests_measured"].to_numpy(dtype=int),
+        table.index.to_numpy(dtype=float),
+    )
 
 
 def _attainment_near(rates: np.ndarray, good: np.ndarray, measured: np.ndarray, rate: float) -> dict:
     """The attainment measured at the evaluated rate nearest the crossing (the rate search puts
     one there), that rate, the requests pooled there and their Wilson 95% interval."""
     if not len(rates) or not math.isfinite(rate):
-        return {"attainment_at_max": math.nan, "attainment_rate_rps": math.nan, "attainment_requests": 0,
-                "attainment_ci_low": math.nan, "attainment_ci_high": math.nan}
+        return {
+            "attainment_at_max": math.nan,
+            "attainment_rate_rps": math.nan,
+            "attainment_requests": 0,
+            "attainment_ci_low": math.nan,
+            "attainment_ci_high": math.nan,
+        }
     i = int(np.argmin(np.abs(rates - rate)))
     low, high = wilson_interval(int(good[i]), int(measured[i]))
-    return {"attainment_at_max": float(good[i] / max(measured[i], 1)), "attainment_rate_rps": float(rates[i]),
-            "attainment_requests": int(measured[i]), "attainment_ci_low": low, "attainment_ci_high": high}
+    return {
+        "attainment_at_max": float(good[i] / max(measured[i], 1)),
+        "attainment_rate_rps": float(rates[i]),
+        "attainment_requests": int(measured[i]),
+        "attainment_ci_low": low,
+        "attainment_ci_high": high,
+    }
 
 
-def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 10_000.0,
-                     tolerance: float = SEARCH_TOLERANCE, resolution: float = SEARCH_RESOLUTION,
-                     open_step: float = 1.0) -> float | None:
+def next_search_rate(
+    points: pd.DataFrame,
+    level: float,
+    max_rate_rps: float = 10_000.0,
+    tolerance: float = SEARCH_TOLERANCE,
+    resolution: float = SEARCH_RESOLUTION,
+    open_step: float = 1.0,
+) -> float | None:
     """The rate search on attainment (repeats pooled per rate): the next rate lies between the
     largest rate that met the level and the smallest larger rate that did not, at their
     interpolated crossing, kept a tenth of the bracket in from either end so that a lopsided
@@ -233,10 +271,12 @@ def next_search_rate(points: pd.DataFrame, level: float, max_rate_rps: float = 1
 
 # ---- the prediction ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ServingModel:
     """What the prediction needs: the pass times, gamma, alpha, tokens per answer, the prompt,
     each edge's RTT and share of arrivals, the harness's idle gap per pass."""
+
     times: ComputeTimes
     gamma: int
     alpha: float
@@ -301,10 +341,15 @@ class ServingModel:
         E tokens on average, variance L Var(k) / E^3) and its waits average over its rounds (each
         taken as exponential, variance W^2, passes per round of them)."""
         rounds = self.rounds(mode)
-        var_rounds = 0.0 if mode == AR else self.tokens * _tokens_per_round_var(self.alpha, self.gamma) / \
-            lm.expected_tokens_per_round(self.alpha, self.gamma) ** 3
+        var_rounds = (
+            0.0
+            if mode == AR
+            else self.tokens
+            * _tokens_per_round_var(self.alpha, self.gamma)
+            / lm.expected_tokens_per_round(self.alpha, self.gamma) ** 3
+        )
         passes_per_round = 2 if mode == COLOCATED else 1
-        var_s2 = round_s ** 2 * var_rounds + max(rounds - 1, 1) * passes_per_round * wait_s ** 2
+        var_s2 = round_s**2 * var_rounds + max(rounds - 1, 1) * passes_per_round * wait_s**2
         return math.sqrt(var_s2) / max(self.tokens - 1, 1)
 
     def round_s(self, mode: str, rtt_s: float, wait_s: float) -> float:
@@ -345,13 +390,14 @@ class ServingModel:
         hi = self.saturation_rps(mode)
         if self.attainment(mode, 1e-9 * hi, slo) < slo.attainment:
             return 0.0
-        return lm.bisect_increasing(lambda r: -self.attainment(mode, r, slo), -slo.attainment, 1e-9 * hi, hi,
-                                    tol=1e-6 * hi)
+        return lm.bisect_increasing(
+            lambda r: -self.attainment(mode, r, slo), -slo.attainment, 1e-9 * hi, hi, tol=1e-6 * hi
+        )
 
 
 def _tokens_per_round_var(alpha: float, gamma: int) -> float:
     """Variance of the tokens a round emits (accepted + 1, accepted truncated geometric)."""
-    probs = [alpha ** j * (1 - alpha) for j in range(gamma)] + [alpha ** gamma]
+    probs = [alpha**j * (1 - alpha) for j in range(gamma)] + [alpha**gamma]
     mean = sum((j + 1) * p for j, p in enumerate(probs))
     return sum((j + 1 - mean) ** 2 * p for j, p in enumerate(probs))
 
@@ -359,7 +405,7 @@ def _tokens_per_round_var(alpha: float, gamma: int) -> float:
 def expected_rounds(alpha: float, gamma: int, tokens: int) -> float:
     """Expected rounds until a request has emitted ``tokens``, each round emitting accepted + 1
     (accepted truncated geometric): N(l) = 1 + sum_k P(k) N(l - k), N(l <= 0) = 0."""
-    probs = [alpha ** j * (1 - alpha) for j in range(gamma)] + [alpha ** gamma]   # P(k = j + 1)
+    probs = [alpha**j * (1 - alpha) for j in range(gamma)] + [alpha**gamma]  # P(k = j + 1)
     n = [0.0] * (tokens + 1)
     for left in range(1, tokens + 1):
         n[left] = 1.0 + sum(p * n[max(left - (j + 1), 0)] for j, p in enumerate(probs))

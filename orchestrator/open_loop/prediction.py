@@ -19,6 +19,7 @@ Two figures per mode, for two different questions:
   behave as the simulator's model of them, not that the closed form holds (``steady`` against
   many repeats says that).
 """
+
 from __future__ import annotations
 
 import time
@@ -30,7 +31,7 @@ from orchestrator.spec.arrivals import OpenLoopRequest, SloConfig
 from orchestrator.open_loop.figures import ServingModel, add_slo, max_rate, next_search_rate, point_figures
 from orchestrator.open_loop.sim import ServingSetup, simulate_serving
 
-RUN_RESOLUTION = 0.005          # the virtual-time search stops once its bracket is this narrow
+RUN_RESOLUTION = 0.005  # the virtual-time search stops once its bracket is this narrow
 RUN_MAX_STEPS = 30
 
 # one (arrivals, seed) per repeat at a rate: the sweep's own schedules
@@ -41,15 +42,30 @@ def virtual_points(setup: ServingSetup, schedules: Schedules, rate_rps: float, s
     """The virtual-time model's good and measured requests at one rate, one row per repeat."""
     rows = []
     for repeat, (arrivals, seed) in enumerate(schedules(rate_rps)):
-        figures = point_figures(add_slo(pd.DataFrame(simulate_serving(setup, arrivals, seed)), slo)) \
-            if arrivals else {"requests_good": 0, "requests_measured": 0}     # a rate too low for one arrival
-        rows.append({"rate_rps": rate_rps, "repeat": repeat, "requests_good": figures["requests_good"],
-                     "requests_measured": figures["requests_measured"]})
+        figures = (
+            point_figures(add_slo(pd.DataFrame(simulate_serving(setup, arrivals, seed)), slo))
+            if arrivals
+            else {"requests_good": 0, "requests_measured": 0}
+        )  # a rate too low for one arrival
+        rows.append(
+            {
+                "rate_rps": rate_rps,
+                "repeat": repeat,
+                "requests_good": figures["requests_good"],
+                "requests_measured": figures["requests_measured"],
+            }
+        )
     return rows
 
 
-def virtual_max_rate(setup: ServingSetup, schedules: Schedules, slo: SloConfig, start_rps: float,
-                     resolution: float = RUN_RESOLUTION, max_steps: int = RUN_MAX_STEPS) -> dict:
+def virtual_max_rate(
+    setup: ServingSetup,
+    schedules: Schedules,
+    slo: SloConfig,
+    start_rps: float,
+    resolution: float = RUN_RESOLUTION,
+    max_steps: int = RUN_MAX_STEPS,
+) -> dict:
     """The largest rate at which the virtual-time model, on these schedules, meets the level: the
     sweep's own rate search from ``start_rps`` without its attainment tolerance, down to
     ``resolution``; the crossing and its CI as a measurement's (``max_rate``)."""
@@ -60,12 +76,17 @@ def virtual_max_rate(setup: ServingSetup, schedules: Schedules, slo: SloConfig, 
         if rate is None:
             break
     found = max_rate(pd.DataFrame(rows), slo.attainment)
-    return {"max_rate_rps": found["max_rate_rps"], "max_rate_ci_low_rps": found["max_rate_ci_low_rps"],
-            "max_rate_ci_high_rps": found["max_rate_ci_high_rps"], "rates_run": len({r["rate_rps"] for r in rows})}
+    return {
+        "max_rate_rps": found["max_rate_rps"],
+        "max_rate_ci_low_rps": found["max_rate_ci_low_rps"],
+        "max_rate_ci_high_rps": found["max_rate_ci_high_rps"],
+        "rates_run": len({r["rate_rps"] for r in rows}),
+    }
 
 
-def predict_serving(model: ServingModel, slo: SloConfig, modes: list[str],
-                    runs: dict[str, tuple[ServingSetup, Schedules]]) -> dict:
+def predict_serving(
+    model: ServingModel, slo: SloConfig, modes: list[str], runs: dict[str, tuple[ServingSetup, Schedules]]
+) -> dict:
     """Per mode the closed form's steady-state figures, and where ``runs`` gives the mode's
     virtual-time setup and the sweep's schedules, the run's own prediction."""
     out = {"made_unix_s": time.time(), "modes": {}}

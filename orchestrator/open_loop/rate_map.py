@@ -15,6 +15,7 @@ A row whose smallest rate already misses the level is ``below_grid`` (no rate me
 rate is nan, the bracket 0 .. the smallest rate); one whose largest rate still meets it is
 ``censored`` (the figure is a lower bound).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,16 @@ def predict_rate_map(models: dict[float, ServingModel], slo: SloConfig, modes: l
     """The closed form's largest rate at the level per (mode, RTT), ``models`` one per RTT (every
     edge at it). Its inputs are the pass times one request alone measures (the profile, or a
     calibration at one client), nothing from an open-loop point; written before the first point."""
-    rows = [{"rtt_ms": rtt_ms, "mode": mode, "predicted_rps": model.max_rate_rps(mode, slo),
-             "saturation_rps": model.saturation_rps(mode)}
-            for rtt_ms, model in sorted(models.items()) for mode in modes]
+    rows = [
+        {
+            "rtt_ms": rtt_ms,
+            "mode": mode,
+            "predicted_rps": model.max_rate_rps(mode, slo),
+            "saturation_rps": model.saturation_rps(mode),
+        }
+        for rtt_ms, model in sorted(models.items())
+        for mode in modes
+    ]
     return {"made_unix_s": time.time(), "modes": {}, "rate_frontier": rows}
 
 
@@ -72,15 +80,28 @@ def rate_frontier(points: pd.DataFrame, level: float, predicted: list[dict] | No
         guess = predicted_by.get((float(rtt_ms), mode), {}).get("predicted_rps")
         rate = found["max_rate_rps"]
         # below the grid the crossing is undefined; its interval is the bracket, 0 .. the smallest rate
-        low, high = (0.0, missed_rps) if met_rps == 0.0 else (found["max_rate_ci_low_rps"],
-                                                             found["max_rate_ci_high_rps"])
-        rows.append({"rtt_ms": float(rtt_ms), "mode": mode, "max_rate_rps": rate,
-                     "ci_low_rps": low, "ci_high_rps": high,
-                     "met_rps": met_rps, "missed_rps": missed_rps, "censored": found["censored"],
-                     "below_grid": met_rps == 0.0, "rates_run": len(by_rate), "repeats": found["repeats"],
-                     "predicted_rps": guess,
-                     "err_pct": 100 * (rate - guess) / guess if guess and math.isfinite(rate) else math.nan,
-                     "best": False, "margin_pct": math.nan})
+        low, high = (
+            (0.0, missed_rps) if met_rps == 0.0 else (found["max_rate_ci_low_rps"], found["max_rate_ci_high_rps"])
+        )
+        rows.append(
+            {
+                "rtt_ms": float(rtt_ms),
+                "mode": mode,
+                "max_rate_rps": rate,
+                "ci_low_rps": low,
+                "ci_high_rps": high,
+                "met_rps": met_rps,
+                "missed_rps": missed_rps,
+                "censored": found["censored"],
+                "below_grid": met_rps == 0.0,
+                "rates_run": len(by_rate),
+                "repeats": found["repeats"],
+                "predicted_rps": guess,
+                "err_pct": 100 * (rate - guess) / guess if guess and math.isfinite(rate) else math.nan,
+                "best": False,
+                "margin_pct": math.nan,
+            }
+        )
     _mark_best(rows)
     return rows
 
@@ -109,9 +130,15 @@ def plot_rate_map(frontier: list[dict], out: Path) -> Path:
     for mode, group in frame.groupby("mode", sort=False):
         m, group = get_mode(mode), group.sort_values("rtt_ms")
         rate = group["max_rate_rps"].fillna(0.0)
-        ax.errorbar(group["rtt_ms"], rate, yerr=[(rate - group["ci_low_rps"]).clip(lower=0),
-                                                  (group["ci_high_rps"] - rate).clip(lower=0)],
-                    fmt="o-", color=m.color, capsize=3, label=m.label)
+        ax.errorbar(
+            group["rtt_ms"],
+            rate,
+            yerr=[(rate - group["ci_low_rps"]).clip(lower=0), (group["ci_high_rps"] - rate).clip(lower=0)],
+            fmt="o-",
+            color=m.color,
+            capsize=3,
+            label=m.label,
+        )
         below = group[group["below_grid"]]
         ax.plot(below["rtt_ms"], [0.0] * len(below), "o", mfc="white", color=m.color)
         if group["predicted_rps"].notna().any():
@@ -124,7 +151,7 @@ def plot_rate_map(frontier: list[dict], out: Path) -> Path:
     edges = _cell_edges(rtts)
     winners = [frame[(frame["rtt_ms"] == rtt_ms) & frame["best"]]["mode"].tolist()[:1] for rtt_ms in rtts]
     start = 0
-    for i in range(1, len(rtts) + 1):          # one span and one label per run of the same winner
+    for i in range(1, len(rtts) + 1):  # one span and one label per run of the same winner
         if i < len(rtts) and winners[i] == winners[start]:
             continue
         if winners[start]:

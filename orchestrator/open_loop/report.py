@@ -1,5 +1,6 @@
 """The serving sweep's plots and report.md: latency vs rate and goodput vs rate per mode, and the
 largest rate at the attainment level beside its prediction (a rate map's per RTT, rate_map.png)."""
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,7 @@ def plot_latency_vs_rate(points: pd.DataFrame, out: Path) -> Path:
             by_rate = group.groupby("rate_rps")[[f"{metric}_p50_ms", f"{metric}_p90_ms"]].median()
             m = get_mode(mode)
             ax.plot(by_rate.index, by_rate[f"{metric}_p50_ms"], "o-", color=m.color, label=f"{m.label} p50")
-            ax.plot(by_rate.index, by_rate[f"{metric}_p90_ms"], "s--", color=m.color, alpha=0.6,
-                    label=f"{m.label} p90")
+            ax.plot(by_rate.index, by_rate[f"{metric}_p90_ms"], "s--", color=m.color, alpha=0.6, label=f"{m.label} p90")
         ax.set_xlabel("arrival rate (requests/s)")
         ax.set_ylabel(f"{metric.upper()} (ms)")
         ax.set_yscale("log")
@@ -71,31 +71,55 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
         bounds = ", ".join(f"{k} <= {slo[k]:g}" for k in ("ttft_ms", "tpot_ms", "e2e_ms") if slo[k])
         lines += [f"SLO: {bounds}; attainment level {slo['attainment']:.0%}.", ""]
     if summary.get("slo") and summary["modes"]:
-        lines += ["| mode | largest rate at the level (95% CI), req/s | predicted for this run (95% CI) | error | "
-                  "steady state (closed form) | error | attainment there (95% CI; requests, at req/s) | goodput there |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| mode | largest rate at the level (95% CI), req/s | predicted for this run (95% CI) | error | "
+            "steady state (closed form) | error | attainment there (95% CI; requests, at req/s) | goodput there |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for mode, row in summary["modes"].items():
-            lines.append(f"| {mode} | {_f(row.get('max_rate_rps'))} ({_f(row.get('max_rate_ci_low_rps'))} .. "
-                         f"{_f(row.get('max_rate_ci_high_rps'))}){' (censored)' if row.get('censored') else ''} | "
-                         f"{_f(row.get('predicted_max_rate_rps'))} ({_f(row.get('predicted_ci_low_rps'))} .. "
-                         f"{_f(row.get('predicted_ci_high_rps'))}) | {_f(row.get('rate_err_pct'), '%')} | "
-                         f"{_f(row.get('steady_max_rate_rps'))} | {_f(row.get('steady_err_pct'), '%')} | "
-                         f"{_f(row.get('attainment_at_max'))} ({_f(row.get('attainment_ci_low'))} .. "
-                         f"{_f(row.get('attainment_ci_high'))}; {row.get('attainment_requests', '-')}, at "
-                         f"{_f(row.get('attainment_rate_rps'))}) | {_f(row.get('goodput_at_max_rps'))} |")
-        lines += ["", "Predicted for this run: the virtual-time model on this sweep's own arrivals, made before "
-                  "its first point (network launchers; on the sim the run is that model). Steady state: the "
-                  "closed-form queueing model (docs/serving.md).", ""]
+            lines.append(
+                f"| {mode} | {_f(row.get('max_rate_rps'))} ({_f(row.get('max_rate_ci_low_rps'))} .. "
+                f"{_f(row.get('max_rate_ci_high_rps'))}){' (censored)' if row.get('censored') else ''} | "
+                f"{_f(row.get('predicted_max_rate_rps'))} ({_f(row.get('predicted_ci_low_rps'))} .. "
+                f"{_f(row.get('predicted_ci_high_rps'))}) | {_f(row.get('rate_err_pct'), '%')} | "
+                f"{_f(row.get('steady_max_rate_rps'))} | {_f(row.get('steady_err_pct'), '%')} | "
+                f"{_f(row.get('attainment_at_max'))} ({_f(row.get('attainment_ci_low'))} .. "
+                f"{_f(row.get('attainment_ci_high'))}; {row.get('attainment_requests', '-')}, at "
+                f"{_f(row.get('attainment_rate_rps'))}) | {_f(row.get('goodput_at_max_rps'))} |"
+            )
+        lines += [
+            "",
+            "Predicted for this run: the virtual-time model on this sweep's own arrivals, made before "
+            "its first point (network launchers; on the sim the run is that model). Steady state: the "
+            "closed-form queueing model (docs/serving.md).",
+            "",
+        ]
     if summary.get("rate_frontier"):
         lines += _rate_map_lines(summary["rate_frontier"], out)
     elif not points.empty:
-        lines += [f"![latency vs rate]({plot_latency_vs_rate(points, out).name})",
-                  f"![goodput vs rate]({plot_goodput_vs_rate(points, summary, out).name})", ""]
+        lines += [
+            f"![latency vs rate]({plot_latency_vs_rate(points, out).name})",
+            f"![goodput vs rate]({plot_goodput_vs_rate(points, summary, out).name})",
+            "",
+        ]
     if not points.empty:
-        columns = ["mode", *(["rtt_ms"] if "rtt_ms" in points else []), "rate_rps", "repeat", "requests_measured",
-                   "requests_refused", "attainment",
-                   "throughput_rps", "goodput_rps", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms",
-                   "queue_p50_ms", "queue_growing"]
+        columns = [
+            "mode",
+            *(["rtt_ms"] if "rtt_ms" in points else []),
+            "rate_rps",
+            "repeat",
+            "requests_measured",
+            "requests_refused",
+            "attainment",
+            "throughput_rps",
+            "goodput_rps",
+            "ttft_p50_ms",
+            "ttft_p90_ms",
+            "tpot_p50_ms",
+            "tpot_p90_ms",
+            "queue_p50_ms",
+            "queue_growing",
+        ]
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for _, row in points[columns].iterrows():
             lines.append("| " + " | ".join(_f(v) if isinstance(v, float) else str(v) for v in row) + " |")
@@ -106,17 +130,27 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
 
 def _rate_map_lines(frontier: list[dict], out: Path) -> list[str]:
     """The rate map's table (per RTT and mode) and rate_map.png."""
-    lines = ["| RTT (ms) | mode | largest rate at the level, req/s (bootstrap 95% CI) | grid bracket (met .. missed) | "
-             "predicted before the points | error | highest at this RTT (margin) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| RTT (ms) | mode | largest rate at the level, req/s (bootstrap 95% CI) | grid bracket (met .. missed) | "
+        "predicted before the points | error | highest at this RTT (margin) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in frontier:
         state = " (censored)" if row["censored"] else " (below the grid)" if row["below_grid"] else ""
         best = f"yes (+{_f(row['margin_pct'], '%')})" if row["best"] else ""
-        lines.append(f"| {row['rtt_ms']:g} | {row['mode']} | {_f(row['max_rate_rps'])} ({_f(row['ci_low_rps'])} .. "
-                     f"{_f(row['ci_high_rps'])}){state} | {_f(row['met_rps'])} .. {_f(row['missed_rps'])} | "
-                     f"{_f(row['predicted_rps'])} | {_f(row['err_pct'], '%')} | {best} |")
-    return lines + ["", "Predicted: the closed-form queueing model (docs/serving.md) per RTT, from the pass times "
-                    "alone, written before the first point.", "",
-                    f"![rate map]({plot_rate_map(frontier, out).name})", ""]
+        lines.append(
+            f"| {row['rtt_ms']:g} | {row['mode']} | {_f(row['max_rate_rps'])} ({_f(row['ci_low_rps'])} .. "
+            f"{_f(row['ci_high_rps'])}){state} | {_f(row['met_rps'])} .. {_f(row['missed_rps'])} | "
+            f"{_f(row['predicted_rps'])} | {_f(row['err_pct'], '%')} | {best} |"
+        )
+    return lines + [
+        "",
+        "Predicted: the closed-form queueing model (docs/serving.md) per RTT, from the pass times "
+        "alone, written before the first point.",
+        "",
+        f"![rate map]({plot_rate_map(frontier, out).name})",
+        "",
+    ]
 
 
 def _f(value, unit: str = "") -> str:

@@ -24,6 +24,7 @@ acceptance (the same draws for a request in every mode, so modes at one rate are
 NOTE: pipelined DSD is not modelled here (its speculation across verdicts needs the edge state
 machine); the network launchers run it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -69,6 +70,7 @@ class ServingSetup:
 @dataclass
 class Served:
     """One request as the edge saw it (absolute virtual times, seconds)."""
+
     arrival: OpenLoopRequest
     rtt_ms: float
     refused: str = ""
@@ -76,20 +78,31 @@ class Served:
     last_token_s: float = math.nan
     tokens: int = 0
     rounds: int = 0
-    queue_s: float = 0.0          # summed over the request's jobs: ready until its pass started
+    queue_s: float = 0.0  # summed over the request's jobs: ready until its pass started
     passes: int = 0
 
     def row(self) -> dict:
         a = self.arrival
         tpot_s = (self.last_token_s - self.first_token_s) / (self.tokens - 1) if self.tokens > 1 else math.nan
         end_s = math.nan if self.refused else self.last_token_s
-        return {"request_index": a.index, "edge": a.edge, "arrival_s": a.arrival_s, "warmup": a.warmup,
-                "link_rtt_configured_ms": self.rtt_ms, "max_tokens": a.max_tokens,
-                "admitted": not self.refused, "refused_reason": self.refused,
-                "start_lag_s": 0.0, "queue_s": self.queue_s if not self.refused else math.nan,
-                "ttft_s": self.first_token_s - a.arrival_s, "tpot_s": tpot_s,
-                "e2e_s": end_s - a.arrival_s, "tokens": self.tokens, "rounds": self.rounds,
-                "server_passes": self.passes}
+        return {
+            "request_index": a.index,
+            "edge": a.edge,
+            "arrival_s": a.arrival_s,
+            "warmup": a.warmup,
+            "link_rtt_configured_ms": self.rtt_ms,
+            "max_tokens": a.max_tokens,
+            "admitted": not self.refused,
+            "refused_reason": self.refused,
+            "start_lag_s": 0.0,
+            "queue_s": self.queue_s if not self.refused else math.nan,
+            "ttft_s": self.first_token_s - a.arrival_s,
+            "tpot_s": tpot_s,
+            "e2e_s": end_s - a.arrival_s,
+            "tokens": self.tokens,
+            "rounds": self.rounds,
+            "server_passes": self.passes,
+        }
 
 
 @dataclass(order=True)
@@ -128,7 +141,7 @@ class _Verifier:
         batch = [first]
         limit = 1 if first.kind == "prefill" else self.setup.max_batch
         if limit > 1:
-            same = sorted(j for j in self.waiting if j.kind == first.kind)[:limit - 1]
+            same = sorted(j for j in self.waiting if j.kind == first.kind)[: limit - 1]
             if same:
                 taken = {id(j) for j in same}
                 self.waiting = [j for j in self.waiting if id(j) not in taken]
@@ -192,8 +205,8 @@ class _RequestEvents:
         self.one_way_s = r.rtt_ms / 2e3
         self.gamma, self.times = setup.gamma, setup.times
         self.remaining = r.arrival.max_tokens
-        self.block_at = math.nan             # sync DSD: when the edge's current block reaches the verifier
-        self.session_free_at = math.nan      # when the session's previous job ended (nan: still running)
+        self.block_at = math.nan  # sync DSD: when the edge's current block reaches the verifier
+        self.session_free_at = math.nan  # when the session's previous job ended (nan: still running)
 
     def emit(self, t_edge_s: float, n: int) -> None:
         r = self.r
@@ -213,10 +226,15 @@ class _RequestEvents:
         self.verifier.open_sessions -= 1
 
     def _server_round(self, t_s: float) -> None:
-        self.verifier.submit(t_s, "draft", self.gamma, self.r,
-                             lambda t: self.verifier.submit(t, "verify", self.gamma, self.r, self.on_server_step))
+        self.verifier.submit(
+            t_s,
+            "draft",
+            self.gamma,
+            self.r,
+            lambda t: self.verifier.submit(t, "verify", self.gamma, self.r, self.on_server_step),
+        )
 
-    def on_server_step(self, t_s: float) -> None:      # AR step or co-located round: next job at once
+    def on_server_step(self, t_s: float) -> None:  # AR step or co-located round: next job at once
         if self.setup.mode == AR:
             self.emit(t_s + self.one_way_s, 1)
             if self.remaining > 0:
@@ -230,7 +248,7 @@ class _RequestEvents:
         else:
             self.close(t_s)
 
-    def on_verdict(self, t_s: float) -> None:          # sync DSD: the verdict goes back, the edge drafts on
+    def on_verdict(self, t_s: float) -> None:  # sync DSD: the verdict goes back, the edge drafts on
         self.session_free_at = t_s
         edge_s = t_s + self.one_way_s
         self.emit(edge_s, int(self.draws[self.r.rounds]) + 1)
@@ -245,7 +263,7 @@ class _RequestEvents:
 
     def maybe_verify(self, now_s: float) -> None:
         if math.isnan(self.session_free_at) or math.isnan(self.block_at):
-            return                               # the other of (block, session free) comes later
+            return  # the other of (block, session free) comes later
         ready_s = max(self.block_at, self.session_free_at)
         self.block_at = self.session_free_at = math.nan
         if ready_s > now_s:
@@ -266,12 +284,12 @@ class _RequestEvents:
 
     def open_arrives(self, t_s: float) -> None:
         if self.verifier.open_sessions >= self.setup.max_sessions:
-            self.r.refused = REFUSED_MAX_SESSIONS      # the edge hears so one link delay later; no tokens
+            self.r.refused = REFUSED_MAX_SESSIONS  # the edge hears so one link delay later; no tokens
             return
         self.verifier.open_sessions += 1
         self.verifier.submit(t_s, "prefill", self.setup.prompt_tokens, self.r, self.after_prefill)
 
     def start(self, t_s: float) -> None:
         self.sim.at(t_s + self.one_way_s, self.open_arrives)
-        if self.setup.mode == SYNC:                   # the edge drafts at once, not waiting for Opened
+        if self.setup.mode == SYNC:  # the edge drafts at once, not waiting for Opened
             self.send_block(t_s + self.gamma * self.times.t_draft_edge_s)

@@ -20,6 +20,7 @@ Launchers: ``sim`` serves on virtual time (orchestrator/open_loop/sim.py: second
 arrival with the arrival as its start time (``start_at_unix_s``; containers read the host's
 clock), so the edges issue requests at their arrival times whether or not earlier ones finished.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -45,30 +46,51 @@ from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.links import keys as link_keys
 from orchestrator.open_loop.analyze import analyze_serving
 from orchestrator.open_loop.figures import add_slo, next_search_rate, point_figures
-from orchestrator.open_loop.plan import (PREDICTION, ServingPoint, arrivals_for, check_serving, edge_rtts_ms, link_point,
-                                         map_rtts_ms, plan_serving, serving_model, sim_seed, sim_setup)
+from orchestrator.open_loop.plan import (
+    PREDICTION,
+    ServingPoint,
+    arrivals_for,
+    check_serving,
+    edge_rtts_ms,
+    link_point,
+    map_rtts_ms,
+    plan_serving,
+    serving_model,
+    sim_seed,
+    sim_setup,
+)
 from orchestrator.open_loop.prediction import predict_serving
 from orchestrator.open_loop.rate_map import predict_rate_map
 from orchestrator.open_loop.sim import SIM_MODES, simulate_serving
 from orchestrator.records.sweep_folder import add_facts, merge, point_done, prepare_out_dir, record_point
-from orchestrator.running.run import (choose_launcher, cpu_plan_for, launcher_errors, point_settings, times_for,
-                                      verifier_link_args)
+from orchestrator.running.run import (
+    choose_launcher,
+    cpu_plan_for,
+    launcher_errors,
+    point_settings,
+    times_for,
+    verifier_link_args,
+)
 from orchestrator.spec.arrivals import OpenLoopRequest
 from orchestrator.spec.experiment import Experiment
 from orchestrator.spec.workload import load_prompts
 
-POST_LEAD_S = 2.0              # a run is posted this long before its arrival (connect, Hello)
-RUN_PROBE_INTERVAL_MS = 3_600_000.0    # one request per run: no pings during it
+POST_LEAD_S = 2.0  # a run is posted this long before its arrival (connect, Hello)
+RUN_PROBE_INTERVAL_MS = 3_600_000.0  # one request per run: no pings during it
 
 
 def run_sim_point(experiment: Experiment, point: ServingPoint, times) -> tuple:
-    rows = simulate_serving(sim_setup(experiment, point.mode, times, point.rtt_ms), arrivals_for(experiment, point),
-                            seed=sim_seed(experiment, point.repeat))
+    rows = simulate_serving(
+        sim_setup(experiment, point.mode, times, point.rtt_ms),
+        arrivals_for(experiment, point),
+        seed=sim_seed(experiment, point.repeat),
+    )
     return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), [], {}
 
 
-def write_prediction(out: Path, experiment: Experiment, times, launcher: str,
-                     repeats: dict[str, int] | None = None) -> None:
+def write_prediction(
+    out: Path, experiment: Experiment, times, launcher: str, repeats: dict[str, int] | None = None
+) -> None:
     """OUT/prediction.json before the first point: the closed form's steady state per mode and, on
     a network launcher, the virtual-time model on the sweep's own arrival schedules (on the sim
     launcher that would be the run itself), each mode's over its ``repeats`` realisations (the
@@ -86,9 +108,16 @@ def write_prediction(out: Path, experiment: Experiment, times, launcher: str,
     runs = {}
     if launcher != "sim" and experiment.load.arrival_process != "trace":
         for mode in modes:
+
             def schedules(rate_rps, mode=mode):
-                return [(arrivals_for(experiment, ServingPoint(mode, rate_rps, experiment.gamma[0], r)),
-                         sim_seed(experiment, r)) for r in range((repeats or {}).get(mode, experiment.repeats))]
+                return [
+                    (
+                        arrivals_for(experiment, ServingPoint(mode, rate_rps, experiment.gamma[0], r)),
+                        sim_seed(experiment, r),
+                    )
+                    for r in range((repeats or {}).get(mode, experiment.repeats))
+                ]
+
             runs[mode] = (sim_setup(experiment, mode, times), schedules)
     prediction = predict_serving(serving_model(experiment, times), experiment.slo, modes, runs)
     write_json(path, prediction)
@@ -99,16 +128,23 @@ def finish_rows(requests: pd.DataFrame, experiment: Experiment) -> pd.DataFrame:
     return add_slo(requests, experiment.slo).assign(**asdict(experiment.sampling_settings()[0]))
 
 
-def run_open_loop_point(experiment: Experiment, point: ServingPoint, testbed, prompts: list[list[int]],
-                        settings: PointSettings, timeout_s: float = 900.0) -> tuple:
+def run_open_loop_point(
+    experiment: Experiment,
+    point: ServingPoint,
+    testbed,
+    prompts: list[list[int]],
+    settings: PointSettings,
+    timeout_s: float = 900.0,
+) -> tuple:
     """One open-loop point on a network testbed: each request a run on its edge, posted
     POST_LEAD_S before its arrival and started at it (the edge's start_at_unix_s), from a pool of
     posting threads, so a slow answer never delays a later arrival. Every run carries the
     experiment's sampling setting (request i samples with its seed + i) and ``settings``, the
     point settings a closed-loop sweep runs with."""
     arrivals = arrivals_for(experiment, point)
-    links = testbed.shape(link_keys.edge_specs(experiment.link, link_point(experiment, point.rtt_ms),
-                                               len(testbed.edges)))
+    links = testbed.shape(
+        link_keys.edge_specs(experiment.link, link_point(experiment, point.rtt_ms), len(testbed.edges))
+    )
     masks = settings.after_shape(testbed) if settings.after_shape is not None else None
     attempt = os.urandom(3).hex()
     t0_unix_s = time.time() + POST_LEAD_S + 1.0
@@ -118,18 +154,32 @@ def run_open_loop_point(experiment: Experiment, point: ServingPoint, testbed, pr
     def post(a: OpenLoopRequest) -> str:
         edge = testbed.edges[a.edge]
         run_id = f"serve-{point.key}-{attempt}-{a.index}"
-        call("POST", f"{edge.control_url}/runs", token=edge.token, body=run_body(
-            settings, run_id=run_id, client_id=f"req{a.index}", mode=point.mode, gamma=point.gamma,
-            sampling={**sampling.run_fields(), "seed": sampling.sampling_seed + a.index},
-            prompts=[prompts[a.index % len(prompts)]], max_new_tokens=a.max_tokens,
-            verifier_url=testbed.verifier_url, app_delay_ms=testbed.app_delay_ms(a.edge),
-            probe_count=0, probe_interval_ms=RUN_PROBE_INTERVAL_MS,
-            start_at_unix_s=t0_unix_s + a.arrival_s, stop_at_eos=False))
+        call(
+            "POST",
+            f"{edge.control_url}/runs",
+            token=edge.token,
+            body=run_body(
+                settings,
+                run_id=run_id,
+                client_id=f"req{a.index}",
+                mode=point.mode,
+                gamma=point.gamma,
+                sampling={**sampling.run_fields(), "seed": sampling.sampling_seed + a.index},
+                prompts=[prompts[a.index % len(prompts)]],
+                max_new_tokens=a.max_tokens,
+                verifier_url=testbed.verifier_url,
+                app_delay_ms=testbed.app_delay_ms(a.edge),
+                probe_count=0,
+                probe_interval_ms=RUN_PROBE_INTERVAL_MS,
+                start_at_unix_s=t0_unix_s + a.arrival_s,
+                stop_at_eos=False,
+            ),
+        )
         return run_id
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         futures = {}
-        for a in arrivals:                  # bounded: one post per arrival
+        for a in arrivals:  # bounded: one post per arrival
             wait_s = t0_unix_s + a.arrival_s - POST_LEAD_S - time.time()
             if wait_s > 0:
                 time.sleep(wait_s)
@@ -141,8 +191,12 @@ def run_open_loop_point(experiment: Experiment, point: ServingPoint, testbed, pr
                 runs[index] = (None, f"not posted: {type(exc).__name__}: {exc}")
     _wait_idle(testbed, t0_unix_s + (arrivals[-1].arrival_s if arrivals else 0.0) + timeout_s)
     rows = [_net_row(testbed, a, runs[a.index], t0_unix_s, links) for a in arrivals]
-    return [], finish_rows(pd.DataFrame(rows), experiment).to_dict("records"), \
-        [asdict(link) for link in links], {"t0_unix_s": t0_unix_s, **({"cpu_masks": masks} if masks else {})}
+    return (
+        [],
+        finish_rows(pd.DataFrame(rows), experiment).to_dict("records"),
+        [asdict(link) for link in links],
+        {"t0_unix_s": t0_unix_s, **({"cpu_masks": masks} if masks else {})},
+    )
 
 
 def _wait_idle(testbed, deadline_unix_s: float) -> None:
@@ -150,8 +204,10 @@ def _wait_idle(testbed, deadline_unix_s: float) -> None:
     while time.time() < deadline_unix_s:
         time.sleep(0.5)
         testbed.check()
-        busy = [json.loads(call("GET", f"{e.control_url}/health", token=e.token))["runs"].get("running", 0)
-                for e in testbed.edges]
+        busy = [
+            json.loads(call("GET", f"{e.control_url}/health", token=e.token))["runs"].get("running", 0)
+            for e in testbed.edges
+        ]
         if not any(busy):
             return
     raise TimeoutError("open-loop runs unfinished at the point's deadline")
@@ -162,19 +218,35 @@ def _net_row(testbed, a: OpenLoopRequest, posted: tuple, t0_unix_s: float, links
     them) is a row with its reason."""
     run_id, error = posted
     link = links[a.edge]
-    row = {"request_index": a.index, "edge": a.edge, "arrival_s": a.arrival_s, "warmup": a.warmup,
-           "link_rtt_configured_ms": link.rtt_configured_ms, "max_tokens": a.max_tokens, "admitted": False,
-           "refused_reason": error or "", "start_lag_s": math.nan, "queue_s": math.nan, "ttft_s": math.nan,
-           "tpot_s": math.nan, "e2e_s": math.nan, "tokens": 0, "rounds": 0, "server_passes": 0,
-           "run_id": run_id or ""}
+    row = {
+        "request_index": a.index,
+        "edge": a.edge,
+        "arrival_s": a.arrival_s,
+        "warmup": a.warmup,
+        "link_rtt_configured_ms": link.rtt_configured_ms,
+        "max_tokens": a.max_tokens,
+        "admitted": False,
+        "refused_reason": error or "",
+        "start_lag_s": math.nan,
+        "queue_s": math.nan,
+        "ttft_s": math.nan,
+        "tpot_s": math.nan,
+        "e2e_s": math.nan,
+        "tokens": 0,
+        "rounds": 0,
+        "server_passes": 0,
+        "run_id": run_id or "",
+    }
     if run_id is None:
         return row
     edge = testbed.edges[a.edge]
     try:
-        requests = pd.read_csv(StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/requests.csv",
-                                             token=edge.token).decode()))
-        rounds = pd.read_csv(StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv",
-                                           token=edge.token).decode()))
+        requests = pd.read_csv(
+            StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/requests.csv", token=edge.token).decode())
+        )
+        rounds = pd.read_csv(
+            StringIO(call("GET", f"{edge.control_url}/runs/{run_id}/rounds.csv", token=edge.token).decode())
+        )
     except Exception as exc:  # noqa: BLE001 - recorded as the row's reason
         row["refused_reason"] = f"no trace: {type(exc).__name__}: {exc}"
         return row
@@ -188,20 +260,31 @@ def _net_row(testbed, a: OpenLoopRequest, posted: tuple, t0_unix_s: float, links
     live = rounds[rounds["emitted"] > 0] if len(rounds) else rounds
     lag_s = float(r["t_start_s"]) - (t0_unix_s + a.arrival_s)
     tokens = int(r["tokens"])
-    first_s, last_s = (float(live["t_receive_s"].min()), float(live["t_receive_s"].max())) if len(live) \
-        else (math.nan, math.nan)
-    row.update(admitted=True, start_lag_s=lag_s, tokens=tokens, rounds=int(r["rounds"]),
-               queue_s=float(rounds["server_queue_s"].fillna(0).sum()) if len(rounds) else 0.0,
-               server_passes=len(rounds),
-               ttft_s=lag_s + float(r["ttft_s"]), e2e_s=lag_s + float(r["wall_s"]),
-               tpot_s=(last_s - first_s) / (tokens - 1) if tokens > 1 else math.nan)
+    first_s, last_s = (
+        (float(live["t_receive_s"].min()), float(live["t_receive_s"].max())) if len(live) else (math.nan, math.nan)
+    )
+    row.update(
+        admitted=True,
+        start_lag_s=lag_s,
+        tokens=tokens,
+        rounds=int(r["rounds"]),
+        queue_s=float(rounds["server_queue_s"].fillna(0).sum()) if len(rounds) else 0.0,
+        server_passes=len(rounds),
+        ttft_s=lag_s + float(r["ttft_s"]),
+        e2e_s=lag_s + float(r["wall_s"]),
+        tpot_s=(last_s - first_s) / (tokens - 1) if tokens > 1 else math.nan,
+    )
     return row
 
 
 def refusal_reason(error: str) -> str:
     """A run's error as a refusal reason: the verifier limit it names, else the error itself."""
-    for limit in ("max_sessions_per_connection", "max_sessions", "max_inflight_per_connection",
-                  "max_tokens_per_connection"):
+    for limit in (
+        "max_sessions_per_connection",
+        "max_sessions",
+        "max_inflight_per_connection",
+        "max_tokens_per_connection",
+    ):
         if limit in error:
             return f"limit {limit}"
     return error.strip().splitlines()[0][:300]
@@ -209,8 +292,16 @@ def refusal_reason(error: str) -> str:
 
 # ---- the sweep -------------------------------------------------------------------------------
 
-def run_serving(experiment: Experiment, out: Path, resume: bool = False, launcher: str | None = None,
-                on_point_done=None, plan: list[ServingPoint] | None = None, open_step: float = 1.0) -> pd.DataFrame:
+
+def run_serving(
+    experiment: Experiment,
+    out: Path,
+    resume: bool = False,
+    launcher: str | None = None,
+    on_point_done=None,
+    plan: list[ServingPoint] | None = None,
+    open_step: float = 1.0,
+) -> pd.DataFrame:
     """Run the grid (or ``plan``: points of its own, e.g. each mode at its own rates over its own
     realisations), then the rate search, into ``out``; analyse it. The search runs each new rate
     over the realisations (repeats) its mode's planned points ran, so every rate of a mode pools
@@ -221,39 +312,47 @@ def run_serving(experiment: Experiment, out: Path, resume: bool = False, launche
     check_serving(experiment, launcher)
     out = Path(out)
     times = serving_times(experiment, out)
-    facts = {**host_facts(), "launcher": launcher, "costs": times.to_dict(), "serving": True,
-             "edge_rtt_ms": [list(edge_rtts_ms(experiment, rtt)) for rtt in map_rtts_ms(experiment)]
-             if experiment.load.rtt_ms else list(edge_rtts_ms(experiment))}
+    facts = {
+        **host_facts(),
+        "launcher": launcher,
+        "costs": times.to_dict(),
+        "serving": True,
+        "edge_rtt_ms": [list(edge_rtts_ms(experiment, rtt)) for rtt in map_rtts_ms(experiment)]
+        if experiment.load.rtt_ms
+        else list(edge_rtts_ms(experiment)),
+    }
     prepare_out_dir(out, experiment, resume, facts)
     write_prediction(out, experiment, times, launcher)
     testbed = None
-    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
+    own_cpus = os.sched_getaffinity(0)  # the orchestrator's pinning ends with the sweep
     try:
         if launcher == "sim":
+
             def run_point(point):
                 return run_sim_point(experiment, point, times)
         else:
             testbed = open_serving_testbed(experiment, launcher, out / "services")
-            if launcher == "compose":       # project, image, engine, adopted or brought up
+            if launcher == "compose":  # project, image, engine, adopted or brought up
                 add_facts(out, jsonable({"testbed": testbed.facts()}))
             prompts = _prompts(experiment)
             settings = _pinned_settings(experiment, launcher, testbed, out)
 
             def run_point(point):
                 return run_open_loop_point(experiment, point, testbed, prompts, settings)
+
         plan = plan or plan_serving(experiment)
         for point in plan:
             _record(out, point, run_point, experiment, testbed, on_point_done)
         for rtt_ms, mode in itertools.product(map_rtts_ms(experiment), experiment.modes):
             repeats = sorted({p.repeat for p in plan if p.mode == mode}) or range(experiment.repeats)
             for _ in range(experiment.load.search_iterations if experiment.slo else 0):
-                rate = next_search_rate(_mode_points(out, mode, rtt_ms), experiment.slo.attainment,
-                                        open_step=open_step)
+                rate = next_search_rate(_mode_points(out, mode, rtt_ms), experiment.slo.attainment, open_step=open_step)
                 if rate is None:
                     break
                 for repeat in repeats:
-                    point = ServingPoint(mode, round(rate, 4), experiment.gamma[0], repeat, searched=True,
-                                         rtt_ms=rtt_ms)
+                    point = ServingPoint(
+                        mode, round(rate, 4), experiment.gamma[0], repeat, searched=True, rtt_ms=rtt_ms
+                    )
                     _record(out, point, run_point, experiment, testbed, on_point_done)
     finally:
         os.sched_setaffinity(0, own_cpus)
@@ -308,20 +407,33 @@ def open_serving_testbed(experiment: Experiment, launcher: str, work_dir: Path):
     limit from [load] max_sessions (a flag on loopback and netns, DSD_MAX_SESSIONS on compose)."""
     profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
     max_sessions = experiment.load.max_sessions
-    extra = (("--max-sessions", str(max_sessions)) if max_sessions and launcher != "compose" else ()) + \
-        verifier_link_args(experiment)
-    config = ServicesConfig(experiment.backend, profile, n_edges=experiment.edges, max_batch=experiment.max_batch,
-                            batch_window_ms=experiment.batch_window_ms, work_dir=str(work_dir),
-                            extra_verifier_args=extra)
+    extra = (
+        ("--max-sessions", str(max_sessions)) if max_sessions and launcher != "compose" else ()
+    ) + verifier_link_args(experiment)
+    config = ServicesConfig(
+        experiment.backend,
+        profile,
+        n_edges=experiment.edges,
+        max_batch=experiment.max_batch,
+        batch_window_ms=experiment.batch_window_ms,
+        work_dir=str(work_dir),
+        extra_verifier_args=extra,
+    )
     with launcher_errors(launcher, "to start"):
         if launcher == "loopback":
             from orchestrator.launchers.loopback import LoopbackTestbed
+
             return LoopbackTestbed(config)
         leftovers.refuse_if_any(services=launcher == "netns")
         if launcher == "compose":
             from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
+
             # a project that is up is used if it matches (admission limit included), and left up
-            return ComposeTestbed(ComposeConfig.from_services(
-                config, adopt="auto", max_sessions=max_sessions or ComposeConfig.max_sessions))
+            return ComposeTestbed(
+                ComposeConfig.from_services(
+                    config, adopt="auto", max_sessions=max_sessions or ComposeConfig.max_sessions
+                )
+            )
         from orchestrator.launchers.netns import NetnsTestbed
+
         return NetnsTestbed(config)

@@ -3,6 +3,7 @@ dropped, per-request figures of what the pair did added (alpha fitted over the r
 rounds, and how repetitive its output was: distinct 4-grams; a looping output accepts nearly
 every draft and says nothing about a real workload), latency as the request's user feels it
 (``token_latencies_ms``), and the link each client ran on."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from netem.measure import percentile
 
 def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
     """Distinct n-grams over all n-grams of a token sequence: 1 never repeats, near 0 loops."""
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else math.nan
 
 
@@ -41,8 +42,10 @@ def request_arrivals(rounds: pd.DataFrame) -> dict:
     if rounds.empty or "t_receive_s" not in rounds or rounds["t_receive_s"].isna().all():
         return {}
     live = rounds[(rounds["emitted"] > 0) & rounds["t_receive_s"].notna()].sort_values("t_receive_s")
-    return {(str(c), int(r)): list(zip(g["t_receive_s"].astype(float), g["emitted"].astype(int)))
-            for (c, r), g in live.groupby(["client_id", "request_index"])}
+    return {
+        (str(c), int(r)): list(zip(g["t_receive_s"].astype(float), g["emitted"].astype(int)))
+        for (c, r), g in live.groupby(["client_id", "request_index"])
+    }
 
 
 def add_latency_stats(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
@@ -74,15 +77,19 @@ def add_request_stats(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFr
     requests = requests.copy()
     by_request = dict(iter(rounds.groupby(["client_id", "request_index"]))) if len(rounds) else {}
     empty = rounds.iloc[0:0]
-    requests["alpha_measured"] = [request_alpha(by_request.get(key, empty))
-                         for key in zip(requests["client_id"], requests["request_index"])]
-    requests["distinct_4gram"] = [math.nan if pd.isna(text) else distinct_ngram_ratio([int(t) for t in str(text).split()])
-                                  for text in requests["token_ids"]]
+    requests["alpha_measured"] = [
+        request_alpha(by_request.get(key, empty)) for key in zip(requests["client_id"], requests["request_index"])
+    ]
+    requests["distinct_4gram"] = [
+        math.nan if pd.isna(text) else distinct_ngram_ratio([int(t) for t in str(text).split()])
+        for text in requests["token_ids"]
+    ]
     return requests
 
 
-def finish_point(rounds: pd.DataFrame, requests: pd.DataFrame, warmup: int, shaper: str,
-                 links: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+def finish_point(
+    rounds: pd.DataFrame, requests: pd.DataFrame, warmup: int, shaper: str, links: list
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A point's rounds and requests (services/traces.py rows, of every request run) as the sweep
     records them, the same on every launcher: without the first ``warmup`` requests of each
     client (request_index renumbered from 0), with the request stats, the ``shaper`` and the

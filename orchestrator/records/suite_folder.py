@@ -1,5 +1,6 @@
 """What a suite's result folder holds (orchestrator/spec/suite.py): its members as suite.json
 records them, and the crossovers of a sweep in it, read without the analysis or the plots."""
+
 from __future__ import annotations
 
 import json

@@ -14,6 +14,7 @@ error; the CSVs hold the rows of the attempt that succeeded, never a mix. An exi
 is never overwritten: pass resume=True to continue it, which skips finished points and redoes a
 folder without done.json from scratch.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,20 +46,21 @@ def check_out_dir(out_dir: Path, experiment: Experiment, resume: bool) -> bool:
             raise SweepExists(f"--out {out_dir} is a file, not a folder")
         return False
     if not resume:
-        raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it "
-                          "or choose another --out")
+        raise SweepExists(f"{out_dir} already holds a sweep; pass --resume to continue it or choose another --out")
     recorded = json.loads(sidecar.read_text())["experiment"]
     if _planned_part(_current_backend_keys(recorded)) != _planned_part(experiment_record(experiment)):
-        raise SweepExists(f"{out_dir} holds a sweep of a different experiment; "
-                          "resume needs the same experiment file")
+        raise SweepExists(f"{out_dir} holds a sweep of a different experiment; resume needs the same experiment file")
     return True
 
 
 def _planned_part(record: dict) -> dict:
     """What fixes the planned points: a resumed sweep may spend another budget on repeats until
     CI, which only adds points after the plan."""
-    return {k: v for k, v in record.items()
-            if k not in ("adaptive_budget_points", "adaptive_ci_target_pct", "adaptive_crossovers")}
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in ("adaptive_budget_points", "adaptive_ci_target_pct", "adaptive_crossovers")
+    }
 
 
 def prepare_out_dir(out_dir: Path, experiment: Experiment, resume: bool, facts: dict) -> None:
@@ -79,8 +81,16 @@ def point_done(out_dir: Path, point: Point) -> bool:
     return (Path(out_dir) / "points" / point.key / "done.json").exists()
 
 
-def run_sweep(experiment: Experiment, out_dir: Path, run_point, facts: dict, resume: bool = False,
-              progress=None, heal=None, predict=None) -> pd.DataFrame:
+def run_sweep(
+    experiment: Experiment,
+    out_dir: Path,
+    run_point,
+    facts: dict,
+    resume: bool = False,
+    progress=None,
+    heal=None,
+    predict=None,
+) -> pd.DataFrame:
     """run_point(point) -> (rounds rows, request rows[, link rows[, facts dict]]); returns the
     done.json table. heal() -> list of what it repaired, called before each retry.
     predict(unit's points) is called once per calibration unit (calibration_unit), after its
@@ -111,7 +121,7 @@ def record_point(out_dir: Path, point: Point, run_point, experiment: Experiment,
     clear_unfinished(folder)
     before = cpus.CpuSample.now()
     done = run_point_with_retries(point, run_point, experiment.retries, experiment.retry_backoff_s, heal)
-    done["cpu"] = cpus.conditions(before, cpus.CpuSample.now())      # contention while it ran
+    done["cpu"] = cpus.conditions(before, cpus.CpuSample.now())  # contention while it ran
     result = done.pop("result")
     _write_csv(folder / "rounds.csv", result[0], point)
     _write_csv(folder / "requests.csv", result[1], point)
@@ -134,9 +144,15 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
             if heal is not None:
                 try:
                     record["healed"] = heal()
-                except Exception as exc:     # a testbed that cannot heal fails this attempt too
-                    attempts.append({**record, "status": "error", "wall_s": 0.0,
-                                     "error": f"healing failed: {type(exc).__name__}: {exc}"})
+                except Exception as exc:  # a testbed that cannot heal fails this attempt too
+                    attempts.append(
+                        {
+                            **record,
+                            "status": "error",
+                            "wall_s": 0.0,
+                            "error": f"healing failed: {type(exc).__name__}: {exc}",
+                        }
+                    )
                     continue
         t0 = time.time()
         try:
@@ -146,20 +162,30 @@ def run_point_with_retries(point: Point, run_point, retries: int, backoff_s: flo
             attempts.append({**record, "status": "ok", "error": "", "wall_s": time.time() - t0})
             result = (rounds, requests, links)
             break
-        except Exception as exc:          # a failed point is data; the sweep goes on
-            attempts.append({**record, "status": "error", "error": f"{type(exc).__name__}: {exc}",
-                             "wall_s": time.time() - t0})
+        except Exception as exc:  # a failed point is data; the sweep goes on
+            attempts.append(
+                {**record, "status": "error", "error": f"{type(exc).__name__}: {exc}", "wall_s": time.time() - t0}
+            )
             extra = {}
     last = attempts[-1]
     healed_after = []
-    if last["status"] != "ok" and heal is not None:     # leave a working testbed to the next point
+    if last["status"] != "ok" and heal is not None:  # leave a working testbed to the next point
         try:
             healed_after = heal()
         except Exception as exc:  # noqa: BLE001 - the next point's attempts will say more
             healed_after = [f"healing failed: {type(exc).__name__}: {exc}"]
-    return {"status": last["status"], "error": last["error"], "attempts": attempts,
-            "healed_after": healed_after, "wall_s": time.time() - started, "started_s": started,
-            "started_utc": started_utc, "finished_s": time.time(), **extra, "result": result}
+    return {
+        "status": last["status"],
+        "error": last["error"],
+        "attempts": attempts,
+        "healed_after": healed_after,
+        "wall_s": time.time() - started,
+        "started_s": started,
+        "started_utc": started_utc,
+        "finished_s": time.time(),
+        **extra,
+        "result": result,
+    }
 
 
 def clear_unfinished(folder: Path) -> None:
@@ -181,7 +207,7 @@ def merge(out_dir: Path) -> pd.DataFrame:
             path = done_path.parent / f"{name}.csv"
             if path.exists() and path.stat().st_size > 0:
                 frame, dropped = read_whole_rows(path.read_bytes())
-                if dropped:               # written atomically, so this means damage on disk
+                if dropped:  # written atomically, so this means damage on disk
                     raise ValueError(f"{path}: {dropped} partial row(s); delete its done.json and resume")
                 tables[name].append(frame)
     for name, frames in tables.items():
@@ -204,16 +230,34 @@ def experiment_record(experiment: Experiment) -> dict:
     """The experiment as sweep.json records it. A key added later is left out while it has its
     default, so folders written before it existed still resume."""
     record = jsonable(asdict(experiment))
-    record["backend"] = jsonable(experiment.backend.to_dict())       # kind and its own fields
+    record["backend"] = jsonable(experiment.backend.to_dict())  # kind and its own fields
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Experiment)}
-    for key in ("alpha", "retries", "retry_backoff_s", *link_keys.LINK_KEYS, "delay_down_ms", "link",
-                "cpu_pinning", "adaptive_budget_points", "adaptive_ci_target_pct", "adaptive_crossovers", "sampling", "workload",
-                "hardware_profiles", "external", "controller", "gamma_max", "controller_modes", "load", "slo"):
+    for key in (
+        "alpha",
+        "retries",
+        "retry_backoff_s",
+        *link_keys.LINK_KEYS,
+        "delay_down_ms",
+        "link",
+        "cpu_pinning",
+        "adaptive_budget_points",
+        "adaptive_ci_target_pct",
+        "adaptive_crossovers",
+        "sampling",
+        "workload",
+        "hardware_profiles",
+        "external",
+        "controller",
+        "gamma_max",
+        "controller_modes",
+        "load",
+        "slo",
+    ):
         if getattr(experiment, key) == defaults[key]:
             del record[key]
     if isinstance(record.get("link"), dict) and record["link"].get("schedule_order") == "path":
-        del record["link"]["schedule_order"]                   # likewise, in [link]
-    for key in ("acceptance_trace", "acceptance_rounds"):      # likewise, in [backend]
+        del record["link"]["schedule_order"]  # likewise, in [link]
+    for key in ("acceptance_trace", "acceptance_rounds"):  # likewise, in [backend]
         if not record["backend"].get(key, "x"):
             del record["backend"][key]
     return record

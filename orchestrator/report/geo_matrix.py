@@ -16,6 +16,7 @@ per-token latency of cloud AR, co-located SD, synchronous and pipelined DSD at t
 The experiment (experiments/geography.toml) measures a sample of pairs: its rtt_ms values are the
 mean RTTs of the pairs that `sample_pairs()` picks (printed by ``--sample``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,16 @@ from dsd.modes import AR, BUILTIN, COLOCATED, edge_modes, predict_per_token_s
 from dsd.costs.compute_times import ComputeTimes
 from orchestrator.links import geography
 
-SAMPLE = (("CZ", "CZ"), ("ES", "ES"), ("DE", "DE"), ("DE", "FR"), ("DE", "US"), ("BR", "US"), ("IN", "US"),
-          ("AU", "DE"))
+SAMPLE = (
+    ("CZ", "CZ"),
+    ("ES", "ES"),
+    ("DE", "DE"),
+    ("DE", "FR"),
+    ("DE", "US"),
+    ("BR", "US"),
+    ("IN", "US"),
+    ("AU", "DE"),
+)
 
 
 def sample_pairs() -> list[tuple[str, str, float]]:
@@ -43,7 +52,9 @@ def predict_pairs(params: ComputeTimes, alpha: float, gamma: int) -> pd.DataFram
     for (a, b), (_, mean_ms, *_rest) in geography.load_pairs().items():
         row = {"country_a": a, "country_b": b, "rtt_ms": mean_ms}
         for mode in BUILTIN:
-            row[f"{mode}_ms"] = 1e3 * predict_per_token_s(mode, alpha, gamma, mean_ms / 1e3, **params.closed_form_terms(gamma))
+            row[f"{mode}_ms"] = 1e3 * predict_per_token_s(
+                mode, alpha, gamma, mean_ms / 1e3, **params.closed_form_terms(gamma)
+            )
         best = min(row[f"{mode}_ms"] for mode in edge_modes() if mode in BUILTIN)
         row["dsd_speedup_vs_ar"] = row[f"{AR}_ms"] / best
         row["dsd_speedup_vs_colocated"] = row[f"{COLOCATED}_ms"] / best
@@ -68,8 +79,10 @@ def plot_matrices(pairs: pd.DataFrame, countries: list[str], path: Path, title: 
 
     index = {c: i for i, c in enumerate(countries)}
     fig, axes = plt.subplots(1, 2, figsize=(15, 6.8))
-    for ax, column, label in ((axes[0], "dsd_speedup_vs_ar", "best DSD vs cloud AR"),
-                              (axes[1], "dsd_speedup_vs_colocated", "best DSD vs co-located SD")):
+    for ax, column, label in (
+        (axes[0], "dsd_speedup_vs_ar", "best DSD vs cloud AR"),
+        (axes[1], "dsd_speedup_vs_colocated", "best DSD vs co-located SD"),
+    ):
         grid = np.full((len(countries), len(countries)), np.nan)
         for row in pairs.itertuples():
             if row.country_a in index and row.country_b in index:
@@ -96,10 +109,19 @@ def check_sampled(out: Path, params: ComputeTimes, alpha: float, gamma: int) -> 
     names = {round(rtt, 3): f"{a}-{b}" for a, b, rtt in sample_pairs()}
     rows = []
     for row in points.itertuples():
-        predicted = 1e3 * predict_per_token_s(row.mode, alpha, gamma, row.rtt_ms / 1e3, **params.closed_form_terms(gamma))
-        rows.append({"pair": names.get(round(row.rtt_ms, 3), ""), "mode": row.mode, "rtt_ms": row.rtt_ms,
-                     "per_token_ms_measured": row.per_token_ms_p50, "per_token_ms_predicted": predicted,
-                     "err_pct": 100 * (row.per_token_ms_p50 / predicted - 1)})
+        predicted = 1e3 * predict_per_token_s(
+            row.mode, alpha, gamma, row.rtt_ms / 1e3, **params.closed_form_terms(gamma)
+        )
+        rows.append(
+            {
+                "pair": names.get(round(row.rtt_ms, 3), ""),
+                "mode": row.mode,
+                "rtt_ms": row.rtt_ms,
+                "per_token_ms_measured": row.per_token_ms_p50,
+                "per_token_ms_predicted": predicted,
+                "err_pct": 100 * (row.per_token_ms_p50 / predicted - 1),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -114,12 +136,19 @@ def write(out: Path, n_countries: int) -> dict:
     pairs.to_csv(out / "geo_matrix.csv", index=False)
     check = check_sampled(out, params, alpha, gamma)
     check.to_csv(out / "geo_check.csv", index=False)
-    plot_matrices(pairs, top_countries(n_countries), out / "geo_matrix.png",
-                  f"{summary['experiment']}: alpha {alpha:.2f}, gamma {gamma}, t_ar {1e3 * params.t_ar_s:.1f} ms, "
-                  f"t_draft_edge {1e3 * params.t_draft_edge_s:.1f} ms; RIPE Atlas country-pair mean RTTs")
-    return {"pairs": len(pairs), "dsd_beats_ar_pct": 100 * float((pairs["dsd_speedup_vs_ar"] > 1).mean()),
-            "dsd_beats_colocated_pct": 100 * float((pairs["dsd_speedup_vs_colocated"] > 1).mean()),
-            "sampled_err_pct_median_abs": float(check["err_pct"].abs().median())}
+    plot_matrices(
+        pairs,
+        top_countries(n_countries),
+        out / "geo_matrix.png",
+        f"{summary['experiment']}: alpha {alpha:.2f}, gamma {gamma}, t_ar {1e3 * params.t_ar_s:.1f} ms, "
+        f"t_draft_edge {1e3 * params.t_draft_edge_s:.1f} ms; RIPE Atlas country-pair mean RTTs",
+    )
+    return {
+        "pairs": len(pairs),
+        "dsd_beats_ar_pct": 100 * float((pairs["dsd_speedup_vs_ar"] > 1).mean()),
+        "dsd_beats_colocated_pct": 100 * float((pairs["dsd_speedup_vs_colocated"] > 1).mean()),
+        "sampled_err_pct_median_abs": float(check["err_pct"].abs().median()),
+    }
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
 """`dsdbed measure-profile`: a profiles.toml entry measured on this machine, sources included."""
+
 from __future__ import annotations
 
 import json
@@ -22,26 +23,37 @@ def measure_profile_toml(pair_path: str, name: str, threads: int) -> str:
     base, slope = fit_verify_line(measured.verify_table_s)
     # The batched cost curve: one forward pass verifying b sessions at once (dsd.backends.torch_lm).
     batches = (1, 2, 4, 8, 16)
-    curve = batched_verify_times_s(target, gammas, batches, measurement.context_tokens, max(5, measurement.repeats // 3))
+    curve = batched_verify_times_s(
+        target, gammas, batches, measurement.context_tokens, max(5, measurement.repeats // 3)
+    )
     slope_b = fit_batch_slope(curve)
-    source = (f"measured on {cpu_model()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
-              f"`dsdbed measure-profile --pair {pair_path} --threads {threads}`, median of "
-              f"{measurement.repeats}, context {measurement.context_tokens} tokens")
+    source = (
+        f"measured on {cpu_model()} ({threads} torch thread(s)), {time.strftime('%Y-%m-%d')}, "
+        f"`dsdbed measure-profile --pair {pair_path} --threads {threads}`, median of "
+        f"{measurement.repeats}, context {measurement.context_tokens} tokens"
+    )
     values = {
         "t_draft_edge_s": (measured.t_draft_edge_s, source),
         "t_draft_server_s": (measured.t_draft_server_s, source + " (edge and server are the same machine here)"),
         "t_ar_s": (measured.t_ar_s, source),
-        "t_verify_base_s": (base, source + f"; least-squares fit over gamma {list(gammas)}: "
-                            + ", ".join(f"{g}: {1e3 * measured.t_verify_s(g):.3f} ms" for g in gammas)),
+        "t_verify_base_s": (
+            base,
+            source
+            + f"; least-squares fit over gamma {list(gammas)}: "
+            + ", ".join(f"{g}: {1e3 * measured.t_verify_s(g):.3f} ms" for g in gammas),
+        ),
         "t_verify_per_position_s": (slope, source + "; same fit"),
         "t_prefill_per_token_s": (measured.t_prefill_per_token_s, source),
-        "batch_slope": (slope_b, source + f"; t_verify(gamma, b) = t_verify(gamma, 1) * (1 + batch_slope * (b - 1)) "
-                        f"least squares over gamma {list(gammas)} x b {list(batches)}, one batched pass of b "
-                        f"sessions (ms): " + "; ".join(
-                            f"gamma {g}: " + ", ".join(f"{1e3 * curve[g, b]:.2f}" for b in batches) for g in gammas)),
+        "batch_slope": (
+            slope_b,
+            source + f"; t_verify(gamma, b) = t_verify(gamma, 1) * (1 + batch_slope * (b - 1)) "
+            f"least squares over gamma {list(gammas)} x b {list(batches)}, one batched pass of b "
+            f"sessions (ms): "
+            + "; ".join(f"gamma {g}: " + ", ".join(f"{1e3 * curve[g, b]:.2f}" for b in batches) for g in gammas),
+        ),
     }
     lines = [f"[{name}]"]
     for key, (value, why) in values.items():
         lines.append(f"{key} = {value:.6g}")
-        lines.append(f"{key}_source = {json.dumps(why)}")   # a JSON string is a TOML basic string
+        lines.append(f"{key}_source = {json.dumps(why)}")  # a JSON string is a TOML basic string
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """The run's compute regime, printed and recorded before its first point (dsd.analytic.regime): the
 precision, t_verify/t_ar and t_draft/t_ar as measured here, the acceptance rate at which
 synchronous DSD breaks even, and a one-line warning where no DSD mode can beat cloud AR."""
+
 from __future__ import annotations
 
 import json
@@ -32,13 +33,13 @@ def announce_regime(experiment: Experiment, times: ComputeTimes) -> dict | None:
     if backend.emulated:
         return None
     alpha, source = heldout_alpha(experiment)
-    dtype = getattr(backend, "dtype", "the backend's own")       # a backend kind may have no dtype
+    dtype = getattr(backend, "dtype", "the backend's own")  # a backend kind may have no dtype
     found = regime(times, tuple(experiment.gamma), dtype, getattr(backend, "draft_dtype", dtype), alpha, source)
     for line in found.lines():
         print(line, file=sys.stderr, flush=True)
     record = found.to_dict()
     if hasattr(backend, "model_paths"):
         choice = cached_choice(*backend.model_paths())
-        if choice is not None:       # what dtype = "auto" measured on this machine, if it ran here
+        if choice is not None:  # what dtype = "auto" measured on this machine, if it ran here
             record["precision_choice"] = choice.to_dict()
     return record

@@ -13,6 +13,7 @@ them like the rest: a resumed sweep re-reads what is on disk and goes on from th
 never calibration points, and they are out of sample: predictions.csv was written before them
 (their predictions are the same mode and RTT's, as for any repeat).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,19 +46,28 @@ def crossover_state(requests: pd.DataFrame, rounds: pd.DataFrame, gamma: int) ->
         cis = bootstrap.crossover_cis(replicates, keys, fixed, rtt_grid_ms)
         for name, ci in cis.items():
             mode, reference = CROSSOVERS[name]
-            mine = group_cells[(group_cells["mode"] == mode) & (group_cells.gamma == gamma)
-                               & (group_cells.clients == clients)].set_index("rtt_ms")["per_token_ms"]
-            ref = group_cells[(group_cells["mode"] == reference) & (group_cells.clients == clients)
-                              & ((group_cells.gamma == gamma) | group_cells["mode"].isin(gammaless_modes()))]
+            mine = group_cells[
+                (group_cells["mode"] == mode) & (group_cells.gamma == gamma) & (group_cells.clients == clients)
+            ].set_index("rtt_ms")["per_token_ms"]
+            ref = group_cells[
+                (group_cells["mode"] == reference)
+                & (group_cells.clients == clients)
+                & ((group_cells.gamma == gamma) | group_cells["mode"].isin(gammaless_modes()))
+            ]
             ref = ref.groupby("rtt_ms")["per_token_ms"].median()
             common = mine.index.intersection(ref.index)
-            measured = crossing_rtt_ms(common.values, (mine[common] - ref[common]).values) \
-                if len(common) >= 2 else math.nan
+            measured = (
+                crossing_rtt_ms(common.values, (mine[common] - ref[common]).values) if len(common) >= 2 else math.nan
+            )
             width = ci["ci_high"] - ci["ci_low"] if ci["ci_low"] != ci["ci_high"] else 0.0
-            relative = (math.inf if ci["ci_covers_grid"] else
-                        width / abs(measured) if math.isfinite(measured) and measured else math.nan)
-            states.append({"group": group, "name": name, "measured_rtt_ms": measured, **ci,
-                           "width_relative": relative})
+            relative = (
+                math.inf
+                if ci["ci_covers_grid"]
+                else width / abs(measured)
+                if math.isfinite(measured) and measured
+                else math.nan
+            )
+            states.append({"group": group, "name": name, "measured_rtt_ms": measured, **ci, "width_relative": relative})
     return states
 
 
@@ -75,8 +85,11 @@ def next_points(experiment, states: list[dict], target_pct: float, taken: set[st
     may lie in the grid is narrow enough. A crossover measured "never" (or "always") whose
     interval still has a finite end may lie in the grid, so it is open too."""
     served = experiment.adaptive_crossovers or tuple(CROSSOVERS)
-    open_ = [s for s in states if s["name"] in served and may_cross_in_grid(s)
-             and not (s["width_relative"] <= target_pct / 100)]
+    open_ = [
+        s
+        for s in states
+        if s["name"] in served and may_cross_in_grid(s) and not (s["width_relative"] <= target_pct / 100)
+    ]
     if not open_:
         return []
     worst = max(open_, key=lambda s: s["width_relative"] if not math.isnan(s["width_relative"]) else -1)
@@ -87,14 +100,20 @@ def next_points(experiment, states: list[dict], target_pct: float, taken: set[st
     while any(key.endswith(f"_r{repeat}") for key in taken):
         repeat += 1
     # Copies of the planned repeat-0 points of those cells: the same sampling, link and group.
-    return [replace(p, repeat=repeat) for p in plan_points(experiment)
-            if p.repeat == 0 and p.mode in (mode, reference) and p.rtt_ms in rtts and p.clients == clients
-            and (p.gamma == gamma or p.mode in gammaless_modes()) and in_group(p, worst["group"])]
+    return [
+        replace(p, repeat=repeat)
+        for p in plan_points(experiment)
+        if p.repeat == 0
+        and p.mode in (mode, reference)
+        and p.rtt_ms in rtts
+        and p.clients == clients
+        and (p.gamma == gamma or p.mode in gammaless_modes())
+        and in_group(p, worst["group"])
+    ]
 
 
 def may_cross_in_grid(state: dict) -> bool:
-    return (state["ci_covers_grid"]
-            or any(math.isfinite(state[k]) for k in ("measured_rtt_ms", "ci_low", "ci_high")))
+    return state["ci_covers_grid"] or any(math.isfinite(state[k]) for k in ("measured_rtt_ms", "ci_low", "ci_high"))
 
 
 def in_group(point: Point, group: dict) -> bool:
@@ -120,7 +139,7 @@ def run_repeats_until_ci(experiment, out_dir, run_one, gamma: int, on_point_adde
     budget = experiment.adaptive_budget_points
     planned = {p.key for p in plan_points(experiment)}
     ran = []
-    for _ in range(budget + 1):                       # bounded: each step spends at least one point
+    for _ in range(budget + 1):  # bounded: each step spends at least one point
         merge(out_dir)
         on_disk = {p.name for p in (out_dir / "points").iterdir() if (p / "done.json").exists()}
         extra_done = on_disk - planned

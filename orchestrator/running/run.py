@@ -1,4 +1,5 @@
 """Glue for the CLI: run an experiment on its launcher, then analyze the sweep folder."""
+
 from __future__ import annotations
 
 import contextlib
@@ -44,19 +45,20 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
     out = Path(out).absolute()
     launcher = check_before_start(experiment, out, resume)
     plan = plan_points(experiment)
-    pairs = functools.cache(load_pair)         # backend config -> (draft, target)
+    pairs = functools.cache(load_pair)  # backend config -> (draft, target)
     times = group_times(experiment, plan, pairs, out)
     regime = announce_regime(experiment, next(iter(times.values())))
     if launcher != "sim":
-        pairs.cache_clear()                     # the services load their own copies
+        pairs.cache_clear()  # the services load their own copies
     pool = experiment_prompts(experiment)
-    prompts = functools.partial(prompts_for_point, pool, experiment)     # point -> its prompts
+    prompts = functools.partial(prompts_for_point, pool, experiment)  # point -> its prompts
     pool_categories = experiment_categories(experiment)
-    categories = functools.partial(prompts_for_point, pool_categories if any(pool_categories) else [],
-                                   experiment)                           # point -> its prompts' categories
+    categories = functools.partial(
+        prompts_for_point, pool_categories if any(pool_categories) else [], experiment
+    )  # point -> its prompts' categories
     predict = Predictor(experiment, out, functools.partial(assumed_times, experiment=experiment, times=times))
     progress = Progress(experiment.name, len(plan))
-    own_cpus = os.sched_getaffinity(0)           # the orchestrator's pinning ends with the sweep
+    own_cpus = os.sched_getaffinity(0)  # the orchestrator's pinning ends with the sweep
     try:
         with GroupTestbeds(launcher, experiment, out / "services", times, pairs) as testbeds:
             testbed = testbeds.for_point(next((p for p in plan if not point_done(out, p)), plan[0]))
@@ -69,13 +71,17 @@ def run_experiment(experiment: Experiment, out: Path, resume: bool) -> pd.DataFr
                 with_categories = dataclasses.replace(settings, categories=tuple(categories(point)))
                 return testbeds.for_point(point).run_point(point, prompts(point), with_categories)
 
-            done = run_sweep(experiment, out, run_point, facts, resume=resume, progress=progress,
-                             heal=testbeds.heal, predict=predict)
-            if experiment.adaptive_budget_points:     # repeats where a crossover's interval is wide
-                run_repeats_until_ci(experiment, out,
-                                     lambda p: record_point(out, p, run_point, experiment, testbeds.heal),
-                                     experiment.gamma[0],
-                                     on_point_added=lambda p: progress(len(plan), len(plan), p, "repeat until CI"))
+            done = run_sweep(
+                experiment, out, run_point, facts, resume=resume, progress=progress, heal=testbeds.heal, predict=predict
+            )
+            if experiment.adaptive_budget_points:  # repeats where a crossover's interval is wide
+                run_repeats_until_ci(
+                    experiment,
+                    out,
+                    lambda p: record_point(out, p, run_point, experiment, testbeds.heal),
+                    experiment.gamma[0],
+                    on_point_added=lambda p: progress(len(plan), len(plan), p, "repeat until CI"),
+                )
                 done = merge(out)
             return done
     finally:
@@ -115,8 +121,10 @@ def times_for(experiment: Experiment, out: Path, pairs=load_pair) -> ComputeTime
             return ComputeTimes.from_dict(recorded)
     if experiment.backend.emulated:
         return experiment.hardware_profile(experiment.profile).times.tabulated(experiment.gamma)
-    print("measuring compute times of the model pair on this machine (one thread, as the services run) ...",
-          file=sys.stderr)
+    print(
+        "measuring compute times of the model pair on this machine (one thread, as the services run) ...",
+        file=sys.stderr,
+    )
     draft, target = pairs(experiment.backend)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -130,17 +138,26 @@ def sweep_facts(experiment: Experiment, launcher: str, testbed, times: dict, poo
     """sweep.json's record of where and with what the sweep ran; pins this process where the
     CPU plan says so."""
     first = point_experiment(experiment, plan_points(experiment)[0]).profile
-    facts = {**host_facts(), "costs": times[first].to_dict(), "launcher": launcher, "workload": describe(pool),
-             "costs_source": "profile " + first if experiment.backend.emulated
-             else "measured here (dsd.costs.measurement)"}
+    facts = {
+        **host_facts(),
+        "costs": times[first].to_dict(),
+        "launcher": launcher,
+        "workload": describe(pool),
+        "costs_source": "profile " + first if experiment.backend.emulated else "measured here (dsd.costs.measurement)",
+    }
     if len(times) > 1:
         facts["costs_by_profile"] = {name: t.to_dict() for name, t in times.items()}
     trace = experiment.backend.trace() if experiment.backend.kind == "synthetic" else None
     if trace is not None:
         facts["acceptance_trace"] = trace.summary()
-    facts.update({"shaper_backend": testbed.shaper, "shaper_reason": getattr(testbed, "shaper_reason", ""),
-                  "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges))})
-    if hasattr(testbed, "facts"):       # compose: project, image, engine, adopted or brought up
+    facts.update(
+        {
+            "shaper_backend": testbed.shaper,
+            "shaper_reason": getattr(testbed, "shaper_reason", ""),
+            "cpu_pinning": cpu_plan_for(launcher, experiment, len(testbed.edges)),
+        }
+    )
+    if hasattr(testbed, "facts"):  # compose: project, image, engine, adopted or brought up
         facts["testbed"] = testbed.facts()
     pinning = facts["cpu_pinning"]
     if pinning["pinned"]:
@@ -152,14 +169,21 @@ def point_settings(experiment: Experiment, pinning: dict | None = None) -> Point
     """What every point runs with; after shaping, the testbed's processes are pinned where the
     CPU plan says so."""
     pinned = pinning is not None and pinning["pinned"]
-    return PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
-                         max_in_flight=experiment.max_in_flight, controller=experiment.controller,
-                         gamma_max=experiment.gamma_max, controller_modes=experiment.controller_modes,
-                         transport=experiment.transport, request_deadline_s=experiment.request_deadline_s,
-                         tcp_rto_max_ms=experiment.tcp_rto_max_ms, cache=experiment.cache,
-                         run_prefix=time.strftime("%Y%m%dT%H%M%S"),
-                         link_options=experiment.link,
-                         after_shape=(lambda bed: cpus.pin_testbed(bed, pinning)) if pinned else None)
+    return PointSettings(
+        warmup=experiment.warmup_requests,
+        max_new_tokens=experiment.max_new_tokens,
+        max_in_flight=experiment.max_in_flight,
+        controller=experiment.controller,
+        gamma_max=experiment.gamma_max,
+        controller_modes=experiment.controller_modes,
+        transport=experiment.transport,
+        request_deadline_s=experiment.request_deadline_s,
+        tcp_rto_max_ms=experiment.tcp_rto_max_ms,
+        cache=experiment.cache,
+        run_prefix=time.strftime("%Y%m%dT%H%M%S"),
+        link_options=experiment.link,
+        after_shape=(lambda bed: cpus.pin_testbed(bed, pinning)) if pinned else None,
+    )
 
 
 class Progress:
@@ -189,11 +213,20 @@ def cpu_plan_for(launcher: str, experiment: Experiment, n_edges: int) -> dict:
     """The CPU sets of this sweep's processes, recorded in sweep.json (orchestrator/common/cpus.py); on
     compose the verifier's and the edges' sets are their containers' cpusets."""
     if launcher == "sim":
-        return {"pinned": False, "disjoint": False, "sets": {},
-                "reason": "sim launcher: one process on virtual time, nothing to isolate"}
+        return {
+            "pinned": False,
+            "disjoint": False,
+            "sets": {},
+            "reason": "sim launcher: one process on virtual time, nothing to isolate",
+        }
     if launcher in ("swarm", "external"):
-        return {"pinned": False, "disjoint": False, "sets": {}, "cpus": cpus.usable_cpus(),
-                "reason": f"{launcher} launcher: the services run in containers or on other machines; not pinned"}
+        return {
+            "pinned": False,
+            "disjoint": False,
+            "sets": {},
+            "cpus": cpus.usable_cpus(),
+            "reason": f"{launcher} launcher: the services run in containers or on other machines; not pinned",
+        }
     return cpus.plan_cpus(cpus.usable_cpus(), n_edges, experiment.cpu_pinning)
 
 
@@ -208,7 +241,7 @@ class GroupTestbeds:
 
     def __init__(self, launcher: str, experiment: Experiment, work_dir: Path, times: dict, pairs) -> None:
         self.launcher, self.experiment, self.work_dir = launcher, experiment, Path(work_dir)
-        self.times, self.pairs = times, pairs         # the sim launcher's compute times and model pairs
+        self.times, self.pairs = times, pairs  # the sim launcher's compute times and model pairs
         self.group: Experiment | None = None
         self.testbed = None
 
@@ -272,7 +305,8 @@ def check_compose_groups(experiment: Experiment) -> None:
         raise ComposeError(
             f"the running compose project 'dsdbed' serves one (profile, alpha) group and the experiment has "
             f"{groups}; fix: `docker compose down` and the sweep brings up each group's project in turn, "
-            "or sweep one profile and alpha per experiment file")
+            "or sweep one profile and alpha per experiment file"
+        )
 
 
 def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, times: dict, pairs):
@@ -280,8 +314,11 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, times: d
     pairs(backend)'s model pair."""
     with launcher_errors(launcher, "to start"):
         if launcher == "sim":
-            return SimTestbed(*pairs(experiment.backend), times[experiment.profile],
-                              VerifierConfig(experiment.max_batch, experiment.batch_window_ms))
+            return SimTestbed(
+                *pairs(experiment.backend),
+                times[experiment.profile],
+                VerifierConfig(experiment.max_batch, experiment.batch_window_ms),
+            )
         return _open_testbed(launcher, experiment, work_dir)
 
 
@@ -292,22 +329,32 @@ def verifier_link_args(experiment: Experiment) -> tuple[str, ...]:
 
 def _open_testbed(launcher: str, experiment: Experiment, work_dir: Path):
     profile = experiment.hardware_profile(experiment.profile) if experiment.profile else None
-    config = ServicesConfig(experiment.backend, profile, n_edges=min(experiment.edges, max(experiment.clients)),
-                            max_batch=experiment.max_batch, batch_window_ms=experiment.batch_window_ms,
-                            work_dir=str(work_dir), extra_verifier_args=verifier_link_args(experiment))
+    config = ServicesConfig(
+        experiment.backend,
+        profile,
+        n_edges=min(experiment.edges, max(experiment.clients)),
+        max_batch=experiment.max_batch,
+        batch_window_ms=experiment.batch_window_ms,
+        work_dir=str(work_dir),
+        extra_verifier_args=verifier_link_args(experiment),
+    )
     if launcher == "loopback":
         return LoopbackTestbed(config)
     if launcher == "netns":
         from orchestrator.launchers.netns import NetnsTestbed
+
         return NetnsTestbed(config)
     if launcher == "compose":
         from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
+
         # A project that is up (`docker compose up -d`) is used if it matches, and left up.
         return ComposeTestbed(ComposeConfig.from_services(config, adopt="auto"))
     if launcher == "swarm":
         from orchestrator.launchers.swarm import SwarmTestbed
+
         return SwarmTestbed(config)
     if launcher == "external":
         from orchestrator.launchers.external import ExternalTestbed
+
         return ExternalTestbed(experiment.external, n_edges=config.n_edges)
     raise ValueError(f"unknown launcher {launcher!r}")

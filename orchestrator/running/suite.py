@@ -1,5 +1,6 @@
 """Run a suite (orchestrator/spec/suite.py): every experiment into OUT/<its name>, each analyzed
 as it ends, then the sweeps side by side in OUT (orchestrator/report/side_by_side.py)."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,12 @@ from orchestrator.spec.suite import SUITE_RECORD, Suite
 
 
 def suite_record(suite: Suite, experiments: list[Experiment]) -> dict:
-    return {"suite": suite.name,
-            "experiments": [{"name": e.name, "file": str(path), "folder": e.name}
-                            for e, path in zip(experiments, suite.experiments)]}
+    return {
+        "suite": suite.name,
+        "experiments": [
+            {"name": e.name, "file": str(path), "folder": e.name} for e, path in zip(experiments, suite.experiments)
+        ],
+    }
 
 
 def check_suite_out(out: Path, suite: Suite, experiments: list[Experiment], resume: bool) -> None:
@@ -34,14 +38,16 @@ def check_suite_out(out: Path, suite: Suite, experiments: list[Experiment], resu
             raise SweepExists(f"{out} already holds a suite; pass --resume to continue it or choose another --out")
         before = json.loads(recorded.read_text())
         if [m["name"] for m in before["experiments"]] != names:
-            raise SweepExists(f"{out} holds the suite {before['suite']!r} of other experiments; "
-                              "resume needs the same suite file")
+            raise SweepExists(
+                f"{out} holds the suite {before['suite']!r} of other experiments; resume needs the same suite file"
+            )
     for experiment in experiments:
         check_out_dir(out / experiment.name, experiment, resume)
 
 
-def run_suite(suite: Suite, experiments: list[Experiment], out: Path, resume: bool,
-              run_one: Callable[[Experiment, Path], None]) -> dict:
+def run_suite(
+    suite: Suite, experiments: list[Experiment], out: Path, resume: bool, run_one: Callable[[Experiment, Path], None]
+) -> dict:
     """run_one(experiment, folder) runs and analyzes one sweep (the CLI's sweep command)."""
     out = Path(out)
     check_suite_out(out, suite, experiments, resume)

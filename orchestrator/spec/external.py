@@ -1,5 +1,6 @@
 """The ``[external]`` table of an experiment file: the URLs and token of services someone else
 started, and how their link is shaped (the launcher itself: orchestrator/launchers/external.py)."""
+
 from __future__ import annotations
 
 import re
@@ -22,19 +23,22 @@ class ExternalConfig:
     edge_urls: tuple[str, ...]
     token_file: str
     shaping: str = "off"
-    shaper_backend: str = "auto"         # shaping = "edge": the backend the edges use
-    probe_count: int = 20                # RTT probes per edge and point (the real link)
+    shaper_backend: str = "auto"  # shaping = "edge": the backend the edges use
+    probe_count: int = 20  # RTT probes per edge and point (the real link)
     probe_interval_ms: float = 50.0
-    verify_count: int = 100              # shaping = "edge": ICMP probes after applying
-    verify_tolerance_ms: float = 2.0     # ... off by more than this fails the point
-    timeout_s: float = 10.0              # one control call
+    verify_count: int = 100  # shaping = "edge": ICMP probes after applying
+    verify_tolerance_ms: float = 2.0  # ... off by more than this fails the point
+    timeout_s: float = 10.0  # one control call
 
     def __post_init__(self) -> None:
         if not isinstance(self.verifier_url, str) or not _URL_RE.match(self.verifier_url):
             fail("external.verifier_url", self.verifier_url, "an http:// or ws:// URL with a host (and port)")
         urls = self.edge_urls
-        if not isinstance(urls, tuple) or not urls or not all(
-                isinstance(u, str) and _URL_RE.match(u) and u.startswith("http") for u in urls):
+        if (
+            not isinstance(urls, tuple)
+            or not urls
+            or not all(isinstance(u, str) and _URL_RE.match(u) and u.startswith("http") for u in urls)
+        ):
             fail("external.edge_urls", urls, "a non-empty list of http://host:port URLs (the edges' control APIs)")
         if len(set(u.rstrip("/") for u in urls)) != len(urls):
             fail("external.edge_urls", urls, "distinct URLs")
@@ -45,8 +49,11 @@ class ExternalConfig:
         for key, low, high in (("probe_count", 1, 1000), ("verify_count", 1, 100_000)):
             value = getattr(self, key)
             check(is_int(value) and low <= value <= high, f"external.{key}", value, f"a whole number in {low}..{high}")
-        for key, low, high in (("probe_interval_ms", 1.0, 10_000.0), ("verify_tolerance_ms", 0.001, 10_000.0),
-                               ("timeout_s", 0.1, 3600.0)):
+        for key, low, high in (
+            ("probe_interval_ms", 1.0, 10_000.0),
+            ("verify_tolerance_ms", 0.001, 10_000.0),
+            ("timeout_s", 0.1, 3600.0),
+        ):
             value = getattr(self, key)
             check(is_number(value) and low <= value <= high, f"external.{key}", value, f"a number in {low}..{high}")
         if not isinstance(self.token_file, str) or not Path(self.token_file).expanduser().is_file():

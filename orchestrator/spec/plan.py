@@ -1,5 +1,6 @@
 """The plan of a sweep: its points (``Point``: mode, RTT, gamma, clients, repeat and the keys the
 experiment sweeps), in the order they run, which of them calibrate, and the prompts each runs."""
+
 from __future__ import annotations
 
 import itertools
@@ -39,8 +40,10 @@ class Point:
     def key(self) -> str:
         group = f"_{self.group}" if self.group else ""
         sampling = f"_{self.sampling.tag}" if self.sampling.tag else ""
-        return (f"{self.mode}_rtt{self.rtt_ms:g}ms{link_keys.key_suffix(self)}_g{self.gamma}_c{self.clients}"
-                f"{group}{sampling}_r{self.repeat}")
+        return (
+            f"{self.mode}_rtt{self.rtt_ms:g}ms{link_keys.key_suffix(self)}_g{self.gamma}_c{self.clients}"
+            f"{group}{sampling}_r{self.repeat}"
+        )
 
     @property
     def sampling(self) -> Setting:
@@ -49,8 +52,10 @@ class Point:
     @property
     def group(self) -> str:
         """The (profile, alpha) group as a name, "" when the sweep varies neither."""
-        return "_".join(([f"a{self.alpha:g}"] if self.alpha is not None else []) +
-                        ([f"p{self.profile}"] if self.profile is not None else []))
+        return "_".join(
+            ([f"a{self.alpha:g}"] if self.alpha is not None else [])
+            + ([f"p{self.profile}"] if self.profile is not None else [])
+        )
 
     def columns(self) -> dict:
         """The point's fields as trace columns, without the dimensions the sweep does not vary."""
@@ -61,15 +66,14 @@ class Point:
 # these modes at the smallest RTT and client count of the grid (with calibrate = "every_repeat",
 # every planned repeat's). They run first in their repeat; the parameters fitted from them alone
 # predict the other points of their calibration unit (calibration_unit) before any of them runs.
-CALIBRATION_MODES = (AR, COLOCATED, SYNC, CACHED)   # the cached mode's: its hit rate
+CALIBRATION_MODES = (AR, COLOCATED, SYNC, CACHED)  # the cached mode's: its hit rate
 
 
 def is_calibration(point: Point, experiment: Experiment) -> bool:
     modes = [m for m in CALIBRATION_MODES if m in experiment.modes]
     if SYNC not in experiment.modes and PIPELINED in experiment.modes:
-        modes.append(PIPELINED)            # t_verify and t_draft_edge then come from pipelined rounds
-    calibrating = (point.repeat < experiment.repeats if experiment.calibrate == "every_repeat"
-                   else point.repeat == 0)
+        modes.append(PIPELINED)  # t_verify and t_draft_edge then come from pipelined rounds
+    calibrating = point.repeat < experiment.repeats if experiment.calibrate == "every_repeat" else point.repeat == 0
     if not calibrating or point.mode not in modes or point.clients != min(experiment.clients):
         return False
     # The link: the first of the sweep's links with the smallest RTT (its other keys as listed first).
@@ -106,19 +110,25 @@ def _grid_points(experiment: Experiment) -> list[Point]:
     for profile, alpha in itertools.product(profiles, alphas):
         group = {"alpha": alpha if vary_alpha else None, "profile": profile if vary_profile else None}
         for repeat, link, gamma, sampling, clients, mode in itertools.product(
-                range(experiment.repeats), link_keys.link_axes(experiment), experiment.gamma,
-                experiment.sampling_settings(), experiment.clients, experiment.modes):
+            range(experiment.repeats),
+            link_keys.link_axes(experiment),
+            experiment.gamma,
+            experiment.sampling_settings(),
+            experiment.clients,
+            experiment.modes,
+        ):
             if not get_mode(mode).speculative and gamma != experiment.gamma[0]:
-                continue                       # AR does not depend on gamma: run it once
-            points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link,
-                                **asdict(sampling)))
+                continue  # AR does not depend on gamma: run it once
+            points.append(Point(mode, gamma=gamma, clients=clients, repeat=repeat, **group, **link, **asdict(sampling)))
     return points
 
 
 def point_experiment(experiment: Experiment, point: Point) -> Experiment:
     """The single-profile, single-alpha experiment that runs this point."""
-    return experiment.for_group(point.profile if point.profile is not None else experiment.profiles()[0],
-                                point.alpha if point.alpha is not None else experiment.alphas()[0])
+    return experiment.for_group(
+        point.profile if point.profile is not None else experiment.profiles()[0],
+        point.alpha if point.alpha is not None else experiment.alphas()[0],
+    )
 
 
 def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int]]:
@@ -131,7 +141,7 @@ def prompts_for_point(pool: list[list[int]], experiment, point) -> list[list[int
     if experiment.workload.rotate == "repeat":
         slot = point.repeat
     else:
-        rtts = sorted({p.rtt_ms for p in plan_points(experiment)})     # also one-way delays' RTTs
+        rtts = sorted({p.rtt_ms for p in plan_points(experiment)})  # also one-way delays' RTTs
         slot = point.repeat * len(rtts) + rtts.index(point.rtt_ms)
     start = slot * per_point
     return [pool[(start + i) % len(pool)] for i in range(per_point)]

@@ -10,6 +10,7 @@ list to sweep (every combination runs, like gamma).
 Drafter and target apply the same truncation to their own logits, so every mode samples exactly
 from the target's truncated distribution. The four values are columns of every trace row.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -19,12 +20,13 @@ from dsd.backends.protocol import SamplingParams
 from dsd.checks import check, is_int, is_number
 from orchestrator.common.toml_tables import config_from_table
 
-COLUMNS = ("temperature", "top_k", "top_p", "sampling_seed")   # trace columns, one per setting
+COLUMNS = ("temperature", "top_k", "top_p", "sampling_seed")  # trace columns, one per setting
 
 
 @dataclass(frozen=True)
 class Setting:
     """One sampling setting: what one sweep point runs with."""
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -36,8 +38,12 @@ class Setting:
         names)."""
         if self.temperature == 0:
             return ""
-        return (f"T{self.temperature:g}" + (f"k{self.top_k}" if self.top_k else "")
-                + (f"p{self.top_p:g}" if self.top_p < 1 else "") + f"s{self.sampling_seed}")
+        return (
+            f"T{self.temperature:g}"
+            + (f"k{self.top_k}" if self.top_k else "")
+            + (f"p{self.top_p:g}" if self.top_p < 1 else "")
+            + f"s{self.sampling_seed}"
+        )
 
     def params(self, request_index: int) -> SamplingParams:
         """What request ``request_index`` of a run samples with (the edge's rule: seed + index)."""
@@ -45,8 +51,12 @@ class Setting:
 
     def run_fields(self) -> dict:
         """The edge's RunConfig fields (services/edge/) for this setting."""
-        return {"temperature": self.temperature, "top_k": self.top_k or None, "top_p": self.top_p,
-                "seed": self.sampling_seed}
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k or None,
+            "top_p": self.top_p,
+            "seed": self.sampling_seed,
+        }
 
 
 @dataclass(frozen=True)
@@ -54,14 +64,15 @@ class SamplingSweep:
     temperature: tuple[float, ...] = (0.0,)
     top_k: tuple[int, ...] = (0,)
     top_p: tuple[float, ...] = (1.0,)
-    seed: tuple[int, ...] = ()          # empty: the experiment's seed
+    seed: tuple[int, ...] = ()  # empty: the experiment's seed
 
     def __post_init__(self) -> None:
         _check_values(self.temperature, "temperature", lambda t: is_number(t) and 0 <= t <= 100, "numbers in 0..100")
         _check_values(self.top_k, "top_k", lambda k: is_int(k) and k >= 0, "whole numbers >= 0 (0: no top-k)")
         _check_values(self.top_p, "top_p", lambda p: is_number(p) and 0 < p <= 1, "numbers in (0, 1]")
-        _check_values(self.seed, "seed", lambda s: is_int(s) and 0 <= s < 2 ** 62, "whole numbers in 0..2^62",
-               allow_empty=True)
+        _check_values(
+            self.seed, "seed", lambda s: is_int(s) and 0 <= s < 2**62, "whole numbers in 0..2^62", allow_empty=True
+        )
 
     def settings(self, experiment_seed: int) -> list[Setting]:
         """Every combination; greedy (temperature 0) ignores truncation and seed, so it is one
@@ -77,11 +88,20 @@ class SamplingSweep:
 
 def parse_sampling(table, source: str = "experiment") -> SamplingSweep:
     """The [sampling] table -> SamplingSweep; a bad or unknown key is a ValueError naming it."""
-    return config_from_table(SamplingSweep, table, "sampling", source, convert=lambda t: {
-        k: tuple(v) if isinstance(v, list) else (v,) for k, v in t.items()})
+    return config_from_table(
+        SamplingSweep,
+        table,
+        "sampling",
+        source,
+        convert=lambda t: {k: tuple(v) if isinstance(v, list) else (v,) for k, v in t.items()},
+    )
 
 
 def _check_values(values: tuple, key: str, ok, expected: str, allow_empty: bool = False) -> None:
     """A [sampling] key: a value or a list of distinct values, each ``ok``."""
-    check(bool(values or allow_empty) and all(ok(v) for v in values) and len(set(values)) == len(values),
-          f"sampling.{key}", list(values), f"a value or a list of distinct {expected}")
+    check(
+        bool(values or allow_empty) and all(ok(v) for v in values) and len(set(values)) == len(values),
+        f"sampling.{key}",
+        list(values),
+        f"a value or a list of distinct {expected}",
+    )

@@ -27,6 +27,7 @@ slot share them, so comparisons at one RTT stay paired. With ``rotate = "repeat"
 a repeat runs the same prompts too, so a comparison across RTTs (a crossover, a prediction from
 the RTT-0 calibration points) is paired as well.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,12 +50,12 @@ SHIPPED_INSTRUCTIONS = PROJECT_ROOT / "workloads" / "instructions.jsonl"
 class Workload:
     source: str = "heldout"
     path: str = ""
-    column: str = ""                 # datasets: the column holding prompts (text or chat messages)
-    split: str = ""                  # datasets: the split of a DatasetDict
-    n_prompts: int = 0               # 0: warmup_requests + requests
-    max_prompt_tokens: int = 0       # 0: the experiment's prompt_tokens
-    shuffle_seed: int = -1           # -1: the experiment's seed
-    rotate: str = "rtt"              # "rtt": each (repeat, RTT) slot its own prompts; "repeat": every RTT of a repeat the same
+    column: str = ""  # datasets: the column holding prompts (text or chat messages)
+    split: str = ""  # datasets: the split of a DatasetDict
+    n_prompts: int = 0  # 0: warmup_requests + requests
+    max_prompt_tokens: int = 0  # 0: the experiment's prompt_tokens
+    shuffle_seed: int = -1  # -1: the experiment's seed
+    rotate: str = "rtt"  # "rtt": each (repeat, RTT) slot its own prompts; "repeat": every RTT of a repeat the same
 
     def __post_init__(self) -> None:
         check(self.source in SOURCES, "workload.source", self.source, f"one of {SOURCES}")
@@ -62,15 +63,22 @@ class Workload:
         if self.source == "heldout":
             check(not self.path, "workload.path", self.path, "empty for source 'heldout'")
         else:
-            check(isinstance(self.path, str) and resolve(self.path).exists(), "workload.path", self.path,
-                  "an existing file or folder (relative paths: from here, else from the project root)")
-        check(bool(self.column) == (self.source == "datasets"), "workload.column", self.column,
-              "a column name with source 'datasets' only")
+            check(
+                isinstance(self.path, str) and resolve(self.path).exists(),
+                "workload.path",
+                self.path,
+                "an existing file or folder (relative paths: from here, else from the project root)",
+            )
+        check(
+            bool(self.column) == (self.source == "datasets"),
+            "workload.column",
+            self.column,
+            "a column name with source 'datasets' only",
+        )
         check(not self.split or self.source == "datasets", "workload.split", self.split, "only with source 'datasets'")
         for name, low in (("n_prompts", 0), ("max_prompt_tokens", 0), ("shuffle_seed", -1)):
             value = getattr(self, name)
-            check(is_int(value) and value >= low, f"workload.{name}", value,
-                  f"a whole number >= {low}")
+            check(is_int(value) and value >= low, f"workload.{name}", value, f"a whole number >= {low}")
 
 
 def parse_workload(table, source: str = "experiment") -> Workload:
@@ -85,6 +93,7 @@ def resolve(path: str) -> Path:
 
 # ---- the pool ---------------------------------------------------------------------------------
 
+
 def experiment_prompts(experiment) -> list[list[int]]:
     """The experiment's prompt pool (token ids of its target)."""
     workload: Workload = experiment.workload
@@ -95,14 +104,17 @@ def experiment_prompts(experiment) -> list[list[int]]:
     return load_prompts(experiment.backend, workload, n_prompts, max_tokens, seed)
 
 
-def load_prompts(backend: BackendConfig, workload: Workload, n_prompts: int, max_tokens: int,
-                 seed: int) -> list[list[int]]:
+def load_prompts(
+    backend: BackendConfig, workload: Workload, n_prompts: int, max_tokens: int, seed: int
+) -> list[list[int]]:
     # NOTE: only hf pairs have a tokenizer here; any other backend takes random ids below its
     # vocab_size (a backend kind with a tokenizer must be added to target_tokenizer).
     if not isinstance(backend, HfBackendConfig):
         if workload.source not in ("heldout", "jsonl"):
-            raise ValueError(f"experiment key 'workload.source': {workload.source!r} needs a tokenizer; "
-                             f"the {backend.kind} backend has none (it takes random token ids)")
+            raise ValueError(
+                f"experiment key 'workload.source': {workload.source!r} needs a tokenizer; "
+                f"the {backend.kind} backend has none (it takes random token ids)"
+            )
         if workload.source == "jsonl":
             _check_enough(workload, len(_records(workload)), n_prompts)
         rng = random.Random(seed)
@@ -128,17 +140,21 @@ def experiment_categories(experiment) -> list[str]:
     if workload.source != "jsonl":
         return [""] * n_prompts
     seed = experiment.seed if workload.shuffle_seed < 0 else workload.shuffle_seed
-    categories = [obj.get("category", "") if isinstance(obj, dict) else ""
-                  for obj in map(json.loads, filter(str.strip, resolve(workload.path).read_text(encoding="utf-8").splitlines()))]
+    categories = [
+        obj.get("category", "") if isinstance(obj, dict) else ""
+        for obj in map(json.loads, filter(str.strip, resolve(workload.path).read_text(encoding="utf-8").splitlines()))
+    ]
     if isinstance(experiment.backend, HfBackendConfig):
-        random.Random(seed).shuffle(categories)     # the permutation load_prompts gives the records
+        random.Random(seed).shuffle(categories)  # the permutation load_prompts gives the records
     return [str(c) for c in categories[:n_prompts]]
 
 
 def _check_enough(workload: Workload, n_records: int, n_prompts: int) -> None:
     if n_records < n_prompts:
-        raise ValueError(f"experiment key 'workload.n_prompts': {workload.path} holds {n_records} prompts, "
-                         f"fewer than the {n_prompts} asked for")
+        raise ValueError(
+            f"experiment key 'workload.n_prompts': {workload.path} holds {n_records} prompts, "
+            f"fewer than the {n_prompts} asked for"
+        )
 
 
 def make_prompts(backend: BackendConfig, n_prompts: int, prompt_tokens: int, seed: int) -> list[list[int]]:
@@ -149,11 +165,16 @@ def make_prompts(backend: BackendConfig, n_prompts: int, prompt_tokens: int, see
 def describe(pool: list[list[int]]) -> dict:
     """What sweep.json records about the prompts."""
     lengths = sorted(map(len, pool))
-    return {"prompts": len(pool), "distinct_prompts": len({tuple(p) for p in pool}),
-            "prompt_tokens_min": lengths[0], "prompt_tokens_max": lengths[-1]}
+    return {
+        "prompts": len(pool),
+        "distinct_prompts": len({tuple(p) for p in pool}),
+        "prompt_tokens_min": lengths[0],
+        "prompt_tokens_max": lengths[-1],
+    }
 
 
 # ---- sources ------------------------------------------------------------------------------------
+
 
 def _heldout_texts(backend: BackendConfig) -> list[str]:
     from pairs import corpus
@@ -168,7 +189,7 @@ def _heldout_texts(backend: BackendConfig) -> list[str]:
 def _windows(tokenizer, texts: list[str], n_prompts: int, window: int, seed: int, what: str) -> list[list[int]]:
     rng = random.Random(seed)
     prompts = []
-    tokenizer.model_max_length = 1 << 62      # whole documents are encoded, then cut: no warning
+    tokenizer.model_max_length = 1 << 62  # whole documents are encoded, then cut: no warning
     for _ in range(50 * n_prompts):
         if len(prompts) == n_prompts:
             break
@@ -176,7 +197,7 @@ def _windows(tokenizer, texts: list[str], n_prompts: int, window: int, seed: int
         if len(ids) <= window:
             continue
         start = rng.randrange(0, len(ids) - window)
-        prompts.append(ids[start:start + window])
+        prompts.append(ids[start : start + window])
     if len(prompts) < n_prompts:
         raise ValueError(f"{what} too short for {n_prompts} prompts of {window} tokens")
     return prompts
@@ -216,9 +237,10 @@ def _record(obj):
 
 
 def _messages(messages: list) -> list[dict]:
-    if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                               and isinstance(m.get("content"), str) for m in messages):
-        raise ValueError("messages must be a non-empty list of {\"role\": str, \"content\": str}")
+    if not messages or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise ValueError('messages must be a non-empty list of {"role": str, "content": str}')
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
@@ -226,8 +248,10 @@ def _dataset_records(path: Path, column: str, split: str) -> list:
     try:
         import datasets
     except ImportError:
-        raise ValueError("experiment key 'workload.source': 'datasets' needs the Hugging Face `datasets` "
-                         "package: pip install datasets") from None
+        raise ValueError(
+            "experiment key 'workload.source': 'datasets' needs the Hugging Face `datasets` "
+            "package: pip install datasets"
+        ) from None
     data = datasets.load_from_disk(str(path))
     if isinstance(data, datasets.DatasetDict):
         if split not in data:

@@ -25,6 +25,7 @@ The package, by role: ``config`` (RunConfig, a request's record), ``verifier_cha
 connection to the verifier), ``transport`` (dsd.drive.driver's transport and device), ``client`` (one
 request in each mode), ``app`` (the HTTP API and its runs), ``cli`` (the command line; ``__main__``).
 """
+
 from services.edge.app import Edge, Run
 from services.edge.cli import build, main
 from services.edge.client import Client
@@ -32,5 +33,20 @@ from services.edge.config import Request, RunConfig, RunError, ws_url
 from services.edge.transport import DraftDevice, SessionTransport, _verify_message
 from services.edge.verifier_channel import MAX_RECEIVE_BYTES, VerifierChannel, probe_for_request_s
 
-__all__ = ["MAX_RECEIVE_BYTES", "Client", "DraftDevice", "Edge", "Request", "Run", "RunConfig", "RunError",
-           "SessionTransport", "VerifierChannel", "_verify_message", "build", "main", "probe_for_request_s", "ws_url"]
+__all__ = [
+    "MAX_RECEIVE_BYTES",
+    "Client",
+    "DraftDevice",
+    "Edge",
+    "Request",
+    "Run",
+    "RunConfig",
+    "RunError",
+    "SessionTransport",
+    "VerifierChannel",
+    "_verify_message",
+    "build",
+    "main",
+    "probe_for_request_s",
+    "ws_url",
+]

@@ -1,5 +1,6 @@
 """The edge's HTTP control API (``Edge``): runs started, read back and stopped, the link probed
 and shaped."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,20 +31,30 @@ log = logging.getLogger("services.edge")
 
 
 class Edge:
-    def __init__(self, draft: LanguageModel, emulated: bool, t_draft_s: float, out_dir: Path,
-                 backend_info: dict, token: str | None = None, shape_link: bool = False,
-                 spin: spinwait.SpinConfig = spinwait.SpinConfig(), tokenizer=None, model_name: str = "") -> None:
+    def __init__(
+        self,
+        draft: LanguageModel,
+        emulated: bool,
+        t_draft_s: float,
+        out_dir: Path,
+        backend_info: dict,
+        token: str | None = None,
+        shape_link: bool = False,
+        spin: spinwait.SpinConfig = spinwait.SpinConfig(),
+        tokenizer=None,
+        model_name: str = "",
+    ) -> None:
         self.draft = draft
-        self.spin = spin            # services.spinwait: the loop polls for a lone run's verdicts
-        self.shaping = ShapingApi(shape_link, self.probe_rtts)   # GET/PUT/DELETE /link, POST /link/probe
-        self.token = token          # sent to the verifier, and required on /runs
+        self.spin = spin  # services.spinwait: the loop polls for a lone run's verdicts
+        self.shaping = ShapingApi(shape_link, self.probe_rtts)  # GET/PUT/DELETE /link, POST /link/probe
+        self.token = token  # sent to the verifier, and required on /runs
         self.t_draft_s = t_draft_s
         self.out_dir = out_dir
         self.backend_info = backend_info
         self.runs: dict[str, Run] = {}
         self._thread_device = None if emulated else ThreadDevice()
-        self._timer = PreciseTimer()          # every run's emulated device waits on it
-        self.tokenizer, self.model_name = tokenizer, model_name    # the OpenAI-compatible API's (None: none)
+        self._timer = PreciseTimer()  # every run's emulated device waits on it
+        self.tokenizer, self.model_name = tokenizer, model_name  # the OpenAI-compatible API's (None: none)
         self.openai: OpenAIServing | None = None
 
     def app(self) -> web.Application:
@@ -52,8 +63,11 @@ class Edge:
             """A run names the verifier this edge connects to: only a holder of the token may post
             or read one. /health stays open for readiness polls; /v1/ checks the token itself, answering
             in the OpenAI-compatible API's own error shape."""
-            if request.path != "/health" and not request.path.startswith("/v1/") \
-                    and (refused := access.refusal(request, self.token, log)) is not None:
+            if (
+                request.path != "/health"
+                and not request.path.startswith("/v1/")
+                and (refused := access.refusal(request, self.token, log)) is not None
+            ):
                 return refused
             return await handler(request)
 
@@ -80,20 +94,36 @@ class Edge:
     def _add_openai(self, app: web.Application) -> None:
         """/v1/ (the OpenAI-compatible API) and GET/PUT /openai (its settings), decoding on this
         edge's draft and device."""
-        self.openai = openai = OpenAIServing(self.draft, self._thread_device or EmulatedDevice(self._timer), self.t_draft_s,
-                                    self._timer, self.token, self.out_dir, self.backend_info, self.tokenizer,
-                                    self.model_name, lambda: sum(r.status == "running" for r in self.runs.values()))
+        self.openai = openai = OpenAIServing(
+            self.draft,
+            self._thread_device or EmulatedDevice(self._timer),
+            self.t_draft_s,
+            self._timer,
+            self.token,
+            self.out_dir,
+            self.backend_info,
+            self.tokenizer,
+            self.model_name,
+            lambda: sum(r.status == "running" for r in self.runs.values()),
+        )
         routes.add_routes(app, openai, self.token)
 
     async def health(self, _request: web.Request) -> web.Response:
         statuses = [r.status for r in self.runs.values()]
-        return web.json_response({"status": "ok", "role": "edge", "draft": self.draft.name,
-                                  "runs": {s: statuses.count(s) for s in set(statuses)}})
+        return web.json_response(
+            {
+                "status": "ok",
+                "role": "edge",
+                "draft": self.draft.name,
+                "runs": {s: statuses.count(s) for s in set(statuses)},
+            }
+        )
 
     async def probe_rtts(self, verifier_url: str, count: int, interval_s: float, app_delay_ms: float) -> list[float]:
         """RTTs (ms) of `count` Ping/Pong probes on a WebSocket of their own, as a run measures."""
-        channel = VerifierChannel(ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token,
-                            frames.DEFAULT_TRANSPORT)
+        channel = VerifierChannel(
+            ws_url(verifier_url), app_delay_ms / 1000, self._timer, self.token, frames.DEFAULT_TRANSPORT
+        )
         try:
             await channel.connect("link-probe")
             rtts_ms = []
@@ -122,7 +152,7 @@ class Edge:
         run = self.runs.get(request.match_info["run_id"])
         if run is None:
             return web.json_response({"error": "no such run"}, status=404)
-        selector = spinwait.selector_of()      # what the loop's polling did so far (the process's)
+        selector = spinwait.selector_of()  # what the loop's polling did so far (the process's)
         return web.json_response({**run.summary(), "spin": selector.stats() if selector else asdict(self.spin)})
 
     async def get_csv(self, request: web.Request) -> web.StreamResponse:
@@ -136,8 +166,15 @@ class Edge:
     async def _run(self, run: Run) -> None:
         config = run.config
         clock = EdgeClock()
-        writer = TraceWriter(run.folder, {"run": asdict(config), "backend": self.backend_info,
-                                          "t_draft_edge_s": self.t_draft_s, "spin": asdict(self.spin)})
+        writer = TraceWriter(
+            run.folder,
+            {
+                "run": asdict(config),
+                "backend": self.backend_info,
+                "t_draft_edge_s": self.t_draft_s,
+                "spin": asdict(self.spin),
+            },
+        )
         channel = VerifierChannel(config.ws_url, config.app_delay_ms / 1000, self._timer, self.token, config.transport)
         channel.rto_max_ms = config.tcp_rto_max_ms
         channel.alone = lambda: sum(r.status == "running" for r in self.runs.values()) == 1
@@ -166,12 +203,15 @@ class Edge:
                     if not deadline.expired():
                         raise
                     if not config.request_deadline_s:
-                        raise RunError(f"request {index}: not done within request_timeout_s "
-                                       f"{config.request_timeout_s}") from None
-                    if request.tokens is None:      # else only the session's Close was still on its way
-                        request.gave_up = (f"deadline: not done within request_deadline_s "
-                                           f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
-                                           f"link {channel.closed_reason or 'up'})")
+                        raise RunError(
+                            f"request {index}: not done within request_timeout_s {config.request_timeout_s}"
+                        ) from None
+                    if request.tokens is None:  # else only the session's Close was still on its way
+                        request.gave_up = (
+                            f"deadline: not done within request_deadline_s "
+                            f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
+                            f"link {channel.closed_reason or 'up'})"
+                        )
                     if request.session is not None:
                         await channel.abandon(request.session)
                 request_row(writer, clock, channel, request)
@@ -179,7 +219,7 @@ class Edge:
                 run.tokens += request.n_emitted if request.gave_up else len(request.tokens or ())
                 request = None
             run.status = "done"
-        except Exception as exc:          # any failure ends the run and is recorded as rows
+        except Exception as exc:  # any failure ends the run and is recorded as rows
             log.exception("run %s failed", config.run_id)
             run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
             error_rows(writer, channel, run, request)
@@ -210,11 +250,18 @@ class Edge:
             else:
                 await client.on_server(request, (decision.gamma, decision.mode))
             client.last_request_end_s = request.t_last_s or client.last_request_end_s
-            return RequestOutcome(request.tokens or [], _since_start_s(request, request.t_last_s),
-                                  _since_start_s(request, request.t_first_s), request.first_emitted)
+            return RequestOutcome(
+                request.tokens or [],
+                _since_start_s(request, request.t_last_s),
+                _since_start_s(request, request.t_first_s),
+                request.first_emitted,
+            )
 
-        shadow = ShadowDraft(client.draft, f"{config.run_id}/{request.index}", request.prompt) \
-            if config.temperature == 0 else None
+        shadow = (
+            ShadowDraft(client.draft, f"{config.run_id}/{request.index}", request.prompt)
+            if config.temperature == 0
+            else None
+        )
         await request_cycle(controller, rtt_s, run, shadow)
 
 

@@ -1,5 +1,6 @@
 """The edge service (the device): the draft, an HTTP API for the orchestrator, and the client of
 every mode; its command line (``python -m services.edge``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     app, args = build(argv)
     freeze_startup_heap()
     # A Unix socket as well, for an orchestrator outside this process's network namespace.
-    web.run_app(app, host=args.host, port=args.port, path=args.unix_socket or None,
-                print=None, access_log=None, loop=spinwait.new_event_loop(args.spin))
+    web.run_app(
+        app,
+        host=args.host,
+        port=args.port,
+        path=args.unix_socket or None,
+        print=None,
+        access_log=None,
+        loop=spinwait.new_event_loop(args.spin),
+    )
 
 
 def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
@@ -41,13 +49,19 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--unix-socket", default="", help="also serve HTTP on this Unix socket path")
     parser.add_argument("--out-dir", default="", help="where run folders go (default: a new dsd-edge-* temp folder)")
-    parser.add_argument("--openai-json", default="",
-                        help="serve the OpenAI-compatible API (/v1/) with these settings from the start, "
-                             "a JSON object of services/edge/openai_api/config.py ServeConfig's fields "
-                             "(verifier_url, mode, gamma, ...); else PUT /openai sets them")
-    parser.add_argument("--shape-link", action="store_true",
-                        help="let the control API shape this edge's link from inside its network namespace "
-                             "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)")
+    parser.add_argument(
+        "--openai-json",
+        default="",
+        help="serve the OpenAI-compatible API (/v1/) with these settings from the start, "
+        "a JSON object of services/edge/openai_api/config.py ServeConfig's fields "
+        "(verifier_url, mode, gamma, ...); else PUT /openai sets them",
+    )
+    parser.add_argument(
+        "--shape-link",
+        action="store_true",
+        help="let the control API shape this edge's link from inside its network namespace "
+        "(PUT /link; needs CAP_NET_ADMIN and CAP_NET_RAW here)",
+    )
     add_backend_args(parser)
     access.add_access_args(parser)
     spinwait.add_spin_args(parser)
@@ -63,17 +77,35 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
         parser.error(str(exc))
     access.check_host(args.host, args.allow_any_host, log)
     draft, _target = load_pair(backend)
-    del _target      # the edge hosts the draft only
+    del _target  # the edge hosts the draft only
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="dsd-edge-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     t_draft_s = profile.t_draft_edge_s if profile and backend.emulated else 0.0
     trace = backend.trace() if isinstance(backend, SyntheticBackendConfig) else None
-    edge = Edge(draft, backend.emulated, t_draft_s, out_dir,
-                {"kind": backend.kind, "draft": draft.name, "profile": asdict(profile) if profile else None,
-                 "acceptance_trace": trace.summary() if trace else None}, token, shape_link=args.shape_link,
-                spin=args.spin, **openai_text(backend))
-    log.info("edge on %s:%s backend=%s out_dir=%s spin=%s", args.host, args.port, backend.kind, out_dir,
-             json.dumps(asdict(args.spin)))
+    edge = Edge(
+        draft,
+        backend.emulated,
+        t_draft_s,
+        out_dir,
+        {
+            "kind": backend.kind,
+            "draft": draft.name,
+            "profile": asdict(profile) if profile else None,
+            "acceptance_trace": trace.summary() if trace else None,
+        },
+        token,
+        shape_link=args.shape_link,
+        spin=args.spin,
+        **openai_text(backend),
+    )
+    log.info(
+        "edge on %s:%s backend=%s out_dir=%s spin=%s",
+        args.host,
+        args.port,
+        backend.kind,
+        out_dir,
+        json.dumps(asdict(args.spin)),
+    )
     app = edge.app()
     if serve is not None:
         openai = edge.openai

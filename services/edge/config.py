@@ -1,5 +1,6 @@
 """A run's config (``RunConfig``: the JSON body of POST /runs, validated on construction),
 the errors that end a run, and one request's record (``Request``)."""
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ from dsd.cache.speculation_cache import CacheConfig
 from services import frames
 
 
-RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")      # a run id is a file name: no path, no spaces
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # a run id is a file name: no path, no spaces
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RunConfig:
     top_p: float = 1.0
     app_delay_ms: float = 0.0
     stop_at_eos: bool = True
-    probe_count: int = 5              # RTT probes before the run
+    probe_count: int = 5  # RTT probes before the run
     probe_interval_ms: float = 500.0  # and one every so often during it
     request_timeout_s: float = 600.0  # a request not done by then fails the run (a hung service)
     # 0 = none; else a request not done this long after its start is given up as a real client
@@ -45,8 +46,8 @@ class RunConfig:
     # cap TCP's retransmission backoff on the link (frames.cap_retransmission_backoff): after an
     # outage the request resumes within this of the link's return; 0 = the kernel's backoff
     tcp_rto_max_ms: int = 0
-    controller: str = "static"        # dsd.controller.interface: who picks each round's gamma and mode
-    gamma_max: int = GAMMA_MAX        # the largest gamma a controller may pick
+    controller: str = "static"  # dsd.controller.interface: who picks each round's gamma and mode
+    gamma_max: int = GAMMA_MAX  # the largest gamma a controller may pick
     # what an adaptive controller may pick per request (ar/colocated: the request runs on the
     # server) and per round (sync/pipelined)
     controller_modes: tuple[str, ...] = plannable_edge_modes()
@@ -69,9 +70,15 @@ class RunConfig:
             raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
         if not isinstance(self.client_id, str) or not self.client_id:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
-        get_mode(self.mode)                 # dsd/modes.py: a ValueError naming the known modes
-        for name, low in (("gamma", 1), ("max_new_tokens", 1), ("max_in_flight", 1), ("seed", 0),
-                          ("probe_count", 0), ("tcp_rto_max_ms", 0)):
+        get_mode(self.mode)  # dsd/modes.py: a ValueError naming the known modes
+        for name, low in (
+            ("gamma", 1),
+            ("max_new_tokens", 1),
+            ("max_in_flight", 1),
+            ("seed", 0),
+            ("probe_count", 0),
+            ("tcp_rto_max_ms", 0),
+        ):
             value = getattr(self, name)
             if not (is_int(value) and value >= low):
                 raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
@@ -80,25 +87,39 @@ class RunConfig:
         if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "top_p", float(self.top_p))
-        for name, least in (("temperature", 0.0), ("app_delay_ms", 0.0), ("probe_interval_ms", 1.0),
-                            ("request_timeout_s", 0.001), ("start_at_unix_s", 0.0),
-                            ("request_deadline_s", 0.0)):
+        for name, least in (
+            ("temperature", 0.0),
+            ("app_delay_ms", 0.0),
+            ("probe_interval_ms", 1.0),
+            ("request_timeout_s", 0.001),
+            ("start_at_unix_s", 0.0),
+            ("request_deadline_s", 0.0),
+        ):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value) and value >= least):
+            if not (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= least
+            ):
                 raise ValueError(f"{name} must be a finite number >= {least}, got {value!r}")
-            object.__setattr__(self, name, float(value))      # JSON may say 15 for 15.0
+            object.__setattr__(self, name, float(value))  # JSON may say 15 for 15.0
         if not isinstance(self.stop_at_eos, bool):
             raise ValueError(f"stop_at_eos must be true or false, got {self.stop_at_eos!r}")
         if not self.prompts or not all(
-                isinstance(p, tuple) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in self.prompts):
+            isinstance(p, tuple) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in self.prompts
+        ):
             raise ValueError("prompts must be a non-empty list of non-empty lists of token ids >= 0")
         if isinstance(self.categories, list):
             object.__setattr__(self, "categories", tuple(self.categories))
-        if not isinstance(self.categories, tuple) or not all(isinstance(c, str) for c in self.categories) \
-                or len(self.categories) not in (0, len(self.prompts)):
-            raise ValueError(f"categories must be empty or one string per prompt ({len(self.prompts)}), "
-                             f"got {self.categories!r:.120}")
+        if (
+            not isinstance(self.categories, tuple)
+            or not all(isinstance(c, str) for c in self.categories)
+            or len(self.categories) not in (0, len(self.prompts))
+        ):
+            raise ValueError(
+                f"categories must be empty or one string per prompt ({len(self.prompts)}), got {self.categories!r:.120}"
+            )
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         frames.check_transport(self.transport)
@@ -106,20 +127,28 @@ class RunConfig:
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
         if self.controller != "static" and self.mode not in edge_modes():
-            raise ValueError(f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), "
-                             f"got {self.mode!r}")
+            raise ValueError(
+                f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), got {self.mode!r}"
+            )
         if isinstance(self.cache, dict):
             check_json_fields(CacheConfig, self.cache, "cache")
             object.__setattr__(self, "cache", CacheConfig(**self.cache))
         if not isinstance(self.cache, CacheConfig):
-            raise ValueError(f"cache must be a table of {sorted(f.name for f in fields(CacheConfig))}, got {self.cache!r}")
+            raise ValueError(
+                f"cache must be a table of {sorted(f.name for f in fields(CacheConfig))}, got {self.cache!r}"
+            )
         if isinstance(self.controller_modes, list):
             object.__setattr__(self, "controller_modes", tuple(self.controller_modes))
-        self.controller_config()            # gamma_max, controller_modes: checked there
+        self.controller_config()  # gamma_max, controller_modes: checked there
 
     def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(self.controller, self.gamma, self.mode if self.mode in edge_modes()
-                                else SYNC, self.gamma_max, self.controller_modes)
+        return ControllerConfig(
+            self.controller,
+            self.gamma,
+            self.mode if self.mode in edge_modes() else SYNC,
+            self.gamma_max,
+            self.controller_modes,
+        )
 
     @classmethod
     def from_json(cls, body) -> RunConfig:
@@ -165,6 +194,7 @@ def ws_url(verifier_url: str) -> str:
 @dataclass
 class Request:
     """What a request needs and what it measured (times on perf_counter)."""
+
     index: int
     prompt: list[int]
     config: RunConfig
@@ -176,11 +206,11 @@ class Request:
     tokens: list[int] | None = None
     rounds: int = 0
     stale_rounds: int = 0
-    session: int | None = None         # its session on the link, once opened
-    n_emitted: int = 0                 # tokens received so far (what a request given up got)
-    gave_up: str = ""                  # why the client gave it up (its deadline), else empty
-    seed: int | None = None            # its sampling seed; None: the run's seed + its index
-    request_id: str = ""               # the HTTP client's X-Request-ID (the OpenAI-compatible API)
+    session: int | None = None  # its session on the link, once opened
+    n_emitted: int = 0  # tokens received so far (what a request given up got)
+    gave_up: str = ""  # why the client gave it up (its deadline), else empty
+    seed: int | None = None  # its sampling seed; None: the run's seed + its index
+    request_id: str = ""  # the HTTP client's X-Request-ID (the OpenAI-compatible API)
     # who reads the tokens as they are committed (the OpenAI-compatible API streams them)
     on_tokens: Callable[[float, Sequence[int]], None] | None = None
 

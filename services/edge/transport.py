@@ -1,5 +1,6 @@
 """dsd.drive.driver's transport and device on the edge: a DSD session on the verifier channel
 (``SessionTransport``) and the draft device (``DraftDevice``, emulated or real)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from dsd.drive.arrivals import AcknowledgedArrival, Arrival, ServedArrival, ServerRound, VerdictArrival, WithdrawnArrival
+from dsd.drive.arrivals import (
+    AcknowledgedArrival,
+    Arrival,
+    ServedArrival,
+    ServerRound,
+    VerdictArrival,
+    WithdrawnArrival,
+)
 from dsd.backends.protocol import SamplingParams, Verdict
 from dsd.features import FeatureBlock, decode as decode_features
 from dsd.modes import get_mode
@@ -26,29 +34,36 @@ class SessionTransport:
     hands_over = True
     withdraws = True
 
-    def __init__(self, channel: VerifierChannel, session: int, inbox: asyncio.Queue, request: Request,
-                 sampling: SamplingParams) -> None:
+    def __init__(
+        self, channel: VerifierChannel, session: int, inbox: asyncio.Queue, request: Request, sampling: SamplingParams
+    ) -> None:
         self.channel, self.session, self.inbox, self.request, self.sampling = channel, session, inbox, request, sampling
         self.ready_s = time.perf_counter()
-        self.opened = False        # the verifier's Opened is in
-        self.in_flight = 0         # blocks sent and not yet answered
+        self.opened = False  # the verifier's Opened is in
+        self.in_flight = 0  # blocks sent and not yet answered
         # services.spinwait (None: the loop never polls, and nothing below is tracked)
         self._selector = spinwait.selector_of()
-        self._sent_s: list[float] = []     # when each block in flight went out, oldest first
-        self._segments_sent_s: dict[int, float] = {}    # a hand-over Generate's seq -> its send, until Queued
-        self._segments: list[int] = []                  # the seqs of the segments asked, oldest first
-        self._withdrawing = False                       # a Withdraw waits for its Withdrawn
+        self._sent_s: list[float] = []  # when each block in flight went out, oldest first
+        self._segments_sent_s: dict[int, float] = {}  # a hand-over Generate's seq -> its send, until Queued
+        self._segments: list[int] = []  # the seqs of the segments asked, oldest first
+        self._withdrawing = False  # a Withdraw waits for its Withdrawn
 
     @property
     def quiet(self) -> bool:
         """Nothing can arrive for this session or its channel until it sends again: its Opened and
         every verdict and segment acknowledgement are in, and no ping waits for its answer."""
-        return (self.opened and self.in_flight == 0 and not self._segments_sent_s and not self._withdrawing
-                and not self.channel.awaiting_reply)
+        return (
+            self.opened
+            and self.in_flight == 0
+            and not self._segments_sent_s
+            and not self._withdrawing
+            and not self.channel.awaiting_reply
+        )
 
     def prepare(self, proposals) -> list[bytes]:
-        return [wire.encode(_verify_message(self.channel.next_seq(), self.session, p, self.sampling))
-                for p in proposals]
+        return [
+            wire.encode(_verify_message(self.channel.next_seq(), self.session, p, self.sampling)) for p in proposals
+        ]
 
     async def send(self, frames: list[bytes], after=None) -> list[float]:
         self.in_flight += len(frames)
@@ -56,14 +71,20 @@ class SessionTransport:
         if self._selector is not None:
             self._sent_s += sent
             expected_s = self.channel.verdict_gaps.expected_s()
-            if expected_s is not None and self.in_flight == 1 and self.channel.alone() and not self.channel.shared_lately():
-                self._selector.expect(sent[-1] + expected_s)      # a sync block: poll for its verdict when due
+            if (
+                expected_s is not None
+                and self.in_flight == 1
+                and self.channel.alone()
+                and not self.channel.shared_lately()
+            ):
+                self._selector.expect(sent[-1] + expected_s)  # a sync block: poll for its verdict when due
         return sent
 
     async def generate(self, mode: str, gamma: int, max_tokens: int, after=None) -> float:
         seq = self.channel.next_seq()
-        t_send_s = await self.channel.send(wire.Generate(seq, self.session, mode,
-                                                      gamma if get_mode(mode).speculative else 0, max_tokens))
+        t_send_s = await self.channel.send(
+            wire.Generate(seq, self.session, mode, gamma if get_mode(mode).speculative else 0, max_tokens)
+        )
         self._segments_sent_s[seq] = t_send_s
         self._segments.append(seq)
         return t_send_s
@@ -92,17 +113,19 @@ class SessionTransport:
     def arrival(self, t_receive_s: float, m) -> Arrival | None:
         """The verdict a message carries (None for the session's Opened); a verifier error ends
         the request."""
-        if isinstance(m, wire.Queued):          # a segment's acknowledgement: the link's round trip
-            t_send_s = self._segments_sent_s.pop(m.seq, None)     # (no draft pass waits for it)
+        if isinstance(m, wire.Queued):  # a segment's acknowledgement: the link's round trip
+            t_send_s = self._segments_sent_s.pop(m.seq, None)  # (no draft pass waits for it)
             if t_send_s is None:
                 raise RunError(f"request {self.request.index}: Queued for seq {m.seq}, no segment sent as it")
             return AcknowledgedArrival(max(t_receive_s - t_send_s - m.held_s, 0.0), t_receive_s, message=m)
-        if isinstance(m, wire.Withdrawn):       # the last segments asked, dropped before they started
-            if not self._withdrawing or m.segments != self._segments[len(self._segments) - len(m.segments):]:
-                raise RunError(f"request {self.request.index}: Withdrawn {m.segments} is not the tail of the "
-                               f"segments asked ({self._segments})")
+        if isinstance(m, wire.Withdrawn):  # the last segments asked, dropped before they started
+            if not self._withdrawing or m.segments != self._segments[len(self._segments) - len(m.segments) :]:
+                raise RunError(
+                    f"request {self.request.index}: Withdrawn {m.segments} is not the tail of the "
+                    f"segments asked ({self._segments})"
+                )
             self._withdrawing = False
-            del self._segments[len(self._segments) - len(m.segments):]
+            del self._segments[len(self._segments) - len(m.segments) :]
             return WithdrawnArrival(len(m.segments), t_receive_s, message=m)
         self.ready_s = max(self.ready_s, t_receive_s)
         if isinstance(m, wire.Error):
@@ -111,8 +134,13 @@ class SessionTransport:
             self.opened = True
             return None
         if isinstance(m, wire.Tokens):
-            return ServedArrival(ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done,
-                                             self.features(m.features)), t_receive_s, m.queue_s, m.compute_s, m)
+            return ServedArrival(
+                ServerRound(m.proposed, m.accepted, tuple(m.tokens), m.done, self.features(m.features)),
+                t_receive_s,
+                m.queue_s,
+                m.compute_s,
+                m,
+            )
         if not isinstance(m, wire.Verified):
             raise RunError(f"unexpected {type(m).__name__} in a DSD session")
         self.in_flight -= 1
@@ -122,8 +150,13 @@ class SessionTransport:
             if not m.stale:
                 self.channel.note_verdict(m.queue_s, m.batch_size)
             self._selector.cancel()
-        return VerdictArrival(Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale,
-                                      self.features(m.features)), t_receive_s, m.queue_s, m.compute_s, m)
+        return VerdictArrival(
+            Verdict(m.start_pos, m.proposed, m.accepted, m.next_token, m.stale, self.features(m.features)),
+            t_receive_s,
+            m.queue_s,
+            m.compute_s,
+            m,
+        )
 
     def features(self, data: bytes | None) -> FeatureBlock | None:
         """A reply's features field as a FeatureBlock (None when it carries none)."""
@@ -137,6 +170,7 @@ class SessionTransport:
 
 Result = TypeVar("Result")
 
+
 class DraftDevice:
     """The edge's device as dsd.drive.driver's device: emulated (charged t_draft_s a step, starting when
     its input was ready) or real (the device thread). A block is one pass: one wait instead of a
@@ -149,24 +183,25 @@ class DraftDevice:
     def __init__(self, device, t_draft_s: float, transport: SessionTransport) -> None:
         self.device, self.t_draft_s, self.transport = device, t_draft_s, transport
 
-    async def draft(self, work: Callable[[], None], n_steps: float,
-                    then: Callable[[], Result]) -> tuple[Result, float]:
+    async def draft(self, work: Callable[[], None], n_steps: float, then: Callable[[], Result]) -> tuple[Result, float]:
         if isinstance(self.device, ThreadDevice) and self.device.runs == 1 and self.transport.quiet:
             result, start_s, _ = self.device.run_here(work, lambda *_: then())
             return result, start_s
-        result, start_s, _ = await self.device.run(work, n_steps * self.t_draft_s, self.transport.ready_s,
-                                                   lambda *_: then())
+        result, start_s, _ = await self.device.run(
+            work, n_steps * self.t_draft_s, self.transport.ready_s, lambda *_: then()
+        )
         return result, start_s
 
 
 def _verify_message(seq: int, session: int, proposal, sampling: SamplingParams) -> wire.Verify:
     dense = ids = values = None
     if proposal.draft_probs is not None:
-        q = proposal.draft_probs.float()                                # [gamma, vocab]
+        q = proposal.draft_probs.float()  # [gamma, vocab]
         if wire.probs_encoding(sampling.temperature, sampling.top_k, sampling.top_p) == "sparse":
             ids = [row.nonzero().flatten().tolist() for row in q]
             values = [q[i, row].tolist() for i, row in enumerate(ids)]
         else:
             dense = q.contiguous().numpy().astype("<f4").tobytes()
-    return wire.Verify(seq, session, proposal.start_pos, proposal.base_digest, list(proposal.draft_tokens),
-                       dense, ids, values)
+    return wire.Verify(
+        seq, session, proposal.start_pos, proposal.base_digest, list(proposal.draft_tokens), dense, ids, values
+    )

@@ -1,6 +1,7 @@
 """The edge's one channel to the verifier (``VerifierChannel``: its WebSocket, or a frame
 connection): replies routed to their session, probes of the link's RTT, and ``app_delay_ms`` in
 each direction."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,11 +19,12 @@ from services.edge.config import RunError
 
 
 log = logging.getLogger("services.edge")
-MAX_RECEIVE_BYTES = 64 << 20       # the largest message this client takes from the verifier
+MAX_RECEIVE_BYTES = 64 << 20  # the largest message this client takes from the verifier
 
 
-def probe_for_request_s(probe_ms: float | None, probe_sent_s: float | None,
-                        previous_end_s: float | None) -> float | None:
+def probe_for_request_s(
+    probe_ms: float | None, probe_sent_s: float | None, previous_end_s: float | None
+) -> float | None:
     """The RTT (s) a request is decided on: the last periodic probe, if it was sent after the
     previous request's last arrival; else None (the controller's running estimate, whose latest
     samples are that request's own round trips, which a probe sent before them cannot be newer
@@ -40,8 +42,9 @@ class VerifierChannel:
     replies routed to their session (or to the request that waits for them), each direction
     delayed by ``delay_s`` in order, RTT probes."""
 
-    def __init__(self, url: str, delay_s: float, timer: PreciseTimer, token: str | None = None,
-                 transport: str = "ws") -> None:
+    def __init__(
+        self, url: str, delay_s: float, timer: PreciseTimer, token: str | None = None, transport: str = "ws"
+    ) -> None:
         self.url = url
         self.transport = frames.check_transport(transport)
         self._frames: frames.FrameProtocol | None = None
@@ -49,12 +52,12 @@ class VerifierChannel:
         self.delay_s = delay_s
         self.timer = timer
         self.rtt_probe_ms: float | None = None
-        self.rtt_probe_sent_s: float | None = None     # perf_counter when that probe was sent
+        self.rtt_probe_sent_s: float | None = None  # perf_counter when that probe was sent
         self.welcome: wire.Welcome | None = None
         self._seqs = itertools.count(1)
         self._session_ids = itertools.count(1)
         self._inboxes: dict[int, asyncio.Queue] = {}
-        self._abandoned: set[int] = set()     # sessions given up: what still comes for them is dropped
+        self._abandoned: set[int] = set()  # sessions given up: what still comes for them is dropped
         self._waiting: dict[int, asyncio.Future] = {}
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._incoming: asyncio.Queue = asyncio.Queue()
@@ -62,7 +65,7 @@ class VerifierChannel:
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self.closed_reason: str | None = None
-        self.rto_max_ms = 0                    # RunConfig.tcp_rto_max_ms
+        self.rto_max_ms = 0  # RunConfig.tcp_rto_max_ms
         # services.spinwait: how long a block's verdict took lately, and whether this channel's run
         # is the only one of the process (only then may the loop poll for the verdict)
         self.verdict_gaps = spinwait.Gaps()
@@ -76,7 +79,7 @@ class VerifierChannel:
         return any(self.verdicts_shared)
 
     def note_verdict(self, queue_s: float, batch_size: int) -> None:
-        self.verdicts_shared = (self.verdicts_shared + [queue_s > 1e-4 or batch_size > 1])[-self.verdict_gaps.keep:]
+        self.verdicts_shared = (self.verdicts_shared + [queue_s > 1e-4 or batch_size > 1])[-self.verdict_gaps.keep :]
 
     async def connect(self, client_id: str, timeout_s: float = 30.0) -> wire.Welcome:
         if self.transport == "tcp":
@@ -84,18 +87,28 @@ class VerifierChannel:
             if url.host is None or url.port is None:
                 raise RunError(f"verifier URL {self.url!r}: no host and port to connect to")
             try:
-                self._frames = await asyncio.wait_for(frames.open_connection(
-                    url.host, url.port, self.token, MAX_RECEIVE_BYTES, self._on_frame, self._fail), timeout_s)
+                self._frames = await asyncio.wait_for(
+                    frames.open_connection(
+                        url.host, url.port, self.token, MAX_RECEIVE_BYTES, self._on_frame, self._fail
+                    ),
+                    timeout_s,
+                )
             except OSError as exc:
                 raise RunError(f"cannot connect to the verifier's data port {url.host}:{url.port}: {exc}") from None
         else:
             self._http = aiohttp.ClientSession()
             try:
-                self._ws = await asyncio.wait_for(self._http.ws_connect(
-                    self.url, max_msg_size=MAX_RECEIVE_BYTES, headers=access.bearer_header(self.token)), timeout_s)
+                self._ws = await asyncio.wait_for(
+                    self._http.ws_connect(
+                        self.url, max_msg_size=MAX_RECEIVE_BYTES, headers=access.bearer_header(self.token)
+                    ),
+                    timeout_s,
+                )
             except aiohttp.WSServerHandshakeError as exc:
-                raise RunError(f"verifier refused the connection: HTTP {exc.status} {exc.message}"
-                               f"{' (token sent)' if self.token else ' (no token)'}") from None
+                raise RunError(
+                    f"verifier refused the connection: HTTP {exc.status} {exc.message}"
+                    f"{' (token sent)' if self.token else ' (no token)'}"
+                ) from None
             self._tasks = [asyncio.create_task(self._read())]
         if self._ws is not None:
             sock = self._ws.get_extra_info("socket")
@@ -103,12 +116,14 @@ class VerifierChannel:
             sock = self._frames.made_transport().get_extra_info("socket") if self._frames is not None else None
         frames.cap_retransmission_backoff(sock, self.rto_max_ms)
         if self.delay_s > 0:
-            self._tasks += [asyncio.create_task(self._release_outgoing()),
-                            asyncio.create_task(self._release_incoming())]
+            self._tasks += [
+                asyncio.create_task(self._release_outgoing()),
+                asyncio.create_task(self._release_incoming()),
+            ]
         token_note = (" (token sent)" if self.token else " (no token)") if self._frames else ""
         try:
             _, welcome = await asyncio.wait_for(self.request(wire.Hello(self.next_seq(), client_id)), timeout_s)
-        except RunError:      # a frame connection's refusal may close the channel before the Hello goes out
+        except RunError:  # a frame connection's refusal may close the channel before the Hello goes out
             raise RunError(f"verifier refused the connection: {self.closed_reason}{token_note}") from None
         if isinstance(welcome, wire.Error):
             raise RunError(f"verifier refused the connection: {welcome.code}: {welcome.message}{token_note}")
@@ -170,7 +185,7 @@ class VerifierChannel:
             try:
                 await self._send_now(data)
                 return t_send_s
-            except (OSError, aiohttp.ClientError) as exc:    # the drop, seen by the writer before the reader
+            except (OSError, aiohttp.ClientError) as exc:  # the drop, seen by the writer before the reader
                 self._fail(f"send failed, connection lost: {type(exc).__name__}: {exc}")
         # the code a waiting session is handed too (_fail): either may see the drop first
         raise RunError(f"verifier error {wire.LINK_DOWN} (link to the verifier is down): {self.closed_reason}")
@@ -213,20 +228,22 @@ class VerifierChannel:
                 else:
                     self._deliver(t_receive_s, msg.data)
             self._fail(f"connection closed (code {ws.close_code})")
-        except Exception as exc:        # anything that ends the reader ends the channel
+        except Exception as exc:  # anything that ends the reader ends the channel
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _on_frame(self, t_receive_s: float, data) -> None:
         """A frame as the frame connection reads it (no reader task: straight from the socket)."""
         try:
             if isinstance(data, frames.Oversize):
-                raise RunError(f"a message of {data.n_bytes} bytes from the verifier exceeds this client's "
-                               f"limit of {MAX_RECEIVE_BYTES} bytes")
+                raise RunError(
+                    f"a message of {data.n_bytes} bytes from the verifier exceeds this client's "
+                    f"limit of {MAX_RECEIVE_BYTES} bytes"
+                )
             if self.delay_s > 0:
                 self._incoming.put_nowait((t_receive_s + self.delay_s, data))
             else:
                 self._deliver(t_receive_s, data)
-        except Exception as exc:        # as in _read: anything that ends the reader ends the channel
+        except Exception as exc:  # as in _read: anything that ends the reader ends the channel
             reason = f"{type(exc).__name__}: {exc}"
             self._fail(reason)
             if self._frames is not None:
@@ -240,10 +257,10 @@ class VerifierChannel:
         elif session is not None and session in self._abandoned:
             pass
         elif message.seq in self._waiting:
-            if not self._waiting[message.seq].done():      # its waiter may have been cancelled
+            if not self._waiting[message.seq].done():  # its waiter may have been cancelled
                 self._waiting[message.seq].set_result((t_receive_s, message))
         elif isinstance(message, wire.Error) and message.seq is None and message.session is None:
-            self._fail(f"verifier: {message.code}: {message.message}")     # about the connection
+            self._fail(f"verifier: {message.code}: {message.message}")  # about the connection
         else:
             log.warning("dropped a reply nobody waits for: %s", message)
 

@@ -26,11 +26,21 @@ one device's queue of passes, batched), ``frame_stamps`` (when a frame reached a
 did not read at once), ``server`` (the ``Verifier`` made of those), ``cli`` (the command line;
 ``__main__``).
 """
+
 from services.verifier.cli import build, main
 from services.verifier.connection import Connection, Served
 from services.verifier.http import VERIFIER_KEY
 from services.verifier.limits import INFLIGHT, INT63_MAX, VerifierLimits
 from services.verifier.server import Verifier
 
-__all__ = ["INFLIGHT", "INT63_MAX", "VERIFIER_KEY", "Connection", "Served", "Verifier", "VerifierLimits", "build",
-           "main"]
+__all__ = [
+    "INFLIGHT",
+    "INT63_MAX",
+    "VERIFIER_KEY",
+    "Connection",
+    "Served",
+    "Verifier",
+    "VerifierLimits",
+    "build",
+    "main",
+]

@@ -1,5 +1,6 @@
 """A client's connection and its sessions (``Connection``, ``Served``): what each holds, its
 sends, and the bookkeeping of requests in flight and withdrawn segments."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,16 +19,17 @@ from services.verifier.limits import INFLIGHT
 @dataclass
 class Served:
     """One session: the target's side of one request, and the queue of its messages."""
-    number: int                     # unique in this process: the models' sequence id
+
+    number: int  # unique in this process: the models' sequence id
     conn: Connection
-    session: int                    # the client's id for it
+    session: int  # the client's id for it
     state: VerifierSession
-    tokens: int                     # prompt + max_new_tokens: what it counts against its connection
-    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (t_arrival_s, message or None)
-    task: asyncio.Task | None = None      # kept here: the event loop holds tasks only weakly
+    tokens: int  # prompt + max_new_tokens: what it counts against its connection
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # (t_arrival_s, message or None)
+    task: asyncio.Task | None = None  # kept here: the event loop holds tasks only weakly
     busy: bool = False
     closed: bool = False
-    feature_dtype: str | None = None      # the Open's: the target's features go out in it (dsd.features)
+    feature_dtype: str | None = None  # the Open's: the target's features go out in it (dsd.features)
     # a sampled Verify's q [gamma, vocab], read and checked on its arrival, by id() of the message
     # (alive in the inbox until served): its pass takes it from here
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -47,22 +49,22 @@ class Connection:
         # the WebSocket (aiohttp's) or a frames.FrameProtocol: both have .closed and send_bytes()
         self.channel = channel
         self.transport = transport
-        self.sessions: dict[int, Served] = {}    # open, by the client's id
-        self.sessions_live = 0                   # not yet freed (closing ones too)
-        self.tokens_live = 0                     # their Served.tokens
-        self.inflight = 0                        # INFLIGHT requests queued or being served
-        self.watched: socket.socket | None = None     # services.verifier.frame_stamps's handle on its socket
-        self.held_since_s: float | None = None   # bytes came in during a pass on the loop's thread
+        self.sessions: dict[int, Served] = {}  # open, by the client's id
+        self.sessions_live = 0  # not yet freed (closing ones too)
+        self.tokens_live = 0  # their Served.tokens
+        self.inflight = 0  # INFLIGHT requests queued or being served
+        self.watched: socket.socket | None = None  # services.verifier.frame_stamps's handle on its socket
+        self.held_since_s: float | None = None  # bytes came in during a pass on the loop's thread
         self._unhold_due = False
-        self.held: dict[int, float] = {}         # seq -> arrival of a request read late that way
+        self.held: dict[int, float] = {}  # seq -> arrival of a request read late that way
         # A request came in during a pass on the loop's thread (a pipelined edge's next block):
         # its passes go to the device thread from then on, so that it is read when it arrives.
         self.overlapped = False
         # services.spinwait: when its last verdict went out, and the gaps to the next block
         self.replied_s: float | None = None
         self.block_gaps = spinwait.Gaps()
-        self.last_message_s = 0.0                # loop.time() of its last frame (the frame transport's idle check)
-        self.sending: set[asyncio.Task] = set()     # sends started by send_now that wait for the kernel
+        self.last_message_s = 0.0  # loop.time() of its last frame (the frame transport's idle check)
+        self.sending: set[asyncio.Task] = set()  # sends started by send_now that wait for the kernel
 
     @property
     def busy(self) -> bool:
@@ -92,7 +94,7 @@ class Connection:
         try:
             await self.channel.send_bytes(data)
         except (ConnectionError, RuntimeError):
-            pass    # the client went away; its sessions are being dropped
+            pass  # the client went away; its sessions are being dropped
 
     def send_now(self, data: bytes) -> None:
         """send_encoded from synchronous code (a reply written from inside its pass on the loop's

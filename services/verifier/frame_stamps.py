@@ -13,6 +13,7 @@ stamp is then the latest one's; if two frames came in during one pass, the first
 late as the second (never earlier than it arrived). Where there is no timestamp (another OS, a
 socket that refuses the option), the pass's start is used: the earliest the frame can have come.
 """
+
 from __future__ import annotations
 
 import array
@@ -23,8 +24,8 @@ import struct
 import termios
 import time
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)    # Linux; Python 3.11 does not name it
-_TIMESPEC = struct.Struct("qq")          # struct timespec {tv_sec, tv_nsec}, 64-bit
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python 3.11 does not name it
+_TIMESPEC = struct.Struct("qq")  # struct timespec {tv_sec, tv_nsec}, 64-bit
 _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
@@ -40,7 +41,7 @@ def watch(sock) -> socket.socket | None:
     try:
         watched.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     except OSError:
-        pass                     # no stamps: pending_since_s falls back to the pass's start
+        pass  # no stamps: pending_since_s falls back to the pass's start
     return watched
 
 

@@ -1,5 +1,6 @@
 """The verifier's HTTP side: /health, /metrics, the WebSocket and the frame transport, and a
 connection's life (part of ``Verifier``, services/verifier/server.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ from services.verifier.messages import VerifierMessages
 
 
 log = logging.getLogger("services.verifier")
-_TEXT = object()        # a WebSocket text frame (the messages are binary)
+_TEXT = object()  # a WebSocket text frame (the messages are binary)
 
 
 class VerifierHttp(VerifierMessages):
@@ -42,8 +43,9 @@ class VerifierHttp(VerifierMessages):
         return app
 
     async def health(self, _request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "role": "verifier", "target": self.target.name,
-                                  "draft": self.draft.name})
+        return web.json_response(
+            {"status": "ok", "role": "verifier", "target": self.target.name, "draft": self.draft.name}
+        )
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """401 with a structured body unless the request carries the token (or none is set)."""
@@ -55,31 +57,33 @@ class VerifierHttp(VerifierMessages):
     async def metrics(self, request: web.Request) -> web.Response:
         if (refusal := self._refusal(request)) is not None:
             return refusal
-        return web.json_response({
-            "uptime_s": time.perf_counter() - self.started_s,
-            "connections_open": len(self._connections),
-            "connections_total": self.counts["connections"],
-            "connections_by_transport": {t: self.counts[f"connections_{t}"] for t in frames.TRANSPORTS},
-            "sessions_open": self.sessions_open,
-            "sessions_total": self.counts["sessions"],
-            "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
-            "passes": dict(self.scheduler.passes),
-            "passes_on_loop": self.scheduler.loop_passes,
-            "verifies_inline": self.counts["inline"],
-            "spin": self.selector.stats() if self.selector else asdict(self.spin),
-            "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
-            "busy_s": self.device.busy_s,
-            "queued": self.scheduler.queued,
-            "errors": dict(self.errors),
-            "limits": asdict(self.limits),
-            "token_required": self.token is not None,
-            "scheduler": asdict(self.scheduler.config),
-            "backend": self.backend_info,
-        })
+        return web.json_response(
+            {
+                "uptime_s": time.perf_counter() - self.started_s,
+                "connections_open": len(self._connections),
+                "connections_total": self.counts["connections"],
+                "connections_by_transport": {t: self.counts[f"connections_{t}"] for t in frames.TRANSPORTS},
+                "sessions_open": self.sessions_open,
+                "sessions_total": self.counts["sessions"],
+                "rounds": {k: self.counts[k] for k in ("verify", "stale", *server_modes())},
+                "passes": dict(self.scheduler.passes),
+                "passes_on_loop": self.scheduler.loop_passes,
+                "verifies_inline": self.counts["inline"],
+                "spin": self.selector.stats() if self.selector else asdict(self.spin),
+                "batch_sizes": {str(b): n for b, n in sorted(self.scheduler.batch_sizes.items())},
+                "busy_s": self.device.busy_s,
+                "queued": self.scheduler.queued,
+                "errors": dict(self.errors),
+                "limits": asdict(self.limits),
+                "token_required": self.token is not None,
+                "scheduler": asdict(self.scheduler.config),
+                "backend": self.backend_info,
+            }
+        )
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         if (refusal := self._refusal(request)) is not None:
-            return refusal        # before the upgrade: no connection, no state
+            return refusal  # before the upgrade: no connection, no state
         # aiohttp drops a connection whose frame exceeds its own limit; ours answers with an Error,
         # so aiohttp's is only the backstop against a frame far too large to read at all.
         ws = web.WebSocketResponse(max_msg_size=4 * self.limits.max_message_bytes)
@@ -89,11 +93,14 @@ class VerifierHttp(VerifierMessages):
             msg = await ws.receive(timeout=self.limits.idle_timeout_s)
             if msg.type == WSMsgType.BINARY:
                 return msg.data
-            return _TEXT if msg.type == WSMsgType.TEXT else None    # None: close, error (beyond aiohttp's limit)
+            return _TEXT if msg.type == WSMsgType.TEXT else None  # None: close, error (beyond aiohttp's limit)
 
         try:
-            await self._serve_connection(Connection(next(self._numbers), ws, "ws"), receive,
-                                         request.transport.get_extra_info("socket") if request.transport else None)
+            await self._serve_connection(
+                Connection(next(self._numbers), ws, "ws"),
+                receive,
+                request.transport.get_extra_info("socket") if request.transport else None,
+            )
         finally:
             await ws.close()
         return ws
@@ -140,10 +147,20 @@ class VerifierHttp(VerifierMessages):
         if isinstance(token, frames.Oversize) or not frames.token_matches(token, self.token):
             reason = "no token" if token == b"" else "wrong token"
             self.errors[wire.UNAUTHORIZED] += 1
-            log.warning("refused a frame connection from %s: %s", channel.made_transport().get_extra_info("peername"),
-                        reason)
-            channel.write(wire.encode(wire.Error(None, None, wire.UNAUTHORIZED, "token",
-                                                 f"{reason}: this verifier requires its token as the first frame")))
+            log.warning(
+                "refused a frame connection from %s: %s", channel.made_transport().get_extra_info("peername"), reason
+            )
+            channel.write(
+                wire.encode(
+                    wire.Error(
+                        None,
+                        None,
+                        wire.UNAUTHORIZED,
+                        "token",
+                        f"{reason}: this verifier requires its token as the first frame",
+                    )
+                )
+            )
             # Half-close and read no more: closing with the client's next frames unread would send
             # a reset, which can destroy the Error before the client reads it.
             channel.closed, channel.close_reason = True, reason
@@ -209,14 +226,16 @@ class VerifierHttp(VerifierMessages):
                 except TimeoutError:
                     if conn.busy:
                         continue
-                    await self._reply_error(conn, wire.WireError(
-                        wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s"))
+                    await self._reply_error(
+                        conn, wire.WireError(wire.IDLE_TIMEOUT, f"no message for {self.limits.idle_timeout_s} s")
+                    )
                     break
                 if data is None:
                     break
                 if data is _TEXT:
-                    await self._reply_error(conn, wire.WireError(
-                        wire.MALFORMED, "text frame: messages are binary msgpack"))
+                    await self._reply_error(
+                        conn, wire.WireError(wire.MALFORMED, "text frame: messages are binary msgpack")
+                    )
                 else:
                     await self._on_frame(conn, data, *conn.stamp())
         finally:

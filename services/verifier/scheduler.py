@@ -20,6 +20,7 @@ What a batched pass costs:
       ``DraftJob``s on one model (co-located draft blocks) run as one batched pass of the draft
       per draft step (dsd.speculation.drafting.run_draft_jobs); prefills run one after another.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,7 @@ from dsd.modes import AR
 from dsd.costs.profiles import HardwareProfile
 from dsd.costs.compute_times import DRAFT, PREFILL, VERIFY, pass_cost_s
 
-KINDS = (PREFILL, AR, DRAFT, VERIFY)      # AR: one step of cloud AR (dsd.modes)
+KINDS = (PREFILL, AR, DRAFT, VERIFY)  # AR: one step of cloud AR (dsd.modes)
 
 
 @dataclass(frozen=True)
@@ -48,18 +49,21 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
             raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
-        if not (isinstance(self.batch_window_ms, (int, float)) and math.isfinite(self.batch_window_ms)
-                and self.batch_window_ms >= 0):
+        if not (
+            isinstance(self.batch_window_ms, (int, float))
+            and math.isfinite(self.batch_window_ms)
+            and self.batch_window_ms >= 0
+        ):
             raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
 
 
 @dataclass(frozen=True)
 class PassTiming:
-    queue_s: float        # ready (submitted) until its pass started
-    compute_s: float      # the pass (the whole batch's)
+    queue_s: float  # ready (submitted) until its pass started
+    compute_s: float  # the pass (the whole batch's)
     batch_size: int
-    end_s: float = 0.0    # when the pass ended on the device's timeline (perf_counter)
-    on_loop: bool = False     # it ran on the event loop's own thread (Scheduler.submit's on_loop)
+    end_s: float = 0.0  # when the pass ended on the device's timeline (perf_counter)
+    on_loop: bool = False  # it ran on the event loop's own thread (Scheduler.submit's on_loop)
 
 
 @dataclass
@@ -74,21 +78,26 @@ class _Job:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, device, profile: HardwareProfile | None,
-                 after_loop_pass: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        device,
+        profile: HardwareProfile | None,
+        after_loop_pass: Callable[[float], None] | None = None,
+    ) -> None:
         self.config = config
         self.device = device
-        self.profile = profile            # None: real models, the work's own time counts
+        self.profile = profile  # None: real models, the work's own time counts
         # Called with the pass's start right after a pass on the loop's thread, before the loop
         # reads anything: what arrived meanwhile was not read, and the service may stamp it.
         self.after_loop_pass = after_loop_pass
         self.batch_sizes: Counter[int] = Counter()
         self.passes: Counter[str] = Counter()
-        self.loop_passes = 0          # of them, run on the loop's own thread (submit's on_loop)
-        self._queues: dict[Hashable, deque[_Job]] = {}     # per client with queued jobs
-        self._last_served: dict[Hashable, int] = {}        # per client with queued jobs: its last turn
+        self.loop_passes = 0  # of them, run on the loop's own thread (submit's on_loop)
+        self._queues: dict[Hashable, deque[_Job]] = {}  # per client with queued jobs
+        self._last_served: dict[Hashable, int] = {}  # per client with queued jobs: its last turn
         self._turns = 0
-        self._busy = False            # a pass is being gathered or run (by the worker or inline)
+        self._busy = False  # a pass is being gathered or run (by the worker or inline)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -104,10 +113,17 @@ class Scheduler:
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    async def submit(self, kind: str, size: int, work: Callable[[], object], client: Hashable = None,
-                     ready_s: float | None = None,
-                     prepare: Callable[[object, PassTiming], object] | None = None,
-                     on_loop: bool = False, arrived_s: float | None = None) -> tuple[Any, PassTiming]:
+    async def submit(
+        self,
+        kind: str,
+        size: int,
+        work: Callable[[], object],
+        client: Hashable = None,
+        ready_s: float | None = None,
+        prepare: Callable[[object, PassTiming], object] | None = None,
+        on_loop: bool = False,
+        arrived_s: float | None = None,
+    ) -> tuple[Any, PassTiming]:
         """Run ``work`` in a pass of this kind for ``client``; returns (its result, the pass timing).
 
         ``ready_s``: when the job could first have run (its request's arrival, or the end of the
@@ -149,20 +165,26 @@ class Scheduler:
             return job.future.result()
         if client not in self._queues:
             self._queues[client] = deque()
-            self._last_served[client] = -1       # nothing was queued: it goes first
+            self._last_served[client] = -1  # nothing was queued: it goes first
         self._queues[client].append(job)
         self._wake.set()
         return await job.future
 
-    def _run_on_loop(self, kind: str, work: Callable[[], object], submitted_s: float,
-                     prepare: Callable[[object, PassTiming], object] | None) -> tuple[object, PassTiming]:
+    def _run_on_loop(
+        self,
+        kind: str,
+        work: Callable[[], object],
+        submitted_s: float,
+        prepare: Callable[[object, PassTiming], object] | None,
+    ) -> tuple[object, PassTiming]:
         """One job's pass on the loop's own thread (``runs_on_loop``), without a job, a future or a
         batch: the same result, timing, counters and failures as a pass through ``_pass``, in fewer
         steps. After a model pass the CPU's caches hold the model, not this code, and every step
         here costs tens of microseconds; a ``prepare`` that sends the reply (PassTiming.on_loop)
         sends it before the bookkeeping."""
+
         def timed(outcome: tuple[bool, object], start_s: float, compute_s: float):
-            if self.after_loop_pass is not None:     # what came in during the pass, before the reply goes
+            if self.after_loop_pass is not None:  # what came in during the pass, before the reply goes
                 self.after_loop_pass(start_s)
             timing = PassTiming(start_s - submitted_s, compute_s, 1, start_s + compute_s, True)
             ok, value = outcome
@@ -227,7 +249,7 @@ class Scheduler:
         """Run one pass (self._busy set by the caller); then the worker may take the next."""
         try:
             await self._run(batch)
-        except Exception as exc:     # the device itself failed: fail this batch, keep serving
+        except Exception as exc:  # the device itself failed: fail this batch, keep serving
             for job in batch:
                 if not job.future.done():
                     job.future.set_exception(exc)
@@ -282,10 +304,13 @@ class Scheduler:
 
         def timed(outcomes: list, start_s: float, compute_s: float) -> tuple[list, list[PassTiming]]:
             """Each job's timing and its prepared result, as soon as the pass's times are known."""
-            timings = [PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s)
-                       for job in batch]
-            return [_capture(functools.partial(prepare, value, timing)) if ok and (prepare := job.prepare)
-                    else (ok, value) for job, (ok, value), timing in zip(batch, outcomes, timings)], timings
+            timings = [
+                PassTiming(start_s - job.submitted_s, compute_s, len(batch), start_s + compute_s) for job in batch
+            ]
+            return [
+                _capture(functools.partial(prepare, value, timing)) if ok and (prepare := job.prepare) else (ok, value)
+                for job, (ok, value), timing in zip(batch, outcomes, timings)
+            ], timings
 
         (outcomes, timings), _, _ = await self.device.run(lambda: _run_batch(batch), cost_s, ready_s, timed)
         self.batch_sizes[len(batch)] += 1
@@ -316,5 +341,5 @@ def _capture(work: Callable[[], object]) -> tuple[bool, object]:
     """One job's failure must not touch the other jobs of its batch."""
     try:
         return True, work()
-    except Exception as exc:         # handed to that job's caller
+    except Exception as exc:  # handed to that job's caller
         return False, exc

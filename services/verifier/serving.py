@@ -1,5 +1,6 @@
 """One session's requests served in order: prefill, verification, generation on the server
 (part of ``Verifier``, services/verifier/server.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,7 @@ class VerifierServing(VerifierState):
                     break
         finally:
             served.closed = True
-            while not served.inbox.empty():       # requests it will never serve leave the count
+            while not served.inbox.empty():  # requests it will never serve leave the count
                 _settle(served.conn, served.inbox.get_nowait()[1])
             if served.conn.sessions.get(served.session) is served:
                 del served.conn.sessions[served.session]
@@ -61,10 +62,14 @@ class VerifierServing(VerifierState):
         except wire.WireError as error:
             error.seq, error.session = m.seq, served.session
             await self._reply_error(served.conn, error)
-        except Exception as exc:         # a bug or a model failure: end this session only
+        except Exception as exc:  # a bug or a model failure: end this session only
             log.exception("session %s failed", served.seq_id)
-            await self._reply_error(served.conn, wire.WireError(
-                wire.INTERNAL, f"{type(exc).__name__}: {exc}; session closed", None, m.seq, served.session))
+            await self._reply_error(
+                served.conn,
+                wire.WireError(
+                    wire.INTERNAL, f"{type(exc).__name__}: {exc}; session closed", None, m.seq, served.session
+                ),
+            )
             return False
         finally:
             served.busy = False
@@ -81,47 +86,81 @@ class VerifierServing(VerifierState):
         self.counts["inline"] += 1
         if not await self._serve_one(served, m, t_arrival_s):
             served.closed = True
-            served.inbox.put_nowait((time.perf_counter(), None))     # the task frees the session
+            served.inbox.put_nowait((time.perf_counter(), None))  # the task frees the session
             return
         if self.selector is not None:
             conn = served.conn
             conn.replied_s = time.perf_counter()
             expected_s = conn.block_gaps.expected_s()
             if expected_s is not None:
-                self.selector.expect(conn.replied_s + expected_s)     # poll for the next block when it is due
+                self.selector.expect(conn.replied_s + expected_s)  # poll for the next block when it is due
 
     async def _prefill(self, served: Served, m: wire.Open, t_arrival_s: float) -> None:
-        positions, timing = await self.scheduler.submit("prefill", len(m.prompt) - 1, served.state.prefill,
-                                                     served.conn.number, t_arrival_s,
-                                                     arrived_s=served.conn.held.get(m.seq))
-        await served.conn.send(wire.Opened(m.seq, m.session, positions, timing.queue_s, timing.compute_s,
-                                           served.features(served.state.decided_features(1))))
+        positions, timing = await self.scheduler.submit(
+            "prefill",
+            len(m.prompt) - 1,
+            served.state.prefill,
+            served.conn.number,
+            t_arrival_s,
+            arrived_s=served.conn.held.get(m.seq),
+        )
+        await served.conn.send(
+            wire.Opened(
+                m.seq,
+                m.session,
+                positions,
+                timing.queue_s,
+                timing.compute_s,
+                served.features(served.state.decided_features(1)),
+            )
+        )
 
     async def _verify(self, served: Served, m: wire.Verify, t_arrival_s: float) -> None:
         state = served.state
-        q = None if state.sampling.greedy else served.draft_probs.pop(id(m))      # read by _check
+        q = None if state.sampling.greedy else served.draft_probs.pop(id(m))  # read by _check
         proposal = Proposal(m.start_pos, m.base_digest, tuple(m.draft_tokens), q)
-        live = (not state.finished and m.start_pos == len(state.committed)
-                and state.committed.matches(m.start_pos, m.base_digest))
+        live = (
+            not state.finished
+            and m.start_pos == len(state.committed)
+            and state.committed.matches(m.start_pos, m.base_digest)
+        )
 
         def reply(verdict, timing: PassTiming) -> bytes | None:
             """The verdict, encoded while the pass's modelled time runs; after a pass on the loop's
             own thread, sent at once (None), before the scheduler's bookkeeping."""
-            data = wire.encode(wire.Verified(m.seq, m.session, verdict.start_pos, verdict.proposed,
-                                             verdict.accepted, verdict.next_token, verdict.stale,
-                                             timing.queue_s, timing.compute_s, timing.batch_size,
-                                             served.features(verdict.features)))
+            data = wire.encode(
+                wire.Verified(
+                    m.seq,
+                    m.session,
+                    verdict.start_pos,
+                    verdict.proposed,
+                    verdict.accepted,
+                    verdict.next_token,
+                    verdict.stale,
+                    timing.queue_s,
+                    timing.compute_s,
+                    timing.batch_size,
+                    served.features(verdict.features),
+                )
+            )
             return served.conn.send_if_on_loop(data, timing.on_loop)
 
         job = state.verify_job(proposal) if live else None
         if live:
             if job is None:
                 raise RuntimeError(f"session {served.seq_id!r}: a live block without a verification job")
-            data, _ = await self.scheduler.submit("verify", proposal.gamma, job,
-                                                  served.conn.number, t_arrival_s, reply, self._alone(served),
-                                                  served.conn.held.get(m.seq))
+            data, _ = await self.scheduler.submit(
+                "verify",
+                proposal.gamma,
+                job,
+                served.conn.number,
+                t_arrival_s,
+                reply,
+                self._alone(served),
+                served.conn.held.get(m.seq),
+            )
         else:
-            data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))      # stale: no compute
+            data = reply(state.verify(proposal), PassTiming(0.0, 0.0, 0))  # stale: no compute
         self.counts["verify" if live else "stale"] += 1
         if data is not None:
             await served.conn.send_encoded(data)
@@ -135,25 +174,31 @@ class VerifierServing(VerifierState):
         drafts = get_mode(m.mode).drafts
         if drafts == SERVER:
             begin_request(self.draft, served.seq_id, state.committed.tokens, m.gamma)
-            hand_features(self.draft, served.seq_id, state.decided_features(1))     # the draft's, on the server
-        end = math.inf if m.max_tokens is None else len(state.committed) + m.max_tokens     # a hand-over's segment
+            hand_features(self.draft, served.seq_id, state.decided_features(1))  # the draft's, on the server
+        end = math.inf if m.max_tokens is None else len(state.committed) + m.max_tokens  # a hand-over's segment
         while not state.finished and not served.closed and len(state.committed) < end:
             reply = self._round_reply(served, m, round_index)
             before = len(state.committed)
             if drafts == NOWHERE:
-                data, timing = await self.scheduler.submit(AR, 1, state.ar_job(), served.conn.number, ready_s,
-                                                           reply(None), self._alone(served), arrived_s)
+                data, timing = await self.scheduler.submit(
+                    AR, 1, state.ar_job(), served.conn.number, ready_s, reply(None), self._alone(served), arrived_s
+                )
             else:
-                (drafted, q), drafting = await self.scheduler.submit("draft", m.gamma, DraftJob(
-                    self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling,
-                    state.draws), served.conn.number, ready_s, on_loop=self._alone(served),
-                    arrived_s=arrived_s)
+                (drafted, q), drafting = await self.scheduler.submit(
+                    "draft",
+                    m.gamma,
+                    DraftJob(self.draft, served.seq_id, state.committed.tokens, m.gamma, state.sampling, state.draws),
+                    served.conn.number,
+                    ready_s,
+                    on_loop=self._alone(served),
+                    arrived_s=arrived_s,
+                )
                 job = state.verify_job(state.proposal_for(drafted, q))
                 if job is None:
                     raise RuntimeError(f"session {served.seq_id!r}: its own draft block went stale")
                 data, timing = await self.scheduler.submit(
-                    "verify", m.gamma, job, served.conn.number,
-                    drafting.end_s, reply(drafting), self._alone(served))
+                    "verify", m.gamma, job, served.conn.number, drafting.end_s, reply(drafting), self._alone(served)
+                )
             ready_s, arrived_s = timing.end_s, None
             if drafts == SERVER:
                 hand_features(self.draft, served.seq_id, state.decided_features(before))
@@ -161,9 +206,9 @@ class VerifierServing(VerifierState):
             if data is not None:
                 await served.conn.send_encoded(data)
             if timing.on_loop:
-                await asyncio.sleep(0)      # a loop turn: read what came in during the passes (a ping, a Close)
+                await asyncio.sleep(0)  # a loop turn: read what came in during the passes (a ping, a Close)
             round_index += 1
-        if round_index == 0:      # nothing left to generate: still end the stream
+        if round_index == 0:  # nothing left to generate: still end the stream
             await served.conn.send(wire.Tokens(m.seq, m.session, 0, 0, 0, [], True, 0.0, 0.0, 0))
 
     @staticmethod
@@ -179,11 +224,23 @@ class VerifierServing(VerifierState):
                 if drafting is not None:
                     queue_s, compute_s = queue_s + drafting.queue_s, compute_s + drafting.compute_s
                     proposed, accepted = m.gamma, result.accepted
-                data = wire.encode(wire.Tokens(m.seq, m.session, round_index, proposed, accepted,
-                                               state.committed.tokens[before:], state.finished,
-                                               queue_s, compute_s, timing.batch_size,
-                                               served.features(state.decided_features(before))))
+                data = wire.encode(
+                    wire.Tokens(
+                        m.seq,
+                        m.session,
+                        round_index,
+                        proposed,
+                        accepted,
+                        state.committed.tokens[before:],
+                        state.finished,
+                        queue_s,
+                        compute_s,
+                        timing.batch_size,
+                        served.features(state.decided_features(before)),
+                    )
+                )
                 return served.conn.send_if_on_loop(data, timing.on_loop)
+
             return prepare
 
         return reply

@@ -1,6 +1,7 @@
 """What the verifier's roles share: the state ``Verifier`` sets up (services/verifier/server.py),
 declared once so that each role (serving, then messages, then http, each built on the one
 before) is checked against it, and the one call the serving role makes into the messages role."""
+
 from __future__ import annotations
 
 import itertools

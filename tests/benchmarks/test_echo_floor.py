@@ -1,6 +1,7 @@
 """benchmarks/echo_floor.py: the paced echo that hf_overhead.py reports as the floor under the
 server overhead (its cadence checked, the server's compute left out of what it returns), and
 hf_overhead's cadence taken from a sync run's rounds."""
+
 import statistics
 import sys
 import time
@@ -14,10 +15,16 @@ from benchmarks.echo_floor import EchoCadence, _SpinSelector, compute, paced_ech
 from benchmarks.hf_overhead import sync_cadence  # noqa: E402
 
 
-@pytest.mark.parametrize("fields, name", [
-    ({"transport": "udp"}, "transport"), ({"draft_s": -0.001}, "draft_s"), ({"verify_s": float("nan")}, "verify_s"),
-    ({"verify_s": 2.0}, "verify_s"), ({"spin": 1}, "spin"),
-])
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"transport": "udp"}, "transport"),
+        ({"draft_s": -0.001}, "draft_s"),
+        ({"verify_s": float("nan")}, "verify_s"),
+        ({"verify_s": 2.0}, "verify_s"),
+        ({"spin": 1}, "spin"),
+    ],
+)
 def test_cadence_refuses_bad_values_naming_the_field(fields, name):
     with pytest.raises(ValueError, match=name):
         EchoCadence(**fields)
@@ -55,10 +62,14 @@ def test_the_echo_spin_selector_polls_no_longer_than_its_bound():
 
 def test_hf_overhead_takes_the_echo_cadence_from_the_steady_sync_rounds():
     def row(index, draft_ms, compute_ms):
-        return {"round_index": str(index), "t_draft_start_s": "1.0", "t_draft_end_s": str(1.0 + draft_ms / 1e3),
-                "server_compute_s": str(compute_ms / 1e3)}
+        return {
+            "round_index": str(index),
+            "t_draft_start_s": "1.0",
+            "t_draft_end_s": str(1.0 + draft_ms / 1e3),
+            "server_compute_s": str(compute_ms / 1e3),
+        }
 
-    rows = [row(0, 50, 90), row(1, 4, 10), row(2, 6, 12), row(3, 5, 11)]      # round 0 waits for the prefill
+    rows = [row(0, 50, 90), row(1, 4, 10), row(2, 6, 12), row(3, 5, 11)]  # round 0 waits for the prefill
     cadence = sync_cadence(rows)
     assert cadence.transport == "ws" and not cadence.spin
     assert (cadence.draft_s, cadence.verify_s) == (pytest.approx(0.005), pytest.approx(0.011))

@@ -1,5 +1,6 @@
 """benchmarks/kernel_regime.py and benchmarks/spec_cache.py run end to end and print the figures
 their issues ask for (smallest configurations; the real pair where the figure needs it)."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,10 +23,20 @@ def real_pair_target():
 
 @pytest.mark.model
 def test_kernel_regime_prints_both_precisions_ratios_and_its_choice(tmp_path):
-    figures = _run(["benchmarks/kernel_regime.py", "--pair", str(REPO / "models" / "default-pair"),
-                    "--rounds", "2"], tmp_path)
-    for key in ("cpu_flags_bf16", "chosen_dtype", "t_ar_ms", "verify3_over_ar", "verify5_over_ar",
-                "fp32_verify3_over_ar", "fp32_verify5_over_ar", "bf16_verify3_over_ar", "draft_step_over_ar"):
+    figures = _run(
+        ["benchmarks/kernel_regime.py", "--pair", str(REPO / "models" / "default-pair"), "--rounds", "2"], tmp_path
+    )
+    for key in (
+        "cpu_flags_bf16",
+        "chosen_dtype",
+        "t_ar_ms",
+        "verify3_over_ar",
+        "verify5_over_ar",
+        "fp32_verify3_over_ar",
+        "fp32_verify5_over_ar",
+        "bf16_verify3_over_ar",
+        "draft_step_over_ar",
+    ):
         assert key in figures, key
     assert figures["chosen_dtype"] in ("float32", "bfloat16")
     assert figures["cpu_flags_bf16"] in ("amx_bf16", "avx512_bf16", "none")

@@ -1,5 +1,6 @@
 """The roaming-client RTT trace (benchmarks/roaming_trace.py) and the adaptive benchmark replaying
 a trace (benchmarks/adaptive.py --rtt-trace)."""
+
 import gzip
 import pickle
 from pathlib import Path
@@ -19,8 +20,10 @@ def _data(tmp_path: Path) -> str:
     """A small country-pair file in the data's format, with means the real one does not have."""
     path = tmp_path / "pairs.csv.gz"
     with gzip.open(path, "wt") as f:
-        f.write("cty1,cty2,rtt_cnt,rtt_avg,rtt_std,rtt_min,rtt_max\n"
-                "AA,AA,10,12.4,3,5,40\nAA,BB,10,99.6,20,50,400\nAA,CC,10,250.2,30,100,900\n")
+        f.write(
+            "cty1,cty2,rtt_cnt,rtt_avg,rtt_std,rtt_min,rtt_max\n"
+            "AA,AA,10,12.4,3,5,40\nAA,BB,10,99.6,20,50,400\nAA,CC,10,250.2,30,100,900\n"
+        )
     return str(path)
 
 
@@ -31,8 +34,14 @@ def test_the_trace_is_the_same_for_a_seed_and_differs_between_seeds():
 
 
 def test_levels_are_the_pairs_mean_rtts_from_the_data_file_and_every_boundary_changes_the_pair(tmp_path):
-    config = RoamingConfig(pairs=("AA-AA", "AA-BB", "CC-AA"), duration_s=200.0, mean_segment_s=5.0,
-                           min_segment_s=2.0, seed=1, data_path=_data(tmp_path))
+    config = RoamingConfig(
+        pairs=("AA-AA", "AA-BB", "CC-AA"),
+        duration_s=200.0,
+        mean_segment_s=5.0,
+        min_segment_s=2.0,
+        seed=1,
+        data_path=_data(tmp_path),
+    )
     assert pair_levels_ms(config) == {"AA-AA": 12.0, "AA-BB": 100.0, "CC-AA": 250.0}
     rows = roaming_trace(config)
     assert rows[0][:3] == (0.0, 12.0, "AA-AA")
@@ -45,14 +54,21 @@ def test_levels_are_the_pairs_mean_rtts_from_the_data_file_and_every_boundary_ch
     assert real == {p: float(round(pair_stats(*p.split("-")).mean_ms)) for p in RoamingConfig().pairs}
 
 
-@pytest.mark.parametrize("changes, field", [
-    (dict(pairs=("DE-DE", "DE-XX")), r"pairs\[1\]"),
-    (dict(pairs=("DE-DE", "DEUS")), r"pairs\[1\]"),
-    (dict(pairs=("DE-DE",)), "pairs"),
-    (dict(seed=-1), "seed"), (dict(seed=1.5), "seed"), (dict(seed=True), "seed"),
-    (dict(duration_s=0), "duration_s"), (dict(duration_s=float("nan")), "duration_s"),
-    (dict(min_segment_s=0), "min_segment_s"), (dict(mean_segment_s=3.0, min_segment_s=3.0), "mean_segment_s"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(pairs=("DE-DE", "DE-XX")), r"pairs\[1\]"),
+        (dict(pairs=("DE-DE", "DEUS")), r"pairs\[1\]"),
+        (dict(pairs=("DE-DE",)), "pairs"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.5), "seed"),
+        (dict(seed=True), "seed"),
+        (dict(duration_s=0), "duration_s"),
+        (dict(duration_s=float("nan")), "duration_s"),
+        (dict(min_segment_s=0), "min_segment_s"),
+        (dict(mean_segment_s=3.0, min_segment_s=3.0), "mean_segment_s"),
+    ],
+)
 def test_bad_input_is_refused_naming_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         roaming_trace(RoamingConfig(**changes))
@@ -60,11 +76,27 @@ def test_bad_input_is_refused_naming_the_field(changes, field):
 
 def test_the_shipped_trace_is_what_its_documented_command_writes(tmp_path):
     out = tmp_path / "trace.csv"
-    trace_main(["--pairs", "DE-DE", "DE-US", "DE-JP", "--duration-s", "300", "--mean-segment-s", "6",
-                "--min-segment-s", "3", "--seed", "0", "--out", str(out)])
+    trace_main(
+        [
+            "--pairs",
+            "DE-DE",
+            "DE-US",
+            "DE-JP",
+            "--duration-s",
+            "300",
+            "--mean-segment-s",
+            "6",
+            "--min-segment-s",
+            "3",
+            "--seed",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     shipped = ROOT / "experiments" / "traces" / "roaming-de.csv"
     assert out.read_text() == shipped.read_text()
-    schedule = LinkSchedule.from_trace_csv(shipped)         # the link schedule's trace format
+    schedule = LinkSchedule.from_trace_csv(shipped)  # the link schedule's trace format
     assert {dict(s.changes)["rtt_ms"] for s in schedule.steps} == {27.0, 114.0, 174.0}
 
 
@@ -72,12 +104,40 @@ def test_adaptive_benchmark_replays_a_trace_on_sim_with_an_oracle_per_level_and_
     trace = tmp_path / "trace.csv"
     trace.write_text("t_s,rtt_ms\n0,20\n0.3,120\n0.8,20\n")
     save = tmp_path / "runs.pkl"
-    adaptive.main(["--launcher", "sim", "--seeds", "1", "--rtt-trace", str(trace), "--requests", "4", "--tokens", "8",
-                   "--alpha-requests", "2", "--modes", "ar", "sync", "--gamma-max", "4", "--save", str(save)])
+    adaptive.main(
+        [
+            "--launcher",
+            "sim",
+            "--seeds",
+            "1",
+            "--rtt-trace",
+            str(trace),
+            "--requests",
+            "4",
+            "--tokens",
+            "8",
+            "--alpha-requests",
+            "2",
+            "--modes",
+            "ar",
+            "sync",
+            "--gamma-max",
+            "4",
+            "--save",
+            str(save),
+        ]
+    )
     last = capsys.readouterr().out.strip().splitlines()[-1]
     keys = [item.split("=")[0] for item in last.split()]
-    assert keys == ["model_vs_oracle_pct", "bandit_vs_oracle_pct", "heuristic_vs_oracle_pct",
-                    "best_static_vs_oracle_pct", "switches_per_100_rounds", "launcher", "goals_met"]
+    assert keys == [
+        "model_vs_oracle_pct",
+        "bandit_vs_oracle_pct",
+        "heuristic_vs_oracle_pct",
+        "best_static_vs_oracle_pct",
+        "switches_per_100_rounds",
+        "launcher",
+        "goals_met",
+    ]
     saved = pickle.loads(save.read_bytes())
     assert saved["scenario"].levels_ms() == [20.0, 120.0]
     _, best = saved["per_seed"][0]

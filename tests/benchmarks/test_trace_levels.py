@@ -1,5 +1,6 @@
 """The per-segment oracle's rule for a measured trace (benchmarks/trace_levels.py), and the oracle's
 score over its segments (benchmarks/adaptive_scenario.py), on small synthetic traces."""
+
 import pytest
 
 from benchmarks.adaptive_oracle import levels_err_pct
@@ -8,9 +9,24 @@ from benchmarks.trace_levels import LevelRule, level_segments, time_weighted_med
 
 # Four seconds of echoes every 0.25 s: about 20 ms for 2 s, a hold of 0.5 s at 2.0 s (its echoes'
 # RTTs fall by the echo interval: they came back together), then about 100 ms.
-TRACE = ((0.0, 19.0), (0.25, 21.0), (0.5, 20.0), (0.75, 22.0), (1.0, 18.0), (1.25, 20.0), (1.5, 21.0),
-         (1.75, 19.0), (2.0, 500.0), (2.25, 250.0), (2.5, 21.0), (2.75, 20.0), (3.0, 95.0), (3.25, 105.0),
-         (3.5, 100.0), (3.75, 110.0))
+TRACE = (
+    (0.0, 19.0),
+    (0.25, 21.0),
+    (0.5, 20.0),
+    (0.75, 22.0),
+    (1.0, 18.0),
+    (1.25, 20.0),
+    (1.5, 21.0),
+    (1.75, 19.0),
+    (2.0, 500.0),
+    (2.25, 250.0),
+    (2.5, 21.0),
+    (2.75, 20.0),
+    (3.0, 95.0),
+    (3.25, 105.0),
+    (3.5, 100.0),
+    (3.75, 110.0),
+)
 
 
 def scenario(levels=()) -> Scenario:
@@ -51,8 +67,15 @@ def test_a_step_schedule_whose_steps_fall_on_window_boundaries_keeps_its_steps()
     assert level_segments(steps, LevelRule(window_s=1.0)) == steps
 
 
-@pytest.mark.parametrize("changes, field", [(dict(window_s=0), "window_s"), (dict(window_s=float("nan")), "window_s"),
-                                            (dict(factor=1.0), "factor"), (dict(factor="2"), "factor")])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(window_s=0), "window_s"),
+        (dict(window_s=float("nan")), "window_s"),
+        (dict(factor=1.0), "factor"),
+        (dict(factor="2"), "factor"),
+    ],
+)
 def test_a_bad_rule_is_refused_naming_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         LevelRule(**changes)
@@ -86,8 +109,12 @@ def test_the_levels_check_is_each_arms_run_against_its_own_times_at_the_levels()
     not measured on every prompt (the pilot dropped it there), is left out; an arm with no request
     left is left out."""
     sc = scenario(level_segments(TRACE, LevelRule(1.0, 1.25)))
-    statics = {"static sync 4": [RequestRun(0.0, 1.0, 80, 0.9), RequestRun(3.0, 1.0, 10, 0.9)],
-               "static ar 1": [RequestRun(0.0, 1.0, 50, 0.9)]}
-    measured = {"static sync 4": {(20.0, 0.9): [(0, 0.5, 50), (1, 0.5, 50)], (100.0, 0.9): [(0, 1.0, 20)]},
-                "static ar 1": {(20.0, 0.9): [(0, 1.0, 50)], (100.0, 0.9): [(0, 1.0, 30), (1, 1.0, 30)]}}
+    statics = {
+        "static sync 4": [RequestRun(0.0, 1.0, 80, 0.9), RequestRun(3.0, 1.0, 10, 0.9)],
+        "static ar 1": [RequestRun(0.0, 1.0, 50, 0.9)],
+    }
+    measured = {
+        "static sync 4": {(20.0, 0.9): [(0, 0.5, 50), (1, 0.5, 50)], (100.0, 0.9): [(0, 1.0, 20)]},
+        "static ar 1": {(20.0, 0.9): [(0, 1.0, 50)], (100.0, 0.9): [(0, 1.0, 30), (1, 1.0, 30)]},
+    }
     assert levels_err_pct(statics, measured, sc) == {"static sync 4": pytest.approx(25.0)}

@@ -4,6 +4,7 @@ These tests skip only where Docker is absent: no Docker engine installed (no `do
 that cannot start. Where `dockerd` is installed, the engine and the compose plugin are brought up
 by scripts/docker_setup.sh (root).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,8 @@ def docker_engine() -> None:
         pytest.skip("Docker is absent (no dockerd); scripts/docker_setup.sh installs it")
     if os.geteuid() != 0:
         pytest.skip("the Docker engine is installed but not running, and starting it needs root")
-    setup = subprocess.run(["bash", str(REPO / "scripts" / "docker_setup.sh")], capture_output=True, text=True,
-                           timeout=SETUP_TIMEOUT_S)
+    setup = subprocess.run(
+        ["bash", str(REPO / "scripts" / "docker_setup.sh")], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S
+    )
     if setup.returncode != 0:
         pytest.skip(f"the Docker engine cannot start here: {setup.stderr[-2000:]}")

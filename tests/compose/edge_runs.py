@@ -1,4 +1,5 @@
 """Drive runs through the edges' control API (POST /runs, poll, fetch the CSVs), bounded in time."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,7 @@ from orchestrator.common.http_client import call
 MODES = ("ar", "colocated", "sync", "pipelined")
 
 
-def run_waves(testbed, prompts: list[list[int]], max_new_tokens: int, gamma: int, timeout_s: float,
-              **extra) -> dict:
+def run_waves(testbed, prompts: list[list[int]], max_new_tokens: int, gamma: int, timeout_s: float, **extra) -> dict:
     """Every mode on every edge: one wave per mode, edge i running mode (i + wave) mod 4, so a
     wave has one run per edge and runs on different links use different modes.
 
@@ -24,15 +24,30 @@ def run_waves(testbed, prompts: list[list[int]], max_new_tokens: int, gamma: int
         for i, edge in enumerate(testbed.edges):
             mode = MODES[(i + wave) % len(MODES)]
             run_id = f"e{i}-{mode}"
-            call("POST", f"{edge.control_url}/runs", token=edge.token, body={
-                "run_id": run_id, "client_id": run_id, "mode": mode, "gamma": gamma, "prompts": prompts,
-                "max_new_tokens": max_new_tokens, "verifier_url": testbed.verifier_url,
-                "app_delay_ms": testbed.app_delay_ms(i), **extra})
+            call(
+                "POST",
+                f"{edge.control_url}/runs",
+                token=edge.token,
+                body={
+                    "run_id": run_id,
+                    "client_id": run_id,
+                    "mode": mode,
+                    "gamma": gamma,
+                    "prompts": prompts,
+                    "max_new_tokens": max_new_tokens,
+                    "verifier_url": testbed.verifier_url,
+                    "app_delay_ms": testbed.app_delay_ms(i),
+                    **extra,
+                },
+            )
             posted[(i, mode)] = (edge, run_id)
         summaries = wait_for(posted, timeout_s)
-        results.update({key: (summaries[key], read_csv(edge, run_id, "rounds.csv"),
-                              read_csv(edge, run_id, "requests.csv"))
-                        for key, (edge, run_id) in posted.items()})
+        results.update(
+            {
+                key: (summaries[key], read_csv(edge, run_id, "rounds.csv"), read_csv(edge, run_id, "requests.csv"))
+                for key, (edge, run_id) in posted.items()
+            }
+        )
     return results
 
 

@@ -1,4 +1,5 @@
 """Snapshots of what the host holds, to show that a testbed leaves nothing behind."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """Adaptive DSD on the compose testbed: two edge containers on differently shaped links, each
 edge's controller deciding for itself (tests/orchestrator/test_controller_modes.py has the same
 check on loopback and netns)."""
+
 from __future__ import annotations
 
 import pytest

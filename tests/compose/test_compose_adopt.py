@@ -1,5 +1,6 @@
 """A project that is already up is refused unless adopted; an adopted one is used as it is and
 left up on close, with the cpusets it had before a sweep pinned it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,13 +18,14 @@ from orchestrator.launchers.compose import ComposeConfig, ComposeError, ComposeT
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
 PROJECT = "dsdbedadopt"
-CONFIG = ComposeConfig(n_edges=1, profile=get_profile("toy-edge-cloud"), project=PROJECT, subnet="172.31.251.0/24",
-                       verify_count=0)
+CONFIG = ComposeConfig(
+    n_edges=1, profile=get_profile("toy-edge-cloud"), project=PROJECT, subnet="172.31.251.0/24", verify_count=0
+)
 
 
 @pytest.fixture
 def running_project(docker_engine):
-    owner = ComposeTestbed(CONFIG)          # brought up (and so owned) by another launcher
+    owner = ComposeTestbed(CONFIG)  # brought up (and so owned) by another launcher
     try:
         yield owner
     finally:
@@ -45,7 +47,9 @@ def test_a_running_project_is_refused_unless_adopted_and_an_adopted_one_is_left_
     online = Path("/sys/devices/system/cpu/online").read_text().strip()
     for container in running_project.project_containers():
         container.reload()
-        assert (container.attrs["HostConfig"].get("CpusetCpus") or "") in (before[container.name], online), container.name
+        assert (container.attrs["HostConfig"].get("CpusetCpus") or "") in (before[container.name], online), (
+            container.name
+        )
         assert sorted(os.sched_getaffinity(container.attrs["State"]["Pid"])) == usable, container.name
     assert {c.status for c in running_project.project_containers()} == {"running"}
     assert json.loads(call("GET", running_project.edges[0].control_url + "/health"))["status"] == "ok"

@@ -1,6 +1,7 @@
 """The compose testbed with real models: two edge containers draft with the default pair's draft,
 the verifier container verifies with its target, over links shaped to 10 and 20 ms, and every
 mode emits exactly what the target's greedy decoding in this process emits."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,9 +14,15 @@ from tests.compose.edge_runs import check_greedy, run_waves
 from tests.compose.host import host_state, new_since
 from tests.checks import every
 
-pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.model, pytest.mark.slow,
-              pytest.mark.skipif(not (DEFAULT_PAIR / "manifest.json").is_file(),
-                                 reason=f"no model pair at {DEFAULT_PAIR} (dsdbed build-pair)")]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.root,
+    pytest.mark.model,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (DEFAULT_PAIR / "manifest.json").is_file(), reason=f"no model pair at {DEFAULT_PAIR} (dsdbed build-pair)"
+    ),
+]
 
 RTTS_MS = (10.0, 20.0)
 BACKEND = HfBackendConfig()

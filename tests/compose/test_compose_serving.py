@@ -2,6 +2,7 @@
 arrival time while the verifier saturates, every edge's link is shaped to its own RTT, and the
 admission limit the experiment sets reaches the verifier container (a refused request is a row
 with its reason). The sweep brings its own project up and takes it down."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,23 @@ pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
 
 def experiment(**load):
-    return experiment_from_dict({
-        "name": "serve-compose", "launcher": "compose", "modes": ["ar"], "profile": "toy-edge-cloud", "edges": 2,
-        "rtt_ms": [10], "max_new_tokens": 16, "prompt_tokens": 8, "retries": 0,
-        "backend": {"kind": "synthetic", "alpha": 0.8}, "link": {"edges": [{"rtt_ms": 10}, {"rtt_ms": 60}]},
-        "load": {"rate_rps": [18.0], "duration_s": 3, **load}, "slo": {"ttft_ms": 200, "attainment": 0.9}})
+    return experiment_from_dict(
+        {
+            "name": "serve-compose",
+            "launcher": "compose",
+            "modes": ["ar"],
+            "profile": "toy-edge-cloud",
+            "edges": 2,
+            "rtt_ms": [10],
+            "max_new_tokens": 16,
+            "prompt_tokens": 8,
+            "retries": 0,
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+            "link": {"edges": [{"rtt_ms": 10}, {"rtt_ms": 60}]},
+            "load": {"rate_rps": [18.0], "duration_s": 3, **load},
+            "slo": {"ttft_ms": 200, "attainment": 0.9},
+        }
+    )
 
 
 def test_compose_arrivals_keep_their_times_on_per_edge_links_and_refusals_are_rows(docker_engine, tmp_path):
@@ -32,7 +45,7 @@ def test_compose_arrivals_keep_their_times_on_per_edge_links_and_refusals_are_ro
     run_serving(exp, tmp_path / "out")
     rows = pd.read_csv(tmp_path / "out" / "requests.csv", keep_default_na=False)
     scheduled = [a.arrival_s for a in arrivals_for(exp, ServingPoint("ar", 18.0, 4, 0))]
-    assert list(rows["arrival_s"].astype(float)) == pytest.approx(scheduled)     # none lost
+    assert list(rows["arrival_s"].astype(float)) == pytest.approx(scheduled)  # none lost
     admitted = rows[rows["admitted"].astype(str) == "True"]
     refused = rows[rows["admitted"].astype(str) == "False"]
     # cloud AR takes 16 x 10 ms of the device per request: at 18 requests/s the open sessions pass
@@ -52,4 +65,4 @@ def test_compose_arrivals_keep_their_times_on_per_edge_links_and_refusals_are_ro
     assert excess_ms.between(-0.5, 3.0).all(), links[["edge", "rtt_configured_ms", "rtt_measured_p50_ms"]]
     testbed = json.loads((tmp_path / "out" / "sweep.json").read_text())["testbed"]
     assert (testbed["launcher"], testbed["adopted"], len(testbed["edges"])) == ("compose", False, 2)
-    assert project_containers() == [] and find_leftovers() == []            # brought up, and down
+    assert project_containers() == [] and find_leftovers() == []  # brought up, and down

@@ -6,6 +6,7 @@ close() leaves nothing behind on the host.
 Brings the image up to date first (scripts/build_images.sh): several minutes from scratch, a few
 seconds when an image built earlier on this machine only needs the current code.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -32,9 +33,16 @@ pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 RTTS_MS = (5.0, 10.0, 20.0, 40.0)
 BACKEND = SyntheticBackendConfig(alpha=0.7, seed=3)
 # Small emulated compute times: the link, not the emulated device, sets the pace.
-PROFILE = HardwareProfile(name="compose-test", t_draft_edge_s=0.0005, t_draft_server_s=0.0003, t_ar_s=0.001,
-                          t_verify_base_s=0.0008, t_verify_per_position_s=0.0001, t_prefill_per_token_s=0.00001,
-                          batch_slope=0.1)
+PROFILE = HardwareProfile(
+    name="compose-test",
+    t_draft_edge_s=0.0005,
+    t_draft_server_s=0.0003,
+    t_ar_s=0.001,
+    t_verify_base_s=0.0008,
+    t_verify_per_position_s=0.0001,
+    t_prefill_per_token_s=0.00001,
+    batch_slope=0.1,
+)
 PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(2 + i % 4)] for i in range(3)]
 MAX_NEW_TOKENS = 24
 GAMMA = 3
@@ -45,8 +53,14 @@ LINK_P50_TOLERANCE_MS = 2.0
 @pytest.fixture(scope="module")
 def testbed(docker_engine, tmp_path_factory):
     before = host_state()
-    config = ComposeConfig(n_edges=len(RTTS_MS), backend=BACKEND, profile=PROFILE, max_batch=4, verify_count=50,
-                           log_dir=str(tmp_path_factory.mktemp("compose-logs")))
+    config = ComposeConfig(
+        n_edges=len(RTTS_MS),
+        backend=BACKEND,
+        profile=PROFILE,
+        max_batch=4,
+        verify_count=50,
+        log_dir=str(tmp_path_factory.mktemp("compose-logs")),
+    )
     testbed = ComposeTestbed(config)
     try:
         yield testbed, before
@@ -61,9 +75,17 @@ def links(testbed):
 
 @pytest.fixture(scope="module")
 def runs(testbed, links):
-    results = run_waves(testbed[0], PROMPTS, MAX_NEW_TOKENS, GAMMA, RUNS_TIMEOUT_S, max_in_flight=2,
-                        probe_count=5, probe_interval_ms=100)
-    testbed[0].check()       # the shaping held the whole time
+    results = run_waves(
+        testbed[0],
+        PROMPTS,
+        MAX_NEW_TOKENS,
+        GAMMA,
+        RUNS_TIMEOUT_S,
+        max_in_flight=2,
+        probe_count=5,
+        probe_interval_ms=100,
+    )
+    testbed[0].check()  # the shaping held the whole time
     return results
 
 
@@ -76,7 +98,7 @@ def test_four_edges_come_up_healthy_in_order_on_the_testbed_network(testbed):
     for edge, container in zip(tb.edges, tb.edge_containers):
         assert container.labels["dsdbed.role"] == "edge"
         assert container.status == "running"
-        check = container.attrs["Config"]["Healthcheck"]["Test"]      # compose.yaml's healthcheck
+        check = container.attrs["Config"]["Healthcheck"]["Test"]  # compose.yaml's healthcheck
         assert check[0] == "CMD" and container.exec_run(check[1:]).exit_code == 0
         host = edge.control_url.removeprefix("http://").rsplit(":", 1)[0]
         assert ipaddress.IPv4Address(host) in subnet
@@ -100,7 +122,9 @@ def test_each_link_measures_its_configured_rtt(testbed, links):
 def test_every_mode_on_every_edge_emits_the_target_greedy_tokens(runs):
     _, target = load_pair(BACKEND)
     stop = StopRule(MAX_NEW_TOKENS, target.eos_token_id)
-    check_greedy(runs, [generate_ar(target, prompt, stop, seq_id=f"ref-{i}").tokens for i, prompt in enumerate(PROMPTS)])
+    check_greedy(
+        runs, [generate_ar(target, prompt, stop, seq_id=f"ref-{i}").tokens for i, prompt in enumerate(PROMPTS)]
+    )
 
 
 def test_traffic_between_the_containers_takes_the_configured_rtt(testbed, runs):
@@ -110,8 +134,11 @@ def test_traffic_between_the_containers_takes_the_configured_rtt(testbed, runs):
         # never faster than the link, and near it in the lower quartile. The median carries the
         # host's CPU contention (4 runs, 5 containers, the shaper, on 2 cores), so only a gross
         # bound applies there.
-        probes = [p for summary, rounds, _ in mine
-                  for p in summary["rtt_before_ms"] + [float(r["rtt_probe_ms"]) for r in rounds if r["rtt_probe_ms"]]]
+        probes = [
+            p
+            for summary, rounds, _ in mine
+            for p in summary["rtt_before_ms"] + [float(r["rtt_probe_ms"]) for r in rounds if r["rtt_probe_ms"]]
+        ]
         p25_ms = statistics.quantiles(probes, n=4)[0]
         assert min(probes) >= rtt_ms - 0.5, (i, sorted(probes)[:5])
         assert p25_ms <= rtt_ms + max(3.0, 0.1 * rtt_ms), (i, p25_ms, sorted(probes))
@@ -129,22 +156,44 @@ def test_traffic_between_the_containers_takes_the_configured_rtt(testbed, runs):
 def test_a_cpu_plan_becomes_the_containers_cpusets_and_unpinning_gives_every_cpu_back(testbed, runs):
     tb = testbed[0]
     usable = cpus.usable_cpus()
-    plan = cpus.plan_cpus(usable, len(tb.edges), "on")       # on 2 CPUs too: the verifier alone on the last
+    plan = cpus.plan_cpus(usable, len(tb.edges), "on")  # on 2 CPUs too: the verifier alone on the last
     applied = cpus.pin_testbed(tb, plan)
     assert applied[tb.verifier_container.name] == plan["sets"]["verifier"]
     for handle, container in zip(tb.edges, tb.edge_containers):
         assert applied[container.name] == plan["sets"][f"edge{handle.client_id}"]
-        assert container.attrs["HostConfig"]["CpusetCpus"] == ",".join(map(str, plan["sets"][f"edge{handle.client_id}"]))
+        assert container.attrs["HostConfig"]["CpusetCpus"] == ",".join(
+            map(str, plan["sets"][f"edge{handle.client_id}"])
+        )
     # A pinned testbed still runs: one sync run on the first edge, the target's greedy tokens.
     edge = tb.edges[0]
-    call("POST", f"{edge.control_url}/runs", token=edge.token, body={
-        "run_id": "pinned-sync", "client_id": "pinned-sync", "mode": "sync", "gamma": GAMMA, "prompts": PROMPTS[:1],
-        "max_new_tokens": MAX_NEW_TOKENS, "verifier_url": tb.verifier_url, "app_delay_ms": tb.app_delay_ms(0)})
+    call(
+        "POST",
+        f"{edge.control_url}/runs",
+        token=edge.token,
+        body={
+            "run_id": "pinned-sync",
+            "client_id": "pinned-sync",
+            "mode": "sync",
+            "gamma": GAMMA,
+            "prompts": PROMPTS[:1],
+            "max_new_tokens": MAX_NEW_TOKENS,
+            "verifier_url": tb.verifier_url,
+            "app_delay_ms": tb.app_delay_ms(0),
+        },
+    )
     summary = wait_for({(0, "sync"): (edge, "pinned-sync")}, RUNS_TIMEOUT_S)[0, "sync"]
     _, target = load_pair(BACKEND)
     expected = generate_ar(target, PROMPTS[0], StopRule(MAX_NEW_TOKENS, target.eos_token_id), seq_id="pinned").tokens
-    check_greedy({(0, "sync"): (summary, read_csv(edge, "pinned-sync", "rounds.csv"),
-                                read_csv(edge, "pinned-sync", "requests.csv"))}, [expected])
+    check_greedy(
+        {
+            (0, "sync"): (
+                summary,
+                read_csv(edge, "pinned-sync", "rounds.csv"),
+                read_csv(edge, "pinned-sync", "requests.csv"),
+            )
+        },
+        [expected],
+    )
     unpinned = cpus.pin_testbed(tb, cpus.plan_cpus(usable, len(tb.edges), "off"))
     assert every(mask == usable for mask in unpinned.values()), unpinned
 
@@ -153,7 +202,6 @@ def test_close_saves_the_logs_and_leaves_nothing_behind(testbed):
     tb, before = testbed
     tb.close()
     assert new_since(before) == {}
-    tb.close()      # idempotent
+    tb.close()  # idempotent
     logs = (Path(tb.config.log_dir) / "compose-dsdbed.log").read_text()
     assert "services.verifier verifier on" in logs and logs.count("services.edge edge on") == len(RTTS_MS)
-

@@ -6,6 +6,7 @@ the compose file's orchestrator service runs a sweep by itself, results on the h
 
 DSD_HEALTH_INTERVAL=2s (docs/launchers.md: optional) makes `up --wait` quick; nothing else differs.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,16 +33,28 @@ SWEEP_TIMEOUT_S = 900
 
 
 def compose(*args: str, env: dict | None = None, timeout_s: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess:
-    result = subprocess.run(["docker", "compose", *args], cwd=REPO, env={**ENV, **(env or {})}, capture_output=True,
-                            text=True, timeout=timeout_s)
+    result = subprocess.run(
+        ["docker", "compose", *args],
+        cwd=REPO,
+        env={**ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     assert result.returncode == 0, f"docker compose {' '.join(args)}: {result.stdout[-2000:]}{result.stderr[-2000:]}"
     return result
 
 
 def dsdbed(*args: str) -> subprocess.CompletedProcess:
     env = {**ENV, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=SWEEP_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SWEEP_TIMEOUT_S,
+    )
 
 
 def running() -> dict[str, str]:
@@ -78,14 +91,14 @@ def test_up_sweep_look_down(down_afterwards, tmp_path):
 
     points = pd.read_csv(out / "points.csv")
     assert len(points) == 4
-    assert points["shaper"].isin(BACKENDS).all(), points["shaper"].tolist()    # every row: a real link shaper
+    assert points["shaper"].isin(BACKENDS).all(), points["shaper"].tolist()  # every row: a real link shaper
     assert (points["per_token_ms_p50"] > 0).all()
     assert (out / "report.html").is_file()
     facts = json.loads((out / "sweep.json").read_text())
     assert facts["launcher"] == "compose" and facts["testbed"]["adopted"] is True
 
-    assert running() == before            # left up as found: the same containers, still running
-    assert find_leftovers() == []         # and unshaped: no rules, daemons or qdiscs of ours
+    assert running() == before  # left up as found: the same containers, still running
+    assert find_leftovers() == []  # and unshaped: no rules, daemons or qdiscs of ours
 
 
 def test_a_project_with_another_profile_gets_one_line_naming_it_and_the_fix(down_afterwards, tmp_path):
@@ -100,15 +113,23 @@ def test_a_project_with_another_profile_gets_one_line_naming_it_and_the_fix(down
 
     debug = dsdbed("--debug", "sweep", EXPERIMENT, "--out", str(out))
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "ComposeError" in debug.stderr
-    assert len(running()) == 5            # refused, and the project left alone
+    assert len(running()) == 5  # refused, and the project left alone
 
 
 def test_the_orchestrator_service_runs_a_sweep_with_results_on_the_host(down_afterwards, tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    result = compose("--profile", "sweep", "up", "--scale", "edge=4", "--exit-code-from", "orchestrator",
-                     env={"DSD_EXPERIMENT": "compose-quick", "DSD_RESULTS_DIR": str(results)},
-                     timeout_s=UP_TIMEOUT_S + SWEEP_TIMEOUT_S)
+    result = compose(
+        "--profile",
+        "sweep",
+        "up",
+        "--scale",
+        "edge=4",
+        "--exit-code-from",
+        "orchestrator",
+        env={"DSD_EXPERIMENT": "compose-quick", "DSD_RESULTS_DIR": str(results)},
+        timeout_s=UP_TIMEOUT_S + SWEEP_TIMEOUT_S,
+    )
     [folder] = list(results.glob("compose-quick-*"))
     points = pd.read_csv(folder / "points.csv")
     assert len(points) == 4 and points["shaper"].isin(BACKENDS).all(), points["shaper"].tolist()

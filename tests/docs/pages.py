@@ -1,5 +1,6 @@
 """Helpers for the docs tests: where the docs are, building the site, reading the key and column
 tables of a page, and a small sim sweep to check pages against real outputs."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,13 @@ _ROW_NAMES = re.compile(r"`([^`]+)`")
 
 def build_site(site_dir: Path) -> subprocess.CompletedProcess:
     """`mkdocs build --strict` of the project's site into site_dir (a warning fails it)."""
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def documented_names(page: str) -> dict[str, set[str]]:
@@ -50,7 +56,7 @@ def section_text(page: str, marker: str) -> str:
     starts = [i for i, line in enumerate(lines) if _HEADING.match(line) and marker in line]
     assert len(starts) == 1, f"expected one section heading containing {marker!r}, found {len(starts)}"
     end = next((i for i in range(starts[0] + 1, len(lines)) if _HEADING.match(lines[i])), len(lines))
-    return "\n".join(lines[starts[0]:end])
+    return "\n".join(lines[starts[0] : end])
 
 
 def small_sim_sweep(out: Path) -> Path:
@@ -60,10 +66,19 @@ def small_sim_sweep(out: Path) -> Path:
     from orchestrator.report.html import write_report
     from orchestrator.running.run import run_experiment
 
-    experiment = experiment_from_dict({
-        "name": "docs-check", "launcher": "sim", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 20],
-        "gamma": [4], "requests": 2, "max_new_tokens": 40, "prompt_tokens": 8,
-        "backend": {"kind": "synthetic", "alpha": 0.8}})
+    experiment = experiment_from_dict(
+        {
+            "name": "docs-check",
+            "launcher": "sim",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0, 10, 20],
+            "gamma": [4],
+            "requests": 2,
+            "max_new_tokens": 40,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+        }
+    )
     run_experiment(experiment, out, resume=False)
     write_report(out, "html")
     return out

@@ -1,6 +1,7 @@
 """report.html and the docs site in a real browser: headless Chromium (Debian's chromium and
 chromium-driver, driven by selenium) opens each page over a local HTTP server on 127.0.0.1 and
 checks that every image loaded and that the page logged no error to the console."""
+
 from __future__ import annotations
 
 import functools
@@ -60,14 +61,21 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(served):
-    os.environ.setdefault("SE_OFFLINE", "true")          # never let selenium fetch a driver
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let selenium fetch a driver
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--no-first-run", "--disable-extensions", "--disable-background-networking"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
@@ -80,11 +88,12 @@ def browser(served):
 
 def _open(driver, url: str) -> tuple[list[dict], list[dict]]:
     """Load a page; its images (src, complete, naturalWidth) and its SEVERE console entries."""
-    driver.get_log("browser")                            # drop what earlier pages logged
+    driver.get_log("browser")  # drop what earlier pages logged
     driver.get(url)
     images = driver.execute_script(
         "return Array.from(document.images).map(i => ({src: i.currentSrc.slice(0, 80),"
-        " complete: i.complete, width: i.naturalWidth}))")
+        " complete: i.complete, width: i.naturalWidth}))"
+    )
     # Chromium asks every page for /favicon.ico; the report has none by design (one file).
     severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
     return images, severe
@@ -94,7 +103,7 @@ def test_report_html_shows_every_figure_without_console_errors(served, browser):
     root, base = served
     assert (root / "sweep" / "report.html").exists()
     images, severe = _open(browser, f"{base}/sweep/report.html")
-    assert len(images) >= 2, images                       # latency vs RTT and acceptance
+    assert len(images) >= 2, images  # latency vs RTT and acceptance
     assert [i for i in images if not (i["complete"] and i["width"] > 0)] == []
     assert severe == []
 
@@ -112,5 +121,5 @@ def test_every_docs_page_shows_its_images_without_console_errors(served, browser
             broken[str(page)] = bad
         if severe:
             errors[str(page)] = severe
-    assert seen >= 1                                      # the getting-started figure at least
+    assert seen >= 1  # the getting-started figure at least
     assert broken == {} and errors == {}

@@ -1,5 +1,6 @@
 """The docs site builds strictly: a broken link, a missing page or a page left out of the nav
 fails the suite, not a reader."""
+
 from tests.docs.pages import DOCS, ROOT, build_site
 
 

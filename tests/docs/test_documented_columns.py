@@ -1,6 +1,7 @@
 """docs/outputs.md documents every column of every output file, and only real ones: its tables
 are checked against the row types the traces are written from, links.csv's row type, the
 columns points.csv takes from links.csv, and the files a small sim sweep writes."""
+
 import json
 from dataclasses import fields
 
@@ -52,16 +53,26 @@ def test_every_column_a_sim_sweep_writes_is_documented(docs, sweep, file):
     columns = set(pd.read_csv(sweep / file, nrows=1).columns)
     documented = section(docs, f"`{file}`") | section(docs, "Point columns")
     if file == "requests.csv":
-        documented |= section(docs, "`rounds.csv`")       # "as in rounds.csv" rows name them there too
+        documented |= section(docs, "`rounds.csv`")  # "as in rounds.csv" rows name them there too
     assert sorted(columns - documented) == []
 
 
 def test_every_documented_trace_column_is_real(docs):
     """The rounds.csv and requests.csv tables name nothing that neither the row type nor the
     analysis adds (the analysis's additions are listed here so a rename shows up)."""
-    added = {"rounds.csv": {"link_change_index", "link_rtt_configured_ms"},
-             "requests.csv": {"alpha_measured", "distinct_4gram", "shaper", "link_edge", "link_rtt_configured_ms",
-                              "token_latency_ms_p50", "token_latency_ms_p99", "longest_gap_ms"}}
+    added = {
+        "rounds.csv": {"link_change_index", "link_rtt_configured_ms"},
+        "requests.csv": {
+            "alpha_measured",
+            "distinct_4gram",
+            "shaper",
+            "link_edge",
+            "link_rtt_configured_ms",
+            "token_latency_ms_p50",
+            "token_latency_ms_p99",
+            "longest_gap_ms",
+        },
+    }
     for file, row in (("rounds.csv", RoundRow), ("requests.csv", RequestRow)):
         assert sorted(section(docs, f"`{file}`") - _names(row) - added[file]) == []
 

@@ -1,5 +1,6 @@
 """docs/experiments.md documents every experiment key, and only real ones: its tables are
 checked against the config dataclasses an experiment file is parsed into."""
+
 import re
 import typing
 from dataclasses import MISSING, fields
@@ -78,19 +79,35 @@ def _same_default(documented, default) -> bool:
     if isinstance(default, tuple):
         return list(default) == (documented if isinstance(documented, list) else [documented])
     if not isinstance(default, (str, int, float, bool, type(None))):
-        return isinstance(documented, list) and not documented and not default     # an empty table or list
+        return isinstance(documented, list) and not documented and not default  # an empty table or list
     return documented == default
 
 
-@pytest.mark.parametrize("marker, table", [("Top-level keys", None), ("[sampling]", "sampling"),
-                                           ("[workload]", "workload"), ("[link]", "link"), ("[load]", "load"),
-                                           ("[slo]", "slo"), ("[external]", "external"), ("[cache]", "cache")])
+@pytest.mark.parametrize(
+    "marker, table",
+    [
+        ("Top-level keys", None),
+        ("[sampling]", "sampling"),
+        ("[workload]", "workload"),
+        ("[link]", "link"),
+        ("[load]", "load"),
+        ("[slo]", "slo"),
+        ("[external]", "external"),
+        ("[cache]", "cache"),
+    ],
+)
 def test_each_documented_default_is_its_dataclass_default(marker, table):
     cls = Experiment if table is None else _table_class(table)
-    declared = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)
-                if f.default is not MISSING or f.default_factory is not MISSING}
+    declared = {
+        f.name: f.default if f.default_factory is MISSING else f.default_factory()
+        for f in fields(cls)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
     documented = _documented_defaults(marker)
     assert documented
-    wrong = {key: (value, declared.get(key, "no default")) for key, value in documented.items()
-             if key not in declared or not _same_default(value, declared[key])}
+    wrong = {
+        key: (value, declared.get(key, "no default"))
+        for key, value in documented.items()
+        if key not in declared or not _same_default(value, declared[key])
+    }
     assert wrong == {}

@@ -1,5 +1,6 @@
 """What the controller tests share (tests/dsd/test_control_*.py): a scripted controller, the
 synthetic pair they run, and the exact distribution sampled runs are checked against."""
+
 import itertools
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM

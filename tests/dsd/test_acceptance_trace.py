@@ -1,4 +1,5 @@
 """Acceptance traces: the synthetic draft replays a real pair's per-round accepted counts."""
+
 import random
 
 import pytest
@@ -28,7 +29,7 @@ def test_rounds_become_positions_with_the_bonus_position_untested():
     assert list(trace.outcomes) == [ACCEPT, ACCEPT, REJECT, *[ACCEPT] * 4, UNTESTED, REJECT]
     assert trace.round_starts == (0, 3, 8)
     assert trace.alpha_measured == pytest.approx(6 / 8)
-    assert trace.outcome(9) == ACCEPT                     # wraps around
+    assert trace.outcome(9) == ACCEPT  # wraps around
     assert AcceptanceTrace.from_text(trace.to_text()).rounds == trace.rounds
 
 
@@ -39,14 +40,17 @@ def test_bad_inline_rounds_are_refused(text):
 
 
 def test_a_rounds_csv_gives_its_live_rounds_request_by_request(tmp_path):
-    path = write_rounds(tmp_path / "rounds.csv", [
-        ("p", 0, 1, 0, 4, 3, False, ""),
-        ("p", 0, 0, 1, 4, 1, False, ""),        # written out of order: a concurrent client's
-        ("p", 0, 0, 0, 4, 4, False, ""),
-        ("p", 0, 0, 2, 4, 0, True, ""),         # stale: no verdict of the target
-        ("p", 0, 0, 3, 0, 0, False, ""),        # an AR row
-        ("p", 0, 0, 4, 4, 2, False, "boom"),    # an error row
-    ])
+    path = write_rounds(
+        tmp_path / "rounds.csv",
+        [
+            ("p", 0, 1, 0, 4, 3, False, ""),
+            ("p", 0, 0, 1, 4, 1, False, ""),  # written out of order: a concurrent client's
+            ("p", 0, 0, 0, 4, 4, False, ""),
+            ("p", 0, 0, 2, 4, 0, True, ""),  # stale: no verdict of the target
+            ("p", 0, 0, 3, 0, 0, False, ""),  # an AR row
+            ("p", 0, 0, 4, 4, 2, False, "boom"),  # an error row
+        ],
+    )
     assert read_rounds_csv(path).rounds == ((4, 4), (4, 1), (4, 3))
     with pytest.raises(ValueError, match="acceptance_trace.*no column"):
         read_rounds_csv(write_rounds(tmp_path / "x.csv", [(1, 2)], columns=("a", "b")))
@@ -67,7 +71,7 @@ def test_at_the_traces_gamma_a_request_replays_consecutive_trace_rounds_exactly(
 
 
 def test_a_smaller_gamma_truncates_and_goes_on_where_the_round_stopped():
-    trace = AcceptanceTrace(((4, 3),) * 10)                # A A A R, A A A R, ...
+    trace = AcceptanceTrace(((4, 3),) * 10)  # A A A R, A A A R, ...
     draft, target = pair(trace)
     generation = generate_colocated(draft, target, prompts(1)[0], 2, StopRule(30, None))
     # gamma 2: accept A A (the bonus takes the third A), then the R alone, and again
@@ -84,8 +88,9 @@ def test_a_trace_driven_run_reproduces_the_traces_accepted_count_histogram():
     traced, iid = [], []
     for index, prompt in enumerate(prompts(150, seed=2)):
         for name, model, out in (("t", draft, traced), ("i", iid_draft, iid)):
-            run = simulate_dsd(model, target, prompt, StopRule(48, None), link, DriverConfig(4, "sync"),
-                               seq_id=f"{name}{index}")
+            run = simulate_dsd(
+                model, target, prompt, StopRule(48, None), link, DriverConfig(4, "sync"), seq_id=f"{name}{index}"
+            )
             out += [r.accepted for r in run.generation.rounds if not r.stale]
     want = {a: c / len(trace.rounds) for a, c in trace.histogram().items()}
     assert len(traced) > 2000
@@ -101,9 +106,15 @@ def test_greedy_output_stays_the_targets_in_every_mode_with_a_trace():
         want = generate_ar(target, prompt, StopRule(40, None), seq_id=f"ar{index}").tokens
         assert generate_colocated(draft, target, prompt, 4, StopRule(40, None), seq_id=f"co{index}").tokens == want
         for pipelined in (False, True):
-            run = simulate_dsd(draft, target, prompt, StopRule(40, None), link,
-                               DriverConfig(4, "pipelined" if pipelined else "sync", max_in_flight=2),
-                               seq_id=f"d{index}{pipelined}")
+            run = simulate_dsd(
+                draft,
+                target,
+                prompt,
+                StopRule(40, None),
+                link,
+                DriverConfig(4, "pipelined" if pipelined else "sync", max_in_flight=2),
+                seq_id=f"d{index}{pipelined}",
+            )
             assert run.generation.tokens == want
 
 
@@ -120,7 +131,7 @@ def test_the_backend_config_takes_a_path_or_inline_rounds_not_both(tmp_path):
     assert SyntheticBackendConfig(acceptance_rounds="4:2,4:4").trace().rounds == ((4, 2), (4, 4))
     with pytest.raises(ValueError, match="give one"):
         SyntheticBackendConfig(acceptance_trace=str(path), acceptance_rounds="4:2")
-    with pytest.raises(ValueError, match=r"unknown key.*acceptance_rounds.*'hf'"):    # a real pair has its own
+    with pytest.raises(ValueError, match=r"unknown key.*acceptance_rounds.*'hf'"):  # a real pair has its own
         backend_from_dict({"kind": "hf", "acceptance_rounds": "4:2"})
     with pytest.raises(ValueError, match="acceptance_trace"):
         SyntheticBackendConfig(acceptance_trace=str(tmp_path / "nope.csv"))

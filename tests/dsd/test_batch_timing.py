@@ -1,4 +1,5 @@
 """The batched cost curve t_verify(gamma, b) and the batch_slope fitted to it."""
+
 import pytest
 
 from dsd.costs.measurement import batched_verify_times_s, fit_batch_slope

@@ -2,6 +2,7 @@
 (different prefix lengths, different block lengths, caches holding rejected drafts) drafted with
 one pass of the draft per step give each session the blocks of drafting alone, token for token
 under greedy decoding (float32) and draw for draw under sampling, and leave its cache the same."""
+
 import asyncio
 
 import pytest
@@ -28,8 +29,10 @@ def _twins(seed: int = 3):
 
 
 def _jobs(model, prefixes, blocks, sampling, draws):
-    return [DraftJob(model, f"s{i}", prefix, n, sampling[i], draws[i])
-            for i, (prefix, n) in enumerate(zip(prefixes, blocks))]
+    return [
+        DraftJob(model, f"s{i}", prefix, n, sampling[i], draws[i])
+        for i, (prefix, n) in enumerate(zip(prefixes, blocks))
+    ]
 
 
 def _rounds(model, batched: bool, sampling, seeds, rounds: int = 5):
@@ -44,7 +47,7 @@ def _rounds(model, batched: bool, sampling, seeds, rounds: int = 5):
         results = [value for ok, value in run_draft_jobs(jobs)] if batched else [job.run() for job in jobs]
         out.append(results)
         for i, (drafted, _) in enumerate(results):
-            prefixes[i] += drafted[:len(drafted) // 2] + [(7 * r + i) % model.vocab_size]
+            prefixes[i] += drafted[: len(drafted) // 2] + [(7 * r + i) % model.vocab_size]
     return out, prefixes
 
 
@@ -66,8 +69,10 @@ def test_batched_sampled_drafting_makes_the_same_draws_from_the_same_q():
     """Each session samples from its own q with its own draws in the order it would alone:
     the same seeds give the same tokens, and q rows equal to float rounding."""
     batched_lm, alone_lm = _twins(seed=4)
-    sampling = [SamplingParams(temperature=t, top_k=k, seed=0) for t, k in
-                ((1.0, None), (0.7, None), (1.3, 20), (1.0, 5), (0.9, None))]
+    sampling = [
+        SamplingParams(temperature=t, top_k=k, seed=0)
+        for t, k in ((1.0, None), (0.7, None), (1.3, 20), (1.0, 5), (0.9, None))
+    ]
     seeds = [101, 202, 303, 404, 505]
     batched, _ = _rounds(batched_lm, True, sampling, seeds)
     alone, _ = _rounds(alone_lm, False, sampling, seeds)
@@ -102,7 +107,9 @@ def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
         scheduler.start()
         try:
             jobs = _jobs(batched_lm, PREFIXES, BLOCKS, [GREEDY] * len(PREFIXES), [None] * len(PREFIXES))
-            return await asyncio.gather(*(scheduler.submit("draft", job.n_tokens, job, i) for i, job in enumerate(jobs)))
+            return await asyncio.gather(
+                *(scheduler.submit("draft", job.n_tokens, job, i) for i, job in enumerate(jobs))
+            )
         finally:
             await scheduler.stop()
             device.executor.shutdown()
@@ -116,6 +123,7 @@ def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
 @pytest.mark.model
 def test_default_pair_batched_drafting_equals_drafting_alone():
     from dsd.backends.factory import HfBackendConfig, load_pair
+
     draft, _ = load_pair(HfBackendConfig())
     alone_lm = TorchLM(draft.model, "default-draft-alone", None)
     greedy = [GREEDY] * len(PREFIXES)

@@ -1,6 +1,7 @@
 """Batched verification on the hf backend: several sessions (different prefix lengths, different
 gamma) verified in one forward pass give the unbatched verdicts token for token (float32), leave
 each session's KV cache as an unbatched pass would, and keep speculative sampling exact."""
+
 import pytest
 import torch
 from scipy import stats
@@ -16,14 +17,22 @@ from tests.torch_pairs import tiny_pair
 from tests.checks import every
 
 GREEDY = SamplingParams()
-PROMPTS = [[5, 17, 42], [9] * 11, [3, 1, 4, 1, 5, 9, 2, 6], [60, 61], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
-           [44], [20, 30, 40, 50, 60, 70]]
+PROMPTS = [
+    [5, 17, 42],
+    [9] * 11,
+    [3, 1, 4, 1, 5, 9, 2, 6],
+    [60, 61],
+    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
+    [44],
+    [20, 30, 40, 50, 60, 70],
+]
 GAMMAS = [1, 2, 3, 4, 5, 6, 8]
 
 
 def _sessions(target, prefix: str, budget: int) -> list[VerifierSession]:
-    sessions = [VerifierSession(target, f"{prefix}{i}", prompt, GREEDY, StopRule(budget))
-                for i, prompt in enumerate(PROMPTS)]
+    sessions = [
+        VerifierSession(target, f"{prefix}{i}", prompt, GREEDY, StopRule(budget)) for i, prompt in enumerate(PROMPTS)
+    ]
     for s in sessions:
         s.prefill()
     return sessions
@@ -67,8 +76,9 @@ def test_batched_verification_equals_unbatched_greedy_token_for_token():
     for b, s in zip(batched, serial):
         assert b.committed.tokens == s.committed.tokens
         # And both are the target's own greedy continuation.
-        reference = generate_ar(serial_target, list(b.committed.tokens[:b.prompt_length]), StopRule(40),
-                                seq_id=f"ref-{b.seq_id}").tokens
+        reference = generate_ar(
+            serial_target, list(b.committed.tokens[: b.prompt_length]), StopRule(40), seq_id=f"ref-{b.seq_id}"
+        ).tokens
         assert b.generated == reference
 
 
@@ -78,7 +88,7 @@ def test_cache_after_a_batched_pass_and_rollback_equals_the_unbatched_one():
     batched, serial, verdicts_b, _ = _run_batched_and_serial(draft, target, serial_target, budget=60, rounds=6)
     assert any(v.accepted < v.proposed for round_ in verdicts_b for v in round_)
     for b, s in zip(batched, serial):
-        n = len(b.committed) - 1                     # the cache holds every committed token but the last
+        n = len(b.committed) - 1  # the cache holds every committed token but the last
         assert target._caches[b.seq_id].tokens == b.committed.tokens[:-1] == s.committed.tokens[:-1]
         assert target.cached_length(b.seq_id) == serial_target.cached_length(s.seq_id) == n
         for layer in range(len(target._caches[b.seq_id].keys)):
@@ -97,10 +107,14 @@ def test_a_batched_pass_returns_each_sequence_its_unbatched_logits():
     """Rows of different cached lengths and new positions (one of them with nothing cached)."""
     _, target = tiny_pair(seed=7)
     reference = TorchLM(target.model, "reference", None)
-    requests = [LogitsRequest("a", list(range(1, 30)), 5), LogitsRequest("b", [4, 5, 6], 1),
-                LogitsRequest("c", list(range(40, 52)), 12), LogitsRequest("d", [9, 9, 9, 9, 9, 9], 2)]
-    for r in requests[:3]:                           # warm caches of different lengths ("d" has none)
-        target.logits(r.seq_id, r.tokens[:-r.n_last] or r.tokens[:1], 1)
+    requests = [
+        LogitsRequest("a", list(range(1, 30)), 5),
+        LogitsRequest("b", [4, 5, 6], 1),
+        LogitsRequest("c", list(range(40, 52)), 12),
+        LogitsRequest("d", [9, 9, 9, 9, 9, 9], 2),
+    ]
+    for r in requests[:3]:  # warm caches of different lengths ("d" has none)
+        target.logits(r.seq_id, r.tokens[: -r.n_last] or r.tokens[:1], 1)
     batched = target.logits_batch(requests)
     for r, logits in zip(requests, batched):
         alone = reference.logits(r.seq_id, r.tokens, r.n_last)
@@ -111,12 +125,14 @@ def test_a_batched_pass_returns_each_sequence_its_unbatched_logits():
 
 def test_a_batch_with_a_failing_sequence_fails_only_that_job():
     """A row beyond the model's positions makes the batched pass fail; the jobs then run alone."""
-    draft, target = tiny_pair(seed=8)          # n_positions = 256
+    draft, target = tiny_pair(seed=8)  # n_positions = 256
     ok_session = VerifierSession(target, "ok", [5, 6, 7], GREEDY, StopRule(10))
     long_session = VerifierSession(target, "long", [5] * 300, GREEDY, StopRule(10))
     ok_session.prefill()
-    jobs = [ok_session.verify_job(ok_session.proposal_for([1, 2], None)),
-            long_session.verify_job(long_session.proposal_for([1, 2], None))]
+    jobs = [
+        ok_session.verify_job(ok_session.proposal_for([1, 2], None)),
+        long_session.verify_job(long_session.proposal_for([1, 2], None)),
+    ]
     (ok, verdict), (failed, error) = run_jobs(jobs)
     assert ok and verdict.proposed == 2 and len(ok_session.committed) == 3 + verdict.emitted
     assert not failed and isinstance(error, Exception)
@@ -133,7 +149,7 @@ def test_batched_speculative_sampling_keeps_the_target_distribution():
     8 sessions verified per batched pass, 3200 rounds, chi-square at p > 1e-3 (fixed seeds)."""
     draft, target = tiny_pair(seed=10, noise=0.3, vocab=11)
     prompt, gamma, n_sessions, n_passes = [3, 7, 2], 2, 8, 400
-    p = torch.softmax(target.logits("p", prompt, 1)[0], dim=-1)            # [vocab]
+    p = torch.softmax(target.logits("p", prompt, 1)[0], dim=-1)  # [vocab]
     sampling = [SamplingParams(temperature=1.0, seed=1000 + i) for i in range(n_sessions)]
     counts = torch.zeros(target.vocab_size)
     for round_ in range(n_passes):
@@ -148,7 +164,7 @@ def test_batched_speculative_sampling_keeps_the_target_distribution():
             assert ok, verdict
             counts[first if verdict.accepted > 0 else verdict.next_token] += 1
     every = p.double() / p.double().sum() * counts.sum().double()
-    rare = every < 5                               # chi-square wants >= 5 expected per cell: pool the rest
+    rare = every < 5  # chi-square wants >= 5 expected per cell: pool the rest
     observed, expected = counts.double()[~rare], every[~rare]
     if rare.any():
         observed = torch.cat([observed, counts.double()[rare].sum().reshape(1)])
@@ -160,6 +176,7 @@ def test_batched_speculative_sampling_keeps_the_target_distribution():
 @pytest.mark.model
 def test_default_pair_batched_verification_equals_unbatched():
     from dsd.backends.factory import HfBackendConfig, load_pair
+
     draft, target = load_pair(HfBackendConfig())
     serial_target = TorchLM(target.model, "default-target-serial", None)
     batched, serial, verdicts_b, verdicts_s = _run_batched_and_serial(draft, target, serial_target, budget=30)
@@ -178,8 +195,10 @@ def test_batched_ar_steps_emit_each_session_its_own_greedy_tokens():
             assert ok, value
     assert target.stats.passes - passes_before == 12
     for s in sessions:
-        assert s.generated == generate_ar(reference, PROMPTS[int(s.seq_id[2:])], StopRule(12),
-                                          seq_id=f"ref-{s.seq_id}").tokens
+        assert (
+            s.generated
+            == generate_ar(reference, PROMPTS[int(s.seq_id[2:])], StopRule(12), seq_id=f"ref-{s.seq_id}").tokens
+        )
         assert target.cached_length(s.seq_id) == len(s.committed) - 1
 
 
@@ -187,9 +206,17 @@ def test_a_llama_style_model_with_grouped_query_attention_batches_too():
     """The attention is the model's own interface, not GPT-2's: a tiny Llama (rotary positions,
     2 key/value heads for 4 query heads) gives the logits of a full forward pass, batched."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     model = LlamaForCausalLM(config).eval()
     lm = TorchLM(model, "tiny-llama", None)
     sequences = {"a": list(range(1, 20)), "b": [5, 6, 7], "c": [9] * 11}

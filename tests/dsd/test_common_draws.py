@@ -1,6 +1,7 @@
 """Common random numbers across modes (dsd.speculation.draws): with one seed, co-located SD, synchronous DSD
 and pipelined DSD commit the same tokens, because each block draws from a generator keyed by
 where it starts; different seeds still give different outputs."""
+
 import pytest
 
 from dsd.backends.protocol import SamplingParams
@@ -19,8 +20,7 @@ SERVER = ServerCosts(t_ar_s=0.02, t_draft_s=0.01, t_verify_s=0.03, t_prefill_s=0
 
 def _pair(seed: int):
     target = BigramLM(random_bigram(VOCAB, seed=seed, sharpness=2.0), "target")
-    draft = BigramLM(random_bigram(VOCAB, seed=seed + 1, sharpness=2.0) * 0.4
-                     + target.probs * 0.6, "draft")
+    draft = BigramLM(random_bigram(VOCAB, seed=seed + 1, sharpness=2.0) * 0.4 + target.probs * 0.6, "draft")
     return draft, target
 
 
@@ -28,13 +28,17 @@ def _outputs(seed: int, sampling: SamplingParams):
     draft, target = _pair(seed)
     stop = StopRule(TOKENS)
     link = LinkCosts(t_draft_s=0.01, t_verify_s=0.03, rtt_s=0.05)
-    pipelined = simulate_dsd(draft, target, PROMPT, stop, link, DriverConfig(GAMMA, "pipelined", max_in_flight=2),
-                             sampling=sampling)
+    pipelined = simulate_dsd(
+        draft, target, PROMPT, stop, link, DriverConfig(GAMMA, "pipelined", max_in_flight=2), sampling=sampling
+    )
     return {
         "colocated": generate_colocated(draft, target, PROMPT, GAMMA, stop, sampling).tokens,
         "colocated, as the services run it": simulate_on_server(
-            draft, target, PROMPT, GAMMA, stop, "colocated", SERVER, sampling).generation.tokens,
-        "sync": simulate_dsd(draft, target, PROMPT, stop, link, DriverConfig(GAMMA, "sync"), sampling=sampling).generation.tokens,
+            draft, target, PROMPT, GAMMA, stop, "colocated", SERVER, sampling
+        ).generation.tokens,
+        "sync": simulate_dsd(
+            draft, target, PROMPT, stop, link, DriverConfig(GAMMA, "sync"), sampling=sampling
+        ).generation.tokens,
         "pipelined": pipelined.generation.tokens,
     }, pipelined
 
@@ -57,8 +61,12 @@ def test_other_seeds_give_other_outputs():
 
 
 def test_keys_differ_by_seed_position_and_role_and_repeat_exactly():
-    keys = {draw_key(seed, position, role) for seed in range(3) for position in range(50)
-            for role in (DRAFT, VERIFY, TARGET)}
+    keys = {
+        draw_key(seed, position, role)
+        for seed in range(3)
+        for position in range(50)
+        for role in (DRAFT, VERIFY, TARGET)
+    }
     assert len(keys) == 3 * 50 * 3
     assert draw_key(5, 9, DRAFT) == draw_key(5, 9, DRAFT)
     draws = Draws(5)

@@ -1,6 +1,7 @@
 """Hand-over (dsd/drive/driver.py, dsd/drive/handover.py) driven by scripted controllers in the sim: a
 request moves between the edge and the server mid-request with the target's output and exact
 sampling, streams are asked ahead and withdrawn as the link moves, and every segment measures it."""
+
 import itertools
 
 import pytest
@@ -29,9 +30,15 @@ class ByPosition:
         return [plan for start, plan in self.plans if start <= self.generated][-1]
 
 
-HANDOVER_PLANS = [(0, Decision(3, "sync")), (10, Decision(1, "ar")), (30, Decision(5, "pipelined")),
-                  (50, Decision(2, "colocated")), (70, Decision(2, "sync")), (85, Decision(1, "ar")),
-                  (100, Decision(4, "pipelined"))]
+HANDOVER_PLANS = [
+    (0, Decision(3, "sync")),
+    (10, Decision(1, "ar")),
+    (30, Decision(5, "pipelined")),
+    (50, Decision(2, "colocated")),
+    (70, Decision(2, "sync")),
+    (85, Decision(1, "ar")),
+    (100, Decision(4, "pipelined")),
+]
 
 
 @pytest.mark.parametrize("depth", [1, 3])
@@ -46,22 +53,28 @@ def test_a_mid_request_hand_over_to_the_server_and_back_keeps_the_target_greedy_
         prompt = [i + 2, 9, 4]
         expected = generate_ar(target, prompt, stop, seq_id=f"ar{i}").tokens
         controller = ByPosition(stop, HANDOVER_PLANS)
-        run = simulate_dsd(draft, target, prompt, stop,
-                           LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01, t_draft_server_s=0.0005),
-                           DriverConfig(4, "sync", max_in_flight=depth, gamma_max=8, handover_tokens=segment),
-                           seq_id=f"h{i}", controller=controller)
+        run = simulate_dsd(
+            draft,
+            target,
+            prompt,
+            stop,
+            LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01, t_draft_server_s=0.0005),
+            DriverConfig(4, "sync", max_in_flight=depth, gamma_max=8, handover_tokens=segment),
+            seq_id=f"h{i}",
+            controller=controller,
+        )
         assert run.generation.tokens == expected
         assert sum(r.emitted for r in run.generation.rounds) == len(expected)
         modes = [r.mode for r in run.generation.rounds if not r.stale]
         runs = [mode for mode, _ in itertools.groupby(modes)]
         assert runs[0] == "sync" and {"ar", "colocated", "pipelined"} <= set(runs)
-        assert runs.index("pipelined") > runs.index("ar")                 # back to the edge after the server
+        assert runs.index("pipelined") > runs.index("ar")  # back to the edge after the server
         # every segment's acknowledgement is seen too: a server round without compute, the link's RTT
         acks = [o for o in controller.seen if o.mode in ("ar", "colocated") and o.t_verify_s is None]
         assert acks and all(o.tokens == 0 and o.rtt_s == pytest.approx(0.03) for o in acks)
         assert len(controller.seen) == len(run.generation.rounds) + len(acks)
         server = [o for o in controller.seen if o.mode in ("ar", "colocated")]
-        assert every(o.shadow_positions == o.tokens for o in server)          # greedy: drafted along the stream
+        assert every(o.shadow_positions == o.tokens for o in server)  # greedy: drafted along the stream
 
 
 class ByRtt:
@@ -80,14 +93,20 @@ class ByRtt:
 def _tokens_on_the_server_across_a_fall(new_protocol: bool, monkeypatch) -> tuple[int, float, list[int]]:
     from dsd.simulation import one_client
 
-    if not new_protocol:       # a verifier without Queued and Withdraw: the segments' tokens show the link
+    if not new_protocol:  # a verifier without Queued and Withdraw: the segments' tokens show the link
         monkeypatch.setattr(one_client.VirtualLink, "acknowledge", lambda *_: None)
         monkeypatch.setattr(one_client.VirtualLink, "withdraws", False)
     draft, target = synthetic_pair()
     stop = StopRule(160)
-    run = simulate_dsd(draft, target, [5, 9, 4], stop,
-                       dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01), rtt_at=lambda t_s: 0.15 if t_s < 0.6 else 0.01),
-                       DriverConfig(4, "sync", gamma_max=8, handover_tokens=4), controller=ByRtt())
+    run = simulate_dsd(
+        draft,
+        target,
+        [5, 9, 4],
+        stop,
+        dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01), rtt_at=lambda t_s: 0.15 if t_s < 0.6 else 0.01),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        controller=ByRtt(),
+    )
     monkeypatch.undo()
     return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.total_s, run.generation.tokens
 
@@ -120,13 +139,26 @@ def test_a_plan_back_to_the_edge_on_a_link_that_held_still_withdraws_nothing(mon
     monkeypatch.setattr(one_client.VirtualLink, "withdraw", spy)
     draft, target = synthetic_pair()
     stop = StopRule(120)
-    run = simulate_dsd(draft, target, [2, 9, 4], stop, LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
-                       DriverConfig(4, "sync", gamma_max=8), controller=ByPosition(stop, HANDOVER_PLANS))
+    run = simulate_dsd(
+        draft,
+        target,
+        [2, 9, 4],
+        stop,
+        LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
+        DriverConfig(4, "sync", gamma_max=8),
+        controller=ByPosition(stop, HANDOVER_PLANS),
+    )
     assert run.generation.tokens == generate_ar(target, [2, 9, 4], stop, seq_id="s").tokens
     assert {r.mode for r in run.generation.rounds} >= {"ar", "pipelined"} and calls == []
-    simulate_dsd(draft, target, [5, 9, 4], StopRule(160),
-                 dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01), rtt_at=lambda t_s: 0.15 if t_s < 0.6 else 0.01),
-                 DriverConfig(4, "sync", gamma_max=8), controller=ByRtt())
+    simulate_dsd(
+        draft,
+        target,
+        [5, 9, 4],
+        StopRule(160),
+        dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01), rtt_at=lambda t_s: 0.15 if t_s < 0.6 else 0.01),
+        DriverConfig(4, "sync", gamma_max=8),
+        controller=ByRtt(),
+    )
     assert len(calls) == 1 and calls[0] >= 2, calls
 
 
@@ -145,12 +177,18 @@ def test_a_plan_back_to_the_edge_withdraws_the_segments_asked_only_for_the_look_
     draft, target = synthetic_pair()
     stop = StopRule(120)
     plans = [(0, Decision(3, "sync")), (10, Decision(1, "ar")), (30, Decision(5, "pipelined"))]
-    run = simulate_dsd(draft, target, [2, 9, 4], stop, LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
-                       DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
-                       controller=ByPositionLookingAhead(stop, plans))
+    run = simulate_dsd(
+        draft,
+        target,
+        [2, 9, 4],
+        stop,
+        LinkCosts(0.001, 0.002, 0.03, t_ar_s=0.01),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        controller=ByPositionLookingAhead(stop, plans),
+    )
     assert run.generation.tokens == generate_ar(target, [2, 9, 4], stop, seq_id="l").tokens
     ar_tokens = sum(r.emitted for r in run.generation.rounds if r.mode == "ar")
-    assert 20 <= ar_tokens <= 20 + 3 * 4, ar_tokens       # a round trip of 30 ms and a step: 2 segments, and 1 serving
+    assert 20 <= ar_tokens <= 20 + 3 * 4, ar_tokens  # a round trip of 30 ms and a step: 2 segments, and 1 serving
 
 
 class ByRttLookingAhead(ByRtt):
@@ -166,9 +204,15 @@ def _ar_tokens_across_a_late_fall(infer: bool, monkeypatch) -> tuple[int, float,
     if not infer:
         monkeypatch.setattr(handover, "fallen_rtt_s", lambda *args: None)
     draft, target = synthetic_pair()
-    run = simulate_dsd(draft, target, [5, 9, 4], StopRule(60),
-                       dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02), rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01),
-                       DriverConfig(4, "sync", gamma_max=8, handover_tokens=4), controller=ByRttLookingAhead())
+    run = simulate_dsd(
+        draft,
+        target,
+        [5, 9, 4],
+        StopRule(60),
+        dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02), rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        controller=ByRttLookingAhead(),
+    )
     monkeypatch.undo()
     return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.total_s, run.generation.tokens
 
@@ -206,9 +250,15 @@ def test_after_a_burst_read_as_a_fall_no_segment_asked_before_it_measures_the_li
     the estimate back up. Once the burst is read, the controller is shown only the new link."""
     controller = RecordingByRtt()
     draft, target = synthetic_pair()
-    simulate_dsd(draft, target, [5, 9, 4], StopRule(60),
-                 dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02), rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01),
-                 DriverConfig(4, "sync", gamma_max=8, handover_tokens=4), controller=controller)
+    simulate_dsd(
+        draft,
+        target,
+        [5, 9, 4],
+        StopRule(60),
+        dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.02), rtt_at=lambda t_s: 0.15 if t_s < 1.0 else 0.01),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        controller=controller,
+    )
     first_guess = [inferred for _, inferred in controller.rtts].index(True)
     assert every(rtt_s <= 0.075 for rtt_s, _ in controller.rtts[first_guess:]), controller.rtts[first_guess:]
     assert every(rtt_s == pytest.approx(0.15) for rtt_s, _ in controller.rtts[:first_guess])
@@ -223,8 +273,15 @@ class ByRttDecidedOnAProbe(ByRtt):
 
 def _server_tokens_after_a_stale_probe(controller) -> tuple[int, list[int]]:
     draft, target = synthetic_pair()
-    run = simulate_dsd(draft, target, [5, 9, 4], StopRule(60), LinkCosts(0.001, 0.002, 0.01, t_ar_s=0.01),
-                       DriverConfig(4, "sync", gamma_max=8, handover_tokens=4), controller=controller)
+    run = simulate_dsd(
+        draft,
+        target,
+        [5, 9, 4],
+        StopRule(60),
+        LinkCosts(0.001, 0.002, 0.01, t_ar_s=0.01),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        controller=controller,
+    )
     return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.generation.tokens
 
 
@@ -247,9 +304,15 @@ def test_a_request_sent_to_the_server_on_a_stale_probe_comes_back_after_its_firs
 def test_a_server_plan_is_refused_naming_the_mode_where_the_link_cannot_hand_over():
     draft, target = synthetic_pair()
     with pytest.raises(ValueError, match="mode"):
-        simulate_dsd(draft, target, [1, 2], StopRule(30), LinkCosts(0.001, 0.002, 0.01),
-                     DriverConfig(4, "sync", gamma_max=8),
-                     controller=Scripted([Decision(4, "sync"), Decision(1, "ar")]))
+        simulate_dsd(
+            draft,
+            target,
+            [1, 2],
+            StopRule(30),
+            LinkCosts(0.001, 0.002, 0.01),
+            DriverConfig(4, "sync", gamma_max=8),
+            controller=Scripted([Decision(4, "sync"), Decision(1, "ar")]),
+        )
     with pytest.raises(ValueError, match="handover"):
         ControllerConfig("model", handover="yes")
 
@@ -272,10 +335,17 @@ def test_hand_overs_keep_speculative_sampling_exact():
     plans = [Decision(1, "sync"), Decision(1, "ar"), Decision(2, "pipelined"), Decision(2, "colocated")] * 4
     costs = LinkCosts(0.001, 0.002, 0.005, t_ar_s=0.002, t_draft_server_s=0.001)
     for run in range(n_runs):
-        out = simulate_dsd(draft, target, [0], StopRule(length), costs,
-                           DriverConfig(2, "sync", max_in_flight=1 + run % 2, gamma_max=3, handover_tokens=1),
-                           sampling=SamplingParams(temperature=1.0, seed=run), seq_id=str(run),
-                           controller=Scripted(plans[run % 4:]))
+        out = simulate_dsd(
+            draft,
+            target,
+            [0],
+            StopRule(length),
+            costs,
+            DriverConfig(2, "sync", max_in_flight=1 + run % 2, gamma_max=3, handover_tokens=1),
+            sampling=SamplingParams(temperature=1.0, seed=run),
+            seq_id=str(run),
+            controller=Scripted(plans[run % 4 :]),
+        )
         handed_over += bool({r.mode for r in out.generation.rounds} & {"ar", "colocated"})
         counts[tuple(out.generation.tokens)] += 1
     assert handed_over > n_runs / 3
@@ -294,12 +364,20 @@ def test_a_stream_measures_the_link_on_every_segment_and_sees_it_fall():
     prompt = [3, 9, 4]
     expected = generate_ar(target, prompt, stop, seq_id="ar").tokens
     controller = Scripted([Decision(1, "ar")])
-    run = simulate_dsd(draft, target, prompt, stop,
-                       dataclasses.replace(LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02), rtt_at=lambda t: 0.150 if t < 1.0 else 0.010, t_open_s=0.0),
-                       DriverConfig(4, "sync", gamma_max=8), controller=controller)
+    run = simulate_dsd(
+        draft,
+        target,
+        prompt,
+        stop,
+        dataclasses.replace(
+            LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02), rtt_at=lambda t: 0.150 if t < 1.0 else 0.010, t_open_s=0.0
+        ),
+        DriverConfig(4, "sync", gamma_max=8),
+        controller=controller,
+    )
     assert run.generation.tokens == expected
     rtts = [o.rtt_s for o in controller.seen if o.rtt_s is not None]
-    assert len(rtts) >= 120 // 4 // 2                  # about one per 4-token segment, not one per stream
+    assert len(rtts) >= 120 // 4 // 2  # about one per 4-token segment, not one per stream
     assert rtts[0] == pytest.approx(0.150, abs=1e-9)
     assert rtts[-1] == pytest.approx(0.010, abs=1e-9)
     assert every(b >= 0 for b in rtts)
@@ -316,11 +394,26 @@ def test_a_session_that_hands_over_at_once_costs_about_a_plain_server_request():
     draft, target = synthetic_pair(alpha=0.8)
     stop = StopRule(48)
     rtt_s, t_ar_s, prefill_s = 0.150, 0.020, 0.005
-    plain = simulate_on_server(draft, target, [3, 9, 4], 1, stop, "ar",
-                               ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2), seq_id="plain")
-    session = simulate_dsd(draft, target, [3, 9, 4], stop,
-                           dataclasses.replace(LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s), t_open_s=prefill_s),
-                           DriverConfig(4, "sync", gamma_max=8), seq_id="s", controller=Scripted([Decision(1, "ar")]))
+    plain = simulate_on_server(
+        draft,
+        target,
+        [3, 9, 4],
+        1,
+        stop,
+        "ar",
+        ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2),
+        seq_id="plain",
+    )
+    session = simulate_dsd(
+        draft,
+        target,
+        [3, 9, 4],
+        stop,
+        dataclasses.replace(LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s), t_open_s=prefill_s),
+        DriverConfig(4, "sync", gamma_max=8),
+        seq_id="s",
+        controller=Scripted([Decision(1, "ar")]),
+    )
     assert session.generation.tokens == plain.generation.tokens
     assert plain.total_s <= session.total_s < plain.total_s + rtt_s / 4
 
@@ -343,13 +436,28 @@ def test_a_stream_begun_on_the_server_is_asked_a_round_trip_ahead_on_the_pace_le
     draft, target = synthetic_pair(alpha=0.8)
     stop = StopRule(48)
     rtt_s, t_ar_s, prefill_s = 0.150, 0.020, 0.005
-    plain = simulate_on_server(draft, target, [3, 9, 4], 1, stop, "ar",
-                               ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2), seq_id="plain")
+    plain = simulate_on_server(
+        draft,
+        target,
+        [3, 9, 4],
+        1,
+        stop,
+        "ar",
+        ServerCosts(t_ar_s, 0.001, t_ar_s, prefill_s, rtt_s / 2),
+        seq_id="plain",
+    )
 
     def session_s(controller) -> float:
-        run = simulate_dsd(draft, target, [3, 9, 4], stop,
-                           dataclasses.replace(LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s), t_open_s=prefill_s),
-                           DriverConfig(4, "sync", gamma_max=8), seq_id="s", controller=controller)
+        run = simulate_dsd(
+            draft,
+            target,
+            [3, 9, 4],
+            stop,
+            dataclasses.replace(LinkCosts(0.001, t_ar_s, rtt_s, t_ar_s=t_ar_s), t_open_s=prefill_s),
+            DriverConfig(4, "sync", gamma_max=8),
+            seq_id="s",
+            controller=controller,
+        )
         assert run.generation.tokens == plain.generation.tokens
         return run.total_s
 
@@ -387,9 +495,16 @@ def test_a_stream_does_not_ask_for_the_rest_of_the_request_when_the_link_falls()
         return 0.150 if t_s < 0.5 else 0.010 if t_s >= 0.58 else 0.150 - 0.140 * (t_s - 0.5) / 0.08
 
     controller = _BackWhenNear()
-    run = simulate_dsd(draft, target, prompt, stop,
-                       dataclasses.replace(LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02), rtt_at=rtt_at),
-                       DriverConfig(4, "sync", gamma_max=8, handover_tokens=4), seq_id="fall", controller=controller)
+    run = simulate_dsd(
+        draft,
+        target,
+        prompt,
+        stop,
+        dataclasses.replace(LinkCosts(0.001, 0.02, 0.15, t_ar_s=0.02), rtt_at=rtt_at),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        seq_id="fall",
+        controller=controller,
+    )
     assert run.generation.tokens == generate_ar(target, prompt, stop, seq_id="fall-ar").tokens
     rounds = [r for r in run.generation.rounds if not r.stale]
     assert controller.near and rounds[-1].mode == "sync"
@@ -412,10 +527,17 @@ def _server_tokens_as_the_link_falls(monkeypatch, withdraw_on_the_server: bool) 
     if not withdraw_on_the_server:
         monkeypatch.setattr(handover.HandoverStream, "_asked_for_a_fallen_link", lambda self: 0)
     draft, target = synthetic_pair()
-    run = simulate_dsd(draft, target, [5, 9, 4], StopRule(60),
-                       dataclasses.replace(LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01), rtt_at=lambda t_s: 0.15 if t_s < 0.001 else 0.01),
-                       DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
-                       controller=ByRttOnAStaleProbeWithThePace())
+    run = simulate_dsd(
+        draft,
+        target,
+        [5, 9, 4],
+        StopRule(60),
+        dataclasses.replace(
+            LinkCosts(0.001, 0.002, 0.15, t_ar_s=0.01), rtt_at=lambda t_s: 0.15 if t_s < 0.001 else 0.01
+        ),
+        DriverConfig(4, "sync", gamma_max=8, handover_tokens=4),
+        controller=ByRttOnAStaleProbeWithThePace(),
+    )
     monkeypatch.undo()
     return sum(r.emitted for r in run.generation.rounds if r.mode == "ar"), run.generation.tokens
 

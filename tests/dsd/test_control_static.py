@@ -2,6 +2,7 @@
 plans change between rounds of one request without changing the target's greedy output or its
 sampling, bad plans and bad configs are refused naming the field, each policy takes only its own
 settings, and static and heuristic decide as specified."""
+
 import pytest
 
 from dsd.controller.interface import ControllerConfig, Decision, Observation, check_decision, shadow_matches
@@ -17,8 +18,20 @@ from tests.checks import every
 from dsd.drive.driver import DriverConfig
 
 
-PLANS = [Decision(g, m) for g, m in [(1, "sync"), (5, "pipelined"), (2, "pipelined"), (7, "sync"), (3, "pipelined"),
-                                     (1, "pipelined"), (6, "sync"), (4, "pipelined")] * 8]
+PLANS = [
+    Decision(g, m)
+    for g, m in [
+        (1, "sync"),
+        (5, "pipelined"),
+        (2, "pipelined"),
+        (7, "sync"),
+        (3, "pipelined"),
+        (1, "pipelined"),
+        (6, "sync"),
+        (4, "pipelined"),
+    ]
+    * 8
+]
 
 
 @pytest.mark.parametrize("rtt_s", [0.0, 0.004, 0.03])
@@ -30,28 +43,49 @@ def test_gamma_and_mode_changes_mid_request_keep_the_target_greedy_output(rtt_s,
         prompt = [i + 1, 7, 3]
         expected = generate_ar(target, prompt, stop, seq_id=f"ar{i}").tokens
         controller = Scripted(PLANS)
-        run = simulate_dsd(draft, target, prompt, stop, LinkCosts(0.001, 0.002, rtt_s),
-                           DriverConfig(4, "sync", max_in_flight=depth, gamma_max=8), seq_id=f"c{i}",
-                           controller=controller)
+        run = simulate_dsd(
+            draft,
+            target,
+            prompt,
+            stop,
+            LinkCosts(0.001, 0.002, rtt_s),
+            DriverConfig(4, "sync", max_in_flight=depth, gamma_max=8),
+            seq_id=f"c{i}",
+            controller=controller,
+        )
         assert run.generation.tokens == expected
         live = [r for r in run.generation.rounds if not r.stale]
-        assert {r.mode for r in live} == {"sync", "pipelined"}       # the switch happened mid-request
+        assert {r.mode for r in live} == {"sync", "pipelined"}  # the switch happened mid-request
         assert len({r.gamma for r in live}) >= 3
-        assert every(r.proposed == r.gamma for r in live)               # each block drafted to its plan
-        assert len(controller.seen) == len(run.generation.rounds)     # every verdict observed
+        assert every(r.proposed == r.gamma for r in live)  # each block drafted to its plan
+        assert len(controller.seen) == len(run.generation.rounds)  # every verdict observed
 
 
 def test_static_controller_changes_nothing_but_the_plan_columns():
     draft, target = synthetic_pair()
     stop = StopRule(60)
     for pipelined in (False, True):
-        plain = simulate_dsd(draft, target, [4, 2], stop, LinkCosts(0.001, 0.002, 0.01),
-                             DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id="a")
+        plain = simulate_dsd(
+            draft,
+            target,
+            [4, 2],
+            stop,
+            LinkCosts(0.001, 0.002, 0.01),
+            DriverConfig(4, "pipelined" if pipelined else "sync"),
+            seq_id="a",
+        )
         mode = "pipelined" if pipelined else "sync"
         static = make_controller(ControllerConfig("static", 4, mode))
-        controlled = simulate_dsd(draft, target, [4, 2], stop, LinkCosts(0.001, 0.002, 0.01),
-                                  DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id="b",
-                                  controller=static)
+        controlled = simulate_dsd(
+            draft,
+            target,
+            [4, 2],
+            stop,
+            LinkCosts(0.001, 0.002, 0.01),
+            DriverConfig(4, "pipelined" if pipelined else "sync"),
+            seq_id="b",
+            controller=static,
+        )
         assert controlled.generation.tokens == plain.generation.tokens
         assert controlled.total_s == plain.total_s
         assert controlled.generation.rounds == plain.generation.rounds
@@ -62,8 +96,15 @@ def test_static_controller_changes_nothing_but_the_plan_columns():
 def test_a_controller_returning_an_invalid_plan_is_refused_naming_the_field(bad):
     draft, target = synthetic_pair()
     with pytest.raises(ValueError, match="gamma|Decision"):
-        simulate_dsd(draft, target, [1, 2], StopRule(30), LinkCosts(0.001, 0.002, 0.01),
-                     DriverConfig(4, "sync", gamma_max=8), controller=Scripted([Decision(4, "sync"), bad]))
+        simulate_dsd(
+            draft,
+            target,
+            [1, 2],
+            StopRule(30),
+            LinkCosts(0.001, 0.002, 0.01),
+            DriverConfig(4, "sync", gamma_max=8),
+            controller=Scripted([Decision(4, "sync"), bad]),
+        )
     with pytest.raises(ValueError, match="gamma"):
         check_decision(Decision(9, "sync"), 8, ("sync",))
     with pytest.raises(ValueError, match="mode"):
@@ -91,7 +132,7 @@ def test_heuristic_adds_two_on_full_acceptance_and_drops_one_otherwise_clamped()
     policy.observe(_obs(2, 0))
     policy.observe(_obs(1, 0))
     assert policy.decide() == Decision(1, "sync")
-    policy.observe(_obs(1, 1, stale=True))                            # stale blocks say nothing
+    policy.observe(_obs(1, 1, stale=True))  # stale blocks say nothing
     assert policy.decide().gamma == 1
 
 
@@ -112,14 +153,18 @@ def test_controller_config_refuses_bad_bandit_and_model_settings():
         with pytest.raises(ValueError, match=next(iter(bad))):
             ControllerConfig("model", settings=ModelPolicyConfig(**bad))
     with pytest.raises(ValueError, match="t_ar_s"):
-        BanditConfig(model={"t_ar_s": -0.1})                  # the model policy beside the bandit
+        BanditConfig(model={"t_ar_s": -0.1})  # the model policy beside the bandit
     with pytest.raises(ValueError, match="modes"):
         ControllerConfig("bandit", modes=("sync", "beam"))
 
 
 def test_a_setting_of_another_policy_is_refused_naming_the_key_and_its_policy():
-    for policy, key, owner in (("bandit", "margin_pct", "model"), ("model", "gammas", "bandit"),
-                               ("static", "prior_rounds", "bandit"), ("heuristic", "explore_after", "model")):
+    for policy, key, owner in (
+        ("bandit", "margin_pct", "model"),
+        ("model", "gammas", "bandit"),
+        ("static", "prior_rounds", "bandit"),
+        ("heuristic", "explore_after", "model"),
+    ):
         with pytest.raises(ValueError, match=f"{key} is a setting of the {owner} policy, not of controller '{policy}'"):
             ControllerConfig(policy, settings={key: 1})
     with pytest.raises(ValueError, match="set it in its 'model' table"):
@@ -137,7 +182,7 @@ def test_policy_settings_from_keys_are_the_policys_dataclass_and_default_when_ab
     assert bandit.settings == BanditConfig(gammas=(2, 8), model=ModelPolicyConfig(margin_pct=2.0))
     assert ControllerConfig("model").settings == ModelPolicyConfig()
     assert ControllerConfig("static").settings == StaticConfig()
-    assert BanditPolicy(bandit).model.settings.margin_pct == 2.0      # its model policy runs on its table
+    assert BanditPolicy(bandit).model.settings.margin_pct == 2.0  # its model policy runs on its table
 
 
 def test_plan_changes_mid_request_keep_speculative_sampling_exact():
@@ -157,10 +202,17 @@ def test_plan_changes_mid_request_keep_speculative_sampling_exact():
     counts = dict.fromkeys(exact, 0)
     plans = [Decision(1, "pipelined"), Decision(2, "sync"), Decision(1, "sync"), Decision(3, "pipelined")] * 4
     for run in range(n_runs):
-        out = simulate_dsd(draft, target, [0], StopRule(length), LinkCosts(0.001, 0.002, 0.005),
-                           DriverConfig(2, "sync", max_in_flight=1 + run % 2, gamma_max=3),
-                           sampling=SamplingParams(temperature=1.0, seed=run), seq_id=str(run),
-                           controller=Scripted(plans[run % 4:]))
+        out = simulate_dsd(
+            draft,
+            target,
+            [0],
+            StopRule(length),
+            LinkCosts(0.001, 0.002, 0.005),
+            DriverConfig(2, "sync", max_in_flight=1 + run % 2, gamma_max=3),
+            sampling=SamplingParams(temperature=1.0, seed=run),
+            seq_id=str(run),
+            controller=Scripted(plans[run % 4 :]),
+        )
         counts[tuple(out.generation.tokens)] += 1
     total = sum(exact.values())
     _, p_value = stats.chisquare([counts[s] for s in exact], [exact[s] * n_runs / total for s in exact])

@@ -1,4 +1,5 @@
 """The pipelined protocol's bookkeeping: speculation, stale blocks, and bad verdicts."""
+
 import pytest
 
 from dsd.backends.protocol import Proposal, SamplingParams, Verdict
@@ -37,7 +38,7 @@ def test_speculation_survives_a_full_acceptance_and_dies_with_a_rejection():
     assert edge.add_draft(guess, [12], None) == []
     second = edge.next_draft()
     assert second.prefix == [1, 2, 3, 10, 11, 12] and second.n_tokens == 2
-    assert edge.add_draft(second, [13, 14], None) == []        # held: one block in flight
+    assert edge.add_draft(second, [13, 14], None) == []  # held: one block in flight
     assert edge.next_draft() is None
     # Full acceptance with the guessed bonus: the held block goes out at once.
     emitted, to_send = edge.on_verdict(Verdict(block1.start_pos, 2, 2, 12))
@@ -52,8 +53,14 @@ def test_speculation_survives_a_full_acceptance_and_dies_with_a_rejection():
 
 def test_blocks_sent_on_a_refuted_prefix_come_back_stale_and_are_counted():
     config = SyntheticConfig(alpha=0.5, seed=1)
-    run = simulate_dsd(SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [4, 5, 6], StopRule(300),
-                       LinkCosts(0.002, 0.001, 0.050), DriverConfig(3, "pipelined", max_in_flight=3))
+    run = simulate_dsd(
+        SyntheticLM(config, "draft"),
+        SyntheticLM(config, "target"),
+        [4, 5, 6],
+        StopRule(300),
+        LinkCosts(0.002, 0.001, 0.050),
+        DriverConfig(3, "pipelined", max_in_flight=3),
+    )
     stale = [r for r in run.generation.rounds if r.stale]
     assert stale and run.edge.stale_verdicts == len(stale)
     assert every(r.emitted == 0 for r in stale)

@@ -3,6 +3,7 @@ on their way to it (dsd.features, services.wire, services.wire_size), on a tiny 
 encoding, sizes and int8's per-row scale; the training's rollout is the backend's drafting; the q
 the verifier's rejection sampling uses is the q each token was drawn from; greedy DSD equals the
 target's greedy tokens and sampled DSD is exact (chi-square) with the draft reading features."""
+
 import json
 import random
 
@@ -20,8 +21,7 @@ from dsd.backends.protocol import LogitsRequest, SamplingParams
 from dsd.backends.torch_lm import TorchLM
 from dsd.backends.vocab_map import VocabMap
 from dsd.drive.generation import generate_ar
-from dsd.features import (FEATURE_DTYPES, FeatureBlock, ProvidesFeatures, TakesFeatures, decode, encode,
-                          encoded_bytes)
+from dsd.features import FEATURE_DTYPES, FeatureBlock, ProvidesFeatures, TakesFeatures, decode, encode, encoded_bytes
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.simulation.one_client import LinkCosts, simulate_dsd
 from dsd.speculation.stopping import StopRule
@@ -36,12 +36,22 @@ COSTS = LinkCosts(t_draft_s=0.001, t_verify_s=0.002, rtt_s=0.01)
 
 def tiny_target(seed: int = 3) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(3.0)       # tied head: a spread-out next token
+        model.model.embed_tokens.weight.mul_(3.0)  # tied head: a spread-out next token
     return model
 
 
@@ -61,6 +71,7 @@ def tiny_pair(layers=(0, 1, 2), noise: float = 0.5, seed: int = 3):
 
 # ---- the features on the wire ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", FEATURE_DTYPES)
 def test_features_round_trip_in_each_dtype_with_the_size_the_header_says(dtype):
     values = torch.randn(5, 64) * torch.tensor([0.1, 1.0, 10.0, 100.0, 3.0])[:, None]
@@ -70,10 +81,10 @@ def test_features_round_trip_in_each_dtype_with_the_size_the_header_says(dtype):
     assert len(data) == encoded_bytes(5, 64, dtype) == 9 + 5 * (128 if dtype == "bfloat16" else 64 + 4)
     if dtype == "bfloat16":
         assert torch.equal(block.values, values.to(torch.bfloat16).float())
-    else:     # one scale per row, max |x| / 127: every row keeps its error within half its step
+    else:  # one scale per row, max |x| / 127: every row keeps its error within half its step
         step = values.abs().amax(-1, keepdim=True) / 127
         assert bool(((block.values - values).abs() <= step / 2 + 1e-6).all())
-        assert float((block.values - values).abs().max()) > 0.01      # the large rows lose detail
+        assert float((block.values - values).abs().max()) > 0.01  # the large rows lose detail
 
 
 def test_decoding_bytes_that_do_not_fit_their_header_is_an_error():
@@ -89,13 +100,19 @@ def test_a_verdict_with_features_round_trips_and_its_predicted_size_is_its_encod
     message = wire.Verified(1000, 3, 300, 4, rows - 1, 1234, False, 0.001, 0.002, 1, features)
     assert wire.decode(wire.encode(message)) == message
     vocab, rng = 49_152, random.Random(rows)
-    sizes = [len(wire.encode(wire.Verified(1000 + i, 3, 300, 4, rows - 1, rng.randrange(vocab), False, 0.001,
-                                           0.002, 1, features))) for i in range(200)]
+    sizes = [
+        len(
+            wire.encode(
+                wire.Verified(1000 + i, 3, 300, 4, rows - 1, rng.randrange(vocab), False, 0.001, 0.002, 1, features)
+            )
+        )
+        for i in range(200)
+    ]
     predicted = wire_size.verified_bytes(vocab, 4, wire_size.FeatureWire(576, "bfloat16"), rows)
     assert predicted == pytest.approx(sum(sizes) / len(sizes), abs=0.5)
     int8 = wire_size.FeatureWire(576, "int8")
     grown = wire_size.verified_bytes(vocab, 4, int8, rows) - wire_size.verified_bytes(vocab, 4)
-    assert grown == encoded_bytes(rows, 576, "int8") + 3 - 1        # a bin16 header, less the nil it replaces
+    assert grown == encoded_bytes(rows, 576, "int8") + 3 - 1  # a bin16 header, less the nil it replaces
     _, down = wire_size.round_wire_bytes(4, vocab, 0.0, features=int8, feature_rows=rows, acks=False)
     _, plain = wire_size.round_wire_bytes(4, vocab, 0.0, acks=False)
     assert down - plain == grown + 52 * (wire_size.segments(down) - 1) + (2 if grown + plain > 65_000 else 0)
@@ -109,6 +126,7 @@ def test_a_reply_without_features_costs_one_nil_byte_and_is_predicted_so():
 
 
 # ---- the draft and the target ------------------------------------------------------------------
+
 
 def test_the_trainings_rollout_step_k_is_the_backends_kth_draft_step():
     """Training-time test as trained (EagleDraft.rollout) and as run (EagleLM): step k at a
@@ -124,7 +142,7 @@ def test_the_trainings_rollout_step_k_is_the_backends_kth_draft_step():
         draft.release("s")
         draft.add_features("s", FeatureBlock(0, features[:known]))
         for k in range(4):
-            got = draft.logits("s", tokens[:known + 1 + k], 1)[0]
+            got = draft.logits("s", tokens[: known + 1 + k], 1)[0]
             assert torch.allclose(got, model.logits(outputs[k][0, known + k]).to(got.dtype), atol=1e-5), (known, k)
 
 
@@ -133,10 +151,10 @@ def test_true_features_replace_the_drafts_own_at_the_positions_they_cover():
     tokens = [1, 2, 3, 4, 5, 1, 2]
     features = torch.randn(7, 32)
     draft.add_features("s", FeatureBlock(0, features[:3]))
-    before = draft.logits("s", tokens, 1)                    # positions 4..6 read the draft's own
+    before = draft.logits("s", tokens, 1)  # positions 4..6 read the draft's own
     assert draft.cached_length("s") == 7
     draft.add_features("s", FeatureBlock(3, features[3:5]))
-    assert draft.cached_length("s") == 4                     # position 4 read its own feature at 3
+    assert draft.cached_length("s") == 4  # position 4 read its own feature at 3
     after = draft.logits("s", tokens, 1)
     fresh, _ = tiny_pair()
     fresh.add_features("f", FeatureBlock(0, features[:5]))
@@ -151,7 +169,7 @@ def test_the_target_keeps_the_feature_of_every_position_it_computed():
     assert not isinstance(TorchLM(tiny_target(), "plain", 0), ProvidesFeatures)
     tokens = [1, 2, 3, 4, 5, 0, 1]
     target.logits("s", tokens[:4], 1)
-    target.logits("s", tokens, 3)                            # a verification-like pass after the cache
+    target.logits("s", tokens, 3)  # a verification-like pass after the cache
     tap = LayerTap(target.model, (0, 1, 2))
     target.model(input_ids=torch.tensor([tokens]))
     want = draft.model.fuse_features(tap.stacked()[0].flatten(-2))
@@ -164,6 +182,7 @@ def test_the_target_keeps_the_feature_of_every_position_it_computed():
 
 # ---- decoding with it --------------------------------------------------------------------------
 
+
 def test_the_q_the_verifier_uses_is_the_q_each_draft_token_was_drawn_from(monkeypatch):
     """Pipelined, so true features arrive while blocks drafted on the draft's own ones are in
     flight: each row of q a block carries to the verifier is the row its token was drawn from
@@ -171,7 +190,7 @@ def test_the_q_the_verifier_uses_is_the_q_each_draft_token_was_drawn_from(monkey
     for that prefix once the features arrived."""
     draft, target = tiny_pair()
     sampling = SamplingParams(1.0, None, 11, 1.0)
-    events = []                                      # ("draw", prefix, q) and ("verify", prefix, tokens, q)
+    events = []  # ("draw", prefix, q) and ("verify", prefix, tokens, q)
     logits = draft.logits
 
     def recording(seq_id, tokens, n_last):
@@ -179,20 +198,32 @@ def test_the_q_the_verifier_uses_is_the_q_each_draft_token_was_drawn_from(monkey
         if seq_id == "q":
             events.append(("draw", tuple(tokens), sampling_probs(out[-1:], sampling)[0]))
         return out
+
     monkeypatch.setattr(draft, "logits", recording)
     verify = verifier_session.VerifierSession.verify_job
 
     def spying(session, proposal):
         job = verify(session, proposal)
-        if job is not None:              # a live block: drafted on the session's committed prefix
-            prefix = tuple(session.committed.tokens[:proposal.start_pos])
-            now = [sampling_probs(logits("q", prefix + proposal.draft_tokens[:i], 1), sampling)[0]
-                   for i in range(proposal.gamma)]        # what the draft says for these prefixes now
+        if job is not None:  # a live block: drafted on the session's committed prefix
+            prefix = tuple(session.committed.tokens[: proposal.start_pos])
+            now = [
+                sampling_probs(logits("q", prefix + proposal.draft_tokens[:i], 1), sampling)[0]
+                for i in range(proposal.gamma)
+            ]  # what the draft says for these prefixes now
             events.append(("verify", prefix, proposal.draft_tokens, proposal.draft_probs, now))
         return job
+
     monkeypatch.setattr(verifier_session.VerifierSession, "verify_job", spying)
-    run = simulate_dsd(draft, target, PROMPT, StopRule(max_new_tokens=40), COSTS,
-                       DriverConfig(3, "pipelined", max_in_flight=2), sampling=sampling, seq_id="q")
+    run = simulate_dsd(
+        draft,
+        target,
+        PROMPT,
+        StopRule(max_new_tokens=40),
+        COSTS,
+        DriverConfig(3, "pipelined", max_in_flight=2),
+        sampling=sampling,
+        seq_id="q",
+    )
     assert len(run.generation.tokens) == 40
     checked = changed = 0
     for n, event in enumerate(events):
@@ -217,7 +248,7 @@ def test_greedy_dsd_with_a_feature_draft_emits_the_targets_greedy_tokens(mode):
     run = simulate_dsd(draft, target, PROMPT, stop, COSTS, DriverConfig(3, mode, max_in_flight=2), seq_id="g")
     assert run.generation.tokens == expected
     assert any(r.accepted > 0 for r in run.generation.rounds)
-    if mode == "cached":        # the branches fork the draft's cache and features; some verdicts hit
+    if mode == "cached":  # the branches fork the draft's cache and features; some verdicts hit
         assert any(r.cache is not None and r.cache.hit for r in run.generation.rounds)
 
 
@@ -228,11 +259,11 @@ def test_a_forked_feature_draft_drafts_as_its_source_and_keeps_only_the_features
     source = draft.logits("s", tokens, 1)
     draft.fork("s", "b", 7)
     assert draft.cached_length("b") == 7 and draft.known_features("b") == 6
-    assert torch.equal(draft.logits("b", tokens, 1), source)        # position 7 fed again on the kept 0..6
+    assert torch.equal(draft.logits("b", tokens, 1), source)  # position 7 fed again on the kept 0..6
     draft.fork("s", "c", 4)
-    assert draft.known_features("c") == 4                           # the features at 4, 5 described tokens 4, 5
-    draft.add_features("s", FeatureBlock(6, torch.randn(2, draft.feature_width)))   # a verdict for "s" alone
-    draft.move("c", "s")                                            # the branch was right: it keeps them
+    assert draft.known_features("c") == 4  # the features at 4, 5 described tokens 4, 5
+    draft.add_features("s", FeatureBlock(6, torch.randn(2, draft.feature_width)))  # a verdict for "s" alone
+    draft.move("c", "s")  # the branch was right: it keeps them
     assert draft.cached_length("c") == 0 and draft.known_features("s") == 8
 
 
@@ -243,20 +274,23 @@ def test_a_batch_of_sequences_drafts_in_one_pass_a_step_what_each_drafts_alone()
     model = draft.model.double()
     batched, alone = EagleLM(model, draft.vocab_map, "eagle", 0), EagleLM(model, draft.vocab_map, "eagle", 0)
     rng = torch.Generator().manual_seed(5)
-    streams = {f"s{i}": [int(t) for t in torch.randint(0, VOCAB, (n,), generator=rng)] for i, n in
-               enumerate((5, 9, 14))}
-    for name, known in zip(streams, (2, 9, 6)):                  # s1 knows a feature for every token
+    streams = {
+        f"s{i}": [int(t) for t in torch.randint(0, VOCAB, (n,), generator=rng)] for i, n in enumerate((5, 9, 14))
+    }
+    for name, known in zip(streams, (2, 9, 6)):  # s1 knows a feature for every token
         block = FeatureBlock(0, torch.randn(known, 32, dtype=torch.float64, generator=rng))
         batched.add_features(name, block)
         alone.add_features(name, block)
     block = [3, 1, 4, 1]
-    for step in range(4):                                        # a block of 4 draft tokens
-        requests = [LogitsRequest(name, tokens + block[:step], 1 + (name == "s2" and step == 0))
-                    for name, tokens in streams.items()]
+    for step in range(4):  # a block of 4 draft tokens
+        requests = [
+            LogitsRequest(name, tokens + block[:step], 1 + (name == "s2" and step == 0))
+            for name, tokens in streams.items()
+        ]
         passes = batched.stats.passes
         got = batched.logits_batch(requests)
         if step:
-            assert batched.stats.passes == passes + 1            # one pass for the three sequences' next token
+            assert batched.stats.passes == passes + 1  # one pass for the three sequences' next token
         for r, rows in zip(requests, got):
             assert rows.shape == (r.n_last, VOCAB)
             assert torch.allclose(rows, alone.logits(r.seq_id, r.tokens, r.n_last), atol=1e-9), (step, r.seq_id)
@@ -286,9 +320,16 @@ def test_sampled_dsd_with_a_feature_draft_follows_the_targets_distribution(mode,
     draft, target = tiny_pair()
     n, counts, rounds = 600, {}, []
     for i in range(n):
-        run = simulate_dsd(draft, target, PROMPT, StopRule(max_new_tokens=LENGTH), COSTS,
-                           DriverConfig(2, mode, max_in_flight=2),
-                           sampling=SamplingParams(temperature, None, 100 + i, top_p), seq_id=f"x{i}")
+        run = simulate_dsd(
+            draft,
+            target,
+            PROMPT,
+            StopRule(max_new_tokens=LENGTH),
+            COSTS,
+            DriverConfig(2, mode, max_in_flight=2),
+            sampling=SamplingParams(temperature, None, 100 + i, top_p),
+            seq_id=f"x{i}",
+        )
         seq = tuple(run.generation.tokens)
         counts[seq] = counts.get(seq, 0) + 1
         rounds += run.generation.rounds
@@ -306,6 +347,7 @@ def test_sampled_dsd_with_a_feature_draft_follows_the_targets_distribution(mode,
 
 # ---- the pair folder ---------------------------------------------------------------------------
 
+
 def saved_pair(folder):
     """A tiny feature pair's folder as the build writes one: target/, draft/ and the manifest."""
     draft, target = tiny_pair(layers=(2,))
@@ -320,8 +362,8 @@ def test_the_hf_backend_loads_the_draft_kind_its_manifest_names(tmp_path):
     folder = saved_pair(tmp_path / "pair")
     loaded_draft, loaded_target = HfBackendConfig(pair_path=str(folder)).load()
     assert isinstance(loaded_draft, EagleLM) and isinstance(loaded_target, FeatureTorchLM)
-    assert loaded_target.kernel_choice is not None       # the feature target runs on the measured paths too
-    assert loaded_draft.kernel_choice is not None        # and the draft
+    assert loaded_target.kernel_choice is not None  # the feature target runs on the measured paths too
+    assert loaded_draft.kernel_choice is not None  # and the draft
     assert HfBackendConfig(pair_path=str(folder), kernels="aten").load()[1].kernel_choice is None
     manifest = json.loads((folder / "manifest.json").read_text())
     write_manifest(folder, {**{k: v for k, v in manifest.items() if k != "files"}, "draft_kind": "medusa"})
@@ -342,8 +384,8 @@ def test_the_feature_draft_runs_on_the_kernel_paths_kept_for_it_with_the_same_lo
     default = EagleLM.load(folder, "float32", 0, (kernels.ATEN,))
     assert default.kernel_choice is None
     linears = [m for m in default.model.modules() if type(m) is nn.Linear] + [default.head]
-    assert len(linears) == 10                                  # fuse, fc, 7 in the layer, the head
-    path = kernels.available_paths(torch.float32)[-1]          # a packed path, kept as if timed here
+    assert len(linears) == 10  # fuse, fc, 7 in the layer, the head
+    path = kernels.available_paths(torch.float32)[-1]  # a packed path, kept as if timed here
     kept = {f"{m.out_features}x{m.in_features}": {b: path for b in kernels.BUCKETS} for m in linears}
     kernels.store_choice(str(folder), kernels.KernelChoice("float32", kept))
 
@@ -361,7 +403,7 @@ def test_the_feature_draft_runs_on_the_kernel_paths_kept_for_it_with_the_same_lo
         lm.add_features("s", features)
     assert torch.allclose(default.logits("s", tokens, 3), measured.logits("s", tokens, 3), atol=1e-4)
     with pytest.raises(AssertionError, match="timed again"):
-        EagleLM.load(folder, "float32", 0, kernels.PATHS, kernel_store=False)      # afresh: timed
+        EagleLM.load(folder, "float32", 0, kernels.PATHS, kernel_store=False)  # afresh: timed
 
 
 def test_dtype_auto_times_a_feature_pair_its_draft_on_its_own_features(tmp_path, monkeypatch):
@@ -378,6 +420,7 @@ def test_dtype_auto_times_a_feature_pair_its_draft_on_its_own_features(tmp_path,
 
 
 # ---- the build ---------------------------------------------------------------------------------
+
 
 def test_a_continued_draft_starts_from_the_saved_weights_and_vocabulary_with_its_head_frozen(tmp_path):
     draft, target = tiny_pair(layers=(0, 2))
@@ -402,6 +445,7 @@ def test_a_continued_draft_starts_from_the_saved_weights_and_vocabulary_with_its
 
 def test_a_continued_build_keys_its_checkpoint_by_the_draft_it_starts_from(tmp_path):
     from pairs import smollm2_eagle
+
     train = smollm2_eagle.EaglePairConfig(out_dir=tmp_path).train_config()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -410,8 +454,10 @@ def test_a_continued_build_keys_its_checkpoint_by_the_draft_it_starts_from(tmp_p
     keys = {smollm2_eagle._training_key("answers", train, start) for start in (None, tmp_path / "a", tmp_path / "b")}
     assert len(keys) == 3
 
+
 def test_the_feature_pair_build_refuses_training_prompts_shared_with_evaluation(tmp_path):
     from pairs import chat_data, smollm2, smollm2_eagle
+
     leaked = tmp_path / "leaked.jsonl"
     prompts = chat_data.read_prompts(smollm2.TRAIN_PROMPTS)[:5] + [chat_data.read_prompts(smollm2.EVAL_PROMPTS)[7]]
     leaked.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
@@ -423,22 +469,40 @@ def test_the_feature_pair_build_refuses_training_prompts_shared_with_evaluation(
 def test_the_shipped_feature_pair_was_trained_on_training_prompts_only():
     from dsd.pair_manifest import sha256_file
     from pairs import smollm2
+
     manifest = json.loads((smollm2.REPO / "models" / "smollm2-eagle" / "manifest.json").read_text())
     assert manifest["draft_kind"] == "eagle"
     prompts = smollm2.REPO / manifest["training_data"]["prompts"]
     assert prompts.parent == smollm2.TRAIN_PROMPTS.parent and prompts.name.startswith("train_instructions")
-    assert manifest["training_data"]["prompts_sha256"] == sha256_file(prompts)      # the file shipped as trained on
+    assert manifest["training_data"]["prompts_sha256"] == sha256_file(prompts)  # the file shipped as trained on
     smollm2.check_prompts_apart(prompts, smollm2.EVAL_PROMPTS)
 
 
 def test_the_build_command_takes_the_feature_pairs_options_and_refuses_the_layer_drafts(tmp_path):
     from pairs import build, smollm2_eagle
-    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2-eagle", "--feature-layers", "29",
-                               "--answer-batches", "0-2,19", "--epochs", "3", "--threads", "1"])
-    assert config == smollm2_eagle.EaglePairConfig(out_dir=tmp_path, feature_layers=(29,), answer_batches=(0, 1, 2, 19),
-                                                   epochs=3.0, threads=1)
-    continued = build.parse_args(["--out", str(tmp_path), "--family", "smollm2-eagle", "--init-draft",
-                                  str(tmp_path / "shipped" / "draft")])
+
+    config = build.parse_args(
+        [
+            "--out",
+            str(tmp_path),
+            "--family",
+            "smollm2-eagle",
+            "--feature-layers",
+            "29",
+            "--answer-batches",
+            "0-2,19",
+            "--epochs",
+            "3",
+            "--threads",
+            "1",
+        ]
+    )
+    assert config == smollm2_eagle.EaglePairConfig(
+        out_dir=tmp_path, feature_layers=(29,), answer_batches=(0, 1, 2, 19), epochs=3.0, threads=1
+    )
+    continued = build.parse_args(
+        ["--out", str(tmp_path), "--family", "smollm2-eagle", "--init-draft", str(tmp_path / "shipped" / "draft")]
+    )
     assert continued.init_draft == tmp_path / "shipped" / "draft"
     with pytest.raises(SystemExit):
         build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--init-draft", str(tmp_path)])

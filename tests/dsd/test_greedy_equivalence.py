@@ -1,4 +1,5 @@
 """Under greedy decoding every mode emits exactly the tokens the target alone would emit."""
+
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
@@ -17,12 +18,19 @@ def check_all_modes(draft, target, prompt, gamma, stop, seq_id):
     reference = generate_ar(target, prompt, stop, seq_id=f"{seq_id}-ar").tokens
     outputs = {"colocated": generate_colocated(draft, target, prompt, gamma, stop, seq_id=f"{seq_id}-co").tokens}
     for i, link in enumerate(LINKS):
-        outputs[f"sync/{i}"] = simulate_dsd(draft, target, prompt, stop, link, DriverConfig(gamma, "sync"),
-                                            seq_id=f"{seq_id}-s{i}").generation.tokens
+        outputs[f"sync/{i}"] = simulate_dsd(
+            draft, target, prompt, stop, link, DriverConfig(gamma, "sync"), seq_id=f"{seq_id}-s{i}"
+        ).generation.tokens
         for depth in (1, 2):
-            outputs[f"pipelined/{i}/{depth}"] = simulate_dsd(draft, target, prompt, stop, link,
-                                                             DriverConfig(gamma, "pipelined", max_in_flight=depth),
-                                                             seq_id=f"{seq_id}-p{i}{depth}").generation.tokens
+            outputs[f"pipelined/{i}/{depth}"] = simulate_dsd(
+                draft,
+                target,
+                prompt,
+                stop,
+                link,
+                DriverConfig(gamma, "pipelined", max_in_flight=depth),
+                seq_id=f"{seq_id}-p{i}{depth}",
+            ).generation.tokens
     for mode, tokens in outputs.items():
         assert tokens == reference, f"{mode} differs from the target's greedy output"
     return reference
@@ -45,11 +53,13 @@ def test_synthetic_every_mode_stops_at_eos(gamma):
     draft, target = SyntheticLM(config, "draft"), SyntheticLM(config, "target")
     stopped_at_eos = 0
     for i, prompt in enumerate(PROMPTS):
-        reference = check_all_modes(draft, target, prompt, gamma, StopRule(200, config.eos_token_id), f"eos-{gamma}-{i}")
+        reference = check_all_modes(
+            draft, target, prompt, gamma, StopRule(200, config.eos_token_id), f"eos-{gamma}-{i}"
+        )
         if reference[-1] == config.eos_token_id:
             stopped_at_eos += 1
             assert config.eos_token_id not in reference[:-1]
-    assert stopped_at_eos >= 15     # P(no EOS in 200 tokens) = 0.95^200, so nearly all do
+    assert stopped_at_eos >= 15  # P(no EOS in 200 tokens) = 0.95^200, so nearly all do
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Kernel paths (dsd.backends.kernels): every path computes the layer's product, a model with
 measured paths gives the logits of PyTorch's default path, and a path is chosen only when it is
 faster by the margin."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,20 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dsd.backends.kernels import (ATEN, BUCKETS, MKL_PACKED, ONEDNN_PACKED, PATHS, KernelConfig, PathLinear,
-                                  _fastest, available_paths, bucket_of, choose_paths, install_paths)
+from dsd.backends.kernels import (
+    ATEN,
+    BUCKETS,
+    MKL_PACKED,
+    ONEDNN_PACKED,
+    PATHS,
+    KernelConfig,
+    PathLinear,
+    _fastest,
+    available_paths,
+    bucket_of,
+    choose_paths,
+    install_paths,
+)
 from dsd.backends.machine import CpuCapability
 from dsd.backends.torch_lm import TorchLM
 
@@ -20,9 +33,16 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 def tiny_llama(dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
@@ -51,21 +71,23 @@ def test_packed_paths_exist_only_where_the_precision_has_them():
 
 def cpu(**changes) -> CpuCapability:
     """An x86 CPU with AVX-512 and native bfloat16 (a Xeon with AMX, a Zen 4), changed as given."""
-    base = CpuCapability("test CPU", "x86_64", "AVX512", has_mkl=True, has_onednn=True, onednn_bf16=True,
-                         onednn_fp16=False)
+    base = CpuCapability(
+        "test CPU", "x86_64", "AVX512", has_mkl=True, has_onednn=True, onednn_bf16=True, onednn_fp16=False
+    )
     return dataclasses.replace(base, **changes)
 
 
 def test_paths_are_offered_only_where_this_cpu_runs_them():
-    avx2 = cpu(aten="AVX2", onednn_bf16=False)              # a Zen 3 or a laptop: no AVX512-BF16
+    avx2 = cpu(aten="AVX2", onednn_bf16=False)  # a Zen 3 or a laptop: no AVX512-BF16
     assert available_paths(torch.float32, PATHS, avx2) == (ATEN, MKL_PACKED, ONEDNN_PACKED)
     assert available_paths(torch.bfloat16, PATHS, avx2) == (ATEN,), "oneDNN refuses bfloat16 without AVX512-BF16"
     assert available_paths(torch.bfloat16, PATHS, cpu()) == (ATEN, ONEDNN_PACKED)
     # an ARM build (Graviton, Apple silicon under Docker): no MKL; oneDNN over Arm's library
     arm = cpu(arch="aarch64", aten="SVE256", has_mkl=False, onednn_bf16=True)
     assert available_paths(torch.float32, PATHS, arm) == (ATEN, ONEDNN_PACKED)
-    assert available_paths(torch.bfloat16, PATHS, cpu(arch="aarch64", aten="DEFAULT", has_mkl=False,
-                                                        has_onednn=False)) == (ATEN,)
+    assert available_paths(
+        torch.bfloat16, PATHS, cpu(arch="aarch64", aten="DEFAULT", has_mkl=False, has_onednn=False)
+    ) == (ATEN,)
 
 
 def test_a_path_this_cpu_refuses_is_dropped_with_a_line_not_a_crash(monkeypatch, capsys):
@@ -85,7 +107,7 @@ def test_a_path_this_cpu_refuses_is_dropped_with_a_line_not_a_crash(monkeypatch,
 def test_a_path_whose_first_pass_fails_is_dropped_and_the_pass_rerun_on_aten(capsys):
     linear = torch.nn.Linear(64, 32)
     layer = PathLinear(linear, (ATEN, MKL_PACKED) if torch._C.has_mkl else (ATEN,))
-    layer.forms["broken"] = torch.zeros(1)           # a form whose pass raises, as a refused kernel does
+    layer.forms["broken"] = torch.zeros(1)  # a form whose pass raises, as a refused kernel does
     real_run = layer.run
 
     def run(path, x):
@@ -99,7 +121,7 @@ def test_a_path_whose_first_pass_fails_is_dropped_and_the_pass_rerun_on_aten(cap
     assert all("broken" not in t for t in timed.times_ms["32x64"].values())
     assert "its first pass failed" in capsys.readouterr().err
     layer.forms["broken"] = torch.zeros(1)
-    layer.choice = {b: "broken" for b in BUCKETS}     # a kept choice that fails at its first pass
+    layer.choice = {b: "broken" for b in BUCKETS}  # a kept choice that fails at its first pass
     x = torch.randn(1, 3, 64)
     assert torch.allclose(layer(x), F.linear(x, linear.weight, linear.bias), atol=1e-5)
     assert set(layer.choice.values()) == {ATEN} and "a pass failed" in capsys.readouterr().err
@@ -117,7 +139,7 @@ def test_a_model_on_measured_paths_gives_the_default_paths_logits(dtype):
         layer.choice = {b: ([ATEN, *layer.forms])[i % (1 + len(layer.forms))] for i, b in enumerate(BUCKETS)}
     fast = TorchLM(model, "fast", None)
     prompt = [(7 * i + 3) % 101 for i in range(40)]
-    for n in (1, 3, 5, 9, 20):           # 20: beyond the buckets, a prefill-sized pass
+    for n in (1, 3, 5, 9, 20):  # 20: beyond the buckets, a prefill-sized pass
         tokens = prompt + list(range(n))
         a = reference.logits("s", tokens, n)
         b = fast.logits("s", tokens, n)
@@ -169,4 +191,4 @@ def test_a_kept_choice_is_taken_by_the_next_load_without_timing(tmp_path, monkey
     prompt = [(5 * i + 1) % 101 for i in range(30)]
     assert torch.allclose(first.logits("a", prompt, 3), second.logits("b", prompt, 3), atol=1e-4)
     with pytest.raises(AssertionError, match="timed again"):
-        TorchLM.load(TorchLMConfig(str(folder), "float32", kernel_store=False))    # afresh: timed
+        TorchLM.load(TorchLMConfig(str(folder), "float32", kernel_store=False))  # afresh: timed

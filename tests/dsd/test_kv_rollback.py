@@ -1,5 +1,6 @@
 """After a rejection the target's cache holds exactly the accepted prefix, and nothing is
 computed twice (counted in forward positions)."""
+
 import torch
 
 from dsd.backends.protocol import SamplingParams
@@ -43,7 +44,7 @@ def test_draft_model_feeds_each_position_once():
     prompt, gamma = [3, 1, 4, 1, 5], 3
     session = VerifierSession(target, "d", prompt, SamplingParams(), StopRule(60))
     session.prefill()
-    expected = len(prompt) - 1           # the first step feeds the whole prompt: gamma - 1 + len(prompt)
+    expected = len(prompt) - 1  # the first step feeds the whole prompt: gamma - 1 + len(prompt)
     previous_full = False
     for _ in range(100):
         if session.finished:

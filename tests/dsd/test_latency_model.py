@@ -22,7 +22,7 @@ def test_per_token_times_match_hand_computed_values():
 def test_pipelined_hides_the_round_trip_when_it_fits_in_the_drafting_window():
     # W = rtt + t_v = 0.03 <= (gamma+1)*t_d = 0.05: survivors pay only the drafting window.
     alpha, gamma, t_d, t_v, rtt = 0.9, 4, 0.010, 0.010, 0.020
-    pi = 0.9 ** 5
+    pi = 0.9**5
     fail = math.ceil(0.03 / 0.01 - 1e-9) * 0.01 + gamma * t_d
     expected = (pi * 0.05 + (1 - pi) * fail) / lm.expected_tokens_per_round(alpha, gamma)
     assert lm.per_token_pipelined_dsd_s(alpha, gamma, t_d, t_v, rtt) == pytest.approx(expected)
@@ -32,7 +32,8 @@ def test_pipelined_equals_sync_plus_nothing_when_nothing_survives():
     # alpha = 0: every verdict refutes the speculation; a cycle is W + gamma*t_d as in sync DSD.
     for rtt in (0.06, 0.2):
         assert lm.per_token_pipelined_dsd_s(0.0, 4, 0.01, 0.01, rtt) == pytest.approx(
-            lm.per_token_sync_dsd_s(0.0, 4, 0.01, 0.01, rtt))
+            lm.per_token_sync_dsd_s(0.0, 4, 0.01, 0.01, rtt)
+        )
 
 
 def test_sync_dsd_crossover_is_reference_formula_when_t_verify_equals_t_ar():
@@ -76,7 +77,7 @@ def test_batched_capacity_clients_run_exactly_at_the_rate_asked_for():
     e, gamma, t_d, t_v, s = 3.0, 4, 0.001, 0.008, 0.2
     rate = 60.0
     n_dsd, n_co = lm.batched_capacity(e, rate, gamma, t_d, t_v, s)
-    t_v_of = lambda b: t_v * (1 + s * (b - 1))                      # noqa: E731
+    t_v_of = lambda b: t_v * (1 + s * (b - 1))  # noqa: E731
     # Two alternating groups of any split: a round holds both groups' passes.
     for split in (1.0, n_dsd / 2):
         assert e / (t_v_of(split) + t_v_of(n_dsd - split)) == pytest.approx(rate)
@@ -114,7 +115,8 @@ def test_capacity_with_the_idle_gap_and_batched_drafting_by_hand():
     assert lm.capacity_factor(gamma, t_d, t_v, g) == pytest.approx(1 + 4.5 / 8.5)
     # Batched drafting at s_d = 1 and no gap is the earlier co-located count.
     assert lm.batched_capacity(e, rate, gamma, t_d, t_v, s)[1] == pytest.approx(
-        (0.05 - 2 * t_v * (1 - s)) / (gamma * t_d + s * t_v))
+        (0.05 - 2 * t_v * (1 - s)) / (gamma * t_d + s * t_v)
+    )
     with pytest.raises(ValueError, match="gap_s"):
         lm.batched_capacity(e, rate, gamma, t_d, t_v, s, s_d, -0.001)
     with pytest.raises(ValueError, match="gap_s"):

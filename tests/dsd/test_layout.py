@@ -1,10 +1,19 @@
 """dsd/ is a map of its roles: packages by role (docs/architecture.md names each and draws their
 order, which import-linter checks), and at the top level only what every package shares."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "dsd"
-SHARED = ["__init__.py", "checks.py", "features.py", "modes.py", "pair_manifest.py", "provenance.py",
-          "sequence.py", "text.py"]
+SHARED = [
+    "__init__.py",
+    "checks.py",
+    "features.py",
+    "modes.py",
+    "pair_manifest.py",
+    "provenance.py",
+    "sequence.py",
+    "text.py",
+]
 PACKAGES = ["analytic", "backends", "cache", "controller", "costs", "drive", "simulation", "speculation"]
 
 

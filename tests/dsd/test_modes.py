@@ -4,6 +4,7 @@ The toy mode below is the whole of what a new mode needs outside its driver poli
 ``register(Mode(...))``. The tests then show it passing an experiment's validation, getting a
 place in the sweep's grid, a prediction in the analysis and a labelled line in the plots.
 """
+
 import math
 
 import pandas as pd
@@ -29,8 +30,9 @@ TIMES = {"t_ar_s": 0.010, "t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t
 PARAMS = ComputeTimes.from_dict({**TIMES, "t_verify_s": {1: 0.011, 4: 0.012}})
 
 
-def _toy_per_token_s(alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s,
-                     cache_hit_rate=None, cache_fill_s=None):
+def _toy_per_token_s(
+    alpha, gamma, rtt_s, *, t_ar_s, t_draft_edge_s, t_draft_server_s, t_verify_s, cache_hit_rate=None, cache_fill_s=None
+):
     """Synchronous DSD that always proposes one token."""
     return lm.per_token_sync_dsd_s(alpha, 1, t_draft_edge_s, t_verify_s, rtt_s)
 
@@ -48,8 +50,9 @@ class OneTokenPolicy:
         return self.decision
 
 
-TOY = Mode("toy", EDGE, False, _toy_per_token_s, "toy DSD (gamma 1)", "tab:purple", plannable=True,
-           policy=OneTokenPolicy)
+TOY = Mode(
+    "toy", EDGE, False, _toy_per_token_s, "toy DSD (gamma 1)", "tab:purple", plannable=True, policy=OneTokenPolicy
+)
 
 
 @pytest.fixture
@@ -84,14 +87,16 @@ def test_each_mode_predicts_with_its_closed_form():
     for name, want in expected.items():
         assert modes.predict_per_token_s(name, alpha, gamma, rtt_s, **t) == pytest.approx(want)
         # compute times as the analysis holds them give the same terms
-        assert modes.predict_per_token_s(name, alpha, gamma, rtt_s, **PARAMS.closed_form_terms(gamma)) == \
-            pytest.approx(want)
+        assert modes.predict_per_token_s(name, alpha, gamma, rtt_s, **PARAMS.closed_form_terms(gamma)) == pytest.approx(
+            want
+        )
 
 
 def test_a_misspelt_time_is_an_error_not_ignored():
     with pytest.raises(TypeError):
-        get_mode(SYNC).per_token_s(0.8, 4, 0.01, t_ar_s=0.01, t_draft_edge_s=0.004, t_draft_server_s=None,
-                                   t_verfy_s=0.01)
+        get_mode(SYNC).per_token_s(
+            0.8, 4, 0.01, t_ar_s=0.01, t_draft_edge_s=0.004, t_draft_server_s=None, t_verfy_s=0.01
+        )
 
 
 def test_an_unknown_mode_names_itself_and_the_known_ones():
@@ -106,18 +111,17 @@ def test_a_mode_is_validated_on_construction_and_registered_once():
     with pytest.raises(ValueError, match="drafts"):
         Mode("bad", "cloud", False, _toy_per_token_s, "bad", "k")
     with pytest.raises(ValueError, match="pipelined"):
-        Mode("bad", SERVER, True, _toy_per_token_s, "bad", "k")      # only the edge drafts ahead
+        Mode("bad", SERVER, True, _toy_per_token_s, "bad", "k")  # only the edge drafts ahead
     with pytest.raises(ValueError, match="label"):
         Mode("bad", EDGE, False, _toy_per_token_s, "", "k")
     with pytest.raises(ValueError, match="registered already"):
         register(Mode(SYNC, EDGE, False, _toy_per_token_s, "again", "k"))
     with pytest.raises(ValueError, match="toy"):
-        modes.unregister("toy")                 # not registered outside the fixture
+        modes.unregister("toy")  # not registered outside the fixture
 
 
 def test_a_registered_toy_mode_passes_validation_and_joins_the_grid(toy):
-    experiment = Experiment(name="toy", modes=(AR, "toy"), gamma=(2, 4), rtt_ms=(0.0, 20.0),
-                            profile="toy-edge-cloud")
+    experiment = Experiment(name="toy", modes=(AR, "toy"), gamma=(2, 4), rtt_ms=(0.0, 20.0), profile="toy-edge-cloud")
     planned = [(p.mode, p.gamma) for p in plan_points(experiment)]
     # A speculative mode runs at every gamma; AR once per RTT.
     assert sorted(set(planned)) == [(AR, 2), ("toy", 2), ("toy", 4)]
@@ -127,8 +131,9 @@ def test_a_registered_toy_mode_passes_validation_and_joins_the_grid(toy):
 
 
 def test_a_registered_toy_mode_is_predicted_in_the_analysis_and_by_the_controller(toy):
-    points = pd.DataFrame([{"mode": m, "rtt_ms": r, "gamma": 4, "per_token_ms_p50": 5.0}
-                           for m in (SYNC, "toy") for r in (0.0, 40.0)])
+    points = pd.DataFrame(
+        [{"mode": m, "rtt_ms": r, "gamma": 4, "per_token_ms_p50": 5.0} for m in (SYNC, "toy") for r in (0.0, 40.0)]
+    )
     predicted = add_predictions(points, 0.8, PARAMS).set_index(["mode", "rtt_ms"])["per_token_ms_predicted"]
     for rtt_ms in (0.0, 40.0):
         toy_s = lm.per_token_sync_dsd_s(0.8, 1, PARAMS.t_draft_edge_s, PARAMS.t_verify_s(4), rtt_ms / 1e3)
@@ -143,8 +148,13 @@ def test_a_registered_toy_mode_is_predicted_in_the_analysis_and_by_the_controlle
 def test_a_registered_toy_mode_gets_its_label_and_colour_in_the_plots(toy, tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)
-    points = pd.DataFrame([{"mode": m, "rtt_ms": r, "gamma": 4, "per_token_ms_p50": 5.0 + r / 10}
-                           for m in (AR, SYNC, "toy") for r in (0.0, 20.0, 40.0)])
+    points = pd.DataFrame(
+        [
+            {"mode": m, "rtt_ms": r, "gamma": 4, "per_token_ms_p50": 5.0 + r / 10}
+            for m in (AR, SYNC, "toy")
+            for r in (0.0, 20.0, 40.0)
+        ]
+    )
     plots.plot_latency_vs_rtt(points, 4, 0.8, PARAMS, {}, {}, tmp_path / "l.png", "toy", "sim")
     assert (tmp_path / "l.png").exists()
     labels = figures[0].axes[0].get_legend_handles_labels()[1]
@@ -171,8 +181,15 @@ def test_a_registered_toy_mode_runs_its_policy_in_the_one_driver(toy):
         tokens += len(run.generation.tokens) - run.generation.rounds[0].emitted
         rounds += run.generation.rounds
     alpha = sum(r.accepted for r in rounds) / sum(r.proposed for r in rounds)
-    predicted_s = get_mode("toy").per_token_s(alpha, 4, costs.rtt_s, t_ar_s=None, t_draft_edge_s=costs.t_draft_s,
-                                              t_draft_server_s=None, t_verify_s=costs.t_verify_s)
+    predicted_s = get_mode("toy").per_token_s(
+        alpha,
+        4,
+        costs.rtt_s,
+        t_ar_s=None,
+        t_draft_edge_s=costs.t_draft_s,
+        t_draft_server_s=None,
+        t_verify_s=costs.t_verify_s,
+    )
     assert total_s / tokens == pytest.approx(predicted_s, rel=0.03)
 
 
@@ -181,9 +198,18 @@ def test_a_registered_toy_mode_runs_through_a_sim_sweep_with_its_own_policy(toy,
     points through the one driver, so every round of them proposes one token."""
     from orchestrator.running.run import run_experiment
 
-    experiment = Experiment(name="toy-sweep", launcher="sim", modes=(SYNC, "toy"), gamma=(4,), rtt_ms=(10.0,),
-                            requests=2, warmup_requests=0, max_new_tokens=24, prompt_tokens=8,
-                            profile="toy-edge-cloud")
+    experiment = Experiment(
+        name="toy-sweep",
+        launcher="sim",
+        modes=(SYNC, "toy"),
+        gamma=(4,),
+        rtt_ms=(10.0,),
+        requests=2,
+        warmup_requests=0,
+        max_new_tokens=24,
+        prompt_tokens=8,
+        profile="toy-edge-cloud",
+    )
     run_experiment(experiment, tmp_path, resume=False)
     rounds = pd.read_csv(tmp_path / "rounds.csv")
     toy_rounds = rounds[rounds["mode"] == "toy"]

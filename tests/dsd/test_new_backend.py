@@ -3,6 +3,7 @@ module part is ToyBackendConfig and ToyLM (a deterministic tiny LanguageModel), 
 the ``register_backend`` in the fixture (a shipped backend is a line in factory.BACKEND_CONFIGS).
 Nothing else changes: the services take it whole from ``--backend-json``, the launchers pass it
 on, an experiment's [backend] table names it by ``kind``."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,12 @@ from services.compute import ThreadDevice, add_backend_args, backend_from_args, 
 
 # ---- the new backend's module ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ToyBackendConfig(BackendConfig):
     kind: ClassVar[str] = "toy"
     vocab_size: int = 50
-    wrong_every: int = 3          # the draft misses the target's token at every wrong_every-th position
+    wrong_every: int = 3  # the draft misses the target's token at every wrong_every-th position
 
     def __post_init__(self) -> None:
         if self.vocab_size < 2:
@@ -62,7 +64,7 @@ class ToyLM:
         self._cached: dict[str, int] = {}
 
     def logits(self, seq_id: str, tokens: Sequence[int], n_last: int) -> torch.Tensor:
-        out = torch.zeros(n_last, self.vocab_size)                     # [n_last, vocab]
+        out = torch.zeros(n_last, self.vocab_size)  # [n_last, vocab]
         first = len(tokens) - n_last + 1
         for row in range(n_last):
             position = first + row
@@ -91,6 +93,7 @@ class ToyLM:
 
 # ---- its registry line -------------------------------------------------------------------------
 
+
 @pytest.fixture
 def toy():
     register_backend(ToyBackendConfig)
@@ -102,10 +105,11 @@ def greedy_reference(config: ToyBackendConfig, prompt: list[int], n: int) -> lis
     tokens = list(prompt)
     for _ in range(n):
         tokens.append(toy_next(config, tokens[-1]))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 # ---- nothing else: it runs --------------------------------------------------------------------
+
 
 def test_the_services_take_the_toy_backend_whole_from_the_launchers_flags(toy):
     parser = argparse.ArgumentParser()
@@ -114,7 +118,7 @@ def test_the_services_take_the_toy_backend_whole_from_the_launchers_flags(toy):
     assert backend == toy and profile is None
     draft, target = load_pair(backend)
     assert (draft.name, target.name, target.vocab_size) == ("toy-draft", "toy-target", 40)
-    assert isinstance(make_device(backend), ThreadDevice)        # not emulated: passes compute for real
+    assert isinstance(make_device(backend), ThreadDevice)  # not emulated: passes compute for real
 
 
 def test_a_toy_backend_runs_through_the_verifier_and_edge_services_on_loopback(toy, tmp_path):
@@ -126,7 +130,7 @@ def test_a_toy_backend_runs_through_the_verifier_and_edge_services_on_loopback(t
         assert [int(t) for t in row["token_ids"].split()] == greedy_reference(toy, prompts[index], 12)
     accepted = sum(int(r["accepted"]) for r in rows["rounds"])
     proposed = sum(int(r["proposed"]) for r in rows["rounds"])
-    assert 0 < accepted < proposed            # the draft is right at most positions, not all
+    assert 0 < accepted < proposed  # the draft is right at most positions, not all
 
 
 async def serve_and_run(backend: ToyBackendConfig, prompts: list[list[int]], tmp_path) -> dict[str, list[dict]]:
@@ -143,8 +147,16 @@ async def serve_and_run(backend: ToyBackendConfig, prompts: list[list[int]], tmp
             await web.TCPSite(runner, "127.0.0.1", 0).start()
             urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
         verifier_url, edge_url = urls
-        run = {"run_id": "toy", "client_id": "c0", "mode": "sync", "gamma": 4, "prompts": prompts,
-               "max_new_tokens": 12, "verifier_url": verifier_url, "probe_count": 1}
+        run = {
+            "run_id": "toy",
+            "client_id": "c0",
+            "mode": "sync",
+            "gamma": 4,
+            "prompts": prompts,
+            "max_new_tokens": 12,
+            "verifier_url": verifier_url,
+            "probe_count": 1,
+        }
         async with aiohttp.ClientSession() as http:
             async with http.post(edge_url + "/runs", json=run) as response:
                 assert response.status == 201, await response.text()
@@ -166,15 +178,25 @@ async def serve_and_run(backend: ToyBackendConfig, prompts: list[list[int]], tmp
 
 
 def test_an_experiment_names_the_toy_backend_in_its_backend_table_and_sweeps_it(toy, tmp_path):
-    experiment = experiment_from_dict({
-        "name": "toy", "launcher": "sim", "modes": ["ar", "sync"], "rtt_ms": [0, 20], "requests": 2,
-        "warmup_requests": 0, "max_new_tokens": 10, "prompt_tokens": 4, "backend": {"kind": "toy", "vocab_size": 40}})
+    experiment = experiment_from_dict(
+        {
+            "name": "toy",
+            "launcher": "sim",
+            "modes": ["ar", "sync"],
+            "rtt_ms": [0, 20],
+            "requests": 2,
+            "warmup_requests": 0,
+            "max_new_tokens": 10,
+            "prompt_tokens": 4,
+            "backend": {"kind": "toy", "vocab_size": 40},
+        }
+    )
     assert experiment.backend == toy and experiment.alphas() == (None,)
     points = run_experiment(experiment, tmp_path / "out", resume=False)
     assert len(points) == 4 and set(points["mode"]) == {"ar", "sync"} and set(points["status"]) == {"ok"}
     recorded = json.loads((tmp_path / "out" / "sweep.json").read_text())["experiment"]["backend"]
     assert recorded == {"kind": "toy", "vocab_size": 40, "wrong_every": 3}
-    analyze_sweep(tmp_path / "out")                        # what `dsdbed sweep` does next
+    analyze_sweep(tmp_path / "out")  # what `dsdbed sweep` does next
     assert "toy, vocab_size 40, wrong_every 3" in write_report(tmp_path / "out").read_text()
     with pytest.raises(ValueError, match=r"unknown key.*alpha.*'toy'"):
         experiment_from_dict({"name": "toy", "launcher": "sim", "backend": {"kind": "toy", "alpha": 0.5}})

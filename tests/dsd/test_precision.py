@@ -1,5 +1,6 @@
 """dtype = "auto" (dsd.backends.precision): the precision is chosen from times measured on this
 machine, the CPU flags only recorded as a first guess; every service of a machine resolves alike."""
+
 from __future__ import annotations
 
 import json
@@ -73,11 +74,14 @@ def test_auto_resolves_once_per_machine_and_every_service_gets_the_same(fake_mea
     assert (config.dtype, config.draft_dtype) == ("bfloat16", "bfloat16")
     again = HfBackendConfig(dtype="auto")
     assert again.dtype == config.dtype and len(fake_measurement) == 1, "the second resolution reads the cache"
-    service_side = backend_from_json(config.to_json())        # what a launcher hands a service
+    service_side = backend_from_json(config.to_json())  # what a launcher hands a service
     assert (service_side.dtype, service_side.draft_dtype) == ("bfloat16", "bfloat16")
     assert len(fake_measurement) == 1
     record = config.precision_choice().to_dict()
-    assert record["target_dtype"] == "bfloat16" and {c["dtype"] for c in record["candidates"]} == {"float32", "bfloat16"}
+    assert record["target_dtype"] == "bfloat16" and {c["dtype"] for c in record["candidates"]} == {
+        "float32",
+        "bfloat16",
+    }
     assert PrecisionChoice.from_dict(json.loads(json.dumps(record))) == config.precision_choice()
 
 
@@ -102,7 +106,7 @@ def test_auto_without_a_built_pair_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="holds no model"):
         HfBackendConfig(pair_path=str(tmp_path), dtype="auto")
     (tmp_path / "draft").mkdir()
-    (tmp_path / "draft" / "eagle_config.json").write_text("{}")             # a feature draft, but no target
+    (tmp_path / "draft" / "eagle_config.json").write_text("{}")  # a feature draft, but no target
     with pytest.raises(ValueError, match="target holds no model"):
         HfBackendConfig(pair_path=str(tmp_path), dtype="auto")
 
@@ -119,8 +123,13 @@ def test_auto_measures_the_real_candidates_on_this_machine(monkeypatch, tmp_path
 
 
 def test_a_forced_dtype_this_cpu_cannot_run_is_refused_before_anything_loads(monkeypatch):
-    monkeypatch.setattr(precision, "_probe_fails", lambda dtype: "" if dtype == "float32" else
-                        "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+    monkeypatch.setattr(
+        precision,
+        "_probe_fails",
+        lambda dtype: (
+            "" if dtype == "float32" else "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw"
+        ),
+    )
     hf._check_forced.cache_clear()
     with pytest.raises(ValueError, match=r"backend\.draft_dtype = 'bfloat16': this CPU cannot run it \(.*ATen"):
         HfBackendConfig(dtype="float32", draft_dtype="bfloat16")
@@ -164,11 +173,13 @@ def test_a_candidate_that_fails_on_this_cpu_is_left_out_with_its_reason(monkeypa
 
 def test_the_cpu_is_read_from_an_aarch64_cpuinfo(tmp_path):
     arm = tmp_path / "cpuinfo"
-    arm.write_text("processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 "
-                   "atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve "
-                   "asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng\n"
-                   "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n"
-                   "CPU revision\t: 1\n\nprocessor\t: 1\nFeatures\t: fp asimd\nCPU part\t: 0xd40\n")
+    arm.write_text(
+        "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 "
+        "atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve "
+        "asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng\n"
+        "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n"
+        "CPU revision\t: 1\n\nprocessor\t: 1\nFeatures\t: fp asimd\nCPU part\t: 0xd40\n"
+    )
     assert "bf16" in cpu_flags(str(arm)) and "sve" in cpu_flags(str(arm))
     assert cpu_model(str(arm)).startswith("Neoverse-V1")
     assert first_guess("cpu", str(arm)) == "bfloat16"

@@ -27,8 +27,12 @@ def test_profile_file_errors_name_the_problem(tmp_path):
         get_profile("nope")
 
 
-FIELD = ("orin-135m-a100-llama2-7b", "orin-135m-h100-llama2-7b", "phone-1b-a100x8-llama2-70b",
-         "phone-1b-h100x2-llama3-70b")
+FIELD = (
+    "orin-135m-a100-llama2-7b",
+    "orin-135m-h100-llama2-7b",
+    "phone-1b-a100x8-llama2-70b",
+    "phone-1b-h100x2-llama3-70b",
+)
 
 
 def test_field_profiles_cite_public_sources_and_a_one_position_pass_costs_an_ar_step():
@@ -38,15 +42,22 @@ def test_field_profiles_cite_public_sources_and_a_one_position_pass_costs_an_ar_
         for field_name, source in profile.sources:
             assert "[" in source or source.startswith("derived"), (name, field_name)
         assert profile.t_verify_s(0) == pytest.approx(profile.t_ar_s, rel=1e-3), name
-        assert profile.t_draft_edge_s > profile.t_draft_server_s, name    # an edge drafts slower
+        assert profile.t_draft_edge_s > profile.t_draft_server_s, name  # an edge drafts slower
     # H100 verifies the same 7B faster than A100; a 70B target is slower than a 7B one
     assert profiles[FIELD[1]].t_ar_s < profiles[FIELD[0]].t_ar_s < profiles[FIELD[3]].t_ar_s
 
 
 def test_a_profile_without_a_source_or_with_an_empty_one_is_refused_naming_the_key(tmp_path):
-    numbers = {"t_draft_edge_s": 0.004, "t_draft_server_s": 0.002, "t_ar_s": 0.01, "t_verify_base_s": 0.01,
-               "t_verify_per_position_s": 0.0, "t_prefill_per_token_s": 0.0001, "batch_slope": 0.1}
-    lines = [f"{k} = {v}\n{k}_source = \"x\"\n" for k, v in numbers.items() if k != "batch_slope"]
+    numbers = {
+        "t_draft_edge_s": 0.004,
+        "t_draft_server_s": 0.002,
+        "t_ar_s": 0.01,
+        "t_verify_base_s": 0.01,
+        "t_verify_per_position_s": 0.0,
+        "t_prefill_per_token_s": 0.0001,
+        "batch_slope": 0.1,
+    }
+    lines = [f'{k} = {v}\n{k}_source = "x"\n' for k, v in numbers.items() if k != "batch_slope"]
     path = tmp_path / "p.toml"
     path.write_text("[edge]\n" + "".join(lines) + "batch_slope = 0.1\n")
     with pytest.raises(ValueError, match=r"no source given for \['edge\.batch_slope_source'\]"):

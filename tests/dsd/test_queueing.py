@@ -10,9 +10,15 @@ from dsd.costs.compute_times import ComputeTimes
 ALPHA, GAMMA = 0.5, 2
 T_AR_S = 0.056
 # The real pair, float32 on an AVX2 CPU: t_v(3 positions) = 1.31 t_ar, t_d = 0.24 t_ar.
-REAL = ComputeTimes(t_draft_edge_s=0.24 * T_AR_S, t_draft_server_s=0.24 * T_AR_S, t_ar_s=T_AR_S,
-                    t_verify_by_gamma_s={GAMMA: 1.31 * T_AR_S}, batch_slope=0.3,
-                    cache_hit_rate=0.6, cache_fill_s=0.02)
+REAL = ComputeTimes(
+    t_draft_edge_s=0.24 * T_AR_S,
+    t_draft_server_s=0.24 * T_AR_S,
+    t_ar_s=T_AR_S,
+    t_verify_by_gamma_s={GAMMA: 1.31 * T_AR_S},
+    batch_slope=0.3,
+    cache_hit_rate=0.6,
+    cache_fill_s=0.02,
+)
 MODES = ("ar", "colocated", "sync", "pipelined", "cached")
 
 
@@ -72,7 +78,8 @@ def test_exponential_service_is_exact_mva(max_batch, think_s):
 
     for n in (1, 2, 3, 5, 9, 16):
         assert q.mva_residence_s(n, pass_s, cycle_s, max_batch, service_cv2=1.0) == pytest.approx(
-            _exact_mva_residence_s(n, pass_s, cycle_s, max_batch), rel=1e-9)
+            _exact_mva_residence_s(n, pass_s, cycle_s, max_batch), rel=1e-9
+        )
 
 
 def test_sync_dsd_with_two_clients_by_hand():
@@ -118,7 +125,8 @@ def test_an_arrival_waits_for_the_running_pass_even_when_batching_is_free():
     assert serial > q.per_token_s("sync", 1, ALPHA, GAMMA, 0.04, free)
     for times in (free, REAL):
         assert q.per_token_s("sync", 2, ALPHA, GAMMA, 0.04, times, max_batch=8) == pytest.approx(
-            q.per_token_s("sync", 2, ALPHA, GAMMA, 0.04, times), rel=1e-12)
+            q.per_token_s("sync", 2, ALPHA, GAMMA, 0.04, times), rel=1e-12
+        )
 
 
 def test_the_arrivals_queued_behind_a_running_pass_go_together_in_the_next():
@@ -162,13 +170,18 @@ def test_one_client_crossovers_are_the_closed_forms():
     t = REAL
     assert q.crossover_rtt_s("pipelined_vs_colocated", 1, ALPHA, GAMMA, t) == pytest.approx(
         lm.pipelined_beats_colocated_rtt_s(ALPHA, GAMMA, t.t_draft_edge_s, t.t_draft_server_s, t.t_verify_s(GAMMA)),
-        abs=1e-6)
+        abs=1e-6,
+    )
     assert q.crossover_rtt_s("cached_vs_colocated", 1, ALPHA, GAMMA, t) == pytest.approx(
-        lm.cached_beats_colocated_rtt_s(ALPHA, GAMMA, t.t_draft_edge_s, t.t_draft_server_s, t.t_verify_s(GAMMA),
-                                        t.cache_hit_rate, t.cache_fill_s), abs=1e-6)
+        lm.cached_beats_colocated_rtt_s(
+            ALPHA, GAMMA, t.t_draft_edge_s, t.t_draft_server_s, t.t_verify_s(GAMMA), t.cache_hit_rate, t.cache_fill_s
+        ),
+        abs=1e-6,
+    )
     sync_vs_ar = lm.sync_dsd_beats_ar_rtt_s(ALPHA, GAMMA, t.t_draft_edge_s, t.t_verify_s(GAMMA), t.t_ar_s)
     assert q.crossover_rtt_s("sync_vs_ar", 1, ALPHA, GAMMA, t) == (
-        -math.inf if sync_vs_ar < 0 else pytest.approx(sync_vs_ar, abs=1e-6))
+        -math.inf if sync_vs_ar < 0 else pytest.approx(sync_vs_ar, abs=1e-6)
+    )
 
 
 def test_mva_crossover_lies_below_the_first_order_bound_and_moves_with_it():
@@ -176,12 +189,15 @@ def test_mva_crossover_lies_below_the_first_order_bound_and_moves_with_it():
     # so with exponential service; all grow by about one co-located round (N passes of
     # gamma*t_d + t_v) per client.
     co_round_s = GAMMA * REAL.t_draft_server_s + REAL.t_verify_s(GAMMA)
-    bound = [q.serial_bound_rtt_s(n, GAMMA, REAL.t_draft_edge_s, REAL.t_draft_server_s, REAL.t_verify_s(GAMMA))
-             for n in (2, 3, 4)]
+    bound = [
+        q.serial_bound_rtt_s(n, GAMMA, REAL.t_draft_edge_s, REAL.t_draft_server_s, REAL.t_verify_s(GAMMA))
+        for n in (2, 3, 4)
+    ]
     constant = [q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL) for n in (2, 3, 4)]
-    exponential = [q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL, service_cv2=1.0)
-                   for n in (2, 3, 4)]
-    assert bound[0] == pytest.approx(0.1002, abs=1e-3)          # the "about 100 ms at N = 2"
+    exponential = [
+        q.crossover_rtt_s("pipelined_vs_colocated", n, ALPHA, GAMMA, REAL, service_cv2=1.0) for n in (2, 3, 4)
+    ]
+    assert bound[0] == pytest.approx(0.1002, abs=1e-3)  # the "about 100 ms at N = 2"
     assert all(e < c < b for e, c, b in zip(exponential, constant, bound))
     assert constant[2] - constant[1] == pytest.approx(co_round_s, rel=0.2)
     assert exponential[2] - exponential[1] == pytest.approx(co_round_s, rel=0.2)
@@ -211,15 +227,17 @@ def _simulated_per_token_s(mode, n_clients, times, rtt_s, max_batch):
 
     config = SyntheticConfig(alpha=1.0, seed=3)
     setup = ClientsSetup(n_clients, mode, SIM_GAMMA, times, lambda _t: rtt_s, VerifierConfig(max_batch))
-    requests = simulate_clients(setup, SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [[1, 2, 3]],
-                                StopRule(200))
+    requests = simulate_clients(
+        setup, SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [[1, 2, 3]], StopRule(200)
+    )
     return sum((r.total_s - r.first_token_s) / (len(r.tokens) - r.rounds[0].emitted) for r in requests) / n_clients
 
 
 SIM_GAMMA = 4
 # Constant times; the prefills (serial, 1 ms a token) start the clients apart, as a sweep's do.
-SIM_TIMES = ComputeTimes(0.004, 0.002, 0.020, t_prefill_per_token_s=0.001, t_verify_by_gamma_s={SIM_GAMMA: 0.010},
-                         batch_slope=0.25)
+SIM_TIMES = ComputeTimes(
+    0.004, 0.002, 0.020, t_prefill_per_token_s=0.001, t_verify_by_gamma_s={SIM_GAMMA: 0.010}, batch_slope=0.25
+)
 
 
 @pytest.mark.parametrize("max_batch", [4, 8])

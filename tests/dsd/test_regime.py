@@ -1,4 +1,5 @@
 """The regime line a run prints before its first point (dsd.analytic.regime)."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,12 @@ from dsd.costs.compute_times import ComputeTimes
 
 
 def pair_times(verify_over_ar: float, draft_over_ar: float, t_ar_s: float = 0.055) -> ComputeTimes:
-    return ComputeTimes(t_draft_edge_s=draft_over_ar * t_ar_s, t_draft_server_s=draft_over_ar * t_ar_s, t_ar_s=t_ar_s,
-                        t_verify_by_gamma_s=((2, verify_over_ar * t_ar_s),))
+    return ComputeTimes(
+        t_draft_edge_s=draft_over_ar * t_ar_s,
+        t_draft_server_s=draft_over_ar * t_ar_s,
+        t_ar_s=t_ar_s,
+        t_verify_by_gamma_s=((2, verify_over_ar * t_ar_s),),
+    )
 
 
 def test_a_memory_bound_pair_can_win_and_says_below_which_rtt():
@@ -33,7 +38,7 @@ def test_float32_that_doubles_the_verification_is_a_no_win_regime_in_one_line():
 
 
 def test_without_alpha_the_warning_needs_a_regime_no_draft_can_win():
-    assert not regime(pair_times(2.08, 0.27), (2,), "float32", "float32").no_win   # alpha 0.9 would win
+    assert not regime(pair_times(2.08, 0.27), (2,), "float32", "float32").no_win  # alpha 0.9 would win
     hopeless = regime(pair_times(2.9, 0.3), (2,), "float32", "float32")
     assert math.isinf(hopeless.gammas[0].break_even_alpha) and hopeless.no_win
     assert "with any draft" in hopeless.lines()[-1]

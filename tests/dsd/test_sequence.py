@@ -1,5 +1,6 @@
 """The prefix digest travels on the wire: it is 64-bit FNV-1a over each token id's 8 little-endian
 bytes, whatever the implementation (dsd.sequence unrolls the byte loop for speed)."""
+
 import random
 
 from dsd.sequence import TokenSequence, chain_digest, prefix_digest
@@ -15,8 +16,10 @@ def fnv1a_64(data: bytes) -> int:
 def test_prefix_digest_is_fnv1a_over_little_endian_token_bytes():
     rng = random.Random(3)
     for _ in range(200):
-        tokens = [rng.choice([rng.randrange(4096), rng.getrandbits(40), rng.getrandbits(64)])
-                  for _ in range(rng.randrange(0, 6))]
+        tokens = [
+            rng.choice([rng.randrange(4096), rng.getrandbits(40), rng.getrandbits(64)])
+            for _ in range(rng.randrange(0, 6))
+        ]
         expected = fnv1a_64(b"".join(t.to_bytes(8, "little") for t in tokens))
         assert prefix_digest(tokens) == expected
         sequence = TokenSequence(tokens)

@@ -6,6 +6,7 @@ visit), every time deterministic: in steady state each client goes round once pe
 max(N * S, S + Z). Here one visit is a round: with alpha = 1 a DSD round emits gamma + 1 tokens
 and with alpha = 0 one; the clients start together, so from their first verdict on each request
 is in steady state and its steady per-token time is the cycle over the tokens of a round."""
+
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
@@ -17,8 +18,14 @@ from dsd.costs.compute_times import ComputeTimes
 
 GAMMA = 4
 T_DRAFT_EDGE_S, T_DRAFT_SERVER_S, T_AR_S, T_VERIFY_S = 0.004, 0.002, 0.020, 0.010
-TIMES = ComputeTimes(T_DRAFT_EDGE_S, T_DRAFT_SERVER_S, T_AR_S, t_prefill_per_token_s=0.0,
-                     t_verify_by_gamma_s={GAMMA: T_VERIFY_S}, batch_slope=0.25)
+TIMES = ComputeTimes(
+    T_DRAFT_EDGE_S,
+    T_DRAFT_SERVER_S,
+    T_AR_S,
+    t_prefill_per_token_s=0.0,
+    t_verify_by_gamma_s={GAMMA: T_VERIFY_S},
+    batch_slope=0.25,
+)
 
 
 def pair(alpha: float):
@@ -31,8 +38,16 @@ def per_token_s_of(requests) -> list[float]:
     return [(r.total_s - r.first_token_s) / (len(r.tokens) - r.rounds[0].emitted) for r in requests]
 
 
-def run(mode: str, n_clients: int, alpha: float, rtt_s: float, max_batch: int = 1, max_new_tokens: int = 100,
-        times: ComputeTimes = TIMES, t_draft_edge_s: float | None = None):
+def run(
+    mode: str,
+    n_clients: int,
+    alpha: float,
+    rtt_s: float,
+    max_batch: int = 1,
+    max_new_tokens: int = 100,
+    times: ComputeTimes = TIMES,
+    t_draft_edge_s: float | None = None,
+):
     if t_draft_edge_s is not None:
         times = times.replace(t_draft_edge_s=t_draft_edge_s)
     setup = ClientsSetup(n_clients, mode, GAMMA, times, lambda _t: rtt_s, VerifierConfig(max_batch), max_in_flight=2)
@@ -47,8 +62,10 @@ def test_one_client_is_the_single_client_simulation_to_the_bit(mode, rtt_s):
     times = TIMES.replace(t_prefill_per_token_s=0.0003)
     draft, target = pair(0.6)
     tokens, rounds, wall_s, ttft_s = run_request(
-        SimClient(draft, target, times, StopRule(40), max_in_flight=2), SimRequest(mode, GAMMA, [5, 6, 7, 8], "single"),
-        lambda _t: rtt_s)
+        SimClient(draft, target, times, StopRule(40), max_in_flight=2),
+        SimRequest(mode, GAMMA, [5, 6, 7, 8], "single"),
+        lambda _t: rtt_s,
+    )
     setup = ClientsSetup(1, mode, GAMMA, times, lambda _t: rtt_s, max_in_flight=2)
     [shared] = simulate_clients(setup, draft, target, [[5, 6, 7, 8]], StopRule(40))
     assert shared.tokens == tokens and shared.rounds == rounds
@@ -107,8 +124,9 @@ def test_a_batched_verifier_serves_the_clients_in_batches_at_the_batch_curve(n_c
 
 
 def test_a_batch_of_one_is_the_serial_verifier():
-    assert per_token_s_of(run("sync", 6, 1.0, 0.02, max_batch=1)) == \
-        per_token_s_of(run("sync", 6, 1.0, 0.02, max_batch=1, times=TIMES.replace(batch_slope=None)))
+    assert per_token_s_of(run("sync", 6, 1.0, 0.02, max_batch=1)) == per_token_s_of(
+        run("sync", 6, 1.0, 0.02, max_batch=1, times=TIMES.replace(batch_slope=None))
+    )
 
 
 def test_every_client_runs_every_prompt_in_turn_and_the_next_starts_when_the_last_ends():
@@ -129,12 +147,15 @@ def test_the_pass_costs_are_the_schedulers():
     assert pass_cost_s(TIMES, "stale", [GAMMA]) == 0.0
 
 
-@pytest.mark.parametrize("changes, word", [
-    ({"n_clients": MAX_CLIENTS + 1}, "clients"),
-    ({"n_clients": 0}, "clients"),
-    ({"verifier": VerifierConfig(4), "times": TIMES.replace(batch_slope=None)}, "max_batch"),
-    ({"mode": "warp"}, "warp"),
-])
+@pytest.mark.parametrize(
+    "changes, word",
+    [
+        ({"n_clients": MAX_CLIENTS + 1}, "clients"),
+        ({"n_clients": 0}, "clients"),
+        ({"verifier": VerifierConfig(4), "times": TIMES.replace(batch_slope=None)}, "max_batch"),
+        ({"mode": "warp"}, "warp"),
+    ],
+)
 def test_a_setup_the_simulation_cannot_run_is_refused_naming_the_setting(changes, word):
     settings = {"n_clients": 2, "mode": "sync", "gamma": GAMMA, "times": TIMES, "rtt_at": lambda _t: 0.0, **changes}
     with pytest.raises(ValueError, match=word):

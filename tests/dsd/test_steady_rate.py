@@ -1,5 +1,6 @@
 """One steady per-token rate (dsd.costs.compute_times.steady_per_token_s): a co-located request's first emission
 is a whole accepted run, and the controller learns the rate requests.csv records, not another."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ TIMES = ComputeTimes(0.004, 0.002, 0.020, t_prefill_per_token_s=0.0, t_verify_by
 
 class Recording:
     """A controller that sends every request to co-located SD and keeps what it observes."""
+
     config = SimpleNamespace(modes=("colocated", "sync"), gamma_max=16)
 
     def __init__(self) -> None:
@@ -35,7 +37,10 @@ def test_the_controller_and_requests_csv_agree_on_a_colocated_request_whose_firs
     prompt = [5, 9, 2, 7]
     tokens, rounds, wall_s, ttft_s = run_request(
         SimClient(draft, target, TIMES, StopRule(max_new_tokens=24), max_in_flight=2),
-        SimRequest("colocated", GAMMA, prompt, "steady"), lambda _t: 0.010, policy)
+        SimRequest("colocated", GAMMA, prompt, "steady"),
+        lambda _t: 0.010,
+        policy,
+    )
     assert rounds[0].emitted == GAMMA + 1, "alpha 1: the first round emits the whole block and its bonus"
     keys = {"run_id": "r", "client_id": "c", "request_index": 0, "mode": "colocated", "gamma": GAMMA}
     row = request_row(keys, prompt, tokens, rounds, wall_s, ttft_s)

@@ -1,4 +1,5 @@
 """Stratified synthetic acceptance: every request realises alpha, rounds stay truncated geometric."""
+
 import json
 import random
 
@@ -33,7 +34,7 @@ def test_schedule_keeps_the_running_drift_within_its_bound(alpha, gamma):
     bound = acc.drift_bound(alpha, gamma)
     for seed in range(20):
         counts = acc.stratified_accepted_counts(alpha, gamma, random.Random(seed))
-        total = 0.0           # counted from the schedule's start
+        total = 0.0  # counted from the schedule's start
         for _ in range(500):
             total += acc.alpha_drift(next(counts), alpha, gamma)
             assert abs(total) <= bound + 1e-9
@@ -46,7 +47,7 @@ def test_every_request_realises_alpha_within_0_005(alpha, mode):
     |alpha_measured - alpha| <= 0.005 for every one, in every mode (pipelined: its live rounds)."""
     gamma = 5
     n_tokens = acc.tokens_needed(alpha, gamma)
-    assert n_tokens <= 320               # the length condition docs/backends.md states for gamma 5
+    assert n_tokens <= 320  # the length condition docs/backends.md states for gamma 5
     draft, target = _pair(alpha)
     worst = 0.0
     for i in range(40):
@@ -54,8 +55,15 @@ def test_every_request_realises_alpha_within_0_005(alpha, mode):
         if mode == "colocated":
             rounds = generate_colocated(draft, target, _prompt(i), gamma, stop, seq_id=str(i)).rounds
         else:
-            rounds = simulate_dsd(draft, target, _prompt(i), stop, COSTS,
-                                  DriverConfig(gamma, "pipelined" if mode == "pipelined" else "sync"), seq_id=str(i)).generation.rounds
+            rounds = simulate_dsd(
+                draft,
+                target,
+                _prompt(i),
+                stop,
+                COSTS,
+                DriverConfig(gamma, "pipelined" if mode == "pipelined" else "sync"),
+                seq_id=str(i),
+            ).generation.rounds
         worst = max(worst, abs(Generation([], rounds).alpha_measured - alpha))
     assert worst <= 0.005
 
@@ -64,8 +72,15 @@ def test_iid_acceptance_misses_0_005_on_the_same_requests():
     """The test above can fail: i.i.d. acceptance at the same length misses by far more."""
     alpha, gamma = 0.9, 5
     draft, target = _pair(alpha, "iid")
-    errors = [abs(generate_colocated(draft, target, _prompt(i), gamma, StopRule(acc.tokens_needed(alpha, gamma)),
-                                     seq_id=str(i)).alpha_measured - alpha) for i in range(60)]
+    errors = [
+        abs(
+            generate_colocated(
+                draft, target, _prompt(i), gamma, StopRule(acc.tokens_needed(alpha, gamma)), seq_id=str(i)
+            ).alpha_measured
+            - alpha
+        )
+        for i in range(60)
+    ]
     assert max(errors) > 0.02
 
 
@@ -77,8 +92,9 @@ def test_accepted_counts_per_round_are_truncated_geometric(alpha, gamma):
     draft, target = _pair(alpha, seed=2)
     histogram = [0] * (gamma + 1)
     for i in range(100):
-        run = simulate_dsd(draft, target, _prompt(i), StopRule(200), COSTS, DriverConfig(gamma, "pipelined"),
-                           seq_id=str(i))
+        run = simulate_dsd(
+            draft, target, _prompt(i), StopRule(200), COSTS, DriverConfig(gamma, "pipelined"), seq_id=str(i)
+        )
         for r in run.generation.rounds:
             if not r.stale:
                 histogram[r.accepted] += 1
@@ -115,15 +131,22 @@ def test_stratified_drafts_leave_the_output_the_target_stream():
     reference = generate_ar(target, prompt, stop, seq_id="ar").tokens
     assert generate_colocated(draft, target, prompt, 5, stop, seq_id="co").tokens == reference
     for pipelined in (False, True):
-        assert simulate_dsd(draft, target, prompt, stop, COSTS, DriverConfig(5, "pipelined" if pipelined else "sync"),
-                            seq_id="d").generation.tokens == reference
+        assert (
+            simulate_dsd(
+                draft, target, prompt, stop, COSTS, DriverConfig(5, "pipelined" if pipelined else "sync"), seq_id="d"
+            ).generation.tokens
+            == reference
+        )
 
 
 def test_a_request_gets_the_same_rounds_in_every_mode():
     draft, target = _pair(0.85)
     prompt, stop = _prompt(3), StopRule(200)
     co = [r.accepted for r in generate_colocated(draft, target, prompt, 5, stop, seq_id="a").rounds]
-    sync = [r.accepted for r in simulate_dsd(draft, target, prompt, stop, COSTS, DriverConfig(5, "sync"), seq_id="b").generation.rounds]
+    sync = [
+        r.accepted
+        for r in simulate_dsd(draft, target, prompt, stop, COSTS, DriverConfig(5, "sync"), seq_id="b").generation.rounds
+    ]
     assert co == sync
 
 
@@ -161,8 +184,9 @@ def test_compose_carries_acceptance_to_both_services():
     from dsd.costs.profiles import get_profile
     from orchestrator.launchers.compose import ComposeConfig
 
-    env = ComposeConfig(n_edges=1, profile=get_profile("toy-edge-cloud"),
-                        backend=SyntheticBackendConfig(acceptance="stratified")).compose_env()
+    env = ComposeConfig(
+        n_edges=1, profile=get_profile("toy-edge-cloud"), backend=SyntheticBackendConfig(acceptance="stratified")
+    ).compose_env()
     assert json.loads(env["DSD_BACKEND_JSON"])["acceptance"] == "stratified"
     compose = (Path(__file__).resolve().parents[2] / "compose.yaml").read_text()
-    assert compose.count("--backend-json=${DSD_BACKEND_JSON:-}") == 2          # verifier and edge
+    assert compose.count("--backend-json=${DSD_BACKEND_JSON:-}") == 2  # verifier and edge

@@ -1,4 +1,5 @@
 """A server stream's arrivals as a measure of a link that got faster (dsd/drive/stream_drift.py)."""
+
 import pytest
 
 from dsd.drive.stream_drift import ArrivalDrift, fallen_rtt_s
@@ -42,12 +43,16 @@ def test_bad_samples_are_ignored():
     assert drift.add(-0.001, 0.02) == 0 and drift.add(0.0, 0.0) == 0 and drift.drift_s == 0
 
 
-@pytest.mark.parametrize("rtt_s, fall_s, expected", [
-    (0.15, 0.070, 0.15 - 0.14),      # symmetric: both directions fell as the back path did
-    (0.15, 0.030, None),             # 90 ms: above half of 150, not a fall
-    (0.15, 0.100, 0.0075),           # at least a twentieth of the old RTT
-    (None, 0.070, None), (0.15, 0.0, None),
-])
+@pytest.mark.parametrize(
+    "rtt_s, fall_s, expected",
+    [
+        (0.15, 0.070, 0.15 - 0.14),  # symmetric: both directions fell as the back path did
+        (0.15, 0.030, None),  # 90 ms: above half of 150, not a fall
+        (0.15, 0.100, 0.0075),  # at least a twentieth of the old RTT
+        (None, 0.070, None),
+        (0.15, 0.0, None),
+    ],
+)
 def test_fallen_rtt(rtt_s, fall_s, expected):
     got = fallen_rtt_s(rtt_s, fall_s, 0.5)
     assert got == (None if expected is None else pytest.approx(expected))

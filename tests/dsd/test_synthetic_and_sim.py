@@ -1,4 +1,5 @@
 """The synthetic backend keeps its promises, and the simulated protocol meets the closed form."""
+
 import math
 
 import pytest
@@ -47,8 +48,15 @@ def test_simulated_protocol_meets_the_closed_form(pipelined, rtt_s):
     costs = LinkCosts(t_draft_s=0.004, t_verify_s=0.010, rtt_s=rtt_s)
     total_s, tokens, rounds = 0.0, 0, []
     for i in range(10):
-        run = simulate_dsd(draft, target, [i + 1, 2, 3], StopRule(300), costs,
-                           DriverConfig(4, "pipelined" if pipelined else "sync"), seq_id=str(i))
+        run = simulate_dsd(
+            draft,
+            target,
+            [i + 1, 2, 3],
+            StopRule(300),
+            costs,
+            DriverConfig(4, "pipelined" if pipelined else "sync"),
+            seq_id=str(i),
+        )
         total_s += run.total_s - run.first_token_s
         tokens += len(run.generation.tokens) - run.generation.rounds[0].emitted
         rounds += run.generation.rounds
@@ -75,24 +83,28 @@ def test_sim_runs_ar_and_colocated_through_the_protocol_a_link_delay_moves_ttft_
     runs = {}
     for one_way_s in (0.0, 0.015):
         costs = ServerCosts(t_ar_s=0.010, t_draft_s=0.002, t_verify_s=0.011, t_prefill_s=0.003, one_way_s=one_way_s)
-        runs[one_way_s] = simulate_on_server(draft, target, [4, 5, 6], 4, StopRule(60), mode, costs,
-                                             seq_id=f"{mode}{one_way_s}")
+        runs[one_way_s] = simulate_on_server(
+            draft, target, [4, 5, 6], 4, StopRule(60), mode, costs, seq_id=f"{mode}{one_way_s}"
+        )
     near, far = runs[0.0], runs[0.015]
     assert far.generation.tokens == near.generation.tokens
     assert far.first_token_s - near.first_token_s == pytest.approx(0.030)
-    steady = {k: (r.total_s - r.first_token_s) / (len(r.generation.tokens) - r.generation.rounds[0].emitted)
-              for k, r in runs.items()}
+    steady = {
+        k: (r.total_s - r.first_token_s) / (len(r.generation.tokens) - r.generation.rounds[0].emitted)
+        for k, r in runs.items()
+    }
     assert steady[0.015] == pytest.approx(steady[0.0], rel=1e-12)
     if mode == "ar":
         assert near.first_token_s == pytest.approx(0.003 + 0.010)
         assert steady[0.0] == pytest.approx(0.010)
-        assert len(near.generation.rounds) == len(near.generation.tokens) == 60   # one Tokens message per step
+        assert len(near.generation.rounds) == len(near.generation.tokens) == 60  # one Tokens message per step
         assert near.generation.tokens == generate_ar(target, [4, 5, 6], StopRule(60), seq_id="ref").tokens
     else:
         # Rounds are timed one by one, so the total follows the rounds the protocol ran.
         assert near.total_s == pytest.approx(0.003 + len(near.generation.rounds) * (4 * 0.002 + 0.011))
-        assert near.generation.tokens == generate_colocated(draft, target, [4, 5, 6], 4, StopRule(60),
-                                                            seq_id="ref").tokens
+        assert (
+            near.generation.tokens == generate_colocated(draft, target, [4, 5, 6], 4, StopRule(60), seq_id="ref").tokens
+        )
 
 
 def test_sim_launcher_ar_point_rows_come_from_the_protocol():
@@ -101,11 +113,21 @@ def test_sim_launcher_ar_point_rows_come_from_the_protocol():
     from orchestrator.launchers.sim import SimClient, SimRequest, run_request
 
     draft, target = _sim_pair()
-    times = ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.010, t_verify_by_gamma_s={4: 0.010},
-                         t_prefill_per_token_s=0.0005)
-    out = {rtt_s: run_request(SimClient(draft, target, times, StopRule(40)),
-                                 SimRequest("ar", 4, [1, 2, 3, 4, 5], f"r{rtt_s}"), lambda _t, r=rtt_s: r)
-           for rtt_s in (0.0, 0.04)}
+    times = ComputeTimes(
+        t_draft_edge_s=0.004,
+        t_draft_server_s=0.002,
+        t_ar_s=0.010,
+        t_verify_by_gamma_s={4: 0.010},
+        t_prefill_per_token_s=0.0005,
+    )
+    out = {
+        rtt_s: run_request(
+            SimClient(draft, target, times, StopRule(40)),
+            SimRequest("ar", 4, [1, 2, 3, 4, 5], f"r{rtt_s}"),
+            lambda _t, r=rtt_s: r,
+        )
+        for rtt_s in (0.0, 0.04)
+    }
     (tokens0, rounds0, wall0, ttft0), (tokens1, _, wall1, ttft1) = out[0.0], out[0.04]
     assert tokens0 == tokens1 and len(rounds0) == 40 and all(r.emitted == 1 for r in rounds0)
     assert ttft1 - ttft0 == pytest.approx(0.04)
@@ -123,8 +145,9 @@ def test_sim_colocated_lays_out_stratified_acceptance_like_generate_colocated():
     sim = simulate_on_server(draft, target, [7, 8, 9], 4, StopRule(80), "colocated", costs, seq_id="s")
     reference = generate_colocated(draft, target, [7, 8, 9], 4, StopRule(80), seq_id="r")
     assert sim.generation.tokens == reference.tokens
-    assert [(r.accepted, r.emitted) for r in sim.generation.rounds] == \
-        [(r.accepted, r.emitted) for r in reference.rounds]
+    assert [(r.accepted, r.emitted) for r in sim.generation.rounds] == [
+        (r.accepted, r.emitted) for r in reference.rounds
+    ]
 
 
 def test_alpha_classes_set_the_drafts_acceptance_per_prompt_class_and_leave_the_target_alone():

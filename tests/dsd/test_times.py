@@ -8,8 +8,15 @@ from dsd.costs.measurement import MeasuredTimes
 
 
 def line_times(**changes) -> ComputeTimes:
-    values = {"t_draft_edge_s": 0.02, "t_draft_server_s": 0.002, "t_ar_s": 0.05, "t_prefill_per_token_s": 1e-4,
-              "t_verify_base_s": 0.045, "t_verify_per_position_s": 0.001, "batch_slope": 0.1}
+    values = {
+        "t_draft_edge_s": 0.02,
+        "t_draft_server_s": 0.002,
+        "t_ar_s": 0.05,
+        "t_prefill_per_token_s": 1e-4,
+        "t_verify_base_s": 0.045,
+        "t_verify_per_position_s": 0.001,
+        "batch_slope": 0.1,
+    }
     return ComputeTimes(**{**values, **changes})
 
 
@@ -19,30 +26,38 @@ def test_the_line_answers_every_gamma_and_the_table_wins_where_it_has_one():
     assert times.t_verify_s(4, batch_size=3) == pytest.approx((0.045 + 0.005) * 1.2)
     measured = times.with_verify_s({4: 0.07})
     assert measured.t_verify_s(4) == 0.07
-    assert measured.t_verify_s(2) == pytest.approx(0.048)     # the line still answers the rest
+    assert measured.t_verify_s(2) == pytest.approx(0.048)  # the line still answers the rest
     assert measured.knows_gamma(7)
 
 
 def test_a_measured_table_refuses_a_gamma_it_did_not_measure():
-    times = ComputeTimes(t_draft_edge_s=0.01, t_draft_server_s=0.01, t_ar_s=0.03, t_prefill_per_token_s=0.0,
-                         t_verify_by_gamma_s={1: 0.031, 4: 0.035})
+    times = ComputeTimes(
+        t_draft_edge_s=0.01,
+        t_draft_server_s=0.01,
+        t_ar_s=0.03,
+        t_prefill_per_token_s=0.0,
+        t_verify_by_gamma_s={1: 0.031, 4: 0.035},
+    )
     assert times.t_verify_s(4) == 0.035
     assert times.knows_gamma(1) and not times.knows_gamma(2)
     with pytest.raises(ValueError, match=r"gamma 2: t_verify was measured only for gamma \[1, 4\]"):
         times.t_verify_s(2)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"t_ar_s": 0.0}, r"t_ar_s must be > 0, got 0.0"),
-    ({"t_draft_edge_s": -0.1}, r"t_draft_edge_s must be >= 0, got -0.1"),
-    ({"batch_slope": float("nan")}, r"batch_slope must be a finite number, got nan"),
-    ({"t_prefill_per_token_s": "1"}, r"t_prefill_per_token_s must be a finite number, got '1'"),
-    ({"t_verify_per_position_s": None}, r"t_verify_base_s and t_verify_per_position_s come together"),
-    ({"t_verify_base_s": -1.0}, r"t_verify_base_s must be >= 0, got -1.0"),
-    ({"t_verify_by_gamma_s": {2: -0.5}}, r"t_verify_by_gamma_s\[2\] must be >= 0, got -0.5"),
-    ({"t_verify_by_gamma_s": {"x": 0.5}}, r"gamma must be a whole number, got 'x'"),
-    ({"t_verify_base_s": None, "t_verify_per_position_s": None}, r"got neither"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"t_ar_s": 0.0}, r"t_ar_s must be > 0, got 0.0"),
+        ({"t_draft_edge_s": -0.1}, r"t_draft_edge_s must be >= 0, got -0.1"),
+        ({"batch_slope": float("nan")}, r"batch_slope must be a finite number, got nan"),
+        ({"t_prefill_per_token_s": "1"}, r"t_prefill_per_token_s must be a finite number, got '1'"),
+        ({"t_verify_per_position_s": None}, r"t_verify_base_s and t_verify_per_position_s come together"),
+        ({"t_verify_base_s": -1.0}, r"t_verify_base_s must be >= 0, got -1.0"),
+        ({"t_verify_by_gamma_s": {2: -0.5}}, r"t_verify_by_gamma_s\[2\] must be >= 0, got -0.5"),
+        ({"t_verify_by_gamma_s": {"x": 0.5}}, r"gamma must be a whole number, got 'x'"),
+        ({"t_verify_base_s": None, "t_verify_per_position_s": None}, r"got neither"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_field_and_value(changes, message):
     with pytest.raises(ValueError, match=message):
         line_times(**changes)
@@ -56,8 +71,10 @@ def test_the_client_view_may_put_the_server_draft_step_below_zero():
 def test_a_profile_converts_without_losing_its_line_or_batch_slope():
     profile = get_profile("toy-edge-cloud")
     times = profile.times
-    assert (times.t_verify_base_s, times.t_verify_per_position_s) == (profile.t_verify_base_s,
-                                                                      profile.t_verify_per_position_s)
+    assert (times.t_verify_base_s, times.t_verify_per_position_s) == (
+        profile.t_verify_base_s,
+        profile.t_verify_per_position_s,
+    )
     assert times.batch_slope == profile.batch_slope
     for gamma in (1, 4, 9):
         assert times.t_verify_s(gamma, 4) == pytest.approx(profile.t_verify_s(gamma, 4))
@@ -65,23 +82,36 @@ def test_a_profile_converts_without_losing_its_line_or_batch_slope():
 
 
 def test_a_measurement_converts_with_one_draft_time_for_both_sides_and_its_table():
-    measured = MeasuredTimes(t_draft_s=0.004, t_ar_s=0.03, t_verify_s={1: 0.031, 4: 0.036},
-                             t_prefill_per_token_s=2e-4, context_tokens=128, repeats=5)
+    measured = MeasuredTimes(
+        t_draft_s=0.004,
+        t_ar_s=0.03,
+        t_verify_s={1: 0.031, 4: 0.036},
+        t_prefill_per_token_s=2e-4,
+        context_tokens=128,
+        repeats=5,
+    )
     times = measured.times
     assert times.t_draft_edge_s == times.t_draft_server_s == 0.004
     assert times.verify_table_s == {1: 0.031, 4: 0.036} and times.t_verify_base_s is None
 
 
-@pytest.mark.parametrize("times", [line_times(), line_times().tabulated([1, 4]),
-                                   ComputeTimes(0.01, 0.01, 0.03, 0.0, t_verify_by_gamma_s={4: 0.035})])
+@pytest.mark.parametrize(
+    "times",
+    [line_times(), line_times().tabulated([1, 4]), ComputeTimes(0.01, 0.01, 0.03, 0.0, t_verify_by_gamma_s={4: 0.035})],
+)
 def test_the_dict_form_survives_json(times):
     again = ComputeTimes.from_dict(json.loads(json.dumps(times.to_dict())))
     assert again == times
 
 
 def test_the_dict_form_reads_the_costs_of_older_sweeps_and_refuses_unknown_keys():
-    old = {"t_draft_edge_s": 0.02, "t_draft_server_s": 0.002, "t_ar_s": 0.05, "t_verify_s": {"4": 0.05},
-           "t_prefill_per_token_s": 1e-4}
+    old = {
+        "t_draft_edge_s": 0.02,
+        "t_draft_server_s": 0.002,
+        "t_ar_s": 0.05,
+        "t_verify_s": {"4": 0.05},
+        "t_prefill_per_token_s": 1e-4,
+    }
     times = ComputeTimes.from_dict(old)
     assert times.t_verify_s(4) == 0.05 and times.batch_slope is None
     with pytest.raises(ValueError, match=r"batch_size 2: batch_slope is not known"):
@@ -108,8 +138,15 @@ def test_the_line_through_a_measured_table_recovers_base_and_per_position():
 
 
 def test_a_profile_refuses_what_its_times_refuse_naming_the_profile():
-    numbers = {"t_draft_edge_s": 0.02, "t_draft_server_s": 0.002, "t_ar_s": 0.05, "t_verify_base_s": 0.045,
-               "t_verify_per_position_s": 0.001, "t_prefill_per_token_s": 1e-4, "batch_slope": 0.1}
+    numbers = {
+        "t_draft_edge_s": 0.02,
+        "t_draft_server_s": 0.002,
+        "t_ar_s": 0.05,
+        "t_verify_base_s": 0.045,
+        "t_verify_per_position_s": 0.001,
+        "t_prefill_per_token_s": 1e-4,
+        "batch_slope": 0.1,
+    }
     profile = HardwareProfile(name="p", **numbers)
     assert profile.times == line_times()
     with pytest.raises(ValueError, match=r"profile 'p': t_verify_base_s must be a finite number, got inf"):

@@ -89,7 +89,7 @@ def test_speculative_sampling_reproduces_the_target_sequence_distribution():
         out = generate_colocated(draft, target, prompt, 2, StopRule(length), sampling, seq_id=str(run))
         counts[tuple(out.tokens)] += 1
     observed = [counts[s] for s in exact]
-    total = sum(exact.values())                  # 1 up to float32 rounding of the table
+    total = sum(exact.values())  # 1 up to float32 rounding of the table
     expected = [exact[s] * n_runs / total for s in exact]
     _, p_value = stats.chisquare(observed, expected)
     assert p_value > 1e-3
@@ -105,14 +105,14 @@ def test_temperature_and_top_k_shape_the_distribution():
 def test_top_p_keeps_the_smallest_set_that_reaches_p_and_renormalises():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = torch.log(probs)
-    kept = probs_from_logits(logits, 1.0, None, 0.7)                # 0.5 + 0.3 crosses 0.7
+    kept = probs_from_logits(logits, 1.0, None, 0.7)  # 0.5 + 0.3 crosses 0.7
     assert kept[0].tolist() == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
-    assert probs_from_logits(logits, 1.0, None, 0.8)[0, 2] == 0     # exactly reached: stop
+    assert probs_from_logits(logits, 1.0, None, 0.8)[0, 2] == 0  # exactly reached: stop
     assert probs_from_logits(logits, 1.0, None, 0.81)[0, 2] > 0
     assert probs_from_logits(logits, 1.0, None, 0.01)[0].tolist() == [1.0, 0.0, 0.0, 0.0]
     shuffled = probs_from_logits(torch.log(probs[:, [2, 0, 3, 1]]), 1.0, None, 0.7)
     assert shuffled[0].tolist() == pytest.approx([0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8])
-    both = probs_from_logits(logits, 1.0, 3, 0.9)                   # top-k first, then top-p
+    both = probs_from_logits(logits, 1.0, 3, 0.9)  # top-k first, then top-p
     assert both[0, 3] == 0 and both[0, 2] > 0
 
 
@@ -124,7 +124,7 @@ def test_colocated_sampling_with_truncation_reproduces_the_targets_truncated_dis
     target_table = random_bigram(vocab, seed=3, sharpness=1.5)
     draft_table = random_bigram(vocab, seed=4, sharpness=1.5)
     target, draft = BigramLM(target_table, "t"), BigramLM(draft_table, "d")
-    step = probs_from_logits(torch.log(target_table), temperature, top_k, top_p)   # [vocab, vocab]
+    step = probs_from_logits(torch.log(target_table), temperature, top_k, top_p)  # [vocab, vocab]
     exact = {seq: prob for seq, prob in bigram_sequence_probs(step, vocab, length).items() if prob > 0}
     counts = dict.fromkeys(exact, 0)
     for run in range(n_runs):
@@ -140,10 +140,11 @@ def test_colocated_sampling_with_truncation_reproduces_the_targets_truncated_dis
     assert p_value > 1e-3
 
 
-@pytest.mark.parametrize("scale", [8.0, 3.0, 0.01])      # peaked rows (nucleus in the top 1,024) .. flat (it is not)
+@pytest.mark.parametrize("scale", [8.0, 3.0, 0.01])  # peaked rows (nucleus in the top 1,024) .. flat (it is not)
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
 def test_the_nucleus_found_among_the_top_tokens_is_the_full_sorts(scale, top_p):
     from dsd.speculation.verification import _nucleus, _nucleus_by_sort
+
     generator = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
     probs = torch.softmax(torch.randn(4, 49152, generator=generator) * scale, dim=-1)
     fast, full = _nucleus(probs, top_p), _nucleus_by_sort(probs, top_p)

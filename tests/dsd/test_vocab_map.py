@@ -1,5 +1,6 @@
 """A draft over part of the target's vocabulary (dsd/backends/vocab_map.py): it reads and answers in
 target ids, never proposes a dropped token, and speculative decoding with it stays exact."""
+
 import torch
 from scipy import stats
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -11,14 +12,23 @@ from dsd.drive.generation import generate_ar, generate_colocated
 from dsd.speculation.stopping import StopRule
 
 VOCAB = 97
-KEPT = list(range(0, VOCAB, 2))      # the even ids; odd ids are dropped
+KEPT = list(range(0, VOCAB, 2))  # the even ids; odd ids are dropped
 
 
 def _llama(vocab: int, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -41,7 +51,7 @@ def test_vocab_map_round_trips_kept_ids_and_sends_the_rest_to_unknown():
 def test_a_small_vocab_draft_answers_over_the_target_vocabulary_and_never_proposes_a_dropped_token():
     draft, _ = _pair()
     assert draft.vocab_size == VOCAB
-    logits = draft.logits("s", [3, 5, 8, 13], 4)        # odd (dropped) ids are valid inputs
+    logits = draft.logits("s", [3, 5, 8, 13], 4)  # odd (dropped) ids are valid inputs
     assert logits.shape == (4, VOCAB)
     assert torch.isinf(logits[:, 1::2]).all() and torch.isfinite(logits[:, ::2]).all()
 
@@ -66,8 +76,9 @@ def test_sampled_colocated_with_a_small_vocab_draft_keeps_the_target_distributio
     runs = 1500
     for seed in range(runs):
         sampling = SamplingParams(temperature=sampling_t, seed=seed)
-        tokens = generate_colocated(draft, target, prompt, 3, StopRule(max_new_tokens=1), sampling,
-                                    seq_id=f"s{seed}").tokens
+        tokens = generate_colocated(
+            draft, target, prompt, 3, StopRule(max_new_tokens=1), sampling, seq_id=f"s{seed}"
+        ).tokens
         counts[tokens[0]] += 1
     big = p >= 0.01
     observed = torch.cat([counts[big], counts[~big].sum().view(1)])

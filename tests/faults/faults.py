@@ -1,5 +1,6 @@
 """Shared by the fault tests: a small sweep on the synthetic backend, a trigger that fires a
 fault once the first attempt is mid-run, and the checks every fault test makes."""
+
 from __future__ import annotations
 
 import functools
@@ -23,14 +24,35 @@ from orchestrator.spec.plan import plan_points
 from orchestrator.spec.workload import make_prompts
 
 # Figures for the closing note, printed at the end of the session (conftest.py).
-TALLY = {"faults_injected": 0, "faults_survived": 0, "bad_inputs_tried": 0, "rows_expected": 0,
-         "rows_lost": 0, "rows_duplicated": 0, "leftovers_after": 0, "fault_tests": 0}
+TALLY = {
+    "faults_injected": 0,
+    "faults_survived": 0,
+    "bad_inputs_tried": 0,
+    "rows_expected": 0,
+    "rows_lost": 0,
+    "rows_duplicated": 0,
+    "leftovers_after": 0,
+    "fault_tests": 0,
+}
 
-BASELINE: list[str] = []     # leftovers found before the current test (conftest.py)
+BASELINE: list[str] = []  # leftovers found before the current test (conftest.py)
 
-SMALL = {"name": "fault", "modes": ["sync"], "rtt_ms": [20], "gamma": [3], "clients": [1], "edges": 1,
-         "requests": 3, "warmup_requests": 0, "max_new_tokens": 48, "prompt_tokens": 8, "retries": 1,
-         "retry_backoff_s": 0.5, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}}
+SMALL = {
+    "name": "fault",
+    "modes": ["sync"],
+    "rtt_ms": [20],
+    "gamma": [3],
+    "clients": [1],
+    "edges": 1,
+    "requests": 3,
+    "warmup_requests": 0,
+    "max_new_tokens": 48,
+    "prompt_tokens": 8,
+    "retries": 1,
+    "retry_backoff_s": 0.5,
+    "profile": "toy-edge-cloud",
+    "backend": {"kind": "synthetic", "alpha": 0.7},
+}
 
 
 def small_experiment(**overrides):
@@ -39,12 +61,18 @@ def small_experiment(**overrides):
 
 def sweep_on(testbed, experiment, out: Path):
     """The sweep exactly as `dsdbed sweep` runs it on a network testbed (orchestrator/running/run.py)."""
-    prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
-                           experiment.prompt_tokens, experiment.seed)
-    settings = PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
-                             max_in_flight=experiment.max_in_flight, run_prefix="fault")
-    run_point = functools.partial(run_point_on_edges, testbed=testbed, prompts=prompts, settings=settings,
-                                  timeout_s=240.0)
+    prompts = make_prompts(
+        experiment.backend, experiment.warmup_requests + experiment.requests, experiment.prompt_tokens, experiment.seed
+    )
+    settings = PointSettings(
+        warmup=experiment.warmup_requests,
+        max_new_tokens=experiment.max_new_tokens,
+        max_in_flight=experiment.max_in_flight,
+        run_prefix="fault",
+    )
+    run_point = functools.partial(
+        run_point_on_edges, testbed=testbed, prompts=prompts, settings=settings, timeout_s=240.0
+    )
     return run_sweep(experiment, out, run_point, {"launcher": "test"}, heal=testbed.heal)
 
 
@@ -52,8 +80,7 @@ class FaultWhenMidRun:
     """Fire `fault()` once, when some edge trace under `work_dir` has at least `min_rounds` rows
     (the first attempt is then mid-run), or when `ready()` says so; bounded by `timeout_s`."""
 
-    def __init__(self, work_dir: Path | None, fault, min_rounds: int = 5, timeout_s: float = 120.0,
-                 ready=None) -> None:
+    def __init__(self, work_dir: Path | None, fault, min_rounds: int = 5, timeout_s: float = 120.0, ready=None) -> None:
         self.fault, self.min_rounds, self.timeout_s = fault, min_rounds, timeout_s
         self.ready = ready or functools.partial(has_rounds, Path(work_dir), min_rounds)
         self.fired_at_s: float | None = None
@@ -98,11 +125,14 @@ def has_rounds(work_dir: Path, min_rounds: int) -> bool:
 
 def greedy_tokens(experiment) -> dict[int, list[int]]:
     _draft, target = load_pair(experiment.backend)
-    prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
-                           experiment.prompt_tokens, experiment.seed)
+    prompts = make_prompts(
+        experiment.backend, experiment.warmup_requests + experiment.requests, experiment.prompt_tokens, experiment.seed
+    )
     stop = StopRule(experiment.max_new_tokens, target.eos_token_id)
-    return {i: generate_ar(target, prompts[experiment.warmup_requests + i], stop, seq_id=str(i)).tokens
-            for i in range(experiment.requests)}
+    return {
+        i: generate_ar(target, prompts[experiment.warmup_requests + i], stop, seq_id=str(i)).tokens
+        for i in range(experiment.requests)
+    }
 
 
 def check_sweep(experiment, out: Path) -> dict:
@@ -124,14 +154,14 @@ def check_sweep(experiment, out: Path) -> dict:
         TALLY["rows_expected"] += expected_rows
         TALLY["rows_lost"] += max(0, expected_rows - len(mine.drop_duplicates(["client_id", "request_index"])))
         TALLY["rows_duplicated"] += int(mine.duplicated(["client_id", "request_index"]).sum())
-        assert len(mine) == expected_rows                                              # none lost
-        assert not mine.duplicated(["client_id", "request_index"]).any()              # none twice
-        assert mine.groupby("client_id")["run_id"].nunique().eq(1).all()             # one attempt
+        assert len(mine) == expected_rows  # none lost
+        assert not mine.duplicated(["client_id", "request_index"]).any()  # none twice
+        assert mine.groupby("client_id")["run_id"].nunique().eq(1).all()  # one attempt
         its_rounds = rounds[rounds.point == point.key]
         assert not its_rounds.duplicated(["run_id", "request_index", "round_index"]).any()
         assert set(its_rounds.run_id) == set(mine.run_id)
         per_request = its_rounds.groupby(["run_id", "request_index"]).size()
-        for row in mine.itertuples():          # every round of every request is there
+        for row in mine.itertuples():  # every round of every request is there
             assert per_request[(row.run_id, row.request_index)] == row.rounds, row
             assert [int(t) for t in str(row.token_ids).split()] == expected[row.request_index]
     return done
@@ -152,6 +182,11 @@ def netns_testbed(tmp_path, experiment, **kwargs):
     from dsd.costs.profiles import get_profile
     from orchestrator.launchers.netns import NetnsTestbed
     from orchestrator.launchers.services_config import ServicesConfig
-    config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=experiment.edges,
-                            work_dir=str(tmp_path / "services"))
+
+    config = ServicesConfig(
+        experiment.backend,
+        get_profile(experiment.profile),
+        n_edges=experiment.edges,
+        work_dir=str(tmp_path / "services"),
+    )
     return NetnsTestbed(config, **kwargs)

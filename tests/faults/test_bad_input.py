@@ -1,5 +1,6 @@
 """Bad input through the real CLI: every mistake gets one line on stderr naming the key or the
 argument, a non-zero exit, and nothing starts (no output folder, no network namespace)."""
+
 import os
 import subprocess
 import sys
@@ -40,8 +41,11 @@ EXPERIMENT_CASES = [
     ("unknown launcher", ('launcher = "netns"', 'launcher = "k8s"'), "launcher"),
     ("unknown profile", ('profile = "toy-edge-cloud"', 'profile = "toy-edge-clod"'), "profile"),
     ("alpha out of range", ("alpha = 0.7", "alpha = 1.5"), "alpha"),
-    ("bad backend path", ('kind = "synthetic"\nalpha = 0.7', 'kind = "hf"\npair_path = "/nonexistent/pair"'),
-     "pair_path"),
+    (
+        "bad backend path",
+        ('kind = "synthetic"\nalpha = 0.7', 'kind = "hf"\npair_path = "/nonexistent/pair"'),
+        "pair_path",
+    ),
     ("not TOML", ("requests = 1", "requests = = 1"), "TOML"),
 ]
 
@@ -55,8 +59,14 @@ ARGUMENT_CASES = [
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def our_namespaces() -> list[str]:
@@ -106,12 +116,15 @@ def test_the_good_file_passes_the_same_checks(tmp_path):
     assert "sync_rtt10ms_g3_c1_r0" in result.stdout
 
 
-@pytest.mark.parametrize("edit, word", [
-    (("clients = [1]", "clients = [1, 5000]"), "clients"),
-    (("clients = [1]", 'clients = [1, 2]\ncontroller = "heuristic"'), "controller"),
-], ids=["more clients than the sim holds", "an adaptive controller with several clients"])
-def test_what_the_sim_launcher_cannot_run_with_several_clients_is_refused_before_anything_starts(tmp_path, edit,
-                                                                                               word):
+@pytest.mark.parametrize(
+    "edit, word",
+    [
+        (("clients = [1]", "clients = [1, 5000]"), "clients"),
+        (("clients = [1]", 'clients = [1, 2]\ncontroller = "heuristic"'), "controller"),
+    ],
+    ids=["more clients than the sim holds", "an adaptive controller with several clients"],
+)
+def test_what_the_sim_launcher_cannot_run_with_several_clients_is_refused_before_anything_starts(tmp_path, edit, word):
     """The sim runs up to MAX_CLIENTS clients on one verifier, with a static plan (its shared
     verifier takes no hand-over): past either, the whole sweep is refused in one line naming the
     key, before the first point."""
@@ -119,5 +132,6 @@ def test_what_the_sim_launcher_cannot_run_with_several_clients_is_refused_before
     path.write_text(GOOD.replace(*edit))
     out = tmp_path / "out"
     before = our_namespaces() if os.geteuid() == 0 else []
-    assert_refused_before_start(run_cli(["sweep", str(path), "--out", str(out), "--launcher", "sim"]),
-                                word, out, before)
+    assert_refused_before_start(
+        run_cli(["sweep", str(path), "--out", str(out), "--launcher", "sim"]), word, out, before
+    )

@@ -1,5 +1,6 @@
 """The verifier and an edge killed mid-point on the compose testbed (Docker): the container is
 restarted by the heal, the point retried, no row lost or duplicated, nothing left behind."""
+
 import json
 import time
 
@@ -9,17 +10,24 @@ from dsd.costs.profiles import get_profile
 from orchestrator.common.http_client import call
 from orchestrator.launchers.compose import ComposeConfig, ComposeTestbed
 from tests.compose.conftest import docker_engine  # noqa: F401 - the fixture
-from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, small_experiment, survived,
-                                 sweep_on)
+from tests.faults.faults import FaultWhenMidRun, assert_nothing_left, check_sweep, small_experiment, survived, sweep_on
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
 def compose_testbed(tmp_path, experiment) -> ComposeTestbed:
-    return ComposeTestbed(ComposeConfig(n_edges=experiment.edges, backend=experiment.backend,
-                                        profile=get_profile(experiment.profile), project="dsdbedfault",
-                                        subnet="172.31.253.0/24", build="missing", verify_count=50,
-                                        log_dir=str(tmp_path / "services")))
+    return ComposeTestbed(
+        ComposeConfig(
+            n_edges=experiment.edges,
+            backend=experiment.backend,
+            profile=get_profile(experiment.profile),
+            project="dsdbedfault",
+            subnet="172.31.253.0/24",
+            build="missing",
+            verify_count=50,
+            log_dir=str(tmp_path / "services"),
+        )
+    )
 
 
 def edge_running_for(testbed, seconds: float):

@@ -1,5 +1,6 @@
 """Without root: the loopback testbed heals the same way (a killed verifier or edge is restarted
 and the point retried), so a night's sweep survives on any machine."""
+
 import os
 import signal
 
@@ -15,8 +16,9 @@ from tests.faults.faults import FaultWhenMidRun, check_sweep, small_experiment, 
 @pytest.mark.parametrize("victim", ["verifier", "edge0"])
 def test_a_loopback_service_killed_mid_point_is_restarted_and_the_point_retried(tmp_path, victim):
     experiment = small_experiment()
-    config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=1,
-                            work_dir=str(tmp_path / "services"))
+    config = ServicesConfig(
+        experiment.backend, get_profile(experiment.profile), n_edges=1, work_dir=str(tmp_path / "services")
+    )
     with LoopbackTestbed(config) as testbed:
         process = next(p for p in testbed._processes if p.name == victim)
         with FaultWhenMidRun(tmp_path / "services", lambda: os.killpg(process.proc.pid, signal.SIGKILL)) as fault:

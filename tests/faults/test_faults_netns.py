@@ -4,6 +4,7 @@ as the policy says, the sweep completes, no row is lost or duplicated, and nothi
 Each test runs one small point (synthetic backend, 3 requests of 48 tokens, one edge, RTT 20 ms
 shaped by netem) and fires its fault once the first attempt's trace has rounds in it.
 """
+
 import os
 import signal
 import time
@@ -13,8 +14,17 @@ import pytest
 
 from netem import nsutil
 from orchestrator.spec.plan import plan_points
-from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, netns_testbed,
-                                 small_experiment, survived, sweep_on, whole_trace_rows)
+from tests.faults.faults import (
+    FaultWhenMidRun,
+    assert_nothing_left,
+    check_sweep,
+    injected,
+    netns_testbed,
+    small_experiment,
+    survived,
+    sweep_on,
+    whole_trace_rows,
+)
 
 pytestmark = pytest.mark.root
 
@@ -57,7 +67,7 @@ def test_edge_killed_mid_run_is_restarted_its_trace_stays_whole_and_the_point_re
     assert any("restarted edge0" in h for h in record["attempts"][1]["healed"]), record
     # The killed edge's live trace on disk: whole rows, at most its last line cut (and dropped).
     traces = sorted((tmp_path / "services" / "edge0").glob("*/rounds.csv"))
-    assert len(traces) == 2                       # one run folder per attempt
+    assert len(traces) == 2  # one run folder per attempt
     for path in traces:
         n_rows, dropped = whole_trace_rows(path)
         assert n_rows >= 1 and dropped <= 1, (path, n_rows, dropped)
@@ -71,7 +81,7 @@ def test_link_loss_keeps_the_greedy_tokens_and_records_the_measured_loss(tmp_pat
     injected()
     with netns_testbed(tmp_path, experiment, loss_pct=loss_pct) as testbed:
         sweep_on(testbed, experiment, tmp_path / "out")
-        record = only_point(check_sweep(experiment, tmp_path / "out"))   # tokens checked there
+        record = only_point(check_sweep(experiment, tmp_path / "out"))  # tokens checked there
     assert record["status"] == "ok", record
     links = pd.read_csv(tmp_path / "out" / "links.csv")
     assert (links["loss_configured_pct"] == loss_pct).all()
@@ -96,7 +106,7 @@ def test_link_down_for_two_seconds_stalls_the_rounds_then_the_point_completes(tm
         assert fault.fired_at_s and fault.error is None
         record = only_point(check_sweep(experiment, tmp_path / "out"))
     assert record["status"] == "ok", record
-    if len(record["attempts"]) == 1:              # it rode the outage out: the stall is in its rounds
+    if len(record["attempts"]) == 1:  # it rode the outage out: the stall is in its rounds
         rounds = pd.read_csv(tmp_path / "out" / "rounds.csv").sort_values("t_receive_s")
         gap_s = rounds["t_receive_s"].diff().max()
         assert gap_s >= 1.9, gap_s
@@ -144,8 +154,9 @@ def test_a_point_that_fails_every_attempt_is_an_error_row_and_the_sweep_goes_on(
             for _ in range(2):
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
-                    runs = sorted((tmp_path / "services" / "edge0").glob("*/rounds.csv"),
-                                  key=lambda path: path.stat().st_mtime)
+                    runs = sorted(
+                        (tmp_path / "services" / "edge0").glob("*/rounds.csv"), key=lambda path: path.stat().st_mtime
+                    )
                     if len(runs) > len(kills) and runs[-1].read_text().count("\n") > 3:
                         kills.append(kill_service(testbed, "edge0"))
                         break
@@ -155,7 +166,7 @@ def test_a_point_that_fails_every_attempt_is_an_error_row_and_the_sweep_goes_on(
             sweep_on(testbed, experiment, tmp_path / "out")
         done = check_sweep(experiment, tmp_path / "out")
     assert len(kills) == 2
-    injected()                                     # the second kill; the first is counted on firing
+    injected()  # the second kill; the first is counted on firing
     # the plan's order, not the grid's: calibration points (here sync at the smallest RTT) run first
     first, second = (done[point.key] for point in plan_points(experiment))
     assert first["status"] == "error" and [a["status"] for a in first["attempts"]] == ["error", "error"], first

@@ -1,6 +1,7 @@
 """The orchestrator killed mid-point (SIGKILL of a `dsdbed sweep` process), then `dsdbed
 cleanup` twice, then `dsdbed sweep --resume`: the resumed sweep has the same points and rows as an
 uninterrupted one, none lost or duplicated, and nothing is left behind."""
+
 import os
 import signal
 import subprocess
@@ -37,13 +38,19 @@ profile = "toy-edge-cloud"
 kind = "synthetic"
 alpha = 0.7
 """
-ROUNDS_A_POINT = 2 * 64          # requests x max_new_tokens: an AR point's rounds in the edge trace
+ROUNDS_A_POINT = 2 * 64  # requests x max_new_tokens: an AR point's rounds in the edge trace
 
 
 def dsdbed(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300, traces: bool = True) -> str:
@@ -51,8 +58,13 @@ def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300, traces: b
     edge trace (traces=False: the edge traces live in containers; then 1.5 s into the next
     point, which shapes its links first); returns the key of the point it was killed in."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -64,13 +76,17 @@ def kill_mid_point(args: list[str], out: Path, timeout_s: float = 300, traces: b
                 key = unfinished[0]
                 if not traces:
                     time.sleep(1.5)
-                if not traces or [t for t in (out / "services").glob(f"edge*/*{key}*/rounds.csv")
-                                  if 3 < t.read_text().count("\n") < ROUNDS_A_POINT // 2]:
+                if not traces or [
+                    t
+                    for t in (out / "services").glob(f"edge*/*{key}*/rounds.csv")
+                    if 3 < t.read_text().count("\n") < ROUNDS_A_POINT // 2
+                ]:
                     os.kill(proc.pid, signal.SIGKILL)
                     injected()
                     proc.wait(timeout=30)
-                    assert not (points / key / "done.json").exists(), \
+                    assert not (points / key / "done.json").exists(), (
                         f"the kill landed after point {key} was recorded: not mid-point"
+                    )
                     return key
             time.sleep(0.05)
         raise AssertionError("no point reached mid-run in time")
@@ -97,7 +113,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
     assert result.returncode == 0, result.stderr[-3000:]
 
     killed_in = kill_mid_point(["sweep", str(experiment_file), "--out", str(out)], out)
-    time.sleep(1.0)                         # the parent-death signal reaches the services
+    time.sleep(1.0)  # the parent-death signal reaches the services
     left = leftovers.find()
     print("left by the killed orchestrator:", left)
     assert any(item.startswith("netns dsdbed-") for item in left), left
@@ -138,8 +154,7 @@ def test_killed_orchestrator_cleanup_twice_then_resume_equals_an_uninterrupted_s
 
 @pytest.mark.root
 @pytest.mark.docker
-def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_removes_once(
-        docker_engine, tmp_path):  # noqa: F811
+def test_killed_compose_sweep_leaves_containers_network_and_rules_that_cleanup_removes_once(docker_engine, tmp_path):  # noqa: F811
     experiment_file = tmp_path / "killed.toml"
     experiment_file.write_text(EXPERIMENT.format(launcher="compose"))
     out = tmp_path / "out"

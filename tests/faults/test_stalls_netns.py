@@ -14,6 +14,7 @@ doubling), and every timeout the services have is 30 s or more, so a longer stal
 the same states, only later. The capped-backoff test keeps 10 s: there an uncapped backoff's
 first retransmission after the stall (~15 s) must fall clearly outside the cap's bound.
 """
+
 import functools
 import time
 
@@ -30,8 +31,7 @@ from orchestrator.running.run import verifier_link_args
 from orchestrator.records.sweep_folder import run_sweep
 from orchestrator.spec.plan import plan_points
 from orchestrator.spec.workload import make_prompts
-from tests.faults.faults import (FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment,
-                                 survived)
+from tests.faults.faults import FaultWhenMidRun, assert_nothing_left, check_sweep, injected, small_experiment, survived
 from tests.faults.faults import netns_testbed
 from tests.checks import every
 
@@ -41,19 +41,28 @@ STALL_AT_S, STALL_S, CAPPED_STALL_S = 1.0, 5.0, 10.0
 
 
 def stall_schedule(kind: str, stall_s: float) -> list[dict]:
-    return {"loss": [{"at_s": STALL_AT_S, "loss_pct": 100.0}, {"at_s": STALL_AT_S + stall_s, "loss_pct": 0.0}],
-            "rtt": [{"at_s": STALL_AT_S, "rtt_ms": 2000 * stall_s}, {"at_s": STALL_AT_S + 0.1, "rtt_ms": 20}]}[kind]
+    return {
+        "loss": [{"at_s": STALL_AT_S, "loss_pct": 100.0}, {"at_s": STALL_AT_S + stall_s, "loss_pct": 0.0}],
+        "rtt": [{"at_s": STALL_AT_S, "rtt_ms": 2000 * stall_s}, {"at_s": STALL_AT_S + 0.1, "rtt_ms": 20}],
+    }[kind]
 
 
 def sweep_with_schedule(testbed, experiment, out):
     """The sweep as `dsdbed sweep` runs it, with the experiment's link schedule applied."""
-    prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
-                           experiment.prompt_tokens, experiment.seed)
-    settings = PointSettings(warmup=experiment.warmup_requests, max_new_tokens=experiment.max_new_tokens,
-                             max_in_flight=experiment.max_in_flight, run_prefix="stall", link_options=experiment.link,
-                             tcp_rto_max_ms=experiment.tcp_rto_max_ms)
-    run_point = functools.partial(run_point_on_edges, testbed=testbed, prompts=prompts, settings=settings,
-                                  timeout_s=240.0)
+    prompts = make_prompts(
+        experiment.backend, experiment.warmup_requests + experiment.requests, experiment.prompt_tokens, experiment.seed
+    )
+    settings = PointSettings(
+        warmup=experiment.warmup_requests,
+        max_new_tokens=experiment.max_new_tokens,
+        max_in_flight=experiment.max_in_flight,
+        run_prefix="stall",
+        link_options=experiment.link,
+        tcp_rto_max_ms=experiment.tcp_rto_max_ms,
+    )
+    run_point = functools.partial(
+        run_point_on_edges, testbed=testbed, prompts=prompts, settings=settings, timeout_s=240.0
+    )
     return run_sweep(experiment, out, run_point, {"launcher": "test"}, heal=testbed.heal)
 
 
@@ -89,7 +98,7 @@ def test_a_link_outage_mid_request_keeps_the_output_exact(tmp_path, mode):
         with FaultWhenMidRun(tmp_path / "services", outage) as fault:
             sweep_with_schedule(testbed, experiment, tmp_path / "out")
         assert fault.fired_at_s and fault.error is None
-        (record,) = check_sweep(experiment, tmp_path / "out").values()     # exact tokens, none lost or twice
+        (record,) = check_sweep(experiment, tmp_path / "out").values()  # exact tokens, none lost or twice
     assert record["status"] == "ok" and len(record["attempts"]) == 1, record
     (gap_s,) = longest_gap_in_a_request_s(pd.read_csv(tmp_path / "out" / "rounds.csv")).tolist()
     print(f"{mode}: link down {STALL_S} s mid-request; longest gap inside a request {gap_s:.2f} s")
@@ -103,18 +112,26 @@ def test_a_link_outage_mid_request_keeps_the_output_exact(tmp_path, mode):
 def test_a_scheduled_stall_keeps_every_output_exact(tmp_path, kind, modes):
     """The stall as a link schedule (as a replayed trace gives it): the output is exact at every
     point, and a request that was in flight when it began waited for it."""
-    experiment = small_experiment(modes=modes, max_new_tokens=240, requests=3, retries=0,
-                                  link={"schedule": stall_schedule(kind, STALL_S), "schedule_order": "queue"})
+    experiment = small_experiment(
+        modes=modes,
+        max_new_tokens=240,
+        requests=3,
+        retries=0,
+        link={"schedule": stall_schedule(kind, STALL_S), "schedule_order": "queue"},
+    )
     injected(len(modes))
     with netns_testbed(tmp_path, experiment) as testbed:
         sweep_with_schedule(testbed, experiment, tmp_path / "out")
-        done = check_sweep(experiment, tmp_path / "out")          # exact tokens, none lost or twice
+        done = check_sweep(experiment, tmp_path / "out")  # exact tokens, none lost or twice
     assert every(r["status"] == "ok" and len(r["attempts"]) == 1 for r in done.values()), done
     gaps = longest_gap_in_a_request_s(pd.read_csv(tmp_path / "out" / "rounds.csv"))
-    in_flight = requests_in_flight_at(pd.read_csv(tmp_path / "out" / "requests.csv"),
-                                      pd.read_csv(tmp_path / "out" / "links.csv"))
-    print(f"{kind} stall of {STALL_S} s: longest gap inside a request {gaps.round(2).to_dict()}, "
-          f"a request in flight at its start {in_flight.to_dict()}")
+    in_flight = requests_in_flight_at(
+        pd.read_csv(tmp_path / "out" / "requests.csv"), pd.read_csv(tmp_path / "out" / "links.csv")
+    )
+    print(
+        f"{kind} stall of {STALL_S} s: longest gap inside a request {gaps.round(2).to_dict()}, "
+        f"a request in flight at its start {in_flight.to_dict()}"
+    )
     assert set(gaps.index) == {p.key for p in plan_points(experiment)}
     assert in_flight.any(), in_flight
     for point, was in in_flight.items():
@@ -127,10 +144,21 @@ def test_a_scheduled_stall_keeps_every_output_exact(tmp_path, kind, modes):
 def test_a_capped_retransmission_backoff_resumes_a_lossy_stall_within_the_cap(tmp_path):
     """With tcp_rto_max_ms at both ends the first retransmission after the loss ends comes within
     the cap, not up to a stall's length later (15.3 s for this stall uncapped)."""
-    experiment = small_experiment(modes=["sync"], max_new_tokens=240, requests=3, retries=0, tcp_rto_max_ms=1000,
-                                  link={"schedule": stall_schedule("loss", CAPPED_STALL_S), "schedule_order": "queue"})
-    config = ServicesConfig(experiment.backend, get_profile(experiment.profile), n_edges=1,
-                            work_dir=str(tmp_path / "services"), extra_verifier_args=verifier_link_args(experiment))
+    experiment = small_experiment(
+        modes=["sync"],
+        max_new_tokens=240,
+        requests=3,
+        retries=0,
+        tcp_rto_max_ms=1000,
+        link={"schedule": stall_schedule("loss", CAPPED_STALL_S), "schedule_order": "queue"},
+    )
+    config = ServicesConfig(
+        experiment.backend,
+        get_profile(experiment.profile),
+        n_edges=1,
+        work_dir=str(tmp_path / "services"),
+        extra_verifier_args=verifier_link_args(experiment),
+    )
     with NetnsTestbed(config) as testbed:
         sweep_with_schedule(testbed, experiment, tmp_path / "out")
         (record,) = check_sweep(experiment, tmp_path / "out").values()

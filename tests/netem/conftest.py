@@ -1,4 +1,5 @@
 """Fixtures for the netem tests: one shared test network, the backend on record."""
+
 from __future__ import annotations
 
 BACKENDS_SEEN: dict[str, str] = {}

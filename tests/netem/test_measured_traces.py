@@ -1,6 +1,7 @@
 """The measured 5G traces (netem/measured.py, data/cicv5g/): the converter on each raw file gives
 the rows, duration and RTT percentiles of the data set's PROVENANCE.md, and the shipped CSVs are
 exactly its output on the raw files whose sha256 data/README.md records."""
+
 import os
 import re
 from pathlib import Path
@@ -39,8 +40,11 @@ def _provenance() -> dict[str, dict]:
 
 
 def _readme_hashes() -> dict[str, str]:
-    return {name: cells[1].strip("`") for name, cells in _table((ROOT / "data" / "README.md").read_text()).items()
-            if name in NAMES}
+    return {
+        name: cells[1].strip("`")
+        for name, cells in _table((ROOT / "data" / "README.md").read_text()).items()
+        if name in NAMES
+    }
 
 
 @needs_raw
@@ -69,15 +73,17 @@ def test_each_shipped_trace_loads_as_a_link_schedule_at_the_raw_sampling(name):
     rtts = [dict(step.changes)["rtt_ms"] for step in schedule.steps]
     assert len(schedule.steps) > 1000 and schedule.steps[0].at_s == 0
     gaps = [b.at_s - a.at_s for a, b in zip(schedule.steps, schedule.steps[1:])]
-    assert 0.05 <= sorted(gaps)[len(gaps) // 2] <= 0.06          # one echo every ~55 ms
+    assert 0.05 <= sorted(gaps)[len(gaps) // 2] <= 0.06  # one echo every ~55 ms
     assert min(rtts) > 0
 
 
 def test_the_rural_trace_holds_a_twelve_second_stall_that_drains_as_a_queue():
-    trace = [(s.at_s, dict(s.changes)["rtt_ms"]) for s in LinkSchedule.from_trace_csv(SHIPPED / "south_n8_v10_02.csv").steps]
+    trace = [
+        (s.at_s, dict(s.changes)["rtt_ms"]) for s in LinkSchedule.from_trace_csv(SHIPPED / "south_n8_v10_02.csv").steps
+    ]
     assert measured.stalls(trace, min_rtt_ms=5000) == [(84.149, 12066.0)]
     i = trace.index((84.149, 12066.0))
-    held = [(t, rtt) for t, rtt in trace[i:i + 400] if rtt >= 1000]
+    held = [(t, rtt) for t, rtt in trace[i : i + 400] if rtt >= 1000]
     # the ~220 echoes sent in the 12 s came back within 0.4 s of each other, when the link returned
     returns_s = [t + rtt / 1000 for t, rtt in held]
     assert len(held) > 200 and max(returns_s) - min(returns_s) < 0.5
@@ -120,7 +126,7 @@ def test_each_scenario_experiment_loads_its_trace_and_runs_on_the_sim_and_netns(
     from orchestrator.spec.experiment import load_experiment
     from orchestrator.links.keys import check_launcher
 
-    monkeypatch.chdir(Path("/"))            # trace_csv is taken from the file's folder, wherever one runs it
+    monkeypatch.chdir(Path("/"))  # trace_csv is taken from the file's folder, wherever one runs it
     experiment = load_experiment(path)
     assert experiment.link.trace_csv.startswith(str(ROOT / "data" / "cicv5g"))
     assert len(experiment.link.schedule.steps) > 1000

@@ -1,4 +1,5 @@
 """Nothing is left behind: after a normal exit, an error, Ctrl-C, or a crash plus cleanup_leftovers."""
+
 from __future__ import annotations
 
 import glob
@@ -154,19 +155,21 @@ def test_a_live_runs_objects_are_not_leftovers_until_its_process_dies():
         topo_tag, shaper_tag = proc.stdout.readline().split()
         assert set(owners.live_tags()) >= {topo_tag, shaper_tag}
         theirs = [n for n in leftovers()["netns"] if topo_tag in n]
-        assert theirs                                               # the run is there
+        assert theirs  # the run is there
         assert not [item for item in find_leftovers() if topo_tag in item or shaper_tag in item]
         assert any(topo_tag in line and str(proc.pid) in line for line in live_runs())
         assert not [item for item in cleanup_leftovers() if topo_tag in item or shaper_tag in item]
         assert [n for n in leftovers()["netns"] if topo_tag in n] == theirs  # untouched
         with pytest.raises(orchestrator_leftovers.AnotherRunLive, match="another network run is going on"):
             orchestrator_leftovers.refuse_if_any(services=False)
-        proc.kill()                                                 # a crash: no teardown
+        proc.kill()  # a crash: no teardown
         proc.wait(timeout=10)
         assert [item for item in find_leftovers() if topo_tag in item]
         assert live_runs() == []
         removed = cleanup_leftovers()
-        assert sorted(r for r in removed if r.startswith("netns") and topo_tag in r) == sorted(f"netns {n}" for n in theirs)
+        assert sorted(r for r in removed if r.startswith("netns") and topo_tag in r) == sorted(
+            f"netns {n}" for n in theirs
+        )
         assert any(r.endswith(f"{topo_tag}{owners.OWNER_SUFFIX}") for r in removed)
         assert leftovers() == NOTHING and owners.live_tags() == {}
     finally:
@@ -183,6 +186,6 @@ def test_a_run_that_ends_normally_leaves_no_owner_file():
         shaper.apply(topo.links(LinkSpec(rtt_ms=10)))
         files = {p.name for p in owners.owners_dir().glob(f"*{owners.OWNER_SUFFIX}")}
         assert {f"{topo.config.tag}{owners.OWNER_SUFFIX}", f"{shaper.config.tag}{owners.OWNER_SUFFIX}"} <= files
-        assert owners.live_tags() == {}             # our own run is ours to clean, not another's
+        assert owners.live_tags() == {}  # our own run is ours to clean, not another's
     files = {p.name for p in owners.owners_dir().glob(f"*{owners.OWNER_SUFFIX}")}
     assert not {f"{topo.config.tag}{owners.OWNER_SUFFIX}", f"{shaper.config.tag}{owners.OWNER_SUFFIX}"} & files

@@ -1,4 +1,5 @@
 """Config dataclasses and names: a bad value is a ValueError naming the field and the value."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,14 @@ def test_misspelt_option_is_an_error():
         ShaperConfig(max_ppps=10)
 
 
-@pytest.mark.parametrize("kwargs, field", [({"n_edges": 0}, "n_edges"), ({"n_edges": 2, "subnet": "10.0.0.0/30"}, "subnet"),
-                                           ({"n_edges": 2, "subnet": "nonsense"}, "subnet")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"n_edges": 0}, "n_edges"),
+        ({"n_edges": 2, "subnet": "10.0.0.0/30"}, "subnet"),
+        ({"n_edges": 2, "subnet": "nonsense"}, "subnet"),
+    ],
+)
 def test_topology_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
         TopologyConfig(**kwargs)

@@ -3,6 +3,7 @@
 No --queue-bypass: a dead daemon blackholes its links, and we must say so rather than measure a
 link that silently lost its delay.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,12 @@ def test_daemon_death_is_detected_reported_and_blackholes_the_link():
             assert "died" in reports[0] and "drop every packet" in reports[0]
             with pytest.raises(DaemonDied):
                 shaper.check()
-            rtts = measure.probe_rtts([measure.RttTarget("edge0", link[0].edge.netns, link[0].verifier.ip)],
-                                      count=10, interval_s=0.01, timeout_s=0.3)[0]
+            rtts = measure.probe_rtts(
+                [measure.RttTarget("edge0", link[0].edge.netns, link[0].verifier.ip)],
+                count=10,
+                interval_s=0.01,
+                timeout_s=0.3,
+            )[0]
             assert rtts == [], "without --queue-bypass a dead daemon must drop, not pass unshaped"
     assert our_processes() == []
 
@@ -69,8 +74,9 @@ def test_readiness_handshake_notices_a_daemon_that_crashes_on_start():
 
 
 def test_stop_returns_the_daemons_counts():
-    queue = QueueAssignment(queue_num=4322, label="x", direction=DirectionSpec(delay_ms=1), limit_pkts=100,
-                            backlog_pkts=10, seed=1)
+    queue = QueueAssignment(
+        queue_num=4322, label="x", direction=DirectionSpec(delay_ms=1), limit_pkts=100, backlog_pkts=10, seed=1
+    )
     with Topology(TopologyConfig(n_edges=1)) as topo:
         daemon = NfqueueDaemon.start(topo.bridge_netns, [queue], names.process_tag(names.new_tag()))
         assert set(daemon.queue_status()) == {4322}

@@ -1,5 +1,6 @@
 """netem's pareto and paretonormal delays in the userspace shaper (pure, fixed seeds): our tables
 are iproute2's, and the shaper's draws have the distribution netem's own draw gives."""
+
 from __future__ import annotations
 
 import bisect
@@ -33,8 +34,9 @@ def netem_draws(name: str, n: int, seed: int) -> list[float]:
 def shaper_draws(name: str, n: int, correlation_pct: float = 0.0, seed: int = 3) -> list[float]:
     """The userspace shaper's one-way delays for delay 100 ms, jitter 10 ms, in units of jitter.
     Packets 1 s apart, so FIFO release never holds one back."""
-    sched = DirectionScheduler(DirectionSpec(delay_ms=100, jitter_ms=10, distribution=name,
-                                             correlation_pct=correlation_pct), seed=seed)
+    sched = DirectionScheduler(
+        DirectionSpec(delay_ms=100, jitter_ms=10, distribution=name, correlation_pct=correlation_pct), seed=seed
+    )
     return [((sched.on_arrival(i * 1.0, 100) - i * 1.0) * 1000 - 100) / 10 for i in range(n)]
 
 

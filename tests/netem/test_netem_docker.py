@@ -4,6 +4,7 @@ Needs a running Docker engine and a local image with `sleep` (DSDBED_TEST_IMAGE,
 dsdbed-base:bookworm); skipped otherwise. The containers sit on an internal network of their own,
 so probe traffic stays between them.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,16 @@ def two_containers():
     containers = []
     try:
         for role in ("v", "e0"):
-            containers.append(client.containers.run(IMAGE, ["sleep", "120"], name=f"{names.PREFIX}-{tag}-{role}",
-                                                    network=network.name, detach=True, init=True))
+            containers.append(
+                client.containers.run(
+                    IMAGE,
+                    ["sleep", "120"],
+                    name=f"{names.PREFIX}-{tag}-{role}",
+                    network=network.name,
+                    detach=True,
+                    init=True,
+                )
+            )
         yield containers
     finally:
         for container in containers:

@@ -1,4 +1,5 @@
 """Endpoints: a namespace we made and a container-like process resolve through the same code."""
+
 from __future__ import annotations
 
 import subprocess
@@ -32,8 +33,9 @@ def test_container_endpoint_found_through_proc_pid_ns_net_and_iflink():
         # A process inside the edge's namespace stands in for the container's PID 1.
         holder = subprocess.Popen(nsutil.in_netns(edge.netns, ["sleep", "30"]))
         try:
-            ep = endpoint_from_container(FakeContainer("c0", holder.pid), ifname=edge.ifname,
-                                         bridge_netns=topo.bridge_netns)
+            ep = endpoint_from_container(
+                FakeContainer("c0", holder.pid), ifname=edge.ifname, bridge_netns=topo.bridge_netns
+            )
             assert ep.netns == f"/proc/{holder.pid}/ns/net"
             assert (ep.ip, ep.bridge_port, ep.bridge_netns) == (edge.ip, edge.bridge_port, topo.bridge_netns)
         finally:

@@ -1,6 +1,7 @@
 """Shaping a link from inside the edge's own namespace (netem.inside): the plan as data, and on
 root a real link shaped and verified from inside, TCP not stalled by its own delayed segments,
 and nothing left behind."""
+
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ def test_kernel_plan_puts_up_on_the_interface_and_down_on_the_ifb():
     netems = [r for r in plan if r.kind == "netem"]
     assert [(r.ifname, r.attrs["delay"]) for r in netems] == [("eth0", 5000), (ifb, 15000)]
     assert every(r.handle == NETEM_HANDLE and r.netns is None for r in netems)
-    assert sum(r.kind == "htb" for r in plan) == 4        # the rate: a root and a class on each
+    assert sum(r.kind == "htb" for r in plan) == 4  # the rate: a root and a class on each
 
 
 INSIDE = r"""
@@ -98,12 +99,20 @@ while True:
 def test_an_edge_shapes_its_own_link_from_inside_and_tcp_keeps_its_pace(record_property):
     env = dict(os.environ, PYTHONPATH=REPO)
     with Topology(TopologyConfig(n_edges=1)) as topo:
-        server = subprocess.Popen(["nsenter", f"--net={topo.verifier.netns}", "--", sys.executable, "-c", SERVER],
-                                  env=env, start_new_session=True)
+        server = subprocess.Popen(
+            ["nsenter", f"--net={topo.verifier.netns}", "--", sys.executable, "-c", SERVER],
+            env=env,
+            start_new_session=True,
+        )
         try:
             time.sleep(0.5)
-            done = subprocess.run(["nsenter", f"--net={topo.edges[0].netns}", "--", sys.executable, "-c", INSIDE,
-                                   topo.verifier.ip], env=env, capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                ["nsenter", f"--net={topo.edges[0].netns}", "--", sys.executable, "-c", INSIDE, topo.verifier.ip],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         finally:
             server.kill()
             server.wait()

@@ -3,6 +3,7 @@
 Without sch_netem only the htb part is applied (and the netem request must fail as NetemMissing);
 with it, the whole plan.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,9 @@ pytestmark = pytest.mark.root
 
 
 def ours(netns, ifname):
-    return [o for o in kernel.observe(netns, ifname) if o["command"] == "replace" and o["handle"] >> 16 in OUR_QDISC_MAJORS]
+    return [
+        o for o in kernel.observe(netns, ifname) if o["command"] == "replace" and o["handle"] >> 16 in OUR_QDISC_MAJORS
+    ]
 
 
 def test_apply_is_idempotent_reads_back_and_removes_cleanly():

@@ -1,4 +1,5 @@
 """The measurement's statistics and packet building (pure)."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """The userspace link model (pure, fixed seeds): delay, jitter, loss, rate, FIFO, queue sizing."""
+
 from __future__ import annotations
 
 import math
@@ -89,7 +90,7 @@ def test_update_changes_delay_for_new_packets_and_keeps_held_ones_as_they_were()
     """A schedule step: held packets keep their release times; after a cut new packets may pass
     them (as the new delay implies), after a rise they wait the new delay; nothing is dropped."""
     sched = DirectionScheduler(DirectionSpec(delay_ms=50), seed=1)
-    held = [sched.on_arrival(i * 0.001, 100) for i in range(10)]           # released at 50..59 ms
+    held = [sched.on_arrival(i * 0.001, 100) for i in range(10)]  # released at 50..59 ms
     sched.update(DirectionSpec(delay_ms=10))
     after = [sched.on_arrival(0.010 + i * 0.001, 100) for i in range(10)]
     assert held == pytest.approx([0.050 + i * 0.001 for i in range(10)])
@@ -103,12 +104,12 @@ def test_update_keeping_order_lets_the_delay_fall_as_the_held_packets_drain():
     """schedule_order = "queue": after a cut no new packet leaves before one held ahead of it;
     once those are out, the new delay holds."""
     sched = DirectionScheduler(DirectionSpec(delay_ms=50), seed=1)
-    held = [sched.on_arrival(i * 0.001, 100) for i in range(10)]           # released at 50..59 ms
+    held = [sched.on_arrival(i * 0.001, 100) for i in range(10)]  # released at 50..59 ms
     sched.update(DirectionSpec(delay_ms=10), keep_order=True)
     after = [sched.on_arrival(0.010 + i * 0.001, 100) for i in range(10)]
     assert held == pytest.approx([0.050 + i * 0.001 for i in range(10)])
-    assert after == pytest.approx([0.059] * 10)                             # behind the last held one
-    assert sched.on_arrival(0.060, 100) == pytest.approx(0.070)             # drained: the new delay
+    assert after == pytest.approx([0.059] * 10)  # behind the last held one
+    assert sched.on_arrival(0.060, 100) == pytest.approx(0.070)  # drained: the new delay
 
 
 def test_update_keeps_the_configured_loss_rate_across_changes():

@@ -1,4 +1,5 @@
 """The kernel backend's plan and the iptables plan, as data (this kernel cannot apply netem)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ def make_link(spec: LinkSpec) -> Link:
 
 
 def test_pyroute2_units_are_integer_microseconds_percent_and_bytes_per_second():
-    netem, rate = pyroute2_units(DirectionSpec(delay_ms=12.5, jitter_ms=0.75, loss_pct=1.5, rate_mbit=10,
-                                               correlation_pct=25), limit_pkts=3000)
+    netem, rate = pyroute2_units(
+        DirectionSpec(delay_ms=12.5, jitter_ms=0.75, loss_pct=1.5, rate_mbit=10, correlation_pct=25), limit_pkts=3000
+    )
     assert netem == {"delay": 12500, "jitter": 750, "loss": 1.5, "limit": 3000, "delay_corr": 25, "loss_corr": 25}
     assert isinstance(netem["delay"], int) and isinstance(netem["jitter"], int)
     assert rate == {"rate": 1_250_000, "ceil": 1_250_000}
@@ -58,8 +60,16 @@ def test_kernel_plan_refuses_a_distribution_netem_cannot_get_through_pyroute2():
 
 
 def _observed_as_planned(plan):
-    return [{"command": r.command, "kind": r.kind, "handle": r.handle,
-             "parent": r.parent, "options": kernel.expected_options(r)} for r in plan]
+    return [
+        {
+            "command": r.command,
+            "kind": r.kind,
+            "handle": r.handle,
+            "parent": r.parent,
+            "options": kernel.expected_options(r),
+        }
+        for r in plan
+    ]
 
 
 def test_read_back_comparison_accepts_the_planned_state_and_names_a_difference():
@@ -82,7 +92,9 @@ def test_expected_netem_options_are_in_the_kernels_units():
 
 
 def test_iptables_plan_is_one_physdev_rule_per_direction_without_queue_bypass():
-    plan = plan_rules(BR, "DSDBED-t", "FORWARD", [QueueRule("dsdbp0", "dsdbpv", 1000), QueueRule("dsdbpv", "dsdbp0", 1001)])
+    plan = plan_rules(
+        BR, "DSDBED-t", "FORWARD", [QueueRule("dsdbp0", "dsdbpv", 1000), QueueRule("dsdbpv", "dsdbp0", 1001)]
+    )
     assert plan.rule_specs() == [
         "-A DSDBED-t -m physdev --physdev-in dsdbp0 --physdev-out dsdbpv -j NFQUEUE --queue-num 1000",
         "-A DSDBED-t -m physdev --physdev-in dsdbpv --physdev-out dsdbp0 -j NFQUEUE --queue-num 1001",
@@ -99,7 +111,8 @@ def test_a_schedule_step_on_the_kernel_path_replaces_the_same_qdiscs_in_place():
     base = LinkSpec(rtt_ms=20, jitter_ms=2, rate_mbit=10)
     ((_, stepped),) = LinkSchedule.from_steps([{"at_s": 5, "rtt_ms": 150, "loss_pct": 1}]).specs(base)
     before, after = plan_link(make_link(base), max_pps=1000), plan_link(make_link(stepped), max_pps=1000)
-    assert [(r.command, r.kind, r.ifname, r.handle, r.parent) for r in before] == \
-        [(r.command, r.kind, r.ifname, r.handle, r.parent) for r in after]
+    assert [(r.command, r.kind, r.ifname, r.handle, r.parent) for r in before] == [
+        (r.command, r.kind, r.ifname, r.handle, r.parent) for r in after
+    ]
     netem = [r for r in after if r.kind == "netem"]
     assert {r.attrs["delay"] for r in netem} == {75_000} and {r.attrs["loss"] for r in netem} == {1}

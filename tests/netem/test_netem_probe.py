@@ -1,4 +1,5 @@
 """The backend probe: it agrees with a direct attempt and leaves nothing behind."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Link schedules as plain data (pure): steps and traces, the link in force at any time, what a
 probe should see across a change, and when a change took effect."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,9 @@ BASE = LinkSpec(rtt_ms=20, jitter_ms=2)
 
 
 def test_steps_change_only_the_keys_they_name_from_their_time_on():
-    schedule = LinkSchedule.from_steps([{"at_s": 5, "rtt_ms": 150}, {"at_s": 8, "loss_pct": 1, "rate_mbit": 10},
-                                        {"at_s": 9, "rate_mbit": 0}])
+    schedule = LinkSchedule.from_steps(
+        [{"at_s": 5, "rtt_ms": 150}, {"at_s": 8, "loss_pct": 1, "rate_mbit": 10}, {"at_s": 9, "rate_mbit": 0}]
+    )
     assert schedule.state_at(BASE, 4.999) == BASE
     assert schedule.state_at(BASE, 5) == LinkSpec(rtt_ms=150, jitter_ms=2)
     assert schedule.state_at(BASE, 8.5) == LinkSpec(rtt_ms=150, jitter_ms=2, loss_pct=1, rate_mbit=10)
@@ -37,13 +39,16 @@ def test_trace_csv_replays_its_rows(tmp_path):
     assert trace.state_at(BASE, 0.7) == LinkSpec(rtt_ms=35.5, jitter_ms=2, loss_pct=1)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("t,rtt_ms\n0,20\n", "trace columns"),
-    ("t_s,rtt_ms,latency\n0,20,1\n", "trace columns"),
-    ("t_s,rtt_ms\n0,20\n0.5,abc\n", r"trace.csv:3"),
-    ("t_s,rtt_ms\n1,20\n0.5,30\n", "time order"),
-    ("t_s,rtt_ms\n", "no rows"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("t,rtt_ms\n0,20\n", "trace columns"),
+        ("t_s,rtt_ms,latency\n0,20,1\n", "trace columns"),
+        ("t_s,rtt_ms\n0,20\n0.5,abc\n", r"trace.csv:3"),
+        ("t_s,rtt_ms\n1,20\n0.5,30\n", "time order"),
+        ("t_s,rtt_ms\n", "no rows"),
+    ],
+)
 def test_bad_traces_are_named_with_their_line(tmp_path, text, message):
     path = tmp_path / "trace.csv"
     path.write_text(text)
@@ -51,12 +56,15 @@ def test_bad_traces_are_named_with_their_line(tmp_path, text, message):
         LinkSchedule.from_trace_csv(path)
 
 
-@pytest.mark.parametrize("steps,message", [
-    ([{"rtt_ms": 10}], "at_s"),
-    ([{"at_s": -1, "rtt_ms": 10}], "at_s"),
-    ([{"at_s": 1, "latency_ms": 10}], "latency_ms"),
-    ([{"at_s": 1}], "changes nothing"),
-])
+@pytest.mark.parametrize(
+    "steps,message",
+    [
+        ([{"rtt_ms": 10}], "at_s"),
+        ([{"at_s": -1, "rtt_ms": 10}], "at_s"),
+        ([{"at_s": 1, "latency_ms": 10}], "latency_ms"),
+        ([{"at_s": 1}], "changes nothing"),
+    ],
+)
 def test_bad_steps_are_named(steps, message):
     with pytest.raises(ValueError, match=message):
         LinkSchedule.from_steps(steps)
@@ -70,7 +78,7 @@ def test_check_finds_a_state_that_is_no_valid_link():
 def test_a_probe_across_a_change_sees_old_up_and_new_down_delay():
     schedule = LinkSchedule.from_steps([{"at_s": 1.0, "rtt_ms": 60}])
     assert expected_rtt_at_ms(schedule, LinkSpec(rtt_ms=20), 0.5) == 20
-    assert expected_rtt_at_ms(schedule, LinkSpec(rtt_ms=20), 0.995) == pytest.approx(40)   # 10 up + 30 down
+    assert expected_rtt_at_ms(schedule, LinkSpec(rtt_ms=20), 0.995) == pytest.approx(40)  # 10 up + 30 down
     assert expected_rtt_at_ms(schedule, LinkSpec(rtt_ms=20), 1.0) == 60
 
 

@@ -4,6 +4,7 @@ Runs whichever backend `auto` picks (the kernel's netem where it exists, the NFQ
 here) and records it. Tolerances are looser than the benchmark's goals: this machine is shared,
 and a test must not flake on a neighbour's CPU burst.
 """
+
 from __future__ import annotations
 
 import math
@@ -125,7 +126,10 @@ def test_unshaped_edge_is_not_delayed(shaped):
 
 def test_sixteen_links_with_their_own_rtts_share_one_backend():
     specs = [LinkSpec(rtt_ms=5 + 3 * i) for i in range(16)]
-    with Topology(TopologyConfig(n_edges=16)) as topo, Shaper(ShaperConfig(verify_count=60, verify_interval_s=0.02)) as shaper:
+    with (
+        Topology(TopologyConfig(n_edges=16)) as topo,
+        Shaper(ShaperConfig(verify_count=60, verify_interval_s=0.02)) as shaper,
+    ):
         records = shaper.apply(topo.links(specs))
         if shaper.backend == "nfqueue":
             assert len(shaper.daemons) == 1 and len(shaper.daemons[0].queues) == 32

@@ -1,4 +1,5 @@
 """LinkSpec: validation names the field and the value; the RTT split and expected figures."""
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,11 @@ def test_rtt_and_per_direction_delays_are_exclusive(kwargs):
 
 def test_rtt_is_split_half_each_way_and_other_fields_apply_to_both():
     spec = LinkSpec(rtt_ms=30, jitter_ms=2, loss_pct=1, rate_mbit=10, correlation_pct=25)
-    assert spec.up == spec.down == DirectionSpec(delay_ms=15, jitter_ms=2, loss_pct=1, rate_mbit=10,
-                                                 correlation_pct=25, distribution="uniform")
+    assert (
+        spec.up
+        == spec.down
+        == DirectionSpec(delay_ms=15, jitter_ms=2, loss_pct=1, rate_mbit=10, correlation_pct=25, distribution="uniform")
+    )
 
 
 def test_asymmetric_delays():

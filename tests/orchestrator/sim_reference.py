@@ -17,6 +17,7 @@ change is intended, and records the amendment, its commit and its reason beside 
 re-takes one experiment's points (their names and their own tables' digests), for a change that
 moves which points a sweep runs (an open-loop rate search that lands on other rates).
 """
+
 from __future__ import annotations
 
 import csv
@@ -27,9 +28,19 @@ import sys
 from pathlib import Path
 
 REFERENCE = Path(__file__).resolve().with_name("sim_reference.json")
-EXPERIMENTS = ("acceptance-trace", "adaptive-sim", "crossover-synthetic", "gamma-opt", "geography",
-               "measured-rural-n8-v10", "measured-urban-n78-v0", "measured-urban-n78-v30", "measured-urban-n8-v30",
-               "measured-w2s-n78-v30", "serving")
+EXPERIMENTS = (
+    "acceptance-trace",
+    "adaptive-sim",
+    "crossover-synthetic",
+    "gamma-opt",
+    "geography",
+    "measured-rural-n8-v10",
+    "measured-urban-n78-v0",
+    "measured-urban-n78-v30",
+    "measured-urban-n8-v30",
+    "measured-w2s-n78-v30",
+    "serving",
+)
 TABLES = ("rounds", "requests", "links", "points")
 POINT_TABLES = ("rounds", "requests")
 # what differs between two runs of the same code: the run ids and the host's clock and load
@@ -55,7 +66,10 @@ def compared(columns: dict[str, list[str]]) -> list[str]:
 
 def table_digest(columns: dict[str, list[str]]) -> dict:
     """The table's rows and, per compared column, the digest of its cells."""
-    return {"rows": len(next(iter(columns.values()), [])), "columns": {c: digest(columns[c]) for c in compared(columns)}}
+    return {
+        "rows": len(next(iter(columns.values()), [])),
+        "columns": {c: digest(columns[c]) for c in compared(columns)},
+    }
 
 
 def point_digest(columns: dict[str, list[str]], names: list[str]) -> str:
@@ -69,9 +83,13 @@ def experiment_digest(folder: Path) -> dict:
     tables = {t: table_digest(read_columns(folder / f"{t}.csv")) for t in TABLES if (folder / f"{t}.csv").exists()}
     points = sorted(p for p in (folder / "points").iterdir() if p.is_dir())
     names = {t: compared(read_columns(points[0] / f"{t}.csv")) if points else [] for t in POINT_TABLES}
-    return {"tables": tables, "point_columns": names,
-            "points": {p.name: {t: point_digest(read_columns(p / f"{t}.csv"), names[t]) for t in POINT_TABLES}
-                       for p in points}}
+    return {
+        "tables": tables,
+        "point_columns": names,
+        "points": {
+            p.name: {t: point_digest(read_columns(p / f"{t}.csv"), names[t]) for t in POINT_TABLES} for p in points
+        },
+    }
 
 
 def amend(out_root: Path, table_column: str, commit: str, why: str, reference_path: Path = REFERENCE) -> list[str]:
@@ -94,7 +112,8 @@ def amend(out_root: Path, table_column: str, commit: str, why: str, reference_pa
     if not amended:
         raise ValueError(f"no experiment under {out_root} holds {table_column} in the reference")
     reference.setdefault("amendments", []).append(
-        {"column": table_column, "commit": commit, "why": why, "experiments": amended})
+        {"column": table_column, "commit": commit, "why": why, "experiments": amended}
+    )
     reference_path.write_text(json.dumps(reference, sort_keys=True, separators=(",", ":")) + "\n")
     return amended
 
@@ -109,7 +128,8 @@ def amend_points(out_root: Path, experiment: str, commit: str, why: str, referen
     got = experiment_digest(out_root / experiment)
     reference["experiments"][experiment].update(points=got["points"], point_columns=got["point_columns"])
     reference.setdefault("amendments", []).append(
-        {"column": "points/", "commit": commit, "why": why, "experiments": [experiment]})
+        {"column": "points/", "commit": commit, "why": why, "experiments": [experiment]}
+    )
     reference_path.write_text(json.dumps(reference, sort_keys=True, separators=(",", ":")) + "\n")
     return len(got["points"])
 
@@ -122,8 +142,11 @@ def main(argv: list[str]) -> None:
         print("amended:", ", ".join(amend(Path(argv[1]), argv[2], argv[3], argv[4])))
         return
     out_root, commit = Path(argv[0]), argv[1]
-    reference = {"commit": commit, "uncompared": sorted(UNCOMPARED),
-                 "experiments": {name: experiment_digest(out_root / name) for name in EXPERIMENTS}}
+    reference = {
+        "commit": commit,
+        "uncompared": sorted(UNCOMPARED),
+        "experiments": {name: experiment_digest(out_root / name) for name in EXPERIMENTS},
+    }
     REFERENCE.write_text(json.dumps(reference, sort_keys=True, separators=(",", ":")) + "\n")
 
 

@@ -4,6 +4,7 @@ On a network launcher the trace reaches the edges and the verifier inline (a con
 read the host's file); the check is exact: each request's accepted counts are the trace's
 rounds from where its prompt starts, one for one.
 """
+
 import json
 import os
 
@@ -32,11 +33,23 @@ def trace_file(tmp_path, trace: AcceptanceTrace):
 
 
 def experiment(tmp_path, trace, **keys):
-    return experiment_from_dict({
-        "name": "tr", "modes": ["sync"], "rtt_ms": [0], "gamma": [4], "clients": [1], "edges": 1,
-        "requests": 6, "warmup_requests": 1, "max_new_tokens": 40, "prompt_tokens": 8,
-        "profile": "toy-edge-cloud", **keys,
-        "backend": {"kind": "synthetic", "seed": 5, "acceptance_trace": str(trace_file(tmp_path, trace))}})
+    return experiment_from_dict(
+        {
+            "name": "tr",
+            "modes": ["sync"],
+            "rtt_ms": [0],
+            "gamma": [4],
+            "clients": [1],
+            "edges": 1,
+            "requests": 6,
+            "warmup_requests": 1,
+            "max_new_tokens": 40,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            **keys,
+            "backend": {"kind": "synthetic", "seed": 5, "acceptance_trace": str(trace_file(tmp_path, trace))},
+        }
+    )
 
 
 def check_exact_replay(exp, out, trace):
@@ -69,14 +82,14 @@ def test_the_loopback_services_replay_the_trace_sent_inline(tmp_path):
     trace = bimodal_trace()
     exp = experiment(tmp_path, trace, launcher="loopback", modes=["sync", "pipelined", "colocated"])
     run_experiment(exp, tmp_path / "lo", resume=False)
-    for mode in ("sync", "colocated"):       # pipelined: stale blocks interleave, checked below
+    for mode in ("sync", "colocated"):  # pipelined: stale blocks interleave, checked below
         frame = pd.read_csv(tmp_path / "lo" / "rounds.csv")
         sub = tmp_path / mode
         sub.mkdir()
         frame[frame["mode"] == mode].to_csv(sub / "rounds.csv", index=False)
         check_exact_replay(exp, sub, trace)
     run_jsons = list((tmp_path / "lo" / "services").rglob("run.json"))
-    assert run_jsons                         # each edge run says what it replayed
+    assert run_jsons  # each edge run says what it replayed
     for run_json in run_jsons:
         assert json.loads(run_json.read_text())["backend"]["acceptance_trace"]["rounds"] == len(trace.rounds)
 
@@ -103,17 +116,23 @@ def test_services_and_containers_get_the_rounds_not_the_path(tmp_path):
 
 def test_experiment_keys_a_relative_trace_and_no_alpha_sweep(tmp_path):
     trace_file(tmp_path, bimodal_trace(n_rounds=20))
-    (tmp_path / "e.toml").write_text('name = "e"\nprofile = "toy-edge-cloud"\n'
-                                     '[backend]\nkind = "synthetic"\nacceptance_trace = "trace.csv"\n')
+    (tmp_path / "e.toml").write_text(
+        'name = "e"\nprofile = "toy-edge-cloud"\n[backend]\nkind = "synthetic"\nacceptance_trace = "trace.csv"\n'
+    )
     loaded = load_experiment(tmp_path / "e.toml")
     assert loaded.backend.trace().rounds == bimodal_trace(n_rounds=20).rounds
     with pytest.raises(ValueError, match="'alpha'.*acceptance_trace"):
         experiment(tmp_path, bimodal_trace(), alpha=[0.5, 0.7])
     with pytest.raises(ValueError, match="acceptance_trace"):
-        experiment_from_dict({"name": "x", "profile": "toy-edge-cloud",
-                              "backend": {"kind": "synthetic", "acceptance_trace": str(tmp_path / "none.csv")}})
+        experiment_from_dict(
+            {
+                "name": "x",
+                "profile": "toy-edge-cloud",
+                "backend": {"kind": "synthetic", "acceptance_trace": str(tmp_path / "none.csv")},
+            }
+        )
     plain = experiment_record(experiment_from_dict({"name": "x", "profile": "toy-edge-cloud"}))
-    assert "acceptance_trace" not in plain["backend"]       # older sweep folders still resume
+    assert "acceptance_trace" not in plain["backend"]  # older sweep folders still resume
 
 
 def test_the_shipped_trace_and_experiment_are_valid(capsys):

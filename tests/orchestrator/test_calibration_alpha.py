@@ -1,5 +1,6 @@
 """The calibration's alpha is the one that predicts per-token latency: tokens per round of the
 rounds the steady-state statistic counts."""
+
 import math
 
 import pandas as pd
@@ -12,24 +13,41 @@ from orchestrator.analysis.predictions import calibrate
 from dsd.costs.compute_times import ComputeTimes
 
 
-def _rounds(accepted_by_request: list[list[int]], gamma: int = 4, mode: str = "sync",
-            round_s: float = 0.03) -> pd.DataFrame:
+def _rounds(
+    accepted_by_request: list[list[int]], gamma: int = 4, mode: str = "sync", round_s: float = 0.03
+) -> pd.DataFrame:
     """Network-run rounds (receipt times) of one point: request r's round i accepted
     accepted_by_request[r][i] drafts and emitted accepted + 1; one round every round_s."""
     rows = []
     for request, accepted in enumerate(accepted_by_request):
         for index, a in enumerate(accepted):
             t = 10.0 * request + round_s * (index + 1)
-            rows.append({"point": f"{mode}_p", "client_id": "edge0", "request_index": request, "round_index": index,
-                         "mode": mode, "gamma": gamma, "proposed": gamma, "accepted": a, "emitted": a + 1,
-                         "stale": False, "t_draft_start_s": t - round_s, "t_draft_end_s": t - round_s + 0.016,
-                         "t_send_s": t - 0.012, "t_receive_s": t, "server_queue_s": 0.0,
-                         "server_compute_s": 0.01, "rtt_ms": 0.0})
+            rows.append(
+                {
+                    "point": f"{mode}_p",
+                    "client_id": "edge0",
+                    "request_index": request,
+                    "round_index": index,
+                    "mode": mode,
+                    "gamma": gamma,
+                    "proposed": gamma,
+                    "accepted": a,
+                    "emitted": a + 1,
+                    "stale": False,
+                    "t_draft_start_s": t - round_s,
+                    "t_draft_end_s": t - round_s + 0.016,
+                    "t_send_s": t - 0.012,
+                    "t_receive_s": t,
+                    "server_queue_s": 0.0,
+                    "server_compute_s": 0.01,
+                    "rtt_ms": 0.0,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_moment_alpha_reproduces_the_tokens_per_round_it_was_fitted_on():
-    rounds = _rounds([[4, 0, 4, 0, 4, 0, 4, 0]])         # all or nothing: far from geometric
+    rounds = _rounds([[4, 0, 4, 0, 4, 0, 4, 0]])  # all or nothing: far from geometric
     alpha = fit_alpha_tokens_per_round(rounds)
     assert lm.expected_tokens_per_round(alpha, 4) == pytest.approx(rounds["emitted"].mean(), rel=1e-6)
     # Not the maximum-likelihood alpha: these counts are not geometric.
@@ -49,8 +67,9 @@ def test_calibration_alpha_leaves_out_the_first_and_the_cut_short_final_round():
     rounds = _rounds(requests)
     last = rounds["round_index"] == 11
     rounds.loc[last, "emitted"] = 2
-    calibration = calibrate(rounds, ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.01,
-                                                 t_verify_by_gamma_s={4: 0.01}))
+    calibration = calibrate(
+        rounds, ComputeTimes(t_draft_edge_s=0.004, t_draft_server_s=0.002, t_ar_s=0.01, t_verify_by_gamma_s={4: 0.01})
+    )
     assert lm.expected_tokens_per_round(calibration["alpha"], 4) == pytest.approx(3.0, rel=1e-6)
     assert "steady windows" in calibration["alpha_source"]
     # The per-token statistic counts the same rounds: a round every 30 ms over 3 tokens a round.
@@ -62,8 +81,11 @@ def test_calibration_alpha_leaves_out_the_first_and_the_cut_short_final_round():
     assert per_token_s == pytest.approx(0.03 / 3)
     # ... and the prediction from the calibration alone is that statistic (the maximum-likelihood
     # alpha of all rounds, 0.79 here, would predict 11.2 ms, not 10).
-    predicted_s = predict_per_token_s("sync", calibration["alpha"], 4, 0.0,
-                                      **calibration["params"].closed_form_terms(4))
+    predicted_s = predict_per_token_s(
+        "sync", calibration["alpha"], 4, 0.0, **calibration["params"].closed_form_terms(4)
+    )
     assert predicted_s == pytest.approx(per_token_s, rel=1e-4)
-    assert predict_per_token_s("sync", fit_alpha(rounds), 4, 0.0,
-                               **calibration["params"].closed_form_terms(4)) > 1.05 * per_token_s
+    assert (
+        predict_per_token_s("sync", fit_alpha(rounds), 4, 0.0, **calibration["params"].closed_form_terms(4))
+        > 1.05 * per_token_s
+    )

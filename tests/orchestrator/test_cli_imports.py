@@ -1,5 +1,6 @@
 """The command line starts without the model libraries: torch and transformers load only in a
 command that runs a model (the test suite starts dsdbed in subprocesses many times)."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,11 @@ def test_importing_the_command_line_loads_neither_torch_nor_transformers():
 
 
 def test_a_network_experiment_is_read_and_planned_without_torch():
-    code = ("from orchestrator.spec.experiment import load_experiment\n"
-            "from orchestrator.spec.plan import plan_points\n"
-            "assert plan_points(load_experiment('experiments/regime-map-netns.toml'))")
+    code = (
+        "from orchestrator.spec.experiment import load_experiment\n"
+        "from orchestrator.spec.plan import plan_points\n"
+        "assert plan_points(load_experiment('experiments/regime-map-netns.toml'))"
+    )
     assert modules_loaded_by(code) == []
 
 

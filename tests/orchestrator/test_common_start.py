@@ -24,9 +24,7 @@ def test_the_lead_covers_the_slowest_links_probes_and_the_posts():
 
 
 def test_the_spread_is_of_each_clients_first_request():
-    requests = pd.DataFrame(
-        {"client_id": [0, 0, 1, 1, 2], "t_start_s": [100.002, 100.9, 100.004, 101.5, 100.010]}
-    )
+    requests = pd.DataFrame({"client_id": [0, 0, 1, 1, 2], "t_start_s": [100.002, 100.9, 100.004, 101.5, 100.010]})
     spread = _start_spread(requests, start_at_unix_s=100.0)
     assert spread["start_spread_ms"] == pytest.approx(8.0)
     assert spread["start_late_ms"] == pytest.approx(10.0)

@@ -1,6 +1,7 @@
 """The experiment key controller_modes: a sweep's adaptive controller may hand requests to the
 server (cloud AR), on the sim launcher and on a network launcher alike, each client on its own
 link deciding for itself; greedy output stays the target's."""
+
 import json
 import os
 
@@ -13,11 +14,14 @@ from tests.orchestrator.controller_runs import BASE, assert_greedy, modes_by_req
 from tests.checks import every
 
 
-@pytest.mark.parametrize("extra,why", [
-    ({"controller": "static", "gamma_max": 16}, "none with controller 'static'"),
-    ({"controller_modes": ["ar", "turbo"]}, "distinct modes"),
-    ({"controller_modes": ["ar", "pipelined"]}, "every mode of modes"),
-])
+@pytest.mark.parametrize(
+    "extra,why",
+    [
+        ({"controller": "static", "gamma_max": 16}, "none with controller 'static'"),
+        ({"controller_modes": ["ar", "turbo"]}, "distinct modes"),
+        ({"controller_modes": ["ar", "pipelined"]}, "every mode of modes"),
+    ],
+)
 def test_bad_controller_modes_are_refused_naming_the_key(extra, why):
     with pytest.raises(ValueError, match=f"controller_modes.*{why}"):
         experiment_from_dict({**BASE, "rtt_ms": [5], **extra})

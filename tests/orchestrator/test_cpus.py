@@ -1,4 +1,5 @@
 """CPU isolation and contention made visible (orchestrator/common/cpus.py)."""
+
 import json
 import os
 import subprocess
@@ -34,8 +35,9 @@ def test_on_two_cpus_auto_pins_nothing_and_says_why_and_on_shares_honestly():
     with pytest.raises(ValueError, match="cpu_pinning"):
         cpus.plan_cpus([0, 1], 1, mode="always")
     with pytest.raises(ValueError, match="cpu_pinning"):
-        experiment_from_dict({"name": "x", "cpu_pinning": "yes", "profile": "toy-edge-cloud",
-                              "backend": {"kind": "synthetic"}})
+        experiment_from_dict(
+            {"name": "x", "cpu_pinning": "yes", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}}
+        )
 
 
 def test_pin_sets_every_thread_of_a_running_process_and_reads_it_back():
@@ -44,7 +46,8 @@ def test_pin_sets_every_thread_of_a_running_process_and_reads_it_back():
     try:
         first = sorted(os.sched_getaffinity(0))[:1]
         import time
-        time.sleep(0.3)                              # let the threads start
+
+        time.sleep(0.3)  # let the threads start
         assert cpus.pin(proc.pid, first) == first
         tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
         assert len(tids) >= 4 and all(sorted(os.sched_getaffinity(t)) == first for t in tids)
@@ -68,14 +71,27 @@ def test_loopback_sweep_records_the_pinning_and_each_points_conditions(tmp_path)
     """cpu_pinning = on (this machine may have 2 CPUs): sweep.json holds the plan, each point's
     done.json the masks read back from the running services and the machine's load; points.csv
     and the report carry them."""
-    experiment = experiment_from_dict({
-        "name": "pin", "launcher": "loopback", "modes": ["sync"], "rtt_ms": [0, 5], "gamma": [3],
-        "edges": 1, "requests": 2, "warmup_requests": 0, "max_new_tokens": 16, "prompt_tokens": 8,
-        "cpu_pinning": "on", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}})
+    experiment = experiment_from_dict(
+        {
+            "name": "pin",
+            "launcher": "loopback",
+            "modes": ["sync"],
+            "rtt_ms": [0, 5],
+            "gamma": [3],
+            "edges": 1,
+            "requests": 2,
+            "warmup_requests": 0,
+            "max_new_tokens": 16,
+            "prompt_tokens": 8,
+            "cpu_pinning": "on",
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic", "alpha": 0.7},
+        }
+    )
     out = tmp_path / "pin"
     before = os.sched_getaffinity(0)
     run_experiment(experiment, out, resume=False)
-    assert os.sched_getaffinity(0) == before                  # the orchestrator's own pinning ends with the sweep
+    assert os.sched_getaffinity(0) == before  # the orchestrator's own pinning ends with the sweep
     sweep = json.loads((out / "sweep.json").read_text())
     plan = sweep["cpu_pinning"]
     if len(before) < 2:
@@ -90,4 +106,5 @@ def test_loopback_sweep_records_the_pinning_and_each_points_conditions(tmp_path)
     assert points["contended"].notna().all() and points["load_avg_1m"].gt(0).all()
     assert summary["cpu"]["pinning"]["sets"] == plan["sets"]
     from orchestrator.report.html import write_report
+
     assert "CPU isolation and contention" in write_report(out).read_text()

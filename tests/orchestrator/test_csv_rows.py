@@ -1,4 +1,5 @@
 """Trace CSVs cut short by a killed writer: whole rows kept, the partial one dropped and counted."""
+
 import csv
 import io
 
@@ -19,13 +20,13 @@ def test_a_whole_trace_is_kept_as_it_is():
     assert whole_rows(text) == (text, 0)
     frame, dropped = read_whole_rows(text.encode())
     assert list(frame["round_index"]) == [0, 1, 2, 3] and dropped == 0
-    assert frame["error"].iloc[1] == "line one\nline two"       # a quoted newline is not a cut
+    assert frame["error"].iloc[1] == "line one\nline two"  # a quoted newline is not a cut
 
 
 def test_a_last_line_cut_anywhere_is_dropped_and_counted():
     text = trace(4)
     last_start = text.rstrip("\r\n").rfind("\n") + 1
-    for cut in range(last_start + 1, len(text) - 1):          # every cut inside the last row
+    for cut in range(last_start + 1, len(text) - 1):  # every cut inside the last row
         frame, dropped = read_whole_rows(text[:cut])
         assert list(frame["round_index"]) == [0, 1, 2] and dropped == 1, repr(text[last_start:cut])
 

@@ -6,6 +6,7 @@ with --shape-link); the sweep runs as the CLI in a namespace of its own on the s
 told only the services' URLs and the token file. The test process itself polls the services
 over Unix sockets (it has no route into the namespaces) and never talks to any other address.
 """
+
 import os
 import subprocess
 import sys
@@ -30,23 +31,58 @@ def devices(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces)")
     from netem import Topology, TopologyConfig
+
     work = tmp_path_factory.mktemp("devices")
     token_file = write_token_file(work)
     processes = []
     with Topology(TopologyConfig(n_edges=3)) as topo:
         try:
             v = topo.verifier
-            processes.append(ServiceProcess(
-                "verifier", ["services.verifier", "--host", v.ip, "--port", "8700", *PROFILE,
-                             "--token-file", str(token_file), "--unix-socket", str(work / "v.sock")],
-                f"unix:{work / 'v.sock'}/health", netns=v.netns, log_dir=work))
+            processes.append(
+                ServiceProcess(
+                    "verifier",
+                    [
+                        "services.verifier",
+                        "--host",
+                        v.ip,
+                        "--port",
+                        "8700",
+                        *PROFILE,
+                        "--token-file",
+                        str(token_file),
+                        "--unix-socket",
+                        str(work / "v.sock"),
+                    ],
+                    f"unix:{work / 'v.sock'}/health",
+                    netns=v.netns,
+                    log_dir=work,
+                )
+            )
             edge_urls = []
             for i, e in enumerate(topo.edges[:2]):
-                processes.append(ServiceProcess(
-                    f"edge{i}", ["services.edge", "--host", e.ip, "--port", "8701", *PROFILE, "--shape-link",
-                                 "--out-dir", str(work / f"edge{i}"), "--token-file", str(token_file),
-                                 "--unix-socket", str(work / f"e{i}.sock")],
-                    f"unix:{work / f'e{i}.sock'}/health", netns=e.netns, log_dir=work))
+                processes.append(
+                    ServiceProcess(
+                        f"edge{i}",
+                        [
+                            "services.edge",
+                            "--host",
+                            e.ip,
+                            "--port",
+                            "8701",
+                            *PROFILE,
+                            "--shape-link",
+                            "--out-dir",
+                            str(work / f"edge{i}"),
+                            "--token-file",
+                            str(token_file),
+                            "--unix-socket",
+                            str(work / f"e{i}.sock"),
+                        ],
+                        f"unix:{work / f'e{i}.sock'}/health",
+                        netns=e.netns,
+                        log_dir=work,
+                    )
+                )
                 edge_urls.append(f"http://{e.ip}:8701")
             for process in processes:
                 process.wait_ready(60)
@@ -60,9 +96,25 @@ def run_cli_sweep(tmp_path: Path, orchestrator_netns: str, experiment: str) -> s
     """`dsdbed sweep` as a user runs it, from the orchestrator's namespace."""
     (tmp_path / "exp.toml").write_text(experiment)
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    return subprocess.run(["nsenter", f"--net={orchestrator_netns}", "--", sys.executable, "-m", "orchestrator.cli",
-                           "sweep", str(tmp_path / "exp.toml"), "--out", str(tmp_path / "out")],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
+    return subprocess.run(
+        [
+            "nsenter",
+            f"--net={orchestrator_netns}",
+            "--",
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "sweep",
+            str(tmp_path / "exp.toml"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
 
 
 def experiment_toml(verifier_url, edge_urls, token_file, shaping: str, rtt_ms: list[float]) -> str:
@@ -108,13 +160,14 @@ def test_external_sweep_on_the_real_link_records_its_measured_rtt(devices, tmp_p
 
 def test_external_sweep_shapes_each_edge_from_inside_its_namespace(devices, tmp_path):
     verifier_url, edge_urls, token_file, orchestrator_netns, _ = devices
-    done = run_cli_sweep(tmp_path, orchestrator_netns,
-                         experiment_toml(verifier_url, edge_urls, token_file, "edge", [0, 20]))
+    done = run_cli_sweep(
+        tmp_path, orchestrator_netns, experiment_toml(verifier_url, edge_urls, token_file, "edge", [0, 20])
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     links = pd.read_csv(tmp_path / "out" / "links.csv")
     assert len(set(links["shaper"])) == 1 and links["shaper"].iloc[0] in ("in-edge-nfqueue", "in-edge-kernel-netem")
     shaped = links[links["rtt_ms"] == 20]
-    assert len(shaped) == 2 * 2                       # 2 modes x 2 edges
+    assert len(shaped) == 2 * 2  # 2 modes x 2 edges
     # configured = the real link's RTT measured just before + the 20 ms added; ICMP measured it.
     assert shaped["rtt_configured_ms"].between(20, 21).all(), shaped
     assert (shaped["rtt_measured_p50_ms"] - shaped["rtt_configured_ms"]).abs().lt(2).all(), shaped
@@ -134,10 +187,15 @@ def test_external_config_names_the_bad_key(tmp_path):
     good = {"verifier_url": "http://127.0.0.1:1", "edge_urls": ["http://127.0.0.1:2"], "token_file": str(token)}
     assert ExternalConfig.from_dict(good).verifier_health_url == "http://127.0.0.1:1"
     assert ExternalConfig.from_dict({**good, "verifier_url": "ws://h:5/ws"}).verifier_health_url == "http://h:5"
-    for bad, key in (({"edge_urls": []}, "edge_urls"), ({"edge_urls": ["ftp://x"]}, "edge_urls"),
-                     ({"verifier_url": "nope"}, "verifier_url"), ({"shaping": "tc"}, "shaping"),
-                     ({"token_file": str(tmp_path / "missing")}, "token_file"), ({"edge_url": "x"}, "edge_url"),
-                     ({"edge_urls": ["http://a:1", "http://a:1/"]}, "edge_urls")):
+    for bad, key in (
+        ({"edge_urls": []}, "edge_urls"),
+        ({"edge_urls": ["ftp://x"]}, "edge_urls"),
+        ({"verifier_url": "nope"}, "verifier_url"),
+        ({"shaping": "tc"}, "shaping"),
+        ({"token_file": str(tmp_path / "missing")}, "token_file"),
+        ({"edge_url": "x"}, "edge_url"),
+        ({"edge_urls": ["http://a:1", "http://a:1/"]}, "edge_urls"),
+    ):
         with pytest.raises(ValueError, match=key):
             ExternalConfig.from_dict({**good, **bad})
     base = {"name": "x", "launcher": "external", "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}}
@@ -145,8 +203,10 @@ def test_external_config_names_the_bad_key(tmp_path):
         experiment_from_dict({**base, "rtt_ms": [0, 20], "external": good})
     with pytest.raises(ValueError, match="external"):
         experiment_from_dict({**base, "rtt_ms": [0]})
-    assert experiment_from_dict({**base, "rtt_ms": [0, 20], "external": {**good, "shaping": "edge"}}).external.shaping \
+    assert (
+        experiment_from_dict({**base, "rtt_ms": [0, 20], "external": {**good, "shaping": "edge"}}).external.shaping
         == "edge"
+    )
 
 
 def test_a_dead_shaping_daemon_in_an_edge_fails_the_check_and_heal_drops_it(devices):
@@ -155,6 +215,7 @@ def test_a_dead_shaping_daemon_in_an_edge_fails_the_check_and_heal_drops_it(devi
     from netem.nsutil import call_in_netns
     from netem.topology import netns_pids
     from orchestrator.launchers.external import ExternalTestbed
+
     verifier_url, edge_urls, token_file, orchestrator_netns, edge_netns = devices
     config = ExternalConfig(verifier_url, tuple(edge_urls), str(token_file), shaping="edge", verify_count=20)
     testbed = call_in_netns(orchestrator_netns, lambda: ExternalTestbed(config, n_edges=2))
@@ -162,8 +223,11 @@ def test_a_dead_shaping_daemon_in_an_edge_fails_the_check_and_heal_drops_it(devi
         states = call_in_netns(orchestrator_netns, lambda: testbed.shape([10.0, 10.0]))
         assert [s.shaper for s in states] == ["in-edge-nfqueue"] * 2
         call_in_netns(orchestrator_netns, testbed.check)
-        daemons = [pid for pid in netns_pids(edge_netns[1])
-                   if b"netem.nfqueue_daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        daemons = [
+            pid
+            for pid in netns_pids(edge_netns[1])
+            if b"netem.nfqueue_daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
         assert len(daemons) == 1
         os.kill(daemons[0], 9)
         testbed._last_check_s = 0.0

@@ -1,5 +1,6 @@
 """The RTT x clients map: crossovers per client count with their intervals, the queueing model's
 predictions written before the points with more clients run, and the map's figures."""
+
 import dataclasses
 import json
 import math
@@ -24,8 +25,12 @@ CLIENTS = [1, 2, 3]
 def _per_token_ms(mode: str, rtt_ms: float, clients: int) -> float:
     """A made-up map: co-located SD pays every client's round, pipelined DSD its round trip.
     pipelined = co-located at rtt = 80 N - 40: 40, 120 and 200 ms."""
-    return {"colocated": 50.0 * clients, "pipelined": 30 + 0.5 * rtt_ms + 10 * (clients - 1),
-            "ar": 60.0 * clients, "sync": 45 + 0.5 * rtt_ms + 10 * (clients - 1)}[mode]
+    return {
+        "colocated": 50.0 * clients,
+        "pipelined": 30 + 0.5 * rtt_ms + 10 * (clients - 1),
+        "ar": 60.0 * clients,
+        "sync": 45 + 0.5 * rtt_ms + 10 * (clients - 1),
+    }[mode]
 
 
 def _constructed_sweep(rng_seed: int = 3):
@@ -36,8 +41,13 @@ def _constructed_sweep(rng_seed: int = 3):
         for rtt_ms in RTTS_MS:
             for clients in CLIENTS:
                 for repeat in (0, 1):
-                    key = {"mode": mode, "rtt_ms": rtt_ms, "gamma": 0 if mode == "ar" else 2, "clients": clients,
-                           "repeat": repeat}
+                    key = {
+                        "mode": mode,
+                        "rtt_ms": rtt_ms,
+                        "gamma": 0 if mode == "ar" else 2,
+                        "clients": clients,
+                        "repeat": repeat,
+                    }
                     values = _per_token_ms(mode, rtt_ms, clients) * (1 + 0.01 * rng.standard_normal(4))
                     points.append({**key, "per_token_ms_p50": float(np.median(values))})
                     latencies += [{**key, "request_index": i, "per_token_ms": v} for i, v in enumerate(values)]
@@ -49,8 +59,9 @@ def _predictions(points: pd.DataFrame, by_clients_ms: dict[int, float]) -> pd.Da
     rows = points[["mode", "rtt_ms", "gamma", "clients", "repeat"]].copy()
     rows = rows[rows["gamma"] == 2]
     for name in queueing.FRONTIER_PAIRS:
-        rows[f"crossover_{name}_rtt_ms"] = rows["clients"].map(by_clients_ms) if name == "pipelined_vs_colocated" \
-            else math.nan
+        rows[f"crossover_{name}_rtt_ms"] = (
+            rows["clients"].map(by_clients_ms) if name == "pipelined_vs_colocated" else math.nan
+        )
     return rows
 
 
@@ -79,7 +90,8 @@ def test_crossovers_are_measured_for_every_client_count_with_an_interval_around_
     assert names == {"pipelined_vs_colocated", "sync_vs_colocated", "sync_vs_ar", "pipelined_vs_ar"}
     evidence = frontier.frontier_evidence(rows)
     assert evidence["err_rows"] == 2 and evidence["err_max_pct"] == pytest.approx(
-        max(pipelined[n]["err_pct"] for n in (2, 3)))
+        max(pipelined[n]["err_pct"] for n in (2, 3))
+    )
 
 
 def test_the_bootstrap_is_drawn_jointly_across_client_counts():
@@ -91,7 +103,7 @@ def test_the_bootstrap_is_drawn_jointly_across_client_counts():
     rows = _frontier(points, latencies, None)
     row = next(r for r in rows if r["pair"] == "sync_vs_colocated" and r["clients"] == 2)
     assert row["ci_high_ms"] - row["ci_low_ms"] < 60.0
-    assert row["in_or_out_of_sample"] == "in_sample" and row["predicted_ms"] == -1.0    # no predictions: the fallback
+    assert row["in_or_out_of_sample"] == "in_sample" and row["predicted_ms"] == -1.0  # no predictions: the fallback
 
 
 def test_regime_cells_name_the_fastest_mode_and_its_margin():
@@ -109,8 +121,10 @@ def test_the_map_figures_are_drawn(tmp_path):
     rows = pd.DataFrame(_frontier(points, latencies, _predictions(points, {1: 38.0, 2: 110.0, 3: 215.0})))
     cells = points.groupby(["mode", "rtt_ms", "gamma", "clients"], as_index=False)["per_token_ms_p50"].median()
     regime = frontier.regime_cells(cells.rename(columns={"per_token_ms_p50": "per_token_ms"}), 2)
-    for path in (plots.plot_regime_map(regime, rows, tmp_path / "regime_map.png", "map", "sim"),
-                 plots.plot_frontier(rows, tmp_path / "frontier.png", "frontier", "sim")):
+    for path in (
+        plots.plot_regime_map(regime, rows, tmp_path / "regime_map.png", "map", "sim"),
+        plots.plot_frontier(rows, tmp_path / "frontier.png", "frontier", "sim"),
+    ):
         assert path.stat().st_size > 10_000
 
 
@@ -118,16 +132,28 @@ def test_points_with_more_clients_are_predicted_by_the_queueing_model_before_the
     """A sweep over clients 1..3 (the sim launcher runs one client: here every point runs as one,
     only the order and the prediction are under test)."""
     out = tmp_path / "s"
-    experiment = experiment_from_dict({"name": "frontier", "profile": "toy-edge-cloud", "rtt_ms": [0, 20],
-                                       "gamma": [4], "clients": CLIENTS, "requests": 3, "max_new_tokens": 40,
-                                       "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.8}})
+    experiment = experiment_from_dict(
+        {
+            "name": "frontier",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0, 20],
+            "gamma": [4],
+            "clients": CLIENTS,
+            "requests": 3,
+            "max_new_tokens": 40,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+        }
+    )
     from dsd.backends.factory import load_pair
     from orchestrator.launchers.sim import SimTestbed
     from orchestrator.running.run import assumed_times, point_settings, times_for
+
     times = {experiment.profile: times_for(experiment, out)}
     testbed = SimTestbed(*load_pair(experiment.backend), times[experiment.profile])
-    prompts = make_prompts(experiment.backend, experiment.warmup_requests + experiment.requests,
-                           experiment.prompt_tokens, experiment.seed)
+    prompts = make_prompts(
+        experiment.backend, experiment.warmup_requests + experiment.requests, experiment.prompt_tokens, experiment.seed
+    )
 
     def run_point(point):
         return testbed.run_point(dataclasses.replace(point, clients=1), prompts, point_settings(experiment))
@@ -143,13 +169,16 @@ def test_points_with_more_clients_are_predicted_by_the_queueing_model_before_the
     assert all(not is_calibration(p, experiment) for p in plan if p.clients > 1)
     calibration = json.loads((out / "calibration.json").read_text())["all"]
     from dsd.costs.compute_times import ComputeTimes
+
     params = ComputeTimes.from_dict(calibration["params"])
     for row in several.itertuples():
-        expected_ms = 1e3 * queueing.per_token_s(row.mode, row.clients, calibration["alpha"], 4, row.rtt_ms / 1e3,
-                                                 params)
+        expected_ms = 1e3 * queueing.per_token_s(
+            row.mode, row.clients, calibration["alpha"], 4, row.rtt_ms / 1e3, params
+        )
         assert row.per_token_ms_predicted == pytest.approx(expected_ms)
         assert row.crossover_pipelined_vs_colocated_rtt_ms == pytest.approx(
-            1e3 * queueing.crossover_rtt_s("pipelined_vs_colocated", row.clients, calibration["alpha"], 4, params))
+            1e3 * queueing.crossover_rtt_s("pipelined_vs_colocated", row.clients, calibration["alpha"], 4, params)
+        )
     one = predictions[predictions["clients"] == 1]
     by_clients = predictions.groupby("clients")["crossover_pipelined_vs_colocated_rtt_ms"].first()
     assert by_clients[1] < by_clients[2] < by_clients[3]
@@ -196,8 +225,9 @@ def test_one_client_intervals_do_not_depend_on_the_client_counts_beside_them():
     points, latencies = _constructed_sweep()
     one = latencies["clients"] == 1
     alone = bootstrap.cell_replicates(latencies[one], ["mode", "rtt_ms", "gamma", "clients"], n_boot=200)[1]
-    beside = bootstrap.cell_replicates(latencies.assign(client_id="0"), ["mode", "rtt_ms", "gamma", "clients"],
-                                       n_boot=200)[1]
+    beside = bootstrap.cell_replicates(
+        latencies.assign(client_id="0"), ["mode", "rtt_ms", "gamma", "clients"], n_boot=200
+    )[1]
     for cell, values in alone.items():
         assert np.array_equal(values, beside[cell])
 
@@ -218,8 +248,9 @@ def test_rows_whose_edges_slowed_each_other_are_flagged_with_the_measured_draft_
     points, latencies = _constructed_sweep()
     # Pipelined edges draft at once and share a core: their step grows with N; sync's does not.
     steps_ms = {"pipelined": {1: 14.0, 2: 23.0, 3: 42.0}, "sync": {1: 15.0, 2: 16.0, 3: 17.0}}
-    points["t_draft_ms_measured"] = [steps_ms.get(m, {}).get(n, math.nan)
-                                     for m, n in zip(points["mode"], points["clients"])]
+    points["t_draft_ms_measured"] = [
+        steps_ms.get(m, {}).get(n, math.nan) for m, n in zip(points["mode"], points["clients"])
+    ]
     rows = {(r["pair"], r["clients"]): r for r in _frontier(points, latencies, None)}
     assert rows[("pipelined_vs_colocated", 3)]["edge_draft_step_ratio"] == pytest.approx(3.0)
     assert rows[("pipelined_vs_colocated", 3)]["edge_draft_inflated"]
@@ -228,8 +259,12 @@ def test_rows_whose_edges_slowed_each_other_are_flagged_with_the_measured_draft_
     assert rows[("sync_vs_colocated", 3)]["edge_draft_step_ratio"] == pytest.approx(17 / 15)
     assert not rows[("sync_vs_colocated", 3)]["edge_draft_inflated"]
     evidence = frontier.frontier_evidence(list(rows.values()))
-    assert evidence["edge_draft_inflated_rows"] == ["pipelined_vs_colocated at N = 2", "pipelined_vs_ar at N = 2",
-                                                     "pipelined_vs_colocated at N = 3", "pipelined_vs_ar at N = 3"]
+    assert evidence["edge_draft_inflated_rows"] == [
+        "pipelined_vs_colocated at N = 2",
+        "pipelined_vs_ar at N = 2",
+        "pipelined_vs_colocated at N = 3",
+        "pipelined_vs_ar at N = 3",
+    ]
 
 
 def test_without_measured_draft_steps_no_row_is_flagged():

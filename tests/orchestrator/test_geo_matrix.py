@@ -1,4 +1,5 @@
 """Every measured country pair predicted from a sweep's fitted model, and the matrix drawn."""
+
 import pandas as pd
 
 from orchestrator.report import geo_matrix
@@ -13,10 +14,20 @@ def test_geography_experiment_lists_the_sampled_pairs_mean_rtts():
 
 
 def test_matrix_predicts_every_pair_and_checks_the_measured_ones(tmp_path):
-    experiment = experiment_from_dict({
-        "name": "geo", "launcher": "sim", "modes": ["ar", "colocated", "sync", "pipelined"],
-        "rtt_ms": [4.943, 212.134], "gamma": [4], "requests": 2, "max_new_tokens": 32, "prompt_tokens": 8,
-        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.8}})
+    experiment = experiment_from_dict(
+        {
+            "name": "geo",
+            "launcher": "sim",
+            "modes": ["ar", "colocated", "sync", "pipelined"],
+            "rtt_ms": [4.943, 212.134],
+            "gamma": [4],
+            "requests": 2,
+            "max_new_tokens": 32,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+        }
+    )
     run_experiment(experiment, tmp_path / "geo", resume=False)
     analyze_sweep(tmp_path / "geo")
     figures = geo_matrix.write(tmp_path / "geo", n_countries=10)

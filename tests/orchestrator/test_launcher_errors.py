@@ -1,6 +1,7 @@
 """A launcher that fails reaches the user as one line through the CLI's error path, never a
 traceback; `--debug` keeps the traceback. No Docker and no root needed: a loopback service that
 exits while starting, and the compose launcher with no Docker engine to talk to."""
+
 from __future__ import annotations
 
 import os
@@ -22,15 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_loopback_service_that_exits_while_starting_is_one_launcher_error(tmp_path):
-    config = ServicesConfig(SyntheticBackendConfig(), get_profile("toy-edge-cloud"), work_dir=str(tmp_path),
-                            extra_verifier_args=("--no-such-flag",))
+    config = ServicesConfig(
+        SyntheticBackendConfig(),
+        get_profile("toy-edge-cloud"),
+        work_dir=str(tmp_path),
+        extra_verifier_args=("--no-such-flag",),
+    )
     with pytest.raises(LauncherError) as info:
         with launcher_errors("loopback", "to start"):
             LoopbackTestbed(config)
     assert "the loopback launcher failed to start: RuntimeError: verifier exited with code 2" in str(info.value)
     line = error_line(info.value)
-    assert "\n" not in line and line.endswith("more lines: rerun with --debug)")   # the log tail is left out
-    assert isinstance(info.value.__cause__, RuntimeError)                         # and kept for --debug
+    assert "\n" not in line and line.endswith("more lines: rerun with --debug)")  # the log tail is left out
+    assert isinstance(info.value.__cause__, RuntimeError)  # and kept for --debug
 
 
 def test_bad_config_passes_through_as_itself():
@@ -40,9 +45,20 @@ def test_bad_config_passes_through_as_itself():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_a_compose_sweep_without_a_docker_engine_gets_one_line(tmp_path):

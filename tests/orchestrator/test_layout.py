@@ -1,15 +1,23 @@
 """orchestrator/ is a map of its work: packages by role, each importing only from the packages
 below it (docs/architecture.md draws them), and nothing at the top level but the CLI."""
+
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
 # docs/architecture.md's picture: each package and the packages below it, which it may import
 BASE = {"common", "links", "spec", "records"}
-BELOW = {"common": set(), "links": {"common"}, "spec": {"common", "links"}, "records": {"common", "links", "spec"},
-         "analysis": BASE, "launchers": BASE, "report": BASE | {"analysis"},
-         "running": BASE | {"analysis", "launchers", "report"},
-         "open_loop": BASE | {"analysis", "launchers", "report", "running"}}
+BELOW = {
+    "common": set(),
+    "links": {"common"},
+    "spec": {"common", "links"},
+    "records": {"common", "links", "spec"},
+    "analysis": BASE,
+    "launchers": BASE,
+    "report": BASE | {"analysis"},
+    "running": BASE | {"analysis", "launchers", "report"},
+    "open_loop": BASE | {"analysis", "launchers", "report", "running"},
+}
 
 
 def imports_of(path: Path) -> set[str]:

@@ -1,5 +1,6 @@
 """A service process is a leftover only when the orchestrator that started it is gone: a live
 sweep or test beside this one must not block it or be cleaned up by it."""
+
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ def _marked_sleeper(owner: str | None) -> subprocess.Popen:
         env[OWNER_MARK] = owner
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:           # until its environment is readable
+    while time.monotonic() < deadline:  # until its environment is readable
         if os.path.exists(f"/proc/{proc.pid}/environ") and open(f"/proc/{proc.pid}/environ", "rb").read():
             break
         time.sleep(0.05)
@@ -38,7 +39,7 @@ def test_a_service_whose_orchestrator_lives_is_not_a_leftover_one_whose_orchestr
         found = leftovers.service_processes()
         assert live.pid not in found
         assert orphan.pid in found
-        assert unowned.pid in found              # an older checkout's service: counted, to be safe
+        assert unowned.pid in found  # an older checkout's service: counted, to be safe
     finally:
         for proc in (live, orphan, unowned):
             proc.kill()
@@ -49,4 +50,4 @@ def test_process_identity_is_stable_for_a_live_process_and_none_for_a_missing_on
     mine = process_identity(os.getpid())
     assert mine is not None and mine.startswith(f"{os.getpid()}:")
     assert process_identity(os.getpid()) == mine
-    assert process_identity(2 ** 22 + 7) is None          # above pid_max: no such process
+    assert process_identity(2**22 + 7) is None  # above pid_max: no such process

@@ -1,5 +1,6 @@
 """Open-loop load: arrival processes at their configured rate and burstiness, and [load]/[slo]
 keys checked with one line naming the bad one."""
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -8,8 +9,13 @@ from orchestrator.spec.experiment import experiment_from_dict, load_experiment
 from orchestrator.spec.arrivals import LoadConfig, SloConfig, arrival_times_s, assign_edges, gamma_gaps_s, schedule
 from tests.checks import every
 
-BASE = {"name": "serve", "launcher": "sim", "modes": ["sync"], "profile": "toy-edge-cloud",
-        "backend": {"kind": "synthetic", "alpha": 0.8}}
+BASE = {
+    "name": "serve",
+    "launcher": "sim",
+    "modes": ["sync"],
+    "profile": "toy-edge-cloud",
+    "backend": {"kind": "synthetic", "alpha": 0.8},
+}
 
 
 def test_poisson_gaps_pass_a_ks_test_against_the_exponential_at_the_rate():
@@ -47,22 +53,27 @@ def test_weighted_assignment_follows_the_weights():
 
 def test_a_trace_gives_its_own_times(tmp_path):
     (tmp_path / "arrivals.csv").write_text("arrival_s\n0.5\n0.1\n2.0\n")
-    (tmp_path / "serve.toml").write_text('name = "serve"\nprofile = "toy-edge-cloud"\nmodes = ["sync"]\n'
-                                         '[load]\narrival_process = "trace"\ntrace = "arrivals.csv"\n')   # beside the file
+    (tmp_path / "serve.toml").write_text(
+        'name = "serve"\nprofile = "toy-edge-cloud"\nmodes = ["sync"]\n'
+        '[load]\narrival_process = "trace"\ntrace = "arrivals.csv"\n'
+    )  # beside the file
     experiment = load_experiment(tmp_path / "serve.toml")
     assert list(arrival_times_s(experiment.load, None, 0)) == [0.1, 0.5, 2.0]
 
 
-@pytest.mark.parametrize("table,body,names", [
-    ("load", {"rat_rps": [1.0], "duration_s": 10}, "rat_rps"),
-    ("load", {"rate_rps": [1.0], "duration_s": 10, "cv": 2.0}, "load.cv"),
-    ("load", {"rate_rps": [-1.0], "duration_s": 10}, "load.rate_rps"),
-    ("load", {"rate_rps": [1.0]}, "load.duration_s"),
-    ("load", {"rate_rps": [1.0], "duration_s": 10, "assignment": "nearest"}, "load.assignment"),
-    ("slo", {"ttft_ms": 500, "atainment": 0.9}, "atainment"),
-    ("slo", {"ttft_ms": 500, "attainment": 90}, "slo.attainment"),
-    ("slo", {}, "slo.ttft_ms"),
-])
+@pytest.mark.parametrize(
+    "table,body,names",
+    [
+        ("load", {"rat_rps": [1.0], "duration_s": 10}, "rat_rps"),
+        ("load", {"rate_rps": [1.0], "duration_s": 10, "cv": 2.0}, "load.cv"),
+        ("load", {"rate_rps": [-1.0], "duration_s": 10}, "load.rate_rps"),
+        ("load", {"rate_rps": [1.0]}, "load.duration_s"),
+        ("load", {"rate_rps": [1.0], "duration_s": 10, "assignment": "nearest"}, "load.assignment"),
+        ("slo", {"ttft_ms": 500, "atainment": 0.9}, "atainment"),
+        ("slo", {"ttft_ms": 500, "attainment": 90}, "slo.attainment"),
+        ("slo", {}, "slo.ttft_ms"),
+    ],
+)
 def test_a_bad_load_or_slo_key_gets_one_line_naming_it(table, body, names):
     data = {**BASE, "load": {"rate_rps": [1.0], "duration_s": 10}, table: body}
     with pytest.raises(ValueError) as error:
@@ -71,8 +82,9 @@ def test_a_bad_load_or_slo_key_gets_one_line_naming_it(table, body, names):
     assert "\n" not in message and names in message and message.startswith("serve.toml")
 
 
-@pytest.mark.parametrize("body,new", [({"arrival": "poisson"}, "arrival_process"),
-                                      ({"arrival_process": "gamma", "cv": 2.0}, "'gamma_gaps'")])
+@pytest.mark.parametrize(
+    "body,new", [({"arrival": "poisson"}, "arrival_process"), ({"arrival_process": "gamma", "cv": 2.0}, "'gamma_gaps'")]
+)
 def test_the_renamed_arrival_key_and_gamma_value_are_refused_naming_the_new_name(body, new):
     data = {**BASE, "load": {"rate_rps": [1.0], "duration_s": 10, **body}}
     with pytest.raises(ValueError) as error:
@@ -83,6 +95,7 @@ def test_the_renamed_arrival_key_and_gamma_value_are_refused_naming_the_new_name
 
 def test_a_sweep_recorded_before_the_rename_reads_as_the_same_arrival_process():
     from orchestrator.open_loop.commands import recorded_load
+
     old = {"arrival": "gamma", "cv": 2.0, "rate_rps": [1.0], "duration_s": 10}
     assert recorded_load(old) == {"arrival_process": "gamma_gaps", "cv": 2.0, "rate_rps": [1.0], "duration_s": 10}
     assert experiment_from_dict({**BASE, "load": recorded_load(old)}).load.arrival_process == "gamma_gaps"
@@ -103,7 +116,7 @@ def test_output_lengths_are_drawn_from_an_earlier_runs_answers(tmp_path):
     (tmp_path / "requests.csv").write_text("request_index,tokens\n0,10\n1,40\n2,200\n")
     config = LoadConfig(rate_rps=(1.0,), requests=3000, output="lengths", lengths_csv=str(tmp_path / "requests.csv"))
     lengths = [a.max_tokens for a in schedule(config, 1.0, 2, 64, seed=0)]
-    assert set(lengths) == {10, 40, 64}                  # drawn from the file, capped at max_new_tokens
+    assert set(lengths) == {10, 40, 64}  # drawn from the file, capped at max_new_tokens
     assert lengths.count(64) == pytest.approx(1000, rel=0.1)
     with pytest.raises(ValueError, match="load.lengths_csv"):
         LoadConfig(rate_rps=(1.0,), requests=3, output="lengths", lengths_csv=str(tmp_path / "missing.csv"))

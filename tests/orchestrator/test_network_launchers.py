@@ -3,6 +3,7 @@
 Checks what a user relies on: every mode's tokens are the target's greedy tokens, the traces are
 whole, and on netns the measured RTT is near the configured one and nothing is left behind.
 """
+
 import json
 import math
 import os
@@ -21,19 +22,31 @@ from orchestrator.running.run import run_experiment
 from orchestrator.spec.workload import make_prompts
 from tests.link_sweep import check_links_shaped
 
-BASE = {"modes": ["ar", "colocated", "sync", "pipelined"], "rtt_ms": [0, 20], "gamma": [3],
-        "clients": [2], "edges": 2, "requests": 2, "warmup_requests": 1, "max_new_tokens": 24,
-        "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}}
+BASE = {
+    "modes": ["ar", "colocated", "sync", "pipelined"],
+    "rtt_ms": [0, 20],
+    "gamma": [3],
+    "clients": [2],
+    "edges": 2,
+    "requests": 2,
+    "warmup_requests": 1,
+    "max_new_tokens": 24,
+    "prompt_tokens": 8,
+    "profile": "toy-edge-cloud",
+    "backend": {"kind": "synthetic", "alpha": 0.7},
+}
 
 
 def check_greedy_tokens(experiment, out):
     requests = pd.read_csv(out / "requests.csv")
-    assert len(requests) == 2 * 4 * 2 * 2        # rtts x modes x clients x requests
+    assert len(requests) == 2 * 4 * 2 * 2  # rtts x modes x clients x requests
     assert requests["error"].isna().all() or (requests["error"].astype(str).isin(["", "nan"])).all()
     draft, target = load_pair(experiment.backend)
     prompts = make_prompts(experiment.backend, 3, experiment.prompt_tokens, experiment.seed)
-    expected = {i: generate_ar(target, prompts[i + 1], StopRule(24, target.eos_token_id), seq_id=str(i)).tokens
-                for i in range(2)}
+    expected = {
+        i: generate_ar(target, prompts[i + 1], StopRule(24, target.eos_token_id), seq_id=str(i)).tokens
+        for i in range(2)
+    }
     for row in requests.itertuples():
         assert [int(t) for t in str(row.token_ids).split()] == expected[row.request_index], row.point
 
@@ -55,18 +68,23 @@ def test_sim_and_loopback_write_the_same_columns_with_the_same_meaning(tmp_path)
     base = {**BASE, "modes": ["ar", "colocated", "sync", "pipelined"], "rtt_ms": [10], "clients": [1], "edges": 1}
     tables = {}
     for launcher in ("sim", "loopback"):
-        run_experiment(experiment_from_dict({"name": launcher, "launcher": launcher, **base}), tmp_path / launcher,
-                       resume=False)
+        run_experiment(
+            experiment_from_dict({"name": launcher, "launcher": launcher, **base}), tmp_path / launcher, resume=False
+        )
         tables[launcher] = {name: pd.read_csv(tmp_path / launcher / f"{name}.csv") for name in ("requests", "rounds")}
     for name in ("requests", "rounds"):
         assert list(tables["sim"][name].columns) == list(tables["loopback"][name].columns), name
-    tokens = {launcher: t["requests"].set_index(["mode", "request_index"])["token_ids"].sort_index()
-              for launcher, t in tables.items()}
+    tokens = {
+        launcher: t["requests"].set_index(["mode", "request_index"])["token_ids"].sort_index()
+        for launcher, t in tables.items()
+    }
     assert tokens["sim"].equals(tokens["loopback"])
     for launcher, t in tables.items():
         requests, rounds = t["requests"], t["rounds"]
         assert len(requests) and len(rounds), launcher
-        first = rounds[rounds.emitted > 0].sort_values("round_index").groupby(["mode", "request_index"])["emitted"].first()
+        first = (
+            rounds[rounds.emitted > 0].sort_values("round_index").groupby(["mode", "request_index"])["emitted"].first()
+        )
         for row in requests.itertuples():
             expected = (row.wall_s - row.ttft_s) / (row.tokens - first[row.mode, row.request_index])
             assert row.steady_per_token_s == pytest.approx(expected, abs=1e-5), (launcher, row.point)
@@ -76,15 +94,29 @@ def test_sim_and_loopback_write_the_same_columns_with_the_same_meaning(tmp_path)
     assert set(sim["requests"]["link_rtt_configured_ms"]) == set(lo["requests"]["link_rtt_configured_ms"]) == {10}
     analyze_sweep(tmp_path / "sim")
     points = pd.read_csv(tmp_path / "sim" / "points.csv")
-    assert points["rtt_measured_ms"].isna().all()        # nothing measured it on sim
+    assert points["rtt_measured_ms"].isna().all()  # nothing measured it on sim
 
 
 def test_loopback_alpha_sweep_runs_each_group_on_its_own_services(tmp_path):
     """Two alphas: two testbeds one after the other, each edge drafting with its group's alpha."""
-    experiment = experiment_from_dict({
-        "name": "alphas", "launcher": "loopback", "modes": ["ar", "sync"], "rtt_ms": [0], "gamma": [4],
-        "alpha": [0.3, 0.95], "clients": [1], "edges": 1, "requests": 2, "warmup_requests": 0,
-        "max_new_tokens": 64, "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic"}})
+    experiment = experiment_from_dict(
+        {
+            "name": "alphas",
+            "launcher": "loopback",
+            "modes": ["ar", "sync"],
+            "rtt_ms": [0],
+            "gamma": [4],
+            "alpha": [0.3, 0.95],
+            "clients": [1],
+            "edges": 1,
+            "requests": 2,
+            "warmup_requests": 0,
+            "max_new_tokens": 64,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic"},
+        }
+    )
     run_experiment(experiment, tmp_path / "a", resume=False)
     assert sorted(p.name for p in (tmp_path / "a" / "services").iterdir()) == ["a0.3", "a0.95"]
     summary = analyze_sweep(tmp_path / "a")
@@ -98,11 +130,23 @@ def test_loopback_capacity_sweep_shows_dsd_sustaining_more_clients(tmp_path):
     """Three clients on one serial verifier: co-located SD makes the server draft too, so each
     client gets less than under DSD (saturated: 3*(gamma*t_d + t_v) = 54 ms per round against
     max(3*t_v, own path) = 30 ms), and the analysis reads the capacity ratio from the traces."""
-    experiment = experiment_from_dict({
-        "name": "cap", "launcher": "loopback", "modes": ["colocated", "sync"], "rtt_ms": [0],
-        "gamma": [4], "clients": [1, 3], "edges": 1, "requests": 2, "warmup_requests": 0,
-        "max_new_tokens": 48, "prompt_tokens": 8, "profile": "toy-edge-cloud",
-        "backend": {"kind": "synthetic", "alpha": 0.8}})
+    experiment = experiment_from_dict(
+        {
+            "name": "cap",
+            "launcher": "loopback",
+            "modes": ["colocated", "sync"],
+            "rtt_ms": [0],
+            "gamma": [4],
+            "clients": [1, 3],
+            "edges": 1,
+            "requests": 2,
+            "warmup_requests": 0,
+            "max_new_tokens": 48,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+        }
+    )
     run_experiment(experiment, tmp_path / "cap", resume=False)
     summary = analyze_sweep(tmp_path / "cap")
     points = pd.read_csv(tmp_path / "cap" / "points.csv").set_index(["mode", "clients"])
@@ -111,10 +155,10 @@ def test_loopback_capacity_sweep_shows_dsd_sustaining_more_clients(tmp_path):
     assert rate.notna().all() and (rate > 0).all(), seen
     # Predicted 1.8x and 3x; the margins leave room for a loaded machine's harness overhead.
     assert rate["sync", 3] > 1.2 * rate["colocated", 3], seen
-    assert rate["colocated", 1] > 1.5 * rate["colocated", 3], seen       # the server is shared
+    assert rate["colocated", 1] > 1.5 * rate["colocated", 3], seen  # the server is shared
     ratio = summary["capacity"][0]
     assert ratio["mode"] == "sync" and ratio["clients_dsd"] == 3 and ratio["ratio_measured"] > 1.2, (ratio, seen)
-    assert ratio["ratio_repeats"] == 1 and math.isnan(ratio["ratio_ci_low"])     # one repeat: no interval
+    assert ratio["ratio_repeats"] == 1 and math.isnan(ratio["ratio_ci_low"])  # one repeat: no interval
     assert (tmp_path / "cap" / "capacity_vs_clients.png").stat().st_size > 10_000
 
 
@@ -123,7 +167,7 @@ def test_loopback_capacity_sweep_shows_dsd_sustaining_more_clients(tmp_path):
 def test_netns_sweep_is_shaped_measured_and_leaves_nothing_behind(tmp_path, monkeypatch):
     experiment = experiment_from_dict({"name": "ns", "launcher": "netns", **BASE})
     monkeypatch.chdir(tmp_path)
-    run_experiment(experiment, Path("ns"), resume=False)      # a relative folder: the services run elsewhere
+    run_experiment(experiment, Path("ns"), resume=False)  # a relative folder: the services run elsewhere
     check_greedy_tokens(experiment, tmp_path / "ns")
     links = check_links_shaped(tmp_path / "ns")
     print("netns launcher shaped with", set(links["shaper"]))
@@ -136,10 +180,22 @@ def test_netns_sweep_is_shaped_measured_and_leaves_nothing_behind(tmp_path, monk
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_netns_default_pair_sixteen_clients_emit_target_greedy_tokens(tmp_path):
     """The default pair between network namespaces, 16 concurrent clients on 4 edges, every mode."""
-    experiment = experiment_from_dict({
-        "name": "ns16", "launcher": "netns", "modes": ["ar", "colocated", "sync", "pipelined"],
-        "rtt_ms": [10], "gamma": [4], "clients": [16], "edges": 4, "requests": 1, "warmup_requests": 0,
-        "max_new_tokens": 16, "prompt_tokens": 16, "backend": {"kind": "hf"}})
+    experiment = experiment_from_dict(
+        {
+            "name": "ns16",
+            "launcher": "netns",
+            "modes": ["ar", "colocated", "sync", "pipelined"],
+            "rtt_ms": [10],
+            "gamma": [4],
+            "clients": [16],
+            "edges": 4,
+            "requests": 1,
+            "warmup_requests": 0,
+            "max_new_tokens": 16,
+            "prompt_tokens": 16,
+            "backend": {"kind": "hf"},
+        }
+    )
     run_experiment(experiment, tmp_path / "ns16", resume=False)
     requests = pd.read_csv(tmp_path / "ns16" / "requests.csv")
     assert len(requests) == 4 * 16

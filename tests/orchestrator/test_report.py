@@ -1,4 +1,5 @@
 """`dsdbed report` on a small sim sweep: one self-contained HTML file, or Markdown beside the PNGs."""
+
 import base64
 import json
 import re
@@ -15,24 +16,41 @@ from orchestrator.running.run import run_experiment
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "small"
-    experiment = experiment_from_dict({
-        "name": "small-report", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 20], "gamma": [4],
-        "requests": 2, "max_new_tokens": 40, "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.8}})
+    experiment = experiment_from_dict(
+        {
+            "name": "small-report",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0, 10, 20],
+            "gamma": [4],
+            "requests": 2,
+            "max_new_tokens": 40,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+        }
+    )
     run_experiment(experiment, out, resume=False)
     return out
 
 
 def test_html_report_is_self_contained_and_names_what_ran(sweep):
-    path = write_report(sweep, "html")          # analyzes first: summary.json is not there yet
+    path = write_report(sweep, "html")  # analyzes first: summary.json is not there yet
     assert path == sweep / "report.html" and (sweep / "summary.json").exists()
     text = path.read_text()
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
     assert len(images) == 2 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
     assert "src='http" not in text and "<link" not in text
     sidecar = json.loads((sweep / "sweep.json").read_text())
-    for expected in ("small-report", "sim", "none (virtual link)", sidecar["git_commit"], "sync vs ar",
-                     "t_verify_ms (gamma=4)", "Points", "Workload: acceptance and repetition",
-                     "alpha over requests p10 / p50 / p90"):
+    for expected in (
+        "small-report",
+        "sim",
+        "none (virtual link)",
+        sidecar["git_commit"],
+        "sync vs ar",
+        "t_verify_ms (gamma=4)",
+        "Points",
+        "Workload: acceptance and repetition",
+        "alpha over requests p10 / p50 / p90",
+    ):
         assert expected in text, expected
     points = pd.read_csv(sweep / "points.csv")
     assert text.count("<tr>") >= len(points) + 1
@@ -59,9 +77,18 @@ def test_accepted_tokens_per_round_of_iid_acceptance_follow_the_truncated_geomet
     from orchestrator.report.analyze import analyze_sweep
 
     out = tmp_path / "iid"
-    experiment = experiment_from_dict({
-        "name": "iid", "profile": "toy-edge-cloud", "rtt_ms": [0], "modes": ["sync"], "requests": 24,
-        "max_new_tokens": 60, "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.7}})
+    experiment = experiment_from_dict(
+        {
+            "name": "iid",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0],
+            "modes": ["sync"],
+            "requests": 24,
+            "max_new_tokens": 60,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic", "alpha": 0.7},
+        }
+    )
     run_experiment(experiment, out, resume=False)
     acceptance = analyze_sweep(out)["acceptance"]
     measured, iid = acceptance["accepted_share"], acceptance["accepted_share_iid"]

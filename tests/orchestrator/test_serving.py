@@ -1,6 +1,7 @@
 """Open-loop serving: arrivals keep their times when the server saturates (queue time grows
 instead), refused requests are rows with their reason, and the analysis finds the rate at the
 attainment level."""
+
 import math
 
 import numpy as np
@@ -16,11 +17,19 @@ from orchestrator.open_loop.figures import crossing_rate, max_rate, next_search_
 from orchestrator.running.run import times_for
 from tests.checks import every
 
-BASE = {"name": "serve", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
-        "edges": 4, "rtt_ms": [20], "max_new_tokens": 24, "prompt_tokens": 8,
-        "backend": {"kind": "synthetic", "alpha": 0.8},
-        "load": {"rate_rps": [2.0, 40.0], "duration_s": 20, "warmup_s": 2},
-        "slo": {"ttft_ms": 300, "tpot_ms": 30, "attainment": 0.9}}
+BASE = {
+    "name": "serve",
+    "launcher": "sim",
+    "modes": ["ar", "colocated", "sync"],
+    "profile": "toy-edge-cloud",
+    "edges": 4,
+    "rtt_ms": [20],
+    "max_new_tokens": 24,
+    "prompt_tokens": 8,
+    "backend": {"kind": "synthetic", "alpha": 0.8},
+    "load": {"rate_rps": [2.0, 40.0], "duration_s": 20, "warmup_s": 2},
+    "slo": {"ttft_ms": 300, "tpot_ms": 30, "attainment": 0.9},
+}
 
 
 def experiment(**load):
@@ -34,10 +43,10 @@ def run(exp, mode, rate, tmp_path):
 
 @pytest.mark.parametrize("mode", ["ar", "colocated", "sync"])
 def test_open_loop_arrivals_keep_their_times_when_the_server_saturates(mode, tmp_path):
-    exp = experiment(max_sessions=5000)          # no refusals: every request waits its turn
+    exp = experiment(max_sessions=5000)  # no refusals: every request waits its turn
     light, heavy = run(exp, mode, 2.0, tmp_path), run(exp, mode, 40.0, tmp_path)
     scheduled = [a.arrival_s for a in arrivals_for(exp, ServingPoint(mode, 40.0, 4, 0))]
-    assert list(heavy["arrival_s"]) == scheduled          # not one arrival moved
+    assert list(heavy["arrival_s"]) == scheduled  # not one arrival moved
     assert heavy["admitted"].all()
     # saturated: the queue, not the arrivals, absorbs the load, and it grows through the run
     assert heavy["queue_s"].median() > 20 * max(light["queue_s"].median(), 1e-3)
@@ -58,9 +67,13 @@ def test_a_refused_request_is_a_row_with_its_reason_and_none_is_lost(tmp_path):
 
 
 def test_the_sweep_writes_points_and_the_largest_rate_beside_its_prediction(tmp_path):
-    exp = experiment_from_dict({**BASE, "modes": ["colocated", "sync"],
-                                "load": {"rate_rps": [5.0, 40.0], "duration_s": 30, "warmup_s": 3,
-                                         "search_iterations": 4}})
+    exp = experiment_from_dict(
+        {
+            **BASE,
+            "modes": ["colocated", "sync"],
+            "load": {"rate_rps": [5.0, 40.0], "duration_s": 30, "warmup_s": 3, "search_iterations": 4},
+        }
+    )
     points = run_serving(exp, tmp_path / "out")
     assert {"throughput_rps", "goodput_rps", "ttft_p99_ms", "tpot_p90_ms", "e2e_p50_ms"} <= set(points.columns)
     summary = pd.read_json(tmp_path / "out" / "serving.json", typ="series")
@@ -97,23 +110,29 @@ def test_the_rate_search_stops_at_a_rate_within_the_tolerance_of_the_level_or_a_
     def points(rates, good):
         return pd.DataFrame({"rate_rps": rates, "requests_good": good, "requests_measured": [100] * len(rates)})
 
-    assert next_search_rate(points([1.0, 2.0], [91, 50]), 0.9) is None          # 91% is within 2 points
-    assert next_search_rate(points([1.0, 2.0], [100, 89]), 0.9) is None         # so is 89%
+    assert next_search_rate(points([1.0, 2.0], [91, 50]), 0.9) is None  # 91% is within 2 points
+    assert next_search_rate(points([1.0, 2.0], [100, 89]), 0.9) is None  # so is 89%
     assert next_search_rate(points([1.0, 2.0], [93, 50]), 0.9) is not None
-    assert next_search_rate(points([1.0, 1.01], [100, 1]), 0.9) is None         # bracket within 1%
+    assert next_search_rate(points([1.0, 1.01], [100, 1]), 0.9) is None  # bracket within 1%
     assert next_search_rate(points([1.0, 1.01], [100, 1]), 0.9, resolution=0.001) is not None
 
 
 def test_the_ci_covers_the_spread_between_repeats_not_only_the_binomial_noise():
     # two arrival realisations that disagree about the crossing, against one with the same totals
     rates = [1.0, 2.0, 3.0]
-    two = pd.DataFrame({"rate_rps": rates * 2, "repeat": [0] * 3 + [1] * 3,
-                        "requests_good": [100, 100, 60, 100, 60, 40], "requests_measured": [100] * 6})
+    two = pd.DataFrame(
+        {
+            "rate_rps": rates * 2,
+            "repeat": [0] * 3 + [1] * 3,
+            "requests_good": [100, 100, 60, 100, 60, 40],
+            "requests_measured": [100] * 6,
+        }
+    )
     one = two.groupby("rate_rps")[["requests_good", "requests_measured"]].sum().reset_index()
     pooled, single = max_rate(two, 0.9), max_rate(one, 0.9)
     assert pooled["max_rate_rps"] == pytest.approx(single["max_rate_rps"])
     assert pooled["repeats"] == 2 and single["repeats"] == 1
-    width = lambda r: r["max_rate_ci_high_rps"] - r["max_rate_ci_low_rps"]   # noqa: E731
+    width = lambda r: r["max_rate_ci_high_rps"] - r["max_rate_ci_low_rps"]  # noqa: E731
     assert width(pooled) > 2 * width(single)
 
 
@@ -131,13 +150,19 @@ def test_an_open_bracket_steps_by_the_open_step_from_a_close_start():
     missing = meeting.assign(requests_good=[80])
     assert next_search_rate(meeting, 0.9, open_step=0.03) == pytest.approx(2.06)
     assert next_search_rate(missing, 0.9, open_step=0.03) == pytest.approx(2.0 / 1.03)
-    assert next_search_rate(missing, 0.9) == pytest.approx(1.0)                # the default halves
+    assert next_search_rate(missing, 0.9) == pytest.approx(1.0)  # the default halves
 
 
 def test_the_attainment_reported_is_the_one_measured_at_the_nearest_rate_over_every_realisation():
     # two realisations per rate: the crossing lies nearer 2.0 (91%) than 3.0 (60%)
-    points = pd.DataFrame({"rate_rps": [1.0, 2.0, 3.0] * 2, "repeat": [0] * 3 + [1] * 3,
-                           "requests_good": [50, 46, 30, 50, 45, 30], "requests_measured": [50] * 6})
+    points = pd.DataFrame(
+        {
+            "rate_rps": [1.0, 2.0, 3.0] * 2,
+            "repeat": [0] * 3 + [1] * 3,
+            "requests_good": [50, 46, 30, 50, 45, 30],
+            "requests_measured": [50] * 6,
+        }
+    )
     found = max_rate(points, 0.9)
     assert 2.0 < found["max_rate_rps"] < 2.5
     assert found["attainment_rate_rps"] == 2.0 and found["attainment_requests"] == 100
@@ -177,18 +202,21 @@ def test_compose_serves_open_loop_and_gets_the_admission_limit_as_its_own_settin
         check_serving(exp, "swarm")
 
 
-@pytest.mark.parametrize("launcher, keys, named", [
-    ("loopback", {"sampling": {"temperature": [0.0, 0.8]}}, "'sampling'"),
-    ("loopback", {"link": {"schedule": [{"at_s": 1.0, "rtt_ms": 80}]}}, "'link.schedule'"),
-    ("loopback", {"adaptive_budget_points": 10}, "'adaptive_budget_points'"),
-    ("loopback", {"clients": [1, 4]}, "'clients'"),
-    ("loopback", {"requests": 40}, "'requests'"),
-    ("loopback", {"rtt_ms": [20, 40]}, "'rtt_ms'"),
-    ("sim", {"modes": ["sync"], "sampling": {"temperature": 0.8}}, "'sampling.temperature'"),
-    ("sim", {"modes": ["sync"], "controller": "model"}, "'controller'"),
-    ("sim", {"request_deadline_s": 5.0}, "'request_deadline_s'"),
-    ("sim", {"transport": "tcp"}, "'transport'"),
-])
+@pytest.mark.parametrize(
+    "launcher, keys, named",
+    [
+        ("loopback", {"sampling": {"temperature": [0.0, 0.8]}}, "'sampling'"),
+        ("loopback", {"link": {"schedule": [{"at_s": 1.0, "rtt_ms": 80}]}}, "'link.schedule'"),
+        ("loopback", {"adaptive_budget_points": 10}, "'adaptive_budget_points'"),
+        ("loopback", {"clients": [1, 4]}, "'clients'"),
+        ("loopback", {"requests": 40}, "'requests'"),
+        ("loopback", {"rtt_ms": [20, 40]}, "'rtt_ms'"),
+        ("sim", {"modes": ["sync"], "sampling": {"temperature": 0.8}}, "'sampling.temperature'"),
+        ("sim", {"modes": ["sync"], "controller": "model"}, "'controller'"),
+        ("sim", {"request_deadline_s": 5.0}, "'request_deadline_s'"),
+        ("sim", {"transport": "tcp"}, "'transport'"),
+    ],
+)
 def test_what_an_open_loop_sweep_cannot_run_is_refused_in_one_line_naming_the_key(launcher, keys, named):
     from orchestrator.open_loop.plan import check_serving
 

@@ -1,6 +1,7 @@
 """Open-loop serving on the services (loopback processes): the edges issue requests at their
 arrival times while the verifier saturates, and a request refused by admission is a row with its
 reason."""
+
 import json
 
 import pandas as pd
@@ -14,12 +15,23 @@ pytestmark = pytest.mark.slow
 
 
 def experiment(keys=None, **load):
-    return experiment_from_dict({
-        "name": "serve-net", "launcher": "loopback", "modes": ["ar"], "profile": "toy-edge-cloud", "edges": 2,
-        "rtt_ms": [10], "max_new_tokens": 16, "prompt_tokens": 8, "retries": 0,
-        "backend": {"kind": "synthetic", "alpha": 0.8},
-        "load": {"rate_rps": [18.0], "duration_s": 3, **load}, "slo": {"ttft_ms": 200, "attainment": 0.9},
-        **(keys or {})})
+    return experiment_from_dict(
+        {
+            "name": "serve-net",
+            "launcher": "loopback",
+            "modes": ["ar"],
+            "profile": "toy-edge-cloud",
+            "edges": 2,
+            "rtt_ms": [10],
+            "max_new_tokens": 16,
+            "prompt_tokens": 8,
+            "retries": 0,
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+            "load": {"rate_rps": [18.0], "duration_s": 3, **load},
+            "slo": {"ttft_ms": 200, "attainment": 0.9},
+            **(keys or {}),
+        }
+    )
 
 
 def test_loopback_arrivals_keep_their_times_when_the_verifier_saturates(tmp_path):
@@ -56,8 +68,12 @@ def test_loopback_refused_requests_are_rows_with_their_reason(tmp_path):
 def test_an_open_loop_run_samples_as_its_sampling_table_says(tmp_path):
     """Each request's edge run gets the [sampling] setting (request i: its seed + i) and the point
     settings of a closed-loop sweep; open-loop runs once went greedy whatever [sampling] said."""
-    exp = experiment({"modes": ["sync"], "sampling": {"temperature": 0.8, "top_k": 5, "seed": 7},
-                      "request_deadline_s": 30.0}, rate_rps=[4.0], duration_s=0, requests=4)
+    exp = experiment(
+        {"modes": ["sync"], "sampling": {"temperature": 0.8, "top_k": 5, "seed": 7}, "request_deadline_s": 30.0},
+        rate_rps=[4.0],
+        duration_s=0,
+        requests=4,
+    )
     run_serving(exp, tmp_path / "out")
     runs = [json.loads(path.read_text())["run"] for path in (tmp_path / "out" / "services").rglob("run.json")]
     assert len(runs) == 4

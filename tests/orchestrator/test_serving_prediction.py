@@ -1,5 +1,6 @@
 """What an open-loop sweep predicts before it runs, and the check that a point's queue was still
 building at its end."""
+
 import json
 import math
 
@@ -14,24 +15,33 @@ from orchestrator.open_loop.sweep import run_serving, run_sim_point, write_predi
 from orchestrator.open_loop.figures import add_slo, in_system_at, point_figures, queue_growing, queue_growth
 from tests.checks import every
 
-BASE = {"name": "predict", "launcher": "sim", "modes": ["ar", "colocated", "sync"], "profile": "toy-edge-cloud",
-        "edges": 4, "rtt_ms": [20], "max_new_tokens": 24, "prompt_tokens": 8, "seed": 3,
-        "backend": {"kind": "synthetic", "alpha": 0.8},
-        "load": {"rate_rps": [5.0, 40.0], "duration_s": 20, "warmup_s": 2, "search_iterations": 6},
-        "slo": {"ttft_ms": 300, "tpot_ms": 30, "attainment": 0.9}}
+BASE = {
+    "name": "predict",
+    "launcher": "sim",
+    "modes": ["ar", "colocated", "sync"],
+    "profile": "toy-edge-cloud",
+    "edges": 4,
+    "rtt_ms": [20],
+    "max_new_tokens": 24,
+    "prompt_tokens": 8,
+    "seed": 3,
+    "backend": {"kind": "synthetic", "alpha": 0.8},
+    "load": {"rate_rps": [5.0, 40.0], "duration_s": 20, "warmup_s": 2, "search_iterations": 6},
+    "slo": {"ttft_ms": 300, "tpot_ms": 30, "attainment": 0.9},
+}
 
 
 def test_a_stationary_queue_is_rarely_flagged_and_a_building_one_always():
     rng = np.random.default_rng(7)
     stationary = [queue_growing(rng.geometric(0.3, 120) - 1) for _ in range(400)]
-    assert np.mean(stationary) < 0.06                  # four rising batch means by chance: 1/24
+    assert np.mean(stationary) < 0.06  # four rising batch means by chance: 1/24
     building = [queue_growing(np.linspace(1, 12, 120) + rng.geometric(0.3, 120)) for _ in range(50)]
     assert every(building)
 
 
 def test_the_stationarity_check_needs_enough_arrivals_and_more_than_a_request_of_growth():
-    assert not queue_growing(np.linspace(0, 10, 12))                # 12 arrivals: too few to say
-    assert not queue_growing(np.linspace(0.1, 0.9, 200))            # rising, but by under one request
+    assert not queue_growing(np.linspace(0, 10, 12))  # 12 arrivals: too few to say
+    assert not queue_growing(np.linspace(0.1, 0.9, 200))  # rising, but by under one request
     assert queue_growth(np.r_[np.full(50, 1.0), np.full(50, 3.0)]) == pytest.approx(3.0)
     assert np.isnan(queue_growth(np.zeros(100)))
 
@@ -45,8 +55,9 @@ def test_a_saturated_sim_point_is_flagged_as_still_building_and_a_light_one_is_n
     exp = experiment_from_dict({**BASE, "load": {**BASE["load"], "search_iterations": 0, "max_sessions": 5000}})
     for mode in ("ar", "colocated", "sync"):
         for rate, growing in ((2.0, False), (40.0, True)):
-            rows = add_slo(pd.DataFrame(run_sim_point(exp, ServingPoint(mode, rate, 4, 0),
-                                                      times_for(exp, tmp_path))[1]), exp.slo)
+            rows = add_slo(
+                pd.DataFrame(run_sim_point(exp, ServingPoint(mode, rate, 4, 0), times_for(exp, tmp_path))[1]), exp.slo
+            )
             assert point_figures(rows)["queue_growing"] == growing, (mode, rate)
 
 
@@ -83,8 +94,9 @@ def test_a_resumed_sweep_keeps_the_prediction_it_made_first(tmp_path):
 
 def test_a_run_whose_level_is_out_of_reach_is_predicted_as_no_rate_rather_than_failing(tmp_path):
     # one session at a time and a 1 ms TTFT bound: no rate meets the level, down to no arrival at all
-    exp = experiment_from_dict({**BASE, "modes": ["ar"], "load": {**BASE["load"], "max_sessions": 1},
-                                "slo": {"ttft_ms": 1, "attainment": 0.9}})
+    exp = experiment_from_dict(
+        {**BASE, "modes": ["ar"], "load": {**BASE["load"], "max_sessions": 1}, "slo": {"ttft_ms": 1, "attainment": 0.9}}
+    )
     write_prediction(tmp_path, exp, times_for(exp, tmp_path), "netns")
     row = json.loads((tmp_path / PREDICTION).read_text())["modes"]["ar"]
     # no rate: NaN, the JSON files' one rule for a number that is not finite (docs/outputs.md)

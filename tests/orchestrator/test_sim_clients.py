@@ -1,5 +1,6 @@
 """The sim launcher with several clients per point: one shared verifier (dsd.simulation.many_clients),
 rows per client as the network launchers write them, and the limits refused naming the key."""
+
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
@@ -11,8 +12,9 @@ from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.spec.plan import Point
 
 GAMMA, T_VERIFY_S, T_DRAFT_EDGE_S = 3, 0.010, 0.002
-TIMES = ComputeTimes(T_DRAFT_EDGE_S, 0.001, 0.02, t_prefill_per_token_s=0.0, t_verify_by_gamma_s={GAMMA: T_VERIFY_S},
-                     batch_slope=0.5)
+TIMES = ComputeTimes(
+    T_DRAFT_EDGE_S, 0.001, 0.02, t_prefill_per_token_s=0.0, t_verify_by_gamma_s={GAMMA: T_VERIFY_S}, batch_slope=0.5
+)
 
 
 def sim_testbed(alpha: float = 1.0, max_batch: int = 1) -> SimTestbed:
@@ -20,12 +22,20 @@ def sim_testbed(alpha: float = 1.0, max_batch: int = 1) -> SimTestbed:
     return SimTestbed(SyntheticLM(config, "draft"), SyntheticLM(config, "target"), TIMES, VerifierConfig(max_batch))
 
 
-def run(clients: int, rtt_ms: float = 20.0, mode: str = "sync", warmup: int = 1, requests: int = 3,
-        max_batch: int = 1, alpha: float = 1.0):
+def run(
+    clients: int,
+    rtt_ms: float = 20.0,
+    mode: str = "sync",
+    warmup: int = 1,
+    requests: int = 3,
+    max_batch: int = 1,
+    alpha: float = 1.0,
+):
     point = Point(mode, rtt_ms, GAMMA, clients, 0)
     prompts = [[i + 1, 2, 3] for i in range(warmup + requests)]
-    return sim_testbed(alpha, max_batch).run_point(point, prompts, PointSettings(warmup=warmup, max_new_tokens=40,
-                                                                             max_in_flight=1))
+    return sim_testbed(alpha, max_batch).run_point(
+        point, prompts, PointSettings(warmup=warmup, max_new_tokens=40, max_in_flight=1)
+    )
 
 
 def test_each_client_is_a_run_with_its_own_client_id_and_every_request_after_the_warm_up():
@@ -50,8 +60,9 @@ def test_the_per_token_time_in_the_rows_is_the_closed_networks_cycle():
     for clients in (2, 6):
         _, requests, _, _ = run(clients, warmup=0, requests=1)
         cycle_s = max(clients * T_VERIFY_S, T_VERIFY_S + GAMMA * T_DRAFT_EDGE_S + 0.020)
-        assert [r["steady_per_token_s"] for r in requests] == pytest.approx([cycle_s / (GAMMA + 1)] * len(requests),
-                                                                            rel=1e-9)
+        assert [r["steady_per_token_s"] for r in requests] == pytest.approx(
+            [cycle_s / (GAMMA + 1)] * len(requests), rel=1e-9
+        )
 
 
 def test_a_batched_verifier_takes_the_waiting_clients_in_one_pass():
@@ -68,18 +79,27 @@ def test_one_client_keeps_the_single_client_rows():
     assert all(r["t_receive_s"] is None or r["t_receive_s"] != r["t_receive_s"] for r in rounds)
 
 
-@pytest.mark.parametrize("clients, controller, word", [
-    (MAX_CLIENTS + 1, "static", "clients"),
-    (2, "heuristic", "controller"),
-])
+@pytest.mark.parametrize(
+    "clients, controller, word",
+    [
+        (MAX_CLIENTS + 1, "static", "clients"),
+        (2, "heuristic", "controller"),
+    ],
+)
 def test_what_the_shared_verifier_cannot_run_is_refused_naming_the_setting(clients, controller, word):
     with pytest.raises(ValueError, match=word):
         check_clients_settings(clients, controller)
 
 
 def test_the_sim_launcher_takes_thousands_of_clients_and_the_network_launchers_256():
-    base = {"name": "c", "modes": ["sync"], "rtt_ms": [10], "gamma": [3], "profile": "toy-edge-cloud",
-            "backend": {"kind": "synthetic", "alpha": 0.7}}
+    base = {
+        "name": "c",
+        "modes": ["sync"],
+        "rtt_ms": [10],
+        "gamma": [3],
+        "profile": "toy-edge-cloud",
+        "backend": {"kind": "synthetic", "alpha": 0.7},
+    }
     assert experiment_from_dict({**base, "launcher": "sim", "clients": [1, MAX_CLIENTS]}).clients[-1] == MAX_CLIENTS
     for launcher, clients in (("sim", MAX_CLIENTS + 1), ("netns", 257)):
         with pytest.raises(ValueError, match="clients"):

@@ -3,6 +3,7 @@
 column of every merged table, and each point's own tables. A change of what a sweep records
 fails here; a column added since is not compared (the reference's columns are), nor are run ids
 and the host's clock and load. The two largest experiments run a sample of their points."""
+
 import functools
 import json
 from pathlib import Path
@@ -16,14 +17,19 @@ from orchestrator.running.run import GroupTestbeds, group_times, point_settings
 from orchestrator.spec.experiment import load_experiment
 from orchestrator.spec.plan import plan_points, prompts_for_point
 from orchestrator.spec.workload import experiment_prompts
-from tests.orchestrator.sim_reference import (POINT_TABLES, REFERENCE, experiment_digest, point_digest,
-                                              read_columns)
+from tests.orchestrator.sim_reference import POINT_TABLES, REFERENCE, experiment_digest, point_digest, read_columns
 
 pytestmark = pytest.mark.slow
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
-WHOLE = ("adaptive-sim", "crossover-synthetic", "geography", "measured-rural-n8-v10", "measured-urban-n78-v0",
-         "serving")
-SAMPLED = {"gamma-opt": 5, "acceptance-trace": 4}      # points run, spread over the plan
+WHOLE = (
+    "adaptive-sim",
+    "crossover-synthetic",
+    "geography",
+    "measured-rural-n8-v10",
+    "measured-urban-n78-v0",
+    "serving",
+)
+SAMPLED = {"gamma-opt": 5, "acceptance-trace": 4}  # points run, spread over the plan
 
 
 @functools.cache
@@ -41,8 +47,11 @@ def differences(want: dict, got: dict) -> list[str]:
             continue
         if mine["rows"] != ref["rows"]:
             found.append(f"{table}.csv: {mine['rows']} rows, not {ref['rows']}")
-        found += [f"{table}.csv column {column}" for column, value in ref["columns"].items()
-                  if mine["columns"].get(column) != value]
+        found += [
+            f"{table}.csv column {column}"
+            for column, value in ref["columns"].items()
+            if mine["columns"].get(column) != value
+        ]
     return found
 
 
@@ -59,16 +68,24 @@ def test_a_shipped_sim_experiment_writes_the_reference_csvs(name, tmp_path):
 def test_the_sampled_points_of_a_large_sim_experiment_write_the_reference_csvs(name, n_points, tmp_path):
     experiment = load_experiment(EXPERIMENTS / f"{name}.toml")
     plan = plan_points(experiment)
-    chosen = plan[::len(plan) // n_points][:n_points]
+    chosen = plan[:: len(plan) // n_points][:n_points]
     want = reference()[name]
     load = functools.cache(load_pair)
     times = group_times(experiment, plan, load, tmp_path)
     pool, settings = experiment_prompts(experiment), point_settings(experiment)
     with GroupTestbeds("sim", experiment, tmp_path / "services", times, load) as testbeds:
         for point in chosen:
-            record_point(tmp_path, point, lambda p: testbeds.for_point(p).run_point(
-                p, prompts_for_point(pool, experiment, p), settings), experiment)
-    wrong = [(point.key, table) for point in chosen for table in POINT_TABLES
-             if point_digest(read_columns(tmp_path / "points" / point.key / f"{table}.csv"),
-                             want["point_columns"][table]) != want["points"][point.key][table]]
+            record_point(
+                tmp_path,
+                point,
+                lambda p: testbeds.for_point(p).run_point(p, prompts_for_point(pool, experiment, p), settings),
+                experiment,
+            )
+    wrong = [
+        (point.key, table)
+        for point in chosen
+        for table in POINT_TABLES
+        if point_digest(read_columns(tmp_path / "points" / point.key / f"{table}.csv"), want["point_columns"][table])
+        != want["points"][point.key][table]
+    ]
     assert len(chosen) == n_points and wrong == []

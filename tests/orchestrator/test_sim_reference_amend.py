@@ -1,5 +1,6 @@
 """An intended change of one recorded column is amended in the sim reference, with its reason;
 nothing else of the reference moves."""
+
 import json
 
 import pytest
@@ -9,8 +10,9 @@ from tests.orchestrator.sim_reference import amend, amend_points, digest
 
 def reference_with(tmp_path, columns):
     path = tmp_path / "ref.json"
-    path.write_text(json.dumps({"commit": "c0", "experiments": {
-        "x": {"tables": {"points": {"rows": 2, "columns": columns}}}}}))
+    path.write_text(
+        json.dumps({"commit": "c0", "experiments": {"x": {"tables": {"points": {"rows": 2, "columns": columns}}}}})
+    )
     return path
 
 

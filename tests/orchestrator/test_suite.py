@@ -1,5 +1,6 @@
 """Suite files: several experiments run as one job, each into a folder of its own, and set side by
 side in one summary, figure and report; bad suites are refused before anything runs."""
+
 import json
 
 import pytest
@@ -8,9 +9,11 @@ from orchestrator.cli import main
 from orchestrator.records.suite_folder import sweep_crossovers
 from orchestrator.spec.suite import is_suite_file, load_suite
 
-EXPERIMENT_TEXT = ('name = "{name}"\nlauncher = "sim"\nmodes = ["ar", "sync"]\nrtt_ms = [0, 20, 40]\ngamma = [3]\n'
-              'requests = 6\nwarmup_requests = 0\nmax_new_tokens = 16\nprompt_tokens = 8\n'
-              'profile = "toy-edge-cloud"\n[backend]\nkind = "synthetic"\nalpha = {alpha}\n')
+EXPERIMENT_TEXT = (
+    'name = "{name}"\nlauncher = "sim"\nmodes = ["ar", "sync"]\nrtt_ms = [0, 20, 40]\ngamma = [3]\n'
+    "requests = 6\nwarmup_requests = 0\nmax_new_tokens = 16\nprompt_tokens = 8\n"
+    'profile = "toy-edge-cloud"\n[backend]\nkind = "synthetic"\nalpha = {alpha}\n'
+)
 
 
 def _suite(tmp_path, names=("low", "high"), alphas=(0.3, 0.9), extra="") -> str:
@@ -63,10 +66,16 @@ def test_a_suite_whose_second_sweep_did_not_run_resumes_there(tmp_path):
     suite, out = _suite(tmp_path), tmp_path / "out"
     assert main(["sweep", str(tmp_path / "low.toml"), "--out", str(out / "low")]) == 0
     requests_before = (out / "low" / "requests.csv").read_text()
-    (out / "suite.json").write_text(json.dumps({"suite": "both", "experiments": [
-        {"name": n, "file": str(tmp_path / f"{n}.toml"), "folder": n} for n in ("low", "high")]}))
+    (out / "suite.json").write_text(
+        json.dumps(
+            {
+                "suite": "both",
+                "experiments": [{"name": n, "file": str(tmp_path / f"{n}.toml"), "folder": n} for n in ("low", "high")],
+            }
+        )
+    )
     assert main(["sweep", suite, "--out", str(out), "--resume"]) == 0
-    assert (out / "low" / "requests.csv").read_text() == requests_before      # nothing of it ran again
+    assert (out / "low" / "requests.csv").read_text() == requests_before  # nothing of it ran again
     assert len(json.loads((out / "summary.json").read_text())["runs"]) == 2
 
 
@@ -87,15 +96,18 @@ def test_a_launcher_given_for_a_suite_moves_its_measured_members_and_leaves_the_
     assert "high stays on the sim launcher" in captured.err
 
 
-@pytest.mark.parametrize("text, problem", [
-    ('name = "s"\nexperiments = ["missing.toml"]\n', "experiment files that exist"),
-    ('name = "s"\nexperiments = []\n', "a non-empty list of experiment files"),
-    ('name = "s"\nexperiments = "a.toml"\n', "expected a list of experiment file paths"),
-    ('name = "a b"\nexperiments = ["a.toml"]\n', "1-64 of"),
-    ('name = "s"\nexperiments = ["a.toml", "a.toml"]\n', "each experiment file once"),
-    ('name = "s"\nexperiments = ["a.toml"]\nrtt_ms = [0]\n', "unknown key(s) ['rtt_ms'] in a suite file"),
-    ('experiments = ["a.toml"]\n', "missing key 'name'"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('name = "s"\nexperiments = ["missing.toml"]\n', "experiment files that exist"),
+        ('name = "s"\nexperiments = []\n', "a non-empty list of experiment files"),
+        ('name = "s"\nexperiments = "a.toml"\n', "expected a list of experiment file paths"),
+        ('name = "a b"\nexperiments = ["a.toml"]\n', "1-64 of"),
+        ('name = "s"\nexperiments = ["a.toml", "a.toml"]\n', "each experiment file once"),
+        ('name = "s"\nexperiments = ["a.toml"]\nrtt_ms = [0]\n', "unknown key(s) ['rtt_ms'] in a suite file"),
+        ('experiments = ["a.toml"]\n', "missing key 'name'"),
+    ],
+)
 def test_a_bad_suite_file_is_refused_with_the_key_at_fault(tmp_path, text, problem):
     (tmp_path / "a.toml").write_text(EXPERIMENT_TEXT.format(name="a", alpha=0.5))
     path = tmp_path / "suite.toml"
@@ -122,6 +134,7 @@ def test_a_suite_whose_experiments_share_a_name_is_refused_before_anything_runs(
 
 def test_the_main_job_is_a_suite_of_the_layer_and_the_feature_draft_and_the_map():
     from orchestrator.cli import REPO
+
     suite = load_suite(REPO / "experiments" / "main.toml")
     assert [p.name for p in suite.experiments] == ["crossover.toml", "crossover-feature.toml", "regime-map-field.toml"]
 
@@ -129,9 +142,11 @@ def test_the_main_job_is_a_suite_of_the_layer_and_the_feature_draft_and_the_map(
 def test_a_suite_member_over_several_client_counts_brings_its_map_to_the_side_by_side(tmp_path):
     (tmp_path / "one.toml").write_text(EXPERIMENT_TEXT.format(name="one", alpha=0.8))
     (tmp_path / "map.toml").write_text(
-        EXPERIMENT_TEXT.format(name="map", alpha=0.8).replace('modes = ["ar", "sync"]', 'modes = ["colocated", "pipelined"]')
+        EXPERIMENT_TEXT.format(name="map", alpha=0.8)
+        .replace('modes = ["ar", "sync"]', 'modes = ["colocated", "pipelined"]')
         .replace("rtt_ms = [0, 20, 40]", "rtt_ms = [0, 10, 40, 80, 160]\nclients = [1, 2, 4]\nedges = 4")
-        .replace("requests = 6", "requests = 2"))
+        .replace("requests = 6", "requests = 2")
+    )
     (tmp_path / "suite.toml").write_text('name = "with-map"\nexperiments = ["one.toml", "map.toml"]\n')
     out = tmp_path / "out"
     assert main(["sweep", str(tmp_path / "suite.toml"), "--out", str(out)]) == 0

@@ -1,4 +1,5 @@
 """Sweep mechanics: a folder per point, resume by what is on disk, no overwrite, errors as rows."""
+
 import json
 
 import pandas as pd
@@ -12,10 +13,18 @@ from orchestrator.records.sweep_folder import SweepExists, experiment_record, ru
 from orchestrator.spec.plan import plan_points
 from tests.checks import every
 
-EXPERIMENT = experiment_from_dict({
-    "name": "small", "profile": "toy-edge-cloud", "rtt_ms": [0, 10, 40], "gamma": [2, 4],
-    "requests": 3, "max_new_tokens": 40, "prompt_tokens": 8, "backend": {"kind": "synthetic", "alpha": 0.8},
-})
+EXPERIMENT = experiment_from_dict(
+    {
+        "name": "small",
+        "profile": "toy-edge-cloud",
+        "rtt_ms": [0, 10, 40],
+        "gamma": [2, 4],
+        "requests": 3,
+        "max_new_tokens": 40,
+        "prompt_tokens": 8,
+        "backend": {"kind": "synthetic", "alpha": 0.8},
+    }
+)
 
 
 def test_plan_runs_ar_once_per_rtt_and_every_other_mode_per_gamma():
@@ -51,8 +60,16 @@ def test_resume_after_a_crash_gives_the_same_points(tmp_path):
         calls.append(point)
         if len(calls) > 5:
             raise Killed()
-        return [], [{"request_index": 0, "rtt_probe_ms": point.rtt_ms, "tokens": 1,
-                     "wall_s": 1.0, "ttft_s": 1.0, "steady_per_token_s": 1.0}]
+        return [], [
+            {
+                "request_index": 0,
+                "rtt_probe_ms": point.rtt_ms,
+                "tokens": 1,
+                "wall_s": 1.0,
+                "ttft_s": 1.0,
+                "steady_per_token_s": 1.0,
+            }
+        ]
 
     with pytest.raises(Killed):
         run_sweep(EXPERIMENT, broken, dies_after_five, facts={"launcher": "sim"}, resume=False)
@@ -71,8 +88,16 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
     def fails_on_sync(point):
         if point.mode == "sync":
             raise RuntimeError("verifier unreachable")
-        return [], [{"request_index": 0, "rtt_probe_ms": point.rtt_ms, "tokens": 1,
-                     "wall_s": 1.0, "ttft_s": 1.0, "steady_per_token_s": 1.0}]
+        return [], [
+            {
+                "request_index": 0,
+                "rtt_probe_ms": point.rtt_ms,
+                "tokens": 1,
+                "wall_s": 1.0,
+                "ttft_s": 1.0,
+                "steady_per_token_s": 1.0,
+            }
+        ]
 
     done = run_sweep(EXPERIMENT, tmp_path / "s", fails_on_sync, facts={"launcher": "sim"})
     errors = done[done.status == "error"]
@@ -84,10 +109,18 @@ def test_analysis_recovers_the_synthetic_truth(tmp_path):
     """Known answers: alpha as configured, and on the sim launcher the latency and crossover
     equal the closed form at the fitted alpha."""
     out = tmp_path / "a"
-    experiment = experiment_from_dict({
-        "name": "truth", "profile": "toy-edge-cloud", "rtt_ms": [0, 5, 10, 20], "gamma": [4],
-        "requests": 6, "max_new_tokens": 200, "prompt_tokens": 8,
-        "backend": {"kind": "synthetic", "alpha": 0.8}})
+    experiment = experiment_from_dict(
+        {
+            "name": "truth",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0, 5, 10, 20],
+            "gamma": [4],
+            "requests": 6,
+            "max_new_tokens": 200,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic", "alpha": 0.8},
+        }
+    )
     run_experiment(experiment, out, resume=False)
     summary = analyze_sweep(out)
     assert summary["alpha_measured"] == pytest.approx(0.8, abs=0.04)
@@ -101,9 +134,17 @@ def test_analysis_recovers_the_synthetic_truth(tmp_path):
 def test_a_retried_point_keeps_only_the_rows_of_the_attempt_that_succeeded(tmp_path):
     """retries=1: the first attempt of each point fails after making rows; the heal runs before
     the retry; done.json lists both attempts; the CSVs hold the second attempt's rows only."""
-    experiment = experiment_from_dict({"name": "retry", "profile": "toy-edge-cloud", "rtt_ms": [0, 10],
-                                       "modes": ["sync"], "retries": 1, "retry_backoff_s": 0.0,
-                                       "backend": {"kind": "synthetic"}})
+    experiment = experiment_from_dict(
+        {
+            "name": "retry",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0, 10],
+            "modes": ["sync"],
+            "retries": 1,
+            "retry_backoff_s": 0.0,
+            "backend": {"kind": "synthetic"},
+        }
+    )
     attempts, heals = {}, []
 
     def flaky(point):
@@ -128,8 +169,15 @@ def test_a_retried_point_keeps_only_the_rows_of_the_attempt_that_succeeded(tmp_p
 
 
 def test_resume_redoes_a_point_folder_without_done_json_from_scratch(tmp_path):
-    experiment = experiment_from_dict({"name": "redo", "profile": "toy-edge-cloud", "rtt_ms": [0],
-                                       "modes": ["sync"], "backend": {"kind": "synthetic"}})
+    experiment = experiment_from_dict(
+        {
+            "name": "redo",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0],
+            "modes": ["sync"],
+            "backend": {"kind": "synthetic"},
+        }
+    )
     out = tmp_path / "s"
     (point,) = plan_points(experiment)
 
@@ -138,7 +186,7 @@ def test_resume_redoes_a_point_folder_without_done_json_from_scratch(tmp_path):
 
     run_sweep(experiment, out, ok, facts={"launcher": "sim"})
     folder = out / "points" / point.key
-    (folder / "done.json").unlink()            # as if killed before done.json was written
+    (folder / "done.json").unlink()  # as if killed before done.json was written
     (folder / "requests.csv").write_text("point,request_index,tokens\nstale,0,1\nstale,1,")
     (folder / "requests.csv.tmp").write_text("half")
     run_sweep(experiment, out, ok, facts={"launcher": "sim"}, resume=True)
@@ -158,14 +206,22 @@ def test_an_old_sidecar_without_the_alpha_key_still_resumes(tmp_path):
     out = tmp_path / "old"
     run_experiment(EXPERIMENT, out, resume=False)
     sidecar = json.loads((out / "sweep.json").read_text())
-    assert "alpha" not in sidecar["experiment"]       # written as before the key existed
+    assert "alpha" not in sidecar["experiment"]  # written as before the key existed
     run_experiment(EXPERIMENT, out, resume=True)
 
 
 def test_alpha_and_profile_groups_run_together_one_after_another():
-    experiment = experiment_from_dict({
-        "name": "grid", "profile": ["toy-edge-cloud", "cpu2-default-pair"], "alpha": [0.6, 0.9],
-        "rtt_ms": [0, 10], "modes": ["ar", "sync"], "repeats": 2, "backend": {"kind": "synthetic"}})
+    experiment = experiment_from_dict(
+        {
+            "name": "grid",
+            "profile": ["toy-edge-cloud", "cpu2-default-pair"],
+            "alpha": [0.6, 0.9],
+            "rtt_ms": [0, 10],
+            "modes": ["ar", "sync"],
+            "repeats": 2,
+            "backend": {"kind": "synthetic"},
+        }
+    )
     plan = plan_points(experiment)
     assert len(plan) == 2 * 2 * 2 * 2 * 2 and len({p.key for p in plan}) == len(plan)
     groups = [(p.profile, p.alpha) for p in plan]
@@ -181,10 +237,19 @@ def test_gain_window_on_sim_recovers_each_alpha_and_the_predicted_boundary(tmp_p
     from orchestrator.analysis import points as analysis
 
     out = tmp_path / "gw"
-    experiment = experiment_from_dict({
-        "name": "gw", "profile": "toy-edge-cloud", "alpha": [0.6, 0.9], "rtt_ms": [0, 5, 30],
-        "modes": ["ar", "sync", "pipelined"], "requests": 6, "max_new_tokens": 120, "prompt_tokens": 8,
-        "backend": {"kind": "synthetic"}})
+    experiment = experiment_from_dict(
+        {
+            "name": "gw",
+            "profile": "toy-edge-cloud",
+            "alpha": [0.6, 0.9],
+            "rtt_ms": [0, 5, 30],
+            "modes": ["ar", "sync", "pipelined"],
+            "requests": 6,
+            "max_new_tokens": 120,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic"},
+        }
+    )
     run_experiment(experiment, out, resume=False)
     summary = analyze_sweep(out)
     assert summary["group_keys"] == ["alpha"]
@@ -211,18 +276,29 @@ def test_the_sidecar_leaves_out_keys_at_their_defaults_for_every_backend():
     set, so an older folder still resumes; this must hold for a real pair too (no profile)."""
     hf = experiment_record(experiment_from_dict({"name": "hf", "backend": {"kind": "hf"}}))
     assert not {"alpha", "retries", "retry_backoff_s"} & set(hf)
-    set_keys = experiment_record(experiment_from_dict({
-        "name": "syn", "profile": "toy-edge-cloud", "alpha": [0.5], "retries": 3,
-        "backend": {"kind": "synthetic"}}))
+    set_keys = experiment_record(
+        experiment_from_dict(
+            {"name": "syn", "profile": "toy-edge-cloud", "alpha": [0.5], "retries": 3, "backend": {"kind": "synthetic"}}
+        )
+    )
     assert set_keys["retries"] == 3 and set_keys["alpha"] == [0.5]
 
 
 def test_a_sampling_sweep_runs_each_setting_and_records_it_in_every_row(tmp_path):
     out = tmp_path / "sampling"
-    experiment = experiment_from_dict({
-        "name": "sampling", "profile": "toy-edge-cloud", "rtt_ms": [0, 10], "modes": ["ar", "colocated", "sync"],
-        "requests": 2, "max_new_tokens": 24, "prompt_tokens": 8, "backend": {"kind": "synthetic"},
-        "sampling": {"temperature": [0.0, 1.0], "top_k": 5, "seed": 3}})
+    experiment = experiment_from_dict(
+        {
+            "name": "sampling",
+            "profile": "toy-edge-cloud",
+            "rtt_ms": [0, 10],
+            "modes": ["ar", "colocated", "sync"],
+            "requests": 2,
+            "max_new_tokens": 24,
+            "prompt_tokens": 8,
+            "backend": {"kind": "synthetic"},
+            "sampling": {"temperature": [0.0, 1.0], "top_k": 5, "seed": 3},
+        }
+    )
     plan = plan_points(experiment)
     assert len(plan) == 2 * 3 * 2 and len({p.key for p in plan}) == len(plan)
     assert {p.key for p in plan if p.temperature == 1.0} >= {"sync_rtt10ms_g4_c1_T1k5s3_r0"}
@@ -234,10 +310,10 @@ def test_a_sampling_sweep_runs_each_setting_and_records_it_in_every_row(tmp_path
         assert {"temperature", "top_k", "top_p", "sampling_seed"} <= set(frame.columns), name
         assert set(frame["temperature"]) == {0.0, 1.0}, name
         assert set(frame.loc[frame.temperature == 1.0, "top_k"]) == {5}, name
-        assert set(frame.loc[frame.temperature == 0.0, "top_k"]) == {0}, name      # greedy: no truncation
+        assert set(frame.loc[frame.temperature == 0.0, "top_k"]) == {0}, name  # greedy: no truncation
     requests = pd.read_csv(out / "requests.csv")
     greedy = requests[requests.temperature == 0.0].groupby(["rtt_ms", "mode"])["token_ids"].apply(tuple)
-    assert greedy.nunique() == 1          # greedy: every mode and RTT emits the same tokens
+    assert greedy.nunique() == 1  # greedy: every mode and RTT emits the same tokens
 
 
 def test_greedy_sweeps_keep_their_keys_and_sidecar_without_a_sampling_table():

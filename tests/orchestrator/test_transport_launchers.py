@@ -2,6 +2,7 @@
 launchers: the same greedy tokens as the target's, and on netns the frame connection's round
 trips carry the shaped link's delay (the shapers select by interface and address, so the data
 path cannot bypass them)."""
+
 import os
 
 import pandas as pd
@@ -16,20 +17,32 @@ from orchestrator.spec.workload import make_prompts
 from tests.link_sweep import check_links_shaped
 
 RTT_MS = 20.0
-BASE = {"modes": ["ar", "sync", "pipelined"], "rtt_ms": [RTT_MS], "gamma": [3], "clients": [1], "edges": 1,
-        "requests": 2, "warmup_requests": 1, "max_new_tokens": 24, "prompt_tokens": 8,
-        "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}, "transport": "tcp"}
+BASE = {
+    "modes": ["ar", "sync", "pipelined"],
+    "rtt_ms": [RTT_MS],
+    "gamma": [3],
+    "clients": [1],
+    "edges": 1,
+    "requests": 2,
+    "warmup_requests": 1,
+    "max_new_tokens": 24,
+    "prompt_tokens": 8,
+    "profile": "toy-edge-cloud",
+    "backend": {"kind": "synthetic", "alpha": 0.7},
+    "transport": "tcp",
+}
 
 
 def check(experiment, out):
     requests = pd.read_csv(out / "requests.csv")
-    assert len(requests) == 3 * 2                     # modes x requests
+    assert len(requests) == 3 * 2  # modes x requests
     assert requests["error"].isna().all() or (requests["error"].astype(str).isin(["", "nan"])).all()
     _, target = load_pair(experiment.backend)
     prompts = make_prompts(experiment.backend, 3, experiment.prompt_tokens, experiment.seed)
     for row in requests.itertuples():
-        expected = generate_ar(target, prompts[row.request_index + 1], StopRule(24, target.eos_token_id),
-                               seq_id="ref").tokens
+        expected = generate_ar(
+            target, prompts[row.request_index + 1], StopRule(24, target.eos_token_id), seq_id="ref"
+        ).tokens
         assert [int(t) for t in str(row.token_ids).split()] == expected, row.point
     # every sync round waited out the link's round trip, and the probes (on the same frame
     # connection) measured it

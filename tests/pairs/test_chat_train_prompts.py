@@ -35,11 +35,13 @@ def test_the_chat_training_prompts_stay_apart_from_both_evaluation_sets():
 
 
 def test_near_duplicates_finds_copies_changes_of_case_and_rewordings_and_the_dedup_keeps_the_first():
-    texts = ["Write a short poem about the migration of birds in autumn.",
-             "Translate into French: the museum is closed on Mondays.",
-             "WRITE a short poem about the migration of birds in autumn!",
-             "Write a short poem about the migration of the birds in late autumn.",
-             "Write a haiku about wind turbines on a hill."]
+    texts = [
+        "Write a short poem about the migration of birds in autumn.",
+        "Translate into French: the museum is closed on Mondays.",
+        "WRITE a short poem about the migration of birds in autumn!",
+        "Write a short poem about the migration of the birds in late autumn.",
+        "Write a haiku about wind turbines on a hill.",
+    ]
     assert smollm2.near_duplicates(texts) == [(0, 2), (0, 3), (2, 3)]
     kept = chat_train_prompts.without_duplicates([chat_data.PromptItem(t) for t in texts])
     assert [k.prompt for k in kept] == [texts[0], texts[1], texts[4]]

@@ -23,8 +23,8 @@ DEFAULT_PAIR = REPO / "models" / "default-pair"
 
 SNIPPET = (
     "def área(r: float) -> float:\n"
-    "\t\"\"\"Tabs, unicode ☃, trailing spaces   \n"
-    "    and  double  spaces .\"\"\"\n"
+    '\t"""Tabs, unicode ☃, trailing spaces   \n'
+    '    and  double  spaces ."""\n'
     "    return 3.14159 * r ** 2  # done\r\n"
     "\n\n"
 )
@@ -45,11 +45,18 @@ def copy_pair(src: Path, tmp_path: Path) -> Path:
 
 # ---- the quick build, end to end ---------------------------------------------------------------
 
+
 def test_quick_build_writes_the_documented_layout(quick_pair):
     out_dir, manifest = quick_pair
-    for name in ["manifest.json", "tokenizer.json", "tokenizer_config.json",
-                 "target/config.json", "target/model.safetensors",
-                 "draft/config.json", "draft/model.safetensors"]:
+    for name in [
+        "manifest.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "target/config.json",
+        "target/model.safetensors",
+        "draft/config.json",
+        "draft/model.safetensors",
+    ]:
         assert (out_dir / name).is_file(), name
     assert not out_dir.with_name(out_dir.name + ".building").exists()
     assert json.loads((out_dir / "manifest.json").read_text()) == manifest
@@ -89,13 +96,11 @@ def test_quick_build_manifest_records_params_hashes_and_figures(quick_pair):
     assert "out_dir" not in params
     assert len(manifest["corpus"]["sha256"]) == 64
     assert manifest["corpus"]["files_train"] > 10 * manifest["corpus"]["files_heldout"] > 0
-    assert set(manifest["phases_s"]) == {"corpus", "tokenizer", "encode", "target", "draft",
-                                         "eval", "save"}
+    assert set(manifest["phases_s"]) == {"corpus", "tokenizer", "encode", "target", "draft", "eval", "save"}
     assert manifest["build_s"] >= sum(manifest["phases_s"].values()) * 0.99
     assert 0.0 <= manifest["greedy_agreement"] <= 1.0
     assert manifest["versions"]["torch"] == torch.__version__
-    assert {"target/model.safetensors", "draft/model.safetensors", "tokenizer.json"} <= set(
-        manifest["files"])
+    assert {"target/model.safetensors", "draft/model.safetensors", "tokenizer.json"} <= set(manifest["files"])
     assert verify_pair(out_dir) == manifest
 
 
@@ -132,6 +137,7 @@ def test_quick_build_is_reproducible(quick_pair, tmp_path):
 
 # ---- verify_pair -------------------------------------------------------------------------------
 
+
 def test_verify_pair_detects_a_tampered_file(quick_pair, tmp_path):
     pair = copy_pair(quick_pair[0], tmp_path)
     weights = pair / "draft" / "model.safetensors"
@@ -163,11 +169,24 @@ def test_verify_pair_rejects_a_folder_without_manifest(tmp_path):
 
 # ---- configuration and command line ------------------------------------------------------------
 
-@pytest.mark.parametrize("field, value", [
-    ("vocab_size", 0), ("vocab_size", 100), ("target_steps", -1), ("draft_steps", 2.5),
-    ("batch_size", True), ("target_lr", 0.0), ("heldout_pct", 0), ("heldout_pct", 75.0),
-    ("distill_kl_weight", 1.5), ("precision", "fp16"), ("seed", -3), ("threads", 0),
-])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("vocab_size", 0),
+        ("vocab_size", 100),
+        ("target_steps", -1),
+        ("draft_steps", 2.5),
+        ("batch_size", True),
+        ("target_lr", 0.0),
+        ("heldout_pct", 0),
+        ("heldout_pct", 75.0),
+        ("distill_kl_weight", 1.5),
+        ("precision", "fp16"),
+        ("seed", -3),
+        ("threads", 0),
+    ],
+)
 def test_config_rejects_bad_values_naming_field_and_value(tmp_path, field, value):
     with pytest.raises(ValueError, match=rf"{field}.*{value!r}"):
         PairBuildConfig(out_dir=tmp_path, **{field: value})
@@ -206,12 +225,12 @@ def test_bf16_only_when_asked_or_on_amx():
 
 # ---- corpus and training helpers ---------------------------------------------------------------
 
+
 def test_heldout_split_is_by_path_and_about_the_asked_share():
     paths = [f"pkg{i}/mod{i}.py" for i in range(4000)]
     share = sum(corpus.is_heldout(p, 5.0) for p in paths) / len(paths)
     assert 0.04 < share < 0.06
-    assert [corpus.is_heldout(p, 5.0) for p in paths[:50]] == [
-        corpus.is_heldout(p, 5.0) for p in paths[:50]]
+    assert [corpus.is_heldout(p, 5.0) for p in paths[:50]] == [corpus.is_heldout(p, 5.0) for p in paths[:50]]
 
 
 def test_corpus_excludes_site_packages_and_is_sorted():
@@ -234,8 +253,7 @@ def test_distill_loss_is_zero_kl_for_identical_logits():
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 7)
     ids = torch.randint(0, 7, (2, 5))
-    assert train.distill_loss(logits, logits, ids, 1.0, 2.0).item() == pytest.approx(
-        0.0, abs=1e-6)
+    assert train.distill_loss(logits, logits, ids, 1.0, 2.0).item() == pytest.approx(0.0, abs=1e-6)
     assert train.distill_loss(logits, torch.zeros_like(logits), ids, 1.0, 1.0) > 0
 
 
@@ -247,6 +265,7 @@ def test_greedy_agreement_is_one_for_a_model_with_itself():
 
 
 # ---- the committed default pair ----------------------------------------------------------------
+
 
 @pytest.mark.model
 def test_committed_default_pair_verifies_and_loads():
@@ -264,8 +283,7 @@ def test_committed_default_pair_agrees_on_heldout_text():
     manifest = verify_pair(DEFAULT_PAIR)
     tok = Tokenizer.from_file(str(DEFAULT_PAIR / "tokenizer.json"))
     docs = corpus.read_corpus(corpus.stdlib_dir(), manifest["build_params"]["heldout_pct"])
-    stream = train.encode_prefix(tok, [d.text for d in docs.heldout],
-                                      manifest["eos_token_id"], 4096)
+    stream = train.encode_prefix(tok, [d.text for d in docs.heldout], manifest["eos_token_id"], 4096)
     target = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "target").eval()
     draft = transformers.AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR / "draft").eval()
     seq_len = manifest["build_params"]["seq_len"]
@@ -274,22 +292,29 @@ def test_committed_default_pair_agrees_on_heldout_text():
 
 # ---- the optional SmolLM2 pair (pairs.smollm2) ----------------------------------------------
 
+
 def tiny_llama() -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=4, num_attention_heads=4,
-                                      num_key_value_heads=2, tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
 
 def test_new_draft_keeps_the_first_layers_and_the_kept_tokens_rows():
     from dsd.backends.vocab_map import VocabMap
+
     target = tiny_llama()
     vocab = VocabMap([2, 3, 5, 7, 11], 64)
     draft = chat_draft.new_draft(target, chat_draft.ChatDraftConfig(layers=2, vocab_keep=5), vocab)
     assert draft.config.num_hidden_layers == 2 and draft.config.vocab_size == 6
-    assert torch.equal(draft.model.layers[1].mlp.up_proj.weight,
-                       target.model.layers[1].mlp.up_proj.weight)
+    assert torch.equal(draft.model.layers[1].mlp.up_proj.weight, target.model.layers[1].mlp.up_proj.weight)
     assert torch.equal(draft.model.embed_tokens.weight[:5], target.model.embed_tokens.weight[[2, 3, 5, 7, 11]])
     assert draft.lm_head.weight is draft.model.embed_tokens.weight
 
@@ -298,6 +323,7 @@ def test_distillation_moves_a_draft_towards_the_target_answers():
     """A few steps on the target's own (here: tiny, random) answers lower the distillation loss."""
     from dsd.backends.vocab_map import VocabMap
     from pairs.chat_data import ChatSample
+
     target = tiny_llama()
     rng = np.random.default_rng(0)
     samples = []
@@ -307,11 +333,11 @@ def test_distillation_moves_a_draft_towards_the_target_answers():
             answer = rng.integers(1, 64, size=6).tolist()
             logits = target(input_ids=torch.tensor([prompt + answer[:-1]])).logits[0, 4:]
             top = torch.topk(logits, 8, dim=-1)
-            samples.append(ChatSample(prompt, answer, top.indices.numpy().astype(np.int32),
-                                      top.values.numpy().astype(np.float16)))
+            samples.append(
+                ChatSample(prompt, answer, top.indices.numpy().astype(np.int32), top.values.numpy().astype(np.float16))
+            )
     vocab = VocabMap(chat_draft.frequent_tokens(samples, 48, [0]), 64)
-    config = chat_draft.ChatDraftConfig(layers=1, vocab_keep=48, epochs=30, batch_size=4, lr=3e-3,
-                                        warmup_steps=2)
+    config = chat_draft.ChatDraftConfig(layers=1, vocab_keep=48, epochs=30, batch_size=4, lr=3e-3, warmup_steps=2)
     draft = chat_draft.new_draft(target, config, vocab)
     losses = chat_draft.train_draft(draft, samples, vocab, config)
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
@@ -321,20 +347,32 @@ def test_acceptance_term_is_the_overlap_of_the_two_tempered_distributions():
     """sum_x min(p_T, q_T): 1 for equal logits, the closed form for two tokens, and the loss's
     term falls as the draft's logits move towards the target's."""
     from pairs.chat_draft import Batch, acceptance, distill_loss
+
     logits = torch.tensor([[2.0, 0.0, -1.0]])
     ids, known = torch.tensor([[0, 1, 2]]), torch.ones(1, 3, dtype=torch.bool)
     assert acceptance(logits, logits, ids, known, 0.7).item() == pytest.approx(1.0)
     p = torch.softmax(torch.tensor([1.0, 0.0]) / 0.5, 0)
     q = torch.softmax(torch.tensor([0.0, 1.0]) / 0.5, 0)
-    two = acceptance(torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0, 1]]),
-                     torch.ones(1, 2, dtype=torch.bool), 0.5)
+    two = acceptance(
+        torch.tensor([[0.0, 1.0]]),
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([[0, 1]]),
+        torch.ones(1, 2, dtype=torch.bool),
+        0.5,
+    )
     assert two.item() == pytest.approx(torch.minimum(p, q).sum().item())
-    batch = Batch(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long),
-                  torch.tensor([0]), torch.tensor([0]), ids, logits, torch.tensor([0]))
+    batch = Batch(
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.ones(1, 1, dtype=torch.long),
+        torch.tensor([0]),
+        torch.tensor([0]),
+        ids,
+        logits,
+        torch.tensor([0]),
+    )
     far = torch.tensor([[[-1.0, 0.0, 2.0, 0.0]]])
     near = torch.tensor([[[1.5, 0.0, -0.5, 0.0]]])
-    only_tvd = [distill_loss(x, batch, 3, 0.0, 1.0, 0.7) - distill_loss(x, batch, 3, 0.0, 0.0)
-                for x in (far, near)]
+    only_tvd = [distill_loss(x, batch, 3, 0.0, 1.0, 0.7) - distill_loss(x, batch, 3, 0.0, 0.0) for x in (far, near)]
     assert 0 < only_tvd[1] < only_tvd[0] <= 1.0
     with pytest.raises(ValueError, match="tvd_weight"):
         chat_draft.ChatDraftConfig(tvd_weight=-1.0)
@@ -361,10 +399,10 @@ def test_smollm2_config_rejects_bad_values(tmp_path):
 
 
 def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
-    config = build.parse_args(["--out", str(tmp_path), "--family", "smollm2", "--epochs", "2",
-                               "--data-rounds", "2", "--tvd-weight", "4"])
-    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, epochs=2.0, data_rounds=2,
-                                               tvd_weight=4.0)
+    config = build.parse_args(
+        ["--out", str(tmp_path), "--family", "smollm2", "--epochs", "2", "--data-rounds", "2", "--tvd-weight", "4"]
+    )
+    assert config == smollm2.Smollm2PairConfig(out_dir=tmp_path, epochs=2.0, data_rounds=2, tvd_weight=4.0)
     for option in (["--target-steps", "9"], ["--draft-steps", "9"]):
         with pytest.raises(SystemExit):
             build.parse_args(["--out", str(tmp_path), "--family", "smollm2", *option])
@@ -376,6 +414,7 @@ def test_cli_family_smollm2_rejects_options_of_the_other_family(tmp_path):
 
 def test_every_training_prompts_file_stays_apart_from_every_evaluation_set():
     from pairs import chat_data
+
     train_files = sorted((REPO / "workloads").glob("train_instructions*.jsonl"))
     assert smollm2.TRAIN_PROMPTS in train_files and smollm2.WIDE_TRAIN_PROMPTS in train_files
     for path in train_files:
@@ -389,19 +428,22 @@ def test_every_training_prompts_file_stays_apart_from_every_evaluation_set():
 
 def test_prompts_that_copy_or_reword_an_evaluation_item_are_refused(tmp_path):
     from pairs import chat_data
+
     chat = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
     passage = next(i for i in chat if i.category == "summarization").prompt.split("\n\n")[1]
     reply = next(i for i in chat if i.turns).turns[1][1]
-    leaks = [("  " + chat_data.read_prompts(smollm2.EVAL_PROMPTS)[3].upper(), smollm2.EVAL_PROMPTS),
-             (f"Rewrite this more formally: {' '.join(passage.split()[20:30])} and so on.", smollm2.CHAT_EVAL_PROMPTS),
-             (f"Is this a good answer? {' '.join(reply.split()[:12])}", smollm2.CHAT_EVAL_PROMPTS),
-             ("TIPS for staying productive when working from home, please!", smollm2.CHAT_EVAL_PROMPTS)]
+    leaks = [
+        ("  " + chat_data.read_prompts(smollm2.EVAL_PROMPTS)[3].upper(), smollm2.EVAL_PROMPTS),
+        (f"Rewrite this more formally: {' '.join(passage.split()[20:30])} and so on.", smollm2.CHAT_EVAL_PROMPTS),
+        (f"Is this a good answer? {' '.join(reply.split()[:12])}", smollm2.CHAT_EVAL_PROMPTS),
+        ("TIPS for staying productive when working from home, please!", smollm2.CHAT_EVAL_PROMPTS),
+    ]
     leaked = tmp_path / "train.jsonl"
     for leak, evaluation in leaks:
         leaked.write_text(json.dumps({"prompt": "Something else."}) + "\n" + json.dumps({"prompt": leak}) + "\n")
         with pytest.raises(ValueError, match="comes too close to"):
             smollm2.check_prompts_apart(leaked, evaluation)
-    apart = tmp_path / "apart.jsonl"       # a shared 9-word opening is a template, not a copy
+    apart = tmp_path / "apart.jsonl"  # a shared 9-word opening is a template, not a copy
     apart.write_text(json.dumps({"prompt": "Write a Python function that returns the n-th prime."}) + "\n")
     smollm2.check_prompts_apart(apart, smollm2.EVAL_PROMPTS)
 
@@ -410,11 +452,21 @@ def test_the_chat_evaluation_mix_spans_the_categories_with_provenance_on_every_l
     from collections import Counter
 
     from pairs import chat_data
+
     items = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
     counts = Counter(i.category for i in items)
     assert len(items) >= 200 and len({i.text() for i in items}) == len(items)
-    assert set(counts) >= {"writing", "conversation", "explanation", "advice", "summarization", "extraction",
-                           "math", "coding", "translation"}
+    assert set(counts) >= {
+        "writing",
+        "conversation",
+        "explanation",
+        "advice",
+        "summarization",
+        "extraction",
+        "math",
+        "coding",
+        "translation",
+    }
     assert min(counts.values()) >= 15, counts
     assert every(i.source.startswith("written for this project, 20") for i in items)
     assert every(i.turns for i in items if i.category == "conversation")
@@ -424,6 +476,7 @@ def test_an_item_with_earlier_turns_renders_them_through_the_chat_template_befor
     from transformers import AutoTokenizer
 
     from pairs import chat_data
+
     tokenizer = AutoTokenizer.from_pretrained(REPO / "models" / "smollm2-chat")
     item = next(i for i in chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS) if i.turns)
     text = tokenizer.decode(chat_data.render(tokenizer, item.prompt, item.turns))
@@ -437,19 +490,30 @@ def test_an_item_with_earlier_turns_renders_them_through_the_chat_template_befor
 
 def test_a_prompts_line_with_an_unknown_key_or_turns_out_of_order_is_refused(tmp_path):
     from pairs import chat_data
+
     path = tmp_path / "prompts.jsonl"
-    bad = [({"prompt": "Hi.", "categroy": "writing"}, "unknown key"),
-           ({"prompt": "Hi.", "turns": [{"role": "assistant", "content": "Hello."}]}, "'turns' must"),
-           ({"prompt": "Hi.", "turns": [{"role": "user", "content": "Hello."}]}, "'turns' must"),
-           ({"prompt": "Hi.", "source": 3}, "'source' must be a string")]
+    bad = [
+        ({"prompt": "Hi.", "categroy": "writing"}, "unknown key"),
+        ({"prompt": "Hi.", "turns": [{"role": "assistant", "content": "Hello."}]}, "'turns' must"),
+        ({"prompt": "Hi.", "turns": [{"role": "user", "content": "Hello."}]}, "'turns' must"),
+        ({"prompt": "Hi.", "source": 3}, "'source' must be a string"),
+    ]
     for record, message in bad:
         path.write_text(json.dumps(record) + "\n")
         with pytest.raises(ValueError, match=message):
             chat_data.read_items(path)
-    path.write_text(json.dumps({"prompt": "And in May?", "turns": [{"role": "user", "content": "Rain in April?"},
-                                                                   {"role": "assistant", "content": "Often."}]}) + "\n")
-    assert chat_data.read_items(path) == [chat_data.PromptItem(
-        "And in May?", (("user", "Rain in April?"), ("assistant", "Often.")))]
+    path.write_text(
+        json.dumps(
+            {
+                "prompt": "And in May?",
+                "turns": [{"role": "user", "content": "Rain in April?"}, {"role": "assistant", "content": "Often."}],
+            }
+        )
+        + "\n"
+    )
+    assert chat_data.read_items(path) == [
+        chat_data.PromptItem("And in May?", (("user", "Rain in April?"), ("assistant", "Often.")))
+    ]
     assert chat_data.read_prompts(path) == ["And in May?"]
 
 
@@ -461,8 +525,12 @@ def test_smollm2_quick_build_loads_and_verifies(tmp_path):
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
-                               ["Name a colour.", "Say hello.", "Count to three.", "Name a fruit."]))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p}) + "\n"
+            for p in ["Name a colour.", "Say hello.", "Count to three.", "Name a fruit."]
+        )
+    )
     manifest = smollm2.build_smollm2_pair(smollm2.quick_config(tmp_path / "pair", prompts_path=prompts))
     tokenizer, target, draft, loaded = common.load_pair(tmp_path / "pair")
     assert loaded == manifest
@@ -473,6 +541,7 @@ def test_smollm2_quick_build_loads_and_verifies(tmp_path):
 
 
 # ---- package boundaries ------------------------------------------------------------------------
+
 
 def imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
@@ -486,8 +555,11 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_decoding_core_does_not_import_the_training_package():
-    offenders = [str(p.relative_to(REPO)) for p in (REPO / "dsd").rglob("*.py")
-                 if any(m == "pairs" or m.startswith("pairs.") for m in imported_modules(p))]
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "dsd").rglob("*.py")
+        if any(m == "pairs" or m.startswith("pairs.") for m in imported_modules(p))
+    ]
     assert offenders == []
 
 
@@ -501,6 +573,7 @@ def test_pair_families_import_neither_each_other_nor_the_command_line():
     shared modules the families import (training, corpora, chat data) import no family, so no
     family reaches another through them. Tools over a family (its prompts, scores) may."""
     from pairs import build
+
     families = {f"pairs.{choice.replace('-', '_')}" for choice in build.FAMILY_CHOICES}
     assert {"pairs.stdlib_gpt2", "pairs.smollm2", "pairs.smollm2_eagle"} <= families
     imports = {f"pairs.{p.stem}": imported_modules(p) for p in (REPO / "pairs").glob("*.py")}
@@ -515,10 +588,10 @@ def test_pair_families_import_neither_each_other_nor_the_command_line():
 
 def test_dsdbed_build_pair_hands_every_option_to_the_build(capsys):
     from orchestrator import cli
+
     # Refused by pairs.build's own parser, before anything is built: the options got there.
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["build-pair", "--out", "/nonexistent/pair", "--family", "smollm2",
-                  "--target-steps", "3"])
+        cli.main(["build-pair", "--out", "/nonexistent/pair", "--family", "smollm2", "--target-steps", "3"])
     assert exit_info.value.code == 2
     assert "--target-steps does not apply to --family smollm2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -528,6 +601,7 @@ def test_dsdbed_build_pair_hands_every_option_to_the_build(capsys):
 
 def test_scoring_a_folder_without_target_and_draft_is_one_clear_error(tmp_path, capsys):
     from pairs import score
+
     with pytest.raises(SystemExit):
         score.main(["--pair", str(tmp_path), "--prompts", str(smollm2.EVAL_PROMPTS)])
     assert "expected target/ and draft/" in capsys.readouterr().err
@@ -535,6 +609,7 @@ def test_scoring_a_folder_without_target_and_draft_is_one_clear_error(tmp_path, 
 
 class _ToyChatTokenizer:
     """The two things chat_data needs of a tokenizer, over tiny_llama's 64 ids."""
+
     pad_token_id, eos_token_id = 0, 1
 
     def apply_chat_template(self, messages, add_generation_prompt, tokenize):
@@ -543,10 +618,12 @@ class _ToyChatTokenizer:
 
 def test_answering_resumes_from_its_partial_file_exactly_where_it_stopped(tmp_path, monkeypatch):
     from pairs import chat_data
+
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["one", "two two", "three"]))
-    config = chat_data.ChatDataConfig(prompts, samples_per_prompt=2, max_new_tokens=4, top_logits=4,
-                                      batch_size=2, seed=5)
+    config = chat_data.ChatDataConfig(
+        prompts, samples_per_prompt=2, max_new_tokens=4, top_logits=4, batch_size=2, seed=5
+    )
     target, tokenizer = tiny_llama(), _ToyChatTokenizer()
     whole = chat_data.answer_prompts(target, tokenizer, config)
 

@@ -17,12 +17,17 @@ from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from pairs import chat_data, chat_draft, eagle_draft, score
 from tests.dsd.test_feature_draft import VOCAB, saved_pair, tiny_target
 
-PROMPTS = [{"prompt": "sun rain sun", "category": "weather"},
-           {"prompt": "rain rain", "category": "weather"},
-           {"prompt": "sun", "turns": [{"role": "user", "content": "rain sun"},
-                                       {"role": "assistant", "content": "sun sun rain"}], "category": "talk"},
-           {"prompt": "rain sun rain sun", "category": "talk"},
-           {"prompt": "sun sun", "category": "talk"}]
+PROMPTS = [
+    {"prompt": "sun rain sun", "category": "weather"},
+    {"prompt": "rain rain", "category": "weather"},
+    {
+        "prompt": "sun",
+        "turns": [{"role": "user", "content": "rain sun"}, {"role": "assistant", "content": "sun sun rain"}],
+        "category": "talk",
+    },
+    {"prompt": "rain sun rain sun", "category": "talk"},
+    {"prompt": "sun sun", "category": "talk"},
+]
 
 
 def save_tokenizer(folder) -> None:
@@ -31,10 +36,13 @@ def save_tokenizer(folder) -> None:
     assert len(words) == VOCAB
     backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>",
-                                        unk_token="<unk>")
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-                               "{% if add_generation_prompt %}assistant {% endif %}")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant {% endif %}"
+    )
     tokenizer.save_pretrained(folder)
 
 
@@ -67,8 +75,15 @@ def answers_of(config: score.ScoreConfig):
     """The target's answers as score_pair has them: same prompts, sampling and seed."""
     tokenizer = AutoTokenizer.from_pretrained(config.pair)
     target = AutoModelForCausalLM.from_pretrained(config.pair / "target").eval()
-    data = chat_data.ChatDataConfig(config.prompts, samples_per_prompt=1, max_new_tokens=config.max_new_tokens,
-                                    temperature=config.temperature, top_p=config.top_p, top_logits=1, seed=config.seed)
+    data = chat_data.ChatDataConfig(
+        config.prompts,
+        samples_per_prompt=1,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_logits=1,
+        seed=config.seed,
+    )
     return target, chat_data.answer_prompts(target, tokenizer, data)
 
 
@@ -102,14 +117,16 @@ def test_a_feature_draft_is_scored_by_step_and_its_alpha_gives_the_same_tokens_p
     target, answers = answers_of(config)
     eagle = load_eagle(config.pair / "draft", torch.float32)
     with torch.inference_mode():
-        (steps,) = eagle_draft.heldout_acceptance(eagle, target, VocabMap.load(config.pair / "draft"), answers, 3,
-                                                  0.7, 0.9).values()
+        (steps,) = eagle_draft.heldout_acceptance(
+            eagle, target, VocabMap.load(config.pair / "draft"), answers, 3, 0.7, 0.9
+        ).values()
     assert record["alpha_sampled_by_step"] == pytest.approx(steps.sampled, abs=1e-4)
     assert record["alpha_greedy_by_step"] == pytest.approx(steps.greedy, abs=1e-4)
     assert record["positions"] == steps.positions[0] == sum(len(a.answer_ids) for a in answers)
     by_step = record["alpha_sampled_by_step"]
-    assert record["alpha_sampled"] == pytest.approx(alpha_for_tokens_per_round(tokens_per_round_by_step(by_step), 3),
-                                                    abs=1e-3)
+    assert record["alpha_sampled"] == pytest.approx(
+        alpha_for_tokens_per_round(tokens_per_round_by_step(by_step), 3), abs=1e-3
+    )
     assert min(by_step) - 1e-3 <= record["alpha_sampled"] <= max(by_step) + 1e-3
     talk = record["by_category"]["talk"]
     assert len(talk["alpha_sampled_by_step"]) == 3 and talk["answers"] == 3
@@ -117,10 +134,26 @@ def test_a_feature_draft_is_scored_by_step_and_its_alpha_gives_the_same_tokens_p
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_command_scores_either_kind_of_pair_at_the_dtype_given_and_prints_a_table_of_categories(
-        tmp_path, prompts, capsys, dtype):
+    tmp_path, prompts, capsys, dtype
+):
     for kind, pair in (("causal_lm", layer_pair(tmp_path / "layer", 1)), ("eagle", feature_pair(tmp_path / "eagle"))):
-        assert score.main(["--pair", str(pair), "--prompts", str(prompts), "--dtype", dtype,
-                           "--max-new-tokens", "4", "--threads", "1"]) == 0
+        assert (
+            score.main(
+                [
+                    "--pair",
+                    str(pair),
+                    "--prompts",
+                    str(prompts),
+                    "--dtype",
+                    dtype,
+                    "--max-new-tokens",
+                    "4",
+                    "--threads",
+                    "1",
+                ]
+            )
+            == 0
+        )
         out, err = capsys.readouterr()
         record = json.loads(out)
         assert (record["draft_kind"], record["dtype"], record["draft_dtype"]) == (kind, dtype, dtype)
@@ -131,6 +164,7 @@ def test_the_command_scores_either_kind_of_pair_at_the_dtype_given_and_prints_a_
 
 def test_the_command_resolves_dtype_auto_by_timing_the_pair_here(tmp_path, prompts, capsys, monkeypatch):
     from dsd.backends import precision
+
     monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache"))
     pair = feature_pair(tmp_path / "pair")
     assert score.main(["--pair", str(pair), "--prompts", str(prompts), "--max-new-tokens", "3", "--threads", "1"]) == 0
@@ -157,6 +191,7 @@ def test_a_stratified_sample_scores_the_first_items_of_each_category(tmp_path, p
 
 def test_items_written_read_back_as_the_same_items(tmp_path):
     from pairs import smollm2
+
     items = chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)
     chat_data.write_items(items, tmp_path / "copy.jsonl")
     assert chat_data.read_items(tmp_path / "copy.jsonl") == items

@@ -1,6 +1,7 @@
 """Verifier and edge as real child processes on free loopback ports (services.launch: own
 process group, readiness poll that notices a crash, timeout, the group killed by the fixture's
 finalizer), and a bare client of the verifier (WebSocket or frames)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,16 @@ from services.launch import Service, launch, post_runs, read_csv, wait_for_runs,
 
 # Small emulated compute times: every mode overlaps drafting, the round trip and verification,
 # and a test request takes a fraction of a second.
-TEST_PROFILE = {"name": "test", "t_draft_edge_s": 0.0005, "t_draft_server_s": 0.0003, "t_ar_s": 0.001,
-                "t_verify_base_s": 0.0008, "t_verify_per_position_s": 0.0001,
-                "t_prefill_per_token_s": 0.00001, "batch_slope": 0.1}
+TEST_PROFILE = {
+    "name": "test",
+    "t_draft_edge_s": 0.0005,
+    "t_draft_server_s": 0.0003,
+    "t_ar_s": 0.001,
+    "t_verify_base_s": 0.0008,
+    "t_verify_per_position_s": 0.0001,
+    "t_prefill_per_token_s": 0.00001,
+    "batch_slope": 0.1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +46,19 @@ def spawn(tmp_path_factory):
         return [wait_ready(service) for service in started]
 
     yield _spawn
-    for service in services:         # side by side: each takes a second to exit
+    for service in services:  # side by side: each takes a second to exit
         service.terminate()
     for service in services:
         service.wait_or_kill()
 
 
 def synthetic_args(alpha: float = 0.7, seed: int = 3, profile: dict = TEST_PROFILE) -> list[str]:
-    return ["--backend-json", json.dumps({"kind": "synthetic", "alpha": alpha, "seed": seed}),
-            "--profile-json", json.dumps(profile)]
+    return [
+        "--backend-json",
+        json.dumps({"kind": "synthetic", "alpha": alpha, "seed": seed}),
+        "--profile-json",
+        json.dumps(profile),
+    ]
 
 
 class ConnectionEnd:
@@ -71,8 +83,7 @@ class RawClient:
     async def __aenter__(self) -> RawClient:
         if self.transport == "tcp":
             address = yarl.URL(self.url)
-            self.reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(address.host, address.port), 10)
+            self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(address.host, address.port), 10)
             self.writer.write(frames.MAGIC + frames.frame((self.token or "").encode()))
             return self
         self.http = aiohttp.ClientSession()
@@ -150,8 +161,9 @@ def run(coroutine, timeout_s: float = 90.0):
     return asyncio.run(asyncio.wait_for(coroutine, timeout_s))
 
 
-def open_message(seq: int, session: int, prompt=(1, 2, 3), max_new_tokens: int = 8,
-                 temperature: float = 0.0) -> wire.Open:
+def open_message(
+    seq: int, session: int, prompt=(1, 2, 3), max_new_tokens: int = 8, temperature: float = 0.0
+) -> wire.Open:
     return wire.Open(seq, session, list(prompt), max_new_tokens, temperature, None, 0, True)
 
 
@@ -168,9 +180,19 @@ PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(2 + i % 4)] for i in range
 
 
 def run_body(verifier, run_id, mode, prompts, max_new_tokens, **extra):
-    return {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
-            "probe_count": 2, "probe_interval_ms": 50, **extra}
+    return {
+        "run_id": run_id,
+        "client_id": run_id,
+        "mode": mode,
+        "gamma": 3,
+        "max_in_flight": 2,
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+        "verifier_url": verifier.url,
+        "probe_count": 2,
+        "probe_interval_ms": 50,
+        **extra,
+    }
 
 
 def check_greedy(edge, run_ids, reference):

@@ -1,5 +1,6 @@
 """A verifier and an edge on the toy pair (models/default-pair) behind one token, the edge
 serving the OpenAI-compatible API, and what the tests ask of it over plain HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -27,18 +28,38 @@ def served(spawn, tmp_path_factory):
     token_file.chmod(0o600)
     verifier = spawn(("services.verifier", BACKEND + ["--token-file", str(token_file)]))[0]
     settings = {"verifier_url": verifier.url, "mode": "sync", "gamma": 3, "max_in_flight": 2, "run_id": "served"}
-    edge = spawn(("services.edge", BACKEND + ["--token-file", str(token_file), "--out-dir", str(folder / "edge"),
-                                              "--openai-json", json.dumps(settings)]))[0]
+    edge = spawn(
+        (
+            "services.edge",
+            BACKEND
+            + [
+                "--token-file",
+                str(token_file),
+                "--out-dir",
+                str(folder / "edge"),
+                "--openai-json",
+                json.dumps(settings),
+            ],
+        )
+    )[0]
     verifier.token = edge.token = TOKEN
     return verifier, edge
 
 
-def call(edge, method: str, path: str, body=None, token: str | None = TOKEN, raw: bytes | None = None,
-         timeout_s: float = 120.0) -> tuple[int, dict, str]:
+def call(
+    edge,
+    method: str,
+    path: str,
+    body=None,
+    token: str | None = TOKEN,
+    raw: bytes | None = None,
+    timeout_s: float = 120.0,
+) -> tuple[int, dict, str]:
     """(status, headers, body text) of one HTTP request to the edge."""
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(edge.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **bearer_header(token)})
+    request = urllib.request.Request(
+        edge.url + path, data=data, method=method, headers={"Content-Type": "application/json", **bearer_header(token)}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, dict(response.headers), response.read().decode()

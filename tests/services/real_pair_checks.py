@@ -1,6 +1,7 @@
 """What the real pairs' network tests share (test_real_pair.py, test_real_eagle_pair.py): a pair's
 verifier and edge on loopback, a run of prompts, and the chi-square check that sampled DSD's first
 answer token follows the target's truncated distribution."""
+
 import pytest
 import torch
 from scipy import stats
@@ -22,46 +23,68 @@ def start_pair(spawn, tmp_path_factory, pair, n_prompts: int = 3, dtype: str = "
     for a shipped pair folder, its services in ``dtype`` ("auto": as this machine's timing chose);
     skipped where its target cannot be made from the GGUF."""
     try:
-        smollm2.materialize_target(pair)          # writes target/ from the GGUF once, then checks hashes
+        smollm2.materialize_target(pair)  # writes target/ from the GGUF once, then checks hashes
     except FileNotFoundError as exc:
         pytest.skip(f"the pair's target cannot be made here: {exc}")
     from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(pair))
     prompts = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:n_prompts]]
-    config = HfBackendConfig(pair_path=str(pair), dtype=dtype)          # "auto" resolved once, here
+    config = HfBackendConfig(pair_path=str(pair), dtype=dtype)  # "auto" resolved once, here
     backend = config.to_json()
     verifier, edge = spawn(
         ("services.verifier", ["--backend-json", backend]),
-        ("services.edge", ["--backend-json", backend, "--out-dir", str(tmp_path_factory.mktemp("edge-real"))]))
+        ("services.edge", ["--backend-json", backend, "--out-dir", str(tmp_path_factory.mktemp("edge-real"))]),
+    )
     target = TorchLM.load(TorchLMConfig(str(pair / "target"), config.dtype))
     return verifier, edge, target, prompts
 
 
-def run(edge, verifier, run_id, mode, prompts, max_new_tokens, temperature=0.0, top_p=1.0, seed=0, clients=1,
-        **extra):
+def run(edge, verifier, run_id, mode, prompts, max_new_tokens, temperature=0.0, top_p=1.0, seed=0, clients=1, **extra):
     """(requests.csv rows, rounds.csv rows) of ``prompts`` run on the edge. clients > 1: the prompts
     split into that many consecutive shares, one run each, posted together (the edge drafts for
     one while the verifier verifies another); each request keeps the sampling seed it has in
     one run (the run's seed + its index)."""
     share = -(-len(prompts) // clients)
-    specs = [{"run_id": f"{run_id}-{c}" if clients > 1 else run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-              "prompts": prompts[c * share:(c + 1) * share], "max_new_tokens": max_new_tokens,
-              "verifier_url": verifier.url, "probe_count": 0, "stop_at_eos": True, "temperature": temperature,
-              "top_p": top_p, "seed": seed + c * share, **extra} for c in range(clients)]
-    summaries = wait_for_runs(edge, post_runs(edge, [{**spec, "client_id": spec["run_id"]} for spec in specs]),
-                              timeout_s=900)
+    specs = [
+        {
+            "run_id": f"{run_id}-{c}" if clients > 1 else run_id,
+            "mode": mode,
+            "gamma": 3,
+            "max_in_flight": 2,
+            "prompts": prompts[c * share : (c + 1) * share],
+            "max_new_tokens": max_new_tokens,
+            "verifier_url": verifier.url,
+            "probe_count": 0,
+            "stop_at_eos": True,
+            "temperature": temperature,
+            "top_p": top_p,
+            "seed": seed + c * share,
+            **extra,
+        }
+        for c in range(clients)
+    ]
+    summaries = wait_for_runs(
+        edge, post_runs(edge, [{**spec, "client_id": spec["run_id"]} for spec in specs]), timeout_s=900
+    )
     assert every(s["status"] == "done" for s in summaries.values()), summaries
-    return ([row for spec in specs for row in read_csv(edge, spec["run_id"], "requests.csv")],
-            [row for spec in specs for row in read_csv(edge, spec["run_id"], "rounds.csv")])
+    return (
+        [row for spec in specs for row in read_csv(edge, spec["run_id"], "requests.csv")],
+        [row for spec in specs for row in read_csv(edge, spec["run_id"], "rounds.csv")],
+    )
 
 
 def check_first_token_follows_the_target(verifier, edge, target, prompts, n: int = 240) -> None:
     """The first answer token at a context where the target's truncated distribution is spread
     out, n sampled requests, against that distribution (tokens under 5 expected pooled)."""
-    contexts = [p + generate_ar(target, p, StopRule(max_new_tokens=k), seq_id=f"ctx-{i}-{k}").tokens
-                for i, p in enumerate(prompts) for k in (1, 2, 3)]
-    spread = [probs_from_logits(target.logits(f"p-{i}", c, 1), TEMPERATURE, None, TOP_P)[0]
-              for i, c in enumerate(contexts)]
+    contexts = [
+        p + generate_ar(target, p, StopRule(max_new_tokens=k), seq_id=f"ctx-{i}-{k}").tokens
+        for i, p in enumerate(prompts)
+        for k in (1, 2, 3)
+    ]
+    spread = [
+        probs_from_logits(target.logits(f"p-{i}", c, 1), TEMPERATURE, None, TOP_P)[0] for i, c in enumerate(contexts)
+    ]
     best = max(range(len(contexts)), key=lambda i: float(1 - spread[i].max()))
     context, p = contexts[best], spread[best]
     assert float(p.max()) < 0.9, "no context with a spread-out next token"
@@ -75,7 +98,8 @@ def check_first_token_follows_the_target(verifier, edge, target, prompts, n: int
     observed = torch.cat([counts[big], counts[~big].sum().view(1)])
     expected = torch.cat([p[big], p[~big].sum().view(1)]) * n
     keep = expected > 0
-    _, p_value = stats.chisquare(observed[keep].numpy(),
-                                 expected[keep].numpy() * observed.sum().item() / expected[keep].sum().item())
+    _, p_value = stats.chisquare(
+        observed[keep].numpy(), expected[keep].numpy() * observed.sum().item() / expected[keep].sum().item()
+    )
     assert p_value > 1e-3, (observed, expected)
     assert any(int(r["accepted"]) < int(r["proposed"]) for r in rounds)

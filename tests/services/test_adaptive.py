@@ -1,6 +1,7 @@
 """Adaptive DSD over the network: the edge service's controller changes gamma and the mode
 between rounds of one request, the output stays the target's greedy tokens, and rounds.csv
 records each round's plan."""
+
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
@@ -15,7 +16,8 @@ ALPHA, SEED = 0.7, 3
 def synthetic(spawn, tmp_path_factory):
     verifier, edge = spawn(
         ("services.verifier", synthetic_args(ALPHA, SEED)),
-        ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]))
+        ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]),
+    )
     return verifier, edge, SyntheticLM(SyntheticConfig(alpha=ALPHA, seed=SEED), "target")
 
 
@@ -28,8 +30,9 @@ def _plans(edge, run_id):
 @pytest.mark.parametrize("mode", ["sync", "pipelined"])
 def test_heuristic_changes_gamma_mid_request_and_keeps_the_greedy_output(synthetic, mode):
     verifier, edge, target = synthetic
-    run_ids = post_runs(edge, [run_body(verifier, f"heur-{mode}", mode, PROMPTS[:2], 40,
-                                        controller="heuristic", gamma_max=8)])
+    run_ids = post_runs(
+        edge, [run_body(verifier, f"heur-{mode}", mode, PROMPTS[:2], 40, controller="heuristic", gamma_max=8)]
+    )
     check_greedy(edge, run_ids, synthetic_reference(target, PROMPTS, 40))
     plans = _plans(edge, run_ids[0])
     assert len({g for g, _ in plans}) >= 3 and {m for _, m in plans} == {mode}
@@ -40,8 +43,14 @@ def test_model_switches_from_sync_to_pipelined_mid_request_and_keeps_the_greedy_
     faster (pipelined is never slower when the round trip outlasts the drafting) and switches
     after the first verdict."""
     verifier, edge, target = synthetic
-    run_ids = post_runs(edge, [run_body(verifier, "model", "sync", PROMPTS[:1], 40, gamma=1,
-                                        controller="model", gamma_max=8, app_delay_ms=15.0)])
+    run_ids = post_runs(
+        edge,
+        [
+            run_body(
+                verifier, "model", "sync", PROMPTS[:1], 40, gamma=1, controller="model", gamma_max=8, app_delay_ms=15.0
+            )
+        ],
+    )
     check_greedy(edge, run_ids, synthetic_reference(target, PROMPTS, 40))
     plans = _plans(edge, run_ids[0])
     assert plans[0] == (1, "sync") and "pipelined" in {m for _, m in plans[1:]}
@@ -53,9 +62,11 @@ def test_static_runs_record_their_fixed_plan_and_bad_controller_keys_are_refused
     run_ids = post_runs(edge, [run_body(verifier, "static", "sync", PROMPTS[:1], 20)])
     wait_for_runs(edge, run_ids)
     assert set(_plans(edge, run_ids[0])) == {(3, "sync")}
-    for extra, field in (({"controller": "bandito"}, "controller"), ({"controller": "heuristic", "gamma_max": 2},
-                                                                     "gamma"),
-                         ({"controller": "model", "mode": "ar"}, "controller")):
+    for extra, field in (
+        ({"controller": "bandito"}, "controller"),
+        ({"controller": "heuristic", "gamma_max": 2}, "gamma"),
+        ({"controller": "model", "mode": "ar"}, "controller"),
+    ):
         status, body = edge.post_json("/runs", {**run_body(verifier, "bad", "sync", PROMPTS[:1], 20), **extra})
         assert status == 400 and field in body["error"], body
 
@@ -68,15 +79,35 @@ def test_model_hands_far_requests_to_cloud_ar_and_keeps_the_greedy_output(synthe
     next request on the server. Every output is the target's greedy one, each token once;
     rounds.csv says which mode each round ran in."""
     verifier, edge, target = synthetic
-    run_ids = post_runs(edge, [run_body(verifier, "model-ar", "sync", PROMPTS[:2], 24, controller="model",
-                                        gamma_max=8, controller_modes=["ar", "sync"], app_delay_ms=100.0)])
+    run_ids = post_runs(
+        edge,
+        [
+            run_body(
+                verifier,
+                "model-ar",
+                "sync",
+                PROMPTS[:2],
+                24,
+                controller="model",
+                gamma_max=8,
+                controller_modes=["ar", "sync"],
+                app_delay_ms=100.0,
+            )
+        ],
+    )
     check_greedy(edge, run_ids, synthetic_reference(target, PROMPTS, 24))
     rows = read_csv(edge, run_ids[0], "rounds.csv")
     by_request = {i: [r["round_mode"] for r in rows if int(r["request_index"]) == i] for i in (0, 1)}
-    assert by_request[0][0] == "sync" and by_request[0][-1] == "ar"      # handed over mid-request
+    assert by_request[0][0] == "sync" and by_request[0][-1] == "ar"  # handed over mid-request
     assert set(by_request[1]) == {"ar"}
     emitted = [int(r["emitted"]) for r in rows if int(r["request_index"]) == 0]
     assert sum(emitted) == 24
-    status, body = edge.post_json("/runs", {**run_body(verifier, "bad-modes", "sync", PROMPTS[:1], 20),
-                                            "controller": "model", "controller_modes": ["sync", "beam"]})
+    status, body = edge.post_json(
+        "/runs",
+        {
+            **run_body(verifier, "bad-modes", "sync", PROMPTS[:1], 20),
+            "controller": "model",
+            "controller_modes": ["sync", "beam"],
+        },
+    )
     assert status == 400 and "modes" in body["error"], body

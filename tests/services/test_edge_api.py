@@ -1,21 +1,40 @@
 """The edge's HTTP API refuses a bad run with a message naming the field, never overwrites a
 run, records a failed run as rows, and the verifier's /metrics tells what it served."""
+
 import pytest
 
 from services.edge import RunConfig
 from tests.services.harness import post_runs, read_csv, synthetic_args, wait_for_runs
 
-GOOD = {"run_id": "r1", "client_id": "c", "mode": "sync", "gamma": 2, "prompts": [[1, 2]], "max_new_tokens": 4,
-        "verifier_url": "http://127.0.0.1:1"}
+GOOD = {
+    "run_id": "r1",
+    "client_id": "c",
+    "mode": "sync",
+    "gamma": 2,
+    "prompts": [[1, 2]],
+    "max_new_tokens": 4,
+    "verifier_url": "http://127.0.0.1:1",
+}
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"mode": "beam"}, "mode"), ({"gamma": 0}, "gamma"), ({"gamma": 2.5}, "gamma"),
-    ({"max_in_flight": -1}, "max_in_flight"), ({"prompts": []}, "prompts"), ({"prompts": [[]]}, "prompts"),
-    ({"prompts": [[1, -2]]}, "prompts"), ({"temperature": -0.1}, "temperature"),
-    ({"app_delay_ms": float("nan")}, "app_delay_ms"), ({"run_id": "../x"}, "run_id"),
-    ({"verifier_url": "ftp://x"}, "verifier_url"), ({"gamme": 3}, "gamme"), ({"seed": True}, "seed"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"mode": "beam"}, "mode"),
+        ({"gamma": 0}, "gamma"),
+        ({"gamma": 2.5}, "gamma"),
+        ({"max_in_flight": -1}, "max_in_flight"),
+        ({"prompts": []}, "prompts"),
+        ({"prompts": [[]]}, "prompts"),
+        ({"prompts": [[1, -2]]}, "prompts"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"app_delay_ms": float("nan")}, "app_delay_ms"),
+        ({"run_id": "../x"}, "run_id"),
+        ({"verifier_url": "ftp://x"}, "verifier_url"),
+        ({"gamme": 3}, "gamme"),
+        ({"seed": True}, "seed"),
+    ],
+)
 def test_run_config_errors_name_the_field(change, field):
     with pytest.raises(ValueError, match=field):
         RunConfig.from_json({**GOOD, **change})
@@ -28,8 +47,10 @@ def test_missing_fields_are_named():
 
 @pytest.fixture(scope="module")
 def services(spawn, tmp_path_factory):
-    return spawn(("services.verifier", synthetic_args()),
-                 ("services.edge", synthetic_args() + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]))
+    return spawn(
+        ("services.verifier", synthetic_args()),
+        ("services.edge", synthetic_args() + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]),
+    )
 
 
 def test_http_api_answers_bad_runs_duplicates_and_unknown_ids(services):
@@ -50,7 +71,7 @@ def test_http_api_answers_bad_runs_duplicates_and_unknown_ids(services):
 
 def test_a_run_that_cannot_reach_the_verifier_fails_with_error_rows(services):
     edge = services[1]
-    post_runs(edge, [{**GOOD, "run_id": "unreachable"}])      # port 1: nothing listens
+    post_runs(edge, [{**GOOD, "run_id": "unreachable"}])  # port 1: nothing listens
     summary = wait_for_runs(edge, ["unreachable"])["unreachable"]
     assert summary["status"] == "failed" and summary["error"]
     [row] = read_csv(edge, "unreachable", "requests.csv")
@@ -60,7 +81,7 @@ def test_a_run_that_cannot_reach_the_verifier_fails_with_error_rows(services):
 
 def test_a_verifier_refusal_ends_the_run_with_its_message(services):
     verifier, edge = services
-    post_runs(edge, [{**GOOD, "run_id": "too-long", "verifier_url": verifier.url, "max_new_tokens": 10 ** 6}])
+    post_runs(edge, [{**GOOD, "run_id": "too-long", "verifier_url": verifier.url, "max_new_tokens": 10**6}])
     summary = wait_for_runs(edge, ["too-long"])["too-long"]
     assert summary["status"] == "failed" and "max_new_tokens" in summary["error"]
 
@@ -69,13 +90,24 @@ def test_a_verifier_refusal_ends_the_run_with_its_message(services):
 def test_a_request_not_done_within_its_timeout_fails_the_run_naming_it(services, mode):
     verifier, edge = services
     run_id = f"slow-{mode}"
-    post_runs(edge, [{**GOOD, "run_id": run_id, "verifier_url": verifier.url, "mode": mode,
-                      "max_new_tokens": 400, "request_timeout_s": 0.05}])
+    post_runs(
+        edge,
+        [
+            {
+                **GOOD,
+                "run_id": run_id,
+                "verifier_url": verifier.url,
+                "mode": mode,
+                "max_new_tokens": 400,
+                "request_timeout_s": 0.05,
+            }
+        ],
+    )
     summary = wait_for_runs(edge, [run_id])[run_id]
     assert summary["status"] == "failed" and "request 0: not done within request_timeout_s 0.05" in summary["error"]
     [row] = read_csv(edge, run_id, "requests.csv")
     assert "request_timeout_s" in row["error"]
-    ok = {**GOOD, "run_id": f"after-{run_id}", "verifier_url": verifier.url}    # the edge serves on
+    ok = {**GOOD, "run_id": f"after-{run_id}", "verifier_url": verifier.url}  # the edge serves on
     assert wait_for_runs(edge, post_runs(edge, [ok]))[ok["run_id"]]["status"] == "done"
 
 

@@ -1,6 +1,7 @@
 """Every mode, run by the edge service against the verifier service over loopback TCP, emits
 exactly the target's greedy tokens, with 1 and with 16 concurrent clients, and leaves traces
 that account for every round."""
+
 import json
 
 import pytest
@@ -10,8 +11,17 @@ from dsd.backends.torch_lm import TorchLM, TorchLMConfig
 from dsd.drive.generation import generate_ar
 from dsd.pair_manifest import MANIFEST_FORMAT, write_manifest
 from dsd.speculation.stopping import StopRule
-from tests.services.harness import (PROMPTS, TEST_PROFILE, check_greedy, post_runs, read_csv, run_body,
-                                    synthetic_args, synthetic_reference, wait_for_runs)
+from tests.services.harness import (
+    PROMPTS,
+    TEST_PROFILE,
+    check_greedy,
+    post_runs,
+    read_csv,
+    run_body,
+    synthetic_args,
+    synthetic_reference,
+    wait_for_runs,
+)
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
 
@@ -23,24 +33,28 @@ ALPHA, SEED = 0.7, 3
 def synthetic(spawn, tmp_path_factory):
     verifier, edge = spawn(
         ("services.verifier", synthetic_args(ALPHA, SEED) + ["--max-batch", "4"]),
-        ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]))
+        ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(tmp_path_factory.mktemp("edge"))]),
+    )
     target = SyntheticLM(SyntheticConfig(alpha=ALPHA, seed=SEED), "target")
     return verifier, edge, target
 
 
-@pytest.mark.parametrize("transport", ["ws", "tcp"])     # services/frames.py
+@pytest.mark.parametrize("transport", ["ws", "tcp"])  # services/frames.py
 @pytest.mark.parametrize("mode", MODES)
 def test_one_client_emits_the_target_greedy_tokens_in_every_mode(synthetic, mode, transport):
     verifier, edge, target = synthetic
-    run_ids = post_runs(edge, [run_body(verifier, f"one-{mode}-{transport}", mode, PROMPTS[:3], 40,
-                                        transport=transport)])
+    run_ids = post_runs(
+        edge, [run_body(verifier, f"one-{mode}-{transport}", mode, PROMPTS[:3], 40, transport=transport)]
+    )
     check_greedy(edge, run_ids, synthetic_reference(target, PROMPTS, 40))
 
 
 def test_sixteen_concurrent_clients_emit_the_target_greedy_tokens(synthetic):
     verifier, edge = synthetic[:2]
-    runs = [run_body(verifier, f"many-{i}", MODES[i % len(MODES)], [PROMPTS[i % 6], PROMPTS[(i + 1) % 6]], 32)
-            for i in range(16)]
+    runs = [
+        run_body(verifier, f"many-{i}", MODES[i % len(MODES)], [PROMPTS[i % 6], PROMPTS[(i + 1) % 6]], 32)
+        for i in range(16)
+    ]
     run_ids = post_runs(edge, runs)
     reference = synthetic_reference(synthetic[2], PROMPTS, 32)
     for i, run_id in enumerate(run_ids):
@@ -103,8 +117,10 @@ def test_pipelined_blocks_sent_on_a_refuted_prefix_come_back_stale(synthetic):
 
 def test_sampling_runs_send_dense_or_sparse_draft_probabilities(synthetic):
     verifier, edge = synthetic[:2]
-    runs = [run_body(verifier, "sample-dense", "pipelined", PROMPTS[:2], 20, temperature=0.8),
-            run_body(verifier, "sample-sparse", "sync", PROMPTS[:2], 20, temperature=0.8, top_k=5)]
+    runs = [
+        run_body(verifier, "sample-dense", "pipelined", PROMPTS[:2], 20, temperature=0.8),
+        run_body(verifier, "sample-sparse", "sync", PROMPTS[:2], 20, temperature=0.8, top_k=5),
+    ]
     summaries = wait_for_runs(edge, post_runs(edge, runs))
     for run_id, summary in summaries.items():
         assert summary["status"] == "done", summary
@@ -120,11 +136,27 @@ def hf(spawn, tmp_path_factory):
     write_manifest(folder, {"format": MANIFEST_FORMAT})
     # The verifier takes the pair folder (checked against its manifest), the edge the two models.
     verifier, edge = spawn(
-        ("services.verifier", ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)}),
-                               "--max-tokens-per-session", "200", "--max-batch", "4"]),
-        ("services.edge", ["--backend-json", json.dumps({"kind": "hf", "target_path": str(folder / "target"),
-                                                         "draft_path": str(folder / "draft")}),
-                           "--out-dir", str(tmp_path_factory.mktemp("edge-hf"))]))
+        (
+            "services.verifier",
+            [
+                "--backend-json",
+                json.dumps({"kind": "hf", "pair_path": str(folder)}),
+                "--max-tokens-per-session",
+                "200",
+                "--max-batch",
+                "4",
+            ],
+        ),
+        (
+            "services.edge",
+            [
+                "--backend-json",
+                json.dumps({"kind": "hf", "target_path": str(folder / "target"), "draft_path": str(folder / "draft")}),
+                "--out-dir",
+                str(tmp_path_factory.mktemp("edge-hf")),
+            ],
+        ),
+    )
     return verifier, edge, TorchLM.load(TorchLMConfig(str(folder / "target")))
 
 
@@ -139,16 +171,20 @@ HF_PROMPTS = [[5, 17, 42, 8], [60, 3, 9], [1, 2, 3, 4, 5, 6, 7], [88, 12]]
 @pytest.mark.parametrize("transport", ["ws", "tcp"])
 def test_tiny_real_pair_one_client_every_mode_emits_the_target_greedy_tokens(hf, transport):
     verifier, edge, target = hf
-    runs = [run_body(verifier, f"hf-one-{mode}-{transport}", mode, HF_PROMPTS, 24, stop_at_eos=False,
-                     transport=transport) for mode in MODES]
-    for run in runs:     # one client at a time
+    runs = [
+        run_body(verifier, f"hf-one-{mode}-{transport}", mode, HF_PROMPTS, 24, stop_at_eos=False, transport=transport)
+        for mode in MODES
+    ]
+    for run in runs:  # one client at a time
         check_greedy(edge, post_runs(edge, [run]), hf_reference(target, HF_PROMPTS, 24, False))
 
 
 def test_tiny_real_pair_sixteen_concurrent_clients_emit_the_target_greedy_tokens(hf):
     verifier, edge, target = hf
-    runs = [run_body(verifier, f"hf-many-{i}", MODES[i % len(MODES)], [HF_PROMPTS[i % 4]], 16, stop_at_eos=True)
-            for i in range(16)]
+    runs = [
+        run_body(verifier, f"hf-many-{i}", MODES[i % len(MODES)], [HF_PROMPTS[i % 4]], 16, stop_at_eos=True)
+        for i in range(16)
+    ]
     run_ids = post_runs(edge, runs)
     reference = hf_reference(target, HF_PROMPTS, 16, True)
     for i, run_id in enumerate(run_ids):

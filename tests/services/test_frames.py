@@ -1,6 +1,7 @@
 """The frame transport (services/frames.py): framing, in-order inline handling, and the services
 over it -- the same tokens as over the WebSocket, the token checked on the first frame, the
 message size limit named, a dropped connection surfacing as the same link_down error."""
+
 import asyncio
 import os
 import random
@@ -16,8 +17,16 @@ from dsd.speculation.stopping import StopRule
 from services import frames, wire
 from services.edge import VerifierChannel
 from services.edge.config import RunError
-from tests.services.harness import (ConnectionEnd, RawClient, post_runs, read_csv, run, sessions_open,
-                                    synthetic_args, wait_for_runs)
+from tests.services.harness import (
+    ConnectionEnd,
+    RawClient,
+    post_runs,
+    read_csv,
+    run,
+    sessions_open,
+    synthetic_args,
+    wait_for_runs,
+)
 from tests.checks import every
 
 ALPHA, SEED = 0.7, 3
@@ -28,6 +37,7 @@ MODES = ("ar", "colocated", "sync", "pipelined")
 
 # ---- framing -------------------------------------------------------------------------------
 
+
 def test_frames_split_anywhere_come_out_whole_and_in_order():
     messages = [bytes([i]) * n for i, n in enumerate((0, 1, 3, 200, 5000, 17))]
     stream = b"".join(frames.frame(m) for m in messages)
@@ -36,7 +46,7 @@ def test_frames_split_anywhere_come_out_whole_and_in_order():
         deframer, out, i = frames.Deframer(10_000, 40_000), [], 0
         while i < len(stream):
             step = rng.randint(1, 300)
-            out += deframer.feed(stream[i:i + step])
+            out += deframer.feed(stream[i : i + step])
             i += step
         assert out == messages
 
@@ -47,9 +57,9 @@ def test_an_oversized_frame_is_skipped_and_named_and_the_next_one_is_intact():
     for step in (1, 7, 4096, len(stream)):
         deframer, out = frames.Deframer(4096, 4 * 4096), []
         for i in range(0, len(stream), step):
-            out += deframer.feed(stream[i:i + step])
+            out += deframer.feed(stream[i : i + step])
         assert out == [b"before", frames.Oversize(5000), after], step
-        assert len(deframer._buffer) == 0         # the oversized body was never buffered
+        assert len(deframer._buffer) == 0  # the oversized body was never buffered
 
 
 def test_a_frame_beyond_the_backstop_closes_the_connection_and_bad_limits_are_named():
@@ -73,13 +83,14 @@ def test_the_inline_runner_starts_at_once_and_keeps_order_across_a_suspension():
             done.append(name)
 
         runner.submit(lambda: job("a"))
-        assert done == ["a"]                   # ran before submit returned: no loop turn
+        assert done == ["a"]  # ran before submit returned: no loop turn
         runner.submit(lambda: job("b", gate))  # suspends: the rest waits behind it
         runner.submit(lambda: job("c"))
         assert done == ["a"]
 
         async def boom():
             raise RuntimeError("bad frame")
+
         runner.submit(boom)
         runner.submit(lambda: job("d"))
         gate.set_result(None)
@@ -87,10 +98,12 @@ def test_the_inline_runner_starts_at_once_and_keeps_order_across_a_suspension():
         assert done == ["a", "b", "c", "d"] and [str(e) for e in errors] == ["bad frame"]
         runner.submit(lambda: job("e"))
         assert done[-1] == "e" and runner.task is None
+
     run(main())
 
 
 # ---- the services over frames ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def services(spawn, tmp_path_factory, token_file):
@@ -98,10 +111,15 @@ def services(spawn, tmp_path_factory, token_file):
     return spawn(
         ("services.verifier", synthetic_args(ALPHA, SEED) + ["--max-batch", "4"]),
         ("services.edge", synthetic_args(ALPHA, SEED) + ["--out-dir", str(out / "open")]),
-        ("services.verifier", synthetic_args(ALPHA, SEED) + ["--token-file", str(token_file),
-                                                             "--max-message-bytes", str(MAX_BYTES)]),
-        ("services.edge", synthetic_args(ALPHA, SEED) + ["--token-file", str(token_file), "--out-dir",
-                                                         str(out / "token")]))
+        (
+            "services.verifier",
+            synthetic_args(ALPHA, SEED) + ["--token-file", str(token_file), "--max-message-bytes", str(MAX_BYTES)],
+        ),
+        (
+            "services.edge",
+            synthetic_args(ALPHA, SEED) + ["--token-file", str(token_file), "--out-dir", str(out / "token")],
+        ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +131,20 @@ def token_file(tmp_path_factory):
 
 
 def run_body(verifier, run_id, mode, prompts, max_new_tokens, transport, **extra):
-    return {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-            "prompts": prompts, "max_new_tokens": max_new_tokens, "verifier_url": verifier.url,
-            "probe_count": 2, "probe_interval_ms": 20, "transport": transport, **extra}
+    return {
+        "run_id": run_id,
+        "client_id": run_id,
+        "mode": mode,
+        "gamma": 3,
+        "max_in_flight": 2,
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+        "verifier_url": verifier.url,
+        "probe_count": 2,
+        "probe_interval_ms": 20,
+        "transport": transport,
+        **extra,
+    }
 
 
 def reference_tokens(prompt, max_new_tokens):
@@ -127,8 +156,11 @@ def test_every_mode_over_frames_emits_the_target_greedy_tokens_and_records_the_t
     verifier, edge = services[:2]
     before = verifier.get_json("/metrics")["connections_by_transport"]
     prompts = [[5, 6, 7], [9, 1], [3, 3, 3, 3]]
-    runs = [run_body(verifier, f"frames-{mode}-{i}", mode, prompts, 40, "tcp", app_delay_ms=1.0 * i)
-            for mode in MODES for i in range(2)]
+    runs = [
+        run_body(verifier, f"frames-{mode}-{i}", mode, prompts, 40, "tcp", app_delay_ms=1.0 * i)
+        for mode in MODES
+        for i in range(2)
+    ]
     summaries = wait_for_runs(edge, post_runs(edge, runs))
     for run_id, summary in summaries.items():
         assert summary["status"] == "done", summary
@@ -160,7 +192,7 @@ def test_the_frame_transport_requires_the_token_on_its_first_frame(services):
         reply, after = run(frame_handshake(guarded.url, token))
         assert isinstance(reply, wire.Error) and reply.code == wire.UNAUTHORIZED and reply.field == "token", reply
         assert "requires its token" in reply.message
-        assert isinstance(after, ConnectionEnd)             # and the connection is closed
+        assert isinstance(after, ConnectionEnd)  # and the connection is closed
     welcome, _ = run(frame_handshake(guarded.url, TOKEN))
     assert isinstance(welcome, wire.Welcome)
     metrics = guarded.get_json("/metrics")
@@ -169,8 +201,15 @@ def test_the_frame_transport_requires_the_token_on_its_first_frame(services):
     assert metrics["connections_by_transport"]["tcp"] - before["connections_by_transport"]["tcp"] == 1
     assert "refused a frame connection" in guarded.log() and "wrong token" in guarded.log()
     # an edge without the token is refused by name; one with it runs
-    body = {"mode": "sync", "gamma": 3, "prompts": [[5, 6, 7]], "max_new_tokens": 16, "verifier_url": guarded.url,
-            "probe_count": 1, "transport": "tcp"}
+    body = {
+        "mode": "sync",
+        "gamma": 3,
+        "prompts": [[5, 6, 7]],
+        "max_new_tokens": 16,
+        "verifier_url": guarded.url,
+        "probe_count": 1,
+        "transport": "tcp",
+    }
     refused = wait_for_runs(services[1], post_runs(services[1], [{**body, "run_id": "no-token", "client_id": "a"}]))
     assert refused["no-token"]["status"] == "failed", refused
     assert "verifier refused the connection" in refused["no-token"]["error"]
@@ -205,17 +244,26 @@ def test_an_oversized_frame_is_refused_naming_the_limit_and_the_connection_goes_
 
 
 def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_transport(spawn, tmp_path):
-    slow = {"name": "slow", "t_draft_edge_s": 0.002, "t_draft_server_s": 0.002, "t_ar_s": 0.005,
-            "t_verify_base_s": 0.005, "t_verify_per_position_s": 0.0, "t_prefill_per_token_s": 0.0001,
-            "batch_slope": 0.1}
+    slow = {
+        "name": "slow",
+        "t_draft_edge_s": 0.002,
+        "t_draft_server_s": 0.002,
+        "t_ar_s": 0.005,
+        "t_verify_base_s": 0.005,
+        "t_verify_per_position_s": 0.0,
+        "t_prefill_per_token_s": 0.0001,
+        "batch_slope": 0.1,
+    }
     errors = {}
     for transport in ("ws", "tcp"):
-        verifier, edge = spawn(("services.verifier", synthetic_args(ALPHA, SEED, slow)),
-                               ("services.edge", synthetic_args(ALPHA, SEED, slow)
-                                + ["--out-dir", str(tmp_path / transport)]))
-        (run_id,) = post_runs(edge, [run_body(verifier, f"dies-{transport}", "sync", [[5, 6, 7]] * 20, 200,
-                                              transport, probe_count=1)])
-        for _ in range(200):              # until rounds are flowing
+        verifier, edge = spawn(
+            ("services.verifier", synthetic_args(ALPHA, SEED, slow)),
+            ("services.edge", synthetic_args(ALPHA, SEED, slow) + ["--out-dir", str(tmp_path / transport)]),
+        )
+        (run_id,) = post_runs(
+            edge, [run_body(verifier, f"dies-{transport}", "sync", [[5, 6, 7]] * 20, 200, transport, probe_count=1)]
+        )
+        for _ in range(200):  # until rounds are flowing
             if edge.get_json(f"/runs/{run_id}")["requests_done"] >= 1:
                 break
             time.sleep(0.05)
@@ -224,7 +272,7 @@ def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_tra
         assert summary["status"] == "failed", summary
         errors[transport] = summary["error"]
         rows = read_csv(edge, run_id, "rounds.csv")
-        assert rows[-1]["error"] == summary["error"]         # recorded as a row, as always
+        assert rows[-1]["error"] == summary["error"]  # recorded as a row, as always
     for transport, error in errors.items():
         assert "verifier error link_down" in error and "connection" in error, (transport, error)
 
@@ -232,6 +280,7 @@ def test_a_verifier_that_dies_mid_run_fails_the_run_with_link_down_on_either_tra
 def test_a_send_that_meets_the_drop_before_the_reader_does_reads_link_down():
     """The writer may see the verifier's death first (aiohttp: "Cannot write to closing
     transport"): the run still fails with link_down, and a waiting session hears it too."""
+
     class ClosingSocket:
         async def send_bytes(self, data):
             raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")

@@ -1,6 +1,7 @@
 """A service started by services.launch does not outlive the process that started it: a pytest
 or benchmark killed with SIGKILL (no finalizer runs) takes its verifier and edge with it, and
 while they live they carry the marks `dsdbed cleanup` looks for."""
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,7 @@ def test_a_service_dies_with_the_process_that_started_it():
         marks = _marks_once_set(child)
         assert marks.get(SERVICE_MARK, "").startswith("services.verifier-"), marks
         assert marks[OWNER_MARK].split(":")[0] == str(parent.pid)
-        assert child not in service_processes()                # its owner lives: not a leftover
+        assert child not in service_processes()  # its owner lives: not a leftover
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 15

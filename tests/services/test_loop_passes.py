@@ -1,6 +1,7 @@
 """Passes on the event loop's own thread (the lean real-model path): they give the same tokens,
 they run only when nothing else can need the loop, and what comes in during one is stamped with
 when it arrived (services.verifier.frame_stamps), so queue waits and probed round trips stay what they were."""
+
 import asyncio
 import json
 import socket
@@ -47,11 +48,11 @@ def test_pending_since_is_when_the_waiting_bytes_arrived_and_none_when_nothing_w
         before_s = time.perf_counter()
         client.send(b"frame")
         after_s = time.perf_counter()
-        time.sleep(0.03)                       # the loop "busy": the bytes wait unread
+        time.sleep(0.03)  # the loop "busy": the bytes wait unread
         since_s = frame_stamps.pending_since_s(watched, floor_s)
-        assert before_s - 0.002 <= since_s <= after_s + 0.002       # the kernel's stamp, not now
+        assert before_s - 0.002 <= since_s <= after_s + 0.002  # the kernel's stamp, not now
         assert frame_stamps.pending_since_s(watched, after_s + 0.01) == pytest.approx(after_s + 0.01)  # floored
-        assert server.recv(16) == b"frame"      # peeking consumed nothing
+        assert server.recv(16) == b"frame"  # peeking consumed nothing
         assert frame_stamps.pending_since_s(watched, floor_s) is None
     finally:
         watched.close()
@@ -78,10 +79,11 @@ def test_a_loop_pass_is_marked_reports_its_start_and_arrived_s_counts_the_wait_b
     on_loop, held, starts, loop_passes = asyncio.run(main())
     assert on_loop.on_loop and not held.on_loop and loop_passes == 1
     assert starts == [pytest.approx(on_loop.end_s - on_loop.compute_s)] and on_loop.compute_s >= 0.005
-    assert held.queue_s >= 0.05          # the wait before its (late) read counts as queue
+    assert held.queue_s >= 0.05  # the wait before its (late) read counts as queue
 
 
 # ---- the services on real models -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny(spawn, tmp_path_factory):
@@ -92,8 +94,10 @@ def tiny(spawn, tmp_path_factory):
     draft.model.save_pretrained(folder / "draft")
     write_manifest(folder, {"format": MANIFEST_FORMAT})
     backend = ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)})]
-    verifier, edge = spawn(("services.verifier", backend + ["--max-tokens-per-session", "200"]),
-                           ("services.edge", backend + ["--out-dir", str(tmp_path_factory.mktemp("edge-serial"))]))
+    verifier, edge = spawn(
+        ("services.verifier", backend + ["--max-tokens-per-session", "200"]),
+        ("services.edge", backend + ["--out-dir", str(tmp_path_factory.mktemp("edge-serial"))]),
+    )
     return verifier, edge, TorchLM.load(TorchLMConfig(str(folder / "target")))
 
 
@@ -104,9 +108,18 @@ PROMPTS = [[5, 17, 42, 8], [60, 3, 9], [1, 2, 3, 4, 5, 6, 7]]
 def test_one_client_on_loop_passes_emit_the_target_greedy_tokens(tiny, mode):
     verifier, edge, target = tiny
     before = verifier.get_json("/metrics")["passes_on_loop"]
-    run = {"run_id": f"loop-{mode}", "client_id": "c", "mode": mode, "gamma": 3, "prompts": PROMPTS,
-           "max_new_tokens": 24, "stop_at_eos": False, "verifier_url": verifier.url, "probe_count": 1,
-           "probe_interval_ms": 5}
+    run = {
+        "run_id": f"loop-{mode}",
+        "client_id": "c",
+        "mode": mode,
+        "gamma": 3,
+        "prompts": PROMPTS,
+        "max_new_tokens": 24,
+        "stop_at_eos": False,
+        "verifier_url": verifier.url,
+        "probe_count": 1,
+        "probe_interval_ms": 5,
+    }
     summaries = wait_for_runs(edge, post_runs(edge, [run]))
     assert summaries[run["run_id"]]["status"] == "done", summaries
     stop = StopRule(24, None)
@@ -115,7 +128,7 @@ def test_one_client_on_loop_passes_emit_the_target_greedy_tokens(tiny, mode):
         assert [int(t) for t in row["token_ids"].split()] == expected
     rounds = read_csv(edge, run["run_id"], "rounds.csv")
     assert every(float(r["server_queue_s"]) >= 0 and float(r["rtt_probe_ms"]) >= 0 for r in rounds)
-    if mode != "pipelined":      # one session, nothing sent during a pass: the loop's own thread
+    if mode != "pipelined":  # one session, nothing sent during a pass: the loop's own thread
         assert verifier.get_json("/metrics")["passes_on_loop"] > before
 
 
@@ -132,9 +145,9 @@ def test_a_lone_sessions_verify_is_served_by_the_reader_with_the_same_replies(ti
             before = verifier.get_json("/metrics")
             await client.send(verify(client, 1, prompt, [], expected[:3]))
             verdict = await client.receive()
-            await client.send(verify(client, 1, prompt, [], expected[:3]))        # sent again: stale now
+            await client.send(verify(client, 1, prompt, [], expected[:3]))  # sent again: stale now
             stale = await client.receive()
-            bad = verify(client, 1, prompt, [], [target.vocab_size])              # out of the vocabulary
+            bad = verify(client, 1, prompt, [], [target.vocab_size])  # out of the vocabulary
             await client.send(bad)
             error = await client.receive()
             await client.send(wire.Close(client.next_seq(), 1))
@@ -146,7 +159,7 @@ def test_a_lone_sessions_verify_is_served_by_the_reader_with_the_same_replies(ti
     assert stale.stale and stale.batch_size == 0
     assert isinstance(error, wire.Error) and error.code == wire.OUT_OF_RANGE and error.field == "draft_tokens"
     assert isinstance(closed, wire.Closed) and closed.generated == 4
-    assert after["verifies_inline"] - before["verifies_inline"] == 2       # the verdict and the stale one
+    assert after["verifies_inline"] - before["verifies_inline"] == 2  # the verdict and the stale one
     assert after["passes_on_loop"] - before["passes_on_loop"] == 1
     assert after["sessions_open"] == 0
 
@@ -155,20 +168,24 @@ def test_runs_on_loop_only_for_a_free_strictly_serial_real_device():
     async def main():
         real = Scheduler(SchedulerConfig(max_batch=1), ThreadDevice(), None)
         batching = Scheduler(SchedulerConfig(max_batch=2), ThreadDevice(), None)
-        emulated = Scheduler(SchedulerConfig(max_batch=1), EmulatedDevice(PreciseTimer()), get_profile("toy-edge-cloud"))
+        emulated = Scheduler(
+            SchedulerConfig(max_batch=1), EmulatedDevice(PreciseTimer()), get_profile("toy-edge-cloud")
+        )
         seen = []
         await real.submit("verify", 4, lambda: seen.append(real.runs_on_loop), "c", on_loop=True)
         return real.runs_on_loop, batching.runs_on_loop, emulated.runs_on_loop, seen
 
-    assert asyncio.run(main()) == (True, False, False, [False])      # not while its own pass runs
+    assert asyncio.run(main()) == (True, False, False, [False])  # not while its own pass runs
 
 
 # ---- what comes in during a loop pass (the default pair: a pass long enough to send into) -----
 
+
 @pytest.fixture(scope="module")
 def default_verifier(spawn):
-    (verifier,) = spawn(("services.verifier", ["--backend-json", json.dumps({"kind": "hf",
-                                                                              "pair_path": str(DEFAULT_PAIR)})]))
+    (verifier,) = spawn(
+        ("services.verifier", ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(DEFAULT_PAIR)})])
+    )
     return verifier
 
 
@@ -195,7 +212,7 @@ def verify(client: RawClient, session: int, prompt: list[int], done: list[int], 
     return wire.Verify(client.next_seq(), session, len(committed), committed.digest_at(len(committed)), block)
 
 
-BLOCK = 8          # tokens a block: the default pair's pass is a few ms on a fast CPU
+BLOCK = 8  # tokens a block: the default pair's pass is a few ms on a fast CPU
 
 
 async def pipelined_block_and_ping(verifier) -> tuple:
@@ -209,14 +226,16 @@ async def pipelined_block_and_ping(verifier) -> tuple:
         await open_session(client, 1, prompt)
         await client.send(verify(client, 1, prompt, [], tokens[:BLOCK]))
         wait_s = (await client.receive()).compute_s / 3
-        done = tokens[:BLOCK + 1]
+        done = tokens[: BLOCK + 1]
         before = verifier.get_json("/metrics")["passes_on_loop"]
-        await client.send(verify(client, 1, prompt, done, tokens[len(done):len(done) + BLOCK]))
-        await asyncio.sleep(wait_s)          # the pass has begun: what follows waits unread
-        t_ping_s = time.perf_counter()       # the ping and the block in one segment: a pass ends before or after both
-        done_next = tokens[:len(done) + BLOCK + 1]
-        await client.send_together(wire.Ping(client.next_seq(), t_ping_s),
-                                   verify(client, 1, prompt, done_next, tokens[len(done_next):len(done_next) + BLOCK]))
+        await client.send(verify(client, 1, prompt, done, tokens[len(done) : len(done) + BLOCK]))
+        await asyncio.sleep(wait_s)  # the pass has begun: what follows waits unread
+        t_ping_s = time.perf_counter()  # the ping and the block in one segment: a pass ends before or after both
+        done_next = tokens[: len(done) + BLOCK + 1]
+        await client.send_together(
+            wire.Ping(client.next_seq(), t_ping_s),
+            verify(client, 1, prompt, done_next, tokens[len(done_next) : len(done_next) + BLOCK]),
+        )
         replies = {}
         while len(replies) < 3:
             reply = await client.receive()
@@ -229,7 +248,7 @@ async def pipelined_block_and_ping(verifier) -> tuple:
 
 @pytest.mark.model
 def test_what_comes_in_during_a_loop_pass_counts_its_wait_as_queue_and_held(default_verifier):
-    for _ in range(3):       # a loaded host may wake the client after the pass, or read the pong
+    for _ in range(3):  # a loaded host may wake the client after the pass, or read the pong
         # milliseconds late (the clean-clone CI once: 4 ms of a 6 ms round trip): try again
         first, second, pong, rtt_s, loop_passes, wait_s = asyncio.run(pipelined_block_and_ping(default_verifier))
         assert (first.accepted, second.accepted, second.stale) == (BLOCK, BLOCK, False)
@@ -253,7 +272,7 @@ def test_a_second_open_session_keeps_every_pass_on_the_device_thread(default_ver
         async with RawClient(default_verifier.url) as client:
             tokens = await greedy_tokens(client, prompt, 4)
             await open_session(client, 1, prompt)
-            await open_session(client, 2, prompt)      # open and idle: its messages may come any time
+            await open_session(client, 2, prompt)  # open and idle: its messages may come any time
             before = default_verifier.get_json("/metrics")["passes_on_loop"]
             await client.send(verify(client, 1, prompt, [], tokens[:4]))
             verdict = await client.receive()
@@ -285,14 +304,14 @@ def test_the_edge_drafts_on_the_loop_thread_only_when_nothing_can_arrive_meanwhi
             where.append(idents == [threading.get_ident()])
 
         device.runs = 1
-        await draft()                                        # its Opened may come any moment
+        await draft()  # its Opened may come any moment
         transport.arrival(time.perf_counter(), wire.Opened(1, 1, 3, 0.0, 0.0))
-        await draft()                                        # quiet: the loop's own thread
+        await draft()  # quiet: the loop's own thread
         channel._waiting[7] = asyncio.get_running_loop().create_future()
-        await draft()                                        # a ping waits for its Pong
+        await draft()  # a ping waits for its Pong
         channel._waiting.clear()
         device.runs = 2
-        await draft()                                        # another run shares the process
+        await draft()  # another run shares the process
         device.executor.shutdown()
         return where
 

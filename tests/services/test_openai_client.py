@@ -1,6 +1,7 @@
 """The official `openai` client, streaming and not, against a live edge on the toy pair: it gets
 the tokens the edge's own API (POST /runs) decodes for the same prompt, mode, gamma and seed, and
 every request is a row of the serving run's requests.csv."""
+
 import pytest
 
 from dsd.text import encode_prompt
@@ -28,9 +29,20 @@ def client(served):
 def own_api_tokens(served, run_id: str, prompt: list[int], mode: str) -> list[int]:
     """What the edge's own API decodes for one prompt at the test's sampling settings."""
     verifier, edge = served
-    spec = {"run_id": run_id, "client_id": run_id, "mode": mode, "gamma": 3, "max_in_flight": 2,
-            "prompts": [prompt], "max_new_tokens": MAX_TOKENS, "verifier_url": verifier.url, "probe_count": 0,
-            "temperature": TEMPERATURE, "top_p": TOP_P, "seed": SEED}
+    spec = {
+        "run_id": run_id,
+        "client_id": run_id,
+        "mode": mode,
+        "gamma": 3,
+        "max_in_flight": 2,
+        "prompts": [prompt],
+        "max_new_tokens": MAX_TOKENS,
+        "verifier_url": verifier.url,
+        "probe_count": 0,
+        "temperature": TEMPERATURE,
+        "top_p": TOP_P,
+        "seed": SEED,
+    }
     assert wait_for_runs(edge, post_runs(edge, [spec]))[run_id]["status"] == "done"
     [row] = read_csv(edge, run_id, "requests.csv")
     return [int(t) for t in row["token_ids"].split()]
@@ -46,8 +58,9 @@ def row_tokens(edge, request_index: int) -> list[int]:
 def test_completions_without_streaming_give_the_tokens_of_the_edges_own_api(served, client, tokenizer):
     prompt = "def parse(path):\n    "
     expected = own_api_tokens(served, "own-text", encode_prompt(tokenizer, prompt), "sync")
-    answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=TEMPERATURE,
-                                       top_p=TOP_P, seed=SEED)
+    answer = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=TEMPERATURE, top_p=TOP_P, seed=SEED
+    )
     assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
     assert row_tokens(served[1], answer.model_extra["dsd"]["request_index"]) == expected
     assert answer.usage.completion_tokens == len(expected)
@@ -57,12 +70,23 @@ def test_completions_without_streaming_give_the_tokens_of_the_edges_own_api(serv
 
 @pytest.mark.parametrize("mode", ["sync", "pipelined"])
 def test_streamed_chat_gives_the_tokens_of_the_edges_own_api(served, client, tokenizer, mode):
-    messages = [{"role": "user", "content": "import sys"}, {"role": "assistant", "content": "import os"},
-                {"role": "user", "content": "class Parser:"}]
+    messages = [
+        {"role": "user", "content": "import sys"},
+        {"role": "assistant", "content": "import os"},
+        {"role": "user", "content": "class Parser:"},
+    ]
     expected = own_api_tokens(served, f"own-chat-{mode}", encode_prompt(tokenizer, messages), mode)
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=TEMPERATURE, top_p=TOP_P, seed=SEED,
-        stream=True, stream_options={"include_usage": True}, extra_body={"dsd": {"mode": mode}})
+        model=MODEL,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        seed=SEED,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"dsd": {"mode": mode}},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == tokenizer.decode(expected, skip_special_tokens=True)

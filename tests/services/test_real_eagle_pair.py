@@ -2,6 +2,7 @@
 features) over the network: the verdicts carry the target's features (rounds.csv counts their
 bytes), greedy DSD emits the target's own greedy tokens, and sampled DSD follows the target's
 truncated distribution (chi-square), as for the layer draft (test_real_pair.py)."""
+
 import json
 
 import pytest
@@ -35,8 +36,9 @@ def test_greedy_dsd_with_the_feature_draft_emits_the_targets_own_greedy_tokens(e
         # every verdict carries one feature row per emitted token (a round clipped by the token
         # budget emits fewer than it decided, so only whole rounds are checked)
         whole = [r for r in rounds if r["stale"] == "0" and int(r["emitted"]) == int(r["accepted"]) + 1]
-        assert whole and all(int(r["feature_bytes"]) == encoded_bytes(int(r["emitted"]), width, dtype)
-                             for r in whole), (mode, dtype)
+        assert whole and all(
+            int(r["feature_bytes"]) == encoded_bytes(int(r["emitted"]), width, dtype) for r in whole
+        ), (mode, dtype)
 
 
 def test_sampled_dsd_with_the_feature_draft_follows_the_targets_truncated_distribution(eagle_pair):

@@ -1,6 +1,7 @@
 """The main job's real pair (models/smollm2-chat: SmolLM2-135M-Instruct and its distilled draft
 over a truncated vocabulary) over the network: greedy DSD emits the target's own greedy tokens,
 and sampled DSD follows the target's truncated distribution (chi-square)."""
+
 import pytest
 import torch
 
@@ -40,12 +41,12 @@ def _shape_error(target: TorchLM, prompt: list[int], answer: list[int], block: i
     over the answer's positions and each position's two best tokens, between the logits of
     one-position passes (AR) and of passes over ``block`` positions (a verification)."""
     for seq in (f"{tag}-one", f"{tag}-block"):
-        target.logits(seq, prompt[:-1], 1)                                  # the prefill, as decoding has it
+        target.logits(seq, prompt[:-1], 1)  # the prefill, as decoding has it
     one_rows = [target.logits(f"{tag}-one", prompt + answer[:k], 1)[-1] for k in range(len(answer))]
     block_rows = []
     for start in range(0, len(answer), block):
         n = min(block, len(answer) - start)
-        block_rows.extend(target.logits(f"{tag}-block", prompt + answer[:start + n - 1], n))
+        block_rows.extend(target.logits(f"{tag}-block", prompt + answer[: start + n - 1], n))
     target.release(f"{tag}-one")
     target.release(f"{tag}-block")
     worst = 0.0
@@ -68,6 +69,7 @@ def test_greedy_speculation_leaves_the_targets_greedy_path_only_within_the_preci
     except FileNotFoundError as exc:
         pytest.skip(f"the real pair's target cannot be made here: {exc}")
     from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(PAIR))
     prompts = [chat_data.render(tokenizer, p) for p in chat_data.read_prompts(smollm2.EVAL_PROMPTS)[:6]]
     target = TorchLM.load(TorchLMConfig(str(PAIR / "target"), dtype))

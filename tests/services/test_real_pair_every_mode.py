@@ -2,6 +2,7 @@
 loopback in every mode for a few tokens: the precision choice, the kernel paths and each mode's
 exchange must run on whatever CPU this is (tests/cpu/ runs this file again with the CPU held to
 AVX2, where a bfloat16 kernel path once crashed the choice before the first point)."""
+
 import pytest
 
 from dsd.backends.hf import HfBackendConfig
@@ -45,7 +46,9 @@ def test_every_mode_runs_on_this_cpu_and_greedy_follows_the_target(auto_pair):
     expected = [generate_ar(target, p, stop, seq_id=f"ref-{i}").tokens for i, p in enumerate(prompts)]
     for mode in names():
         rows, rounds = run(edge, verifier, f"every-{mode}", mode, prompts, TOKENS)
-        got = [[int(t) for t in row["token_ids"].split()] for row in sorted(rows, key=lambda r: int(r["request_index"]))]
+        got = [
+            [int(t) for t in row["token_ids"].split()] for row in sorted(rows, key=lambda r: int(r["request_index"]))
+        ]
         assert [len(g) for g in got] == [len(e) for e in expected], mode
         if mode == "ar":
             assert got == expected, "cloud AR runs the target's own one-position passes"

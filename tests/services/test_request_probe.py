@@ -1,6 +1,7 @@
 """The RTT an adaptive edge decides a request on: the last periodic probe only if it was sent after
 the previous request ended (a probe sent while a fallen link's old packets drained is older than
 that request's own round trips), and the channel records when its probe was sent."""
+
 import time
 
 import pytest

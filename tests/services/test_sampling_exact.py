@@ -5,6 +5,7 @@ sampling distribution (chi-square against the exact distribution of 3-token cont
 The pair is a tiny GPT-2 with 6 tokens whose draft is the target with noise on every weight, so
 drafts are often rejected and the residual max(0, p - q) is exercised as much as the bonus token.
 """
+
 import json
 
 import pytest
@@ -27,11 +28,12 @@ CASES = [  # mode, temperature, top_k, top_p
 
 def toy_pair(seed: int = 7, sharpness: float = 6.0, noise: float = 0.3):
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=VOCAB, n_layer=1, n_embd=16, n_head=2, n_positions=64,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_layer=1, n_embd=16, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
     target, draft = GPT2LMHeadModel(config).eval(), GPT2LMHeadModel(config).eval()
     with torch.no_grad():
-        target.transformer.wte.weight.mul_(sharpness)     # tied head: logits of a few nats
+        target.transformer.wte.weight.mul_(sharpness)  # tied head: logits of a few nats
         draft.load_state_dict(target.state_dict())
         for p in draft.parameters():
             p.add_(noise * torch.randn_like(p))
@@ -45,7 +47,7 @@ def exact_distribution(target, temperature, top_k, top_p) -> dict[tuple, float]:
         grown = {}
         for seq, prob in result.items():
             with torch.no_grad():
-                logits = target(torch.tensor([PROMPT + list(seq)])).logits[0, -1:]   # [1, vocab]
+                logits = target(torch.tensor([PROMPT + list(seq)])).logits[0, -1:]  # [1, vocab]
             p = probs_from_logits(logits, temperature, top_k, top_p)[0]
             for token in range(VOCAB):
                 if p[token] > 0:
@@ -77,21 +79,44 @@ def toy(spawn, tmp_path_factory):
     draft.save_pretrained(folder / "draft")
     write_manifest(folder, {"format": MANIFEST_FORMAT})
     verifier, edge = spawn(
-        ("services.verifier", ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)}),
-                               "--max-batch", "4"]),
-        ("services.edge", ["--backend-json", json.dumps({"kind": "hf", "target_path": str(folder / "target"),
-                                                         "draft_path": str(folder / "draft")}),
-                           "--out-dir", str(tmp_path_factory.mktemp("edge-toy"))]))
+        (
+            "services.verifier",
+            ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)}), "--max-batch", "4"],
+        ),
+        (
+            "services.edge",
+            [
+                "--backend-json",
+                json.dumps({"kind": "hf", "target_path": str(folder / "target"), "draft_path": str(folder / "draft")}),
+                "--out-dir",
+                str(tmp_path_factory.mktemp("edge-toy")),
+            ],
+        ),
+    )
     return verifier, edge, target
 
 
 def test_sampled_sequences_follow_the_targets_truncated_distribution_over_the_network(toy):
     verifier, edge, target = toy
-    runs = [{"run_id": f"exact-{i}", "client_id": f"exact-{i}", "mode": mode, "gamma": 2,
-             "max_in_flight": 2, "prompts": [PROMPT] * N_REQUESTS, "max_new_tokens": LENGTH,
-             "verifier_url": verifier.url, "probe_count": 0, "stop_at_eos": False,
-             "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": 1000 * i}
-            for i, (mode, temperature, top_k, top_p) in enumerate(CASES)]
+    runs = [
+        {
+            "run_id": f"exact-{i}",
+            "client_id": f"exact-{i}",
+            "mode": mode,
+            "gamma": 2,
+            "max_in_flight": 2,
+            "prompts": [PROMPT] * N_REQUESTS,
+            "max_new_tokens": LENGTH,
+            "verifier_url": verifier.url,
+            "probe_count": 0,
+            "stop_at_eos": False,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "seed": 1000 * i,
+        }
+        for i, (mode, temperature, top_k, top_p) in enumerate(CASES)
+    ]
     summaries = wait_for_runs(edge, post_runs(edge, runs), timeout_s=600)
     for run, (mode, temperature, top_k, top_p) in zip(runs, CASES):
         assert summaries[run["run_id"]]["status"] == "done", summaries[run["run_id"]]
@@ -109,4 +134,3 @@ def test_sampled_sequences_follow_the_targets_truncated_distribution_over_the_ne
         exact = exact_distribution(target, temperature, top_k, top_p)
         p_value = chi_square_p(observed, exact, len(rows))
         assert p_value > 1e-3, (mode, temperature, top_k, top_p, p_value)
-

@@ -1,5 +1,6 @@
 """services.spinwait: the loop polls for an expected message only inside a bounded window, the
 window is configured and checked like every config, and the services record that it is on."""
+
 import asyncio
 import json
 import os
@@ -23,11 +24,17 @@ from tests.torch_pairs import tiny_pair
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("fields, name", [
-    ({"spin_us": -1}, "spin_us"), ({"spin_us": 1.5}, "spin_us"), ({"spin_us": True}, "spin_us"),
-    ({"spin_us": spinwait.MAX_SPIN_US + 1}, "spin_us"), ({"spin_us": 100, "lead_us": -5}, "lead_us"),
-    ({"spin_us": 100, "lead_us": 200}, "lead_us"),
-])
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"spin_us": -1}, "spin_us"),
+        ({"spin_us": 1.5}, "spin_us"),
+        ({"spin_us": True}, "spin_us"),
+        ({"spin_us": spinwait.MAX_SPIN_US + 1}, "spin_us"),
+        ({"spin_us": 100, "lead_us": -5}, "lead_us"),
+        ({"spin_us": 100, "lead_us": 200}, "lead_us"),
+    ],
+)
 def test_spin_config_refuses_bad_values_naming_the_field(fields, name):
     with pytest.raises(ValueError, match=name):
         spinwait.SpinConfig(**fields)
@@ -35,14 +42,14 @@ def test_spin_config_refuses_bad_values_naming_the_field(fields, name):
 
 def test_off_by_default_a_plain_loop_that_never_polls():
     config = spinwait.SpinConfig()
-    assert not config.on and spinwait.SpinConfig(0, 4000).lead_us == 4000     # off: any lead is moot
+    assert not config.on and spinwait.SpinConfig(0, 4000).lead_us == 4000  # off: any lead is moot
     loop = spinwait.new_event_loop(config)
     try:
         assert spinwait.selector_of(loop) is None
     finally:
         loop.close()
     selector = spinwait.SpinSelector(config)
-    selector.expect(time.perf_counter())             # off: opens nothing
+    selector.expect(time.perf_counter())  # off: opens nothing
     assert selector.windows == 0
     selector.close()
 
@@ -52,15 +59,15 @@ def test_a_window_polls_at_most_spin_us_then_blocks():
     selector = spinwait.SpinSelector(spinwait.SpinConfig(spin_us=3000, lead_us=1000))
     a, b = socket.socketpair()
     try:
-        selector.register(a, 1)           # EVENT_READ
-        selector.expect(time.perf_counter() + 0.001)      # the window: now .. now + 3 ms
+        selector.register(a, 1)  # EVENT_READ
+        selector.expect(time.perf_counter() + 0.001)  # the window: now .. now + 3 ms
         cpu_before_s, started_s = time.thread_time(), time.perf_counter()
         assert selector.select(0.03) == []
         waited_s, cpu_s = time.perf_counter() - started_s, time.thread_time() - cpu_before_s
-        assert waited_s >= 0.029                     # it did block for the rest of the timeout
+        assert waited_s >= 0.029  # it did block for the rest of the timeout
         assert selector.spun_s <= 0.0035 and cpu_s <= 0.0035 + 0.003, (selector.stats(), cpu_s)
         assert selector.caught == 0
-        assert selector.select(0.005) == []          # the window is closed: no more polling
+        assert selector.select(0.005) == []  # the window is closed: no more polling
         assert selector.spun_s <= 0.0035
     finally:
         selector.close()
@@ -116,14 +123,15 @@ def _one_window_in_a_fresh_interpreter() -> dict:
     """One expected message's window, polled in a new Python process: nothing an earlier test
     left in the pytest process (threads, timers, signal handlers; in the full suite the window
     caught nothing three times running while it caught alone every time) reaches the poller."""
-    done = subprocess.run([sys.executable, "-c", ONE_WINDOW, str(REPO)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_WINDOW, str(REPO)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_message_due_in_the_window_is_caught_while_polling():
-    for _ in range(3):        # a loaded host may deliver it after the window: then it blocks as usual
+    for _ in range(3):  # a loaded host may deliver it after the window: then it blocks as usual
         stats = _one_window_in_a_fresh_interpreter()
         assert stats["windows"] == 1 and stats["spun_s"] <= 0.0045, stats
         if stats["caught"]:
@@ -143,9 +151,9 @@ def test_cancel_closes_the_window_and_gaps_expect_their_median():
         selector.close()
     gaps = spinwait.Gaps(keep=3)
     assert gaps.expected_s() is None
-    for gap in (0.010, -1.0, 0.012, 0.020, 0.011):      # a negative gap is no measurement
+    for gap in (0.010, -1.0, 0.012, 0.020, 0.011):  # a negative gap is no measurement
         gaps.add(gap)
-    assert gaps.expected_s() == 0.012                     # the median of the last three
+    assert gaps.expected_s() == 0.012  # the median of the last three
     with pytest.raises(ValueError, match="keep"):
         spinwait.Gaps(keep=0)
 
@@ -153,6 +161,7 @@ def test_cancel_closes_the_window_and_gaps_expect_their_median():
 @pytest.mark.parametrize("module", ["verifier", "edge"])
 def test_services_refuse_a_bad_spin_flag_naming_it(module, capsys):
     import importlib
+
     service = importlib.import_module(f"services.{module}")
     with pytest.raises(SystemExit):
         service.build(["--port", "1", "--profile", "toy-edge-cloud", "--spin-us", "100", "--spin-lead-us", "200"])
@@ -161,6 +170,7 @@ def test_services_refuse_a_bad_spin_flag_naming_it(module, capsys):
 
 # ---- on real models: same tokens, and the polling is on the record ---------------------------
 
+
 @pytest.fixture(scope="module")
 def spinning(spawn, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-pair-spin")
@@ -168,19 +178,36 @@ def spinning(spawn, tmp_path_factory):
     target.model.save_pretrained(folder / "target")
     draft.model.save_pretrained(folder / "draft")
     write_manifest(folder, {"format": MANIFEST_FORMAT})
-    backend = ["--backend-json", json.dumps({"kind": "hf", "pair_path": str(folder)}),
-               "--spin-us", "1500", "--spin-lead-us", "500"]
-    verifier, edge = spawn(("services.verifier", backend),
-                           ("services.edge", backend + ["--out-dir", str(tmp_path_factory.mktemp("edge-spin"))]))
+    backend = [
+        "--backend-json",
+        json.dumps({"kind": "hf", "pair_path": str(folder)}),
+        "--spin-us",
+        "1500",
+        "--spin-lead-us",
+        "500",
+    ]
+    verifier, edge = spawn(
+        ("services.verifier", backend),
+        ("services.edge", backend + ["--out-dir", str(tmp_path_factory.mktemp("edge-spin"))]),
+    )
     return verifier, edge, TorchLM.load(TorchLMConfig(str(folder / "target")))
 
 
 def test_a_polling_sync_run_emits_the_greedy_tokens_and_records_its_polling(spinning):
     verifier, edge, target = spinning
     prompts = [[5, 17, 42, 8], [60, 3, 9]]
-    run = {"run_id": "spin-sync", "client_id": "c", "mode": "sync", "gamma": 3, "prompts": prompts,
-           "max_new_tokens": 40, "stop_at_eos": False, "verifier_url": verifier.url, "probe_count": 1,
-           "probe_interval_ms": 1000}
+    run = {
+        "run_id": "spin-sync",
+        "client_id": "c",
+        "mode": "sync",
+        "gamma": 3,
+        "prompts": prompts,
+        "max_new_tokens": 40,
+        "stop_at_eos": False,
+        "verifier_url": verifier.url,
+        "probe_count": 1,
+        "probe_interval_ms": 1000,
+    }
     summaries = wait_for_runs(edge, post_runs(edge, [run]))
     summary = summaries[run["run_id"]]
     assert summary["status"] == "done", summary
@@ -193,8 +220,8 @@ def test_a_polling_sync_run_emits_the_greedy_tokens_and_records_its_polling(spin
     edge_spin = edge.get_json(f"/runs/{run['run_id']}")["spin"]
     metrics = verifier.get_json("/metrics")
     for stats in (edge_spin, metrics["spin"]):
-        assert stats["spin_us"] == 1500 and stats["windows"] > 0       # it aimed windows at the messages
-        assert stats["spun_ms"] <= 1.5 * stats["windows"] + 1e-6        # bounded: spin_us a window
+        assert stats["spin_us"] == 1500 and stats["windows"] > 0  # it aimed windows at the messages
+        assert stats["spun_ms"] <= 1.5 * stats["windows"] + 1e-6  # bounded: spin_us a window
     assert metrics["verifies_inline"] > 0
 
 
@@ -220,13 +247,13 @@ def test_the_edge_aims_only_while_its_run_is_alone_and_the_verifier_serves_nobod
             windows.append(selector.windows)
             transport.arrival(sent_s + 0.01, wire.Verified(2, 1, 3, 4, 4, 7, False, queue_s, 0.009, batch_size))
 
-        await block()                   # no verdict timed yet: nothing to aim at
-        await block()                   # aimed at 10 ms after the send
-        await block(queue_s=0.003)      # aimed; its verdict waited behind another client's pass
-        await block()                   # the verifier serves someone else lately: not aimed
+        await block()  # no verdict timed yet: nothing to aim at
+        await block()  # aimed at 10 ms after the send
+        await block(queue_s=0.003)  # aimed; its verdict waited behind another client's pass
+        await block()  # the verifier serves someone else lately: not aimed
         channel.verdicts_shared.clear()
         channel.alone = lambda: False
-        await block()                   # another run in this process: not aimed
+        await block()  # another run in this process: not aimed
         return windows
 
     try:

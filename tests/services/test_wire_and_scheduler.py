@@ -1,5 +1,6 @@
 """The wire messages round-trip and name what is wrong with a bad one; the scheduler batches
 concurrent passes, charges the profile's time for the batch, and keeps one job's failure to itself."""
+
 import asyncio
 import contextlib
 import gc
@@ -17,14 +18,24 @@ from services.verifier.scheduler import Scheduler, SchedulerConfig, pass_cost_s
 from tests.checks import every
 
 EXAMPLES = [
-    wire.Hello(1, "edge-7"), wire.Ping(2, 12.5), wire.Open(3, 1, [1, 2], 16, 0.7, 5, 9, False),
-    wire.Verify(4, 1, 2, 2 ** 64 - 1, [5, 6, 7], probs_dense=b"\x00\x01"),
+    wire.Hello(1, "edge-7"),
+    wire.Ping(2, 12.5),
+    wire.Open(3, 1, [1, 2], 16, 0.7, 5, 9, False),
+    wire.Verify(4, 1, 2, 2**64 - 1, [5, 6, 7], probs_dense=b"\x00\x01"),
     wire.Verify(5, 1, 2, 0, [5], probs_ids=[[1, 2]], probs_values=[[0.25, 0.75]]),
-    wire.Generate(6, 1, "colocated", 4), wire.Generate(8, 1, "ar", 0, 4), wire.Withdraw(9, 1), wire.Close(7, 1),
-    wire.Welcome(1, wire.VERSION, "t", "d", 512, None, 32, 4096, 1 << 20), wire.Pong(2, 12.5, 3.0),
-    wire.Opened(3, 1, 1, 0.0, 0.001), wire.Verified(4, 1, 2, 3, 1, 42, False, 0.0, 0.002, 4),
-    wire.Tokens(6, 1, 0, 4, 4, [1, 2, 3, 4, 5], True, 0.0, 0.01, 1), wire.Closed(7, 1, 5),
-    wire.Queued(8, 1, 0.0004), wire.Withdrawn(9, 1, [10, 11]), wire.Withdrawn(9, 1, []),
+    wire.Generate(6, 1, "colocated", 4),
+    wire.Generate(8, 1, "ar", 0, 4),
+    wire.Withdraw(9, 1),
+    wire.Close(7, 1),
+    wire.Welcome(1, wire.VERSION, "t", "d", 512, None, 32, 4096, 1 << 20),
+    wire.Pong(2, 12.5, 3.0),
+    wire.Opened(3, 1, 1, 0.0, 0.001),
+    wire.Verified(4, 1, 2, 3, 1, 42, False, 0.0, 0.002, 4),
+    wire.Tokens(6, 1, 0, 4, 4, [1, 2, 3, 4, 5], True, 0.0, 0.01, 1),
+    wire.Closed(7, 1, 5),
+    wire.Queued(8, 1, 0.0004),
+    wire.Withdrawn(9, 1, [10, 11]),
+    wire.Withdrawn(9, 1, []),
     wire.Error(None, None, wire.MALFORMED, None, "bad"),
 ]
 
@@ -36,11 +47,13 @@ def test_every_message_round_trips_through_msgpack(message):
 
 def test_a_bad_message_is_an_error_that_names_the_field():
     good = msgpack.unpackb(wire.encode(wire.Verify(4, 1, 2, 7, [5, 6])))
-    cases = [({**good, "draft_tokens": [5, "x"]}, wire.BAD_FIELD, "draft_tokens"),
-             ({**good, "start_pos": 2.0}, wire.BAD_FIELD, "start_pos"),
-             ({k: v for k, v in good.items() if k != "seq"}, wire.BAD_FIELD, "seq"),
-             ({**good, "v": 0}, wire.BAD_VERSION, "v"),
-             ({**good, "type": "Pickle"}, wire.UNKNOWN_TYPE, "type")]
+    cases = [
+        ({**good, "draft_tokens": [5, "x"]}, wire.BAD_FIELD, "draft_tokens"),
+        ({**good, "start_pos": 2.0}, wire.BAD_FIELD, "start_pos"),
+        ({k: v for k, v in good.items() if k != "seq"}, wire.BAD_FIELD, "seq"),
+        ({**good, "v": 0}, wire.BAD_VERSION, "v"),
+        ({**good, "type": "Pickle"}, wire.UNKNOWN_TYPE, "type"),
+    ]
     for body, code, field in cases:
         with pytest.raises(wire.WireError) as caught:
             wire.decode(msgpack.packb(body))
@@ -52,9 +65,16 @@ def test_a_bad_message_is_an_error_that_names_the_field():
         assert caught.value.code == wire.MALFORMED
 
 
-PROFILE = HardwareProfile("unit", t_draft_edge_s=0.001, t_draft_server_s=0.001, t_ar_s=0.004,
-                          t_verify_base_s=0.004, t_verify_per_position_s=0.0, t_prefill_per_token_s=0.0,
-                          batch_slope=0.5)
+PROFILE = HardwareProfile(
+    "unit",
+    t_draft_edge_s=0.001,
+    t_draft_server_s=0.001,
+    t_ar_s=0.004,
+    t_verify_base_s=0.004,
+    t_verify_per_position_s=0.0,
+    t_prefill_per_token_s=0.0,
+    batch_slope=0.5,
+)
 
 
 @contextlib.asynccontextmanager
@@ -69,13 +89,15 @@ async def running_scheduler(config):
 
 async def submit_together(config, jobs):
     async with running_scheduler(config) as scheduler:
-        return await asyncio.gather(*(scheduler.submit(kind, size, work) for kind, size, work in jobs),
-                                    return_exceptions=True), scheduler
+        return await asyncio.gather(
+            *(scheduler.submit(kind, size, work) for kind, size, work in jobs), return_exceptions=True
+        ), scheduler
 
 
 def test_batch_one_is_strictly_serial():
-    results, scheduler = asyncio.run(submit_together(SchedulerConfig(max_batch=1),
-                                                     [("verify", 2, lambda i=i: i) for i in range(4)]))
+    results, scheduler = asyncio.run(
+        submit_together(SchedulerConfig(max_batch=1), [("verify", 2, lambda i=i: i) for i in range(4)])
+    )
     assert [value for value, _ in results] == [0, 1, 2, 3]
     assert [t.batch_size for _, t in results] == [1, 1, 1, 1]
     timings = [t for _, t in results]
@@ -91,14 +113,14 @@ def test_batch_one_is_strictly_serial():
         # could not have gone out sooner, and the pass is charged what it took.)
         assert later.end_s - later.compute_s == pytest.approx(earlier.end_s, abs=1e-6)
         assert later.compute_s >= 0.004
-        assert later.queue_s > earlier.queue_s + 0.004 - spread_s - 1e-6   # it waited out the pass
+        assert later.queue_s > earlier.queue_s + 0.004 - spread_s - 1e-6  # it waited out the pass
 
 
 def test_concurrent_verifications_share_one_batched_pass_at_the_batch_cost():
     jobs = [("verify", 3, lambda: "v")] * 5 + [("ar", 1, lambda: "a")]
     results, scheduler = asyncio.run(submit_together(SchedulerConfig(max_batch=4), jobs))
     sizes = [t.batch_size for _, t in results]
-    assert sizes == [4, 4, 4, 4, 1, 1]               # the fifth waits; kinds never mix
+    assert sizes == [4, 4, 4, 4, 1, 1]  # the fifth waits; kinds never mix
     assert results[0][1].compute_s == pytest.approx(pass_cost_s(PROFILE, "verify", [3] * 4))
     assert pass_cost_s(PROFILE, "verify", [3] * 4) == pytest.approx(0.004 * (1 + 0.5 * 3))
     assert dict(scheduler.batch_sizes) == {4: 1, 1: 2}
@@ -123,8 +145,11 @@ def test_one_failing_job_does_not_touch_the_rest_of_its_batch():
     def boom():
         raise ValueError("bad block")
 
-    results, _ = asyncio.run(submit_together(SchedulerConfig(max_batch=4),
-                                             [("verify", 1, lambda: 1), ("verify", 1, boom), ("verify", 1, lambda: 3)]))
+    results, _ = asyncio.run(
+        submit_together(
+            SchedulerConfig(max_batch=4), [("verify", 1, lambda: 1), ("verify", 1, boom), ("verify", 1, lambda: 3)]
+        )
+    )
     assert results[0][0] == 1 and results[2][0] == 3
     assert isinstance(results[1], ValueError)
 
@@ -154,9 +179,9 @@ def test_the_startup_heap_is_frozen_so_full_collections_skip_it():
     try:
         freeze_startup_heap()
         frozen = gc.get_freeze_count()
-        assert frozen > 50_000                 # torch alone is well over that
+        assert frozen > 50_000  # torch alone is well over that
         gc.collect()
-        assert gc.get_freeze_count() == frozen     # a full collection leaves them frozen
+        assert gc.get_freeze_count() == frozen  # a full collection leaves them frozen
     finally:
         gc.unfreeze()
 
@@ -164,17 +189,21 @@ def test_the_startup_heap_is_frozen_so_full_collections_skip_it():
 def test_a_pass_starts_when_its_input_was_ready_not_when_the_harness_got_to_it():
     async def passes():
         device = EmulatedDevice(PreciseTimer())
-        ready_s = time.perf_counter() - 0.002                  # the request arrived 2 ms ago
-        first = await device.run(lambda: "a", 0.05, ready_s, then=lambda result, start_s, compute_s:
-                                 (result, time.perf_counter() < start_s + compute_s))
+        ready_s = time.perf_counter() - 0.002  # the request arrived 2 ms ago
+        first = await device.run(
+            lambda: "a",
+            0.05,
+            ready_s,
+            then=lambda result, start_s, compute_s: (result, time.perf_counter() < start_s + compute_s),
+        )
         done_s = time.perf_counter()
-        second = await device.run(lambda: "b", 0.05, ready_s)   # ready long ago, but the device was busy
+        second = await device.run(lambda: "b", 0.05, ready_s)  # ready long ago, but the device was busy
         return ready_s, first, done_s, second
 
     ready_s, (value, start_s, compute_s), done_s, (_, second_start_s, _) = asyncio.run(passes())
     assert start_s == ready_s and compute_s == 0.05
-    assert value == ("a", True)            # ``then`` ran before the modelled time was over
-    assert done_s >= ready_s + 0.05       # the pass ended on the device's timeline, not later than asked
+    assert value == ("a", True)  # ``then`` ran before the modelled time was over
+    assert done_s >= ready_s + 0.05  # the pass ended on the device's timeline, not later than asked
     assert second_start_s == ready_s + 0.05
 
 
@@ -183,15 +212,19 @@ def test_clients_take_turns_so_a_backlog_does_not_delay_another_client():
 
     async def flood_then_one():
         async with running_scheduler(SchedulerConfig(max_batch=1)) as scheduler:
-            flood = [asyncio.create_task(scheduler.submit("verify", 1, lambda i=i: order.append(("flood", i)),
-                                                          client="flood")) for i in range(12)]
-            await asyncio.sleep(0)                        # the flood is queued first
+            flood = [
+                asyncio.create_task(
+                    scheduler.submit("verify", 1, lambda i=i: order.append(("flood", i)), client="flood")
+                )
+                for i in range(12)
+            ]
+            await asyncio.sleep(0)  # the flood is queued first
             await scheduler.submit("verify", 1, lambda: order.append(("polite", 0)), client="polite")
             await asyncio.gather(*flood)
 
     asyncio.run(flood_then_one())
-    assert order.index(("polite", 0)) <= 2       # after at most the pass in progress and one more
-    assert [i for who, i in order if who == "flood"] == list(range(12))     # a client's own jobs in order
+    assert order.index(("polite", 0)) <= 2  # after at most the pass in progress and one more
+    assert [i for who, i in order if who == "flood"] == list(range(12))  # a client's own jobs in order
 
 
 def test_a_batch_is_filled_with_clients_taking_turns():
@@ -204,8 +237,8 @@ def test_a_batch_is_filled_with_clients_taking_turns():
             return await asyncio.gather(*jobs)
 
     results = asyncio.run(two_clients())
-    assert set(order[:2]) == {("a", 0), ("b", 0)}      # one FIFO would have run a0 and a1 first
-    assert [t.batch_size for _, t in results] == [2, 2, 2, 2]      # a1 and a2 share the second
+    assert set(order[:2]) == {("a", 0), ("b", 0)}  # one FIFO would have run a0 and a1 first
+    assert [t.batch_size for _, t in results] == [2, 2, 2, 2]  # a1 and a2 share the second
 
 
 def test_extension_types_and_pickles_are_refused_by_the_decoder():
@@ -237,7 +270,7 @@ def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order()
         timer = PreciseTimer()
         now = time.perf_counter()
         late = asyncio.create_task(waiter(timer, "late", now + 1.0))
-        await asyncio.sleep(0.002)           # the timer is armed for "late" when earlier ones come
+        await asyncio.sleep(0.002)  # the timer is armed for "late" when earlier ones come
         early = [asyncio.create_task(waiter(timer, f"early{i}", now + 0.006 + 0.003 * i)) for i in range(4)]
         await asyncio.gather(late, *early)
         return timer, now
@@ -245,9 +278,9 @@ def test_the_precise_timer_wakes_each_waiter_at_or_after_its_deadline_in_order()
     timer, now = asyncio.run(interleaved())
     assert [name for name, _, _ in woke] == ["early0", "early1", "early2", "early3", "late"]
     assert every(t >= deadline for _, t, deadline in woke)
-    assert woke[3][1] < now + 1.0        # re-armed for the earlier deadlines, not held until "late"
+    assert woke[3][1] < now + 1.0  # re-armed for the earlier deadlines, not held until "late"
     if sys.platform.startswith("linux"):
-        assert timer._timerfd is not None        # the spinner is woken by a timerfd here
+        assert timer._timerfd is not None  # the spinner is woken by a timerfd here
 
 
 @pytest.mark.parametrize("mode", ["dsd", "colocated"])
@@ -283,10 +316,10 @@ def _steady_verify_batch_sizes(mode: str, n_clients: int, rounds: int, unit_s: f
     verify_sizes: list[int] = []
 
     async def client(scheduler, i):
-        await asyncio.sleep(0.3 * unit_s * i)              # arrivals a little apart, as over a network
+        await asyncio.sleep(0.3 * unit_s * i)  # arrivals a little apart, as over a network
         for _ in range(rounds):
             if mode == "dsd":
-                await asyncio.sleep(unit_s)                # the edge drafting: half a one-session pass
+                await asyncio.sleep(unit_s)  # the edge drafting: half a one-session pass
             else:
                 await scheduler.submit("draft", 2, lambda: time.sleep(unit_s), i)
             _, timing = await scheduler.submit("verify", 2, lambda: time.sleep(2 * unit_s), i)
@@ -304,7 +337,7 @@ def _steady_verify_batch_sizes(mode: str, n_clients: int, rounds: int, unit_s: f
             device.executor.shutdown()
 
     asyncio.run(main())
-    passes = []                                            # one entry per pass: its batch size
+    passes = []  # one entry per pass: its batch size
     for size in verify_sizes:
         if not passes or passes[-1][1] == passes[-1][0]:
             passes.append([size, 0])
@@ -321,7 +354,7 @@ def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_els
         scheduler.start()
         try:
             jobs = [scheduler.submit("ar", 1, threading.get_ident, "c", on_loop=on_loop)]
-            if busy_first:     # the device busy with another client's pass: not free for this one
+            if busy_first:  # the device busy with another client's pass: not free for this one
                 jobs.insert(0, scheduler.submit("ar", 1, lambda: time.sleep(0.02) or threading.get_ident(), "d"))
             results = await asyncio.gather(*jobs)
             return [ident for ident, _ in results], results[0][1], device.busy_s
@@ -333,7 +366,7 @@ def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_els
     idents, timing, busy_s = asyncio.run(main(SchedulerConfig(max_batch=1), True))
     assert idents == [loop_thread] and timing.batch_size == 1 and busy_s == pytest.approx(timing.compute_s)
     assert asyncio.run(main(SchedulerConfig(max_batch=1), False))[0] != [loop_thread]
-    assert asyncio.run(main(SchedulerConfig(max_batch=4), True))[0] != [loop_thread]      # batching: the worker's
+    assert asyncio.run(main(SchedulerConfig(max_batch=4), True))[0] != [loop_thread]  # batching: the worker's
     assert asyncio.run(main(SchedulerConfig(max_batch=1), True, busy_first=True))[0][1] != loop_thread
 
 
@@ -343,14 +376,15 @@ def test_the_fast_decoder_keeps_the_exact_types_and_converts_ints_to_float_field
     def packed(**body):
         return msgpack.packb({"v": wire.VERSION, **body}, use_bin_type=True)
 
-    pong = wire.decode(packed(type="Pong", seq=1, t_send_s=3, t_server_s=2.5))       # held_s: its default
+    pong = wire.decode(packed(type="Pong", seq=1, t_send_s=3, t_server_s=2.5))  # held_s: its default
     assert pong == wire.Pong(1, 3.0, 2.5) and type(pong.t_send_s) is float
     with pytest.raises(wire.WireError, match=r"Verify.seq: expected int, got bool"):
         wire.decode(packed(type="Verify", seq=True, session=1, start_pos=0, base_digest=0, draft_tokens=[1]))
     with pytest.raises(wire.WireError, match=r"Verify.draft_tokens: expected list, got list \[1, 2.0\]"):
         wire.decode(packed(type="Verify", seq=1, session=1, start_pos=0, base_digest=0, draft_tokens=[1, 2.0]))
     with pytest.raises(wire.WireError, match=r"Verify.probs_ids: expected"):
-        wire.decode(packed(type="Verify", seq=1, session=1, start_pos=0, base_digest=0, draft_tokens=[1],
-                           probs_ids=[[1, "x"]]))
+        wire.decode(
+            packed(type="Verify", seq=1, session=1, start_pos=0, base_digest=0, draft_tokens=[1], probs_ids=[[1, "x"]])
+        )
     with pytest.raises(wire.WireError, match=r"Verify: missing field 'start_pos'"):
         wire.decode(packed(type="Verify", seq=1, session=1, base_digest=0, draft_tokens=[1]))

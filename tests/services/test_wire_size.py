@@ -1,6 +1,7 @@
 """The predicted bytes of a round (services/wire_size.py) against real encoded messages: Verify
 messages built by the edge's own encoder from blocks a real drafter proposed (greedy ids, dense q,
 sparse top-k and top-p q), a Verified and a Tokens as the verifier sends them."""
+
 from __future__ import annotations
 
 import random
@@ -18,7 +19,7 @@ from tests.toy_models import BigramLM, random_bigram
 
 GAMMA = 4
 BLOCKS = 20
-PROMPT_TOKENS = 300          # start_pos in uint16, as the prediction assumes
+PROMPT_TOKENS = 300  # start_pos in uint16, as the prediction assumes
 
 
 def encoded_verify_bytes(vocab: int, sampling: SamplingParams) -> tuple[float, float | None]:
@@ -36,20 +37,22 @@ def encoded_verify_bytes(vocab: int, sampling: SamplingParams) -> tuple[float, f
 
 
 @pytest.mark.parametrize("vocab", [300, 1000])
-@pytest.mark.parametrize("sampling, encoding", [
-    (SamplingParams(0.0), "none"),
-    (SamplingParams(0.8), "dense"),
-    (SamplingParams(0.8, top_k=20), "sparse"),
-    (SamplingParams(1.0, top_p=0.9), "sparse"),
-])
+@pytest.mark.parametrize(
+    "sampling, encoding",
+    [
+        (SamplingParams(0.0), "none"),
+        (SamplingParams(0.8), "dense"),
+        (SamplingParams(0.8, top_k=20), "sparse"),
+        (SamplingParams(1.0, top_p=0.9), "sparse"),
+    ],
+)
 def test_predicted_verify_bytes_match_real_encoded_messages(vocab, sampling, encoding):
     assert wire.probs_encoding(sampling.temperature, sampling.top_k, sampling.top_p) == encoding
     measured, kept = encoded_verify_bytes(vocab, sampling)
     if sampling.top_k:
         assert kept == sampling.top_k
     nucleus_kept = kept if sampling.top_p < 1 and not sampling.top_k else None
-    predicted = wire_size.verify_bytes(GAMMA, vocab, sampling.temperature, sampling.top_k, sampling.top_p,
-                                       nucleus_kept)
+    predicted = wire_size.verify_bytes(GAMMA, vocab, sampling.temperature, sampling.top_k, sampling.top_p, nucleus_kept)
     assert predicted == pytest.approx(measured, rel=0.01), (encoding, predicted, measured)
 
 
@@ -67,19 +70,52 @@ def test_what_a_verify_carries_orders_greedy_sparse_dense():
 def test_greedy_verify_holds_at_every_id_width(vocab):
     """Ids of 1, 2, 3 and 5 msgpack bytes: the mean id size is exact over many uniform blocks."""
     rng = random.Random(vocab)
-    sizes = [len(wire.encode(wire.Verify(1000 + i, 3, 300, rng.getrandbits(64) | 1 << 63,
-                                         [rng.randrange(vocab) for _ in range(GAMMA)]))) for i in range(400)]
+    sizes = [
+        len(
+            wire.encode(
+                wire.Verify(
+                    1000 + i, 3, 300, rng.getrandbits(64) | 1 << 63, [rng.randrange(vocab) for _ in range(GAMMA)]
+                )
+            )
+        )
+        for i in range(400)
+    ]
     assert wire_size.verify_bytes(GAMMA, vocab, 0.0) == pytest.approx(sum(sizes) / len(sizes), abs=0.5)
 
 
 def test_predicted_verified_and_tokens_bytes_match_encoded_replies():
     vocab, rng = 1000, random.Random(0)
-    verified = [len(wire.encode(wire.Verified(1000 + i, 3, 300, GAMMA, rng.randrange(GAMMA + 1), rng.randrange(vocab),
-                                              False, 0.0012, 0.0034, 1))) for i in range(200)]
+    verified = [
+        len(
+            wire.encode(
+                wire.Verified(
+                    1000 + i, 3, 300, GAMMA, rng.randrange(GAMMA + 1), rng.randrange(vocab), False, 0.0012, 0.0034, 1
+                )
+            )
+        )
+        for i in range(200)
+    ]
     assert wire_size.verified_bytes(vocab, GAMMA) == pytest.approx(sum(verified) / len(verified), abs=0.5)
     for n in (1, 4):
-        tokens = [len(wire.encode(wire.Tokens(1000 + i, 3, 300 + i, GAMMA, n - 1, [rng.randrange(vocab) for _ in range(n)],
-                                              False, 0.001, 0.002, 1))) for i in range(200)]
+        tokens = [
+            len(
+                wire.encode(
+                    wire.Tokens(
+                        1000 + i,
+                        3,
+                        300 + i,
+                        GAMMA,
+                        n - 1,
+                        [rng.randrange(vocab) for _ in range(n)],
+                        False,
+                        0.001,
+                        0.002,
+                        1,
+                    )
+                )
+            )
+            for i in range(200)
+        ]
         assert wire_size.tokens_bytes(n, vocab, GAMMA) == pytest.approx(sum(tokens) / len(tokens), abs=1.0)
 
 
@@ -103,12 +139,15 @@ def test_framing_adds_websocket_headers_tcp_segments_and_acks():
     assert dense_down > n_segments / 2 * 52
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: wire_size.verify_bytes(0, 512, 0.0), "gamma must be"),
-    (lambda: wire_size.verify_bytes(4, 1, 0.0), "vocab must be"),
-    (lambda: wire_size.verify_bytes(4, 512, 0.8, top_p=0.9), "kept_per_row"),
-    (lambda: wire_size.tokens_bytes(0, 512, 4), "n_tokens must be"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: wire_size.verify_bytes(0, 512, 0.0), "gamma must be"),
+        (lambda: wire_size.verify_bytes(4, 1, 0.0), "vocab must be"),
+        (lambda: wire_size.verify_bytes(4, 512, 0.8, top_p=0.9), "kept_per_row"),
+        (lambda: wire_size.tokens_bytes(0, 512, 4), "n_tokens must be"),
+    ],
+)
 def test_bad_input_names_the_argument(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -2,6 +2,7 @@
 after the segments asked before it, and a Withdraw drops those not yet started (Withdrawn names
 them) while the one being served runs to its end; the session then goes on from the tokens
 actually committed, so the output is still the target's."""
+
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from tests.services.harness import TEST_PROFILE, RawClient, open_message, run, s
 from tests.checks import every
 
 ALPHA, SEED = 0.6, 5
-T_AR_S = 0.02                      # a segment of 4 AR steps holds the verifier 80 ms
+T_AR_S = 0.02  # a segment of 4 AR steps holds the verifier 80 ms
 PROMPT, TOKENS = [3, 1, 4], 40
 
 
@@ -43,12 +44,12 @@ async def withdraw_mid_stream(url: str, transport: str, keep: int):
         withdraw = c.next_seq()
         await c.send(wire.Withdraw(withdraw, 1, segments[keep - 1] if keep else -1))
         withdrawn = None
-        while withdrawn is None or len(tokens) < 4 * max(keep, 1):     # the first (and kept) come in full
+        while withdrawn is None or len(tokens) < 4 * max(keep, 1):  # the first (and kept) come in full
             m = await c.receive()
             if isinstance(m, wire.Withdrawn):
                 withdrawn = m
             else:
-                assert isinstance(m, wire.Tokens) and m.seq in segments[:max(keep, 1)], m
+                assert isinstance(m, wire.Tokens) and m.seq in segments[: max(keep, 1)], m
                 tokens += m.tokens
         # the session goes on from what was committed: a new segment, then the rest in one stream
         await c.send(wire.Generate(c.next_seq(), 1, "ar", 0, 4))
@@ -73,7 +74,7 @@ def test_a_withdraw_drops_the_unstarted_segments_and_the_output_stays_the_target
     assert set(queued) == set(segments)
     assert every(rtt_s - held_s < 0.04 for rtt_s, held_s in queued.values()), queued
     # asked while the first ran: the other three had not started
-    assert withdrawn.seq == withdraw and withdrawn.session == 1 and withdrawn.segments == segments[max(keep, 1):]
+    assert withdrawn.seq == withdraw and withdrawn.session == 1 and withdrawn.segments == segments[max(keep, 1) :]
     target = SyntheticLM(SyntheticConfig(alpha=ALPHA, seed=SEED), "target")
     assert tokens == generate_ar(target, PROMPT, StopRule(TOKENS)).tokens
     assert sessions_open(verifier) == 0

@@ -7,6 +7,7 @@ removed afterwards if we added it). The images come from scripts/build_images.sh
 scripts/build_shaper_image.sh (the app image built here if missing; the shaper image rebuilt on every
 run, since it carries this checkout's code).
 """
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ copied to the nodes by ID; the verifier lands on the labelled node and the edges
 each shaping its own link over the overlay; a node lost in the middle of a point is survived by a
 retry on the nodes left, a resumed sweep redoes only the unfinished point, no row is lost or
 doubled, and nothing of the stack is left on any node (Docker, root; about 4 minutes)."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ from tests.swarm.conftest import REPO, docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.root, pytest.mark.slow]
 
-NODES = ["dsdbed-node-0", "dsdbed-node-1", "dsdbed-node-2"]    # manager; verifier; lost mid-sweep
+NODES = ["dsdbed-node-0", "dsdbed-node-1", "dsdbed-node-2"]  # manager; verifier; lost mid-sweep
 EDGES, CLIENTS, REQUESTS = 4, 4, 3
 
 
@@ -44,8 +45,9 @@ def swarm_images(single_node_images):
 
 
 def test_a_node_without_the_image_is_named_before_the_stack_deploys(three_nodes, tmp_path):
-    config = SwarmConfig(n_edges=2, profile=get_profile("toy-edge-cloud"), docker_host=three_nodes.manager_url,
-                         work_dir=str(tmp_path))
+    config = SwarmConfig(
+        n_edges=2, profile=get_profile("toy-edge-cloud"), docker_host=three_nodes.manager_url, work_dir=str(tmp_path)
+    )
     with pytest.raises(SwarmError, match="is not on node") as caught:
         SwarmTestbed(config)
     assert all(node in str(caught.value) for node in NODES), caught.value
@@ -53,15 +55,30 @@ def test_a_node_without_the_image_is_named_before_the_stack_deploys(three_nodes,
 
 
 def test_a_sweep_across_nodes_survives_a_lost_node_and_resumes_without_lost_or_doubled_rows(
-        three_nodes, tmp_path, monkeypatch):
+    three_nodes, tmp_path, monkeypatch
+):
     monkeypatch.setenv("DSD_SWARM_MANAGER", three_nodes.manager_url)
     monkeypatch.setenv("DSD_SWARM_NODES", " ".join(three_nodes.node_urls))
     lose_node_during_the_second_point(monkeypatch, three_nodes, node=2)
-    experiment = experiment_from_dict({
-        "name": "swarm3", "launcher": "swarm", "modes": ["sync"], "rtt_ms": [20, 40], "gamma": [3],
-        "clients": [CLIENTS], "edges": EDGES, "requests": REQUESTS, "warmup_requests": 1, "max_new_tokens": 48,
-        "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7},
-        "retries": 2, "retry_backoff_s": 1.0})
+    experiment = experiment_from_dict(
+        {
+            "name": "swarm3",
+            "launcher": "swarm",
+            "modes": ["sync"],
+            "rtt_ms": [20, 40],
+            "gamma": [3],
+            "clients": [CLIENTS],
+            "edges": EDGES,
+            "requests": REQUESTS,
+            "warmup_requests": 1,
+            "max_new_tokens": 48,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic", "alpha": 0.7},
+            "retries": 2,
+            "retry_backoff_s": 1.0,
+        }
+    )
     out = tmp_path / "out"
     run_experiment(experiment, out, resume=False)
 

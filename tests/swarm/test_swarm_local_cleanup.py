@@ -2,6 +2,7 @@
 that a crashed run left: the node containers, the volumes holding their engines' storage, and
 their network (Docker, root). A module of its own: cleanup removes every node container of ours,
 so no other swarm of the tests may be up beside it."""
+
 from __future__ import annotations
 
 import subprocess
@@ -22,9 +23,10 @@ def node_image(single_node_images):
 def test_dsdbed_cleanup_removes_a_local_swarm_left_behind(node_image):
     """Node containers (with their engines' volumes) and their network, as a crash leaves them."""
     from orchestrator.launchers import leftovers
+
     swarm = LocalSwarm(LocalSwarmConfig(n_nodes=1, verifier_node=0, prefix="dsdbed-crashed", subnet="10.233.1.0/24"))
     volume = swarm.containers[0].attrs["Mounts"][0]["Name"]
-    swarm.host.close()                          # as if the process had died here
+    swarm.host.close()  # as if the process had died here
     found = leftovers.find()
     assert {"container dsdbed-crashed-0", "network dsdbed-crashed"} <= set(found), found
     leftovers.clean()

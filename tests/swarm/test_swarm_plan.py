@@ -1,6 +1,7 @@
 """The multi-node swarm's plans and its tunnel, without Docker: where the stack puts the edges,
 what the node containers are given, and the CONNECT tunnel the orchestrator reaches the overlay
 through (over loopback)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,7 @@ def test_on_several_nodes_the_edges_keep_off_the_verifiers_node_and_the_image_is
     assert spread["services"]["edge"]["deploy"]["placement"]["constraints"] == ["node.labels.dsdbed.role != verifier"]
     assert {s["image"] for s in spread["services"].values()} == {"sha256:" + "a" * 64}
     assert alone["services"]["edge"]["image"] == "dsdbed-shaper:latest"
-    assert spread["services"]["edge"]["deploy"]["update_config"]["parallelism"] == 0     # heal: all at once
+    assert spread["services"]["edge"]["deploy"]["update_config"]["parallelism"] == 0  # heal: all at once
 
 
 def test_swarm_config_names_a_bad_engine_url():
@@ -44,7 +45,7 @@ def test_swarm_config_names_a_bad_engine_url():
 
 def test_local_swarm_nodes_get_the_hosts_capabilities_on_their_own_network():
     config = LocalSwarmConfig(n_nodes=3)
-    nodes = plan(config, bounding_mask=(1 << 41) - 1 - (1 << 24))       # all but SYS_RESOURCE
+    nodes = plan(config, bounding_mask=(1 << 41) - 1 - (1 << 24))  # all but SYS_RESOURCE
     assert [n["name"] for n in nodes] == ["dsdbed-node-0", "dsdbed-node-1", "dsdbed-node-2"]
     assert "SYS_RESOURCE" not in nodes[0]["cap_add"] and {"SYS_ADMIN", "NET_ADMIN"} <= set(nodes[0]["cap_add"])
     assert nodes[2]["command"] == ["--host=tcp://10.233.0.4:2375"]
@@ -81,14 +82,14 @@ def test_the_tunnel_carries_requests_to_the_overlay_and_refuses_other_addresses(
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
         url = f"tunnel:127.0.0.1:{port};http://127.0.0.1:{server.server_address[1]}/health"
-        for _ in range(50):                       # the tunnel's listener comes up on its thread
+        for _ in range(50):  # the tunnel's listener comes up on its thread
             try:
                 status, body = http_client.request("GET", url, timeout_s=5.0)
                 break
             except ConnectionRefusedError:
                 threading.Event().wait(0.1)
         assert (status, body) == (200, b"hello /health")
-        with pytest.raises(OSError, match="403"):       # outside --allow: not even tried
+        with pytest.raises(OSError, match="403"):  # outside --allow: not even tried
             http_client.request("GET", f"tunnel:127.0.0.1:{port};http://10.1.2.3:8701/health", timeout_s=5.0)
     finally:
         loop.call_soon_threadsafe(task.cancel)

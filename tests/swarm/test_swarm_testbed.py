@@ -1,5 +1,6 @@
 """The swarm launcher on a single-node swarm: a sweep runs end to end with every edge shaping its
 own link in its container, and nothing of the stack is left afterwards (Docker, root)."""
+
 import docker as docker_sdk
 import pandas as pd
 import pytest
@@ -15,6 +16,7 @@ def test_stack_file_places_the_verifier_by_label_and_gives_edges_the_token_and_c
     import yaml
     from dsd.costs.profiles import get_profile
     from orchestrator.launchers.compose import COMPOSE_FILE
+
     config = SwarmConfig(n_edges=5, profile=get_profile("toy-edge-cloud"))
     stack = stack_file(config, yaml.safe_load(COMPOSE_FILE.read_text()), "/tmp/t")
     verifier, edge = stack["services"]["verifier"], stack["services"]["edge"]
@@ -24,7 +26,7 @@ def test_stack_file_places_the_verifier_by_label_and_gives_edges_the_token_and_c
     backend = config.compose_config.container_backend.to_json()
     assert f"--backend-json={backend}" in verifier["command"] and f"--backend-json={backend}" in edge["command"]
     for s in (verifier, edge):
-        assert s["command"][-2 - (s is edge):][:2] == ["--token-file", "/run/secrets/dsdbed_token"]
+        assert s["command"][-2 - (s is edge) :][:2] == ["--token-file", "/run/secrets/dsdbed_token"]
         assert s["deploy"]["endpoint_mode"] == "dnsrr" and not any("${" in a for a in s["command"])
     assert stack["networks"]["testbed"]["attachable"] and stack["networks"]["testbed"]["driver"] == "overlay"
     assert stack["secrets"] == {"dsdbed_token": {"file": "/tmp/t"}}
@@ -32,10 +34,23 @@ def test_stack_file_places_the_verifier_by_label_and_gives_edges_the_token_and_c
 
 
 def test_swarm_sweep_runs_end_to_end_and_leaves_nothing_behind(single_node_swarm, tmp_path):
-    experiment = experiment_from_dict({
-        "name": "swarm", "launcher": "swarm", "modes": ["ar", "sync"], "rtt_ms": [20], "gamma": [3],
-        "clients": [2], "edges": 2, "requests": 2, "warmup_requests": 1, "max_new_tokens": 24,
-        "prompt_tokens": 8, "profile": "toy-edge-cloud", "backend": {"kind": "synthetic", "alpha": 0.7}})
+    experiment = experiment_from_dict(
+        {
+            "name": "swarm",
+            "launcher": "swarm",
+            "modes": ["ar", "sync"],
+            "rtt_ms": [20],
+            "gamma": [3],
+            "clients": [2],
+            "edges": 2,
+            "requests": 2,
+            "warmup_requests": 1,
+            "max_new_tokens": 24,
+            "prompt_tokens": 8,
+            "profile": "toy-edge-cloud",
+            "backend": {"kind": "synthetic", "alpha": 0.7},
+        }
+    )
     run_experiment(experiment, tmp_path / "out", resume=False)
     links = pd.read_csv(tmp_path / "out" / "links.csv")
     assert len(links) == 2 * 2 and links["shaper"].str.startswith("in-edge-").all()
@@ -55,12 +70,18 @@ def test_dsdbed_cleanup_removes_what_a_crashed_swarm_sweep_left(single_node_swar
     from dsd.costs.profiles import get_profile
     from orchestrator.launchers import leftovers
     from orchestrator.launchers.swarm import SwarmTestbed
+
     testbed = SwarmTestbed(SwarmConfig(n_edges=1, profile=get_profile("toy-edge-cloud"), work_dir=str(tmp_path)))
-    testbed.owned = False                    # as if the orchestrator had been killed here
+    testbed.owned = False  # as if the orchestrator had been killed here
     testbed.close()
     found = leftovers.find()
-    assert {"service dsdbed_edge", "service dsdbed_verifier", "container dsdbed-control",
-            "network dsdbed_testbed", "secret dsdbed_dsdbed_token"} <= set(found), found
+    assert {
+        "service dsdbed_edge",
+        "service dsdbed_verifier",
+        "container dsdbed-control",
+        "network dsdbed_testbed",
+        "secret dsdbed_dsdbed_token",
+    } <= set(found), found
     removed = leftovers.clean()
     assert "secret dsdbed_dsdbed_token" in removed and "network dsdbed_testbed" in removed
     client = docker_sdk.from_env()

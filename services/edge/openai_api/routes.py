@@ -14,6 +14,7 @@ link down) still gets its own HTTP status; a failure after them is an ``error`` 
 (protocol.ApiError). With a token set (--token-file), /v1/ requires it as ``Authorization:
 Bearer`` (what clients send as their API key).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,19 @@ from aiohttp import web
 
 from services import access
 from services.edge.openai_api.config import ServeConfig
-from services.edge.openai_api.protocol import (CHAT, TEXT, ApiError, GenerateRequest, chunk, invalid, model_list,
-                                               parse_request, response, usage, usage_chunk)
+from services.edge.openai_api.protocol import (
+    CHAT,
+    TEXT,
+    ApiError,
+    GenerateRequest,
+    chunk,
+    invalid,
+    model_list,
+    parse_request,
+    response,
+    usage,
+    usage_chunk,
+)
 from services.edge.openai_api.serving import Generation, OpenAIServing
 from services.edge.openai_api.text import TextStream
 from dsd.text import encode_prompt
@@ -49,7 +61,7 @@ def add_routes(app: web.Application, serving: OpenAIServing, token: str | None) 
 class OpenAIRoutes:
     def __init__(self, serving: OpenAIServing, token: str | None) -> None:
         self.serving, self.token = serving, token
-        self.created = int(time.time())      # the model's
+        self.created = int(time.time())  # the model's
 
     @web.middleware
     async def errors(self, request: web.Request, handler):
@@ -58,20 +70,33 @@ class OpenAIRoutes:
             if self.token is not None and not access.bearer_matches(request.headers.get("Authorization"), self.token):
                 reason = "no Authorization header" if "Authorization" not in request.headers else "wrong API key"
                 log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, reason)
-                raise ApiError(401, f"{reason}: this edge requires 'Authorization: Bearer <token>'",
-                               "authentication_error", None, "invalid_api_key")
+                raise ApiError(
+                    401,
+                    f"{reason}: this edge requires 'Authorization: Bearer <token>'",
+                    "authentication_error",
+                    None,
+                    "invalid_api_key",
+                )
             return await handler(request)
         except ApiError as error:
             headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
             if error.status == 429:
                 headers["Retry-After"] = "1"
             return web.json_response(error.body(), status=error.status, headers=headers)
-        except web.HTTPException as error:      # no such path or method
+        except web.HTTPException as error:  # no such path or method
             if error.status < 400:
                 raise
             kind = "not_found" if error.status == 404 else "method_not_allowed" if error.status == 405 else None
-            return web.json_response(ApiError(error.status, f"{request.method} {request.path}: {error.reason}",
-                                              "invalid_request_error", None, kind).body(), status=error.status)
+            return web.json_response(
+                ApiError(
+                    error.status,
+                    f"{request.method} {request.path}: {error.reason}",
+                    "invalid_request_error",
+                    None,
+                    kind,
+                ).body(),
+                status=error.status,
+            )
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(model_list(self.serving.model, self.created))
@@ -83,7 +108,7 @@ class OpenAIRoutes:
         return await self._complete(request, TEXT)
 
     async def _complete(self, request: web.Request, kind: str) -> web.StreamResponse:
-        t_start_s = time.perf_counter()       # the request's start in its row: its TTFT as the client sees it
+        t_start_s = time.perf_counter()  # the request's start in its row: its TTFT as the client sees it
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
@@ -110,13 +135,16 @@ class OpenAIRoutes:
             return list(generate.prompt)
         try:
             prompt = generate.prompt
-            return encode_prompt(self.serving.tokenizer, prompt if isinstance(prompt, str)
-                                 else [message for message in prompt if isinstance(message, dict)])
-        except Exception as exc:        # the chat template's own checks (roles, order) raise what they like
+            return encode_prompt(
+                self.serving.tokenizer,
+                prompt if isinstance(prompt, str) else [message for message in prompt if isinstance(message, dict)],
+            )
+        except Exception as exc:  # the chat template's own checks (roles, order) raise what they like
             raise invalid(param, f"cannot render it with the pair's chat template: {exc}") from None
 
-    async def _whole(self, generate: GenerateRequest, generation: Generation, prompt_tokens: int,
-                     created: int) -> web.Response:
+    async def _whole(
+        self, generate: GenerateRequest, generation: Generation, prompt_tokens: int, created: int
+    ) -> web.Response:
         text = TextStream(self.serving.tokenizer, generate.stop)
         async for tokens in generation.arrivals():
             text.add(tokens)
@@ -124,13 +152,22 @@ class OpenAIRoutes:
                 await generation.close(STOPPED)
                 break
         text.finish()
-        return web.json_response(response(
-            generate.kind, self._id(generate, generation), created, self.serving.model, text.text,
-            "stop" if text.stopped else generation.finish_reason, usage(prompt_tokens, len(generation.tokens)),
-            self._extension(generation)))
+        return web.json_response(
+            response(
+                generate.kind,
+                self._id(generate, generation),
+                created,
+                self.serving.model,
+                text.text,
+                "stop" if text.stopped else generation.finish_reason,
+                usage(prompt_tokens, len(generation.tokens)),
+                self._extension(generation),
+            )
+        )
 
-    async def _stream(self, request: web.Request, generate: GenerateRequest, generation: Generation,
-                      prompt_tokens: int, created: int) -> tuple[web.StreamResponse, str]:
+    async def _stream(
+        self, request: web.Request, generate: GenerateRequest, generation: Generation, prompt_tokens: int, created: int
+    ) -> tuple[web.StreamResponse, str]:
         """(the response, why it ended early or "")."""
         text = TextStream(self.serving.tokenizer, generate.stop)
         id_, model = self._id(generate, generation), self.serving.model
@@ -139,8 +176,9 @@ class OpenAIRoutes:
 
         def event(kind_text: str | None, finish_reason: str | None = None) -> dict:
             so_far = usage(prompt_tokens, len(generation.tokens)) if generate.continuous_usage else None
-            return chunk(generate.kind, id_, created, model, kind_text, finish_reason, first, so_far,
-                         generate.include_usage)
+            return chunk(
+                generate.kind, id_, created, model, kind_text, finish_reason, first, so_far, generate.include_usage
+            )
 
         try:
             try:
@@ -156,7 +194,7 @@ class OpenAIRoutes:
                         break
             except ApiError as error:
                 if response is None:
-                    raise                       # nothing sent yet: its own status says it
+                    raise  # nothing sent yet: its own status says it
                 await _send(response, error.body())
                 await response.write(b"data: [DONE]\n\n")
                 return response, ""
@@ -168,17 +206,25 @@ class OpenAIRoutes:
                 first = False
             await _send(response, event(None, "stop" if text.stopped else generation.finish_reason))
             if generate.include_usage:
-                await _send(response, usage_chunk(generate.kind, id_, created, model,
-                                                  usage(prompt_tokens, len(generation.tokens))))
+                await _send(
+                    response,
+                    usage_chunk(generate.kind, id_, created, model, usage(prompt_tokens, len(generation.tokens))),
+                )
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response, ""
-        except ConnectionError:             # the client went away: the generation is given up
+        except ConnectionError:  # the client went away: the generation is given up
             return response or web.Response(status=499), DISCONNECTED
 
     async def _open_stream(self, request: web.Request, generation: Generation) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no", **self._dsd_headers(generation)})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                **self._dsd_headers(generation),
+            }
+        )
         await response.prepare(request)
         return response
 
@@ -194,8 +240,9 @@ class OpenAIRoutes:
         return {"mode": c.mode, "gamma": c.gamma, "run_id": c.run_id, "request_index": generation.index}
 
     def _dsd_headers(self, generation: Generation) -> dict:
-        return {f"X-DSD-{key.title().replace('_', '-')}": str(value)
-                for key, value in self._extension(generation).items()}
+        return {
+            f"X-DSD-{key.title().replace('_', '-')}": str(value) for key, value in self._extension(generation).items()
+        }
 
     async def get_settings(self, _request: web.Request) -> web.Response:
         return web.json_response(self.serving.status())

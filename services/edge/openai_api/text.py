@@ -3,11 +3,12 @@
 token that ends inside one) held back until it is complete, and with stop strings the text cut
 before the first one; the last ``len(longest stop) - 1`` characters are held back until the
 next tokens show they do not begin a stop string, so a stop string is never half sent."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-REPLACEMENT = "\ufffd"          # what a decoder writes for the bytes of an unfinished character
+REPLACEMENT = "\ufffd"  # what a decoder writes for the bytes of an unfinished character
 
 
 class TextStream:
@@ -16,9 +17,9 @@ class TextStream:
         self.stop = tuple(stop)
         self._hold = max(map(len, self.stop), default=1) - 1
         self.ids: list[int] = []
-        self.text = ""               # the decoded text so far (cut before a stop string once reached)
-        self.sent = 0                # how many of its characters were handed out
-        self.stopped = False         # a stop string was reached: the text ends before it
+        self.text = ""  # the decoded text so far (cut before a stop string once reached)
+        self.sent = 0  # how many of its characters were handed out
+        self.stopped = False  # a stop string was reached: the text ends before it
 
     def add(self, tokens: Sequence[int]) -> str:
         """Take newly committed tokens; return the text that may be sent now (maybe empty)."""
@@ -41,5 +42,5 @@ class TextStream:
     def _take(self, end: int) -> str:
         if end <= self.sent:
             return ""
-        out, self.sent = self.text[self.sent:end], end
+        out, self.sent = self.text[self.sent : end], end
         return out
