@@ -17,16 +17,17 @@ What is a job on the shared verifier (each costs what the scheduler charges an e
 - co-located SD: every round's draft block (gamma steps of the server's draft model) and then its
   verification, two passes, so the server pays every client's drafting.
 
-The device: work-conserving (or waiting ``batch_window_ms`` for a batch to fill, as the
-scheduler does), first come first served by when a job could start; a session's jobs run in the
-order sent, one at a time (a session's next job waits for its last). A pass takes its first job
-and every other waiting session's job of the same kind, up to ``max_batch``. With
-``max_batch = 1`` it is strictly serial (the paper's capacity setting).
+The device (``dsd.simulation.shared_verifier``): work-conserving (or waiting ``batch_window_ms``
+for a batch to fill, as the scheduler does), first come first served by when a job could start;
+a session's jobs run in the order sent, one at a time (a session's next job waits for its last).
+A pass takes its first job and every other waiting session's job of the same kind, up to
+``max_batch``. With ``max_batch = 1`` it is strictly serial (the paper's capacity setting).
 
-The event loop: each client is one coroutine (its requests in turn); it suspends when its clock
-moves (a draft step, waiting for a verdict) and resumes at that virtual time, so every send
-happens in time order across clients. A pass is laid out when it starts (its members and so its
-cost are known then), so a verdict's arrival time is known before it is due.
+The event loop (``dsd.simulation.virtual_time``): each client is one coroutine (its requests in
+turn); it suspends when its clock moves (a draft step, waiting for a verdict) and resumes at that
+virtual time, so every send happens in time order across clients. A pass is laid out when it
+starts (its members and so its cost are known then), so a verdict's arrival time is known before
+it is due.
 
 NOTE: the adaptive controllers' hand-over (dsd.drive.driver: the server generating a segment of a DSD
 request) is not modelled here, so the link does not hand over; a run with them at one client is
@@ -43,13 +44,10 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import math
-from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from dsd.checks import is_int
 from dsd.drive.arrivals import Arrival, Round, VerdictArrival
 from dsd.controller.interface import GAMMA_MAX
 from dsd.backends.protocol import LanguageModel, Proposal, SamplingParams, Verdict
@@ -60,29 +58,12 @@ from dsd.features import hand_features
 from dsd.modes import AR, SERVER, get_mode, server_modes
 from dsd.cache.speculation_cache import CacheConfig
 from dsd.speculation.stopping import StopRule
-from dsd.costs.compute_times import DRAFT, PREFILL, STALE, VERIFY, ComputeTimes, pass_cost_s
+from dsd.costs.compute_times import DRAFT, PREFILL, STALE, VERIFY, ComputeTimes
 from dsd.drive.verifier_session import VerifierSession
+from dsd.simulation.shared_verifier import SharedVerifier, VerifierConfig
+from dsd.simulation.virtual_time import ClientCoroutine, Suspend, VirtualLoop
 
 MAX_CLIENTS = 4096  # the sim launcher's ceiling: thousands of clients in seconds (docs/launchers.md)
-
-
-@dataclass(frozen=True)
-class VerifierConfig:
-    """The shared verifier's device: sequences per pass (1 = serial) and how long a pass that is
-    not full waits for more, as services/verifier/scheduler.py SchedulerConfig."""
-
-    max_batch: int = 1
-    batch_window_ms: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (is_int(self.max_batch) and self.max_batch >= 1):
-            raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
-        if not (
-            isinstance(self.batch_window_ms, (int, float))
-            and math.isfinite(self.batch_window_ms)
-            and self.batch_window_ms >= 0
-        ):
-            raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
 
 
 @dataclass(frozen=True)
@@ -148,158 +129,6 @@ class ClientRequest:
     round_times: list[RoundTimes]
 
 
-# --- the event loop ------------------------------------------------------------------------------
-
-
-class _Loop:
-    """Virtual time: events run in time order, at one time the verifier's decisions last (so jobs
-    that arrive together are there together), otherwise in the order they were scheduled."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-        self.events: list[tuple[float, bool, int, Callable[[], None]]] = []
-        self.order = itertools.count()
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def at(self, t_s: float, fn: Callable[[], None], last: bool = False) -> None:
-        heapq.heappush(self.events, (t_s, last, next(self.order), fn))
-
-    def run(self) -> None:
-        while self.events:
-            t_s, _, _, fn = heapq.heappop(self.events)
-            self.now_s = max(self.now_s, t_s)
-            fn()
-
-
-class _Suspend:
-    """What a client's coroutine awaits to give the loop back: resume at ``t_s`` (None: when woken)."""
-
-    def __init__(self, t_s: float | None) -> None:
-        self.t_s = t_s
-
-    def __await__(self) -> Generator[_Suspend, None, None]:
-        yield self
-
-
-class _Client:
-    """One client's coroutine on the loop; ``run(client)`` makes it."""
-
-    def __init__(self, loop: _Loop, run: Callable[[_Client], Coroutine[_Suspend, None, None]]) -> None:
-        self.loop, self.parked = loop, False
-        self.coroutine = run(self)
-
-    def resume(self) -> None:
-        self.parked = False
-        try:
-            suspend = self.coroutine.send(None)
-        except StopIteration:
-            return
-        if suspend.t_s is None:
-            self.parked = True
-        else:
-            self.loop.at(suspend.t_s, self.resume)
-
-    def wake(self) -> None:
-        if self.parked:
-            self.resume()
-
-
-# --- the shared verifier -------------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    arrive_s: float
-    kind: str
-    size: int
-    session: object
-    done: Callable[[float, float, int], None]  # (its pass's start, its pass's end, the pass's batch size)
-    arrived: bool = False
-
-
-class _Verifier:
-    """The one device: passes one after another, each laid out when it starts. ``heads`` holds
-    each session's next job once it arrived, by when it could start (its arrival, or its
-    session's last pass's end) and then by the order sent."""
-
-    def __init__(self, loop: _Loop, times: ComputeTimes, config: VerifierConfig) -> None:
-        self.loop, self.times, self.config = loop, times, config
-        self.queues: dict[object, deque[_Job]] = {}  # per session, in the order sent
-        self.heads: list[tuple[float, int, _Job]] = []
-        self.last_end_s: dict[object, float] = {}  # per session: the end of its last pass
-        self.busy = False
-        self.free_at_s = 0.0
-        self.order = itertools.count()
-        self.deciding = False  # a decision is due at the loop's present time
-
-    def submit(
-        self, session: object, arrive_s: float, kind: str, size: int, done: Callable[[float, float, int], None]
-    ) -> None:
-        """A job that reaches the verifier at ``arrive_s``; ``done(start_s, end_s, batch_size)``
-        when its pass starts."""
-        job = _Job(arrive_s, kind, size, session, done)
-        self.queues.setdefault(session, deque()).append(job)
-        if arrive_s > self.loop.now_s:
-            self.loop.at(arrive_s, lambda: self._arrive(job))
-        else:
-            self._arrive(job)
-
-    def _arrive(self, job: _Job) -> None:
-        job.arrived = True
-        if self.queues[job.session][0] is job:
-            ready_s = max(job.arrive_s, self.last_end_s.get(job.session, 0.0))
-            heapq.heappush(self.heads, (ready_s, next(self.order), job))
-        self.decide()
-
-    def decide(self) -> None:
-        """Start a pass once everything that arrives now is here."""
-        if not self.deciding:
-            self.deciding = True
-            self.loop.at(self.loop.now_s, self.try_start, last=True)
-
-    def try_start(self) -> None:
-        self.deciding = False
-        if self.busy or not self.heads:
-            return
-        first_ready_s, _, first = self.heads[0]
-        limit = 1 if first.kind in (PREFILL, STALE) else self.config.max_batch
-        # An idle device starts a job the moment it arrived, even if the loop learns of it later
-        # (an edge sends what a verdict released at the verdict's arrival, inside a draft step).
-        start_s = max(self.free_at_s, first_ready_s)
-        if limit > 1 and self.config.batch_window_ms > 0:
-            deadline_s = first_ready_s + self.config.batch_window_ms / 1e3
-            here = sum(job.kind == first.kind for _, _, job in self.heads)
-            if here < limit and deadline_s > self.loop.now_s:
-                self.loop.at(deadline_s, self.try_start, last=True)
-                return
-            start_s = max(start_s, min(deadline_s, self.loop.now_s))  # the window passed, or it filled now
-        batch = [heapq.heappop(self.heads)]
-        others: list[tuple[float, int, _Job]] = []
-        while len(batch) < limit and self.heads and self.heads[0][0] <= start_s:
-            entry = heapq.heappop(self.heads)
-            (batch if entry[2].kind == first.kind else others).append(entry)
-        for entry in others:
-            heapq.heappush(self.heads, entry)
-        end_s = start_s + pass_cost_s(self.times, first.kind, [job.size for _, _, job in batch])
-        self.busy = True
-        for _, _, job in batch:
-            self.last_end_s[job.session] = end_s
-            queue = self.queues[job.session]
-            queue.popleft()
-            if not queue:
-                del self.queues[job.session]
-            elif queue[0].arrived:  # the session's next job: it can start once this pass ends
-                heapq.heappush(self.heads, (max(queue[0].arrive_s, end_s), next(self.order), queue[0]))
-            job.done(start_s, end_s, len(batch))
-        self.loop.at(end_s, lambda: self._end(end_s))
-
-    def _end(self, end_s: float) -> None:
-        self.busy, self.free_at_s = False, end_s
-        self.decide()
-
-
 # --- a client's device and link ------------------------------------------------------------------
 
 
@@ -309,7 +138,7 @@ Result = TypeVar("Result")
 class _EdgeDevice:
     """A client's own draft device: every step costs ``t_draft_s``; the client waits it out."""
 
-    def __init__(self, loop: _Loop, t_draft_s: float) -> None:
+    def __init__(self, loop: VirtualLoop, t_draft_s: float) -> None:
         self.loop, self.t_draft_s = loop, t_draft_s
 
     async def draft(self, work: Callable[[], None], n_steps: float, then: Callable[[], Result]) -> tuple[Result, float]:
@@ -320,7 +149,7 @@ class _EdgeDevice:
             t_s += self.t_draft_s
         if n_steps > whole:
             t_s += (n_steps - whole) * self.t_draft_s
-        await _Suspend(t_s)
+        await Suspend(t_s)
         return then(), start_s
 
 
@@ -329,7 +158,12 @@ class _SharedLink:
     takes half the RTT at its send, each block is a job on the verifier."""
 
     def __init__(
-        self, loop: _Loop, verifier: _Verifier, client: _Client, session: VerifierSession, setup: ClientsSetup
+        self,
+        loop: VirtualLoop,
+        verifier: SharedVerifier,
+        client: ClientCoroutine,
+        session: VerifierSession,
+        setup: ClientsSetup,
     ) -> None:
         self.loop, self.verifier, self.client, self.session, self.setup = loop, verifier, client, session, setup
         self.arrivals: list[tuple[float, int, Arrival]] = []
@@ -391,7 +225,7 @@ class _SharedLink:
 
     async def wait(self) -> Arrival:
         while not (self.arrivals and self.arrivals[0][0] <= self.loop.now_s):
-            await _Suspend(None)
+            await Suspend(None)
         return heapq.heappop(self.arrivals)[2]
 
 
@@ -399,9 +233,9 @@ class _SharedLink:
 
 
 async def _dsd_request(
-    loop: _Loop,
-    verifier: _Verifier,
-    client: _Client,
+    loop: VirtualLoop,
+    verifier: SharedVerifier,
+    client: ClientCoroutine,
     setup: ClientsSetup,
     draft: LanguageModel,
     target: LanguageModel,
@@ -447,10 +281,33 @@ async def _dsd_request(
     return generation, times
 
 
+async def _session_pass(
+    loop: VirtualLoop,
+    verifier: SharedVerifier,
+    client: ClientCoroutine,
+    session: VerifierSession,
+    kind: str,
+    size: int,
+    ready_s: float,
+) -> tuple[float, float, int]:
+    """Queue one pass of the session once it is ready; returns (queue_s, end_s, batch size) at its end."""
+    passes: list[tuple[float, float, int]] = []  # the pass's (start, end, batch size) once it starts
+
+    def done(start_s: float, end_s: float, batch_size: int) -> None:
+        passes.append((start_s, end_s, batch_size))
+        loop.at(end_s, client.wake)
+
+    verifier.submit(session, ready_s, kind, size, done)
+    while not passes or loop.now_s < passes[-1][1]:
+        await Suspend(None)
+    start_s, end_s, batch_size = passes.pop()
+    return start_s - ready_s, end_s, batch_size
+
+
 async def _server_request(
-    loop: _Loop,
-    verifier: _Verifier,
-    client: _Client,
+    loop: VirtualLoop,
+    verifier: SharedVerifier,
+    client: ClientCoroutine,
     setup: ClientsSetup,
     draft: LanguageModel,
     target: LanguageModel,
@@ -466,21 +323,7 @@ async def _server_request(
     one_way_s = setup.rtt_at(sent_s) / 2
     gamma, drafts = setup.gamma, get_mode(setup.mode).drafts == SERVER
     session = VerifierSession(target, seq_id, prompt, sampling, stop)
-    passes: list[tuple[float, float, int]] = []  # the last job's (start, end, batch size)
-
-    async def job(kind: str, size: int, ready_s: float) -> tuple[float, float, int]:
-        """Queue one pass of the session once it is ready; returns (queue_s, end_s, batch size) at its end."""
-
-        def done(start_s: float, end_s: float, batch_size: int) -> None:
-            passes.append((start_s, end_s, batch_size))
-            loop.at(end_s, client.wake)
-
-        verifier.submit(session, ready_s, kind, size, done)
-        while not passes or loop.now_s < passes[-1][1]:
-            await _Suspend(None)
-        start_s, end_s, batch_size = passes.pop()
-        return start_s - ready_s, end_s, batch_size
-
+    job = functools.partial(_session_pass, loop, verifier, client, session)
     session.prefill()
     _, t_s, _ = await job(PREFILL, len(prompt) - 1, sent_s + one_way_s)
     if drafts:
@@ -510,7 +353,7 @@ async def _server_request(
         draft.release(seq_id)
     # the client has the request's last Tokens when they arrive
     while loop.now_s < times[-1].t_receive_s:
-        await _Suspend(times[-1].t_receive_s)
+        await Suspend(times[-1].t_receive_s)
     return generation, times
 
 
@@ -528,12 +371,12 @@ def simulate_clients(
 ) -> list[ClientRequest]:
     """Every client runs every prompt in turn from time 0, all on one verifier; returns each
     request (client by client, in order). ``sampling_of(index)``: a request's sampling."""
-    loop = _Loop()
-    verifier = _Verifier(loop, setup.times, setup.verifier)
+    loop = VirtualLoop()
+    verifier = SharedVerifier(loop, setup.times, setup.verifier)
     run = _server_request if setup.mode in server_modes() else _dsd_request
     done: list[ClientRequest] = []
 
-    async def client_run(c: int, client: _Client) -> None:
+    async def client_run(c: int, client: ClientCoroutine) -> None:
         for index, prompt in enumerate(prompts):
             start_s = loop.now_s
             generation, times = await run(
@@ -565,7 +408,7 @@ def simulate_clients(
             )
 
     for c in range(setup.n_clients):
-        loop.at(0.0, _Client(loop, functools.partial(client_run, c)).resume)
+        loop.at(0.0, ClientCoroutine(loop, functools.partial(client_run, c)).resume)
     loop.run()
     if len(done) != setup.n_clients * len(prompts):
         raise RuntimeError(

@@ -34,7 +34,8 @@ from dsd.modes import plannable_edge_modes, server_modes
 from dsd.controller.policies import make_controller
 from dsd.drive.driver import DriverConfig, run_to_end
 from dsd.simulation.one_client import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
-from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
+from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, simulate_clients
+from dsd.simulation.shared_verifier import VerifierConfig
 from dsd.cache.speculation_cache import CacheConfig
 from dsd.speculation.stopping import StopRule
 from dsd.costs.compute_times import ComputeTimes, steady_per_token_s

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
-from dsd.simulation.many_clients import VerifierConfig
+from dsd.simulation.shared_verifier import VerifierConfig
 from dsd.costs.compute_times import ComputeTimes
 from dsd.costs.measurement import measure_times
 from orchestrator.analysis.predictions import Predictor

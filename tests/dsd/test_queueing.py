@@ -222,7 +222,8 @@ def test_predicted_frontier_has_a_row_per_client_count_and_pair():
 
 def _simulated_per_token_s(mode, n_clients, times, rtt_s, max_batch):
     from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-    from dsd.simulation.many_clients import ClientsSetup, VerifierConfig, simulate_clients
+    from dsd.simulation.many_clients import ClientsSetup, simulate_clients
+    from dsd.simulation.shared_verifier import VerifierConfig
     from dsd.speculation.stopping import StopRule
 
     config = SyntheticConfig(alpha=1.0, seed=3)

@@ -10,7 +10,8 @@ is in steady state and its steady per-token time is the cycle over the tokens of
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, VerifierConfig, simulate_clients
+from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, simulate_clients
+from dsd.simulation.shared_verifier import VerifierConfig
 from dsd.costs.compute_times import pass_cost_s
 from dsd.speculation.stopping import StopRule
 from orchestrator.launchers.sim import SimClient, SimRequest, run_request

@@ -4,7 +4,8 @@ rows per client as the network launchers write them, and the limits refused nami
 import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
-from dsd.simulation.many_clients import MAX_CLIENTS, VerifierConfig
+from dsd.simulation.many_clients import MAX_CLIENTS
+from dsd.simulation.shared_verifier import VerifierConfig
 from dsd.costs.compute_times import ComputeTimes
 from orchestrator.launchers.base import PointSettings
 from orchestrator.launchers.sim import SimTestbed, check_clients_settings
