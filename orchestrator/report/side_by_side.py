@@ -14,7 +14,7 @@ from dsd.pair_manifest import MANIFEST, draft_kind
 from orchestrator.common.files import write_json
 from orchestrator.records.suite_folder import suite_members
 from orchestrator.report import plots
-from orchestrator.report.html import render_html
+from orchestrator.report.render import render_html
 
 FIGURE = "latency_vs_rtt.png"
 
