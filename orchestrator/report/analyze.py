@@ -1,5 +1,5 @@
 """`dsdbed analyze`: read a sweep folder, write points.csv, summary.json and the plots its data
-supports (latency vs RTT, the gain window over alpha and RTT, capacity vs clients)."""
+supports (latency vs RTT, the gain window over alpha and RTT, capacity vs clients; analyze_plots.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from dsd.modes import AR, PIPELINED, SYNC, speculative_modes
 from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis import bootstrap, frontier, gamma_opt, paper
 from orchestrator.analysis.acceptance import acceptance_histograms
-from orchestrator.analysis.capacity import predicted_tok_s_per_client
 from orchestrator.analysis.categories import by_category, has_categories
 from orchestrator.analysis.groups import (
     GroupResult,
@@ -39,8 +38,7 @@ from orchestrator.analysis.predictions import (
 )
 from orchestrator.common import cpus
 from orchestrator.common.files import write_json
-from orchestrator.links import timeline as link_timeline
-from orchestrator.report import plots
+from orchestrator.report import analyze_plots, finding_plots, plots
 
 
 def read_sweep(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -95,9 +93,11 @@ def analyze_sweep(out: Path) -> dict:
     )
     if capacity_rows is not None:
         summary["capacity"] = capacity_rows
-    summary["plots"] = _plots(out, sweep, points, groups, params, compute, gamma, summary, client_rates)
-    summary["plots"] += _link_timeline_plot(out, sweep, requests, links)
-    summary["plots"] += _frontier_plots(out, sweep, points, groups, summary, gamma)
+    summary["plots"] = analyze_plots.sweep_plots(
+        out, sweep, points, groups, params, compute, gamma, summary, client_rates
+    )
+    summary["plots"] += analyze_plots.link_timeline_plot(out, sweep, requests, links)
+    summary["plots"] += analyze_plots.frontier_plots(out, sweep, points, groups, summary, gamma)
     if optimum:
         summary["plots"].append(optimum["plot"])
     acceptance, made = _acceptance(out, sweep, requests, rounds, gamma)
@@ -295,7 +295,7 @@ def write_gamma_opt(
     in_calibration = predicted.groupby(keys)["calibration"].any().rename("predicted_from_calibration_points")
     table = table.merge(in_calibration.reset_index(), on=keys, how="left")
     table.to_csv(out / "gamma_opt.csv", index=False)
-    plots.plot_gamma_opt(
+    finding_plots.plot_gamma_opt(
         table,
         out / "gamma_opt.png",
         f"{sweep['experiment']['name']}: optimal gamma vs RTT (launcher={sweep['launcher']})",
@@ -399,15 +399,6 @@ def _in_sample_evidence(points: pd.DataFrame) -> dict:
     }
 
 
-def _calibration_fit(summary: dict) -> dict | None:
-    """A one-group sweep's calibration alpha and parameters (None where nothing was predicted)."""
-    record = summary.get("out_of_sample", {}).get("calibration", {})
-    fit = next(iter(record.values())) if len(record) == 1 else None
-    if not fit or not fit.get("predicted"):
-        return None
-    return {"alpha": fit["alpha"], "params": ComputeTimes.from_dict(fit["params"])}
-
-
 def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[pd.DataFrame, dict]:
     """points.csv columns from each point's done.json: when it started and what the machine did
     meanwhile (orchestrator/common/cpus.py: busy and steal shares, load, contended); and the summary's
@@ -443,125 +434,3 @@ def add_point_conditions(out: Path, points: pd.DataFrame, sweep: dict) -> tuple[
 def _read_calibration(out: Path) -> dict:
     path = Path(out) / CALIBRATION
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _link_timeline_plot(out: Path, sweep: dict, requests: pd.DataFrame, links: pd.DataFrame) -> list[str]:
-    """With a link schedule (or a replayed trace): the link's RTT and every request's per-token
-    latency over the run's time (orchestrator/links/timeline.py)."""
-    experiment = sweep["experiment"]
-    link_ms = link_timeline.schedule_rtt_ms(experiment)
-    times = (
-        link_timeline.request_times(requests, links, int(experiment.get("warmup_requests", 0)))
-        if link_ms
-        else pd.DataFrame()
-    )
-    if times.empty:
-        return []
-    plots.plot_latency_over_link(
-        link_ms,
-        times,
-        out / "latency_over_link.png",
-        f"{experiment['name']}: the link and each request's latency (launcher={sweep['launcher']})",
-        sweep["launcher"],
-    )
-    return ["latency_over_link.png"]
-
-
-def _frontier_plots(
-    out: Path, sweep: dict, points: pd.DataFrame, groups: list[GroupResult], summary: dict, gamma: int
-) -> list[str]:
-    """regime_map.png and frontier.png, for a one-group sweep over two client counts or more."""
-    if len(groups) != 1 or points["clients"].nunique() < 2 or points["rtt_ms"].nunique() < 2:
-        return []
-    name, launcher = sweep["experiment"]["name"], sweep["launcher"]
-    rows = pd.DataFrame(summary["frontier"]["rows"])
-    regime = frontier.regime_cells(pd.DataFrame(summary["latency_cells"]), gamma)
-    plots.plot_regime_map(
-        regime,
-        rows,
-        out / "regime_map.png",
-        f"{name}: the fastest mode over RTT and clients (gamma={gamma}, launcher={launcher})",
-        launcher,
-    )
-    plots.plot_frontier(
-        rows,
-        out / "frontier.png",
-        f"{name}: crossover RTT against clients (gamma={gamma}, launcher={launcher})",
-        launcher,
-    )
-    return ["regime_map.png", "frontier.png"]
-
-
-def _plots(
-    out: Path,
-    sweep: dict,
-    points: pd.DataFrame,
-    groups: list[GroupResult],
-    params: dict[str, ComputeTimes],
-    compute: dict[str, ComputeTimes],
-    gamma: int,
-    summary: dict,
-    client_rates: pd.DataFrame | None,
-) -> list[str]:
-    """Whichever plots the sweep's data supports, drawn from what the analysis computed (the
-    summary's latency cells, gain window and capacity rows); returns the files made."""
-    name, launcher, made = sweep["experiment"]["name"], sweep["launcher"], []
-    calibration = _calibration_fit(summary) if len(groups) == 1 else None
-    if calibration is not None and points.rtt_ms.nunique() >= 2:
-        g = groups[0]
-        cells = pd.DataFrame(summary["latency_cells"])
-        cells = cells[cells.clients == cells.clients.min()]
-        plots.plot_latency_vs_rtt_oos(
-            cells,
-            gamma,
-            calibration,
-            {"alpha": g.alpha_measured, "params": params[g.profile]},
-            g.crossovers,
-            out / "latency_vs_rtt.png",
-            f"{name}: gamma={gamma}, alpha={calibration['alpha']:.2f} (calibration), launcher={launcher}",
-            launcher,
-        )
-        made.append("latency_vs_rtt.png")
-    elif len(groups) == 1 and points.rtt_ms.nunique() >= 2:
-        g = groups[0]
-        plots.plot_latency_vs_rtt(
-            points[points.clients == points.clients.min()],
-            gamma,
-            g.alpha_measured,
-            params[g.profile],
-            g.measured,
-            g.predicted,
-            out / "latency_vs_rtt.png",
-            f"{name}: gamma={gamma}, alpha={g.alpha_measured:.2f}, launcher={launcher}",
-            launcher,
-        )
-        made.append("latency_vs_rtt.png")
-    if "gain_window" in summary:
-        dsd_modes = tuple(m for m in (SYNC, PIPELINED) if m in set(points["mode"]))
-        plots.plot_gain_window(
-            points,
-            groups,
-            params,
-            gamma,
-            dsd_modes,
-            out / "gain_window.png",
-            f"{name}: where DSD beats cloud AR (gamma={gamma}, launcher={launcher})",
-            launcher,
-        )
-        made.append("gain_window.png")
-    if client_rates is not None:
-        g = groups[0]
-        rtt_s = float(points.rtt_ms.iloc[0]) / 1e3
-
-        def predicted(mode: str, clients: float) -> float:
-            return predicted_tok_s_per_client(mode, clients, g.alpha_measured, gamma, rtt_s, compute[g.profile])
-
-        plots.plot_capacity(
-            client_rates,
-            summary["capacity"],
-            out / "capacity_vs_clients.png",
-            f"{name}: per-client token rate, saturated server (launcher={launcher})",
-            predicted if len(groups) == 1 and points.rtt_ms.nunique() == 1 else None,
-        )
-        made.append("capacity_vs_clients.png")
-    return made

@@ -13,7 +13,7 @@ from dsd.analytic import queueing
 from orchestrator.analysis import bootstrap, frontier
 from orchestrator.analysis.predictions import Predictor
 from orchestrator.records.sweep_folder import run_sweep
-from orchestrator.report import plots
+from orchestrator.report import finding_plots
 from orchestrator.spec.experiment import experiment_from_dict
 from orchestrator.spec.plan import is_calibration, plan_points
 from orchestrator.spec.workload import make_prompts
@@ -122,8 +122,8 @@ def test_the_map_figures_are_drawn(tmp_path):
     cells = points.groupby(["mode", "rtt_ms", "gamma", "clients"], as_index=False)["per_token_ms_p50"].median()
     regime = frontier.regime_cells(cells.rename(columns={"per_token_ms_p50": "per_token_ms"}), 2)
     for path in (
-        plots.plot_regime_map(regime, rows, tmp_path / "regime_map.png", "map", "sim"),
-        plots.plot_frontier(rows, tmp_path / "frontier.png", "frontier", "sim"),
+        finding_plots.plot_regime_map(regime, rows, tmp_path / "regime_map.png", "map", "sim"),
+        finding_plots.plot_frontier(rows, tmp_path / "frontier.png", "frontier", "sim"),
     ):
         assert path.stat().st_size > 10_000
 
