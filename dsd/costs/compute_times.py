@@ -34,7 +34,7 @@ def _finite(name: str, value: object) -> float:
 class ComputeTimes:
     t_draft_edge_s: float  # one draft step on the edge device
     # One draft step on the server (co-located SD). NOTE: may be below 0: the client-view fit
-    # (orchestrator/analysis/points.py fit_effective_params, predictions.calibrate) derives it as
+    # (orchestrator/analysis/fits.py fit_effective_params, predictions.calibrate) derives it as
     # (co-located round - DSD's t_verify) / gamma, and DSD's t_verify carries message overhead a
     # co-located round does not pay; refusing it would stop a sweep's predictions.
     t_draft_server_s: float

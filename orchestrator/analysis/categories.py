@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dsd.modes import speculative_modes
-from orchestrator.analysis.points import fit_alpha
+from orchestrator.analysis.fits import fit_alpha
 
 REQUEST_KEYS = ["run_id", "request_index"]  # a request's rounds carry these, not its category
 

@@ -20,7 +20,7 @@ from dsd.analytic import queueing
 from dsd.modes import gammaless_modes
 from orchestrator.analysis import bootstrap
 from orchestrator.analysis.points import measured_crossovers
-from orchestrator.analysis.predictions import crossover_err_pct, oos_crossovers
+from orchestrator.analysis.out_of_sample import crossover_err_pct, oos_crossovers
 
 IN_SAMPLE, OUT_OF_SAMPLE = "in_sample", "out_of_sample"
 # Out-of-sample crossovers predicted below this are left out of the error summary: a few ms of

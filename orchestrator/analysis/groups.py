@@ -14,13 +14,11 @@ from dsd.analytic import latency_model as lm
 from dsd.modes import edge_modes, speculative_modes
 from dsd.costs.compute_times import ComputeTimes
 from orchestrator.analysis import bootstrap, capacity
+from orchestrator.analysis.fits import fit_alpha, fit_effective_params, fit_params
 from orchestrator.analysis.points import (
     CROSSOVERS,
     GROUP_KEYS,
     add_predictions,
-    fit_alpha,
-    fit_effective_params,
-    fit_params,
     measured_crossovers,
     point_keys,
     point_table,

@@ -27,15 +27,14 @@ from orchestrator.analysis.groups import (
     select,
 )
 from orchestrator.analysis.points import GROUP_KEYS, add_speedups, gain_window_table, point_keys, varied_group_keys
-from orchestrator.analysis.predictions import (
-    CALIBRATION,
+from orchestrator.analysis.out_of_sample import (
     add_compute_drift,
     add_out_of_sample,
     crossover_err_pct,
     oos_cells,
     oos_crossovers,
-    read_predictions,
 )
+from orchestrator.analysis.predictions import CALIBRATION, read_predictions
 from orchestrator.common import cpus
 from orchestrator.common.files import write_json
 from orchestrator.report import analyze_plots, finding_plots, plots

@@ -8,7 +8,8 @@ import pytest
 
 from dsd.analytic import latency_model as lm
 from dsd.modes import predict_per_token_s
-from orchestrator.analysis.points import fit_alpha, fit_alpha_tokens_per_round, steady_windows
+from orchestrator.analysis.fits import fit_alpha, fit_alpha_tokens_per_round
+from orchestrator.analysis.points import steady_windows
 from orchestrator.analysis.predictions import calibrate
 from dsd.costs.compute_times import ComputeTimes
 

@@ -349,7 +349,7 @@ def test_a_sweep_over_link_keys_calibrates_on_the_first_link_of_the_smallest_rtt
 
 
 def test_compute_drift_is_each_points_server_compute_against_its_modes_calibration_point():
-    from orchestrator.analysis.predictions import add_compute_drift, oos_cells
+    from orchestrator.analysis.out_of_sample import add_compute_drift, oos_cells
 
     points = pd.DataFrame(
         {
@@ -447,7 +447,7 @@ def test_a_repeat_whose_requests_accept_less_is_predicted_from_its_own_calibrati
 
 
 def test_compute_drift_with_a_calibration_per_repeat_is_against_the_repeats_own():
-    from orchestrator.analysis.predictions import add_compute_drift, oos_crossovers
+    from orchestrator.analysis.out_of_sample import add_compute_drift, oos_crossovers
 
     points = pd.DataFrame(
         {
