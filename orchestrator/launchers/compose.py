@@ -19,7 +19,8 @@ with ``adopt=True``, or ``adopt="auto"`` (what a sweep passes: use it if it is u
 up), and is then left up on close, unshaped. Before it is used it must match the config: the
 backend config (field by field), the profile, threads, batching, and at least ``n_edges`` edges (the first ones by container number are used); a mismatch is one line
 naming each setting, its running value and the wanted one, and the `docker compose up` that
-fixes it. (The diffing: compose_adopt.py; the config: compose_config.py.) Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
+fixes it. (The diffing: compose_adopt.py; the config: compose_config.py; the project's containers and
+`docker compose` itself: compose_project.py.) Otherwise close() saves the services' logs (``log_dir``) and runs `compose down`, which
 removes the containers and the network. The sweep's ``ServicesConfig`` is accepted too.
 
 Shaping: a netem ``Shaper`` applies once, so each `shape` call closes the previous one and
@@ -32,8 +33,6 @@ import json
 import logging
 import os
 import secrets
-import signal
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -59,6 +58,15 @@ from orchestrator.launchers.compose_config import (
     REPO,
     ComposeConfig,  # noqa: F401
     ComposeError,
+)
+from orchestrator.launchers.compose_project import (
+    cleanup_project,
+    container_token,
+    docker_client,
+    edges_in_order,
+    project_is_up,
+    project_labels,
+    run_command,
 )
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.control_api import ControlApiTestbed
@@ -86,8 +94,6 @@ BUILD_SCRIPT = REPO / "scripts" / "build_images.sh"
 
 VERIFIER_PORT, EDGE_PORT = 8700, 8701
 NETWORK_KEY = "testbed"  # compose.yaml's network; docker: PROJECT_testbed
-PROJECT_LABEL = "com.docker.compose.project"
-NUMBER_LABEL = "com.docker.compose.container-number"
 ROLE_LABEL = "dsdbed.role"  # compose.yaml: "verifier" or "edge"
 
 _HEALTH_TIMEOUT_S = 5.0
@@ -174,7 +180,7 @@ class ComposeTestbed(ControlApiTestbed):
         naming every difference and the command that fixes it."""
         c = self.config
         verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier" and x.status == "running"]
-        edges = _edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge" and x.status == "running")
+        edges = edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge" and x.status == "running")
         mismatches = adopt_mismatches(c, verifiers[0] if verifiers else None, edges[: c.n_edges])
         problems = [text for _, text in mismatches]
         if len(verifiers) != 1:
@@ -195,7 +201,7 @@ class ComposeTestbed(ControlApiTestbed):
             raise ComposeError(f"image {c.image} is missing and build='never': run scripts/build_images.sh")
         if c.build == "always" or not present:
             log.info("building %s with %s", c.image, BUILD_SCRIPT)
-            _run(
+            run_command(
                 ["bash", str(BUILD_SCRIPT)],
                 env={**os.environ, "DSD_IMAGE": c.image},
                 timeout_s=c.build_timeout_s,
@@ -206,7 +212,7 @@ class ComposeTestbed(ControlApiTestbed):
         c = self.config
         containers = self.project_containers()  # running or not: a dead one is named below
         verifiers = [x for x in containers if x.labels.get(ROLE_LABEL) == "verifier"]
-        edges = _edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge")
+        edges = edges_in_order(x for x in containers if x.labels.get(ROLE_LABEL) == "edge")
         if len(verifiers) != 1 or len(edges) < c.n_edges or (self.owned and len(edges) != c.n_edges):
             raise ComposeError(
                 f"project {c.project!r} has {len(verifiers)} verifier(s) and {len(edges)} edge(s); "
@@ -222,7 +228,7 @@ class ComposeTestbed(ControlApiTestbed):
                 client_id=i,
                 control_url=f"http://{self.container_ip(x)}:{EDGE_PORT}",
                 name=x.name,
-                token=_container_token(x),
+                token=container_token(x),
             )
             for i, x in enumerate(edges)
         ]
@@ -459,43 +465,12 @@ class ComposeTestbed(ControlApiTestbed):
     def compose(self, *args: str, timeout_s: float) -> str:
         c = self.config
         env = {**os.environ, **c.compose_env(), "DSD_TOKEN": self._token, "COMPOSE_BAKE": "false"}
-        return _run(
+        return run_command(
             ["docker", "compose", "--project-name", c.project, "--file", c.compose_file, *args],
             env=env,
             timeout_s=timeout_s,
             what=f"docker compose {args[0]}",
         )
-
-
-def docker_client():
-    """The Docker SDK's client, or a ComposeError saying the engine does not answer."""
-    try:
-        return docker.from_env(timeout=60)
-    except docker.errors.DockerException as exc:
-        raise ComposeError(
-            f"the Docker engine does not answer ({exc}); start it as root with `bash scripts/docker_setup.sh`"
-        ) from exc
-
-
-def project_labels(project: str) -> list[str]:
-    """The labels of a compose project's service containers. The project label alone is not
-    enough: `compose build` stamps it on the image, so a container merely run from the image
-    (`docker run`, a build step FROM it) carries it too; only compose numbers its containers."""
-    return [f"{PROJECT_LABEL}={project}", NUMBER_LABEL]
-
-
-def project_is_up(project: str) -> bool:
-    """Whether the compose project has any container (running or not)."""
-    client = docker_client()
-    try:
-        return bool(client.containers.list(all=True, filters={"label": project_labels(project)}))
-    finally:
-        client.close()
-
-
-def _edges_in_order(containers) -> list:
-    """Edge i is client i: compose's container numbers order them."""
-    return sorted(containers, key=lambda x: int(x.labels.get(NUMBER_LABEL, "0")))
 
 
 def _step(errors: list[str], what: str, fn, *args, **kwargs):
@@ -514,59 +489,3 @@ def _answers_health(url: str, role: str) -> bool:
     except (OSError, ValueError):
         return False
     return body.get("status") == "ok" and body.get("role") == role
-
-
-def cleanup_project(project: str = "dsdbed", client=None) -> list[str]:
-    """Remove a project's containers and networks by their compose label (after a crash, or what
-    `compose down` left); returns what it removed. Shaping leftovers: `netem.cleanup_leftovers`."""
-    own_client = client is None
-    client = client or docker.from_env(timeout=60)
-    removed = []
-    try:
-        for container in client.containers.list(all=True, filters={"label": project_labels(project)}):
-            container.remove(force=True)
-            removed.append(f"container {container.name}")
-        for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={project}"}):
-            network.remove()
-            removed.append(f"network {network.name}")
-    finally:
-        if own_client:
-            client.close()
-    return removed
-
-
-def _run(argv: list[str], env: dict[str, str], timeout_s: float, what: str) -> str:
-    """Run a command in its own process group; kill the group at the timeout. Returns its output."""
-    log.info("running %s", " ".join(argv))
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise ComposeError(f"{what} did not finish within {timeout_s} s: {out[-3000:]}") from None
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    if proc.returncode != 0:
-        raise ComposeError(f"{what} exited {proc.returncode}: {out[-3000:]}")
-    return out
-
-
-def _container_token(container) -> str | None:
-    """The DSD_TOKEN a service container was started with (what it requires), or None."""
-    for item in container.attrs.get("Config", {}).get("Env") or []:
-        name, _, value = item.partition("=")
-        if name == "DSD_TOKEN":
-            return value.strip() or None
-    return None

@@ -132,7 +132,8 @@ def _swarm_stacks(remove: bool) -> list[str]:
     try:
         import docker
 
-        from orchestrator.launchers.swarm import OUR_LABEL, cleanup_stack, find_stack
+        from orchestrator.launchers.swarm_config import OUR_LABEL
+        from orchestrator.launchers.swarm_leftovers import cleanup_stack, find_stack
 
         manager = os.environ.get("DSD_SWARM_MANAGER", "")
         client = docker.DockerClient(base_url=manager, timeout=30) if manager else docker.from_env(timeout=30)

@@ -167,31 +167,7 @@ class SimTestbed:
             point.sampling.params,
             seq_prefix=point.key,
         )
-        round_rows, request_rows = [], []
-        for request in done:
-            keys = {
-                "run_id": f"sim-{point.key}-c{request.client}",
-                "client_id": str(request.client),
-                "mode": point.mode,
-                "gamma": point.gamma,
-                "request_index": request.index,
-            }
-            round_rows += [
-                as_dict(dataclasses.replace(round_row(keys, record), **dataclasses.asdict(times)))
-                for record, times in zip(request.rounds, request.round_times)
-            ]
-            request_rows.append(
-                as_dict(
-                    request_row(
-                        {**keys, "category": category_of(settings, request.index)},
-                        prompts[request.index],
-                        request.tokens,
-                        request.rounds,
-                        request.total_s,
-                        request.first_token_s,
-                    )
-                )
-            )
+        round_rows, request_rows = _clients_rows(point, prompts, settings, done)
         rounds, requests = finish_point(
             pd.DataFrame(round_rows, columns=ROUND_COLUMNS),
             pd.DataFrame(request_rows, columns=REQUEST_COLUMNS),
@@ -200,6 +176,37 @@ class SimTestbed:
             self.shape([point.rtt_ms]),
         )
         return rounds.to_dict("records"), requests.to_dict("records"), [], {}
+
+
+def _clients_rows(point, prompts: list[list[int]], settings: PointSettings, done: list) -> tuple[list, list]:
+    """The simulated clients' requests (dsd.simulation.many_clients.ClientRequest) as trace rows:
+    one run (run id, client_id) per client, each round with its times on the point's virtual clock."""
+    round_rows, request_rows = [], []
+    for request in done:
+        keys = {
+            "run_id": f"sim-{point.key}-c{request.client}",
+            "client_id": str(request.client),
+            "mode": point.mode,
+            "gamma": point.gamma,
+            "request_index": request.index,
+        }
+        round_rows += [
+            as_dict(dataclasses.replace(round_row(keys, record), **dataclasses.asdict(times)))
+            for record, times in zip(request.rounds, request.round_times)
+        ]
+        request_rows.append(
+            as_dict(
+                request_row(
+                    {**keys, "category": category_of(settings, request.index)},
+                    prompts[request.index],
+                    request.tokens,
+                    request.rounds,
+                    request.total_s,
+                    request.first_token_s,
+                )
+            )
+        )
+    return round_rows, request_rows
 
 
 def check_clients_settings(clients: int, controller: str) -> None:

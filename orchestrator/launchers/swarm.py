@@ -46,7 +46,6 @@ secrets; `cleanup_stack` does the same after a crash.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -65,32 +64,24 @@ import yaml
 from orchestrator.common import http_client
 from orchestrator.launchers.base import EdgeHandle, LinkState
 from orchestrator.launchers.control_api import ControlApiTestbed
-from orchestrator.launchers.compose import ComposeError, _run
+from orchestrator.launchers.compose_config import ComposeError
+from orchestrator.launchers.compose_project import run_command
 from orchestrator.launchers.external import shape_in_edge
 from orchestrator.launchers.services_config import ServicesConfig
 from orchestrator.launchers.swarm_images import PROBE_SUFFIX, distribute, image_id, missing_on
 from orchestrator.links.keys import as_spec
 from orchestrator.launchers.swarm_config import (
-    EDGE_CAPS,
     EDGE_PORT,
-    ENGINE_SCHEMES,
-    OUR_LABEL,  # noqa: F401
+    OUR_LABEL,
     ROLE_LABEL,
-    SECRET,
-    SECRET_PATH,
-    STACK_LABEL,
-    TUNNEL_PORT,
     VERIFIER_PORT,
     SwarmConfig,
-    interpolate,
+    SwarmError,
     stack_file,
 )
+from orchestrator.launchers.swarm_leftovers import cleanup_stack, find_stack, wait_nodes_clean
 
 log = logging.getLogger(__name__)
-
-
-class SwarmError(RuntimeError):
-    """docker swarm/stack failed, or the swarm is not what the launcher needs."""
 
 
 @dataclass
@@ -176,7 +167,7 @@ class SwarmTestbed(ControlApiTestbed):
         stack_path.write_text(json.dumps(stack, indent=1))  # JSON is YAML
         t0_s = time.monotonic()
         # --resolve-image never: the image is named by ID, and there is no registry to ask.
-        _run(
+        run_command(
             ["docker", "stack", "deploy", "--resolve-image", "never", "--compose-file", str(stack_path), c.stack],
             env=self._env,
             timeout_s=120,
@@ -449,7 +440,9 @@ class SwarmTestbed(ControlApiTestbed):
                     errors.append(f"control container: {exc.explanation}")
                 self._controller = None
             try:
-                _run(["docker", "stack", "rm", self.config.stack], env=self._env, timeout_s=120, what="docker stack rm")
+                run_command(
+                    ["docker", "stack", "rm", self.config.stack], env=self._env, timeout_s=120, what="docker stack rm"
+                )
             except ComposeError as exc:
                 # Typically the network, still in use by tasks shutting down: removed below.
                 log.info("docker stack rm left something: %s", exc)
@@ -459,7 +452,7 @@ class SwarmTestbed(ControlApiTestbed):
                     log.info("removed by label after docker stack rm: %s", left)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(f"cleanup by label: {exc}")
-            errors += self._wait_nodes_clean()
+            errors += wait_nodes_clean(self.config.stack, self.config.node_hosts)
             self.owned = False
         token_file = self._work / "token"
         token_file.unlink(missing_ok=True)
@@ -467,30 +460,6 @@ class SwarmTestbed(ControlApiTestbed):
         self._client.close()
         if errors:
             raise SwarmError("teardown incomplete: " + "; ".join(errors))
-
-    def _wait_nodes_clean(self, timeout_s: float = 60.0) -> list[str]:
-        """On every node engine given that still answers (a lost one does not): wait until none of
-        the stack's containers and networks is left (the nodes remove their tasks after the
-        manager removes the services). Returns what is still there after timeout_s."""
-        left: list[str] = []
-        for url in self.config.node_hosts:
-            try:
-                node = docker.DockerClient(base_url=url, timeout=10)
-            except docker.errors.DockerException:
-                continue
-            try:
-                deadline_s = time.monotonic() + timeout_s
-                while True:
-                    found = find_stack(self.config.stack, node, services=False)
-                    if not found or time.monotonic() > deadline_s:
-                        left += [f"{url}: {x}" for x in found]
-                        break
-                    time.sleep(1.0)
-            except (docker.errors.DockerException, OSError):
-                pass  # went away meanwhile: nothing of it left running
-            finally:
-                node.close()
-        return [f"left on nodes: {left}"] if left else []
 
 
 def _healthy(url: str, role: str) -> bool:
@@ -502,60 +471,3 @@ def _healthy(url: str, role: str) -> bool:
     except (OSError, ValueError):
         return False
     return status == 200 and answer.get("role") == role
-
-
-def find_stack(stack: str, client, services: bool = True) -> list[str]:
-    """What of a stack exists: services, containers, networks, secrets with its labels
-    (services=False: containers and networks only, what a worker node's engine can list)."""
-    found = []
-    for label in (f"{STACK_LABEL}={stack}", f"{OUR_LABEL}={stack}"):
-        if services:
-            found += [f"service {s.name}" for s in client.services.list(filters={"label": label})]
-            found += [f"secret {s.name}" for s in client.secrets.list(filters={"label": label})]
-        found += [f"container {x.name}" for x in client.containers.list(all=True, filters={"label": label})]
-        found += [f"network {n.name}" for n in client.networks.list(filters={"label": label})]
-    return sorted(set(found))
-
-
-def cleanup_stack(stack: str = "dsdbed", client=None, timeout_s: float = 60.0) -> list[str]:
-    """Remove everything of a stack by label (idempotent); returns what it removed. Services and
-    containers first: a network or secret in use cannot go until their tasks are gone."""
-    own = client is None
-    client = client or docker.from_env(timeout=120)
-    removed = []
-    try:
-        for label in (f"{STACK_LABEL}={stack}", f"{OUR_LABEL}={stack}"):
-            # Each may go meanwhile (`docker stack rm` removes a service's containers itself).
-            for s in client.services.list(filters={"label": label}):
-                with contextlib.suppress(docker.errors.NotFound):
-                    s.remove()
-                    removed.append(f"service {s.name}")
-            for x in client.containers.list(all=True, filters={"label": label}):
-                with contextlib.suppress(docker.errors.NotFound):
-                    x.remove(force=True)
-                    removed.append(f"container {x.name}")
-        deadline_s = time.monotonic() + timeout_s
-        while True:
-            # Tasks leave their networks a moment after the services are removed.
-            busy = []
-            for label in (f"{STACK_LABEL}={stack}", f"{OUR_LABEL}={stack}"):
-                for n in client.networks.list(filters={"label": label}):
-                    try:
-                        n.remove()
-                        removed.append(f"network {n.name}")
-                    except docker.errors.APIError as exc:
-                        busy.append(f"network {n.name}: {exc.explanation}")
-                for s in client.secrets.list(filters={"label": label}):
-                    try:
-                        s.remove()
-                        removed.append(f"secret {s.name}")
-                    except docker.errors.APIError as exc:
-                        busy.append(f"secret {s.name}: {exc.explanation}")
-            if not busy:
-                return sorted(set(removed))
-            if time.monotonic() > deadline_s:
-                raise SwarmError(f"still in use after {timeout_s:.0f} s: {busy}")
-            time.sleep(1.0)
-    finally:
-        if own:
-            client.close()

@@ -28,6 +28,10 @@ _STACK_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
 _VAR_RE = re.compile(r"\$\{([A-Z0-9_]+)(:?-)?([^}]*)\}")
 
 
+class SwarmError(RuntimeError):
+    """docker swarm/stack failed, or the swarm is not what the launcher needs."""
+
+
 @dataclass(frozen=True)
 class SwarmConfig:
     n_edges: int

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from orchestrator.spec.experiment import experiment_from_dict
-from orchestrator.launchers.swarm import SwarmConfig, find_stack, interpolate, stack_file
+from orchestrator.launchers.swarm import SwarmConfig, find_stack, stack_file
+from orchestrator.launchers.swarm_config import interpolate
 from orchestrator.running.run import run_experiment
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
