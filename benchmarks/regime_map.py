@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.analysis.frontier import ERR_FLOOR_MS, OUT_OF_SAMPLE  # noqa: E402
 from orchestrator.report.analyze import analyze_sweep  # noqa: E402
 from orchestrator.running.run import run_experiment  # noqa: E402
-from orchestrator.spec.experiment import REPO, Experiment, load_experiment  # noqa: E402
+from orchestrator.spec.experiment import Experiment, load_experiment  # noqa: E402
+from orchestrator.spec.file_paths import REPO  # noqa: E402
 
 PAIR = "pipelined_vs_colocated"
 SIM_FILE = REPO / "experiments" / "regime-map-sim-serial.toml"

@@ -64,6 +64,12 @@ class LoadConfig:
     seed: int = -1
 
     def __post_init__(self) -> None:
+        self._check_process()
+        self._check_counts()
+        self._check_edges()
+        self._check_output()
+
+    def _check_process(self) -> None:
         if self.arrival_process in RENAMED_PROCESSES:
             raise ValueError(
                 f"load.arrival_process {self.arrival_process!r} is now "
@@ -77,6 +83,17 @@ class LoadConfig:
         )
         rates = self.rate_rps if isinstance(self.rate_rps, tuple) else (self.rate_rps,)
         object.__setattr__(self, "rate_rps", tuple(rates))
+        self._check_trace_or_rates()
+        check(is_number(self.cv) and 0 < self.cv <= 20, "load.cv", self.cv, "a number in (0, 20]")
+        check(
+            self.cv == 1.0 or self.arrival_process == "gamma_gaps",
+            "load.cv",
+            self.cv,
+            "only with arrival_process = 'gamma_gaps'",
+        )
+
+    def _check_trace_or_rates(self) -> None:
+        """A trace sets the arrival times and how many; otherwise the rates and a duration or a count do."""
         if self.arrival_process == "trace":
             check(
                 isinstance(self.trace, str) and Path(self.trace).expanduser().is_file(),
@@ -116,13 +133,8 @@ class LoadConfig:
                 self.duration_s,
                 "duration_s > 0 or requests > 0 (one of the two)",
             )
-        check(is_number(self.cv) and 0 < self.cv <= 20, "load.cv", self.cv, "a number in (0, 20]")
-        check(
-            self.cv == 1.0 or self.arrival_process == "gamma_gaps",
-            "load.cv",
-            self.cv,
-            "only with arrival_process = 'gamma_gaps'",
-        )
+
+    def _check_counts(self) -> None:
         check(
             is_number(self.duration_s) and 0 <= self.duration_s <= 86_400,
             "load.duration_s",
@@ -144,6 +156,8 @@ class LoadConfig:
             self.warmup_s,
             f"less than duration_s {self.duration_s}",
         )
+
+    def _check_edges(self) -> None:
         check(self.assignment in ASSIGNMENTS, "load.assignment", self.assignment, f"one of {ASSIGNMENTS}")
         weights = self.weights if isinstance(self.weights, tuple) else tuple(self.weights)
         object.__setattr__(self, "weights", weights)
@@ -170,6 +184,8 @@ class LoadConfig:
             list(rtts),
             "empty with arrival_process = 'trace' (a rate map sweeps rate_rps at each RTT; a trace has one rate)",
         )
+
+    def _check_output(self) -> None:
         check(self.output in OUTPUTS, "load.output", self.output, f"one of {OUTPUTS}")
         if self.output == "lengths":
             check(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
-import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -21,8 +19,8 @@ from orchestrator.spec.sampling import SamplingSweep, Setting, parse_sampling
 from orchestrator.spec.workload import Workload, parse_workload
 from orchestrator.spec.external import ExternalConfig
 from orchestrator.spec.arrivals import LoadConfig, SloConfig, parse_load, parse_slo
+from orchestrator.spec.file_paths import paths_from_folder
 
-REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("sim", "loopback", "netns", "compose", "external", "swarm", "auto")
 # The most clients a point can have, and what holds them: the sim runs a coroutine per client
 # (dsd/simulation/many_clients.py); on the others each client holds a session open on the one verifier,
@@ -394,75 +392,13 @@ def load_experiment(path: Path, profiles_file: Path | None = None) -> Experiment
     return experiment_from_dict(paths_from_folder(data, Path(path).parent), source=str(path), extra_profiles=extra)
 
 
-# Every file path an experiment file names, by table and key; a relative one is taken from the
-# file's folder (docs/experiments.md). Beside each, where such a path was taken from before
-# (checked only when it is not found from the folder, with a warning: a deprecated base).
-PATH_KEYS = {
-    ("backend", "acceptance_trace"): (),
-    ("backend", "pair_path"): (REPO,),
-    ("backend", "target_path"): (REPO,),
-    ("backend", "draft_path"): (REPO,),
-    ("workload", "path"): (Path.cwd, REPO),
-    ("link", "trace_csv"): (Path.cwd,),
-    ("external", "token_file"): (Path.cwd,),
-    ("load", "trace"): (),
-    ("load", "lengths_csv"): (),
-}
-
-
-def paths_from_folder(data: dict, folder: Path) -> dict:
-    """The experiment file's tables with each relative path of PATH_KEYS made absolute from
-    ``folder``, so the file runs the same from any working directory."""
-    data = dict(data)
-    for (table, key), old_bases in PATH_KEYS.items():
-        value = data.get(table, {}).get(key) if isinstance(data.get(table), dict) else None
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            data[table] = {**data[table], key: _from_folder(value, folder, f"{table}.{key}", old_bases)}
-    return data
-
-
-def _from_folder(value: str, folder: Path, key: str, old_bases: tuple) -> str:
-    here = Path(os.path.normpath(folder.resolve() / Path(value).expanduser()))
-    if here.exists():
-        return str(here)
-    for base in old_bases:
-        before = (base() if callable(base) else base) / Path(value).expanduser()
-        if before.exists():
-            warnings.warn(
-                f"experiment key {key!r}: {value!r} is not found from the experiment file's folder "
-                f"({folder}), which relative paths are taken from; taken from {before.parent} as "
-                "before, which a later version will not do: write it relative to the file",
-                FutureWarning,
-                stacklevel=3,
-            )
-            return str(before.resolve())
-    return str(here)
-
-
 def experiment_from_dict(
     data: dict, source: str = "experiment", extra_profiles: tuple[HardwareProfile, ...] = ()
 ) -> Experiment:
-    data = dict(data)
+    data = _parse_tables(dict(data), source)
     backend = data.pop("backend", {})
     tables = data.pop("profiles", {})
-    if "sampling" in data:
-        data["sampling"] = parse_sampling(data.pop("sampling"), source)
-    if "workload" in data:
-        data["workload"] = parse_workload(data.pop("workload"), source)
-    if "cache" in data:
-        data["cache"] = config_from_table(CacheConfig, data.pop("cache"), "cache", source)
     external = data.pop("external", None)
-    if "load" in data:
-        data["load"] = parse_load(data.pop("load"), source)
-    if "slo" in data:
-        data["slo"] = parse_slo(data.pop("slo"), source)
-    if "link" in data:
-        if not isinstance(data["link"], dict):
-            raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
-        try:
-            data["link"] = link_keys.LinkOptions.from_dict(data["link"])
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{source}: {error}") from None
     known = {f.name for f in fields(Experiment)} - {"backend", "hardware_profiles", "external"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -514,3 +450,26 @@ def experiment_from_dict(
         return Experiment(backend=backend_config, **data)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: {error}") from None
+
+
+def _parse_tables(data: dict, source: str) -> dict:
+    """The experiment file's sub-tables ([sampling], [workload], [cache], [load], [slo], [link])
+    as their typed configs, in place of the raw tables."""
+    if "sampling" in data:
+        data["sampling"] = parse_sampling(data.pop("sampling"), source)
+    if "workload" in data:
+        data["workload"] = parse_workload(data.pop("workload"), source)
+    if "cache" in data:
+        data["cache"] = config_from_table(CacheConfig, data.pop("cache"), "cache", source)
+    if "load" in data:
+        data["load"] = parse_load(data.pop("load"), source)
+    if "slo" in data:
+        data["slo"] = parse_slo(data.pop("slo"), source)
+    if "link" in data:
+        if not isinstance(data["link"], dict):
+            raise ValueError(f"{source}: experiment key 'link': expected a table ([link]), got {data['link']!r}")
+        try:
+            data["link"] = link_keys.LinkOptions.from_dict(data["link"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
+    return data

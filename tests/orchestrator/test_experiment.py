@@ -1,6 +1,7 @@
 import pytest
 
-from orchestrator.spec.experiment import REPO, experiment_from_dict, load_experiment
+from orchestrator.spec.experiment import experiment_from_dict, load_experiment
+from orchestrator.spec.file_paths import REPO
 
 PAIR = REPO / "models" / "default-pair"
 
