@@ -66,34 +66,7 @@ def plot_goodput_vs_rate(points: pd.DataFrame, summary: dict, out: Path) -> Path
 def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path:
     out = Path(out)
     lines = ["# Serving under load", ""]
-    if summary.get("slo"):
-        slo = summary["slo"]
-        bounds = ", ".join(f"{k} <= {slo[k]:g}" for k in ("ttft_ms", "tpot_ms", "e2e_ms") if slo[k])
-        lines += [f"SLO: {bounds}; attainment level {slo['attainment']:.0%}.", ""]
-    if summary.get("slo") and summary["modes"]:
-        lines += [
-            "| mode | largest rate at the level (95% CI), req/s | predicted for this run (95% CI) | error | "
-            "steady state (closed form) | error | attainment there (95% CI; requests, at req/s) | goodput there |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for mode, row in summary["modes"].items():
-            lines.append(
-                f"| {mode} | {_f(row.get('max_rate_rps'))} ({_f(row.get('max_rate_ci_low_rps'))} .. "
-                f"{_f(row.get('max_rate_ci_high_rps'))}){' (censored)' if row.get('censored') else ''} | "
-                f"{_f(row.get('predicted_max_rate_rps'))} ({_f(row.get('predicted_ci_low_rps'))} .. "
-                f"{_f(row.get('predicted_ci_high_rps'))}) | {_f(row.get('rate_err_pct'), '%')} | "
-                f"{_f(row.get('steady_max_rate_rps'))} | {_f(row.get('steady_err_pct'), '%')} | "
-                f"{_f(row.get('attainment_at_max'))} ({_f(row.get('attainment_ci_low'))} .. "
-                f"{_f(row.get('attainment_ci_high'))}; {row.get('attainment_requests', '-')}, at "
-                f"{_f(row.get('attainment_rate_rps'))}) | {_f(row.get('goodput_at_max_rps'))} |"
-            )
-        lines += [
-            "",
-            "Predicted for this run: the virtual-time model on this sweep's own arrivals, made before "
-            "its first point (network launchers; on the sim the run is that model). Steady state: the "
-            "closed-form queueing model (docs/serving.md).",
-            "",
-        ]
+    lines += _slo_lines(summary)
     if summary.get("rate_frontier"):
         lines += _rate_map_lines(summary["rate_frontier"], out)
     elif not points.empty:
@@ -126,6 +99,40 @@ def write_serving_report(out: Path, points: pd.DataFrame, summary: dict) -> Path
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _slo_lines(summary: dict) -> list[str]:
+    """The SLO, and per mode the largest rate that meets it, measured beside predicted."""
+    lines = []
+    if summary.get("slo"):
+        slo = summary["slo"]
+        bounds = ", ".join(f"{k} <= {slo[k]:g}" for k in ("ttft_ms", "tpot_ms", "e2e_ms") if slo[k])
+        lines += [f"SLO: {bounds}; attainment level {slo['attainment']:.0%}.", ""]
+    if summary.get("slo") and summary["modes"]:
+        lines += [
+            "| mode | largest rate at the level (95% CI), req/s | predicted for this run (95% CI) | error | "
+            "steady state (closed form) | error | attainment there (95% CI; requests, at req/s) | goodput there |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for mode, row in summary["modes"].items():
+            lines.append(
+                f"| {mode} | {_f(row.get('max_rate_rps'))} ({_f(row.get('max_rate_ci_low_rps'))} .. "
+                f"{_f(row.get('max_rate_ci_high_rps'))}){' (censored)' if row.get('censored') else ''} | "
+                f"{_f(row.get('predicted_max_rate_rps'))} ({_f(row.get('predicted_ci_low_rps'))} .. "
+                f"{_f(row.get('predicted_ci_high_rps'))}) | {_f(row.get('rate_err_pct'), '%')} | "
+                f"{_f(row.get('steady_max_rate_rps'))} | {_f(row.get('steady_err_pct'), '%')} | "
+                f"{_f(row.get('attainment_at_max'))} ({_f(row.get('attainment_ci_low'))} .. "
+                f"{_f(row.get('attainment_ci_high'))}; {row.get('attainment_requests', '-')}, at "
+                f"{_f(row.get('attainment_rate_rps'))}) | {_f(row.get('goodput_at_max_rps'))} |"
+            )
+        lines += [
+            "",
+            "Predicted for this run: the virtual-time model on this sweep's own arrivals, made before "
+            "its first point (network launchers; on the sim the run is that model). Steady state: the "
+            "closed-form queueing model (docs/serving.md).",
+            "",
+        ]
+    return lines
 
 
 def _rate_map_lines(frontier: list[dict], out: Path) -> list[str]:

@@ -146,8 +146,30 @@ def run_open_loop_point(
         link_keys.edge_specs(experiment.link, link_point(experiment, point.rtt_ms), len(testbed.edges))
     )
     masks = settings.after_shape(testbed) if settings.after_shape is not None else None
-    attempt = os.urandom(3).hex()
     t0_unix_s = time.time() + POST_LEAD_S + 1.0
+    runs = _post_arrivals(experiment, point, testbed, prompts, settings, arrivals, t0_unix_s)
+    _wait_idle(testbed, t0_unix_s + (arrivals[-1].arrival_s if arrivals else 0.0) + timeout_s)
+    rows = [_net_row(testbed, a, runs[a.index], t0_unix_s, links) for a in arrivals]
+    return (
+        [],
+        finish_rows(pd.DataFrame(rows), experiment).to_dict("records"),
+        [asdict(link) for link in links],
+        {"t0_unix_s": t0_unix_s, **({"cpu_masks": masks} if masks else {})},
+    )
+
+
+def _post_arrivals(
+    experiment: Experiment,
+    point: ServingPoint,
+    testbed,
+    prompts: list[list[int]],
+    settings: PointSettings,
+    arrivals: list[OpenLoopRequest],
+    t0_unix_s: float,
+) -> dict[int, tuple]:
+    """Each arrival posted as a run on its edge POST_LEAD_S before it, from a pool of posting
+    threads; returns request index -> (run id, None) or (None, why it was not posted)."""
+    attempt = os.urandom(3).hex()
     sampling = experiment.sampling_settings()[0]
     runs = {}
 
@@ -189,14 +211,7 @@ def run_open_loop_point(
                 runs[index] = (future.result(timeout=60), None)
             except Exception as exc:  # noqa: BLE001 - a post refused is the request's row
                 runs[index] = (None, f"not posted: {type(exc).__name__}: {exc}")
-    _wait_idle(testbed, t0_unix_s + (arrivals[-1].arrival_s if arrivals else 0.0) + timeout_s)
-    rows = [_net_row(testbed, a, runs[a.index], t0_unix_s, links) for a in arrivals]
-    return (
-        [],
-        finish_rows(pd.DataFrame(rows), experiment).to_dict("records"),
-        [asdict(link) for link in links],
-        {"t0_unix_s": t0_unix_s, **({"cpu_masks": masks} if masks else {})},
-    )
+    return runs
 
 
 def _wait_idle(testbed, deadline_unix_s: float) -> None:
@@ -217,26 +232,7 @@ def _net_row(testbed, a: OpenLoopRequest, posted: tuple, t0_unix_s: float, links
     """A request's row from its run's traces; a run that failed (a refusal by admission among
     them) is a row with its reason."""
     run_id, error = posted
-    link = links[a.edge]
-    row = {
-        "request_index": a.index,
-        "edge": a.edge,
-        "arrival_s": a.arrival_s,
-        "warmup": a.warmup,
-        "link_rtt_configured_ms": link.rtt_configured_ms,
-        "max_tokens": a.max_tokens,
-        "admitted": False,
-        "refused_reason": error or "",
-        "start_lag_s": math.nan,
-        "queue_s": math.nan,
-        "ttft_s": math.nan,
-        "tpot_s": math.nan,
-        "e2e_s": math.nan,
-        "tokens": 0,
-        "rounds": 0,
-        "server_passes": 0,
-        "run_id": run_id or "",
-    }
+    row = _unanswered_row(a, links[a.edge], run_id, error)
     if run_id is None:
         return row
     edge = testbed.edges[a.edge]
@@ -277,6 +273,29 @@ def _net_row(testbed, a: OpenLoopRequest, posted: tuple, t0_unix_s: float, links
     return row
 
 
+def _unanswered_row(a: OpenLoopRequest, link, run_id: str | None, error: str | None) -> dict:
+    """A request's row before its traces are read: not admitted, no times, ``error`` its reason."""
+    return {
+        "request_index": a.index,
+        "edge": a.edge,
+        "arrival_s": a.arrival_s,
+        "warmup": a.warmup,
+        "link_rtt_configured_ms": link.rtt_configured_ms,
+        "max_tokens": a.max_tokens,
+        "admitted": False,
+        "refused_reason": error or "",
+        "start_lag_s": math.nan,
+        "queue_s": math.nan,
+        "ttft_s": math.nan,
+        "tpot_s": math.nan,
+        "e2e_s": math.nan,
+        "tokens": 0,
+        "rounds": 0,
+        "server_passes": 0,
+        "run_id": run_id or "",
+    }
+
+
 def refusal_reason(error: str) -> str:
     """A run's error as a refusal reason: the verifier limit it names, else the error itself."""
     for limit in (
@@ -312,16 +331,7 @@ def run_serving(
     check_serving(experiment, launcher)
     out = Path(out)
     times = serving_times(experiment, out)
-    facts = {
-        **host_facts(),
-        "launcher": launcher,
-        "costs": times.to_dict(),
-        "serving": True,
-        "edge_rtt_ms": [list(edge_rtts_ms(experiment, rtt)) for rtt in map_rtts_ms(experiment)]
-        if experiment.load.rtt_ms
-        else list(edge_rtts_ms(experiment)),
-    }
-    prepare_out_dir(out, experiment, resume, facts)
+    prepare_out_dir(out, experiment, resume, _sweep_facts(experiment, launcher, times))
     write_prediction(out, experiment, times, launcher)
     testbed = None
     own_cpus = os.sched_getaffinity(0)  # the orchestrator's pinning ends with the sweep
@@ -343,23 +353,42 @@ def run_serving(
         plan = plan or plan_serving(experiment)
         for point in plan:
             _record(out, point, run_point, experiment, testbed, on_point_done)
-        for rtt_ms, mode in itertools.product(map_rtts_ms(experiment), experiment.modes):
-            repeats = sorted({p.repeat for p in plan if p.mode == mode}) or range(experiment.repeats)
-            for _ in range(experiment.load.search_iterations if experiment.slo else 0):
-                rate = next_search_rate(_mode_points(out, mode, rtt_ms), experiment.slo.attainment, open_step=open_step)
-                if rate is None:
-                    break
-                for repeat in repeats:
-                    point = ServingPoint(
-                        mode, round(rate, 4), experiment.gamma[0], repeat, searched=True, rtt_ms=rtt_ms
-                    )
-                    _record(out, point, run_point, experiment, testbed, on_point_done)
+        _search_rates(out, experiment, plan, run_point, testbed, on_point_done, open_step)
     finally:
         os.sched_setaffinity(0, own_cpus)
         if testbed is not None:
             testbed.close()
     merge(out)
     return analyze_serving(out, experiment, times)
+
+
+def _sweep_facts(experiment: Experiment, launcher: str, times) -> dict:
+    """sweep.json's record of an open-loop sweep: the host, the launcher, the costs and each edge's RTT."""
+    return {
+        **host_facts(),
+        "launcher": launcher,
+        "costs": times.to_dict(),
+        "serving": True,
+        "edge_rtt_ms": [list(edge_rtts_ms(experiment, rtt)) for rtt in map_rtts_ms(experiment)]
+        if experiment.load.rtt_ms
+        else list(edge_rtts_ms(experiment)),
+    }
+
+
+def _search_rates(
+    out: Path, experiment: Experiment, plan: list[ServingPoint], run_point, testbed, on_point_done, open_step: float
+) -> None:
+    """The rate search per RTT and mode (with an SLO): each new rate over the realisations its
+    mode's planned points ran, until next_search_rate has none."""
+    for rtt_ms, mode in itertools.product(map_rtts_ms(experiment), experiment.modes):
+        repeats = sorted({p.repeat for p in plan if p.mode == mode}) or range(experiment.repeats)
+        for _ in range(experiment.load.search_iterations if experiment.slo else 0):
+            rate = next_search_rate(_mode_points(out, mode, rtt_ms), experiment.slo.attainment, open_step=open_step)
+            if rate is None:
+                break
+            for repeat in repeats:
+                point = ServingPoint(mode, round(rate, 4), experiment.gamma[0], repeat, searched=True, rtt_ms=rtt_ms)
+                _record(out, point, run_point, experiment, testbed, on_point_done)
 
 
 def _pinned_settings(experiment: Experiment, launcher: str, testbed, out: Path) -> PointSettings:
