@@ -10,7 +10,7 @@ rounds are sampled (``--pair models/smollm2-chat --gamma 2 --temperature 0.7 --t
 every Verify carries the draft's q, which the verifier checks and reads outside its pass, so its
 figure there is the sampled one. From rounds.csv, for every
 round but a request's first (it also waits for the prefill), the same quantities as the sweep's
-``harness_overhead_ms`` (orchestrator.analysis.points.fit_effective_params), as medians:
+``harness_overhead_ms`` (orchestrator.analysis.fits.fit_effective_params), as medians:
 
   hf_overhead_server_p50_ms     sync DSD: receive - send - server queue - server compute
                                 (the round trip beyond the verifier's pass: both event loops,

@@ -5,7 +5,7 @@ proportion: at alpha 0.9 and 320 tokens its standard error is ~0.018, and near a
 sync-vs-AR crossover moves ~7 ms per 0.01 of alpha, so a run answers a different question than
 the one configured. ``acceptance = "stratified"`` lays out each request's rounds in advance.
 
-What is measured (``orchestrator.analysis.points.fit_alpha``, ``dsd.drive.generation.Generation.alpha_measured``):
+What is measured (``orchestrator.analysis.fits.fit_alpha``, ``dsd.drive.generation.Generation.alpha_measured``):
 alpha_measured = S / (S + F) over the live rounds, S the accepted drafts and F the rounds that rejected
 one. A round that accepts k of gamma moves S*(1 - alpha) - alpha*F by
 

@@ -65,7 +65,7 @@ class AcceptanceTrace:
 
     @property
     def alpha_measured(self) -> float:
-        """Maximum-likelihood alpha under i.i.d. acceptance (as orchestrator.analysis.points.fit_alpha):
+        """Maximum-likelihood alpha under i.i.d. acceptance (as orchestrator.analysis.fits.fit_alpha):
         accepted successes, one failure per round that rejected."""
         accepted = sum(a for _, a in self.rounds)
         rejections = sum(a < g for g, a in self.rounds)

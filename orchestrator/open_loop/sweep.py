@@ -331,7 +331,7 @@ def run_serving(
     check_serving(experiment, launcher)
     out = Path(out)
     times = serving_times(experiment, out)
-    prepare_out_dir(out, experiment, resume, _sweep_facts(experiment, launcher, times))
+    prepare_out_dir(out, experiment, resume, _serving_facts(experiment, launcher, times))
     write_prediction(out, experiment, times, launcher)
     testbed = None
     own_cpus = os.sched_getaffinity(0)  # the orchestrator's pinning ends with the sweep
@@ -362,7 +362,7 @@ def run_serving(
     return analyze_serving(out, experiment, times)
 
 
-def _sweep_facts(experiment: Experiment, launcher: str, times) -> dict:
+def _serving_facts(experiment: Experiment, launcher: str, times) -> dict:
     """sweep.json's record of an open-loop sweep: the host, the launcher, the costs and each edge's RTT."""
     return {
         **host_facts(),
