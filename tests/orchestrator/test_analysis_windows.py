@@ -8,9 +8,9 @@ import pytest
 
 from dsd.analytic import latency_model as lm
 from dsd.costs.compute_times import ComputeTimes
+from orchestrator.analysis.fits import fit_effective_params
 from orchestrator.analysis.points import (
     add_speedups,
-    fit_effective_params,
     point_table,
     predicted_ar_boundary_alpha,
     predicted_ar_boundary_rtt_ms,
