@@ -78,12 +78,12 @@ from dsd.costs.profiles import get_profile  # noqa: E402
 from dsd.speculation.stopping import StopRule  # noqa: E402
 from dsd.costs.compute_times import ComputeTimes  # noqa: E402
 from orchestrator.launchers.sim import SimClient, SimRequest, run_request  # noqa: E402
-from benchmarks.adaptive_scenario import (
+from benchmarks.adaptive_scenario import (  # noqa: E402,F401
     CLASS_TOKEN,
     GAMMAS,
     POLICIES,
     RequestRun,
-    Scenario,  # noqa: E402,F401
+    Scenario,
     arms,
     load_rtt_trace,
     matched_vs_oracle_pct,

@@ -17,13 +17,13 @@ from services.edge.openai_api import ServeConfig, TextStream
 from services.edge.openai_api.routes import DISCONNECTED, STOPPED
 from services.edge.openai_api.text import REPLACEMENT
 from tests.services.harness import RawClient, open_message, run, sessions_open
-from tests.services.openai_harness import (
+from tests.services.openai_harness import (  # noqa: F401
     MODEL,
     TOKEN,
     call,
     configure,
     served,
-    serving_rows,  # noqa: F401
+    serving_rows,
     serving_status,
     wait_idle,
 )
