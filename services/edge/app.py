@@ -195,25 +195,7 @@ class Edge:
             stop = StopRule(config.max_new_tokens, welcome.eos_token_id if config.stop_at_eos else None)
             for index, prompt in enumerate(config.prompts):
                 request = Request(index, list(prompt), config, stop, t_start_s=time.perf_counter())
-                deadline = asyncio.timeout(config.request_deadline_s or config.request_timeout_s)
-                try:
-                    async with deadline:
-                        await self._dispatch(client, channel, request)
-                except TimeoutError:
-                    if not deadline.expired():
-                        raise
-                    if not config.request_deadline_s:
-                        raise RunError(
-                            f"request {index}: not done within request_timeout_s {config.request_timeout_s}"
-                        ) from None
-                    if request.tokens is None:  # else only the session's Close was still on its way
-                        request.gave_up = (
-                            f"deadline: not done within request_deadline_s "
-                            f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
-                            f"link {channel.closed_reason or 'up'})"
-                        )
-                    if request.session is not None:
-                        await channel.abandon(request.session)
+                await self._within_deadline(client, channel, request)
                 request_row(writer, clock, channel, request)
                 run.requests_done += 1
                 run.tokens += request.n_emitted if request.gave_up else len(request.tokens or ())
@@ -230,6 +212,30 @@ class Edge:
             device.runs -= 1
             await channel.close()
             writer.close()
+
+    async def _within_deadline(self, client: Client, channel: VerifierChannel, request: Request) -> None:
+        """Past request_deadline_s a request is given up (its row says why) and the run goes on;
+        past request_timeout_s the run fails."""
+        config = request.config
+        deadline = asyncio.timeout(config.request_deadline_s or config.request_timeout_s)
+        try:
+            async with deadline:
+                await self._dispatch(client, channel, request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            if not config.request_deadline_s:
+                raise RunError(
+                    f"request {request.index}: not done within request_timeout_s {config.request_timeout_s}"
+                ) from None
+            if request.tokens is None:  # else only the session's Close was still on its way
+                request.gave_up = (
+                    f"deadline: not done within request_deadline_s "
+                    f"{config.request_deadline_s:g} ({request.n_emitted} tokens received, "
+                    f"link {channel.closed_reason or 'up'})"
+                )
+            if request.session is not None:
+                await channel.abandon(request.session)
 
     @staticmethod
     async def _dispatch(client: Client, channel: VerifierChannel, request: Request) -> None:

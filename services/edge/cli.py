@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
-    """The command line -> the edge's app, its draft loaded (what main serves)."""
+def _edge_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m services.edge", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -65,6 +64,12 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
     add_backend_args(parser)
     access.add_access_args(parser)
     spinwait.add_spin_args(parser)
+    return parser
+
+
+def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
+    """The command line -> the edge's app, its draft loaded (what main serves)."""
+    parser = _edge_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)

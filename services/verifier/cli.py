@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
-    """The command line -> the verifier's app, its backend loaded (what main serves)."""
+def _verifier_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m services.verifier", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--host", default="127.0.0.1", help="listen address: 127.0.0.1 or the testbed address (see --allow-any-host)"
@@ -71,6 +70,12 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
         "max_tokens_per_connection",
     ):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(limits_defaults, name))
+    return parser
+
+
+def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Namespace]:
+    """The command line -> the verifier's app, its backend loaded (what main serves)."""
+    parser = _verifier_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
