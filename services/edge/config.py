@@ -66,11 +66,24 @@ class RunConfig:
     feature_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
+        self._check_names()
+        self._check_numbers()
+        self._check_prompts()
+        self._check_link()
+        self._check_controller()
+        self._check_cache()
+        if isinstance(self.controller_modes, list):
+            object.__setattr__(self, "controller_modes", tuple(self.controller_modes))
+        self.controller_config()  # gamma_max, controller_modes: checked there
+
+    def _check_names(self) -> None:
         if not (isinstance(self.run_id, str) and RUN_ID.fullmatch(self.run_id)):
             raise ValueError(f"run_id must be 1-128 of [A-Za-z0-9._-] (it names a folder), got {self.run_id!r}")
         if not isinstance(self.client_id, str) or not self.client_id:
             raise ValueError(f"client_id must be a non-empty string, got {self.client_id!r}")
         get_mode(self.mode)  # dsd/modes.py: a ValueError naming the known modes
+
+    def _check_numbers(self) -> None:
         for name, low in (
             ("gamma", 1),
             ("max_new_tokens", 1),
@@ -106,6 +119,8 @@ class RunConfig:
             object.__setattr__(self, name, float(value))  # JSON may say 15 for 15.0
         if not isinstance(self.stop_at_eos, bool):
             raise ValueError(f"stop_at_eos must be true or false, got {self.stop_at_eos!r}")
+
+    def _check_prompts(self) -> None:
         if not self.prompts or not all(
             isinstance(p, tuple) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in self.prompts
         ):
@@ -120,16 +135,22 @@ class RunConfig:
             raise ValueError(
                 f"categories must be empty or one string per prompt ({len(self.prompts)}), got {self.categories!r:.120}"
             )
+
+    def _check_link(self) -> None:
         if not re.match(r"(ws|wss|http|https)://", str(self.verifier_url)):
             raise ValueError(f"verifier_url must be a ws:// or http:// URL, got {self.verifier_url!r}")
         frames.check_transport(self.transport)
         check_feature_dtype(self.feature_dtype, "feature_dtype")
+
+    def _check_controller(self) -> None:
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {CONTROLLERS}, got {self.controller!r}")
         if self.controller != "static" and self.mode not in edge_modes():
             raise ValueError(
                 f"controller {self.controller!r} needs mode sync or pipelined (the edge drafts), got {self.mode!r}"
             )
+
+    def _check_cache(self) -> None:
         if isinstance(self.cache, dict):
             check_json_fields(CacheConfig, self.cache, "cache")
             object.__setattr__(self, "cache", CacheConfig(**self.cache))
@@ -137,9 +158,6 @@ class RunConfig:
             raise ValueError(
                 f"cache must be a table of {sorted(f.name for f in fields(CacheConfig))}, got {self.cache!r}"
             )
-        if isinstance(self.controller_modes, list):
-            object.__setattr__(self, "controller_modes", tuple(self.controller_modes))
-        self.controller_config()  # gamma_max, controller_modes: checked there
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
