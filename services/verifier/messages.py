@@ -130,7 +130,25 @@ class VerifierMessages(VerifierServing):
         conn.inflight += 1
 
     def _open(self, conn: Connection, m: wire.Open, t_arrival_s: float) -> None:
-        limits, vocab = self.limits, self.target.vocab_size
+        self._check_open_session(conn, m)
+        total = self._check_open_tokens(conn, m)
+        self._check_open_sampling(m)
+        sampling = SamplingParams(m.temperature, m.top_k, m.seed, m.top_p)
+        stop = StopRule(m.max_new_tokens, self.target.eos_token_id if m.stop_at_eos else None)
+        number = next(self._numbers)
+        state = VerifierSession(self.target, f"v{number}", m.prompt, sampling, stop)
+        self._admit(conn)
+        served = Served(number, conn, m.session, state, total, feature_dtype=m.feature_dtype)
+        conn.sessions[m.session] = served
+        conn.sessions_live += 1
+        conn.tokens_live += total
+        self.sessions_open += 1
+        self.counts["sessions"] += 1
+        served.inbox.put_nowait((t_arrival_s, m))
+        served.task = asyncio.create_task(self._serve(served), name=f"session-{number}")
+
+    def _check_open_session(self, conn: Connection, m: wire.Open) -> None:
+        limits = self.limits
         _require(0 <= m.session <= INT63_MAX, "session", f"must be in [0, 2^63), got {m.session}")
         if m.session in conn.sessions:
             raise wire.WireError(wire.DUPLICATE_SESSION, f"session {m.session} is already open", "session")
@@ -148,6 +166,10 @@ class VerifierMessages(VerifierServing):
             limits.max_sessions_per_connection,
             "sessions are open on this connection",
         )
+
+    def _check_open_tokens(self, conn: Connection, m: wire.Open) -> int:
+        """The tokens the session asks to hold (prompt + max_new_tokens), within every limit."""
+        limits = self.limits
         _require(len(m.prompt) >= 1, "prompt", "must hold at least one token")
         _limit(
             len(m.prompt) <= limits.max_prompt_tokens,
@@ -182,7 +204,11 @@ class VerifierMessages(VerifierServing):
             f"tokens (prompt + max_new_tokens) for this connection's open sessions; they hold "
             f"{conn.tokens_live} and this one asks for {total}",
         )
-        _check_tokens("prompt", m.prompt, vocab)
+        _check_tokens("prompt", m.prompt, self.target.vocab_size)
+        return total
+
+    def _check_open_sampling(self, m: wire.Open) -> None:
+        vocab = self.target.vocab_size
         _require(
             math.isfinite(m.temperature) and m.temperature >= 0,
             "temperature",
@@ -201,19 +227,6 @@ class VerifierMessages(VerifierServing):
             "feature_dtype",
             f"this verifier's target ({self.target.name}) keeps no features for a feature draft",
         )
-        sampling = SamplingParams(m.temperature, m.top_k, m.seed, m.top_p)
-        stop = StopRule(m.max_new_tokens, self.target.eos_token_id if m.stop_at_eos else None)
-        number = next(self._numbers)
-        state = VerifierSession(self.target, f"v{number}", m.prompt, sampling, stop)
-        self._admit(conn)
-        served = Served(number, conn, m.session, state, total, feature_dtype=m.feature_dtype)
-        conn.sessions[m.session] = served
-        conn.sessions_live += 1
-        conn.tokens_live += total
-        self.sessions_open += 1
-        self.counts["sessions"] += 1
-        served.inbox.put_nowait((t_arrival_s, m))
-        served.task = asyncio.create_task(self._serve(served), name=f"session-{number}")
 
     def _check(self, served: Served, m) -> torch.Tensor | None:
         """Field checks that need the session; order-dependent ones happen when it is served.
