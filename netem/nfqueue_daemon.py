@@ -321,6 +321,30 @@ def _set_timer_slack_ns(ns: int) -> None:
     libc.prctl(pr_set_timerslack, ns, 0, 0, 0)
 
 
+def _raise_priority(rt_priority) -> bool | str:
+    """SCHED_FIFO at rt_priority when it is > 0 and permitted (True), else nice -20 ("nice-20") or
+    the priority we have (False)."""
+    if rt_priority <= 0:
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(rt_priority)))
+        return True
+    except PermissionError:
+        pass
+    # A container (an edge shaping its own link): no CAP_SYS_NICE, or, with it, a cgroup
+    # without a real-time budget (Docker gives containers none). Shape anyway: at nice
+    # -20 where CAP_SYS_NICE allows (CFS then wakes us ahead of most), else as we are.
+    # READY and STATS say so: expect milliseconds of delay error on a busy host.
+    realtime: bool | str = False
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -20)
+        realtime = "nice-20"
+    except PermissionError:
+        pass
+    print(f"nfqueue_daemon: SCHED_FIFO not permitted; priority {realtime or 'normal'}", file=sys.stderr)
+    return realtime
+
+
 def _stop(signum, frame):
     raise SystemExit(0)
 
@@ -333,22 +357,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, _stop)
     config = child_preamble()
     _set_timer_slack_ns(1000)  # the default 50 us slack would show up in the delay
-    realtime = False
-    if config.get("rt_priority", 0) > 0:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(int(config["rt_priority"])))
-            realtime = True
-        except PermissionError:
-            # A container (an edge shaping its own link): no CAP_SYS_NICE, or, with it, a cgroup
-            # without a real-time budget (Docker gives containers none). Shape anyway: at nice
-            # -20 where CAP_SYS_NICE allows (CFS then wakes us ahead of most), else as we are.
-            # READY and STATS say so: expect milliseconds of delay error on a busy host.
-            try:
-                os.setpriority(os.PRIO_PROCESS, 0, -20)
-                realtime = "nice-20"
-            except PermissionError:
-                pass
-            print(f"nfqueue_daemon: SCHED_FIFO not permitted; priority {realtime or 'normal'}", file=sys.stderr)
+    realtime = _raise_priority(config.get("rt_priority", 0))
     # Any socket asking for receive timestamps makes the kernel stamp every packet it receives;
     # that stamp, not our read, starts a packet's delay.
     stamp_switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
