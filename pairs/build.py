@@ -97,42 +97,30 @@ def parse_args(argv: list[str] | None):
     --family smollm2-eagle (TargetOnly with --target-only)."""
     parser = make_parser()
     args = parser.parse_args(argv)
-    overrides = {
-        k: v
-        for k, v in [
-            ("seed", args.seed),
-            ("target_steps", args.target_steps),
-            ("draft_steps", args.draft_steps),
-            ("threads", args.threads),
-            ("precision", args.precision),
-        ]
-        if v is not None
-    }
+    overrides = _given(
+        seed=args.seed,
+        target_steps=args.target_steps,
+        draft_steps=args.draft_steps,
+        threads=args.threads,
+        precision=args.precision,
+    )
     overrides["overwrite"] = args.force
-    smollm2_only = {
-        k: v
-        for k, v in [
-            ("epochs", args.epochs),
-            ("draft_layers", args.draft_layers),
-            ("vocab_keep", args.vocab_keep),
-            ("tvd_weight", args.tvd_weight),
-            ("data_rounds", args.data_rounds),
-            ("data_cache", args.data_cache),
-            ("prompts_path", args.prompts),
-            ("samples_per_prompt", args.samples_per_prompt),
-        ]
-        if v is not None
-    }
-    eagle_only = {
-        k: v
-        for k, v in [
-            ("feature_layers", args.feature_layers),
-            ("rollout_steps", args.rollout_steps),
-            ("answer_batches", _ranges(parser, args.answer_batches)),
-            ("init_draft", args.init_draft),
-        ]
-        if v is not None
-    }
+    smollm2_only = _given(
+        epochs=args.epochs,
+        draft_layers=args.draft_layers,
+        vocab_keep=args.vocab_keep,
+        tvd_weight=args.tvd_weight,
+        data_rounds=args.data_rounds,
+        data_cache=args.data_cache,
+        prompts_path=args.prompts,
+        samples_per_prompt=args.samples_per_prompt,
+    )
+    eagle_only = _given(
+        feature_layers=args.feature_layers,
+        rollout_steps=args.rollout_steps,
+        answer_batches=_ranges(parser, args.answer_batches),
+        init_draft=args.init_draft,
+    )
     if eagle_only and args.family != "smollm2-eagle":
         parser.error(f"--{_flag(sorted(eagle_only)[0])} applies to --family smollm2-eagle only")
     if args.family == "smollm2-eagle":
@@ -160,6 +148,11 @@ def parse_args(argv: list[str] | None):
     if args.quick:
         return stdlib_gpt2.quick_config(args.out, **overrides)
     return stdlib_gpt2.PairBuildConfig(out_dir=args.out, **overrides)
+
+
+def _given(**options) -> dict:
+    """The options given on the command line (an absent one is None: its config default holds)."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _flag(field: str) -> str:
