@@ -167,11 +167,7 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
                 tokenizer.save_pretrained(work_dir)
                 smollm2.save_dequantized(target, work_dir / "target")
             target.to(smollm2.DEPLOY_DTYPES[config.dtype])
-            samples = (
-                smollm2.chat_samples(answers, tokenizer, target, timer)
-                if config.answer_batches is None
-                else batch_answers(answers, config.answer_batches, tokenizer, target, timer)
-            )
+            samples = _target_answers(config, answers, tokenizer, target, timer)
             train, heldout = smollm2.split_heldout(samples, config.heldout_pct)
             key = answers_key(samples)
             with timer.phase("features"):
@@ -183,33 +179,13 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
             train_config = config.train_config()
             draft, vocab, before = starting_draft(config, tokenizer, target, train, heldout, timer)
             with timer.phase("draft"):
-                checkpoint = (
-                    None
-                    if config.data_cache is None
-                    else (
-                        config.data_cache / f"eagle-checkpoint-{_training_key(key, train_config, config.init_draft)}.pt"
-                    )
-                )
+                checkpoint = _eagle_checkpoint(config, key, train_config)
                 losses = eagle_draft.train_eagle(
                     draft, samples, features, train_indices, vocab, train_config, checkpoint
                 )
                 draft.to(smollm2.DEPLOY_DTYPES[config.dtype])
             with timer.phase("eval"):
-                acceptance = eagle_draft.heldout_acceptance(
-                    draft,
-                    target,
-                    vocab,
-                    heldout,
-                    config.gamma,
-                    config.eval_temperature,
-                    config.eval_top_p,
-                    FEATURE_DTYPES,
-                )
-                for dtype, a in acceptance.items():
-                    log(
-                        f"[eval] {dtype} features: alpha per draft step sampled "
-                        f"{' '.join(f'{x:.3f}' for x in a.sampled)}, greedy {' '.join(f'{x:.3f}' for x in a.greedy)}"
-                    )
+                acceptance = _evaluate_eagle(config, draft, target, vocab, heldout)
             with timer.phase("save_draft"):
                 save_eagle(draft, work_dir / "draft")
                 vocab.save(work_dir / "draft")
@@ -233,6 +209,43 @@ def build_eagle_pair(config: EaglePairConfig) -> dict:
             before,
         )
         return write_manifest(work_dir, manifest)
+
+
+def _target_answers(
+    config: EaglePairConfig, answers: smollm2.Smollm2PairConfig, tokenizer, target, timer: PhaseTimer
+) -> list:
+    """The target's answers to train on: every round's, or only config.answer_batches of the first."""
+    if config.answer_batches is None:
+        return smollm2.chat_samples(answers, tokenizer, target, timer)
+    return batch_answers(answers, config.answer_batches, tokenizer, target, timer)
+
+
+def _eagle_checkpoint(config: EaglePairConfig, answers: str, train_config: eagle_draft.EagleTrainConfig) -> Path | None:
+    """Where the draft's training checkpoints in the data cache (None: no cache, no checkpoint)."""
+    if config.data_cache is None:
+        return None
+    return config.data_cache / f"eagle-checkpoint-{_training_key(answers, train_config, config.init_draft)}.pt"
+
+
+def _evaluate_eagle(config: EaglePairConfig, draft, target, vocab: VocabMap, heldout: list) -> dict:
+    """The trained draft's held-out acceptance per draft step, with each dtype the wire carries
+    features in (logged as it goes)."""
+    acceptance = eagle_draft.heldout_acceptance(
+        draft,
+        target,
+        vocab,
+        heldout,
+        config.gamma,
+        config.eval_temperature,
+        config.eval_top_p,
+        FEATURE_DTYPES,
+    )
+    for dtype, a in acceptance.items():
+        log(
+            f"[eval] {dtype} features: alpha per draft step sampled "
+            f"{' '.join(f'{x:.3f}' for x in a.sampled)}, greedy {' '.join(f'{x:.3f}' for x in a.greedy)}"
+        )
+    return acceptance
 
 
 def starting_draft(config: EaglePairConfig, tokenizer, target, train: list, heldout: list, timer: PhaseTimer):
@@ -343,19 +356,8 @@ def eagle_manifest(
 ) -> dict:
     """before: the initial draft's held-out acceptance on these answers, when the build continued one."""
     """Everything but the file hashes, which write_manifest adds."""
-    params = {
-        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-        for k, v in dataclasses.asdict(config).items()
-    }
-    for name in ("out_dir", "overwrite", "data_cache", "init_draft"):
-        del params[name]
-    params["gguf_path"] = str(gguf_path)
-    prompts = Path(config.prompts_path).resolve()
-    params["prompts_path"] = (
-        str(prompts.relative_to(smollm2.REPO)) if prompts.is_relative_to(smollm2.REPO) else str(config.prompts_path)
-    )
+    params = _eagle_build_params(config, gguf_path)
     width = draft.config.hidden_size
-    bf16 = acceptance["bfloat16"]
     return {
         "format": MANIFEST_FORMAT,
         "family": "smollm2",
@@ -395,40 +397,65 @@ def eagle_manifest(
             "fused": draft.config.fused,
             "bytes_per_row": {d: feature_bytes_per_row(width, d) for d in FEATURE_DTYPES},
         },
-        "heldout_alpha": {
-            "sampled": round(bf16.block_sampled, 4),
-            "greedy": round(bf16.block_greedy, 4),
-            "sampled_at": {"temperature": config.eval_temperature, "top_p": config.eval_top_p},
-            "over": f"the mean of draft steps 1..{config.gamma} with bfloat16 features",
-            "positions": bf16.positions[0],
-            "per_step": {
-                d: {
-                    "sampled": [round(x, 4) for x in a.sampled],
-                    "greedy": [round(x, 4) for x in a.greedy],
-                    "positions": a.positions,
-                }
-                for d, a in acceptance.items()
-            },
-        },
+        "heldout_alpha": _eagle_heldout_alpha(config, acceptance),
         "step_times": times,
-        **(
-            {}
-            if config.init_draft is None
-            else {
-                "continued_from": {
-                    "draft_sha256": sha256_file(config.init_draft / WEIGHTS_FILE),
-                    "manifest_git_commit": _manifest_field(config.init_draft.parent, "git_commit"),
-                    "heldout_alpha_before": {
-                        "sampled": round(before.block_sampled, 4),
-                        "greedy": round(before.block_greedy, 4),
-                        "per_step_sampled": [round(x, 4) for x in before.sampled],
-                    },
-                }
-            }
-        ),
+        **_continued_from(config.init_draft, before),
         "versions": versions(),
         "git_commit": git_commit(),
         **timer.manifest_fields(),
+    }
+
+
+def _eagle_build_params(config: EaglePairConfig, gguf_path: Path) -> dict:
+    """The config as the manifest records it: JSON values, no output or cache folders, the
+    prompts file relative to the repository when it is inside it."""
+    params = {
+        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+        for k, v in dataclasses.asdict(config).items()
+    }
+    for name in ("out_dir", "overwrite", "data_cache", "init_draft"):
+        del params[name]
+    params["gguf_path"] = str(gguf_path)
+    prompts = Path(config.prompts_path).resolve()
+    params["prompts_path"] = (
+        str(prompts.relative_to(smollm2.REPO)) if prompts.is_relative_to(smollm2.REPO) else str(config.prompts_path)
+    )
+    return params
+
+
+def _eagle_heldout_alpha(config: EaglePairConfig, acceptance: dict) -> dict:
+    bf16 = acceptance["bfloat16"]
+    return {
+        "sampled": round(bf16.block_sampled, 4),
+        "greedy": round(bf16.block_greedy, 4),
+        "sampled_at": {"temperature": config.eval_temperature, "top_p": config.eval_top_p},
+        "over": f"the mean of draft steps 1..{config.gamma} with bfloat16 features",
+        "positions": bf16.positions[0],
+        "per_step": {
+            d: {
+                "sampled": [round(x, 4) for x in a.sampled],
+                "greedy": [round(x, 4) for x in a.greedy],
+                "positions": a.positions,
+            }
+            for d, a in acceptance.items()
+        },
+    }
+
+
+def _continued_from(init_draft: Path | None, before) -> dict:
+    """The manifest's continued_from field when the build trained on from init_draft (else none)."""
+    if init_draft is None:
+        return {}
+    return {
+        "continued_from": {
+            "draft_sha256": sha256_file(init_draft / WEIGHTS_FILE),
+            "manifest_git_commit": _manifest_field(init_draft.parent, "git_commit"),
+            "heldout_alpha_before": {
+                "sampled": round(before.block_sampled, 4),
+                "greedy": round(before.block_greedy, 4),
+                "per_step_sampled": [round(x, 4) for x in before.sampled],
+            },
+        }
     }
 
 
