@@ -1,8 +1,8 @@
 """Training prompts across the chat mix's nine categories, from two processes independent of the
 evaluation mix (workloads/README.md):
 
-- written: the seeds of pairs.chat_seeds (forms, topics, situations, sentences, word problems,
-  conversation openers), combined and sampled with a fixed seed;
+- written: the seeds of pairs.chat_seeds (forms, topics, situations, sentences, word problems) and
+  pairs.chat_openers (conversation openers), combined and sampled with a fixed seed;
 - derived: passages and sentences of the Python standard library's documentation that ship with
   the interpreter (pydoc_data.topics, the language reference's topics; module docstrings), turned
   into summarizing, extraction, translation, explanation, conversation and coding instructions.
@@ -25,6 +25,7 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
+from pairs import chat_openers
 from pairs import chat_seeds as seeds
 from pairs import smollm2, stdlib_prompts
 from pairs.chat_data import PromptItem, write_items
@@ -58,8 +59,8 @@ def written_items(rng: random.Random) -> list[PromptItem]:
     ]
     items += [
         PromptItem(follow_up, ((("user", q), ("assistant", a))), "conversation", WRITTEN)
-        for q, a in seeds.CONVERSATION_OPENERS
-        for follow_up in rng.sample(seeds.CONVERSATION_FOLLOW_UPS, 2)
+        for q, a in chat_openers.CONVERSATION_OPENERS
+        for follow_up in rng.sample(chat_openers.CONVERSATION_FOLLOW_UPS, 2)
     ]
     items += [PromptItem(_note(rng), category="extraction", source=WRITTEN) for _ in range(80)]
     return items
@@ -198,7 +199,7 @@ def documentation_items(rng: random.Random, stdlib: Path) -> list[PromptItem]:
         if first:
             items.append(
                 PromptItem(
-                    rng.choice(seeds.CONVERSATION_FOLLOW_UPS),
+                    rng.choice(chat_openers.CONVERSATION_FOLLOW_UPS),
                     (("user", f"What is the {name} module in Python for?"), ("assistant", first)),
                     "conversation",
                     docstrings,
