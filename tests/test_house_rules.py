@@ -1,6 +1,7 @@
-"""The house rules the field's own tools check (configured in pyproject.toml): ruff's lint rules,
-import-linter's contracts for the layers and the core's and the orchestrator's packages, and mypy's
-types on dsd and services. A failure prints the tool's own report."""
+"""The house rules the field's own tools check (configured in pyproject.toml): ruff's lint rules
+and its formatter's layout, import-linter's contracts for the layers and the core's and the
+orchestrator's packages, and mypy's types on dsd and services. A failure prints the tool's own
+report."""
 
 import shutil
 import subprocess
@@ -22,6 +23,11 @@ def run_tool(name: str, *args: str, timeout_s: float = 300) -> subprocess.Comple
 
 def test_ruff_finds_nothing():
     done = run_tool("ruff", "check", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_format_finds_nothing_to_change():
+    done = run_tool("ruff", "format", "--check", ".")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
