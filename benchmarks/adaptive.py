@@ -304,11 +304,8 @@ def goals_met(s: dict[str, float]) -> bool:
     return model <= 5 and bandit <= 10 and (100 + static) >= 1.15 * (100 + model) and model < heur and bandit < heur
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, with the launcher's defaults filled in."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--launcher", choices=("sim", "netns"), default="sim")
-    parser.add_argument("--profile", default="paper-cap-td1")
+def _add_link_args(parser: argparse.ArgumentParser) -> None:
+    """The link's RTTs over time: an alternation (--rtt-ms, --segment-s) or a trace."""
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[10.0, 150.0])
     parser.add_argument(
         "--rtt-trace",
@@ -331,6 +328,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --level-window-s: the levels' bins on a geometric grid of this factor",
     )
     parser.add_argument("--segment-s", type=float, default=None, help="default 6 (sim), 4 (netns: its schedule)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--launcher", choices=("sim", "netns"), default="sim")
+    parser.add_argument("--profile", default="paper-cap-td1")
+    _add_link_args(parser)
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.9, 0.3])
     parser.add_argument(
         "--alpha-requests", type=int, default=None, help="requests per prompt class, in turn (default 12 sim, 6 netns)"
@@ -367,6 +371,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--save", default="", help="a pickle of every seed's runs and oracle (for analysis)")
     parser.add_argument("--plot", default="", help="a PNG: seed 0's chosen gamma and mode over time")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with the launcher's defaults filled in."""
+    parser = _parser()
     args = parser.parse_args(argv)
     sim = args.launcher == "sim"
     if args.level_window_s and not args.rtt_trace:
