@@ -120,8 +120,7 @@ def run_common(run, point, common: dict, **settings):
 
 
 def netns_seed(scenario, args, seed: int):
-    from benchmarks.adaptive_scenario import POLICIES, policy_config, touched_levels_ms
-    from orchestrator.launchers.control_api import run_point_on_edges
+    from benchmarks.adaptive_scenario import touched_levels_ms
     from orchestrator.running.run import GroupTestbeds
     from orchestrator.spec.plan import plan_points
 
@@ -133,7 +132,6 @@ def netns_seed(scenario, args, seed: int):
 
     plan = [p for p in plan_points(experiment) if p.mode in scenario.modes]
     work = Path(f"/tmp/dsd-adaptive-netns-{seed}-{int(time.time())}")
-    results: dict = {}
     with GroupTestbeds("netns", experiment, work, {}, None) as testbeds:  # no sim times or pairs: netns
         testbed = testbeds.for_point(plan[0])
         prefix = time.strftime("%Y%m%dT%H%M%S") + f"-s{seed}"
@@ -146,25 +144,7 @@ def netns_seed(scenario, args, seed: int):
             run_prefix=prefix,
             link_options=experiment.link,
         )
-        jobs = [(f"static {p.mode} {p.gamma}", p, "static", ()) for p in plan]
-        start = dataclasses.replace(plan[0], mode="sync", gamma=4)
-        jobs += [(name, start, name, policy_config(name, scenario).modes) for name in POLICIES]
-        for label, point, controller, modes in jobs:
-            t_s = time.monotonic()
-            rounds, requests, links, _ = run_common(
-                run_point_on_edges,
-                point,
-                common,
-                controller=controller,
-                gamma_max=scenario.gamma_max,
-                controller_modes=modes,
-            )
-            results[label] = _runs(requests, rounds, links, alpha_of)
-            print(
-                f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in "
-                f"{time.monotonic() - t_s:.1f} s",
-                flush=True,
-            )
+        results = _arms_under_schedule(plan, scenario, common, alpha_of, seed)
         if args.oracle == "constant":
             constant = {
                 **common,
@@ -187,24 +167,58 @@ def netns_seed(scenario, args, seed: int):
         )
     print_oracle(f"seed {seed} under the schedule (split, in-sample)", best, in_sample_oracle(statics, scenario))
     if args.oracle == "constant":
-        print_oracle(f"seed {seed} constant-condition (split, in-sample)", split_c, in_sample_c)
-        from benchmarks.adaptive_scenario import POLICIES, vs_oracle_pct
-
-        print(
-            f"  seed {seed} scored with the in-sample constant-condition oracle: "
-            + " ".join(f"{name}={vs_oracle_pct(results[name], in_sample_c, scenario):.1f}%" for name in POLICIES),
-            flush=True,
-        )
-        if all(k in best for k in split_c):
-            print(
-                f"  seed {seed} scored with the oracle under the schedule: "
-                + " ".join(f"{name}={vs_oracle_pct(results[name], best, scenario):.1f}%" for name in POLICIES),
-                flush=True,
-            )
+        _print_constant_scores(seed, scenario, results, best, split_c, in_sample_c)
         best = split_c
     if args.oracle == "constant":
         return results, best, by_prompt, measured
     return results, best, None, None
+
+
+def _arms_under_schedule(plan, scenario, common: dict, alpha_of, seed: int) -> dict:
+    """Every static arm of ``plan``, then every policy (starting at sync, gamma 4), each over the
+    scenario's schedule: label -> its runs."""
+    from benchmarks.adaptive_scenario import POLICIES, policy_config
+    from orchestrator.launchers.control_api import run_point_on_edges
+
+    jobs = [(f"static {p.mode} {p.gamma}", p, "static", ()) for p in plan]
+    start = dataclasses.replace(plan[0], mode="sync", gamma=4)
+    jobs += [(name, start, name, policy_config(name, scenario).modes) for name in POLICIES]
+    results: dict = {}
+    for label, point, controller, modes in jobs:
+        t_s = time.monotonic()
+        rounds, requests, links, _ = run_common(
+            run_point_on_edges,
+            point,
+            common,
+            controller=controller,
+            gamma_max=scenario.gamma_max,
+            controller_modes=modes,
+        )
+        results[label] = _runs(requests, rounds, links, alpha_of)
+        print(
+            f"  seed {seed} {label}: {sum(r.tokens for r in results[label])} tokens in {time.monotonic() - t_s:.1f} s",
+            flush=True,
+        )
+    return results
+
+
+def _print_constant_scores(seed: int, scenario, results: dict, best: dict, split_c: dict, in_sample_c: dict) -> None:
+    """The constant-condition oracle, the policies scored with it, and with the oracle under the
+    schedule (``best``) when that covers the same conditions."""
+    from benchmarks.adaptive_scenario import POLICIES, vs_oracle_pct
+
+    print_oracle(f"seed {seed} constant-condition (split, in-sample)", split_c, in_sample_c)
+    print(
+        f"  seed {seed} scored with the in-sample constant-condition oracle: "
+        + " ".join(f"{name}={vs_oracle_pct(results[name], in_sample_c, scenario):.1f}%" for name in POLICIES),
+        flush=True,
+    )
+    if all(k in best for k in split_c):
+        print(
+            f"  seed {seed} scored with the oracle under the schedule: "
+            + " ".join(f"{name}={vs_oracle_pct(results[name], best, scenario):.1f}%" for name in POLICIES),
+            flush=True,
+        )
 
 
 def constant_runs(plan, scenario, prompts, alpha_of, common: dict, seed: int, levels_ms: list[float]) -> dict:
