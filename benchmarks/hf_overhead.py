@@ -167,20 +167,7 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
             edge,
         ):
             for mode in ("sync", "colocated", "ar"):
-                run = {
-                    "run_id": f"hf-overhead-{mode}",
-                    "client_id": "client-0",
-                    "mode": mode,
-                    "gamma": args.gamma,
-                    "prompts": prompts,
-                    "max_new_tokens": args.tokens,
-                    "verifier_url": verifier.url,
-                    "temperature": args.temperature,
-                    "top_p": args.top_p,
-                    "probe_count": 1,
-                    "probe_interval_ms": 1000,
-                    "transport": args.transport,
-                }
+                run = _run_body(args, mode, prompts, verifier.url)
                 summaries = wait_for_runs(edge, post_runs(edge, [run]), timeout_s=900)
                 if any(s["status"] != "done" for s in summaries.values()):
                     raise RuntimeError(f"{mode} run failed: {summaries}")
@@ -204,6 +191,24 @@ def measure_modes(args) -> tuple[dict[str, list[float]], EchoCadence | None]:
                     file=sys.stderr,
                 )
     return overheads, cadence
+
+
+def _run_body(args, mode: str, prompts, verifier_url: str) -> dict:
+    """POST /runs' body for one mode's requests."""
+    return {
+        "run_id": f"hf-overhead-{mode}",
+        "client_id": "client-0",
+        "mode": mode,
+        "gamma": args.gamma,
+        "prompts": prompts,
+        "max_new_tokens": args.tokens,
+        "verifier_url": verifier_url,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "probe_count": 1,
+        "probe_interval_ms": 1000,
+        "transport": args.transport,
+    }
 
 
 def report(overheads: dict[str, list[float]], echo_ms: list[float]) -> dict[str, float | int]:
