@@ -71,7 +71,7 @@ def timed_rounds(models: dict, rounds: int) -> dict:
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", type=Path, default=REPO / "models" / "smollm2-chat")
     parser.add_argument("--cpu", type=int, default=None, help="pin to this CPU (default: the last one)")
@@ -85,15 +85,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"--pair {args.pair}: no {part}/ model (for the shipped pair: "
                 f"python -m pairs.build --family smollm2 --out {args.pair} --target-only)"
             )
-    cpu = args.cpu if args.cpu is not None else max(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpu})
-    torch.set_num_threads(1)
+    return args
+
+
+def load_models(pair: Path) -> dict:
+    """(part, dtype, kernel paths) -> the model: the target with ATen's kernels and with the
+    automatic choice, the draft with the automatic choice, in float32 and bfloat16."""
     models = {}
     for dtype in ("float32", "bfloat16"):
         for paths_name, paths in (("aten", (ATEN,)), ("auto", PATHS)):
             print(f"loading the target in {dtype}, kernels {paths_name} ...", file=sys.stderr, flush=True)
-            models[("target", dtype, paths_name)] = load(args.pair / "target", dtype, paths)
-        models[("draft", dtype, "auto")] = load(args.pair / "draft", dtype, PATHS)
+            models[("target", dtype, paths_name)] = load(pair / "target", dtype, paths)
+        models[("draft", dtype, "auto")] = load(pair / "draft", dtype, PATHS)
+    return models
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cpu = args.cpu if args.cpu is not None else max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+    models = load_models(args.pair)
     t = timed_rounds(models, args.rounds)
 
     def ratio(dtype: str, paths: str, n: int) -> float:
