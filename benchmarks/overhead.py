@@ -246,6 +246,27 @@ def multi_client_rounds(rounds: int, n_clients: int) -> int:
     return max(20, rounds // 4 // max(1, n_clients // 8))
 
 
+def _record_clients(results: dict[str, float | int], n: int, parts: list[dict], stolen_pct: float) -> None:
+    """n clients' overhead figures into results (suffixed _n beyond one client; the one client's
+    parts too), and a line on stderr."""
+    suffix = "" if n == 1 else f"_{n}"
+    overheads_ms = [1000 * sum(p.values()) for p in parts]
+    part_p50_ms = {k: 1000 * statistics.median(p[k] for p in parts) for k in PARTS}
+    results[f"overhead_p50_ms{suffix}"] = statistics.median(overheads_ms)
+    results[f"overhead_p99_ms{suffix}"] = percentile(overheads_ms, 99)
+    results[f"rounds{suffix}"] = len(overheads_ms)
+    results[f"steal_pct{suffix}"] = stolen_pct
+    print(
+        f"{n} clients: p50 {results[f'overhead_p50_ms{suffix}']:.3f} ms, "
+        f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms; p50 of its parts: "
+        + ", ".join(f"{k} {v:.3f} ms" for k, v in part_p50_ms.items())
+        + f"; CPU stolen by the host {results[f'steal_pct{suffix}']:.1f}%",
+        file=sys.stderr,
+    )
+    if n == 1:
+        results.update({f"{k}_part_p50_ms": v for k, v in part_p50_ms.items()})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
@@ -269,28 +290,12 @@ def main() -> None:
             )
 
         for n in args.clients:
-            suffix = "" if n == 1 else f"_{n}"
             cpu_before = cpu_times()
             if n == 1:  # the paced echo between blocks of rounds: the same moments of the host
                 parts = measure(n, args.rounds, Path(tmp), max(1, args.rounds // ROUNDS_PER_BLOCK), paced_block)
             else:
                 parts = measure(n, multi_client_rounds(args.rounds, n), Path(tmp))
-            stolen_pct = steal_pct(cpu_before, cpu_times())
-            overheads_ms = [1000 * sum(p.values()) for p in parts]
-            part_p50_ms = {k: 1000 * statistics.median(p[k] for p in parts) for k in PARTS}
-            results[f"overhead_p50_ms{suffix}"] = statistics.median(overheads_ms)
-            results[f"overhead_p99_ms{suffix}"] = percentile(overheads_ms, 99)
-            results[f"rounds{suffix}"] = len(overheads_ms)
-            results[f"steal_pct{suffix}"] = stolen_pct
-            print(
-                f"{n} clients: p50 {results[f'overhead_p50_ms{suffix}']:.3f} ms, "
-                f"p99 {results[f'overhead_p99_ms{suffix}']:.3f} ms; p50 of its parts: "
-                + ", ".join(f"{k} {v:.3f} ms" for k, v in part_p50_ms.items())
-                + f"; CPU stolen by the host {results[f'steal_pct{suffix}']:.1f}%",
-                file=sys.stderr,
-            )
-            if n == 1:
-                results.update({f"{k}_part_p50_ms": v for k, v in part_p50_ms.items()})
+            _record_clients(results, n, parts, steal_pct(cpu_before, cpu_times()))
         if not paced_ms:
             paced_block()
     with echo_server() as port:
