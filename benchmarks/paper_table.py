@@ -110,6 +110,30 @@ def _sweep(out: Path) -> dict:
     return json.loads((out / "sweep.json").read_text())
 
 
+def _print_table(rows: list[dict]) -> None:
+    """The cells, one a line, and what the columns mean."""
+    print(
+        f"{'t_ar=t_v':>9} {'alpha':>6} {'RTTs (ms)':>14} {'measured':>9} {'closed@conf':>12} "
+        f"{'closed@real':>12} {'measured':>10} {'err %':>6}  ok  {'client view':>11} {'overhead/round':>14}"
+    )
+
+    def short(value: float) -> str:
+        return "never" if value == -math.inf else paper.cell(value)
+
+    for r in rows:
+        print(
+            f"{r['t_ar_ms']:>7.0f}ms {r['alpha_configured']:>6.2f} {str(r['rtts_ms']):>14} {r['alpha_measured']:>9.4f} "
+            f"{short(r['closed_form_at_configured_alpha_ms']):>12} {short(r['closed_form_at_measured_alpha_ms']):>12} "
+            f"{short(r['measured_ms']):>10} {r['err_pct']:>6.1f}  {'yes' if r['ok'] else 'NO ':3} "
+            f"{short(r['client_view_ms']):>11} {r['overhead_ms']:>11.2f} ms"
+        )
+    print(
+        "closed@conf / closed@real: the closed form with the configured times at the configured / measured "
+        "alpha; client view: with the times the client saw (compute + the harness's per-round overhead, "
+        "fitted), at the measured alpha; overhead/round: that overhead in a sync round (ms)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launcher", default="auto")
@@ -144,27 +168,7 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-
-    print(
-        f"{'t_ar=t_v':>9} {'alpha':>6} {'RTTs (ms)':>14} {'measured':>9} {'closed@conf':>12} "
-        f"{'closed@real':>12} {'measured':>10} {'err %':>6}  ok  {'client view':>11} {'overhead/round':>14}"
-    )
-
-    def short(value: float) -> str:
-        return "never" if value == -math.inf else paper.cell(value)
-
-    for r in rows:
-        print(
-            f"{r['t_ar_ms']:>7.0f}ms {r['alpha_configured']:>6.2f} {str(r['rtts_ms']):>14} {r['alpha_measured']:>9.4f} "
-            f"{short(r['closed_form_at_configured_alpha_ms']):>12} {short(r['closed_form_at_measured_alpha_ms']):>12} "
-            f"{short(r['measured_ms']):>10} {r['err_pct']:>6.1f}  {'yes' if r['ok'] else 'NO ':3} "
-            f"{short(r['client_view_ms']):>11} {r['overhead_ms']:>11.2f} ms"
-        )
-    print(
-        "closed@conf / closed@real: the closed form with the configured times at the configured / measured "
-        "alpha; client view: with the times the client saw (compute + the harness's per-round overhead, "
-        "fitted), at the measured alpha; overhead/round: that overhead in a sync round (ms)"
-    )
+    _print_table(rows)
     winnable = [r for r in rows if math.isfinite(r["closed_form_at_configured_alpha_ms"])]
     errors = [r["err_pct"] for r in winnable if not math.isnan(r["err_pct"])]
     never_ok = sum(r["ok"] for r in rows if not math.isfinite(r["closed_form_at_configured_alpha_ms"]))
