@@ -164,37 +164,8 @@ def run(experiment: Experiment, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-regime-map-"))
-    sim_folder = args.sim_sweep
-    if args.sweep is not None:
-        folder = args.sweep
-    elif args.launcher == "netns":
-        if os.geteuid() != 0:
-            raise SystemExit("--launcher netns needs root (network namespaces); or read a folder with --sweep")
-        netns = load_experiment(NETNS_FILE)
-        folder = run(netns, out / "netns")
-        sim_folder = run(replace(netns, launcher="sim", name="regime-map-netns-sim"), out / "sim")
-    else:
-        folder = sim_folder = run(reduced_sim(args), out / "sim")
-
-    nan = math.nan
-    figures: dict = {
-        "launcher": "none",
-        "client_counts": "none",
-        "clients_max": nan,
-        "frontier_inside_share": nan,
-        "frontier_ci_finite_share": nan,
-        "frontier_err_p50_pct": nan,
-        "frontier_err_max_pct": nan,
-        "slope_ms_per_client": nan,
-        "slope_predicted_ms_per_client": nan,
-        "sim_vs_net_err_max_pct": nan,
-        "sim_clients_max": nan,
-        "real_clients_max": nan,
-        "real_frontier_err_max_pct": nan,
-        "wan_crossover_ms": nan,
-        "real_edge_draft_step_ratio_max": nan,
-    }
+    folder, sim_folder = _sweeps(args)
+    figures = _unmeasured_figures()
     launcher, rows, rtt_max_ms = frontier_of(folder)
     figures["launcher"] = launcher
     if rows:
@@ -235,6 +206,43 @@ def main(argv: list[str] | None = None) -> int:
     figures |= {"load_avg_1m": round(os.getloadavg()[0], 2), "out": folder}
     print(" ".join(f"{k}={_fmt(v)}" for k, v in figures.items()))
     return 0
+
+
+def _sweeps(args) -> tuple[Path, Path | None]:
+    """(the sweep to read, the sim sweep of the same grid or None): read, or run now."""
+    out = Path(args.out or tempfile.mkdtemp(prefix="dsdbed-regime-map-"))
+    if args.sweep is not None:
+        return args.sweep, args.sim_sweep
+    if args.launcher == "netns":
+        if os.geteuid() != 0:
+            raise SystemExit("--launcher netns needs root (network namespaces); or read a folder with --sweep")
+        netns = load_experiment(NETNS_FILE)
+        folder = run(netns, out / "netns")
+        return folder, run(replace(netns, launcher="sim", name="regime-map-netns-sim"), out / "sim")
+    folder = run(reduced_sim(args), out / "sim")
+    return folder, folder
+
+
+def _unmeasured_figures() -> dict:
+    """Every figure main prints, nan (or "none") until measured."""
+    nan = math.nan
+    return {
+        "launcher": "none",
+        "client_counts": "none",
+        "clients_max": nan,
+        "frontier_inside_share": nan,
+        "frontier_ci_finite_share": nan,
+        "frontier_err_p50_pct": nan,
+        "frontier_err_max_pct": nan,
+        "slope_ms_per_client": nan,
+        "slope_predicted_ms_per_client": nan,
+        "sim_vs_net_err_max_pct": nan,
+        "sim_clients_max": nan,
+        "real_clients_max": nan,
+        "real_frontier_err_max_pct": nan,
+        "wan_crossover_ms": nan,
+        "real_edge_draft_step_ratio_max": nan,
+    }
 
 
 def _print_rows(rows: list[dict]) -> None:
