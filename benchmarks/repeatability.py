@@ -68,7 +68,7 @@ def spread_pct(values: list[float]) -> float:
     return 100 * (max(values) - min(values)) / statistics.median(values)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launcher", choices=("loopback", "netns"), default="loopback")
     parser.add_argument("--runs", type=int, default=5)
@@ -79,6 +79,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 2:
         parser.error("--runs must be >= 2 (a spread needs two runs)")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     backend = HfBackendConfig()
     prompts = make_prompts(backend, 1 + args.requests, 32, 0)
     config = ServicesConfig(backend, None, n_edges=1, work_dir=tempfile.mkdtemp(prefix="dsdbed-repeat-"))
