@@ -42,7 +42,7 @@ def hf_generate(target, draft, prompt, gamma, max_new_tokens, eos):
     return out[0, len(prompt) :].tolist()
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="models/default-pair")
     parser.add_argument("--gamma", type=int, default=4)
@@ -50,7 +50,24 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def methods(draft, target, prompt: list[int], index: int, args, stop: StopRule) -> dict:
+    """name -> a call that generates prompt's tokens that way: ours and HF's assisted generation
+    (speculative), ours and HF's plain generation (AR)."""
+    return {
+        "ours": lambda: generate_colocated(draft, target, prompt, args.gamma, stop, seq_id=f"o{index}").tokens,
+        "hf_assisted": lambda: hf_generate(
+            target.model, draft.model, prompt, args.gamma, args.max_new_tokens, target.eos_token_id
+        ),
+        "ar": lambda: generate_ar(target, prompt, stop, seq_id=f"a{index}").tokens,
+        "hf_ar": lambda: hf_generate(target.model, None, prompt, args.gamma, args.max_new_tokens, target.eos_token_id),
+    }
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(args.threads)
 
     backend = HfBackendConfig(pair_path=args.pair)
@@ -62,16 +79,7 @@ def main() -> int:
     mismatches = {k: 0 for k in times}
     for index, prompt in enumerate(prompts):
         warmup = index == 0
-        runs = {
-            "ours": lambda: generate_colocated(draft, target, prompt, args.gamma, stop, seq_id=f"o{index}").tokens,
-            "hf_assisted": lambda: hf_generate(
-                target.model, draft.model, prompt, args.gamma, args.max_new_tokens, target.eos_token_id
-            ),
-            "ar": lambda: generate_ar(target, prompt, stop, seq_id=f"a{index}").tokens,
-            "hf_ar": lambda: hf_generate(
-                target.model, None, prompt, args.gamma, args.max_new_tokens, target.eos_token_id
-            ),
-        }
+        runs = methods(draft, target, prompt, index, args, stop)
         outputs = {}
         for name, run in runs.items():
             start = time.perf_counter()
