@@ -131,10 +131,10 @@ def write_dataset(prompts: Path, path: Path, max_tokens: int) -> Path:
     return path
 
 
-def run_peer(
-    args, netns: str, url: str, token: str | None, dataset: Path, rate: float, artifacts: Path, deadline: float
-) -> None:
-    """AIPerf in the edge's namespace, in its own process group, bounded by the run's deadline."""
+def aiperf_command(
+    args, netns: str, url: str, token: str | None, dataset: Path, rate: float, artifacts: Path
+) -> list[str]:
+    """AIPerf's profile command, run in the edge's namespace."""
     command = [
         "nsenter",
         f"--net={netns}",
@@ -175,6 +175,14 @@ def run_peer(
     ]
     if token:
         command += ["--api-key", token]
+    return command
+
+
+def run_peer(
+    args, netns: str, url: str, token: str | None, dataset: Path, rate: float, artifacts: Path, deadline: float
+) -> None:
+    """AIPerf in the edge's namespace, in its own process group, bounded by the run's deadline."""
+    command = aiperf_command(args, netns, url, token, dataset, rate, artifacts)
     artifacts.mkdir(parents=True)
     with open(artifacts / "aiperf.log", "wb") as log:
         # not offline: aiperf then looks a tokenizer up in the hub's cache by name, never on disk (the
