@@ -65,68 +65,72 @@ def body(message, **changes) -> dict:
 # ---- named cases ---------------------------------------------------------------------------
 
 
+def bad_messages() -> list[tuple]:
+    """(name, message, code and field the error must carry) for each bad message."""
+    verify = wire.Verify(0, 1, 3, prefix_digest([1, 2, 3]), [5, 6])
+    return [
+        (
+            "gamma above max_gamma",
+            wire.Verify(0, 1, 3, verify.base_digest, [5] * (MAX_GAMMA + 1)),
+            wire.OUT_OF_RANGE,
+            "draft_tokens",
+        ),
+        ("gamma zero", wire.Verify(0, 1, 3, verify.base_digest, []), wire.OUT_OF_RANGE, "draft_tokens"),
+        ("negative draft id", wire.Verify(0, 1, 3, verify.base_digest, [5, -1]), wire.OUT_OF_RANGE, "draft_tokens"),
+        (
+            "out-of-vocabulary draft id",
+            wire.Verify(0, 1, 3, verify.base_digest, [VOCAB]),
+            wire.OUT_OF_RANGE,
+            "draft_tokens",
+        ),
+        ("negative start", wire.Verify(0, 1, -4, verify.base_digest, [5]), wire.OUT_OF_RANGE, "start_pos"),
+        ("unknown session", wire.Verify(0, 99, 3, verify.base_digest, [5]), wire.UNKNOWN_SESSION, "session"),
+        ("out-of-vocabulary prompt", open_message(0, 3, prompt=[1, VOCAB + 5]), wire.OUT_OF_RANGE, "prompt"),
+        ("empty prompt", open_message(0, 3, prompt=[]), wire.OUT_OF_RANGE, "prompt"),
+        ("too many tokens", open_message(0, 3, max_new_tokens=MAX_TOKENS), wire.OUT_OF_RANGE, "max_new_tokens"),
+        ("zero tokens", open_message(0, 3, max_new_tokens=0), wire.OUT_OF_RANGE, "max_new_tokens"),
+        ("negative temperature", open_message(0, 3, temperature=-1.0), wire.OUT_OF_RANGE, "temperature"),
+        ("duplicate session", open_message(0, 1), wire.DUPLICATE_SESSION, "session"),
+        ("unknown mode", wire.Generate(0, 1, "beam", 2), wire.OUT_OF_RANGE, "mode"),
+        ("gamma for co-located", wire.Generate(0, 1, "colocated", 0), wire.OUT_OF_RANGE, "gamma"),
+        ("sampling without q", wire.Verify(0, 2, 3, verify.base_digest, [5]), wire.BAD_FIELD, "probs_dense"),
+        (
+            "q of the wrong size",
+            wire.Verify(0, 2, 3, verify.base_digest, [5], probs_dense=b"\0" * 12),
+            wire.OUT_OF_RANGE,
+            "probs_dense",
+        ),
+        (
+            "a draft token q says is impossible",
+            wire.Verify(0, 2, 3, verify.base_digest, [5], probs_ids=[[4]], probs_values=[[1.0]]),
+            wire.OUT_OF_RANGE,
+            "probs",
+        ),
+        ("a reply sent as a request", wire.Pong(0, 0.0, 0.0), wire.UNKNOWN_TYPE, "type"),
+        ("wrong type", body(verify, draft_tokens="abc"), wire.BAD_FIELD, "draft_tokens"),
+        ("bool for an int", body(verify, start_pos=True), wire.BAD_FIELD, "start_pos"),
+        (
+            "missing field",
+            {k: v for k, v in body(verify).items() if k != "base_digest"},
+            wire.BAD_FIELD,
+            "base_digest",
+        ),
+        ("unknown field", body(verify, colour="red"), wire.BAD_FIELD, "colour"),
+        ("other version", body(verify, v=2), wire.BAD_VERSION, "v"),
+        ("unknown type", body(verify, type="Teleport"), wire.UNKNOWN_TYPE, "type"),
+        ("not a map", [1, 2, 3], wire.MALFORMED, None),
+        ("truncated frame", wire.encode(verify)[:9], wire.MALFORMED, None),
+        ("oversized frame", wire.encode(wire.Hello(0, "x" * MAX_BYTES)), wire.LIMIT, None),
+    ]
+
+
 async def expect_errors(url, transport="ws"):
     """(what was sent, code and field expected) for each case, on one connection."""
     results = []
     async with RawClient(url, transport=transport) as c:
         assert isinstance(await c.ask(open_message(1, 1)), wire.Opened)
         assert isinstance(await c.ask(open_message(2, 2, temperature=0.5)), wire.Opened)
-        verify = wire.Verify(0, 1, 3, prefix_digest([1, 2, 3]), [5, 6])
-        cases = [
-            (
-                "gamma above max_gamma",
-                wire.Verify(0, 1, 3, verify.base_digest, [5] * (MAX_GAMMA + 1)),
-                wire.OUT_OF_RANGE,
-                "draft_tokens",
-            ),
-            ("gamma zero", wire.Verify(0, 1, 3, verify.base_digest, []), wire.OUT_OF_RANGE, "draft_tokens"),
-            ("negative draft id", wire.Verify(0, 1, 3, verify.base_digest, [5, -1]), wire.OUT_OF_RANGE, "draft_tokens"),
-            (
-                "out-of-vocabulary draft id",
-                wire.Verify(0, 1, 3, verify.base_digest, [VOCAB]),
-                wire.OUT_OF_RANGE,
-                "draft_tokens",
-            ),
-            ("negative start", wire.Verify(0, 1, -4, verify.base_digest, [5]), wire.OUT_OF_RANGE, "start_pos"),
-            ("unknown session", wire.Verify(0, 99, 3, verify.base_digest, [5]), wire.UNKNOWN_SESSION, "session"),
-            ("out-of-vocabulary prompt", open_message(0, 3, prompt=[1, VOCAB + 5]), wire.OUT_OF_RANGE, "prompt"),
-            ("empty prompt", open_message(0, 3, prompt=[]), wire.OUT_OF_RANGE, "prompt"),
-            ("too many tokens", open_message(0, 3, max_new_tokens=MAX_TOKENS), wire.OUT_OF_RANGE, "max_new_tokens"),
-            ("zero tokens", open_message(0, 3, max_new_tokens=0), wire.OUT_OF_RANGE, "max_new_tokens"),
-            ("negative temperature", open_message(0, 3, temperature=-1.0), wire.OUT_OF_RANGE, "temperature"),
-            ("duplicate session", open_message(0, 1), wire.DUPLICATE_SESSION, "session"),
-            ("unknown mode", wire.Generate(0, 1, "beam", 2), wire.OUT_OF_RANGE, "mode"),
-            ("gamma for co-located", wire.Generate(0, 1, "colocated", 0), wire.OUT_OF_RANGE, "gamma"),
-            ("sampling without q", wire.Verify(0, 2, 3, verify.base_digest, [5]), wire.BAD_FIELD, "probs_dense"),
-            (
-                "q of the wrong size",
-                wire.Verify(0, 2, 3, verify.base_digest, [5], probs_dense=b"\0" * 12),
-                wire.OUT_OF_RANGE,
-                "probs_dense",
-            ),
-            (
-                "a draft token q says is impossible",
-                wire.Verify(0, 2, 3, verify.base_digest, [5], probs_ids=[[4]], probs_values=[[1.0]]),
-                wire.OUT_OF_RANGE,
-                "probs",
-            ),
-            ("a reply sent as a request", wire.Pong(0, 0.0, 0.0), wire.UNKNOWN_TYPE, "type"),
-            ("wrong type", body(verify, draft_tokens="abc"), wire.BAD_FIELD, "draft_tokens"),
-            ("bool for an int", body(verify, start_pos=True), wire.BAD_FIELD, "start_pos"),
-            (
-                "missing field",
-                {k: v for k, v in body(verify).items() if k != "base_digest"},
-                wire.BAD_FIELD,
-                "base_digest",
-            ),
-            ("unknown field", body(verify, colour="red"), wire.BAD_FIELD, "colour"),
-            ("other version", body(verify, v=2), wire.BAD_VERSION, "v"),
-            ("unknown type", body(verify, type="Teleport"), wire.UNKNOWN_TYPE, "type"),
-            ("not a map", [1, 2, 3], wire.MALFORMED, None),
-            ("truncated frame", wire.encode(verify)[:9], wire.MALFORMED, None),
-            ("oversized frame", wire.encode(wire.Hello(0, "x" * MAX_BYTES)), wire.LIMIT, None),
-        ]
-        for name, message, code, field in cases:
+        for name, message, code, field in bad_messages():
             if isinstance(message, (dict, list)):
                 message = msgpack.packb(message)
             await c.send(message)
