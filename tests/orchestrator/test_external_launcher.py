@@ -24,6 +24,52 @@ pytestmark = pytest.mark.root
 PROFILE = ["--backend-json", '{"kind": "synthetic", "alpha": 0.7}', "--profile", "toy-edge-cloud"]
 
 
+def verifier_process(ip: str, netns: str, token_file: Path, work: Path) -> ServiceProcess:
+    return ServiceProcess(
+        "verifier",
+        [
+            "services.verifier",
+            "--host",
+            ip,
+            "--port",
+            "8700",
+            *PROFILE,
+            "--token-file",
+            str(token_file),
+            "--unix-socket",
+            str(work / "v.sock"),
+        ],
+        f"unix:{work / 'v.sock'}/health",
+        netns=netns,
+        log_dir=work,
+    )
+
+
+def edge_process(i: int, ip: str, netns: str, token_file: Path, work: Path) -> ServiceProcess:
+    """Edge i, which may shape its own link."""
+    return ServiceProcess(
+        f"edge{i}",
+        [
+            "services.edge",
+            "--host",
+            ip,
+            "--port",
+            "8701",
+            *PROFILE,
+            "--shape-link",
+            "--out-dir",
+            str(work / f"edge{i}"),
+            "--token-file",
+            str(token_file),
+            "--unix-socket",
+            str(work / f"e{i}.sock"),
+        ],
+        f"unix:{work / f'e{i}.sock'}/health",
+        netns=netns,
+        log_dir=work,
+    )
+
+
 @pytest.fixture(scope="module")
 def devices(tmp_path_factory):
     """(verifier ws URL, edge control URLs, token file, orchestrator namespace, edge namespaces);
@@ -38,51 +84,10 @@ def devices(tmp_path_factory):
     with Topology(TopologyConfig(n_edges=3)) as topo:
         try:
             v = topo.verifier
-            processes.append(
-                ServiceProcess(
-                    "verifier",
-                    [
-                        "services.verifier",
-                        "--host",
-                        v.ip,
-                        "--port",
-                        "8700",
-                        *PROFILE,
-                        "--token-file",
-                        str(token_file),
-                        "--unix-socket",
-                        str(work / "v.sock"),
-                    ],
-                    f"unix:{work / 'v.sock'}/health",
-                    netns=v.netns,
-                    log_dir=work,
-                )
-            )
+            processes.append(verifier_process(v.ip, v.netns, token_file, work))
             edge_urls = []
             for i, e in enumerate(topo.edges[:2]):
-                processes.append(
-                    ServiceProcess(
-                        f"edge{i}",
-                        [
-                            "services.edge",
-                            "--host",
-                            e.ip,
-                            "--port",
-                            "8701",
-                            *PROFILE,
-                            "--shape-link",
-                            "--out-dir",
-                            str(work / f"edge{i}"),
-                            "--token-file",
-                            str(token_file),
-                            "--unix-socket",
-                            str(work / f"e{i}.sock"),
-                        ],
-                        f"unix:{work / f'e{i}.sock'}/health",
-                        netns=e.netns,
-                        log_dir=work,
-                    )
-                )
+                processes.append(edge_process(i, e.ip, e.netns, token_file, work))
                 edge_urls.append(f"http://{e.ip}:8701")
             for process in processes:
                 process.wait_ready(60)
