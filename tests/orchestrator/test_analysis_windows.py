@@ -149,8 +149,8 @@ def test_speedups_compare_with_ar_of_the_same_group_rtt_and_repeat():
     assert speedups == [1.0, 0.5, 1.0, 2.0]
 
 
-def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
-    keys = {"mode": "sync", "rtt_ms": 20.0, "gamma": 4, "clients": 2, "repeat": 0}
+def two_clients_point(keys: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(requests, rounds, links) of a point with two clients, six rounds each."""
     requests = pd.DataFrame(
         [
             {
@@ -193,6 +193,12 @@ def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
             for i, m in enumerate((20.2, 20.6))
         ]
     )
+    return requests, rounds, links
+
+
+def test_points_table_has_every_column_the_issue_lists_and_the_link_rtt():
+    keys = {"mode": "sync", "rtt_ms": 20.0, "gamma": 4, "clients": 2, "repeat": 0}
+    requests, rounds, links = two_clients_point(keys)
     row = point_table(requests, rounds, links).iloc[0]
     for column in (
         "mode",
