@@ -107,7 +107,16 @@ def frontier_sections(summary: dict) -> list:
                 *made,
                 (
                     "table",
-                    ["clients", "pair", "measured (ms)", "95% CI (ms)", "predicted (ms)", "prediction", "error (%)"],
+                    [
+                        "clients",
+                        "pair",
+                        "measured (ms)",
+                        "95% CI (ms)",
+                        "predicted (ms)",
+                        "prediction",
+                        "error (%)",
+                        "edge draft step vs fewest clients",
+                    ],
                     [
                         [
                             str(r["clients"]),
@@ -119,6 +128,7 @@ def frontier_sections(summary: dict) -> list:
                             number_cell(r["predicted_ms"]),
                             r["in_or_out_of_sample"].replace("_", " "),
                             number_cell(r["err_pct"], 1),
+                            _edge_draft_cell(r),
                         ]
                         for r in rows
                     ],
@@ -126,6 +136,13 @@ def frontier_sections(summary: dict) -> list:
             ],
         )
     ]
+
+
+def _edge_draft_cell(row: dict) -> str:
+    ratio = row.get("edge_draft_step_ratio", math.nan)
+    if not math.isfinite(ratio):
+        return ""
+    return f"x{ratio:.2f}" + (" (the edges slowed each other)" if row.get("edge_draft_inflated") else "")
 
 
 def gamma_opt_sections(summary: dict) -> list:

@@ -271,3 +271,24 @@ def test_without_measured_draft_steps_no_row_is_flagged():
     points, latencies = _constructed_sweep()
     rows = _frontier(points, latencies, None)
     assert rows and all(math.isnan(r["edge_draft_step_ratio"]) and not r["edge_draft_inflated"] for r in rows)
+
+
+def test_the_reports_map_table_shows_the_edge_draft_step_and_names_an_inflated_row():
+    from orchestrator.report.findings import frontier_sections
+
+    points, latencies = _constructed_sweep()
+    points["t_draft_ms_measured"] = [
+        {1: 14.0, 2: 15.0, 3: 42.0}[n] if m == "pipelined" else math.nan
+        for m, n in zip(points["mode"], points["clients"])
+    ]
+    rows = _frontier(points, latencies, None)
+    summary = {
+        "frontier": {"what": frontier.WHAT, "max_batch": 1, "rows": rows, **frontier.frontier_evidence(rows)},
+        "plots": [],
+    }
+    ((_, parts),) = frontier_sections(summary)
+    _, header, cells = next(part for part in parts if part[0] == "table")
+    by_row = {(int(c[0]), c[1]): c[header.index("edge draft step vs fewest clients")] for c in cells}
+    assert by_row[(3, "pipelined vs colocated")] == "x3.00 (the edges slowed each other)"
+    assert by_row[(2, "pipelined vs colocated")] == "x1.07"
+    assert by_row[(3, "sync vs colocated")] == ""
