@@ -25,6 +25,8 @@ def save_figure(fig, path: Path, note: str, top: float = 1.0, bottom: float = 0.
     """A figure's footnote, layout and file."""
     fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
     fig.tight_layout(rect=(0, bottom, 1, top))
-    fig.savefig(path)
+    # A legend beside the axes or a long title or footnote can pass the canvas: the saved area
+    # grows to hold every artist instead of clipping them.
+    fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return path
