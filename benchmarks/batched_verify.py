@@ -97,7 +97,8 @@ from orchestrator.analysis.capacity import (
 )
 from orchestrator.spec.workload import make_prompts  # noqa: E402
 from services.compute import PreciseTimer, ThreadDevice  # noqa: E402
-from services.verifier.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from dsd.drive.batching import BatchingConfig  # noqa: E402
+from services.verifier.scheduler import Scheduler  # noqa: E402
 
 GREEDY = SamplingParams()
 GAMMA = 4  # the capacity experiment's draft length
@@ -209,7 +210,7 @@ async def _run_point(
     """n clients of one mode on a scheduler of ``max_batch``; every pass the device ran is logged
     with its start, end and when its earliest job was submitted (its ready time)."""
     device = ThreadDevice()
-    scheduler = Scheduler(SchedulerConfig(max_batch, 0.0), device, None)
+    scheduler = Scheduler(BatchingConfig(max_batch, 0.0), device, None)
     scheduler.start()
     timer = PreciseTimer()
     log_: dict[float, list] = {}  # pass end -> [kind, batch size, compute_s, largest queue_s]

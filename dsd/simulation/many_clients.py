@@ -60,7 +60,8 @@ from dsd.cache.speculation_cache import CacheConfig
 from dsd.speculation.stopping import StopRule
 from dsd.costs.compute_times import DRAFT, PREFILL, STALE, VERIFY, ComputeTimes
 from dsd.drive.verifier_session import VerifierSession
-from dsd.simulation.shared_verifier import SharedVerifier, VerifierConfig
+from dsd.drive.batching import BatchingConfig
+from dsd.simulation.shared_verifier import SharedVerifier
 from dsd.simulation.virtual_time import ClientCoroutine, Suspend, VirtualLoop
 
 MAX_CLIENTS = 4096  # the sim launcher's ceiling: thousands of clients in seconds (docs/launchers.md)
@@ -76,7 +77,7 @@ class ClientsSetup:
     gamma: int
     times: ComputeTimes
     rtt_at: Callable[[float], float]
-    verifier: VerifierConfig = VerifierConfig()
+    verifier: BatchingConfig = BatchingConfig()
     max_in_flight: int = 1
     gamma_max: int = GAMMA_MAX  # as dsd.simulation.one_client's runs: what a mode's own policy may reach
     cache: CacheConfig = CacheConfig()

@@ -6,33 +6,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsd.checks import is_int
 from dsd.costs.compute_times import PREFILL, STALE, ComputeTimes, pass_cost_s
+from dsd.drive.batching import BatchingConfig
 from dsd.simulation.virtual_time import VirtualLoop
-
-
-@dataclass(frozen=True)
-class VerifierConfig:
-    """The shared verifier's device: sequences per pass (1 = serial) and how long a pass that is
-    not full waits for more, as services/verifier/scheduler.py SchedulerConfig."""
-
-    max_batch: int = 1
-    batch_window_ms: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (is_int(self.max_batch) and self.max_batch >= 1):
-            raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
-        if not (
-            isinstance(self.batch_window_ms, (int, float))
-            and math.isfinite(self.batch_window_ms)
-            and self.batch_window_ms >= 0
-        ):
-            raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
 
 
 @dataclass
@@ -50,7 +30,7 @@ class SharedVerifier:
     each session's next job once it arrived, by when it could start (its arrival, or its
     session's last pass's end) and then by the order sent."""
 
-    def __init__(self, loop: VirtualLoop, times: ComputeTimes, config: VerifierConfig) -> None:
+    def __init__(self, loop: VirtualLoop, times: ComputeTimes, config: BatchingConfig) -> None:
         self.loop, self.times, self.config = loop, times, config
         self.queues: dict[object, deque[Job]] = {}  # per session, in the order sent
         self.heads: list[tuple[float, int, Job]] = []

@@ -35,7 +35,7 @@ from dsd.controller.policies import make_controller
 from dsd.drive.driver import DriverConfig, run_to_end
 from dsd.simulation.one_client import LinkCosts, ServerCosts, simulate_dsd, simulate_on_server
 from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, simulate_clients
-from dsd.simulation.shared_verifier import VerifierConfig
+from dsd.drive.batching import BatchingConfig
 from dsd.cache.speculation_cache import CacheConfig
 from dsd.speculation.stopping import StopRule
 from dsd.costs.compute_times import ComputeTimes, steady_per_token_s
@@ -54,7 +54,7 @@ class SimTestbed:
     shaper = SHAPER
     shaper_reason = "sim launcher: the link is a constant RTT on virtual time"
 
-    def __init__(self, draft, target, times: ComputeTimes, verifier: VerifierConfig = VerifierConfig()) -> None:
+    def __init__(self, draft, target, times: ComputeTimes, verifier: BatchingConfig = BatchingConfig()) -> None:
         self.draft, self.target, self.times = draft, target, times
         self.verifier = verifier  # the shared verifier's device, for points of several clients
         self.edges: list[EdgeHandle] = []  # no edge service: the client runs in this process

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from dsd.backends.factory import load_pair
-from dsd.simulation.shared_verifier import VerifierConfig
+from dsd.drive.batching import BatchingConfig
 from dsd.costs.compute_times import ComputeTimes
 from dsd.costs.measurement import measure_times
 from orchestrator.analysis.predictions import Predictor
@@ -317,7 +317,7 @@ def open_testbed(launcher: str, experiment: Experiment, work_dir: Path, times: d
             return SimTestbed(
                 *pairs(experiment.backend),
                 times[experiment.profile],
-                VerifierConfig(experiment.max_batch, experiment.batch_window_ms),
+                BatchingConfig(experiment.max_batch, experiment.batch_window_ms),
             )
         return _open_testbed(launcher, experiment, work_dir)
 

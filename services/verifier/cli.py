@@ -15,7 +15,8 @@ from aiohttp import web
 from dsd.backends.factory import load_pair
 from services import access, frames, spinwait
 from services.compute import add_backend_args, backend_from_args, freeze_startup_heap, make_device
-from services.verifier.scheduler import Scheduler, SchedulerConfig
+from dsd.drive.batching import BatchingConfig
+from services.verifier.scheduler import Scheduler
 from services.verifier.http import VERIFIER_KEY
 from services.verifier.limits import VerifierLimits
 from services.verifier.server import Verifier
@@ -93,7 +94,7 @@ def build(argv: list[str] | None = None) -> tuple[web.Application, argparse.Name
             args.max_tokens_per_connection,
             tcp_rto_max_ms=args.tcp_rto_max_ms,
         )
-        scheduler_config = SchedulerConfig(args.max_batch, args.batch_window_ms)
+        scheduler_config = BatchingConfig(args.max_batch, args.batch_window_ms)
         token = access.load_token(args.token_file, log=log)
         args.spin = spinwait.spin_from_args(args)
     except ValueError as exc:

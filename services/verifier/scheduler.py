@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
@@ -37,24 +36,9 @@ from dsd.speculation.drafting import DraftJob, run_draft_jobs
 from dsd.modes import AR
 from dsd.costs.profiles import HardwareProfile
 from dsd.costs.compute_times import DRAFT, PREFILL, VERIFY, pass_cost_s
+from dsd.drive.batching import BatchingConfig
 
 KINDS = (PREFILL, AR, DRAFT, VERIFY)  # AR: one step of cloud AR (dsd.modes)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_batch: int = 1
-    batch_window_ms: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
-            raise ValueError(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
-        if not (
-            isinstance(self.batch_window_ms, (int, float))
-            and math.isfinite(self.batch_window_ms)
-            and self.batch_window_ms >= 0
-        ):
-            raise ValueError(f"batch_window_ms must be a finite number >= 0, got {self.batch_window_ms!r}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +64,7 @@ class _Job:
 class Scheduler:
     def __init__(
         self,
-        config: SchedulerConfig,
+        config: BatchingConfig,
         device,
         profile: HardwareProfile | None,
         after_loop_pass: Callable[[float], None] | None = None,

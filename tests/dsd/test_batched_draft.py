@@ -13,7 +13,8 @@ from dsd.backends.torch_lm import TorchLM
 from dsd.speculation.draws import Draws
 from dsd.speculation.drafting import DraftJob, draft_block, run_draft_jobs
 from services.compute import ThreadDevice
-from services.verifier.scheduler import Scheduler, SchedulerConfig
+from dsd.drive.batching import BatchingConfig
+from services.verifier.scheduler import Scheduler
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
 
@@ -103,7 +104,7 @@ def test_the_scheduler_runs_waiting_draft_jobs_as_one_batched_draft():
 
     async def main():
         device = ThreadDevice()
-        scheduler = Scheduler(SchedulerConfig(max_batch=8), device, None)
+        scheduler = Scheduler(BatchingConfig(max_batch=8), device, None)
         scheduler.start()
         try:
             jobs = _jobs(batched_lm, PREFIXES, BLOCKS, [GREEDY] * len(PREFIXES), [None] * len(PREFIXES))

@@ -223,11 +223,11 @@ def test_predicted_frontier_has_a_row_per_client_count_and_pair():
 def _simulated_per_token_s(mode, n_clients, times, rtt_s, max_batch):
     from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
     from dsd.simulation.many_clients import ClientsSetup, simulate_clients
-    from dsd.simulation.shared_verifier import VerifierConfig
+    from dsd.drive.batching import BatchingConfig
     from dsd.speculation.stopping import StopRule
 
     config = SyntheticConfig(alpha=1.0, seed=3)
-    setup = ClientsSetup(n_clients, mode, SIM_GAMMA, times, lambda _t: rtt_s, VerifierConfig(max_batch))
+    setup = ClientsSetup(n_clients, mode, SIM_GAMMA, times, lambda _t: rtt_s, BatchingConfig(max_batch))
     requests = simulate_clients(
         setup, SyntheticLM(config, "draft"), SyntheticLM(config, "target"), [[1, 2, 3]], StopRule(200)
     )

@@ -11,7 +11,7 @@ import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.simulation.many_clients import MAX_CLIENTS, ClientsSetup, simulate_clients
-from dsd.simulation.shared_verifier import VerifierConfig
+from dsd.drive.batching import BatchingConfig
 from dsd.costs.compute_times import pass_cost_s
 from dsd.speculation.stopping import StopRule
 from orchestrator.launchers.sim import SimClient, SimRequest, run_request
@@ -51,7 +51,7 @@ def run(
 ):
     if t_draft_edge_s is not None:
         times = times.replace(t_draft_edge_s=t_draft_edge_s)
-    setup = ClientsSetup(n_clients, mode, GAMMA, times, lambda _t: rtt_s, VerifierConfig(max_batch), max_in_flight=2)
+    setup = ClientsSetup(n_clients, mode, GAMMA, times, lambda _t: rtt_s, BatchingConfig(max_batch), max_in_flight=2)
     return simulate_clients(setup, *pair(alpha), [[1, 2, 3]], StopRule(max_new_tokens))
 
 
@@ -153,7 +153,7 @@ def test_the_pass_costs_are_the_schedulers():
     [
         ({"n_clients": MAX_CLIENTS + 1}, "clients"),
         ({"n_clients": 0}, "clients"),
-        ({"verifier": VerifierConfig(4), "times": TIMES.replace(batch_slope=None)}, "max_batch"),
+        ({"verifier": BatchingConfig(4), "times": TIMES.replace(batch_slope=None)}, "max_batch"),
         ({"mode": "warp"}, "warp"),
     ],
 )
@@ -167,7 +167,7 @@ def test_a_pass_that_is_not_full_waits_the_batch_window_from_its_first_job():
     """3 clients, max_batch 4, a 5 ms window: the batch never fills, so every pass starts 5 ms
     after its jobs arrived: per round window + t_v(3) + Z."""
     rtt_s, window_s = 0.002, 0.005
-    setup = ClientsSetup(3, "sync", GAMMA, TIMES, lambda _t: rtt_s, VerifierConfig(4, window_s * 1e3))
+    setup = ClientsSetup(3, "sync", GAMMA, TIMES, lambda _t: rtt_s, BatchingConfig(4, window_s * 1e3))
     requests = simulate_clients(setup, *pair(1.0), [[1, 2, 3]], StopRule(60))
     cycle_s = window_s + TIMES.t_verify_s(GAMMA, 3) + GAMMA * T_DRAFT_EDGE_S + rtt_s
     for per_token_s in per_token_s_of(requests):

@@ -5,7 +5,7 @@ import pytest
 
 from dsd.backends.synthetic import SyntheticConfig, SyntheticLM
 from dsd.simulation.many_clients import MAX_CLIENTS
-from dsd.simulation.shared_verifier import VerifierConfig
+from dsd.drive.batching import BatchingConfig
 from dsd.costs.compute_times import ComputeTimes
 from orchestrator.launchers.base import PointSettings
 from orchestrator.launchers.sim import SimTestbed, check_clients_settings
@@ -20,7 +20,7 @@ TIMES = ComputeTimes(
 
 def sim_testbed(alpha: float = 1.0, max_batch: int = 1) -> SimTestbed:
     config = SyntheticConfig(alpha=alpha, seed=1)
-    return SimTestbed(SyntheticLM(config, "draft"), SyntheticLM(config, "target"), TIMES, VerifierConfig(max_batch))
+    return SimTestbed(SyntheticLM(config, "draft"), SyntheticLM(config, "target"), TIMES, BatchingConfig(max_batch))
 
 
 def run(

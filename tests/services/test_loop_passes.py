@@ -19,7 +19,8 @@ from services import wire
 import services.verifier.frame_stamps as frame_stamps
 from dsd.costs.profiles import get_profile
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice
-from services.verifier.scheduler import Scheduler, SchedulerConfig
+from dsd.drive.batching import BatchingConfig
+from services.verifier.scheduler import Scheduler
 from tests.services.harness import RawClient, post_runs, read_csv, wait_for_runs
 from tests.torch_pairs import tiny_pair
 from tests.checks import every
@@ -65,7 +66,7 @@ def test_a_loop_pass_is_marked_reports_its_start_and_arrived_s_counts_the_wait_b
     async def main():
         device = ThreadDevice()
         starts = []
-        scheduler = Scheduler(SchedulerConfig(max_batch=1), device, None, after_loop_pass=starts.append)
+        scheduler = Scheduler(BatchingConfig(max_batch=1), device, None, after_loop_pass=starts.append)
         scheduler.start()
         try:
             _, on_loop = await scheduler.submit("verify", 4, lambda: time.sleep(0.005), "c", on_loop=True)
@@ -166,11 +167,9 @@ def test_a_lone_sessions_verify_is_served_by_the_reader_with_the_same_replies(ti
 
 def test_runs_on_loop_only_for_a_free_strictly_serial_real_device():
     async def main():
-        real = Scheduler(SchedulerConfig(max_batch=1), ThreadDevice(), None)
-        batching = Scheduler(SchedulerConfig(max_batch=2), ThreadDevice(), None)
-        emulated = Scheduler(
-            SchedulerConfig(max_batch=1), EmulatedDevice(PreciseTimer()), get_profile("toy-edge-cloud")
-        )
+        real = Scheduler(BatchingConfig(max_batch=1), ThreadDevice(), None)
+        batching = Scheduler(BatchingConfig(max_batch=2), ThreadDevice(), None)
+        emulated = Scheduler(BatchingConfig(max_batch=1), EmulatedDevice(PreciseTimer()), get_profile("toy-edge-cloud"))
         seen = []
         await real.submit("verify", 4, lambda: seen.append(real.runs_on_loop), "c", on_loop=True)
         return real.runs_on_loop, batching.runs_on_loop, emulated.runs_on_loop, seen

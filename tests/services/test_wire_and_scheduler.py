@@ -14,7 +14,8 @@ import pytest
 from dsd.costs.profiles import HardwareProfile
 from services import wire
 from services.compute import EmulatedDevice, PreciseTimer, ThreadDevice, freeze_startup_heap, profile_from_json
-from services.verifier.scheduler import Scheduler, SchedulerConfig, pass_cost_s
+from dsd.drive.batching import BatchingConfig
+from services.verifier.scheduler import Scheduler, pass_cost_s
 from tests.checks import every
 
 EXAMPLES = [
@@ -96,7 +97,7 @@ async def submit_together(config, jobs):
 
 def test_batch_one_is_strictly_serial():
     results, scheduler = asyncio.run(
-        submit_together(SchedulerConfig(max_batch=1), [("verify", 2, lambda i=i: i) for i in range(4)])
+        submit_together(BatchingConfig(max_batch=1), [("verify", 2, lambda i=i: i) for i in range(4)])
     )
     assert [value for value, _ in results] == [0, 1, 2, 3]
     assert [t.batch_size for _, t in results] == [1, 1, 1, 1]
@@ -118,7 +119,7 @@ def test_batch_one_is_strictly_serial():
 
 def test_concurrent_verifications_share_one_batched_pass_at_the_batch_cost():
     jobs = [("verify", 3, lambda: "v")] * 5 + [("ar", 1, lambda: "a")]
-    results, scheduler = asyncio.run(submit_together(SchedulerConfig(max_batch=4), jobs))
+    results, scheduler = asyncio.run(submit_together(BatchingConfig(max_batch=4), jobs))
     sizes = [t.batch_size for _, t in results]
     assert sizes == [4, 4, 4, 4, 1, 1]  # the fifth waits; kinds never mix
     assert results[0][1].compute_s == pytest.approx(pass_cost_s(PROFILE, "verify", [3] * 4))
@@ -128,7 +129,7 @@ def test_concurrent_verifications_share_one_batched_pass_at_the_batch_cost():
 
 def test_a_wait_window_gathers_jobs_that_arrive_later():
     async def staggered():
-        scheduler = Scheduler(SchedulerConfig(max_batch=8, batch_window_ms=30), EmulatedDevice(PreciseTimer()), PROFILE)
+        scheduler = Scheduler(BatchingConfig(max_batch=8, batch_window_ms=30), EmulatedDevice(PreciseTimer()), PROFILE)
         scheduler.start()
         first = asyncio.create_task(scheduler.submit("verify", 2, lambda: 1))
         await asyncio.sleep(0.01)
@@ -147,7 +148,7 @@ def test_one_failing_job_does_not_touch_the_rest_of_its_batch():
 
     results, _ = asyncio.run(
         submit_together(
-            SchedulerConfig(max_batch=4), [("verify", 1, lambda: 1), ("verify", 1, boom), ("verify", 1, lambda: 3)]
+            BatchingConfig(max_batch=4), [("verify", 1, lambda: 1), ("verify", 1, boom), ("verify", 1, lambda: 3)]
         )
     )
     assert results[0][0] == 1 and results[2][0] == 3
@@ -156,9 +157,9 @@ def test_one_failing_job_does_not_touch_the_rest_of_its_batch():
 
 def test_configs_name_the_bad_field():
     with pytest.raises(ValueError, match="max_batch"):
-        SchedulerConfig(max_batch=0)
+        BatchingConfig(max_batch=0)
     with pytest.raises(ValueError, match="batch_window_ms"):
-        SchedulerConfig(batch_window_ms=-1)
+        BatchingConfig(batch_window_ms=-1)
     with pytest.raises(ValueError, match="unknown keys"):
         profile_from_json('{"t_verify_s": 1}')
 
@@ -211,7 +212,7 @@ def test_clients_take_turns_so_a_backlog_does_not_delay_another_client():
     order = []
 
     async def flood_then_one():
-        async with running_scheduler(SchedulerConfig(max_batch=1)) as scheduler:
+        async with running_scheduler(BatchingConfig(max_batch=1)) as scheduler:
             flood = [
                 asyncio.create_task(
                     scheduler.submit("verify", 1, lambda i=i: order.append(("flood", i)), client="flood")
@@ -231,7 +232,7 @@ def test_a_batch_is_filled_with_clients_taking_turns():
     order = []
 
     async def two_clients():
-        async with running_scheduler(SchedulerConfig(max_batch=2)) as scheduler:
+        async with running_scheduler(BatchingConfig(max_batch=2)) as scheduler:
             jobs = [scheduler.submit("verify", 1, lambda i=i: order.append(("a", i)), client="a") for i in range(3)]
             jobs.append(scheduler.submit("verify", 1, lambda: order.append(("b", 0)), client="b"))
             return await asyncio.gather(*jobs)
@@ -328,7 +329,7 @@ def _steady_verify_batch_sizes(mode: str, n_clients: int, rounds: int, unit_s: f
     async def main():
         # A real device (a thread running the work), as for real models: its jobs' own time counts.
         device = ThreadDevice()
-        scheduler = Scheduler(SchedulerConfig(max_batch=64), device, None)
+        scheduler = Scheduler(BatchingConfig(max_batch=64), device, None)
         scheduler.start()
         try:
             await asyncio.gather(*(client(scheduler, i) for i in range(n_clients)))
@@ -363,11 +364,11 @@ def test_on_loop_runs_a_free_serial_real_pass_on_the_loop_thread_and_nothing_els
             device.executor.shutdown()
 
     loop_thread = threading.get_ident()
-    idents, timing, busy_s = asyncio.run(main(SchedulerConfig(max_batch=1), True))
+    idents, timing, busy_s = asyncio.run(main(BatchingConfig(max_batch=1), True))
     assert idents == [loop_thread] and timing.batch_size == 1 and busy_s == pytest.approx(timing.compute_s)
-    assert asyncio.run(main(SchedulerConfig(max_batch=1), False))[0] != [loop_thread]
-    assert asyncio.run(main(SchedulerConfig(max_batch=4), True))[0] != [loop_thread]  # batching: the worker's
-    assert asyncio.run(main(SchedulerConfig(max_batch=1), True, busy_first=True))[0][1] != loop_thread
+    assert asyncio.run(main(BatchingConfig(max_batch=1), False))[0] != [loop_thread]
+    assert asyncio.run(main(BatchingConfig(max_batch=4), True))[0] != [loop_thread]  # batching: the worker's
+    assert asyncio.run(main(BatchingConfig(max_batch=1), True, busy_first=True))[0][1] != loop_thread
 
 
 def test_the_fast_decoder_keeps_the_exact_types_and_converts_ints_to_float_fields():
