@@ -4,6 +4,7 @@ intervals, and the points that ran under CPU contention."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pandas as pd
 
@@ -44,19 +45,16 @@ def _headline_section(summary: dict, oos: dict) -> tuple[str, list]:
             "before the first non-calibration point). Only the in-sample fit below is available."
         )
         method = ""
-    rows = []
-    for group in summary["groups"]:
-        label = ", ".join(f"{k}={group[k]}" for k in summary.get("group_keys", [])) or "all points"
-        for name, c in group["crossovers"].items():
-            rows.append(
-                [
-                    label,
-                    name.replace("_", " "),
-                    c.get("text", number_cell(c["measured_rtt_ms"])),
-                    number_cell(c.get("predicted_rtt_ms_oos", math.nan)),
-                    number_cell(c.get("oos_err_pct", math.nan)),
-                ]
-            )
+    rows = [
+        [
+            label,
+            name.replace("_", " "),
+            c.get("text", number_cell(c["measured_rtt_ms"])),
+            number_cell(c.get("predicted_rtt_ms_oos", math.nan)),
+            number_cell(c.get("oos_err_pct", math.nan)),
+        ]
+        for label, name, c in group_crossovers(summary)
+    ]
     blocks = [("text", head)] + ([("text", method)] if method else [])
     blocks.append(
         ("table", ["group", "crossover", "measured [95% CI] ", "predicted before measuring (ms)", "error (%)"], rows)
@@ -130,3 +128,11 @@ def cpu_sections(summary: dict, points: pd.DataFrame) -> list[tuple[str, list]]:
     if sets:
         blocks.append(("table", ["process", "CPUs"], [[role, ", ".join(map(str, c))] for role, c in sets.items()]))
     return [("CPU isolation and contention", blocks)]
+
+
+def group_crossovers(summary: dict) -> Iterator[tuple[str, str, dict]]:
+    """(the group's label, the crossover's name, its summary entry) for every group's crossovers."""
+    for group in summary["groups"]:
+        label = ", ".join(f"{k}={group[k]}" for k in summary.get("group_keys", [])) or "all points"
+        for name, crossover in group["crossovers"].items():
+            yield label, name, crossover

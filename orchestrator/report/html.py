@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.report.evidence import cpu_sections, evidence_sections
+from orchestrator.report.evidence import cpu_sections, evidence_sections, group_crossovers
 from orchestrator.report.findings import (
     FRONTIER_PLOTS,
     capacity_sections,
@@ -326,18 +326,14 @@ def _configured_alphas(summary: dict) -> str:
 
 
 def _group_crossover_cells(summary: dict) -> list[list[str]]:
-    rows = []
-    for group in summary["groups"]:
-        label = ", ".join(f"{k}={group[k]}" for k in summary.get("group_keys", [])) or "all points"
-        for name, c in group["crossovers"].items():
-            rows.append(
-                [
-                    label,
-                    name.replace("_", " "),
-                    number_cell(c["measured_rtt_ms"]),
-                    f"{number_cell(c['measured_rtt_ms_min'])} .. {number_cell(c['measured_rtt_ms_max'])}",
-                    number_cell(c["predicted_rtt_ms"]),
-                    number_cell(c.get("predicted_rtt_ms_at_configured_alpha")),
-                ]
-            )
-    return rows
+    return [
+        [
+            label,
+            name.replace("_", " "),
+            number_cell(c["measured_rtt_ms"]),
+            f"{number_cell(c['measured_rtt_ms_min'])} .. {number_cell(c['measured_rtt_ms_max'])}",
+            number_cell(c["predicted_rtt_ms"]),
+            number_cell(c.get("predicted_rtt_ms_at_configured_alpha")),
+        ]
+        for label, name, c in group_crossovers(summary)
+    ]
