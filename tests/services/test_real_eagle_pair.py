@@ -42,4 +42,5 @@ def test_greedy_dsd_with_the_feature_draft_emits_the_targets_own_greedy_tokens(e
 
 
 def test_sampled_dsd_with_the_feature_draft_follows_the_targets_truncated_distribution(eagle_pair):
-    check_first_token_follows_the_target(*eagle_pair)
+    verifier, edge, _, _ = eagle_pair
+    check_first_token_follows_the_target(verifier, edge, PAIR)

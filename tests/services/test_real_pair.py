@@ -33,7 +33,8 @@ def test_greedy_dsd_on_the_real_pair_emits_the_targets_own_greedy_tokens(real_pa
 
 
 def test_sampled_dsd_on_the_real_pair_follows_the_targets_truncated_distribution(real_pair):
-    check_first_token_follows_the_target(*real_pair)
+    verifier, edge, _, _ = real_pair
+    check_first_token_follows_the_target(verifier, edge, PAIR)
 
 
 def _shape_error(target: TorchLM, prompt: list[int], answer: list[int], block: int, tag: str) -> float:
