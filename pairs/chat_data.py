@@ -76,11 +76,12 @@ def read_items(path: Path) -> list[PromptItem]:
     items = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
-            items.append(_item(json.loads(line), f"{path}:{number}", line))
+            items.append(item_from_record(json.loads(line), f"{path}:{number}", line))
     return items
 
 
-def _item(record, where: str, line: str) -> PromptItem:
+def item_from_record(record, where: str, line: str) -> PromptItem:
+    """One line's item, its keys, turns and strings checked (``where`` names it in an error)."""
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ValueError(f'{where}: expected {{"prompt": "..."}}, got {line[:80]!r}')
     unknown = sorted(set(record) - set(ITEM_KEYS))

@@ -9,7 +9,8 @@
 
 Sources: ``heldout`` windows of the Python standard library files the default pair never
 trained on (pairs/corpus.py); ``jsonl`` one object per line, ``{"prompt": "..."}``, chat
-``{"messages": [{"role": ..., "content": ...}, ...]}`` or MT-Bench / Spec-Bench
+``{"messages": [{"role": ..., "content": ...}, ...]}``, ours ``{"prompt": ..., "turns": [earlier
+{"role", "content"}, ...]}`` (the conversation so far, then the prompt) or MT-Bench / Spec-Bench
 ``{"turns": ["...", ...]}`` (first turn), chat rendered with the target tokenizer's chat template
 when it has one (a ``{"prompt": ...}`` too, as one user turn: an instruction-tuned target answers
 instructions as a chat; without a template it is the text itself); ``lines`` a text file, one prompt per non-empty line; ``document`` a text file
@@ -39,6 +40,7 @@ from dsd.backends.factory import BackendConfig, HfBackendConfig
 from dsd.checks import check, is_int
 from dsd.text import encode_prompt, target_tokenizer  # noqa: F401 - target_tokenizer re-exported
 from orchestrator.common.toml_tables import config_from_table
+from pairs import chat_data
 
 SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
 ROTATIONS = ("rtt", "repeat")
@@ -228,6 +230,8 @@ class Instruction(str):
 
 def _record(obj):
     if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+        if obj.get("turns"):  # the conversation so far (workloads/README.md), then the prompt
+            return chat_data.item_from_record(obj, "the line", json.dumps(obj)).messages()
         return Instruction(obj["prompt"])
     if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
         return _messages(obj["messages"])

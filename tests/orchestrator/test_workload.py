@@ -83,7 +83,9 @@ def test_an_explicit_pair_is_prompted_with_its_own_tokenizer(own_pair, tmp_path)
     assert len(windows) == 4 and all(len(w) == 8 and max(w) < tokenizer.vocab_size for w in windows)
 
 
-def test_chat_prompts_use_the_targets_chat_template_and_turns_the_first_turn(own_pair, tmp_path):
+def test_chat_prompts_use_the_targets_chat_template_turns_the_first_turn_and_a_conversation_all_of_it(
+    own_pair, tmp_path
+):
     root, tokenizer = own_pair
     path = tmp_path / "chat.jsonl"
     messages = [{"role": "user", "content": "explain what a queue is"}]
@@ -92,13 +94,18 @@ def test_chat_prompts_use_the_targets_chat_template_and_turns_the_first_turn(own
         + "\n"
         + json.dumps({"question_id": 7, "turns": ["write a function", "now test it"]})
         + "\n"
+        + json.dumps({"prompt": "and a stack?", "turns": [messages[0], {"role": "assistant", "content": "a line"}]})
+        + "\n"
     )
     prompts = experiment_prompts(
-        experiment(root, {"source": "jsonl", "path": str(path), "n_prompts": 2, "max_prompt_tokens": 64})
+        experiment(root, {"source": "jsonl", "path": str(path), "n_prompts": 3, "max_prompt_tokens": 64})
     )
     rendered = [
         tokenizer.encode("<user>explain what a queue is<assistant>", add_special_tokens=False),
         tokenizer.encode("<user>write a function<assistant>", add_special_tokens=False),
+        tokenizer.encode(
+            "<user>explain what a queue is<assistant>a line<user>and a stack?<assistant>", add_special_tokens=False
+        ),
     ]
     assert sorted(prompts) == sorted(rendered)
 
