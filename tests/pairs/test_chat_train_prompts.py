@@ -29,9 +29,17 @@ def test_the_chat_training_prompts_hold_no_exact_or_near_duplicates():
     assert smollm2.near_duplicates([i.text() for i in items]) == []
 
 
-def test_the_chat_training_prompts_stay_apart_from_both_evaluation_sets():
+def test_the_chat_training_prompts_stay_apart_from_every_evaluation_set():
     for eval_path in smollm2.EVALUATION_SETS:
         smollm2.check_prompts_apart(smollm2.CHAT_TRAIN_PROMPTS, eval_path)
+
+
+def test_the_held_back_requests_cover_every_category_and_stay_apart_from_the_evaluation_mix():
+    held_back = chat_data.read_items(smollm2.CHAT_HELDBACK_PROMPTS)
+    mix = {i.category for i in chat_data.read_items(smollm2.CHAT_EVAL_PROMPTS)}
+    assert {i.category for i in held_back} == mix and all(i.source for i in held_back)
+    assert min(sum(i.category == c for i in held_back) for c in mix) >= 4
+    smollm2.check_prompts_apart(smollm2.CHAT_EVAL_PROMPTS, smollm2.CHAT_HELDBACK_PROMPTS)
 
 
 def test_near_duplicates_finds_copies_changes_of_case_and_rewordings_and_the_dedup_keeps_the_first():
