@@ -6,6 +6,7 @@
     n_prompts = 40              # the pool; default: what one point runs (warmup + requests)
     max_prompt_tokens = 64      # windows are this long; longer prompts keep their last tokens
     shuffle_seed = 0            # default: the experiment's seed
+    stratify = true             # jsonl: one prompt of each category, then the next of each, ...
 
 Sources: ``heldout`` windows of the Python standard library files the default pair never
 trained on (pairs/corpus.py); ``jsonl`` one object per line, ``{"prompt": "..."}``, chat
@@ -31,6 +32,7 @@ the RTT-0 calibration points) is paired as well.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ class Workload:
     max_prompt_tokens: int = 0  # 0: the experiment's prompt_tokens
     shuffle_seed: int = -1  # -1: the experiment's seed
     rotate: str = "rtt"  # "rtt": each (repeat, RTT) slot its own prompts; "repeat": every RTT of a repeat the same
+    stratify: bool = False  # jsonl: the shuffled pool dealt out a category at a time (one of each, then the next)
 
     def __post_init__(self) -> None:
         check(self.source in SOURCES, "workload.source", self.source, f"one of {SOURCES}")
@@ -78,6 +81,10 @@ class Workload:
             "a column name with source 'datasets' only",
         )
         check(not self.split or self.source == "datasets", "workload.split", self.split, "only with source 'datasets'")
+        check(self.stratify in (False, True), "workload.stratify", self.stratify, "true or false")
+        check(
+            not self.stratify or self.source == "jsonl", "workload.stratify", self.stratify, "only with source 'jsonl'"
+        )
         for name, low in (("n_prompts", 0), ("max_prompt_tokens", 0), ("shuffle_seed", -1)):
             value = getattr(self, name)
             check(is_int(value) and value >= low, f"workload.{name}", value, f"a whole number >= {low}")
@@ -129,26 +136,45 @@ def load_prompts(
         text = resolve(workload.path).read_text(encoding="utf-8")
         return _windows(tokenizer, [text], n_prompts, max_tokens, seed, workload.path)
     records = _records(workload)
-    random.Random(seed).shuffle(records)
     _check_enough(workload, len(records), n_prompts)
-    return [_encode(tokenizer, record)[-max_tokens:] for record in records[:n_prompts]]
+    order = pool_order(
+        workload, _line_categories(workload) if workload.source == "jsonl" else [""] * len(records), seed
+    )
+    return [_encode(tokenizer, records[i])[-max_tokens:] for i in order[:n_prompts]]
 
 
 def experiment_categories(experiment) -> list[str]:
-    """The category of each prompt of experiment_prompts' pool, in its order (shuffled with the
-    same seed); empty strings where the workload has none."""
+    """The category of each prompt of experiment_prompts' pool, in its order; empty strings where
+    the workload has none."""
     workload: Workload = experiment.workload
     n_prompts = workload.n_prompts or experiment.warmup_requests + experiment.requests
     if workload.source != "jsonl":
         return [""] * n_prompts
+    categories = _line_categories(workload)
     seed = experiment.seed if workload.shuffle_seed < 0 else workload.shuffle_seed
-    categories = [
-        obj.get("category", "") if isinstance(obj, dict) else ""
-        for obj in map(json.loads, filter(str.strip, resolve(workload.path).read_text(encoding="utf-8").splitlines()))
-    ]
-    if isinstance(experiment.backend, HfBackendConfig):
-        random.Random(seed).shuffle(categories)  # the permutation load_prompts gives the records
-    return [str(c) for c in categories[:n_prompts]]
+    shuffled = isinstance(experiment.backend, HfBackendConfig)  # random ids stand in for the others' lines
+    return [categories[i] for i in pool_order(workload, categories, seed, shuffled)[:n_prompts]]
+
+
+def pool_order(workload: Workload, categories: list[str], seed: int, shuffled: bool = True) -> list[int]:
+    """The lines' indices in the pool's order: shuffled with ``seed``, then with ``stratify`` dealt
+    out a category at a time in the order the categories first come (the first of each, then the
+    second of each, ...), so any first n prompts hold the categories as evenly as n allows."""
+    order = list(range(len(categories)))
+    if shuffled:
+        random.Random(seed).shuffle(order)
+    if not workload.stratify:
+        return order
+    by_category: dict[str, list[int]] = {}
+    for i in order:
+        by_category.setdefault(categories[i], []).append(i)
+    rounds = itertools.zip_longest(*by_category.values())
+    return [i for dealt in rounds for i in dealt if i is not None]
+
+
+def _line_categories(workload: Workload) -> list[str]:
+    lines = filter(str.strip, resolve(workload.path).read_text(encoding="utf-8").splitlines())
+    return [str(obj.get("category", "")) if isinstance(obj, dict) else "" for obj in map(json.loads, lines)]
 
 
 def _check_enough(workload: Workload, n_records: int, n_prompts: int) -> None:

@@ -255,3 +255,24 @@ def test_a_shuffled_pool_keeps_each_prompts_category_beside_it(own_pair, tmp_pat
     texts = [next(t for t in categories if t in tokenizer.decode(p)) for p in pool]
     assert sorted(texts) == sorted(categories) and [categories[t] for t in texts] == pool_categories
     assert pool_categories != list(categories.values())  # the seed moved them
+
+
+def test_a_stratified_pool_deals_one_prompt_of_each_category_before_a_second(own_pair, tmp_path):
+    root, tokenizer = own_pair
+    lines = [(f"{TEXTS[0]} {i}", "writing") for i in range(6)] + [(f"{TEXTS[1]} {i}", "coding") for i in range(3)]
+    lines += [(TEXTS[2], "explanation")]
+    path = tmp_path / "mix.jsonl"
+    path.write_text("".join(json.dumps({"prompt": t, "category": c}) + "\n" for t, c in lines))
+    table = {"source": "jsonl", "path": str(path), "n_prompts": 10, "max_prompt_tokens": 32, "shuffle_seed": 3}
+    plain, stratified = (experiment(root, {**table, "stratify": s}) for s in (False, True))
+    categories = experiment_categories(stratified)
+    assert sorted(categories[:3]) == ["coding", "explanation", "writing"]
+    assert sorted(categories[3:5]) == sorted(categories[5:7]) == ["coding", "writing"]
+    assert categories[7:] == ["writing"] * 3 and sorted(categories) == sorted(experiment_categories(plain))
+    # the prompts follow the same order: each prompt beside its own category
+    word = {"writing": "cat", "coding": "function", "explanation": "queue"}
+    texts = [tokenizer.decode(p) for p in experiment_prompts(stratified)]
+    assert [word[c] in text for c, text in zip(categories, texts)] == [True] * 10, (categories, texts)
+    assert experiment_prompts(plain) != experiment_prompts(stratified)
+    with pytest.raises(ValueError, match="workload.stratify"):
+        experiment(root, {"source": "lines", "path": str(path), "stratify": True})
