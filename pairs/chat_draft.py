@@ -159,7 +159,12 @@ def position_loss(
 ) -> torch.Tensor:
     """distill_loss on the answer positions' draft logits alone: picked [N, K]; top_ids [N, k]
     (draft ids), top_logits [N, k], sampled [N] as in Batch."""
+    # a position none of whose top tokens the draft's vocabulary keeps gives p no support: left out
+    representable = (top_ids != unknown_id).any(-1)  # [N]
+    picked, top_ids, top_logits, sampled = (t[representable] for t in (picked, top_ids, top_logits, sampled))
     picked = picked.float()
+    if not len(picked):
+        return picked.sum()
     log_q = F.log_softmax(picked, dim=-1)  # [N, K]
     known = top_ids != unknown_id  # [N, k]
     log_p = F.log_softmax(top_logits.masked_fill(~known, float("-inf")), dim=-1)
@@ -167,7 +172,7 @@ def position_loss(
     safe_ids = top_ids.clamp(max=unknown_id - 1)
     kl = (p * (log_p.masked_fill(~known, 0.0) - log_q.gather(1, safe_ids))).sum(-1).mean()
     sampled_known = sampled != unknown_id
-    ce = F.nll_loss(log_q[sampled_known], sampled[sampled_known])
+    ce = F.nll_loss(log_q[sampled_known], sampled[sampled_known]) if bool(sampled_known.any()) else log_q.sum() * 0
     loss = kl_weight * kl + (1 - kl_weight) * ce
     if tvd_weight > 0:
         loss = loss + tvd_weight * (1 - acceptance(picked, top_logits, safe_ids, known, tvd_temperature)).mean()

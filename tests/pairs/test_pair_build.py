@@ -343,6 +343,23 @@ def test_distillation_moves_a_draft_towards_the_target_answers():
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
 
 
+def test_a_position_whose_top_tokens_the_draft_does_not_keep_leaves_the_loss_finite():
+    unknown = 10
+    picked = torch.randn(3, unknown, requires_grad=True)
+    top_ids = torch.tensor([[1, 2], [unknown, unknown], [3, unknown]])
+    top_logits, sampled = torch.randn(3, 2), torch.tensor([1, unknown, 3])
+    loss = chat_draft.position_loss(picked, top_ids, top_logits, sampled, unknown, 0.8, 4.0, 0.7)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(picked.grad).all() and not picked.grad[1].any()
+    kept = [0, 2]  # the position left out: the same loss as without it
+    same = chat_draft.position_loss(
+        picked[kept], top_ids[kept], top_logits[kept], sampled[kept], unknown, 0.8, 4.0, 0.7
+    )
+    assert float(same) == pytest.approx(float(loss))
+    only = chat_draft.position_loss(picked[1:2], top_ids[1:2], top_logits[1:2], sampled[1:2], unknown, 0.8, 4.0, 0.7)
+    assert float(only) == 0.0
+
+
 def test_acceptance_term_is_the_overlap_of_the_two_tempered_distributions():
     """sum_x min(p_T, q_T): 1 for equal logits, the closed form for two tokens, and the loss's
     term falls as the draft's logits move towards the target's."""
