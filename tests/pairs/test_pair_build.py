@@ -536,7 +536,7 @@ def test_a_prompts_line_with_an_unknown_key_or_turns_out_of_order_is_refused(tmp
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_smollm2_quick_build_loads_and_verifies(tmp_path):
+def test_smollm2_quick_build_loads_and_verifies_and_a_second_trains_on_from_its_draft(tmp_path):
     try:
         smollm2.find_gguf()
     except FileNotFoundError as exc:
@@ -555,6 +555,26 @@ def test_smollm2_quick_build_loads_and_verifies(tmp_path):
     assert tokenizer.decode(tokenizer.encode(SNIPPET, add_special_tokens=False)) == SNIPPET
     assert 0.0 <= manifest["heldout_alpha"]["sampled"] <= 1.0
     assert manifest["step_times"]["t_draft_over_t_ar"] > 0
+
+    from dsd.pair_manifest import sha256_file
+
+    first = tmp_path / "pair" / "draft"
+    continued = smollm2.build_smollm2_pair(
+        smollm2.quick_config(tmp_path / "continued", prompts_path=prompts, init_draft=first, seed=7)
+    )
+    start = continued["continued_from"]
+    assert start["draft_sha256"] == sha256_file(first / "model.safetensors") and start["manifest_git_commit"]
+    assert 0.0 <= start["heldout_alpha_before"]["sampled"] <= 1.0
+    assert (tmp_path / "continued" / "draft" / "vocab_map.json").read_text() == (first / "vocab_map.json").read_text()
+    assert continued["build_params"]["init_draft"] == str(first)
+    assert sha256_file(tmp_path / "continued" / "draft" / "model.safetensors") != start["draft_sha256"]
+    for wrong, error in (
+        (dict(init_draft=first, draft_layers=2), "draft_layers"),
+        (dict(init_draft=tmp_path), "lacks"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            smollm2.build_smollm2_pair(smollm2.quick_config(tmp_path / "wrong", prompts_path=prompts, **wrong))
+        assert not (tmp_path / "wrong").exists()
 
 
 # ---- package boundaries ------------------------------------------------------------------------
