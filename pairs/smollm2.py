@@ -175,7 +175,7 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
             target.to(DEPLOY_DTYPES[config.dtype])
             samples = chat_samples(config, tokenizer, target, timer)
             train, heldout = split_heldout(samples, config.heldout_pct)
-            draft, vocab, before = starting_draft(config, tokenizer, target, train, heldout, timer)
+            draft, vocab, before = starting_layer_draft(config, tokenizer, target, train, heldout, timer)
             with timer.phase("draft"):
                 draft_config = chat_draft.ChatDraftConfig(
                     layers=config.draft_layers,
@@ -237,7 +237,7 @@ def check_init_draft(config: Smollm2PairConfig) -> None:
         )
 
 
-def starting_draft(config: Smollm2PairConfig, tokenizer, target, train, heldout, timer: PhaseTimer):
+def starting_layer_draft(config: Smollm2PairConfig, tokenizer, target, train, heldout, timer: PhaseTimer):
     """(draft in float32, vocab, before): a new draft of the target's first layers over the
     training answers' frequent tokens, or the one config.init_draft names, with its held-out
     acceptance on these answers before training (else None)."""
