@@ -42,7 +42,6 @@ from dsd.backends.factory import BackendConfig, HfBackendConfig
 from dsd.checks import check, is_int
 from dsd.text import encode_prompt, target_tokenizer  # noqa: F401 - target_tokenizer re-exported
 from orchestrator.common.toml_tables import config_from_table
-from pairs import chat_data
 
 SOURCES = ("heldout", "jsonl", "lines", "document", "datasets")
 ROTATIONS = ("rtt", "repeat")
@@ -257,6 +256,8 @@ class Instruction(str):
 def _record(obj):
     if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
         if obj.get("turns"):  # the conversation so far (workloads/README.md), then the prompt
+            from pairs import chat_data  # imports torch: only for a file that has conversations
+
             return chat_data.item_from_record(obj, "the line", json.dumps(obj)).messages()
         return Instruction(obj["prompt"])
     if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
