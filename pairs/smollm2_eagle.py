@@ -32,7 +32,7 @@ from dsd.pair_manifest import MANIFEST_FORMAT, sha256_file, write_manifest
 from dsd.provenance import git_commit
 from dsd.costs.measurement import step_time_s
 from pairs import chat_data, chat_draft, eagle_draft, eagle_features, smollm2
-from pairs.common import PhaseTimer, building, log, manifest_field, torch_settings, versions
+from pairs.common import PhaseTimer, building, continued_from, log, torch_settings, versions
 
 DRAFT_KIND = "eagle"
 FUSED_LAYERS = (2, 15, 29)  # low, mid, top: EAGLE-3's choice of layers, top last
@@ -398,7 +398,7 @@ def eagle_manifest(
         },
         "heldout_alpha": _eagle_heldout_alpha(config, acceptance),
         "step_times": times,
-        **_continued_from(config.init_draft, before),
+        **continued_from(config.init_draft, WEIGHTS_FILE, _alpha_before(before) if before else {}),
         "versions": versions(),
         "git_commit": git_commit(),
         **timer.manifest_fields(),
@@ -441,18 +441,9 @@ def _eagle_heldout_alpha(config: EaglePairConfig, acceptance: dict) -> dict:
     }
 
 
-def _continued_from(init_draft: Path | None, before) -> dict:
-    """The manifest's continued_from field when the build trained on from init_draft (else none)."""
-    if init_draft is None:
-        return {}
+def _alpha_before(before) -> dict:
     return {
-        "continued_from": {
-            "draft_sha256": sha256_file(init_draft / WEIGHTS_FILE),
-            "manifest_git_commit": manifest_field(init_draft.parent, "git_commit"),
-            "heldout_alpha_before": {
-                "sampled": round(before.block_sampled, 4),
-                "greedy": round(before.block_greedy, 4),
-                "per_step_sampled": [round(x, 4) for x in before.sampled],
-            },
-        }
+        "sampled": round(before.block_sampled, 4),
+        "greedy": round(before.block_greedy, 4),
+        "per_step_sampled": [round(x, 4) for x in before.sampled],
     }

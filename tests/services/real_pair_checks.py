@@ -147,8 +147,9 @@ def requests_to_catch(candidates: list[tuple[float, list[int], torch.Tensor, tor
     context, at which the check fails each of WRONG_VERIFIERS with at least its power, as the
     better of its chi-square (noncentral) and its support check."""
     best: list[float] = []
+    by_distance = sorted(candidates, key=lambda c: -c[0])
     for n in REQUEST_STEPS:
-        for tv, context, p, q in sorted(candidates, key=lambda c: -c[0]):
+        for tv, context, p, q in by_distance:
             powers = [detection_power(p, wrong, n) for wrong in wrong_verifiers(p, q)]
             if all(got >= need for got, need in zip(powers, WRONG_VERIFIERS.values())):
                 return n, tv, context, p
